@@ -1,0 +1,151 @@
+"""The gateway's Starlette application, assembled from route modules.
+
+Extension point
+---------------
+Every module named in :data:`ROUTE_MODULES` contributes to the app.  A module exposes:
+
+``routes(ctx: GatewayContext) -> list[BaseRoute]``
+    required; called once per worker process with the shared :class:`GatewayContext`.
+``async def on_startup(ctx)`` / ``async def on_shutdown(ctx)``
+    optional; run in the app's lifespan (start in ``ROUTE_MODULES`` order, stop in reverse),
+    e.g. to start and stop background workers such as push delivery.  ``on_shutdown`` runs
+    after uvicorn has finished the in-flight requests of a graceful stop (SIGTERM).
+``openapi_paths(ctx) -> dict``
+    optional; OpenAPI 3.1 path items merged into ``/openapi.json``.
+``openapi_schemas(ctx) -> dict``
+    optional; component schemas those path items ``$ref`` as ``#/components/schemas/<Name>``.
+
+A module in :data:`ROUTE_MODULES` that is not installed is skipped (only a
+``ModuleNotFoundError`` for exactly that module; an import error inside it is raised).
+Errors: raise :class:`ingest_api.errors.ApiError`, ``BadRequest`` or ``StoreUnavailable`` and
+the app answers JSON ``{"error", "reason"}``; auth: ``ctx.require_write`` / ``ctx.require_read``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from types import ModuleType
+
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ingest_api.context import GatewayContext, open_context
+from ingest_api.errors import exception_handlers
+from ingest_api.settings import GatewaySettings
+
+ROUTE_MODULES: tuple[str, ...] = (
+    "ingest_api.write_api",
+    "ingest_api.pull_api",
+    "ingest_api.legacy_api",
+    "ingest_api.admin_api",
+)
+
+SETTINGS_ENV = "LOGBROKER_GATEWAY_SETTINGS_JSON"
+"""How ``logbroker serve`` hands its settings to uvicorn's worker processes."""
+
+_log = logging.getLogger("ingest_api")
+
+
+def load_route_modules(names: tuple[str, ...] = ROUTE_MODULES) -> list[ModuleType]:
+    """Import the route modules that exist; a missing one is skipped, a broken one raises."""
+    modules = []
+    for name in names:
+        try:
+            modules.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            _log.info("route module %s is not installed; skipping it", name)
+    return modules
+
+
+class _RequestMetrics:
+    """Counts requests by endpoint and status and observes their latency (pure ASGI)."""
+
+    def __init__(self, app: ASGIApp, ctx: GatewayContext) -> None:
+        self.app = app
+        self._requests = ctx.metrics.counter(
+            "logbroker_http_requests_total",
+            "HTTP requests answered, by endpoint and status",
+            ("endpoint", "status"),
+        )
+        self._latency = ctx.metrics.histogram(
+            "logbroker_http_request_seconds", "HTTP request latency", ("endpoint",)
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = [500]
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            endpoint = scope.get("endpoint")
+            name = getattr(endpoint, "__name__", "unmatched") if endpoint else "unmatched"
+            self._requests.inc(1, (name, str(status[0])))
+            self._latency.observe(time.perf_counter() - started, (name,))
+
+
+def build_app(ctx: GatewayContext, *, close_store: bool = False) -> Starlette:
+    """The gateway app over ``ctx``; ``close_store`` closes the store when the app stops."""
+    modules = load_route_modules()
+    ctx.extensions["route_modules"] = modules
+    routes: list[BaseRoute] = []
+    for module in modules:
+        routes.extend(module.routes(ctx))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        started: list[ModuleType] = []
+        try:
+            for module in modules:
+                hook = getattr(module, "on_startup", None)
+                if hook is not None:
+                    await hook(ctx)
+                started.append(module)
+            yield
+        finally:
+            for module in reversed(started):
+                hook = getattr(module, "on_shutdown", None)
+                if hook is not None:
+                    try:
+                        await hook(ctx)
+                    except Exception:
+                        _log.exception("on_shutdown of %s failed", module.__name__)
+            if close_store:
+                ctx.store.close()
+
+    app = Starlette(
+        routes=routes,
+        exception_handlers=exception_handlers(),
+        lifespan=lifespan,
+    )
+    app.state.ctx = ctx
+    app.add_middleware(_RequestMetrics, ctx=ctx)
+    return app
+
+
+def create_app() -> Starlette:
+    """uvicorn factory: settings from ``$LOGBROKER_GATEWAY_SETTINGS_JSON``, store opened here.
+
+    Each uvicorn worker process calls it once, so each worker has its own store handle.
+    """
+    text = os.environ.get(SETTINGS_ENV)
+    if not text:
+        raise RuntimeError(f"{SETTINGS_ENV} is not set; start the gateway with `logbroker serve`")
+    settings = GatewaySettings.from_json(text)
+    return build_app(open_context(settings), close_store=True)

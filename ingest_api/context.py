@@ -1,0 +1,65 @@
+"""What every route module of the gateway is given: the store, the settings, metrics, auth.
+
+One :class:`GatewayContext` is built per worker process (see :func:`open_context`) and passed
+to ``routes(ctx)`` of every module in :data:`ingest_api.app.ROUTE_MODULES`.  Route modules keep
+their own state on objects they create in ``routes(ctx)``, never in globals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import HTTPConnection
+
+from ingest_api.auth import Authorizer
+from ingest_api.metrics import MetricsRegistry
+from ingest_api.settings import ConfigError, GatewaySettings, TokenGrant
+from log_store.interface import LogStore
+
+
+@dataclass
+class GatewayContext:
+    """The gateway's shared parts, one per worker process."""
+
+    store: LogStore
+    settings: GatewaySettings
+    metrics: MetricsRegistry = field(default_factory=MetricsRegistry)
+    auth: Authorizer = field(init=False)
+    extensions: dict[str, Any] = field(default_factory=dict)
+    """Room for route modules to share objects with each other, by module name."""
+
+    def __post_init__(self) -> None:
+        self.auth = Authorizer(self.settings.tokens)
+
+    def grant(self, conn: HTTPConnection) -> TokenGrant | None:
+        """The request's token grant (``None`` with auth off); 401 if missing or unknown."""
+        return self.auth.grant(conn)
+
+    def require_write(self, conn: HTTPConnection, log_type: str) -> None:
+        """Raise 401/403 unless the request may write ``log_type``."""
+        self.auth.require_write(conn, log_type)
+
+    def require_read(self, conn: HTTPConnection, topic: str) -> None:
+        """Raise 401/403 unless the request may read ``topic``."""
+        self.auth.require_read(conn, topic)
+
+    def topic_for(self, log_type: str) -> str:
+        """The topic a log type is written to in this data center: ``<dc>.<log_type>``."""
+        return f"{self.settings.dc}.{log_type}"
+
+
+def open_context(settings: GatewaySettings) -> GatewayContext:
+    """Open the configured log store and build the context around it."""
+    import log_store
+
+    store: LogStore
+    if settings.store == "kafka":
+        # the Kafka backend is optional in a build; asking for it without it is a config error
+        opener = getattr(log_store, "open_kafka_store", None)
+        if opener is None:
+            raise ConfigError("this build of logbroker has no Kafka backend; use --store sqlite")
+        store = opener(settings.kafka_bootstrap, data_dir=settings.data_dir)
+    else:
+        store = log_store.open_store(settings.data_dir)
+    return GatewayContext(store=store, settings=settings)

@@ -1,0 +1,135 @@
+"""HTTP errors as the protocol states them: JSON ``{"error", "reason"}`` and a status.
+
+Route modules raise :class:`ApiError` (or let a :class:`~log_store.errors.BadRequest` or
+:class:`~log_store.errors.StoreUnavailable` through); :func:`exception_handlers` turns each
+into its response, so no route formats an error by hand.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from log_store.errors import (
+    BadRequest,
+    LogbrokerError,
+    OffsetOutOfRange,
+    StoreUnavailable,
+    UnknownPartition,
+    UnknownTopic,
+)
+
+RETRY_AFTER_S = 1
+_log = logging.getLogger("ingest_api")
+
+# errno values that mean "the disk cannot take this write now", not "the gateway is broken".
+_UNAVAILABLE_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+class ApiError(LogbrokerError):
+    """An answer other than 200 that a route decided on: status, short code and reason."""
+
+    def __init__(
+        self,
+        status: int,
+        error: str,
+        reason: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.error = error
+        self.reason = reason
+        self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
+
+
+def error_response(
+    status: int,
+    error: str,
+    reason: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Response:
+    """The JSON error body every endpoint uses; ``extra`` adds fields (e.g. offsets)."""
+    body: dict[str, Any] = {"error": error, "reason": reason}
+    if extra:
+        body.update(extra)
+    return Response(
+        orjson.dumps(body), status_code=status, headers=headers, media_type="application/json"
+    )
+
+
+def unavailable_response(reason: str) -> Response:
+    """503 with ``Retry-After``: nothing was acknowledged, the client keeps its data."""
+    return error_response(
+        503, "store_unavailable", reason, headers={"Retry-After": str(RETRY_AFTER_S)}
+    )
+
+
+def _bad_request_status(exc: BadRequest) -> tuple[int, str]:
+    if isinstance(exc, UnknownTopic):
+        return 404, "unknown_topic"
+    if isinstance(exc, UnknownPartition):
+        return 404, "unknown_partition"
+    if isinstance(exc, OffsetOutOfRange):
+        return 416, "offset_out_of_range"
+    return 400, "bad_request"
+
+
+async def _on_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.error, exc.reason, headers=exc.headers, extra=exc.extra)
+
+
+async def _on_bad_request(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, BadRequest)
+    status, code = _bad_request_status(exc)
+    extra: dict[str, Any] = {}
+    if isinstance(exc, OffsetOutOfRange):
+        extra = {"start_offset": exc.start_offset, "end_offset": exc.end_offset}
+    return error_response(status, code, str(exc), extra=extra)
+
+
+async def _on_store_unavailable(request: Request, exc: Exception) -> Response:
+    return unavailable_response(str(exc) or "the log store cannot take writes now")
+
+
+async def _on_os_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, OSError)
+    if exc.errno in _UNAVAILABLE_ERRNOS:
+        return unavailable_response(f"the data directory cannot take writes: {exc.strerror}")
+    _log.exception("unexpected OS error", exc_info=exc)
+    return error_response(500, "internal", "internal error; see the gateway's log")
+
+
+async def _on_http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    return error_response(
+        exc.status_code,
+        codes.get(exc.status_code, "http_error"),
+        str(exc.detail),
+        headers=exc.headers,
+    )
+
+
+def exception_handlers() -> dict[Any, Callable[[Request, Exception], Any]]:
+    """Starlette ``exception_handlers`` mapping every error we know to its JSON answer."""
+    return {
+        ApiError: _on_api_error,
+        BadRequest: _on_bad_request,
+        StoreUnavailable: _on_store_unavailable,
+        OSError: _on_os_error,
+        HTTPException: _on_http_exception,
+    }

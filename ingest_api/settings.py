@@ -1,0 +1,274 @@
+"""The gateway's configuration: one typed, frozen object built once from file, env and flags.
+
+Precedence, lowest first: built-in defaults, the TOML file (``--config`` or
+``LOGBROKER_CONFIG``), environment variables ``LOGBROKER_<NAME>``, command-line flags.
+The object is passed down to every part of the gateway; nothing reads the environment later.
+
+A TOML file looks like this (every key optional)::
+
+    data_dir = "/var/lib/logbroker"
+    host = "0.0.0.0"
+    port = 8080
+    dc = "dc1"
+    partitions = 4
+    store = "sqlite"            # or "kafka"
+    kafka_bootstrap = "kafka1:9092"
+    workers = 2
+    allow_public_without_tokens = false
+
+    [limits]
+    max_body_bytes = 67108864
+    max_chunk_bytes = 8388608
+    max_chunks_per_request = 100000
+    source_chunks_per_second = 0    # 0: no per-source rate limit
+    source_burst_chunks = 0         # 0: one second of the rate
+    request_timeout_s = 30.0
+
+    [tokens.s3cr3t-token]
+    write = ["nginx-*", "app"]      # log types this token may write (globs)
+    read = ["dc1.*"]                # topics this token may read (globs)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from log_store.errors import BadRequest
+
+STORES = ("sqlite", "kafka")
+_DC_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+class ConfigError(BadRequest):
+    """The configuration (file, env or flags) is invalid."""
+
+
+@dataclass(frozen=True)
+class TokenGrant:
+    """What one bearer token may do: write these log types, read these topics (globs)."""
+
+    write_log_types: tuple[str, ...] = ()
+    read_topics: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Front-door limits; a request over one of them gets 413, 429 or 408 and writes nothing."""
+
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_chunk_bytes: int = 8 * 1024 * 1024
+    max_chunks_per_request: int = 100_000
+    max_sessions_per_request: int = 10_000
+    source_chunks_per_second: float = 0.0
+    source_burst_chunks: int = 0
+    request_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """Everything ``logbroker serve`` needs to know, immutable once built."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    dc: str = "dc1"
+    partitions: int = 4
+    store: str = "sqlite"
+    kafka_bootstrap: str | None = None
+    tokens: Mapping[str, TokenGrant] = field(default_factory=lambda: MappingProxyType({}))
+    limits: Limits = field(default_factory=Limits)
+    workers: int = 1
+    allow_public_without_tokens: bool = False
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.port >= 0 and self.port <= 65535, f"port {self.port} out of range")
+        _check(self.partitions >= 1, "partitions must be at least 1")
+        _check(self.workers >= 1, "workers must be at least 1")
+        _check(self.store in STORES, f"store must be one of {', '.join(STORES)}")
+        _check(
+            self.store != "kafka" or bool(self.kafka_bootstrap),
+            "store 'kafka' needs kafka_bootstrap (HOST:PORT)",
+        )
+        _check(
+            _DC_PATTERN.fullmatch(self.dc) is not None,
+            f"dc {self.dc!r} must be 1-32 of [a-z0-9_-], starting with a letter or digit",
+        )
+        lim = self.limits
+        _check(lim.max_body_bytes > 0, "limits.max_body_bytes must be positive")
+        _check(lim.max_chunk_bytes > 0, "limits.max_chunk_bytes must be positive")
+        _check(lim.max_chunks_per_request > 0, "limits.max_chunks_per_request must be positive")
+        _check(lim.max_sessions_per_request > 0, "limits.max_sessions_per_request must be positive")
+        _check(lim.source_chunks_per_second >= 0, "limits.source_chunks_per_second must be >= 0")
+        _check(lim.request_timeout_s > 0, "limits.request_timeout_s must be positive")
+        if not self.tokens and not self.allow_public_without_tokens:
+            _check(
+                self.host in LOOPBACK_HOSTS,
+                f"no tokens are configured, so the gateway listens on loopback only; "
+                f"refusing host {self.host!r} (configure [tokens] or set "
+                "allow_public_without_tokens)",
+            )
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.tokens)
+
+    def to_json(self) -> str:
+        """A JSON form that :meth:`from_json` turns back into equal settings (for workers)."""
+        raw = dataclasses.asdict(self)
+        raw["data_dir"] = str(self.data_dir)
+        raw["tokens"] = {
+            token: {"write": list(g.write_log_types), "read": list(g.read_topics)}
+            for token, g in self.tokens.items()
+        }
+        return json.dumps(raw)
+
+    @classmethod
+    def from_json(cls, text: str) -> GatewaySettings:
+        raw = json.loads(text)
+        return _from_mapping(raw)
+
+
+def _check(ok: bool, reason: str) -> None:
+    if not ok:
+        raise ConfigError(reason)
+
+
+_SCALARS: dict[str, type] = {
+    "data_dir": str,
+    "host": str,
+    "port": int,
+    "dc": str,
+    "partitions": int,
+    "store": str,
+    "kafka_bootstrap": str,
+    "workers": int,
+    "allow_public_without_tokens": bool,
+    "ssl_certfile": str,
+    "ssl_keyfile": str,
+}
+_LIMIT_TYPES: dict[str, type] = {
+    "max_body_bytes": int,
+    "max_chunk_bytes": int,
+    "max_chunks_per_request": int,
+    "max_sessions_per_request": int,
+    "source_chunks_per_second": float,
+    "source_burst_chunks": int,
+    "request_timeout_s": float,
+}
+
+
+def _coerce(name: str, value: Any, kind: type) -> Any:
+    """Values from TOML keep their type; values from env arrive as text."""
+    if isinstance(value, str) and kind is not str:
+        try:
+            if kind is bool:
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off", ""):
+                    return False
+                raise ValueError(value)
+            return kind(value)
+        except ValueError:
+            raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}") from None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _tokens(raw: Any) -> Mapping[str, TokenGrant]:
+    if not isinstance(raw, dict):
+        raise ConfigError("tokens must be a table of token -> {write = [...], read = [...]}")
+    grants: dict[str, TokenGrant] = {}
+    for token, spec in raw.items():
+        if not isinstance(token, str) or not token or any(c.isspace() for c in token):
+            raise ConfigError("a token must be a non-empty string without whitespace")
+        if not isinstance(spec, dict) or set(spec) - {"write", "read"}:
+            raise ConfigError(f"token entry must have only 'write' and 'read' lists: {spec!r}")
+        write = spec.get("write", [])
+        read = spec.get("read", [])
+        for name, globs in (("write", write), ("read", read)):
+            if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+                raise ConfigError(f"token {name} must be a list of glob strings")
+        grants[token] = TokenGrant(tuple(write), tuple(read))
+    return MappingProxyType(grants)
+
+
+def _from_mapping(raw: Mapping[str, Any]) -> GatewaySettings:
+    unknown = set(raw) - set(_SCALARS) - {"limits", "tokens"}
+    if unknown:
+        raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
+    kwargs: dict[str, Any] = {}
+    for name, kind in _SCALARS.items():
+        if raw.get(name) is not None:
+            kwargs[name] = _coerce(name, raw[name], kind)
+    if "data_dir" not in kwargs:
+        raise ConfigError("data_dir is required (--data-dir, LOGBROKER_DATA_DIR or the config)")
+    kwargs["data_dir"] = Path(kwargs["data_dir"])
+    limits_raw = raw.get("limits") or {}
+    if not isinstance(limits_raw, dict):
+        raise ConfigError("limits must be a table")
+    unknown = set(limits_raw) - set(_LIMIT_TYPES)
+    if unknown:
+        raise ConfigError(f"unknown limits: {', '.join(sorted(unknown))}")
+    kwargs["limits"] = Limits(
+        **{k: _coerce(f"limits.{k}", v, _LIMIT_TYPES[k]) for k, v in limits_raw.items()}
+    )
+    kwargs["tokens"] = _tokens(raw.get("tokens") or {})
+    return GatewaySettings(**kwargs)
+
+
+def load_settings(
+    *,
+    config_file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> GatewaySettings:
+    """Build the settings: defaults, then the TOML file, then ``LOGBROKER_*`` env, then flags.
+
+    ``flags`` holds only the options given on the command line (``None`` means not given).
+    Raises :class:`ConfigError` with a reason on anything invalid.
+    """
+    environ = os.environ if env is None else env
+    merged: dict[str, Any] = {}
+    path = config_file or (
+        Path(environ["LOGBROKER_CONFIG"]) if "LOGBROKER_CONFIG" in environ else None
+    )
+    if path is not None:
+        try:
+            merged.update(tomllib.loads(path.read_text()))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    limits = dict(merged.get("limits") or {})
+    for name in _SCALARS:
+        value = environ.get(f"LOGBROKER_{name.upper()}")
+        if value is not None:
+            merged[name] = value
+    for name in _LIMIT_TYPES:
+        value = environ.get(f"LOGBROKER_LIMITS_{name.upper()}")
+        if value is not None:
+            limits[name] = value
+    for name, value in (flags or {}).items():
+        if value is None:
+            continue
+        if name in _LIMIT_TYPES:
+            limits[name] = value
+        else:
+            merged[name] = value
+    merged["limits"] = limits
+    return _from_mapping(merged)

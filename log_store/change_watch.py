@@ -1,0 +1,93 @@
+"""Wake readers when another process appends: inotify on partition directories.
+
+Appends made by this process wake readers directly; appends made by other processes (other
+uvicorn workers, a second gateway on the same data dir) show up as writes to the partition's
+segment and WAL files, which inotify reports without any polling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from inotify_simple import INotify, flags
+
+log = logging.getLogger(__name__)
+
+_MASK = flags.MODIFY | flags.CLOSE_WRITE | flags.CREATE | flags.MOVED_TO
+
+
+class ChangeWatcher:
+    """One inotify instance and thread per store, started on the first watch."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inotify: INotify | None = None
+        self._callbacks: dict[int, Callable[[], None]] = {}
+        self._by_path: dict[Path, int] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def watch(self, directory: Path, on_change: Callable[[], None]) -> bool:
+        """Call ``on_change`` whenever a file in ``directory`` is written; False if impossible."""
+        with self._lock:
+            if self._closed:
+                return False
+            if directory in self._by_path:
+                return True
+            try:
+                if self._inotify is None:
+                    self._inotify = INotify()
+                wd = self._inotify.add_watch(str(directory), _MASK)
+            except OSError as exc:
+                log.warning(
+                    "cannot watch %s for changes (%s); readers poll instead", directory, exc
+                )
+                return False
+            self._callbacks[wd] = on_change
+            self._by_path[directory] = wd
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="logbroker-change-watch", daemon=True
+                )
+                self._thread.start()
+            return True
+
+    def unwatch(self, directory: Path) -> None:
+        with self._lock:
+            wd = self._by_path.pop(directory, None)
+            if wd is None or self._inotify is None:
+                return
+            self._callbacks.pop(wd, None)
+            # The directory may be gone already, and its watch with it.
+            with contextlib.suppress(OSError):
+                self._inotify.rm_watch(wd)
+
+    def _run(self) -> None:
+        inotify = self._inotify
+        assert inotify is not None
+        while not self._closed:
+            try:
+                events = inotify.read(timeout=500)
+            except OSError:
+                return
+            seen: set[int] = set()
+            for event in events:
+                if event.wd in seen:
+                    continue
+                seen.add(event.wd)
+                callback = self._callbacks.get(event.wd)
+                if callback is not None:
+                    callback()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            inotify, self._inotify = self._inotify, None
+        if self._thread is not None:
+            self._thread.join(2)
+        if inotify is not None:
+            inotify.close()

@@ -1,0 +1,54 @@
+"""The one exception hierarchy of logbroker.
+
+Every error a caller can act on derives from :class:`LogbrokerError`.  The HTTP layer maps
+``BadRequest`` to 4xx and ``StoreUnavailable`` to 503; nothing else needs to be known.
+"""
+
+from __future__ import annotations
+
+
+class LogbrokerError(Exception):
+    """Root of every error raised by logbroker's packages."""
+
+
+class BadRequest(LogbrokerError):
+    """The caller sent something invalid; nothing was changed."""
+
+
+class InvalidTopicName(BadRequest):
+    """A topic name outside ``[a-z0-9][a-z0-9._-]{0,200}``."""
+
+
+class UnknownTopic(BadRequest):
+    """The topic does not exist (and auto-creation was not asked for)."""
+
+
+class UnknownPartition(BadRequest):
+    """The partition number is outside ``0 .. partitions-1`` of the topic."""
+
+
+class TopicExists(BadRequest):
+    """``create_topic`` of a name that is taken."""
+
+
+class OffsetOutOfRange(BadRequest):
+    """A read below the log start offset or a negative offset.
+
+    Carries the valid range so that a reader can say what it may ask for.
+    """
+
+    def __init__(self, message: str, start_offset: int, end_offset: int) -> None:
+        super().__init__(message)
+        self.start_offset = start_offset
+        self.end_offset = end_offset
+
+
+class StoreUnavailable(LogbrokerError):
+    """The log cannot take writes now (disk full, read-only, broker gone).
+
+    Nothing was acknowledged; the caller keeps its data and retries later.
+    """
+
+
+class SourceFenced(LogbrokerError):
+    """A newer writer owns the partition; this writer must reopen its session."""

@@ -1,0 +1,41 @@
+"""Turning what the OS and SQLite say about a sick disk into ``StoreUnavailable``."""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+
+from log_store.errors import StoreUnavailable
+
+_UNAVAILABLE_ERRNOS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EROFS,
+    errno.EIO,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EMFILE,
+    errno.ENFILE,
+}
+
+_UNAVAILABLE_SQLITE = (
+    "database or disk is full",
+    "readonly database",
+    "disk i/o error",
+    "unable to open database file",
+    "database is locked",
+    "attempt to write",
+)
+
+
+def as_store_unavailable(exc: BaseException) -> StoreUnavailable | None:
+    """The ``StoreUnavailable`` that ``exc`` means, or None if it means something else."""
+    if isinstance(exc, StoreUnavailable):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in _UNAVAILABLE_ERRNOS:
+        return StoreUnavailable(f"log store unavailable: {exc.strerror or exc}")
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        if any(marker in text for marker in _UNAVAILABLE_SQLITE):
+            return StoreUnavailable(f"log store unavailable: {exc}")
+    return None

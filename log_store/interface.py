@@ -1,0 +1,203 @@
+"""The partitioned log, as every backend offers it.
+
+A topic has N partitions; a partition is a sequence of records with dense offsets 0, 1, 2, ...
+starting at the partition's *log start offset* (which retention moves forward) and ending just
+below its *end offset* (the next offset to be written).  Each partition also has a small
+key/value *state area* that a transaction may read and update atomically with an append: the
+exactly-once dedup table lives there, so a chunk and the seqno that admits it commit together.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+DEFAULT_PARTITIONS = 4
+DEFAULT_SEGMENT_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of a partition, as read back."""
+
+    offset: int
+    value: bytes
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Offsets given to one append: ``first_offset .. last_offset`` inclusive.
+
+    An append of nothing (every chunk a duplicate) has ``count == 0`` and
+    ``first_offset == last_offset + 1 == end offset``.
+    """
+
+    first_offset: int
+    last_offset: int
+
+    @property
+    def count(self) -> int:
+        return self.last_offset - self.first_offset + 1
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """Records from one read plus the partition's bounds at the time of the read."""
+
+    records: list[Record]
+    start_offset: int
+    end_offset: int
+
+    @property
+    def next_offset(self) -> int:
+        """Where the next read should start."""
+        return self.records[-1].offset + 1 if self.records else self.end_offset
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """Per-topic settings.  Retention applies per partition and drops whole segments."""
+
+    partitions: int = DEFAULT_PARTITIONS
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    partition: int
+    start_offset: int
+    end_offset: int
+    size_bytes: int
+    segments: int
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    """A topic's identity and settings; ``partitions`` is filled by ``describe_topic``.
+
+    ``topic_id`` changes when a topic is deleted and created again, so state keyed by it
+    (pins, seqnos) is never inherited by a new topic of the same name.
+    """
+
+    name: str
+    topic_id: str
+    config: TopicConfig
+    created_ms: int
+    partitions: list[PartitionInfo] = field(default_factory=list)
+
+
+class PartitionState(Protocol):
+    """The state area of one partition inside a transaction (see ``LogStore.submit``)."""
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def put(self, key: str, value: bytes) -> None: ...
+
+
+TransactionFn = Callable[[PartitionState], Sequence[bytes]]
+"""Reads and updates state, returns the record values to append (possibly none).
+
+It runs inside the partition's write lock, so what it reads cannot change before its records
+and state updates commit.  If it raises, neither its records nor its state updates are kept
+and the exception is raised to the caller; other transactions committed with it are unaffected.
+It must be quick and must not block: it may run in a committer thread shared with others.
+"""
+
+
+class LogStore(Protocol):
+    """The partitioned log.  Thread-safe; several processes may open one store."""
+
+    # -- topics -----------------------------------------------------------------------------
+    def create_topic(
+        self, name: str, config: TopicConfig | None = None, *, exist_ok: bool = False
+    ) -> TopicInfo: ...
+
+    def delete_topic(self, name: str) -> None: ...
+
+    def set_partitions(self, name: str, count: int) -> TopicInfo:
+        """Grow a topic to ``count`` partitions (never shrinks)."""
+        ...
+
+    def alter_topic(
+        self,
+        name: str,
+        *,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        segment_bytes: int | None = None,
+    ) -> TopicInfo: ...
+
+    def list_topics(self) -> list[TopicInfo]: ...
+
+    def describe_topic(self, name: str) -> TopicInfo: ...
+
+    # -- topic-level state --------------------------------------------------------------------
+    def put_topic_state_if_absent(self, topic: str, key: str, value: bytes) -> bytes:
+        """Store ``value`` under ``key`` unless a value is there; return the value that won.
+
+        Atomic across threads and processes.  Bound to the topic's identity: deleting the
+        topic deletes its state.  Used for sticky source-to-partition pins.
+        """
+        ...
+
+    def get_topic_state(self, topic: str, key: str) -> bytes | None: ...
+
+    # -- writes -------------------------------------------------------------------------------
+    def append(self, topic: str, partition: int, values: Sequence[bytes]) -> AppendResult:
+        """Append ``values`` atomically and durably (fsync before return)."""
+        ...
+
+    def transact(self, topic: str, partition: int, fn: TransactionFn) -> AppendResult:
+        """Run ``fn`` under the partition's write lock and append what it returns, durably."""
+        ...
+
+    def submit(
+        self, topic: str, partition: int, fn: TransactionFn
+    ) -> concurrent.futures.Future[AppendResult]:
+        """Like ``transact`` but returns at once; the future resolves after the fsync.
+
+        Transactions submitted while a commit is in flight are committed together (group
+        commit): one fsync for all of them, each acknowledged only after it.
+        """
+        ...
+
+    # -- reads --------------------------------------------------------------------------------
+    def read(
+        self, topic: str, partition: int, offset: int, max_bytes: int = 1024 * 1024
+    ) -> ReadResult:
+        """Records from ``offset`` on, at most about ``max_bytes`` of values (at least one).
+
+        Reading at or past the end returns no records and the end offset.  Reading below the
+        log start offset raises ``OffsetOutOfRange`` with the valid range.
+        """
+        ...
+
+    def get_state(self, topic: str, partition: int, key: str) -> bytes | None: ...
+
+    def end_offset(self, topic: str, partition: int) -> int: ...
+
+    def wait_for_data(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
+        """Block until the partition's end offset is above ``offset`` or the timeout passes.
+
+        Woken by appends of this process and of other processes; no busy polling.
+        """
+        ...
+
+    # -- retention ----------------------------------------------------------------------------
+    def apply_retention(self, now_ms: int | None = None) -> dict[tuple[str, int], int]:
+        """Drop whole segments past each topic's retention; return the new start offsets."""
+        ...
+
+    def delete_segments_before(self, topic: str, partition: int, offset: int) -> int:
+        """Operator's forced deletion: drop every whole segment that lies below ``offset``.
+
+        The active segment is never dropped.  Returns the new log start offset.
+        """
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,523 @@
+"""One partition of the embedded log: segment files plus a SQLite index and state area.
+
+Layout of a partition directory::
+
+    partition.db              SQLite (WAL): segments, batch index, state area, meta
+    00000000000000000000.log  segment files of record batches (see record_batch.py)
+    00000000000000052311.log
+
+The commit point of an append is the SQLite transaction that indexes its batch.  The batch is
+written and fsynced to the segment file *before* that transaction commits, so an indexed batch
+is always whole on disk; bytes past the indexed end of a segment (a writer killed between the
+two steps) are invisible and cut off by the next writer.  The state area lives in the same
+database file as the index, so a state update and the records it admits commit atomically.
+
+Appends go through one committer thread per partition and process: transactions that arrive
+while a commit is in flight are committed together with one fsync (group commit).  Several
+processes may append to one partition; ``BEGIN IMMEDIATE`` serializes them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from log_store.errors import OffsetOutOfRange, StoreUnavailable, UnknownTopic
+from log_store.failures import as_store_unavailable
+from log_store.interface import AppendResult, PartitionInfo, ReadResult, TransactionFn
+from log_store.record_batch import HEADER_SIZE, CorruptBatch, decode_batches, encode_batch
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS segments (
+    base_offset INTEGER PRIMARY KEY,
+    size_bytes INTEGER NOT NULL,
+    max_ts INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS batches (
+    base_offset INTEGER PRIMARY KEY,
+    last_offset INTEGER NOT NULL,
+    segment INTEGER NOT NULL,
+    pos INTEGER NOT NULL,
+    length INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+INSERT OR IGNORE INTO meta VALUES ('log_start_offset', 0), ('end_offset', 0), ('deleted', 0);
+"""
+
+_BUSY_TIMEOUT_MS = 60_000
+_COMMITTER_IDLE_S = 5.0
+_READ_INDEX_ROWS = 512
+
+
+def segment_file_name(base_offset: int) -> str:
+    return f"{base_offset:020d}.log"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection in autocommit mode with the durability settings every user needs."""
+    conn = sqlite3.connect(
+        str(path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+    )
+    conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA journal_mode=WAL")
+    # FULL: the WAL is fsynced at every commit, which is what makes an ack durable.
+    conn.execute("PRAGMA synchronous=FULL")
+    return conn
+
+
+class _TxnState:
+    """The state area as one transaction sees it: its own puts over the group's over the db."""
+
+    __slots__ = ("_conn", "_group", "local")
+
+    def __init__(self, conn: sqlite3.Connection, group: dict[str, bytes]) -> None:
+        self._conn = conn
+        self._group = group
+        self.local: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        if key in self.local:
+            return self.local[key]
+        if key in self._group:
+            return self._group[key]
+        row = self._conn.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def put(self, key: str, value: bytes) -> None:
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise TypeError("state values are bytes")
+        self.local[key] = bytes(value)
+
+
+@dataclass
+class _PendingTxn:
+    fn: TransactionFn
+    future: concurrent.futures.Future[AppendResult]
+
+
+class PartitionLog:
+    """The log of one partition in one process."""
+
+    def __init__(self, directory: Path, segment_bytes: int) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        directory.mkdir(parents=True, exist_ok=True)
+        self._db_path = directory / "partition.db"
+        self._pool: list[sqlite3.Connection] = []
+        self._pool_lock = threading.Lock()
+        self._fd_lock = threading.Lock()
+        self._read_fds: dict[int, int] = {}
+        self._write_fd: tuple[int, int] | None = None  # (segment base, fd)
+        self._writer: sqlite3.Connection | None = None
+        self._pending: list[_PendingTxn] = []
+        self._cond = threading.Condition()
+        self._committer: threading.Thread | None = None
+        self._closed = False
+        self._change = threading.Condition()
+        self._change_seq = 0
+        with self._conn() as conn:
+            conn.executescript(_SCHEMA)
+
+    # -- connections ----------------------------------------------------------------------
+    @contextmanager
+    def _conn(self) -> Iterator[sqlite3.Connection]:
+        with self._pool_lock:
+            conn = self._pool.pop() if self._pool else None
+        if conn is None:
+            try:
+                conn = connect(self._db_path)
+            except sqlite3.Error as exc:
+                raise as_store_unavailable(exc) or exc from exc
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        with self._pool_lock:
+            if len(self._pool) < 16 and not self._closed:
+                self._pool.append(conn)
+                return
+        conn.close()
+
+    # -- appends --------------------------------------------------------------------------
+    def submit(self, fn: TransactionFn) -> concurrent.futures.Future[AppendResult]:
+        future: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
+        with self._cond:
+            if self._closed:
+                raise StoreUnavailable("log store is closed")
+            self._pending.append(_PendingTxn(fn, future))
+            if self._committer is None:
+                self._committer = threading.Thread(
+                    target=self._commit_loop,
+                    name=f"logbroker-commit-{self.directory.name}",
+                    daemon=True,
+                )
+                self._committer.start()
+            else:
+                self._cond.notify()
+        return future
+
+    def _commit_loop(self) -> None:
+        while True:
+            with self._cond:
+                if not self._pending:
+                    self._cond.wait(_COMMITTER_IDLE_S)
+                if not self._pending:
+                    self._committer = None
+                    return
+                group, self._pending = self._pending, []
+            self._commit(group)
+
+    def _writer_conn(self) -> sqlite3.Connection:
+        if self._writer is None:
+            self._writer = connect(self._db_path)
+        return self._writer
+
+    def _commit(self, group: list[_PendingTxn]) -> None:
+        outcomes: list[tuple[_PendingTxn, AppendResult | None, BaseException | None]] = []
+        wrote = False
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = self._writer_conn()
+            conn.execute("BEGIN IMMEDIATE")
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            if meta["deleted"]:
+                raise UnknownTopic("the topic was deleted")
+            end = int(meta["end_offset"])
+            shared: dict[str, bytes] = {}
+            values: list[bytes] = []
+            for txn in group:
+                state = _TxnState(conn, shared)
+                try:
+                    produced = txn.fn(state)
+                except Exception as exc:  # the transaction's own failure; others go on
+                    outcomes.append((txn, None, exc))
+                    continue
+                shared.update(state.local)
+                first = end + len(values)
+                values.extend(produced)
+                outcomes.append((txn, AppendResult(first, end + len(values) - 1), None))
+            if values:
+                self._write_batch(conn, end, values)
+                wrote = True
+            if shared:
+                conn.executemany(
+                    "INSERT INTO state (key, value) VALUES (?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    shared.items(),
+                )
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn is not None and conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    self._reset_writer()
+            failure = as_store_unavailable(exc) or exc
+            if isinstance(failure, StoreUnavailable):
+                self._reset_writer()
+            for txn in group:
+                txn.future.set_exception(failure)
+            return
+        for txn, result, error in outcomes:
+            if error is not None:
+                txn.future.set_exception(error)
+            else:
+                assert result is not None
+                txn.future.set_result(result)
+        if wrote:
+            self.notify_changed()
+
+    def _reset_writer(self) -> None:
+        if self._writer is not None:
+            # A broken connection is replaced either way.
+            with contextlib.suppress(sqlite3.Error):
+                self._writer.close()
+            self._writer = None
+        if self._write_fd is not None:
+            os.close(self._write_fd[1])
+            self._write_fd = None
+
+    def _write_batch(self, conn: sqlite3.Connection, base: int, values: Sequence[bytes]) -> None:
+        ts = now_ms()
+        batch = encode_batch(base, ts, values)
+        row = conn.execute(
+            "SELECT base_offset, size_bytes FROM segments ORDER BY base_offset DESC LIMIT 1"
+        ).fetchone()
+        if row is None or (row[1] > 0 and row[1] + len(batch) > self.segment_bytes):
+            segment, pos = base, 0
+            conn.execute(
+                "INSERT INTO segments (base_offset, size_bytes, max_ts, created_ms) "
+                "VALUES (?, 0, ?, ?)",
+                (segment, ts, ts),
+            )
+            new_segment = True
+        else:
+            segment, pos = int(row[0]), int(row[1])
+            new_segment = False
+        fd = self._segment_write_fd(segment)
+        if os.fstat(fd).st_size != pos:
+            # A writer died between writing a batch and indexing it: cut what was never acked.
+            os.ftruncate(fd, pos)
+        written = os.pwrite(fd, batch, pos)
+        if written != len(batch):
+            raise StoreUnavailable(f"short write to segment {segment} ({written} of {len(batch)})")
+        os.fdatasync(fd)
+        if new_segment:
+            self._fsync_directory()
+        last = base + len(values) - 1
+        conn.execute(
+            "INSERT INTO batches (base_offset, last_offset, segment, pos, length) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (base, last, segment, pos, len(batch)),
+        )
+        conn.execute(
+            "UPDATE segments SET size_bytes = ?, max_ts = ? WHERE base_offset = ?",
+            (pos + len(batch), ts, segment),
+        )
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'end_offset'", (last + 1,))
+
+    def _segment_write_fd(self, segment: int) -> int:
+        if self._write_fd is not None:
+            if self._write_fd[0] == segment:
+                return self._write_fd[1]
+            os.close(self._write_fd[1])
+            self._write_fd = None
+        fd = os.open(self.directory / segment_file_name(segment), os.O_RDWR | os.O_CREAT, 0o644)
+        self._write_fd = (segment, fd)
+        return fd
+
+    def _fsync_directory(self) -> None:
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    # -- reads ----------------------------------------------------------------------------
+    def bounds(self) -> tuple[int, int]:
+        """(log start offset, end offset) as last committed."""
+        with self._conn() as conn:
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        if meta["deleted"]:
+            raise UnknownTopic("the topic was deleted")
+        return int(meta["log_start_offset"]), int(meta["end_offset"])
+
+    def read(self, offset: int, max_bytes: int) -> ReadResult:
+        if offset < 0:
+            start, end = self.bounds()
+            raise OffsetOutOfRange(f"offset {offset} is negative", start, end)
+        max_bytes = max(1, max_bytes)
+        for _attempt in range(3):
+            with self._conn() as conn:
+                conn.execute("BEGIN")
+                meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+                start, end = int(meta["log_start_offset"]), int(meta["end_offset"])
+                if meta["deleted"]:
+                    conn.execute("COMMIT")
+                    raise UnknownTopic("the topic was deleted")
+                if offset < start:
+                    conn.execute("COMMIT")
+                    raise OffsetOutOfRange(
+                        f"offset {offset} is below the log start offset {start}", start, end
+                    )
+                if offset >= end:
+                    conn.execute("COMMIT")
+                    return ReadResult([], start, end)
+                rows = conn.execute(
+                    "SELECT base_offset, segment, pos, length FROM batches WHERE base_offset >= "
+                    "(SELECT max(base_offset) FROM batches WHERE base_offset <= ?) "
+                    "ORDER BY base_offset LIMIT ?",
+                    (offset, _READ_INDEX_ROWS),
+                ).fetchall()
+                conn.execute("COMMIT")
+            try:
+                records, _ = decode_batches(self._read_runs(rows, max_bytes), offset, max_bytes)
+            except FileNotFoundError:
+                continue  # retention dropped the segment under us; look again
+            except CorruptBatch as exc:
+                raise StoreUnavailable(f"corrupt segment data: {exc}") from exc
+            return ReadResult(records, start, end)
+        start, end = self.bounds()
+        raise OffsetOutOfRange(f"offset {offset} is below the log start offset {start}", start, end)
+
+    def _read_runs(self, rows: list[tuple[int, int, int, int]], max_bytes: int) -> bytes:
+        """Read the batches ``rows`` point at, stopping once ``max_bytes`` are covered."""
+        chunks: list[bytes] = []
+        run_segment = run_pos = run_len = -1
+        total = 0
+        for _base, segment, pos, length in rows:
+            if segment == run_segment and pos == run_pos + run_len:
+                run_len += length
+            else:
+                if run_segment >= 0:
+                    chunks.append(self._pread(run_segment, run_pos, run_len))
+                run_segment, run_pos, run_len = segment, pos, length
+            total += length - HEADER_SIZE
+            if total >= max_bytes:
+                break
+        if run_segment >= 0:
+            chunks.append(self._pread(run_segment, run_pos, run_len))
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _pread(self, segment: int, pos: int, length: int) -> bytes:
+        with self._fd_lock:
+            fd = self._read_fds.get(segment)
+            if fd is None:
+                fd = os.open(self.directory / segment_file_name(segment), os.O_RDONLY)
+                self._read_fds[segment] = fd
+        data = os.pread(fd, length, pos)
+        if len(data) != length:
+            raise CorruptBatch(f"segment {segment} is shorter than its index says")
+        return data
+
+    def get_state(self, key: str) -> bytes | None:
+        with self._conn() as conn:
+            row = conn.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def info(self, partition: int) -> PartitionInfo:
+        with self._conn() as conn:
+            conn.execute("BEGIN")
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            size, count = conn.execute(
+                "SELECT coalesce(sum(size_bytes), 0), count(*) FROM segments"
+            ).fetchone()
+            conn.execute("COMMIT")
+        return PartitionInfo(
+            partition, int(meta["log_start_offset"]), int(meta["end_offset"]), int(size), count
+        )
+
+    # -- waiting --------------------------------------------------------------------------
+    def notify_changed(self) -> None:
+        with self._change:
+            self._change_seq += 1
+            self._change.notify_all()
+
+    def wait_for_data(self, offset: int, timeout_s: float, can_watch: bool) -> bool:
+        deadline = time.monotonic() + timeout_s
+        # Without an inotify watch (not possible on this file system), fall back to polling.
+        poll_s = None if can_watch else 0.05
+        while True:
+            with self._change:
+                seen = self._change_seq
+            if self.bounds()[1] > offset:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with self._change:
+                if self._change_seq == seen:
+                    self._change.wait(remaining if poll_s is None else min(poll_s, remaining))
+
+    # -- retention ------------------------------------------------------------------------
+    def drop_segments(
+        self, *, below_offset: int | None, before_ms: int | None, max_bytes: int | None
+    ) -> int:
+        """Drop the oldest whole segments that match; never the active one.  New start offset."""
+        conn = connect(self._db_path)
+        dropped: list[int] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            segments = conn.execute(
+                "SELECT base_offset, size_bytes, max_ts FROM segments ORDER BY base_offset"
+            ).fetchall()
+            start = int(
+                conn.execute("SELECT value FROM meta WHERE key = 'log_start_offset'").fetchone()[0]
+            )
+            total = sum(int(s[1]) for s in segments)
+            new_start = start
+            for i, (base, size, max_ts) in enumerate(segments[:-1]):
+                next_base = int(segments[i + 1][0])
+                drop = (
+                    (below_offset is not None and next_base <= below_offset)
+                    or (before_ms is not None and max_ts < before_ms)
+                    or (max_bytes is not None and total > max_bytes)
+                )
+                if not drop:
+                    break
+                dropped.append(int(base))
+                total -= int(size)
+                new_start = next_base
+            if dropped:
+                conn.execute("DELETE FROM batches WHERE base_offset < ?", (new_start,))
+                conn.execute("DELETE FROM segments WHERE base_offset < ?", (new_start,))
+                conn.execute(
+                    "UPDATE meta SET value = ? WHERE key = 'log_start_offset'", (new_start,)
+                )
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise as_store_unavailable(exc) or exc from exc
+        finally:
+            conn.close()
+        for base in dropped:
+            self._forget_segment(base)
+        self.remove_orphan_segments()
+        return new_start
+
+    def _forget_segment(self, base: int) -> None:
+        with self._fd_lock:
+            fd = self._read_fds.pop(base, None)
+        if fd is not None:
+            os.close(fd)
+        # Another process may have dropped it first.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.directory / segment_file_name(base))
+
+    def remove_orphan_segments(self) -> None:
+        """Delete segment files below the log start (left by a crash during retention).
+
+        The log start offset is always the base of a live segment, so every file below it is
+        a segment whose index rows are already gone.
+        """
+        start, _ = self.bounds()
+        for path in self.directory.glob("*.log"):
+            if path.stem.isdigit() and int(path.stem) < start:
+                self._forget_segment(int(path.stem))
+
+    def mark_deleted(self) -> None:
+        """Refuse every later append and read, in every process (checked under the lock)."""
+        conn = connect(self._db_path)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE meta SET value = 1 WHERE key = 'deleted'")
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            committer = self._committer
+            self._cond.notify_all()
+        if committer is not None and committer is not threading.current_thread():
+            committer.join(30)
+        self._reset_writer()
+        with self._pool_lock:
+            pool, self._pool = self._pool, []
+        for conn in pool:
+            conn.close()
+        with self._fd_lock:
+            fds, self._read_fds = self._read_fds, {}
+        for fd in fds.values():
+            os.close(fd)

@@ -1,0 +1,423 @@
+"""The embedded log store: a catalog of topics plus one ``PartitionLog`` per partition.
+
+Layout under the data dir::
+
+    catalog.db                                 topics and topic-level state (SQLite, WAL)
+    topics/<name>/<topic_id>/<partition>/      one partition (see sqlite_partition.py)
+
+Putting the topic id in the path means a topic deleted and created again starts from empty
+directories, whatever another process still has open.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import shutil
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from log_store.change_watch import ChangeWatcher
+from log_store.errors import (
+    BadRequest,
+    TopicExists,
+    UnknownPartition,
+    UnknownTopic,
+)
+from log_store.failures import as_store_unavailable
+from log_store.interface import (
+    AppendResult,
+    PartitionState,
+    ReadResult,
+    TopicConfig,
+    TopicInfo,
+    TransactionFn,
+)
+from log_store.sqlite_partition import PartitionLog, connect, now_ms
+from log_store.topic_names import validate_topic_name
+
+_CATALOG_SCHEMA = """
+CREATE TABLE IF NOT EXISTS topics (
+    name TEXT PRIMARY KEY,
+    topic_id TEXT NOT NULL UNIQUE,
+    partitions INTEGER NOT NULL,
+    retention_ms INTEGER,
+    retention_bytes INTEGER,
+    segment_bytes INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS topic_state (
+    topic_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (topic_id, key)
+) WITHOUT ROWID;
+"""
+
+MAX_PARTITIONS = 1024
+MIN_SEGMENT_BYTES = 4096
+
+
+def _check_config(config: TopicConfig) -> None:
+    if not 1 <= config.partitions <= MAX_PARTITIONS:
+        raise BadRequest(f"partitions must be 1..{MAX_PARTITIONS}, got {config.partitions}")
+    if config.segment_bytes < MIN_SEGMENT_BYTES:
+        raise BadRequest(f"segment_bytes must be at least {MIN_SEGMENT_BYTES}")
+    for name in ("retention_ms", "retention_bytes"):
+        value = getattr(config, name)
+        if value is not None and value < 0:
+            raise BadRequest(f"{name} must not be negative")
+
+
+def _append_all(values: Sequence[bytes]) -> TransactionFn:
+    def fn(_state: PartitionState) -> Sequence[bytes]:
+        return values
+
+    return fn
+
+
+class SqliteLogStore:
+    """The partitioned log on local disk.  See ``log_store.interface.LogStore``."""
+
+    def __init__(self, data_dir: str | Path) -> None:
+        self.data_dir = Path(data_dir)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._catalog = connect(self.data_dir / "catalog.db")
+            self._catalog.executescript(_CATALOG_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise as_store_unavailable(exc) or exc from exc
+        self._catalog_lock = threading.RLock()
+        self._topics: dict[str, TopicInfo] = {}
+        self._partitions: dict[tuple[str, int], PartitionLog] = {}
+        self._partitions_lock = threading.Lock()
+        self._watcher = ChangeWatcher()
+        self._watched: dict[tuple[str, int], bool] = {}
+
+    # -- catalog --------------------------------------------------------------------------
+    def _catalog_write(self, sql_steps: list[tuple[str, tuple[object, ...]]]) -> None:
+        with self._catalog_lock:
+            try:
+                self._catalog.execute("BEGIN IMMEDIATE")
+                for sql, params in sql_steps:
+                    self._catalog.execute(sql, params)
+                self._catalog.execute("COMMIT")
+            except BaseException as exc:
+                if self._catalog.in_transaction:
+                    self._catalog.execute("ROLLBACK")
+                raise as_store_unavailable(exc) or exc from exc
+
+    def _load_topic(self, name: str) -> TopicInfo:
+        with self._catalog_lock:
+            row = self._catalog.execute(
+                "SELECT topic_id, partitions, retention_ms, retention_bytes, segment_bytes, "
+                "created_ms FROM topics WHERE name = ?",
+                (name,),
+            ).fetchone()
+        if row is None:
+            self._topics.pop(name, None)
+            raise UnknownTopic(f"unknown topic {name!r}")
+        info = TopicInfo(
+            name=name,
+            topic_id=row[0],
+            config=TopicConfig(
+                partitions=row[1],
+                retention_ms=row[2],
+                retention_bytes=row[3],
+                segment_bytes=row[4],
+            ),
+            created_ms=row[5],
+        )
+        self._topics[name] = info
+        return info
+
+    def _topic(self, name: str) -> TopicInfo:
+        info = self._topics.get(name)
+        if info is None:
+            validate_topic_name(name)
+            info = self._load_topic(name)
+        return info
+
+    def _partition(self, topic: str, partition: int) -> tuple[TopicInfo, PartitionLog]:
+        info = self._topic(topic)
+        if not isinstance(partition, int) or partition < 0:
+            raise UnknownPartition(f"partition must be a non-negative integer, got {partition!r}")
+        if partition >= info.config.partitions:
+            info = self._load_topic(topic)  # another process may have added partitions
+            if partition >= info.config.partitions:
+                raise UnknownPartition(
+                    f"topic {topic!r} has partitions 0..{info.config.partitions - 1}, "
+                    f"not {partition}"
+                )
+        key = (info.topic_id, partition)
+        log = self._partitions.get(key)
+        if log is None:
+            with self._partitions_lock:
+                log = self._partitions.get(key)
+                if log is None:
+                    path = self.data_dir / "topics" / topic / info.topic_id / str(partition)
+                    try:
+                        log = PartitionLog(path, info.config.segment_bytes)
+                    except (OSError, sqlite3.Error) as exc:
+                        raise as_store_unavailable(exc) or exc from exc
+                    self._partitions[key] = log
+        return info, log
+
+    def create_topic(
+        self, name: str, config: TopicConfig | None = None, *, exist_ok: bool = False
+    ) -> TopicInfo:
+        validate_topic_name(name)
+        config = config or TopicConfig()
+        _check_config(config)
+        topic_id = uuid.uuid4().hex
+        with self._catalog_lock:
+            try:
+                self._catalog.execute("BEGIN IMMEDIATE")
+                exists = self._catalog.execute(
+                    "SELECT 1 FROM topics WHERE name = ?", (name,)
+                ).fetchone()
+                if not exists:
+                    self._catalog.execute(
+                        "INSERT INTO topics VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            name,
+                            topic_id,
+                            config.partitions,
+                            config.retention_ms,
+                            config.retention_bytes,
+                            config.segment_bytes,
+                            now_ms(),
+                        ),
+                    )
+                self._catalog.execute("COMMIT")
+            except BaseException as exc:
+                if self._catalog.in_transaction:
+                    self._catalog.execute("ROLLBACK")
+                raise as_store_unavailable(exc) or exc from exc
+        if exists and not exist_ok:
+            raise TopicExists(f"topic {name!r} exists")
+        return self._load_topic(name)
+
+    def delete_topic(self, name: str) -> None:
+        info = self._load_topic(validate_topic_name(name))
+        # Fence every partition first, under its write lock, so that no process can ack an
+        # append into files about to be removed.
+        for p in range(info.config.partitions):
+            self._partition(name, p)[1].mark_deleted()
+        self._catalog_write(
+            [
+                ("DELETE FROM topics WHERE name = ? AND topic_id = ?", (name, info.topic_id)),
+                ("DELETE FROM topic_state WHERE topic_id = ?", (info.topic_id,)),
+            ]
+        )
+        self._topics.pop(name, None)
+        with self._partitions_lock:
+            for p in range(info.config.partitions):
+                log = self._partitions.pop((info.topic_id, p), None)
+                if log is not None:
+                    self._watcher.unwatch(log.directory)
+                    self._watched.pop((info.topic_id, p), None)
+                    log.close()
+        shutil.rmtree(self.data_dir / "topics" / name / info.topic_id, ignore_errors=True)
+
+    def set_partitions(self, name: str, count: int) -> TopicInfo:
+        info = self._load_topic(validate_topic_name(name))
+        if count < info.config.partitions:
+            raise BadRequest(
+                f"topic {name!r} has {info.config.partitions} partitions; partitions never shrink"
+            )
+        if count > MAX_PARTITIONS:
+            raise BadRequest(f"partitions must be at most {MAX_PARTITIONS}")
+        self._catalog_write(
+            [
+                (
+                    "UPDATE topics SET partitions = max(partitions, ?) WHERE topic_id = ?",
+                    (count, info.topic_id),
+                )
+            ]
+        )
+        return self._load_topic(name)
+
+    def alter_topic(
+        self,
+        name: str,
+        *,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        segment_bytes: int | None = None,
+    ) -> TopicInfo:
+        info = self._load_topic(validate_topic_name(name))
+        config = TopicConfig(
+            partitions=info.config.partitions,
+            retention_ms=retention_ms if retention_ms is not None else info.config.retention_ms,
+            retention_bytes=(
+                retention_bytes if retention_bytes is not None else info.config.retention_bytes
+            ),
+            segment_bytes=segment_bytes or info.config.segment_bytes,
+        )
+        _check_config(config)
+        self._catalog_write(
+            [
+                (
+                    "UPDATE topics SET retention_ms = ?, retention_bytes = ?, segment_bytes = ? "
+                    "WHERE topic_id = ?",
+                    (
+                        config.retention_ms,
+                        config.retention_bytes,
+                        config.segment_bytes,
+                        info.topic_id,
+                    ),
+                )
+            ]
+        )
+        with self._partitions_lock:
+            for (topic_id, _p), log in self._partitions.items():
+                if topic_id == info.topic_id:
+                    log.segment_bytes = config.segment_bytes
+        return self._load_topic(name)
+
+    def list_topics(self) -> list[TopicInfo]:
+        with self._catalog_lock:
+            names = [r[0] for r in self._catalog.execute("SELECT name FROM topics ORDER BY name")]
+        topics = []
+        for name in names:
+            try:
+                topics.append(self._load_topic(name))
+            except UnknownTopic:
+                continue  # deleted since the listing
+        return topics
+
+    def describe_topic(self, name: str) -> TopicInfo:
+        info = self._load_topic(validate_topic_name(name))
+        parts = [self._partition(name, p)[1].info(p) for p in range(info.config.partitions)]
+        return TopicInfo(info.name, info.topic_id, info.config, info.created_ms, parts)
+
+    # -- topic-level state ----------------------------------------------------------------
+    def put_topic_state_if_absent(self, topic: str, key: str, value: bytes) -> bytes:
+        info = self._topic(topic)
+        with self._catalog_lock:
+            try:
+                self._catalog.execute("BEGIN IMMEDIATE")
+                alive = self._catalog.execute(
+                    "SELECT 1 FROM topics WHERE topic_id = ?", (info.topic_id,)
+                ).fetchone()
+                if alive:
+                    self._catalog.execute(
+                        "INSERT OR IGNORE INTO topic_state VALUES (?, ?, ?)",
+                        (info.topic_id, key, value),
+                    )
+                row = self._catalog.execute(
+                    "SELECT value FROM topic_state WHERE topic_id = ? AND key = ?",
+                    (info.topic_id, key),
+                ).fetchone()
+                self._catalog.execute("COMMIT")
+            except BaseException as exc:
+                if self._catalog.in_transaction:
+                    self._catalog.execute("ROLLBACK")
+                raise as_store_unavailable(exc) or exc from exc
+        if not alive:
+            self._topics.pop(topic, None)
+            raise UnknownTopic(f"topic {topic!r} was deleted")
+        return bytes(row[0])
+
+    def get_topic_state(self, topic: str, key: str) -> bytes | None:
+        info = self._topic(topic)
+        with self._catalog_lock:
+            row = self._catalog.execute(
+                "SELECT value FROM topic_state WHERE topic_id = ? AND key = ?",
+                (info.topic_id, key),
+            ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    # -- writes ---------------------------------------------------------------------------
+    def submit(
+        self, topic: str, partition: int, fn: TransactionFn
+    ) -> concurrent.futures.Future[AppendResult]:
+        future = self._partition(topic, partition)[1].submit(fn)
+        future.add_done_callback(lambda f: self._forget_if_deleted(topic, f))
+        return future
+
+    def _forget_if_deleted(
+        self, topic: str, future: concurrent.futures.Future[AppendResult]
+    ) -> None:
+        if isinstance(future.exception(), UnknownTopic):
+            self._topics.pop(topic, None)
+
+    def transact(self, topic: str, partition: int, fn: TransactionFn) -> AppendResult:
+        for attempt in range(2):
+            try:
+                return self.submit(topic, partition, fn).result()
+            except UnknownTopic:
+                # The topic may have been deleted and re-created by another process; a fresh
+                # look at the catalog either finds the new one or confirms it is gone.
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def append(self, topic: str, partition: int, values: Sequence[bytes]) -> AppendResult:
+        return self.transact(topic, partition, _append_all(list(values)))
+
+    # -- reads ----------------------------------------------------------------------------
+    def read(
+        self, topic: str, partition: int, offset: int, max_bytes: int = 1024 * 1024
+    ) -> ReadResult:
+        return self._partition(topic, partition)[1].read(offset, max_bytes)
+
+    def get_state(self, topic: str, partition: int, key: str) -> bytes | None:
+        return self._partition(topic, partition)[1].get_state(key)
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        return self._partition(topic, partition)[1].bounds()[1]
+
+    def wait_for_data(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
+        info, log = self._partition(topic, partition)
+        key = (info.topic_id, partition)
+        can_watch = self._watched.get(key)
+        if can_watch is None:
+            can_watch = self._watcher.watch(log.directory, log.notify_changed)
+            self._watched[key] = can_watch
+        return log.wait_for_data(offset, timeout_s, can_watch)
+
+    # -- retention ------------------------------------------------------------------------
+    def apply_retention(self, now_ms_: int | None = None) -> dict[tuple[str, int], int]:
+        now = now_ms_ if now_ms_ is not None else int(time.time() * 1000)
+        moved: dict[tuple[str, int], int] = {}
+        for info in self.list_topics():
+            cfg = info.config
+            if cfg.retention_ms is None and cfg.retention_bytes is None:
+                continue
+            for p in range(cfg.partitions):
+                log = self._partition(info.name, p)[1]
+                before = log.bounds()[0]
+                after = log.drop_segments(
+                    below_offset=None,
+                    before_ms=None if cfg.retention_ms is None else now - cfg.retention_ms,
+                    max_bytes=cfg.retention_bytes,
+                )
+                if after != before:
+                    moved[(info.name, p)] = after
+        return moved
+
+    def delete_segments_before(self, topic: str, partition: int, offset: int) -> int:
+        if offset < 0:
+            raise BadRequest("offset must not be negative")
+        log = self._partition(topic, partition)[1]
+        return log.drop_segments(below_offset=offset, before_ms=None, max_bytes=None)
+
+    def close(self) -> None:
+        with self._partitions_lock:
+            logs, self._partitions = list(self._partitions.values()), {}
+        for log in logs:
+            log.close()
+        self._watcher.close()
+        with self._catalog_lock:
+            self._catalog.close()
+
+    def __enter__(self) -> SqliteLogStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

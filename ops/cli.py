@@ -1,0 +1,68 @@
+"""The ``logbroker`` command: a thin layer over the library, one module per subcommand.
+
+Each subcommand lives in ``ops/commands/<name>.py`` and defines ``add_arguments(parser)``
+and ``run(args) -> int``.  Bad usage exits with code 2 and a message on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from types import ModuleType
+
+SUBCOMMANDS: dict[str, str] = {
+    "serve": "run the gateway (ingest, pull reads, push delivery) over a log store",
+    "push": "the host daemon: tail log files and ship every line exactly once",
+    "read": "read a topic or a DC prefix and print lines or JSON",
+    "mirror": "copy dc-prefixed topics from one installation to another, exactly once",
+    "load": "load topics into Parquet tables with Spark, exactly once",
+    "topics": "list, describe, create, alter and delete topics; force segment deletion",
+    "audit": "check a data directory: offsets, envelopes, dedup state",
+    "bench": "run a benchmark and print its table",
+}
+
+
+def _load(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(f"ops.commands.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"ops.commands.{name}":
+            return None
+        raise
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType | None]]:
+    parser = argparse.ArgumentParser(
+        prog="logbroker", description="Exactly-once log collection and delivery."
+    )
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    modules: dict[str, ModuleType | None] = {}
+    for name, help_text in SUBCOMMANDS.items():
+        module = _load(name)
+        modules[name] = module
+        sub = subs.add_parser(name, help=help_text, description=help_text)
+        if module is not None:
+            module.add_arguments(sub)
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    module = modules[args.command]
+    if module is None:
+        print(
+            f"logbroker {args.command}: not built yet in this version of logbroker",
+            file=sys.stderr,
+        )
+        return 2
+    result: int = module.run(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

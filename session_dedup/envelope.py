@@ -1,0 +1,131 @@
+"""The envelope every message of the log carries (Avro, schema in ``schemas/``).
+
+A stored value is one version byte (``ENVELOPE_VERSION``) followed by the Avro binary encoding
+of :data:`SCHEMA`.  The fields that are constant for a source (source_id, server, file, log_type,
+codec, kind, txn_id) come first, so :class:`EnvelopeWriter` encodes them once per source and the
+per-chunk work is four varints and a copy of the data.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fastavro
+
+from log_store.errors import BadRequest
+
+ENVELOPE_VERSION = 1
+_VERSION_BYTE = bytes([ENVELOPE_VERSION])
+
+SCHEMA_PATH = Path(__file__).with_name("schemas") / "envelope.v1.avsc"
+SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+_PARSED = fastavro.parse_schema(SCHEMA)
+
+CODECS = ("raw", "gzip", "zstd")
+KINDS = ("chunk", "legacy_data", "legacy_commit")
+
+
+@dataclass(frozen=True)
+class Envelope:
+    source_id: str
+    server: str
+    file: str
+    log_type: str
+    codec: str
+    seqno: int
+    create_time: int
+    write_time: int
+    data: bytes
+    kind: str = "chunk"
+    txn_id: str | None = None
+
+
+def _zigzag(n: int) -> bytes:
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z & ~0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _avro_string(s: str) -> bytes:
+    raw = s.encode("utf-8")
+    return _zigzag(len(raw)) + raw
+
+
+class EnvelopeWriter:
+    """Encodes the envelopes of one source; the constant fields are encoded once."""
+
+    __slots__ = ("_prefix",)
+
+    def __init__(
+        self,
+        *,
+        source_id: str,
+        server: str,
+        file: str,
+        log_type: str,
+        codec: str = "raw",
+        kind: str = "chunk",
+        txn_id: str | None = None,
+    ) -> None:
+        if codec not in CODECS:
+            raise BadRequest(f"unknown codec {codec!r}; use one of {', '.join(CODECS)}")
+        if kind not in KINDS:
+            raise BadRequest(f"unknown kind {kind!r}")
+        parts = [
+            _VERSION_BYTE,
+            _avro_string(source_id),
+            _avro_string(server),
+            _avro_string(file),
+            _avro_string(log_type),
+            _zigzag(CODECS.index(codec)),
+            _zigzag(KINDS.index(kind)),
+            b"\x00" if txn_id is None else b"\x02" + _avro_string(txn_id),
+        ]
+        self._prefix = b"".join(parts)
+
+    def encode(self, seqno: int, create_time: int, write_time: int, data: bytes) -> bytes:
+        """The stored value of one chunk of this source."""
+        return b"".join(
+            (
+                self._prefix,
+                _zigzag(seqno),
+                _zigzag(create_time),
+                _zigzag(write_time),
+                _zigzag(len(data)),
+                data,
+            )
+        )
+
+
+def encode(envelope: Envelope) -> bytes:
+    """The stored value of one envelope."""
+    writer = EnvelopeWriter(
+        source_id=envelope.source_id,
+        server=envelope.server,
+        file=envelope.file,
+        log_type=envelope.log_type,
+        codec=envelope.codec,
+        kind=envelope.kind,
+        txn_id=envelope.txn_id,
+    )
+    return writer.encode(envelope.seqno, envelope.create_time, envelope.write_time, envelope.data)
+
+
+def decode(value: bytes) -> Envelope:
+    """Decode a stored value; raises ``ValueError`` on anything that is not an envelope."""
+    if not value or value[0] != ENVELOPE_VERSION:
+        raise ValueError("not a logbroker envelope (unknown version byte)")
+    buf = io.BytesIO(value)
+    buf.seek(1)
+    rec = fastavro.schemaless_reader(buf, _PARSED, None)
+    if not isinstance(rec, dict):
+        raise ValueError("not a logbroker envelope")
+    return Envelope(**rec)

@@ -1,0 +1,106 @@
+"""Fixtures shared by every test group: free ports and real gateway processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def logbroker_cmd(*args: str) -> list[str]:
+    """The ``logbroker`` command line run with this interpreter (no PATH lookup)."""
+    return [sys.executable, "-m", "ops", *args]
+
+
+class GatewayProcess:
+    """A real ``logbroker serve`` process on a free loopback port."""
+
+    def __init__(self, data_dir: Path, extra_args: list[str], log_path: Path) -> None:
+        self.data_dir = data_dir
+        self.extra_args = extra_args
+        self.log_path = log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 20.0) -> GatewayProcess:
+        cmd = logbroker_cmd(
+            "serve", "--data-dir", str(self.data_dir), "--port", str(self.port), *self.extra_args
+        )
+        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.log()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"gateway did not become healthy: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash does, with no chance to flush or clean up."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> int:
+        """SIGTERM and wait: the graceful stop."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return int(self.proc.returncode)
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path) -> Iterator[object]:
+    """Factory: ``start_gateway(data_dir=None, *extra_args)`` starts a gateway and returns it."""
+    started: list[GatewayProcess] = []
+
+    def _start(data_dir: Path | None = None, *extra_args: str) -> GatewayProcess:
+        dd = data_dir or (tmp_path / "data")
+        gw = GatewayProcess(dd, list(extra_args), tmp_path / f"gateway-{len(started)}.log")
+        started.append(gw)
+        return gw.start()
+
+    yield _start
+    for gw in started:
+        gw.kill()
+
+
+@pytest.fixture
+def gateway(start_gateway: object) -> GatewayProcess:
+    """One gateway on the embedded store in a fresh data dir."""
+    return start_gateway()  # type: ignore[operator,no-any-return]
+
+
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
