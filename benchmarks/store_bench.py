@@ -1,0 +1,154 @@
+"""Durable append and read throughput of the embedded log store, next to ``dd`` on the same disk.
+
+    python benchmarks/store_bench.py [--dir DIR] [--seconds S] [--runs N]
+
+Prints one table row per case with the median of N runs.  Every append is durable (fsync
+before return).  The ``dd ... conv=fdatasync`` row is the disk's own sequential write speed,
+measured in the same run on the same file system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from log_store import TopicConfig, open_store
+
+TOPIC = "bench.store"
+
+
+def dd_mb_s(directory: Path) -> float:
+    target = directory / "dd.bin"
+    out = subprocess.run(
+        ["dd", "if=/dev/zero", f"of={target}", "bs=1M", "count=1024", "conv=fdatasync"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
+    target.unlink()
+    match = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", out)
+    assert match, out
+    return int(match.group(1)) / float(match.group(2)) / 1e6
+
+
+def _writer(
+    data_dir: str, partition: int, record_bytes: int, batch: int, seconds: float, out: mp.Queue
+) -> None:  # type: ignore[type-arg]
+    store = open_store(data_dir)
+    values = [b"x" * record_bytes] * batch
+    records = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        store.append(TOPIC, partition, values)
+        records += batch
+    elapsed = time.perf_counter() - start
+    store.close()
+    out.put((records, elapsed))
+
+
+def append_case(
+    directory: Path, writers: int, record_bytes: int, batch: int, seconds: float
+) -> tuple[float, float]:
+    """(records/s, MB/s) summed over ``writers`` processes, each on its own partition."""
+    data_dir = directory / "store"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    with open_store(data_dir) as store:
+        store.create_topic(TOPIC, TopicConfig(partitions=max(writers, 1)))
+    queue: mp.Queue = mp.Queue()  # type: ignore[type-arg]
+    procs = [
+        mp.Process(target=_writer, args=(str(data_dir), w, record_bytes, batch, seconds, queue))
+        for w in range(writers)
+    ]
+    for p in procs:
+        p.start()
+    results = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+    rate = sum(records / elapsed for records, elapsed in results)
+    return rate, rate * record_bytes / 1e6
+
+
+def read_case(directory: Path, record_bytes: int, total_bytes: int) -> tuple[float, float]:
+    """Read a whole partition from the page cache: (records/s, MB/s)."""
+    data_dir = directory / "store"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    with open_store(data_dir) as store:
+        store.create_topic(TOPIC, TopicConfig(partitions=1))
+        per_batch = max(1, (1 << 20) // record_bytes)
+        values = [b"r" * record_bytes] * per_batch
+        for _ in range(total_bytes // (per_batch * record_bytes)):
+            store.append(TOPIC, 0, values)
+        read_all(store)  # warm the page cache
+        start = time.perf_counter()
+        records = read_all(store)
+        elapsed = time.perf_counter() - start
+    return records / elapsed, records * record_bytes / elapsed / 1e6
+
+
+def read_all(store: object) -> int:
+    offset = 0
+    count = 0
+    while True:
+        result = store.read(TOPIC, 0, offset, 4 << 20)  # type: ignore[attr-defined]
+        if not result.records:
+            return count
+        count += len(result.records)
+        offset = result.next_offset
+
+
+def median_of(runs: int, fn: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+    results = [fn() for _ in range(runs)]
+    return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to write (default: a temp dir)"
+    )
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each append run")
+    parser.add_argument("--runs", type=int, default=3, help="runs per case; the median is shown")
+    args = parser.parse_args(argv)
+    directory = Path(tempfile.mkdtemp(prefix="store-bench-", dir=args.dir))
+    try:
+        dd = statistics.median(dd_mb_s(directory) for _ in range(args.runs))
+        rows: list[tuple[str, str, str, str]] = [
+            ("dd bs=1M conv=fdatasync (disk reference)", "-", f"{dd:,.0f}", "100%"),
+        ]
+        cases = [
+            ("append 64 KiB records, 16 per append, 1 writer", 1, 65536, 16),
+            ("append 64 KiB records, 16 per append, 4 writer processes", 4, 65536, 16),
+            ("append 200 B records, 500 per append, 1 writer", 1, 200, 500),
+            ("append 200 B records, 500 per append, 4 writer processes", 4, 200, 500),
+        ]
+        for label, writers, size, batch in cases:
+            rate, mb = median_of(
+                args.runs,
+                lambda w=writers, s=size, b=batch: append_case(directory, w, s, b, args.seconds),
+            )
+            rows.append((label, f"{rate:,.0f}", f"{mb:,.0f}", f"{mb / dd:.0%}"))
+        for label, size in (
+            ("read 64 KiB records (page cache)", 65536),
+            ("read 200 B records (page cache)", 200),
+        ):
+            rate, mb = median_of(args.runs, lambda s=size: read_case(directory, s, 512 << 20))
+            rows.append((label, f"{rate:,.0f}", f"{mb:,.0f}", f"{mb / dd:.0%}"))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    print(f"| case (median of {args.runs}) | records/s | MB/s | of dd |")
+    print("|---|---:|---:|---:|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,32 @@
+"""A child process that appends numbered batches and prints each ack as soon as it has it.
+
+Usage: appender.py DATA_DIR TOPIC PARTITION WRITER_ID BATCHES BATCH_SIZE VALUE_BYTES
+
+Each record is ``writer:batch:index:count:`` padded to VALUE_BYTES, so a reader can tell which
+batch a record belongs to and whether the batch is whole.  After each append returns (durable),
+the child prints ``ack writer batch first_offset last_offset`` and flushes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from log_store import open_store
+
+
+def main() -> None:
+    data_dir, topic, partition, writer, batches, size, value_bytes = sys.argv[1:8]
+    store = open_store(data_dir)
+    for batch in range(int(batches)):
+        count = int(size)
+        values = [
+            f"{writer}:{batch}:{i}:{count}:".encode().ljust(int(value_bytes), b".")
+            for i in range(count)
+        ]
+        result = store.append(topic, int(partition), values)
+        print(f"ack {writer} {batch} {result.first_offset} {result.last_offset}", flush=True)
+    store.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,493 @@
+"""What every log store backend promises (log_store/interface.py), tested against each one."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from log_store import (
+    BadRequest,
+    InvalidTopicName,
+    LogStore,
+    OffsetOutOfRange,
+    PartitionState,
+    StoreUnavailable,
+    TopicConfig,
+    TopicExists,
+    UnknownPartition,
+    UnknownTopic,
+    open_store,
+)
+
+APPENDER = Path(__file__).with_name("appender.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def read_all(store: LogStore, topic: str, partition: int, offset: int = 0) -> list[bytes]:
+    values: list[bytes] = []
+    while True:
+        result = store.read(topic, partition, offset, 256 * 1024)
+        if not result.records:
+            return values
+        values.extend(r.value for r in result.records)
+        offset = result.next_offset
+
+
+# -- offsets and atomicity ----------------------------------------------------------------
+
+
+def test_offsets_are_dense_and_increasing(store: LogStore) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=2))
+    firsts = []
+    for n in (1, 3, 5, 1):
+        result = store.append("dc1.t", 0, [b"v%d" % i for i in range(n)])
+        assert result.count == n
+        firsts.append(result.first_offset)
+    assert firsts == [0, 1, 4, 9]
+    offsets = [r.offset for r in store.read("dc1.t", 0, 0).records]
+    assert offsets == list(range(10))
+    assert store.end_offset("dc1.t", 0) == 10
+    assert store.end_offset("dc1.t", 1) == 0
+
+
+def test_read_your_writes_returns_exact_bytes(store: LogStore) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    values = [os.urandom(random.randrange(0, 3000)) for _ in range(200)]
+    store.append("dc1.t", 0, values[:50])
+    store.append("dc1.t", 0, values[50:])
+    assert read_all(store, "dc1.t", 0) == values
+    middle = store.read("dc1.t", 0, 123, 1)
+    assert [r.offset for r in middle.records] == [123]
+    assert middle.records[0].value == values[123]
+
+
+def test_read_past_end_returns_nothing_and_the_end(store: LogStore) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    store.append("dc1.t", 0, [b"a", b"b"])
+    result = store.read("dc1.t", 0, 2)
+    assert result.records == [] and result.end_offset == 2 and result.next_offset == 2
+    assert store.read("dc1.t", 0, 10**12).records == []
+
+
+def test_read_honours_max_bytes_but_returns_at_least_one_record(store: LogStore) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    store.append("dc1.t", 0, [b"x" * 1000] * 50)
+    assert len(store.read("dc1.t", 0, 0, 10).records) == 1
+    assert len(store.read("dc1.t", 0, 0, 5000).records) == 5
+
+
+def test_failed_transaction_appends_nothing_and_others_in_its_group_commit(
+    store: LogStore,
+) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+
+    def failing(state: PartitionState) -> Sequence[bytes]:
+        state.put("k", b"never")
+        raise ValueError("refused")
+
+    def good(state: PartitionState) -> Sequence[bytes]:
+        state.put("k2", b"kept")
+        return [b"good"]
+
+    futures = [store.submit("dc1.t", 0, failing), store.submit("dc1.t", 0, good)]
+    with pytest.raises(ValueError):
+        futures[0].result()
+    assert futures[1].result().count == 1
+    assert read_all(store, "dc1.t", 0) == [b"good"]
+    assert store.get_state("dc1.t", 0, "k") is None
+    assert store.get_state("dc1.t", 0, "k2") == b"kept"
+
+
+def test_state_updates_commit_with_the_records_they_admit(store: LogStore) -> None:
+    """The dedup pattern: a transaction sees earlier ones of its group and the committed state."""
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+
+    def admit(seqno: int) -> Callable[[PartitionState], Sequence[bytes]]:
+        def fn(state: PartitionState) -> Sequence[bytes]:
+            last = int.from_bytes(state.get("src") or b"\0", "big")
+            if seqno <= last:
+                return []
+            state.put("src", seqno.to_bytes(8, "big"))
+            return [b"%d" % seqno]
+
+        return fn
+
+    seqnos = [1, 2, 2, 5, 3, 6, 6, 1, 7]
+    futures = [store.submit("dc1.t", 0, admit(s)) for s in seqnos]
+    counts = [f.result().count for f in futures]
+    assert counts == [1, 1, 0, 1, 0, 1, 0, 0, 1]
+    assert read_all(store, "dc1.t", 0) == [b"1", b"2", b"5", b"6", b"7"]
+    assert store.get_state("dc1.t", 0, "src") == (7).to_bytes(8, "big")
+
+
+def test_concurrent_threads_share_commits_and_lose_nothing(store: LogStore) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    results: list[tuple[int, int, int]] = []
+    lock = threading.Lock()
+
+    def writer(w: int) -> None:
+        for b in range(50):
+            r = store.append("dc1.t", 0, [b"%d:%d:%d" % (w, b, i) for i in range(10)])
+            with lock:
+                results.append((w, r.first_offset, r.last_offset))
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    values = read_all(store, "dc1.t", 0)
+    assert len(values) == 8 * 50 * 10
+    for w, first, last in results:
+        batch = values[first : last + 1]
+        assert len({v.rsplit(b":", 1)[0] for v in batch}) == 1
+        assert batch[0].startswith(b"%d:" % w)
+
+
+# -- segments and retention ---------------------------------------------------------------
+
+
+def test_reads_cross_segment_boundaries(store: LogStore) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1, segment_bytes=8192))
+    values = [b"%06d" % i + b"." * 994 for i in range(100)]
+    for i in range(0, 100, 3):
+        store.append("dc1.t", 0, values[i : i + 3])
+    info = store.describe_topic("dc1.t").partitions[0]
+    assert info.segments > 5
+    assert read_all(store, "dc1.t", 0) == values
+    # one read that starts inside one segment and runs over several
+    result = store.read("dc1.t", 0, 5, 40_000)
+    assert [r.value for r in result.records] == values[5 : 5 + len(result.records)]
+    assert len(result.records) >= 30
+
+
+def test_retention_by_size_keeps_newest_data_and_moves_start(store: LogStore) -> None:
+    store.create_topic(
+        "dc1.t", TopicConfig(partitions=1, segment_bytes=8192, retention_bytes=20_000)
+    )
+    values = [b"%06d" % i + b"." * 994 for i in range(100)]
+    for v in values:
+        store.append("dc1.t", 0, [v])
+    moved = store.apply_retention()
+    info = store.describe_topic("dc1.t").partitions[0]
+    assert moved[("dc1.t", 0)] == info.start_offset > 0
+    assert info.end_offset == 100
+    assert info.size_bytes <= 20_000 + 8192
+    assert read_all(store, "dc1.t", 0, info.start_offset) == values[info.start_offset :]
+    with pytest.raises(OffsetOutOfRange) as exc:
+        store.read("dc1.t", 0, 0)
+    assert exc.value.start_offset == info.start_offset and exc.value.end_offset == 100
+    seg_files = sorted(p.name for p in (store_dir(store, "dc1.t")).glob("*.log"))
+    assert len(seg_files) == info.segments
+
+
+def store_dir(store: LogStore, topic: str) -> Path:
+    info = store.describe_topic(topic)
+    data_dir: Path = store.data_dir  # type: ignore[attr-defined]
+    return data_dir / "topics" / topic / info.topic_id / "0"
+
+
+def test_retention_by_age_drops_only_old_segments(store: LogStore) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1, segment_bytes=4096, retention_ms=60_000))
+    for i in range(30):
+        store.append("dc1.t", 0, [b"%d" % i + b"." * 1000])
+    assert store.apply_retention() == {}  # nothing is a minute old yet
+    later = int(time.time() * 1000) + 120_000
+    moved = store.apply_retention(later)
+    info = store.describe_topic("dc1.t").partitions[0]
+    assert info.segments == 1  # the active segment always stays
+    assert moved[("dc1.t", 0)] == info.start_offset
+    assert read_all(store, "dc1.t", 0, info.start_offset)[-1].startswith(b"29.")
+
+
+def test_forced_segment_deletion_by_operator(store: LogStore) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1, segment_bytes=4096))
+    for i in range(40):
+        store.append("dc1.t", 0, [b"%d" % i + b"." * 1000])
+    new_start = store.delete_segments_before("dc1.t", 0, 20)
+    assert 0 < new_start <= 20
+    assert store.read("dc1.t", 0, new_start).records[0].value.startswith(b"%d." % new_start)
+    # appends continue after the deletion
+    assert store.append("dc1.t", 0, [b"after"]).first_offset == 40
+    with pytest.raises(BadRequest):
+        store.delete_segments_before("dc1.t", 0, -1)
+
+
+# -- topics -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "a/b",
+        "../etc",
+        "dc1..x",
+        "Upper",
+        "x" * 202,
+        "a\x00b",
+        "a\nb",
+        "-lead",
+        ".hidden",
+        "dc1 space",
+        "dc1/../../x",
+    ],
+)
+def test_bad_topic_names_are_refused_and_create_nothing(store: LogStore, name: str) -> None:
+    with pytest.raises(InvalidTopicName):
+        store.create_topic(name)
+    with pytest.raises(InvalidTopicName):
+        store.append(name, 0, [b"x"])
+    assert store.list_topics() == []
+    data_dir: Path = store.data_dir  # type: ignore[attr-defined]
+    topics_dir = data_dir / "topics"
+    assert not topics_dir.exists() or list(topics_dir.iterdir()) == []
+
+
+def test_topic_lifecycle_and_bad_requests(store: LogStore) -> None:
+    info = store.create_topic("dc1.t", TopicConfig(partitions=2))
+    assert [t.name for t in store.list_topics()] == ["dc1.t"]
+    with pytest.raises(TopicExists):
+        store.create_topic("dc1.t")
+    assert store.create_topic("dc1.t", exist_ok=True).topic_id == info.topic_id
+    with pytest.raises(UnknownPartition):
+        store.append("dc1.t", 2, [b"x"])
+    with pytest.raises(UnknownPartition):
+        store.read("dc1.t", -1, 0)
+    with pytest.raises(OffsetOutOfRange):
+        store.read("dc1.t", 0, -5)
+    with pytest.raises(UnknownTopic):
+        store.read("dc1.nope", 0, 0)
+    with pytest.raises(BadRequest):
+        store.create_topic("dc1.zero", TopicConfig(partitions=0))
+    grown = store.set_partitions("dc1.t", 4)
+    assert grown.config.partitions == 4
+    store.append("dc1.t", 3, [b"x"])
+    with pytest.raises(BadRequest):
+        store.set_partitions("dc1.t", 2)
+
+
+def test_recreated_topic_starts_empty_with_new_identity_and_state(store: LogStore) -> None:
+    old = store.create_topic("dc1.t", TopicConfig(partitions=1))
+    store.append("dc1.t", 0, [b"old"])
+    assert store.put_topic_state_if_absent("dc1.t", "pin:a", b"\x00") == b"\x00"
+    store.delete_topic("dc1.t")
+    with pytest.raises(UnknownTopic):
+        store.read("dc1.t", 0, 0)
+    new = store.create_topic("dc1.t", TopicConfig(partitions=1))
+    assert new.topic_id != old.topic_id
+    assert store.read("dc1.t", 0, 0).records == []
+    assert store.get_topic_state("dc1.t", "pin:a") is None
+    assert store.put_topic_state_if_absent("dc1.t", "pin:a", b"\x01") == b"\x01"
+    assert store.put_topic_state_if_absent("dc1.t", "pin:a", b"\x02") == b"\x01"
+
+
+def test_topic_deleted_by_another_process_is_not_written_by_this_one(
+    open_backend: Callable[[], LogStore],
+) -> None:
+    first, second = open_backend(), open_backend()
+    first.create_topic("dc1.t", TopicConfig(partitions=1))
+    first.append("dc1.t", 0, [b"before"])
+    second.delete_topic("dc1.t")
+    with pytest.raises(UnknownTopic):
+        first.append("dc1.t", 0, [b"lost?"])
+    second.create_topic("dc1.t", TopicConfig(partitions=1))
+    assert first.append("dc1.t", 0, [b"new"]).first_offset == 0
+    assert read_all(second, "dc1.t", 0) == [b"new"]
+
+
+# -- waiting ------------------------------------------------------------------------------
+
+
+def test_waiting_reader_is_woken_by_an_append_of_another_process(
+    open_backend: Callable[[], LogStore], tmp_path: Path
+) -> None:
+    store = open_backend()
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    assert store.wait_for_data("dc1.t", 0, 0, 0.05) is False
+    woke: list[float] = []
+
+    def wait() -> None:
+        if store.wait_for_data("dc1.t", 0, 0, 10.0):
+            woke.append(time.monotonic())
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)
+    child = subprocess.run(
+        [sys.executable, str(APPENDER), str(tmp_path / "data"), "dc1.t", "0", "w", "1", "1", "10"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    acked_at = time.monotonic()
+    waiter.join(10)
+    assert child.stdout.startswith("ack")
+    assert woke, "the waiting reader was not woken"
+    assert woke[0] - acked_at < 0.05
+
+
+# -- processes and crashes ----------------------------------------------------------------
+
+
+def check_batches(values: list[bytes]) -> dict[tuple[str, int], tuple[int, int]]:
+    """Every batch is whole and contiguous; returns (writer, batch) -> (first, last) offset."""
+    seen: dict[tuple[str, int], tuple[int, int]] = {}
+    offset = 0
+    while offset < len(values):
+        writer, batch, index, count = values[offset].split(b":")[:4]
+        assert int(index) == 0, f"batch starts mid-way at offset {offset}"
+        n = int(count)
+        for i in range(n):
+            parts = values[offset + i].split(b":")
+            assert (parts[0], parts[1], int(parts[2])) == (writer, batch, i), "torn batch"
+        key = (writer.decode(), int(batch))
+        assert key not in seen, "batch written twice"
+        seen[key] = (offset, offset + n - 1)
+        offset += n
+    return seen
+
+
+@pytest.mark.slow
+def test_four_processes_appending_lose_nothing_and_never_interleave(
+    store: LogStore, tmp_path: Path
+) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1, segment_bytes=64 * 1024))
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(APPENDER),
+                str(tmp_path / "data"),
+                "dc1.t",
+                "0",
+                f"w{w}",
+                "60",
+                "7",
+                "100",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for w in range(4)
+    ]
+    acks = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0
+        acks.extend(line.split() for line in out.splitlines())
+    values = read_all(store, "dc1.t", 0)
+    seen = check_batches(values)
+    assert len(seen) == 4 * 60 and len(values) == 4 * 60 * 7
+    for _, writer, batch, first, last in acks:
+        assert seen[(writer, int(batch))] == (int(first), int(last))
+
+
+@pytest.mark.fault
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sigkill_mid_append_keeps_every_acked_batch_and_no_torn_one(
+    tmp_path: Path, seed: int
+) -> None:
+    data_dir = tmp_path / "data"
+    with open_store(data_dir) as store:
+        store.create_topic("dc1.t", TopicConfig(partitions=1, segment_bytes=256 * 1024))
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(APPENDER),
+                str(data_dir),
+                "dc1.t",
+                "0",
+                f"w{w}",
+                "100000",
+                "50",
+                "300",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for w in range(2)
+    ]
+    rng = random.Random(seed)
+    time.sleep(0.5 + rng.random())
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    acks = []
+    for p in procs:
+        out, _ = p.communicate(timeout=30)
+        acks.extend(line.split() for line in out.splitlines() if line.startswith("ack"))
+    assert acks, "the writers acked nothing before the kill"
+    with open_store(data_dir) as store:
+        values = read_all(store, "dc1.t", 0)
+        seen = check_batches(values)
+        for _, writer, batch, first, last in acks:
+            assert seen[(writer, int(batch))] == (int(first), int(last))
+        end = store.end_offset("dc1.t", 0)
+        assert end == len(values)
+        assert store.append("dc1.t", 0, [b"after:0:0:1:"]).first_offset == end
+        check_batches(read_all(store, "dc1.t", 0))
+
+
+# -- a sick disk --------------------------------------------------------------------------
+
+
+@pytest.mark.fault
+def test_full_disk_refuses_appends_cleanly_and_recovers_when_space_returns(
+    small_mount: Path,
+) -> None:
+    store = open_store(small_mount / "data")
+    try:
+        store.create_topic("dc1.t", TopicConfig(partitions=1))
+        acked = [b"%d" % i + b"." * 2000 for i in range(20)]
+        for v in acked:
+            store.append("dc1.t", 0, [v])
+        filler = small_mount / "filler"
+        with open(filler, "wb") as f, pytest.raises(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        with pytest.raises(StoreUnavailable):
+            for _ in range(50):
+                store.append("dc1.t", 0, [b"x" * 60_000])
+        assert read_all(store, "dc1.t", 0)[: len(acked)] == acked
+        filler.unlink()
+        after = store.append("dc1.t", 0, [b"after"])
+        values = read_all(store, "dc1.t", 0)
+        assert values[after.first_offset] == b"after"
+        assert values[: len(acked)] == acked
+    finally:
+        store.close()
+    with open_store(small_mount / "data") as reopened:
+        assert read_all(reopened, "dc1.t", 0)[-1] == b"after"
+
+
+@pytest.mark.fault
+def test_read_only_data_dir_refuses_appends_with_store_unavailable(small_mount: Path) -> None:
+    with open_store(small_mount / "data") as store:
+        store.create_topic("dc1.t", TopicConfig(partitions=1))
+        store.append("dc1.t", 0, [b"kept"])
+    subprocess.run(["mount", "-o", "remount,ro", str(small_mount)], check=True)
+    with pytest.raises(StoreUnavailable):
+        store = open_store(small_mount / "data")
+        try:
+            store.append("dc1.t", 0, [b"refused"])
+        finally:
+            store.close()
+    subprocess.run(["mount", "-o", "remount,rw", str(small_mount)], check=True)
+    with open_store(small_mount / "data") as store:
+        assert read_all(store, "dc1.t", 0) == [b"kept"]
+        assert store.append("dc1.t", 0, [b"again"]).first_offset == 1
