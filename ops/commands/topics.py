@@ -1,0 +1,119 @@
+"""``logbroker topics``: list, describe, create, alter, delete; retention and forced deletion.
+
+Works on a data dir of the embedded store directly (safe while a gateway runs on it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from log_store import LogbrokerError, TopicConfig, TopicInfo, open_store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", required=True, help="data dir of the embedded store")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser("list", help="list topics")
+    describe = actions.add_parser("describe", help="partitions, offsets and sizes of a topic")
+    describe.add_argument("topic")
+    create = actions.add_parser("create", help="create a topic")
+    create.add_argument("topic")
+    create.add_argument("--partitions", type=int, default=4)
+    _retention_flags(create)
+    alter = actions.add_parser("alter", help="change partitions (grow only) or retention")
+    alter.add_argument("topic")
+    alter.add_argument("--partitions", type=int)
+    _retention_flags(alter)
+    delete = actions.add_parser("delete", help="delete a topic and its data")
+    delete.add_argument("topic")
+    actions.add_parser("retention", help="apply every topic's retention now")
+    drop = actions.add_parser(
+        "delete-segments", help="forced deletion: drop whole segments below an offset"
+    )
+    drop.add_argument("topic")
+    drop.add_argument("--partition", type=int, required=True)
+    drop.add_argument("--before-offset", type=int, required=True)
+
+
+def _retention_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--retention-hours", type=float, help="drop segments older than this")
+    parser.add_argument("--retention-bytes", type=int, help="per-partition size to keep")
+    parser.add_argument("--segment-bytes", type=int, help="roll segments at this size")
+
+
+def _retention_ms(hours: float | None) -> int | None:
+    return None if hours is None else int(hours * 3600 * 1000)
+
+
+def _topic_dict(info: TopicInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "topic_id": info.topic_id,
+        "partitions": info.config.partitions,
+        "retention_ms": info.config.retention_ms,
+        "retention_bytes": info.config.retention_bytes,
+        "segment_bytes": info.config.segment_bytes,
+        "partition_info": [vars(p) for p in info.partitions],
+    }
+
+
+def _print_topic(info: TopicInfo, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(_topic_dict(info)))
+        return
+    print(
+        f"{info.name}  id={info.topic_id}  partitions={info.config.partitions}  "
+        f"retention_ms={info.config.retention_ms}  retention_bytes={info.config.retention_bytes}"
+    )
+    if info.partitions:
+        print(f"  {'partition':>9} {'start':>12} {'end':>12} {'bytes':>14} {'segments':>8}")
+        for p in info.partitions:
+            print(
+                f"  {p.partition:>9} {p.start_offset:>12} {p.end_offset:>12} "
+                f"{p.size_bytes:>14} {p.segments:>8}"
+            )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        with open_store(args.data_dir) as store:
+            if args.action == "list":
+                for info in store.list_topics():
+                    _print_topic(info, args.json)
+            elif args.action == "describe":
+                _print_topic(store.describe_topic(args.topic), args.json)
+            elif args.action == "create":
+                config = TopicConfig(
+                    partitions=args.partitions,
+                    retention_ms=_retention_ms(args.retention_hours),
+                    retention_bytes=args.retention_bytes,
+                    segment_bytes=args.segment_bytes or TopicConfig().segment_bytes,
+                )
+                _print_topic(store.create_topic(args.topic, config), args.json)
+            elif args.action == "alter":
+                if args.partitions is not None:
+                    store.set_partitions(args.topic, args.partitions)
+                info = store.alter_topic(
+                    args.topic,
+                    retention_ms=_retention_ms(args.retention_hours),
+                    retention_bytes=args.retention_bytes,
+                    segment_bytes=args.segment_bytes,
+                )
+                _print_topic(info, args.json)
+            elif args.action == "delete":
+                store.delete_topic(args.topic)
+                print(f"deleted {args.topic}")
+            elif args.action == "retention":
+                for (topic, partition), start in sorted(store.apply_retention().items()):
+                    print(f"{topic} partition {partition}: log start offset now {start}")
+            elif args.action == "delete-segments":
+                start = store.delete_segments_before(args.topic, args.partition, args.before_offset)
+                print(f"{args.topic} partition {args.partition}: log start offset now {start}")
+    except LogbrokerError as exc:
+        print(f"logbroker topics: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what logbroker needs on a fresh Debian machine: Debian packages (only when missing),
+# a virtual environment in .venv and the Python packages.  Safe to run again; quick when done.
+# Sourced by quickstart.sh and test.sh.  Set LOGBROKER_EXTRAS to choose pip extras.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$REPO/.venv"
+EXTRAS="${LOGBROKER_EXTRAS:-test,spark}"
+
+need_apt=()
+command -v python3 >/dev/null || need_apt+=(python3)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+if [[ ",$EXTRAS," == *",spark,"* ]] && ! command -v java >/dev/null; then
+  need_apt+=(openjdk-17-jre-headless)
+fi
+command -v mount >/dev/null || need_apt+=(mount)
+if ((${#need_apt[@]})); then
+  echo "bootstrap: installing Debian packages: ${need_apt[*]}" >&2
+  SUDO=""; [[ $(id -u) == 0 ]] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "bootstrap: creating $VENV" >&2
+  python3 -m venv "$VENV"
+fi
+stamp="$VENV/.installed-$(sha1sum "$REPO/pyproject.toml" | cut -c1-12)-${EXTRAS//,/_}"
+if [[ ! -f "$stamp" ]]; then
+  echo "bootstrap: installing Python packages ($EXTRAS)" >&2
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  if ! "$VENV/bin/python" -m pip install -q -e "$REPO[$EXTRAS]" >"$VENV/pip-install.log" 2>&1; then
+    grep -v '^WARNING: Location' "$VENV/pip-install.log" >&2
+    echo "bootstrap: Python packages failed to install" >&2
+    exit 1
+  fi
+  rm -f "$VENV"/.installed-*
+  touch "$stamp"
+fi
+export PATH="$VENV/bin:$PATH"
