@@ -5,7 +5,7 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
-EXTRAS="${LOGBROKER_EXTRAS:-test,spark}"
+EXTRAS="${LOGBROKER_EXTRAS-test,spark}"
 
 need_apt=()
 command -v python3 >/dev/null || need_apt+=(python3)
@@ -29,12 +29,12 @@ stamp="$VENV/.installed-$(sha1sum "$REPO/pyproject.toml" | cut -c1-12)-${EXTRAS/
 if [[ ! -f "$stamp" ]]; then
   echo "bootstrap: installing Python packages ($EXTRAS)" >&2
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  if ! "$VENV/bin/python" -m pip install -q -e "$REPO[$EXTRAS]" >"$VENV/pip-install.log" 2>&1; then
+  target="$REPO"; [[ -z $EXTRAS ]] || target="$REPO[$EXTRAS]"
+  if ! "$VENV/bin/python" -m pip install -q -e "$target" >"$VENV/pip-install.log" 2>&1; then
     grep -v '^WARNING: Location' "$VENV/pip-install.log" >&2
     echo "bootstrap: Python packages failed to install" >&2
     exit 1
   fi
-  rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# A whole pipeline on one machine: a gateway on the embedded store, a sample log that rotates,
+# a push-client shipping it, and a reader printing every line as it arrives.  Ctrl-C stops all.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+LOGBROKER_EXTRAS="" source scripts/bootstrap.sh
+PORT="${PORT:-8080}"
+DEMO="${DEMO_DIR:-$PWD/demo-data}"
+mkdir -p "$DEMO/logs"
+pids=()
+cleanup() {
+  trap - INT TERM EXIT
+  echo; echo "quickstart: stopping" >&2
+  ((${#pids[@]})) && kill -TERM "${pids[@]}" 2>/dev/null
+  wait 2>/dev/null || true
+}
+trap cleanup INT TERM EXIT
+
+logbroker serve --data-dir "$DEMO/store" --port "$PORT" --dc dc1 >"$DEMO/gateway.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+  python -c "import httpx,sys; sys.exit(httpx.get('http://127.0.0.1:$PORT/healthz').status_code!=200)" \
+    2>/dev/null && break
+  sleep 0.1
+done
+echo "quickstart: gateway on http://127.0.0.1:$PORT (log: $DEMO/gateway.log)" >&2
+
+python scripts/sample_log.py "$DEMO/logs/access.log" --rate 5 --rotate-every 50 &
+pids+=($!)
+logbroker push --server "http://127.0.0.1:$PORT" --log-type access --state-dir "$DEMO/push-state" \
+  "$DEMO/logs/access.log*" >"$DEMO/push.log" 2>&1 &
+pids+=($!)
+echo "quickstart: push-client shipping $DEMO/logs/access.log* (log: $DEMO/push.log)" >&2
+echo "quickstart: reading topic dc1.access; Ctrl-C to stop" >&2
+logbroker read --server "http://127.0.0.1:$PORT" --topic dc1.access --group quickstart \
+  --format lines &
+pids+=($!)
+wait

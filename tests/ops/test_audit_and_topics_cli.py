@@ -1,0 +1,83 @@
+"""``logbroker audit`` and ``logbroker topics`` on real data dirs, through the real command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from log_store import PartitionState, TopicConfig, open_store
+from session_dedup.envelope import Envelope, encode
+from session_dedup.seqno_table import encode_seqno, seqno_key
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def logbroker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ops", *args], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+
+
+def chunk(source: str, seqno: int) -> bytes:
+    return encode(Envelope(source, "host1", "/var/log/a", "access", "raw", seqno, 1, 2, b"x\n"))
+
+
+def write_admitted(data_dir: Path, source: str, seqnos: list[int]) -> None:
+    with open_store(data_dir) as store:
+        store.create_topic("dc1.access", TopicConfig(partitions=2), exist_ok=True)
+
+        def fn(state: PartitionState) -> Sequence[bytes]:
+            state.put(seqno_key(source), encode_seqno(max(seqnos)))
+            return [chunk(source, s) for s in seqnos]
+
+        store.transact("dc1.access", 0, fn)
+
+
+def test_audit_passes_on_a_consistent_store(tmp_path: Path) -> None:
+    write_admitted(tmp_path, "src-a", [10, 20, 30])
+    result = logbroker("audit", "--data-dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "audit: OK" in result.stdout
+
+
+def test_audit_reports_a_duplicate_seqno_and_a_stale_dedup_table(tmp_path: Path) -> None:
+    write_admitted(tmp_path, "src-a", [10, 20])
+    with open_store(tmp_path) as store:
+        store.append("dc1.access", 0, [chunk("src-a", 20), chunk("src-a", 40)])
+    result = logbroker("audit", "--data-dir", str(tmp_path))
+    assert result.returncode == 1
+    assert "seqno 20 after 20" in result.stdout
+    assert "wrote up to 20, the log says 40" in result.stdout
+
+
+def test_audit_reports_a_source_in_two_partitions(tmp_path: Path) -> None:
+    write_admitted(tmp_path, "src-a", [10])
+    with open_store(tmp_path) as store:
+        store.append("dc1.access", 1, [chunk("src-a", 11)])
+    result = logbroker("audit", "--data-dir", str(tmp_path))
+    assert result.returncode == 1
+    assert "is in partitions 0 and 1" in result.stdout
+
+
+def test_topics_cli_creates_describes_and_refuses_bad_names(tmp_path: Path) -> None:
+    created = logbroker(
+        "topics", "--data-dir", str(tmp_path), "create", "dc1.web", "--partitions", "3"
+    )
+    assert created.returncode == 0, created.stderr
+    described = logbroker("topics", "--data-dir", str(tmp_path), "--json", "describe", "dc1.web")
+    assert json.loads(described.stdout)["partitions"] == 3
+    for bad in ("../etc", "a/b", "UPPER"):
+        refused = logbroker("topics", "--data-dir", str(tmp_path), "create", bad)
+        assert refused.returncode == 2
+        assert "invalid topic name" in refused.stderr
+    listed = logbroker("topics", "--data-dir", str(tmp_path), "list")
+    assert listed.stdout.count("id=") == 1
+
+
+def test_unbuilt_or_unknown_usage_exits_2_with_a_message() -> None:
+    result = logbroker("bench", "no-such-benchmark")
+    assert result.returncode == 2 and "no benchmark" in result.stderr
+    assert logbroker().returncode == 2
