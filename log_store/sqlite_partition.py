@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import fcntl
 import logging
 import os
 import sqlite3
@@ -126,6 +127,7 @@ class PartitionLog:
         self._read_fds: dict[int, int] = {}
         self._write_fd: tuple[int, int] | None = None  # (segment base, fd)
         self._writer: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
         self._pending: list[_PendingTxn] = []
         self._cond = threading.Condition()
         self._committer: threading.Thread | None = None
@@ -178,7 +180,7 @@ class PartitionLog:
     def _commit_loop(self) -> None:
         while True:
             with self._cond:
-                if not self._pending:
+                if not self._pending and not self._closed:
                     self._cond.wait(_COMMITTER_IDLE_S)
                 if not self._pending:
                     self._committer = None
@@ -191,13 +193,59 @@ class PartitionLog:
             self._writer = connect(self._db_path)
         return self._writer
 
-    def _commit(self, group: list[_PendingTxn]) -> None:
-        outcomes: list[tuple[_PendingTxn, AppendResult | None, BaseException | None]] = []
-        wrote = False
-        conn: sqlite3.Connection | None = None
+    @contextmanager
+    def _write_lock(self, *, committer: bool = True) -> Iterator[None]:
+        """The partition's writer lock across processes and threads.
+
+        SQLite's own lock would do for correctness, but a writer waiting on it sleeps in
+        steps of up to 100 ms; a kernel lock wakes the next writer as soon as it is free.
+        flock excludes per open file, so only the committer thread reuses its descriptor;
+        anyone else (retention, deletion) opens its own.
+        """
+        path = self.directory / "write.lock"
+        if committer:
+            if self._lock_fd is None:
+                self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._lock_fd
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            conn = self._writer_conn()
-            conn.execute("BEGIN IMMEDIATE")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            if not committer:
+                os.close(fd)
+
+    def _commit(self, group: list[_PendingTxn]) -> None:
+        try:
+            with self._write_lock():
+                outcomes, wrote = self._commit_locked(group)
+        except BaseException as exc:
+            failure = as_store_unavailable(exc) or exc
+            if isinstance(failure, StoreUnavailable):
+                self._reset_writer()
+            for txn in group:
+                txn.future.set_exception(failure)
+            return
+        for txn, result, error in outcomes:
+            if error is not None:
+                txn.future.set_exception(error)
+            else:
+                assert result is not None
+                txn.future.set_result(result)
+        if wrote:
+            self.notify_changed()
+
+    def _commit_locked(
+        self, group: list[_PendingTxn]
+    ) -> tuple[list[tuple[_PendingTxn, AppendResult | None, BaseException | None]], bool]:
+        outcomes: list[tuple[_PendingTxn, AppendResult | None, BaseException | None]] = []
+        conn = self._writer_conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
             if meta["deleted"]:
                 raise UnknownTopic("the topic was deleted")
@@ -217,7 +265,6 @@ class PartitionLog:
                 outcomes.append((txn, AppendResult(first, end + len(values) - 1), None))
             if values:
                 self._write_batch(conn, end, values)
-                wrote = True
             if shared:
                 conn.executemany(
                     "INSERT INTO state (key, value) VALUES (?, ?) "
@@ -225,26 +272,14 @@ class PartitionLog:
                     shared.items(),
                 )
             conn.execute("COMMIT")
-        except BaseException as exc:
-            if conn is not None and conn.in_transaction:
+        except BaseException:
+            if conn.in_transaction:
                 try:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     self._reset_writer()
-            failure = as_store_unavailable(exc) or exc
-            if isinstance(failure, StoreUnavailable):
-                self._reset_writer()
-            for txn in group:
-                txn.future.set_exception(failure)
-            return
-        for txn, result, error in outcomes:
-            if error is not None:
-                txn.future.set_exception(error)
-            else:
-                assert result is not None
-                txn.future.set_result(result)
-        if wrote:
-            self.notify_changed()
+            raise
+        return outcomes, bool(values)
 
     def _reset_writer(self) -> None:
         if self._writer is not None:
@@ -434,36 +469,25 @@ class PartitionLog:
     ) -> int:
         """Drop the oldest whole segments that match; never the active one.  New start offset."""
         conn = connect(self._db_path)
-        dropped: list[int] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            segments = conn.execute(
-                "SELECT base_offset, size_bytes, max_ts FROM segments ORDER BY base_offset"
-            ).fetchall()
-            start = int(
-                conn.execute("SELECT value FROM meta WHERE key = 'log_start_offset'").fetchone()[0]
-            )
-            total = sum(int(s[1]) for s in segments)
-            new_start = start
-            for i, (base, size, max_ts) in enumerate(segments[:-1]):
-                next_base = int(segments[i + 1][0])
-                drop = (
-                    (below_offset is not None and next_base <= below_offset)
-                    or (before_ms is not None and max_ts < before_ms)
-                    or (max_bytes is not None and total > max_bytes)
+            with self._write_lock(committer=False):
+                conn.execute("BEGIN IMMEDIATE")
+                segments = conn.execute(
+                    "SELECT base_offset, size_bytes, max_ts FROM segments ORDER BY base_offset"
+                ).fetchall()
+                start = conn.execute(
+                    "SELECT value FROM meta WHERE key = 'log_start_offset'"
+                ).fetchone()[0]
+                dropped, new_start = _segments_to_drop(
+                    segments, int(start), below_offset, before_ms, max_bytes
                 )
-                if not drop:
-                    break
-                dropped.append(int(base))
-                total -= int(size)
-                new_start = next_base
-            if dropped:
-                conn.execute("DELETE FROM batches WHERE base_offset < ?", (new_start,))
-                conn.execute("DELETE FROM segments WHERE base_offset < ?", (new_start,))
-                conn.execute(
-                    "UPDATE meta SET value = ? WHERE key = 'log_start_offset'", (new_start,)
-                )
-            conn.execute("COMMIT")
+                if dropped:
+                    conn.execute("DELETE FROM batches WHERE base_offset < ?", (new_start,))
+                    conn.execute("DELETE FROM segments WHERE base_offset < ?", (new_start,))
+                    conn.execute(
+                        "UPDATE meta SET value = ? WHERE key = 'log_start_offset'", (new_start,)
+                    )
+                conn.execute("COMMIT")
         except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -499,9 +523,10 @@ class PartitionLog:
         """Refuse every later append and read, in every process (checked under the lock)."""
         conn = connect(self._db_path)
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("UPDATE meta SET value = 1 WHERE key = 'deleted'")
-            conn.execute("COMMIT")
+            with self._write_lock(committer=False):
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("UPDATE meta SET value = 1 WHERE key = 'deleted'")
+                conn.execute("COMMIT")
         finally:
             conn.close()
 
@@ -513,6 +538,9 @@ class PartitionLog:
         if committer is not None and committer is not threading.current_thread():
             committer.join(30)
         self._reset_writer()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
         with self._pool_lock:
             pool, self._pool = self._pool, []
         for conn in pool:
@@ -521,3 +549,33 @@ class PartitionLog:
             fds, self._read_fds = self._read_fds, {}
         for fd in fds.values():
             os.close(fd)
+
+
+def _segments_to_drop(
+    segments: list[tuple[int, int, int]],
+    start: int,
+    below_offset: int | None,
+    before_ms: int | None,
+    max_bytes: int | None,
+) -> tuple[list[int], int]:
+    """Which of the oldest segments retention drops, and the log start offset after it.
+
+    Segments go oldest first and only while every older one goes too; the newest (active)
+    segment always stays, so the log start offset is always the base of a live segment.
+    """
+    total = sum(size for _, size, _ in segments)
+    dropped: list[int] = []
+    new_start = start
+    for i, (base, size, max_ts) in enumerate(segments[:-1]):
+        next_base = segments[i + 1][0]
+        expired = (
+            (below_offset is not None and next_base <= below_offset)
+            or (before_ms is not None and max_ts < before_ms)
+            or (max_bytes is not None and total > max_bytes)
+        )
+        if not expired:
+            break
+        dropped.append(base)
+        total -= size
+        new_start = next_base
+    return dropped, new_start
