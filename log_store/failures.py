@@ -10,6 +10,7 @@ from log_store.errors import StoreUnavailable
 _UNAVAILABLE_ERRNOS = {
     errno.ENOSPC,
     errno.EDQUOT,
+    errno.EFBIG,
     errno.EROFS,
     errno.EIO,
     errno.EACCES,

@@ -10,7 +10,7 @@ exactly-once dedup table lives there, so a chunk and the seqno that admits it co
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -143,6 +143,12 @@ class LogStore(Protocol):
         Atomic across threads and processes.  Bound to the topic's identity: deleting the
         topic deletes its state.  Used for sticky source-to-partition pins.
         """
+        ...
+
+    def put_topic_state_many_if_absent(
+        self, topic: str, items: Mapping[str, bytes]
+    ) -> dict[str, bytes]:
+        """``put_topic_state_if_absent`` for many keys in one transaction; the winning values."""
         ...
 
     def get_topic_state(self, topic: str, key: str) -> bytes | None: ...

@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from log_store.change_watch import ChangeWatcher
@@ -297,7 +297,13 @@ class SqliteLogStore:
 
     # -- topic-level state ----------------------------------------------------------------
     def put_topic_state_if_absent(self, topic: str, key: str, value: bytes) -> bytes:
+        return self.put_topic_state_many_if_absent(topic, {key: value})[key]
+
+    def put_topic_state_many_if_absent(
+        self, topic: str, items: Mapping[str, bytes]
+    ) -> dict[str, bytes]:
         info = self._topic(topic)
+        won: dict[str, bytes] = {}
         with self._catalog_lock:
             try:
                 self._catalog.execute("BEGIN IMMEDIATE")
@@ -305,14 +311,16 @@ class SqliteLogStore:
                     "SELECT 1 FROM topics WHERE topic_id = ?", (info.topic_id,)
                 ).fetchone()
                 if alive:
-                    self._catalog.execute(
+                    self._catalog.executemany(
                         "INSERT OR IGNORE INTO topic_state VALUES (?, ?, ?)",
-                        (info.topic_id, key, value),
+                        [(info.topic_id, key, value) for key, value in items.items()],
                     )
-                row = self._catalog.execute(
-                    "SELECT value FROM topic_state WHERE topic_id = ? AND key = ?",
-                    (info.topic_id, key),
-                ).fetchone()
+                    for key in items:
+                        row = self._catalog.execute(
+                            "SELECT value FROM topic_state WHERE topic_id = ? AND key = ?",
+                            (info.topic_id, key),
+                        ).fetchone()
+                        won[key] = bytes(row[0])
                 self._catalog.execute("COMMIT")
             except BaseException as exc:
                 if self._catalog.in_transaction:
@@ -321,7 +329,7 @@ class SqliteLogStore:
         if not alive:
             self._topics.pop(topic, None)
             raise UnknownTopic(f"topic {topic!r} was deleted")
-        return bytes(row[0])
+        return won
 
     def get_topic_state(self, topic: str, key: str) -> bytes | None:
         info = self._topic(topic)

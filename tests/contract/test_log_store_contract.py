@@ -491,3 +491,13 @@ def test_read_only_data_dir_refuses_appends_with_store_unavailable(small_mount: 
     with open_store(small_mount / "data") as store:
         assert read_all(store, "dc1.t", 0) == [b"kept"]
         assert store.append("dc1.t", 0, [b"again"]).first_offset == 1
+
+
+def test_topic_state_put_if_absent_keeps_the_first_value_for_many_keys(store: LogStore) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    assert store.put_topic_state_if_absent("dc1.t", "a", b"1") == b"1"
+    won = store.put_topic_state_many_if_absent("dc1.t", {"a": b"2", "b": b"3", "c": b"4"})
+    assert won == {"a": b"1", "b": b"3", "c": b"4"}
+    assert store.get_topic_state("dc1.t", "b") == b"3"
+    with pytest.raises(UnknownTopic):
+        store.put_topic_state_many_if_absent("dc1.nope", {"a": b"1"})
