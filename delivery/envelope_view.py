@@ -125,3 +125,16 @@ def view(value: bytes) -> EnvelopeView:
         data_start=pos,
         value=value,
     )
+
+
+def kind_of(value: bytes) -> str:
+    """Only the ``kind`` field: skips the four strings without decoding them."""
+    if not value or value[0] != ENVELOPE_VERSION:
+        raise NotAnEnvelope("unknown envelope version byte")
+    pos = 1
+    for _ in range(4):
+        length, pos = _varint(value, pos)
+        pos += length
+    _codec, pos = _varint(value, pos)
+    kind, _ = _enum(value, pos, KINDS)
+    return kind

@@ -1,0 +1,224 @@
+"""A reader that follows topics (or a prefix) alone or as a member of a consumer group.
+
+The caller polls, processes what it got, then commits: a commit records the position after
+the last message handed out, so a crash between processing and commit re-delivers that
+batch (at least once) and a clean :meth:`Consumer.close` hands over exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from delivery.filters import MessageFilter
+from delivery.pull_client import (
+    GatewayUnavailable,
+    PullClient,
+    ReadMessage,
+    RequestRefused,
+)
+
+_log = logging.getLogger(__name__)
+_DISCOVER_S = 5.0
+
+TopicPartition = tuple[str, int]
+
+
+class Consumer:
+    """Follows ``topics`` or every topic under ``prefix``; with ``group``, shares them."""
+
+    def __init__(
+        self,
+        client: PullClient,
+        *,
+        topics: Sequence[str] = (),
+        prefix: str | None = None,
+        group: str | None = None,
+        from_beginning: bool = False,
+        message_filter: MessageFilter | None = None,
+        max_bytes: int = 4 * 1024 * 1024,
+        session_timeout_ms: int = 10_000,
+    ) -> None:
+        if bool(topics) == (prefix is not None):
+            raise ValueError("give topics or a prefix")
+        self._client = client
+        self._topics = tuple(topics)
+        self._prefix = prefix
+        self._group = group
+        self._from_beginning = from_beginning
+        self._filter = message_filter
+        self._max_bytes = max_bytes
+        self._session_timeout_ms = session_timeout_ms
+        self._positions: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._member_id: str | None = None
+        self._heartbeat_s = session_timeout_ms / 3000
+        self._last_heartbeat = 0.0
+        self._last_discovery = 0.0
+        self._draining: dict[TopicPartition, int] = {}
+        if group is not None:
+            self._join()
+
+    @property
+    def member_id(self) -> str | None:
+        return self._member_id
+
+    @property
+    def assignment(self) -> list[TopicPartition]:
+        return sorted(self._positions)
+
+    # -- membership -------------------------------------------------------------------------------
+    def _join(self) -> None:
+        assert self._group is not None
+        state = self._client.join(
+            self._group,
+            topics=self._topics,
+            prefix=self._prefix,
+            reset="earliest" if self._from_beginning else "latest",
+            session_timeout_ms=self._session_timeout_ms,
+        )
+        self._member_id = state["member_id"]
+        self._heartbeat_s = state["heartbeat_interval_ms"] / 1000
+        self._positions = {}
+        self._committed = {}
+        self._draining = {}
+        self._apply(state)
+
+    def _apply(self, state: dict[str, object]) -> None:
+        assigned = state["assignment"]
+        assert isinstance(assigned, list)
+        owned = {(a["topic"], a["partition"]): a["offset"] for a in assigned}
+        revoke = state.get("revoke") or []
+        assert isinstance(revoke, list)
+        for r in revoke:
+            tp = (r["topic"], r["partition"])
+            # Stop reading it; what was processed is committed before it is released.
+            if tp in self._positions:
+                self._draining[tp] = self._positions.pop(tp)
+        for tp in list(self._positions):
+            if tp not in owned:
+                del self._positions[tp]
+                self._committed.pop(tp, None)
+        for tp, offset in owned.items():
+            if tp not in self._positions:
+                self._positions[tp] = offset
+                self._committed[tp] = offset
+        self._last_heartbeat = time.monotonic()
+
+    def _heartbeat(self, *, commit_first: bool = True) -> None:
+        assert self._group is not None and self._member_id is not None
+        release: list[TopicPartition] = list(self._draining)
+        if release and commit_first:
+            self.commit()
+            release = list(self._draining)
+        try:
+            state = self._client.heartbeat(self._group, self._member_id, release)
+        except RequestRefused as exc:
+            if exc.error != "unknown_member":
+                raise
+            _log.warning("this member was dropped from group %s; joining again", self._group)
+            self._join()
+            return
+        for tp in release:
+            self._draining.pop(tp, None)
+            self._committed.pop(tp, None)
+        self._apply(state)
+
+    def _discover(self) -> None:
+        """Standalone reading: start new partitions at the start or the end."""
+        topics = self._client.list_topics(self._prefix) if self._prefix else self._topics
+        for topic in topics:
+            if self._prefix is not None and not topic.startswith(self._prefix):
+                continue
+            info = self._client.describe(topic)
+            for p in info["partitions"]:
+                tp = (topic, p["partition"])
+                if tp not in self._positions:
+                    discovered_late = self._last_discovery > 0
+                    start = self._from_beginning or discovered_late
+                    self._positions[tp] = p["start_offset"] if start else p["end_offset"]
+        self._last_discovery = time.monotonic()
+
+    # -- reading ----------------------------------------------------------------------------------
+    def poll(self, wait_ms: int = 1000) -> list[ReadMessage]:
+        """The next messages of the partitions this reader has, in partition order."""
+        now = time.monotonic()
+        if self._group is not None:
+            if now - self._last_heartbeat >= self._heartbeat_s or self._draining:
+                self._heartbeat()
+            wait_ms = min(wait_ms, int(self._heartbeat_s * 1000))
+        elif now - self._last_discovery >= _DISCOVER_S:
+            self._discover()
+        if not self._positions:
+            time.sleep(min(wait_ms, 200) / 1000)
+            return []
+        positions = [(t, p, o) for (t, p), o in sorted(self._positions.items())]
+        try:
+            fetched = self._client.fetch(
+                positions,
+                max_bytes=self._max_bytes,
+                wait_ms=wait_ms,
+                message_filter=self._filter,
+            )
+        except RequestRefused as exc:
+            if exc.error == "offset_out_of_range" and "start_offset" in exc.body:
+                self._skip_lost(positions)
+                return []
+            raise
+        messages: list[ReadMessage] = []
+        for part in fetched:
+            tp = (part.topic, part.partition)
+            if tp not in self._positions:
+                continue
+            messages.extend(part.messages)
+            self._positions[tp] = part.next_offset
+        return messages
+
+    def _skip_lost(self, positions: Sequence[tuple[str, int, int]]) -> None:
+        """Retention dropped data below a position: move on to the partition's start."""
+        for topic, partition, offset in positions:
+            info = self._client.describe(topic)
+            for p in info["partitions"]:
+                if p["partition"] == partition and offset < p["start_offset"]:
+                    _log.warning(
+                        "%s/%d: offsets %d..%d were dropped by retention before being read",
+                        topic,
+                        partition,
+                        offset,
+                        p["start_offset"] - 1,
+                    )
+                    self._positions[(topic, partition)] = p["start_offset"]
+
+    def commit(self) -> None:
+        """Record the positions after everything :meth:`poll` returned (group readers)."""
+        if self._group is None:
+            return
+        current = {**self._positions, **self._draining}
+        pending = [
+            (t, p, o) for (t, p), o in sorted(current.items()) if self._committed.get((t, p)) != o
+        ]
+        if not pending:
+            return
+        try:
+            self._client.commit(self._group, self._member_id, pending)
+        except RequestRefused as exc:
+            if exc.error not in ("not_owner", "unknown_member"):
+                raise
+            _log.warning("commit refused (%s); the group rebalanced", exc.reason)
+            if self._member_id is not None:
+                self._heartbeat(commit_first=False)
+            return
+        for t, p, o in pending:
+            self._committed[(t, p)] = o
+
+    def close(self) -> None:
+        """Commit and leave the group, so the partitions move on at once."""
+        if self._group is None or self._member_id is None:
+            return
+        try:
+            self.commit()
+            self._client.leave(self._group, self._member_id)
+        except (RequestRefused, GatewayUnavailable) as exc:
+            _log.warning("could not leave group %s cleanly: %s", self._group, exc)
+        self._member_id = None

@@ -1,0 +1,177 @@
+"""Read responses on the wire: JSON for people and scripts, a binary framing for throughput.
+
+Binary ``application/x-logbroker-records`` (integers big-endian), one section per partition::
+
+    body    := "LBR1" section*
+    section := u16 meta_len, meta (UTF-8 JSON: {"topic", "partition", "start_offset",
+                                                 "end_offset", "next_offset"}),
+               u32 count, record{count}
+    record  := u64 offset, u32 value_len, value (value_len bytes: the stored envelope,
+                                                 see session_dedup/envelope.py)
+
+The values are sent as stored, so the server does no per-message encoding and a client
+decodes only what it uses.  A released legacy transaction appears at its commit marker's
+offset with its data record's envelope (``kind = legacy_data``).
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from delivery.envelope_view import EnvelopeView, NotAnEnvelope, view
+from delivery.partition_reader import DeliveredMessage, PartitionBatch
+from log_store.errors import BadRequest
+
+BINARY_MEDIA_TYPE = "application/x-logbroker-records"
+JSON_MEDIA_TYPE = "application/json"
+MAGIC = b"LBR1"
+_SECTION_HEAD = struct.Struct(">H")
+_COUNT = struct.Struct(">I")
+_RECORD_HEAD = struct.Struct(">QI")
+
+
+class BadFraming(BadRequest):
+    """A binary read response that does not parse."""
+
+
+def batch_meta(batch: PartitionBatch) -> dict[str, Any]:
+    return {
+        "topic": batch.topic,
+        "partition": batch.partition,
+        "start_offset": batch.start_offset,
+        "end_offset": batch.end_offset,
+        "next_offset": batch.next_offset,
+    }
+
+
+def message_json(topic: str, partition: int, message: DeliveredMessage) -> dict[str, Any]:
+    """One message as a JSON object: metadata plus ``data`` (text) or ``data_b64``."""
+    env = message.view
+    if env is None:
+        try:
+            env = view(message.value)
+        except NotAnEnvelope:
+            return {
+                "topic": topic,
+                "partition": partition,
+                "offset": message.offset,
+                "kind": "unknown",
+                "value_b64": base64.b64encode(message.value).decode(),
+            }
+    out: dict[str, Any] = {
+        "topic": topic,
+        "partition": partition,
+        "offset": message.offset,
+        "source_id": env.source_id,
+        "seqno": env.seqno,
+        "server": env.server,
+        "file": env.file,
+        "log_type": env.log_type,
+        "codec": env.codec,
+        "create_time": env.create_time,
+        "write_time": env.write_time,
+    }
+    if env.kind != "chunk":
+        out["kind"] = env.kind
+        out["txn_id"] = env.txn_id
+    if message.data_offset is not None:
+        out["data_offset"] = message.data_offset
+    _put_data(out, env)
+    return out
+
+
+def _put_data(out: dict[str, Any], env: EnvelopeView) -> None:
+    data = env.data
+    text = _utf8(data) if env.codec == "raw" else None
+    if text is not None:
+        out["data"] = text
+    else:
+        out["data_b64"] = base64.b64encode(data).decode()
+
+
+def _utf8(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def encode_json_single(batch: PartitionBatch) -> bytes:
+    """The single-partition read answer: the batch's bounds plus its messages."""
+    body = batch_meta(batch)
+    body["messages"] = [message_json(batch.topic, batch.partition, m) for m in batch.messages]
+    return orjson.dumps(body)
+
+
+def encode_json_multi(batches: Sequence[PartitionBatch]) -> bytes:
+    """The multi-partition (fetch) answer: one entry per partition, in request order."""
+    return orjson.dumps(
+        {
+            "partitions": [
+                {
+                    **batch_meta(b),
+                    "messages": [message_json(b.topic, b.partition, m) for m in b.messages],
+                }
+                for b in batches
+            ]
+        }
+    )
+
+
+def encode_binary(batches: Sequence[PartitionBatch]) -> bytes:
+    parts: list[bytes] = [MAGIC]
+    for batch in batches:
+        meta = orjson.dumps(batch_meta(batch))
+        parts.append(_SECTION_HEAD.pack(len(meta)))
+        parts.append(meta)
+        parts.append(_COUNT.pack(len(batch.messages)))
+        pack = _RECORD_HEAD.pack
+        for m in batch.messages:
+            parts.append(pack(m.offset, len(m.value)))
+            parts.append(m.value)
+    return b"".join(parts)
+
+
+@dataclass(frozen=True)
+class BinarySection:
+    meta: dict[str, Any]
+    records: list[tuple[int, bytes]]
+
+
+def decode_binary(body: bytes) -> list[BinarySection]:
+    """Parse a binary read answer into its sections; raises :class:`BadFraming`."""
+    return list(_iter_sections(memoryview(body)))
+
+
+def _iter_sections(buf: memoryview) -> Iterator[BinarySection]:
+    if bytes(buf[:4]) != MAGIC:
+        raise BadFraming("binary answer does not start with LBR1")
+    pos = 4
+    end = len(buf)
+    try:
+        while pos < end:
+            (meta_len,) = _SECTION_HEAD.unpack_from(buf, pos)
+            pos += _SECTION_HEAD.size
+            meta = orjson.loads(bytes(buf[pos : pos + meta_len]))
+            pos += meta_len
+            (count,) = _COUNT.unpack_from(buf, pos)
+            pos += _COUNT.size
+            records: list[tuple[int, bytes]] = []
+            for _ in range(count):
+                offset, length = _RECORD_HEAD.unpack_from(buf, pos)
+                pos += _RECORD_HEAD.size
+                if pos + length > end:
+                    raise BadFraming("record runs past the end of the answer")
+                records.append((offset, bytes(buf[pos : pos + length])))
+                pos += length
+            yield BinarySection(meta, records)
+    except struct.error as exc:
+        raise BadFraming(f"truncated binary answer: {exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise BadFraming(f"bad section header: {exc}") from None

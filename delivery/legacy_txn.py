@@ -1,0 +1,275 @@
+"""The old Archive API's transactions: staged data, a data record, a commit marker.
+
+``/store`` keeps a piece of data in a staging directory; ``/commit_request`` writes it to the
+log as one ``legacy_data`` record under a transaction id; ``/commit`` writes a small
+``legacy_commit`` marker after it in the same partition.  Readers deliver a transaction's data
+only where its marker is, and only when the marker was written within the window (default
+60 s) after the data; data without a marker, or with a late one, is never delivered.
+
+The marker carries the data record's offset, so a reader resolves a transaction with one read
+and keeps no pending state: a reader's position is a plain offset, as for every other record.
+Both steps are idempotent: the partition's state area holds, per transaction, the data offset
+and whether it committed, updated in the same transaction as the append.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from delivery.envelope_view import EnvelopeView, NotAnEnvelope, view
+from log_store.errors import BadRequest, OffsetOutOfRange
+from log_store.interface import LogStore, PartitionState
+from session_dedup.envelope import EnvelopeWriter
+
+DEFAULT_WINDOW_MS = 60_000
+_TXN_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+_STORE_ID = re.compile(r"[0-9a-f]{32}")
+_STATE_PREFIX = "legacy-txn/"
+
+
+class UnknownTransaction(BadRequest):
+    """A ``/commit`` for a transaction id that no ``/commit_request`` wrote."""
+
+
+class UnknownStagedData(BadRequest):
+    """A ``/commit_request`` for a store id that is not (or no longer) staged."""
+
+
+def validate_txn_id(txn_id: str) -> str:
+    if not _TXN_ID.fullmatch(txn_id):
+        raise BadRequest("txn_id must be 1-200 characters of [A-Za-z0-9._:-]")
+    return txn_id
+
+
+def txn_partition(txn_id: str, partitions: int) -> int:
+    """The partition a transaction's data and marker go to: both must be in one stream."""
+    return zlib.crc32(txn_id.encode("utf-8")) % partitions
+
+
+@dataclass(frozen=True)
+class StagedData:
+    store_id: str
+    log_type: str
+    server: str
+    file: str
+    data: bytes
+    written: bool = False
+    """The data went to the log already; only its metadata is kept, for repeated requests."""
+
+
+class LegacyStaging:
+    """The temporary storage behind ``/store``: one file per piece, fsynced before the answer."""
+
+    def __init__(self, directory: Path, max_age_s: float = 24 * 3600.0) -> None:
+        self._dir = directory
+        self._max_age_s = max_age_s
+        self._dir.mkdir(parents=True, exist_ok=True)
+
+    def put(self, *, log_type: str, server: str, file: str, data: bytes) -> str:
+        store_id = secrets.token_hex(16)
+        self._write(store_id, {"log_type": log_type, "server": server, "file": file}, data)
+        return store_id
+
+    def _write(self, store_id: str, meta: dict[str, Any], data: bytes) -> None:
+        raw_meta = json.dumps(meta).encode()
+        tmp = self._dir / f"{store_id}.tmp"
+        with open(tmp, "wb") as out:
+            out.write(len(raw_meta).to_bytes(4, "big") + raw_meta + data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self._dir / store_id)
+
+    def mark_written(self, staged: StagedData) -> None:
+        """Drop the data but keep the metadata, so a repeated request is answered the same."""
+        meta = {"log_type": staged.log_type, "server": staged.server, "file": staged.file}
+        self._write(staged.store_id, {**meta, "written": True}, b"")
+
+    def get(self, store_id: str) -> StagedData:
+        if not _STORE_ID.fullmatch(store_id):
+            raise UnknownStagedData("store_id must be the 32 hex digits /store answered")
+        try:
+            raw = (self._dir / store_id).read_bytes()
+        except FileNotFoundError:
+            raise UnknownStagedData(
+                f"nothing is staged under store_id {store_id} (never stored, or expired)"
+            ) from None
+        meta_len = int.from_bytes(raw[:4], "big")
+        meta = json.loads(raw[4 : 4 + meta_len])
+        return StagedData(
+            store_id=store_id,
+            log_type=meta["log_type"],
+            server=meta["server"],
+            file=meta["file"],
+            data=raw[4 + meta_len :],
+            written=bool(meta.get("written")),
+        )
+
+    def sweep(self, now: float | None = None) -> int:
+        """Drop pieces and written markers older than the maximum age; return how many."""
+        cutoff = (now if now is not None else time.time()) - self._max_age_s
+        dropped = 0
+        for path in self._dir.iterdir():
+            try:
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    dropped += 1
+            except FileNotFoundError:
+                continue
+        return dropped
+
+
+@dataclass(frozen=True)
+class TxnWritten:
+    txn_id: str
+    topic: str
+    partition: int
+    data_offset: int
+
+
+def _load(state: PartitionState, txn_id: str) -> dict[str, Any] | None:
+    raw = state.get(_STATE_PREFIX + txn_id)
+    return None if raw is None else dict(json.loads(raw))
+
+
+def _save(state: PartitionState, txn_id: str, doc: dict[str, Any]) -> None:
+    state.put(_STATE_PREFIX + txn_id, json.dumps(doc).encode())
+
+
+def write_data(
+    store: LogStore, topic: str, partitions: int, txn_id: str, staged: StagedData
+) -> TxnWritten:
+    """``/commit_request``: write the staged data once under ``txn_id``; safe to repeat."""
+    partition = txn_partition(txn_id, partitions)
+    now_ms = int(time.time() * 1000)
+    writer = EnvelopeWriter(
+        source_id=f"legacy:{txn_id}",
+        server=staged.server,
+        file=staged.file,
+        log_type=staged.log_type,
+        kind="legacy_data",
+        txn_id=txn_id,
+    )
+    outcome: dict[str, Any] = {}
+
+    def fn(state: PartitionState) -> list[bytes]:
+        doc = _load(state, txn_id)
+        if doc is not None and doc.get("data_offset") is not None:
+            outcome["data_offset"] = doc["data_offset"]
+            return []
+        if staged.written:
+            raise UnknownStagedData(
+                f"the data of store_id {staged.store_id} was written under another txn_id"
+            )
+        # No offset recorded: a first request, or one whose second step a crash cut off.  A
+        # record written by such an attempt is never named by a marker, so it is never read.
+        attempt = 1 if doc is None else int(doc["attempt"]) + 1
+        _save(state, txn_id, {"attempt": attempt, "data_offset": None, "write_time": now_ms})
+        outcome["attempt"] = attempt
+        return [writer.encode(attempt, now_ms, now_ms, staged.data)]
+
+    result = store.transact(topic, partition, fn)
+    if "data_offset" in outcome:
+        return TxnWritten(txn_id, topic, partition, int(outcome["data_offset"]))
+    data_offset = result.first_offset
+
+    def record_offset(state: PartitionState) -> list[bytes]:
+        doc = _load(state, txn_id)
+        if doc is not None and doc["attempt"] == outcome["attempt"]:
+            doc["data_offset"] = data_offset
+            _save(state, txn_id, doc)
+        return []
+
+    store.transact(topic, partition, record_offset)
+    return TxnWritten(txn_id, topic, partition, data_offset)
+
+
+def find_txn_partition(store: LogStore, topic: str, partitions: int, txn_id: str) -> int:
+    """Where ``txn_id``'s data went, even if the topic grew partitions since."""
+    first = txn_partition(txn_id, partitions)
+    for partition in [first, *(p for p in range(partitions) if p != first)]:
+        if store.get_state(topic, partition, _STATE_PREFIX + txn_id) is not None:
+            return partition
+    raise UnknownTransaction(f"no /commit_request wrote transaction {txn_id!r} to {topic}")
+
+
+def write_commit(
+    store: LogStore, topic: str, partition: int, txn_id: str, server: str
+) -> tuple[int, bool]:
+    """``/commit``: write the marker once; returns (data offset, whether this call wrote it)."""
+    now_ms = int(time.time() * 1000)
+    outcome: dict[str, Any] = {}
+
+    def fn(state: PartitionState) -> list[bytes]:
+        doc = _load(state, txn_id)
+        if doc is None:
+            raise UnknownTransaction(f"no /commit_request wrote transaction {txn_id!r}")
+        if doc.get("data_offset") is None:
+            raise UnknownTransaction(
+                f"transaction {txn_id!r} has no finished /commit_request; repeat it first"
+            )
+        outcome["data_offset"] = doc["data_offset"]
+        if doc.get("committed"):
+            outcome["wrote"] = False
+            return []
+        doc["committed"] = True
+        _save(state, txn_id, doc)
+        outcome["wrote"] = True
+        marker = {"data_offset": doc["data_offset"], "data_write_time": doc["write_time"]}
+        writer = EnvelopeWriter(
+            source_id=f"legacy:{txn_id}",
+            server=server,
+            file="",
+            log_type=topic.split(".", 1)[-1],
+            kind="legacy_commit",
+            txn_id=txn_id,
+        )
+        return [writer.encode(1, now_ms, now_ms, json.dumps(marker).encode())]
+
+    store.transact(topic, partition, fn)
+    return int(outcome["data_offset"]), bool(outcome["wrote"])
+
+
+def marker_target(marker: EnvelopeView) -> tuple[int, int] | None:
+    """(data offset, data write time) named by a commit marker, or None if it is damaged."""
+    try:
+        body = json.loads(marker.data)
+        return int(body["data_offset"]), int(body["data_write_time"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def resolve_commit(
+    store: LogStore, topic: str, partition: int, marker: EnvelopeView, window_ms: int
+) -> EnvelopeView | None:
+    """The data a commit marker releases, or None when it must be skipped.
+
+    Skipped: a marker written more than ``window_ms`` after its data, a damaged marker, data
+    already dropped by retention, or a record there that is not this transaction's data.
+    """
+    target = marker_target(marker)
+    if target is None:
+        return None
+    data_offset, data_write_time = target
+    if marker.write_time - data_write_time > window_ms:
+        return None
+    try:
+        result = store.read(topic, partition, data_offset, max_bytes=1)
+    except OffsetOutOfRange:
+        return None
+    if not result.records or result.records[0].offset != data_offset:
+        return None
+    try:
+        data = view(result.records[0].value)
+    except NotAnEnvelope:
+        return None
+    if data.kind != "legacy_data" or data.txn_id != marker.txn_id:
+        return None
+    return data

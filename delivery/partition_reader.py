@@ -1,0 +1,160 @@
+"""One pull of one partition: records from an offset, filtered where the data is.
+
+A reader's position is a plain offset.  Every batch says where the next read starts
+(``next_offset``), also when the filter dropped everything that was scanned, so a filtered
+reader moves on instead of rescanning (Databus answers such pulls with the scanned window's
+end marker for the same reason).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from delivery.envelope_view import EnvelopeView, NotAnEnvelope, kind_of, view
+from delivery.filters import MessageFilter
+from delivery.legacy_txn import DEFAULT_WINDOW_MS, marker_target, resolve_commit
+from log_store.errors import BadRequest, OffsetOutOfRange
+from log_store.interface import LogStore
+
+MAX_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_BYTES = 1024 * 1024
+# How much a filtered read may scan before it answers with nothing but a new position.
+_SCAN_FACTOR = 8
+_MIN_SCAN_BYTES = 8 * 1024 * 1024
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveredMessage:
+    """One message as a reader gets it.
+
+    ``value`` is the stored envelope (for a released legacy transaction: its data record's).
+    ``view`` is the parsed envelope when the reader already parsed it (None on the fast path
+    of an unfiltered read, and for raw reads of records that are not envelopes).
+    ``data_offset`` is set for a legacy transaction: where its data lies, while ``offset`` is
+    its commit marker's, the position at which it is delivered.
+    """
+
+    offset: int
+    value: bytes
+    view: EnvelopeView | None
+    data_offset: int | None = None
+
+
+@dataclass
+class PartitionBatch:
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    next_offset: int
+    messages: list[DeliveredMessage] = field(default_factory=list)
+    value_bytes: int = 0
+
+
+def check_max_bytes(max_bytes: int) -> int:
+    if not 1 <= max_bytes <= MAX_MAX_BYTES:
+        raise BadRequest(f"max_bytes must be in 1..{MAX_MAX_BYTES}, got {max_bytes}")
+    return max_bytes
+
+
+class PartitionReader:
+    """Reads partitions of one store, applying filters and the legacy transaction filter."""
+
+    def __init__(self, store: LogStore, txn_window_ms: int = DEFAULT_WINDOW_MS) -> None:
+        self._store = store
+        self.txn_window_ms = txn_window_ms
+
+    def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        message_filter: MessageFilter | None = None,
+        *,
+        raw: bool = False,
+        txn_window_ms: int | None = None,
+    ) -> PartitionBatch:
+        """Messages from ``offset`` on, about ``max_bytes`` of values (at least one message).
+
+        ``raw`` returns every record as stored (legacy records included, no filter): what a
+        mirror copies.  An offset outside ``start_offset .. end_offset`` raises
+        :class:`OffsetOutOfRange` with the valid range.
+        """
+        check_max_bytes(max_bytes)
+        window = self.txn_window_ms if txn_window_ms is None else txn_window_ms
+        filt = message_filter or MessageFilter()
+        result = self._store.read(topic, partition, offset, max_bytes)
+        if offset > result.end_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} is past the end of {topic}/{partition}: valid offsets are "
+                f"{result.start_offset}..{result.end_offset} (the end is the next to be written)",
+                result.start_offset,
+                result.end_offset,
+            )
+        batch = PartitionBatch(
+            topic, partition, result.start_offset, result.end_offset, result.next_offset
+        )
+        scan_budget = max(max_bytes * _SCAN_FACTOR, _MIN_SCAN_BYTES)
+        scanned = 0
+        while True:
+            for record in result.records:
+                scanned += len(record.value)
+                message = self._deliverable(
+                    topic, partition, record.offset, record.value, filt, raw, window
+                )
+                if message is not None:
+                    batch.messages.append(message)
+                    batch.value_bytes += len(message.value)
+            batch.next_offset = result.next_offset
+            batch.end_offset = max(batch.end_offset, result.end_offset)
+            if (
+                batch.value_bytes >= max_bytes
+                or scanned >= scan_budget
+                or not result.records
+                or result.next_offset >= result.end_offset
+            ):
+                return batch
+            left = max_bytes - batch.value_bytes if batch.messages else max_bytes
+            result = self._store.read(topic, partition, result.next_offset, left)
+
+    def _deliverable(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        value: bytes,
+        filt: MessageFilter,
+        raw: bool,
+        window_ms: int,
+    ) -> DeliveredMessage | None:
+        if raw:
+            try:
+                return DeliveredMessage(offset, value, view(value))
+            except NotAnEnvelope:
+                return DeliveredMessage(offset, value, None)
+        try:
+            if filt.matches_all and kind_of(value) == "chunk":
+                return DeliveredMessage(offset, value, None)
+            env = view(value)
+        except NotAnEnvelope:
+            _log.warning("skipping %s/%d@%d: not an envelope", topic, partition, offset)
+            return None
+        if env.kind == "legacy_data":
+            return None
+        if env.kind == "legacy_commit":
+            data = resolve_commit(self._store, topic, partition, env, window_ms)
+            if data is None or not filt.matches(data):
+                return None
+            return DeliveredMessage(offset, data.value, data, data_offset=_data_offset(env))
+        if not filt.matches(env):
+            return None
+        return DeliveredMessage(offset, value, env)
+
+
+def _data_offset(marker: EnvelopeView) -> int | None:
+    target = marker_target(marker)
+    return None if target is None else target[0]

@@ -1,0 +1,229 @@
+"""A client of the gateway's read API: fetch, consumer groups, commits (httpx, synchronous).
+
+Used by ``logbroker read``, the mirror and the tests; reads use the binary framing.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+import zstandard
+
+from delivery.envelope_view import EnvelopeView, NotAnEnvelope, view
+from delivery.filters import MessageFilter
+from delivery.framing import BINARY_MEDIA_TYPE, BinarySection, decode_binary
+from log_store.errors import BadRequest, LogbrokerError
+
+
+class RequestRefused(BadRequest):
+    """The gateway answered 4xx: the request is wrong and retrying it will not help."""
+
+    def __init__(self, status: int, error: str, reason: str, body: dict[str, Any]) -> None:
+        super().__init__(f"{reason} ({status} {error})")
+        self.status = status
+        self.error = error
+        self.reason = reason
+        self.body = body
+
+
+class GatewayUnavailable(LogbrokerError):
+    """The gateway could not be reached or answered 5xx: try again later."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadMessage:
+    topic: str
+    partition: int
+    offset: int
+    envelope: EnvelopeView
+
+    def text_data(self) -> bytes:
+        """The data with its codec undone (gzip/zstd), as the source wrote it."""
+        return decompress(self.envelope.codec, self.envelope.data)
+
+
+def decompress(codec: str, data: bytes) -> bytes:
+    if codec == "gzip":
+        return gzip.decompress(data)
+    if codec == "zstd":
+        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    return data
+
+
+@dataclass(frozen=True)
+class FetchedPartition:
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    next_offset: int
+    messages: list[ReadMessage]
+
+
+class PullClient:
+    """One gateway's read API."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=httpx.Timeout(timeout_s)
+        )
+        self._timeout_s = timeout_s
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise GatewayUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise GatewayUnavailable(
+                f"{method} {path}: gateway answered {response.status_code}: {response.text[:200]}"
+            )
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = {}
+            raise RequestRefused(
+                response.status_code,
+                str(body.get("error", "http_error")),
+                str(body.get("reason", response.text[:200])),
+                body,
+            )
+        return response
+
+    def _json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        if body is not None:
+            kwargs["content"] = orjson.dumps(body)
+            kwargs["headers"] = {"Content-Type": "application/json"}
+        return self._request(method, path, **kwargs).json()
+
+    # -- topics ---------------------------------------------------------------------------------
+    def list_topics(self, prefix: str = "") -> list[str]:
+        body = self._json("GET", "/v1/topics", params={"prefix": prefix} if prefix else None)
+        return [t["name"] for t in body["topics"]]
+
+    def describe(self, topic: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/v1/topics/{topic}")
+        return result
+
+    # -- reads ----------------------------------------------------------------------------------
+    def fetch_sections(
+        self,
+        positions: Sequence[tuple[str, int, int]],
+        *,
+        max_bytes: int = 4 * 1024 * 1024,
+        wait_ms: int = 0,
+        message_filter: MessageFilter | None = None,
+        raw: bool = False,
+    ) -> list[BinarySection]:
+        """The binary answer of ``/v1/fetch`` as sections of (offset, stored value)."""
+        body: dict[str, Any] = {
+            "partitions": [{"topic": t, "partition": p, "offset": o} for t, p, o in positions],
+            "max_bytes": max_bytes,
+            "wait_ms": wait_ms,
+            "format": "binary",
+            "raw": raw,
+        }
+        if message_filter is not None and not message_filter.matches_all:
+            body["filter"] = message_filter.to_params()
+        response = self._request(
+            "POST",
+            "/v1/fetch",
+            content=orjson.dumps(body),
+            headers={"Content-Type": "application/json", "Accept": BINARY_MEDIA_TYPE},
+            timeout=self._timeout_s + wait_ms / 1000,
+        )
+        return decode_binary(response.content)
+
+    def fetch(
+        self,
+        positions: Sequence[tuple[str, int, int]],
+        *,
+        max_bytes: int = 4 * 1024 * 1024,
+        wait_ms: int = 0,
+        message_filter: MessageFilter | None = None,
+        raw: bool = False,
+    ) -> list[FetchedPartition]:
+        """Messages of several partitions, each from its offset; waits up to ``wait_ms``."""
+        sections = self.fetch_sections(
+            positions,
+            max_bytes=max_bytes,
+            wait_ms=wait_ms,
+            message_filter=message_filter,
+            raw=raw,
+        )
+        out: list[FetchedPartition] = []
+        for section in sections:
+            meta = section.meta
+            messages = []
+            for offset, value in section.records:
+                try:
+                    env = view(value)
+                except NotAnEnvelope:
+                    continue
+                messages.append(ReadMessage(meta["topic"], meta["partition"], offset, env))
+            out.append(
+                FetchedPartition(
+                    meta["topic"],
+                    meta["partition"],
+                    meta["start_offset"],
+                    meta["end_offset"],
+                    meta["next_offset"],
+                    messages,
+                )
+            )
+        return out
+
+    # -- consumer groups ------------------------------------------------------------------------
+    def join(
+        self,
+        group: str,
+        *,
+        topics: Sequence[str] = (),
+        prefix: str | None = None,
+        reset: str = "latest",
+        session_timeout_ms: int = 10_000,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "topics": list(topics),
+            "reset": reset,
+            "session_timeout_ms": session_timeout_ms,
+        }
+        if prefix is not None:
+            body["prefix"] = prefix
+        result: dict[str, Any] = self._json("POST", f"/v1/groups/{group}/members", body)
+        return result
+
+    def heartbeat(
+        self, group: str, member_id: str, release: Sequence[tuple[str, int]] = ()
+    ) -> dict[str, Any]:
+        body = {"release": [{"topic": t, "partition": p} for t, p in release]}
+        result: dict[str, Any] = self._json(
+            "POST", f"/v1/groups/{group}/members/{member_id}/heartbeat", body
+        )
+        return result
+
+    def commit(
+        self, group: str, member_id: str | None, offsets: Sequence[tuple[str, int, int]]
+    ) -> None:
+        body = {
+            "member_id": member_id,
+            "offsets": [{"topic": t, "partition": p, "offset": o} for t, p, o in offsets],
+        }
+        self._json("POST", f"/v1/groups/{group}/offsets", body)
+
+    def leave(self, group: str, member_id: str) -> None:
+        self._json("DELETE", f"/v1/groups/{group}/members/{member_id}")
+
+    def describe_group(self, group: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/v1/groups/{group}")
+        return result

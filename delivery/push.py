@@ -1,0 +1,526 @@
+"""Push delivery: the gateway POSTs batches of messages to subscribers' HTTP endpoints.
+
+A subscription names an endpoint, the topics (or a topic prefix), a batch size and a linger
+time.  Each batch holds messages in partition order, each with its topic, partition and
+offset, so a receiver deduplicates a retried batch by those three.  A batch is retried with
+exponential backoff until the endpoint answers 2xx; only then do the subscription's positions
+move.  Every subscription runs in its own task with its own HTTP client, so a failing endpoint
+delays only its own subscription.
+
+Subscriptions and positions live in :class:`~delivery.internal_state.InternalState`, so they
+survive restarts.  With several gateway processes over one store, a lease decides which
+process delivers a subscription; positions are written only by the lease holder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio.to_thread
+import httpx
+import orjson
+
+from delivery.append_watch import AppendWatch
+from delivery.filters import MessageFilter, filter_from_json
+from delivery.framing import message_json
+from delivery.internal_state import Doc, InternalState, is_internal
+from delivery.partition_reader import PartitionReader
+from log_store.errors import BadRequest, LogbrokerError, OffsetOutOfRange, UnknownTopic
+from log_store.interface import LogStore
+
+_log = logging.getLogger(__name__)
+
+SUBSCRIPTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_REGISTRY_KEY = "push/subscriptions"
+LEASE_MS = 5_000
+_SUPERVISE_S = 1.0
+_STOP_GRACE_S = 5.0
+PUSH_MEDIA_TYPE = "application/json"
+
+
+class UnknownSubscription(BadRequest):
+    """No push subscription of this name."""
+
+
+class SubscriptionExists(BadRequest):
+    """A push subscription of this name exists with other settings."""
+
+
+class LeaseLost(LogbrokerError):
+    """Another process took over a subscription; this one must stop delivering it."""
+
+
+@dataclass(frozen=True)
+class PushSubscription:
+    """One push subscription's settings."""
+
+    name: str
+    endpoint: str
+    topics: tuple[str, ...] = ()
+    prefix: str | None = None
+    batch_size: int = 500
+    batch_bytes: int = 4 * 1024 * 1024
+    linger_ms: int = 200
+    timeout_ms: int = 10_000
+    min_backoff_ms: int = 100
+    max_backoff_ms: int = 30_000
+    reset: str = "earliest"
+    filter: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not SUBSCRIPTION_NAME.fullmatch(self.name):
+            raise BadRequest("subscription name must be 1-200 characters of [A-Za-z0-9._-]")
+        url = urlsplit(self.endpoint)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise BadRequest(f"endpoint must be an http(s) URL, got {self.endpoint!r}")
+        if bool(self.topics) == (self.prefix is not None):
+            raise BadRequest("give topics or a prefix (one of the two)")
+        if self.prefix is not None and not self.prefix:
+            raise BadRequest("prefix must not be empty")
+        _in_range("batch_size", self.batch_size, 1, 100_000)
+        _in_range("batch_bytes", self.batch_bytes, 1, 64 * 1024 * 1024)
+        _in_range("linger_ms", self.linger_ms, 0, 60_000)
+        _in_range("timeout_ms", self.timeout_ms, 10, 600_000)
+        _in_range("min_backoff_ms", self.min_backoff_ms, 1, 600_000)
+        _in_range("max_backoff_ms", self.max_backoff_ms, self.min_backoff_ms, 3_600_000)
+        if self.reset not in ("earliest", "latest"):
+            raise BadRequest("reset must be earliest or latest")
+        filter_from_json(self.filter)
+
+    @property
+    def message_filter(self) -> MessageFilter:
+        return filter_from_json(self.filter)
+
+    def to_json(self) -> Doc:
+        return {
+            "name": self.name,
+            "endpoint": self.endpoint,
+            "topics": list(self.topics),
+            "prefix": self.prefix,
+            "batch_size": self.batch_size,
+            "batch_bytes": self.batch_bytes,
+            "linger_ms": self.linger_ms,
+            "timeout_ms": self.timeout_ms,
+            "min_backoff_ms": self.min_backoff_ms,
+            "max_backoff_ms": self.max_backoff_ms,
+            "reset": self.reset,
+            "filter": dict(self.filter),
+        }
+
+    @classmethod
+    def from_json(cls, raw: object) -> PushSubscription:
+        if not isinstance(raw, dict):
+            raise BadRequest("a subscription must be a JSON object")
+        known = set(cls.__dataclass_fields__)
+        unknown = set(raw) - known
+        if unknown:
+            raise BadRequest(f"unknown subscription fields: {', '.join(sorted(unknown))}")
+        for name in ("name", "endpoint"):
+            if not isinstance(raw.get(name), str):
+                raise BadRequest(f"subscription needs {name} (a string)")
+        kwargs = dict(raw)
+        topics = kwargs.get("topics") or []
+        if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+            raise BadRequest("topics must be a list of topic names")
+        kwargs["topics"] = tuple(topics)
+        for name in (
+            "batch_size",
+            "batch_bytes",
+            "linger_ms",
+            "timeout_ms",
+            "min_backoff_ms",
+            "max_backoff_ms",
+        ):
+            if name in kwargs and (
+                not isinstance(kwargs[name], int) or isinstance(kwargs[name], bool)
+            ):
+                raise BadRequest(f"{name} must be an integer")
+        if kwargs.get("filter") is None:
+            kwargs["filter"] = {}
+        return cls(**kwargs)
+
+
+def _in_range(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise BadRequest(f"{name} must be in {low}..{high}, got {value}")
+
+
+def _key(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+def _state_key(name: str) -> str:
+    return f"push/state/{name}"
+
+
+class SubscriptionRegistry:
+    """Create, list, describe and delete subscriptions (stored, so they survive restarts)."""
+
+    def __init__(self, store: LogStore, state: InternalState) -> None:
+        self._store = store
+        self._state = state
+
+    def create(self, sub: PushSubscription) -> bool:
+        """Store ``sub``; True if new, False if an identical one exists (a repeated create)."""
+        for topic in sub.topics:
+            self._store.describe_topic(topic)  # UnknownTopic if it is not there
+
+        def change(doc: Doc | None) -> tuple[Doc, bool]:
+            doc = doc or {}
+            existing = doc.get(sub.name)
+            if existing is not None:
+                if existing != sub.to_json():
+                    raise SubscriptionExists(
+                        f"subscription {sub.name!r} exists with other settings; delete it first"
+                    )
+                return doc, False
+            doc[sub.name] = sub.to_json()
+            return doc, True
+
+        return self._state.update(_REGISTRY_KEY, change)
+
+    def delete(self, name: str) -> None:
+        def change(doc: Doc | None) -> tuple[Doc, None]:
+            if not doc or name not in doc:
+                raise UnknownSubscription(f"no push subscription named {name!r}")
+            del doc[name]
+            return doc, None
+
+        self._state.update(_REGISTRY_KEY, change)
+        self._state.update(_state_key(name), lambda _doc: (None, None))
+
+    def list(self) -> list[PushSubscription]:
+        doc = self._state.get(_REGISTRY_KEY) or {}
+        return [PushSubscription.from_json(raw) for _, raw in sorted(doc.items())]
+
+    def get(self, name: str) -> PushSubscription:
+        doc = self._state.get(_REGISTRY_KEY) or {}
+        if name not in doc:
+            raise UnknownSubscription(f"no push subscription named {name!r}")
+        return PushSubscription.from_json(doc[name])
+
+    def status(self, name: str) -> Doc:
+        """Settings, positions, lag, the last error and who delivers it now."""
+        sub = self.get(name)
+        st = self._state.get(_state_key(name)) or {}
+        offsets: dict[str, int] = st.get("offsets", {})
+        partitions = []
+        for topic, partition, start, end in _partitions(self._store, sub):
+            committed = offsets.get(_key(topic, partition))
+            partitions.append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "position": committed,
+                    "start_offset": start,
+                    "end_offset": end,
+                    "lag": None if committed is None else end - committed,
+                }
+            )
+        return {
+            "subscription": sub.to_json(),
+            "holder": st.get("holder"),
+            "delivered_messages": st.get("delivered", 0),
+            "delivered_batches": st.get("batches", 0),
+            "last_error": st.get("last_error"),
+            "partitions": partitions,
+        }
+
+
+def _partitions(store: LogStore, sub: PushSubscription) -> list[tuple[str, int, int, int]]:
+    if sub.prefix is not None:
+        topics = sorted(
+            t.name
+            for t in store.list_topics()
+            if t.name.startswith(sub.prefix) and not is_internal(t.name)
+        )
+    else:
+        topics = list(sub.topics)
+    out: list[tuple[str, int, int, int]] = []
+    for topic in topics:
+        try:
+            info = store.describe_topic(topic)
+        except UnknownTopic:
+            continue
+        for p in info.partitions:
+            out.append((topic, p.partition, p.start_offset, p.end_offset))
+    return out
+
+
+class _Delivery:
+    """The delivery loop of one subscription in this process, while it holds the lease."""
+
+    def __init__(self, owner: PushDelivery, sub: PushSubscription) -> None:
+        self.owner = owner
+        self.sub = sub
+        self.stopping = False
+        self.task: asyncio.Task[None] | None = None
+        self.positions: dict[tuple[str, int], int] = {}
+        self.rotation = 0
+
+    async def run(self) -> None:
+        timeout = self.sub.timeout_ms / 1000
+        async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client:
+            while not self.stopping:
+                try:
+                    await self._refresh_positions()
+                    batch, next_positions = await self._collect()
+                    if not batch:
+                        continue
+                    delivered = await self._post(client, batch)
+                    if not delivered:
+                        return
+                    await anyio.to_thread.run_sync(self._commit, next_positions, len(batch))
+                    self.positions.update(next_positions)
+                except LeaseLost:
+                    _log.info("push %s: another process took it over", self.sub.name)
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    _log.exception("push %s: delivery loop failed; retrying", self.sub.name)
+                    await anyio.to_thread.run_sync(self._record_error, f"internal: {exc}")
+                    await asyncio.sleep(1.0)
+
+    async def _refresh_positions(self) -> None:
+        """Start positions for partitions not seen yet (new topics under a prefix, too)."""
+        parts = await anyio.to_thread.run_sync(_partitions, self.owner.store, self.sub)
+        st = await anyio.to_thread.run_sync(self.owner.state.get, _state_key(self.sub.name))
+        stored: dict[str, int] = (st or {}).get("offsets", {})
+        first_time = not stored
+        for topic, partition, start, end in parts:
+            tp = (topic, partition)
+            if tp in self.positions:
+                continue
+            committed = stored.get(_key(topic, partition))
+            if committed is not None:
+                self.positions[tp] = committed
+            else:
+                latest = first_time and self.sub.reset == "latest"
+                self.positions[tp] = end if latest else start
+
+    async def _collect(self) -> tuple[list[dict[str, Any]], dict[tuple[str, int], int]]:
+        """Wait for messages, linger for more, and return up to one batch."""
+        sub = self.sub
+        batch: list[dict[str, Any]] = []
+        batch_bytes = 0
+        scanned: dict[tuple[str, int], int] = {}
+        deadline: float | None = None
+        order = sorted(self.positions)
+        # Start each batch one partition further, so a backlog in one does not starve others.
+        self.rotation = (self.rotation + 1) % max(1, len(order))
+        order = order[self.rotation :] + order[: self.rotation]
+        while not self.stopping:
+            for tp in order:
+                if len(batch) >= sub.batch_size or batch_bytes >= sub.batch_bytes:
+                    break
+                offset = scanned.get(tp, self.positions[tp])
+                try:
+                    result = await anyio.to_thread.run_sync(
+                        self._read, tp, offset, sub.batch_bytes - batch_bytes
+                    )
+                except OffsetOutOfRange as exc:
+                    # Retention dropped what this subscription had not delivered yet.
+                    _log.warning("push %s: %s; skipping to %d", sub.name, exc, exc.start_offset)
+                    scanned[tp] = exc.start_offset
+                    continue
+                except UnknownTopic:
+                    continue
+                room = sub.batch_size - len(batch)
+                taken = result.messages[:room]
+                for m in taken:
+                    batch.append(message_json(tp[0], tp[1], m))
+                    batch_bytes += len(m.value)
+                if len(taken) < len(result.messages):
+                    scanned[tp] = taken[-1].offset + 1
+                else:
+                    scanned[tp] = result.next_offset
+            full = len(batch) >= sub.batch_size or batch_bytes >= sub.batch_bytes
+            now = time.monotonic()
+            if batch and deadline is None:
+                deadline = now + sub.linger_ms / 1000
+            if full or (deadline is not None and now >= deadline):
+                break
+            if not batch and any(scanned.get(tp) != off for tp, off in self.positions.items()):
+                # Everything scanned was filtered out: remember how far we got.
+                await anyio.to_thread.run_sync(self._commit, dict(scanned), 0)
+                self.positions.update(scanned)
+            wait_s = _SUPERVISE_S if deadline is None else max(0.0, deadline - now)
+            positions = [(t, p, scanned.get((t, p), off)) for (t, p), off in self.positions.items()]
+            await self.owner.watch.wait_any(positions, wait_s)
+            if deadline is None and not batch:
+                return [], {}
+        return batch, scanned
+
+    def _read(self, tp: tuple[str, int], offset: int, max_bytes: int) -> Any:
+        return self.owner.reader.read(
+            tp[0], tp[1], offset, max(1, max_bytes), self.sub.message_filter
+        )
+
+    async def _post(self, client: httpx.AsyncClient, batch: list[dict[str, Any]]) -> bool:
+        """POST until a 2xx; False if stopped first (the positions then stay where they were)."""
+        body = orjson.dumps({"subscription": self.sub.name, "messages": batch})
+        backoff = self.sub.min_backoff_ms / 1000
+        while True:
+            try:
+                response = await client.post(
+                    self.sub.endpoint,
+                    content=body,
+                    headers={
+                        "Content-Type": PUSH_MEDIA_TYPE,
+                        "X-Logbroker-Subscription": self.sub.name,
+                    },
+                )
+                if 200 <= response.status_code < 300:
+                    return True
+                error = f"endpoint answered {response.status_code}"
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            await anyio.to_thread.run_sync(self._record_error, error)
+            if self.stopping:
+                return False
+            await asyncio.sleep(backoff)
+            if self.stopping:
+                return False
+            backoff = min(backoff * 2, self.sub.max_backoff_ms / 1000)
+
+    def _commit(self, positions: dict[tuple[str, int], int], delivered: int) -> None:
+        holder = self.owner.holder_id
+
+        def change(doc: Doc | None) -> tuple[Doc, None]:
+            if doc is None or doc.get("holder") != holder:
+                raise LeaseLost(self.sub.name)
+            for (topic, partition), offset in positions.items():
+                doc.setdefault("offsets", {})[_key(topic, partition)] = offset
+            if delivered:
+                doc["delivered"] = doc.get("delivered", 0) + delivered
+                doc["batches"] = doc.get("batches", 0) + 1
+                doc["last_error"] = None
+            return doc, None
+
+        self.owner.state.update(_state_key(self.sub.name), change)
+
+    def _record_error(self, error: str) -> None:
+        holder = self.owner.holder_id
+
+        def change(doc: Doc | None) -> tuple[Doc | None, None]:
+            if doc is None or doc.get("holder") != holder:
+                return doc, None
+            doc["last_error"] = {"at_ms": int(time.time() * 1000), "error": error}
+            return doc, None
+
+        self.owner.state.update(_state_key(self.sub.name), change)
+
+
+class PushDelivery:
+    """Runs every subscription this process holds the lease of, in the current event loop."""
+
+    def __init__(
+        self, store: LogStore, state: InternalState, watch: AppendWatch, reader: PartitionReader
+    ) -> None:
+        self.store = store
+        self.state = state
+        self.watch = watch
+        self.reader = reader
+        self.registry = SubscriptionRegistry(store, state)
+        self.holder_id = secrets.token_hex(8)
+        self._running: dict[str, _Delivery] = {}
+        self._supervisor: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    async def start(self) -> None:
+        self._supervisor = asyncio.create_task(self._supervise(), name="push-supervisor")
+
+    def poke(self) -> None:
+        """Look at the subscriptions now (after a create or delete through this process)."""
+        self._wake.set()
+
+    async def _supervise(self) -> None:
+        while True:
+            try:
+                await self._reconcile()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                _log.exception("push supervisor failed; retrying")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), _SUPERVISE_S)
+            self._wake.clear()
+
+    async def _reconcile(self) -> None:
+        subs = {s.name: s for s in await anyio.to_thread.run_sync(self.registry.list)}
+        for name, running in list(self._running.items()):
+            finished = running.task is not None and running.task.done()
+            if name not in subs or subs[name] != running.sub or finished:
+                await self._stop_one(running)
+                del self._running[name]
+        for name, sub in subs.items():
+            held = await anyio.to_thread.run_sync(self._lease, name)
+            if not held:
+                if name in self._running:
+                    await self._stop_one(self._running.pop(name))
+                continue
+            if name not in self._running:
+                delivery = _Delivery(self, sub)
+                delivery.task = asyncio.create_task(delivery.run(), name=f"push {name}")
+                self._running[name] = delivery
+
+    def _lease(self, name: str) -> bool:
+        """Take or renew the lease of ``name``; True if this process holds it now."""
+        now = int(time.time() * 1000)
+        me = self.holder_id
+
+        def change(doc: Doc | None) -> tuple[Doc, bool]:
+            doc = doc or {"offsets": {}}
+            if doc.get("holder") not in (None, me) and doc.get("until", 0) > now:
+                return doc, False
+            doc["holder"] = me
+            doc["until"] = now + LEASE_MS
+            return doc, True
+
+        return self.state.update(_state_key(name), change)
+
+    def _release(self, name: str) -> None:
+        me = self.holder_id
+
+        def change(doc: Doc | None) -> tuple[Doc | None, None]:
+            if doc is not None and doc.get("holder") == me:
+                doc["holder"] = None
+                doc["until"] = 0
+            return doc, None
+
+        self.state.update(_state_key(name), change)
+
+    async def _stop_one(self, delivery: _Delivery) -> None:
+        delivery.stopping = True
+        task = delivery.task
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), _STOP_GRACE_S)
+            except (TimeoutError, asyncio.CancelledError):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            except Exception:
+                _log.exception("push %s stopped with an error", delivery.sub.name)
+
+    async def stop(self) -> None:
+        """Finish in-flight batches (a few seconds at most), then release every lease."""
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        running = list(self._running.values())
+        self._running.clear()
+        await asyncio.gather(*(self._stop_one(d) for d in running))
+        for d in running:
+            with contextlib.suppress(Exception):
+                await anyio.to_thread.run_sync(self._release, d.sub.name)

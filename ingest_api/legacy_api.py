@@ -1,0 +1,277 @@
+"""The old Archive API, kept under its old names: ``/store``, ``/commit_request``, ``/commit``.
+
+Wire format (stable; see docs/protocol.md, "Legacy Archive API"):
+
+``POST /store?log_type=T[&server=H][&file=F]`` with the data as the body
+    answers ``{"store_id": "<32 hex>"}``: the data is staged (fsynced), not yet in the log.
+``POST /commit_request?store_id=S[&txn_id=X]``
+    writes the staged data to ``<dc>.<T>`` as one record of transaction X (default: S) and
+    answers ``{"txn_id", "topic", "partition", "offset"}``.  Repeating it is harmless.
+``POST /commit?txn_id=X&log_type=T``
+    writes the transaction's commit marker and answers ``{"txn_id", "topic", "partition",
+    "data_offset", "committed": true}``.  Repeating it is harmless.
+
+Readers deliver a transaction's data once, at its marker, if the marker came within the
+window (60 s by default) after the data; see :mod:`delivery.legacy_txn`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio.to_thread
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from delivery.legacy_txn import (
+    LegacyStaging,
+    UnknownStagedData,
+    UnknownTransaction,
+    find_txn_partition,
+    validate_txn_id,
+    write_commit,
+    write_data,
+)
+from ingest_api.body import read_body
+from ingest_api.context import GatewayContext
+from ingest_api.errors import ApiError
+from log_store.errors import TopicExists, UnknownTopic
+from log_store.interface import TopicConfig
+
+_LOG_TYPE = re.compile(r"[a-z0-9][a-z0-9._-]{0,150}")
+_FIELD_MAX = 4096
+_SWEEP_S = 600.0
+_log = logging.getLogger(__name__)
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _json(body: Any) -> Response:
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+def _translated(handler: Handler) -> Handler:
+    @functools.wraps(handler)
+    async def wrapper(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except UnknownTransaction as exc:
+            raise ApiError(404, "unknown_transaction", str(exc)) from None
+        except UnknownStagedData as exc:
+            raise ApiError(404, "unknown_store_id", str(exc)) from None
+
+    return wrapper
+
+
+def _log_type(request: Request) -> str:
+    log_type = request.query_params.get("log_type")
+    if log_type is None:
+        raise ApiError(400, "bad_request", "query parameter log_type is required")
+    if not _LOG_TYPE.fullmatch(log_type) or ".." in log_type:
+        raise ApiError(
+            400, "bad_log_type", "log_type must be 1-151 characters of [a-z0-9._-], no '..'"
+        )
+    return log_type
+
+
+def _text_param(request: Request, name: str, default: str) -> str:
+    value = request.query_params.get(name, default)
+    if len(value) > _FIELD_MAX or any(ord(c) < 32 for c in value):
+        raise ApiError(400, "bad_request", f"{name}: at most {_FIELD_MAX} printable characters")
+    return value
+
+
+class LegacyApi:
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+        self.staging = LegacyStaging(ctx.settings.data_dir / "legacy-staging")
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def store(self, request: Request) -> Response:
+        log_type = _log_type(request)
+        self.ctx.require_write(request, log_type)
+        client = request.client.host if request.client else ""
+        server = _text_param(request, "server", client)
+        file = _text_param(request, "file", "")
+        data = await read_body(request, self.ctx.settings.limits)
+        if len(data) > self.ctx.settings.limits.max_chunk_bytes:
+            raise ApiError(
+                413,
+                "chunk_too_large",
+                f"data is over the limit of {self.ctx.settings.limits.max_chunk_bytes} bytes",
+            )
+        store_id = await anyio.to_thread.run_sync(
+            functools.partial(
+                self.staging.put, log_type=log_type, server=server, file=file, data=data
+            )
+        )
+        return _json({"store_id": store_id})
+
+    async def commit_request(self, request: Request) -> Response:
+        store_id = request.query_params.get("store_id")
+        if not store_id:
+            raise ApiError(400, "bad_request", "query parameter store_id is required")
+        txn_id = validate_txn_id(request.query_params.get("txn_id", store_id))
+        staged = await anyio.to_thread.run_sync(self.staging.get, store_id)
+        self.ctx.require_write(request, staged.log_type)
+        topic = self.ctx.topic_for(staged.log_type)
+        written = await anyio.to_thread.run_sync(self._write_data, topic, txn_id, staged)
+        if not staged.written:
+            await anyio.to_thread.run_sync(self.staging.mark_written, staged)
+        return _json(
+            {
+                "txn_id": written.txn_id,
+                "topic": written.topic,
+                "partition": written.partition,
+                "offset": written.data_offset,
+            }
+        )
+
+    def _write_data(self, topic: str, txn_id: str, staged: Any) -> Any:
+        partitions = self._ensure_topic(topic)
+        return write_data(self.ctx.store, topic, partitions, txn_id, staged)
+
+    def _ensure_topic(self, topic: str) -> int:
+        store = self.ctx.store
+        try:
+            return len(store.describe_topic(topic).partitions)
+        except UnknownTopic:
+            with contextlib.suppress(TopicExists):
+                store.create_topic(
+                    topic, TopicConfig(partitions=self.ctx.settings.partitions), exist_ok=True
+                )
+            return len(store.describe_topic(topic).partitions)
+
+    async def commit(self, request: Request) -> Response:
+        txn_raw = request.query_params.get("txn_id")
+        if not txn_raw:
+            raise ApiError(400, "bad_request", "query parameter txn_id is required")
+        txn_id = validate_txn_id(txn_raw)
+        log_type = _log_type(request)
+        self.ctx.require_write(request, log_type)
+        topic = self.ctx.topic_for(log_type)
+        server = request.client.host if request.client else ""
+        partition, data_offset = await anyio.to_thread.run_sync(
+            self._write_commit, topic, txn_id, server
+        )
+        return _json(
+            {
+                "txn_id": txn_id,
+                "topic": topic,
+                "partition": partition,
+                "data_offset": data_offset,
+                "committed": True,
+            }
+        )
+
+    def _write_commit(self, topic: str, txn_id: str, server: str) -> tuple[int, int]:
+        store = self.ctx.store
+        try:
+            partitions = len(store.describe_topic(topic).partitions)
+        except UnknownTopic:
+            raise UnknownTransaction(f"no /commit_request wrote transaction {txn_id!r}") from None
+        partition = find_txn_partition(store, topic, partitions, txn_id)
+        data_offset, _ = write_commit(store, topic, partition, txn_id, server)
+        return partition, data_offset
+
+    def start(self) -> None:
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="legacy-staging-sweep")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            try:
+                dropped = await anyio.to_thread.run_sync(self.staging.sweep)
+                if dropped:
+                    _log.info("dropped %d staged legacy pieces never committed", dropped)
+            except OSError:
+                _log.exception("cannot sweep the legacy staging directory")
+            await asyncio.sleep(_SWEEP_S)
+
+
+def routes(ctx: GatewayContext) -> list[BaseRoute]:
+    api = LegacyApi(ctx)
+    ctx.extensions[__name__] = api
+    return [
+        Route("/store", _translated(api.store), methods=["POST", "PUT"], name="legacy_store"),
+        Route(
+            "/commit_request",
+            _translated(api.commit_request),
+            methods=["POST"],
+            name="legacy_commit_request",
+        ),
+        Route("/commit", _translated(api.commit), methods=["POST"], name="legacy_commit"),
+    ]
+
+
+async def on_startup(ctx: GatewayContext) -> None:
+    api: LegacyApi = ctx.extensions[__name__]
+    api.start()
+
+
+async def on_shutdown(ctx: GatewayContext) -> None:
+    api: LegacyApi = ctx.extensions[__name__]
+    await api.stop()
+
+
+def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
+    def query(name: str, required: bool) -> dict[str, Any]:
+        return {"name": name, "in": "query", "required": required, "schema": {"type": "string"}}
+
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+
+    def op(op_id: str, summary: str, params: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "operationId": op_id,
+            "summary": summary,
+            "parameters": params,
+            "responses": {
+                "200": {
+                    "description": "see docs/protocol.md, Legacy Archive API",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
+                "400": {"description": "bad or missing parameters", "content": error},
+                "404": {"description": "unknown store_id or transaction", "content": error},
+                "413": {"description": "data over the limit", "content": error},
+            },
+        }
+
+    store = op(
+        "legacy_store",
+        "Stage data",
+        [query("log_type", True), query("server", False), query("file", False)],
+    )
+    store["requestBody"] = {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+    return {
+        "/store": {"post": store},
+        "/commit_request": {
+            "post": op(
+                "legacy_commit_request",
+                "Write staged data under a transaction id",
+                [query("store_id", True), query("txn_id", False)],
+            )
+        },
+        "/commit": {
+            "post": op(
+                "legacy_commit",
+                "Write a transaction's commit marker",
+                [query("txn_id", True), query("log_type", True)],
+            )
+        },
+    }

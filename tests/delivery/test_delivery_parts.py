@@ -1,0 +1,172 @@
+"""The delivery library on a real embedded store, without HTTP: envelopes, filters, framing,
+group assignment with a controlled clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from delivery.consumer_group import (
+    GroupCoordinator,
+    NotPartitionOwner,
+    Subscription,
+    UnknownMember,
+)
+from delivery.envelope_view import NotAnEnvelope, kind_of, view
+from delivery.filters import BadFilter, MessageFilter, filter_from_json, parse_filter
+from delivery.framing import BadFraming, decode_binary, encode_binary
+from delivery.internal_state import InternalState
+from delivery.partition_reader import PartitionBatch, PartitionReader
+from log_store import TopicConfig, open_store
+from session_dedup.envelope import KINDS, Envelope, decode, encode
+
+texts = st.text(max_size=40)
+envelopes = st.builds(
+    Envelope,
+    source_id=texts,
+    server=texts,
+    file=texts,
+    log_type=texts,
+    codec=st.sampled_from(["raw", "gzip", "zstd"]),
+    seqno=st.integers(0, 2**63 - 1),
+    create_time=st.integers(-(2**63), 2**63 - 1),
+    write_time=st.integers(-(2**63), 2**63 - 1),
+    data=st.binary(max_size=300),
+    kind=st.sampled_from(KINDS),
+    txn_id=st.none() | texts,
+)
+
+
+@given(envelopes)
+def test_envelope_view_reads_every_field_as_the_avro_decoder_does(env: Envelope) -> None:
+    value = encode(env)
+    assert view(value).to_envelope() == decode(value) == env
+    assert kind_of(value) == env.kind
+
+
+@given(st.binary(max_size=60))
+def test_envelope_view_refuses_what_is_not_an_envelope(junk: bytes) -> None:
+    try:
+        decoded = decode(junk)
+    except Exception:
+        with pytest.raises(NotAnEnvelope):
+            view(junk)
+    else:
+        assert view(junk).to_envelope() == decoded
+
+
+def test_filter_round_trips_through_query_parameters() -> None:
+    filt = parse_filter(
+        {
+            "server": ["a", "b"],
+            "file": ["/x*"],
+            "hash_mod": ["4"],
+            "hash_rem": ["3"],
+            "hash_key": ["server"],
+        }
+    )
+    assert parse_filter(filt.to_params()) == filt
+    assert (
+        filter_from_json(
+            {
+                "server": ["a", "b"],
+                "file": "/x*",
+                "hash_mod": 4,
+                "hash_rem": 3,
+                "hash_key": "server",
+            }
+        )
+        == filt
+    )
+    assert parse_filter({}) == MessageFilter()
+    for bad in (
+        {"hash_mod": ["4"]},
+        {"hash_rem": ["1"]},
+        {"server": [""]},
+        {"hash_mod": ["4"], "hash_rem": ["-1"]},
+    ):
+        with pytest.raises(BadFilter):
+            parse_filter(bad)
+
+
+def test_binary_framing_round_trips_and_refuses_truncation(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "data")
+    store.create_topic("dc1.app")
+    values = [encode(Envelope("s", "h", "f", "app", "raw", i, 0, 0, b"x" * i)) for i in range(9)]
+    store.append("dc1.app", 1, values)
+    batch = PartitionReader(store).read("dc1.app", 1, 0)
+    body = encode_binary([batch, PartitionBatch("dc1.app", 2, 0, 0, 0)])
+    sections = decode_binary(body)
+    assert [r for r in sections[0].records] == list(enumerate(values))
+    assert sections[1].meta["partition"] == 2 and sections[1].records == []
+    with pytest.raises(BadFraming):
+        decode_binary(body[:-3])
+    with pytest.raises(BadFraming):
+        decode_binary(b"XXXX")
+    store.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def groups(tmp_path: Path) -> Any:
+    store = open_store(tmp_path / "data")
+    store.create_topic("dc1.app", TopicConfig(partitions=6))
+    clock = Clock()
+    coordinator = GroupCoordinator(store, InternalState(store), clock)
+    yield coordinator, clock
+    store.close()
+
+
+def _owned(state: Any) -> set[int]:
+    return {a.partition for a in state.assignment}
+
+
+def test_partitions_spread_over_members_and_a_dead_members_move_after_its_timeout(
+    groups: Any,
+) -> None:
+    coordinator, clock = groups
+    sub = Subscription(("dc1.app",))
+    members = [coordinator.join("g", sub, session_timeout_ms=1000) for _ in range(3)]
+    # the first member owns everything until it releases what the others should have
+    first = coordinator.heartbeat("g", members[0].member_id)
+    assert len(first.revoke) == 4
+    coordinator.heartbeat("g", members[0].member_id, release=first.revoke)
+    states = [coordinator.heartbeat("g", m.member_id) for m in members]
+    assert [len(_owned(s)) for s in states] == [2, 2, 2]
+    assert set().union(*map(_owned, states)) == set(range(6))
+    # member 2 goes silent; before its timeout nothing moves
+    clock.now += 0.9
+    for m in members[:2]:
+        coordinator.heartbeat("g", m.member_id)
+    assert len(_owned(coordinator.heartbeat("g", members[0].member_id))) == 2
+    clock.now += 0.5
+    survivors = [coordinator.heartbeat("g", m.member_id) for m in members[:2]]
+    assert sorted(len(_owned(s)) for s in survivors) == [3, 3]
+    assert set().union(*map(_owned, survivors)) == set(range(6))
+    with pytest.raises(UnknownMember):
+        coordinator.commit("g", members[2].member_id, [("dc1.app", 0, 0)])
+
+
+def test_commits_are_fenced_to_the_owner_and_kept_for_the_next_owner(groups: Any) -> None:
+    coordinator, _ = groups
+    sub = Subscription(("dc1.app",))
+    a = coordinator.join("g", sub, session_timeout_ms=1000, reset="earliest")
+    b = coordinator.join("g", sub, session_timeout_ms=1000)
+    with pytest.raises(NotPartitionOwner):
+        coordinator.commit("g", b.member_id, [("dc1.app", 0, 0)])
+    coordinator.commit("g", a.member_id, [("dc1.app", 0, 0)])
+    coordinator.leave("g", a.member_id)
+    taken = coordinator.heartbeat("g", b.member_id)
+    assert _owned(taken) == set(range(6))
+    assert {x.partition: x.offset for x in taken.assignment}[0] == 0

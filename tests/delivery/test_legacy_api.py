@@ -1,0 +1,156 @@
+"""The legacy Archive API (/store, /commit_request, /commit) and the transaction filter."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.delivery.conftest import wait_until
+
+
+class Archive:
+    """An old Archive client, speaking the wire format of docs/protocol.md."""
+
+    def __init__(self, url: str) -> None:
+        self.http = httpx.Client(base_url=url, timeout=30)
+
+    def store(self, data: bytes, log_type: str = "app") -> str:
+        response = self.http.post(
+            "/store", params={"log_type": log_type, "server": "old1", "file": "/a"}, content=data
+        )
+        assert response.status_code == 200, response.text
+        store_id: str = response.json()["store_id"]
+        return store_id
+
+    def commit_request(self, store_id: str) -> dict[str, Any]:
+        response = self.http.post("/commit_request", params={"store_id": store_id})
+        assert response.status_code == 200, response.text
+        result: dict[str, Any] = response.json()
+        return result
+
+    def commit(self, txn_id: str, log_type: str = "app") -> dict[str, Any]:
+        response = self.http.post("/commit", params={"txn_id": txn_id, "log_type": log_type})
+        assert response.status_code == 200, response.text
+        result: dict[str, Any] = response.json()
+        return result
+
+
+def _read_all(url: str, **params: Any) -> list[dict[str, Any]]:
+    messages = []
+    for p in range(4):
+        response = httpx.get(
+            f"{url}/v1/topics/dc1.app/partitions/{p}/messages", params={"offset": 0, **params}
+        )
+        if response.status_code == 404:
+            continue
+        assert response.status_code == 200, response.text
+        messages.extend(response.json()["messages"])
+    return messages
+
+
+def test_committed_transactions_are_delivered_once_and_uncommitted_never(
+    gateway: Any, start_reader: Any
+) -> None:
+    archive = Archive(gateway.url)
+    committed, uncommitted, requested_only = [], [], []
+    for i in range(6):
+        sid = archive.store(f"committed {i}\n".encode())
+        txn = archive.commit_request(sid)
+        # an old client retries on a lost answer: both calls are idempotent
+        assert archive.commit_request(sid) == txn
+        archive.commit(txn["txn_id"])
+        archive.commit(txn["txn_id"])
+        committed.append(f"committed {i}\n")
+    for i in range(3):
+        archive.store(f"stored only {i}\n".encode())
+        uncommitted.append(f"stored only {i}\n")
+        sid = archive.store(f"requested only {i}\n".encode())
+        archive.commit_request(sid)
+        requested_only.append(f"requested only {i}\n")
+    delivered = [m["data"] for m in _read_all(gateway.url)]
+    assert sorted(delivered) == sorted(committed)
+    # each delivered message sits at its marker's offset and names its data record
+    for m in _read_all(gateway.url):
+        assert m["kind"] == "legacy_data"
+        assert m["data_offset"] < m["offset"]
+    # the reader command sees the same, once
+    reader = start_reader(
+        "--server", gateway.url, "--topic", "dc1.app", "--from-beginning", "--idle-exit", "1"
+    )
+    assert reader.wait(20) == 0, reader.stderr()
+    assert sorted(reader.out_path.read_text().splitlines(keepends=True)) == sorted(committed)
+
+
+def test_a_commit_after_the_window_is_never_delivered(gateway: Any) -> None:
+    archive = Archive(gateway.url)
+    late = archive.commit_request(archive.store(b"late\n"))
+    on_time = archive.commit_request(archive.store(b"on time\n"))
+    archive.commit(on_time["txn_id"])
+    time.sleep(1.2)
+    archive.commit(late["txn_id"])
+    assert [m["data"] for m in _read_all(gateway.url, txn_window_ms=1000)] == ["on time\n"]
+    # with the default 60 s window both made it
+    assert sorted(m["data"] for m in _read_all(gateway.url)) == ["late\n", "on time\n"]
+
+
+def test_push_and_raw_reads_see_legacy_records_as_the_filter_and_a_mirror_need(
+    gateway: Any, push_endpoint: Any
+) -> None:
+    archive = Archive(gateway.url)
+    txn = archive.commit_request(archive.store(b"pushed\n"))
+    archive.commit_request(archive.store(b"never\n"))
+    archive.commit(txn["txn_id"])
+    endpoint = push_endpoint(lambda n: ("ok", 200))
+    response = httpx.post(
+        f"{gateway.url}/v1/subscriptions",
+        json={"name": "legacy", "endpoint": endpoint.url, "topics": ["dc1.app"], "linger_ms": 10},
+    )
+    assert response.status_code == 201
+    wait_until(lambda: len(endpoint.messages()) == 1, 10, "the committed transaction's push")
+    assert endpoint.messages()[0]["data"] == "pushed\n"
+    raw = _read_all(gateway.url, raw=1)
+    assert sorted(m["kind"] for m in raw) == ["legacy_commit", "legacy_data", "legacy_data"]
+
+
+def test_bad_legacy_requests_are_refused_and_write_nothing(gateway: Any) -> None:
+    http = httpx.Client(base_url=gateway.url)
+    assert http.post("/store", content=b"x").status_code == 400  # no log_type
+    bad_type = http.post("/store", params={"log_type": "../etc"}, content=b"x")
+    assert bad_type.status_code == 400
+    assert bad_type.json()["error"] == "bad_log_type"
+    missing = http.post("/commit_request", params={"store_id": "0" * 32})
+    assert missing.status_code == 404
+    assert missing.json()["error"] == "unknown_store_id"
+    assert http.post("/commit_request", params={"store_id": "../../x"}).status_code == 400
+    assert http.post("/commit_request").status_code == 400
+    unknown = http.post("/commit", params={"txn_id": "nope", "log_type": "app"})
+    assert unknown.status_code == 404
+    assert unknown.json()["error"] == "unknown_transaction"
+    sid = http.post("/store", params={"log_type": "app"}, content=b"x\n").json()["store_id"]
+    bad_txn = http.post("/commit_request", params={"store_id": sid, "txn_id": "a b"})
+    assert bad_txn.status_code == 400
+    assert http.get("/v1/topics").json()["topics"] == []
+    http.close()
+
+
+@pytest.mark.fault
+def test_staged_and_requested_data_survive_a_gateway_kill(
+    start_gateway: Any, tmp_path: Any
+) -> None:
+    gw = start_gateway(tmp_path / "data")
+    archive = Archive(gw.url)
+    staged = archive.store(b"staged before the kill\n")
+    requested = archive.commit_request(archive.store(b"requested before the kill\n"))
+    gw.kill()
+    gw2 = start_gateway(tmp_path / "data")
+    archive = Archive(gw2.url)
+    txn = archive.commit_request(staged)
+    archive.commit(txn["txn_id"])
+    archive.commit(requested["txn_id"])
+    assert sorted(m["data"] for m in _read_all(gw2.url)) == [
+        "requested before the kill\n",
+        "staged before the kill\n",
+    ]

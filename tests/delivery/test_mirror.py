@@ -1,0 +1,145 @@
+"""``logbroker mirror`` between two real installations, killed and raced, exactly once."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, logbroker_cmd
+from tests.delivery.conftest import wait_until
+
+
+def _raw_partitions(url: str, topic: str) -> dict[int, list[tuple[str, int, str]]]:
+    """(source_id, seqno, kind) of every record per partition, as stored."""
+    info = httpx.get(f"{url}/v1/topics/{topic}")
+    if info.status_code == 404:
+        return {}
+    out: dict[int, list[tuple[str, int, str]]] = {}
+    for p in info.json()["partitions"]:
+        records: list[tuple[str, int, str]] = []
+        offset = p["start_offset"]
+        while offset < p["end_offset"]:
+            body = httpx.get(
+                f"{url}/v1/topics/{topic}/partitions/{p['partition']}/messages",
+                params={"offset": offset, "raw": 1},
+            ).json()
+            records += [
+                (m["source_id"], m["seqno"], m.get("kind", "chunk")) for m in body["messages"]
+            ]
+            offset = body["next_offset"]
+        out[p["partition"]] = records
+    return out
+
+
+def _mirror(src: str, dst: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        logbroker_cmd("mirror", "--from", src, "--to", dst, "--prefix", "dc1.", *extra),
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_mirror_killed_and_raced_copies_every_partition_exactly_once(
+    start_gateway: Any, writer_for: Any, tmp_path: Any
+) -> None:
+    dc1 = start_gateway(tmp_path / "dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "dc2", "--dc", "dc2")
+    writer_for(dc2.url).write("local", [1, 2])  # dc2's own topic is not copied back
+    writer = writer_for(dc1.url)
+    for s in range(8):
+        writer.write(f"src{s}", list(range(1, 51)))
+
+    def keep_writing() -> None:
+        w = writer_for(dc1.url)
+        for n in range(51, 111):
+            for s in range(8):
+                w.write(f"src{s}", [n])
+
+    stream = threading.Thread(target=keep_writing)
+    stream.start()
+    first = _mirror(dc1.url, dc2.url, "--max-bytes", "2000")
+    wait_until(
+        lambda: sum(map(len, _raw_partitions(dc2.url, "dc1.app").values())) > 100,
+        20,
+        "the mirror to copy something",
+    )
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    # two mirrors at once (an operator's mistake) still copy each message once
+    second = _mirror(dc1.url, dc2.url, "--max-bytes", "3000", "--idle-exit", "2")
+    third = _mirror(dc1.url, dc2.url, "--idle-exit", "2", "--state-dir", str(tmp_path / "st"))
+    stream.join()
+    assert second.wait(60) == 0, second.stderr.read() if second.stderr else ""
+    assert third.wait(60) == 0, third.stderr.read() if third.stderr else ""
+    source = _raw_partitions(dc1.url, "dc1.app")
+    assert sum(map(len, source.values())) == 8 * 110
+    assert _raw_partitions(dc2.url, "dc1.app") == source
+    assert [t["name"] for t in httpx.get(f"{dc1.url}/v1/topics").json()["topics"]] == ["dc1.app"]
+    assert (tmp_path / "st" / "mirror-status.json").exists()
+
+
+def test_mirrored_legacy_transactions_resolve_in_the_other_dc(
+    start_gateway: Any, tmp_path: Any
+) -> None:
+    dc1 = start_gateway(tmp_path / "dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "dc2", "--dc", "dc2")
+    from delivery.mirror import encode_replica_body
+    from session_dedup.envelope import Envelope, encode
+
+    http = httpx.Client(base_url=dc2.url)
+    # Records already in dc2's partitions shift every mirrored offset by 3, so a commit marker
+    # resolves only if the mirror rewrote the data offset it names.
+    filler = encode(Envelope("f", "h", "f", "app", "raw", 1, 0, 0, b"filler\n"))
+    for p in range(4):
+        response = http.post(
+            f"/v1/replica/dc1.app/partitions/{p}",
+            params={"source": "an-older-copy", "partitions": 4},
+            content=encode_replica_body([(0, filler), (1, filler), (2, filler)]),
+        )
+        assert response.status_code == 200, response.text
+    src = httpx.Client(base_url=dc1.url)
+    sids = [
+        src.post("/store", params={"log_type": "app"}, content=f"t{i}\n".encode()).json()[
+            "store_id"
+        ]
+        for i in range(4)
+    ]
+    txns = [src.post("/commit_request", params={"store_id": s}).json()["txn_id"] for s in sids]
+    for txn in txns[:3]:
+        assert src.post("/commit", params={"txn_id": txn, "log_type": "app"}).status_code == 200
+    mirror = _mirror(dc1.url, dc2.url, "--idle-exit", "1")
+    assert mirror.wait(30) == 0
+    delivered = []
+    for p in range(4):
+        body = http.get(f"/v1/topics/dc1.app/partitions/{p}/messages", params={"offset": 0})
+        delivered += [m["data"] for m in body.json()["messages"]]
+    assert sorted(delivered) == ["filler\n"] * 12 + ["t0\n", "t1\n", "t2\n"]
+    http.close()
+    src.close()
+
+
+def test_replica_append_refuses_a_gap_with_the_expected_offset(gateway: Any) -> None:
+    from delivery.mirror import encode_replica_body
+    from session_dedup.envelope import Envelope, encode
+
+    value = encode(Envelope("s", "h", "f", "app", "raw", 1, 0, 0, b"x\n"))
+    url = f"{gateway.url}/v1/replica/dc1.app/partitions/0"
+    params = {"source": "topic-id-1", "partitions": 2}
+    first = httpx.post(url, params=params, content=encode_replica_body([(5, value), (6, value)]))
+    assert first.status_code == 200, first.text
+    assert first.json()["next_source_offset"] == 7
+    again = httpx.post(url, params=params, content=encode_replica_body([(5, value)]))
+    assert again.status_code == 409
+    assert again.json()["expected_source_offset"] == 7
+    assert httpx.get(url, params={"source": "topic-id-1"}).json()["next_source_offset"] == 7
+    bad = httpx.post(url, params=params, content=b"junk")
+    assert bad.status_code == 400
+    described = httpx.get(f"{gateway.url}/v1/topics/dc1.app").json()
+    assert described["partitions"][0]["end_offset"] == 2

@@ -1,0 +1,377 @@
+"""Pull reads over HTTP from a real gateway: long-poll, framings, filters, prefixes, bad input."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from delivery.framing import BINARY_MEDIA_TYPE, decode_binary
+from delivery.pull_client import PullClient
+from session_dedup.envelope import decode
+from tests.delivery.conftest import line_for
+
+
+def _messages(url: str, topic: str, partition: int, offset: int = 0, **params: Any) -> Any:
+    response = httpx.get(
+        f"{url}/v1/topics/{topic}/partitions/{partition}/messages",
+        params={"offset": offset, **params},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_waiting_reader_gets_a_new_message_within_50ms_of_its_append(
+    gateway: Any, writer_for: Any
+) -> None:
+    writer = writer_for(gateway.url)
+    ack = writer.write("src0", [1])[0]
+    partition = None
+    # the source is pinned to one partition; find it from the ack
+    for p in range(4):
+        if _messages(gateway.url, "dc1.app", p)["messages"]:
+            partition = p
+    assert partition is not None
+    reader = httpx.Client(base_url=gateway.url, timeout=30)
+    latencies = []
+    offset = ack["offset"] + 1
+    for seqno in range(2, 8):
+        got: dict[str, Any] = {}
+
+        def wait(at: int = offset, box: dict[str, Any] = got) -> None:
+            response = reader.get(
+                f"/v1/topics/dc1.app/partitions/{partition}/messages",
+                params={"offset": at, "wait_ms": 10_000},
+            )
+            box["at"] = time.perf_counter()
+            box["body"] = response.json()
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.3)  # the reader is parked in its long-poll
+        assert "at" not in got
+        started = time.perf_counter()
+        writer.write("src0", [seqno])
+        waiter.join(10)
+        assert got["body"]["messages"][0]["seqno"] == seqno
+        latencies.append(got["at"] - started)
+        offset += 1
+    reader.close()
+    # from the start of the write request: the write itself (with its fsync) is included
+    assert statistics.median(latencies) < 0.050, latencies
+    assert max(latencies) < 0.150, latencies
+
+
+def test_long_poll_with_nothing_new_returns_empty_after_the_wait(
+    gateway: Any, writer_for: Any
+) -> None:
+    writer_for(gateway.url).write("src0", [1])
+    started = time.monotonic()
+    body = _messages(gateway.url, "dc1.app", 0, offset=0, wait_ms=300, source_id="nobody")
+    assert body["messages"] == []
+    assert 0.25 < time.monotonic() - started < 3
+
+
+def test_binary_and_json_framings_carry_the_same_messages(gateway: Any, writer_for: Any) -> None:
+    writer = writer_for(gateway.url)
+    for s in range(8):
+        writer.write(f"src{s}", [1, 2, 3])
+    for p in range(4):
+        as_json = _messages(gateway.url, "dc1.app", p)
+        response = httpx.get(
+            f"{gateway.url}/v1/topics/dc1.app/partitions/{p}/messages",
+            params={"offset": 0},
+            headers={"Accept": BINARY_MEDIA_TYPE},
+        )
+        assert response.headers["content-type"] == BINARY_MEDIA_TYPE
+        (section,) = decode_binary(response.content)
+        assert section.meta["next_offset"] == as_json["next_offset"]
+        from_binary = [(o, decode(v)) for o, v in section.records]
+        assert [(o, e.source_id, e.seqno, e.data.decode()) for o, e in from_binary] == [
+            (m["offset"], m["source_id"], m["seqno"], m["data"]) for m in as_json["messages"]
+        ]
+
+
+def test_filters_select_by_server_and_file_and_hash_splits_sources_among_readers(
+    gateway: Any, writer_for: Any
+) -> None:
+    writer = writer_for(gateway.url)
+    for s in range(10):
+        writer.write(f"src{s}", [1, 2], server=f"host{s % 2}", file=f"/var/log/f{s % 3}.log")
+    client = PullClient(gateway.url)
+    everything = [(t, p, 0) for t, p in [("dc1.app", p) for p in range(4)]]
+    from delivery.filters import parse_filter
+
+    def read(**params: list[str]) -> list[tuple[str, int]]:
+        parts = client.fetch(everything, message_filter=parse_filter(params))
+        return sorted((m.envelope.source_id, m.envelope.seqno) for p in parts for m in p.messages)
+
+    assert read(server=["host1"]) == sorted(
+        (f"src{s}", n) for s in range(10) if s % 2 == 1 for n in (1, 2)
+    )
+    assert read(file=["/var/log/f2*"], server=["host0"]) == sorted(
+        (f"src{s}", n) for s in range(10) if s % 3 == 2 and s % 2 == 0 for n in (1, 2)
+    )
+    split = [read(hash_mod=["3"], hash_rem=[str(r)]) for r in range(3)]
+    assert sorted(k for part in split for k in part) == read()
+    assert all(part for part in split)
+    for part in split:
+        for other in split:
+            if part is not other:
+                assert not {s for s, _ in part} & {s for s, _ in other}
+    client.close()
+
+
+def test_filtered_read_moves_past_what_it_skipped(gateway: Any, writer_for: Any) -> None:
+    writer = writer_for(gateway.url)
+    writer.write("src0", list(range(1, 30)))
+    part = next(p for p in range(4) if _messages(gateway.url, "dc1.app", p)["messages"])
+    body = _messages(gateway.url, "dc1.app", part, source_id="src-other")
+    assert body["messages"] == []
+    assert body["next_offset"] == body["end_offset"] == 29
+
+
+def test_reading_by_prefix_lists_only_that_dcs_topics(
+    gateway: Any, writer_for: Any, tmp_path: Any
+) -> None:
+    from log_store import open_store
+    from session_dedup.envelope import Envelope, encode
+
+    writer_for(gateway.url).write("src0", [1], log_type="app")
+    # a topic mirrored from another DC lives beside this DC's own
+    store = open_store(gateway.data_dir)
+    store.create_topic("dc2.app", exist_ok=True)
+    store.append("dc2.app", 0, [encode(Envelope("x", "h", "f", "app", "raw", 1, 0, 0, b"dc2\n"))])
+    store.close()
+    names = [t["name"] for t in httpx.get(f"{gateway.url}/v1/topics").json()["topics"]]
+    assert names == ["dc1.app", "dc2.app"]
+    only = httpx.get(f"{gateway.url}/v1/topics", params={"prefix": "dc1."}).json()["topics"]
+    assert [t["name"] for t in only] == ["dc1.app"]
+
+
+def test_jsonl_reader_prints_fields_and_undoes_gzip_and_zstd(
+    gateway: Any, writer_for: Any, start_reader: Any
+) -> None:
+    writer = writer_for(gateway.url)
+    writer.write("plain", [1], codec="raw")
+    writer.write("gz", [1], codec="gzip")
+    writer.write("zs", [1], codec="zstd")
+    reader = start_reader(
+        "--server",
+        gateway.url,
+        "--topic",
+        "dc1.*",
+        "--from-beginning",
+        "--format",
+        "jsonl",
+        "--idle-exit",
+        "1",
+    )
+    assert reader.wait(20) == 0, reader.stderr()
+    records = {r["source_id"]: r for r in reader.records()}
+    assert set(records) == {"plain", "gz", "zs"}
+    for source, record in records.items():
+        assert record["data"] == line_for(source, 1)
+        for name in ("topic", "partition", "offset", "seqno", "server", "file", "log_type"):
+            assert name in record
+        assert record["topic"] == "dc1.app"
+    lines = start_reader(
+        "--server",
+        gateway.url,
+        "--topic",
+        "dc1.app",
+        "--from-beginning",
+        "--idle-exit",
+        "1",
+        "--where",
+        "source_id=gz",
+    )
+    assert lines.wait(20) == 0
+    assert lines.out_path.read_text() == line_for("gz", 1)
+
+
+def test_reader_stops_on_sigterm_commits_and_the_next_one_continues(
+    gateway: Any, writer_for: Any, start_reader: Any
+) -> None:
+    writer = writer_for(gateway.url)
+    writer.write("src0", [1, 2, 3])
+    args = [
+        "--server",
+        gateway.url,
+        "--topic",
+        "dc1.app",
+        "--group",
+        "term",
+        "--from-beginning",
+        "--format",
+        "jsonl",
+    ]
+    first = start_reader(*args)
+    deadline = time.monotonic() + 20
+    while len(first.records()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.terminate() == 0, first.stderr()
+    writer.write("src0", [4, 5])
+    second = start_reader(*args, "--idle-exit", "1")
+    assert second.wait(20) == 0, second.stderr()
+    assert [r["seqno"] for r in first.records()] == [1, 2, 3]
+    assert [r["seqno"] for r in second.records()] == [4, 5]
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def filled(gateway: Any, writer_for: Any) -> Any:
+    writer_for(gateway.url).write("src0", [1, 2, 3])
+    return gateway
+
+
+def _error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()
+    assert body["error"] == code
+    assert body["reason"]
+    return body
+
+
+def test_unknown_topic_and_partition_are_404(filled: Any) -> None:
+    url = filled.url
+    _error(
+        httpx.get(f"{url}/v1/topics/dc1.nope/partitions/0/messages?offset=0"), 404, "unknown_topic"
+    )
+    _error(
+        httpx.get(f"{url}/v1/topics/dc1.app/partitions/9/messages?offset=0"),
+        404,
+        "unknown_partition",
+    )
+    _error(httpx.get(f"{url}/v1/topics/logbroker-internal.delivery"), 404, "unknown_topic")
+
+
+def test_offset_past_the_end_is_416_with_the_valid_range(filled: Any) -> None:
+    part = next(p for p in range(4) if _messages(filled.url, "dc1.app", p)["messages"])
+    response = httpx.get(f"{filled.url}/v1/topics/dc1.app/partitions/{part}/messages?offset=99")
+    body = _error(response, 416, "offset_out_of_range")
+    assert (body["start_offset"], body["end_offset"]) == (0, 3)
+    _error(
+        httpx.get(f"{filled.url}/v1/topics/dc1.app/partitions/0/messages?offset=-1"),
+        400,
+        "bad_request",
+    )
+
+
+def test_huge_or_zero_max_bytes_and_huge_wait_are_refused(filled: Any) -> None:
+    base = f"{filled.url}/v1/topics/dc1.app/partitions/0/messages?offset=0"
+    _error(httpx.get(base + "&max_bytes=99999999999"), 400, "max_bytes_out_of_range")
+    _error(httpx.get(base + "&max_bytes=0"), 400, "max_bytes_out_of_range")
+    _error(httpx.get(base + "&wait_ms=99999999"), 400, "bad_request")
+    _error(httpx.get(base + "&format=xml"), 400, "bad_request")
+
+
+def test_bad_filters_are_refused_with_the_reason(filled: Any) -> None:
+    base = f"{filled.url}/v1/topics/dc1.app/partitions/0/messages?offset=0"
+    _error(httpx.get(base + "&hash_mod=0&hash_rem=0"), 400, "bad_filter")
+    _error(httpx.get(base + "&hash_mod=4&hash_rem=4"), 400, "bad_filter")
+    _error(httpx.get(base + "&hash_mod=4"), 400, "bad_filter")
+    _error(httpx.get(base + "&hash_mod=x&hash_rem=0"), 400, "bad_filter")
+    _error(httpx.get(base + "&hash_mod=4&hash_rem=1&hash_key=color"), 400, "bad_filter")
+    fetch = httpx.post(
+        f"{filled.url}/v1/fetch",
+        json={
+            "partitions": [{"topic": "dc1.app", "partition": 0, "offset": 0}],
+            "filter": {"colour": "red"},
+        },
+    )
+    _error(fetch, 400, "bad_filter")
+
+
+def test_unknown_group_member_and_bad_group_requests(filled: Any) -> None:
+    url = filled.url
+    _error(httpx.get(f"{url}/v1/groups/nobody"), 404, "unknown_group")
+    _error(
+        httpx.post(f"{url}/v1/groups/nobody/members/abc/heartbeat", json={}), 404, "unknown_group"
+    )
+    joined = httpx.post(f"{url}/v1/groups/g/members", json={"topics": ["dc1.app"]})
+    assert joined.status_code == 200
+    _error(httpx.post(f"{url}/v1/groups/g/members/abc/heartbeat", json={}), 404, "unknown_member")
+    _error(
+        httpx.post(f"{url}/v1/groups/g/members", json={"topics": ["dc1.nope"]}),
+        404,
+        "unknown_topic",
+    )
+    _error(
+        httpx.post(f"{url}/v1/groups/g/members", json={"prefix": "dc1."}),
+        409,
+        "subscription_conflict",
+    )
+    _error(httpx.post(f"{url}/v1/groups/g/members", content=b"{not json"), 400, "bad_json")
+    _error(
+        httpx.post(f"{url}/v1/groups/bad%20name/members", json={"topics": ["dc1.app"]}),
+        400,
+        "bad_request",
+    )
+    member = joined.json()["member_id"]
+    commit = httpx.post(
+        f"{url}/v1/groups/g/offsets",
+        json={
+            "member_id": member,
+            "offsets": [{"topic": "dc1.app", "partition": 0, "offset": 10**6}],
+        },
+    )
+    body = _error(commit, 416, "offset_out_of_range")
+    assert "valid offsets" in body["reason"]
+
+
+def test_read_command_with_unknown_topic_or_bad_filter_exits_2(
+    filled: Any, start_reader: Any
+) -> None:
+    unknown = start_reader("--server", filled.url, "--topic", "dc1.nope", "--idle-exit", "1")
+    assert unknown.wait(20) == 2
+    assert "dc1.nope" in unknown.stderr()
+    bad = start_reader("--server", filled.url, "--topic", "dc1.app", "--hash", "source_id:0:0")
+    assert bad.wait(20) == 2
+    assert "hash_mod" in bad.stderr()
+
+
+def test_tokens_limit_reads_groups_and_push_to_their_topics(
+    start_gateway: Any, tmp_path: Any
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[tokens.writer]\nwrite = ["*"]\n\n[tokens.web-reader]\nread = ["dc1.web-*"]\n\n'
+        '[tokens.dc-reader]\nread = ["dc1.*"]\n'
+    )
+    gw = start_gateway(tmp_path / "data", "--config", str(config))
+    writer = httpx.Client(base_url=gw.url, headers={"Authorization": "Bearer writer"})
+    for log_type in ("app", "web-access"):
+        line = {"log_type": log_type, "source_id": "s", "seqno": 1, "data": "x\n"}
+        response = writer.post(
+            "/v1/write",
+            content=json.dumps(line).encode(),
+            headers={"content-type": "application/x-ndjson"},
+        )
+        assert response.status_code == 200, response.text
+
+    def as_(token: str | None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=gw.url, headers=headers)
+
+    web, dc, nobody = as_("web-reader"), as_("dc-reader"), as_(None)
+    read_app = "/v1/topics/dc1.app/partitions/0/messages?offset=0"
+    assert nobody.get(read_app).status_code == 401
+    assert web.get(read_app).status_code == 403
+    assert web.get("/v1/topics/dc1.web-access/partitions/0/messages?offset=0").status_code == 200
+    assert dc.get(read_app).status_code == 200
+    assert [t["name"] for t in web.get("/v1/topics").json()["topics"]] == ["dc1.web-access"]
+    assert web.post("/v1/groups/g/members", json={"prefix": "dc1."}).status_code == 403
+    assert dc.post("/v1/groups/g/members", json={"prefix": "dc1."}).status_code == 200
+    hook = {"name": "s", "endpoint": "http://127.0.0.1:9/x", "prefix": "dc1."}
+    assert web.post("/v1/subscriptions", json=hook).status_code == 403
+    for client in (writer, web, dc, nobody):
+        client.close()
