@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from delivery.internal_state import is_internal
 from log_store import LogbrokerError, LogStore
 from session_dedup.envelope import decode
 from session_dedup.seqno_table import decode_seqno, seqno_key
@@ -40,7 +41,8 @@ def audit_store(
 ) -> AuditReport:
     """Read every record of ``topics`` (default: all) and check the invariants."""
     report = AuditReport()
-    for name in topics or [t.name for t in store.list_topics()]:
+    names = topics or [t.name for t in store.list_topics() if not is_internal(t.name)]
+    for name in names:
         pinned: dict[str, int] = {}
         for part in store.describe_topic(name).partitions:
             audit = PartitionAudit(name, part.partition, part.start_offset, part.end_offset)

@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from delivery.internal_state import is_internal
 from log_store import LogbrokerError, TopicConfig, TopicInfo, open_store
 
 
@@ -17,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, help="data dir of the embedded store")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    actions.add_parser("list", help="list topics")
+    listing = actions.add_parser("list", help="list topics")
+    listing.add_argument("--all", action="store_true", help="include logbroker's internal topics")
     describe = actions.add_parser("describe", help="partitions, offsets and sizes of a topic")
     describe.add_argument("topic")
     create = actions.add_parser("create", help="create a topic")
@@ -83,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         with open_store(args.data_dir) as store:
             if args.action == "list":
                 for info in store.list_topics():
-                    _print_topic(info, args.json)
+                    if args.all or not is_internal(info.name):
+                        _print_topic(info, args.json)
             elif args.action == "describe":
                 _print_topic(store.describe_topic(args.topic), args.json)
             elif args.action == "create":
