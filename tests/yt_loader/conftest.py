@@ -1,0 +1,157 @@
+"""A real local Spark session and a real embedded store for the loader's tests."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+import zstandard
+
+from log_store import open_store
+from log_store.interface import TopicConfig
+from session_dedup.envelope import Envelope, encode
+
+REPO = Path(__file__).resolve().parents[2]
+PUBLISHED_GLOB = "topic=*/date=*/hour=*/*.parquet"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local[2] session for the whole group: starting a JVM costs seconds."""
+    from yt_loader.spark_session import build_session
+
+    session = build_session("local[2]", app_name="logbroker tests")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    yield session
+    session.stop()
+
+
+def compress(codec: str, data: bytes) -> bytes:
+    if codec == "gzip":
+        return gzip.compress(data)
+    if codec == "zstd":
+        return zstandard.ZstdCompressor().compress(data)
+    return data
+
+
+def append_lines(
+    data_dir: Path,
+    topic: str,
+    tag: str,
+    *,
+    partitions: int = 3,
+    chunks: int = 20,
+    lines_per_chunk: int = 3,
+    codec: str = "raw",
+    config: TopicConfig | None = None,
+    write_time_ms: int | None = None,
+) -> list[str]:
+    """Append ``chunks`` chunks to every partition of ``topic``; returns the lines written.
+
+    Lines are unique (they carry ``tag``), so a reader can check each appears exactly once.
+    """
+    now = write_time_ms if write_time_ms is not None else int(time.time() * 1000)
+    written: list[str] = []
+    store = open_store(data_dir)
+    try:
+        store.create_topic(topic, config or TopicConfig(partitions=partitions), exist_ok=True)
+        for p in range(partitions):
+            values = []
+            end = store.end_offset(topic, p)
+            for i in range(chunks):
+                lines = [f"{tag} {topic} p{p} c{i} l{j}" for j in range(lines_per_chunk)]
+                written.extend(lines)
+                data = "".join(line + "\n" for line in lines).encode()
+                values.append(
+                    encode(
+                        Envelope(
+                            source_id=f"host{p}:/var/log/{topic}.log",
+                            server=f"host{p}",
+                            file=f"/var/log/{topic}.log",
+                            log_type=topic.split(".", 1)[-1],
+                            codec=codec,
+                            seqno=end + i + 1,
+                            create_time=now - 5,
+                            # Spread rows over three hours so a range writes several files.
+                            write_time=now - (i % 3) * 3_600_000,
+                            data=compress(codec, data),
+                        )
+                    )
+                )
+            store.append(topic, p, values)
+    finally:
+        store.close()
+    return written
+
+
+def published_lines(warehouse: Path) -> list[str]:
+    """Every line DuckDB reads from the warehouse's tables with the documented glob query."""
+    if not any(warehouse.glob(PUBLISHED_GLOB)):
+        return []  # DuckDB refuses a glob that matches nothing
+    query = (
+        f"SELECT line FROM read_parquet('{warehouse}/{PUBLISHED_GLOB}', hive_partitioning = true)"
+    )
+    return [str(row[0]) for row in duckdb.sql(query).fetchall()]
+
+
+def assert_exactly_once(found: list[str], expected: list[str]) -> None:
+    counts = collections.Counter(found)
+    duplicated = {line: n for line, n in counts.items() if n > 1}
+    missing = set(expected) - set(counts)
+    extra = set(counts) - set(expected)
+    assert not duplicated, f"{len(duplicated)} lines more than once, e.g. {list(duplicated)[:3]}"
+    assert not missing, f"{len(missing)} lines missing, e.g. {sorted(missing)[:3]}"
+    assert not extra, f"{len(extra)} unexpected lines, e.g. {sorted(extra)[:3]}"
+
+
+class ChildProcess:
+    """A Python child in its own process group, so SIGKILL reaches its JVM and workers too."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
+        self.proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_output(self, text: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if text in self.output():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"child exited {self.proc.returncode}: {self.output()[-3000:]}"
+                )
+            time.sleep(0.1)
+        raise AssertionError(f"no {text!r} within {timeout_s} s: {self.output()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the whole group: the driver, its JVM and the Python workers."""
+        with contextlib.suppress(ProcessLookupError):  # the group is already gone
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        self._log.close()
+
+    def wait(self, timeout_s: float) -> int:
+        code = self.proc.wait(timeout_s)
+        self._log.close()
+        return code

@@ -1,0 +1,138 @@
+"""SIGKILL of a real ``logbroker load`` process at each point of a batch, then a rerun."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.yt_loader.conftest import (
+    ChildProcess,
+    append_lines,
+    assert_exactly_once,
+    published_lines,
+)
+from yt_loader.crash_points import CRASH_AT_ENV, REACHED_MARKER
+from yt_loader.load_job import LoadConfig, run_load
+from yt_loader.log_source import SourceSpec
+from yt_loader.warehouse import Warehouse
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.fault]
+
+
+def _crashed_load(tmp_path: Path, data_dir: Path, warehouse: Path, point: str) -> ChildProcess:
+    child = ChildProcess(
+        [
+            "-m",
+            "ops",
+            "load",
+            "--data-dir",
+            str(data_dir),
+            "--warehouse",
+            str(warehouse),
+            "--master",
+            "local[2]",
+            "--max-range-mb",
+            "0.002",
+        ],
+        tmp_path / f"load-{point}.log",
+        env={CRASH_AT_ENV: point},
+    )
+    try:
+        child.wait_for_output(f"{REACHED_MARKER} {point}", timeout_s=120)
+    finally:
+        child.kill()
+    return child
+
+
+@pytest.mark.parametrize(
+    ("point", "visible_after_kill"),
+    [
+        ("while-writing", "none"),
+        ("after-files", "none"),
+        ("after-commit", "none"),
+        ("mid-publish", "some"),
+    ],
+)
+def test_sigkilled_loader_rerun_loads_every_line_exactly_once(
+    spark: object, tmp_path: Path, point: str, visible_after_kill: str
+) -> None:
+    data_dir, warehouse = tmp_path / "data", tmp_path / "warehouse"
+    expected = append_lines(data_dir, "dc1.app", "first")
+
+    _crashed_load(tmp_path, data_dir, warehouse, point)
+
+    # Readers that glob the tables never see a file of an uncommitted batch.
+    seen = published_lines(warehouse)
+    # At every point the batch's files, or some of them, or half of one, are still in staging.
+    assert list((warehouse / "_loader" / "staging").rglob("*.parquet"))
+    if visible_after_kill == "none":
+        assert seen == []
+    else:
+        assert 0 < len(seen) < len(expected)
+        assert set(seen) <= set(expected)
+        assert spark.read.parquet(str(warehouse)).count() == len(seen)  # type: ignore[attr-defined]
+    committed = Warehouse(warehouse).latest_commit()
+    if point in ("after-commit", "mid-publish"):
+        assert committed is not None
+    else:
+        assert committed is None
+
+    expected += append_lines(data_dir, "dc1.app", "second", chunks=5)
+    progress: list[str] = []
+    config = LoadConfig(SourceSpec(data_dir=str(data_dir)), warehouse, max_range_bytes=2000)
+    report = run_load(spark, config, progress.append)  # type: ignore[arg-type]
+
+    assert_exactly_once(published_lines(warehouse), expected)
+    if point in ("after-commit", "mid-publish"):
+        assert report.recovery.published_files > 0
+    else:
+        assert report.recovery.discarded_batches == [1]
+    assert not list((warehouse / "_loader" / "staging").iterdir())
+
+
+def test_sigterm_lets_the_batch_in_hand_commit_then_stops(spark: object, tmp_path: Path) -> None:
+    data_dir, warehouse = tmp_path / "data", tmp_path / "warehouse"
+    expected = append_lines(data_dir, "dc1.app", "t", chunks=40)
+    child = ChildProcess(
+        [
+            "-m",
+            "ops",
+            "load",
+            "--data-dir",
+            str(data_dir),
+            "--warehouse",
+            str(warehouse),
+            "--master",
+            "local[2]",
+            "--max-range-mb",
+            "0.001",
+            "--max-batch-mb",
+            "0.0001",
+            "--format",
+            "json",
+        ],
+        tmp_path / "load.log",
+    )
+    try:
+        child.wait_for_output("logbroker load: batch 1:", timeout_s=120)
+        child.proc.send_signal(signal.SIGTERM)  # the driver only, as systemd's KillMode=mixed
+        code = child.wait(120)
+    finally:
+        child.kill()
+
+    output = child.output()
+    assert code == 0, output[-3000:]
+    report, _ = json.JSONDecoder().raw_decode(output, output.index('{\n "batches"'))
+    assert report["stopped"] is True
+    committed = Warehouse(warehouse).commits()
+    assert 1 <= len(committed) == len(report["batches"])
+    loaded = published_lines(warehouse)
+    assert 0 < len(loaded) < len(expected)
+    assert_exactly_once(loaded, [line for line in expected if line in set(loaded)])
+
+    config = LoadConfig(SourceSpec(data_dir=str(data_dir)), warehouse, max_range_bytes=4000)
+    run_load(spark, config, lambda _line: None)  # type: ignore[arg-type]
+    assert_exactly_once(published_lines(warehouse), expected)

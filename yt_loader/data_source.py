@@ -1,0 +1,247 @@
+"""The ``logbroker`` Spark data source: batch and streaming reads of the log, one row per line.
+
+::
+
+    register(spark)
+    df = (spark.read.format("logbroker")
+          .option("data_dir", "/var/lib/logbroker")     # or .option("server", "http://gw:8080")
+          .option("topics", "dc1.*")
+          .load())
+
+The driver fixes the offset ranges (one Spark partition per partition range, large ranges
+split); executors read them in parallel.  Options:
+
+``data_dir`` or ``server``
+    the embedded store's directory (same machine or a shared filesystem) or a gateway's URL;
+    ``token`` is sent as a bearer token to the gateway.
+``topics``
+    comma-separated globs, default ``*``.
+``max_range_bytes``
+    about how much log data one Spark partition reads (default 64 MiB).
+``starting_offsets``
+    streaming only: ``earliest`` (default) or ``latest``, for topics the checkpoint does not
+    know yet at the first batch.  Topics that appear later are read from their start.
+``fail_on_data_loss``
+    ``true`` (default): a range that retention dropped before it was read fails the query
+    (the data would otherwise be silently missing); ``false`` skips what is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from yt_loader.errors import BadSourceOptions
+from yt_loader.line_rows import SPARK_SCHEMA_DDL
+from yt_loader.log_source import SourceSpec, TopicBounds, current_bounds
+from yt_loader.offset_ranges import (
+    DEFAULT_MAX_RANGE_BYTES,
+    OffsetRange,
+    split_range,
+    topic_patterns,
+)
+from yt_loader.range_reader import read_range
+
+FORMAT_NAME = "logbroker"
+
+StreamOffsets = dict[str, dict[str, int]]
+"""A stream position: topic -> partition (as a string, JSON keys are strings) -> next offset."""
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    spec: SourceSpec
+    topics: str = "*"
+    max_range_bytes: int = DEFAULT_MAX_RANGE_BYTES
+    starting_offsets: str = "earliest"
+    fail_on_data_loss: bool = True
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> ReaderOptions:
+        topics = options.get("topics", "*")
+        topic_patterns(topics)
+        starting = options.get("starting_offsets", "earliest").lower()
+        if starting not in ("earliest", "latest"):
+            raise BadSourceOptions("starting_offsets must be 'earliest' or 'latest'")
+        return cls(
+            spec=SourceSpec.from_options(options),
+            topics=topics,
+            max_range_bytes=_positive_int(options, "max_range_bytes", DEFAULT_MAX_RANGE_BYTES),
+            starting_offsets=starting,
+            fail_on_data_loss=_bool(options, "fail_on_data_loss", True),
+        )
+
+
+def _positive_int(options: Mapping[str, str], name: str, default: int) -> int:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadSourceOptions(f"{name} must be an integer, got {raw!r}") from None
+    if value <= 0:
+        raise BadSourceOptions(f"{name} must be positive, got {value}")
+    return value
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise BadSourceOptions(f"{name} must be true or false, got {raw!r}")
+
+
+class RangePartition(InputPartition):
+    """One Spark partition: one offset range (picklable, shipped to an executor).
+
+    ``None`` reads nothing: a batch read with nothing to read still needs one partition.
+    """
+
+    def __init__(self, rng: OffsetRange | None) -> None:
+        super().__init__(rng)
+        self.rng = rng
+
+
+def _read_partition(options: ReaderOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    if not isinstance(partition, RangePartition) or partition.rng is None:
+        return
+    source = options.spec.open()
+    try:
+        yield from read_range(source, partition.rng, fail_on_data_loss=options.fail_on_data_loss)
+    finally:
+        source.close()
+
+
+class LogbrokerBatchReader(DataSourceReader):
+    """Reads every matching partition from its log start to its end at planning time."""
+
+    def __init__(self, options: ReaderOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        source = self.options.spec.open()
+        try:
+            bounds = current_bounds(source, self.options.topics)
+        finally:
+            source.close()
+        ranges = [
+            rng
+            for topic in bounds
+            for p in topic.partitions
+            for rng in split_range(
+                topic.name,
+                p.partition,
+                p.start_offset,
+                p.end_offset,
+                p.bytes_per_offset,
+                self.options.max_range_bytes,
+            )
+        ]
+        return [RangePartition(rng) for rng in ranges] or [RangePartition(None)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read_partition(self.options, partition)
+
+
+class LogbrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of new offsets; Spark's checkpoint holds the position, so a restarted
+    query replays exactly the batch it had planned and continues after it."""
+
+    def __init__(self, options: ReaderOptions) -> None:
+        self.options = options
+        self._target: StreamOffsets | None = None
+
+    def _bounds(self) -> list[TopicBounds]:
+        source = self.options.spec.open()
+        try:
+            return current_bounds(source, self.options.topics)
+        finally:
+            source.close()
+
+    def _ends(self) -> StreamOffsets:
+        return {
+            t.name: {str(p.partition): p.end_offset for p in t.partitions} for t in self._bounds()
+        }
+
+    def initialOffset(self) -> dict[str, Any]:
+        latest = self.options.starting_offsets == "latest"
+        return {
+            t.name: {
+                str(p.partition): p.end_offset if latest else p.start_offset for p in t.partitions
+            }
+            for t in self._bounds()
+        }
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        ends = self._target if self._target is not None else self._ends()
+        merged: StreamOffsets = {t: dict(parts) for t, parts in start.items()}
+        for topic, parts in ends.items():
+            known = merged.setdefault(topic, {})
+            for partition, end in parts.items():
+                # Never behind the start: a deleted topic or a lagging gateway must not rewind.
+                known[partition] = max(end, int(known.get(partition, 0)))
+        return merged
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._ends()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        wanted = {
+            (topic, int(p)): (int(start.get(topic, {}).get(p, 0)), int(e))
+            for topic, parts in end.items()
+            for p, e in parts.items()
+        }
+        if not any(e > s for s, e in wanted.values()):
+            return []
+        per_offset = {
+            (t.name, p.partition): p.bytes_per_offset for t in self._bounds() for p in t.partitions
+        }
+        return [
+            RangePartition(rng)
+            for (topic, p), (s, e) in sorted(wanted.items())
+            for rng in split_range(
+                topic, p, s, e, per_offset.get((topic, p), 0.0), self.options.max_range_bytes
+            )
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read_partition(self.options, partition)
+
+
+class LogbrokerDataSource(DataSource):
+    """``spark.read.format("logbroker")`` and ``spark.readStream.format("logbroker")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return SPARK_SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return LogbrokerBatchReader(ReaderOptions.from_options(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return LogbrokerStreamReader(ReaderOptions.from_options(self.options))
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("logbroker")`` known to ``spark``."""
+    spark.dataSource.register(LogbrokerDataSource)

@@ -1,0 +1,118 @@
+"""One row per log line: the columns every reader of the log sees, built as Arrow batches.
+
+A message carries many lines; its fields are gathered once per message and spread over its
+lines with one ``take``, so the per-line work stays inside Arrow's C++ code.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from session_dedup.envelope import Envelope
+from yt_loader.chunk_codecs import decompress
+
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+LINE_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("source_id", pa.string()),
+        ("seqno", pa.int64()),
+        ("server", pa.string()),
+        ("file", pa.string()),
+        ("log_type", pa.string()),
+        ("create_time", _TIMESTAMP),
+        ("write_time", _TIMESTAMP),
+        ("line", pa.string()),
+    ]
+)
+"""Arrow schema of the rows; equal to what Spark derives from :data:`SPARK_SCHEMA_DDL`."""
+
+SPARK_SCHEMA_DDL = (
+    "topic STRING, partition INT, offset BIGINT, source_id STRING, seqno BIGINT, "
+    "server STRING, file STRING, log_type STRING, create_time TIMESTAMP, "
+    "write_time TIMESTAMP, line STRING"
+)
+
+_PER_MESSAGE = ("offset", "source_id", "seqno", "server", "file", "log_type")
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """The lines of a chunk without their ``\\n``; a last line without one is kept too."""
+    if not data:
+        return []
+    lines = data.split(b"\n")
+    if not lines[-1]:
+        lines.pop()
+    return lines
+
+
+class LineBatchBuilder:
+    """Collects the lines of one partition's messages and builds a ``RecordBatch`` of them."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._reset()
+
+    def _reset(self) -> None:
+        self._columns: dict[str, list[object]] = {name: [] for name in _PER_MESSAGE}
+        self._create_us: list[int] = []
+        self._write_us: list[int] = []
+        self._repeat: list[int] = []
+        self._lines: list[bytes] = []
+        self.data_bytes = 0
+
+    @property
+    def line_count(self) -> int:
+        return len(self._lines)
+
+    def add(self, offset: int, envelope: Envelope) -> int:
+        """Add the lines of one message; returns how many lines it had."""
+        raw = decompress(envelope.codec, envelope.data)
+        lines = split_lines(raw)
+        if not lines:
+            return 0
+        index = len(self._create_us)
+        cols = self._columns
+        cols["offset"].append(offset)
+        cols["source_id"].append(envelope.source_id)
+        cols["seqno"].append(envelope.seqno)
+        cols["server"].append(envelope.server)
+        cols["file"].append(envelope.file)
+        cols["log_type"].append(envelope.log_type)
+        self._create_us.append(envelope.create_time * 1000)
+        self._write_us.append(envelope.write_time * 1000)
+        self._repeat.extend([index] * len(lines))
+        self._lines.extend(lines)
+        self.data_bytes += len(raw)
+        return len(lines)
+
+    def build(self) -> pa.RecordBatch:
+        """The rows gathered so far, and a fresh start for the next batch."""
+        take = pa.array(self._repeat, pa.int32())
+        n = len(self._lines)
+        arrays: list[pa.Array] = [
+            pa.array([self.topic]).take(pa.array([0] * n, pa.int32())),
+            pa.array([self.partition] * n, pa.int32()),
+        ]
+        for name in _PER_MESSAGE:
+            field_type = LINE_SCHEMA.field(name).type
+            arrays.append(pa.array(self._columns[name], field_type).take(take))
+        arrays.append(pa.array(self._create_us, _TIMESTAMP).take(take))
+        arrays.append(pa.array(self._write_us, _TIMESTAMP).take(take))
+        arrays.append(_text(self._lines))
+        batch = pa.RecordBatch.from_arrays(arrays, schema=LINE_SCHEMA)
+        self._reset()
+        return batch
+
+
+def _text(lines: list[bytes]) -> pa.Array:
+    binary = pa.array(lines, pa.binary())
+    try:
+        return binary.cast(pa.string())
+    except pa.ArrowInvalid:
+        # A log line that is not UTF-8 is kept, with U+FFFD marking the bytes it could not be.
+        return pa.array([line.decode("utf-8", errors="replace") for line in lines], pa.string())

@@ -1,0 +1,349 @@
+"""The loader job: every new offset of every matching topic into the warehouse, exactly once.
+
+One run: take the warehouse's lock, repair what a crashed run left (see
+:mod:`yt_loader.warehouse`), read the loaded offsets from the commit log, ask the log for its
+topics and their current ends, then load ``loaded .. end`` of each partition in batches.  New
+topics are picked up by the glob with no configuration.  Each batch runs one Spark task per
+offset range (ranges of about ``max_range_bytes``, spread over the executors as a fixed pool,
+as the LinkedIn Hadoop load job balanced Kafka partitions over its tasks), then commits.
+
+A partition whose log start moved past the loaded offset lost data to retention before it
+was loaded: the run records the gap in the commit log, reports it, and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyspark.accumulators import Accumulator, AccumulatorParam
+from pyspark.sql import SparkSession
+
+from log_store.errors import LogbrokerError
+from yt_loader.crash_points import reach
+from yt_loader.errors import DataLost, WarehouseCorrupt
+from yt_loader.log_source import SourceSpec, TopicBounds, current_bounds
+from yt_loader.offset_ranges import DEFAULT_MAX_RANGE_BYTES, OffsetRange, split_range
+from yt_loader.range_writer import write_range
+from yt_loader.warehouse import (
+    CommitRecord,
+    LoadedRange,
+    LoadGap,
+    Recovery,
+    TopicOffsets,
+    Warehouse,
+    now_ms,
+)
+
+DEFAULT_MAX_BATCH_BYTES = 512 * 1024 * 1024
+
+Progress = Callable[[str], None]
+
+
+class LoadFailed(LogbrokerError):
+    """A batch's tasks failed; nothing of that batch was committed."""
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    spec: SourceSpec
+    warehouse: Path
+    topics: str = "*"
+    max_range_bytes: int = DEFAULT_MAX_RANGE_BYTES
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    crash_at: str | None = None
+    progress_interval_s: float = 10.0
+
+
+@dataclass
+class TopicProgress:
+    """One topic's share of a run: offsets to load, offsets loaded, what they held."""
+
+    topic: str
+    total_offsets: int = 0
+    done_offsets: int = 0
+    lines: int = 0
+    data_bytes: int = 0
+
+    def offsets_done(self, extra: int = 0) -> str:
+        done = self.done_offsets + extra
+        percent = 100.0 * done / self.total_offsets if self.total_offsets else 100.0
+        return f"{self.topic}: {done}/{self.total_offsets} offsets ({percent:.0f}%)"
+
+    def describe(self) -> str:
+        return f"{self.offsets_done()}, {self.lines} lines, {self.data_bytes / 1e6:.1f} MB"
+
+
+@dataclass
+class LoadReport:
+    recovery: Recovery
+    batches: list[int] = field(default_factory=list)
+    ranges: int = 0
+    lines: int = 0
+    data_bytes: int = 0
+    gaps: list[LoadGap] = field(default_factory=list)
+    topics: dict[str, TopicProgress] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    stopped: bool = False
+
+
+@dataclass
+class _Plan:
+    offsets: dict[str, TopicOffsets]
+    pieces: list[OffsetRange]
+    bytes_per_offset: dict[tuple[str, int], float]
+    gaps: list[LoadGap]
+    topics: dict[str, TopicProgress]
+
+
+def _plan(bounds: list[TopicBounds], state: CommitRecord | None, config: LoadConfig) -> _Plan:
+    offsets = dict(state.offsets) if state is not None else {}
+    plan = _Plan(offsets, [], {}, [], {})
+    for topic in bounds:
+        before = offsets.get(topic.name)
+        loaded: dict[int, int] = {}
+        if before is not None and before.topic_id == topic.topic_id:
+            loaded = dict(before.partitions)
+        elif before is not None:
+            for partition, offset in sorted(before.partitions.items()):
+                plan.gaps.append(
+                    LoadGap(
+                        topic.name,
+                        partition,
+                        offset,
+                        offset,
+                        "the topic was deleted and created again; whatever the old topic "
+                        f"held from offset {offset} on was not loaded",
+                    )
+                )
+        progress = TopicProgress(topic.name)
+        for p in topic.partitions:
+            done = loaded.get(p.partition, 0)
+            if done > p.end_offset:
+                raise WarehouseCorrupt(
+                    f"the warehouse has {topic.name} partition {p.partition} loaded up to "
+                    f"offset {done}, but the log ends at {p.end_offset}: is this the same log?"
+                )
+            if done < p.start_offset:
+                plan.gaps.append(
+                    LoadGap(
+                        topic.name,
+                        p.partition,
+                        done,
+                        p.start_offset,
+                        "retention dropped them before they were loaded",
+                    )
+                )
+                done = p.start_offset
+            loaded[p.partition] = done
+            progress.total_offsets += p.end_offset - done
+            plan.bytes_per_offset[(topic.name, p.partition)] = p.bytes_per_offset
+            plan.pieces.extend(
+                split_range(
+                    topic.name,
+                    p.partition,
+                    done,
+                    p.end_offset,
+                    p.bytes_per_offset,
+                    config.max_range_bytes,
+                )
+            )
+        offsets[topic.name] = TopicOffsets(topic.topic_id, loaded)
+        plan.topics[topic.name] = progress
+    return plan
+
+
+def _batches(plan: _Plan, max_batch_bytes: int) -> list[list[OffsetRange]]:
+    """Pieces in batches of about ``max_batch_bytes``, each spread over many partitions.
+
+    Pieces are taken round-robin over partitions (a partition's pieces stay in offset order),
+    so every batch keeps the executors busy instead of one partition's pieces filling it.
+    """
+    nth: dict[tuple[str, int], int] = {}
+    keyed = []
+    for rng in plan.pieces:
+        key = (rng.topic, rng.partition)
+        nth[key] = nth.get(key, 0) + 1
+        keyed.append((nth[key], rng))
+    keyed.sort()
+    batches: list[list[OffsetRange]] = []
+    size = 0.0
+    for _, rng in keyed:
+        estimate = rng.count * plan.bytes_per_offset.get((rng.topic, rng.partition), 0.0)
+        if not batches or size + estimate > max_batch_bytes:
+            batches.append([])
+            size = 0.0
+        batches[-1].append(rng)
+        size += estimate
+    return batches
+
+
+_TASK_ERROR = re.compile(r"(?:yt_loader|log_store|delivery)\.[\w.]*?(\w+): ([^\n]+)")
+
+
+def _task_failure(batch: int, exc: Exception) -> LogbrokerError:
+    """The first logbroker error inside a Spark job failure, as that error again."""
+    match = _TASK_ERROR.search(str(exc))
+    if match is None:
+        return LoadFailed(f"batch {batch} failed in Spark: {str(exc).strip()[:2000]}")
+    name, message = match.groups()
+    if name == "DataLost":
+        return DataLost(f"{message} (batch {batch} was not committed; run the load again)")
+    return LoadFailed(f"batch {batch} failed: {name}: {message}")
+
+
+class _OffsetsDone(AccumulatorParam[dict[str, int]]):
+    """Offsets finished per topic, summed over tasks as they complete."""
+
+    def zero(self, value: dict[str, int]) -> dict[str, int]:
+        return {}
+
+    def addInPlace(self, value1: dict[str, int], value2: dict[str, int]) -> dict[str, int]:
+        for topic, count in value2.items():
+            value1[topic] = value1.get(topic, 0) + count
+        return value1
+
+
+def _load_task(
+    done: Accumulator[dict[str, int]],
+    spec: SourceSpec,
+    staging: str,
+    crash_at: str | None,
+    topic_ids: dict[str, str],
+    rng: OffsetRange,
+) -> LoadedRange:
+    loaded = write_range(spec, staging, crash_at, topic_ids, rng)
+    done.add({rng.topic: rng.count})
+    return loaded
+
+
+def _report_while_running(
+    stop: threading.Event,
+    done: Accumulator[dict[str, int]],
+    topics: dict[str, TopicProgress],
+    batch: int,
+    progress: Progress,
+    interval_s: float,
+) -> None:
+    while not stop.wait(interval_s):
+        finished = dict(done.value)
+        for topic in sorted(finished):
+            progress(f"batch {batch} running: {topics[topic].offsets_done(finished[topic])}")
+
+
+def _run_tasks(
+    spark: SparkSession,
+    config: LoadConfig,
+    batch: int,
+    staging: Path,
+    pieces: list[OffsetRange],
+    plan: _Plan,
+    progress: Progress,
+) -> list[LoadedRange]:
+    sc = spark.sparkContext
+    sc.setJobDescription(f"logbroker load: batch {batch}, {len(pieces)} offset ranges")
+    done = sc.accumulator({}, _OffsetsDone())
+    topic_ids = {t: o.topic_id for t, o in plan.offsets.items()}
+    task = functools.partial(
+        _load_task, done, config.spec, str(staging), config.crash_at, topic_ids
+    )
+    stop = threading.Event()
+    reporter = threading.Thread(
+        target=_report_while_running,
+        args=(stop, done, plan.topics, batch, progress, config.progress_interval_s),
+        daemon=True,
+    )
+    reporter.start()
+    try:
+        return sc.parallelize(pieces, len(pieces)).map(task).collect()
+    except Exception as exc:  # Spark wraps task errors in Py4J/PySpark exceptions
+        raise _task_failure(batch, exc) from exc
+    finally:
+        stop.set()
+        reporter.join()
+
+
+def _copy(offsets: dict[str, TopicOffsets]) -> dict[str, TopicOffsets]:
+    return {t: TopicOffsets(o.topic_id, dict(o.partitions)) for t, o in offsets.items()}
+
+
+def run_load(
+    spark: SparkSession,
+    config: LoadConfig,
+    progress: Progress,
+    stop: threading.Event | None = None,
+) -> LoadReport:
+    """Load everything new into the warehouse; see the module docstring.
+
+    ``stop`` set (e.g. by SIGTERM) ends the run after the batch in hand is committed.
+    """
+    started = time.monotonic()
+    warehouse = Warehouse(config.warehouse)
+    with warehouse.locked():
+        recovery = warehouse.recover()
+        report = LoadReport(recovery)
+        if recovery.published_files:
+            progress(f"recovered: moved {recovery.published_files} committed files into place")
+        if recovery.discarded_batches:
+            batches = ", ".join(str(b) for b in recovery.discarded_batches)
+            progress(f"recovered: discarded uncommitted batch {batches}; reloading it")
+        source = config.spec.open()
+        try:
+            bounds = current_bounds(source, config.topics)
+        finally:
+            source.close()
+        plan = _plan(bounds, warehouse.latest_commit(), config)
+        report.topics = plan.topics
+        report.gaps = list(plan.gaps)
+        for gap in plan.gaps:
+            progress(f"DATA LOST: {gap.message()}")
+        offsets = _copy(plan.offsets)
+        work = _batches(plan, config.max_batch_bytes)
+        if not work and plan.gaps:
+            work = [[]]  # commit the gaps alone, so that they are recorded and reported once
+        for pieces in work:
+            if stop is not None and stop.is_set():
+                report.stopped = True
+                progress(f"stopped after {len(report.batches)} batches; the next run goes on")
+                break
+            batch = warehouse.next_batch()
+            staging = warehouse.staging_dir(batch)
+            staging.mkdir(parents=True, exist_ok=True)
+            loaded = (
+                _run_tasks(spark, config, batch, staging, pieces, plan, progress) if pieces else []
+            )
+            reach("after-files", config.crash_at)
+            for rng in loaded:
+                topic_offsets = offsets[rng.topic].partitions
+                topic_offsets[rng.partition] = max(topic_offsets.get(rng.partition, 0), rng.end)
+            record = CommitRecord(
+                batch=batch,
+                committed_ms=now_ms(),
+                offsets={
+                    t: TopicOffsets(o.topic_id, dict(o.partitions)) for t, o in offsets.items()
+                },
+                ranges=loaded,
+                gaps=plan.gaps if not report.batches else [],
+            )
+            warehouse.commit(record)
+            reach("after-commit", config.crash_at)
+            warehouse.publish(record, on_moved=lambda: reach("mid-publish", config.crash_at))
+            warehouse.drop_staging(batch)
+            report.batches.append(batch)
+            for rng in loaded:
+                report.ranges += 1
+                report.lines += rng.lines
+                report.data_bytes += rng.data_bytes
+                topic_progress = report.topics[rng.topic]
+                topic_progress.done_offsets += rng.end - rng.start
+                topic_progress.lines += rng.lines
+                topic_progress.data_bytes += rng.data_bytes
+            for topic in sorted({rng.topic for rng in loaded}):
+                progress(f"batch {batch}: {report.topics[topic].describe()}")
+        report.elapsed_s = time.monotonic() - started
+        return report

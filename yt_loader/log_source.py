@@ -1,0 +1,272 @@
+"""Where the loader reads the log from: the embedded store on disk, or a gateway over HTTP.
+
+Both give the same thing: topics, each partition's offset bounds, and decoded messages read
+forward from an offset.  A :class:`SourceSpec` is the small picklable description that Spark
+ships to executors; each task opens its own :class:`LogSource` from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import httpx
+
+from delivery.framing import decode_binary
+from delivery.internal_state import is_internal
+from delivery.partition_reader import MAX_MAX_BYTES, PartitionReader
+from log_store import open_store
+from log_store.errors import OffsetOutOfRange, UnknownTopic
+from log_store.interface import LogStore
+from session_dedup.envelope import Envelope, decode
+from yt_loader.chunk_codecs import CorruptChunk
+from yt_loader.errors import BadSourceOptions, SourceUnavailable
+from yt_loader.offset_ranges import matching_topics
+
+DEFAULT_READ_BYTES = 4 * 1024 * 1024
+STORE_CATALOG = "catalog.db"
+
+
+@dataclass(frozen=True, slots=True)
+class LogMessage:
+    """One message of a partition: its offset and its decoded envelope."""
+
+    offset: int
+    envelope: Envelope
+
+
+@dataclass(frozen=True)
+class PartitionBounds:
+    partition: int
+    start_offset: int
+    end_offset: int
+    size_bytes: int
+
+    @property
+    def bytes_per_offset(self) -> float:
+        count = self.end_offset - self.start_offset
+        return self.size_bytes / count if count > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TopicBounds:
+    """A topic's identity and the offsets each partition holds right now."""
+
+    name: str
+    topic_id: str
+    partitions: list[PartitionBounds] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MessageBatch:
+    """Messages from one read, the partition's bounds then, and where the next read starts.
+
+    ``next_offset`` moves past records that give no message (a legacy transaction's data,
+    or its marker when the transaction did not commit in time), so it can advance while
+    ``messages`` is empty.
+    """
+
+    messages: list[LogMessage]
+    start_offset: int
+    end_offset: int
+    next_offset: int
+
+
+class LogSource(Protocol):
+    def topic_names(self) -> list[str]: ...
+
+    def topic_bounds(self, topic: str) -> TopicBounds: ...
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> MessageBatch:
+        """Deliverable messages from ``offset`` on, with legacy transactions resolved.
+
+        Raises ``OffsetOutOfRange`` below the log start.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+def _decode(topic: str, partition: int, offset: int, value: bytes) -> LogMessage:
+    try:
+        return LogMessage(offset, decode(value))
+    except ValueError as exc:
+        raise CorruptChunk(
+            f"{topic}/{partition} offset {offset} is not an envelope: {exc}"
+        ) from exc
+
+
+class StoreLogSource:
+    """Reads an embedded store directly (same machine or a shared filesystem).
+
+    Reads go through delivery's partition reader, so a released legacy transaction appears
+    at its commit marker's offset exactly as a pull consumer sees it.
+    """
+
+    def __init__(self, store: LogStore) -> None:
+        self._store = store
+        self._reader = PartitionReader(store)
+
+    def topic_names(self) -> list[str]:
+        return sorted(t.name for t in self._store.list_topics() if not is_internal(t.name))
+
+    def topic_bounds(self, topic: str) -> TopicBounds:
+        info = self._store.describe_topic(topic)
+        return TopicBounds(
+            name=info.name,
+            topic_id=info.topic_id,
+            partitions=[
+                PartitionBounds(p.partition, p.start_offset, p.end_offset, p.size_bytes)
+                for p in info.partitions
+            ],
+        )
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> MessageBatch:
+        batch = self._reader.read(topic, partition, offset, max_bytes)
+        return MessageBatch(
+            [_decode(topic, partition, m.offset, m.value) for m in batch.messages],
+            batch.start_offset,
+            batch.end_offset,
+            batch.next_offset,
+        )
+
+    def close(self) -> None:
+        self._store.close()
+
+
+class HttpLogSource:
+    """Reads through a gateway's pull API (``docs/protocol.md``, "Read (pull)").
+
+    Asks for the binary framing, which carries each stored envelope as is.
+    """
+
+    def __init__(self, server: str, token: str | None = None, timeout_s: float = 60.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._server = server.rstrip("/")
+        self._client = httpx.Client(base_url=self._server, headers=headers, timeout=timeout_s)
+
+    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
+        try:
+            return self._client.get(path, params=params)
+        except httpx.HTTPError as exc:
+            raise SourceUnavailable(f"gateway {self._server} unreachable: {exc}") from exc
+
+    def _check(self, response: httpx.Response) -> httpx.Response:
+        if response.status_code == 404:
+            raise UnknownTopic(_reason(response))
+        if response.status_code != 200:
+            raise SourceUnavailable(
+                f"gateway {self._server} answered {response.status_code} to "
+                f"{response.request.url.path}: {_reason(response)}"
+            )
+        return response
+
+    def topic_names(self) -> list[str]:
+        body = self._check(self._get("/v1/topics")).json()
+        return sorted(str(t["name"]) for t in body["topics"])
+
+    def topic_bounds(self, topic: str) -> TopicBounds:
+        body = self._check(self._get(f"/v1/topics/{quote(topic, safe='')}")).json()
+        return TopicBounds(
+            name=str(body["name"]),
+            topic_id=str(body["topic_id"]),
+            partitions=[
+                PartitionBounds(
+                    int(p["partition"]),
+                    int(p["start_offset"]),
+                    int(p["end_offset"]),
+                    int(p.get("size_bytes", 0)),
+                )
+                for p in body["partitions"]
+            ],
+        )
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> MessageBatch:
+        response = self._get(
+            f"/v1/topics/{quote(topic, safe='')}/partitions/{partition}/messages",
+            params={
+                "offset": offset,
+                "max_bytes": min(max_bytes, MAX_MAX_BYTES),
+                "wait_ms": 0,
+                "format": "binary",
+            },
+        )
+        if response.status_code == 416:
+            body = response.json()
+            raise OffsetOutOfRange(
+                f"{topic}/{partition}: offset {offset} is outside the log: {_reason(response)}",
+                int(body["start_offset"]),
+                int(body["end_offset"]),
+            )
+        sections = decode_binary(self._check(response).content)
+        if len(sections) != 1:
+            raise SourceUnavailable(f"gateway sent {len(sections)} sections for one partition")
+        meta = sections[0].meta
+        return MessageBatch(
+            [_decode(topic, partition, o, v) for o, v in sections[0].records],
+            int(meta["start_offset"]),
+            int(meta["end_offset"]),
+            int(meta["next_offset"]),
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(body, dict) and "reason" in body:
+        return str(body["reason"])
+    return response.text[:200]
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """Which log to read: exactly one of ``data_dir`` (embedded store) or ``server`` (URL)."""
+
+    data_dir: str | None = None
+    server: str | None = None
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.data_dir is None) == (self.server is None):
+            raise BadSourceOptions("give exactly one of data_dir (a store directory) or server")
+        if self.server is not None and not self.server.startswith(("http://", "https://")):
+            raise BadSourceOptions(f"server must be an http:// or https:// URL: {self.server!r}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> SourceSpec:
+        return cls(
+            data_dir=options.get("data_dir") or None,
+            server=options.get("server") or None,
+            token=options.get("token") or None,
+        )
+
+    def open(self) -> LogSource:
+        if self.data_dir is not None:
+            # Opening a store creates it; a mistyped path must not read as an empty log.
+            if not (Path(self.data_dir) / STORE_CATALOG).is_file():
+                raise BadSourceOptions(f"{self.data_dir} is not a logbroker data directory")
+            return StoreLogSource(open_store(self.data_dir))
+        assert self.server is not None
+        return HttpLogSource(self.server, self.token)
+
+    def describe(self) -> str:
+        return f"store {self.data_dir}" if self.data_dir is not None else f"gateway {self.server}"
+
+
+def current_bounds(source: LogSource, topics: str) -> list[TopicBounds]:
+    """Bounds of every topic matching ``topics`` now; a topic deleted meanwhile is left out."""
+    found = []
+    for name in matching_topics(source.topic_names(), topics):
+        try:
+            found.append(source.topic_bounds(name))
+        except UnknownTopic:
+            continue
+    return found
