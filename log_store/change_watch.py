@@ -1,8 +1,9 @@
-"""Wake readers when another process appends: inotify on partition directories.
+"""Wake readers when another process appends: inotify on each partition's notify file.
 
-Appends made by this process wake readers directly; appends made by other processes (other
-uvicorn workers, a second gateway on the same data dir) show up as writes to the partition's
-segment and WAL files, which inotify reports without any polling.
+Appends made by this process wake readers directly.  A process that commits an append also
+writes a byte to the partition's ``notify`` file after the commit is visible, so readers in
+other processes (other uvicorn workers, a second gateway on the same data dir) are woken by
+inotify without any polling.
 """
 
 from __future__ import annotations
@@ -31,24 +32,22 @@ class ChangeWatcher:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def watch(self, directory: Path, on_change: Callable[[], None]) -> bool:
-        """Call ``on_change`` whenever a file in ``directory`` is written; False if impossible."""
+    def watch(self, path: Path, on_change: Callable[[], None]) -> bool:
+        """Call ``on_change`` whenever ``path`` is written; False if that cannot be watched."""
         with self._lock:
             if self._closed:
                 return False
-            if directory in self._by_path:
+            if path in self._by_path:
                 return True
             try:
                 if self._inotify is None:
                     self._inotify = INotify()
-                wd = self._inotify.add_watch(str(directory), _MASK)
+                wd = self._inotify.add_watch(str(path), _MASK)
             except OSError as exc:
-                log.warning(
-                    "cannot watch %s for changes (%s); readers poll instead", directory, exc
-                )
+                log.warning("cannot watch %s for changes (%s); readers poll instead", path, exc)
                 return False
             self._callbacks[wd] = on_change
-            self._by_path[directory] = wd
+            self._by_path[path] = wd
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="logbroker-change-watch", daemon=True
@@ -56,13 +55,13 @@ class ChangeWatcher:
                 self._thread.start()
             return True
 
-    def unwatch(self, directory: Path) -> None:
+    def unwatch(self, path: Path) -> None:
         with self._lock:
-            wd = self._by_path.pop(directory, None)
+            wd = self._by_path.pop(path, None)
             if wd is None or self._inotify is None:
                 return
             self._callbacks.pop(wd, None)
-            # The directory may be gone already, and its watch with it.
+            # The path may be gone already, and its watch with it.
             with contextlib.suppress(OSError):
                 self._inotify.rm_watch(wd)
 

@@ -43,12 +43,14 @@ def encode_batch(base_offset: int, timestamp_ms: int, values: Sequence[bytes]) -
 
 
 def decode_batches(
-    buf: bytes, from_offset: int, max_bytes: int, *, verify: bool = True
+    buf: bytes, from_offset: int, max_bytes: int, *, expected_base: int, verify: bool = True
 ) -> tuple[list[Record], int]:
     """Records at or above ``from_offset`` in the consecutive batches of ``buf``.
 
-    Stops after about ``max_bytes`` of values (but returns at least one record).
-    Returns the records and the number of value bytes they hold.
+    The first batch must start at ``expected_base`` and each next one where the previous
+    ended: bytes from anywhere else are reported as corrupt, never returned.  Stops after
+    about ``max_bytes`` of values (but returns at least one record).  Returns the records and
+    the number of value bytes they hold.
     """
     records: list[Record] = []
     total = 0
@@ -60,6 +62,9 @@ def decode_batches(
         magic, base, count, payload_len, ts, crc = HEADER.unpack_from(buf, pos)
         if magic != MAGIC:
             raise CorruptBatch(f"bad batch magic at byte {pos}")
+        if base != expected_base:
+            raise CorruptBatch(f"batch of offset {base} found where {expected_base} was due")
+        expected_base = base + count
         start = pos + HEADER_SIZE
         stop = start + payload_len
         if stop > end:

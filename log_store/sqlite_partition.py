@@ -27,15 +27,17 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from log_store import crash_points
 from log_store.errors import OffsetOutOfRange, StoreUnavailable, UnknownTopic
 from log_store.failures import as_store_unavailable
 from log_store.interface import AppendResult, PartitionInfo, ReadResult, TransactionFn
 from log_store.record_batch import HEADER_SIZE, CorruptBatch, decode_batches, encode_batch
+from log_store.segment_files import SegmentFiles
 
 log = logging.getLogger(__name__)
 
@@ -116,18 +118,31 @@ class _PendingTxn:
 class PartitionLog:
     """The log of one partition in one process."""
 
-    def __init__(self, directory: Path, segment_bytes: int) -> None:
+    def __init__(
+        self, directory: Path, segment_bytes: int, topic_alive: Callable[[], bool]
+    ) -> None:
+        """Open (creating if needed) the partition in ``directory``.
+
+        ``topic_alive`` tells whether the topic still exists in the catalog; every commit
+        asks it under the partition's lock, so that a process which opened this partition
+        after another process deleted the topic can never ack an append into it.
+        """
         self.directory = directory
         self.segment_bytes = segment_bytes
+        self._topic_alive = topic_alive
         directory.mkdir(parents=True, exist_ok=True)
         self._db_path = directory / "partition.db"
+        self.notify_path = directory / "notify"
+        self.notify_path.touch()
         self._pool: list[sqlite3.Connection] = []
         self._pool_lock = threading.Lock()
-        self._fd_lock = threading.Lock()
-        self._read_fds: dict[int, int] = {}
+        self._segments = SegmentFiles(directory)
+        # Used by the committer thread only:
         self._write_fd: tuple[int, int] | None = None  # (segment base, fd)
         self._writer: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
+        self._notify_fd: int | None = None
+        self._deleted = False
         self._pending: list[_PendingTxn] = []
         self._cond = threading.Condition()
         self._committer: threading.Thread | None = None
@@ -164,6 +179,8 @@ class PartitionLog:
         future: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
         with self._cond:
             if self._closed:
+                if self._deleted:
+                    raise UnknownTopic("the topic was deleted")
                 raise StoreUnavailable("log store is closed")
             self._pending.append(_PendingTxn(fn, future))
             if self._committer is None:
@@ -178,15 +195,29 @@ class PartitionLog:
         return future
 
     def _commit_loop(self) -> None:
-        while True:
+        try:
+            while True:
+                with self._cond:
+                    if not self._pending and not self._closed:
+                        self._cond.wait(_COMMITTER_IDLE_S)
+                    if not self._pending:
+                        # Idle: let go of the files, so that an idle process holds no
+                        # descriptor of a segment that retention may drop.
+                        self._release_writer()
+                        return
+                    group, self._pending = self._pending, []
+                self._commit(group)
+        finally:
             with self._cond:
-                if not self._pending and not self._closed:
-                    self._cond.wait(_COMMITTER_IDLE_S)
-                if not self._pending:
-                    self._committer = None
-                    return
-                group, self._pending = self._pending, []
-            self._commit(group)
+                self._committer = None
+                # A bug in a commit must not strand what was queued behind it.
+                if self._pending and not self._closed:
+                    self._committer = threading.Thread(
+                        target=self._commit_loop,
+                        name=threading.current_thread().name,
+                        daemon=True,
+                    )
+                    self._committer.start()
 
     def _writer_conn(self) -> sqlite3.Connection:
         if self._writer is None:
@@ -220,6 +251,10 @@ class PartitionLog:
                 os.close(fd)
 
     def _commit(self, group: list[_PendingTxn]) -> None:
+        # A caller that gave up (a cancelled future) is not committed for.
+        group = [txn for txn in group if txn.future.set_running_or_notify_cancel()]
+        if not group:
+            return
         try:
             with self._write_lock():
                 outcomes, wrote = self._commit_locked(group)
@@ -238,6 +273,19 @@ class PartitionLog:
                 txn.future.set_result(result)
         if wrote:
             self.notify_changed()
+            self._notify_other_processes()
+
+    def _notify_other_processes(self) -> None:
+        """Touch the notify file: readers in other processes watch it with inotify.
+
+        The WAL's own writes come before the commit is visible; this write comes after.
+        """
+        try:
+            if self._notify_fd is None:
+                self._notify_fd = os.open(self.notify_path, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.pwrite(self._notify_fd, b"\x01", 0)
+        except OSError as exc:
+            log.debug("cannot touch %s: %s", self.notify_path, exc)
 
     def _commit_locked(
         self, group: list[_PendingTxn]
@@ -247,7 +295,7 @@ class PartitionLog:
         conn.execute("BEGIN IMMEDIATE")
         try:
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-            if meta["deleted"]:
+            if meta["deleted"] or not self._topic_alive():
                 raise UnknownTopic("the topic was deleted")
             end = int(meta["end_offset"])
             shared: dict[str, bytes] = {}
@@ -280,6 +328,14 @@ class PartitionLog:
                     self._reset_writer()
             raise
         return outcomes, bool(values)
+
+    def _release_writer(self) -> None:
+        self._reset_writer()
+        for name in ("_lock_fd", "_notify_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
 
     def _reset_writer(self) -> None:
         if self._writer is not None:
@@ -318,6 +374,8 @@ class PartitionLog:
         os.fdatasync(fd)
         if new_segment:
             self._fsync_directory()
+            crash_points.reach("after-segment-roll")
+        crash_points.reach("after-segment-write")
         last = base + len(values) - 1
         conn.execute(
             "INSERT INTO batches (base_offset, last_offset, segment, pos, length) "
@@ -377,6 +435,7 @@ class PartitionLog:
                 if offset >= end:
                     conn.execute("COMMIT")
                     return ReadResult([], start, end)
+                self._segments.forget_below(start)
                 rows = conn.execute(
                     "SELECT base_offset, segment, pos, length FROM batches WHERE base_offset >= "
                     "(SELECT max(base_offset) FROM batches WHERE base_offset <= ?) "
@@ -385,7 +444,8 @@ class PartitionLog:
                 ).fetchall()
                 conn.execute("COMMIT")
             try:
-                records, _ = decode_batches(self._read_runs(rows, max_bytes), offset, max_bytes)
+                data = self._read_runs(rows, max_bytes)
+                records, _ = decode_batches(data, offset, max_bytes, expected_base=rows[0][0])
             except FileNotFoundError:
                 continue  # retention dropped the segment under us; look again
             except CorruptBatch as exc:
@@ -414,19 +474,19 @@ class PartitionLog:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _pread(self, segment: int, pos: int, length: int) -> bytes:
-        with self._fd_lock:
-            fd = self._read_fds.get(segment)
-            if fd is None:
-                fd = os.open(self.directory / segment_file_name(segment), os.O_RDONLY)
-                self._read_fds[segment] = fd
-        data = os.pread(fd, length, pos)
+        data = self._segments.pread(segment, segment_file_name(segment), pos, length)
         if len(data) != length:
             raise CorruptBatch(f"segment {segment} is shorter than its index says")
         return data
 
     def get_state(self, key: str) -> bytes | None:
         with self._conn() as conn:
+            conn.execute("BEGIN")
+            deleted = conn.execute("SELECT value FROM meta WHERE key = 'deleted'").fetchone()[0]
             row = conn.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+            conn.execute("COMMIT")
+        if deleted:
+            raise UnknownTopic("the topic was deleted")
         return None if row is None else bytes(row[0])
 
     def info(self, partition: int) -> PartitionInfo:
@@ -500,10 +560,7 @@ class PartitionLog:
         return new_start
 
     def _forget_segment(self, base: int) -> None:
-        with self._fd_lock:
-            fd = self._read_fds.pop(base, None)
-        if fd is not None:
-            os.close(fd)
+        self._segments.forget(base)
         # Another process may have dropped it first.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.directory / segment_file_name(base))
@@ -530,25 +587,22 @@ class PartitionLog:
         finally:
             conn.close()
 
-    def close(self) -> None:
+    def close(self, *, deleted: bool = False) -> None:
+        """Stop taking appends, commit what is queued, and let go of every file."""
         with self._cond:
             self._closed = True
+            self._deleted = deleted
             committer = self._committer
             self._cond.notify_all()
         if committer is not None and committer is not threading.current_thread():
-            committer.join(30)
-        self._reset_writer()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+            # Each commit is bounded by the busy timeout, so this wait is bounded too.
+            committer.join()
+        self._release_writer()
         with self._pool_lock:
             pool, self._pool = self._pool, []
         for conn in pool:
             conn.close()
-        with self._fd_lock:
-            fds, self._read_fds = self._read_fds, {}
-        for fd in fds.values():
-            os.close(fd)
+        self._segments.close()
 
 
 def _segments_to_drop(

@@ -17,8 +17,9 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from log_store.change_watch import ChangeWatcher
 from log_store.errors import (
@@ -56,6 +57,8 @@ CREATE TABLE IF NOT EXISTS topic_state (
     PRIMARY KEY (topic_id, key)
 ) WITHOUT ROWID;
 """
+
+T = TypeVar("T")
 
 MAX_PARTITIONS = 1024
 MIN_SEGMENT_BYTES = 4096
@@ -145,26 +148,62 @@ class SqliteLogStore:
         info = self._topic(topic)
         if not isinstance(partition, int) or partition < 0:
             raise UnknownPartition(f"partition must be a non-negative integer, got {partition!r}")
+        log = self._partitions.get((info.topic_id, partition))
+        if log is not None:
+            return info, log
+        # Opening a partition for the first time: never trust the cache for that, so that a
+        # topic deleted (or deleted and created again) by another process is seen.
+        info = self._load_topic(topic)
         if partition >= info.config.partitions:
-            info = self._load_topic(topic)  # another process may have added partitions
-            if partition >= info.config.partitions:
-                raise UnknownPartition(
-                    f"topic {topic!r} has partitions 0..{info.config.partitions - 1}, "
-                    f"not {partition}"
-                )
+            raise UnknownPartition(
+                f"topic {topic!r} has partitions 0..{info.config.partitions - 1}, not {partition}"
+            )
         key = (info.topic_id, partition)
-        log = self._partitions.get(key)
-        if log is None:
-            with self._partitions_lock:
-                log = self._partitions.get(key)
-                if log is None:
-                    path = self.data_dir / "topics" / topic / info.topic_id / str(partition)
-                    try:
-                        log = PartitionLog(path, info.config.segment_bytes)
-                    except (OSError, sqlite3.Error) as exc:
-                        raise as_store_unavailable(exc) or exc from exc
-                    self._partitions[key] = log
+        with self._partitions_lock:
+            log = self._partitions.get(key)
+            if log is None:
+                path = self.data_dir / "topics" / topic / info.topic_id / str(partition)
+                topic_id = info.topic_id
+                try:
+                    log = PartitionLog(
+                        path, info.config.segment_bytes, lambda: self._topic_alive(topic_id)
+                    )
+                except (OSError, sqlite3.Error) as exc:
+                    raise as_store_unavailable(exc) or exc from exc
+                self._partitions[key] = log
         return info, log
+
+    def _topic_alive(self, topic_id: str) -> bool:
+        with self._catalog_lock:
+            row = self._catalog.execute(
+                "SELECT 1 FROM topics WHERE topic_id = ?", (topic_id,)
+            ).fetchone()
+        return row is not None
+
+    def _on_partition(self, topic: str, partition: int, op: Callable[[PartitionLog], T]) -> T:
+        """Run ``op`` on the partition, looking again once if the topic we knew is gone."""
+        try:
+            return op(self._partition(topic, partition)[1])
+        except UnknownTopic:
+            if self._forget_topic(topic) is None:
+                raise
+            # Another process deleted the topic, and may have created it again.
+            return op(self._partition(topic, partition)[1])
+
+    def _forget_topic(self, topic: str) -> TopicInfo | None:
+        """Drop what this process knows of ``topic``; the next use reads the catalog."""
+        info = self._topics.pop(topic, None)
+        if info is None:
+            return None
+        with self._partitions_lock:
+            stale = [k for k in self._partitions if k[0] == info.topic_id]
+            logs = [self._partitions.pop(k) for k in stale]
+        for key, log in zip(stale, logs, strict=True):
+            self._watcher.unwatch(log.notify_path)
+            self._watched.pop(key, None)
+            # Closed on the side: this may run in the partition's own committer thread.
+            threading.Thread(target=log.close, name="logbroker-close-stale", daemon=True).start()
+        return info
 
     def create_topic(
         self, name: str, config: TopicConfig | None = None, *, exist_ok: bool = False
@@ -218,9 +257,9 @@ class SqliteLogStore:
             for p in range(info.config.partitions):
                 log = self._partitions.pop((info.topic_id, p), None)
                 if log is not None:
-                    self._watcher.unwatch(log.directory)
+                    self._watcher.unwatch(log.notify_path)
                     self._watched.pop((info.topic_id, p), None)
-                    log.close()
+                    log.close(deleted=True)
         shutil.rmtree(self.data_dir / "topics" / name / info.topic_id, ignore_errors=True)
 
     def set_partitions(self, name: str, count: int) -> TopicInfo:
@@ -351,8 +390,8 @@ class SqliteLogStore:
     def _forget_if_deleted(
         self, topic: str, future: concurrent.futures.Future[AppendResult]
     ) -> None:
-        if isinstance(future.exception(), UnknownTopic):
-            self._topics.pop(topic, None)
+        if not future.cancelled() and isinstance(future.exception(), UnknownTopic):
+            self._forget_topic(topic)
 
     def transact(self, topic: str, partition: int, fn: TransactionFn) -> AppendResult:
         for attempt in range(2):
@@ -361,6 +400,7 @@ class SqliteLogStore:
             except UnknownTopic:
                 # The topic may have been deleted and re-created by another process; a fresh
                 # look at the catalog either finds the new one or confirms it is gone.
+                self._forget_topic(topic)
                 if attempt:
                     raise
         raise AssertionError("unreachable")
@@ -372,22 +412,24 @@ class SqliteLogStore:
     def read(
         self, topic: str, partition: int, offset: int, max_bytes: int = 1024 * 1024
     ) -> ReadResult:
-        return self._partition(topic, partition)[1].read(offset, max_bytes)
+        return self._on_partition(topic, partition, lambda log: log.read(offset, max_bytes))
 
     def get_state(self, topic: str, partition: int, key: str) -> bytes | None:
-        return self._partition(topic, partition)[1].get_state(key)
+        return self._on_partition(topic, partition, lambda log: log.get_state(key))
 
     def end_offset(self, topic: str, partition: int) -> int:
-        return self._partition(topic, partition)[1].bounds()[1]
+        return self._on_partition(topic, partition, lambda log: log.bounds()[1])
 
     def wait_for_data(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
         info, log = self._partition(topic, partition)
         key = (info.topic_id, partition)
         can_watch = self._watched.get(key)
         if can_watch is None:
-            can_watch = self._watcher.watch(log.directory, log.notify_changed)
+            can_watch = self._watcher.watch(log.notify_path, log.notify_changed)
             self._watched[key] = can_watch
-        return log.wait_for_data(offset, timeout_s, can_watch)
+        return self._on_partition(
+            topic, partition, lambda log: log.wait_for_data(offset, timeout_s, can_watch)
+        )
 
     # -- retention ------------------------------------------------------------------------
     def apply_retention(self, now_ms_: int | None = None) -> dict[tuple[str, int], int]:

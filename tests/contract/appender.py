@@ -1,21 +1,24 @@
 """A child process that appends numbered batches and prints each ack as soon as it has it.
 
-Usage: appender.py DATA_DIR TOPIC PARTITION WRITER_ID BATCHES BATCH_SIZE VALUE_BYTES
+Usage: appender.py DATA_DIR TOPIC PARTITION WRITER_ID BATCHES BATCH_SIZE VALUE_BYTES [LINGER_S]
 
 Each record is ``writer:batch:index:count:`` padded to VALUE_BYTES, so a reader can tell which
 batch a record belongs to and whether the batch is whole.  After each append returns (durable),
-the child prints ``ack writer batch first_offset last_offset`` and flushes.
+the child prints ``ack writer batch first_offset last_offset unix_time`` and flushes.  With
+LINGER_S it stays alive that long after its last append, store still open.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 from log_store import open_store
 
 
 def main() -> None:
     data_dir, topic, partition, writer, batches, size, value_bytes = sys.argv[1:8]
+    linger_s = float(sys.argv[8]) if len(sys.argv) > 8 else 0.0
     store = open_store(data_dir)
     for batch in range(int(batches)):
         count = int(size)
@@ -24,7 +27,11 @@ def main() -> None:
             for i in range(count)
         ]
         result = store.append(topic, int(partition), values)
-        print(f"ack {writer} {batch} {result.first_offset} {result.last_offset}", flush=True)
+        print(
+            f"ack {writer} {batch} {result.first_offset} {result.last_offset} {time.time()}",
+            flush=True,
+        )
+    time.sleep(linger_s)
     store.close()
 
 

@@ -295,14 +295,46 @@ def test_topic_deleted_by_another_process_is_not_written_by_this_one(
     open_backend: Callable[[], LogStore],
 ) -> None:
     first, second = open_backend(), open_backend()
-    first.create_topic("dc1.t", TopicConfig(partitions=1))
+    first.create_topic("dc1.t", TopicConfig(partitions=2))
     first.append("dc1.t", 0, [b"before"])
+    first.transact("dc1.t", 0, lambda state: (state.put("k", b"old"), [])[1])
     second.delete_topic("dc1.t")
     with pytest.raises(UnknownTopic):
         first.append("dc1.t", 0, [b"lost?"])
-    second.create_topic("dc1.t", TopicConfig(partitions=1))
+    # a partition this process never opened: refused too, and no directory comes back
+    with pytest.raises(UnknownTopic):
+        first.append("dc1.t", 1, [b"lost?"])
+    data_dir: Path = first.data_dir  # type: ignore[attr-defined]
+    assert not list((data_dir / "topics").rglob("partition.db"))
+    second.create_topic("dc1.t", TopicConfig(partitions=2))
+    # every path of the first process sees the new topic, not the old one
+    assert first.read("dc1.t", 0, 0).records == []
+    assert first.end_offset("dc1.t", 1) == 0
+    assert first.get_state("dc1.t", 0, "k") is None
     assert first.append("dc1.t", 0, [b"new"]).first_offset == 0
+    assert first.append("dc1.t", 1, [b"new1"]).first_offset == 0
     assert read_all(second, "dc1.t", 0) == [b"new"]
+    assert read_all(second, "dc1.t", 1) == [b"new1"]
+
+
+def test_retention_in_another_process_frees_the_segments_a_reader_had_open(
+    open_backend: Callable[[], LogStore],
+) -> None:
+    reader, operator = open_backend(), open_backend()
+    reader.create_topic("dc1.t", TopicConfig(partitions=1, segment_bytes=4096))
+    for i in range(40):
+        reader.append("dc1.t", 0, [b"%d" % i + b"." * 1000])
+    assert len(read_all(reader, "dc1.t", 0)) == 40  # opens every segment
+    new_start = operator.delete_segments_before("dc1.t", 0, 30)
+    assert new_start > 0
+    reader.read("dc1.t", 0, new_start)
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    assert not [target for target in held if target.endswith(".log (deleted)")]
 
 
 # -- waiting ------------------------------------------------------------------------------
@@ -318,23 +350,61 @@ def test_waiting_reader_is_woken_by_an_append_of_another_process(
 
     def wait() -> None:
         if store.wait_for_data("dc1.t", 0, 0, 10.0):
-            woke.append(time.monotonic())
+            woke.append(time.time())
 
     waiter = threading.Thread(target=wait)
     waiter.start()
     time.sleep(0.3)
-    child = subprocess.run(
-        [sys.executable, str(APPENDER), str(tmp_path / "data"), "dc1.t", "0", "w", "1", "1", "10"],
-        capture_output=True,
+    # The writer stays alive with its store open: nothing but its commit can wake us.
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            str(APPENDER),
+            str(tmp_path / "data"),
+            "dc1.t",
+            "0",
+            "w",
+            "1",
+            "1",
+            "10",
+            "3",
+        ],
+        stdout=subprocess.PIPE,
         text=True,
-        check=True,
         cwd=REPO,
     )
-    acked_at = time.monotonic()
-    waiter.join(10)
-    assert child.stdout.startswith("ack")
-    assert woke, "the waiting reader was not woken"
-    assert woke[0] - acked_at < 0.05
+    try:
+        assert child.stdout is not None
+        ack = child.stdout.readline().split()
+        waiter.join(2)
+        assert woke, "the waiting reader was not woken"
+        assert woke[0] - float(ack[5]) < 0.05
+        assert child.poll() is None, "the writer exited; its close may have woken the reader"
+    finally:
+        child.kill()
+        child.wait()
+        waiter.join(15)
+
+
+def test_cancelled_append_is_not_committed_and_the_partition_keeps_working(
+    store: LogStore,
+) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    release = threading.Event()
+
+    def slow(state: PartitionState) -> Sequence[bytes]:
+        release.wait(5)
+        return [b"first"]
+
+    first = store.submit("dc1.t", 0, slow)
+    time.sleep(0.1)  # the committer is now inside ``slow``; the next ones queue behind it
+    queued = [store.submit("dc1.t", 0, lambda _s, i=i: [b"q%d" % i]) for i in range(3)]
+    assert queued[1].cancel()
+    release.set()
+    assert first.result(5).count == 1
+    assert queued[0].result(5).count == 1 and queued[2].result(5).count == 1
+    assert read_all(store, "dc1.t", 0) == [b"first", b"q0", b"q2"]
+    assert store.append("dc1.t", 0, [b"after"]).first_offset == 3
 
 
 # -- processes and crashes ----------------------------------------------------------------
@@ -390,7 +460,7 @@ def test_four_processes_appending_lose_nothing_and_never_interleave(
     values = read_all(store, "dc1.t", 0)
     seen = check_batches(values)
     assert len(seen) == 4 * 60 and len(values) == 4 * 60 * 7
-    for _, writer, batch, first, last in acks:
+    for _, writer, batch, first, last, _ in acks:
         assert seen[(writer, int(batch))] == (int(first), int(last))
 
 
@@ -434,7 +504,7 @@ def test_sigkill_mid_append_keeps_every_acked_batch_and_no_torn_one(
     with open_store(data_dir) as store:
         values = read_all(store, "dc1.t", 0)
         seen = check_batches(values)
-        for _, writer, batch, first, last in acks:
+        for _, writer, batch, first, last, _ in acks:
             assert seen[(writer, int(batch))] == (int(first), int(last))
         end = store.end_offset("dc1.t", 0)
         assert end == len(values)
@@ -501,3 +571,31 @@ def test_topic_state_put_if_absent_keeps_the_first_value_for_many_keys(store: Lo
     assert store.get_topic_state("dc1.t", "b") == b"3"
     with pytest.raises(UnknownTopic):
         store.put_topic_state_many_if_absent("dc1.nope", {"a": b"1"})
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("point", ["after-segment-write", "after-segment-roll"])
+def test_crash_between_segment_write_and_commit_leaves_no_trace(tmp_path: Path, point: str) -> None:
+    data_dir = tmp_path / "data"
+    with open_store(data_dir) as store:
+        store.create_topic("dc1.t", TopicConfig(partitions=1, segment_bytes=8192))
+        for batch in range(3):
+            store.append("dc1.t", 0, [b"w:%d:%d:2:" % (batch, i) + b"." * 1000 for i in range(2)])
+    # batches of 6 KiB: the next append rolls a segment, so both points are reached
+    child = subprocess.run(
+        [sys.executable, str(APPENDER), str(data_dir), "dc1.t", "0", "k", "5", "6", "1000"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env={**os.environ, "LOGBROKER_STORE_CRASH_AT": point},
+    )
+    assert child.returncode == -signal.SIGKILL
+    with open_store(data_dir) as store:
+        values = read_all(store, "dc1.t", 0)
+        acked = [line.split() for line in child.stdout.splitlines()]
+        assert len(values) == 6 + 6 * len(acked)  # what was acked, nothing of the killed one
+        check_batches(values)
+        result = store.append("dc1.t", 0, [b"after:0:0:1:"])
+        assert result.first_offset == len(values)
+        assert read_all(store, "dc1.t", 0)[-1] == b"after:0:0:1:"

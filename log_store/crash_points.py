@@ -1,0 +1,28 @@
+"""A test hook: SIGKILL this process at a chosen point of an append.
+
+``LOGBROKER_STORE_CRASH_AT=<point>`` makes the first append that reaches ``<point>`` kill its
+own process with SIGKILL, exactly as a crash would stop it there.  The contract suite uses it
+to prove that an append interrupted between its steps leaves no trace; it has no other use.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+CRASH_AT_ENV = "LOGBROKER_STORE_CRASH_AT"
+
+CRASH_POINTS = {
+    "after-segment-write": "the batch is fsynced in its segment file and not yet indexed",
+    "after-segment-roll": "a new segment file holds the batch; the roll is not committed",
+}
+
+_ARMED = os.environ.get(CRASH_AT_ENV) or None
+if _ARMED is not None and _ARMED not in CRASH_POINTS:
+    raise SystemExit(f"{CRASH_AT_ENV}={_ARMED!r}: use one of {', '.join(CRASH_POINTS)}")
+
+
+def reach(point: str) -> None:
+    """Die here by SIGKILL if ``point`` is the armed crash point."""
+    if point == _ARMED:
+        os.kill(os.getpid(), signal.SIGKILL)
