@@ -81,6 +81,14 @@ def _print_topic(info: TopicInfo, as_json: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    topic = getattr(args, "topic", None)
+    if topic is not None and is_internal(topic) and args.action != "describe":
+        print(
+            f"logbroker topics: {topic} is one of logbroker's internal topics; "
+            "it is managed by the gateway",
+            file=sys.stderr,
+        )
+        return 2
     try:
         with open_store(args.data_dir) as store:
             if args.action == "list":

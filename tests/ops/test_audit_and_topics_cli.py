@@ -81,3 +81,25 @@ def test_unbuilt_or_unknown_usage_exits_2_with_a_message() -> None:
     result = logbroker("bench", "no-such-benchmark")
     assert result.returncode == 2 and "no benchmark" in result.stderr
     assert logbroker().returncode == 2
+
+
+def test_internal_topics_are_hidden_and_cannot_be_changed_from_the_cli(tmp_path: Path) -> None:
+    with open_store(tmp_path) as store:
+        store.create_topic("logbroker-internal.delivery", TopicConfig(partitions=1))
+        store.create_topic("dc1.web", TopicConfig(partitions=1))
+    listed = logbroker("topics", "--data-dir", str(tmp_path), "list")
+    assert "dc1.web" in listed.stdout and "logbroker-internal" not in listed.stdout
+    everything = logbroker("topics", "--data-dir", str(tmp_path), "list", "--all")
+    assert "logbroker-internal.delivery" in everything.stdout
+    for action in (["delete"], ["alter", "--retention-bytes", "1"]):
+        refused = logbroker(
+            "topics",
+            "--data-dir",
+            str(tmp_path),
+            action[0],
+            "logbroker-internal.delivery",
+            *action[1:],
+        )
+        assert refused.returncode == 2 and "internal" in refused.stderr
+    with open_store(tmp_path) as store:
+        assert store.describe_topic("logbroker-internal.delivery").config.retention_bytes is None
