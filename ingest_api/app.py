@@ -24,6 +24,7 @@ the app answers JSON ``{"error", "reason"}``; auth: ``ctx.require_write`` / ``ct
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import logging
 import os
@@ -117,6 +118,9 @@ def build_app(ctx: GatewayContext, *, close_store: bool = False) -> Starlette:
                 if hook is not None:
                     await hook(ctx)
                 started.append(module)
+            # Objects made at start-up live as long as the process; frozen, they are not
+            # walked by every full collection (a ~10 ms pause that would show in ack p99).
+            gc.freeze()
             yield
         finally:
             for module in reversed(started):

@@ -124,6 +124,11 @@ async def _on_http_exception(request: Request, exc: Exception) -> Response:
     )
 
 
+async def _on_unexpected(request: Request, exc: Exception) -> Response:
+    _log.error("unexpected error in %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal", "internal error; see the gateway's log")
+
+
 def exception_handlers() -> dict[Any, Callable[[Request, Exception], Any]]:
     """Starlette ``exception_handlers`` mapping every error we know to its JSON answer."""
     return {
@@ -132,4 +137,5 @@ def exception_handlers() -> dict[Any, Callable[[Request, Exception], Any]]:
         StoreUnavailable: _on_store_unavailable,
         OSError: _on_os_error,
         HTTPException: _on_http_exception,
+        Exception: _on_unexpected,
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 LabelValues = tuple[str, ...]
 
@@ -92,9 +92,24 @@ class Counter(_Metric):
 
 
 class Gauge(Counter):
-    """A value that goes up and down per label set."""
+    """A value that goes up and down per label set, or one read from a function at render."""
 
     kind = "gauge"
+
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        label_names: Sequence[str] = (),
+        read: Callable[[], float] | None = None,
+    ) -> None:
+        super().__init__(name, help_text, label_names)
+        self._read = read
+
+    def render(self) -> list[str]:
+        if self._read is not None:
+            self.set(self._read())
+        return super().render()
 
     def set(self, value: float, labels: LabelValues = ()) -> None:
         with self._lock:
@@ -174,8 +189,15 @@ class MetricsRegistry:
         assert isinstance(metric, Counter)
         return metric
 
-    def gauge(self, name: str, help_text: str, label_names: Sequence[str] = ()) -> Gauge:
-        metric = self._add(Gauge(name, help_text, label_names))
+    def gauge(
+        self,
+        name: str,
+        help_text: str,
+        label_names: Sequence[str] = (),
+        read: Callable[[], float] | None = None,
+    ) -> Gauge:
+        """A gauge; with ``read`` its (unlabelled) value is read at each render."""
+        metric = self._add(Gauge(name, help_text, label_names, read))
         assert isinstance(metric, Gauge)
         return metric
 

@@ -126,8 +126,9 @@ class GatewaySettings:
 
     def to_json(self) -> str:
         """A JSON form that :meth:`from_json` turns back into equal settings (for workers)."""
-        raw = dataclasses.asdict(self)
+        raw: dict[str, Any] = {name: getattr(self, name) for name in _SCALARS}
         raw["data_dir"] = str(self.data_dir)
+        raw["limits"] = dataclasses.asdict(self.limits)
         raw["tokens"] = {
             token: {"write": list(g.write_log_types), "read": list(g.read_topics)}
             for token, g in self.tokens.items()

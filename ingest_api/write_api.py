@@ -1,0 +1,473 @@
+"""The rt write protocol: ``POST /v1/sessions`` and ``POST /v1/write``.
+
+See ``docs/protocol.md`` for the wire format.  Everything a request asks for is checked
+(auth, framing, meta, seqnos, limits, rates) before anything is submitted to the log, so a 4xx
+writes nothing; a 200 is sent only after every written chunk is fsynced.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ingest_api.body import read_body
+from ingest_api.context import GatewayContext
+from ingest_api.errors import ApiError
+from ingest_api.framing import (
+    BINARY_MEDIA_TYPE,
+    NDJSON_MEDIA_TYPE,
+    Section,
+    meta_from_json,
+    parse_binary,
+    parse_ndjson,
+)
+from ingest_api.rate_limit import SourceRateLimiter
+from ingest_api.settings import TokenGrant
+from session_dedup.envelope import CODECS
+from session_dedup.exactly_once import (
+    CHUNK_STATUSES,
+    WRITTEN,
+    ExactlyOnceWriter,
+    Session,
+    WriteOutcome,
+)
+from session_dedup.source import (
+    CONTROL_CHARACTERS,
+    LOG_TYPE_PATTERN,
+    MAX_META_FIELD_CHARS,
+    MAX_SOURCE_ID_CHARS,
+    SourceMeta,
+)
+
+ACTIVE_SOURCE_WINDOW_S = 300.0
+_WRITTEN = "written"
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+class _ActiveSources:
+    """Sources that opened a session or wrote recently: the gateway's "open sessions"."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._seen: dict[tuple[str, str], float] = {}
+        self._pruned = time.monotonic()
+
+    def touch(self, metas: list[SourceMeta]) -> None:
+        now = time.monotonic()
+        seen = self._seen
+        for meta in metas:
+            seen[(meta.log_type, meta.source_id)] = now
+        if now - self._pruned > self.window_s / 10:
+            self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        self._seen = {k: t for k, t in self._seen.items() if now - t < self.window_s}
+        self._pruned = now
+
+    def count(self) -> float:
+        self._prune(time.monotonic())
+        return float(len(self._seen))
+
+
+class WriteApi:
+    """The write endpoints over one :class:`ExactlyOnceWriter` per worker process."""
+
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+        self.limits = ctx.settings.limits
+        self.writer = ExactlyOnceWriter(
+            ctx.store, dc=ctx.settings.dc, partitions=ctx.settings.partitions
+        )
+        self.rates = SourceRateLimiter(
+            self.limits.source_chunks_per_second, self.limits.source_burst_chunks
+        )
+        self.active = _ActiveSources(ACTIVE_SOURCE_WINDOW_S)
+        m = ctx.metrics
+        self.chunks = m.counter(
+            "logbroker_chunks_total", "chunks answered, by topic and status", ("topic", "status")
+        )
+        self.bytes_written = m.counter(
+            "logbroker_written_bytes_total", "chunk data bytes written", ("topic",)
+        )
+        self.sessions_opened = m.counter(
+            "logbroker_sessions_opened_total", "sessions opened (each source of a batch counts)"
+        )
+        self.ack_latency = m.histogram(
+            "logbroker_ack_latency_seconds",
+            "from a write request's arrival to its ack (after fsync)",
+        )
+        m.gauge(
+            "logbroker_open_sessions",
+            f"sources that opened a session or wrote in the last {ACTIVE_SOURCE_WINDOW_S:g} s "
+            "(this worker)",
+            read=self.active.count,
+        )
+
+    # -- auth -----------------------------------------------------------------------------
+    def _check_writes(self, grant: TokenGrant | None, log_types: set[str]) -> None:
+        auth = self.ctx.auth
+        for log_type in sorted(log_types):
+            if not auth.may_write(grant, log_type):
+                raise ApiError(403, "forbidden", f"this token may not write log type {log_type!r}")
+
+    # -- sessions -------------------------------------------------------------------------
+    async def open_sessions(self, request: Request) -> Response:
+        grant = self.ctx.grant(request)
+        if _media_type(request) != "application/json":
+            raise ApiError(415, "unsupported_media_type", "sessions take application/json")
+        body = await read_body(request, self.limits)
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, "bad_json", f"the body is not UTF-8 JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise ApiError(400, "bad_json", "the body must be a JSON object")
+        batch = "sessions" in doc
+        if batch:
+            items = doc["sessions"]
+            if set(doc) != {"sessions"}:
+                raise ApiError(400, "bad_json", "a batch has only the key 'sessions'")
+            if not isinstance(items, list) or not items:
+                raise ApiError(400, "bad_json", "'sessions' must be a non-empty list")
+            if len(items) > self.limits.max_sessions_per_request:
+                raise ApiError(
+                    413,
+                    "too_many_sessions",
+                    f"at most {self.limits.max_sessions_per_request} sessions per request",
+                )
+            asked = [_session_request(item, f"sessions[{i}]") for i, item in enumerate(items)]
+        else:
+            asked = [_session_request(doc, "session")]
+        metas = [meta for meta, _ in asked]
+        fences = [fence for _, fence in asked]
+        self._check_writes(grant, {m.log_type for m in metas})
+        sessions = await self.writer.open_sessions_async(metas, fences)
+        self.sessions_opened.inc(len(metas))
+        self.active.touch(metas)
+        answers = [_session_json(m, s) for m, s in zip(metas, sessions, strict=True)]
+        payload: Any = {"sessions": answers} if batch else answers[0]
+        return Response(orjson.dumps(payload), media_type="application/json")
+
+    # -- writes ---------------------------------------------------------------------------
+    async def write_chunks(self, request: Request) -> Response:
+        started = time.perf_counter()
+        grant = self.ctx.grant(request)
+        media = _media_type(request)
+        if media not in (BINARY_MEDIA_TYPE, NDJSON_MEDIA_TYPE):
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                f"write takes {BINARY_MEDIA_TYPE} or {NDJSON_MEDIA_TYPE}, not {media!r}",
+            )
+        body = await read_body(request, self.limits)
+        if media == BINARY_MEDIA_TYPE:
+            sections = parse_binary(body, self.limits)
+        else:
+            sections = parse_ndjson(body, self.limits, int(time.time() * 1000))
+        self._check_writes(grant, {s.meta.log_type for s in sections})
+        wait_s = self.rates.admit(
+            ((s.meta.log_type, s.meta.source_id), len(s.batch)) for s in sections
+        )
+        if wait_s is not None:
+            raise ApiError(
+                429,
+                "rate_limited",
+                f"a source is over {self.limits.source_chunks_per_second:g} chunks/s",
+                headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+            )
+        outcomes = await self.writer.write_many_async([(s.meta, s.batch) for s in sections])
+        payload = orjson.dumps(
+            {"results": [self._result(s, o) for s, o in zip(sections, outcomes, strict=True)]}
+        )
+        self.active.touch([s.meta for s in sections])
+        self.ack_latency.observe(time.perf_counter() - started)
+        return Response(payload, media_type="application/json")
+
+    def _result(self, section: Section, outcome: WriteOutcome) -> dict[str, Any]:
+        batch = section.batch
+        offset = outcome.first_offset
+        acks: list[dict[str, Any]] = []
+        append = acks.append
+        written_bytes = 0
+        counts = [0] * len(CHUNK_STATUSES)
+        for seqno, code, data in zip(batch.seqnos, outcome.written, batch.datas, strict=True):
+            counts[code] += 1
+            if code == WRITTEN:
+                append({"seqno": seqno, "status": _WRITTEN, "offset": offset})
+                offset += 1
+                written_bytes += len(data)
+            else:
+                append({"seqno": seqno, "status": CHUNK_STATUSES[code]})
+        topic = outcome.route.topic
+        for code, count in enumerate(counts):
+            if count:
+                self.chunks.inc(count, (topic, CHUNK_STATUSES[code]))
+        if written_bytes:
+            self.bytes_written.inc(written_bytes, (topic,))
+        result: dict[str, Any] = {
+            "source_id": section.meta.source_id,
+            "topic": topic,
+            "partition": outcome.route.partition,
+            "last_seqno": outcome.last_seqno,
+            "acks": acks,
+        }
+        if batch.epoch is not None:
+            result["epoch"] = outcome.epoch
+        return result
+
+
+def _session_request(obj: Any, where: str) -> tuple[SourceMeta, bool]:
+    """A session request's source meta and whether it fences the source's earlier writers."""
+    if not isinstance(obj, dict):
+        raise ApiError(400, "bad_meta", f"{where}: a session is a JSON object")
+    fence = obj.get("fence", False)
+    if not isinstance(fence, bool):
+        raise ApiError(400, "bad_meta", f"{where}: fence must be true or false")
+    return meta_from_json({k: v for k, v in obj.items() if k != "fence"}, where), fence
+
+
+def _session_json(meta: SourceMeta, session: Session) -> dict[str, Any]:
+    return {
+        "source_id": meta.source_id,
+        "topic": session.topic,
+        "partition": session.partition,
+        "last_seqno": session.last_seqno,
+        "epoch": session.epoch,
+    }
+
+
+def routes(ctx: GatewayContext) -> list[BaseRoute]:
+    api = WriteApi(ctx)
+    ctx.extensions[__name__] = api
+    return [
+        Route("/v1/sessions", api.open_sessions, methods=["POST"], name="open_sessions"),
+        Route("/v1/write", api.write_chunks, methods=["POST"], name="write_chunks"),
+    ]
+
+
+# -- OpenAPI ----------------------------------------------------------------------------------
+_ERRORS = {
+    "400": "bad input (framing, JSON, meta, seqno); nothing written",
+    "401": "missing or unknown bearer token",
+    "403": "the token may not write this log type",
+    "408": "the body did not arrive in time",
+    "413": "body, chunk or chunk count over the limit",
+    "415": "unsupported Content-Type",
+    "429": "a source is over its rate; see Retry-After",
+    "503": "the log cannot take writes now; nothing acknowledged; see Retry-After",
+}
+
+
+def _responses(ok_ref: str, ok_text: str) -> dict[str, Any]:
+    responses: dict[str, Any] = {
+        "200": {
+            "description": ok_text,
+            "content": {"application/json": {"schema": {"$ref": ok_ref}}},
+        }
+    }
+    for status, text in _ERRORS.items():
+        responses[status] = {
+            "description": text,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+    return responses
+
+
+def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
+    security: list[dict[str, list[str]]] = [{"bearer": []}] if ctx.settings.auth_enabled else []
+    return {
+        "/v1/sessions": {
+            "post": {
+                "summary": "Open sessions: topic, pinned partition and last written seqno",
+                "operationId": "openSessions",
+                "security": security,
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "oneOf": [
+                                    {"$ref": "#/components/schemas/SessionRequest"},
+                                    {"$ref": "#/components/schemas/SessionBatchRequest"},
+                                ]
+                            }
+                        }
+                    },
+                },
+                "responses": _responses(
+                    "#/components/schemas/SessionAnswer",
+                    "one session, or {sessions: [...]} in request order for a batch",
+                ),
+            }
+        },
+        "/v1/write": {
+            "post": {
+                "summary": "Write chunks of one or more sources exactly once",
+                "description": (
+                    "Binary framing (application/x-logbroker-chunks): 'LBW1' then sections of "
+                    "u16 meta_len, UTF-8 JSON meta, u32 chunk_count, chunks of u64 seqno, "
+                    "i64 create_time_ms, u32 data_len, data (big-endian). NDJSON "
+                    "(application/x-ndjson): one ChunkLine object per line. A 200 means every "
+                    "chunk is durable or was already there."
+                ),
+                "operationId": "writeChunks",
+                "security": security,
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}},
+                        NDJSON_MEDIA_TYPE: {
+                            "schema": {
+                                "type": "string",
+                                "description": "lines, each a ChunkLine JSON object",
+                            }
+                        },
+                    },
+                },
+                "responses": _responses(
+                    "#/components/schemas/WriteAnswer", "every chunk written or duplicate"
+                ),
+            }
+        },
+    }
+
+
+def openapi_schemas(ctx: GatewayContext) -> dict[str, Any]:
+    limits = ctx.settings.limits
+    meta_props: dict[str, Any] = {
+        "log_type": {"type": "string", "pattern": f"^(?!.*\\.\\.){LOG_TYPE_PATTERN.pattern}$"},
+        "source_id": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_SOURCE_ID_CHARS,
+            "pattern": f"^[^{CONTROL_CHARACTERS}]+$",
+        },
+        "server": {"type": "string", "maxLength": MAX_META_FIELD_CHARS, "pattern": "^[^\\x00]*$"},
+        "file": {"type": "string", "maxLength": MAX_META_FIELD_CHARS, "pattern": "^[^\\x00]*$"},
+        "codec": {"type": "string", "enum": list(CODECS)},
+    }
+    condition_props: dict[str, Any] = {
+        "epoch": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 2**63 - 1,
+            "description": "write only if this is the source's current epoch, else 'fenced'",
+        },
+        "prev_seqno": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 2**63 - 1,
+            "description": "write only if the source's last seqno is at least this, "
+            "else 'out_of_order'",
+        },
+    }
+    position: dict[str, Any] = {
+        "source_id": {"type": "string"},
+        "topic": {"type": "string"},
+        "partition": {"type": "integer", "minimum": 0},
+        "last_seqno": {"type": "integer", "minimum": 0},
+        "epoch": {"type": "integer", "minimum": 0},
+    }
+    return {
+        "SessionRequest": {
+            "type": "object",
+            "required": ["log_type", "source_id"],
+            "additionalProperties": False,
+            "properties": {
+                **meta_props,
+                "fence": {
+                    "type": "boolean",
+                    "description": "start a new epoch: later writes naming an older one fail",
+                },
+            },
+        },
+        "SessionBatchRequest": {
+            "type": "object",
+            "required": ["sessions"],
+            "additionalProperties": False,
+            "properties": {
+                "sessions": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": limits.max_sessions_per_request,
+                    "items": {"$ref": "#/components/schemas/SessionRequest"},
+                }
+            },
+        },
+        "Session": {
+            "type": "object",
+            "required": ["source_id", "topic", "partition", "last_seqno", "epoch"],
+            "properties": position,
+        },
+        "SessionAnswer": {
+            "oneOf": [
+                {"$ref": "#/components/schemas/Session"},
+                {
+                    "type": "object",
+                    "required": ["sessions"],
+                    "properties": {
+                        "sessions": {
+                            "type": "array",
+                            "items": {"$ref": "#/components/schemas/Session"},
+                        }
+                    },
+                },
+            ]
+        },
+        "ChunkLine": {
+            "type": "object",
+            "required": ["log_type", "source_id", "seqno"],
+            "oneOf": [{"required": ["data"]}, {"required": ["data_b64"]}],
+            "additionalProperties": False,
+            "properties": {
+                **meta_props,
+                **condition_props,
+                "seqno": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+                "data": {"type": "string", "description": "text data (UTF-8)"},
+                "data_b64": {
+                    "type": "string",
+                    "description": "base64 data",
+                    "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
+                },
+                "create_time": {"type": "integer", "description": "ms since the epoch"},
+            },
+        },
+        "Ack": {
+            "type": "object",
+            "required": ["seqno", "status"],
+            "properties": {
+                "seqno": {"type": "integer"},
+                "status": {"type": "string", "enum": list(CHUNK_STATUSES)},
+                "offset": {"type": "integer", "minimum": 0},
+            },
+        },
+        "WriteAnswer": {
+            "type": "object",
+            "required": ["results"],
+            "properties": {
+                "results": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["source_id", "topic", "partition", "last_seqno", "acks"],
+                        "properties": {
+                            **position,
+                            "acks": {
+                                "type": "array",
+                                "items": {"$ref": "#/components/schemas/Ack"},
+                            },
+                        },
+                    },
+                }
+            },
+        },
+    }

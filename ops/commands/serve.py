@@ -1,0 +1,142 @@
+"""``logbroker serve``: run the gateway (Starlette on uvicorn) over a log store.
+
+Settings come from ``--config FILE`` (TOML), then ``LOGBROKER_*`` environment variables, then
+flags (see ``ingest_api.settings``).  SIGTERM stops gracefully: no new connections, in-flight
+requests (and their appends) finish, then the store is closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from log_store.errors import BadRequest, LogbrokerError
+
+GRACEFUL_STOP_S = 30
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", type=Path, help="directory of the embedded log store")
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default 8080)")
+    parser.add_argument("--dc", help="this data center's name, the topics' prefix (default dc1)")
+    parser.add_argument(
+        "--partitions", type=int, help="partitions of topics created on first write (default 4)"
+    )
+    parser.add_argument("--store", choices=("sqlite", "kafka"), help="log store backend")
+    parser.add_argument("--kafka-bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers")
+    parser.add_argument("--config", type=Path, help="TOML configuration file")
+    parser.add_argument("--workers", type=int, help="uvicorn worker processes (default 1)")
+    parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
+    parser.add_argument(
+        "--allow-public-without-tokens",
+        action="store_true",
+        default=None,
+        help="listen on a non-loopback address even with no tokens configured",
+    )
+    parser.add_argument(
+        "--log-level", default="warning", choices=("debug", "info", "warning", "error")
+    )
+
+
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    names = (
+        "data_dir",
+        "host",
+        "port",
+        "dc",
+        "partitions",
+        "store",
+        "kafka_bootstrap",
+        "workers",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "allow_public_without_tokens",
+    )
+    flags = {name: getattr(args, name) for name in names}
+    if flags["data_dir"] is not None:
+        flags["data_dir"] = str(flags["data_dir"])
+    return flags
+
+
+class _GracefulServer(uvicorn.Server):
+    """uvicorn's server, except that a graceful stop by SIGTERM exits with status 0.
+
+    uvicorn re-raises the captured signal after its graceful shutdown, so the process would
+    die "killed by SIGTERM"; for a service manager a completed graceful stop is a success.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+def run(args: argparse.Namespace) -> int:
+
+    from ingest_api.app import SETTINGS_ENV, build_app
+    from ingest_api.context import open_context
+    from ingest_api.settings import load_settings
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        settings = load_settings(config_file=args.config, flags=_flags(args))
+    except LogbrokerError as exc:
+        print(f"logbroker serve: {exc}", file=sys.stderr)
+        return 2
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "http": "httptools",
+        "loop": "uvloop",
+        "access_log": False,
+        "log_level": args.log_level,
+        "timeout_graceful_shutdown": GRACEFUL_STOP_S,
+        "timeout_keep_alive": 30,
+        "ssl_certfile": settings.ssl_certfile,
+        "ssl_keyfile": settings.ssl_keyfile,
+    }
+    try:
+        ctx = open_context(settings)
+    except BadRequest as exc:
+        print(f"logbroker serve: {exc}", file=sys.stderr)
+        return 2
+    except LogbrokerError as exc:
+        print(f"logbroker serve: cannot open the log store: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"logbroker gateway on {'https' if settings.ssl_certfile else 'http'}://"
+        f"{settings.host}:{settings.port} (dc {settings.dc}, store {settings.store}, "
+        f"data dir {settings.data_dir}, {settings.workers} worker(s))",
+        file=sys.stderr,
+        flush=True,
+    )
+    if settings.workers > 1:
+        # each worker process builds its own app and store handle from the settings; the
+        # store was opened here once only to fail early, with a clear message
+        ctx.store.close()
+        os.environ[SETTINGS_ENV] = settings.to_json()
+        uvicorn.run("ingest_api.app:create_app", factory=True, workers=settings.workers, **options)
+        return 0
+    server = _GracefulServer(uvicorn.Config(build_app(ctx, close_store=True), **options))
+    server.run()
+    return 0 if server.started else 1

@@ -1,0 +1,493 @@
+"""The exactly-once write: route a source to its pinned partition, drop seqnos already written.
+
+The dedup check and the append are one transaction of the partition (``LogStore.submit``): the
+function reads the source's last seqno from the partition's state area, keeps the chunks above
+it, encodes their envelopes and records the new last seqno; the store commits records and state
+together and resolves the future only after the fsync.  Appends submitted while a commit is in
+flight share one fsync (group commit), so a request with chunks of many sources, or many
+requests at once, cost about one fsync per commit, not one per chunk.
+
+Several worker processes and several gateways may serve one source at once: the partition's
+write lock serializes their transactions, so exactly one of two racing writers of a seqno
+writes it and the other is told ``duplicate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from log_store.errors import StoreUnavailable, UnknownTopic
+from log_store.interface import AppendResult, LogStore, PartitionState, TopicConfig, TopicInfo
+from session_dedup.envelope import EnvelopeWriter
+from session_dedup.pinning import decode_pin, encode_pin, pin_key, stable_partition
+from session_dedup.seqno_table import decode_seqno, encode_seqno, epoch_key, seqno_key
+from session_dedup.source import SourceMeta
+
+TOPIC_REFRESH_S = 5.0
+_MAX_CACHED = 1_000_000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRoute:
+    """Where a source's chunks go: its topic (by identity) and pinned partition."""
+
+    topic: str
+    topic_id: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """The answer to a session open: where the source writes, where its log ends, its epoch."""
+
+    topic: str
+    partition: int
+    last_seqno: int
+    epoch: int = 0
+
+
+@dataclass(slots=True)
+class ChunkBatch:
+    """Chunks of one source in request order, as parallel sequences (no object per chunk).
+
+    Two optional conditions refuse the whole batch (nothing written): ``epoch`` that is not
+    the source's current epoch (:data:`FENCED`), and ``prev_seqno`` above the source's last
+    seqno, i.e. an earlier batch of the writer is not in the log yet (:data:`OUT_OF_ORDER`).
+    """
+
+    seqnos: list[int]
+    create_times: list[int]
+    datas: list[bytes | memoryview]
+    epoch: int | None = None
+    prev_seqno: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.seqnos)
+
+
+DUPLICATE = 0
+WRITTEN = 1
+FENCED = 2
+OUT_OF_ORDER = 3
+CHUNK_STATUSES = ("duplicate", "written", "fenced", "out_of_order")
+"""The name of each per-chunk outcome code, indexed by the code."""
+
+
+@dataclass(slots=True)
+class WriteOutcome:
+    """What one source's write did: a code per chunk (:data:`WRITTEN`, ...), and offsets.
+
+    ``first_offset`` is the offset of the first written chunk; written chunks have consecutive
+    offsets in request order.  ``last_seqno`` is the source's last seqno after the write and
+    ``epoch`` its current writer epoch (0 if never fenced).
+    """
+
+    route: SourceRoute
+    written: bytearray
+    first_offset: int
+    last_seqno: int
+    epoch: int = 0
+
+    @property
+    def written_count(self) -> int:
+        return self.written.count(1)
+
+
+class SourceRouter:
+    """Creates topics on first use and resolves each source's pinned partition, with caches."""
+
+    def __init__(
+        self, store: LogStore, *, partitions: int, refresh_s: float = TOPIC_REFRESH_S
+    ) -> None:
+        self._store = store
+        self._partitions = partitions
+        self._refresh_s = refresh_s
+        self._topics: dict[str, tuple[TopicInfo, float]] = {}
+        self._pins: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def _topic_info(self, topic: str) -> TopicInfo:
+        cached = self._topics.get(topic)
+        now = time.monotonic()
+        if cached is not None and now - cached[1] < self._refresh_s:
+            return cached[0]
+        try:
+            # describe, not create: a topic's partition count may have grown elsewhere
+            info = self._store.describe_topic(topic)
+        except UnknownTopic:
+            info = self._store.create_topic(
+                topic, TopicConfig(partitions=self._partitions), exist_ok=True
+            )
+        with self._lock:
+            if cached is not None and cached[0].topic_id != info.topic_id:
+                self._drop_pins(cached[0].topic_id)
+            self._topics[topic] = (info, now)
+        return info
+
+    def _drop_pins(self, topic_id: str) -> None:
+        self._pins = {k: v for k, v in self._pins.items() if k[0] != topic_id}
+
+    def cached_route(self, topic: str, source_id: str) -> SourceRoute | None:
+        """The route if the topic and the pin are cached (no I/O).
+
+        A pin never changes for a topic identity, so a cached pin stays right however old the
+        cached topic is; a topic deleted meanwhile shows as ``UnknownTopic`` at the append.
+        """
+        cached = self._topics.get(topic)
+        if cached is None:
+            return None
+        topic_id = cached[0].topic_id
+        partition = self._pins.get((topic_id, source_id))
+        if partition is None:
+            return None
+        return SourceRoute(topic, topic_id, partition)
+
+    def route(self, topic: str, source_id: str) -> SourceRoute:
+        """The source's route, creating the topic and the pin if they do not exist yet."""
+        return self.route_many([(topic, source_id)])[0]
+
+    def route_many(self, sources: Sequence[tuple[str, str]]) -> list[SourceRoute]:
+        """Routes of many ``(topic, source_id)``; new pins of a topic are made in one step."""
+        try:
+            return self._route_many_once(sources)
+        except UnknownTopic:
+            # deleted between our look at the catalog and the pin: look again (re-creating it)
+            for topic in {t for t, _ in sources}:
+                self.forget(topic)
+            try:
+                return self._route_many_once(sources)
+            except UnknownTopic:
+                raise _topic_vanished(sources[0][0]) from None
+
+    def _route_many_once(self, sources: Sequence[tuple[str, str]]) -> list[SourceRoute]:
+        by_topic: dict[str, list[str]] = {}
+        for topic, source_id in sources:
+            by_topic.setdefault(topic, []).append(source_id)
+        found: dict[tuple[str, str], SourceRoute] = {}
+        for topic, source_ids in by_topic.items():
+            info = self._topic_info(topic)
+            pins: dict[str, int] = {}
+            wanted: dict[str, bytes] = {}
+            for source_id in source_ids:
+                partition = self._pins.get((info.topic_id, source_id))
+                if partition is not None:
+                    pins[source_id] = partition
+                    continue
+                # most sources seen after a restart are pinned already: a read settles them
+                stored = self._store.get_topic_state(topic, pin_key(info.topic_id, source_id))
+                if stored is not None:
+                    pins[source_id] = decode_pin(stored)
+                else:
+                    chosen = stable_partition(source_id, info.config.partitions)
+                    wanted[pin_key(info.topic_id, source_id)] = encode_pin(chosen)
+            if wanted:
+                won = self._store.put_topic_state_many_if_absent(topic, wanted)
+                for source_id in source_ids:
+                    value = won.get(pin_key(info.topic_id, source_id))
+                    if value is not None:
+                        pins[source_id] = decode_pin(value)
+            with self._lock:
+                if len(self._pins) + len(pins) > _MAX_CACHED:
+                    self._pins.clear()
+                for source_id, partition in pins.items():
+                    self._pins[(info.topic_id, source_id)] = partition
+                    found[(topic, source_id)] = SourceRoute(topic, info.topic_id, partition)
+        return [found[pair] for pair in sources]
+
+    def forget(self, topic: str) -> None:
+        """Drop what is cached about ``topic`` (it was deleted, maybe created again)."""
+        with self._lock:
+            cached = self._topics.pop(topic, None)
+            if cached is not None:
+                self._drop_pins(cached[0].topic_id)
+
+
+class _ChunkTransaction:
+    """The dedup-and-append function of one source's chunks (runs in the committer)."""
+
+    __slots__ = ("batch", "outcome", "source_id", "writer")
+
+    def __init__(
+        self, writer: EnvelopeWriter, source_id: str, batch: ChunkBatch, outcome: WriteOutcome
+    ) -> None:
+        self.writer = writer
+        self.source_id = source_id
+        self.batch = batch
+        self.outcome = outcome
+
+    def _refuse(self, code: int, last: int) -> Sequence[bytes]:
+        self.outcome.written = bytearray([code]) * len(self.batch)
+        self.outcome.last_seqno = last
+        return ()
+
+    def __call__(self, state: PartitionState) -> Sequence[bytes]:
+        key = seqno_key(self.source_id)
+        last = decode_seqno(state.get(key))
+        batch = self.batch
+        if batch.epoch is not None:
+            current = decode_seqno(state.get(epoch_key(self.source_id)))
+            self.outcome.epoch = current
+            if batch.epoch != current:
+                return self._refuse(FENCED, last)
+        if batch.prev_seqno is not None and last < batch.prev_seqno:
+            return self._refuse(OUT_OF_ORDER, last)
+        seqnos = batch.seqnos
+        create_times = batch.create_times
+        datas = batch.datas
+        encode = self.writer.encoder(now_ms())
+        written = bytearray(len(seqnos))
+        values: list[bytes] = []
+        for i, seqno in enumerate(seqnos):
+            if seqno > last:
+                values.append(encode(seqno, create_times[i], datas[i]))
+                written[i] = WRITTEN
+                last = seqno
+        if values:
+            state.put(key, encode_seqno(last))
+        self.outcome.written = written
+        self.outcome.last_seqno = last
+        return values
+
+
+class _SessionTransaction:
+    """Reads (and, to fence, bumps) the state of sources of one partition under its lock."""
+
+    __slots__ = ("epochs", "fences", "last_seqnos", "source_ids")
+
+    def __init__(self, source_ids: list[str], fences: list[bool]) -> None:
+        self.source_ids = source_ids
+        self.fences = fences
+        self.last_seqnos: list[int] = []
+        self.epochs: list[int] = []
+
+    def __call__(self, state: PartitionState) -> Sequence[bytes]:
+        self.last_seqnos = [decode_seqno(state.get(seqno_key(s))) for s in self.source_ids]
+        epochs = []
+        for source_id, fence in zip(self.source_ids, self.fences, strict=True):
+            epoch = decode_seqno(state.get(epoch_key(source_id)))
+            if fence:
+                epoch += 1
+                state.put(epoch_key(source_id), encode_seqno(epoch))
+            epochs.append(epoch)
+        self.epochs = epochs
+        return ()
+
+
+_SubmittedSessions = tuple[list[int], _SessionTransaction, concurrent.futures.Future[AppendResult]]
+
+
+class ExactlyOnceWriter:
+    """Sessions and exactly-once writes of sources into ``<dc>.<log_type>`` topics.
+
+    The ``*_async`` methods suit an event loop (store I/O other than the commit itself runs in
+    a thread only when a cache misses); the plain methods block.
+    """
+
+    def __init__(self, store: LogStore, *, dc: str, partitions: int) -> None:
+        self.store = store
+        self.dc = dc
+        self.router = SourceRouter(store, partitions=partitions)
+        self._writers: dict[SourceMeta, EnvelopeWriter] = {}
+
+    def topic_for(self, log_type: str) -> str:
+        return f"{self.dc}.{log_type}"
+
+    def envelope_writer(self, meta: SourceMeta) -> EnvelopeWriter:
+        """The cached envelope writer of a source (its constant fields encoded once)."""
+        writer = self._writers.get(meta)
+        if writer is None:
+            if len(self._writers) >= _MAX_CACHED:
+                self._writers.clear()
+            writer = EnvelopeWriter(
+                source_id=meta.source_id,
+                server=meta.server,
+                file=meta.file,
+                log_type=meta.log_type,
+                codec=meta.codec,
+            )
+            self._writers[meta] = writer
+        return writer
+
+    # -- the pieces both the blocking and the async forms use -----------------------------
+    def _submit_chunks(
+        self, route: SourceRoute, meta: SourceMeta, batch: ChunkBatch
+    ) -> tuple[concurrent.futures.Future[AppendResult], WriteOutcome]:
+        outcome = WriteOutcome(route, bytearray(len(batch)), 0, 0)
+        fn = _ChunkTransaction(self.envelope_writer(meta), meta.source_id, batch, outcome)
+        return _submit(self.store, route.topic, route.partition, fn), outcome
+
+    def _route(self, meta: SourceMeta) -> SourceRoute:
+        topic = self.topic_for(meta.log_type)
+        return self.router.cached_route(topic, meta.source_id) or self.router.route(
+            topic, meta.source_id
+        )
+
+    async def _route_async(self, meta: SourceMeta) -> SourceRoute:
+        return (await self._routes_async([meta]))[0]
+
+    async def _routes_async(self, metas: Sequence[SourceMeta]) -> list[SourceRoute]:
+        """Routes of many sources; the cache misses are resolved together in one thread."""
+        topic_for = self.topic_for
+        cached_route = self.router.cached_route
+        routes = [cached_route(topic_for(m.log_type), m.source_id) for m in metas]
+        missing = [i for i, r in enumerate(routes) if r is None]
+        if missing:
+            wanted = [(topic_for(metas[i].log_type), metas[i].source_id) for i in missing]
+            found = await asyncio.to_thread(self.router.route_many, wanted)
+            for i, route in zip(missing, found, strict=True):
+                routes[i] = route
+        return [r for r in routes if r is not None]
+
+    # -- writes ---------------------------------------------------------------------------
+    def write(self, meta: SourceMeta, batch: ChunkBatch) -> WriteOutcome:
+        """Write one source's chunks exactly once; returns after the fsync."""
+        for attempt in range(2):
+            route = self._route(meta)
+            try:
+                future, outcome = self._submit_chunks(route, meta, batch)
+                result = future.result()
+            except UnknownTopic:
+                self.router.forget(route.topic)
+                if attempt:
+                    raise _topic_vanished(route.topic) from None
+                continue
+            outcome.first_offset = result.first_offset
+            return outcome
+        raise AssertionError("unreachable")
+
+    async def write_many_async(
+        self, sections: Sequence[tuple[SourceMeta, ChunkBatch]]
+    ) -> list[WriteOutcome]:
+        """Write the chunks of several sources; all are submitted before any is awaited.
+
+        Returns one outcome per section in order, each only after its fsync.  If any section
+        fails, the error is raised after every section has finished (written or not).
+        """
+        routes = await self._routes_async([meta for meta, _ in sections])
+        pending = [self._submit_chunks(r, m, b) for r, (m, b) in zip(routes, sections, strict=True)]
+        results = await asyncio.gather(
+            *(asyncio.wrap_future(f) for f, _ in pending), return_exceptions=True
+        )
+        outcomes: list[WriteOutcome] = []
+        failure: BaseException | None = None
+        for (meta, batch), (_, outcome), result in zip(sections, pending, results, strict=True):
+            if isinstance(result, UnknownTopic):
+                # the topic was deleted (and maybe created again) since we cached it
+                self.router.forget(outcome.route.topic)
+                try:
+                    route = await self._route_async(meta)
+                    future, outcome = self._submit_chunks(route, meta, batch)
+                    result = await asyncio.wrap_future(future)
+                except UnknownTopic:
+                    result = _topic_vanished(outcome.route.topic)
+                except BaseException as exc:
+                    result = exc
+            if isinstance(result, BaseException):
+                failure = failure or result
+                continue
+            outcome.first_offset = result.first_offset
+            outcomes.append(outcome)
+        if failure is not None:
+            raise failure
+        return outcomes
+
+    # -- sessions -------------------------------------------------------------------------
+    def _submit_sessions(
+        self, metas: Sequence[SourceMeta], routes: Sequence[SourceRoute], fences: Sequence[bool]
+    ) -> list[_SubmittedSessions]:
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, route in enumerate(routes):
+            groups.setdefault((route.topic, route.partition), []).append(i)
+        submitted = []
+        for (topic, partition), indexes in groups.items():
+            txn = _SessionTransaction(
+                [metas[i].source_id for i in indexes], [fences[i] for i in indexes]
+            )
+            submitted.append((indexes, txn, _submit(self.store, topic, partition, txn)))
+        return submitted
+
+    @staticmethod
+    def _sessions(
+        routes: Sequence[SourceRoute],
+        submitted: list[_SubmittedSessions],
+    ) -> list[Session]:
+        sessions: list[Session | None] = [None] * len(routes)
+        for indexes, txn, _ in submitted:
+            for i, last, epoch in zip(indexes, txn.last_seqnos, txn.epochs, strict=True):
+                sessions[i] = Session(routes[i].topic, routes[i].partition, last, epoch)
+        return [s for s in sessions if s is not None]
+
+    def _forget_routes(self, routes: Sequence[SourceRoute]) -> None:
+        for topic in {r.topic for r in routes}:
+            self.router.forget(topic)
+
+    def open_sessions(
+        self, metas: Sequence[SourceMeta], fences: Sequence[bool] | None = None
+    ) -> list[Session]:
+        """Sessions of several sources: topic, pinned partition, last written seqno, epoch.
+
+        A source whose ``fences`` entry is true gets a new epoch: writes naming an older one
+        are refused from then on (:data:`FENCED`).
+
+        One state transaction per partition touched.  The last seqnos are read under the
+        partition's write lock, so a session never answers from a topic deleted meanwhile.
+        """
+        for attempt in range(2):
+            routes = [self._route(meta) for meta in metas]
+            submitted = self._submit_sessions(metas, routes, fences or [False] * len(metas))
+            try:
+                for _, _, future in submitted:
+                    future.result()
+            except UnknownTopic:
+                self._forget_routes(routes)
+                if attempt:
+                    raise _topic_vanished(routes[0].topic) from None
+                continue
+            return self._sessions(routes, submitted)
+        raise AssertionError("unreachable")
+
+    async def open_sessions_async(
+        self, metas: Sequence[SourceMeta], fences: Sequence[bool] | None = None
+    ) -> list[Session]:
+        """Like :meth:`open_sessions`, for an event loop."""
+        for attempt in range(2):
+            routes = await self._routes_async(metas)
+            submitted = self._submit_sessions(metas, routes, fences or [False] * len(metas))
+            results = await asyncio.gather(
+                *(asyncio.wrap_future(f) for _, _, f in submitted), return_exceptions=True
+            )
+            if any(isinstance(r, UnknownTopic) for r in results):
+                self._forget_routes(routes)
+                if attempt:
+                    raise _topic_vanished(routes[0].topic)
+                continue
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+            return self._sessions(routes, submitted)
+        raise AssertionError("unreachable")
+
+
+def _submit(
+    store: LogStore, topic: str, partition: int, fn: Callable[[PartitionState], Sequence[bytes]]
+) -> concurrent.futures.Future[AppendResult]:
+    """``store.submit``, with an error raised at submission delivered through the future."""
+    try:
+        return store.submit(topic, partition, fn)
+    except Exception as exc:
+        failed: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
+        failed.set_exception(exc)
+        return failed
+
+
+def _topic_vanished(topic: str) -> StoreUnavailable:
+    return StoreUnavailable(f"topic {topic!r} was deleted during the write; retry")

@@ -1,0 +1,34 @@
+"""Source-to-partition pinning: chosen once by a stable hash, then remembered per topic identity.
+
+The pin is stored with ``put_topic_state_if_absent`` under a key that holds the topic's
+``topic_id``: the first writer's choice wins in every process, adding partitions never moves a
+pinned source (the hash is only consulted for a source never seen), and a topic deleted and
+created again (a new ``topic_id``) pins its sources afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+_PIN_BYTES = 4
+
+
+def stable_partition(source_id: str, partitions: int) -> int:
+    """The partition a new source is pinned to: the same in every process and every release."""
+    digest = hashlib.blake2b(source_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % partitions
+
+
+def pin_key(topic_id: str, source_id: str) -> str:
+    """The topic-state key of a source's pin, bound to the topic's identity."""
+    return f"pin/{topic_id}/{source_id}"
+
+
+def encode_pin(partition: int) -> bytes:
+    return partition.to_bytes(_PIN_BYTES, "big")
+
+
+def decode_pin(value: bytes) -> int:
+    if len(value) != _PIN_BYTES:
+        raise ValueError(f"a pin is {_PIN_BYTES} bytes, got {len(value)}")
+    return int.from_bytes(value, "big")

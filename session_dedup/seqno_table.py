@@ -1,0 +1,66 @@
+"""The per-source last seqno of a partition, kept in the partition's state area.
+
+Beside it, a source may have a writer *epoch*: a session opened with ``fence`` bumps it, and a
+write that names an older epoch is refused, so a writer that was replaced (a client killed and
+restarted while a request of it was still in flight) cannot write after its successor began.
+
+The state area commits in the same transaction as the records it admits (see
+``log_store.interface``), so the table is never behind or ahead of the log: a crash loses both
+or neither, and a session can be answered from the table alone, without scanning the log.
+:func:`rebuild_from_records` derives the same table from the log itself (for audits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from log_store.interface import PartitionState, Record
+from session_dedup.envelope import decode
+
+_SEQNO_BYTES = 8
+
+
+def seqno_key(source_id: str) -> str:
+    """The state-area key of a source's last written seqno."""
+    return f"seq/{source_id}"
+
+
+def epoch_key(source_id: str) -> str:
+    """The state-area key of a source's writer epoch (bumped by a fencing session open)."""
+    return f"epoch/{source_id}"
+
+
+def encode_seqno(seqno: int) -> bytes:
+    return seqno.to_bytes(_SEQNO_BYTES, "big")
+
+
+def decode_seqno(value: bytes | None) -> int:
+    """The stored last seqno; 0 for a source never written."""
+    if value is None:
+        return 0
+    if len(value) != _SEQNO_BYTES:
+        raise ValueError(f"a stored seqno is {_SEQNO_BYTES} bytes, got {len(value)}")
+    return int.from_bytes(value, "big")
+
+
+def last_seqno(state: PartitionState, source_id: str) -> int:
+    """The source's last written seqno as the transaction sees it (0 if never written)."""
+    return decode_seqno(state.get(seqno_key(source_id)))
+
+
+def rebuild_from_records(records: Iterable[Record]) -> dict[str, int]:
+    """The last seqno of every source that wrote chunk envelopes in ``records``.
+
+    Records that are not envelopes, and envelopes of other kinds, are skipped.
+    """
+    table: dict[str, int] = {}
+    for record in records:
+        try:
+            envelope = decode(record.value)
+        except ValueError:
+            continue
+        if envelope.kind != "chunk":
+            continue
+        if envelope.seqno > table.get(envelope.source_id, 0):
+            table[envelope.source_id] = envelope.seqno
+    return table

@@ -1,0 +1,92 @@
+"""What identifies a source and describes its chunks, validated once at the front door.
+
+A source is one stream of chunks (for a push-client: one file identity on one host).  Its meta
+(log type, server, file, codec) is constant for the source and goes into every envelope.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from log_store.errors import BadRequest
+from session_dedup.envelope import CODECS
+
+MAX_SEQNO = 2**63 - 1
+MAX_SOURCE_ID_CHARS = 512
+MAX_META_FIELD_CHARS = 4096
+LOG_TYPE_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
+# C0 and C1 control characters and DEL: a source id is shown in logs and tables.
+CONTROL_CHARACTERS = "\\x00-\\x1f\\x7f-\\x9f"
+_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceMeta:
+    """A source and the fields its envelopes carry; build with :func:`source_meta`."""
+
+    log_type: str
+    source_id: str
+    server: str = ""
+    file: str = ""
+    codec: str = "raw"
+
+
+def _text(name: str, value: object, *, max_chars: int, required: bool) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise BadRequest(f"{name} must be a string")
+    if required and not value:
+        raise BadRequest(f"{name} must not be empty")
+    if len(value) > max_chars:
+        raise BadRequest(f"{name} is {len(value)} characters; at most {max_chars} are allowed")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(f"{name} is not valid UTF-8 (lone surrogate)") from None
+    return value
+
+
+def validate_log_type(value: object) -> str:
+    """Return ``value`` if it can name a log type (and so be part of a topic name)."""
+    if not isinstance(value, str) or not LOG_TYPE_PATTERN.fullmatch(value) or ".." in value:
+        shown = repr(value)[:80]
+        raise BadRequest(
+            f"invalid log_type {shown}: use 1-100 characters of [a-z0-9._-], "
+            "starting with a letter or digit, without '..'"
+        )
+    return value
+
+
+def validate_seqno(value: object) -> int:
+    """Return ``value`` if it is a seqno: an integer in ``1 .. 2**63-1``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequest(f"seqno must be an integer, got {type(value).__name__}")
+    if not 1 <= value <= MAX_SEQNO:
+        raise BadRequest(f"seqno {value} is outside 1 .. 2**63-1")
+    return value
+
+
+def source_meta(
+    *,
+    log_type: object,
+    source_id: object,
+    server: object = None,
+    file: object = None,
+    codec: object = None,
+) -> SourceMeta:
+    """Validate the parts of a source's meta; raises ``BadRequest`` naming the bad field."""
+    sid = _text("source_id", source_id, max_chars=MAX_SOURCE_ID_CHARS, required=True)
+    if _CONTROL.search(sid):
+        raise BadRequest("source_id must not contain control characters")
+    srv = _text("server", server, max_chars=MAX_META_FIELD_CHARS, required=False)
+    fil = _text("file", file, max_chars=MAX_META_FIELD_CHARS, required=False)
+    for name, value in (("server", srv), ("file", fil)):
+        if "\x00" in value:
+            raise BadRequest(f"{name} must not contain NUL characters")
+    cod = "raw" if codec is None else codec
+    if cod not in CODECS:
+        raise BadRequest(f"unknown codec {str(cod)[:40]!r}; use one of {', '.join(CODECS)}")
+    assert isinstance(cod, str)
+    return SourceMeta(validate_log_type(log_type), sid, srv, fil, cod)

@@ -1,0 +1,179 @@
+"""Front-door duties: bearer tokens, body/chunk/count limits, per-source rates, slow clients."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
+from tests.conftest import logbroker_cmd
+from tests.gateway.conftest import end_offsets, meta
+
+CONFIG = """
+[limits]
+max_body_bytes = 200000
+max_chunk_bytes = 50000
+max_chunks_per_request = 100
+source_chunks_per_second = 20
+source_burst_chunks = 30
+request_timeout_s = 1.0
+
+[tokens.writer-token]
+write = ["app", "web-*"]
+read = ["dc1.app"]
+
+[tokens.reader-token]
+read = ["dc1.*"]
+"""
+
+
+def start_configured(start_gateway: Any, tmp_path: Path) -> Any:
+    config = tmp_path / "gateway.toml"
+    config.write_text(CONFIG)
+    return start_gateway(tmp_path / "data", "--config", str(config))
+
+
+def written(data_dir: Path) -> dict[tuple[str, int], int]:
+    return {k: v for k, v in end_offsets(data_dir).items() if k[0].startswith("dc1.") and v}
+
+
+def test_missing_or_unknown_token_is_401_and_writes_nothing(
+    start_gateway: Any, tmp_path: Path, client_for: Any
+) -> None:
+    gw = start_configured(start_gateway, tmp_path)
+    for token in (None, "wrong-token"):
+        client = client_for(gw.url, token)
+        response = client.write("s", [1])
+        assert response.status_code == 401
+        assert response.json()["error"] == "unauthorized"
+        assert response.headers["www-authenticate"].startswith("Bearer")
+        assert client.http.post("/v1/sessions", json=meta("s")).status_code == 401
+    assert written(gw.data_dir) == {}
+
+
+def test_token_may_write_only_its_log_types(
+    start_gateway: Any, tmp_path: Path, client_for: Any
+) -> None:
+    gw = start_configured(start_gateway, tmp_path)
+    writer = client_for(gw.url, "writer-token")
+    reader = client_for(gw.url, "reader-token")
+    assert writer.write("s", [1], "app").status_code == 200
+    assert writer.write("s", [1], "web-front").status_code == 200
+    denied = writer.write("s", [1], "db")
+    assert denied.status_code == 403 and "db" in denied.json()["reason"]
+    assert reader.write("s", [1], "app").status_code == 403
+    mixed = encode_binary([(meta("x", "app"), [(1, 0, b"a")]), (meta("y", "db"), [(1, 0, b"b")])])
+    assert writer.post_binary(mixed).status_code == 403
+    assert written(gw.data_dir) == {("dc1.app", writer.session("s", "app")["partition"]): 1} | {
+        ("dc1.web-front", writer.session("s", "web-front")["partition"]): 1
+    }
+
+
+def test_without_tokens_serve_refuses_a_public_address(tmp_path: Path) -> None:
+    result = subprocess.run(
+        logbroker_cmd("serve", "--data-dir", str(tmp_path / "d"), "--host", "0.0.0.0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "loopback" in result.stderr
+
+
+def test_bad_config_file_exits_2_with_a_reason(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[limits]\nmax_body_bytes = 'lots'\n")
+    result = subprocess.run(
+        logbroker_cmd("serve", "--data-dir", str(tmp_path / "d"), "--config", str(config)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "max_body_bytes" in result.stderr
+
+
+def test_limits_answer_413_and_write_nothing(
+    start_gateway: Any, tmp_path: Path, client_for: Any
+) -> None:
+    gw = start_configured(start_gateway, tmp_path)
+    client = client_for(gw.url, "writer-token")
+    big_chunk = client.post_binary(encode_binary([(meta("s"), [(1, 0, b"x" * 50001)])]))
+    assert (big_chunk.status_code, big_chunk.json()["error"]) == (413, "chunk_too_large")
+    many = client.post_binary(encode_binary([(meta("s"), [(i, 0, b"x") for i in range(1, 102)])]))
+    assert (many.status_code, many.json()["error"]) == (413, "too_many_chunks")
+    chunks = [(i, 0, b"x" * 40000) for i in range(1, 7)]
+    huge = client.post_binary(encode_binary([(meta("s"), chunks)]))
+    assert (huge.status_code, huge.json()["error"]) == (413, "body_too_large")
+    assert written(gw.data_dir) == {}
+
+
+def test_a_source_over_its_rate_gets_429_with_retry_after_and_nothing_written(
+    start_gateway: Any, tmp_path: Path, client_for: Any
+) -> None:
+    gw = start_configured(start_gateway, tmp_path)
+    client = client_for(gw.url, "writer-token")
+    assert client.write("fast", list(range(1, 31))).status_code == 200
+    limited = client.write("fast", list(range(31, 41)))
+    assert limited.status_code == 429
+    assert int(limited.headers["retry-after"]) >= 1
+    # another source has its own bucket
+    assert client.write("other", [1, 2, 3]).status_code == 200
+    time.sleep(0.6)
+    assert client.write("fast", list(range(31, 41))).status_code == 200
+    assert client.session("fast")["last_seqno"] == 40
+
+
+def test_a_stalled_client_gets_408_and_the_worker_keeps_serving(
+    start_gateway: Any, tmp_path: Path, client_for: Any
+) -> None:
+    gw = start_configured(start_gateway, tmp_path)
+    body = encode_binary([(meta("slow"), [(1, 0, b"x" * 1000)])])
+    with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+        sock.sendall(
+            b"POST /v1/write HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer writer-token\r\n"
+            b"Content-Type: " + BINARY_MEDIA_TYPE.encode() + b"\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:100]
+        )
+        started = time.monotonic()
+        # meanwhile, other clients are served
+        assert client_for(gw.url, "writer-token").write("quick", [1]).status_code == 200
+        sock.settimeout(10)
+        answer = b""
+        while b"}" not in answer:  # headers and body may come in separate segments
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            answer += piece
+        assert time.monotonic() - started < 5
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"request_timeout" in answer
+    client = client_for(gw.url, "writer-token")
+    assert client.session("slow")["last_seqno"] == 0
+    assert httpx.get(gw.url + "/healthz").status_code == 200
+
+
+def test_serve_with_the_kafka_store_says_it_is_not_in_this_build_and_exits_2(
+    tmp_path: Path,
+) -> None:
+    result = subprocess.run(
+        logbroker_cmd(
+            "serve",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--store",
+            "kafka",
+            "--kafka-bootstrap",
+            "127.0.0.1:9",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "no Kafka backend" in result.stderr

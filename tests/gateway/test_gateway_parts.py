@@ -1,0 +1,150 @@
+"""The gateway's parts on their own: settings, framing, pinning, metrics, rate limits."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from ingest_api.app import load_route_modules
+from ingest_api.errors import ApiError
+from ingest_api.framing import encode_binary, parse_binary
+from ingest_api.metrics import MetricsRegistry
+from ingest_api.rate_limit import SourceRateLimiter
+from ingest_api.settings import ConfigError, GatewaySettings, Limits, load_settings
+from log_store import open_store
+from session_dedup.envelope import EnvelopeWriter, decode
+from session_dedup.exactly_once import ChunkBatch, ExactlyOnceWriter
+from session_dedup.pinning import stable_partition
+from session_dedup.seqno_table import rebuild_from_records
+from session_dedup.source import source_meta
+
+
+def test_settings_come_from_file_then_env_then_flags(tmp_path: Path) -> None:
+    config = tmp_path / "g.toml"
+    config.write_text(
+        'data_dir = "/from/file"\nport = 1000\ndc = "dcfile"\npartitions = 3\n'
+        "[limits]\nmax_chunk_bytes = 10\nrequest_timeout_s = 2\n"
+        '[tokens.t1]\nwrite = ["app"]\nread = ["dc1.*"]\n'
+    )
+    env = {
+        "LOGBROKER_PORT": "2000",
+        "LOGBROKER_DC": "dcenv",
+        "LOGBROKER_LIMITS_MAX_CHUNK_BYTES": "20",
+    }
+    settings = load_settings(config_file=config, env=env, flags={"dc": "dcflag", "port": None})
+    assert settings.data_dir == Path("/from/file")
+    assert (settings.port, settings.dc, settings.partitions) == (2000, "dcflag", 3)
+    assert settings.limits.max_chunk_bytes == 20
+    assert settings.limits.request_timeout_s == 2.0
+    assert settings.tokens["t1"].write_log_types == ("app",)
+    assert GatewaySettings.from_json(settings.to_json()) == settings
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("port = 'x'", "port"),
+        ("partitions = 0", "partitions"),
+        ("dc = 'DC/1'", "dc"),
+        ("store = 'mysql'", "store"),
+        ("store = 'kafka'", "kafka_bootstrap"),
+        ("colour = 'blue'", "colour"),
+        ("[limits]\nmax_body_bytes = -1", "max_body_bytes"),
+        ("[tokens.t]\nwrite = 'app'", "write"),
+        ("host = '0.0.0.0'", "loopback"),
+    ],
+)
+def test_invalid_settings_are_refused_with_a_reason(tmp_path: Path, text: str, named: str) -> None:
+    config = tmp_path / "g.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=named):
+        load_settings(config_file=config, env={}, flags={"data_dir": "/d"})
+
+
+def test_binary_framing_round_trips_and_keeps_data_as_views() -> None:
+    meta = {"log_type": "app", "source_id": "s", "server": "h", "file": "/f", "codec": "zstd"}
+    body = encode_binary([(meta, [(1, 5, b"a\n"), (2**63 - 1, -1, b"")]), (meta, [])])
+    sections = parse_binary(body, Limits())
+    assert len(sections) == 2
+    first = sections[0]
+    assert (first.meta.codec, first.meta.server) == ("zstd", "h")
+    assert first.batch.seqnos == [1, 2**63 - 1]
+    assert first.batch.create_times == [5, -1]
+    assert [bytes(d) for d in first.batch.datas] == [b"a\n", b""]
+    assert isinstance(first.batch.datas[0], memoryview)
+    assert len(sections[1].batch) == 0
+
+
+def test_binary_framing_limits_are_413() -> None:
+    body = encode_binary([({"log_type": "a", "source_id": "s"}, [(1, 0, b"x" * 11)])])
+    with pytest.raises(ApiError) as err:
+        parse_binary(body, Limits(max_chunk_bytes=10))
+    assert (err.value.status, err.value.error) == (413, "chunk_too_large")
+
+
+def test_pinning_hash_is_stable_across_releases() -> None:
+    # a change here would move every source of every installation: never change the hash
+    assert [stable_partition(s, 16) for s in ("host1:/var/log/a", "b", "c", "d")] == [3, 5, 11, 11]
+
+
+def test_seqno_table_rebuilt_from_the_log_matches_the_state_area(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "data")
+    writer = ExactlyOnceWriter(store, dc="dc1", partitions=1)
+    for i, seqnos in enumerate(([1, 2, 3], [10, 20], [7])):
+        meta = source_meta(log_type="app", source_id=f"s{i}")
+        writer.write(meta, ChunkBatch(seqnos, [0] * len(seqnos), [b"x"] * len(seqnos)))
+        writer.write(meta, ChunkBatch([1], [0], [b"dup"]))
+    records = store.read("dc1.app", 0, 0, max_bytes=1 << 30).records
+    table = rebuild_from_records(records)
+    assert table == {"s0": 3, "s1": 20, "s2": 7}
+    sessions = writer.open_sessions([source_meta(log_type="app", source_id=s) for s in table])
+    assert [s.last_seqno for s in sessions] == list(table.values())
+    store.close()
+
+
+def test_metrics_render_prometheus_text() -> None:
+    registry = MetricsRegistry()
+    counter = registry.counter("x_total", "things", ("kind",))
+    counter.inc(2, ('a"b',))
+    histogram = registry.histogram("lat_seconds", "latency", buckets=(0.1, 1.0))
+    histogram.observe(0.05)
+    histogram.observe(5.0)
+    registry.gauge("live", "live things", read=lambda: 3.0)
+    text = registry.render().decode()
+    assert '# TYPE x_total counter\nx_total{kind="a\\"b"} 2\n' in text
+    assert 'lat_seconds_bucket{le="0.1"} 1\n' in text
+    assert 'lat_seconds_bucket{le="+Inf"} 2\n' in text
+    assert "lat_seconds_count 2\n" in text
+    assert "live 3\n" in text
+
+
+def test_rate_limiter_charges_all_sources_or_none() -> None:
+    limiter = SourceRateLimiter(rate=10, burst=10)
+    assert limiter.admit([("a", 10)]) is None
+    wait = limiter.admit([("b", 5), ("a", 5)])
+    assert wait is not None and 0 < wait <= 0.6
+    assert limiter.admit([("b", 10)]) is None, "the refused request charged source b"
+    time.sleep(0.25)
+    assert limiter.admit([("a", 2)]) is None
+
+
+def test_batch_encoder_writes_the_same_bytes_as_encode() -> None:
+    writer = EnvelopeWriter(source_id="s", server="h", file="/f", log_type="app", codec="gzip")
+    encode_chunk = writer.encoder(1_700_000_000_001)
+    for seqno, create_time, data in ((1, 0, b"a"), (2, 0, b""), (2**63 - 1, -(2**63), b"zz")):
+        expected = writer.encode(seqno, create_time, 1_700_000_000_001, data)
+        assert encode_chunk(seqno, create_time, memoryview(data)) == expected
+        assert decode(expected).seqno == seqno
+
+
+def test_route_modules_that_are_not_installed_are_skipped_but_broken_ones_raise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "broken_routes_for_test.py").write_text("import no_such_dependency_anywhere\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = load_route_modules(("ingest_api.admin_api", "ingest_api.not_built_yet"))
+    assert [m.__name__ for m in loaded] == ["ingest_api.admin_api"]
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_anywhere"):
+        load_route_modules(("broken_routes_for_test",))
