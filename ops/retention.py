@@ -41,6 +41,10 @@ class RetentionWatchdog:
                 self.run_once()
             except LogbrokerError as exc:
                 log.warning("retention pass failed: %s", exc)
+            except Exception:
+                # The next pass may well succeed (a store closing at shutdown, a sick disk);
+                # the watchdog itself must not die.
+                log.exception("retention pass failed")
 
     def stop(self) -> None:
         self._stop.set()

@@ -21,6 +21,7 @@ from typing import Any
 import uvicorn
 
 from log_store.errors import BadRequest, LogbrokerError
+from ops.retention import DEFAULT_INTERVAL_S, RetentionWatchdog
 
 GRACEFUL_STOP_S = 30
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -48,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-level", default="warning", choices=("debug", "info", "warning", "error")
+    )
+    parser.add_argument(
+        "--retention-check-seconds",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        help="apply topics' retention this often (default 60; 0 turns it off)",
     )
 
 
@@ -130,13 +137,24 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    if settings.workers > 1:
-        # each worker process builds its own app and store handle from the settings; the
-        # store was opened here once only to fail early, with a clear message
-        ctx.store.close()
-        os.environ[SETTINGS_ENV] = settings.to_json()
-        uvicorn.run("ingest_api.app:create_app", factory=True, workers=settings.workers, **options)
-        return 0
-    server = _GracefulServer(uvicorn.Config(build_app(ctx, close_store=True), **options))
-    server.run()
-    return 0 if server.started else 1
+    # One retention watchdog per gateway, in this (parent) process, on its own store handle.
+    watchdog = (
+        RetentionWatchdog(ctx.store, args.retention_check_seconds).start()
+        if args.retention_check_seconds > 0
+        else None
+    )
+    try:
+        if settings.workers > 1:
+            # each worker process builds its own app and store handle from the settings
+            os.environ[SETTINGS_ENV] = settings.to_json()
+            uvicorn.run(
+                "ingest_api.app:create_app", factory=True, workers=settings.workers, **options
+            )
+            ctx.store.close()
+            return 0
+        server = _GracefulServer(uvicorn.Config(build_app(ctx, close_store=True), **options))
+        server.run()
+        return 0 if server.started else 1
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
