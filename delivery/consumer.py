@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from delivery.filters import MessageFilter
 from delivery.pull_client import (
@@ -52,6 +53,9 @@ class Consumer:
         self._session_timeout_ms = session_timeout_ms
         self._positions: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
+        # The identity of each topic the positions belong to; a topic created again gets a
+        # new one and its positions restart at the new topic's start.
+        self._topic_ids: dict[str, str] = {}
         self._member_id: str | None = None
         self._heartbeat_s = session_timeout_ms / 3000
         self._last_heartbeat = 0.0
@@ -89,6 +93,20 @@ class Consumer:
         assigned = state["assignment"]
         assert isinstance(assigned, list)
         owned = {(a["topic"], a["partition"]): a["offset"] for a in assigned}
+        for a in assigned:
+            topic_id = a.get("topic_id")
+            known = self._topic_ids.get(a["topic"])
+            if topic_id is None or known == topic_id:
+                continue
+            if known is not None:
+                _log.warning("%s was created again; reading it from its start", a["topic"])
+                for tp in [tp for tp in self._positions if tp[0] == a["topic"]]:
+                    del self._positions[tp]  # the group's offset for the new topic follows
+                    self._committed.pop(tp, None)
+                for tp in [tp for tp in self._draining if tp[0] == a["topic"]]:
+                    # Still released, but its old topic's offset is not committed.
+                    self._committed[tp] = self._draining[tp]
+            self._topic_ids[a["topic"]] = topic_id
         revoke = state.get("revoke") or []
         assert isinstance(revoke, list)
         for r in revoke:
@@ -132,8 +150,15 @@ class Consumer:
             if self._prefix is not None and not topic.startswith(self._prefix):
                 continue
             info = self._client.describe(topic)
+            known = self._topic_ids.get(topic)
+            recreated = known is not None and known != info["topic_id"]
+            if recreated:
+                _log.warning("%s was created again; reading it from its start", topic)
+            self._topic_ids[topic] = info["topic_id"]
             for p in info["partitions"]:
                 tp = (topic, p["partition"])
+                if recreated and tp in self._positions:
+                    self._positions[tp] = p["start_offset"]
                 if tp not in self._positions:
                     discovered_late = self._last_discovery > 0
                     start = self._from_beginning or discovered_late
@@ -176,11 +201,19 @@ class Consumer:
         return messages
 
     def _skip_lost(self, positions: Sequence[tuple[str, int, int]]) -> None:
-        """Retention dropped data below a position: move on to the partition's start."""
+        """A position outside its partition's offsets.  Below the start, retention dropped
+        data before it was read: move on to the start.  Past the end, the topic was deleted
+        and created again: a group member takes the group's position in the new topic from a
+        heartbeat; a reader alone reads the new topic from its start."""
+        described: dict[str, dict[str, Any]] = {}
+        past_end: dict[TopicPartition, tuple[int, int]] = {}
         for topic, partition, offset in positions:
-            info = self._client.describe(topic)
-            for p in info["partitions"]:
-                if p["partition"] == partition and offset < p["start_offset"]:
+            if topic not in described:
+                described[topic] = self._client.describe(topic)
+            for p in described[topic]["partitions"]:
+                if p["partition"] != partition:
+                    continue
+                if offset < p["start_offset"]:
                     _log.warning(
                         "%s/%d: offsets %d..%d were dropped by retention before being read",
                         topic,
@@ -189,6 +222,20 @@ class Consumer:
                         p["start_offset"] - 1,
                     )
                     self._positions[(topic, partition)] = p["start_offset"]
+                elif offset > p["end_offset"]:
+                    _log.warning(
+                        "%s/%d: position %d is past the end %d: the topic was created again",
+                        topic,
+                        partition,
+                        offset,
+                        p["end_offset"],
+                    )
+                    past_end[(topic, partition)] = (offset, p["start_offset"])
+        if past_end and self._group is not None:
+            self._heartbeat()
+        for tp, (offset, start) in past_end.items():
+            if self._positions.get(tp) == offset:
+                self._positions[tp] = start
 
     def commit(self) -> None:
         """Record the positions after everything :meth:`poll` returned (group readers)."""
@@ -201,9 +248,9 @@ class Consumer:
         if not pending:
             return
         try:
-            self._client.commit(self._group, self._member_id, pending)
+            self._client.commit(self._group, self._member_id, pending, self._topic_ids)
         except RequestRefused as exc:
-            if exc.error not in ("not_owner", "unknown_member"):
+            if exc.error not in ("not_owner", "unknown_member", "topic_recreated"):
                 raise
             _log.warning("commit refused (%s); the group rebalanced", exc.reason)
             if self._member_id is not None:

@@ -12,10 +12,11 @@ changed only inside the store's partition lock: any gateway process can serve an
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ MAX_SESSION_TIMEOUT_MS = 300_000
 RESETS = ("earliest", "latest")
 
 TopicPartition = tuple[str, int]
+_log = logging.getLogger(__name__)
 
 
 class UnknownGroup(BadRequest):
@@ -46,6 +48,10 @@ class NotPartitionOwner(BadRequest):
 
 class SubscriptionConflict(BadRequest):
     """A join whose topics differ from those of the group's live members."""
+
+
+class TopicRecreated(BadRequest):
+    """A commit for an older topic of the same name: the topic was deleted and created again."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,9 @@ class AssignedPartition:
     topic: str
     partition: int
     offset: int
+    topic_id: str | None = None
+    """The identity of the topic ``offset`` belongs to (it changes when the topic is created
+    again, and the offset then restarts at the new topic's start)."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +108,12 @@ class MemberState:
             "session_timeout_ms": self.session_timeout_ms,
             "heartbeat_interval_ms": self.heartbeat_interval_ms,
             "assignment": [
-                {"topic": a.topic, "partition": a.partition, "offset": a.offset}
+                {
+                    "topic": a.topic,
+                    "partition": a.partition,
+                    "offset": a.offset,
+                    "topic_id": a.topic_id,
+                }
                 for a in self.assignment
             ],
             "revoke": [{"topic": t, "partition": p} for t, p in self.revoke],
@@ -123,9 +137,12 @@ def _tp(key: str) -> TopicPartition:
 
 @dataclass(frozen=True)
 class _Bounds:
-    """Each partition's (start, end) offsets, read before the state transaction."""
+    """Each partition's (start, end) offsets and each topic's id, read before the state
+    transaction."""
 
     offsets: dict[str, tuple[int, int]]
+    topic_ids: dict[str, str] = field(default_factory=dict)
+    created_ms: dict[str, int] = field(default_factory=dict)
 
     @property
     def keys(self) -> list[str]:
@@ -216,22 +233,39 @@ class GroupCoordinator:
         self._state.update(_doc_key(group), change)
 
     def commit(
-        self, group: str, member_id: str | None, offsets: Sequence[tuple[str, int, int]]
+        self,
+        group: str,
+        member_id: str | None,
+        offsets: Sequence[tuple[str, int, int]],
+        topic_ids: Mapping[str, str] | None = None,
     ) -> None:
         """Record positions (the next offset to read).  Only a partition's owner may commit;
-        without a member id, only partitions that nobody owns (manual offset management)."""
+        without a member id, only partitions that nobody owns (manual offset management).
+
+        ``topic_ids`` names the topic identity the offsets were read from (as assignments
+        give it); a commit for an older topic of the same name is refused."""
         validate_group(group)
+        bounds = self._topic_bounds(sorted({topic for topic, _, _ in offsets}))
         checked: list[tuple[str, int]] = []
         for topic, partition, offset in offsets:
-            info = self._partition_bounds(topic, partition)
-            if not info[0] <= offset <= info[1]:
+            key = _key((topic, partition))
+            if key not in bounds.offsets:
+                raise UnknownPartition(f"{topic} has no partition {partition}")
+            claimed = (topic_ids or {}).get(topic)
+            if claimed is not None and claimed != bounds.topic_ids[topic]:
+                raise TopicRecreated(
+                    f"{topic} was deleted and created again since these offsets were read; "
+                    "heartbeat to get the new topic's positions"
+                )
+            start, end = bounds.offsets[key]
+            if not start <= offset <= end:
                 raise OffsetOutOfRange(
                     f"cannot commit offset {offset} for {topic}/{partition}: valid offsets are "
-                    f"{info[0]}..{info[1]}",
-                    info[0],
-                    info[1],
+                    f"{start}..{end}",
+                    start,
+                    end,
                 )
-            checked.append((_key((topic, partition)), offset))
+            checked.append((key, offset))
         now = self._now()
 
         def change(doc: Doc | None) -> tuple[Doc, None]:
@@ -240,6 +274,7 @@ class GroupCoordinator:
             else:
                 doc = doc or _new_doc()
                 self._expire(doc, now)
+            _adopt_topic_ids(doc, bounds)
             for key, offset in checked:
                 owner = doc["owners"].get(key)
                 if owner != member_id:
@@ -322,33 +357,30 @@ class GroupCoordinator:
             doc["owners"] = {k: m for k, m in doc["owners"].items() if m in doc["members"]}
             doc["generation"] += 1
 
-    def _partition_bounds(self, topic: str, partition: int) -> tuple[int, int]:
-        info = self._store.describe_topic(topic)
-        for p in info.partitions:
-            if p.partition == partition:
-                return p.start_offset, p.end_offset
-        raise UnknownPartition(f"{topic} has no partition {partition}")
-
     def _bounds(self, subscription: Subscription) -> _Bounds:
-        if subscription.prefix is not None:
-            topics = [
-                t.name
-                for t in self._store.list_topics()
-                if t.name.startswith(subscription.prefix) and not is_internal(t.name)
-            ]
-        else:
-            topics = list(subscription.topics)
-        offsets: dict[str, tuple[int, int]] = {}
+        if subscription.prefix is None:
+            return self._topic_bounds(list(subscription.topics))
+        topics = [
+            t.name
+            for t in self._store.list_topics()
+            if t.name.startswith(subscription.prefix) and not is_internal(t.name)
+        ]
+        return self._topic_bounds(topics, missing_ok=True)
+
+    def _topic_bounds(self, topics: Sequence[str], *, missing_ok: bool = False) -> _Bounds:
+        bounds = _Bounds({})
         for topic in topics:
             try:
                 info = self._store.describe_topic(topic)
             except UnknownTopic:
-                if subscription.prefix is not None:
+                if missing_ok:
                     continue  # deleted between the listing and now
                 raise
+            bounds.topic_ids[topic] = info.topic_id
+            bounds.created_ms[topic] = info.created_ms
             for p in info.partitions:
-                offsets[_key((topic, p.partition))] = (p.start_offset, p.end_offset)
-        return _Bounds(offsets)
+                bounds.offsets[_key((topic, p.partition))] = (p.start_offset, p.end_offset)
+        return bounds
 
     @staticmethod
     def _rebalance(doc: Doc, bounds: _Bounds) -> None:
@@ -358,6 +390,7 @@ class GroupCoordinator:
         wanted = set(keys)
         owners: dict[str, str] = {k: m for k, m in doc["owners"].items() if k in wanted}
         first_time = not doc["offsets"]
+        _adopt_topic_ids(doc, bounds)
         for key in keys:
             if key not in doc["offsets"]:
                 start, end = bounds.offsets[key]
@@ -395,8 +428,13 @@ class GroupCoordinator:
 
     def _member_state(self, group: str, doc: Doc, member_id: str) -> MemberState:
         revoke = set(doc.get("revoke", {}).get(member_id, []))
+        topic_ids: dict[str, str] = doc.get("topic_ids", {})
         assignment = [
-            AssignedPartition(*_tp(key), offset=int(doc["offsets"].get(key, 0)))
+            AssignedPartition(
+                *_tp(key),
+                offset=int(doc["offsets"].get(key, 0)),
+                topic_id=topic_ids.get(_tp(key)[0]),
+            )
             for key, owner in sorted(doc["owners"].items())
             if owner == member_id and key not in revoke
         ]
@@ -408,6 +446,27 @@ class GroupCoordinator:
             assignment=assignment,
             revoke=[_tp(k) for k in sorted(revoke)],
         )
+
+
+def _adopt_topic_ids(doc: Doc, bounds: _Bounds) -> None:
+    """Offsets belong to one topic identity: when a topic was created again, its partitions'
+    offsets restart at the new topic's start (an old offset would skip or stall)."""
+    known: dict[str, str] = doc.setdefault("topic_ids", {})
+    created: dict[str, int] = doc.setdefault("topic_created_ms", {})
+    for topic, topic_id in bounds.topic_ids.items():
+        old = known.get(topic)
+        if old is not None and old != topic_id and bounds.created_ms[topic] < created.get(topic, 0):
+            continue  # bounds read before a concurrent request saw the newer topic
+        if old is not None and old != topic_id:
+            _log.warning("%s was created again; its group offsets restart at its start", topic)
+            for key in [k for k in doc["offsets"] if _tp(k)[0] == topic]:
+                start_end = bounds.offsets.get(key)
+                if start_end is None:
+                    del doc["offsets"][key]
+                else:
+                    doc["offsets"][key] = start_end[0]
+        known[topic] = topic_id
+        created[topic] = bounds.created_ms[topic]
 
 
 def _new_doc() -> Doc:

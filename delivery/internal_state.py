@@ -40,10 +40,14 @@ class InternalState:
         # Another process may create it between exist_ok's check and our create.
         with contextlib.suppress(TopicExists):
             store.create_topic(INTERNAL_TOPIC, TopicConfig(partitions=_PARTITIONS), exist_ok=True)
-        self._partitions = len(store.describe_topic(INTERNAL_TOPIC).partitions) or _PARTITIONS
+        if len(store.describe_topic(INTERNAL_TOPIC).partitions) < _PARTITIONS:
+            store.set_partitions(INTERNAL_TOPIC, _PARTITIONS)
 
-    def _partition(self, key: str) -> int:
-        return zlib.crc32(key.encode("utf-8")) % self._partitions
+    @staticmethod
+    def _partition(key: str) -> int:
+        # Always the constant count, never the topic's current one: every process, started
+        # before or after someone grew the topic, must find a key in the same partition.
+        return zlib.crc32(key.encode("utf-8")) % _PARTITIONS
 
     def get(self, key: str) -> Doc | None:
         raw = self._store.get_state(INTERNAL_TOPIC, self._partition(key), key)

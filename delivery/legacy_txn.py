@@ -43,6 +43,11 @@ class UnknownStagedData(BadRequest):
     """A ``/commit_request`` for a store id that is not (or no longer) staged."""
 
 
+class WindowExpired(BadRequest):
+    """A ``/commit`` that came later than the window after its data: it is never delivered,
+    so it is refused rather than answered as committed."""
+
+
 def validate_txn_id(txn_id: str) -> str:
     if not _TXN_ID.fullmatch(txn_id):
         raise BadRequest("txn_id must be 1-200 characters of [A-Za-z0-9._:-]")
@@ -86,6 +91,12 @@ class LegacyStaging:
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, self._dir / store_id)
+        # The rename is durable only once the directory is: /store answers after this.
+        fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def mark_written(self, staged: StagedData) -> None:
         """Drop the data but keep the metadata, so a repeated request is answered the same."""
@@ -146,8 +157,12 @@ def _save(state: PartitionState, txn_id: str, doc: dict[str, Any]) -> None:
 def write_data(
     store: LogStore, topic: str, partitions: int, txn_id: str, staged: StagedData
 ) -> TxnWritten:
-    """``/commit_request``: write the staged data once under ``txn_id``; safe to repeat."""
-    partition = txn_partition(txn_id, partitions)
+    """``/commit_request``: write the staged data once under ``txn_id``; safe to repeat, also
+    after the topic grew partitions (the repeat finds the partition the first one used)."""
+    try:
+        partition = find_txn_partition(store, topic, partitions, txn_id)
+    except UnknownTransaction:
+        partition = txn_partition(txn_id, partitions)
     now_ms = int(time.time() * 1000)
     writer = EnvelopeWriter(
         source_id=f"legacy:{txn_id}",
@@ -201,10 +216,18 @@ def find_txn_partition(store: LogStore, topic: str, partitions: int, txn_id: str
 
 
 def write_commit(
-    store: LogStore, topic: str, partition: int, txn_id: str, server: str
+    store: LogStore,
+    topic: str,
+    partition: int,
+    txn_id: str,
+    server: str,
+    window_ms: int = DEFAULT_WINDOW_MS,
 ) -> tuple[int, bool]:
-    """``/commit``: write the marker once; returns (data offset, whether this call wrote it)."""
-    now_ms = int(time.time() * 1000)
+    """``/commit``: write the marker once; returns (data offset, whether this call wrote it).
+
+    Raises :class:`WindowExpired`, writing nothing, when the data was written more than
+    ``window_ms`` ago and no marker was written yet: readers would never deliver it.
+    """
     outcome: dict[str, Any] = {}
 
     def fn(state: PartitionState) -> list[bytes]:
@@ -219,6 +242,14 @@ def write_commit(
         if doc.get("committed"):
             outcome["wrote"] = False
             return []
+        # Read under the lock: the marker's write time is this, and readers judge by it.
+        now_ms = int(time.time() * 1000)
+        late_ms = now_ms - int(doc["write_time"])
+        if late_ms > window_ms:
+            raise WindowExpired(
+                f"transaction {txn_id!r}: its data was written {late_ms / 1000:.1f} s ago, "
+                f"past the {window_ms / 1000:.0f} s commit window; it will never be delivered"
+            )
         doc["committed"] = True
         _save(state, txn_id, doc)
         outcome["wrote"] = True

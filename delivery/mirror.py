@@ -8,6 +8,13 @@ same transaction as the append.  An append that does not start exactly there is 
 the expected offset, so a mirror that crashed, restarted, or raced another mirror resumes
 exactly where the destination's log ends: no duplicates, no loss.
 
+Two things break the one-to-one copy, and both are handled in the open.  Records the source's
+retention dropped before they were copied are lost: the mirror tells the destination
+("dropped up to X"), which moves its expected offset forward under the lock and records the
+gap, and both log it and count it.  A source topic deleted and created again has a new topic id
+and offsets starting over: the mirror starts it over too, and the destination accepts a first
+copy only from the source's start offset, so it can never begin in the middle.
+
 Legacy commit markers name their data record by offset; offsets differ between the
 installations, so the destination rewrites the marker to the data record's new offset.
 """
@@ -29,7 +36,7 @@ import httpx
 from delivery.envelope_view import NotAnEnvelope, view
 from delivery.framing import MAGIC, decode_binary
 from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
-from log_store.errors import BadRequest, TopicExists, UnknownTopic
+from log_store.errors import BadRequest, LogbrokerError, TopicExists, UnknownTopic
 from log_store.interface import LogStore, PartitionState, TopicConfig
 from session_dedup.envelope import EnvelopeWriter
 
@@ -52,16 +59,37 @@ class MirrorGap(BadRequest):
 class ReplicaPosition:
     next_source_offset: int | None
     next_dest_offset: int | None
+    dropped_offsets: int = 0
+    """Source offsets the source's retention dropped before they were copied."""
+    gaps: tuple[tuple[int, int], ...] = ()
+    """The most recent such ranges, [from, to) in source offsets."""
+
+
+_MAX_GAPS_KEPT = 20
+
+
+def _position(doc: dict[str, Any] | None) -> ReplicaPosition:
+    if doc is None:
+        return ReplicaPosition(None, None)
+    next_dest = doc.get("next_dest")
+    return ReplicaPosition(
+        int(doc["next_source"]),
+        None if next_dest is None else int(next_dest),
+        int(doc.get("dropped", 0)),
+        tuple((int(a), int(b)) for a, b in doc.get("gaps", ())),
+    )
+
+
+def _load(state: PartitionState, key: str) -> dict[str, Any] | None:
+    raw = state.get(key)
+    return dict(json.loads(raw)) if raw else None
 
 
 def replica_position(
     store: LogStore, topic: str, partition: int, source_id: str
 ) -> ReplicaPosition:
     raw = store.get_state(topic, partition, _STATE_PREFIX + source_id)
-    if not raw:
-        return ReplicaPosition(None, None)
-    doc = json.loads(raw)
-    return ReplicaPosition(int(doc["next_source"]), int(doc["next_dest"]))
+    return _position(dict(json.loads(raw)) if raw else None)
 
 
 def ensure_replica_topic(store: LogStore, topic: str, partitions: int) -> None:
@@ -107,11 +135,14 @@ def append_replica(
     partition: int,
     source_id: str,
     records: Sequence[tuple[int, bytes]],
+    source_start: int,
 ) -> int:
     """Append source records (offset, value) exactly once; returns the next source offset.
 
     Raises :class:`MirrorGap` (with the expected offset) if the first record is not the one
-    the destination expects next.  Source offsets must be consecutive.
+    the destination expects next: the recorded next offset, or for the first copy of this
+    source the source partition's start offset ``source_start``, so a copy can never begin
+    in the middle of a source.  Source offsets must be consecutive.
     """
     if not records:
         raise BadRequest("no records to append")
@@ -120,34 +151,79 @@ def append_replica(
         if offset != first + i:
             raise BadRequest("replica records must have consecutive source offsets")
     key = _STATE_PREFIX + source_id
+    # The transaction cannot see the end offset, so it is read just before; a writer that
+    # slips in between is detected from where the records landed, below.
     end_before = store.end_offset(topic, partition)
+    assumed: list[int] = []
 
     def fn(state: PartitionState) -> list[bytes]:
-        raw = state.get(key)
-        if raw:
-            doc = json.loads(raw)
-            expected, next_dest = int(doc["next_source"]), int(doc["next_dest"])
-            if first != expected:
-                raise MirrorGap(
-                    f"{topic}/{partition} expects source offset {expected}, got {first}",
-                    expected,
-                )
-        else:
-            # The first copy into this partition: only this mirror writes it, so its end is
-            # where the copy starts.
-            next_dest = end_before
-        shift = next_dest - first
+        doc = _load(state, key)
+        expected = source_start if doc is None else int(doc["next_source"])
+        if first != expected:
+            raise MirrorGap(
+                f"{topic}/{partition} expects source offset {expected}, got {first}", expected
+            )
+        doc = doc or {}
+        shift = end_before - first
         values = [_rewrite_marker(v, shift) for _, v in records]
-        state.put(
-            key,
-            json.dumps(
-                {"next_source": first + len(records), "next_dest": next_dest + len(records)}
-            ).encode(),
-        )
+        doc["next_source"] = first + len(records)
+        doc["next_dest"] = end_before + len(records)
+        state.put(key, json.dumps(doc).encode())
+        assumed.append(end_before)
         return values
 
-    store.transact(topic, partition, fn)
+    result = store.transact(topic, partition, fn)
+    if result.first_offset != assumed[0]:
+        _log.warning(
+            "%s/%d: another writer appended while source offsets %d..%d were copied; legacy "
+            "commit markers among them name the wrong data offsets and will not release it",
+            topic,
+            partition,
+            first,
+            first + len(records) - 1,
+        )
+
+        def correct(state: PartitionState) -> list[bytes]:
+            doc = _load(state, key)
+            if doc is not None and int(doc["next_source"]) == first + len(records):
+                doc["next_dest"] = result.last_offset + 1
+                state.put(key, json.dumps(doc).encode())
+            return []
+
+        store.transact(topic, partition, correct)
     return first + len(records)
+
+
+def skip_dropped_source(
+    store: LogStore, topic: str, partition: int, source_id: str, dropped_from: int, to: int
+) -> tuple[ReplicaPosition, int]:
+    """The source's retention dropped offsets below ``to`` before they were copied.
+
+    Moves the expected source offset forward to ``to`` (never back) and records the gap, in
+    the partition's lock, so every mirror of this source resumes after it.  ``dropped_from`` is
+    where the caller stood; it names the gap only when this partition has no copy yet.
+    Returns the new position and how many offsets this call skipped.
+    """
+    if to < 0 or dropped_from < 0:
+        raise BadRequest("offsets must not be negative")
+    key = _STATE_PREFIX + source_id
+    box: list[tuple[ReplicaPosition, int]] = []
+
+    def fn(state: PartitionState) -> list[bytes]:
+        doc = _load(state, key)
+        current = dropped_from if doc is None else int(doc["next_source"])
+        skipped = max(0, to - current)
+        doc = doc or {"next_dest": None}
+        if skipped:
+            doc["next_source"] = to
+            doc["dropped"] = int(doc.get("dropped", 0)) + to - current
+            doc["gaps"] = [*doc.get("gaps", []), [current, to]][-_MAX_GAPS_KEPT:]
+            state.put(key, json.dumps(doc).encode())
+        box.append((_position(doc if "next_source" in doc else None), skipped))
+        return []
+
+    store.transact(topic, partition, fn)
+    return box[0]
 
 
 def encode_replica_body(records: Sequence[tuple[int, bytes]]) -> bytes:
@@ -170,6 +246,17 @@ def decode_replica_body(body: bytes) -> list[tuple[int, bytes]]:
 class MirrorStats:
     copied_messages: int = 0
     refused_gaps: int = 0
+    dropped_offsets: int = 0
+    """Source offsets lost to the source's retention before they could be copied."""
+
+
+class MirrorStuck(LogbrokerError):
+    """The destination keeps refusing appends at the offset it asks for itself."""
+
+
+# A destination that answers the same expected offset this many times in a row, although the
+# mirror moved there each time, is not racing another mirror: it is a loop.
+_MAX_SAME_REFUSALS = 3
 
 
 class Mirror:
@@ -196,6 +283,8 @@ class Mirror:
         self._state_dir = state_dir
         self._max_bytes = max_bytes
         self._positions: dict[tuple[str, int], int] = {}
+        self._starts: dict[tuple[str, int], int] = {}
+        self._refusals: dict[tuple[str, int], tuple[int, int]] = {}
         self._topic_ids: dict[str, str] = {}
         self._partitions: dict[str, int] = {}
         self._last_discovery = 0.0
@@ -207,15 +296,43 @@ class Mirror:
         self._dest.close()
 
     def _discover(self) -> None:
-        for topic in self._source.list_topics(self._prefix):
-            info = self._source.describe(topic)
+        topics = set(self._source.list_topics(self._prefix))
+        for gone in set(self._topic_ids) - topics:
+            self._forget(gone)
+        for topic in sorted(topics):
+            try:
+                info = self._source.describe(topic)
+            except RequestRefused as exc:
+                if exc.error == "unknown_topic":
+                    self._forget(topic)  # deleted since the listing
+                    continue
+                raise
+            known = self._topic_ids.get(topic)
+            if known is not None and known != info["topic_id"]:
+                # Positions are source offsets of the old topic; the new one starts over.
+                _log.warning(
+                    "%s: the source topic was created again (id %s, was %s); copying the new "
+                    "topic from its start",
+                    topic,
+                    info["topic_id"],
+                    known,
+                )
+                self._forget(topic)
             self._topic_ids[topic] = info["topic_id"]
             self._partitions[topic] = len(info["partitions"])
             for p in info["partitions"]:
                 tp = (topic, p["partition"])
+                self._starts[tp] = int(p["start_offset"])
                 if tp not in self._positions:
                     self._positions[tp] = self._resume_offset(topic, p["partition"], p)
         self._last_discovery = time.monotonic()
+
+    def _forget(self, topic: str) -> None:
+        self._topic_ids.pop(topic, None)
+        self._partitions.pop(topic, None)
+        for table in (self._positions, self._starts, self._refusals):
+            for tp in [tp for tp in table if tp[0] == topic]:
+                del table[tp]
 
     def _replica_path(self, topic: str, partition: int) -> str:
         return f"/v1/replica/{topic}/partitions/{partition}"
@@ -229,6 +346,21 @@ class Mirror:
             raise GatewayUnavailable(f"destination answered {response.status_code}")
         return response
 
+    @staticmethod
+    def _refused(response: httpx.Response) -> RequestRefused:
+        try:
+            body = response.json() if response.content else {}
+        except ValueError:
+            body = {}
+        if not isinstance(body, dict):
+            body = {}
+        return RequestRefused(
+            response.status_code,
+            str(body.get("error", "http_error")),
+            str(body.get("reason", response.text[:200])),
+            body,
+        )
+
     def _resume_offset(self, topic: str, partition: int, source_info: dict[str, Any]) -> int:
         response = self._dest_call(
             "GET",
@@ -240,7 +372,7 @@ class Mirror:
             if expected is not None:
                 return int(expected)
         elif response.status_code != 404:
-            raise RequestRefused(response.status_code, "replica", response.text[:200], {})
+            raise self._refused(response)
         return int(source_info["start_offset"])
 
     def step(self, wait_ms: int = 1000) -> int:
@@ -258,14 +390,42 @@ class Mirror:
                 self._last_discovery = 0.0  # re-read the bounds on the next round
                 self._skip_dropped(positions)
                 return 0
+            if exc.error == "unknown_topic":
+                self._last_discovery = 0.0  # a source topic was deleted
+                return 0
             raise
+        unchanged = self._still_known({t for t, _, records in fetched if records})
         copied = 0
         for topic, partition, records in fetched:
-            if not records:
+            if not records or (topic, partition) not in self._positions:
+                continue
+            if topic not in unchanged:
                 continue
             copied += self._append(topic, partition, records)
         self._write_status()
         return copied
+
+    def _still_known(self, topics: set[str]) -> set[str]:
+        """The topics whose source is still the one the positions belong to.
+
+        Asked after the fetch: an unchanged id then proves the records came from that topic,
+        not from a topic of the same name created since (whose offsets start over, so a copy
+        under the old id would skip the new topic's first records).
+        """
+        unchanged = set()
+        for topic in sorted(topics):
+            try:
+                topic_id = self._source.describe(topic)["topic_id"]
+            except RequestRefused as exc:
+                if exc.error != "unknown_topic":
+                    raise
+                topic_id = None
+            if topic_id == self._topic_ids.get(topic):
+                unchanged.add(topic)
+            else:
+                _log.warning("%s: the source topic changed during the fetch; starting over", topic)
+                self._last_discovery = 0.0
+        return unchanged
 
     def _fetch_raw(
         self, positions: Sequence[tuple[str, int, int]], wait_ms: int
@@ -276,43 +436,100 @@ class Mirror:
         return [(s.meta["topic"], s.meta["partition"], s.records) for s in sections]
 
     def _skip_dropped(self, positions: Sequence[tuple[str, int, int]]) -> None:
+        """Positions outside the source's offsets: below its start, retention dropped records
+        that were never copied; the destination is told, so it expects the start from now on.
+        Past its end under a new topic id, discovery starts the new topic over; under the same
+        id, the destination's position cannot be right and the mirror stops."""
+        described: dict[str, dict[str, Any]] = {}
         for topic, partition, offset in positions:
-            info = self._source.describe(topic)
+            if topic not in described:
+                try:
+                    described[topic] = self._source.describe(topic)
+                except RequestRefused as exc:
+                    if exc.error != "unknown_topic":
+                        raise
+                    self._forget(topic)
+                    continue
+            info = described[topic]
+            if info["topic_id"] != self._topic_ids.get(topic):
+                continue  # discovery, due next round, resets this topic
             for p in info["partitions"]:
-                if p["partition"] == partition and offset < p["start_offset"]:
-                    _log.warning(
-                        "%s/%d: source offsets %d..%d were dropped by retention before mirroring",
-                        topic,
-                        partition,
-                        offset,
-                        p["start_offset"] - 1,
+                if p["partition"] != partition:
+                    continue
+                if offset < p["start_offset"]:
+                    self._skip_to(topic, partition, offset, int(p["start_offset"]))
+                elif offset > p["end_offset"]:
+                    # Same topic id, so not a new topic: the destination claims records of this
+                    # source that the source never had.  Starting over would resume there again.
+                    raise MirrorStuck(
+                        f"{topic}/{partition}: the destination expects source offset {offset}, "
+                        f"past the source's end {p['end_offset']} (source topic id "
+                        f"{info['topic_id']}); its copy does not come from this source"
                     )
-                    self._positions[(topic, partition)] = p["start_offset"]
+
+    def _skip_to(self, topic: str, partition: int, offset: int, start: int) -> None:
+        response = self._dest_call(
+            "POST",
+            self._replica_path(topic, partition) + "/dropped",
+            params={
+                "source": self._topic_ids[topic],
+                "partitions": self._partitions[topic],
+                "from": offset,
+                "to": start,
+            },
+        )
+        if response.status_code != 200:
+            raise self._refused(response)
+        body = response.json()
+        skipped = int(body["skipped"])
+        if skipped:
+            self.stats.dropped_offsets += skipped
+            _log.warning(
+                "%s/%d: source offsets %d..%d were dropped by the source's retention before "
+                "they were mirrored; %d messages are lost to the destination",
+                topic,
+                partition,
+                start - skipped,
+                start - 1,
+                skipped,
+            )
+        self._starts[(topic, partition)] = start
+        expected = body["next_source_offset"]
+        self._positions[(topic, partition)] = start if expected is None else int(expected)
 
     def _append(self, topic: str, partition: int, records: list[tuple[int, bytes]]) -> int:
+        tp = (topic, partition)
         response = self._dest_call(
             "POST",
             self._replica_path(topic, partition),
-            params={"source": self._topic_ids[topic], "partitions": self._partitions[topic]},
+            params={
+                "source": self._topic_ids[topic],
+                "partitions": self._partitions[topic],
+                "start": self._starts[tp],
+            },
             content=encode_replica_body(records),
             headers={"Content-Type": REPLICA_MEDIA_TYPE},
         )
         if response.status_code == 409:
             expected = int(response.json()["expected_source_offset"])
+            last, times = self._refusals.get(tp, (-1, 0))
+            times = times + 1 if last == expected else 1
+            if times >= _MAX_SAME_REFUSALS:
+                raise MirrorStuck(
+                    f"{topic}/{partition}: the destination refused {times} appends in a row "
+                    f"and expects source offset {expected} each time; the mirror sent "
+                    f"{records[0][0]}"
+                )
+            self._refusals[tp] = (expected, times)
             _log.info("%s/%d: destination expects %d; resuming there", topic, partition, expected)
-            self._positions[(topic, partition)] = expected
+            self._positions[tp] = expected
             self.stats.refused_gaps += 1
             return 0
         if response.status_code != 200:
-            body = response.json() if response.content else {}
-            raise RequestRefused(
-                response.status_code,
-                str(body.get("error", "http_error")),
-                str(body.get("reason", response.text[:200])),
-                body,
-            )
+            raise self._refused(response)
+        self._refusals.pop(tp, None)
         next_offset = int(response.json()["next_source_offset"])
-        self._positions[(topic, partition)] = next_offset
+        self._positions[tp] = next_offset
         self.stats.copied_messages += len(records)
         return len(records)
 
@@ -325,6 +542,7 @@ class Mirror:
             "prefix": self._prefix,
             "positions": {f"{t}/{p}": o for (t, p), o in sorted(self._positions.items())},
             "copied_messages": self.stats.copied_messages,
+            "dropped_offsets": self.stats.dropped_offsets,
             "written_at_ms": int(time.time() * 1000),
         }
         self._state_dir.mkdir(parents=True, exist_ok=True)

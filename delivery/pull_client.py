@@ -6,7 +6,7 @@ Used by ``logbroker read``, the mirror and the tests; reads use the binary frami
 from __future__ import annotations
 
 import gzip
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,12 +213,22 @@ class PullClient:
         return result
 
     def commit(
-        self, group: str, member_id: str | None, offsets: Sequence[tuple[str, int, int]]
+        self,
+        group: str,
+        member_id: str | None,
+        offsets: Sequence[tuple[str, int, int]],
+        topic_ids: Mapping[str, str] | None = None,
     ) -> None:
-        body = {
-            "member_id": member_id,
-            "offsets": [{"topic": t, "partition": p, "offset": o} for t, p, o in offsets],
-        }
+        """``topic_ids`` (topic -> id, as assignments name it) lets the gateway refuse offsets
+        of an older topic of the same name."""
+        ids = topic_ids or {}
+        items = []
+        for t, p, o in offsets:
+            item: dict[str, Any] = {"topic": t, "partition": p, "offset": o}
+            if t in ids:
+                item["topic_id"] = ids[t]
+            items.append(item)
+        body = {"member_id": member_id, "offsets": items}
         self._json("POST", f"/v1/groups/{group}/offsets", body)
 
     def leave(self, group: str, member_id: str) -> None:

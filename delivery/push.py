@@ -185,7 +185,23 @@ class SubscriptionRegistry:
             doc[sub.name] = sub.to_json()
             return doc, True
 
-        return self._state.update(_REGISTRY_KEY, change)
+        created = self._state.update(_REGISTRY_KEY, change)
+        self._store_initial_positions(sub)
+        return created
+
+    def _store_initial_positions(self, sub: PushSubscription) -> None:
+        """Positions are stored before the create is answered: with ``reset=latest``, what is
+        written after the answer is delivered even if no batch was pushed before a restart or a
+        handover.  A repeated create finds them stored and changes nothing."""
+        parts = _partitions(self._store, sub)
+
+        def change(doc: Doc | None) -> tuple[Doc, None]:
+            doc = doc or {"offsets": {}}
+            if not doc.get("initialized"):
+                _place_new_partitions(doc, parts, sub.reset, sub.name)
+            return doc, None
+
+        self._state.update(_state_key(sub.name), change)
 
     def delete(self, name: str) -> None:
         def change(doc: Doc | None) -> tuple[Doc, None]:
@@ -213,16 +229,16 @@ class SubscriptionRegistry:
         st = self._state.get(_state_key(name)) or {}
         offsets: dict[str, int] = st.get("offsets", {})
         partitions = []
-        for topic, partition, start, end in _partitions(self._store, sub):
-            committed = offsets.get(_key(topic, partition))
+        for p in _partitions(self._store, sub):
+            committed = offsets.get(_key(p.topic, p.partition))
             partitions.append(
                 {
-                    "topic": topic,
-                    "partition": partition,
+                    "topic": p.topic,
+                    "partition": p.partition,
                     "position": committed,
-                    "start_offset": start,
-                    "end_offset": end,
-                    "lag": None if committed is None else end - committed,
+                    "start_offset": p.start,
+                    "end_offset": p.end,
+                    "lag": None if committed is None else p.end - committed,
                 }
             )
         return {
@@ -235,7 +251,16 @@ class SubscriptionRegistry:
         }
 
 
-def _partitions(store: LogStore, sub: PushSubscription) -> list[tuple[str, int, int, int]]:
+@dataclass(frozen=True)
+class _Partition:
+    topic: str
+    topic_id: str
+    partition: int
+    start: int
+    end: int
+
+
+def _partitions(store: LogStore, sub: PushSubscription) -> list[_Partition]:
     if sub.prefix is not None:
         topics = sorted(
             t.name
@@ -244,15 +269,52 @@ def _partitions(store: LogStore, sub: PushSubscription) -> list[tuple[str, int, 
         )
     else:
         topics = list(sub.topics)
-    out: list[tuple[str, int, int, int]] = []
+    out: list[_Partition] = []
     for topic in topics:
         try:
             info = store.describe_topic(topic)
         except UnknownTopic:
             continue
         for p in info.partitions:
-            out.append((topic, p.partition, p.start_offset, p.end_offset))
+            out.append(_Partition(topic, info.topic_id, p.partition, p.start_offset, p.end_offset))
     return out
+
+
+def _place_new_partitions(doc: Doc, parts: list[_Partition], reset: str, name: str) -> bool:
+    """Give every partition without a stored position one, in ``doc``; True if any changed.
+
+    ``reset`` applies once, to the partitions there when the positions are first stored (at
+    the subscription's creation); partitions found later, and topics created again (a new
+    topic id: the stored offsets belong to the old topic), are read from their start.
+    """
+    offsets: dict[str, int] = doc.setdefault("offsets", {})
+    topic_ids: dict[str, str] = doc.setdefault("topic_ids", {})
+    latest = not doc.get("initialized") and reset == "latest"
+    changed = not doc.get("initialized")
+    doc["initialized"] = True
+    for topic_id, topic in sorted({(p.topic_id, p.topic) for p in parts}):
+        known = topic_ids.get(topic)
+        if known is not None and known != topic_id:
+            _log.warning(
+                "push %s: topic %s was created again; delivering the new topic from its start",
+                name,
+                topic,
+            )
+            for key in [k for k in offsets if k.rpartition("/")[0] == topic]:
+                del offsets[key]
+        if known != topic_id:
+            topic_ids[topic] = topic_id
+            changed = True
+    for p in parts:
+        key = _key(p.topic, p.partition)
+        if key not in offsets:
+            offsets[key] = p.end if latest else p.start
+            changed = True
+        elif offsets[key] > p.end:
+            # Past the end: offsets of an older topic of this name (created again unnoticed).
+            offsets[key] = p.start
+            changed = True
+    return changed
 
 
 class _Delivery:
@@ -264,6 +326,8 @@ class _Delivery:
         self.stopping = False
         self.task: asyncio.Task[None] | None = None
         self.positions: dict[tuple[str, int], int] = {}
+        self.topic_ids: dict[str, str] = {}
+        self.placed = False
         self.rotation = 0
 
     async def run(self) -> None:
@@ -275,6 +339,9 @@ class _Delivery:
                     batch, next_positions = await self._collect()
                     if not batch:
                         continue
+                    topics = {m["topic"] for m in batch}
+                    if not await anyio.to_thread.run_sync(self._still_known, topics):
+                        continue  # the next refresh starts the new topic over
                     delivered = await self._post(client, batch)
                     if not delivered:
                         return
@@ -291,21 +358,42 @@ class _Delivery:
                     await asyncio.sleep(1.0)
 
     async def _refresh_positions(self) -> None:
-        """Start positions for partitions not seen yet (new topics under a prefix, too)."""
+        """Positions for partitions not seen yet (new topics under a prefix, topics created
+        again), stored before anything is delivered from them."""
         parts = await anyio.to_thread.run_sync(_partitions, self.owner.store, self.sub)
-        st = await anyio.to_thread.run_sync(self.owner.state.get, _state_key(self.sub.name))
-        stored: dict[str, int] = (st or {}).get("offsets", {})
-        first_time = not stored
-        for topic, partition, start, end in parts:
-            tp = (topic, partition)
-            if tp in self.positions:
-                continue
-            committed = stored.get(_key(topic, partition))
-            if committed is not None:
-                self.positions[tp] = committed
-            else:
-                latest = first_time and self.sub.reset == "latest"
-                self.positions[tp] = end if latest else start
+        known = {(p.topic, p.partition) for p in parts if self.topic_ids.get(p.topic) == p.topic_id}
+        if self.placed and known == set(self.positions):
+            return
+        offsets = await anyio.to_thread.run_sync(self._place, parts)
+        self.positions = {
+            (p.topic, p.partition): offsets[_key(p.topic, p.partition)] for p in parts
+        }
+        self.topic_ids = {p.topic: p.topic_id for p in parts}
+        self.placed = True
+
+    def _place(self, parts: list[_Partition]) -> dict[str, int]:
+        holder = self.owner.holder_id
+
+        def change(doc: Doc | None) -> tuple[Doc, dict[str, int]]:
+            if doc is None or doc.get("holder") != holder:
+                raise LeaseLost(self.sub.name)
+            _place_new_partitions(doc, parts, self.sub.reset, self.sub.name)
+            return doc, dict(doc["offsets"])
+
+        return self.owner.state.update(_state_key(self.sub.name), change)
+
+    def _still_known(self, topics: set[str]) -> bool:
+        """Checked after reading: an unchanged topic id proves the batch came from the topic
+        the positions belong to, not from one of the same name created since."""
+        for topic in topics:
+            try:
+                topic_id = self.owner.store.describe_topic(topic).topic_id
+            except UnknownTopic:
+                topic_id = None
+            if topic_id != self.topic_ids.get(topic):
+                _log.warning("push %s: %s changed while it was read", self.sub.name, topic)
+                return False
+        return True
 
     async def _collect(self) -> tuple[list[dict[str, Any]], dict[tuple[str, int], int]]:
         """Wait for messages, linger for more, and return up to one batch."""

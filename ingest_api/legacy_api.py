@@ -9,7 +9,8 @@ Wire format (stable; see docs/protocol.md, "Legacy Archive API"):
     answers ``{"txn_id", "topic", "partition", "offset"}``.  Repeating it is harmless.
 ``POST /commit?txn_id=X&log_type=T``
     writes the transaction's commit marker and answers ``{"txn_id", "topic", "partition",
-    "data_offset", "committed": true}``.  Repeating it is harmless.
+    "data_offset", "committed": true}``.  Repeating it is harmless.  More than 60 s after the
+    data was written it is refused (409 ``window_expired``) and writes nothing.
 
 Readers deliver a transaction's data once, at its marker, if the marker came within the
 window (60 s by default) after the data; see :mod:`delivery.legacy_txn`.
@@ -35,6 +36,7 @@ from delivery.legacy_txn import (
     LegacyStaging,
     UnknownStagedData,
     UnknownTransaction,
+    WindowExpired,
     find_txn_partition,
     validate_txn_id,
     write_commit,
@@ -67,6 +69,8 @@ def _translated(handler: Handler) -> Handler:
             raise ApiError(404, "unknown_transaction", str(exc)) from None
         except UnknownStagedData as exc:
             raise ApiError(404, "unknown_store_id", str(exc)) from None
+        except WindowExpired as exc:
+            raise ApiError(409, "window_expired", str(exc)) from None
 
     return wrapper
 

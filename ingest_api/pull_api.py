@@ -11,6 +11,7 @@ group state lives in the store, so any worker or gateway can serve any request.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from delivery.consumer_group import (
     NotPartitionOwner,
     Subscription,
     SubscriptionConflict,
+    TopicRecreated,
     UnknownGroup,
     UnknownMember,
 )
@@ -40,10 +42,12 @@ from delivery.framing import (
 from delivery.internal_state import InternalState, is_internal
 from delivery.mirror import (
     MirrorGap,
+    ReplicaPosition,
     append_replica,
     decode_replica_body,
     ensure_replica_topic,
     replica_position,
+    skip_dropped_source,
 )
 from delivery.partition_reader import (
     DEFAULT_MAX_BYTES,
@@ -66,12 +70,14 @@ from log_store.topic_names import validate_topic_name
 MAX_WAIT_MS = 60_000
 MAX_FETCH_PARTITIONS = 10_000
 _JSON_BODY_LIMIT = 4 * 1024 * 1024
+_log = logging.getLogger(__name__)
 
 _ERROR_CODES: tuple[tuple[type[BadRequest], int, str], ...] = (
     (UnknownGroup, 404, "unknown_group"),
     (UnknownMember, 404, "unknown_member"),
     (NotPartitionOwner, 409, "not_owner"),
     (SubscriptionConflict, 409, "subscription_conflict"),
+    (TopicRecreated, 409, "topic_recreated"),
     (UnknownSubscription, 404, "unknown_subscription"),
     (SubscriptionExists, 409, "subscription_exists"),
     (BadFilter, 400, "bad_filter"),
@@ -164,6 +170,10 @@ class PullApi:
         )
         self._read_messages = ctx.metrics.counter(
             "logbroker_pull_messages_total", "messages sent to pull readers"
+        )
+        self._mirror_dropped = ctx.metrics.counter(
+            "logbroker_mirror_dropped_offsets_total",
+            "source offsets a mirror reported dropped by the source's retention before copying",
         )
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -379,10 +389,13 @@ class PullApi:
         if not isinstance(items, list) or not items:
             raise ApiError(400, "bad_request", "offsets must be a non-empty list")
         offsets = []
+        topic_ids: dict[str, str] = {}
         for item in items:
             if not isinstance(item, dict):
                 raise ApiError(400, "bad_request", "each offset is {topic, partition, offset}")
             topic = self._topic(request, _str_field(item, "topic"))
+            if item.get("topic_id") is not None:
+                topic_ids[topic] = _str_field(item, "topic_id")
             offsets.append(
                 (
                     topic,
@@ -390,7 +403,7 @@ class PullApi:
                     _json_int(item, "offset", -1, 0, 2**63 - 1),
                 )
             )
-        await self._run(self.groups.commit, group, member_id, offsets)
+        await self._run(self.groups.commit, group, member_id, offsets, topic_ids)
         return _json({"committed": len(offsets)})
 
     async def describe_group(self, request: Request) -> Response:
@@ -434,19 +447,16 @@ class PullApi:
         """Where a mirror of ``source`` resumes: the next source offset this partition wants."""
         topic, partition, source = self._replica_target(request)
         position = await self._run(replica_position, self.store, topic, partition, source)
-        return _json(
-            {
-                "next_source_offset": position.next_source_offset,
-                "next_dest_offset": position.next_dest_offset,
-            }
-        )
+        return _json(_position_json(position))
 
     async def replica_append(self, request: Request) -> Response:
         """Append mirrored records exactly once (409 with the expected offset otherwise)."""
         topic, partition, source = self._replica_target(request)
-        partitions = _int_param(request.query_params, "partitions", None, 1, 100_000)
+        params = request.query_params
+        partitions = _int_param(params, "partitions", None, 1, 100_000)
         if partition >= partitions:
             raise ApiError(400, "bad_request", f"partition {partition} >= partitions {partitions}")
+        start = _int_param(params, "start", None, 0, 2**63 - 1)
         body = await read_body(request, self.ctx.settings.limits)
         try:
             records = decode_replica_body(body)
@@ -454,7 +464,7 @@ class PullApi:
             raise ApiError(400, "bad_framing", str(exc)) from None
         try:
             next_offset = await self._run(
-                self._append_replica, topic, partition, partitions, source, records
+                self._append_replica, topic, partition, partitions, source, records, start
             )
         except MirrorGap as exc:
             raise ApiError(
@@ -469,9 +479,53 @@ class PullApi:
         partitions: int,
         source: str,
         records: list[tuple[int, bytes]],
+        start: int,
     ) -> int:
         ensure_replica_topic(self.store, topic, partitions)
-        return append_replica(self.store, topic, partition, source, records)
+        return append_replica(self.store, topic, partition, source, records, start)
+
+    async def replica_dropped(self, request: Request) -> Response:
+        """The source's retention dropped offsets below ``to`` before they were copied."""
+        topic, partition, source = self._replica_target(request)
+        params = request.query_params
+        partitions = _int_param(params, "partitions", None, 1, 100_000)
+        if partition >= partitions:
+            raise ApiError(400, "bad_request", f"partition {partition} >= partitions {partitions}")
+        dropped_from = _int_param(params, "from", None, 0, 2**63 - 1)
+        to = _int_param(params, "to", None, 0, 2**63 - 1)
+        if dropped_from > to:
+            raise ApiError(400, "bad_request", f"from {dropped_from} is past to {to}")
+        after, skipped = await self._run(
+            self._skip_dropped, topic, partition, partitions, source, dropped_from, to
+        )
+        if skipped:
+            self._mirror_dropped.inc(skipped)
+            _log.warning(
+                "%s/%d: a mirror reports source offsets below %d dropped before they were "
+                "copied (%d messages of source %s lost)",
+                topic,
+                partition,
+                to,
+                skipped,
+                source,
+            )
+        return _json({**_position_json(after), "skipped": skipped})
+
+    def _skip_dropped(
+        self, topic: str, partition: int, partitions: int, source: str, first: int, to: int
+    ) -> tuple[ReplicaPosition, int]:
+        # The first word about a source may be that its start was dropped: no copy exists yet.
+        ensure_replica_topic(self.store, topic, partitions)
+        return skip_dropped_source(self.store, topic, partition, source, first, to)
+
+
+def _position_json(position: ReplicaPosition) -> dict[str, Any]:
+    return {
+        "next_source_offset": position.next_source_offset,
+        "next_dest_offset": position.next_dest_offset,
+        "dropped_offsets": position.dropped_offsets,
+        "gaps": [list(g) for g in position.gaps],
+    }
 
 
 def routes(ctx: GatewayContext) -> list[BaseRoute]:
@@ -530,6 +584,12 @@ def routes(ctx: GatewayContext) -> list[BaseRoute]:
             _translated(api.replica_append),
             methods=["POST"],
             name="replica_append",
+        ),
+        Route(
+            "/v1/replica/{topic}/partitions/{partition:int}/dropped",
+            _translated(api.replica_dropped),
+            methods=["POST"],
+            name="replica_dropped",
         ),
         Route(
             "/v1/subscriptions",
@@ -757,6 +817,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                         partition,
                         _query("source", "string", True),
                         _query("partitions", "integer", True),
+                        _query("start", "integer", True),
                     ],
                     errors=("400", "404", "409", "413"),
                 ),
@@ -767,5 +828,19 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                     },
                 },
             },
+        },
+        "/v1/replica/{topic}/partitions/{partition}/dropped": {
+            "post": _op(
+                "replica_dropped",
+                "Skip source offsets dropped by retention before they were copied",
+                params=[
+                    topic,
+                    partition,
+                    _query("source", "string", True),
+                    _query("partitions", "integer", True),
+                    _query("from", "integer", True),
+                    _query("to", "integer", True),
+                ],
+            )
         },
     }

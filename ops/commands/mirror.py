@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from delivery.mirror import Mirror
+from delivery.mirror import Mirror, MirrorStuck
 from delivery.pull_client import GatewayUnavailable, RequestRefused
 from log_store.errors import BadRequest
 
@@ -65,10 +65,17 @@ def run(args: argparse.Namespace) -> int:
     except RequestRefused as exc:
         print(f"logbroker mirror: {exc.reason}", file=sys.stderr)
         return 2
-    except GatewayUnavailable as exc:
+    except (GatewayUnavailable, MirrorStuck) as exc:
         print(f"logbroker mirror: {exc}", file=sys.stderr)
         return 1
     finally:
         mirror.close()
-    print(f"logbroker mirror: copied {mirror.stats.copied_messages} messages", file=sys.stderr)
+    stats = mirror.stats
+    print(f"logbroker mirror: copied {stats.copied_messages} messages", file=sys.stderr)
+    if stats.dropped_offsets:
+        print(
+            f"logbroker mirror: {stats.dropped_offsets} source messages were dropped by the "
+            "source's retention before they could be copied",
+            file=sys.stderr,
+        )
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
@@ -10,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import REPO, logbroker_cmd
 from tests.delivery.conftest import wait_until
 
 SOURCES = 12
@@ -216,3 +218,64 @@ def test_group_reader_rides_out_a_gateway_kill_without_loss_or_repeat(
     wait_until(lambda: len(reader.records()) >= 40, 30, "the messages written after restart")
     assert reader.terminate() == 0, reader.stderr()
     assert [r["seqno"] for r in reader.records()] == list(range(1, 41))
+
+
+def _topics(data_dir: Any, *args: str) -> None:
+    done = subprocess.run(
+        logbroker_cmd("topics", "--data-dir", str(data_dir), *args),
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.fault
+def test_group_reads_a_topic_created_again_from_its_start(
+    gateway: Any, writer_for: Any, start_reader: Any
+) -> None:
+    _topics(gateway.data_dir, "create", "dc1.app", "--partitions", "1")
+    writer = writer_for(gateway.url)
+    writer.write("old", [1, 2, 3, 4, 5])
+    reader = start_reader(*_reader_args(gateway.url, "again"))
+    wait_until(lambda: len(reader.records()) == 5, 20, "the old topic's messages")
+    wait_until(lambda: _committed(gateway.url, "again") == [5], 10, "the group to commit offset 5")
+    _topics(gateway.data_dir, "delete", "dc1.app")
+    _topics(gateway.data_dir, "create", "dc1.app", "--partitions", "1")
+    # Shorter than the committed offset 5 first (a reader there stalls), then longer (a
+    # reader there skips what is below it).
+    writer.write("new", [1, 2, 3])
+    wait_until(lambda: len(reader.records()) >= 8, 20, "the new topic's first messages")
+    writer.write("new", [4, 5, 6, 7, 8])
+    wait_until(lambda: len(reader.records()) >= 13, 20, "the new topic's later messages")
+    time.sleep(0.5)
+    expected = [("old", n) for n in range(1, 6)] + [("new", n) for n in range(1, 9)]
+    assert _keys(reader.records()) == expected
+    wait_until(lambda: _committed(gateway.url, "again") == [8], 10, "the group to commit offset 8")
+
+
+def _committed(url: str, group: str) -> list[int | None]:
+    described = httpx.get(f"{url}/v1/groups/{group}").json()
+    return [p["committed"] for p in described.get("partitions", [])]
+
+
+def test_commit_for_an_older_topic_of_the_same_name_is_refused(
+    gateway: Any, writer_for: Any
+) -> None:
+    _topics(gateway.data_dir, "create", "dc1.app", "--partitions", "1")
+    writer_for(gateway.url).write("old", [1, 2, 3])
+    old_id = httpx.get(f"{gateway.url}/v1/topics/dc1.app").json()["topic_id"]
+    _topics(gateway.data_dir, "delete", "dc1.app")
+    _topics(gateway.data_dir, "create", "dc1.app", "--partitions", "1")
+    writer_for(gateway.url).write("new", [1, 2, 3])
+    item = {"topic": "dc1.app", "partition": 0, "offset": 2}
+    stale = httpx.post(
+        f"{gateway.url}/v1/groups/manual/offsets",
+        json={"offsets": [{**item, "topic_id": old_id}]},
+    )
+    assert stale.status_code == 409
+    assert stale.json()["error"] == "topic_recreated"
+    assert httpx.get(f"{gateway.url}/v1/groups/manual").status_code == 404
+    fresh = httpx.post(f"{gateway.url}/v1/groups/manual/offsets", json={"offsets": [item]})
+    assert fresh.status_code == 200, fresh.text
+    assert _committed(gateway.url, "manual") == [2]

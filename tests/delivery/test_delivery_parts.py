@@ -3,9 +3,13 @@ group assignment with a controlled clock."""
 
 from __future__ import annotations
 
+import os
+import stat
+import zlib
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,7 +23,8 @@ from delivery.consumer_group import (
 from delivery.envelope_view import NotAnEnvelope, kind_of, view
 from delivery.filters import BadFilter, MessageFilter, filter_from_json, parse_filter
 from delivery.framing import BadFraming, decode_binary, encode_binary
-from delivery.internal_state import InternalState
+from delivery.internal_state import INTERNAL_TOPIC, InternalState
+from delivery.legacy_txn import LegacyStaging
 from delivery.partition_reader import PartitionBatch, PartitionReader
 from log_store import TopicConfig, open_store
 from session_dedup.envelope import KINDS, Envelope, decode, encode
@@ -170,3 +175,45 @@ def test_commits_are_fenced_to_the_owner_and_kept_for_the_next_owner(groups: Any
     taken = coordinator.heartbeat("g", b.member_id)
     assert _owned(taken) == set(range(6))
     assert {x.partition: x.offset for x in taken.assignment}[0] == 0
+
+
+def test_legacy_store_fsyncs_the_staging_directory_after_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[tuple[str, bool]] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), stat.S_ISDIR(os.fstat(fd).st_mode)))
+        real_fsync(fd)
+
+    staging = LegacyStaging(tmp_path / "staging")
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    store_id = staging.put(log_type="app", server="h", file="f", data=b"payload")
+    # the file's data first, then the directory holding its new name
+    assert synced[-1] == (str(tmp_path / "staging"), True)
+    assert any(path.endswith(".tmp") and not is_dir for path, is_dir in synced)
+    assert staging.get(store_id).data == b"payload"
+
+
+def test_internal_state_finds_a_key_in_every_process_after_its_topic_grew(
+    start_gateway: Any, tmp_path: Path
+) -> None:
+    # A group whose key hashes differently over 4 and over 8 partitions.
+    group = next(
+        g for g in (f"g{i}" for i in range(100)) if zlib.crc32(f"group/{g}".encode()) % 8 >= 4
+    )
+    first = start_gateway(tmp_path / "data")
+    item = {"topic": "dc1.app", "partition": 0, "offset": 0}
+    with open_store(tmp_path / "data") as store:
+        store.create_topic("dc1.app", TopicConfig(partitions=1))
+    committed = httpx.post(f"{first.url}/v1/groups/{group}/offsets", json={"offsets": [item]})
+    assert committed.status_code == 200, committed.text
+    with open_store(tmp_path / "data") as store:
+        store.set_partitions(INTERNAL_TOPIC, 8)
+    # A gateway started after the growth, next to the one started before it.
+    second = start_gateway(tmp_path / "data")
+    for gw in (first, second):
+        described = httpx.get(f"{gw.url}/v1/groups/{group}")
+        assert described.status_code == 200, described.text
+        assert [p["committed"] for p in described.json()["partitions"]] == [0]

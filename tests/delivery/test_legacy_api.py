@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.conftest import REPO, logbroker_cmd
 from tests.delivery.conftest import wait_until
 
 
@@ -154,3 +157,79 @@ def test_staged_and_requested_data_survive_a_gateway_kill(
         "requested before the kill\n",
         "staged before the kill\n",
     ]
+
+
+def _age_transaction(data_dir: Any, topic: str, txn_id: str, by_ms: int) -> None:
+    """As if ``by_ms`` passed since the transaction's data was written (a slow client)."""
+    from delivery.legacy_txn import find_txn_partition
+    from log_store import open_store
+    from log_store.interface import PartitionState
+
+    key = f"legacy-txn/{txn_id}"
+    with open_store(data_dir) as store:
+        partitions = len(store.describe_topic(topic).partitions)
+        partition = find_txn_partition(store, topic, partitions, txn_id)
+
+        def age(state: PartitionState) -> list[bytes]:
+            raw = state.get(key)
+            assert raw is not None
+            doc = json.loads(raw)
+            doc["write_time"] -= by_ms
+            state.put(key, json.dumps(doc).encode())
+            return []
+
+        store.transact(topic, partition, age)
+
+
+def test_a_commit_later_than_the_window_is_refused_and_writes_no_marker(gateway: Any) -> None:
+    archive = Archive(gateway.url)
+    late = archive.commit_request(archive.store(b"late\n"))
+    on_time = archive.commit_request(archive.store(b"on time\n"))
+    archive.commit(on_time["txn_id"])
+    _age_transaction(gateway.data_dir, "dc1.app", late["txn_id"], 61_000)
+    _age_transaction(gateway.data_dir, "dc1.app", on_time["txn_id"], 61_000)
+    for _ in range(2):
+        refused = archive.http.post("/commit", params={"txn_id": late["txn_id"], "log_type": "app"})
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"] == "window_expired"
+    # committed in time, so repeating it is still answered as committed
+    assert archive.commit(on_time["txn_id"])["committed"] is True
+    raw = _read_all(gateway.url, raw=1)
+    assert sorted(m["kind"] for m in raw) == ["legacy_commit", "legacy_data", "legacy_data"]
+    assert [m["data"] for m in _read_all(gateway.url)] == ["on time\n"]
+
+
+def test_a_repeated_commit_request_after_the_topic_grew_writes_the_data_once(
+    gateway: Any,
+) -> None:
+    from delivery.legacy_txn import txn_partition
+
+    # A transaction id that hashes to another partition once the topic has 8 partitions.
+    txn_id = next(
+        t for t in (f"t{i}" for i in range(100)) if txn_partition(t, 4) != txn_partition(t, 8)
+    )
+    archive = Archive(gateway.url)
+    sid = archive.store(b"once\n")
+    params = {"store_id": sid, "txn_id": txn_id}
+    first = archive.http.post("/commit_request", params=params)
+    assert first.status_code == 200, first.text
+    done = subprocess.run(
+        logbroker_cmd(
+            "topics", "--data-dir", str(gateway.data_dir), "alter", "dc1.app", "--partitions", "8"
+        ),
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    again = archive.http.post("/commit_request", params=params)
+    assert again.status_code == 200, again.text
+    assert again.json() == first.json()
+    archive.commit(txn_id)
+    raw = []
+    for p in range(8):
+        raw += httpx.get(
+            f"{gateway.url}/v1/topics/dc1.app/partitions/{p}/messages",
+            params={"offset": 0, "raw": 1},
+        ).json()["messages"]
+    assert sorted(m["kind"] for m in raw) == ["legacy_commit", "legacy_data"]

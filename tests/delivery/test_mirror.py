@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -100,7 +102,7 @@ def test_mirrored_legacy_transactions_resolve_in_the_other_dc(
     for p in range(4):
         response = http.post(
             f"/v1/replica/dc1.app/partitions/{p}",
-            params={"source": "an-older-copy", "partitions": 4},
+            params={"source": "an-older-copy", "partitions": 4, "start": 0},
             content=encode_replica_body([(0, filler), (1, filler), (2, filler)]),
         )
         assert response.status_code == 200, response.text
@@ -131,7 +133,11 @@ def test_replica_append_refuses_a_gap_with_the_expected_offset(gateway: Any) -> 
 
     value = encode(Envelope("s", "h", "f", "app", "raw", 1, 0, 0, b"x\n"))
     url = f"{gateway.url}/v1/replica/dc1.app/partitions/0"
-    params = {"source": "topic-id-1", "partitions": 2}
+    params: dict[str, str | int] = {"source": "topic-id-1", "partitions": 2, "start": 5}
+    # The first copy of a source must begin at the source's start offset.
+    middle = httpx.post(url, params=params, content=encode_replica_body([(6, value)]))
+    assert middle.status_code == 409
+    assert middle.json()["expected_source_offset"] == 5
     first = httpx.post(url, params=params, content=encode_replica_body([(5, value), (6, value)]))
     assert first.status_code == 200, first.text
     assert first.json()["next_source_offset"] == 7
@@ -143,3 +149,114 @@ def test_replica_append_refuses_a_gap_with_the_expected_offset(gateway: Any) -> 
     assert bad.status_code == 400
     described = httpx.get(f"{gateway.url}/v1/topics/dc1.app").json()
     assert described["partitions"][0]["end_offset"] == 2
+
+
+def _topics(data_dir: Any, *args: str) -> None:
+    done = subprocess.run(
+        logbroker_cmd("topics", "--data-dir", str(data_dir), *args),
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _seqnos(url: str, topic: str) -> list[int]:
+    return [seqno for records in _raw_partitions(url, topic).values() for _, seqno, _ in records]
+
+
+@pytest.mark.fault
+def test_mirror_skips_what_source_retention_dropped_and_reports_the_gap(
+    start_gateway: Any, writer_for: Any, tmp_path: Any
+) -> None:
+    dc1 = start_gateway(tmp_path / "dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "dc2", "--dc", "dc2")
+    # One partition whose segments roll at every write, so whole writes can be dropped.
+    _topics(dc1.data_dir, "create", "dc1.app", "--partitions", "1", "--segment-bytes", "4096")
+    writer = writer_for(dc1.url)
+    writer.write("src", list(range(1, 61)))
+    first = _mirror(dc1.url, dc2.url, "--idle-exit", "1")
+    assert first.wait(30) == 0
+    assert _seqnos(dc2.url, "dc1.app") == list(range(1, 61))
+
+    writer.write("src", list(range(61, 121)))
+    writer.write("src", list(range(121, 181)))
+    # Forced deletion drops offsets 60..119 before the mirror saw them.
+    _topics(
+        dc1.data_dir, "delete-segments", "dc1.app", "--partition", "0", "--before-offset", "120"
+    )
+    source = httpx.get(f"{dc1.url}/v1/topics/dc1.app").json()
+    assert source["partitions"][0]["start_offset"] == 120
+
+    second = _mirror(dc1.url, dc2.url, "--idle-exit", "2", "--state-dir", str(tmp_path / "st"))
+    assert second.wait(60) == 0
+    assert _seqnos(dc2.url, "dc1.app") == [*range(1, 61), *range(121, 181)]
+    stderr = second.stderr.read().decode() if second.stderr else ""
+    assert "dropped by the source's retention" in stderr
+    position = httpx.get(
+        f"{dc2.url}/v1/replica/dc1.app/partitions/0", params={"source": source["topic_id"]}
+    ).json()
+    assert position["next_source_offset"] == 180
+    assert position["dropped_offsets"] == 60
+    assert position["gaps"] == [[60, 120]]
+    assert "logbroker_mirror_dropped_offsets_total 60" in httpx.get(f"{dc2.url}/metrics").text
+    status = json.loads((tmp_path / "st" / "mirror-status.json").read_text())
+    assert status["dropped_offsets"] == 60
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_running_mirror_copies_a_recreated_source_topic_from_its_start(
+    start_gateway: Any, writer_for: Any, tmp_path: Any
+) -> None:
+    dc1 = start_gateway(tmp_path / "dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "dc2", "--dc", "dc2")
+    _topics(dc1.data_dir, "create", "dc1.app", "--partitions", "1")
+    writer = writer_for(dc1.url)
+    writer.write("old", list(range(1, 11)))
+    mirror = _mirror(dc1.url, dc2.url)
+    try:
+        wait_until(lambda: len(_seqnos(dc2.url, "dc1.app")) == 10, 20, "the first copy")
+        # The topic is deleted and created again: its offsets start over at 0, below the
+        # mirror's position in the old topic.
+        _topics(dc1.data_dir, "delete", "dc1.app")
+        _topics(dc1.data_dir, "create", "dc1.app", "--partitions", "1")
+        writer.write("new", list(range(1, 16)))
+        expected = [("old", n) for n in range(1, 11)] + [("new", n) for n in range(1, 16)]
+
+        def copied() -> list[tuple[str, int]]:
+            records = _raw_partitions(dc2.url, "dc1.app").get(0, [])
+            return [(source, seqno) for source, seqno, _ in records]
+
+        wait_until(lambda: copied() == expected, 30, "the new topic to be copied whole")
+        time.sleep(1.0)  # nothing more comes: no record of the new topic is copied twice
+        assert copied() == expected
+    finally:
+        mirror.send_signal(signal.SIGTERM)
+        assert mirror.wait(30) == 0
+
+
+def test_mirror_stops_when_the_destination_expects_more_than_the_source_has(
+    start_gateway: Any, writer_for: Any, tmp_path: Any
+) -> None:
+    from delivery.mirror import encode_replica_body
+    from session_dedup.envelope import Envelope, encode
+
+    dc1 = start_gateway(tmp_path / "dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "dc2", "--dc", "dc2")
+    _topics(dc1.data_dir, "create", "dc1.app", "--partitions", "1")
+    writer_for(dc1.url).write("src", [1, 2, 3])
+    source_id = httpx.get(f"{dc1.url}/v1/topics/dc1.app").json()["topic_id"]
+    # A copy under this source's id that the source never had (restored from elsewhere).
+    value = encode(Envelope("x", "h", "f", "app", "raw", 1, 0, 0, b"x\n"))
+    response = httpx.post(
+        f"{dc2.url}/v1/replica/dc1.app/partitions/0",
+        params={"source": source_id, "partitions": 1, "start": 0},
+        content=encode_replica_body([(i, value) for i in range(10)]),
+    )
+    assert response.status_code == 200, response.text
+    mirror = _mirror(dc1.url, dc2.url, "--idle-exit", "5")
+    assert mirror.wait(30) == 1
+    stderr = mirror.stderr.read().decode() if mirror.stderr else ""
+    assert "expects source offset 10, past the source's end 3" in stderr
+    assert httpx.get(f"{dc2.url}/v1/topics/dc1.app").json()["partitions"][0]["end_offset"] == 10

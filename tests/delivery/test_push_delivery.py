@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import REPO, logbroker_cmd
 from tests.delivery.conftest import wait_until
 
 FAST_RETRY = {"timeout_ms": 400, "min_backoff_ms": 20, "max_backoff_ms": 200}
@@ -150,3 +153,55 @@ def test_two_gateway_workers_deliver_each_batch_once(
     time.sleep(1.5)  # a second deliverer would have sent its copies by now
     offsets = [m["offset"] for m in endpoint.messages()]
     assert offsets == list(range(60))
+
+
+def _topics(data_dir: Any, *args: str) -> None:
+    done = subprocess.run(
+        logbroker_cmd("topics", "--data-dir", str(data_dir), *args),
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.fault
+def test_latest_subscription_delivers_what_came_after_it_across_a_kill_before_any_push(
+    start_gateway: Any, writer_for: Any, push_endpoint: Any, tmp_path: Any
+) -> None:
+    healthy = threading.Event()
+    endpoint = push_endpoint(lambda n: ("ok", 200) if healthy.is_set() else ("fail", 503))
+    gw = start_gateway(tmp_path / "data")
+    _topics(gw.data_dir, "create", "dc1.app", "--partitions", "1")
+    writer_for(gw.url).write("src0", list(range(1, 11)))  # before the subscription: not pushed
+    _subscribe(gw.url, "tail", endpoint.url, reset="latest")
+    writer_for(gw.url).write("src0", list(range(11, 21)))
+    wait_until(lambda: endpoint.requests >= 1, 10, "a first (refused) push")
+    # Killed before any batch was accepted, so no position was ever moved by a delivery.
+    gw.kill()
+    healthy.set()
+    gw2 = start_gateway(tmp_path / "data")
+    wait_until(lambda: len(endpoint.messages()) >= 10, 20, "the 10 messages after subscribing")
+    assert [m["seqno"] for m in endpoint.messages()] == list(range(11, 21))
+    writer_for(gw2.url).write("src0", [21])
+    wait_until(lambda: len(endpoint.messages()) == 11, 10, "the next message")
+
+
+@pytest.mark.fault
+def test_push_delivers_a_topic_created_again_from_its_start(
+    gateway: Any, writer_for: Any, push_endpoint: Any
+) -> None:
+    endpoint = push_endpoint(lambda n: ("ok", 200))
+    _topics(gateway.data_dir, "create", "dc1.app", "--partitions", "1")
+    writer = writer_for(gateway.url)
+    writer.write("old", list(range(1, 11)))
+    _subscribe(gateway.url, "again", endpoint.url)
+    wait_until(lambda: len(endpoint.messages()) == 10, 10, "the old topic's messages")
+    _topics(gateway.data_dir, "delete", "dc1.app")
+    _topics(gateway.data_dir, "create", "dc1.app", "--partitions", "1")
+    # The new topic outgrows the old position (offset 10) before delivery looks again.
+    writer.write("new", list(range(1, 16)))
+    wait_until(lambda: len(endpoint.messages()) >= 25, 15, "the new topic's messages")
+    time.sleep(0.5)
+    pushed = [(m["source_id"], m["seqno"]) for m in endpoint.messages()]
+    assert pushed == [("old", n) for n in range(1, 11)] + [("new", n) for n in range(1, 16)]
