@@ -151,10 +151,6 @@ def append_replica(
         if offset != first + i:
             raise BadRequest("replica records must have consecutive source offsets")
     key = _STATE_PREFIX + source_id
-    # The transaction cannot see the end offset, so it is read just before; a writer that
-    # slips in between is detected from where the records landed, below.
-    end_before = store.end_offset(topic, partition)
-    assumed: list[int] = []
 
     def fn(state: PartitionState) -> list[bytes]:
         doc = _load(state, key)
@@ -164,33 +160,15 @@ def append_replica(
                 f"{topic}/{partition} expects source offset {expected}, got {first}", expected
             )
         doc = doc or {}
-        shift = end_before - first
+        dest_first = state.next_offset()
+        shift = dest_first - first
         values = [_rewrite_marker(v, shift) for _, v in records]
         doc["next_source"] = first + len(records)
-        doc["next_dest"] = end_before + len(records)
+        doc["next_dest"] = dest_first + len(records)
         state.put(key, json.dumps(doc).encode())
-        assumed.append(end_before)
         return values
 
-    result = store.transact(topic, partition, fn)
-    if result.first_offset != assumed[0]:
-        _log.warning(
-            "%s/%d: another writer appended while source offsets %d..%d were copied; legacy "
-            "commit markers among them name the wrong data offsets and will not release it",
-            topic,
-            partition,
-            first,
-            first + len(records) - 1,
-        )
-
-        def correct(state: PartitionState) -> list[bytes]:
-            doc = _load(state, key)
-            if doc is not None and int(doc["next_source"]) == first + len(records):
-                doc["next_dest"] = result.last_offset + 1
-                state.put(key, json.dumps(doc).encode())
-            return []
-
-        store.transact(topic, partition, correct)
+    store.transact(topic, partition, fn)
     return first + len(records)
 
 

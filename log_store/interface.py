@@ -98,6 +98,10 @@ class PartitionState(Protocol):
 
     def put(self, key: str, value: bytes) -> None: ...
 
+    def next_offset(self) -> int:
+        """The offset the transaction's first record gets if it returns any."""
+        ...
+
 
 TransactionFn = Callable[[PartitionState], Sequence[bytes]]
 """Reads and updates state, returns the record values to append (possibly none).

@@ -88,12 +88,16 @@ def connect(path: Path) -> sqlite3.Connection:
 class _TxnState:
     """The state area as one transaction sees it: its own puts over the group's over the db."""
 
-    __slots__ = ("_conn", "_group", "local")
+    __slots__ = ("_conn", "_group", "_next_offset", "local")
 
-    def __init__(self, conn: sqlite3.Connection, group: dict[str, bytes]) -> None:
+    def __init__(self, conn: sqlite3.Connection, group: dict[str, bytes], next_offset: int) -> None:
         self._conn = conn
         self._group = group
+        self._next_offset = next_offset
         self.local: dict[str, bytes] = {}
+
+    def next_offset(self) -> int:
+        return self._next_offset
 
     def get(self, key: str) -> bytes | None:
         if key in self.local:
@@ -301,7 +305,7 @@ class PartitionLog:
             shared: dict[str, bytes] = {}
             values: list[bytes] = []
             for txn in group:
-                state = _TxnState(conn, shared)
+                state = _TxnState(conn, shared, end + len(values))
                 try:
                     produced = txn.fn(state)
                 except Exception as exc:  # the transaction's own failure; others go on

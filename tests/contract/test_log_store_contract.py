@@ -599,3 +599,21 @@ def test_crash_between_segment_write_and_commit_leaves_no_trace(tmp_path: Path, 
         result = store.append("dc1.t", 0, [b"after:0:0:1:"])
         assert result.first_offset == len(values)
         assert read_all(store, "dc1.t", 0)[-1] == b"after:0:0:1:"
+
+
+def test_transaction_knows_the_offset_its_records_will_get(store: LogStore) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    store.append("dc1.t", 0, [b"a", b"b"])
+    seen: list[int] = []
+
+    def fn(n: int) -> Callable[[PartitionState], Sequence[bytes]]:
+        def run(state: PartitionState) -> Sequence[bytes]:
+            seen.append(state.next_offset())
+            return [b"x"] * n
+
+        return run
+
+    futures = [store.submit("dc1.t", 0, fn(n)) for n in (3, 0, 2)]
+    results = [f.result() for f in futures]
+    assert seen == [r.first_offset for r in results]
+    assert results[0].first_offset == 2 and results[2].first_offset == 5
