@@ -1,6 +1,6 @@
 """Write a sample access log forever: numbered lines, renamed away every N lines like logrotate.
 
-    python scripts/sample_log.py PATH [--rate LINES_PER_S] [--rotate-every N]
+python scripts/sample_log.py PATH [--rate LINES_PER_S] [--rotate-every N]
 """
 
 from __future__ import annotations
