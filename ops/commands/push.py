@@ -1,0 +1,145 @@
+"""``logbroker push``: the host daemon that tails log files and ships every line exactly once."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from log_store.errors import LogbrokerError
+from push_client.config import CODECS, ConfigError, build_config
+from push_client.daemon import PushDaemon, StateDirBusy
+from push_client.status import print_status, read_status
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths", nargs="*", metavar="PATH_OR_GLOB", help="files to tail (globs are re-scanned)"
+    )
+    parser.add_argument(
+        "--server",
+        action="append",
+        metavar="URL[,URL...]",
+        help="gateway URLs; the next one takes over when one fails",
+    )
+    parser.add_argument("--log-type", help="log type of the PATH_OR_GLOB arguments")
+    parser.add_argument("--state-dir", help="where positions, status and metrics are kept")
+    parser.add_argument("--codec", choices=CODECS, help="compression of each chunk (raw)")
+    parser.add_argument("--multiline", metavar="REGEX", help="a line matching starts a record")
+    parser.add_argument("--config", type=Path, help="TOML file with [push] and [[entry]] tables")
+    parser.add_argument("--host-name", help="host name sent as 'server' (default: this host)")
+    parser.add_argument("--token", help="bearer token (or LOGBROKER_TOKEN)")
+    parser.add_argument("--chunk-bytes", type=int, help="largest chunk (1 MiB)")
+    parser.add_argument("--request-bytes", type=int, help="largest request body (8 MiB)")
+    parser.add_argument("--linger-ms", type=float, help="how long a small batch waits (5)")
+    parser.add_argument("--max-in-flight", type=int, help="concurrent requests (4)")
+    parser.add_argument(
+        "--pipeline-depth", type=int, help="requests of one file in flight at once (2)"
+    )
+    parser.add_argument("--memory-bytes", type=int, help="read-ahead bound (64 MiB)")
+    parser.add_argument(
+        "--rotate-wait", type=float, help="seconds a rotated-away file must be quiet (2)"
+    )
+    parser.add_argument("--poll-interval", type=float, help="polling period in seconds (0.25)")
+    parser.add_argument("--no-inotify", action="store_true", help="poll instead of inotify")
+    parser.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT")
+    parser.add_argument(
+        "--shutdown-timeout", type=float, help="seconds SIGTERM waits for in-flight acks (10)"
+    )
+    parser.add_argument(
+        "--idle-exit",
+        type=float,
+        metavar="SECONDS",
+        help="exit once everything read is acknowledged and nothing new came for SECONDS",
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar while catching up (default: when stderr is a terminal)",
+    )
+    parser.add_argument(
+        "--status", action="store_true", help="print per-file lag of a running client and exit"
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # One line per request would drown the client's own messages.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.status:
+        return _print_status(args)
+    try:
+        config = build_config(
+            file=args.config,
+            servers=args.server,
+            state_dir=args.state_dir,
+            log_type=args.log_type,
+            codec=args.codec,
+            multiline=args.multiline,
+            paths=args.paths,
+            overrides={
+                "host": args.host_name,
+                "token": args.token,
+                "chunk_bytes": args.chunk_bytes,
+                "request_bytes": args.request_bytes,
+                "linger_ms": args.linger_ms,
+                "max_in_flight": args.max_in_flight,
+                "pipeline_depth": args.pipeline_depth,
+                "memory_bytes": args.memory_bytes,
+                "rotate_wait_s": args.rotate_wait,
+                "poll_interval_s": args.poll_interval,
+                "inotify": False if args.no_inotify else None,
+                "metrics_port": args.metrics_port,
+                "shutdown_timeout_s": args.shutdown_timeout,
+            },
+        )
+    except ConfigError as exc:
+        print(f"logbroker push: {exc}", file=sys.stderr)
+        return 2
+    daemon = PushDaemon(config, idle_exit_s=args.idle_exit, progress=args.progress)
+    try:
+        code = daemon.run()
+    except StateDirBusy as exc:
+        print(f"logbroker push: {exc}", file=sys.stderr)
+        return 2
+    except LogbrokerError as exc:
+        print(f"logbroker push: {exc}", file=sys.stderr)
+        return 1
+    if daemon.requests_abandoned():
+        # A request to a hung gateway may block its thread until the HTTP timeout; the
+        # positions are saved, so exit now instead of waiting for it.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _print_status(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir
+    if state_dir is None and args.config is not None:
+        try:
+            state_dir = build_config(file=args.config).state_dir
+        except ConfigError as exc:
+            print(f"logbroker push --status: {exc}", file=sys.stderr)
+            return 2
+    if state_dir is None:
+        print("logbroker push --status: give --state-dir DIR or --config FILE", file=sys.stderr)
+        return 2
+    try:
+        doc = read_status(Path(state_dir))
+    except FileNotFoundError:
+        print(
+            f"logbroker push --status: no status in {state_dir} (has the client run there?)",
+            file=sys.stderr,
+        )
+        return 1
+    print_status(doc, sys.stdout)
+    return 0

@@ -1,0 +1,230 @@
+"""The push-client's configuration: one typed, frozen object built once (file, env, flags).
+
+A TOML file describes many entries; flags of ``logbroker push`` override the ``[push]`` table
+and add one entry for the paths given on the command line::
+
+    [push]
+    servers = ["http://gw1:8080", "http://gw2:8080"]
+    state_dir = "/var/lib/logbroker-push"
+    host = "web-17"              # default: the machine's host name
+    token = "s3cr3t"             # or LOGBROKER_TOKEN
+    chunk_bytes = 1048576        # largest chunk (one message of the log)
+    request_bytes = 8388608      # largest request body, many chunks of many sources
+    linger_ms = 5                # how long a small batch may wait for company
+    max_in_flight = 4            # concurrent requests
+    pipeline_depth = 2           # requests of one file in flight (guarded by prev_seqno)
+    memory_bytes = 67108864      # read but unacknowledged bytes held in memory, at most
+    rotate_wait_s = 2.0          # a rotated-away file quiet this long is let go
+    metrics_port = 9109          # optional local /metrics endpoint
+
+    [[entry]]
+    path = "/var/log/nginx/*.log"
+    log_type = "nginx-access"
+    codec = "zstd"               # raw | gzip | zstd
+    multiline = '^\\d{4}-\\d\\d-\\d\\d '   # optional: a line matching starts a record
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from log_store.errors import BadRequest
+
+CODECS = ("raw", "gzip", "zstd")
+_LOG_TYPE = re.compile(r"[a-z0-9][a-z0-9._-]{0,200}")
+_PUSH_KEYS = {
+    "servers",
+    "state_dir",
+    "host",
+    "token",
+    "chunk_bytes",
+    "request_bytes",
+    "linger_ms",
+    "max_in_flight",
+    "pipeline_depth",
+    "memory_bytes",
+    "rotate_wait_s",
+    "poll_interval_s",
+    "rescan_interval_s",
+    "multiline_timeout_s",
+    "metrics_port",
+    "inotify",
+    "shutdown_timeout_s",
+    "max_backoff_s",
+}
+_ENTRY_KEYS = {"path", "log_type", "codec", "multiline"}
+
+
+class ConfigError(BadRequest):
+    """The push-client's configuration (file, env or flags) is invalid."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One path or glob to tail and how to ship what it holds."""
+
+    path: str
+    log_type: str
+    codec: str = "raw"
+    multiline: str | None = None
+
+    def multiline_pattern(self) -> re.Pattern[bytes] | None:
+        if self.multiline is None:
+            return None
+        return re.compile(self.multiline.encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class PushConfig:
+    """Everything ``logbroker push`` needs, immutable once built."""
+
+    servers: tuple[str, ...]
+    state_dir: Path
+    entries: tuple[Entry, ...]
+    host: str = field(default_factory=socket.gethostname)
+    token: str | None = None
+    chunk_bytes: int = 1024 * 1024
+    request_bytes: int = 8 * 1024 * 1024
+    linger_ms: float = 5.0
+    max_in_flight: int = 4
+    pipeline_depth: int = 2
+    memory_bytes: int = 64 * 1024 * 1024
+    rotate_wait_s: float = 2.0
+    poll_interval_s: float = 0.25
+    rescan_interval_s: float = 1.0
+    multiline_timeout_s: float = 1.0
+    metrics_port: int | None = None
+    inotify: bool = True
+    shutdown_timeout_s: float = 10.0
+    max_backoff_s: float = 5.0
+    max_line_bytes: int = 4 * 1024 * 1024
+
+    def validated(self) -> PushConfig:
+        """Return self if every field makes sense, else raise :class:`ConfigError`."""
+        if not self.servers:
+            raise ConfigError("no gateway given: use --server URL[,URL...] or push.servers")
+        for url in self.servers:
+            if not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", url):
+                raise ConfigError(f"server {url!r} is not an http:// or https:// URL")
+        if not self.entries:
+            raise ConfigError("nothing to tail: give PATH_OR_GLOB arguments or [[entry]] tables")
+        for entry in self.entries:
+            if not _LOG_TYPE.fullmatch(entry.log_type) or ".." in entry.log_type:
+                raise ConfigError(
+                    f"log type {entry.log_type!r} is invalid: use [a-z0-9._-], "
+                    "starting with a letter or digit"
+                )
+            if entry.codec not in CODECS:
+                raise ConfigError(f"codec {entry.codec!r} is unknown; use {', '.join(CODECS)}")
+            if not entry.path:
+                raise ConfigError("an entry has an empty path")
+            if entry.multiline is not None:
+                try:
+                    entry.multiline_pattern()
+                except re.error as exc:
+                    raise ConfigError(f"multiline regex {entry.multiline!r}: {exc}") from exc
+        if not self.host or any(ord(c) < 32 for c in self.host):
+            raise ConfigError(f"host name {self.host!r} is empty or has control characters")
+        if self.chunk_bytes < 4096 or self.chunk_bytes > 8 * 1024 * 1024:
+            raise ConfigError("chunk_bytes must be between 4096 and 8388608")
+        if self.request_bytes < self.chunk_bytes or self.request_bytes > 64 * 1024 * 1024:
+            raise ConfigError("request_bytes must be between chunk_bytes and 67108864")
+        if self.max_in_flight < 1 or self.pipeline_depth < 1:
+            raise ConfigError("max_in_flight and pipeline_depth must be at least 1")
+        if self.memory_bytes < 2 * self.request_bytes:
+            raise ConfigError("memory_bytes must be at least twice request_bytes")
+        if self.linger_ms < 0 or self.rotate_wait_s < 0 or self.poll_interval_s <= 0:
+            raise ConfigError("linger_ms and rotate_wait_s must be >= 0, poll_interval_s > 0")
+        return self
+
+
+def _entry_from_table(table: dict[str, Any], where: str) -> Entry:
+    unknown = set(table) - _ENTRY_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    if "path" not in table or "log_type" not in table:
+        raise ConfigError(f"{where}: needs 'path' and 'log_type'")
+    return Entry(
+        path=str(table["path"]),
+        log_type=str(table["log_type"]),
+        codec=str(table.get("codec", "raw")),
+        multiline=None if table.get("multiline") is None else str(table["multiline"]),
+    )
+
+
+def load_file(path: Path) -> tuple[dict[str, Any], list[Entry]]:
+    """The ``[push]`` settings and the ``[[entry]]`` list of a TOML file."""
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
+    unknown_top = set(doc) - {"push", "entry"}
+    if unknown_top:
+        raise ConfigError(f"config {path}: unknown tables {sorted(unknown_top)}")
+    push = dict(doc.get("push", {}))
+    unknown = set(push) - _PUSH_KEYS
+    if unknown:
+        raise ConfigError(f"config {path}: unknown keys in [push]: {sorted(unknown)}")
+    entries = [
+        _entry_from_table(t, f"config {path} [[entry]] #{i + 1}")
+        for i, t in enumerate(doc.get("entry", []))
+    ]
+    return push, entries
+
+
+def build_config(
+    *,
+    file: Path | None = None,
+    servers: list[str] | None = None,
+    state_dir: str | None = None,
+    log_type: str | None = None,
+    codec: str | None = None,
+    multiline: str | None = None,
+    paths: list[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> PushConfig:
+    """Build the config: defaults, then the file, then the environment, then flags."""
+    settings: dict[str, Any] = {}
+    entries: list[Entry] = []
+    if file is not None:
+        settings, entries = load_file(file)
+    if os.environ.get("LOGBROKER_TOKEN"):
+        settings["token"] = os.environ["LOGBROKER_TOKEN"]
+    if servers:
+        settings["servers"] = [u.strip() for s in servers for u in s.split(",") if u.strip()]
+    if state_dir:
+        settings["state_dir"] = state_dir
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            settings[key] = value
+    if paths:
+        if not log_type:
+            raise ConfigError("--log-type is required with PATH_OR_GLOB arguments")
+        for p in paths:
+            entries.append(Entry(p, log_type, codec or "raw", multiline))
+    elif log_type and file is None:
+        raise ConfigError("give at least one PATH_OR_GLOB to tail")
+    if "state_dir" not in settings:
+        raise ConfigError("no state directory: use --state-dir DIR or push.state_dir")
+    raw_servers = settings.pop("servers", [])
+    if isinstance(raw_servers, str):
+        raw_servers = [raw_servers]
+    state = Path(str(settings.pop("state_dir"))).expanduser()
+    try:
+        config = PushConfig(
+            servers=tuple(str(u).rstrip("/") for u in raw_servers),
+            state_dir=state,
+            entries=tuple(entries),
+            **settings,
+        )
+    except TypeError as exc:
+        raise ConfigError(f"bad setting: {exc}") from exc
+    return config.validated()

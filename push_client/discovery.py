@@ -1,0 +1,161 @@
+"""Finding the files to tail and noticing that they changed: globs, inotify, polling.
+
+inotify watches the directories (not the files): one watch reports writes, creations, renames
+and deletions of every file in it, including files that do not exist yet.  Where inotify is
+missing or its watch limit is reached, the loop's poll interval does the same job slower.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from push_client.config import Entry
+
+log = logging.getLogger("logbroker.push")
+
+
+@dataclass
+class Changes:
+    """What one batch of inotify events says."""
+
+    any: bool = False
+    structural: bool = False
+    moves: list[tuple[str, str]] = field(default_factory=list)
+    """(old path, new path) of every rename seen whole (both names in watched dirs)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    entry: Entry
+    path: str
+    dev: int
+    ino: int
+
+
+def expand(entries: Iterable[Entry]) -> Iterator[Candidate]:
+    """Regular files matching each entry now; a file matched by two entries goes to the first."""
+    seen: set[tuple[int, int]] = set()
+    for entry in entries:
+        paths = sorted(glob.glob(entry.path)) if glob.has_magic(entry.path) else [entry.path]
+        for path in paths:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            yield Candidate(entry, os.path.abspath(path), st.st_dev, st.st_ino)
+
+
+def watch_root(pattern: str) -> str:
+    """The deepest directory of ``pattern`` that has no glob characters."""
+    parts = os.path.abspath(pattern).split(os.sep)
+    fixed: list[str] = []
+    for part in parts[:-1]:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    return os.sep.join(fixed) or os.sep
+
+
+def find_inode(directory: str, dev: int, ino: int) -> str | None:
+    """The path of the file with this identity in ``directory`` (a rotated file), if any."""
+    try:
+        with os.scandir(directory) as it:
+            for item in it:
+                if item.inode() != ino or not item.is_file(follow_symlinks=False):
+                    continue
+                if item.stat(follow_symlinks=False).st_dev == dev:
+                    return item.path
+    except OSError:
+        return None
+    return None
+
+
+class ChangeWatcher:
+    """inotify on directories when available; ``fileno()`` is None when polling only."""
+
+    _MASK = 0
+
+    def __init__(self, use_inotify: bool) -> None:
+        self._inotify = None
+        self._watched: dict[str, int] = {}
+        if not use_inotify:
+            return
+        try:
+            from inotify_simple import INotify, flags
+
+            self._inotify = INotify()
+            self._mask = (
+                flags.MODIFY
+                | flags.CREATE
+                | flags.MOVED_TO
+                | flags.MOVED_FROM
+                | flags.DELETE
+                | flags.CLOSE_WRITE
+                | flags.ATTRIB
+            )
+            self._structural = (
+                flags.CREATE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE | flags.ATTRIB
+            )
+        except (ImportError, OSError) as exc:
+            log.warning("inotify unavailable (%s); polling instead", exc)
+            self._inotify = None
+
+    @property
+    def active(self) -> bool:
+        return self._inotify is not None
+
+    def fileno(self) -> int | None:
+        return self._inotify.fileno() if self._inotify is not None else None
+
+    def watch(self, directory: str) -> None:
+        if self._inotify is None or directory in self._watched:
+            return
+        try:
+            self._watched[directory] = self._inotify.add_watch(directory, self._mask)
+        except OSError as exc:
+            # A missing directory is watched once it appears (the next rescan tries again);
+            # a full watch table leaves this directory to polling.
+            if exc.errno not in (2, 20):
+                log.warning("cannot watch %s (%s); polling it", directory, exc.strerror)
+
+    def drain(self) -> Changes:
+        """Consume pending events: whether anything changed, and the renames seen."""
+        changes = Changes()
+        if self._inotify is None:
+            return changes
+        events = self._inotify.read(timeout=0)
+        if not events:
+            return changes
+        changes.any = True
+        by_wd = {wd: path for path, wd in self._watched.items()}
+        moved_from: dict[int, str] = {}
+        for event in events:
+            if event.mask & self._structural:
+                changes.structural = True
+            if event.mask & 0x8000:  # IN_IGNORED: the directory went away
+                self._watched.pop(by_wd.get(event.wd, ""), None)
+                changes.structural = True
+                continue
+            directory = by_wd.get(event.wd)
+            if directory is None or not event.name:
+                continue
+            if event.mask & 0x40:  # IN_MOVED_FROM
+                moved_from[event.cookie] = os.path.join(directory, event.name)
+            elif event.mask & 0x80 and event.cookie in moved_from:  # IN_MOVED_TO
+                changes.moves.append(
+                    (moved_from.pop(event.cookie), os.path.join(directory, event.name))
+                )
+        return changes
+
+    def close(self) -> None:
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None

@@ -1,0 +1,64 @@
+"""What makes a file one source: device, inode and a fingerprint of its first bytes.
+
+The fingerprint hashes the first line (or the first ``FINGERPRINT_BYTES`` bytes if that line is
+longer).  Both are fixed once they exist, so the fingerprint of a growing file never changes;
+before the first line is complete there is nothing to ship and no fingerprint either.
+A truncated, copy-truncated or re-created file gets a different first line and so a new source;
+when the new first line happens to equal the old one, a generation suffix tells them apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+FINGERPRINT_BYTES = 256
+MAX_SOURCE_ID_BYTES = 512
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """One file's identity; equal identities mean the same bytes at the same offsets."""
+
+    dev: int
+    ino: int
+    fingerprint: str
+
+    @property
+    def key(self) -> tuple[int, int, str]:
+        return (self.dev, self.ino, self.fingerprint)
+
+
+def read_fingerprint(fd: int, *, final: bool = False) -> str | None:
+    """The fingerprint of an open file, or None while its first line is still incomplete.
+
+    ``final`` fingerprints whatever is there: for a file that will never grow again.
+    """
+    head = os.pread(fd, FINGERPRINT_BYTES, 0)
+    newline = head.find(b"\n")
+    if newline >= 0:
+        head = head[: newline + 1]
+    elif len(head) < FINGERPRINT_BYTES and not (final and head):
+        return None
+    return hashlib.blake2b(head, digest_size=8).hexdigest()
+
+
+def display_path(path: str) -> str:
+    """``path`` as printable UTF-8 text (undecodable bytes and control characters escaped)."""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return "".join(c if ord(c) >= 32 and c != "\x7f" else f"\\x{ord(c):02x}" for c in text)
+
+
+def make_source_id(host: str, path: str, identity: FileIdentity, generation: int = 0) -> str:
+    """``host:path:dev:ino:fingerprint[#gN]``, within the protocol's 512 bytes."""
+    shown = display_path(path)
+    tail = f":{identity.dev}:{identity.ino}:{identity.fingerprint}"
+    if generation:
+        tail += f"#g{generation}"
+    room = MAX_SOURCE_ID_BYTES - len(f"{host}:".encode()) - len(tail.encode())
+    if len(shown.encode()) > room:
+        digest = hashlib.blake2b(shown.encode(), digest_size=8).hexdigest()
+        keep = shown.encode()[-(room - 20) :].decode("utf-8", "ignore")
+        shown = f"{digest}..{keep}"
+    return f"{host}:{shown}{tail}"

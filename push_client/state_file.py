@@ -1,0 +1,163 @@
+"""The local positions file: written atomically, never ahead of acks, corruption detected.
+
+Layout: one line of JSON (the payload) and a second line ``sha256:<hex of the first line>``.
+A file that is empty, cut short, or whose checksum does not match is *corrupt*: it is moved
+aside (``state.json.corrupt-<ms>``) and the client starts from the gateway's last seqnos, which
+are the truth anyway.  The file only ever holds positions the gateway acknowledged, so it can
+lag the log (then the gateway's answer moves it forward) but never lead it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from log_store.errors import LogbrokerError
+
+log = logging.getLogger("logbroker.push")
+
+STATE_VERSION = 1
+STATE_NAME = "state.json"
+
+
+class CorruptStateFile(LogbrokerError):
+    """The state file exists but is empty, torn or does not match its checksum."""
+
+
+@dataclass
+class SourcePosition:
+    """One source's last acknowledged position and where its file was last seen."""
+
+    source_id: str
+    entry_path: str
+    first_path: str
+    path: str
+    dev: int
+    ino: int
+    fingerprint: str
+    generation: int
+    log_type: str
+    codec: str
+    acked: int
+    size: int = 0
+    pending_since: float | None = None
+
+
+@dataclass
+class RetiredSource:
+    """A source that is finished: rotated away, deleted or truncated."""
+
+    source_id: str
+    dev: int
+    ino: int
+    fingerprint: str
+    generation: int
+    reason: str
+    retired_at: float
+    size: int = 0
+
+
+@dataclass
+class PushState:
+    sources: dict[str, SourcePosition] = field(default_factory=dict)
+    retired: list[RetiredSource] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        payload: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "sources": [asdict(s) for s in self.sources.values()],
+            "retired": [asdict(r) for r in self.retired],
+        }
+        return orjson.dumps(payload)
+
+    @classmethod
+    def from_json(cls, body: bytes) -> PushState:
+        payload = orjson.loads(body)
+        if not isinstance(payload, dict) or payload.get("version") != STATE_VERSION:
+            raise CorruptStateFile("state file has an unknown version")
+        try:
+            sources = [SourcePosition(**s) for s in payload["sources"]]
+            retired = [RetiredSource(**r) for r in payload["retired"]]
+        except (KeyError, TypeError) as exc:
+            raise CorruptStateFile(f"state file has a bad record: {exc}") from exc
+        return cls({s.source_id: s for s in sources}, retired)
+
+
+def encode_state(state: PushState) -> bytes:
+    body = state.to_json()
+    return body + b"\nsha256:" + hashlib.sha256(body).hexdigest().encode() + b"\n"
+
+
+def decode_state(raw: bytes) -> PushState:
+    """Parse a state file's bytes; raise :class:`CorruptStateFile` on any damage."""
+    if not raw:
+        raise CorruptStateFile("state file is empty")
+    body, sep, trailer = raw.rstrip(b"\n").rpartition(b"\nsha256:")
+    if not sep:
+        raise CorruptStateFile("state file has no checksum line (torn write?)")
+    if hashlib.sha256(body).hexdigest().encode() != trailer:
+        raise CorruptStateFile("state file checksum does not match its contents")
+    try:
+        return PushState.from_json(body)
+    except orjson.JSONDecodeError as exc:
+        raise CorruptStateFile(f"state file is not JSON: {exc}") from exc
+
+
+def write_atomically(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if durable:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+class StateFile:
+    """The positions file of one state directory."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / STATE_NAME
+        self.corruptions = 0
+
+    def load(self) -> PushState:
+        """The saved state; a missing file is an empty state, a corrupt one is set aside."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return PushState()
+        try:
+            return decode_state(raw)
+        except CorruptStateFile as exc:
+            self.corruptions += 1
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time() * 1000)}")
+            os.replace(self.path, aside)
+            log.warning(
+                "state file %s is corrupt (%s); moved to %s, resuming from the gateway's "
+                "last seqnos",
+                self.path,
+                exc,
+                aside.name,
+            )
+            return PushState()
+
+    def save(self, state: PushState) -> None:
+        write_atomically(self.path, encode_state(state))

@@ -1,0 +1,122 @@
+"""``logbroker push --status``: what the daemon shipped and how far behind each file is.
+
+The daemon rewrites ``status.json`` in its state directory every second.  ``--status`` reads it
+and measures each file again (its size now), so the lag it prints is current even between two
+updates of the file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import orjson
+
+if TYPE_CHECKING:
+    from push_client.tailer import TailedFile
+
+STATUS_NAME = "status.json"
+
+
+def file_row(tailed: TailedFile) -> dict[str, Any]:
+    return {
+        "path": tailed.path,
+        "source_id": tailed.source_id,
+        "log_type": tailed.entry.log_type,
+        "topic": tailed.topic,
+        "partition": tailed.partition,
+        "phase": tailed.phase.value if tailed.session_ready else "opening",
+        "dev": tailed.identity.dev,
+        "ino": tailed.identity.ino,
+        "acked": tailed.acked,
+        "size": tailed.size,
+        "pending_since": tailed.pending_since,
+    }
+
+
+def status_document(
+    *,
+    pid: int,
+    running: bool,
+    started_at: float,
+    servers: list[str],
+    last_error: str,
+    last_error_at: float,
+    files: list[dict[str, Any]],
+) -> bytes:
+    return orjson.dumps(
+        {
+            "pid": pid,
+            "running": running,
+            "started_at": started_at,
+            "updated_at": time.time(),
+            "servers": servers,
+            "last_error": last_error,
+            "last_error_at": last_error_at,
+            "files": files,
+        }
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def current_lag(row: dict[str, Any], now: float) -> tuple[int, int, float]:
+    """(size now, lag in bytes, lag in seconds) of one status row."""
+    size = int(row["size"])
+    try:
+        st = os.stat(row["path"])
+        if (st.st_dev, st.st_ino) == (row["dev"], row["ino"]):
+            size = st.st_size
+    except OSError:
+        pass
+    lag_bytes = max(0, size - int(row["acked"]))
+    since = row.get("pending_since")
+    if lag_bytes and since is None:
+        since = now
+    lag_s = max(0.0, now - since) if lag_bytes and since is not None else 0.0
+    return size, lag_bytes, lag_s
+
+
+def read_status(state_dir: Path) -> dict[str, Any]:
+    """The last status the daemon published, with lags measured now."""
+    doc: dict[str, Any] = orjson.loads((state_dir / STATUS_NAME).read_bytes())
+    now = time.time()
+    doc["running"] = bool(doc.get("running")) and _alive(int(doc.get("pid", 0)))
+    for row in doc["files"]:
+        row["size"], row["lag_bytes"], row["lag_s"] = current_lag(row, now)
+    return doc
+
+
+def print_status(doc: dict[str, Any], out: TextIO) -> None:
+    age = time.time() - float(doc["updated_at"])
+    state = f"running (pid {doc['pid']})" if doc["running"] else "not running"
+    out.write(f"logbroker push: {state}; status updated {age:.1f} s ago\n")
+    out.write(f"servers: {', '.join(doc['servers'])}\n")
+    if doc.get("last_error"):
+        when = time.strftime("%H:%M:%S", time.localtime(doc["last_error_at"]))
+        out.write(f"last error ({when}): {doc['last_error'][:200]}\n")
+    files = doc["files"]
+    total = sum(r["lag_bytes"] for r in files)
+    out.write(f"{len(files)} files, total lag {total} bytes\n")
+    if not files:
+        return
+    width = max(len(r["path"]) for r in files)
+    out.write(
+        f"{'FILE':<{width}}  {'PHASE':<9} {'ACKED':>14} {'SIZE':>14} {'LAG_BYTES':>12} "
+        f"{'LAG_S':>8}  TOPIC/PARTITION\n"
+    )
+    for r in sorted(files, key=lambda r: r["path"]):
+        out.write(
+            f"{r['path']:<{width}}  {r['phase']:<9} {r['acked']:>14} {r['size']:>14} "
+            f"{r['lag_bytes']:>12} {r['lag_s']:>8.1f}  {r['topic']}/{r['partition']}\n"
+        )

@@ -1,0 +1,200 @@
+"""Rotation, truncation and inode reuse, done for real with rename, truncate and unlink."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.push_client.conftest import (
+    LineWriter,
+    assert_exactly_once,
+    delete_keeping_inode,
+    read_delivered,
+    recreate_with_inode,
+    wait_for_lines,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _settle(data_dir: Path, count: int, timeout_s: float = 40.0) -> None:
+    wait_for_lines(data_dir, "app", count, timeout_s)
+    time.sleep(0.7)
+
+
+def test_rename_rotation_under_load_loses_and_repeats_nothing(
+    tmp_path: Path, gateway, start_push
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    path = logs / "app.log"
+    writer = LineWriter("rot")
+    push = start_push(gateway.url, tmp_path / "state", logs / "*.log")
+    handle = open(path, "ab")  # noqa: SIM115 - the "application" keeps its log open
+    handle.write(writer.lines(100))
+    handle.flush()
+    # Files rotated away before the client first saw them are not its business: start the
+    # load once it tails the file.
+    wait_for_lines(gateway.data_dir, "app", 100)
+    try:
+        for rotation in range(1, 7):
+            for _ in range(20):
+                handle.write(writer.lines(100))
+                handle.flush()
+                time.sleep(0.005)
+            os.rename(path, logs / f"app.log.{rotation}")
+            # Like a real daemon, the application writes a little more to the old file before
+            # it reopens its log: those lines must be read from the rotated file.
+            handle.write(writer.lines(50))
+            handle.flush()
+            handle.close()
+            handle = open(path, "ab")  # noqa: SIM115
+        handle.write(writer.lines(500))
+        handle.flush()
+    finally:
+        handle.close()
+    _settle(gateway.data_dir, len(writer.ids))
+    assert push.stop() == 0
+    delivered = read_delivered(gateway.data_dir, "app")
+    assert_exactly_once(delivered, writer)
+    assert len(delivered.lines) == 7, "each file generation is its own source"
+
+
+@pytest.mark.parametrize("watch", [[], ["--no-inotify"]], ids=["inotify", "polling"])
+def test_rotated_file_with_a_partial_last_line_sends_it_when_let_go(
+    tmp_path: Path, gateway, start_push, watch: list[str]
+) -> None:
+    path = tmp_path / "app.log"
+    writer = LineWriter("pl")
+    body = writer.lines(100)
+    path.write_bytes(body[:-1])  # the last line lacks its newline
+    push = start_push(gateway.url, tmp_path / "state", path, extra=watch)
+    wait_for_lines(gateway.data_dir, "app", 99)
+    os.rename(path, tmp_path / "app.log.1")
+    writer.append(path, 100)
+    _settle(gateway.data_dir, 200)
+    assert push.stop() == 0
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
+
+
+@pytest.mark.parametrize("paused", [False, True], ids=["running", "client-paused"])
+def test_copytruncate_starts_a_new_source(
+    tmp_path: Path, gateway, start_push, paused: bool
+) -> None:
+    path = tmp_path / "app.log"
+    writer = LineWriter("ct")
+    writer.append(path, 3_000)
+    push = start_push(gateway.url, tmp_path / "state", path)
+    # The copytruncate window: lines written between the copy and the truncation are lost
+    # to any tailer.  So the test rotates once the client has caught up.
+    _settle(gateway.data_dir, 3_000)
+    if paused:
+        push.proc.send_signal(signal.SIGSTOP)
+    shutil.copyfile(path, tmp_path / "app.log.1")
+    os.truncate(path, 0)
+    # Paused, the client only sees the file after it grew past the old size again: the
+    # fingerprint of the first line is what tells the new content apart.
+    writer.append(path, 5_000 if paused else 1_000)
+    if paused:
+        push.proc.send_signal(signal.SIGCONT)
+    _settle(gateway.data_dir, len(writer.ids))
+    assert push.stop() == 0
+    delivered = read_delivered(gateway.data_dir, "app")
+    assert_exactly_once(delivered, writer)
+    assert len(delivered.lines) == 2
+
+
+def test_truncation_while_writing_continues_starts_a_new_source(
+    tmp_path: Path, gateway, start_push
+) -> None:
+    path = tmp_path / "app.log"
+    writer = LineWriter("tr")
+    writer.append(path, 2_000)
+    push = start_push(gateway.url, tmp_path / "state", path)
+    _settle(gateway.data_dir, 2_000)
+    with open(path, "ab") as handle:
+        for _ in range(3):
+            os.truncate(path, 0)
+            time.sleep(0.05)
+            handle.write(writer.lines(500))
+            handle.flush()
+            _settle(gateway.data_dir, len(writer.ids))
+    assert push.stop() == 0
+    delivered = read_delivered(gateway.data_dir, "app")
+    assert_exactly_once(delivered, writer)
+    assert len(delivered.lines) == 4
+
+
+@pytest.mark.parametrize("header", [False, True], ids=["new-first-line", "same-first-line"])
+def test_deleted_file_whose_inode_is_reused_never_resumes_a_stale_position(
+    tmp_path: Path, gateway, start_push, header: bool
+) -> None:
+    path = tmp_path / "app.log"
+    prefix = b"# the same header line in every file\n" if header else b""
+    old, new = LineWriter("old"), LineWriter("new")
+    path.write_bytes(prefix + old.lines(3_000))
+    push = start_push(gateway.url, tmp_path / "state", path)
+    _settle(gateway.data_dir, 3_000 + header)
+    old_inode = path.stat().st_ino
+    keep = delete_keeping_inode(path)
+    time.sleep(1.5)  # the client lets go of the deleted file
+    recreate_with_inode(keep, path, prefix + new.lines(1_000))
+    assert path.stat().st_ino == old_inode
+    _settle(gateway.data_dir, 4_000 + 2 * header)
+    assert push.stop() == 0
+    delivered = read_delivered(gateway.data_dir, "app")
+    assert_exactly_once(delivered, old, new)
+    assert len(delivered.lines) == 2
+
+
+def test_inode_reused_while_the_client_was_down_is_shipped_from_its_start(
+    tmp_path: Path, gateway, start_push
+) -> None:
+    path = tmp_path / "app.log"
+    prefix = b"# the same header line in every file\n"
+    old, new = LineWriter("old"), LineWriter("new")
+    path.write_bytes(prefix + old.lines(3_000))
+    state = tmp_path / "state"
+    first = start_push(gateway.url, state, path)
+    _settle(gateway.data_dir, 3_001)
+    first.kill()
+    old_inode = path.stat().st_ino
+    recreate_with_inode(delete_keeping_inode(path), path, prefix + new.lines(1_000))
+    assert path.stat().st_ino == old_inode
+    second = start_push(gateway.url, state, path)
+    _settle(gateway.data_dir, 4_002)
+    assert second.stop() == 0
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), old, new)
+
+
+def test_fifty_files_rotating_at_once(tmp_path: Path, gateway, start_push) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writers = [LineWriter(f"f{i:02d}") for i in range(50)]
+    paths = [logs / f"svc{i:02d}.log" for i in range(50)]
+    push = start_push(gateway.url, tmp_path / "state", logs / "*.log")
+
+    def write_all(rounds: int) -> None:
+        for _ in range(rounds):
+            for writer, path in zip(writers, paths, strict=True):
+                writer.append(path, 20)
+            time.sleep(0.01)
+
+    write_all(1)
+    wait_for_lines(gateway.data_dir, "app", 50 * 20)  # the client tails all fifty
+    write_all(9)
+    for generation in range(1, 4):
+        for path in paths:
+            os.rename(path, path.with_name(path.name + f".{generation}"))
+        write_all(10)
+    total = sum(len(w.ids) for w in writers)
+    _settle(gateway.data_dir, total, timeout_s=60)
+    assert push.stop() == 0
+    delivered = read_delivered(gateway.data_dir, "app")
+    assert_exactly_once(delivered, *writers)
+    assert len(delivered.lines) == 200

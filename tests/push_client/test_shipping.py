@@ -1,0 +1,341 @@
+"""Shipping files to a real gateway: codecs, restarts, lost and torn state, partial lines."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, free_port, logbroker_cmd
+from tests.push_client.conftest import (
+    LineWriter,
+    assert_exactly_once,
+    read_delivered,
+    wait_for_lines,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("codec", ["raw", "gzip", "zstd"])
+def test_every_line_arrives_once_with_each_codec(
+    tmp_path: Path, gateway, start_push, codec: str
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writer = LineWriter("a")
+    writer.append(logs / "a.log", 20_000)
+    push = start_push(gateway.url, tmp_path / "state", logs / "*.log", extra=["--codec", codec])
+    for _ in range(5):
+        writer.append(logs / "a.log", 1_000)
+        time.sleep(0.05)
+    delivered = wait_for_lines(gateway.data_dir, "app", len(writer.ids))
+    assert push.stop() == 0
+    assert_exactly_once(delivered, writer)
+    assert delivered.codecs == {codec}
+
+
+def test_restart_resumes_without_loss_or_duplicates(tmp_path: Path, gateway, start_push) -> None:
+    log = tmp_path / "app.log"
+    writer = LineWriter("r")
+    writer.append(log, 5_000)
+    state = tmp_path / "state"
+    first = start_push(gateway.url, state, log)
+    wait_for_lines(gateway.data_dir, "app", 5_000)
+    assert first.stop() == 0
+    writer.append(log, 5_000)
+    second = start_push(gateway.url, state, log)
+    delivered = wait_for_lines(gateway.data_dir, "app", 10_000)
+    assert second.stop() == 0
+    assert_exactly_once(delivered, writer)
+
+
+def test_deleted_state_dir_resumes_from_the_gateways_last_seqno(
+    tmp_path: Path, gateway, start_push
+) -> None:
+    log = tmp_path / "app.log"
+    writer = LineWriter("s")
+    writer.append(log, 8_000)
+    first = start_push(gateway.url, tmp_path / "state-1", log)
+    wait_for_lines(gateway.data_dir, "app", 8_000)
+    assert first.stop() == 0
+    writer.append(log, 3_000)
+    # A new, empty state dir: only the gateway knows how far this file was shipped.
+    second = start_push(gateway.url, tmp_path / "state-2", log)
+    delivered = wait_for_lines(gateway.data_dir, "app", 11_000)
+    time.sleep(0.5)
+    delivered = read_delivered(gateway.data_dir, "app")
+    assert second.stop() == 0
+    assert_exactly_once(delivered, writer)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda raw: raw[: len(raw) // 2], id="torn"),
+        pytest.param(lambda raw: b"", id="empty"),
+        pytest.param(lambda raw: raw.replace(b'"acked":', b'"acked":1'), id="bit-flipped"),
+    ],
+)
+def test_damaged_state_file_is_detected_and_costs_nothing(
+    tmp_path: Path, gateway, start_push, damage
+) -> None:
+    log = tmp_path / "app.log"
+    state = tmp_path / "state"
+    writer = LineWriter("t")
+    writer.append(log, 6_000)
+    first = start_push(gateway.url, state, log)
+    wait_for_lines(gateway.data_dir, "app", 6_000)
+    assert first.stop() == 0
+    state_file = state / "state.json"
+    state_file.write_bytes(damage(state_file.read_bytes()))
+    writer.append(log, 2_000)
+    second = start_push(gateway.url, state, log)
+    wait_for_lines(gateway.data_dir, "app", 8_000)
+    time.sleep(0.5)
+    assert second.stop() == 0
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
+    assert list(state.glob("state.json.corrupt-*")), "the damaged file was not set aside"
+    assert "corrupt" in second.log()
+
+
+def test_partial_last_line_is_held_across_shutdown(tmp_path: Path, gateway, start_push) -> None:
+    log = tmp_path / "app.log"
+    state = tmp_path / "state"
+    writer = LineWriter("p")
+    body = writer.lines(1_000)
+    last_line = body[body.rindex(b"\n", 0, len(body) - 1) + 1 :]
+    log.write_bytes(body[: -len(last_line)] + last_line[:10])
+    first = start_push(gateway.url, state, log)
+    wait_for_lines(gateway.data_dir, "app", 999)
+    time.sleep(0.5)
+    assert first.stop() == 0
+    assert read_delivered(gateway.data_dir, "app").count() == 999
+    with open(log, "ab") as f:
+        f.write(last_line[10:])
+    second = start_push(gateway.url, state, log)
+    delivered = wait_for_lines(gateway.data_dir, "app", 1_000)
+    assert second.stop() == 0
+    assert_exactly_once(delivered, writer)
+    assert delivered.lines[next(iter(delivered.lines))][-1] + b"\n" == last_line
+
+
+def test_multiline_records_are_never_split_between_chunks(
+    tmp_path: Path, gateway, start_push
+) -> None:
+    log = tmp_path / "app.log"
+    records = []
+    for i in range(3_000):
+        records.append(f"2026-01-01 m:{i:09d} start\n  at frame {i}\n  at frame end\n")
+    push = start_push(gateway.url, tmp_path / "state", log, extra=["--multiline", r"^\d{4}-"])
+    with open(log, "w") as f:
+        for i in range(0, 3_000, 100):
+            f.write("".join(records[i : i + 100]))
+            f.flush()
+            time.sleep(0.01)
+    delivered = wait_for_lines(gateway.data_dir, "app", 9_000)
+    assert push.stop() == 0
+    chunks_text = b"\n".join(b"\n".join(v) for v in delivered.lines.values())
+    assert chunks_text.count(b" start") == 3_000
+    store_chunks = delivered.lines[next(iter(delivered.lines))]
+    assert store_chunks[0].startswith(b"2026-01-01 m:000000000")
+    # Each chunk begins with a record's first line: check via the raw envelopes.
+    from log_store import open_store
+    from session_dedup.envelope import decode
+
+    store = open_store(gateway.data_dir)
+    try:
+        for part in store.describe_topic("dc1.app").partitions:
+            for record in store.read("dc1.app", part.partition, 0, 64 << 20).records:
+                data = decode(record.value).data
+                assert data.startswith(b"2026-01-01 ") and data.endswith(b"frame end\n")
+    finally:
+        store.close()
+
+
+def test_status_reports_lag_per_file_and_metrics_are_exported(tmp_path: Path, start_push) -> None:
+    log = tmp_path / "app.log"
+    writer = LineWriter("st")
+    writer.append(log, 2_000)
+    state = tmp_path / "state"
+    # No gateway listens: everything stays lag.
+    metrics_port = free_port()
+    push = start_push(
+        f"http://127.0.0.1:{free_port()}",
+        state,
+        log,
+        extra=["--metrics-port", str(metrics_port)],
+    )
+    deadline = time.monotonic() + 15
+    while not (state / "status.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.5)
+    out = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(state)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "running" in out.stdout
+    row = next(line for line in out.stdout.splitlines() if str(log) in line)
+    assert str(log.stat().st_size) in row.split()
+    metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    assert f'logbroker_push_lag_bytes{{file="{log}"}} {log.stat().st_size}' in metrics
+    assert "logbroker_push_retries_total" in metrics
+    status = httpx.get(f"http://127.0.0.1:{metrics_port}/status", timeout=5).json()
+    assert status["files"][0]["path"] == str(log) and status["files"][0]["acked"] == 0
+    assert (state / "metrics.prom").read_text().startswith("# HELP")
+    assert push.stop() == 0
+
+
+def test_status_without_a_client_says_so(tmp_path: Path) -> None:
+    out = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(tmp_path)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert out.returncode == 1
+    assert "no status" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--log-type", "app", "--state-dir", "S", "x.log"], "no gateway"),
+        (["--server", "http://h:1", "--state-dir", "S", "x.log"], "--log-type"),
+        (["--server", "http://h:1", "--log-type", "app", "x.log"], "state"),
+        (["--server", "ftp://h", "--log-type", "app", "--state-dir", "S", "x"], "http"),
+        (["--server", "http://h:1", "--log-type", "A B", "--state-dir", "S", "x"], "log type"),
+        (
+            [
+                "--server",
+                "http://h:1",
+                "--log-type",
+                "a",
+                "--state-dir",
+                "S",
+                "--multiline",
+                "(",
+                "x",
+            ],
+            "multiline",
+        ),
+    ],
+)
+def test_bad_usage_exits_2_with_a_message(tmp_path: Path, args: list[str], message: str) -> None:
+    args = [str(tmp_path / "S") if a == "S" else a for a in args]
+    out = subprocess.run(
+        logbroker_cmd("push", *args), capture_output=True, text=True, cwd=REPO, timeout=30
+    )
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert not (tmp_path / "S").exists()
+
+
+def test_config_file_ships_many_entries_with_their_own_log_types(
+    tmp_path: Path, gateway, start_push
+) -> None:
+    (tmp_path / "web").mkdir()
+    (tmp_path / "db").mkdir()
+    config = tmp_path / "push.toml"
+    config.write_text(
+        f"""
+[push]
+servers = ["{gateway.url}"]
+state_dir = "{tmp_path / "state"}"
+rotate_wait_s = 0.5
+
+[[entry]]
+path = "{tmp_path / "web" / "*.log"}"
+log_type = "web"
+codec = "zstd"
+
+[[entry]]
+path = "{tmp_path / "db" / "db.log"}"
+log_type = "db"
+codec = "gzip"
+"""
+    )
+    web, db = LineWriter("w"), LineWriter("d")
+    web.append(tmp_path / "web" / "1.log", 1_000)
+    db.append(tmp_path / "db" / "db.log", 1_000)
+    proc = subprocess.Popen(
+        logbroker_cmd("push", "--config", str(config), "--no-progress"),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(1.0)
+        web.append(tmp_path / "web" / "2.log", 500)  # a new file matching the glob
+        wait_for_lines(gateway.data_dir, "web", 1_500)
+        wait_for_lines(gateway.data_dir, "db", 1_000)
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    assert_exactly_once(read_delivered(gateway.data_dir, "web"), web)
+    assert_exactly_once(read_delivered(gateway.data_dir, "db"), db)
+    assert read_delivered(gateway.data_dir, "web").codecs == {"zstd"}
+    assert read_delivered(gateway.data_dir, "db").codecs == {"gzip"}
+
+
+@pytest.mark.fault
+def test_sigterm_mid_backlog_flushes_and_saves_only_acknowledged_positions(
+    tmp_path: Path, gateway, start_push
+) -> None:
+    import orjson
+
+    log = tmp_path / "app.log"
+    writer = LineWriter("term", pad=180)
+    writer.append(log, 600_000)  # about 120 MB: still being shipped when SIGTERM comes
+    state = tmp_path / "state"
+    push = start_push(gateway.url, state, log, extra=["--memory-bytes", "16777216"])
+    deadline = time.monotonic() + 20
+    while not (state / "status.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the client's loop has started
+    time.sleep(0.3)  # shipping is under way, far from done
+    started = time.monotonic()
+    assert push.stop() == 0
+    assert time.monotonic() - started < 10
+    saved = orjson.loads((state / "state.json").read_bytes().split(b"\n")[0])
+    (position,) = saved["sources"]
+    delivered = read_delivered(gateway.data_dir, "app")
+    (seqnos,) = delivered.seqnos.values()
+    # Everything in flight was acknowledged before exit, and the file says exactly that.
+    assert position["acked"] == seqnos[-1]
+    assert position["acked"] < log.stat().st_size
+    second = start_push(gateway.url, state, log)
+    wait_for_lines(gateway.data_dir, "app", 600_000, timeout_s=60)
+    assert second.stop() == 0
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
+
+
+def test_refused_requests_keep_the_data_and_say_why(
+    tmp_path: Path, start_gateway, start_push
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text('[tokens.right-token]\nwrite = ["app"]\nread = ["dc1.*"]\n')
+    gateway = start_gateway(tmp_path / "data", "--config", str(config))
+    log = tmp_path / "app.log"
+    writer = LineWriter("auth")
+    writer.append(log, 2_000)
+    state = tmp_path / "state"
+    wrong = start_push(gateway.url, state, log, extra=["--token", "wrong-token"])
+    deadline = time.monotonic() + 15
+    while "refused" not in wrong.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "refused" in wrong.log() and "401" in wrong.log()
+    assert wrong.stop() == 0
+    assert read_delivered(gateway.data_dir, "app").count() == 0
+    right = start_push(gateway.url, state, log, extra=["--token", "right-token"])
+    delivered = wait_for_lines(gateway.data_dir, "app", 2_000)
+    assert right.stop() == 0
+    assert_exactly_once(delivered, writer)

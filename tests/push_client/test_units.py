@@ -1,0 +1,226 @@
+"""The parts of the push-client that need no gateway: chunking, identity, state, config, wire."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import orjson
+import pytest
+
+from push_client.config import ConfigError, Entry, build_config
+from push_client.identity import FileIdentity, make_source_id, read_fingerprint
+from push_client.state_file import (
+    CorruptStateFile,
+    PushState,
+    SourcePosition,
+    StateFile,
+    decode_state,
+    encode_state,
+)
+from push_client.tailer import TailedFile
+from push_client.transport import Backoff
+from push_client.wire import SourceMeta, WireChunk, encode_write_body
+
+
+def _tailed(path: Path, entry: Entry | None = None, chunk_bytes: int = 4096) -> TailedFile:
+    fd = os.open(path, os.O_RDONLY)
+    fingerprint = read_fingerprint(fd, final=True) or "empty"
+    st = os.fstat(fd)
+    tailed = TailedFile(
+        entry=entry or Entry(str(path), "app"),
+        fd=fd,
+        path=str(path),
+        first_path=str(path),
+        identity=FileIdentity(st.st_dev, st.st_ino, fingerprint),
+        generation=0,
+        source_id="s",
+        host="h",
+        chunk_bytes=chunk_bytes,
+        max_line_bytes=64 * 1024,
+        multiline_timeout_s=0.5,
+    )
+    tailed.resume_at(0)
+    return tailed
+
+
+def _data(tailed: TailedFile) -> list[bytes]:
+    return [bytes(c.data) for c in tailed.pending]
+
+
+def test_chunks_end_at_line_boundaries_and_seqno_is_the_end_offset(tmp_path: Path) -> None:
+    path = tmp_path / "a.log"
+    lines = [f"line {i} {'x' * (i % 50)}\n".encode() for i in range(2_000)]
+    path.write_bytes(b"".join(lines))
+    tailed = _tailed(path)
+    tailed.read(1 << 30, now=0.0)
+    chunks = list(tailed.pending)
+    assert b"".join(_data(tailed)) == b"".join(lines)
+    for chunk in chunks:
+        assert bytes(chunk.data).endswith(b"\n") and len(chunk.data) <= 4096
+        assert chunk.seqno == chunk.start + len(chunk.data)
+    assert chunks[-1].seqno == path.stat().st_size
+    tailed.close()
+
+
+def test_an_incomplete_last_line_is_held_until_its_newline(tmp_path: Path) -> None:
+    path = tmp_path / "a.log"
+    path.write_bytes(b"one\ntwo\nthr")
+    tailed = _tailed(path)
+    tailed.read(1 << 20, now=0.0)
+    assert _data(tailed) == [b"one\ntwo\n"]
+    assert tailed.read(1 << 20, now=1.0) == 0
+    with open(path, "ab") as f:
+        f.write(b"ee\n")
+    tailed.read(1 << 20, now=2.0)
+    assert _data(tailed) == [b"one\ntwo\n", b"three\n"]
+    tailed.close()
+
+
+def test_final_read_sends_a_last_line_without_newline(tmp_path: Path) -> None:
+    path = tmp_path / "a.log"
+    path.write_bytes(b"one\ntail")
+    tailed = _tailed(path)
+    tailed.read(1 << 20, now=0.0, final=True)
+    assert _data(tailed) == [b"one\ntail"]
+    tailed.close()
+
+
+def test_a_line_longer_than_a_chunk_travels_whole(tmp_path: Path) -> None:
+    path = tmp_path / "a.log"
+    long_line = b"L" * 10_000 + b"\n"
+    path.write_bytes(b"short\n" + long_line + b"after\n")
+    tailed = _tailed(path)
+    tailed.read(1 << 20, now=0.0)
+    assert b"".join(_data(tailed)) == b"short\n" + long_line + b"after\n"
+    assert long_line in _data(tailed)[1]
+    tailed.close()
+
+
+def test_multiline_holds_the_last_record_until_the_next_one_starts_or_time_passes(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.log"
+    path.write_bytes(b"2026 a\n  more a\n2026 b\n  more b\n")
+    tailed = _tailed(path, Entry(str(path), "app", multiline=r"\d{4} "))
+    tailed.read(1 << 20, now=0.0)
+    assert _data(tailed) == [b"2026 a\n  more a\n"]
+    tailed.read(1 << 20, now=0.1)
+    assert len(tailed.pending) == 1, "record b may still grow"
+    tailed.read(1 << 20, now=0.7)
+    assert _data(tailed) == [b"2026 a\n  more a\n", b"2026 b\n  more b\n"]
+    tailed.close()
+
+
+def test_fingerprint_is_the_first_line_and_waits_for_it(tmp_path: Path) -> None:
+    path = tmp_path / "a.log"
+    path.write_bytes(b"first li")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_fingerprint(fd) is None
+        with open(path, "ab") as f:
+            f.write(b"ne\nsecond\n")
+        complete = read_fingerprint(fd)
+        with open(path, "ab") as f:
+            f.write(b"third\n" * 100)
+        assert read_fingerprint(fd) == complete
+    finally:
+        os.close(fd)
+
+
+def test_source_id_fits_the_protocol_and_escapes_odd_paths() -> None:
+    identity = FileIdentity(1, 2, "ab")
+    plain = make_source_id("h", "/var/log/a.log", identity)
+    assert plain == "h:/var/log/a.log:1:2:ab"
+    assert make_source_id("h", "/var/log/a.log", identity, 3).endswith("#g3")
+    odd = make_source_id("h", "/tmp/a\nb\udcff.log", identity)
+    assert "\n" not in odd and odd.isprintable()
+    long = make_source_id("h", "/x" * 600, identity)
+    assert len(long.encode()) <= 512 and long.endswith(":1:2:ab")
+
+
+def _state() -> PushState:
+    pos = SourcePosition("s", "/l/*", "/l/a", "/l/a", 1, 2, "fp", 0, "app", "raw", 42)
+    return PushState({"s": pos}, [])
+
+
+def test_state_round_trips_and_damage_is_detected(tmp_path: Path) -> None:
+    raw = encode_state(_state())
+    assert decode_state(raw).sources["s"].acked == 42
+    for damaged in (b"", raw[: len(raw) // 2], raw.replace(b"42", b"43"), b"\x00" * 100):
+        with pytest.raises(CorruptStateFile):
+            decode_state(damaged)
+
+
+def test_corrupt_state_file_is_moved_aside_and_an_empty_state_used(tmp_path: Path) -> None:
+    state_file = StateFile(tmp_path)
+    state_file.save(_state())
+    assert state_file.load().sources["s"].acked == 42
+    state_file.path.write_bytes(state_file.path.read_bytes()[:-20])
+    assert state_file.load().sources == {}
+    assert state_file.corruptions == 1
+    assert len(list(tmp_path.glob("state.json.corrupt-*"))) == 1
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_write_body_follows_the_binary_framing() -> None:
+    meta = SourceMeta("app", "src", "h", "/f", "raw")
+    body = encode_write_body(
+        [(meta.encoded(), [WireChunk(7, 11, b"a\n"), WireChunk(9, 12, b"b\n")])]
+    )
+    assert body[:4] == b"LBW1"
+    (meta_len,) = struct.unpack_from(">H", body, 4)
+    assert orjson.loads(body[6 : 6 + meta_len]) == meta.as_dict()
+    pos = 6 + meta_len
+    assert struct.unpack_from(">I", body, pos) == (2,)
+    assert struct.unpack_from(">QqI", body, pos + 4) == (7, 11, 2)
+    assert body[pos + 24 : pos + 26] == b"a\n"
+    assert len(body) == pos + 4 + 2 * (20 + 2)
+
+
+def test_backoff_grows_exponentially_with_jitter_up_to_its_cap() -> None:
+    backoff = Backoff(base_s=0.1, cap_s=1.0)
+    delays = [backoff.next_delay() for _ in range(8)]
+    assert 0.05 <= delays[0] <= 0.1
+    assert 0.1 <= delays[1] <= 0.2
+    assert all(d <= 1.0 for d in delays) and delays[-1] >= 0.5
+    assert backoff.next_delay(at_least_s=3.0) == 3.0
+
+
+def test_config_file_is_validated_with_clear_messages(tmp_path: Path) -> None:
+    config = tmp_path / "push.toml"
+    config.write_text('[push]\nservers = ["http://gw:1"]\nstate_dir = "/s"\nbogus = 1\n')
+    with pytest.raises(ConfigError, match="unknown keys"):
+        build_config(file=config)
+    config.write_text(
+        '[push]\nservers = ["http://gw:1"]\nstate_dir = "/s"\n[[entry]]\npath = "/a"\n'
+    )
+    with pytest.raises(ConfigError, match="log_type"):
+        build_config(file=config)
+    config.write_text(
+        '[push]\nservers = ["http://gw:1"]\nstate_dir = "/s"\nlinger_ms = 20\n'
+        '[[entry]]\npath = "/a/*.log"\nlog_type = "web"\ncodec = "zstd"\n'
+    )
+    built = build_config(file=config, servers=["http://gw:2,http://gw:3"])
+    assert built.servers == ("http://gw:2", "http://gw:3")
+    assert built.linger_ms == 20 and built.entries[0].codec == "zstd"
+    config.write_text("not = [toml")
+    with pytest.raises(ConfigError, match="TOML"):
+        build_config(file=config)
+
+
+def test_progress_bar_shows_while_a_backlog_is_caught_up_and_then_clears() -> None:
+    import io
+
+    from push_client.progress import ProgressBar
+
+    out = io.StringIO()
+    bar = ProgressBar(out)
+    bar.update(acked_bytes=0, backlog_bytes=1_000)
+    assert out.getvalue() == "", "no bar for a small lag"
+    bar.update(acked_bytes=0, backlog_bytes=100_000_000)
+    bar.update(acked_bytes=50_000_000, backlog_bytes=50_000_000)
+    assert "50.0%" in out.getvalue()
+    bar.update(acked_bytes=100_000_000, backlog_bytes=0)
+    assert "100.0%" in out.getvalue() and out.getvalue().endswith("\n")
