@@ -5,19 +5,18 @@ Used by ``logbroker read``, the mirror and the tests; reads use the binary frami
 
 from __future__ import annotations
 
-import gzip
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import orjson
-import zstandard
 
 from delivery.envelope_view import EnvelopeView, NotAnEnvelope, view
 from delivery.filters import MessageFilter
 from delivery.framing import BINARY_MEDIA_TYPE, BinarySection, decode_binary
 from log_store.errors import BadRequest, LogbrokerError
+from session_dedup.chunk_codecs import decompress
 
 
 class RequestRefused(BadRequest):
@@ -45,14 +44,6 @@ class ReadMessage:
     def text_data(self) -> bytes:
         """The data with its codec undone (gzip/zstd), as the source wrote it."""
         return decompress(self.envelope.codec, self.envelope.data)
-
-
-def decompress(codec: str, data: bytes) -> bytes:
-    if codec == "gzip":
-        return gzip.decompress(data)
-    if codec == "zstd":
-        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    return data
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,3 @@ def compress(codec: str, data: bytes | memoryview) -> bytes | memoryview:
     if codec == "zstd":
         return _zstd().compress(data)
     raise ValueError(f"unknown codec {codec!r}")
-
-
-def decompress(codec: str, data: bytes) -> bytes:
-    """The lines inside a chunk's ``data`` (what a reader does)."""
-    if codec == "raw":
-        return data
-    if codec == "gzip":
-        return gzip.decompress(data)
-    if codec == "zstd":
-        return zstandard.ZstdDecompressor().decompress(data)
-    raise ValueError(f"unknown codec {codec!r}")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from session_dedup.chunk_codecs import decompress
 from session_dedup.envelope import Envelope
-from yt_loader.chunk_codecs import decompress
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 

@@ -21,8 +21,8 @@ from delivery.partition_reader import MAX_MAX_BYTES, PartitionReader
 from log_store import open_store
 from log_store.errors import OffsetOutOfRange, UnknownTopic
 from log_store.interface import LogStore
+from session_dedup.chunk_codecs import CorruptChunk
 from session_dedup.envelope import Envelope, decode
-from yt_loader.chunk_codecs import CorruptChunk
 from yt_loader.errors import BadSourceOptions, SourceUnavailable
 from yt_loader.offset_ranges import matching_topics
 

@@ -16,7 +16,7 @@ import pytest
 
 from log_store import open_store
 from log_store.errors import UnknownTopic
-from push_client.codec import decompress
+from session_dedup.chunk_codecs import decompress
 from session_dedup.envelope import decode
 from tests.conftest import REPO, logbroker_cmd
 

@@ -1,4 +1,8 @@
-"""Decompression of chunk data: every chunk is stored with the codec its client chose."""
+"""Undoing a chunk's codec: every chunk is stored as its client compressed it.
+
+The one decompression every reader uses (pull clients, the loader, tests); writers compress
+with whatever produces standard gzip or zstd frames.
+"""
 
 from __future__ import annotations
 
