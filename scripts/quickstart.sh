@@ -11,12 +11,17 @@ pids=()
 cleanup() {
   trap - INT TERM EXIT
   echo; echo "quickstart: stopping" >&2
-  ((${#pids[@]})) && kill -TERM "${pids[@]}" 2>/dev/null
-  wait 2>/dev/null || true
+  # Newest first: the reader leaves its group and the push-client saves its state while
+  # the gateway still answers.
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${pids[i]}" 2>/dev/null || true
+    wait "${pids[i]}" 2>/dev/null || true
+  done
 }
 trap cleanup INT TERM EXIT
 
-logbroker serve --data-dir "$DEMO/store" --port "$PORT" --dc dc1 >"$DEMO/gateway.log" 2>&1 &
+# Own sessions: a Ctrl-C reaches the reader only; the trap stops the rest in order.
+setsid logbroker serve --data-dir "$DEMO/store" --port "$PORT" --dc dc1 >"$DEMO/gateway.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do
   python -c "import httpx,sys; sys.exit(httpx.get('http://127.0.0.1:$PORT/healthz').status_code!=200)" \
@@ -27,12 +32,18 @@ echo "quickstart: gateway on http://127.0.0.1:$PORT (log: $DEMO/gateway.log)" >&
 
 python scripts/sample_log.py "$DEMO/logs/access.log" --rate 5 --rotate-every 50 &
 pids+=($!)
-logbroker push --server "http://127.0.0.1:$PORT" --log-type access --state-dir "$DEMO/push-state" \
+setsid logbroker push --server "http://127.0.0.1:$PORT" --log-type access --state-dir "$DEMO/push-state" \
   "$DEMO/logs/access.log*" >"$DEMO/push.log" 2>&1 &
 pids+=($!)
 echo "quickstart: push-client shipping $DEMO/logs/access.log* (log: $DEMO/push.log)" >&2
+# The gateway creates the topic with the first chunk it takes.
+for _ in $(seq 100); do
+  python -c "import httpx,sys; sys.exit(httpx.get('http://127.0.0.1:$PORT/v1/topics/dc1.access').status_code!=200)" \
+    2>/dev/null && break
+  sleep 0.1
+done
 echo "quickstart: reading topic dc1.access; Ctrl-C to stop" >&2
 logbroker read --server "http://127.0.0.1:$PORT" --topic dc1.access --group quickstart \
-  --format lines &
+  --from-beginning --format lines &
 pids+=($!)
 wait
