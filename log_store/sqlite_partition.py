@@ -353,11 +353,12 @@ class PartitionLog:
 
     def _write_batch(self, conn: sqlite3.Connection, base: int, values: Sequence[bytes]) -> None:
         ts = now_ms()
-        batch = encode_batch(base, ts, values)
+        pieces = encode_batch(base, ts, values)
+        batch_len = sum(len(piece) for piece in pieces)
         row = conn.execute(
             "SELECT base_offset, size_bytes FROM segments ORDER BY base_offset DESC LIMIT 1"
         ).fetchone()
-        if row is None or (row[1] > 0 and row[1] + len(batch) > self.segment_bytes):
+        if row is None or (row[1] > 0 and row[1] + batch_len > self.segment_bytes):
             segment, pos = base, 0
             conn.execute(
                 "INSERT INTO segments (base_offset, size_bytes, max_ts, created_ms) "
@@ -372,9 +373,9 @@ class PartitionLog:
         if os.fstat(fd).st_size != pos:
             # A writer died between writing a batch and indexing it: cut what was never acked.
             os.ftruncate(fd, pos)
-        written = os.pwrite(fd, batch, pos)
-        if written != len(batch):
-            raise StoreUnavailable(f"short write to segment {segment} ({written} of {len(batch)})")
+        written = os.pwritev(fd, pieces, pos)
+        if written != batch_len:
+            raise StoreUnavailable(f"short write to segment {segment} ({written} of {batch_len})")
         os.fdatasync(fd)
         if new_segment:
             self._fsync_directory()
@@ -384,11 +385,11 @@ class PartitionLog:
         conn.execute(
             "INSERT INTO batches (base_offset, last_offset, segment, pos, length) "
             "VALUES (?, ?, ?, ?, ?)",
-            (base, last, segment, pos, len(batch)),
+            (base, last, segment, pos, batch_len),
         )
         conn.execute(
             "UPDATE segments SET size_bytes = ?, max_ts = ? WHERE base_offset = ?",
-            (pos + len(batch), ts, segment),
+            (pos + batch_len, ts, segment),
         )
         conn.execute("UPDATE meta SET value = ? WHERE key = 'end_offset'", (last + 1,))
 
