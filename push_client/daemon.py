@@ -312,11 +312,10 @@ class PushDaemon:
             fds.append(inotify_fd)
         readable, _, _ = select.select(fds, [], [], timeout)
         if self._wake_r in readable:
-            try:
+            # Drain the wake-up pipe; it is non-blocking, so an empty pipe ends the loop.
+            with contextlib.suppress(BlockingIOError):
                 while os.read(self._wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
+                    continue
 
     def _wake(self) -> None:
         # Senders may finish after the loop closed the pipe: the lock keeps them from writing

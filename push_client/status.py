@@ -78,7 +78,7 @@ def current_lag(row: dict[str, Any], now: float) -> tuple[int, int, float]:
         if (st.st_dev, st.st_ino) == (row["dev"], row["ino"]):
             size = st.st_size
     except OSError:
-        pass
+        pass  # the file is gone: its size stays unknown in the report
     lag_bytes = max(0, size - int(row["acked"]))
     since = row.get("pending_since")
     if lag_bytes and since is None:
