@@ -453,9 +453,7 @@ class PullApi:
         """Append mirrored records exactly once (409 with the expected offset otherwise)."""
         topic, partition, source = self._replica_target(request)
         params = request.query_params
-        partitions = _int_param(params, "partitions", None, 1, 100_000)
-        if partition >= partitions:
-            raise ApiError(400, "bad_request", f"partition {partition} >= partitions {partitions}")
+        partitions = _replica_partitions(params, partition)
         start = _int_param(params, "start", None, 0, 2**63 - 1)
         body = await read_body(request, self.ctx.settings.limits)
         try:
@@ -488,9 +486,7 @@ class PullApi:
         """The source's retention dropped offsets below ``to`` before they were copied."""
         topic, partition, source = self._replica_target(request)
         params = request.query_params
-        partitions = _int_param(params, "partitions", None, 1, 100_000)
-        if partition >= partitions:
-            raise ApiError(400, "bad_request", f"partition {partition} >= partitions {partitions}")
+        partitions = _replica_partitions(params, partition)
         dropped_from = _int_param(params, "from", None, 0, 2**63 - 1)
         to = _int_param(params, "to", None, 0, 2**63 - 1)
         if dropped_from > to:
@@ -844,3 +840,11 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
             )
         },
     }
+
+
+def _replica_partitions(params: Mapping[str, str], partition: int) -> int:
+    """The source topic's partition count a replica call names; ``partition`` must be in it."""
+    partitions = _int_param(params, "partitions", None, 1, 100_000)
+    if partition >= partitions:
+        raise ApiError(400, "bad_request", f"partition {partition} >= partitions {partitions}")
+    return partitions
