@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,6 +23,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def openapi_operation(schema: Any, operation: str) -> Any:
+    """The schemathesis operation ``"METHOD /path"`` of a loaded schema; fails if absent."""
+    method, path = operation.split(" ")
+    found = [
+        op.ok()
+        for op in schema.get_all_operations()
+        if op.ok().method.upper() == method and op.ok().path == path
+    ]
+    assert found, f"{operation} is not in /openapi.json"
+    return found[0]
 
 
 def logbroker_cmd(*args: str) -> list[str]:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import positive_data_acceptance
 
 from delivery.framing import BINARY_MEDIA_TYPE
-from tests.conftest import GatewayProcess
+from tests.conftest import GatewayProcess, openapi_operation
 from tests.delivery.conftest import Writer
 
 schemathesis.serializer.alias(BINARY_MEDIA_TYPE, "application/octet-stream")
@@ -53,15 +53,7 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def test_delivery_endpoints_answer_generated_requests_without_a_server_error(
     api_schema: Any, operation: str
 ) -> None:
-    method, path = operation.split(" ")
-    found = [
-        op.ok()
-        for op in api_schema.get_all_operations()
-        if op.ok().method.upper() == method and op.ok().path == path
-    ]
-    assert found, f"{operation} is not in /openapi.json"
-
-    @given(found[0].as_strategy())
+    @given(openapi_operation(api_schema, operation).as_strategy())
     @settings(
         max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None
     )
