@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from log_store import open_store
 from tests.conftest import REPO, free_port, logbroker_cmd
 from tests.push_client.conftest import (
     LineWriter,
@@ -144,7 +145,6 @@ def test_multiline_records_are_never_split_between_chunks(
     store_chunks = delivered.lines[next(iter(delivered.lines))]
     assert store_chunks[0].startswith(b"2026-01-01 m:000000000")
     # Each chunk begins with a record's first line: check via the raw envelopes.
-    from log_store import open_store
     from session_dedup.envelope import decode
 
     store = open_store(gateway.data_dir)
@@ -298,10 +298,17 @@ def test_sigterm_mid_backlog_flushes_and_saves_only_acknowledged_positions(
     writer.append(log, 600_000)  # about 120 MB: still being shipped when SIGTERM comes
     state = tmp_path / "state"
     push = start_push(gateway.url, state, log, extra=["--memory-bytes", "16777216"])
+    # SIGTERM right after the first chunks are in the log: shipping is under way, far from
+    # done, however fast this machine ships today.
     deadline = time.monotonic() + 20
-    while not (state / "status.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.01)  # the client's loop has started
-    time.sleep(0.3)  # shipping is under way, far from done
+    with httpx.Client(base_url=gateway.url) as http:
+        while time.monotonic() < deadline:
+            answer = http.get("/v1/topics/dc1.app")
+            if answer.status_code == 200 and any(
+                p["end_offset"] for p in answer.json()["partitions"]
+            ):
+                break
+            time.sleep(0.002)
     started = time.monotonic()
     assert push.stop() == 0
     assert time.monotonic() - started < 10
