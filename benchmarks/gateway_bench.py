@@ -73,7 +73,7 @@ def start_gateway(data_dir: Path, port: int, workers: int, partitions: int) -> s
             if healthy:
                 return proc
         except (OSError, http.client.HTTPException):
-            pass
+            pass  # not listening yet: try again below
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"gateway did not start: {log_path.read_text(errors='replace')[-2000:]}")

@@ -95,6 +95,18 @@ class GatewayProcess:
 
 
 @pytest.fixture
+def small_filesystem(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs: a real file system that fills up and can be made read-only (needs root)."""
+    mount_point = tmp_path / "smallfs"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@pytest.fixture
 def start_gateway(tmp_path: Path) -> Iterator[object]:
     """Factory: ``start_gateway(data_dir=None, *extra_args)`` starts a gateway and returns it."""
     started: list[GatewayProcess] = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,15 +37,3 @@ def open_backend(backend: str, tmp_path: Path) -> Iterator[Callable[[], LogStore
 @pytest.fixture
 def store(open_backend: Callable[[], LogStore]) -> LogStore:
     return open_backend()
-
-
-@pytest.fixture
-def small_mount(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs: a disk that fills up, and that can be made read-only."""
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)], check=True)
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -517,15 +517,15 @@ def test_sigkill_mid_append_keeps_every_acked_batch_and_no_torn_one(
 
 @pytest.mark.fault
 def test_full_disk_refuses_appends_cleanly_and_recovers_when_space_returns(
-    small_mount: Path,
+    small_filesystem: Path,
 ) -> None:
-    store = open_store(small_mount / "data")
+    store = open_store(small_filesystem / "data")
     try:
         store.create_topic("dc1.t", TopicConfig(partitions=1))
         acked = [b"%d" % i + b"." * 2000 for i in range(20)]
         for v in acked:
             store.append("dc1.t", 0, [v])
-        filler = small_mount / "filler"
+        filler = small_filesystem / "filler"
         with open(filler, "wb") as f, pytest.raises(OSError):
             while True:
                 f.write(b"\0" * 65536)
@@ -541,24 +541,24 @@ def test_full_disk_refuses_appends_cleanly_and_recovers_when_space_returns(
         assert values[: len(acked)] == acked
     finally:
         store.close()
-    with open_store(small_mount / "data") as reopened:
+    with open_store(small_filesystem / "data") as reopened:
         assert read_all(reopened, "dc1.t", 0)[-1] == b"after"
 
 
 @pytest.mark.fault
-def test_read_only_data_dir_refuses_appends_with_store_unavailable(small_mount: Path) -> None:
-    with open_store(small_mount / "data") as store:
+def test_read_only_data_dir_refuses_appends_with_store_unavailable(small_filesystem: Path) -> None:
+    with open_store(small_filesystem / "data") as store:
         store.create_topic("dc1.t", TopicConfig(partitions=1))
         store.append("dc1.t", 0, [b"kept"])
-    subprocess.run(["mount", "-o", "remount,ro", str(small_mount)], check=True)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_filesystem)], check=True)
     with pytest.raises(StoreUnavailable):
-        store = open_store(small_mount / "data")
+        store = open_store(small_filesystem / "data")
         try:
             store.append("dc1.t", 0, [b"refused"])
         finally:
             store.close()
-    subprocess.run(["mount", "-o", "remount,rw", str(small_mount)], check=True)
-    with open_store(small_mount / "data") as store:
+    subprocess.run(["mount", "-o", "remount,rw", str(small_filesystem)], check=True)
+    with open_store(small_filesystem / "data") as store:
         assert read_all(store, "dc1.t", 0) == [b"kept"]
         assert store.append("dc1.t", 0, [b"again"]).first_offset == 1
 

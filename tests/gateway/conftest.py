@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -121,18 +120,6 @@ def source_seqnos(data_dir: Path, topic: str, source_id: str) -> tuple[set[int],
                 partitions.add(partition)
                 seqnos.append(env.seqno)
     return partitions, seqnos
-
-
-@pytest.fixture
-def small_filesystem(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs: a real file system that fills up and can be made read-only."""
-    mount_point = tmp_path / "smallfs"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)], check=True)
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 @pytest.fixture(scope="module")
