@@ -1,5 +1,8 @@
 """A reader that follows topics (or a prefix) alone or as a member of a consumer group.
 
+Like ``tail -F``, it waits for a named topic that does not exist yet (and for one deleted
+and created again), and reads a topic that appears after it started from the topic's start.
+
 The caller polls, processes what it got, then commits: a commit records the position after
 the last message handed out, so a crash between processing and commit re-delivers that
 batch (at least once) and a clean :meth:`Consumer.close` hands over exactly where it stopped.
@@ -7,6 +10,7 @@ batch (at least once) and a clean :meth:`Consumer.close` hands over exactly wher
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections.abc import Sequence
@@ -14,6 +18,7 @@ from typing import Any
 
 from delivery.filters import MessageFilter
 from delivery.pull_client import (
+    FetchedPartition,
     GatewayUnavailable,
     PullClient,
     ReadMessage,
@@ -21,7 +26,12 @@ from delivery.pull_client import (
 )
 
 _log = logging.getLogger(__name__)
-_DISCOVER_S = 5.0
+_DISCOVER_S = 2.0
+"""How soon a reader alone finds a topic created under its prefix, or created again."""
+_WAITING_DISCOVER_S = 0.5
+"""How soon it finds a named topic it is waiting for."""
+_GONE = ("unknown_topic", "unknown_partition")
+"""Errors that mean a topic (or partition) went away under the reader: look again."""
 
 TopicPartition = tuple[str, int]
 
@@ -40,7 +50,10 @@ class Consumer:
         message_filter: MessageFilter | None = None,
         max_bytes: int = 4 * 1024 * 1024,
         session_timeout_ms: int = 10_000,
+        prefetch: bool = True,
     ) -> None:
+        """``prefetch``: while catching up, fetch the next batch while the caller handles the
+        last one (one request in flight at a time; positions and commits are unaffected)."""
         if bool(topics) == (prefix is not None):
             raise ValueError("give topics or a prefix")
         self._client = client
@@ -60,6 +73,18 @@ class Consumer:
         self._heartbeat_s = session_timeout_ms / 3000
         self._last_heartbeat = 0.0
         self._last_discovery = 0.0
+        self._missing: list[str] = []
+        self._prefetcher = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="logbroker-prefetch")
+            if prefetch
+            else None
+        )
+        self._prefetched: (
+            tuple[
+                tuple[tuple[str, int, int], ...], concurrent.futures.Future[list[FetchedPartition]]
+            ]
+            | None
+        ) = None
         self._draining: dict[TopicPartition, int] = {}
         if group is not None:
             self._join()
@@ -71,6 +96,11 @@ class Consumer:
     @property
     def assignment(self) -> list[TopicPartition]:
         return sorted(self._positions)
+
+    @property
+    def missing_topics(self) -> list[str]:
+        """Named topics this reader waits for (not on the gateway yet, or deleted)."""
+        return list(self._missing)
 
     # -- membership -------------------------------------------------------------------------------
     def _join(self) -> None:
@@ -90,6 +120,9 @@ class Consumer:
         self._apply(state)
 
     def _apply(self, state: dict[str, object]) -> None:
+        missing = state.get("missing_topics") or []
+        assert isinstance(missing, list)
+        self._missing = missing
         assigned = state["assignment"]
         assert isinstance(assigned, list)
         owned = {(a["topic"], a["partition"]): a["offset"] for a in assigned}
@@ -144,12 +177,22 @@ class Consumer:
         self._apply(state)
 
     def _discover(self) -> None:
-        """Standalone reading: start new partitions at the start or the end."""
+        """Standalone reading: start new partitions at the start or the end; forget topics
+        that went away (a topic created again is read from its start)."""
         topics = self._client.list_topics(self._prefix) if self._prefix else self._topics
+        present = set()
+        missing = []
         for topic in topics:
             if self._prefix is not None and not topic.startswith(self._prefix):
                 continue
-            info = self._client.describe(topic)
+            try:
+                info = self._client.describe(topic)
+            except RequestRefused as exc:
+                if exc.error != "unknown_topic":
+                    raise
+                missing.append(topic)
+                continue
+            present.add(topic)
             known = self._topic_ids.get(topic)
             recreated = known is not None and known != info["topic_id"]
             if recreated:
@@ -163,6 +206,9 @@ class Consumer:
                     discovered_late = self._last_discovery > 0
                     start = self._from_beginning or discovered_late
                     self._positions[tp] = p["start_offset"] if start else p["end_offset"]
+        for tp in [tp for tp in self._positions if tp[0] not in present]:
+            del self._positions[tp]  # deleted: if it comes back, it is a new topic
+        self._missing = missing
         self._last_discovery = time.monotonic()
 
     # -- reading ----------------------------------------------------------------------------------
@@ -173,22 +219,28 @@ class Consumer:
             if now - self._last_heartbeat >= self._heartbeat_s or self._draining:
                 self._heartbeat()
             wait_ms = min(wait_ms, int(self._heartbeat_s * 1000))
-        elif now - self._last_discovery >= _DISCOVER_S:
+        elif now - self._last_discovery >= (_WAITING_DISCOVER_S if self._missing else _DISCOVER_S):
             self._discover()
         if not self._positions:
+            self._drop_prefetch()
             time.sleep(min(wait_ms, 200) / 1000)
             return []
-        positions = [(t, p, o) for (t, p), o in sorted(self._positions.items())]
+        positions = tuple((t, p, o) for (t, p), o in sorted(self._positions.items()))
         try:
-            fetched = self._client.fetch(
-                positions,
-                max_bytes=self._max_bytes,
-                wait_ms=wait_ms,
-                message_filter=self._filter,
-            )
+            fetched = self._take_prefetched(positions)
+            if fetched is None:
+                fetched = self._fetch(positions, wait_ms)
         except RequestRefused as exc:
             if exc.error == "offset_out_of_range" and "start_offset" in exc.body:
                 self._skip_lost(positions)
+                return []
+            if exc.error in _GONE:
+                # A topic was deleted under the reader (maybe to be created again).
+                _log.warning("%s; looking at the topics again", exc.reason)
+                if self._group is not None:
+                    self._heartbeat()
+                else:
+                    self._discover()
                 return []
             raise
         messages: list[ReadMessage] = []
@@ -198,7 +250,36 @@ class Consumer:
                 continue
             messages.extend(part.messages)
             self._positions[tp] = part.next_offset
+        if messages and self._prefetcher is not None:
+            # Catching up: the next fetch runs while the caller handles this one.
+            following = tuple((t, p, o) for (t, p), o in sorted(self._positions.items()))
+            self._prefetched = (following, self._prefetcher.submit(self._fetch, following, 0))
         return messages
+
+    def _fetch(
+        self, positions: Sequence[tuple[str, int, int]], wait_ms: int
+    ) -> list[FetchedPartition]:
+        return self._client.fetch(
+            positions, max_bytes=self._max_bytes, wait_ms=wait_ms, message_filter=self._filter
+        )
+
+    def _take_prefetched(
+        self, positions: tuple[tuple[str, int, int], ...]
+    ) -> list[FetchedPartition] | None:
+        """The prefetched answer if it was asked for exactly these positions."""
+        if self._prefetched is None:
+            return None
+        asked, future = self._prefetched
+        self._prefetched = None
+        if asked != positions:
+            future.cancel()  # the assignment or a position moved meanwhile
+            return None
+        return future.result()
+
+    def _drop_prefetch(self) -> None:
+        if self._prefetched is not None:
+            self._prefetched[1].cancel()
+            self._prefetched = None
 
     def _skip_lost(self, positions: Sequence[tuple[str, int, int]]) -> None:
         """A position outside its partition's offsets.  Below the start, retention dropped
@@ -209,7 +290,12 @@ class Consumer:
         past_end: dict[TopicPartition, tuple[int, int]] = {}
         for topic, partition, offset in positions:
             if topic not in described:
-                described[topic] = self._client.describe(topic)
+                try:
+                    described[topic] = self._client.describe(topic)
+                except RequestRefused as exc:
+                    if exc.error != "unknown_topic":
+                        raise
+                    described[topic] = {"partitions": []}  # gone: the next look handles it
             for p in described[topic]["partitions"]:
                 if p["partition"] != partition:
                     continue
@@ -250,7 +336,7 @@ class Consumer:
         try:
             self._client.commit(self._group, self._member_id, pending, self._topic_ids)
         except RequestRefused as exc:
-            if exc.error not in ("not_owner", "unknown_member", "topic_recreated"):
+            if exc.error not in ("not_owner", "unknown_member", "topic_recreated", *_GONE):
                 raise
             _log.warning("commit refused (%s); the group rebalanced", exc.reason)
             if self._member_id is not None:
@@ -261,6 +347,9 @@ class Consumer:
 
     def close(self) -> None:
         """Commit and leave the group, so the partitions move on at once."""
+        self._drop_prefetch()
+        if self._prefetcher is not None:
+            self._prefetcher.shutdown(wait=False, cancel_futures=True)
         if self._group is None or self._member_id is None:
             return
         try:

@@ -95,6 +95,8 @@ class MemberState:
     session_timeout_ms: int
     assignment: list[AssignedPartition] = field(default_factory=list)
     revoke: list[TopicPartition] = field(default_factory=list)
+    missing_topics: list[str] = field(default_factory=list)
+    """Topics the group names that do not exist (yet): it waits for them."""
 
     @property
     def heartbeat_interval_ms(self) -> int:
@@ -107,6 +109,7 @@ class MemberState:
             "generation": self.generation,
             "session_timeout_ms": self.session_timeout_ms,
             "heartbeat_interval_ms": self.heartbeat_interval_ms,
+            "missing_topics": self.missing_topics,
             "assignment": [
                 {
                     "topic": a.topic,
@@ -143,6 +146,7 @@ class _Bounds:
     offsets: dict[str, tuple[int, int]]
     topic_ids: dict[str, str] = field(default_factory=dict)
     created_ms: dict[str, int] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
 
     @property
     def keys(self) -> list[str]:
@@ -193,7 +197,7 @@ class GroupCoordinator:
             doc.setdefault("reset", reset)
             doc["members"][member_id] = {"seen": now, "timeout": session_timeout_ms}
             self._rebalance(doc, bounds)
-            return doc, self._member_state(group, doc, member_id)
+            return doc, self._member_state(group, doc, member_id, bounds.missing)
 
         return self._state.update(_doc_key(group), change)
 
@@ -214,7 +218,7 @@ class GroupCoordinator:
                 if doc["owners"].get(key) == member_id:
                     del doc["owners"][key]
             self._rebalance(doc, bounds)
-            return doc, self._member_state(group, doc, member_id)
+            return doc, self._member_state(group, doc, member_id, bounds.missing)
 
         return self._state.update(_doc_key(group), change)
 
@@ -358,14 +362,18 @@ class GroupCoordinator:
             doc["generation"] += 1
 
     def _bounds(self, subscription: Subscription) -> _Bounds:
+        """The partitions the subscription covers now.  A named topic that does not exist
+        (yet, or any more) has none: the group waits for it, like ``tail -F``."""
         if subscription.prefix is None:
-            return self._topic_bounds(list(subscription.topics))
+            return self._topic_bounds(list(subscription.topics), missing_ok=True)
         topics = [
             t.name
             for t in self._store.list_topics()
             if t.name.startswith(subscription.prefix) and not is_internal(t.name)
         ]
-        return self._topic_bounds(topics, missing_ok=True)
+        bounds = self._topic_bounds(topics, missing_ok=True)
+        bounds.missing.clear()  # deleted since the listing: nothing to wait for
+        return bounds
 
     def _topic_bounds(self, topics: Sequence[str], *, missing_ok: bool = False) -> _Bounds:
         bounds = _Bounds({})
@@ -374,7 +382,8 @@ class GroupCoordinator:
                 info = self._store.describe_topic(topic)
             except UnknownTopic:
                 if missing_ok:
-                    continue  # deleted between the listing and now
+                    bounds.missing.append(topic)
+                    continue  # not created yet, or deleted since the listing
                 raise
             bounds.topic_ids[topic] = info.topic_id
             bounds.created_ms[topic] = info.created_ms
@@ -389,7 +398,10 @@ class GroupCoordinator:
         keys = bounds.keys
         wanted = set(keys)
         owners: dict[str, str] = {k: m for k, m in doc["owners"].items() if k in wanted}
-        first_time = not doc["offsets"]
+        # A group's first placement; partitions found later (a topic created after the
+        # group, or under its prefix) are read from their start.
+        first_time = not doc.get("placed") and not doc["offsets"]
+        doc["placed"] = True
         _adopt_topic_ids(doc, bounds)
         for key in keys:
             if key not in doc["offsets"]:
@@ -426,7 +438,9 @@ class GroupCoordinator:
             doc["generation"] += 1
         doc["owners"] = owners
 
-    def _member_state(self, group: str, doc: Doc, member_id: str) -> MemberState:
+    def _member_state(
+        self, group: str, doc: Doc, member_id: str, missing: Sequence[str] = ()
+    ) -> MemberState:
         revoke = set(doc.get("revoke", {}).get(member_id, []))
         topic_ids: dict[str, str] = doc.get("topic_ids", {})
         assignment = [
@@ -445,6 +459,7 @@ class GroupCoordinator:
             session_timeout_ms=int(doc["members"][member_id]["timeout"]),
             assignment=assignment,
             revoke=[_tp(k) for k in sorted(revoke)],
+            missing_topics=list(missing),
         )
 
 

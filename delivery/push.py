@@ -169,9 +169,10 @@ class SubscriptionRegistry:
         self._state = state
 
     def create(self, sub: PushSubscription) -> bool:
-        """Store ``sub``; True if new, False if an identical one exists (a repeated create)."""
-        for topic in sub.topics:
-            self._store.describe_topic(topic)  # UnknownTopic if it is not there
+        """Store ``sub``; True if new, False if an identical one exists (a repeated create).
+
+        A named topic need not exist yet: its data is delivered from its start once it does.
+        """
 
         def change(doc: Doc | None) -> tuple[Doc, bool]:
             doc = doc or {}
@@ -241,8 +242,10 @@ class SubscriptionRegistry:
                     "lag": None if committed is None else p.end - committed,
                 }
             )
+        present = {p["topic"] for p in partitions}
         return {
             "subscription": sub.to_json(),
+            "missing_topics": [t for t in sub.topics if t not in present],
             "holder": st.get("holder"),
             "delivered_messages": st.get("delivered", 0),
             "delivered_batches": st.get("batches", 0),
@@ -361,8 +364,10 @@ class _Delivery:
         """Positions for partitions not seen yet (new topics under a prefix, topics created
         again), stored before anything is delivered from them."""
         parts = await anyio.to_thread.run_sync(_partitions, self.owner.store, self.sub)
-        known = {(p.topic, p.partition) for p in parts if self.topic_ids.get(p.topic) == p.topic_id}
-        if self.placed and known == set(self.positions):
+        current = {(p.topic, p.partition) for p in parts}
+        unchanged = all(self.topic_ids.get(p.topic) == p.topic_id for p in parts)
+        # Also when a topic came back after a look that found it gone (then no positions).
+        if self.placed and unchanged and current == set(self.positions):
             return
         offsets = await anyio.to_thread.run_sync(self._place, parts)
         self.positions = {

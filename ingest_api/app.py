@@ -24,10 +24,12 @@ the app answers JSON ``{"error", "reason"}``; auth: ``ctx.require_write`` / ``ct
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import importlib
 import logging
 import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from types import ModuleType
@@ -49,7 +51,9 @@ ROUTE_MODULES: tuple[str, ...] = (
 
 SETTINGS_ENV = "LOGBROKER_GATEWAY_SETTINGS_JSON"
 """How ``logbroker serve`` hands its settings to uvicorn's worker processes."""
+SUPERVISOR_PID_ENV = "LOGBROKER_GATEWAY_SUPERVISOR_PID"
 
+_PR_SET_PDEATHSIG = 1
 _log = logging.getLogger("ingest_api")
 
 
@@ -152,4 +156,21 @@ def create_app() -> Starlette:
     if not text:
         raise RuntimeError(f"{SETTINGS_ENV} is not set; start the gateway with `logbroker serve`")
     settings = GatewaySettings.from_json(text)
+    _die_with_parent()
     return build_app(open_context(settings), close_store=True)
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to stop this worker (SIGTERM) when its supervisor dies.
+
+    A supervisor killed by SIGKILL cannot stop its workers; without this they would keep
+    the port and the store open, and a restarted gateway could not bind.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return  # not Linux: workers outlive a killed supervisor, as uvicorn's do
+    supervisor = os.environ.get(SUPERVISOR_PID_ENV)
+    if supervisor is not None and os.getppid() != int(supervisor):
+        os.kill(os.getpid(), signal.SIGTERM)  # the supervisor died before we asked

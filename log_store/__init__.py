@@ -12,6 +12,7 @@ from log_store.errors import (
     BadRequest,
     InvalidTopicName,
     LogbrokerError,
+    NoStore,
     OffsetOutOfRange,
     SourceFenced,
     StoreUnavailable,
@@ -34,8 +35,20 @@ from log_store.sqlite_store import SqliteLogStore
 from log_store.topic_names import validate_topic_name
 
 
-def open_store(data_dir: str | Path) -> SqliteLogStore:
-    """Open (creating if needed) the embedded log store under ``data_dir``."""
+def open_store(data_dir: str | Path, *, create: bool = True) -> SqliteLogStore:
+    """Open the embedded log store under ``data_dir``, creating it if needed.
+
+    With ``create=False`` (tools that inspect or administer a store) a directory that holds
+    no store is an error (:class:`NoStore`), so a typo never creates an empty store there.
+    """
+    if not create:
+        path = Path(data_dir)
+        if not path.exists():
+            raise NoStore(f"no data directory {str(path)!r}")
+        if not path.is_dir():
+            raise NoStore(f"{str(path)!r} is not a directory")
+        if not SqliteLogStore.exists_at(path):
+            raise NoStore(f"{str(path)!r} holds no logbroker store; give the gateway's --data-dir")
     return SqliteLogStore(data_dir)
 
 
@@ -45,6 +58,7 @@ __all__ = [
     "InvalidTopicName",
     "LogStore",
     "LogbrokerError",
+    "NoStore",
     "OffsetOutOfRange",
     "PartitionInfo",
     "PartitionState",

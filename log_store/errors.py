@@ -15,6 +15,10 @@ class BadRequest(LogbrokerError):
     """The caller sent something invalid; nothing was changed."""
 
 
+class NoStore(BadRequest):
+    """A command that only reads a store was pointed where there is none."""
+
+
 class InvalidTopicName(BadRequest):
     """A topic name outside ``[a-z0-9][a-z0-9._-]{0,200}``."""
 

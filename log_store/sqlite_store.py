@@ -85,11 +85,18 @@ def _append_all(values: Sequence[bytes]) -> TransactionFn:
 class SqliteLogStore:
     """The partitioned log on local disk.  See ``log_store.interface.LogStore``."""
 
+    CATALOG = "catalog.db"
+
+    @classmethod
+    def exists_at(cls, data_dir: str | Path) -> bool:
+        """Whether ``data_dir`` holds a store (opening one elsewhere would create it)."""
+        return (Path(data_dir) / cls.CATALOG).is_file()
+
     def __init__(self, data_dir: str | Path) -> None:
         self.data_dir = Path(data_dir)
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            self._catalog = connect(self.data_dir / "catalog.db")
+            self._catalog = connect(self.data_dir / self.CATALOG)
             self._catalog.executescript(_CATALOG_SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise as_store_unavailable(exc) or exc from exc

@@ -1,7 +1,10 @@
 """The ``logbroker`` command: a thin layer over the library, one module per subcommand.
 
 Each subcommand lives in ``ops/commands/<name>.py`` and defines ``add_arguments(parser)``
-and ``run(args) -> int``.  Bad usage exits with code 2 and a message on stderr.
+and ``run(args) -> int``.  Bad usage exits with code 2 and a message on stderr.  A command
+that stops cleanly on SIGTERM/SIGINT sets ``HANDLES_STOP_SIGNALS = True`` and says what a stop
+means through :func:`ops.stop_signals.on_stop`; the signals are recorded from the first
+instruction on, so a stop that comes while the command is still starting is not lost.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import argparse
 import importlib
 import sys
 from types import ModuleType
+
+from ops import stop_signals
 
 SUBCOMMANDS: dict[str, str] = {
     "serve": "run the gateway (ingest, pull reads, push delivery) over a log store",
@@ -48,6 +53,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType | None
 
 
 def main(argv: list[str] | None = None) -> int:
+    stop_signals.install()  # before the imports of build_parser, which take a while
     parser, modules = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -60,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if not getattr(module, "HANDLES_STOP_SIGNALS", False):
+        stop_signals.restore_default()
     result: int = module.run(args)
     return result
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -42,6 +44,14 @@ def logbroker_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "ops", *args]
 
 
+def kill_process_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL every process of ``proc``'s group (it was started with a session of its own)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+
+
 class GatewayProcess:
     """A real ``logbroker serve`` process on a free loopback port."""
 
@@ -58,7 +68,10 @@ class GatewayProcess:
             "serve", "--data-dir", str(self.data_dir), "--port", str(self.port), *self.extra_args
         )
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        # Its own process group, so that a kill reaches uvicorn's worker processes too.
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -75,22 +88,19 @@ class GatewayProcess:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def kill(self) -> None:
-        """SIGKILL: what a crash does, with no chance to flush or clean up."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+        """SIGKILL of the gateway and its workers: a crash, no chance to flush or clean up."""
+        if self.proc is not None:
+            kill_process_group(self.proc)
 
     def stop(self) -> int:
-        """SIGTERM and wait: the graceful stop."""
+        """SIGTERM and wait: the graceful stop (then anything left of the group is killed)."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(30)
+        kill_process_group(self.proc)
         return int(self.proc.returncode)
 
 
@@ -129,3 +139,62 @@ def gateway(start_gateway: object) -> GatewayProcess:
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+# -- no process outlives the run ----------------------------------------------------------------
+# pytest becomes a child subreaper: every process a test starts, and every process those start
+# (uvicorn workers, JVMs, Spark executors), is re-parented to pytest when its parent dies.  So
+# what is still alive among pytest's children once every fixture is torn down was left behind
+# by a test: it is listed, killed, and the run fails.
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _live_children() -> dict[int, str]:
+    """pid -> command line of this process's children that are alive (zombies reaped)."""
+    me = os.getpid()
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        state, ppid = fields[0], int(fields[1])
+        if ppid != me:
+            continue
+        if state == "Z":
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int(entry.name), os.WNOHANG)
+            continue
+        found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace")[:200]
+    return found
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    left = _live_children()
+    deadline = time.monotonic() + 10
+    while left and time.monotonic() < deadline:  # a graceful stop may still be finishing
+        time.sleep(0.2)
+        left = _live_children()
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"  pid {pid}: {cmd}" for pid, cmd in sorted(left.items())]
+    message = "processes started by the tests were left running:\n" + "\n".join(lines)
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    else:
+        print(message, file=sys.stderr)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

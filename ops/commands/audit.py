@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        with open_store(args.data_dir) as store:
+        with open_store(args.data_dir, create=False) as store:
             report = audit_store(store, args.topic)
     except LogbrokerError as exc:
         print(f"logbroker audit: {exc}", file=sys.stderr)

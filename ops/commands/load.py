@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
 
 from log_store.errors import BadRequest, LogbrokerError
+from ops import stop_signals
 
 EXIT_DATA_LOST = 3
+
+
+HANDLES_STOP_SIGNALS = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,11 +97,11 @@ def run(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
 
-    def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-        _progress("SIGTERM: finishing the batch in hand, then stopping")
+    def _on_stop() -> None:
+        _progress("stop requested: finishing the batch in hand, then stopping")
         stop.set()
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    stop_signals.on_stop(_on_stop)
     spark = build_session(args.master)
     try:
         report = run_load(spark, config, _progress, stop)

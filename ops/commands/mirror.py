@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
 
 from delivery.mirror import Mirror, MirrorStuck
 from delivery.pull_client import GatewayUnavailable, RequestRefused
 from log_store.errors import BadRequest
+from ops import stop_signals
+
+HANDLES_STOP_SIGNALS = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,12 +55,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"logbroker mirror: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
-
-    def _on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    stop_signals.on_stop(stop.set)
     try:
         mirror.run(stop, idle_exit_s=args.idle_exit)
     except RequestRefused as exc:

@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 from log_store.errors import LogbrokerError
+from ops import stop_signals
 from push_client.config import CODECS, ConfigError, build_config
 from push_client.daemon import PushDaemon, StateDirBusy
 from push_client.status import print_status, read_status
+
+HANDLES_STOP_SIGNALS = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -104,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"logbroker push: {exc}", file=sys.stderr)
         return 2
     daemon = PushDaemon(config, idle_exit_s=args.idle_exit, progress=args.progress)
+    # A stop that came while starting makes the daemon flush nothing and exit at once.
+    stop_signals.on_stop(daemon.stop)
     try:
         code = daemon.run()
     except StateDirBusy as exc:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import base64
-import signal
 import sys
 import time
-from types import FrameType
 from typing import BinaryIO
 
 import orjson
@@ -21,8 +19,12 @@ from delivery.consumer import Consumer
 from delivery.filters import BadFilter, MessageFilter, parse_filter
 from delivery.pull_client import GatewayUnavailable, PullClient, ReadMessage, RequestRefused
 from log_store.errors import BadRequest
+from ops import stop_signals
 
 _POLL_WAIT_MS = 1000
+
+
+HANDLES_STOP_SIGNALS = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start at the oldest message (a new group, or without --group); default: the end",
     )
-    parser.add_argument("--format", choices=("lines", "jsonl"), default="lines")
+    parser.add_argument(
+        "--format",
+        choices=("lines", "jsonl", "jsonl-chunks"),
+        default="lines",
+        help="lines: the log data as written; jsonl: one JSON object per line with the "
+        "message's fields; jsonl-chunks: one JSON object per message (a chunk of lines)",
+    )
     parser.add_argument(
         "--idle-exit",
         type=float,
@@ -80,7 +88,7 @@ def _filter(args: argparse.Namespace) -> MessageFilter:
     return parse_filter(params)
 
 
-def _jsonl(message: ReadMessage) -> bytes:
+def _chunk_fields(message: ReadMessage) -> dict[str, object]:
     env = message.envelope
     record: dict[str, object] = {
         "topic": message.topic,
@@ -96,24 +104,79 @@ def _jsonl(message: ReadMessage) -> bytes:
     }
     if env.kind != "chunk":
         record["txn_id"] = env.txn_id
-    data = message.text_data()
+    return record
+
+
+def _data_field(data: bytes) -> bytes:
+    """``"data":"..."`` for UTF-8 text, ``"data_b64":"..."`` for anything else."""
     try:
-        record["data"] = data.decode("utf-8")
+        return b'"data":' + orjson.dumps(data.decode("utf-8"))
     except UnicodeDecodeError:
-        record["data_b64"] = base64.b64encode(data).decode()
-    return orjson.dumps(record) + b"\n"
+        return b'"data_b64":' + orjson.dumps(base64.b64encode(data).decode())
+
+
+def _jsonl_lines(message: ReadMessage) -> bytes:
+    """One JSON object per line of the chunk: the chunk's fields, ``line`` (its index in the
+    chunk) and ``data`` (the line without its newline)."""
+    head = orjson.dumps(_chunk_fields(message))[:-1] + b',"line":'
+    data = message.text_data()
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return b"".join(b"%s%d,%s}\n" % (head, i, _data_field(line)) for i, line in enumerate(lines))
+
+
+def _jsonl_chunk(message: ReadMessage) -> bytes:
+    """One JSON object per message: the chunk's fields and its whole ``data``."""
+    head = orjson.dumps(_chunk_fields(message))[:-1]
+    return head + b"," + _data_field(message.text_data()) + b"}\n"
 
 
 def _write(out: BinaryIO, messages: list[ReadMessage], fmt: str) -> None:
-    for message in messages:
-        if fmt == "jsonl":
-            out.write(_jsonl(message))
-        else:
+    if fmt == "lines":
+        for message in messages:
             data = message.text_data()
             out.write(data)
             if data and not data.endswith(b"\n"):
                 out.write(b"\n")
+    else:
+        encode = _jsonl_lines if fmt == "jsonl" else _jsonl_chunk
+        out.write(b"".join(encode(m) for m in messages))
     out.flush()
+
+
+def _topic_hint(client: PullClient, topic: str) -> str:
+    """What a user who typed ``topic`` may have meant, from the topics that exist."""
+    names = client.list_topics()
+    similar = [n for n in names if n.endswith("." + topic) or n.split(".", 1)[-1] == topic]
+    hint = ""
+    if "." not in topic:
+        hint = f"; topics are named <dc>.<log_type>, e.g. dc1.{topic}"
+    if similar:
+        hint += f"; did you mean {', '.join(similar[:5])}?"
+    elif names:
+        shown = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
+        hint += f"; topics there: {shown}"
+    else:
+        hint += "; there are no topics yet"
+    return hint + " (`logbroker topics --server URL list` lists them)"
+
+
+def _wait_for_gateway(client: PullClient, stop: dict[str, bool], until: float | None) -> bool:
+    """Wait until the gateway answers; False if stopped or out of time first."""
+    said = False
+    while not stop["requested"]:
+        try:
+            client.list_topics()
+            return True
+        except GatewayUnavailable as exc:
+            if not said:
+                print(f"logbroker read: {exc}; retrying", file=sys.stderr, flush=True)
+                said = True
+        if until is not None and time.monotonic() >= until:
+            return False
+        time.sleep(0.5)
+    return False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,18 +191,23 @@ def run(args: argparse.Namespace) -> int:
     prefix = args.topic[:-1] if args.topic.endswith("*") else None
     topics = () if prefix is not None else (args.topic,)
     stop = {"requested": False}
-
-    def _on_signal(signum: int, frame: FrameType | None) -> None:
-        stop["requested"] = True
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    stop_signals.on_stop(lambda: stop.update(requested=True))
+    started = time.monotonic()
+    idle_until = None if args.idle_exit is None else started + args.idle_exit
     client = PullClient(args.server, token=args.token)
     out = sys.stdout.buffer
     consumer: Consumer | None = None
     try:
-        if topics:
-            client.describe(topics[0])  # an unknown topic is a usage error, said at once
+        if not _wait_for_gateway(client, stop, idle_until):
+            return 0
+        if topics and "." not in topics[0] and topics[0] not in client.list_topics():
+            # Not a topic name the gateway makes: say what exists instead of waiting.
+            print(
+                f"logbroker read: no topic {topics[0]!r} on {args.server}"
+                f"{_topic_hint(client, topics[0])}",
+                file=sys.stderr,
+            )
+            return 2
         consumer = Consumer(
             client,
             topics=topics,
@@ -150,7 +218,9 @@ def run(args: argparse.Namespace) -> int:
             max_bytes=args.max_bytes,
             session_timeout_ms=args.session_timeout_ms,
         )
-        last_new = time.monotonic()
+        last_new = started
+        waiting: list[str] = []
+        unavailable = False
         while not stop["requested"]:
             wait_ms = _POLL_WAIT_MS
             if args.idle_exit is not None:
@@ -165,10 +235,28 @@ def run(args: argparse.Namespace) -> int:
                     last_new = time.monotonic()
                 # Also after an empty poll: a commit the gateway missed is made again here.
                 consumer.commit()
+                unavailable = False
             except GatewayUnavailable as exc:
-                print(f"logbroker read: {exc}; retrying", file=sys.stderr)
+                if not unavailable:
+                    print(f"logbroker read: {exc}; retrying", file=sys.stderr, flush=True)
+                    unavailable = True
                 time.sleep(1.0)
-        consumer.close()
+                continue
+            missing = consumer.missing_topics
+            if missing and missing != waiting:
+                print(
+                    f"logbroker read: waiting for topic {', '.join(map(repr, missing))} to "
+                    f"appear on {args.server}{_topic_hint(client, missing[0])}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            waiting = missing
+        if waiting and not stop["requested"]:
+            print(
+                f"logbroker read: topic {', '.join(map(repr, waiting))} did not appear within "
+                f"{args.idle_exit:g} s",
+                file=sys.stderr,
+            )
         return 0
     except RequestRefused as exc:
         print(f"logbroker read: {exc.reason}", file=sys.stderr)
@@ -179,4 +267,6 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         return 0
     finally:
+        if consumer is not None:
+            consumer.close()
         client.close()

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -19,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.supervisors import Multiprocess
 
 from log_store.errors import BadRequest, LogbrokerError
+from ops import stop_signals
 from ops.retention import DEFAULT_INTERVAL_S, RetentionWatchdog
 
 GRACEFUL_STOP_S = 30
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+HANDLES_STOP_SIGNALS = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,12 +82,41 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
     return flags
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """The gateway's listening socket, bound before anything says the gateway is up."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family=family)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 class _GracefulServer(uvicorn.Server):
     """uvicorn's server, except that a graceful stop by SIGTERM exits with status 0.
 
     uvicorn re-raises the captured signal after its graceful shutdown, so the process would
     die "killed by SIGTERM"; for a service manager a completed graceful stop is a success.
+    The banner is printed once the server accepts connections.
     """
+
+    def __init__(self, config: uvicorn.Config, banner: str | None = None) -> None:
+        super().__init__(config)
+        self._banner = banner
+
+    def request_stop(self) -> None:
+        """A graceful stop, also before the server has started (then it exits at once)."""
+        self.should_exit = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._banner:
+            print(self._banner, file=sys.stderr, flush=True)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -100,7 +133,7 @@ class _GracefulServer(uvicorn.Server):
 
 def run(args: argparse.Namespace) -> int:
 
-    from ingest_api.app import SETTINGS_ENV, build_app
+    from ingest_api.app import SETTINGS_ENV, SUPERVISOR_PID_ENV, build_app
     from ingest_api.context import open_context
     from ingest_api.settings import load_settings
 
@@ -130,12 +163,25 @@ def run(args: argparse.Namespace) -> int:
     except LogbrokerError as exc:
         print(f"logbroker serve: cannot open the log store: {exc}", file=sys.stderr)
         return 1
-    print(
+    config = uvicorn.Config(
+        "ingest_api.app:create_app" if settings.workers > 1 else build_app(ctx, close_store=True),
+        factory=settings.workers > 1,
+        workers=settings.workers,
+        **options,
+    )
+    try:
+        sock = _listen(settings.host, settings.port)
+    except OSError as exc:
+        print(
+            f"logbroker serve: cannot listen on {settings.host}:{settings.port}: {exc.strerror}",
+            file=sys.stderr,
+        )
+        ctx.store.close()
+        return 1
+    banner = (
         f"logbroker gateway on {'https' if settings.ssl_certfile else 'http'}://"
         f"{settings.host}:{settings.port} (dc {settings.dc}, store {settings.store}, "
-        f"data dir {settings.data_dir}, {settings.workers} worker(s))",
-        file=sys.stderr,
-        flush=True,
+        f"data dir {settings.data_dir}, {settings.workers} worker(s))"
     )
     # One retention watchdog per gateway, in this (parent) process, on its own store handle.
     watchdog = (
@@ -147,13 +193,16 @@ def run(args: argparse.Namespace) -> int:
         if settings.workers > 1:
             # each worker process builds its own app and store handle from the settings
             os.environ[SETTINGS_ENV] = settings.to_json()
-            uvicorn.run(
-                "ingest_api.app:create_app", factory=True, workers=settings.workers, **options
-            )
+            os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())
+            supervisor = Multiprocess(config, sockets=[sock])
+            stop_signals.on_stop(supervisor.should_exit.set)
+            print(banner, file=sys.stderr, flush=True)
+            supervisor.run()
             ctx.store.close()
             return 0
-        server = _GracefulServer(uvicorn.Config(build_app(ctx, close_store=True), **options))
-        server.run()
+        server = _GracefulServer(config, banner=banner)
+        stop_signals.on_stop(server.request_stop)
+        server.run(sockets=[sock])
         return 0 if server.started else 1
     finally:
         if watchdog is not None:

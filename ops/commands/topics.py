@@ -1,6 +1,7 @@
 """``logbroker topics``: list, describe, create, alter, delete; retention and forced deletion.
 
-Works on a data dir of the embedded store directly (safe while a gateway runs on it).
+Works on a data dir of the embedded store directly (safe while a gateway runs on it); ``list``
+and ``describe`` also work through a gateway (``--server URL``).
 """
 
 from __future__ import annotations
@@ -11,30 +12,56 @@ import sys
 from typing import Any
 
 from delivery.internal_state import is_internal
+from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
 from log_store import LogbrokerError, TopicConfig, TopicInfo, open_store
 
 
+def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """Options accepted before and after the action (``topics --data-dir D list`` and
+    ``topics list --data-dir D``); after it they must not reset what came before."""
+    default = argparse.SUPPRESS if suppress else None
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--data-dir", default=default, help="data dir of the embedded store")
+    where.add_argument(
+        "--server", default=default, help="gateway URL (list and describe only, read-only)"
+    )
+    parser.add_argument("--token", default=default, help="bearer token for --server")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="print JSON instead of a table",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", required=True, help="data dir of the embedded store")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _common_options(parser, suppress=False)
+    common = argparse.ArgumentParser(add_help=False)
+    _common_options(common, suppress=True)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    listing = actions.add_parser("list", help="list topics")
+    listing = actions.add_parser("list", help="list topics", parents=[common])
     listing.add_argument("--all", action="store_true", help="include logbroker's internal topics")
-    describe = actions.add_parser("describe", help="partitions, offsets and sizes of a topic")
+    describe = actions.add_parser(
+        "describe", help="partitions, offsets and sizes of a topic", parents=[common]
+    )
     describe.add_argument("topic")
-    create = actions.add_parser("create", help="create a topic")
+    create = actions.add_parser("create", help="create a topic", parents=[common])
     create.add_argument("topic")
     create.add_argument("--partitions", type=int, default=4)
     _retention_flags(create)
-    alter = actions.add_parser("alter", help="change partitions (grow only) or retention")
+    alter = actions.add_parser(
+        "alter", help="change partitions (grow only) or retention", parents=[common]
+    )
     alter.add_argument("topic")
     alter.add_argument("--partitions", type=int)
     _retention_flags(alter)
-    delete = actions.add_parser("delete", help="delete a topic and its data")
+    delete = actions.add_parser("delete", help="delete a topic and its data", parents=[common])
     delete.add_argument("topic")
-    actions.add_parser("retention", help="apply every topic's retention now")
+    actions.add_parser("retention", help="apply every topic's retention now", parents=[common])
     drop = actions.add_parser(
-        "delete-segments", help="forced deletion: drop whole segments below an offset"
+        "delete-segments",
+        help="forced deletion: drop whole segments below an offset",
+        parents=[common],
     )
     drop.add_argument("topic")
     drop.add_argument("--partition", type=int, required=True)
@@ -89,8 +116,14 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.server is not None:
+        return _run_on_gateway(args)
+    if args.data_dir is None:
+        print("logbroker topics: give --data-dir DIR (or --server URL)", file=sys.stderr)
+        return 2
     try:
-        with open_store(args.data_dir) as store:
+        # Only `create` may make a store where there is none; a typo is an error otherwise.
+        with open_store(args.data_dir, create=args.action == "create") as store:
             if args.action == "list":
                 for info in store.list_topics():
                     if args.all or not is_internal(info.name):
@@ -128,3 +161,43 @@ def run(args: argparse.Namespace) -> int:
         print(f"logbroker topics: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _run_on_gateway(args: argparse.Namespace) -> int:
+    """``list`` and ``describe`` through a gateway's read API (what a reader may see)."""
+    if args.action not in ("list", "describe"):
+        print(
+            f"logbroker topics: {args.action} needs --data-dir (a gateway's API only reads)",
+            file=sys.stderr,
+        )
+        return 2
+    client = PullClient(args.server, token=args.token)
+    try:
+        if args.action == "list":
+            for name in client.list_topics():
+                _print_remote(client.describe(name), args.json)
+        else:
+            _print_remote(client.describe(args.topic), args.json)
+    except RequestRefused as exc:
+        print(f"logbroker topics: {exc.reason}", file=sys.stderr)
+        return 2
+    except GatewayUnavailable as exc:
+        print(f"logbroker topics: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    return 0
+
+
+def _print_remote(doc: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(doc))
+        return
+    parts = doc["partitions"]
+    print(f"{doc['name']}  id={doc['topic_id']}  partitions={len(parts)}")
+    print(f"  {'partition':>9} {'start':>12} {'end':>12} {'bytes':>14}")
+    for p in parts:
+        print(
+            f"  {p['partition']:>9} {p['start_offset']:>12} {p['end_offset']:>12} "
+            f"{p['size_bytes']:>14}"
+        )

@@ -14,7 +14,7 @@ import pytest
 from delivery.framing import BINARY_MEDIA_TYPE, decode_binary
 from delivery.pull_client import PullClient
 from session_dedup.envelope import decode
-from tests.delivery.conftest import line_for
+from tests.delivery.conftest import line_for, wait_until
 
 
 def _messages(url: str, topic: str, partition: int, offset: int = 0, **params: Any) -> Any:
@@ -177,7 +177,8 @@ def test_jsonl_reader_prints_fields_and_undoes_gzip_and_zstd(
     records = {r["source_id"]: r for r in reader.records()}
     assert set(records) == {"plain", "gz", "zs"}
     for source, record in records.items():
-        assert record["data"] == line_for(source, 1)
+        assert record["data"] == line_for(source, 1).rstrip("\n")
+        assert record["line"] == 0
         for name in ("topic", "partition", "offset", "seqno", "server", "file", "log_type"):
             assert name in record
         assert record["topic"] == "dc1.app"
@@ -194,6 +195,117 @@ def test_jsonl_reader_prints_fields_and_undoes_gzip_and_zstd(
     )
     assert lines.wait(20) == 0
     assert lines.out_path.read_text() == line_for("gz", 1)
+
+
+def test_jsonl_prints_one_object_per_line_and_jsonl_chunks_one_per_message(
+    gateway: Any, start_reader: Any
+) -> None:
+    chunk = {"log_type": "app", "source_id": "multi", "seqno": 30, "server": "h", "file": "/f"}
+    body = json.dumps({**chunk, "data": "first\nsecond\nthird\n"}) + "\n"
+    body += json.dumps({**chunk, "seqno": 31, "data": "caf\u00e9\n"})
+    response = httpx.post(
+        gateway.url + "/v1/write",
+        content=body.encode(),
+        headers={"content-type": "application/x-ndjson"},
+    )
+    assert response.status_code == 200, response.text
+    common = ["--server", gateway.url, "--topic", "dc1.app", "--from-beginning"]
+    per_line = start_reader(*common, "--format", "jsonl", "--idle-exit", "1")
+    per_chunk = start_reader(*common, "--format", "jsonl-chunks", "--idle-exit", "1")
+    assert per_line.wait(30) == 0, per_line.stderr()
+    assert per_chunk.wait(30) == 0, per_chunk.stderr()
+    lines = per_line.records()
+    assert [(r["seqno"], r["line"], r["data"]) for r in lines] == [
+        (30, 0, "first"),
+        (30, 1, "second"),
+        (30, 2, "third"),
+        (31, 0, "caf\u00e9"),
+    ]
+    assert {r["offset"] for r in lines[:3]} == {lines[0]["offset"]}
+    assert all(r["source_id"] == "multi" and r["file"] == "/f" for r in lines)
+    chunks = per_chunk.records()
+    assert [(r["seqno"], r["data"]) for r in chunks] == [
+        (30, "first\nsecond\nthird\n"),
+        (31, "caf\u00e9\n"),
+    ]
+
+
+def test_reader_started_before_its_topic_waits_and_reads_it_from_the_start(
+    gateway: Any, writer_for: Any, start_reader: Any
+) -> None:
+    reader = start_reader("--server", gateway.url, "--topic", "dc1.late", "--format", "jsonl")
+    wait_until(lambda: "waiting for topic 'dc1.late'" in reader.stderr(), 30, "the notice")
+    assert gateway.url in reader.stderr()
+    writer_for(gateway.url).write("src", [1, 2, 3], log_type="late")
+    wait_until(lambda: len(reader.records()) == 3, 30, "the new topic's lines")
+    assert [r["seqno"] for r in reader.records()] == [1, 2, 3]
+    assert reader.stderr().count("waiting for topic") == 1
+    assert reader.terminate() == 0
+
+
+def test_glob_reader_picks_up_a_topic_created_after_it_started(
+    gateway: Any, writer_for: Any, start_reader: Any
+) -> None:
+    writer = writer_for(gateway.url)
+    writer.write("a", [1], log_type="first")
+    reader = start_reader("--server", gateway.url, "--topic", "dc1.*", "--format", "jsonl")
+    # The reader is running (it saw a line written after it started) before the new topic.
+    deadline = time.monotonic() + 30
+    seqno = 2
+    while not reader.records():
+        assert time.monotonic() < deadline, reader.stderr()
+        writer.write("a", [seqno], log_type="first")
+        seqno += 1
+        time.sleep(0.2)
+    writer.write("b", [1, 2], log_type="second")
+    wait_until(
+        lambda: [r["seqno"] for r in reader.records() if r["topic"] == "dc1.second"] == [1, 2],
+        30,
+        "the later topic's lines",
+    )
+    assert all(r["seqno"] > 1 for r in reader.records() if r["topic"] == "dc1.first")
+    assert reader.terminate() == 0
+
+
+def test_idle_exit_counts_from_the_start_when_the_topic_never_appears(
+    gateway: Any, start_reader: Any
+) -> None:
+    started = time.monotonic()
+    reader = start_reader("--server", gateway.url, "--topic", "dc1.never", "--idle-exit", "2")
+    assert reader.wait(30) == 0, reader.stderr()
+    assert 2 <= time.monotonic() - started < 20
+    assert "topic 'dc1.never' did not appear within 2 s" in reader.stderr()
+
+
+def test_a_log_type_given_as_topic_names_the_topics_that_exist(
+    gateway: Any, writer_for: Any, start_reader: Any
+) -> None:
+    writer_for(gateway.url).write("src", [1])
+    reader = start_reader("--server", gateway.url, "--topic", "app")
+    assert reader.wait(30) == 2
+    err = reader.stderr()
+    assert "no topic 'app'" in err
+    assert "<dc>.<log_type>" in err
+    assert "did you mean dc1.app?" in err
+
+
+def test_reader_started_before_the_gateway_waits_for_it(
+    tmp_path: Any, start_gateway: Any, writer_for: Any, start_reader: Any
+) -> None:
+    from tests.conftest import GatewayProcess
+
+    gw = GatewayProcess(tmp_path / "data", [], tmp_path / "late-gateway.log")
+    reader = start_reader(
+        "--server", gw.url, "--topic", "dc1.app", "--format", "jsonl", "--from-beginning"
+    )
+    wait_until(lambda: "retrying" in reader.stderr(), 30, "the reader to say it retries")
+    gw.start()
+    try:
+        writer_for(gw.url).write("src", [1, 2])
+        wait_until(lambda: len(reader.records()) == 2, 30, "the lines")
+        assert reader.terminate() == 0
+    finally:
+        gw.kill()
 
 
 def test_reader_stops_on_sigterm_commits_and_the_next_one_continues(
@@ -300,11 +412,11 @@ def test_unknown_group_member_and_bad_group_requests(filled: Any) -> None:
     joined = httpx.post(f"{url}/v1/groups/g/members", json={"topics": ["dc1.app"]})
     assert joined.status_code == 200
     _error(httpx.post(f"{url}/v1/groups/g/members/abc/heartbeat", json={}), 404, "unknown_member")
-    _error(
-        httpx.post(f"{url}/v1/groups/g/members", json={"topics": ["dc1.nope"]}),
-        404,
-        "unknown_topic",
-    )
+    # A group may name a topic that does not exist yet: it waits for it.
+    waiting = httpx.post(f"{url}/v1/groups/w/members", json={"topics": ["dc1.nope"]})
+    assert waiting.status_code == 200, waiting.text
+    assert waiting.json()["assignment"] == []
+    assert waiting.json()["missing_topics"] == ["dc1.nope"]
     _error(
         httpx.post(f"{url}/v1/groups/g/members", json={"prefix": "dc1."}),
         409,
@@ -328,12 +440,12 @@ def test_unknown_group_member_and_bad_group_requests(filled: Any) -> None:
     assert "valid offsets" in body["reason"]
 
 
-def test_read_command_with_unknown_topic_or_bad_filter_exits_2(
+def test_read_command_with_a_topic_that_never_comes_or_a_bad_filter(
     filled: Any, start_reader: Any
 ) -> None:
     unknown = start_reader("--server", filled.url, "--topic", "dc1.nope", "--idle-exit", "1")
-    assert unknown.wait(20) == 2
-    assert "dc1.nope" in unknown.stderr()
+    assert unknown.wait(20) == 0  # it waited for the topic, then gave up
+    assert "topic 'dc1.nope' did not appear within 1 s" in unknown.stderr()
     bad = start_reader("--server", filled.url, "--topic", "dc1.app", "--hash", "source_id:0:0")
     assert bad.wait(20) == 2
     assert "hash_mod" in bad.stderr()
@@ -375,3 +487,25 @@ def test_tokens_limit_reads_groups_and_push_to_their_topics(
     assert web.post("/v1/subscriptions", json=hook).status_code == 403
     for client in (writer, web, dc, nobody):
         client.close()
+
+
+def test_topics_lists_and_describes_through_a_gateway(gateway: Any, writer_for: Any) -> None:
+    import subprocess
+
+    from tests.conftest import REPO, logbroker_cmd
+
+    writer_for(gateway.url).write("src", [1, 2])
+
+    def topics(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = logbroker_cmd("topics", "--server", gateway.url, *args)
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    listed = topics("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    doc = json.loads(listed.stdout.splitlines()[0])
+    assert doc["name"] == "dc1.app"
+    assert sum(p["end_offset"] for p in doc["partitions"]) == 2
+    assert topics("describe", "dc1.nope").returncode == 2
+    refused = topics("delete", "dc1.app")
+    assert refused.returncode == 2
+    assert "needs --data-dir" in refused.stderr

@@ -72,7 +72,9 @@ def _start_https(gw: Any, cert: Path) -> None:
         "serve", "--data-dir", str(gw.data_dir), "--port", str(gw.port), *gw.extra_args
     )
     log = open(gw.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
-    gw.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    gw.proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:

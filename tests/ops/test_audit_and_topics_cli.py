@@ -103,3 +103,38 @@ def test_internal_topics_are_hidden_and_cannot_be_changed_from_the_cli(tmp_path:
         assert refused.returncode == 2 and "internal" in refused.stderr
     with open_store(tmp_path) as store:
         assert store.describe_topic("logbroker-internal.delivery").config.retention_bytes is None
+
+
+def test_tools_that_read_a_store_never_create_one(tmp_path: Path) -> None:
+    typo = tmp_path / "typo"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a store")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        (["audit", "--data-dir", str(typo)], f"no data directory '{typo}'"),
+        (["topics", "--data-dir", str(typo), "list"], f"no data directory '{typo}'"),
+        (["topics", "--data-dir", str(a_file), "list"], "is not a directory"),
+        (["audit", "--data-dir", str(empty)], "holds no logbroker store"),
+        (["topics", "--data-dir", str(empty), "describe", "dc1.x"], "holds no logbroker store"),
+    ]
+    for args, message in cases:
+        done = logbroker(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert message in done.stderr
+        assert "Traceback" not in done.stderr
+    assert not typo.exists()
+    assert list(empty.iterdir()) == []
+
+
+def test_topics_takes_its_options_before_or_after_the_action(tmp_path: Path) -> None:
+    write_admitted(tmp_path, "src-a", [10])
+    before = logbroker("topics", "--data-dir", str(tmp_path), "--json", "list")
+    after = logbroker("topics", "list", "--data-dir", str(tmp_path), "--json")
+    assert before.returncode == 0, before.stderr
+    assert after.returncode == 0, after.stderr
+    assert before.stdout == after.stdout
+    assert json.loads(after.stdout.splitlines()[0])["name"] == "dc1.access"
+    described = logbroker("topics", "describe", "dc1.access", "--data-dir", str(tmp_path))
+    assert described.returncode == 0, described.stderr
+    assert "partitions=2" in described.stdout

@@ -1,0 +1,66 @@
+"""SIGTERM and SIGINT from the first instruction of a command on, never lost.
+
+A long-running command spends its first few hundred milliseconds importing libraries and
+reading its configuration.  A service manager that stops it in that window must not kill it
+by the signal's default action (exit status -15 instead of a clean 0), and a stop asked for
+then must still be honoured once the command is running.  :func:`install` records the signal
+from the start; the command names what a stop means with :func:`on_stop`, which runs at once if
+the signal came earlier.  A command that does not handle stops gets the default back with
+:func:`restore_default`, dying by a signal that came early as it would have.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+_received: list[int] = []
+_callbacks: list[Callable[[], None]] = []
+_lock = threading.Lock()
+
+
+def _record(signum: int, frame: FrameType | None) -> None:
+    _received.append(signum)
+    for callback in list(_callbacks):
+        callback()
+
+
+def install() -> None:
+    """Record stop signals from now on (main thread only; a no-op elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _record)
+
+
+def on_stop(callback: Callable[[], None]) -> None:
+    """Call ``callback`` when a stop signal arrives, or now if one already has.
+
+    ``callback`` runs in the signal handler: it must only set flags or events.
+    """
+    with _lock:
+        _callbacks.append(callback)
+    if _received:
+        callback()
+
+
+def stop_requested() -> bool:
+    """Whether a stop signal has arrived since :func:`install`."""
+    return bool(_received)
+
+
+def restore_default() -> None:
+    """Give the stop signals their default action back, and act on one that came early."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOP_SIGNALS:
+        signal.signal(
+            signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler
+        )
+    if _received:
+        os.kill(os.getpid(), _received[0])

@@ -1,0 +1,109 @@
+"""Long-running commands: a stop that comes while they start is a clean stop; the gateway says
+it is up only once it listens."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, free_port, logbroker_cmd
+
+
+def _start(args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        logbroker_cmd(*args), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler for SIGTERM (the kernel's view, /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.3])
+@pytest.mark.parametrize("command", ["push", "read", "serve", "mirror"])
+def test_sigterm_while_a_command_starts_is_a_clean_stop(
+    tmp_path: Path, command: str, delay_s: float
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: the command keeps trying
+    args = {
+        "push": [
+            *("push", "--server", url, "--log-type", "app", "--state-dir", str(tmp_path)),
+            str(tmp_path / "app.log"),
+        ],
+        "read": ["read", "--server", url, "--topic", "dc1.app"],
+        "serve": ["serve", "--data-dir", str(tmp_path / "data"), "--port", str(free_port())],
+        "mirror": [
+            *("mirror", "--from", url, "--to", f"http://127.0.0.1:{free_port()}"),
+            *("--prefix", "dc1."),
+        ],
+    }[command]
+    proc = _start(args)
+    # The interpreter's own start-up (before any of our code) cannot be helped; from the
+    # first instruction on, a SIGTERM is a clean stop.
+    deadline = time.monotonic() + 30
+    while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+
+
+def test_a_command_without_a_stop_handler_dies_by_a_sigterm_that_came_early() -> None:
+    code = (
+        "import os, signal\n"
+        "from ops import stop_signals\n"
+        "stop_signals.install()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('recorded', stop_signals.stop_requested(), flush=True)\n"
+        "stop_signals.restore_default()\n"
+        "print('survived', flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=60)
+    assert done.stdout.decode().split() == ["recorded", "True"]
+    assert done.returncode == -signal.SIGTERM
+
+
+def test_serve_on_a_port_in_use_says_so_and_prints_no_banner(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            logbroker_cmd("serve", "--data-dir", str(tmp_path / "data"), "--port", str(port)),
+            cwd=REPO,
+            capture_output=True,
+            timeout=60,
+        )
+    err = done.stderr.decode()
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+    assert "gateway on" not in err
+
+
+def test_serve_prints_its_banner_once_it_accepts_connections(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        logbroker_cmd("serve", "--data-dir", str(tmp_path / "data"), "--port", str(port)),
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline().decode()
+        assert f"logbroker gateway on http://127.0.0.1:{port}" in line
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # listening when the banner said so
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
