@@ -8,8 +8,10 @@
    same file is shipped by rsyslog (imfile -> omkafka) into the tansu Kafka-protocol broker;
    its time runs from starting rsyslogd until its last CPU activity, and every message is then
    counted in the broker.  rsyslog's Debian packages are installed with apt-get when missing.
+   Then one ``logbroker read --from-beginning --format lines`` reads the topic into a pipe:
+   its rate against the ship rate of the same run.
 2. Latency.  Lines are appended at a steady ``--rate`` lines/s; each carries its append time,
-   and a reader polling the store records when it sees it: p50, p99, max.
+   and a ``logbroker read`` following the topic prints it: p50, p99, max of append -> printed.
 
 Prints one table per part; the medians of ``--runs`` runs are what the README reports.
 """
@@ -31,11 +33,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from log_store import open_store  # noqa: E402
-from log_store.errors import UnknownTopic  # noqa: E402
-from session_dedup.envelope import decode  # noqa: E402
 
 PY = sys.executable
 LINE_BYTES = 200
@@ -99,8 +96,32 @@ class Gateway:
 _SUMMARY = re.compile(r"acknowledged (\d+) bytes .* last ack at ([\d.]+)")
 
 
-def run_logbroker(work: Path, source: Path, size: int, extra: list[str]) -> float:
-    """Seconds from starting ``logbroker push`` to its last ack of ``source``."""
+def read_all(url: str, topic: str, size: int) -> float:
+    """Seconds ``logbroker read --from-beginning --format lines`` takes to print ``size`` bytes
+    into a pipe (from starting the command to the last byte)."""
+    started = time.time()
+    reader = subprocess.Popen(
+        [PY, "-m", "ops", "read", "--server", url, "--topic", topic, "--from-beginning",
+         "--format", "lines"],
+        cwd=REPO, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert reader.stdout is not None
+    got = 0
+    try:
+        while got < size:
+            piece = reader.stdout.read1(1 << 20)
+            if not piece:
+                raise RuntimeError(f"the reader stopped after {got} of {size} bytes")
+            got += len(piece)
+        return time.time() - started
+    finally:
+        reader.send_signal(signal.SIGTERM)
+        reader.wait(30)
+
+
+def run_logbroker(work: Path, source: Path, size: int, extra: list[str]) -> tuple[float, float]:
+    """Seconds from starting ``logbroker push`` to its last ack of ``source``, and seconds one
+    ``logbroker read`` then takes to read it all back."""
     data = work / "lb-data"
     gateway = Gateway(data, work / "gateway.log")
     try:
@@ -114,7 +135,7 @@ def run_logbroker(work: Path, source: Path, size: int, extra: list[str]) -> floa
         match = _SUMMARY.search(out.stderr)
         if match is None or int(match.group(1)) != size:
             raise RuntimeError(f"push did not ship the whole file: {out.stderr[-2000:]}")
-        return float(match.group(2)) - started
+        return float(match.group(2)) - started, read_all(gateway.url, "dc1.bench", size)
     finally:
         gateway.stop()
         shutil.rmtree(data, ignore_errors=True)
@@ -299,32 +320,18 @@ def run_latency(work: Path, rate: int, seconds: float) -> list[float]:
     total = int(rate * seconds)
     done = threading.Event()
 
+    reader_proc = subprocess.Popen(
+        [PY, "-m", "ops", "read", "--server", gateway.url, "--topic", "dc1.lat",
+         "--from-beginning", "--format", "lines"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
     def read() -> None:
-        store = open_store(data)
-        offsets: dict[int, int] = {}
-        seen = 0
-        try:
-            while seen < total and not done.is_set():
-                got = False
-                try:
-                    partitions = store.describe_topic("dc1.lat").partitions
-                except UnknownTopic:
-                    time.sleep(0.005)
-                    continue
-                for part in partitions:
-                    result = store.read("dc1.lat", part.partition, offsets.get(part.partition, 0))
-                    now = time.time()
-                    for record in result.records:
-                        for line in decode(record.value).data.splitlines():
-                            latencies.append(now - int(line.split(b" ", 1)[0]) / 1e9)
-                            seen += 1
-                    if result.records:
-                        got = True
-                    offsets[part.partition] = result.next_offset
-                if not got:
-                    time.sleep(0.002)
-        finally:
-            store.close()
+        assert reader_proc.stdout is not None
+        for seen, line in enumerate(reader_proc.stdout, 1):
+            latencies.append(time.time() - int(line.split(b" ", 1)[0]) / 1e9)
+            if seen >= total or done.is_set():
+                return
 
     reader = threading.Thread(target=read)
     reader.start()
@@ -341,6 +348,8 @@ def run_latency(work: Path, rate: int, seconds: float) -> list[float]:
             f.write(b"".join(b"%d %s\n" % (time.time_ns(), pad) for _ in range(batch)))
     reader.join(30)
     done.set()
+    reader_proc.send_signal(signal.SIGTERM)
+    reader_proc.wait(30)
     push.send_signal(signal.SIGTERM)
     push.wait(30)
     gateway.stop()
@@ -371,12 +380,18 @@ def main() -> int:
         if not args.skip_rsyslog:
             ensure_rsyslog()
         lb: list[float] = []
+        reads: list[float] = []
         rs: list[float] = []
         for run in range(args.runs):
-            lb.append(run_logbroker(work, source, size, ["--codec", args.codec]))
+            ship_s, read_s = run_logbroker(work, source, size, ["--codec", args.codec])
+            lb.append(ship_s)
+            reads.append(read_s)
             if not args.skip_rsyslog:
                 rs.append(run_rsyslog(work, source, args.lines, run))
-            line = f"run {run + 1}: logbroker {mb / lb[-1]:.1f} MB/s"
+            line = (
+                f"run {run + 1}: logbroker {mb / lb[-1]:.1f} MB/s, its read "
+                f"{mb / reads[-1]:.1f} MB/s ({lb[-1] / reads[-1]:.2f}x)"
+            )
             if rs:
                 line += f", rsyslog {mb / rs[-1]:.1f} MB/s"
             print(line, flush=True)
@@ -387,6 +402,12 @@ def main() -> int:
             rows.append(("rsyslog imfile -> omkafka -> tansu", statistics.median(rs)))
         for name, secs in rows:
             print(f"{name:<40} {mb / secs:>8.1f} {args.lines / secs:>12,.0f} {secs:>8.2f}")
+        print(f"{'one logbroker read of the topic (pipe)':<40} "
+              f"{mb / statistics.median(reads):>8.1f} "
+              f"{args.lines / statistics.median(reads):>12,.0f} "
+              f"{statistics.median(reads):>8.2f}")  # fmt: skip
+        ratios = [ship / read for ship, read in zip(lb, reads, strict=True)]
+        print(f"read rate / ship rate, same run: median {statistics.median(ratios):.2f}x")
         if rs:
             print(f"logbroker / rsyslog: {statistics.median(rs) / statistics.median(lb):.2f}x")
         if not args.skip_latency:

@@ -67,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="server-side split: only messages whose KEY (source_id|server|file) hashes to REM "
         "modulo MOD",
     )
-    parser.add_argument("--max-bytes", type=int, default=4 * 1024 * 1024)
+    parser.add_argument(
+        "--max-bytes", type=int, default=16 * 1024 * 1024, help="log data per fetch (16 MiB)"
+    )
     parser.add_argument("--session-timeout-ms", type=int, default=10_000)
     parser.add_argument("--token", help="bearer token")
 
@@ -219,17 +221,19 @@ def run(args: argparse.Namespace) -> int:
             session_timeout_ms=args.session_timeout_ms,
         )
         last_new = started
+        caught_up = False  # the last poll found nothing new: idle time counts
         waiting: list[str] = []
         unavailable = False
         while not stop["requested"]:
             wait_ms = _POLL_WAIT_MS
             if args.idle_exit is not None:
                 left = args.idle_exit - (time.monotonic() - last_new)
-                if left <= 0:
+                if left <= 0 and caught_up:
                     break
                 wait_ms = max(0, min(wait_ms, int(left * 1000)))
             try:
                 messages = consumer.poll(wait_ms)
+                caught_up = not messages
                 if messages:
                     _write(out, messages, args.format)
                     last_new = time.monotonic()
