@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,11 +150,19 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 # by a test: it is listed, killed, and the run fails.
 
 _PR_SET_CHILD_SUBREAPER = 36
+_OWN_BASETEMP = pytest.StashKey[Path]()
+_PASSED = pytest.StashKey[bool]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if config.option.basetemp is None:
+        # pytest's shared /tmp/pytest-of-USER keeps only the 3 newest runs' directories and
+        # deletes older ones, also those of a run still going on the same machine: each run
+        # gets a directory of its own instead, removed when the run passes.
+        config.option.basetemp = tempfile.mkdtemp(prefix="logbroker-tests-")
+        config.stash[_OWN_BASETEMP] = Path(config.option.basetemp)
 
 
 def _live_children() -> dict[int, str]:
@@ -179,7 +189,18 @@ def _live_children() -> dict[int, str]:
     return found
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    own = config.stash.get(_OWN_BASETEMP, None)
+    if own is not None and config.stash.get(_PASSED, False):
+        shutil.rmtree(own, ignore_errors=True)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_PASSED] = exitstatus == 0
+    _check_nothing_left(session)
+
+
+def _check_nothing_left(session: pytest.Session) -> None:
     left = _live_children()
     deadline = time.monotonic() + 10
     while left and time.monotonic() < deadline:  # a graceful stop may still be finishing
@@ -198,3 +219,4 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    session.config.stash[_PASSED] = False
