@@ -143,7 +143,8 @@ class PartitionReader:
         except NotAnEnvelope:
             _log.warning("skipping %s/%d@%d: not an envelope", topic, partition, offset)
             return None
-        if env.kind == "legacy_data":
+        if env.kind in ("legacy_data", "handover"):
+            # a handover record holds no data: the source's data up to its seqno is elsewhere
             return None
         if env.kind == "legacy_commit":
             data = resolve_commit(self._store, topic, partition, env, window_ms)

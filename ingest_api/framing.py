@@ -9,8 +9,13 @@ Binary, ``application/x-logbroker-chunks`` (integers big-endian)::
     chunk   := u64 seqno, i64 create_time_ms, u32 data_len, data
 
 A chunk's data stays a ``memoryview`` into the body until its envelope is encoded, so decoding
-costs one struct unpack and three list appends per chunk.  Any defect anywhere in the body
-rejects the whole request before anything is written.
+costs one struct unpack and three list appends per chunk.
+
+Two kinds of defect: a body that cannot be cut into sections (bad framing, a meta that is not
+JSON, too many chunks) rejects the whole request before anything is written; a section whose
+meta, seqnos or chunk sizes fail validation is *refused* on its own (:attr:`Section.error`),
+together with every other section of the same source in the request, and the others are
+written as usual.
 """
 
 from __future__ import annotations
@@ -47,10 +52,36 @@ _MAX_CREATE_TIME = 2**63 - 1
 
 @dataclass(slots=True)
 class Section:
-    """The chunks of one source in a request, in request order."""
+    """The chunks of one source in a request, in request order.
+
+    ``error`` is set when the section is refused (nothing of it is written); its ``meta`` may
+    then be a placeholder carrying only the source id the client sent, if any.
+    """
 
     meta: SourceMeta
     batch: ChunkBatch
+    error: ApiError | None = None
+
+    @classmethod
+    def refused(cls, raw_meta: object, error: ApiError) -> Section:
+        source_id = raw_meta.get("source_id") if isinstance(raw_meta, dict) else None
+        placeholder = SourceMeta("", source_id if isinstance(source_id, str) else "")
+        return cls(placeholder, ChunkBatch([], [], []), error)
+
+
+def refuse_whole_sources(sections: list[Section]) -> None:
+    """A source is written or refused as a whole: refuse every section of a refused source.
+
+    Otherwise a later section of a source could be written over the gap an earlier refused
+    one left, and the refused chunks would come back as ``duplicate`` when resent.
+    """
+    refused = {s.meta.source_id: s.error for s in sections if s.error is not None}
+    if not refused:
+        return
+    for section in sections:
+        error = refused.get(section.meta.source_id)
+        if section.error is None and error is not None:
+            section.error = error
 
 
 def _bad(reason: str) -> ApiError:
@@ -143,7 +174,11 @@ def parse_binary(body: bytes, limits: Limits) -> list[Section]:
             meta_obj = orjson.loads(view[pos : pos + meta_len])
         except orjson.JSONDecodeError as exc:
             raise _bad(f"{where}: meta is not UTF-8 JSON ({exc})") from None
-        meta, epoch, prev_seqno = _section_meta(meta_obj, where)
+        error: ApiError | None = None
+        try:
+            meta, epoch, prev_seqno = _section_meta(meta_obj, where)
+        except ApiError as exc:
+            error = exc
         pos += meta_len
         (count,) = _COUNT.unpack_from(body, pos)
         pos += 4
@@ -162,18 +197,26 @@ def parse_binary(body: bytes, limits: Limits) -> list[Section]:
                 raise _bad(f"{where}: truncated inside chunk {len(seqnos)}")
             seqno, create_time, data_len = unpack_chunk(body, pos)
             pos += 20
-            if data_len > max_chunk:
-                raise _chunk_too_large(data_len, limits)
             end = pos + data_len
             if end > size:
                 raise _bad(f"{where}: chunk {len(seqnos)} runs past the end of the body")
+            if data_len > max_chunk and error is None:
+                error = _chunk_too_large(data_len, limits)
             seqnos.append(seqno)
             create_times.append(create_time)
             datas.append(view[pos:end])
             pos = end
-        _check_seqnos(seqnos, where)
+        if error is None:
+            try:
+                _check_seqnos(seqnos, where)
+            except ApiError as exc:
+                error = exc
+        if error is not None:
+            sections.append(Section.refused(meta_obj, error))
+            continue
         batch = ChunkBatch(seqnos, create_times, datas, epoch, prev_seqno)
         sections.append(Section(meta, batch))
+    refuse_whole_sources(sections)
     return sections
 
 
@@ -198,7 +241,11 @@ def _ndjson_data(obj: dict[str, Any], where: str) -> bytes:
 
 
 def parse_ndjson(body: bytes, limits: Limits, now_ms: int) -> list[Section]:
-    """The sections of an NDJSON body: consecutive lines of one source form one section."""
+    """The sections of an NDJSON body: consecutive lines of one source form one section.
+
+    A line that is not a JSON object rejects the request; a line that fails validation refuses
+    its source (see :func:`refuse_whole_sources`).
+    """
     sections: list[Section] = []
     batch: ChunkBatch | None = None
     total_chunks = 0
@@ -212,30 +259,18 @@ def parse_ndjson(body: bytes, limits: Limits, now_ms: int) -> list[Section]:
             raise _bad(f"{where}: not UTF-8 JSON ({exc})") from None
         if not isinstance(obj, dict):
             raise _bad(f"{where}: each line must be a JSON object")
-        unknown = obj.keys() - _NDJSON_KEYS
-        if unknown:
-            raise _bad(f"{where}: unknown fields {sorted(unknown)[:5]}")
-        if None in obj.values():
-            raise _bad(f"{where}: fields must not be null")
-        seqno = obj.get("seqno")
-        if not isinstance(seqno, int) or isinstance(seqno, bool):
-            raise ApiError(400, "bad_seqno", f"{where}: seqno must be an integer")
-        create_time = obj.get("create_time", now_ms)
-        if (
-            not isinstance(create_time, int)
-            or isinstance(create_time, bool)
-            or not _MIN_CREATE_TIME <= create_time <= _MAX_CREATE_TIME
-        ):
-            raise _bad(f"{where}: create_time must be an integer of milliseconds")
-        data = _ndjson_data(obj, where)
-        if len(data) > limits.max_chunk_bytes:
-            raise _chunk_too_large(len(data), limits)
         total_chunks += 1
         if total_chunks > limits.max_chunks_per_request:
             raise _too_many(limits)
-        meta, epoch, prev_seqno = _section_meta(
-            {k: v for k, v in obj.items() if k in _SECTION_KEYS}, where
-        )
+        try:
+            seqno, create_time, data = _ndjson_chunk(obj, where, limits, now_ms)
+            meta, epoch, prev_seqno = _section_meta(
+                {k: v for k, v in obj.items() if k in _SECTION_KEYS}, where
+            )
+        except ApiError as exc:
+            batch = None
+            sections.append(Section.refused(obj, exc))
+            continue
         if (
             batch is None
             or meta != sections[-1].meta
@@ -247,8 +282,38 @@ def parse_ndjson(body: bytes, limits: Limits, now_ms: int) -> list[Section]:
         batch.create_times.append(create_time)
         batch.datas.append(data)
     for section in sections:
-        _check_seqnos(section.batch.seqnos, f"source {section.meta.source_id!r}")
+        if section.error is None:
+            try:
+                _check_seqnos(section.batch.seqnos, f"source {section.meta.source_id!r}")
+            except ApiError as exc:
+                section.error = exc
+    refuse_whole_sources(sections)
     return sections
+
+
+def _ndjson_chunk(
+    obj: dict[str, Any], where: str, limits: Limits, now_ms: int
+) -> tuple[int, int, bytes]:
+    """One NDJSON line's seqno, create time and data; :class:`ApiError` if one is bad."""
+    unknown = obj.keys() - _NDJSON_KEYS
+    if unknown:
+        raise _bad(f"{where}: unknown fields {sorted(unknown)[:5]}")
+    if None in obj.values():
+        raise _bad(f"{where}: fields must not be null")
+    seqno = obj.get("seqno")
+    if not isinstance(seqno, int) or isinstance(seqno, bool):
+        raise ApiError(400, "bad_seqno", f"{where}: seqno must be an integer")
+    create_time = obj.get("create_time", now_ms)
+    if (
+        not isinstance(create_time, int)
+        or isinstance(create_time, bool)
+        or not _MIN_CREATE_TIME <= create_time <= _MAX_CREATE_TIME
+    ):
+        raise _bad(f"{where}: create_time must be an integer of milliseconds")
+    data = _ndjson_data(obj, where)
+    if len(data) > limits.max_chunk_bytes:
+        raise _chunk_too_large(len(data), limits)
+    return seqno, create_time, data
 
 
 def encode_binary(

@@ -3,6 +3,12 @@
 See ``docs/protocol.md`` for the wire format.  Everything a request asks for is checked
 (auth, framing, meta, seqnos, limits, rates) before anything is submitted to the log, so a 4xx
 writes nothing; a 200 is sent only after every written chunk is fsynced.
+
+A request carries many sources, and one bad source must not hold back the others: a section
+(or a session of a batch) whose log type the token may not write, or whose meta, seqnos or
+chunk sizes fail validation, is refused on its own with a per-section error result, and the
+other sections are written.  Only when every section is refused is the request answered with a
+4xx as a whole (the first section's error), as it is for request-level problems.
 """
 
 from __future__ import annotations
@@ -35,12 +41,14 @@ from session_dedup.exactly_once import (
     WRITTEN,
     ExactlyOnceWriter,
     Session,
+    SessionRequest,
     WriteOutcome,
 )
 from session_dedup.source import (
     CONTROL_CHARACTERS,
     LOG_TYPE_PATTERN,
     MAX_META_FIELD_CHARS,
+    MAX_SEQNO,
     MAX_SOURCE_ID_CHARS,
     SourceMeta,
 )
@@ -112,12 +120,25 @@ class WriteApi:
             read=self.active.count,
         )
 
+        self.sections_refused = m.counter(
+            "logbroker_sections_refused_total",
+            "sections and sessions refused on their own (the rest of the request went on)",
+            ("error",),
+        )
+
     # -- auth -----------------------------------------------------------------------------
-    def _check_writes(self, grant: TokenGrant | None, log_types: set[str]) -> None:
-        auth = self.ctx.auth
-        for log_type in sorted(log_types):
-            if not auth.may_write(grant, log_type):
-                raise ApiError(403, "forbidden", f"this token may not write log type {log_type!r}")
+    def _forbidden(self, grant: TokenGrant | None, log_type: str) -> ApiError | None:
+        if self.ctx.auth.may_write(grant, log_type):
+            return None
+        return ApiError(403, "forbidden", f"this token may not write log type {log_type!r}")
+
+    def _refuse_unless_all_refused(self, errors: list[ApiError | None]) -> None:
+        """Raise the first error if nothing of the request can be done; count the refusals."""
+        if errors and all(e is not None for e in errors):
+            raise next(e for e in errors if e is not None)
+        for error in errors:
+            if error is not None:
+                self.sections_refused.inc(1, (error.error,))
 
     # -- sessions -------------------------------------------------------------------------
     async def open_sessions(self, request: Request) -> Response:
@@ -144,16 +165,26 @@ class WriteApi:
                     "too_many_sessions",
                     f"at most {self.limits.max_sessions_per_request} sessions per request",
                 )
-            asked = [_session_request(item, f"sessions[{i}]") for i, item in enumerate(items)]
+            asked = [_refusable_session(item, f"sessions[{i}]") for i, item in enumerate(items)]
         else:
             asked = [_session_request(doc, "session")]
-        metas = [meta for meta, _ in asked]
-        fences = [fence for _, fence in asked]
-        self._check_writes(grant, {m.log_type for m in metas})
-        sessions = await self.writer.open_sessions_async(metas, fences)
+        errors = [
+            error if error is not None else self._forbidden(grant, meta.log_type)
+            for meta, _, error in asked
+        ]
+        self._refuse_unless_all_refused(errors)
+        kept = [i for i, error in enumerate(errors) if error is None]
+        metas = [asked[i][0] for i in kept]
+        sessions = await self.writer.open_sessions_async(metas, [asked[i][1] for i in kept])
         self.sessions_opened.inc(len(metas))
         self.active.touch(metas)
-        answers = [_session_json(m, s) for m, s in zip(metas, sessions, strict=True)]
+        opened = iter(sessions)
+        answers: list[dict[str, Any]] = []
+        for (meta, _, _), error in zip(asked, errors, strict=True):
+            if error is not None:
+                answers.append(_refusal_json(meta.source_id, error))
+            else:
+                answers.append(_session_json(meta, next(opened)))
         payload: Any = {"sessions": answers} if batch else answers[0]
         return Response(orjson.dumps(payload), media_type="application/json")
 
@@ -173,9 +204,13 @@ class WriteApi:
             sections = parse_binary(body, self.limits)
         else:
             sections = parse_ndjson(body, self.limits, int(time.time() * 1000))
-        self._check_writes(grant, {s.meta.log_type for s in sections})
+        for section in sections:
+            if section.error is None:
+                section.error = self._forbidden(grant, section.meta.log_type)
+        self._refuse_unless_all_refused([s.error for s in sections])
+        admitted = [s for s in sections if s.error is None]
         wait_s = self.rates.admit(
-            ((s.meta.log_type, s.meta.source_id), len(s.batch)) for s in sections
+            ((s.meta.log_type, s.meta.source_id), len(s.batch)) for s in admitted
         )
         if wait_s is not None:
             raise ApiError(
@@ -184,11 +219,15 @@ class WriteApi:
                 f"a source is over {self.limits.source_chunks_per_second:g} chunks/s",
                 headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
             )
-        outcomes = await self.writer.write_many_async([(s.meta, s.batch) for s in sections])
-        payload = orjson.dumps(
-            {"results": [self._result(s, o) for s, o in zip(sections, outcomes, strict=True)]}
-        )
-        self.active.touch([s.meta for s in sections])
+        outcomes = iter(await self.writer.write_many_async([(s.meta, s.batch) for s in admitted]))
+        results = [
+            self._result(s, next(outcomes))
+            if s.error is None
+            else _refusal_json(s.meta.source_id, s.error)
+            for s in sections
+        ]
+        payload = orjson.dumps({"results": results})
+        self.active.touch([s.meta for s in admitted])
         self.ack_latency.observe(time.perf_counter() - started)
         return Response(payload, media_type="application/json")
 
@@ -225,14 +264,53 @@ class WriteApi:
         return result
 
 
-def _session_request(obj: Any, where: str) -> tuple[SourceMeta, bool]:
-    """A session request's source meta and whether it fences the source's earlier writers."""
+_SESSION_OPTIONS = ("fence", "acked_elsewhere")
+
+
+def _session_request(
+    obj: Any, where: str
+) -> tuple[SourceMeta, SessionRequest, ApiError | None]:
+    """A session request's source meta and what it asks (fence, handover); raises if bad."""
     if not isinstance(obj, dict):
         raise ApiError(400, "bad_meta", f"{where}: a session is a JSON object")
     fence = obj.get("fence", False)
     if not isinstance(fence, bool):
         raise ApiError(400, "bad_meta", f"{where}: fence must be true or false")
-    return meta_from_json({k: v for k, v in obj.items() if k != "fence"}, where), fence
+    elsewhere = obj.get("acked_elsewhere")
+    if isinstance(elsewhere, float) and elsewhere.is_integer():
+        elsewhere = int(elsewhere)  # JSON has one number type: 300.0 is the integer 300
+    if elsewhere is not None and (
+        not isinstance(elsewhere, int)
+        or isinstance(elsewhere, bool)
+        or not 0 <= elsewhere <= MAX_SEQNO
+    ):
+        raise ApiError(
+            400, "bad_meta", f"{where}: acked_elsewhere must be an integer in 0 .. 2**63-1"
+        )
+    meta = meta_from_json({k: v for k, v in obj.items() if k not in _SESSION_OPTIONS}, where)
+    return meta, SessionRequest(fence, elsewhere), None
+
+
+def _refusable_session(
+    obj: Any, where: str
+) -> tuple[SourceMeta, SessionRequest, ApiError | None]:
+    """Like :func:`_session_request`, but a bad session of a batch is refused on its own."""
+    try:
+        return _session_request(obj, where)
+    except ApiError as exc:
+        source_id = obj.get("source_id") if isinstance(obj, dict) else None
+        placeholder = SourceMeta("", source_id if isinstance(source_id, str) else "")
+        return placeholder, SessionRequest(), exc
+
+
+def _refusal_json(source_id: str, error: ApiError) -> dict[str, Any]:
+    """The result of a refused section or session: nothing of it was done."""
+    return {
+        "source_id": source_id,
+        "status": error.status,
+        "error": error.error,
+        "reason": error.reason,
+    }
 
 
 def _session_json(meta: SourceMeta, session: Session) -> dict[str, Any]:
@@ -388,6 +466,14 @@ def openapi_schemas(ctx: GatewayContext) -> dict[str, Any]:
                     "type": "boolean",
                     "description": "start a new epoch: later writes naming an older one fail",
                 },
+                "acked_elsewhere": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": 2**63 - 1,
+                    "description": "the source's data up to this seqno was acknowledged by "
+                    "another installation: if the last seqno here is lower, a handover record "
+                    "moves it to this seqno",
+                },
             },
         },
         "SessionBatchRequest": {
@@ -417,7 +503,12 @@ def openapi_schemas(ctx: GatewayContext) -> dict[str, Any]:
                     "properties": {
                         "sessions": {
                             "type": "array",
-                            "items": {"$ref": "#/components/schemas/Session"},
+                            "items": {
+                                "oneOf": [
+                                    {"$ref": "#/components/schemas/Session"},
+                                    {"$ref": "#/components/schemas/Refusal"},
+                                ]
+                            },
                         }
                     },
                 },
@@ -457,17 +548,40 @@ def openapi_schemas(ctx: GatewayContext) -> dict[str, Any]:
                 "results": {
                     "type": "array",
                     "items": {
-                        "type": "object",
-                        "required": ["source_id", "topic", "partition", "last_seqno", "acks"],
-                        "properties": {
-                            **position,
-                            "acks": {
-                                "type": "array",
-                                "items": {"$ref": "#/components/schemas/Ack"},
+                        "oneOf": [
+                            {
+                                "type": "object",
+                                "required": [
+                                    "source_id",
+                                    "topic",
+                                    "partition",
+                                    "last_seqno",
+                                    "acks",
+                                ],
+                                "properties": {
+                                    **position,
+                                    "acks": {
+                                        "type": "array",
+                                        "items": {"$ref": "#/components/schemas/Ack"},
+                                    },
+                                },
                             },
-                        },
+                            {"$ref": "#/components/schemas/Refusal"},
+                        ]
                     },
                 }
+            },
+        },
+        "Refusal": {
+            "type": "object",
+            "description": "a section or session refused on its own: nothing of it was done",
+            "required": ["source_id", "status", "error", "reason"],
+            "not": {"required": ["acks"]},
+            "properties": {
+                "source_id": {"type": "string"},
+                "status": {"type": "integer", "minimum": 400, "maximum": 499},
+                "error": {"type": "string"},
+                "reason": {"type": "string"},
             },
         },
     }

@@ -3,6 +3,8 @@
 For every topic and partition: offsets dense, every batch's checksum good, every value an
 envelope; per source, seqnos strictly increasing and all in one partition (the pin); and the
 dedup table in the partition's state area equal to what the log says each source wrote last.
+A ``handover`` record (a push-client failed over from another installation) counts in the
+source's seqno order like a chunk without data.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 from delivery.internal_state import is_internal
 from log_store import LogbrokerError, LogStore
 from session_dedup.envelope import decode
-from session_dedup.seqno_table import decode_seqno, seqno_key
+from session_dedup.seqno_table import SEQUENCED_KINDS, decode_seqno, seqno_key
 
 
 @dataclass
@@ -24,6 +26,8 @@ class PartitionAudit:
     records: int = 0
     sources: int = 0
     legacy_records: int = 0
+    handovers: int = 0
+    """Handover records: a source's data up to their seqno went to another installation."""
 
 
 @dataclass
@@ -77,9 +81,11 @@ def _audit_partition(
             except ValueError as exc:
                 problems.append(f"{where}@{record.offset}: not an envelope: {exc}")
                 continue
-            if env.kind != "chunk":
+            if env.kind not in SEQUENCED_KINDS:
                 audit.legacy_records += 1
                 continue
+            if env.kind == "handover":
+                audit.handovers += 1
             home = pinned.setdefault(env.source_id, audit.partition)
             if home != audit.partition:
                 problems.append(

@@ -27,7 +27,10 @@ SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
 _PARSED = fastavro.parse_schema(SCHEMA)
 
 CODECS = ("raw", "gzip", "zstd")
-KINDS = ("chunk", "legacy_data", "legacy_commit")
+KINDS = ("chunk", "legacy_data", "legacy_commit", "handover")
+"""``handover``: no data of the source; its seqno says that the source's data up to there was
+acknowledged by another installation (see ``ExactlyOnceWriter.open_sessions``).  Readers skip
+it; the seqno table and the audit count it like a chunk."""
 
 
 @dataclass(frozen=True)

@@ -258,28 +258,65 @@ class _ChunkTransaction:
         return values
 
 
+@dataclass(frozen=True, slots=True)
+class SessionRequest:
+    """What a session open asks of one source.
+
+    ``fence`` starts a new writer epoch.  ``acked_elsewhere`` = P says that the source's data up
+    to seqno P was acknowledged by another installation (a client that failed over): if the
+    source's last seqno here is below P, a ``handover`` record with seqno P is written and P
+    becomes the last seqno, so the client's next chunk (``prev_seqno`` P) is accepted.
+    """
+
+    fence: bool = False
+    acked_elsewhere: int | None = None
+
+
 class _SessionTransaction:
-    """Reads (and, to fence, bumps) the state of sources of one partition under its lock."""
+    """Reads (and, to fence or hand over, moves) the state of sources of one partition."""
 
-    __slots__ = ("epochs", "fences", "last_seqnos", "source_ids")
+    __slots__ = ("epochs", "handover_writers", "last_seqnos", "requests", "source_ids")
 
-    def __init__(self, source_ids: list[str], fences: list[bool]) -> None:
+    def __init__(
+        self,
+        source_ids: list[str],
+        requests: list[SessionRequest],
+        handover_writers: list[EnvelopeWriter | None],
+    ) -> None:
         self.source_ids = source_ids
-        self.fences = fences
+        self.requests = requests
+        self.handover_writers = handover_writers
         self.last_seqnos: list[int] = []
         self.epochs: list[int] = []
 
     def __call__(self, state: PartitionState) -> Sequence[bytes]:
-        self.last_seqnos = [decode_seqno(state.get(seqno_key(s))) for s in self.source_ids]
+        lasts = []
         epochs = []
-        for source_id, fence in zip(self.source_ids, self.fences, strict=True):
+        values: list[bytes] = []
+        now = now_ms()
+        for source_id, request, writer in zip(
+            self.source_ids, self.requests, self.handover_writers, strict=True
+        ):
+            last = decode_seqno(state.get(seqno_key(source_id)))
             epoch = decode_seqno(state.get(epoch_key(source_id)))
-            if fence:
+            if request.fence:
                 epoch += 1
                 state.put(epoch_key(source_id), encode_seqno(epoch))
+            moved_to = request.acked_elsewhere
+            if moved_to is not None and moved_to > last and writer is not None:
+                values.append(writer.encode(moved_to, now, now, handover_data(last)))
+                state.put(seqno_key(source_id), encode_seqno(moved_to))
+                last = moved_to
+            lasts.append(last)
             epochs.append(epoch)
+        self.last_seqnos = lasts
         self.epochs = epochs
-        return ()
+        return values
+
+
+def handover_data(previous_seqno: int) -> bytes:
+    """The data of a ``handover`` record: the seqno the source had here before it."""
+    return b'{"previous_seqno":%d}' % previous_seqno
 
 
 _SubmittedSessions = tuple[list[int], _SessionTransaction, concurrent.futures.Future[AppendResult]]
@@ -401,8 +438,21 @@ class ExactlyOnceWriter:
         return outcomes
 
     # -- sessions -------------------------------------------------------------------------
+    def _handover_writer(self, meta: SourceMeta) -> EnvelopeWriter:
+        return EnvelopeWriter(
+            source_id=meta.source_id,
+            server=meta.server,
+            file=meta.file,
+            log_type=meta.log_type,
+            codec="raw",
+            kind="handover",
+        )
+
     def _submit_sessions(
-        self, metas: Sequence[SourceMeta], routes: Sequence[SourceRoute], fences: Sequence[bool]
+        self,
+        metas: Sequence[SourceMeta],
+        routes: Sequence[SourceRoute],
+        requests: Sequence[SessionRequest],
     ) -> list[_SubmittedSessions]:
         groups: dict[tuple[str, int], list[int]] = {}
         for i, route in enumerate(routes):
@@ -410,7 +460,14 @@ class ExactlyOnceWriter:
         submitted = []
         for (topic, partition), indexes in groups.items():
             txn = _SessionTransaction(
-                [metas[i].source_id for i in indexes], [fences[i] for i in indexes]
+                [metas[i].source_id for i in indexes],
+                [requests[i] for i in indexes],
+                [
+                    None
+                    if requests[i].acked_elsewhere is None
+                    else self._handover_writer(metas[i])
+                    for i in indexes
+                ],
             )
             submitted.append((indexes, txn, _submit(self.store, topic, partition, txn)))
         return submitted
@@ -431,19 +488,22 @@ class ExactlyOnceWriter:
             self.router.forget(topic)
 
     def open_sessions(
-        self, metas: Sequence[SourceMeta], fences: Sequence[bool] | None = None
+        self, metas: Sequence[SourceMeta], requests: Sequence[SessionRequest] | None = None
     ) -> list[Session]:
         """Sessions of several sources: topic, pinned partition, last written seqno, epoch.
 
-        A source whose ``fences`` entry is true gets a new epoch: writes naming an older one
-        are refused from then on (:data:`FENCED`).
+        A source whose request fences gets a new epoch: writes naming an older one are refused
+        from then on (:data:`FENCED`).  One whose request says ``acked_elsewhere`` is moved to
+        that seqno by a ``handover`` record (see :class:`SessionRequest`).
 
         One state transaction per partition touched.  The last seqnos are read under the
         partition's write lock, so a session never answers from a topic deleted meanwhile.
         """
         for attempt in range(2):
             routes = [self._route(meta) for meta in metas]
-            submitted = self._submit_sessions(metas, routes, fences or [False] * len(metas))
+            submitted = self._submit_sessions(
+                metas, routes, requests or [SessionRequest()] * len(metas)
+            )
             try:
                 for _, _, future in submitted:
                     future.result()
@@ -456,12 +516,14 @@ class ExactlyOnceWriter:
         raise AssertionError("unreachable")
 
     async def open_sessions_async(
-        self, metas: Sequence[SourceMeta], fences: Sequence[bool] | None = None
+        self, metas: Sequence[SourceMeta], requests: Sequence[SessionRequest] | None = None
     ) -> list[Session]:
         """Like :meth:`open_sessions`, for an event loop."""
         for attempt in range(2):
             routes = await self._routes_async(metas)
-            submitted = self._submit_sessions(metas, routes, fences or [False] * len(metas))
+            submitted = self._submit_sessions(
+                metas, routes, requests or [SessionRequest()] * len(metas)
+            )
             results = await asyncio.gather(
                 *(asyncio.wrap_future(f) for _, _, f in submitted), return_exceptions=True
             )

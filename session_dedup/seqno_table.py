@@ -18,6 +18,8 @@ from log_store.interface import PartitionState, Record
 from session_dedup.envelope import decode
 
 _SEQNO_BYTES = 8
+SEQUENCED_KINDS = frozenset({"chunk", "handover"})
+"""Envelope kinds that move their source's last seqno."""
 
 
 def seqno_key(source_id: str) -> str:
@@ -49,7 +51,7 @@ def last_seqno(state: PartitionState, source_id: str) -> int:
 
 
 def rebuild_from_records(records: Iterable[Record]) -> dict[str, int]:
-    """The last seqno of every source that wrote chunk envelopes in ``records``.
+    """The last seqno of every source that wrote chunk (or handover) envelopes in ``records``.
 
     Records that are not envelopes, and envelopes of other kinds, are skipped.
     """
@@ -59,7 +61,7 @@ def rebuild_from_records(records: Iterable[Record]) -> dict[str, int]:
             envelope = decode(record.value)
         except ValueError:
             continue
-        if envelope.kind != "chunk":
+        if envelope.kind not in SEQUENCED_KINDS:
             continue
         if envelope.seqno > table.get(envelope.source_id, 0):
             table[envelope.source_id] = envelope.seqno

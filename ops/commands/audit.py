@@ -24,11 +24,14 @@ def run(args: argparse.Namespace) -> int:
     except LogbrokerError as exc:
         print(f"logbroker audit: {exc}", file=sys.stderr)
         return 2
-    print(f"{'topic':<32} {'part':>4} {'start':>10} {'end':>10} {'records':>10} {'sources':>8}")
+    print(
+        f"{'topic':<32} {'part':>4} {'start':>10} {'end':>10} {'records':>10} {'sources':>8} "
+        f"{'handovers':>9}"
+    )
     for p in report.partitions:
         print(
             f"{p.topic:<32} {p.partition:>4} {p.start_offset:>10} {p.end_offset:>10} "
-            f"{p.records:>10} {p.sources:>8}"
+            f"{p.records:>10} {p.sources:>8} {p.handovers:>9}"
         )
     for text in report.problems:
         print(f"PROBLEM: {text}")

@@ -67,11 +67,33 @@ def test_token_may_write_only_its_log_types(
     denied = writer.write("s", [1], "db")
     assert denied.status_code == 403 and "db" in denied.json()["reason"]
     assert reader.write("s", [1], "app").status_code == 403
-    mixed = encode_binary([(meta("x", "app"), [(1, 0, b"a")]), (meta("y", "db"), [(1, 0, b"b")])])
-    assert writer.post_binary(mixed).status_code == 403
     assert written(gw.data_dir) == {("dc1.app", writer.session("s", "app")["partition"]): 1} | {
         ("dc1.web-front", writer.session("s", "web-front")["partition"]): 1
     }
+
+
+def test_a_forbidden_section_is_refused_alone_and_the_others_are_written(
+    start_gateway: Any, tmp_path: Path, client_for: Any
+) -> None:
+    gw = start_configured(start_gateway, tmp_path)
+    writer = client_for(gw.url, "writer-token")
+    mixed = encode_binary([(meta("x", "app"), [(1, 0, b"a")]), (meta("y", "db"), [(1, 0, b"b")])])
+    answer = writer.post_binary(mixed)
+    assert answer.status_code == 200
+    written_result, refused = answer.json()["results"]
+    assert written_result["acks"] == [{"seqno": 1, "status": "written", "offset": 0}]
+    assert refused == {
+        "source_id": "y",
+        "status": 403,
+        "error": "forbidden",
+        "reason": "this token may not write log type 'db'",
+    }
+    sessions = writer.http.post(
+        "/v1/sessions", json={"sessions": [meta("y", "db"), meta("x", "app")]}
+    ).json()["sessions"]
+    assert (sessions[0]["status"], sessions[1]["last_seqno"]) == (403, 1)
+    assert written(gw.data_dir) == {("dc1.app", written_result["partition"]): 1}
+    assert "dc1.db" not in {topic for topic, _ in end_offsets(gw.data_dir)}
 
 
 def test_without_tokens_serve_refuses_a_public_address(tmp_path: Path) -> None:

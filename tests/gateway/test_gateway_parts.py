@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from ingest_api.app import load_route_modules
-from ingest_api.errors import ApiError
 from ingest_api.framing import encode_binary, parse_binary
 from ingest_api.metrics import MetricsRegistry
 from ingest_api.rate_limit import SourceRateLimiter
@@ -77,11 +76,18 @@ def test_binary_framing_round_trips_and_keeps_data_as_views() -> None:
     assert len(sections[1].batch) == 0
 
 
-def test_binary_framing_limits_are_413() -> None:
-    body = encode_binary([({"log_type": "a", "source_id": "s"}, [(1, 0, b"x" * 11)])])
-    with pytest.raises(ApiError) as err:
-        parse_binary(body, Limits(max_chunk_bytes=10))
-    assert (err.value.status, err.value.error) == (413, "chunk_too_large")
+def test_binary_framing_refuses_a_section_with_a_chunk_over_the_limit_with_413() -> None:
+    body = encode_binary(
+        [
+            ({"log_type": "a", "source_id": "s"}, [(1, 0, b"x" * 11)]),
+            ({"log_type": "a", "source_id": "t"}, [(1, 0, b"x")]),
+            ({"log_type": "a", "source_id": "s"}, [(2, 0, b"x")]),
+        ]
+    )
+    sections = parse_binary(body, Limits(max_chunk_bytes=10))
+    errors = [(s.error.status, s.error.error) if s.error else None for s in sections]
+    # the source is refused as a whole: its later section would leave a gap otherwise
+    assert errors == [(413, "chunk_too_large"), None, (413, "chunk_too_large")]
 
 
 def test_pinning_hash_is_stable_across_releases() -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
+import subprocess
 from typing import Any
 
 import orjson
 
 from ingest_api.framing import encode_binary
+from tests.conftest import logbroker_cmd
 from tests.gateway.conftest import chunk_data, meta, source_seqnos, topic_envelopes
 
 
@@ -208,3 +210,75 @@ def test_prev_seqno_refuses_a_request_that_overtook_its_predecessor(
     assert source_seqnos(gateway.data_dir, "dc1.app", "piped")[1] == [1, 2, 3, 4, 5, 6]
     text = client.http.get("/metrics").text
     assert 'logbroker_chunks_total{topic="dc1.app",status="out_of_order"} 2' in text
+
+
+def test_a_section_failing_validation_is_refused_alone_in_both_framings(
+    gateway: Any, client_for: Any
+) -> None:
+    client = client_for(gateway.url)
+    body = encode_binary(
+        [
+            (meta("good"), [(1, 0, b"a\n")]),
+            (meta("bad", "Not A Log Type"), [(1, 0, b"b\n")]),
+            (meta("zero"), [(0, 0, b"c\n")]),
+        ]
+    )
+    results = client.post_binary(body).json()["results"]
+    assert results[0]["acks"][0]["status"] == "written"
+    assert [(r["source_id"], r["status"], r["error"]) for r in results[1:]] == [
+        ("bad", 400, "bad_meta"),
+        ("zero", 400, "bad_seqno"),
+    ]
+    lines = [
+        {**meta("nd-good"), "seqno": 1, "data": "x\n"},
+        {**meta("nd-bad"), "seqno": 1, "data_b64": "not base64!"},
+        {**meta("nd-bad"), "seqno": 2, "data": "y\n"},
+    ]
+    answer = client.post_ndjson(b"\n".join(orjson.dumps(line) for line in lines))
+    nd = answer.json()["results"]
+    assert nd[0]["acks"][0]["status"] == "written"
+    # the source of a refused line is refused whole: its later line would leave a gap
+    assert [r.get("error") for r in nd[1:]] == ["bad_framing", "bad_framing"]
+    assert source_seqnos(gateway.data_dir, "dc1.app", "nd-bad")[1] == []
+    # nothing of the request can be written: a 4xx for the request as a whole, as before
+    alone = client.post_binary(encode_binary([(meta("bad", "Bad!"), [(1, 0, b"b\n")])]))
+    assert (alone.status_code, alone.json()["error"]) == (400, "bad_meta")
+
+
+def test_a_session_acked_elsewhere_writes_a_handover_that_readers_skip(
+    gateway: Any, client_for: Any
+) -> None:
+    client = client_for(gateway.url)
+    client.acks("moved", [100])
+    # the source's data up to 300 was acknowledged by another installation
+    asked = {**meta("moved"), "fence": True, "acked_elsewhere": 300}
+    session = client.http.post("/v1/sessions", json=asked).json()
+    assert (session["last_seqno"], session["epoch"]) == (300, 1)
+    # asking again (a retry) writes nothing more; a lower position never moves it back
+    again = client.http.post("/v1/sessions", json={**meta("moved"), "acked_elsewhere": 200})
+    assert again.json()["last_seqno"] == 300
+    follow = {**meta("moved"), "epoch": 1, "prev_seqno": 300}
+    acks = client.post_binary(encode_binary([(follow, [(400, 0, b"z\n")])])).json()
+    assert acks["results"][0]["acks"][0]["status"] == "written"
+    records = [
+        env
+        for part in topic_envelopes(gateway.data_dir, "dc1.app").values()
+        for _, env in part
+        if env.source_id == "moved"
+    ]
+    assert [(e.kind, e.seqno) for e in records] == [
+        ("chunk", 100),
+        ("handover", 300),
+        ("chunk", 400),
+    ]
+    assert orjson.loads(records[1].data) == {"previous_seqno": 100}
+    partition = session["partition"]
+    read = client.http.get(f"/v1/topics/dc1.app/partitions/{partition}/messages?offset=0")
+    assert [m["seqno"] for m in read.json()["messages"]] == [100, 400]
+    audit = subprocess.run(
+        logbroker_cmd("audit", "--data-dir", str(gateway.data_dir)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert audit.returncode == 0, audit.stdout
