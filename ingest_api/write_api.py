@@ -267,9 +267,7 @@ class WriteApi:
 _SESSION_OPTIONS = ("fence", "acked_elsewhere")
 
 
-def _session_request(
-    obj: Any, where: str
-) -> tuple[SourceMeta, SessionRequest, ApiError | None]:
+def _session_request(obj: Any, where: str) -> tuple[SourceMeta, SessionRequest, ApiError | None]:
     """A session request's source meta and what it asks (fence, handover); raises if bad."""
     if not isinstance(obj, dict):
         raise ApiError(400, "bad_meta", f"{where}: a session is a JSON object")
@@ -291,9 +289,7 @@ def _session_request(
     return meta, SessionRequest(fence, elsewhere), None
 
 
-def _refusable_session(
-    obj: Any, where: str
-) -> tuple[SourceMeta, SessionRequest, ApiError | None]:
+def _refusable_session(obj: Any, where: str) -> tuple[SourceMeta, SessionRequest, ApiError | None]:
     """Like :func:`_session_request`, but a bad session of a batch is refused on its own."""
     try:
         return _session_request(obj, where)

@@ -4,17 +4,24 @@ A TOML file describes many entries; flags of ``logbroker push`` override the ``[
 and add one entry for the paths given on the command line::
 
     [push]
-    servers = ["http://gw1:8080", "http://gw2:8080"]
+    servers = ["http://gw1:8080", "http://gw2:8080"]   # one installation, several gateways
+    # servers = ["dc1=http://a:8080,http://b:8080", "dc2=http://c:8080"]   # installations
     state_dir = "/var/lib/logbroker-push"
     host = "web-17"              # default: the machine's host name
     token = "s3cr3t"             # or LOGBROKER_TOKEN
+    token_file = "/etc/logbroker/token"   # or this: re-read when it changes
     chunk_bytes = 1048576        # largest chunk (one message of the log)
     request_bytes = 8388608      # largest request body, many chunks of many sources
     linger_ms = 5                # how long a small batch may wait for company
     max_in_flight = 4            # concurrent requests
     pipeline_depth = 2           # requests of one file in flight (guarded by prev_seqno)
     memory_bytes = 67108864      # read but unacknowledged bytes held in memory, at most
-    rotate_wait_s = 2.0          # a rotated-away file quiet this long is let go
+    rotate_wait_s = 2.0          # a deleted file quiet this long is let go
+    rotated_grace_s = 300.0      # a renamed file quiet this long is let go
+    park_retry_s = 60.0          # a file the gateway refused is tried again this often
+    failover_after_s = 5.0       # an installation failing this long is left for the next
+    probe_interval_s = 2.0       # how often an installation that is down is probed
+    position_wait_s = 300.0      # how long positions known only to a down installation wait
     metrics_port = 9109          # optional local /metrics endpoint
 
     [[entry]]
@@ -35,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from log_store.errors import BadRequest
+from push_client.installations import InstallationSpec, parse_servers
 
 CODECS = ("raw", "gzip", "zstd")
 _LOG_TYPE = re.compile(r"[a-z0-9][a-z0-9._-]{0,200}")
@@ -50,6 +58,12 @@ _PUSH_KEYS = {
     "pipeline_depth",
     "memory_bytes",
     "rotate_wait_s",
+    "rotated_grace_s",
+    "park_retry_s",
+    "failover_after_s",
+    "probe_interval_s",
+    "position_wait_s",
+    "token_file",
     "poll_interval_s",
     "rescan_interval_s",
     "multiline_timeout_s",
@@ -85,10 +99,12 @@ class PushConfig:
     """Everything ``logbroker push`` needs, immutable once built."""
 
     servers: tuple[str, ...]
+    """As given: URLs, or ``name=URL[,URL...]`` installations (see :attr:`installations`)."""
     state_dir: Path
     entries: tuple[Entry, ...]
     host: str = field(default_factory=socket.gethostname)
     token: str | None = None
+    token_file: Path | None = None
     chunk_bytes: int = 1024 * 1024
     request_bytes: int = 8 * 1024 * 1024
     linger_ms: float = 5.0
@@ -96,6 +112,11 @@ class PushConfig:
     pipeline_depth: int = 2
     memory_bytes: int = 64 * 1024 * 1024
     rotate_wait_s: float = 2.0
+    rotated_grace_s: float = 300.0
+    park_retry_s: float = 60.0
+    failover_after_s: float = 5.0
+    probe_interval_s: float = 2.0
+    position_wait_s: float = 300.0
     poll_interval_s: float = 0.25
     rescan_interval_s: float = 1.0
     multiline_timeout_s: float = 1.0
@@ -105,13 +126,23 @@ class PushConfig:
     max_backoff_s: float = 5.0
     max_line_bytes: int = 4 * 1024 * 1024
 
+    @property
+    def installations(self) -> tuple[InstallationSpec, ...]:
+        """The installations to write to, most preferred first (one when none is named)."""
+        return parse_servers(self.servers)
+
     def validated(self) -> PushConfig:
         """Return self if every field makes sense, else raise :class:`ConfigError`."""
         if not self.servers:
             raise ConfigError("no gateway given: use --server URL[,URL...] or push.servers")
-        for url in self.servers:
-            if not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", url):
-                raise ConfigError(f"server {url!r} is not an http:// or https:// URL")
+        try:
+            installations = self.installations
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        for spec in installations:
+            for url in spec.servers:
+                if not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", url):
+                    raise ConfigError(f"server {url!r} is not an http:// or https:// URL")
         if not self.entries:
             raise ConfigError("nothing to tail: give PATH_OR_GLOB arguments or [[entry]] tables")
         for entry in self.entries:
@@ -141,6 +172,13 @@ class PushConfig:
             raise ConfigError("memory_bytes must be at least twice request_bytes")
         if self.linger_ms < 0 or self.rotate_wait_s < 0 or self.poll_interval_s <= 0:
             raise ConfigError("linger_ms and rotate_wait_s must be >= 0, poll_interval_s > 0")
+        if self.rotated_grace_s < self.rotate_wait_s:
+            raise ConfigError("rotated_grace_s must be at least rotate_wait_s")
+        for name in ("park_retry_s", "failover_after_s", "probe_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.position_wait_s < 0:
+            raise ConfigError("position_wait_s must be >= 0")
         return self
 
 
@@ -180,6 +218,17 @@ def load_file(path: Path) -> tuple[dict[str, Any], list[Entry]]:
     return push, entries
 
 
+def _normalized_servers(values: list[str]) -> tuple[str, ...]:
+    """One installation: its URLs.  Several: ``NAME=URL,...`` each, in order of preference."""
+    try:
+        specs = parse_servers(values)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if len(specs) == 1 and not any("=" in v.split("://", 1)[0] for v in values):
+        return specs[0].servers
+    return tuple(f"{spec.name}={','.join(spec.servers)}" for spec in specs)
+
+
 def build_config(
     *,
     file: Path | None = None,
@@ -199,7 +248,7 @@ def build_config(
     if os.environ.get("LOGBROKER_TOKEN"):
         settings["token"] = os.environ["LOGBROKER_TOKEN"]
     if servers:
-        settings["servers"] = [u.strip() for s in servers for u in s.split(",") if u.strip()]
+        settings["servers"] = [s.strip() for s in servers if s.strip()]
     if state_dir:
         settings["state_dir"] = state_dir
     for key, value in (overrides or {}).items():
@@ -218,9 +267,11 @@ def build_config(
     if isinstance(raw_servers, str):
         raw_servers = [raw_servers]
     state = Path(str(settings.pop("state_dir"))).expanduser()
+    if settings.get("token_file") is not None:
+        settings["token_file"] = Path(str(settings["token_file"])).expanduser()
     try:
         config = PushConfig(
-            servers=tuple(str(u).rstrip("/") for u in raw_servers),
+            servers=_normalized_servers([str(u) for u in raw_servers]),
             state_dir=state,
             entries=tuple(entries),
             **settings,

@@ -5,6 +5,10 @@ longer).  Both are fixed once they exist, so the fingerprint of a growing file n
 before the first line is complete there is nothing to ship and no fingerprint either.
 A truncated, copy-truncated or re-created file gets a different first line and so a new source;
 when the new first line happens to equal the old one, a generation suffix tells them apart.
+
+The path is not part of a source's identity: a file renamed by rotation is the same file, and a
+client that lost its state and finds it again under its rotated name must ask the gateway for
+the same source.  Readers see the path in the chunks' ``file`` field instead.
 """
 
 from __future__ import annotations
@@ -50,15 +54,16 @@ def display_path(path: str) -> str:
     return "".join(c if ord(c) >= 32 and c != "\x7f" else f"\\x{ord(c):02x}" for c in text)
 
 
-def make_source_id(host: str, path: str, identity: FileIdentity, generation: int = 0) -> str:
-    """``host:path:dev:ino:fingerprint[#gN]``, within the protocol's 512 bytes."""
-    shown = display_path(path)
+def make_source_id(host: str, identity: FileIdentity, generation: int = 0) -> str:
+    """``host:dev:ino:fingerprint[#gN]``, within the protocol's 512 bytes.
+
+    Sources recorded by earlier versions (``host:path:dev:ino:fingerprint``) keep their ids:
+    the state file stores every id as it was made (see ``PushDaemon``'s resume).
+    """
     tail = f":{identity.dev}:{identity.ino}:{identity.fingerprint}"
     if generation:
         tail += f"#g{generation}"
-    room = MAX_SOURCE_ID_BYTES - len(f"{host}:".encode()) - len(tail.encode())
-    if len(shown.encode()) > room:
-        digest = hashlib.blake2b(shown.encode(), digest_size=8).hexdigest()
-        keep = shown.encode()[-(room - 20) :].decode("utf-8", "ignore")
-        shown = f"{digest}..{keep}"
-    return f"{host}:{shown}{tail}"
+    shown = display_path(host)
+    if len(shown.encode()) + len(tail.encode()) > MAX_SOURCE_ID_BYTES:
+        shown = hashlib.blake2b(shown.encode(), digest_size=16).hexdigest()
+    return f"{shown}{tail}"

@@ -12,12 +12,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from push_client.installations import InstallationSet
     from push_client.tailer import TailedFile
     from push_client.transport import TransportStats
 
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _file_labels(tailed: TailedFile, **extra: str) -> str:
+    # source as well as file: a rotated file and its successor may share a path for a while
+    labels = {"file": tailed.path, "source": tailed.source_id, **extra}
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
 
 
 class PushMetrics:
@@ -42,6 +49,9 @@ class PushMetrics:
         files: Iterable[TailedFile],
         buffered: int,
         in_flight: int,
+        installations: InstallationSet,
+        parked_total: int,
+        abandoned_bytes: int,
     ) -> str:
         lines: list[str] = []
 
@@ -118,8 +128,42 @@ class PushMetrics:
         metric(
             "logbroker_push_failovers_total",
             "counter",
-            "Switches to another gateway.",
+            "Switches to another gateway of an installation.",
             [("", failovers)],
+        )
+        current = installations.current()
+        metric(
+            "logbroker_push_installation_up",
+            "gauge",
+            "Whether an installation is up (1) or left for the next one (0).",
+            [(f'{{installation="{_escape(m.name)}"}}', int(m.up)) for m in installations.members],
+        )
+        metric(
+            "logbroker_push_installation_current",
+            "gauge",
+            "The installation new data goes to (1).",
+            [
+                (f'{{installation="{_escape(m.name)}"}}', int(m is current))
+                for m in installations.members
+            ],
+        )
+        metric(
+            "logbroker_push_installation_failovers_total",
+            "counter",
+            "Switches of the installation new data goes to.",
+            [("", installations.failovers)],
+        )
+        metric(
+            "logbroker_push_parked_total",
+            "counter",
+            "Files parked because the gateway refused them.",
+            [("", parked_total)],
+        )
+        metric(
+            "logbroker_push_abandoned_bytes_total",
+            "counter",
+            "Bytes written to rotated files after they were let go (not shipped).",
+            [("", abandoned_bytes)],
         )
         metric(
             "logbroker_push_state_corruptions_total",
@@ -145,7 +189,31 @@ class PushMetrics:
             "logbroker_push_lag_bytes",
             "gauge",
             "Bytes of a file not yet acknowledged.",
-            [(f'{{file="{_escape(t.path)}"}}', t.lag_bytes) for t in rows],
+            [(_file_labels(t), t.lag_bytes) for t in rows],
+        )
+        parked = [t for t in rows if t.parked is not None]
+        metric(
+            "logbroker_push_parked_files",
+            "gauge",
+            "Files the gateway refuses, not shipping until the cause is gone.",
+            [("", len(parked))],
+        )
+        metric(
+            "logbroker_push_file_parked",
+            "gauge",
+            "A parked file and the gateway's error code.",
+            [
+                (_file_labels(t, error=t.parked.refusal.error), 1)
+                for t in parked
+                if t.parked is not None
+            ],
+        )
+        metric(
+            "logbroker_push_doubt_bytes",
+            "gauge",
+            "Bytes sent to an installation that went down before answering, held until it "
+            "says what it holds.",
+            [(_file_labels(t), t.handover.doubt_bytes) for t in rows if t.handover.doubts],
         )
         return "\n".join(lines) + "\n"
 

@@ -23,7 +23,10 @@ from log_store.errors import LogbrokerError
 
 log = logging.getLogger("logbroker.push")
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Version 1 (before installations) reads as version 2 with the new fields at their defaults;
+its sources keep the ids they were recorded with (which still hold the path)."""
 STATE_NAME = "state.json"
 
 
@@ -33,7 +36,13 @@ class CorruptStateFile(LogbrokerError):
 
 @dataclass
 class SourcePosition:
-    """One source's last acknowledged position and where its file was last seen."""
+    """One source's last acknowledged position and where its file was last seen.
+
+    ``acked`` is the frontier: every byte below it was acknowledged by some installation or
+    lies in one of ``doubts`` (``[installation, start, end]``, see ``push_client.handover``);
+    ``installation`` is where its newest data went.  ``source_id`` is kept as it was made:
+    ids of earlier versions (with the path in them) stay valid after an upgrade.
+    """
 
     source_id: str
     entry_path: str
@@ -48,6 +57,9 @@ class SourcePosition:
     acked: int
     size: int = 0
     pending_since: float | None = None
+    draining: bool = False
+    installation: str = ""
+    doubts: list[list[str | int]] = field(default_factory=list)
 
 
 @dataclass
@@ -62,16 +74,21 @@ class RetiredSource:
     reason: str
     retired_at: float
     size: int = 0
+    path: str = ""
+    acked: int = 0
 
 
 @dataclass
 class PushState:
     sources: dict[str, SourcePosition] = field(default_factory=dict)
     retired: list[RetiredSource] = field(default_factory=list)
+    clean: bool = False
+    """Written by a clean stop: every position is exact (nothing was acked after it)."""
 
     def to_json(self) -> bytes:
         payload: dict[str, Any] = {
             "version": STATE_VERSION,
+            "clean": self.clean,
             "sources": [asdict(s) for s in self.sources.values()],
             "retired": [asdict(r) for r in self.retired],
         }
@@ -80,14 +97,14 @@ class PushState:
     @classmethod
     def from_json(cls, body: bytes) -> PushState:
         payload = orjson.loads(body)
-        if not isinstance(payload, dict) or payload.get("version") != STATE_VERSION:
+        if not isinstance(payload, dict) or payload.get("version") not in READABLE_VERSIONS:
             raise CorruptStateFile("state file has an unknown version")
         try:
             sources = [SourcePosition(**s) for s in payload["sources"]]
             retired = [RetiredSource(**r) for r in payload["retired"]]
         except (KeyError, TypeError) as exc:
             raise CorruptStateFile(f"state file has a bad record: {exc}") from exc
-        return cls({s.source_id: s for s in sources}, retired)
+        return cls({s.source_id: s for s in sources}, retired, bool(payload.get("clean")))
 
 
 def encode_state(state: PushState) -> bytes:
@@ -137,6 +154,8 @@ class StateFile:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / STATE_NAME
         self.corruptions = 0
+        self.found = False
+        """Whether :meth:`load` found a good state file (else the positions were lost)."""
 
     def load(self) -> PushState:
         """The saved state; a missing file is an empty state, a corrupt one is set aside."""
@@ -145,7 +164,9 @@ class StateFile:
         except FileNotFoundError:
             return PushState()
         try:
-            return decode_state(raw)
+            state = decode_state(raw)
+            self.found = True
+            return state
         except CorruptStateFile as exc:
             self.corruptions += 1
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time() * 1000)}")

@@ -15,25 +15,61 @@ from typing import TYPE_CHECKING, Any, TextIO
 import orjson
 
 if TYPE_CHECKING:
+    from push_client.installations import InstallationSet
     from push_client.tailer import TailedFile
 
 STATUS_NAME = "status.json"
 
 
+def _phase(tailed: TailedFile) -> str:
+    if tailed.parked is not None:
+        return "parked"
+    if tailed.handover.census:
+        return "census"
+    return tailed.phase.value if tailed.session_ready else "opening"
+
+
 def file_row(tailed: TailedFile) -> dict[str, Any]:
+    parked = tailed.parked
+    plan = tailed.handover
     return {
         "path": tailed.path,
         "source_id": tailed.source_id,
         "log_type": tailed.entry.log_type,
         "topic": tailed.topic,
         "partition": tailed.partition,
-        "phase": tailed.phase.value if tailed.session_ready else "opening",
+        "phase": _phase(tailed),
         "dev": tailed.identity.dev,
         "ino": tailed.identity.ino,
-        "acked": tailed.acked,
+        "acked": tailed.settled,
         "size": tailed.size,
         "pending_since": tailed.pending_since,
+        "installation": tailed.session_installation or plan.installation,
+        "parked": None
+        if parked is None
+        else {
+            "status": parked.refusal.status,
+            "error": parked.refusal.error,
+            "reason": parked.refusal.reason,
+            "since": parked.since,
+        },
+        "doubts": [d.as_list() for d in plan.doubts],
+        "waiting_for": sorted(plan.census),
     }
+
+
+def installation_rows(installations: InstallationSet) -> list[dict[str, Any]]:
+    current = installations.current()
+    return [
+        {
+            "name": m.name,
+            "servers": list(m.spec.servers),
+            "up": m.up,
+            "current": m is current,
+            "last_error": m.last_error,
+        }
+        for m in installations.members
+    ]
 
 
 def status_document(
@@ -42,6 +78,7 @@ def status_document(
     running: bool,
     started_at: float,
     servers: list[str],
+    installations: list[dict[str, Any]],
     last_error: str,
     last_error_at: float,
     files: list[dict[str, Any]],
@@ -53,6 +90,7 @@ def status_document(
             "started_at": started_at,
             "updated_at": time.time(),
             "servers": servers,
+            "installations": installations,
             "last_error": last_error,
             "last_error_at": last_error_at,
             "files": files,
@@ -102,6 +140,12 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
     state = f"running (pid {doc['pid']})" if doc["running"] else "not running"
     out.write(f"logbroker push: {state}; status updated {age:.1f} s ago\n")
     out.write(f"servers: {', '.join(doc['servers'])}\n")
+    installations = doc.get("installations", [])
+    if len(installations) > 1:
+        for inst in installations:
+            state = "up" if inst["up"] else f"DOWN ({inst.get('last_error', '')[:120]})"
+            mark = " <- writing here" if inst["current"] else ""
+            out.write(f"installation {inst['name']}: {state}{mark}\n")
     if doc.get("last_error"):
         when = time.strftime("%H:%M:%S", time.localtime(doc["last_error_at"]))
         out.write(f"last error ({when}): {doc['last_error'][:200]}\n")
@@ -120,3 +164,21 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             f"{r['path']:<{width}}  {r['phase']:<9} {r['acked']:>14} {r['size']:>14} "
             f"{r['lag_bytes']:>12} {r['lag_s']:>8.1f}  {r['topic']}/{r['partition']}\n"
         )
+    for r in sorted(files, key=lambda r: r["path"]):
+        parked = r.get("parked")
+        if parked:
+            when = time.strftime("%H:%M:%S", time.localtime(parked["since"]))
+            out.write(
+                f"PARKED {r['path']} since {when}: HTTP {parked['status']} "
+                f"{parked['error']}: {parked['reason'][:200]}\n"
+            )
+        for name, start, end in r.get("doubts", []):
+            out.write(
+                f"IN DOUBT {r['path']}: bytes {start}..{end} sent to {name}, which went down "
+                "before answering; held until it is back\n"
+            )
+        if r.get("waiting_for"):
+            out.write(
+                f"WAITING {r['path']}: for {', '.join(r['waiting_for'])} to say how far it "
+                "holds this file\n"
+            )

@@ -17,7 +17,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from push_client.config import Entry
-from push_client.identity import FileIdentity, read_fingerprint
+from push_client.handover import SourceHandover
+from push_client.identity import FileIdentity, display_path, read_fingerprint
+from push_client.parking import Parked
 from push_client.wire import SourceMeta
 
 
@@ -25,7 +27,7 @@ class Phase(enum.Enum):
     ACTIVE = "active"
     """The file is at its path and may grow."""
     DRAINING = "draining"
-    """Renamed or deleted: read to its end, then let go once quiet for ``rotate_wait_s``."""
+    """Renamed or deleted: read as it grows, let go once quiet (see ``push_client.rotation``)."""
     CLOSING = "closing"
     """Truncated or replaced under us: what was read is still sent, nothing more is read."""
     DONE = "done"
@@ -69,7 +71,9 @@ class TailedFile:
         self.identity = identity
         self.generation = generation
         self.source_id = source_id
-        self.meta = SourceMeta(entry.log_type, source_id, host, first_path, entry.codec)
+        self.meta = SourceMeta(
+            entry.log_type, source_id, host, display_path(first_path), entry.codec
+        )
         self.epoch: int | None = None
         self.chunk_bytes = chunk_bytes
         self.max_line_bytes = max_line_bytes
@@ -94,6 +98,15 @@ class TailedFile:
         self.held_since: float | None = None
         self.pending_since: float | None = None
         self.retire_reason = ""
+        self.handover = SourceHandover()
+        self.parked: Parked | None = None
+        """Set while the gateway refuses this file (see ``push_client.parking``)."""
+        self.alone = False
+        """Sent in requests of its own, to find which file a refused request is due to."""
+        self.session_asked = False
+        """A session request for this file is out."""
+        self.session_installation = ""
+        """The installation the file's session is open at (where its writes go)."""
 
     # -- positions ------------------------------------------------------------------------------
     def resume_at(self, last_seqno: int, epoch: int | None = None) -> None:
@@ -108,6 +121,11 @@ class TailedFile:
         self.session_ready = True
         self.pipeline_blocked = False
 
+    @property
+    def settled(self) -> int:
+        """Every byte below was acknowledged (by some installation) or is in doubt."""
+        return max(self.acked, self.handover.frontier)
+
     def drop_pending(self) -> int:
         """Forget the chunks cut but not sent; return their bytes (they are read again)."""
         dropped = self.pending_bytes
@@ -119,16 +137,30 @@ class TailedFile:
     def on_acked(self, seqno: int) -> None:
         if seqno > self.acked:
             self.acked = seqno
+            self.handover.on_acked(seqno)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of it waits to be sent or is in flight."""
+        return not self.pending and not self.in_flight
 
     @property
     def lag_bytes(self) -> int:
-        return max(0, self.size - self.acked)
+        return max(0, self.size - self.settled)
+
+    @property
+    def read_limit(self) -> int | None:
+        """While a doubt is settled, reading stops at the end of its range."""
+        return self.handover.resend_end
 
     def wants_read(self) -> bool:
+        limit = self.read_limit
         return (
             self.session_ready
+            and self.parked is None
             and self.phase in (Phase.ACTIVE, Phase.DRAINING)
             and self.size > self.read_pos
+            and (limit is None or self.read_pos < limit)
         )
 
     # -- watching -------------------------------------------------------------------------------
@@ -171,14 +203,22 @@ class TailedFile:
         ``final``: the file will not grow again, so a last line without newline is sent too.
         """
         cut_total = 0
-        want = self.chunk_bytes
+        limit = self.read_limit
         while cut_total < budget:
+            want = self.chunk_bytes
+            if limit is not None:
+                want = min(want, limit - self.read_pos)
+                if want <= 0:
+                    break
             data = os.pread(self.fd, want, self.read_pos)
             if not data:
                 break
             at_eof = len(data) < want
             cut = data.rfind(b"\n") + 1
-            if final and at_eof:
+            if limit is not None and self.read_pos + len(data) == limit:
+                # The range was cut into chunks before: its end is a chunk boundary.
+                cut = len(data)
+            elif final and at_eof:
                 cut = len(data)
             elif self.multiline is not None and cut:
                 cut = self._record_end(data, cut, now, at_eof=at_eof, final=final)

@@ -1,10 +1,17 @@
-"""Talking to the gateways: retries with exponential backoff and jitter, failover across URLs.
+"""Talking to one installation's gateways: retries with backoff and jitter, failover across URLs.
 
 A request is retried until it gets a 200 or the client stops: a transport error, a timeout, a
-5xx or a 503 means nothing is known to be acknowledged, and resending is safe because the
-gateway answers chunks it already holds with ``duplicate``.  A 4xx means the gateway refused the
-request as a whole (nothing written); it is retried too, slowly, because dropping the data would
-be silent loss and the cause (a token, a limit) is usually fixed by an operator.
+408, a 429, a 5xx or a 503 means nothing is known to be acknowledged, and resending is safe
+because the gateway answers chunks it already holds with ``duplicate``.
+
+Two answers end the retries early:
+
+- a 4xx (other than 408 and 429) means the gateway refused the request as a whole and wrote
+  nothing: :class:`Refused`.  The daemon finds the file to blame (resending per file) and parks
+  it; the data stays in the file, nothing is dropped.
+- with installations to fail over to, a request whose gateways all keep failing for
+  ``failover_after_s`` (or whose installation another request found down meanwhile) raises
+  :class:`InstallationUnavailable`, telling whether the request may have been written there.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,15 +28,41 @@ import httpx
 import orjson
 
 from log_store.errors import LogbrokerError
+from push_client.token import BearerToken
 from push_client.wire import CONTENT_TYPE
 
 log = logging.getLogger("logbroker.push")
 
-_REJECTED_BACKOFF_S = 10.0
-
 
 class Stopped(LogbrokerError):
     """The client is stopping; the request was abandoned without an answer."""
+
+
+class Refused(LogbrokerError):
+    """The gateway answered the request as a whole with a 4xx: nothing of it was written."""
+
+    def __init__(self, status: int, error: str, reason: str) -> None:
+        super().__init__(f"HTTP {status} {error}: {reason}")
+        self.status = status
+        self.error = error
+        self.reason = reason
+
+
+class InstallationUnavailable(LogbrokerError):
+    """Every gateway of the installation kept failing: time to write to the next one.
+
+    ``maybe_written`` is true when an attempt got past connecting (the gateway may have
+    written the request before it died or before its answer was lost); false when no attempt
+    ever reached a gateway, so nothing of the request can be there.
+    """
+
+    def __init__(self, reason: str, *, maybe_written: bool) -> None:
+        super().__init__(reason)
+        self.maybe_written = maybe_written
+
+
+# Errors raised before the request left this host: the gateway cannot have seen it.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
 @dataclass
@@ -68,16 +102,23 @@ class Backoff:
 
 
 class GatewayClient:
-    """POSTs to the first healthy gateway of a list; thread-safe."""
+    """POSTs to the first healthy gateway of one installation; thread-safe.
+
+    ``failover_after_s`` (None: retry forever) and ``is_down`` let a request give up on the
+    installation, see :class:`InstallationUnavailable`.
+    """
 
     def __init__(
         self,
         servers: tuple[str, ...],
         *,
-        token: str | None,
+        token: BearerToken,
         stop: threading.Event,
+        stats: TransportStats,
         max_backoff_s: float = 5.0,
         pool_size: int = 8,
+        failover_after_s: float | None = None,
+        is_down: Callable[[], bool] | None = None,
     ) -> None:
         self.servers = servers
         self._preferred = 0
@@ -85,12 +126,12 @@ class GatewayClient:
         self._stop = stop
         self.stop_deadline = 0.0
         self.max_backoff_s = max_backoff_s
-        self.stats = TransportStats()
-        headers = {"User-Agent": "logbroker-push/1"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        self.stats = stats
+        self._token = token
+        self.failover_after_s = failover_after_s
+        self._is_down = is_down or (lambda: False)
         self._http = httpx.Client(
-            headers=headers,
+            headers={"User-Agent": "logbroker-push/1"},
             timeout=httpx.Timeout(60.0, connect=2.0),
             limits=httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size),
         )
@@ -106,33 +147,42 @@ class GatewayClient:
     def _prefer(self, index: int) -> None:
         with self._lock:
             if self._preferred != index:
-                self.stats.failovers += 1
+                with self.stats.lock:
+                    self.stats.failovers += 1
                 log.info("now sending to %s", self.servers[index])
             self._preferred = index
 
     def post(
         self, path: str, body: bytes, content_type: str, *, flush: bool = False
     ) -> dict[str, Any]:
-        """POST until a 200 answers; return its JSON.  Raises :class:`Stopped` when stopping.
+        """POST until a 200 answers; return its JSON.
 
-        With ``flush``, a request is still retried after stopping began, until
-        ``stop_deadline`` (monotonic): a stopping client tries to get its in-flight chunks
-        acknowledged.  Other requests stop at once.
+        Raises :class:`Stopped` when stopping, :class:`Refused` on a 4xx other than 408/429,
+        and :class:`InstallationUnavailable` (only with ``failover_after_s``) when the
+        installation is given up.  With ``flush``, a request is still retried after stopping
+        began, until ``stop_deadline`` (monotonic): a stopping client tries to get its
+        in-flight chunks acknowledged.  Other requests stop at once.
         """
         backoff = Backoff(cap_s=self.max_backoff_s)
         offset = 0
+        failing_since: float | None = None
+        maybe_written = False
         while True:
             if self._stop.is_set() and (not flush or time.monotonic() >= self.stop_deadline):
                 raise Stopped("stopping before the gateway answered")
+            if self.failover_after_s is not None and self._is_down():
+                raise InstallationUnavailable(
+                    "the installation is down", maybe_written=maybe_written
+                )
             index, server = self._server(offset)
             wait_at_least = 0.0
+            headers = {"Content-Type": content_type, **self._token.headers()}
             try:
-                response = self._http.post(
-                    server + path, content=body, headers={"Content-Type": content_type}
-                )
+                response = self._http.post(server + path, content=body, headers=headers)
             except httpx.HTTPError as exc:
                 outcome = f"{server}: {type(exc).__name__}: {exc}"
                 self.stats.count("transport_error")
+                maybe_written = maybe_written or not isinstance(exc, _NOT_SENT)
             else:
                 if response.status_code == 200:
                     self.stats.count("ok")
@@ -142,19 +192,25 @@ class GatewayClient:
                 outcome = f"{server}: HTTP {response.status_code}: {response.text[:300]}"
                 if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
                     self.stats.count("rejected")
-                    wait_at_least = _REJECTED_BACKOFF_S
-                else:
-                    self.stats.count(f"http_{response.status_code}")
-                    retry_after = response.headers.get("Retry-After", "")
-                    if retry_after.replace(".", "", 1).isdigit():
-                        wait_at_least = min(float(retry_after), 30.0)
+                    self.stats.error(outcome)
+                    raise _refused(response)
+                self.stats.count(f"http_{response.status_code}")
+                maybe_written = maybe_written or response.status_code >= 500
+                retry_after = response.headers.get("Retry-After", "")
+                if retry_after.replace(".", "", 1).isdigit():
+                    wait_at_least = min(float(retry_after), 30.0)
             self.stats.error(outcome)
-            if wait_at_least == _REJECTED_BACKOFF_S:
-                log.error("gateway refused the request (retrying in 10 s): %s", outcome)
-            else:
-                log.warning("request failed, retrying: %s", outcome)
+            log.warning("request failed, retrying: %s", outcome)
+            now = time.monotonic()
+            failing_since = failing_since if failing_since is not None else now
             # Move on to the next gateway at once; back off once every gateway was tried.
             offset += 1
+            if (
+                self.failover_after_s is not None
+                and offset >= len(self.servers)
+                and now - failing_since >= self.failover_after_s
+            ):
+                raise InstallationUnavailable(outcome, maybe_written=maybe_written)
             if offset % len(self.servers) == 0 or wait_at_least:
                 self._sleep(backoff.next_delay(wait_at_least), flush)
 
@@ -170,15 +226,27 @@ class GatewayClient:
     def write(self, body: bytes) -> dict[str, Any]:
         return self.post("/v1/write", body, CONTENT_TYPE, flush=True)
 
-    def open_sessions(self, sessions: list[dict[str, str]]) -> list[dict[str, Any]]:
-        """The batch form of ``POST /v1/sessions``, fencing: answers in the request's order.
+    def open_sessions(self, sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The batch form of ``POST /v1/sessions``: answers in the request's order.
 
-        Each session starts a new epoch for its source, so that writes of an earlier
-        incarnation of this client (killed with a request in flight) are refused from now on.
+        A session asked with ``"fence": true`` starts a new epoch for its source, so that
+        writes of an earlier incarnation of this client (killed with a request in flight) are
+        refused from now on.  An answer may be a refusal of that one session (``"error"``).
         """
-        fenced = [{**session, "fence": True} for session in sessions]
-        answer = self.post("/v1/sessions", orjson.dumps({"sessions": fenced}), "application/json")
+        answer = self.post("/v1/sessions", orjson.dumps({"sessions": sessions}), "application/json")
         results = answer.get("sessions")
         if not isinstance(results, list) or len(results) != len(sessions):
             raise LogbrokerError(f"gateway answered sessions with a bad body: {answer!r:.300}")
         return results
+
+
+def _refused(response: httpx.Response) -> Refused:
+    try:
+        body = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        body = None
+    if isinstance(body, dict):
+        return Refused(
+            response.status_code, str(body.get("error", "")), str(body.get("reason", ""))[:500]
+        )
+    return Refused(response.status_code, "http_error", response.text[:300])

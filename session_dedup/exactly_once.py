@@ -463,9 +463,7 @@ class ExactlyOnceWriter:
                 [metas[i].source_id for i in indexes],
                 [requests[i] for i in indexes],
                 [
-                    None
-                    if requests[i].acked_elsewhere is None
-                    else self._handover_writer(metas[i])
+                    None if requests[i].acked_elsewhere is None else self._handover_writer(metas[i])
                     for i in indexes
                 ],
             )

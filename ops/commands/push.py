@@ -10,7 +10,7 @@ from pathlib import Path
 
 from log_store.errors import LogbrokerError
 from ops import stop_signals
-from push_client.config import CODECS, ConfigError, build_config
+from push_client.config import CODECS, ConfigError, PushConfig, build_config
 from push_client.daemon import PushDaemon, StateDirBusy
 from push_client.status import print_status, read_status
 
@@ -24,8 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server",
         action="append",
-        metavar="URL[,URL...]",
-        help="gateway URLs; the next one takes over when one fails",
+        metavar="[NAME=]URL[,URL...]",
+        help="gateway URLs of one installation (the next takes over when one fails); "
+        "repeat as NAME=URL,... for installations in order of preference",
     )
     parser.add_argument("--log-type", help="log type of the PATH_OR_GLOB arguments")
     parser.add_argument("--state-dir", help="where positions, status and metrics are kept")
@@ -34,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML file with [push] and [[entry]] tables")
     parser.add_argument("--host-name", help="host name sent as 'server' (default: this host)")
     parser.add_argument("--token", help="bearer token (or LOGBROKER_TOKEN)")
+    parser.add_argument(
+        "--token-file", help="read the bearer token from this file (re-read when it changes)"
+    )
     parser.add_argument("--chunk-bytes", type=int, help="largest chunk (1 MiB)")
     parser.add_argument("--request-bytes", type=int, help="largest request body (8 MiB)")
     parser.add_argument("--linger-ms", type=float, help="how long a small batch waits (5)")
@@ -43,7 +47,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--memory-bytes", type=int, help="read-ahead bound (64 MiB)")
     parser.add_argument(
-        "--rotate-wait", type=float, help="seconds a rotated-away file must be quiet (2)"
+        "--rotate-wait", type=float, help="seconds a deleted file must be quiet (2)"
+    )
+    parser.add_argument(
+        "--rotated-grace",
+        type=float,
+        help="seconds a renamed file must be quiet before it is let go (300)",
+    )
+    parser.add_argument(
+        "--park-retry", type=float, help="seconds between tries of a refused file (60)"
+    )
+    parser.add_argument(
+        "--failover-after",
+        type=float,
+        help="seconds an installation may fail before the next one takes over (5)",
+    )
+    parser.add_argument(
+        "--position-wait",
+        type=float,
+        help="seconds to wait for a down installation's positions when they are needed (300)",
     )
     parser.add_argument("--poll-interval", type=float, help="polling period in seconds (0.25)")
     parser.add_argument("--no-inotify", action="store_true", help="poll instead of inotify")
@@ -79,34 +101,16 @@ def run(args: argparse.Namespace) -> int:
     if args.status:
         return _print_status(args)
     try:
-        config = build_config(
-            file=args.config,
-            servers=args.server,
-            state_dir=args.state_dir,
-            log_type=args.log_type,
-            codec=args.codec,
-            multiline=args.multiline,
-            paths=args.paths,
-            overrides={
-                "host": args.host_name,
-                "token": args.token,
-                "chunk_bytes": args.chunk_bytes,
-                "request_bytes": args.request_bytes,
-                "linger_ms": args.linger_ms,
-                "max_in_flight": args.max_in_flight,
-                "pipeline_depth": args.pipeline_depth,
-                "memory_bytes": args.memory_bytes,
-                "rotate_wait_s": args.rotate_wait,
-                "poll_interval_s": args.poll_interval,
-                "inotify": False if args.no_inotify else None,
-                "metrics_port": args.metrics_port,
-                "shutdown_timeout_s": args.shutdown_timeout,
-            },
-        )
+        config = _config(args)
     except ConfigError as exc:
         print(f"logbroker push: {exc}", file=sys.stderr)
         return 2
-    daemon = PushDaemon(config, idle_exit_s=args.idle_exit, progress=args.progress)
+    daemon = PushDaemon(
+        config,
+        idle_exit_s=args.idle_exit,
+        progress=args.progress,
+        reload=lambda: _config(args),
+    )
     # A stop that came while starting makes the daemon flush nothing and exit at once.
     stop_signals.on_stop(daemon.stop)
     try:
@@ -125,6 +129,39 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _config(args: argparse.Namespace) -> PushConfig:
+    """The configuration from the file, the environment and the flags (again on SIGHUP)."""
+    return build_config(
+        file=args.config,
+        servers=args.server,
+        state_dir=args.state_dir,
+        log_type=args.log_type,
+        codec=args.codec,
+        multiline=args.multiline,
+        paths=args.paths,
+        overrides={
+            "host": args.host_name,
+            "token": args.token,
+            "token_file": args.token_file,
+            "chunk_bytes": args.chunk_bytes,
+            "request_bytes": args.request_bytes,
+            "linger_ms": args.linger_ms,
+            "max_in_flight": args.max_in_flight,
+            "pipeline_depth": args.pipeline_depth,
+            "memory_bytes": args.memory_bytes,
+            "rotate_wait_s": args.rotate_wait,
+            "rotated_grace_s": args.rotated_grace,
+            "park_retry_s": args.park_retry,
+            "failover_after_s": args.failover_after,
+            "position_wait_s": args.position_wait,
+            "poll_interval_s": args.poll_interval,
+            "inotify": False if args.no_inotify else None,
+            "metrics_port": args.metrics_port,
+            "shutdown_timeout_s": args.shutdown_timeout,
+        },
+    )
 
 
 def _print_status(args: argparse.Namespace) -> int:

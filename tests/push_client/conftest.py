@@ -4,6 +4,7 @@ and a reader that checks what reached the log directly in the gateway's data dir
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 import subprocess
@@ -155,6 +156,26 @@ class PushProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
+
+    def wait_started(self, state_dir: Path, timeout_s: float = 30.0) -> PushProcess:
+        """Wait until the client runs its loop (it published a status with its pid).
+
+        Starting Python takes seconds on a loaded machine: a test that kills or stops a
+        client "after a while" must count that while from here.
+        """
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                status = json.loads((state_dir / "status.json").read_bytes())
+            except (OSError, ValueError):
+                status = {}
+            if status.get("pid") == self.proc.pid and status.get("running"):
+                return self
+            if self.proc.poll() is not None:
+                raise AssertionError(f"push exited with {self.proc.returncode}: {self.log()}")
+            time.sleep(0.05)
+        raise AssertionError(f"push did not start within {timeout_s} s: {self.log()}")
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -70,8 +70,8 @@ def test_client_killed_at_twenty_random_points_ships_every_line_once(
     rotations = 0
     with BackgroundWriter(path, writer) as background:
         for kill in range(20):
-            push = start_push(gateway.url, state, logs / "*.log")
-            time.sleep(rng.uniform(0.4, 1.6))
+            push = start_push(gateway.url, state, logs / "*.log").wait_started(state)
+            time.sleep(rng.uniform(0.0, 1.2))
             if kill % 4 == 3:
                 # A rotation while the client runs (at most one per client life: a file both
                 # created and rotated away while no client runs is never seen by any).
@@ -205,7 +205,7 @@ def test_sigterm_with_a_hung_gateway_exits_in_time_and_loses_nothing(
         assert time.monotonic() - started < 9
     finally:
         gateway.proc.send_signal(signal.SIGCONT)
-    second = start_push(gateway.url, state, path)
+    second = start_push(gateway.url, state, path).wait_started(state)
     wait_for_lines(gateway.data_dir, "app", 2_000)
     time.sleep(0.5)
     assert second.stop() == 0

@@ -73,7 +73,9 @@ def test_rotated_file_with_a_partial_last_line_sends_it_when_let_go(
     writer = LineWriter("pl")
     body = writer.lines(100)
     path.write_bytes(body[:-1])  # the last line lacks its newline
-    push = start_push(gateway.url, tmp_path / "state", path, extra=watch)
+    # a renamed file is let go once quiet for the rotated grace (5 minutes by default)
+    extra = [*watch, "--rotated-grace", "1"]
+    push = start_push(gateway.url, tmp_path / "state", path, extra=extra)
     wait_for_lines(gateway.data_dir, "app", 99)
     os.rename(path, tmp_path / "app.log.1")
     writer.append(path, 100)

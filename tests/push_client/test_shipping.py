@@ -186,7 +186,11 @@ def test_status_reports_lag_per_file_and_metrics_are_exported(tmp_path: Path, st
     row = next(line for line in out.stdout.splitlines() if str(log) in line)
     assert str(log.stat().st_size) in row.split()
     metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
-    assert f'logbroker_push_lag_bytes{{file="{log}"}} {log.stat().st_size}' in metrics
+    lag = next(
+        line for line in metrics.splitlines() if line.startswith("logbroker_push_lag_bytes{")
+    )
+    assert lag.startswith(f'logbroker_push_lag_bytes{{file="{log}",source="')
+    assert lag.endswith(f"}} {log.stat().st_size}")
     assert "logbroker_push_retries_total" in metrics
     status = httpx.get(f"http://127.0.0.1:{metrics_port}/status", timeout=5).json()
     assert status["files"][0]["path"] == str(log) and status["files"][0]["acked"] == 0

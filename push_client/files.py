@@ -1,0 +1,525 @@
+"""The set of files being shipped: found, followed through renames, read, and let go.
+
+A file is one source from the moment its first line is complete until it is let go: rotated
+away and quiet (``push_client.rotation``), deleted, truncated or replaced (a new source then
+starts), or no longer configured.  Sources are found by the entries' globs, by inotify's
+rename events, and, after a restart, from the state file, by inode when rotated while the
+client was down.  Identity never depends on the path (``push_client.identity``); positions
+are recorded by source id, and ids recorded by an earlier version are kept as they were.
+
+Only the daemon's loop thread touches this object.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fnmatch
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from push_client.codec import compress
+from push_client.config import Entry, PushConfig
+from push_client.discovery import ChangeWatcher, expand, find_inode
+from push_client.handover import Doubt
+from push_client.identity import FileIdentity, make_source_id, read_fingerprint
+from push_client.rotation import AbandonedBytes, LetGoPolicy
+from push_client.state_file import PushState, RetiredSource, SourcePosition
+from push_client.tailer import Phase, TailedFile
+
+log = logging.getLogger("logbroker.push")
+
+_RETIRED_KEEP_S = 7 * 24 * 3600
+_RETIRED_KEEP_COUNT = 10_000
+
+
+@dataclass
+class Counters:
+    """What the loop counts (exported as metrics); ``buffered`` bounds memory."""
+
+    read_bytes: int = 0
+    acked_bytes: int = 0
+    acked_chunks: int = 0
+    duplicate_chunks: int = 0
+    rotations: int = 0
+    truncations: int = 0
+    retired: dict[str, int] = field(default_factory=dict)
+    fenced: int = 0
+    out_of_order: int = 0
+    first_read_at: float = 0.0
+    last_ack_at: float = 0.0
+    buffered: int = 0
+    """Bytes read but not acknowledged (pending and in flight)."""
+    last_activity: float = field(default_factory=time.monotonic)
+
+
+def _matches(entry: Entry, path: str) -> bool:
+    return fnmatch.fnmatchcase(path, os.path.abspath(entry.path))
+
+
+class FileSet:
+    """Every tailed file, by source id and by inode."""
+
+    def __init__(
+        self,
+        config: PushConfig,
+        state: PushState,
+        counters: Counters,
+        watcher: ChangeWatcher,
+        compressors: concurrent.futures.ThreadPoolExecutor,
+        *,
+        on_retired: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.state = state
+        self.counters = counters
+        self.watcher = watcher
+        self.compressors = compressors
+        self.on_retired = on_retired
+        self.files: dict[str, TailedFile] = {}
+        self.by_inode: dict[tuple[int, int], TailedFile] = {}
+        self.waiting_paths: set[str] = set()
+        self.let_go = LetGoPolicy(config.rotate_wait_s, config.rotated_grace_s)
+        self.abandoned = AbandonedBytes()
+        self.multi = False
+        """Set by the daemon: whether positions are kept across installations."""
+
+    def __iter__(self) -> Iterator[TailedFile]:
+        return iter(list(self.files.values()))
+
+    def live(self) -> list[TailedFile]:
+        return [t for t in self.files.values() if t.phase is not Phase.DONE]
+
+    def _entry_for(self, entry_path: str) -> Entry | None:
+        for entry in self.config.entries:
+            if entry.path == entry_path:
+                return entry
+        return None
+
+    # -- finding files --------------------------------------------------------------------------
+    def resume_from_state(
+        self, installations: list[str], census: Callable[[TailedFile, str], None]
+    ) -> None:
+        """Reopen the sources of the state file, following files rotated while we were down.
+
+        ``census(tailed, installation)`` is called for a source whose newest data may be
+        further along at ``installation`` than the state says (the previous run did not
+        stop cleanly).
+        """
+        for pos in list(self.state.sources.values()):
+            entry = self._entry_for(pos.entry_path)
+            identity = FileIdentity(pos.dev, pos.ino, pos.fingerprint)
+            found = self._open_identity(pos.path, identity)
+            draining = pos.draining
+            if found is None:
+                moved = find_inode(os.path.dirname(pos.path), pos.dev, pos.ino)
+                if moved is not None:
+                    found = self._open_identity(moved, identity)
+                    draining = True
+            if found is None or entry is None:
+                reason = "gone" if found is None else "unconfigured"
+                if found is not None:
+                    os.close(found[0])
+                log.warning(
+                    "source %s is %s since the last run; positions up to %d were acked",
+                    pos.source_id,
+                    reason,
+                    pos.acked,
+                )
+                if pos.doubts:
+                    log.error(
+                        "source %s: bytes %s were in flight to installations that went down "
+                        "and can no longer be checked: they may be lost",
+                        pos.source_id,
+                        ", ".join(f"{s}..{e} ({n})" for n, s, e in pos.doubts),
+                    )
+                self._retire_position(pos, reason, pos.size, pos.path)
+                continue
+            fd, path = found
+            tailed = self.new_file(
+                entry, fd, path, pos.first_path, identity, pos.generation, pos.source_id
+            )
+            if draining:
+                tailed.phase = Phase.DRAINING
+                tailed.rotated_at = time.monotonic()
+                self.counters.rotations += 1
+            if not self.multi:
+                continue
+            plan = tailed.handover
+            plan.frontier = pos.acked
+            plan.installation = pos.installation
+            for raw in pos.doubts:
+                doubt = Doubt.from_list(raw)
+                if doubt.installation in installations:
+                    plan.add_doubt(doubt)
+                else:
+                    log.error(
+                        "source %s: bytes %d..%d were in flight to installation %s, which is "
+                        "no longer configured: they may be lost",
+                        pos.source_id,
+                        doubt.start,
+                        doubt.end,
+                        doubt.installation,
+                    )
+            if pos.installation in installations and not self.state.clean:
+                census(tailed, pos.installation)
+
+    def _open_identity(self, path: str, identity: FileIdentity) -> tuple[int, str] | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        same_inode = (st.st_dev, st.st_ino) == (identity.dev, identity.ino)
+        if same_inode and read_fingerprint(fd, final=True) == identity.fingerprint:
+            return fd, path
+        os.close(fd)
+        return None
+
+    def discover(self) -> list[TailedFile]:
+        """Pick up files matching the entries that are not tailed yet; return them."""
+        found: list[TailedFile] = []
+        self.waiting_paths.clear()
+        for cand in expand(self.config.entries):
+            if (cand.dev, cand.ino) in self.by_inode:
+                continue
+            self.watcher.watch(os.path.dirname(cand.path))
+            try:
+                fd = os.open(cand.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            st = os.fstat(fd)
+            fingerprint = read_fingerprint(fd)
+            if (st.st_dev, st.st_ino) != (cand.dev, cand.ino) or fingerprint is None:
+                os.close(fd)
+                self.waiting_paths.add(cand.path)
+                continue
+            identity = FileIdentity(cand.dev, cand.ino, fingerprint)
+            known = self._known_as(identity, st.st_size)
+            if known is None:
+                os.close(fd)
+                continue
+            tailed = self._found(cand.entry, fd, cand.path, cand.path, identity, known)
+            found.append(tailed)
+        return found
+
+    def follow_renames(self, moves: list[tuple[str, str]], now: float) -> None:
+        """Files renamed away from a matched path that we had not picked up yet (rotated
+        faster than we looked) are read from their new name, to their end."""
+        for old_path, new_path in moves:
+            entry = next((e for e in self.config.entries if _matches(e, old_path)), None)
+            if entry is None:
+                continue
+            try:
+                fd = os.open(new_path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            st = os.fstat(fd)
+            fingerprint = read_fingerprint(fd, final=True)
+            if (st.st_dev, st.st_ino) in self.by_inode or fingerprint is None:
+                os.close(fd)
+                continue
+            identity = FileIdentity(st.st_dev, st.st_ino, fingerprint)
+            known = self._known_as(identity, st.st_size)
+            if known is None:
+                os.close(fd)
+                continue
+            tailed = self._found(entry, fd, new_path, old_path, identity, known)
+            tailed.phase = Phase.DRAINING
+            tailed.rotated_at = now
+            self.counters.rotations += 1
+            log.info("%s was renamed to %s before it was picked up; reading it", old_path, new_path)
+
+    def _found(
+        self,
+        entry: Entry,
+        fd: int,
+        path: str,
+        first_path: str,
+        identity: FileIdentity,
+        known: tuple[int, RetiredSource | None],
+    ) -> TailedFile:
+        generation, retired = known
+        if retired is None:
+            return self.new_file(entry, fd, path, first_path, identity, generation)
+        tailed = self.new_file(entry, fd, path, first_path, identity, generation, retired.source_id)
+        if self.multi:
+            tailed.handover.frontier = retired.acked
+        return tailed
+
+    def _known_as(
+        self, identity: FileIdentity, size: int
+    ) -> tuple[int, RetiredSource | None] | None:
+        """The generation a newly found file gets, and the retired source it continues.
+
+        None when it is a file already let go that has not grown since: it is skipped.  A file
+        let go after rotation that grew since (its writer kept appending) is the same source
+        again: it continues from where the gateway holds it.  The same identity after a
+        truncation or deletion (inode reused, same first line) is new content: it gets the
+        next generation so its seqnos start afresh.
+        """
+        generation = 0
+        latest: RetiredSource | None = None
+        for retired in self.state.retired:
+            if (retired.dev, retired.ino, retired.fingerprint) != identity.key:
+                continue
+            generation = max(generation, retired.generation + 1)
+            latest = retired
+        if latest is not None and latest.reason == "rotated" and size >= latest.size:
+            if size == latest.size:
+                return None
+            self.abandoned.forget(identity.dev, identity.ino)
+            log.info(
+                "a rotated file let go before grew again; shipping it on as %s", latest.source_id
+            )
+            return latest.generation, latest
+        for tailed in self.files.values():
+            if tailed.identity == identity:
+                generation = max(generation, tailed.generation + 1)
+        return generation, None
+
+    def new_file(
+        self,
+        entry: Entry,
+        fd: int,
+        path: str,
+        first_path: str,
+        identity: FileIdentity,
+        generation: int,
+        source_id: str | None = None,
+    ) -> TailedFile:
+        if source_id is None:
+            source_id = make_source_id(self.config.host, identity, generation)
+        tailed = TailedFile(
+            entry=entry,
+            fd=fd,
+            path=path,
+            first_path=first_path,
+            identity=identity,
+            generation=generation,
+            source_id=source_id,
+            host=self.config.host,
+            chunk_bytes=self.config.chunk_bytes,
+            max_line_bytes=self.config.max_line_bytes,
+            multiline_timeout_s=self.config.multiline_timeout_s,
+        )
+        self.files[source_id] = tailed
+        self.by_inode[(identity.dev, identity.ino)] = tailed
+        self.watcher.watch(os.path.dirname(path))
+        log.info("tailing %s as source %s", path, source_id)
+        return tailed
+
+    # -- watching -------------------------------------------------------------------------------
+    def refresh_all(self, now: float) -> None:
+        for tailed in list(self.files.values()):
+            if tailed.phase in (Phase.CLOSING, Phase.DONE):
+                continue
+            try:
+                change = tailed.refresh(now)
+            except OSError as exc:
+                log.warning("cannot stat %s: %s", tailed.path, exc)
+                continue
+            if change == "rotated":
+                tailed.phase = Phase.DRAINING
+                tailed.rotated_at = now
+                self.counters.rotations += 1
+                # The rotated file keeps its place in by_inode: if a glob matches its new
+                # name, it is still this source and not a new file.
+                moved = find_inode(
+                    os.path.dirname(tailed.path), tailed.identity.dev, tailed.identity.ino
+                )
+                log.info(
+                    "%s was rotated away%s; reading it as long as it grows",
+                    tailed.path,
+                    f" to {moved}" if moved else "",
+                )
+                if moved is not None:
+                    tailed.path = moved
+                self.discover()
+            elif change == "truncated":
+                self.on_truncated(tailed)
+
+    def on_truncated(self, tailed: TailedFile) -> None:
+        """The bytes after our position are not the ones we were reading: a new source.
+
+        With copytruncate this is where the window shows: lines appended after our last read
+        and before the truncation are only in the copy, and lines written between the copy
+        and the truncation are nowhere.  No tailer can ship them; rename rotation has no such
+        window.  What we read before the truncation is still sent under the old source.
+        """
+        self.counters.truncations += 1
+        log.warning(
+            "%s was truncated or replaced at byte %d (size now %d); shipping its new contents "
+            "as a new source",
+            tailed.path,
+            tailed.read_pos,
+            tailed.size,
+        )
+        self.close_source(tailed, "truncated")
+        self.discover()
+
+    def close_source(self, tailed: TailedFile, reason: str) -> None:
+        """Read no more of ``tailed``; send what was read, then let it go (``reason``)."""
+        tailed.phase = Phase.CLOSING
+        tailed.retire_reason = reason
+        key = (tailed.identity.dev, tailed.identity.ino)
+        if self.by_inode.get(key) is tailed:
+            del self.by_inode[key]
+
+    # -- reading --------------------------------------------------------------------------------
+    def read_all(self, now: float) -> None:
+        counters = self.counters
+        room = self.config.memory_bytes - counters.buffered
+        per_file_cap = 2 * self.config.request_bytes
+        for tailed in self.files.values():
+            if room <= 0:
+                break
+            if not tailed.wants_read():
+                continue
+            held = tailed.pending_bytes + tailed.in_flight_bytes
+            budget = min(room, per_file_cap - held)
+            if budget <= 0:
+                continue
+            chunks_before = len(tailed.pending)
+            try:
+                cut = tailed.read(budget, now)
+            except OSError as exc:
+                log.warning("cannot read %s: %s", tailed.path, exc)
+                continue
+            if tailed.entry.codec != "raw":
+                # Compress while earlier chunks are on the wire, not when the request is made.
+                for index in range(chunks_before, len(tailed.pending)):
+                    chunk = tailed.pending[index]
+                    chunk.encoded = self.compressors.submit(
+                        compress, tailed.entry.codec, chunk.data
+                    )
+            if cut:
+                if not counters.first_read_at:
+                    counters.first_read_at = time.time()
+                room -= cut
+                counters.buffered += cut
+                counters.read_bytes += cut
+                counters.last_activity = now
+
+    # -- letting go -----------------------------------------------------------------------------
+    def let_go_of_quiet_files(self, now: float) -> None:
+        for tailed in list(self.files.values()):
+            if tailed.phase is Phase.DRAINING and tailed.session_ready:
+                if tailed.handover.doubts or tailed.read_limit is not None:
+                    continue  # bytes of it may still have to be sent: keep it open
+                if not self.let_go.quiet_enough(tailed.fd, now - tailed.quiet_since()):
+                    continue
+                if tailed.read_pos < tailed.size and tailed.idle:
+                    # The writer moved on: a last line without its newline is sent as is.
+                    cut = tailed.read(tailed.size - tailed.read_pos + 1, now, final=True)
+                    self.counters.buffered += cut
+                    self.counters.read_bytes += cut
+                if tailed.read_pos >= tailed.size and tailed.idle:
+                    st = os.fstat(tailed.fd)
+                    tailed.retire_reason = "rotated" if st.st_nlink > 0 else "deleted"
+                    self.retire(tailed)
+            elif tailed.phase is Phase.CLOSING and tailed.idle:
+                self.retire(tailed)
+
+    def retire(self, tailed: TailedFile) -> None:
+        log.info(
+            "letting go of %s (%s) at byte %d", tailed.path, tailed.retire_reason, tailed.settled
+        )
+        retired = self.counters.retired
+        retired[tailed.retire_reason] = retired.get(tailed.retire_reason, 0) + 1
+        pos = self.position_of(tailed)
+        self._retire_position(pos, tailed.retire_reason, tailed.size, tailed.path)
+        if tailed.retire_reason == "rotated":
+            self.abandoned.watch(
+                tailed.path, tailed.identity.dev, tailed.identity.ino, tailed.size, time.monotonic()
+            )
+        key = (tailed.identity.dev, tailed.identity.ino)
+        if self.by_inode.get(key) is tailed:
+            del self.by_inode[key]
+        del self.files[tailed.source_id]
+        tailed.close()
+        self.on_retired()
+
+    def _retire_position(self, pos: SourcePosition, reason: str, size: int, path: str) -> None:
+        self.state.sources.pop(pos.source_id, None)
+        self.state.retired.append(
+            RetiredSource(
+                source_id=pos.source_id,
+                dev=pos.dev,
+                ino=pos.ino,
+                fingerprint=pos.fingerprint,
+                generation=pos.generation,
+                reason=reason,
+                retired_at=time.time(),
+                size=size,
+                path=path,
+                acked=pos.acked,
+            )
+        )
+
+    def prune_retired(self) -> None:
+        horizon = time.time() - _RETIRED_KEEP_S
+        kept = [r for r in self.state.retired if r.retired_at >= horizon]
+        self.state.retired = kept[-_RETIRED_KEEP_COUNT:]
+
+    # -- positions ------------------------------------------------------------------------------
+    def position_of(self, tailed: TailedFile) -> SourcePosition:
+        plan = tailed.handover
+        return SourcePosition(
+            source_id=tailed.source_id,
+            entry_path=tailed.entry.path,
+            first_path=tailed.first_path,
+            path=tailed.path,
+            dev=tailed.identity.dev,
+            ino=tailed.identity.ino,
+            fingerprint=tailed.identity.fingerprint,
+            generation=tailed.generation,
+            log_type=tailed.entry.log_type,
+            codec=tailed.entry.codec,
+            acked=tailed.settled,
+            size=tailed.size,
+            pending_since=tailed.pending_since,
+            draining=tailed.phase is Phase.DRAINING,
+            installation=plan.installation,
+            doubts=[d.as_list() for d in plan.doubts],
+        )
+
+    def sync_state_positions(self) -> None:
+        """Copy acked positions into the state.  Only acked positions: never ahead of the log."""
+        for tailed in self.files.values():
+            if tailed.phase is Phase.DONE:
+                continue
+            known = self.state.sources.get(tailed.source_id)
+            if not tailed.session_ready and known is not None and not self.multi:
+                # Not asked yet: acked is not known in this run; keep what the state says.
+                continue
+            self.state.sources[tailed.source_id] = self.position_of(tailed)
+
+    # -- configuration --------------------------------------------------------------------------
+    def apply_config(self, config: PushConfig) -> None:
+        """A reloaded configuration: files whose entry is gone or changed are closed (what was
+        read is still sent) and found again under their new entry, as new sources."""
+        self.config = config
+        self.let_go = LetGoPolicy(config.rotate_wait_s, config.rotated_grace_s)
+        for tailed in list(self.files.values()):
+            if tailed.phase in (Phase.CLOSING, Phase.DONE):
+                continue
+            entry = self._entry_for(tailed.entry.path)
+            if (
+                entry is not None
+                and entry.log_type == tailed.entry.log_type
+                and entry.codec == tailed.entry.codec
+            ):
+                tailed.entry = entry
+                tailed.multiline = entry.multiline_pattern()
+                continue
+            log.info("%s: its entry changed or is gone; closing its source", tailed.path)
+            self.counters.buffered -= tailed.drop_pending()
+            self.close_source(tailed, "unconfigured")
+
+    def close(self) -> None:
+        for tailed in self.files.values():
+            if tailed.fd >= 0:
+                os.close(tailed.fd)

@@ -1,0 +1,210 @@
+"""Gateways grouped by installation, and which installation the client writes to now.
+
+An *installation* is one log (one data dir, or one Kafka cluster) behind any number of
+gateways; each has its own exactly-once state.  ``--server URL,URL`` names one installation
+with several gateways (a request moves on to the next gateway at once).  Named groups,
+``--server dc1=http://a:8080,http://b:8080 --server dc2=http://c:8080``, are installations in
+order of preference: the client writes to the first one that is up; one whose gateways all
+fail for ``failover_after_s`` is marked down and the next takes over; a prober asks every
+installation that is down for ``/healthz`` every ``probe_interval_s`` and marks it up again,
+so new data goes back to the preferred installation once it returns.
+
+What moves where, and how a line acknowledged by one installation is never sent to another,
+is ``push_client.handover``'s part; this module only knows who is up.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+log = logging.getLogger("logbroker.push")
+
+DEFAULT_NAME = "default"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_NAMED = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})=(.*)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class InstallationSpec:
+    """One installation: a name and the URLs of its gateways."""
+
+    name: str
+    servers: tuple[str, ...]
+
+
+def parse_servers(values: Sequence[str]) -> tuple[InstallationSpec, ...]:
+    """Installations from ``--server`` values: ``URL[,URL...]`` or ``NAME=URL[,URL...]``.
+
+    Unnamed values all belong to one installation (as before installations existed); named
+    ones are installations in the order given.  Raises ``ValueError`` on a mix of both, a name
+    given twice or an empty group.
+    """
+    named: list[InstallationSpec] = []
+    unnamed: list[str] = []
+    for value in values:
+        match = _NAMED.fullmatch(value.strip())
+        if match is not None and "://" not in match.group(1):
+            urls = _urls(match.group(2))
+            if not urls:
+                raise ValueError(f"installation {match.group(1)!r} has no gateway URL")
+            if any(spec.name == match.group(1) for spec in named):
+                raise ValueError(f"installation {match.group(1)!r} is given twice")
+            named.append(InstallationSpec(match.group(1), urls))
+        else:
+            unnamed.extend(_urls(value))
+    if named and unnamed:
+        raise ValueError(
+            "give every --server as NAME=URL[,URL...] or none: installations cannot be mixed "
+            f"with unnamed gateways ({unnamed[0]})"
+        )
+    if named:
+        return tuple(named)
+    return (InstallationSpec(DEFAULT_NAME, tuple(unnamed)),) if unnamed else ()
+
+
+def _urls(text: str) -> tuple[str, ...]:
+    return tuple(u.strip().rstrip("/") for u in text.split(",") if u.strip())
+
+
+class Installation:
+    """One installation's gateways and whether it is up (shared with sender threads)."""
+
+    def __init__(self, spec: InstallationSpec) -> None:
+        self.spec = spec
+        self.down_since: float | None = None
+        self.last_error = ""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def up(self) -> bool:
+        return self.down_since is None
+
+    def is_down(self) -> bool:
+        """For the transport: whether requests to this installation should stop at once."""
+        return self.down_since is not None
+
+
+class InstallationSet:
+    """The installations in order of preference, their health, and the prober.
+
+    ``version`` changes whenever one goes down or comes back, so the daemon's loop can notice
+    without locks.  With a single installation nothing is ever marked down: its requests are
+    retried until they succeed, as they always were.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[InstallationSpec],
+        *,
+        probe_interval_s: float,
+        wake: Callable[[], None],
+        probe_timeout_s: float = 2.0,
+    ) -> None:
+        if not specs:
+            raise ValueError("no installation")
+        self.members = [Installation(spec) for spec in specs]
+        self.probe_interval_s = probe_interval_s
+        self.probe_timeout_s = probe_timeout_s
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._prober: threading.Thread | None = None
+        self.version = 0
+        self.failovers = 0
+
+    @property
+    def multi(self) -> bool:
+        """Whether data may go to more than one installation (and so needs handovers)."""
+        return len(self.members) > 1
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.members]
+
+    def get(self, name: str) -> Installation | None:
+        return next((m for m in self.members if m.name == name), None)
+
+    def is_up(self, name: str) -> bool:
+        member = self.get(name)
+        return member is not None and member.up
+
+    def current(self) -> Installation:
+        """The most preferred installation that is up (the first, if none is)."""
+        return next((m for m in self.members if m.up), self.members[0])
+
+    def mark_down(self, member: Installation, reason: str) -> None:
+        """Requests to ``member`` failed for too long: leave it until the prober sees it up."""
+        if not self.multi:
+            return
+        with self._lock:
+            if member.down_since is not None:
+                return
+            before = self.current()
+            member.down_since = time.monotonic()
+            member.last_error = reason
+            self.version += 1
+            after = self.current()
+            if after is not before:
+                self.failovers += 1
+        log.error(
+            "installation %s is down (%s); writing to %s until it is back",
+            member.name,
+            reason,
+            after.name if after.up else "none (every installation is down)",
+        )
+        self._start_prober()
+        self._wake()
+
+    def mark_up(self, member: Installation) -> None:
+        with self._lock:
+            if member.down_since is None:
+                return
+            before = self.current()
+            member.down_since = None
+            self.version += 1
+            after = self.current()
+            if after is not before:
+                self.failovers += 1
+        log.info("installation %s is up again; now writing to %s", member.name, after.name)
+        self._wake()
+
+    # -- probing --------------------------------------------------------------------------------
+    def _start_prober(self) -> None:
+        with self._lock:
+            if self._prober is not None or self._stop.is_set():
+                return
+            self._prober = threading.Thread(target=self._probe_loop, name="push-probe", daemon=True)
+            self._prober.start()
+
+    def _probe_loop(self) -> None:
+        with httpx.Client(timeout=self.probe_timeout_s) as http:
+            while not self._stop.wait(self.probe_interval_s):
+                for member in self.members:
+                    if not member.up and _healthy(http, member.spec.servers):
+                        self.mark_up(member)
+
+    def close(self) -> None:
+        self._stop.set()
+        prober = self._prober
+        if prober is not None:
+            prober.join(self.probe_timeout_s * 2 + 1)
+
+
+def _healthy(http: httpx.Client, servers: Sequence[str]) -> bool:
+    for url in servers:
+        try:
+            if http.get(url + "/healthz").status_code == 200:
+                return True
+        except httpx.HTTPError:
+            continue
+    return False

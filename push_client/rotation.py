@@ -1,0 +1,102 @@
+"""When a rotated file is let go, and what is written to it afterwards.
+
+A writer that keeps its descriptor after a rename rotation goes on appending to the renamed
+file until it reopens its log, which can take minutes (a daemon that reopens on SIGHUP, a
+logger that checks its path once a minute).  So a file renamed away is read for as long as it
+grows, and let go only when it has been quiet for ``rotated_grace_s`` (5 minutes by default).
+A deleted file can only be written through descriptors opened before, which writers close
+soon: it is let go once read to its end and quiet for ``rotate_wait_s`` (2 s).
+
+Whatever is appended to a renamed file after it was let go is not shipped.  That loss is never
+silent: the file stays watched (by ``stat``, a while longer) and every byte it grows by is
+counted (``logbroker_push_abandoned_bytes_total``) and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from push_client.discovery import find_inode
+
+log = logging.getLogger("logbroker.push")
+
+WATCH_AFTER_LET_GO_S = 3600.0
+CHECK_EVERY_S = 5.0
+
+
+class LetGoPolicy:
+    """How long a rotated file must be quiet before it is let go."""
+
+    def __init__(self, rotate_wait_s: float, rotated_grace_s: float) -> None:
+        self.rotate_wait_s = rotate_wait_s
+        self.rotated_grace_s = rotated_grace_s
+
+    def quiet_enough(self, fd: int, quiet_for_s: float) -> bool:
+        """Whether a rotated file (open as ``fd``) quiet for ``quiet_for_s`` may be let go."""
+        if quiet_for_s < self.rotate_wait_s:
+            return False
+        deleted = os.fstat(fd).st_nlink == 0
+        return deleted or quiet_for_s >= self.rotated_grace_s
+
+
+@dataclass
+class _Watched:
+    path: str
+    dev: int
+    ino: int
+    size: int
+    until: float
+
+
+class AbandonedBytes:
+    """Renamed files that were let go, watched for late writes nobody will ship."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._watched: dict[tuple[int, int], _Watched] = {}
+        self._next_check = 0.0
+
+    def watch(self, path: str, dev: int, ino: int, size: int, now: float) -> None:
+        self._watched[(dev, ino)] = _Watched(path, dev, ino, size, now + WATCH_AFTER_LET_GO_S)
+
+    def forget(self, dev: int, ino: int) -> None:
+        """The file is tailed again (a glob matched it): its bytes are shipped after all."""
+        self._watched.pop((dev, ino), None)
+
+    def check(self, now: float) -> None:
+        if now < self._next_check or not self._watched:
+            return
+        self._next_check = now + CHECK_EVERY_S
+        for key, item in list(self._watched.items()):
+            size = _size_of(item)
+            if size is None or now >= item.until:
+                del self._watched[key]
+                continue
+            if size > item.size:
+                grown = size - item.size
+                self.total += grown
+                log.error(
+                    "%d bytes were written to %s after it was let go (quiet for the rotated "
+                    "grace); they are not shipped: raise rotated_grace_s or make the writer "
+                    "reopen its log sooner",
+                    grown,
+                    item.path,
+                )
+            item.size = max(item.size, size)
+
+
+def _size_of(item: _Watched) -> int | None:
+    """The watched file's size now, following one more rename in its directory."""
+    for path in (item.path, find_inode(os.path.dirname(item.path), item.dev, item.ino)):
+        if path is None:
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (item.dev, item.ino):
+            item.path = path
+            return st.st_size
+    return None

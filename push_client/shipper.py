@@ -1,0 +1,572 @@
+"""Sessions and writes: what goes to which installation, and what the answers mean.
+
+Sender threads only move bytes over HTTP; they hand every answer back through a queue (and a
+wake-up of the loop), and the loop thread applies it here.  Per file:
+
+- a *session* (``POST /v1/sessions``, batched) tells where the log ends for the source; the
+  file resumes there.  Which installation, and whether to hand the source over or settle a
+  doubt first, is ``push_client.handover``'s decision;
+- *writes* carry chunks of many files (of one installation) per request.  Every section names
+  ``prev_seqno`` (where its first chunk starts), so up to ``pipeline_depth`` requests of one
+  file may be in flight, and one that overtakes its predecessor is refused (``out_of_order``)
+  and sent again after it.  Sessions fence (``epoch``), so a request of a killed earlier
+  incarnation cannot land after we resumed.
+
+Answers: acks move positions; ``fenced`` or a lost prefix reopen the session; a refused
+section or session parks its file (``push_client.parking``); a refused request of several
+files sends each of them alone until the culprit is parked; a request to an installation that
+went down leaves its ranges in doubt there.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from push_client.codec import compress
+from push_client.config import PushConfig
+from push_client.files import Counters, FileSet
+from push_client.installations import Installation, InstallationSet
+from push_client.metrics import PushMetrics
+from push_client.parking import ParkingLot, Refusal
+from push_client.tailer import Chunk, Phase, TailedFile
+from push_client.transport import GatewayClient, InstallationUnavailable, Refused, Stopped
+from push_client.wire import WireChunk, encode_write_body
+
+log = logging.getLogger("logbroker.push")
+
+MAX_SESSIONS_PER_REQUEST = 5000
+MAX_SESSION_JOBS = 2
+
+
+def _encoded(codec: str, chunk: Chunk) -> bytes | memoryview:
+    if chunk.encoded is not None:
+        return chunk.encoded.result()
+    return compress(codec, chunk.data)
+
+
+@dataclass(eq=False)
+class _WriteJob:
+    installation: Installation
+    sections: list[tuple[TailedFile, list[Chunk]]]
+    future: concurrent.futures.Future[dict[str, Any]] = field(init=False)
+
+
+@dataclass(eq=False)
+class _SessionJob:
+    installation: Installation
+    census: bool
+    """Only asking where the log ends there (no fence, no handover)."""
+    files: list[TailedFile]
+    future: concurrent.futures.Future[list[dict[str, Any]]] = field(init=False)
+
+
+class Shipper:
+    """Opens sessions, sends chunks and applies the answers; owned by the loop thread."""
+
+    def __init__(
+        self,
+        config: PushConfig,
+        files: FileSet,
+        counters: Counters,
+        installations: InstallationSet,
+        clients: dict[str, GatewayClient],
+        metrics: PushMetrics,
+        parking: ParkingLot,
+        *,
+        stop: threading.Event,
+        wake: Callable[[], None],
+        save_state: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.files = files
+        self.counters = counters
+        self.installations = installations
+        self.clients = clients
+        self.metrics = metrics
+        self.parking = parking
+        self._stop = stop
+        self._wake = wake
+        self._save_state = save_state
+        self._results: queue.SimpleQueue[_WriteJob | _SessionJob] = queue.SimpleQueue()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=config.max_in_flight + MAX_SESSION_JOBS, thread_name_prefix="push-send"
+        )
+        self.writes: set[_WriteJob] = set()
+        self.session_jobs = 0
+        self.state_dirty = False
+        self._seen_version = installations.version
+
+    @property
+    def writes_in_flight(self) -> int:
+        return len(self.writes)
+
+    @property
+    def multi(self) -> bool:
+        return self.installations.multi
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _finished(self, job: _WriteJob | _SessionJob) -> None:
+        self._results.put(job)
+        self._wake()
+
+    # -- installations --------------------------------------------------------------------------
+    def follow_installations(self) -> None:
+        """An installation went down or came back: move each file to where it belongs now."""
+        if self.installations.version == self._seen_version:
+            return
+        self._seen_version = self.installations.version
+        current = self.installations.current().name
+        for tailed in self.files:
+            if not tailed.session_ready:
+                continue
+            target = tailed.handover.target(current, self.installations.is_up)
+            if target != tailed.session_installation:
+                tailed.session_ready = False
+                self.counters.buffered -= tailed.drop_pending()
+
+    # -- sessions -------------------------------------------------------------------------------
+    def open_pending_sessions(self, now: float) -> None:
+        groups: dict[tuple[str, bool], list[TailedFile]] = {}
+        alone: list[tuple[str, bool, TailedFile]] = []
+        current = self.installations.current().name
+        for tailed in self.files:
+            if (
+                tailed.session_ready
+                or tailed.session_asked
+                or tailed.phase is Phase.DONE
+                or tailed.in_flight
+                or tailed.parked is not None
+                or tailed.handover.has_failures
+            ):
+                continue
+            plan = tailed.handover
+            census = False
+            if self.multi and plan.census:
+                if not plan.census_pending(now):
+                    log.warning(
+                        "%s: installations %s did not answer within position_wait_s; going "
+                        "on from byte %d (lines they hold beyond it may be written twice)",
+                        tailed.path,
+                        ", ".join(plan.census_missed()),
+                        plan.frontier,
+                    )
+                    plan.census.clear()
+                else:
+                    name = next(
+                        (n for n in sorted(plan.census) if self.installations.is_up(n)), None
+                    )
+                    if name is None:
+                        continue  # wait for one of them to come back
+                    target, census = name, True
+            if not census:
+                target = plan.target(current, self.installations.is_up) if self.multi else current
+            if tailed.alone:
+                alone.append((target, census, tailed))
+            else:
+                groups.setdefault((target, census), []).append(tailed)
+        batches = [(name, census, files) for (name, census), files in groups.items()]
+        batches += [(name, census, [tailed]) for name, census, tailed in alone]
+        for name, census, batch in batches:
+            if self.session_jobs >= MAX_SESSION_JOBS:
+                return
+            member = self.installations.get(name)
+            if member is None:
+                continue
+            self._submit_sessions(member, census, batch[:MAX_SESSIONS_PER_REQUEST])
+
+    def _submit_sessions(self, member: Installation, census: bool, files: list[TailedFile]) -> None:
+        multi = self.multi
+        sessions: list[dict[str, Any]] = []
+        for tailed in files:
+            tailed.session_asked = True
+            request: dict[str, Any] = dict(tailed.meta.as_dict())
+            if not census:
+                request.update(tailed.handover.session_fields(member.name, multi))
+            sessions.append(request)
+        job = _SessionJob(member, census, files)
+        job.future = self._pool.submit(self.clients[member.name].open_sessions, sessions)
+        self.session_jobs += 1
+        job.future.add_done_callback(lambda _f: self._finished(job))
+
+    def _on_sessions(self, job: _SessionJob, results: list[dict[str, Any]]) -> None:
+        name = job.installation.name
+        moved = False
+        for tailed, result in zip(job.files, results, strict=True):
+            if tailed.phase is Phase.DONE or tailed.source_id not in self.files.files:
+                continue
+            if "error" in result:
+                self._park(tailed, Refusal.from_result(result))
+                continue
+            last_seqno = int(result.get("last_seqno", 0))
+            if job.census:
+                tailed.handover.on_census(name, last_seqno)
+                continue
+            tailed.topic = str(result.get("topic", ""))
+            tailed.partition = int(result.get("partition", -1))
+            size = os.fstat(tailed.fd).st_size
+            epoch = result.get("epoch")
+            epoch = int(epoch) if isinstance(epoch, int) else None
+            if last_seqno > size:
+                # The log holds more of this identity than the file has: not the file we
+                # shipped before (truncated while we were down).  Start a new generation.
+                log.warning(
+                    "gateway holds %d bytes of %s but the file has %d: starting a new source",
+                    last_seqno,
+                    tailed.source_id,
+                    size,
+                )
+                self.counters.buffered -= tailed.drop_pending()
+                tailed.resume_at(last_seqno, epoch)
+                tailed.size = size
+                self.files.on_truncated(tailed)
+                continue
+            before = tailed.handover.installation
+            step = tailed.handover.on_session(name, last_seqno, self.multi)
+            if step.reopen:
+                continue
+            self.counters.buffered -= tailed.drop_pending()
+            tailed.resume_at(step.resume_at, epoch)
+            tailed.session_installation = name
+            tailed.size = size
+            if step.until is not None:
+                log.info(
+                    "%s: resending bytes %d..%d to %s, which went down before it answered",
+                    tailed.path,
+                    step.resume_at,
+                    step.until,
+                    name,
+                )
+            elif before and before != name:
+                log.info(
+                    "%s: handed over from %s to %s at byte %d",
+                    tailed.path,
+                    before,
+                    name,
+                    step.resume_at,
+                )
+            moved = moved or before != tailed.handover.installation
+            self.state_dirty = True
+        if moved and self.multi:
+            # Where a source's newest data goes is durable before the first byte goes there:
+            # a restart must know which installation may hold more than the state says.
+            self._save_state()
+
+    def _session_failed(self, job: _SessionJob, exc: BaseException) -> None:
+        for tailed in job.files:
+            tailed.session_asked = False
+        if isinstance(exc, InstallationUnavailable):
+            self.installations.mark_down(job.installation, str(exc))
+        elif isinstance(exc, Refused):
+            refusal = Refusal(exc.status, exc.error, exc.reason)
+            if len(job.files) == 1:
+                self._park(job.files[0], refusal)
+            else:
+                log.error(
+                    "gateway refused a batch of %d sessions (%s); asking for each alone",
+                    len(job.files),
+                    refusal,
+                )
+                for tailed in job.files:
+                    tailed.alone = True
+        elif not isinstance(exc, (Stopped, concurrent.futures.CancelledError)):
+            log.error("opening sessions failed: %s", exc)
+
+    # -- sending --------------------------------------------------------------------------------
+    def sendable(self) -> list[TailedFile]:
+        depth = self.config.pipeline_depth
+        return [
+            t
+            for t in self.files.files.values()
+            if t.session_ready
+            and t.parked is None
+            and t.pending
+            and t.in_flight < (1 if t.pipeline_blocked else depth)
+        ]
+
+    def dispatch(self, now: float) -> float:
+        """Send what is ready; return how long the oldest unsent chunk may still linger."""
+        linger_s = self.config.linger_ms / 1000.0
+        stopping = self._stop.is_set()
+        while self.writes_in_flight < self.config.max_in_flight:
+            ready = self.sendable()
+            if not ready:
+                return self.config.poll_interval_s
+            total = sum(t.pending_bytes for t in ready)
+            oldest = min(t.pending[0].read_at for t in ready)
+            if total < self.config.request_bytes and now - oldest < linger_s and not stopping:
+                return linger_s - (now - oldest)
+            ready.sort(key=lambda t: t.pending[0].read_at)
+            first = ready[0]
+            name = first.session_installation
+            room = self.config.request_bytes
+            sections: list[tuple[TailedFile, list[Chunk]]] = []
+            group = [first] if first.alone else ready
+            for tailed in group:
+                if room <= 0:
+                    break
+                if tailed.session_installation != name or (tailed.alone and tailed is not first):
+                    continue
+                chunks = tailed.take(room)
+                room -= sum(len(c.data) for c in chunks)
+                sections.append((tailed, chunks))
+            member = self.installations.get(name)
+            assert member is not None
+            self._submit_write(member, sections)
+        return self.config.poll_interval_s
+
+    def _submit_write(
+        self, member: Installation, sections: list[tuple[TailedFile, list[Chunk]]]
+    ) -> None:
+        payload = [(t.section_meta(chunks), t.entry.codec, chunks) for t, chunks in sections]
+        job = _WriteJob(member, sections)
+        job.future = self._pool.submit(self._send_write, self.clients[member.name], payload)
+        self.writes.add(job)
+        job.future.add_done_callback(lambda _f: self._finished(job))
+
+    def _send_write(
+        self, client: GatewayClient, payload: list[tuple[bytes, str, list[Chunk]]]
+    ) -> dict[str, Any]:
+        """Runs in a sender thread: compress, frame, POST until acknowledged."""
+        sections = [
+            (
+                meta,
+                [WireChunk(c.seqno, c.create_time_ms, _encoded(codec, c)) for c in chunks],
+            )
+            for meta, codec, chunks in payload
+        ]
+        body = encode_write_body(sections)
+        self.metrics.observe_request_bytes(len(body))
+        return client.write(body)
+
+    # -- answers --------------------------------------------------------------------------------
+    def collect(self) -> None:
+        while True:
+            try:
+                job = self._results.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(job, _SessionJob):
+                self.session_jobs -= 1
+                try:
+                    results = job.future.result()
+                except BaseException as exc:  # the next tick asks again
+                    self._session_failed(job, exc)
+                    continue
+                for tailed in job.files:
+                    tailed.session_asked = False
+                self._on_sessions(job, results)
+                continue
+            self.writes.discard(job)
+            try:
+                answer = job.future.result()
+            except BaseException as exc:
+                self._write_failed(job, exc)
+            else:
+                self._on_write(job, answer)
+            for tailed, _ in job.sections:
+                self._after_request(tailed, job.installation.name)
+
+    def _write_failed(self, job: _WriteJob, exc: BaseException) -> None:
+        if isinstance(exc, InstallationUnavailable):
+            self.installations.mark_down(job.installation, str(exc))
+            self._in_doubt(job, maybe_written=exc.maybe_written)
+        elif isinstance(exc, (Stopped, concurrent.futures.CancelledError)) and self.multi:
+            # Stopping with a request unanswered: it may still land there.
+            self._in_doubt(job, maybe_written=True)
+        elif isinstance(exc, Refused):
+            self._refused_request(job, Refusal(exc.status, exc.error, exc.reason))
+        else:
+            if not isinstance(exc, (Stopped, concurrent.futures.CancelledError)):
+                log.error("write failed: %s", exc)
+            self._abandon(job)
+
+    def _abandon(self, job: _WriteJob) -> None:
+        """Unanswered: the chunks go back among the pending ones and are sent again."""
+        for tailed, chunks in job.sections:
+            tailed.finished(chunks)
+            self.counters.buffered -= tailed.give_back(chunks)
+
+    def _in_doubt(self, job: _WriteJob, *, maybe_written: bool) -> None:
+        name = job.installation.name
+        for tailed, chunks in job.sections:
+            tailed.finished(chunks)
+            self.counters.buffered -= sum(len(c.data) for c in chunks)
+            tailed.handover.on_failed(name, chunks[0].start, chunks[-1].seqno, maybe_written)
+            tailed.session_ready = False
+
+    def _after_request(self, tailed: TailedFile, name: str) -> None:
+        """Once none of a file's requests is in flight: settle failures and finished resends."""
+        if tailed.in_flight:
+            return
+        if tailed.handover.has_failures:
+            self.counters.buffered -= tailed.drop_pending()
+            doubt = tailed.handover.settle_failures()
+            tailed.session_ready = False
+            if doubt is not None:
+                log.warning(
+                    "%s: bytes %d..%d were sent to %s, which went down before answering; they "
+                    "are sent nowhere else until it says what it holds",
+                    tailed.path,
+                    doubt.start,
+                    doubt.end,
+                    doubt.installation,
+                )
+            self.state_dirty = True
+            self._save_state()
+            return
+        limit = tailed.read_limit
+        if limit is not None and tailed.session_ready and tailed.acked >= limit:
+            tailed.handover.resend_done(name, tailed.acked)
+            log.info("%s: bytes up to %d are settled at %s", tailed.path, limit, name)
+            tailed.session_ready = False
+            self.counters.buffered -= tailed.drop_pending()
+            self.state_dirty = True
+
+    def _refused_request(self, job: _WriteJob, refusal: Refusal) -> None:
+        """A 4xx for the request as a whole: park its file, or find which of its files."""
+        if len(job.sections) == 1:
+            tailed, chunks = job.sections[0]
+            tailed.finished(chunks)
+            self.counters.buffered -= sum(len(c.data) for c in chunks)
+            self._park(tailed, refusal)
+            return
+        log.error(
+            "gateway refused a request of %d files (%s); sending each alone to find which",
+            len(job.sections),
+            refusal,
+        )
+        for tailed, chunks in job.sections:
+            tailed.alone = True
+            tailed.finished(chunks)
+            self.counters.buffered -= tailed.give_back(chunks)
+
+    def _park(self, tailed: TailedFile, refusal: Refusal) -> None:
+        if 400 <= refusal.status < 500 and refusal.status not in (408, 429):
+            self.counters.buffered -= self.parking.park(
+                tailed, refusal, time.monotonic(), time.time()
+            )
+        else:
+            tailed.session_ready = False
+            self.counters.buffered -= tailed.drop_pending()
+
+    def _on_write(self, job: _WriteJob, answer: dict[str, Any]) -> None:
+        raw = answer.get("results", [])
+        results = [r if isinstance(r, dict) else {} for r in raw]
+        by_source = {r.get("source_id"): r for r in results}
+        now = time.monotonic()
+        counters = self.counters
+        for index, (tailed, chunks) in enumerate(job.sections):
+            tailed.finished(chunks)
+            result = results[index] if index < len(results) else {}
+            if result.get("source_id") != tailed.source_id:
+                result = by_source.get(tailed.source_id, {})
+            if "error" in result:
+                counters.buffered -= sum(len(c.data) for c in chunks)
+                self._park(tailed, Refusal.from_result(result))
+                continue
+            if result.get("topic"):
+                tailed.topic = str(result["topic"])
+                tailed.partition = int(result.get("partition", -1))
+            acks = result.get("acks", [])
+            statuses = {a.get("status") for a in acks}
+            if "fenced" in statuses:
+                self._on_fenced(tailed, chunks)
+                continue
+            if "out_of_order" in statuses:
+                self._on_out_of_order(tailed, chunks)
+                continue
+            acked_seqnos = {
+                int(a["seqno"]): a.get("status")
+                for a in acks
+                if a.get("status") in ("written", "duplicate")
+            }
+            unacked: list[Chunk] = []
+            for chunk in chunks:
+                status = acked_seqnos.get(chunk.seqno)
+                if status is None:
+                    unacked.append(chunk)
+                    continue
+                tailed.on_acked(chunk.seqno)
+                counters.buffered -= len(chunk.data)
+                counters.acked_bytes += len(chunk.data)
+                counters.acked_chunks += 1
+                if status == "duplicate":
+                    counters.duplicate_chunks += 1
+            if not tailed.in_flight:
+                tailed.pipeline_blocked = False
+            if unacked:
+                log.error(
+                    "gateway did not acknowledge %d chunks of %s; sending them again",
+                    len(unacked),
+                    tailed.source_id,
+                )
+                counters.buffered -= tailed.give_back(unacked)
+            else:
+                tailed.alone = False
+            self.state_dirty = True
+        counters.last_activity = now
+        counters.last_ack_at = time.time()
+
+    def _on_out_of_order(self, tailed: TailedFile, chunks: list[Chunk]) -> None:
+        """The section was refused because the log does not yet hold what precedes it."""
+        self.counters.out_of_order += 1
+        if tailed.in_flight:
+            # It overtook its predecessor, which is still in flight: send it again after.
+            tailed.pipeline_blocked = True
+            self.counters.buffered -= tailed.give_back(chunks)
+            return
+        # Nothing of ours precedes it: the log ends below what it acknowledged to us (its
+        # data was lost or replaced).  Its last seqno is the truth: resume from there.
+        log.error(
+            "the log holds less of %s than it acknowledged (below byte %d); resuming from "
+            "the gateway's position",
+            tailed.source_id,
+            chunks[0].start,
+        )
+        self.counters.buffered -= sum(len(c.data) for c in chunks) + tailed.drop_pending()
+        tailed.session_ready = False
+
+    def _on_fenced(self, tailed: TailedFile, chunks: list[Chunk]) -> None:
+        """Another session of this source started after ours: nothing of ours was written.
+
+        That is another client shipping the same file (or a clock-skewed restart of this one).
+        Open the session again (fencing in turn) and resume from the gateway's last seqno:
+        whoever writes has read the log's end after its fence, so no bytes are written twice.
+        """
+        log.error(
+            "writes of %s were fenced by a newer session (is another client shipping this "
+            "file?); reopening the session and resuming from the gateway's position",
+            tailed.source_id,
+        )
+        self.counters.buffered -= sum(len(c.data) for c in chunks) + tailed.drop_pending()
+        tailed.session_ready = False
+        self.counters.fenced += 1
+
+    # -- stopping -------------------------------------------------------------------------------
+    def give_up_in_flight(self) -> None:
+        """At the stop deadline: requests still unanswered may land; in doubt with several
+        installations (a single one answers the truth at the next start anyway)."""
+        if not self.multi:
+            return
+        for job in list(self.writes):
+            self._in_doubt(job, maybe_written=True)
+            for tailed, _ in job.sections:
+                tailed.handover.settle_failures()
+        self.writes.clear()
+
+
+def census_all(files: Sequence[TailedFile], names: Sequence[str], deadline: float) -> None:
+    """The client's positions were lost: learn every installation's before sending."""
+    for tailed in files:
+        tailed.handover.census.update(names)
+        tailed.handover.census_deadline = deadline
