@@ -218,6 +218,38 @@ def load_file(path: Path) -> tuple[dict[str, Any], list[Entry]]:
     return push, entries
 
 
+_INT_KEYS = {
+    "chunk_bytes",
+    "request_bytes",
+    "max_in_flight",
+    "pipeline_depth",
+    "memory_bytes",
+    "max_line_bytes",
+}
+_OPTIONAL_INT_KEYS = {"metrics_port"}
+_BOOL_KEYS = {"inotify"}
+_TEXT_KEYS = {"host", "token"}
+
+
+def _typed(key: str, value: Any) -> Any:
+    """``value`` if it has the type ``key`` needs (an int also does for a float)."""
+    if key in _TEXT_KEYS or key == "token_file":
+        if isinstance(value, (str, Path)):
+            return value
+        raise ConfigError(f"{key} must be a string, not {value!r}")
+    if key in _BOOL_KEYS:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be true or false, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key} must be a number, not {value!r}")
+    if key in _INT_KEYS or key in _OPTIONAL_INT_KEYS:
+        if not isinstance(value, int):
+            raise ConfigError(f"{key} must be a whole number, not {value!r}")
+        return value
+    return float(value)
+
+
 def _normalized_servers(values: list[str]) -> tuple[str, ...]:
     """One installation: its URLs.  Several: ``NAME=URL,...`` each, in order of preference."""
     try:
@@ -269,6 +301,8 @@ def build_config(
     state = Path(str(settings.pop("state_dir"))).expanduser()
     if settings.get("token_file") is not None:
         settings["token_file"] = Path(str(settings["token_file"])).expanduser()
+    for key, value in settings.items():
+        settings[key] = _typed(key, value)
     try:
         config = PushConfig(
             servers=_normalized_servers([str(u) for u in raw_servers]),

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from log_store.errors import LogbrokerError
-from push_client.config import ConfigError, PushConfig
+from push_client.config import PushConfig
 from push_client.discovery import ChangeWatcher, watch_root
 from push_client.files import Counters, FileSet
 from push_client.installations import InstallationSet
@@ -371,7 +371,7 @@ class PushDaemon:
             return
         try:
             new = self._reload_config()
-        except ConfigError as exc:
+        except LogbrokerError as exc:
             log.error("SIGHUP: the configuration is invalid, keeping the running one: %s", exc)
             return
         old = self.config

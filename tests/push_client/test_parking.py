@@ -1,0 +1,185 @@
+"""One file the gateway refuses is parked; the other files of the host keep shipping."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, logbroker_cmd
+from tests.push_client.conftest import (
+    FAST_FLAGS,
+    LineWriter,
+    PushProcess,
+    assert_exactly_once,
+    read_delivered,
+    wait_for_lines,
+)
+
+pytestmark = pytest.mark.slow
+
+GATEWAY_CONFIG = """
+[limits]
+max_chunk_bytes = 65536
+
+[tokens.app-only]
+write = ["app"]
+
+[tokens.app-and-secret]
+write = ["app", "secret"]
+"""
+
+
+def _wait_for(predicate, timeout_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_a_refused_file_is_parked_the_others_ship_and_a_new_token_ships_it_once(
+    tmp_path: Path, start_gateway
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(GATEWAY_CONFIG)
+    gateway = start_gateway(tmp_path / "data", "--config", str(config))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    app = [LineWriter(f"a{i:02d}") for i in range(48)]
+    for i, writer in enumerate(app):
+        writer.append(logs / f"f{i:02d}.log", 200)
+    secret = LineWriter("secret")
+    secret.append(logs / "secret.log", 200)
+    # one line over the gateway's chunk limit: its chunk is refused at write time
+    (logs / "huge.log").write_bytes(b"h" * 100_000 + b"\n")
+    token = tmp_path / "token"
+    token.write_text("app-only\n")
+    state = tmp_path / "state"
+    push_config = tmp_path / "push.toml"
+    push_config.write_text(
+        f"""
+[push]
+servers = ["{gateway.url}"]
+state_dir = "{state}"
+token_file = "{token}"
+park_retry_s = 600
+
+[[entry]]
+path = "{logs}/f*.log"
+log_type = "app"
+
+[[entry]]
+path = "{logs}/huge.log"
+log_type = "app"
+
+[[entry]]
+path = "{logs}/secret.log"
+log_type = "secret"
+"""
+    )
+    push = PushProcess(["--config", str(push_config), *FAST_FLAGS], tmp_path / "push.log")
+    push.start()
+    try:
+        push.wait_started(state)
+        started = time.monotonic()
+        wait_for_lines(gateway.data_dir, "app", 48 * 200, timeout_s=30)
+        # the others are complete and on time, though two files of their requests are refused
+        assert time.monotonic() - started < 30
+        for i, writer in enumerate(app):
+            writer.append(logs / f"f{i:02d}.log", 50)
+        secret.append(logs / "secret.log", 50)
+        delivered = wait_for_lines(gateway.data_dir, "app", 48 * 250, timeout_s=30)
+        assert_exactly_once(delivered, *app)
+        assert read_delivered(gateway.data_dir, "secret").count() == 0
+
+        def parked_in_status() -> bool:
+            out = subprocess.run(
+                logbroker_cmd("push", "--status", "--state-dir", str(state)),
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                timeout=30,
+            ).stdout
+            return (
+                f"PARKED {logs}/secret.log" in out
+                and "HTTP 403 forbidden" in out
+                and f"PARKED {logs}/huge.log" in out
+                and "HTTP 413 chunk_too_large" in out
+            )
+
+        assert _wait_for(parked_in_status)
+        metrics = (state / "metrics.prom").read_text()
+        assert "logbroker_push_parked_files 2" in metrics
+        assert f'logbroker_push_file_parked{{file="{logs}/secret.log",' in metrics
+        assert 'error="forbidden"} 1' in metrics
+        assert "files parked, not shipping" in push.log()
+
+        token.write_text("app-and-secret\n")  # the operator fixes the token
+        shipped = wait_for_lines(gateway.data_dir, "secret", 250, timeout_s=30)
+        assert_exactly_once(shipped, secret)
+        assert push.stop() == 0
+    finally:
+        push.kill()
+    assert_exactly_once(read_delivered(gateway.data_dir, "secret"), secret)
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), *app)
+
+
+def test_sighup_reloads_the_config_and_a_file_parked_under_its_old_entry_ships_once(
+    tmp_path: Path, start_gateway
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(GATEWAY_CONFIG)
+    gateway = start_gateway(tmp_path / "data", "--config", str(config))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writer = LineWriter("moved")
+    writer.append(logs / "audit.log", 300)
+    other = LineWriter("other")
+    other.append(logs / "other.log", 100)
+    state = tmp_path / "state"
+    push_config = tmp_path / "push.toml"
+
+    def write_config(audit_log_type: str, broken: bool = False) -> None:
+        push_config.write_text(
+            f"""
+[push]
+servers = ["{gateway.url}"]
+state_dir = "{state}"
+token = "app-only"
+park_retry_s = 600
+{"chunk_bytes = 'lots'" if broken else ""}
+
+[[entry]]
+path = "{logs}/other.log"
+log_type = "app"
+
+[[entry]]
+path = "{logs}/audit.log"
+log_type = "{audit_log_type}"
+"""
+        )
+
+    write_config("secret")
+    push = PushProcess(["--config", str(push_config), *FAST_FLAGS], tmp_path / "push.log")
+    push.start()
+    try:
+        push.wait_started(state)
+        wait_for_lines(gateway.data_dir, "app", 100)
+        assert _wait_for(lambda: "parked" in push.log())
+        assert push.proc is not None
+        write_config("app", broken=True)
+        push.proc.send_signal(signal.SIGHUP)
+        assert _wait_for(lambda: "the configuration is invalid" in push.log())
+        write_config("app")
+        push.proc.send_signal(signal.SIGHUP)
+        delivered = wait_for_lines(gateway.data_dir, "app", 400)
+        assert push.stop() == 0
+    finally:
+        push.kill()
+    assert_exactly_once(delivered, writer, other)
+    assert read_delivered(gateway.data_dir, "secret").count() == 0
