@@ -180,8 +180,8 @@ class Shipper:
             if self.session_jobs >= MAX_SESSION_JOBS:
                 return
             member = self.installations.get(name)
-            if member is None:
-                continue
+            if member is None or not member.up:
+                continue  # every installation is down: the prober says when one is back
             self._submit_sessions(member, census, batch[:MAX_SESSIONS_PER_REQUEST])
 
     def _submit_sessions(self, member: Installation, census: bool, files: list[TailedFile]) -> None:

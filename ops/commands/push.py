@@ -63,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds an installation may fail before the next one takes over (5)",
     )
     parser.add_argument(
+        "--probe-interval",
+        type=float,
+        help="seconds between health probes of an installation that is down (2)",
+    )
+    parser.add_argument(
         "--position-wait",
         type=float,
         help="seconds to wait for a down installation's positions when they are needed (300)",
@@ -156,6 +161,7 @@ def _config(args: argparse.Namespace) -> PushConfig:
             "park_retry_s": args.park_retry,
             "failover_after_s": args.failover_after,
             "position_wait_s": args.position_wait,
+            "probe_interval_s": args.probe_interval,
             "poll_interval_s": args.poll_interval,
             "inotify": False if args.no_inotify else None,
             "metrics_port": args.metrics_port,

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -57,6 +58,36 @@ class LineWriter:
             f.write(self.lines(count))
 
 
+class BackgroundWriter:
+    """Appends lines to one file from a thread at a steady pace until stopped."""
+
+    def __init__(self, path: Path, writer: LineWriter, lines_per_tick: int = 50) -> None:
+        self.path = path
+        self.writer = writer
+        self.lines_per_tick = lines_per_tick
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self.lock:
+                self.writer.append(self.path, self.lines_per_tick)
+            time.sleep(0.01)
+
+    def rotate(self, new_name: str) -> None:
+        with self.lock:
+            os.rename(self.path, self.path.with_name(new_name))
+
+    def __enter__(self) -> BackgroundWriter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
 @dataclass
 class Delivered:
     """What the log holds for one topic: per source, its chunks' seqnos and lines."""
@@ -64,6 +95,8 @@ class Delivered:
     seqnos: dict[str, list[int]] = field(default_factory=dict)
     lines: dict[str, list[bytes]] = field(default_factory=dict)
     codecs: set[str] = field(default_factory=set)
+    handovers: dict[str, list[int]] = field(default_factory=dict)
+    """Per source, the seqnos of its handover records (data acknowledged elsewhere)."""
 
     def ids(self) -> list[str]:
         return [line.split(b" ", 1)[0].decode() for lines in self.lines.values() for line in lines]
@@ -92,6 +125,9 @@ def read_delivered(data_dir: Path, log_type: str, dc: str = "dc1") -> Delivered:
                     break
                 for record in result.records:
                     env = decode(record.value)
+                    if env.kind == "handover":
+                        out.handovers.setdefault(env.source_id, []).append(env.seqno)
+                        continue
                     out.codecs.add(env.codec)
                     out.seqnos.setdefault(env.source_id, []).append(env.seqno)
                     data = decompress(env.codec, env.data)
@@ -117,6 +153,25 @@ def assert_exactly_once(delivered: Delivered, *writers: LineWriter) -> None:
 
     Lines starting with ``#`` are headers without ids (several files may share one).
     """
+    assert_exactly_once_across([delivered], *writers)
+
+
+def assert_exactly_once_across(logs: list[Delivered], *writers: LineWriter) -> None:
+    """Every written id is in exactly one of ``logs`` (installations), once; within each,
+    seqnos and ids increase per source."""
+    for delivered in logs:
+        _assert_in_order(delivered)
+    counts = collections.Counter(i for delivered in logs for i in delivered.ids())
+    duplicated = [i for i, c in counts.items() if c > 1]
+    assert not duplicated, f"{len(duplicated)} lines arrived twice, e.g. {duplicated[:5]}"
+    expected = [i for w in writers for i in w.ids]
+    missing = [i for i in expected if i not in counts]
+    assert not missing, f"{len(missing)} of {len(expected)} lines missing, e.g. {missing[:5]}"
+    extra = set(counts) - set(expected)
+    assert not extra, f"{len(extra)} lines nobody wrote, e.g. {sorted(extra)[:5]}"
+
+
+def _assert_in_order(delivered: Delivered) -> None:
     for source_id, lines in delivered.lines.items():
         delivered.lines[source_id] = [line for line in lines if not line.startswith(b"#")]
     for source_id, seqnos in delivered.seqnos.items():
@@ -129,14 +184,6 @@ def assert_exactly_once(delivered: Delivered, *writers: LineWriter) -> None:
             n = int(number)
             assert n > last.get(tag, -1), f"line {tag}:{n} out of order in {source_id}"
             last[tag] = n
-    counts = collections.Counter(delivered.ids())
-    duplicated = [i for i, c in counts.items() if c > 1]
-    assert not duplicated, f"{len(duplicated)} lines arrived twice, e.g. {duplicated[:5]}"
-    expected = [i for w in writers for i in w.ids]
-    missing = [i for i in expected if i not in counts]
-    assert not missing, f"{len(missing)} of {len(expected)} lines missing, e.g. {missing[:5]}"
-    extra = set(counts) - set(expected)
-    assert not extra, f"{len(extra)} lines nobody wrote, e.g. {sorted(extra)[:5]}"
 
 
 class PushProcess:

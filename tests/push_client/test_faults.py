@@ -3,16 +3,15 @@ over, memory while the gateway is away.  Each run checks every line arrived exac
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.push_client.conftest import (
+    BackgroundWriter,
     LineWriter,
     assert_exactly_once,
     read_delivered,
@@ -20,36 +19,6 @@ from tests.push_client.conftest import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
-
-
-class BackgroundWriter:
-    """Appends lines to one file from a thread at a steady pace until stopped."""
-
-    def __init__(self, path: Path, writer: LineWriter, lines_per_tick: int = 50) -> None:
-        self.path = path
-        self.writer = writer
-        self.lines_per_tick = lines_per_tick
-        self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with self.lock:
-                self.writer.append(self.path, self.lines_per_tick)
-            time.sleep(0.01)
-
-    def rotate(self, new_name: str) -> None:
-        with self.lock:
-            os.rename(self.path, self.path.with_name(new_name))
-
-    def __enter__(self) -> BackgroundWriter:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 def _total(data_dir: Path) -> int:

@@ -50,12 +50,12 @@ def test_a_refused_file_is_parked_the_others_ship_and_a_new_token_ships_it_once(
     gateway = start_gateway(tmp_path / "data", "--config", str(config))
     logs = tmp_path / "logs"
     logs.mkdir()
-    app = [LineWriter(f"a{i:02d}") for i in range(48)]
+    app = [LineWriter(f"a{i:02d}") for i in range(49)]
     for i, writer in enumerate(app):
         writer.append(logs / f"f{i:02d}.log", 200)
     secret = LineWriter("secret")
     secret.append(logs / "secret.log", 200)
-    # one line over the gateway's chunk limit: its chunk is refused at write time
+    # a 51st file, one line over the gateway's chunk limit: refused when written, not opened
     (logs / "huge.log").write_bytes(b"h" * 100_000 + b"\n")
     token = tmp_path / "token"
     token.write_text("app-only\n")
@@ -87,13 +87,13 @@ log_type = "secret"
     try:
         push.wait_started(state)
         started = time.monotonic()
-        wait_for_lines(gateway.data_dir, "app", 48 * 200, timeout_s=30)
-        # the others are complete and on time, though two files of their requests are refused
+        wait_for_lines(gateway.data_dir, "app", 49 * 200, timeout_s=30)
+        # the 49 others are complete and on time, though two files of their requests are refused
         assert time.monotonic() - started < 30
         for i, writer in enumerate(app):
             writer.append(logs / f"f{i:02d}.log", 50)
         secret.append(logs / "secret.log", 50)
-        delivered = wait_for_lines(gateway.data_dir, "app", 48 * 250, timeout_s=30)
+        delivered = wait_for_lines(gateway.data_dir, "app", 49 * 250, timeout_s=30)
         assert_exactly_once(delivered, *app)
         assert read_delivered(gateway.data_dir, "secret").count() == 0
 

@@ -1,0 +1,112 @@
+"""Failover across installations (separate data dirs, separate gateways): each line lands in
+exactly one of them, and new data goes back to the preferred one when it returns."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, logbroker_cmd
+from tests.push_client.conftest import (
+    BackgroundWriter,
+    Delivered,
+    LineWriter,
+    assert_exactly_once_across,
+    read_delivered,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
+
+FAILOVER_FLAGS = ["--failover-after", "1", "--probe-interval", "0.3"]
+
+
+def _both(dc1, dc2) -> tuple[Delivered, Delivered]:  # type: ignore[no-untyped-def]
+    return read_delivered(dc1.data_dir, "app", "dc1"), read_delivered(dc2.data_dir, "app", "dc2")
+
+
+def _wait(predicate, what: str, timeout_s: float = 40.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _audit_ok(data_dir: Path) -> None:
+    result = subprocess.run(
+        logbroker_cmd("audit", "--data-dir", str(data_dir)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_installation_killed_mid_stream_fails_over_and_back_with_each_line_in_one(
+    tmp_path: Path, start_gateway, start_push
+) -> None:
+    dc1 = start_gateway(tmp_path / "data-dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "data-dc2", "--dc", "dc2")
+    path = tmp_path / "app.log"
+    writer = LineWriter("x")
+    writer.append(path, 500)
+    state = tmp_path / "state"
+    servers = f"dc1={dc1.url}"
+    push = start_push(
+        servers, state, path, extra=["--server", f"dc2={dc2.url}", *FAILOVER_FLAGS]
+    ).wait_started(state)
+    with BackgroundWriter(path, writer, lines_per_tick=20):
+        _wait(lambda: _both(dc1, dc2)[0].count() > 2_000, "lines in dc1")
+        dc1.kill()  # mid-stream: requests in flight, their answers lost
+        _wait(lambda: _both(dc1, dc2)[1].count() > 2_000, "lines in dc2 after the failover")
+        dc1.start()  # the same data dir and port: the preferred installation is back
+        in_dc1 = _both(dc1, dc2)[0].count()
+        _wait(lambda: _both(dc1, dc2)[0].count() > in_dc1 + 2_000, "new lines in dc1 again")
+    _wait(lambda: sum(d.count() for d in _both(dc1, dc2)) >= len(writer.ids), "every line")
+    assert push.stop() == 0, push.log()
+    first, second = _both(dc1, dc2)
+    assert_exactly_once_across([first, second], writer)
+    # dc2 took over from where dc1 had acknowledged, and dc1 from where dc2 had
+    assert second.handovers and first.handovers, (first.handovers, second.handovers)
+    _audit_ok(dc1.data_dir)
+    _audit_ok(dc2.data_dir)
+
+
+def test_lost_state_and_a_down_installation_wait_for_its_position_then_ship_once(
+    tmp_path: Path, start_gateway, start_push
+) -> None:
+    dc1 = start_gateway(tmp_path / "data-dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "data-dc2", "--dc", "dc2")
+    path = tmp_path / "app.log"
+    writer = LineWriter("s")
+    writer.append(path, 1_000)
+    state = tmp_path / "state"
+    extra = ["--server", f"dc2={dc2.url}", *FAILOVER_FLAGS]
+    push = start_push(f"dc1={dc1.url}", state, path, extra=extra).wait_started(state)
+    _wait(lambda: _both(dc1, dc2)[0].count() == 1_000, "the file in dc1")
+    push.kill()
+    shutil.rmtree(state)  # the client's positions are lost ...
+    dc1.kill()  # ... and so, for now, is the installation that holds them
+    writer.append(path, 500)
+    again = start_push(f"dc1={dc1.url}", state, path, extra=extra).wait_started(state)
+
+    def waiting() -> bool:
+        out = subprocess.run(
+            logbroker_cmd("push", "--status", "--state-dir", str(state)),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=30,
+        ).stdout
+        return f"WAITING {path}: for dc1" in out
+
+    _wait(waiting, "the client to wait for dc1's position")
+    assert _both(dc1, dc2)[1].count() == 0, "shipped before knowing what dc1 holds"
+    dc1.start()
+    _wait(lambda: sum(d.count() for d in _both(dc1, dc2)) >= 1_500, "every line")
+    assert again.stop() == 0, again.log()
+    assert_exactly_once_across(list(_both(dc1, dc2)), writer)
