@@ -307,7 +307,7 @@ class PushDaemon:
                     next_poll = now + self.config.poll_interval_s
                 files.read_all(now)
                 files.let_go_of_quiet_files(now)
-                files.abandoned.check(now)
+                files.check_abandoned(now)
                 self._parking.release_due(files, now)
                 self._parking.report(files, now)
                 shipper.open_pending_sessions(now)

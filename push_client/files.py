@@ -427,6 +427,16 @@ class FileSet:
         log.info(
             "letting go of %s (%s) at byte %d", tailed.path, tailed.retire_reason, tailed.settled
         )
+        for doubt in tailed.handover.doubts:
+            log.error(
+                "%s: bytes %d..%d were in flight to %s when it went down and the file is %s: "
+                "they may be lost",
+                tailed.path,
+                doubt.start,
+                doubt.end,
+                doubt.installation,
+                tailed.retire_reason,
+            )
         retired = self.counters.retired
         retired[tailed.retire_reason] = retired.get(tailed.retire_reason, 0) + 1
         pos = self.position_of(tailed)
@@ -458,6 +468,11 @@ class FileSet:
                 acked=pos.acked,
             )
         )
+
+    def check_abandoned(self, now: float) -> None:
+        """Count bytes written to rotated files after they were let go (never silently lost)."""
+        entries = self.config.entries
+        self.abandoned.check(now, lambda path: any(_matches(e, path) for e in entries))
 
     def prune_retired(self) -> None:
         horizon = time.time() - _RETIRED_KEEP_S

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from push_client.discovery import find_inode
@@ -65,13 +66,18 @@ class AbandonedBytes:
         """The file is tailed again (a glob matched it): its bytes are shipped after all."""
         self._watched.pop((dev, ino), None)
 
-    def check(self, now: float) -> None:
+    def check(self, now: float, matched: Callable[[str], bool]) -> None:
+        """Count what the watched files grew by; ``matched(path)``: an entry's glob matches
+        the path, so the file is picked up again and what it grew by is shipped after all."""
         if now < self._next_check or not self._watched:
             return
         self._next_check = now + CHECK_EVERY_S
         for key, item in list(self._watched.items()):
             size = _size_of(item)
             if size is None or now >= item.until:
+                del self._watched[key]
+                continue
+            if size > item.size and matched(item.path):
                 del self._watched[key]
                 continue
             if size > item.size:
