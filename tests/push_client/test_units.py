@@ -10,7 +10,9 @@ import orjson
 import pytest
 
 from push_client.config import ConfigError, Entry, build_config
+from push_client.handover import Doubt, SourceHandover, Step
 from push_client.identity import FileIdentity, make_source_id, read_fingerprint
+from push_client.installations import InstallationSpec, parse_servers
 from push_client.state_file import (
     CorruptStateFile,
     PushState,
@@ -224,3 +226,56 @@ def test_progress_bar_shows_while_a_backlog_is_caught_up_and_then_clears() -> No
     assert "50.0%" in out.getvalue()
     bar.update(acked_bytes=100_000_000, backlog_bytes=0)
     assert "100.0%" in out.getvalue() and out.getvalue().endswith("\n")
+
+
+def test_servers_name_installations_in_order_or_one_installation_of_plain_urls() -> None:
+    plain = parse_servers(["http://a:1,http://b:2/", "http://c:3"])
+    assert plain == (InstallationSpec("default", ("http://a:1", "http://b:2", "http://c:3")),)
+    named = parse_servers(["dc1=http://a:1,http://b:2", "dc2=http://c:3"])
+    assert [(s.name, s.servers) for s in named] == [
+        ("dc1", ("http://a:1", "http://b:2")),
+        ("dc2", ("http://c:3",)),
+    ]
+    for bad in (["dc1=http://a", "http://b"], ["dc1=http://a", "dc1=http://b"], ["dc1="]):
+        with pytest.raises(ValueError):
+            parse_servers(bad)
+
+
+def test_a_source_moves_between_installations_without_sending_an_acked_byte_twice() -> None:
+    plan = SourceHandover(installation="dc1", frontier=1_000)
+    up = {"dc1": False, "dc2": True}
+    # requests of 1000..1500 and 1500..2000 were in flight when dc1 went down
+    plan.on_failed("dc1", 1_000, 1_500, maybe_written=True)
+    plan.on_failed("dc1", 1_500, 2_000, maybe_written=False)
+    assert plan.settle_failures() == Doubt(1_000, 2_000, "dc1")
+    assert plan.frontier == 2_000
+    # dc2 takes the source over from after the doubt, never from inside it
+    assert plan.target("dc2", up.__getitem__) == "dc2"
+    assert plan.session_fields("dc2", multi=True) == {"fence": True, "acked_elsewhere": 2_000}
+    assert plan.on_session("dc2", 2_000, multi=True) == Step(resume_at=2_000)
+    plan.on_acked(3_000)
+    # dc1 is back: first settle the doubt there, resending what it did not get
+    up["dc1"] = True
+    assert plan.target("dc1", up.__getitem__) == "dc1"
+    assert plan.session_fields("dc1", multi=True) == {"fence": True}
+    assert plan.on_session("dc1", 1_200, multi=True) == Step(resume_at=1_200, until=2_000)
+    plan.resend_done("dc1", 2_000)
+    assert plan.doubts == [] and plan.frontier == 3_000
+    # then hand it over at dc1 from where dc2 acknowledged
+    assert plan.session_fields("dc1", multi=True)["acked_elsewhere"] == 3_000
+    assert plan.on_session("dc1", 3_000, multi=True) == Step(resume_at=3_000)
+    assert plan.installation == "dc1"
+
+
+def test_requests_that_never_reached_a_gateway_leave_no_doubt_and_doubts_merge() -> None:
+    plan = SourceHandover(frontier=10)
+    plan.on_failed("dc1", 10, 20, maybe_written=False)
+    assert plan.settle_failures() is None and plan.frontier == 10
+    plan.add_doubt(Doubt(10, 20, "dc1"))
+    plan.add_doubt(Doubt(20, 30, "dc1"))
+    plan.add_doubt(Doubt(40, 50, "dc2"))
+    assert plan.doubts == [Doubt(10, 30, "dc1"), Doubt(40, 50, "dc2")]
+    # a doubt that landed whole is settled by the session's answer alone
+    assert plan.on_session("dc1", 35, multi=True) == Step(reopen=True)
+    assert plan.doubts == [Doubt(40, 50, "dc2")]
+    assert plan.session_fields("dc1", multi=True)["acked_elsewhere"] == 50
