@@ -72,7 +72,8 @@ class SourceHandover:
     census_deadline: float = 0.0
     resend_end: int | None = None
     """While settling a doubt: the end of the range being resent."""
-    _handover_to: int | None = None
+    _handover_to: tuple[str, int] | None = None
+    """A handover a step asked for: (installation, seqno)."""
     _failed: list[tuple[int, int, bool]] = field(default_factory=list)
     _failed_at: str = ""
 
@@ -96,8 +97,8 @@ class SourceHandover:
         fields: dict[str, bool | int] = {"fence": True}
         if not multi:
             return fields
-        if self._handover_to is not None:
-            fields["acked_elsewhere"] = self._handover_to
+        if self._handover_to is not None and self._handover_to[0] == installation:
+            fields["acked_elsewhere"] = self._handover_to[1]
         elif self.frontier > 0 and not any(d.installation == installation for d in self.doubts):
             fields["acked_elsewhere"] = self.frontier
         return fields
@@ -133,12 +134,12 @@ class SourceHandover:
                     last_seqno,
                     doubt.start,
                 )
-                self._handover_to = doubt.start
+                self._handover_to = (installation, doubt.start)
                 return Step(reopen=True)
             self.resend_end = doubt.end
             return Step(resume_at=last_seqno, until=doubt.end)
         if last_seqno < self.frontier:
-            self._handover_to = self.frontier
+            self._handover_to = (installation, self.frontier)
             return Step(reopen=True)
         self.installation = installation
         self.frontier = last_seqno

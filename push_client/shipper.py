@@ -125,12 +125,10 @@ class Shipper:
         if self.installations.version == self._seen_version:
             return
         self._seen_version = self.installations.version
-        current = self.installations.current().name
         for tailed in self.files:
             if not tailed.session_ready:
                 continue
-            target = tailed.handover.target(current, self.installations.is_up)
-            if target != tailed.session_installation:
+            if self._target(tailed) != tailed.session_installation:
                 tailed.session_ready = False
                 self.counters.buffered -= tailed.drop_pending()
 
@@ -198,12 +196,18 @@ class Shipper:
         self.session_jobs += 1
         job.future.add_done_callback(lambda _f: self._finished(job))
 
+    def _target(self, tailed: TailedFile) -> str:
+        current = self.installations.current().name
+        return tailed.handover.target(current, self.installations.is_up) if self.multi else current
+
     def _on_sessions(self, job: _SessionJob, results: list[dict[str, Any]]) -> None:
         name = job.installation.name
         moved = False
         for tailed, result in zip(job.files, results, strict=True):
             if tailed.phase is Phase.DONE or tailed.source_id not in self.files.files:
                 continue
+            if not job.census and "error" not in result and self._target(tailed) != name:
+                continue  # the installations changed meanwhile: ask where it belongs now
             if "error" in result:
                 self._park(tailed, Refusal.from_result(result))
                 continue
