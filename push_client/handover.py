@@ -115,7 +115,9 @@ class SourceHandover:
         self._handover_to = None
         self.resend_end = None
         if not multi:
+            # One installation: its last seqno is the truth, also when it is below ours.
             self.installation = installation
+            self.frontier = last_seqno
             return Step(resume_at=last_seqno)
         mine = sorted(d for d in self.doubts if d.installation == installation)
         landed = [d for d in mine if d.end <= last_seqno]
