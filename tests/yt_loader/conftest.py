@@ -1,4 +1,4 @@
-"""A real local Spark session and a real embedded store for the loader's tests."""
+"""A real local Spark session (with Delta Lake) and a real embedded store for the loader's tests."""
 
 from __future__ import annotations
 
@@ -34,6 +34,21 @@ def spark() -> Iterator[object]:
     session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()
+
+
+def table_lines(spark: object, table: Path, version: int | None = None) -> list[str]:
+    """Every line of the Delta table at ``table``, read with Spark SQL as a user would."""
+    if not (table / "_delta_log").is_dir():
+        return []
+    as_of = f" VERSION AS OF {version}" if version is not None else ""
+    rows = spark.sql(f"SELECT line FROM delta.`{table}`{as_of}").collect()  # type: ignore[attr-defined]
+    return [str(r["line"]) for r in rows]
+
+
+def table_version(spark: object, table: Path) -> int:
+    """The Delta table's current version."""
+    rows = spark.sql(f"DESCRIBE HISTORY delta.`{table}` LIMIT 1").collect()  # type: ignore[attr-defined]
+    return int(rows[0]["version"])
 
 
 def compress(codec: str, data: bytes) -> bytes:
