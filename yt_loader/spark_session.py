@@ -18,9 +18,10 @@ from yt_loader.errors import BadSourceOptions
 DEFAULT_MASTER = "local[*]"
 LOOPBACK = "127.0.0.1"
 
-_SMALL_TABLE_STATE_PARTITIONS = "4"
-"""Spark partitions Delta uses to rebuild a table's state: 50 by default, which costs seconds
-of task start-up on a small machine for a log table's few thousand files."""
+DELTA_STATE_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+"""Spark partitions Delta uses to rebuild a table's state from its log: 50 unless set, which
+costs seconds of task start-up per commit on a small cluster for a log table's files; the
+loader uses the cluster's cores instead unless the user set it."""
 
 
 def launched_by_spark_submit() -> bool:
@@ -56,11 +57,11 @@ def build_session(
         builder = builder.master(master)
         if master.startswith("local"):
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
             builder = (
                 builder.config("spark.ui.enabled", "false")
                 .config("spark.driver.host", LOOPBACK)
                 .config("spark.driver.bindAddress", LOOPBACK)
-                .config("spark.databricks.delta.snapshotPartitions", _SMALL_TABLE_STATE_PARTITIONS)
             )
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     for key, value in (conf or {}).items():
@@ -68,6 +69,9 @@ def build_session(
     spark = builder.getOrCreate()
     if with_delta:
         _check_delta_loaded(spark)
+        if spark.conf.get(DELTA_STATE_PARTITIONS, None) is None:
+            cores = max(2, spark.sparkContext.defaultParallelism)
+            spark.conf.set(DELTA_STATE_PARTITIONS, str(cores))
     register(spark)
     return spark
 

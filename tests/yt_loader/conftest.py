@@ -130,13 +130,20 @@ def assert_exactly_once(found: list[str], expected: list[str]) -> None:
 
 
 class ChildProcess:
-    """A Python child in its own process group, so SIGKILL reaches its JVM and workers too."""
+    """A child (Python, or ``program``) in its own process group, so that SIGKILL reaches its
+    JVM and Python workers too."""
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        program: str = sys.executable,
+    ):
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
         self.proc = subprocess.Popen(
-            [sys.executable, *args],
+            [program, *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=REPO,
