@@ -70,11 +70,10 @@ def with_table_columns(df: DataFrame) -> DataFrame:
     """Add the ``date`` and ``hour`` partition columns of the loader's table (UTC, whatever the
     session's time zone), e.g. before ``writeStream.format("delta")`` into a table of the same
     shape."""
-    micros = F.expr("unix_micros(write_time)")
+    hours = "floor(unix_micros(write_time) / 3600000000)"
     return df.withColumn(
-        "date",
-        F.expr("date_from_unix_date(CAST(floor(unix_micros(write_time) / 86400000000) AS INT))"),
-    ).withColumn("hour", (F.floor(micros / 3_600_000_000) % 24).cast("int"))
+        "date", F.expr(f"date_from_unix_date(CAST(floor({hours} / 24) AS INT))")
+    ).withColumn("hour", F.expr(f"CAST({hours} % 24 AS INT)"))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from yt_loader.log_source import SourceSpec
 from yt_loader.standalone_cluster import MASTER_HOST, StandaloneCluster, spark_bin
 from yt_loader.task_faults import FIRST_ATTEMPTS, TASK_FAULT_ENV
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.fault]
+# Real JVMs started and killed: generous on a loaded 2-core machine.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.fault, pytest.mark.timeout(900)]
 
 WORKER_CORES = 2
 """Task slots per worker: a straggler holds one while a retry or a speculative copy runs."""
@@ -116,7 +117,10 @@ def test_speculative_copies_and_retried_tasks_commit_each_line_once(
             "spark.eventLog.dir": events.as_uri(),
         },
     )
-    code = child.wait(300)
+    try:
+        code = child.wait(600)
+    finally:
+        child.kill()
 
     assert code == 0, child.output()[-4000:]
     assert _report(child)["batches"] == [1]
@@ -187,9 +191,9 @@ def test_worker_killed_mid_load_then_a_rerun_loads_each_line_exactly_once(
         ],
     )
     try:
-        child.wait_for_output("logbroker load: batch 2:", timeout_s=240)
+        child.wait_for_output("logbroker load: batch 2:", timeout_s=400)
         cluster.kill_worker(victim)  # the worker JVM, its executor and its Python workers
-        code = child.wait(300)
+        code = child.wait(400)
     finally:
         child.kill()
     cluster.ensure_workers()

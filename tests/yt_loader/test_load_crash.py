@@ -20,7 +20,8 @@ from yt_loader.load_job import LoadConfig, run_load
 from yt_loader.log_source import SourceSpec
 from yt_loader.warehouse import Warehouse
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.fault]
+# Real JVMs started and killed: generous on a loaded 2-core machine.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.fault, pytest.mark.timeout(600)]
 
 
 def _crashed_load(

@@ -12,7 +12,8 @@ from log_store.interface import TopicConfig
 from tests.yt_loader.conftest import ChildProcess, append_lines, assert_exactly_once, table_lines
 from yt_loader.delta_table import with_table_columns
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.fault]
+# Real JVMs started and killed: generous on a loaded 2-core machine.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.fault, pytest.mark.timeout(600)]
 
 STREAM_JOB = """
 import sys
