@@ -34,6 +34,29 @@ def spark() -> Iterator[object]:
     session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()
+    _stop_jvm()
+
+
+def _stop_jvm() -> None:
+    """End the JVM PySpark started for this process (``stop()`` keeps it for a next session).
+
+    It exits when its stdin closes; its Python workers follow when it is gone.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    jvm_process = gateway.proc
+    jvm_process.stdin.close()
+    try:
+        jvm_process.wait(60)
+    except subprocess.TimeoutExpired:
+        jvm_process.kill()
+        jvm_process.wait(10)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def table_lines(spark: object, table: Path, version: int | None = None) -> list[str]:
