@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from log_store import ReadOnlyStore, open_store
+from log_store import NoStore, ReadOnlyStore, open_store
 from log_store.interface import TopicConfig
 from tests.yt_loader.conftest import append_lines, assert_exactly_once, table_lines
 from yt_loader.load_job import LoadConfig, run_load
@@ -63,6 +63,6 @@ def test_a_read_only_store_handle_refuses_writes_and_never_creates_a_store(
             store.append("dc1.app", 0, [b"x"])
         with pytest.raises(ReadOnlyStore, match="open read-only"):
             store.create_topic("dc1.other")
-    with pytest.raises(ReadOnlyStore, match="holds no logbroker store"):
+    with pytest.raises(NoStore, match="no data directory"):
         open_store(tmp_path / "elsewhere", read_only=True)
     assert not (tmp_path / "elsewhere").exists()
