@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# A local Apache Kafka (KRaft) on free loopback ports: fetched through Maven once (or taken
+# from $KAFKA_HOME), formatted, started, stopped.  See ops/local_kafka.py.
+#   scripts/kafka.sh fetch
+#   scripts/kafka.sh start --dir /tmp/kafka [--nodes 3]    # prints the bootstrap servers
+#   scripts/kafka.sh stop --dir /tmp/kafka
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/bootstrap.sh
+exec python -m ops.local_kafka "$@"
