@@ -1,10 +1,14 @@
 """The partitioned log, as every backend offers it.
 
-A topic has N partitions; a partition is a sequence of records with dense offsets 0, 1, 2, ...
-starting at the partition's *log start offset* (which retention moves forward) and ending just
-below its *end offset* (the next offset to be written).  Each partition also has a small
-key/value *state area* that a transaction may read and update atomically with an append: the
-exactly-once dedup table lives there, so a chunk and the seqno that admits it commit together.
+A topic has N partitions; a partition is a sequence of records with increasing offsets starting
+at the partition's *log start offset* (which retention moves forward) and ending just below its
+*end offset* (the next offset to be written).  Offsets are dense (0, 1, 2, ...) where the
+backend says so in :class:`StoreCapabilities`; on Kafka, transaction markers take offsets too,
+so a reader always continues from a read's ``next_offset``, never from a count of records.
+
+Each partition also has a small key/value *state area* that a transaction may read and update
+atomically with an append: the exactly-once dedup table lives there, so a chunk and the seqno
+that admits it commit together.
 """
 
 from __future__ import annotations
@@ -16,6 +20,21 @@ from typing import Protocol
 
 DEFAULT_PARTITIONS = 4
 DEFAULT_SEGMENT_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StoreCapabilities:
+    """Where a backend legitimately differs; callers and the contract suite ask, never guess."""
+
+    dense_offsets: bool = True
+    """Every offset between the start and the end holds a record.  False on Kafka: each
+    transaction's commit marker takes an offset that no reader ever sees."""
+    store_retention: bool = True
+    """``apply_retention`` drops data by the topics' retention settings.  False: the broker
+    applies retention continuously by itself and ``apply_retention`` has nothing to do."""
+    segment_files: bool = True
+    """Partitions are segment files under ``data_dir``; ``describe_topic`` reports their sizes
+    and segment counts.  False: sizes and segment counts are reported as 0."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +134,8 @@ It must be quick and must not block: it may run in a committer thread shared wit
 
 class LogStore(Protocol):
     """The partitioned log.  Thread-safe; several processes may open one store."""
+
+    capabilities: StoreCapabilities
 
     # -- topics -----------------------------------------------------------------------------
     def create_topic(

@@ -38,6 +38,7 @@ from log_store.interface import (
     AppendResult,
     PartitionState,
     ReadResult,
+    StoreCapabilities,
     TopicConfig,
     TopicInfo,
     TransactionFn,
@@ -96,6 +97,8 @@ class SqliteLogStore:
     def exists_at(cls, data_dir: str | Path) -> bool:
         """Whether ``data_dir`` holds a store (opening one elsewhere would create it)."""
         return (Path(data_dir) / cls.CATALOG).is_file()
+
+    capabilities = StoreCapabilities(dense_offsets=True, store_retention=True, segment_files=True)
 
     def __init__(self, data_dir: str | Path, *, read_only: bool = False) -> None:
         self.data_dir = Path(data_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
@@ -138,6 +139,33 @@ def start_gateway(tmp_path: Path) -> Iterator[object]:
 def gateway(start_gateway: object) -> GatewayProcess:
     """One gateway on the embedded store in a fresh data dir."""
     return start_gateway()  # type: ignore[operator]
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Apache Kafka broker (KRaft) for the whole test session, shared by the Kafka tests.
+
+    Tests keep out of each other's way by a namespace of their own (``kafka_namespace``).
+    Fetched through Maven on first use; stopped (its process group) at the end, also when
+    the session fails, and at interpreter exit as a last resort.
+    """
+    from ops.local_kafka import LocalKafka
+
+    cluster = LocalKafka(tmp_path_factory.mktemp("kafka"), nodes_count=1)
+    atexit.register(cluster.stop)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def kafka_namespace() -> str:
+    """A namespace no other test uses: topics, groups and transactional ids are its own."""
+    import uuid
+
+    return f"t{uuid.uuid4().hex[:10]}."
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -1,6 +1,6 @@
 """A child process that appends numbered batches and prints each ack as soon as it has it.
 
-Usage: appender.py DATA_DIR TOPIC PARTITION WRITER_ID BATCHES BATCH_SIZE VALUE_BYTES [LINGER_S]
+Usage: appender.py STORE_SPEC TOPIC PARTITION WRITER_ID BATCHES BATCH_SIZE VALUE_BYTES [LINGER_S]
 
 Each record is ``writer:batch:index:count:`` padded to VALUE_BYTES, so a reader can tell which
 batch a record belongs to and whether the batch is whole.  After each append returns (durable),
@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
-from log_store import open_store
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.contract.backends import open_spec
 
 
 def main() -> None:
-    data_dir, topic, partition, writer, batches, size, value_bytes = sys.argv[1:8]
+    spec, topic, partition, writer, batches, size, value_bytes = sys.argv[1:8]
     linger_s = float(sys.argv[8]) if len(sys.argv) > 8 else 0.0
-    store = open_store(data_dir)
+    store = open_spec(spec)
     for batch in range(int(batches)):
         count = int(size)
         values = [

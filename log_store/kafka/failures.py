@@ -1,0 +1,132 @@
+"""What librdkafka's errors mean to logbroker's callers.
+
+A writer that was fenced, a topic that is gone, and a cluster that cannot be reached are the
+three outcomes a caller acts on differently: take over again (or go to the new owner), look
+the topic up again, or answer 503 and keep the data.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, KafkaException
+
+from log_store.errors import LogbrokerError, StoreUnavailable, UnknownTopic
+
+
+class WriterFenced(LogbrokerError):
+    """A newer writer of the partition called ``init_transactions``: this one may not commit.
+
+    Internal to the backend: the store takes the partition over again or sends the
+    transaction to the partition's owner; callers never see it.
+    """
+
+
+class OwnerGone(LogbrokerError):
+    """The partition owner stopped (revoked, fenced, closed) before running a transaction.
+
+    Internal to the backend: the store submits the transaction again wherever the partition
+    is owned now.
+    """
+
+
+_FENCED = {
+    KafkaError._FENCED,
+    KafkaError.PRODUCER_FENCED,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+}
+_GONE = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError.UNKNOWN_TOPIC_ID,
+}
+
+
+_UNAVAILABLE = {
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError._RESOLVE,
+    KafkaError._DESTROY,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.BROKER_NOT_AVAILABLE,
+    KafkaError.NETWORK_EXCEPTION,
+    KafkaError.KAFKA_STORAGE_ERROR,
+}
+_METADATA_LAG = {
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.FENCED_LEADER_EPOCH,
+}
+
+
+def is_unavailable(error: KafkaError | None) -> bool:
+    """The cluster (or the way to it) is away: nothing to do but wait and try again."""
+    return error is not None and error.code() in _UNAVAILABLE
+
+
+def is_metadata_lag(error: KafkaError | None) -> bool:
+    """What a partition just created, grown or moved answers for a moment."""
+    return error is not None and error.code() in _METADATA_LAG
+
+
+def kafka_error(exc: BaseException) -> KafkaError | None:
+    """The librdkafka error behind ``exc``, also when it is the cause of another exception
+    (a delivery callback run while ``produce`` raises shows up as a ``SystemError``)."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 10:
+        if (
+            isinstance(current, KafkaException)
+            and current.args
+            and isinstance(current.args[0], KafkaError)
+        ):
+            return current.args[0]
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
+
+
+def is_fenced(error: KafkaError | None) -> bool:
+    return error is not None and error.code() in _FENCED
+
+
+def is_topic_gone(error: KafkaError | None) -> bool:
+    return error is not None and error.code() in _GONE
+
+
+def as_store_error(exc: BaseException, what: str) -> LogbrokerError:
+    """The logbroker error a librdkafka failure of ``what`` means."""
+    if isinstance(exc, LogbrokerError):
+        return exc
+    error = kafka_error(exc)
+    if is_fenced(error):
+        return WriterFenced(f"{what}: {error}")
+    if is_topic_gone(error):
+        return UnknownTopic(f"{what}: the topic is gone ({error})")
+    return StoreUnavailable(f"Kafka unavailable ({what}): {error or exc}")
+
+
+def as_commit_error(exc: BaseException, what: str) -> LogbrokerError:
+    """What a failed transaction of a partition owner means.
+
+    A cluster out of reach is ``StoreUnavailable`` (answer 503 now); anything else the
+    cluster said about the transaction is taken as "this writer lost the partition": the
+    transaction runs again after a fresh takeover, which settles what the failed one left.
+    """
+    if isinstance(exc, LogbrokerError):
+        return exc
+    error = kafka_error(exc)
+    if error is None or is_topic_gone(error) or is_unavailable(error):
+        return as_store_error(exc, what)
+    return WriterFenced(f"{what}: {error}")

@@ -1,0 +1,356 @@
+"""Reading partitions with read_committed consumers: reads, waits, watermarks, replays.
+
+A reader sees committed records only (``isolation.level=read_committed``) and its end offset
+is the *last stable offset* (LSO): nothing of an open or aborted transaction is ever returned,
+and transaction markers, which take offsets too, are skipped.  Consumers are pooled: a read
+that continues where an earlier read of the same partition stopped reuses that consumer and
+whatever it has prefetched, so a tailing reader costs no seek per read.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from log_store.errors import OffsetOutOfRange, StoreUnavailable, UnknownTopic
+from log_store.interface import ReadResult, Record
+from log_store.kafka.failures import as_store_error, is_metadata_lag, is_topic_gone, kafka_error
+from log_store.kafka.naming import reader_group
+from log_store.kafka.settings import KafkaSettings
+
+_BATCH = 1000
+_POOL_SIZE = 16
+_CONSUME_SLICE_S = 0.25
+_NEW_TOPIC_S = 1.0
+"""How long a topic or partition nobody knows yet may be just created, not gone."""
+
+
+class Watermarks:
+    """(log start offset, last stable offset) of partitions, asked of the partition leader."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self._settings = settings
+        self._consumer = Consumer(settings.reader_config(reader_group(settings.namespace)))
+        self._closed = False
+
+    def get(self, kafka_topic: str, partition: int, what: str = "watermarks") -> tuple[int, int]:
+        """(start, LSO), asked again while the partition is too new or moving to be known."""
+        deadline = time.monotonic() + self._settings.operation_timeout_s
+        gone_deadline = time.monotonic() + _NEW_TOPIC_S
+        while True:
+            try:
+                low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(kafka_topic, partition),
+                    timeout=max(0.1, deadline - time.monotonic()),
+                    cached=False,
+                )
+                return int(low), int(high)
+            except Exception as exc:
+                error = kafka_error(exc)
+                now = time.monotonic()
+                if is_metadata_lag(error) and now < deadline:
+                    # librdkafka answers "unknown partition" from its own metadata cache,
+                    # which only a metadata request brings up to date
+                    with contextlib.suppress(Exception):
+                        self._consumer.list_topics(kafka_topic, timeout=1.0)
+                    time.sleep(0.05)
+                    continue
+                if is_topic_gone(error) and now < gone_deadline:
+                    time.sleep(0.05)
+                    continue
+                raise as_store_error(exc, f"{what} of {kafka_topic}/{partition}") from exc
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._consumer.close()
+
+
+@dataclass(eq=False)
+class _Fetcher:
+    consumer: Consumer
+    tp: tuple[str, int] | None = None
+    position: int | None = None
+    """The offset of the next record this consumer would hand out (buffered ones first)."""
+    buffer: collections.deque[Message] = field(default_factory=collections.deque)
+    eof_at: int | None = None
+    """Where the consumer reached the LSO, behind the buffered records."""
+    used: float = 0.0
+
+    def seek(self, kafka_topic: str, partition: int, offset: int) -> None:
+        if self.tp == (kafka_topic, partition) and self.position == offset:
+            return
+        self.buffer.clear()
+        self.eof_at = None
+        self.consumer.assign([TopicPartition(kafka_topic, partition, offset)])
+        self.tp = (kafka_topic, partition)
+        self.position = offset
+
+    def reset(self) -> None:
+        self.buffer.clear()
+        self.eof_at = None
+        self.tp = None
+        self.position = None
+        try:
+            self.consumer.unassign()
+        except Exception:  # a broken consumer is replaced by the pool anyway
+            self.position = None
+
+
+class FetcherPool:
+    """Pooled read_committed consumers shared by every read and wait of one store."""
+
+    def __init__(self, settings: KafkaSettings, watermarks: Watermarks) -> None:
+        self._settings = settings
+        self.watermarks = watermarks
+        self._idle: list[_Fetcher] = []
+        self._count = 0
+        self._cond = threading.Condition()
+        self._closed = False
+
+    # -- the pool -----------------------------------------------------------------------------
+    def _acquire(self, tp: tuple[str, int], offset: int) -> _Fetcher:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise StoreUnavailable("log store is closed")
+                best = None
+                for fetcher in self._idle:
+                    if fetcher.tp == tp and fetcher.position == offset:
+                        best = fetcher
+                        break
+                if best is None and self._idle:
+                    # the least recently used, unless one already reads this partition
+                    same = [f for f in self._idle if f.tp == tp]
+                    best = same[0] if same else min(self._idle, key=lambda f: f.used)
+                if best is not None:
+                    self._idle.remove(best)
+                    return best
+                if self._count < _POOL_SIZE:
+                    self._count += 1
+                    break
+                self._cond.wait(1.0)
+        try:
+            consumer = Consumer(
+                self._settings.reader_config(reader_group(self._settings.namespace))
+            )
+        except Exception:
+            with self._cond:
+                self._count -= 1
+            raise
+        return _Fetcher(consumer)
+
+    def _release(self, fetcher: _Fetcher, broken: bool = False) -> None:
+        fetcher.used = time.monotonic()
+        with self._cond:
+            if broken or self._closed:
+                self._count -= 1
+                self._cond.notify()
+            else:
+                self._idle.append(fetcher)
+                self._cond.notify()
+                return
+        fetcher.consumer.close()
+
+    # -- consuming ----------------------------------------------------------------------------
+    def _next(self, fetcher: _Fetcher, deadline: float) -> tuple[Message | None, bool]:
+        """The next record (None on timeout) and whether the consumer reached the LSO."""
+        if fetcher.buffer:
+            return fetcher.buffer.popleft(), False
+        if fetcher.eof_at is not None:
+            fetcher.position = max(fetcher.position or 0, fetcher.eof_at)
+            fetcher.eof_at = None
+            return None, True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None, False
+        # consume(n, t) would wait for n records or t; poll() returns with the first one
+        consumer = fetcher.consumer
+        messages = consumer.consume(_BATCH, 0)
+        if not messages:
+            first = consumer.poll(min(remaining, _CONSUME_SLICE_S))
+            if first is not None:
+                messages = [first, *consumer.consume(_BATCH - 1, 0)]
+        for message in messages:
+            error = message.error()
+            if error is None:
+                fetcher.buffer.append(message)
+                fetcher.eof_at = None
+            elif error.code() == KafkaError._PARTITION_EOF:
+                fetcher.eof_at = _offset(message)
+            else:
+                fetcher.buffer.clear()
+                raise _ConsumeError(error)
+        if fetcher.buffer:
+            return fetcher.buffer.popleft(), False
+        if fetcher.eof_at is not None:
+            fetcher.position = max(fetcher.position or 0, fetcher.eof_at)
+            fetcher.eof_at = None
+            return None, True
+        return None, False
+
+    def read(
+        self, kafka_topic: str, partition: int, offset: int, max_bytes: int, *, what: str
+    ) -> ReadResult:
+        """Committed records from ``offset``: at most about ``max_bytes`` (at least one)."""
+        low, end = self.watermarks.get(kafka_topic, partition, what)
+        if offset < low:
+            raise OffsetOutOfRange(f"offset {offset} is below the log start offset {low}", low, end)
+        if offset >= end:
+            return ReadResult([], low, end)
+        records: list[Record] = []
+        size = 0
+        deadline = time.monotonic() + self._settings.operation_timeout_s
+        fetcher = self._acquire((kafka_topic, partition), offset)
+        broken = False
+        try:
+            fetcher.seek(kafka_topic, partition, offset)
+            while fetcher.position is not None and fetcher.position < end:
+                message, eof = self._next(fetcher, deadline)
+                if message is None:
+                    if eof:
+                        break
+                    if time.monotonic() >= deadline:
+                        raise StoreUnavailable(f"Kafka did not answer a read of {what} in time")
+                    continue
+                record_offset = _offset(message)
+                fetcher.position = record_offset + 1
+                if record_offset < offset:
+                    continue
+                if record_offset >= end:
+                    # committed after our look at the end: keep it for the next read
+                    fetcher.buffer.appendleft(message)
+                    fetcher.position = record_offset
+                    break
+                value = message.value() or b""
+                records.append(Record(record_offset, value, int(message.timestamp()[1])))
+                size += len(value)
+                if size >= max_bytes:
+                    break
+        except _ConsumeError as exc:
+            broken = True
+            raise self._consume_failure(exc.error, kafka_topic, partition, what) from None
+        except StoreUnavailable:
+            broken = True
+            raise
+        finally:
+            self._release(fetcher, broken)
+        return ReadResult(records, low, end)
+
+    def _consume_failure(
+        self, error: KafkaError, kafka_topic: str, partition: int, what: str
+    ) -> Exception:
+        if error.code() == KafkaError._AUTO_OFFSET_RESET or error.code() == (
+            KafkaError.OFFSET_OUT_OF_RANGE
+        ):
+            low, end = self.watermarks.get(kafka_topic, partition, what)
+            return OffsetOutOfRange(
+                f"offset is outside {low}..{end} of {what} (retention moved the start)", low, end
+            )
+        if error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            return UnknownTopic(f"{what}: the topic is gone")
+        return StoreUnavailable(f"Kafka unavailable (reading {what}): {error}")
+
+    def wait(self, kafka_topic: str, partition: int, offset: int, timeout_s: float) -> bool:
+        """Block until a committed record at or after ``offset`` exists, or the timeout."""
+        deadline = time.monotonic() + timeout_s
+        _low, end = self.watermarks.get(kafka_topic, partition, "wait")
+        if end > offset:
+            return True
+        fetcher = self._acquire((kafka_topic, partition), offset)
+        broken = False
+        try:
+            fetcher.seek(kafka_topic, partition, offset)
+            while time.monotonic() < deadline:
+                message, _eof = self._next(fetcher, deadline)
+                if message is not None:
+                    # keep it: the read that follows picks this consumer and this record
+                    fetcher.buffer.appendleft(message)
+                    if _offset(message) >= offset:
+                        return True
+                    fetcher.buffer.popleft()
+                    fetcher.position = _offset(message) + 1
+            return False
+        except _ConsumeError as exc:
+            broken = True
+            raise self._consume_failure(exc.error, kafka_topic, partition, "wait") from None
+        finally:
+            self._release(fetcher, broken)
+
+    def replay(
+        self,
+        kafka_topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        apply: Callable[[int, bytes], None],
+        *,
+        what: str,
+    ) -> None:
+        """Hand every committed record in ``start .. end`` to ``apply(offset, value)``."""
+        if start >= end:
+            return
+        deadline = time.monotonic() + max(60.0, self._settings.operation_timeout_s)
+        fetcher = self._acquire((kafka_topic, partition), start)
+        broken = False
+        try:
+            fetcher.seek(kafka_topic, partition, start)
+            while fetcher.position is not None and fetcher.position < end:
+                message, eof = self._next(fetcher, deadline)
+                if message is None:
+                    if eof:
+                        return
+                    if time.monotonic() >= deadline:
+                        raise StoreUnavailable(f"Kafka did not answer a replay of {what} in time")
+                    continue
+                record_offset = _offset(message)
+                if record_offset >= end:
+                    fetcher.buffer.appendleft(message)
+                    fetcher.position = record_offset
+                    return
+                fetcher.position = record_offset + 1
+                apply(record_offset, message.value() or b"")
+        except _ConsumeError as exc:
+            broken = True
+            raise self._consume_failure(exc.error, kafka_topic, partition, what) from None
+        except BaseException:
+            broken = True
+            raise
+        finally:
+            self._release(fetcher, broken)
+
+    def forget(self, kafka_topic: str) -> None:
+        """Drop idle consumers of a topic (deleted, or created again under the same name)."""
+        with self._cond:
+            stale = [f for f in self._idle if f.tp is not None and f.tp[0] == kafka_topic]
+            for fetcher in stale:
+                self._idle.remove(fetcher)
+                self._count -= 1
+        for fetcher in stale:
+            fetcher.consumer.close()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._count -= len(idle)
+            self._cond.notify_all()
+        for fetcher in idle:
+            fetcher.consumer.close()
+
+
+def _offset(message: Message) -> int:
+    offset = message.offset()
+    return -1 if offset is None else int(offset)
+
+
+class _ConsumeError(Exception):
+    def __init__(self, error: KafkaError) -> None:
+        super().__init__(str(error))
+        self.error = error

@@ -1,0 +1,626 @@
+"""The one writer of a partition: a transactional producer, the state table, group commit.
+
+Kafka Streams gives each task its own transactional producer; here each owned partition has
+one, with the transactional id ``<ns>logbroker-<topic>-<partition>``.  Whoever takes a
+partition over calls ``init_transactions`` with that id, which makes the cluster abort the
+previous writer's open transaction and refuse any later commit of it (``PRODUCER_FENCED``): at
+any moment at most one writer can commit to the partition, and a writer that lost it learns so
+at its next commit and commits nothing.
+
+Takeover, in this order: fence (``init_transactions``), then read the changelog's last snapshot
+and the deltas after it up to the last stable offset (see ``state_changelog``), then read the
+data partition's end.  Every transaction of the old writer is then either in that table and
+below that end, or aborted.
+
+Group commit: transactions submitted while a Kafka transaction is in flight wait, and are run
+together in the next one: each function runs against the table plus what the earlier ones of
+its group changed, the records of all of them are produced to the data partition and one delta
+record of their state changes to the changelog partition, and ``commit_transaction`` commits
+both.  Each caller is answered only after that commit returned and the records are visible to
+read_committed readers.  Offsets are known before the commit: this writer is the partition's
+only one, so its records follow each other and each commit marker takes exactly one offset;
+the offsets Kafka reports are checked against that before committing.
+
+Any failure whose outcome is not certain (a commit that timed out, a fenced producer) marks
+the owner *broken*: before its next transaction it takes the partition over again, which
+settles the uncertain transaction one way or the other and rebuilds the table from what Kafka
+holds, so a retried chunk is then answered ``duplicate`` if the first try did commit.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from log_store.errors import LogbrokerError, StoreUnavailable, UnknownPartition, UnknownTopic
+from log_store.interface import AppendResult, TransactionFn
+from log_store.kafka import naming
+from log_store.kafka.failures import (
+    OwnerGone,
+    WriterFenced,
+    as_commit_error,
+    as_store_error,
+    is_fenced,
+)
+from log_store.kafka.fetcher import FetcherPool, Watermarks
+from log_store.kafka.settings import KafkaSettings
+from log_store.kafka.state_changelog import (
+    ReplayedState,
+    delta_record,
+    snapshot_records,
+)
+from log_store.kafka.topic_admin import KafkaTopic, TopicAdmin
+
+log = logging.getLogger(__name__)
+
+_FAILED_TAKEOVER_PAUSE_S = 1.0
+_MAX_GROUP = 4096
+
+
+@dataclass
+class OwnerContext:
+    """What every owner of one store shares."""
+
+    settings: KafkaSettings
+    admin: TopicAdmin
+    watermarks: Watermarks
+    fetchers: FetcherPool
+    retry: Retry
+    """Where a transaction goes when its owner was fenced or stopped before running it."""
+    on_takeover: Callable[[str, int, float, int], None] = lambda *_: None
+    """Called with (topic, partition, seconds, table entries) after each takeover."""
+    _snapshot_consumer: Consumer | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _snapshots(self) -> Consumer:
+        # A consumer of the snapshot group that never joins it: it reads the group's offsets
+        # and gives its metadata to send_offsets_to_transaction.  (The AdminClient's offset
+        # listing is not used: librdkafka 2.16 crashes in it when the coordinator asks to
+        # retry.)
+        with self._lock:
+            if self._snapshot_consumer is None:
+                self._snapshot_consumer = Consumer(
+                    self.settings.reader_config(naming.snapshot_group(self.settings.namespace))
+                )
+            return self._snapshot_consumer
+
+    def group_metadata(self) -> object:
+        """The snapshot group's metadata, for ``send_offsets_to_transaction``."""
+        return self._snapshots().consumer_group_metadata()
+
+    def committed_snapshot(self, state_topic: str, partition: int) -> int | None:
+        """The offset of the partition's last snapshot, committed in the snapshot's transaction.
+
+        read_committed: an offset committed by a transaction still open is waited for.
+        """
+        try:
+            committed = self._snapshots().committed(
+                [TopicPartition(state_topic, partition)], timeout=self.settings.operation_timeout_s
+            )
+        except KafkaException as exc:
+            raise as_store_error(exc, "reading the snapshot position") from exc
+        for tp in committed:
+            if tp.error is None and tp.offset >= 0:
+                return int(tp.offset)
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._snapshot_consumer is not None:
+                self._snapshot_consumer.close()
+                self._snapshot_consumer = None
+
+
+class _TxnState:
+    """The state area as one transaction sees it: its own puts over the group's over the table."""
+
+    __slots__ = ("_group", "_next_offset", "_table", "local")
+
+    def __init__(self, table: dict[str, bytes], group: dict[str, bytes], next_offset: int) -> None:
+        self._table = table
+        self._group = group
+        self._next_offset = next_offset
+        self.local: dict[str, bytes] = {}
+
+    def next_offset(self) -> int:
+        return self._next_offset
+
+    def get(self, key: str) -> bytes | None:
+        if key in self.local:
+            return self.local[key]
+        if key in self._group:
+            return self._group[key]
+        return self._table.get(key)
+
+    def put(self, key: str, value: bytes) -> None:
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise TypeError("state values are bytes")
+        self.local[key] = bytes(value)
+
+
+@dataclass(eq=False)
+class Pending:
+    """A transaction waiting for its commit; it may move between owners before it runs."""
+
+    fn: TransactionFn
+    future: concurrent.futures.Future[AppendResult]
+    attempts: int = 0
+
+    def start(self) -> bool:
+        """False if the caller cancelled it before it ran (then it never runs)."""
+        return self.future.running() or self.future.set_running_or_notify_cancel()
+
+
+Retry = Callable[["PartitionOwner", Pending, BaseException], None]
+"""What an owner does with a transaction it could not run because it lost the partition."""
+
+
+class PartitionOwner:
+    """Owns one partition in this process until closed, fenced or its topic goes away."""
+
+    def __init__(self, ctx: OwnerContext, topic: str, partition: int) -> None:
+        self.ctx = ctx
+        self.topic = topic
+        self.partition = partition
+        self._settings = ctx.settings
+        self._pending: list[Pending] = []
+        self._cond = threading.Condition()
+        self._closing = False
+        self.closed = False
+        self._thread: threading.Thread | None = None
+        # Set by a takeover (and used by the committer thread only, apart from reads):
+        self.broken = True
+        self.topic_id: str | None = None
+        self._kafka: KafkaTopic | None = None
+        self._state_topic = ""
+        self._producer: Producer | None = None
+        self._table: dict[str, bytes] = {}
+        self._table_lock = threading.Lock()
+        self._next_offset = 0
+        self._state_end = 0
+        self._tail_records = 0
+        self._tail_entries = 0
+        self._failed_at: float | None = None
+        self._failure: LogbrokerError | None = None
+        self.takeover_seconds: float | None = None
+        self.ready = threading.Event()
+        self._fatal: KafkaError | None = None
+
+    # -- life ---------------------------------------------------------------------------------
+    def start(self, *, eager: bool = False) -> PartitionOwner:
+        """Start the committer thread; ``eager`` takes the partition over at once."""
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(eager,),
+            name=f"logbroker-owner {self.topic}/{self.partition}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def submit(self, txn: Pending) -> None:
+        """Queue ``txn`` for the next commit; its future resolves after it."""
+        with self._cond:
+            if self._closing:
+                raise OwnerGone(f"{self.topic}/{self.partition} is no longer owned here")
+            self._pending.append(txn)
+            self._cond.notify()
+
+    def close(self, *, wait: bool = True) -> None:
+        """Stop taking transactions; commit what is queued; let the producer go."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        thread = self._thread
+        if wait and thread is not None and thread is not threading.current_thread():
+            thread.join(self._settings.operation_timeout_s * 3)
+
+    def _run(self, eager: bool) -> None:
+        try:
+            if eager:
+                self._try_takeover()
+            while True:
+                with self._cond:
+                    while not self._pending and not self._closing:
+                        self._cond.wait()
+                    if not self._pending:
+                        return
+                    group, self._pending = self._take_group()
+                if self.broken and not self._try_takeover():
+                    failure = self._failure or StoreUnavailable("Kafka is unavailable")
+                    for txn in group:
+                        if txn.start():
+                            txn.future.set_exception(failure)
+                    if isinstance(failure, UnknownTopic | UnknownPartition):
+                        self._stop(failure)
+                        return
+                    continue
+                self._commit(group)
+        except BaseException as exc:
+            log.exception("owner of %s/%d failed", self.topic, self.partition)
+            self._stop(OwnerGone(f"owner of {self.topic}/{self.partition} failed: {exc}"))
+        finally:
+            self._stop(OwnerGone(f"{self.topic}/{self.partition} is no longer owned here"))
+
+    def _take_group(self) -> tuple[list[Pending], list[Pending]]:
+        """The queued transactions one Kafka transaction takes; the rest wait for the next."""
+        return self._pending[:_MAX_GROUP], self._pending[_MAX_GROUP:]
+
+    def _stop(self, reason: LogbrokerError) -> None:
+        with self._cond:
+            self._closing = True
+            left, self._pending = self._pending, []
+        for txn in left:
+            if not txn.start():
+                continue
+            if isinstance(reason, OwnerGone):
+                self.ctx.retry(self, txn, reason)
+            else:
+                txn.future.set_exception(reason)
+        self._drop_producer()
+        self.broken = True
+        self.closed = True
+
+    # -- takeover -----------------------------------------------------------------------------
+    def _try_takeover(self) -> bool:
+        now = time.monotonic()
+        if self._failed_at is not None and now - self._failed_at < _FAILED_TAKEOVER_PAUSE_S:
+            return False  # failing fast while Kafka is away: every caller gets a quick 503
+        try:
+            self._take_over()
+        except LogbrokerError as exc:
+            self._failed_at = time.monotonic()
+            self._failure = exc
+            log.warning("taking over %s/%d failed: %s", self.topic, self.partition, exc)
+            return False
+        except Exception as exc:
+            self._failed_at = time.monotonic()
+            self._failure = as_store_error(exc, f"taking over {self.topic}/{self.partition}")
+            log.warning("taking over %s/%d failed: %s", self.topic, self.partition, exc)
+            return False
+        self._failed_at = None
+        self._failure = None
+        return True
+
+    def _take_over(self) -> None:
+        started = time.monotonic()
+        self._drop_producer()
+        ctx = self.ctx
+        timeout = self._settings.operation_timeout_s
+        kafka = ctx.admin.describe(self.topic)
+        if self.partition >= kafka.partitions:
+            raise UnknownPartition(
+                f"topic {self.topic!r} has partitions 0..{kafka.partitions - 1}, "
+                f"not {self.partition}"
+            )
+        if self.topic_id is not None and kafka.topic_id != self.topic_id:
+            raise UnknownTopic(f"topic {self.topic!r} was deleted (and maybe created again)")
+        state_topic = ctx.admin.ensure_state_topic(kafka)
+        txn_id = naming.transactional_id(self._settings.namespace, self.topic, self.partition)
+        self._fatal = None
+        producer = Producer(
+            {**self._settings.producer_config(txn_id), "error_cb": self._on_client_error}
+        )
+        try:
+            # Connected first: librdkafka otherwise waits half a second for a broker to ask
+            # for the transaction coordinator.
+            producer.list_topics(kafka.kafka_name, timeout=timeout)
+            producer.init_transactions(timeout)
+        except KafkaException as exc:
+            raise as_store_error(exc, f"fencing earlier writers of {self.topic}") from exc
+        # From here on no earlier writer can commit: the changelog and the data end are final.
+        low, end = ctx.watermarks.get(state_topic, self.partition, "the state changelog")
+        snapshot = ctx.committed_snapshot(state_topic, self.partition)
+        if snapshot is not None and snapshot < low:
+            raise StoreUnavailable(
+                f"the state changelog of {self.topic}/{self.partition} starts at {low}, "
+                f"after its snapshot at {snapshot}"
+            )
+        replayed = ReplayedState(position=low if snapshot is None else snapshot)
+        ctx.fetchers.replay(
+            state_topic,
+            self.partition,
+            replayed.position,
+            end,
+            replayed.apply,
+            what=f"the state of {self.topic}/{self.partition}",
+        )
+        _data_low, data_end = ctx.watermarks.get(kafka.kafka_name, self.partition, "the data")
+        if replayed.data_end is not None and replayed.data_end > data_end:
+            raise StoreUnavailable(
+                f"{self.topic}/{self.partition}: the changelog says the data ends at "
+                f"{replayed.data_end}, Kafka says {data_end}"
+            )
+        with self._table_lock:
+            self._table = replayed.table
+            self._state_end = end
+        self._producer = producer
+        self._kafka = kafka
+        self._state_topic = state_topic
+        self.topic_id = kafka.topic_id
+        self._next_offset = data_end
+        self._tail_records = replayed.tail_records
+        self._tail_entries = replayed.tail_entries
+        self.broken = False
+        self.takeover_seconds = time.monotonic() - started
+        self.ready.set()
+        log.info(
+            "took over %s/%d in %.3f s (%d state entries, data end %d)",
+            self.topic,
+            self.partition,
+            self.takeover_seconds,
+            len(self._table),
+            data_end,
+        )
+        ctx.on_takeover(self.topic, self.partition, self.takeover_seconds, len(self._table))
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        """librdkafka's fatal errors (a fenced producer above all) arrive here, not raised."""
+        if error.fatal():
+            self._fatal = error
+
+    def _failure_of(self, exc: BaseException, what: str) -> LogbrokerError:
+        """The error a failed Kafka call means, knowing what the producer reported."""
+        if self._fatal is not None and is_fenced(self._fatal):
+            return WriterFenced(f"{what}: {self._fatal}")
+        if self._fatal is not None:
+            return WriterFenced(f"{what}: {self._fatal}")
+        return as_commit_error(exc, what)
+
+    def _drop_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.purge()
+                producer.flush(0)
+            except Exception:  # a producer that is fenced or broken is dropped all the same
+                log.debug("dropping the producer of %s/%d", self.topic, self.partition)
+
+    # -- reads of the state ---------------------------------------------------------------------
+    def read_state(self, keys: Sequence[str]) -> tuple[dict[str, bytes | None], int]:
+        """Current values of ``keys`` and the next data offset, if this owner is still current.
+
+        Current means no other writer has committed to the changelog since our last commit:
+        its last stable offset is still ours.  Otherwise this owner is stale (it was fenced)
+        and :class:`OwnerGone` is raised.
+        """
+        if self.broken or self.closed or self._kafka is None:
+            raise OwnerGone(f"{self.topic}/{self.partition} is not owned here right now")
+        _low, end = self.ctx.watermarks.get(self._state_topic, self.partition, "the state")
+        with self._table_lock:
+            if end > self._state_end:
+                self.broken = True
+                raise OwnerGone(f"another writer committed to {self.topic}/{self.partition}")
+            return {key: self._table.get(key) for key in keys}, self._next_offset
+
+    # -- group commit -----------------------------------------------------------------------
+    def _commit(self, group: list[Pending]) -> None:
+        group = [txn for txn in group if txn.start()]
+        if not group:
+            return
+        changes: dict[str, bytes] = {}
+        values: list[bytes] = []
+        outcomes: list[tuple[Pending, AppendResult | None, BaseException | None]] = []
+        base = self._next_offset
+        for txn in group:
+            state = _TxnState(self._table, changes, base + len(values))
+            try:
+                produced = [bytes(v) for v in txn.fn(state)]
+            except Exception as exc:  # the transaction's own failure; the others go on
+                outcomes.append((txn, None, exc))
+                continue
+            changes.update(state.local)
+            first = base + len(values)
+            values.extend(produced)
+            outcomes.append((txn, AppendResult(first, base + len(values) - 1), None))
+        if values or changes:
+            try:
+                delta_offset = self._run_transaction(base, values, changes)
+            except BaseException as exc:
+                failure = (
+                    exc if isinstance(exc, LogbrokerError) else self._failure_of(exc, "commit")
+                )
+                self.broken = True
+                self._failed_at = None
+                if not isinstance(failure, WriterFenced) and self._topic_gone():
+                    failure = UnknownTopic(f"topic {self.topic!r} was deleted")
+                for txn, _result, error in outcomes:
+                    if error is not None:
+                        txn.future.set_exception(error)
+                    elif isinstance(failure, WriterFenced):
+                        self.ctx.retry(self, txn, failure)
+                    else:
+                        txn.future.set_exception(failure)
+                return
+            with self._table_lock:
+                self._table.update(changes)
+                self._state_end = delta_offset + 2
+            self._next_offset = base + len(values) + (1 if values else 0)
+            self._tail_records += 1
+            self._tail_entries += len(changes)
+            self._await_visible(values, base, delta_offset)
+        for txn, result, error in outcomes:
+            if error is not None:
+                txn.future.set_exception(error)
+            else:
+                assert result is not None
+                txn.future.set_result(result)
+        self._maybe_snapshot()
+
+    def _topic_gone(self) -> bool:
+        """True if the topic this owner writes was deleted (or deleted and created again)."""
+        try:
+            return self.ctx.admin.describe(self.topic).topic_id != self.topic_id
+        except UnknownTopic:
+            return True
+        except LogbrokerError:
+            return False
+
+    def _produce(
+        self,
+        topic: str,
+        value: bytes,
+        on_delivery: Callable[[object, object], None] | None,
+    ) -> None:
+        producer = self._producer
+        assert producer is not None
+        while True:
+            try:
+                if on_delivery is None:
+                    producer.produce(topic, value, partition=self.partition)
+                else:
+                    producer.produce(
+                        topic, value, partition=self.partition, on_delivery=on_delivery
+                    )
+                return
+            except BufferError:
+                producer.poll(0.01)
+
+    def _run_transaction(self, base: int, values: list[bytes], changes: Mapping[str, bytes]) -> int:
+        """Produce ``values`` and the delta in one Kafka transaction and commit it.
+
+        Returns the delta record's offset.  On any failure the transaction is aborted (or
+        left to the next takeover to settle) and the error is raised.
+        """
+        producer = self._producer
+        kafka = self._kafka
+        assert producer is not None and kafka is not None
+        timeout = self._settings.operation_timeout_s
+        offsets: dict[str, int] = {}
+        errors: list[object] = []
+
+        def note(name: str) -> Callable[[object, object], None]:
+            def callback(err: object, msg: object) -> None:
+                if err is not None:
+                    errors.append(err)
+                else:
+                    offsets[name] = msg.offset()  # type: ignore[attr-defined]
+
+            return callback
+
+        data_end = base + len(values) + (1 if values else 0)
+        try:
+            producer.begin_transaction()
+            last = len(values) - 1
+            for i, value in enumerate(values):
+                callback = note("first") if i == 0 else note("last") if i == last else None
+                self._produce(kafka.kafka_name, value, callback)
+            self._produce(self._state_topic, delta_record(data_end, changes), note("delta"))
+            if producer.flush(timeout) > 0:
+                raise StoreUnavailable("Kafka did not take the records in time")
+            if errors:
+                raise StoreUnavailable(f"Kafka refused a record: {errors[0]}")
+            if values:
+                first = offsets.get("first")
+                last_offset = offsets.get("last", first)
+                if first != base or last_offset != base + len(values) - 1:
+                    raise StoreUnavailable(
+                        f"{self.topic}/{self.partition}: records got offsets "
+                        f"{first}..{last_offset}, expected {base}..{base + len(values) - 1} "
+                        "(another writer?)"
+                    )
+            producer.commit_transaction(timeout)
+        except BaseException as exc:
+            self._abort_quietly()
+            failure = self._failure_of(exc, f"committing to {self.topic}")
+            if isinstance(exc, LogbrokerError) and not isinstance(failure, WriterFenced):
+                raise
+            raise failure from exc
+        return offsets["delta"]
+
+    def _abort_quietly(self) -> None:
+        producer = self._producer
+        if producer is None:
+            return
+        try:
+            producer.abort_transaction(min(5.0, self._settings.operation_timeout_s))
+        except Exception as exc:  # the next takeover settles whatever is left open
+            log.debug("abort of %s/%d failed: %s", self.topic, self.partition, exc)
+
+    def _await_visible(self, values: list[bytes], base: int, delta_offset: int) -> None:
+        """Wait until read_committed readers see the commit (its markers are written)."""
+        assert self._kafka is not None
+        if values:
+            topic, wanted = self._kafka.kafka_name, base + len(values)
+        else:
+            topic, wanted = self._state_topic, delta_offset + 1
+        deadline = time.monotonic() + self._settings.operation_timeout_s
+        pause = 0.0005
+        while True:
+            try:
+                _low, end = self.ctx.watermarks.get(topic, self.partition, "visibility")
+            except LogbrokerError as exc:
+                log.warning("cannot see the commit of %s/%d: %s", self.topic, self.partition, exc)
+                return
+            if end >= wanted or time.monotonic() > deadline:
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+    # -- snapshots ------------------------------------------------------------------------------
+    def _maybe_snapshot(self) -> None:
+        cost = self._tail_entries + 8 * self._tail_records
+        if cost < max(self._settings.snapshot_min_entries, len(self._table)):
+            return
+        try:
+            self._snapshot()
+        except Exception as exc:
+            self.broken = True
+            self._failed_at = None
+            log.warning("snapshot of %s/%d failed: %s", self.topic, self.partition, exc)
+
+    def _snapshot(self) -> None:
+        producer = self._producer
+        assert producer is not None
+        timeout = self._settings.operation_timeout_s
+        records = snapshot_records(self._next_offset, self._table)
+        offsets: dict[str, int] = {}
+        errors: list[object] = []
+
+        def note(name: str) -> Callable[[object, object], None]:
+            def callback(err: object, msg: object) -> None:
+                if err is not None:
+                    errors.append(err)
+                else:
+                    offsets[name] = msg.offset()  # type: ignore[attr-defined]
+
+            return callback
+
+        try:
+            producer.begin_transaction()
+            for i, record in enumerate(records):
+                callback = (
+                    note("first") if i == 0 else note("last") if i == len(records) - 1 else None
+                )
+                self._produce(self._state_topic, record, callback)
+            if producer.flush(timeout) > 0 or errors:
+                raise StoreUnavailable(f"snapshot records not delivered: {errors[:1]}")
+            first = offsets["first"]
+            producer.send_offsets_to_transaction(
+                [TopicPartition(self._state_topic, self.partition, first)],
+                self.ctx.group_metadata(),
+                timeout,
+            )
+            producer.commit_transaction(timeout)
+        except BaseException:
+            self._abort_quietly()
+            raise
+        last = offsets.get("last", first)
+        with self._table_lock:
+            self._state_end = last + 2
+        self._tail_records = 0
+        self._tail_entries = 0
+        self.ctx.admin.delete_records_later(self._state_topic, self.partition, first)
+        log.info(
+            "snapshot of %s/%d: %d entries at changelog offset %d",
+            self.topic,
+            self.partition,
+            len(self._table),
+            first,
+        )

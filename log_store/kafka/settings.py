@@ -1,0 +1,135 @@
+"""How the Kafka backend talks to a cluster: one frozen object, and the client configs from it.
+
+Every librdkafka client logbroker makes (transactional producers, read_committed consumers,
+the admin client, the gateways' group member) starts from :meth:`KafkaSettings.client_base`:
+the bootstrap servers plus ``properties`` passed through unchanged, which is where TLS and
+SASL go (``security.protocol``, ``ssl.ca.location``, ``sasl.mechanism``, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from log_store.errors import BadRequest
+
+COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+_NAMESPACE = re.compile(r"[a-z0-9._-]{0,40}")
+# What logbroker sets itself: a pass-through property may not change exactly-once.
+_RESERVED = frozenset(
+    {
+        "bootstrap.servers",
+        "transactional.id",
+        "enable.idempotence",
+        "acks",
+        "isolation.level",
+        "group.id",
+        "enable.auto.commit",
+        "enable.partition.eof",
+    }
+)
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Settings of the Kafka backend (see ``docs/kafka.md`` for each one)."""
+
+    bootstrap: str
+    namespace: str = ""
+    """Prefix of every Kafka topic, group and transactional id logbroker makes: several
+    installations (or test runs) can share one cluster without seeing each other."""
+    compression: str = "lz4"
+    linger_ms: float = 5.0
+    replication_factor: int = -1
+    """Of every topic logbroker creates; -1 takes the broker's ``default.replication.factor``."""
+    min_insync_replicas: int | None = None
+    """Of every topic logbroker creates; None takes the broker's ``min.insync.replicas``."""
+    properties: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    transaction_timeout_ms: int = 60_000
+    operation_timeout_s: float = 15.0
+    """How long an append or a takeover waits for the cluster before giving up (503)."""
+    max_message_bytes: int = 16 * 1024 * 1024 + 64 * 1024
+    snapshot_min_entries: int = 20_000
+    """A partition's state is snapshotted once replaying its tail would cost about this many
+    entries (or the table's size, if larger); takeover reads the snapshot plus that tail."""
+    session_timeout_ms: int = 10_000
+    """The gateways' group: a gateway silent this long loses its partitions to the others."""
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap or not isinstance(self.bootstrap, str):
+            raise BadRequest("kafka bootstrap servers (HOST:PORT[,HOST:PORT...]) are required")
+        if not _NAMESPACE.fullmatch(self.namespace):
+            raise BadRequest("kafka namespace must be 0-40 characters of [a-z0-9._-]")
+        if self.compression not in COMPRESSIONS:
+            raise BadRequest(f"kafka compression must be one of {', '.join(COMPRESSIONS)}")
+        if self.linger_ms < 0:
+            raise BadRequest("kafka linger_ms must not be negative")
+        if self.replication_factor == 0 or self.replication_factor < -1:
+            raise BadRequest("kafka replication_factor must be positive (or -1: broker default)")
+        if self.min_insync_replicas is not None and self.min_insync_replicas < 1:
+            raise BadRequest("kafka min_insync_replicas must be positive")
+        if self.operation_timeout_s <= 0:
+            raise BadRequest("kafka operation_timeout_s must be positive")
+        if self.session_timeout_ms < 1000:
+            raise BadRequest("kafka session_timeout_ms must be at least 1000")
+        reserved = sorted(set(self.properties) & _RESERVED)
+        if reserved:
+            raise BadRequest(
+                f"kafka properties {', '.join(reserved)} are set by logbroker itself "
+                "(exactly-once depends on them)"
+            )
+        for key, value in self.properties.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise BadRequest("kafka properties must map strings to strings")
+
+    # -- client configurations --------------------------------------------------------------
+    def client_base(self) -> dict[str, Any]:
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "client.id": f"{self.namespace}logbroker",
+            "log_level": 4,  # librdkafka's warnings and errors, on stderr
+            "socket.keepalive.enable": True,
+            "reconnect.backoff.ms": 50,
+            "reconnect.backoff.max.ms": 1000,
+            **self.properties,
+        }
+
+    def producer_config(self, transactional_id: str) -> dict[str, Any]:
+        """A transactional (so idempotent, ``acks=all``) producer of one partition owner."""
+        return {
+            **self.client_base(),
+            "transactional.id": transactional_id,
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": self.compression,
+            "linger.ms": self.linger_ms,
+            "message.max.bytes": self.max_message_bytes + 4096,
+            "transaction.timeout.ms": self.transaction_timeout_ms,
+            "message.timeout.ms": min(self.transaction_timeout_ms, 300_000),
+            "queue.buffering.max.messages": 1_000_000,
+            # a topic deleted under a writer fails its records in 2 s, not after 30 s
+            "topic.metadata.propagation.max.ms": 2000,
+            "retry.backoff.ms": 20,
+            "retry.backoff.max.ms": 250,
+        }
+
+    def reader_config(self, group: str) -> dict[str, Any]:
+        """A read_committed consumer that is assigned partitions by hand (never subscribes)."""
+        return {
+            **self.client_base(),
+            "group.id": group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",
+            "fetch.wait.max.ms": 100,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "max.partition.fetch.bytes": 8 * 1024 * 1024,
+            "queued.max.messages.kbytes": 16 * 1024,
+        }
+
+    def admin_config(self) -> dict[str, Any]:
+        return self.client_base()

@@ -1,0 +1,512 @@
+"""The log store on Apache Kafka: the same ``LogStore`` as the embedded one, exactly once.
+
+- Topics are Kafka topics; each has a state topic, the changelog of its partitions' state
+  areas (see :mod:`log_store.kafka.state_changelog`).
+- Writes run at the partition's single writer, :class:`PartitionOwner`: in this process if
+  the placement says it owns the partition, else at the owner's process.
+- Reads use read_committed consumers; a partition's end offset is its last stable offset.
+- Topic-level state (the pins of sources to partitions) lives in the state area of a *home*
+  partition chosen by a stable hash of the key over the topic's *home count*, the partition
+  count when the topic's first topic-level state was written, recorded in partition 0's
+  state; since that count never changes, growing the topic never moves a key's home, and the
+  home partition's single writer makes put-if-absent atomic across every process.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+from log_store.errors import (
+    BadRequest,
+    LogbrokerError,
+    OffsetOutOfRange,
+    StoreUnavailable,
+    UnknownPartition,
+    UnknownTopic,
+)
+from log_store.interface import (
+    AppendResult,
+    PartitionState,
+    ReadResult,
+    StoreCapabilities,
+    TopicConfig,
+    TopicInfo,
+    TransactionFn,
+)
+from log_store.kafka import naming
+from log_store.kafka.failures import OwnerGone, WriterFenced, as_store_error
+from log_store.kafka.fetcher import FetcherPool, Watermarks
+from log_store.kafka.partition_owner import OwnerContext, PartitionOwner, Pending
+from log_store.kafka.placement import OnDemand, Placement
+from log_store.kafka.settings import KafkaSettings
+from log_store.kafka.state_changelog import ReplayedState
+from log_store.kafka.topic_admin import KafkaTopic, TopicAdmin, check_config
+from log_store.topic_names import validate_topic_name
+
+log = logging.getLogger(__name__)
+
+TOPIC_RECORD_KEY = "__topic"
+TOPIC_STATE_PREFIX = "topic/"
+_MAX_ATTEMPTS = 8
+_TOPIC_CACHE_S = 2.0
+
+
+def home_partition(key: str, home_count: int) -> int:
+    """The partition whose state holds topic-level key ``key`` (same in every release)."""
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % home_count
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class KafkaLogStore:
+    """The partitioned log on Kafka.  See ``log_store.interface.LogStore`` and docs/kafka.md."""
+
+    capabilities = StoreCapabilities(
+        dense_offsets=False, store_retention=False, segment_files=False
+    )
+
+    def __init__(self, settings: KafkaSettings, *, placement: Placement | None = None) -> None:
+        self.settings = settings
+        self.placement: Placement = placement or OnDemand()
+        self._admin = TopicAdmin(settings)
+        self._watermarks = Watermarks(settings)
+        self._fetchers = FetcherPool(settings, self._watermarks)
+        self._ctx = OwnerContext(
+            settings,
+            self._admin,
+            self._watermarks,
+            self._fetchers,
+            retry=self._retry,
+            on_takeover=self._note_takeover,
+        )
+        self._owners: dict[tuple[str, int], PartitionOwner] = {}
+        self._lock = threading.Lock()
+        self._topics: dict[str, tuple[KafkaTopic, float]] = {}
+        self._records: dict[str, dict[str, Any]] = {}
+        self._replayed: dict[tuple[str, int], ReplayedState] = {}
+        self._replay_lock = threading.Lock()
+        self.takeovers: deque[tuple[str, int, float, int]] = deque(maxlen=1000)
+        """Recent takeovers: (topic, partition, seconds, state entries)."""
+        self._closed = False
+
+    # -- topics ---------------------------------------------------------------------------------
+    def _topic(self, name: str, *, fresh: bool = False) -> KafkaTopic:
+        validate_topic_name(name)
+        cached = self._topics.get(name)
+        if cached is not None and not fresh and time.monotonic() - cached[1] < _TOPIC_CACHE_S:
+            return cached[0]
+        try:
+            topic = self._admin.describe(name)
+        except UnknownTopic:
+            self._topics.pop(name, None)
+            raise
+        self._topics[name] = (topic, time.monotonic())
+        return topic
+
+    def _check_partition(self, name: str, partition: int) -> KafkaTopic:
+        if not isinstance(partition, int) or partition < 0:
+            raise UnknownPartition(f"partition must be a non-negative integer, got {partition!r}")
+        topic = self._topic(name)
+        if partition >= topic.partitions:
+            topic = self._topic(name, fresh=True)
+            if partition >= topic.partitions:
+                raise UnknownPartition(
+                    f"topic {name!r} has partitions 0..{topic.partitions - 1}, not {partition}"
+                )
+        return topic
+
+    def _info(self, topic: KafkaTopic, *, with_partitions: bool) -> TopicInfo:
+        config = self._admin.config(topic.name)
+        config = TopicConfig(
+            partitions=topic.partitions,
+            retention_ms=config.retention_ms,
+            retention_bytes=config.retention_bytes,
+            segment_bytes=config.segment_bytes,
+        )
+        created_ms = 0
+        try:
+            record = self._topic_record(topic, create=False)
+            if record is not None:
+                created_ms = int(record["created_ms"])
+        except (StoreUnavailable, UnknownPartition) as exc:
+            log.info("topic record of %s not readable now: %s", topic.name, exc)
+        partitions = self._admin.partition_infos(topic) if with_partitions else []
+        return TopicInfo(topic.name, topic.topic_id, config, created_ms, partitions)
+
+    def create_topic(
+        self, name: str, config: TopicConfig | None = None, *, exist_ok: bool = False
+    ) -> TopicInfo:
+        validate_topic_name(name)
+        config = config or TopicConfig()
+        check_config(config)
+        topic = self._admin.create(name, config, exist_ok=exist_ok)
+        self._topics[name] = (topic, time.monotonic())
+        return self._info(topic, with_partitions=False)
+
+    def delete_topic(self, name: str) -> None:
+        topic = self._topic(name, fresh=True)
+        with self._lock:
+            owners = [o for (t, _p), o in self._owners.items() if t == name]
+        for owner in owners:
+            owner.close(wait=True)
+        # Fence every partition's writer, wherever it runs, before the data goes: none of
+        # them can commit afterwards, also not into a topic of the same name created later.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda p: self._fence(topic, p), range(topic.partitions)))
+        self._admin.delete(topic)
+        self._forget_topic(name)
+
+    def _fence(self, topic: KafkaTopic, partition: int) -> None:
+        txn_id = naming.transactional_id(self.settings.namespace, topic.name, partition)
+        producer = Producer(self.settings.producer_config(txn_id))
+        try:
+            producer.list_topics(topic.kafka_name, timeout=self.settings.operation_timeout_s)
+            producer.init_transactions(self.settings.operation_timeout_s)
+        except KafkaException as exc:
+            raise as_store_error(exc, f"fencing the writers of {topic.name}") from exc
+
+    def _forget_topic(self, name: str) -> None:
+        self._topics.pop(name, None)
+        with self._lock:
+            stale = [key for key in self._owners if key[0] == name]
+            for key in stale:
+                self._owners.pop(key).close(wait=False)
+        self._fetchers.forget(naming.data_topic(self.settings.namespace, name))
+
+    def set_partitions(self, name: str, count: int) -> TopicInfo:
+        topic = self._topic(name, fresh=True)
+        self._admin.grow(topic, count)
+        deadline = time.monotonic() + self.settings.operation_timeout_s
+        while topic.partitions < count and time.monotonic() < deadline:
+            time.sleep(0.05)  # the new partitions take a moment to show in the metadata
+            topic = self._topic(name, fresh=True)
+        return self._info(topic, with_partitions=False)
+
+    def alter_topic(
+        self,
+        name: str,
+        *,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        segment_bytes: int | None = None,
+    ) -> TopicInfo:
+        topic = self._topic(name, fresh=True)
+        current = self._admin.config(name)
+        config = TopicConfig(
+            partitions=topic.partitions,
+            retention_ms=retention_ms if retention_ms is not None else current.retention_ms,
+            retention_bytes=(
+                retention_bytes if retention_bytes is not None else current.retention_bytes
+            ),
+            segment_bytes=segment_bytes or current.segment_bytes,
+        )
+        check_config(config)
+        self._admin.alter(name, config)
+        return self._info(topic, with_partitions=False)
+
+    def list_topics(self) -> list[TopicInfo]:
+        infos = []
+        for topic in self._admin.fetch_topics(self._admin.names()):
+            try:
+                infos.append(self._info(topic, with_partitions=False))
+            except UnknownTopic:
+                continue  # deleted since the listing
+        return infos
+
+    def describe_topic(self, name: str) -> TopicInfo:
+        return self._info(self._topic(name, fresh=True), with_partitions=True)
+
+    # -- the topic record and topic-level state ---------------------------------------------------
+    def _topic_record(self, topic: KafkaTopic, *, create: bool) -> dict[str, Any] | None:
+        """Partition 0's record of the topic: when it was created and its home count."""
+        record = self._records.get(topic.topic_id)
+        if record is not None:
+            return record
+        raw = self._state_values(topic.name, 0, [TOPIC_RECORD_KEY])[TOPIC_RECORD_KEY]
+        if raw is None and create:
+            proposed = json.dumps(
+                {"created_ms": _now_ms(), "home_partitions": topic.partitions}
+            ).encode()
+            won: list[bytes] = []
+
+            def put_if_absent(state: PartitionState) -> Sequence[bytes]:
+                current = state.get(TOPIC_RECORD_KEY)
+                if current is None:
+                    state.put(TOPIC_RECORD_KEY, proposed)
+                won.append(current or proposed)
+                return ()
+
+            self.transact(topic.name, 0, put_if_absent)
+            raw = won[-1]
+        if raw is None:
+            return None
+        record = dict(json.loads(raw))
+        self._records[topic.topic_id] = record
+        return record
+
+    def put_topic_state_if_absent(self, topic: str, key: str, value: bytes) -> bytes:
+        return self.put_topic_state_many_if_absent(topic, {key: value})[key]
+
+    def put_topic_state_many_if_absent(
+        self, topic: str, items: Mapping[str, bytes]
+    ) -> dict[str, bytes]:
+        kafka = self._topic(topic, fresh=True)
+        record = self._topic_record(kafka, create=True)
+        assert record is not None
+        homes: dict[int, dict[str, bytes]] = {}
+        for key, value in items.items():
+            homes.setdefault(home_partition(key, int(record["home_partitions"])), {})[key] = value
+        won: dict[str, bytes] = {}
+        futures = []
+        for home, wanted in homes.items():
+
+            def put_if_absent(
+                state: PartitionState, wanted: dict[str, bytes] = wanted
+            ) -> Sequence[bytes]:
+                found = {}
+                for key, value in wanted.items():
+                    current = state.get(TOPIC_STATE_PREFIX + key)
+                    if current is None:
+                        state.put(TOPIC_STATE_PREFIX + key, value)
+                        current = value
+                    found[key] = current
+                won.update(found)
+                return ()
+
+            futures.append(self.submit(topic, home, put_if_absent))
+        for future in futures:
+            future.result()
+        return {key: won[key] for key in items}
+
+    def get_topic_state(self, topic: str, key: str) -> bytes | None:
+        kafka = self._topic(topic)
+        record = self._topic_record(kafka, create=False)
+        if record is None:
+            return None
+        home = home_partition(key, int(record["home_partitions"]))
+        return self.get_state(topic, home, TOPIC_STATE_PREFIX + key)
+
+    # -- writes ---------------------------------------------------------------------------------
+    def submit(
+        self, topic: str, partition: int, fn: TransactionFn
+    ) -> concurrent.futures.Future[AppendResult]:
+        validate_topic_name(topic)
+        if not isinstance(partition, int) or partition < 0:
+            raise UnknownPartition(f"partition must be a non-negative integer, got {partition!r}")
+        future: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
+        self._dispatch(topic, partition, Pending(fn, future))
+        return future
+
+    def _dispatch(self, topic: str, partition: int, txn: Pending) -> None:
+        """Hand ``txn`` to the partition's owner: here (taking it over if needed) or remote."""
+        if self._closed:
+            self._fail(txn, StoreUnavailable("log store is closed"))
+            return
+        if not self.placement.owns(topic, partition):
+            remote = self.placement.remote()
+            if remote is None:
+                self._fail(txn, StoreUnavailable(f"no owner of {topic}/{partition} is known"))
+                return
+            remote.submit(topic, partition, txn.fn, txn.future)
+            return
+        for _ in range(3):
+            owner = self._owner(topic, partition)
+            try:
+                owner.submit(txn)
+                return
+            except OwnerGone:
+                self._drop_owner(owner)
+        self._fail(txn, StoreUnavailable(f"{topic}/{partition} keeps changing hands; retry"))
+
+    @staticmethod
+    def _fail(txn: Pending, error: BaseException) -> None:
+        if txn.start():
+            txn.future.set_exception(error)
+
+    def _owner(self, topic: str, partition: int, *, eager: bool = False) -> PartitionOwner:
+        key = (topic, partition)
+        with self._lock:
+            owner = self._owners.get(key)
+            if owner is None or owner.closed:
+                owner = PartitionOwner(self._ctx, topic, partition).start(eager=eager)
+                self._owners[key] = owner
+            return owner
+
+    def _drop_owner(self, owner: PartitionOwner) -> None:
+        with self._lock:
+            if self._owners.get((owner.topic, owner.partition)) is owner:
+                del self._owners[(owner.topic, owner.partition)]
+        owner.close(wait=False)
+
+    def _retry(self, owner: PartitionOwner, txn: Pending, reason: BaseException) -> None:
+        """An owner lost the partition before running ``txn``: send it wherever it is owned now.
+
+        Runs in the old owner's thread.  A fenced writer here means another process took the
+        partition over: the next attempt takes it back (on demand) or goes to the new owner.
+        """
+        self._drop_owner(owner)
+        txn.attempts += 1
+        if txn.attempts > _MAX_ATTEMPTS or self._closed:
+            txn.future.set_exception(
+                StoreUnavailable(
+                    f"{owner.topic}/{owner.partition} is being taken over by another writer "
+                    f"({reason}); retry"
+                )
+            )
+            return
+        if isinstance(reason, WriterFenced):
+            # two writers taking one partition from each other: let one of them win
+            time.sleep(random.uniform(0.0, 0.05 * txn.attempts))
+        self._dispatch(owner.topic, owner.partition, txn)
+
+    def _note_takeover(self, topic: str, partition: int, seconds: float, entries: int) -> None:
+        self.takeovers.append((topic, partition, seconds, entries))
+
+    def take_over(self, topic: str, partition: int) -> PartitionOwner:
+        """Become the partition's writer now (a gateway does this for partitions it is given)."""
+        return self._owner(topic, partition, eager=True)
+
+    def release(self, topic: str, partition: int, *, wait: bool = True) -> None:
+        """Stop writing the partition here; queued transactions go to its next owner."""
+        with self._lock:
+            owner = self._owners.pop((topic, partition), None)
+        if owner is not None:
+            owner.close(wait=wait)
+
+    def local_owner(self, topic: str, partition: int) -> PartitionOwner | None:
+        with self._lock:
+            owner = self._owners.get((topic, partition))
+        return owner if owner is not None and not owner.closed else None
+
+    def transact(self, topic: str, partition: int, fn: TransactionFn) -> AppendResult:
+        return self.submit(topic, partition, fn).result()
+
+    def append(self, topic: str, partition: int, values: Sequence[bytes]) -> AppendResult:
+        kept = list(values)
+        return self.transact(topic, partition, lambda _state: kept)
+
+    # -- reads ----------------------------------------------------------------------------------
+    def read(
+        self, topic: str, partition: int, offset: int, max_bytes: int = 1024 * 1024
+    ) -> ReadResult:
+        kafka = self._check_partition(topic, partition)
+        if offset < 0:
+            low, end = self._watermarks.get(kafka.kafka_name, partition)
+            raise OffsetOutOfRange(f"offset {offset} is negative", low, end)
+        try:
+            return self._fetchers.read(
+                kafka.kafka_name, partition, offset, max(1, max_bytes), what=f"{topic}/{partition}"
+            )
+        except UnknownTopic:
+            self._forget_topic(topic)
+            raise
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        kafka = self._check_partition(topic, partition)
+        return self._watermarks.get(kafka.kafka_name, partition)[1]
+
+    def wait_for_data(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
+        kafka = self._check_partition(topic, partition)
+        return self._fetchers.wait(kafka.kafka_name, partition, offset, timeout_s)
+
+    def get_state(self, topic: str, partition: int, key: str) -> bytes | None:
+        return self._state_values(topic, partition, [key])[key]
+
+    def _state_values(
+        self, topic: str, partition: int, keys: Sequence[str]
+    ) -> dict[str, bytes | None]:
+        """Committed values of ``keys``: from the owner, here or remote, or the changelog."""
+        kafka = self._check_partition(topic, partition)
+        if self.placement.owns(topic, partition):
+            owner = self.local_owner(topic, partition)
+            if owner is not None:
+                try:
+                    return owner.read_state(keys)[0]
+                except OwnerGone:
+                    self._drop_owner(owner)
+        else:
+            remote = self.placement.remote()
+            if remote is not None:
+                return remote.read_state(topic, partition, keys)
+        table = self._replay(kafka, partition)
+        return {key: table.get(key) for key in keys}
+
+    def _replay(self, topic: KafkaTopic, partition: int) -> dict[str, bytes]:
+        """The partition's state read from its changelog, without becoming its writer."""
+        state_topic = naming.state_topic(self.settings.namespace, topic.topic_id)
+        with self._replay_lock:
+            key = (topic.topic_id, partition)
+            try:
+                low, end = self._watermarks.get(state_topic, partition, "the state changelog")
+            except UnknownTopic:
+                return {}  # never written: the state topic is made by the first writer
+            replayed = self._replayed.get(key)
+            if replayed is None or replayed.position < low:
+                snapshot = self._ctx.committed_snapshot(state_topic, partition)
+                replayed = ReplayedState(position=low if snapshot is None else snapshot)
+                self._replayed[key] = replayed
+            self._fetchers.replay(
+                state_topic,
+                partition,
+                replayed.position,
+                end,
+                replayed.apply,
+                what=f"the state of {topic.name}/{partition}",
+            )
+            replayed.position = max(replayed.position, end)
+            return replayed.table
+
+    # -- retention --------------------------------------------------------------------------------
+    def apply_retention(self, now_ms: int | None = None) -> dict[tuple[str, int], int]:
+        """Nothing to do: Kafka applies each topic's ``retention.ms``/``retention.bytes``."""
+        return {}
+
+    def delete_segments_before(self, topic: str, partition: int, offset: int) -> int:
+        if offset < 0:
+            raise BadRequest("offset must not be negative")
+        kafka = self._check_partition(topic, partition)
+        low, end = self._watermarks.get(kafka.kafka_name, partition)
+        target = min(offset, end)
+        if target <= low:
+            return low
+        return self._admin.delete_records(kafka.kafka_name, partition, target)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            owners, self._owners = list(self._owners.values()), {}
+        for owner in owners:
+            owner.close(wait=True)
+        remote = self.placement.remote()
+        if remote is not None:
+            remote.close()
+        self._fetchers.close()
+        self._watermarks.close()
+        self._ctx.close()
+
+    def __enter__(self) -> KafkaLogStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def owner_error(exc: BaseException) -> LogbrokerError:
+    """How a failure inside an owner is reported to a caller of another process."""
+    return exc if isinstance(exc, LogbrokerError) else as_store_error(exc, "transaction")

@@ -1,0 +1,381 @@
+"""Topics on Kafka: the data topics users see and the state topics behind them.
+
+A logbroker topic is the Kafka topic of the same name (under the namespace) plus its state
+topic, named by the data topic's Kafka topic id.  Kafka gives every topic an id at creation,
+so a topic deleted and created again is a new identity, and state can never leak from the
+old one into the new one: the old state topic has another name.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from confluent_kafka import (
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    OffsetSpec,
+)
+
+from log_store.errors import BadRequest, StoreUnavailable, TopicExists, UnknownTopic
+from log_store.interface import PartitionInfo, TopicConfig
+from log_store.kafka import naming
+from log_store.kafka.failures import as_store_error, kafka_error
+from log_store.kafka.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+MAX_PARTITIONS = 1024
+KAFKA_MIN_SEGMENT_BYTES = 1024 * 1024
+"""Kafka refuses smaller segments; a smaller ``segment_bytes`` is raised to this."""
+_STATE_SEGMENT_BYTES = 16 * 1024 * 1024
+_RECREATE_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class KafkaTopic:
+    """What Kafka says a topic is right now."""
+
+    name: str
+    kafka_name: str
+    topic_id: str
+    partitions: int
+
+
+def _config_dict(config: TopicConfig, settings: KafkaSettings) -> dict[str, str]:
+    values = {
+        "cleanup.policy": "delete",
+        "retention.ms": str(-1 if config.retention_ms is None else config.retention_ms),
+        "retention.bytes": str(-1 if config.retention_bytes is None else config.retention_bytes),
+        "segment.bytes": str(max(KAFKA_MIN_SEGMENT_BYTES, config.segment_bytes)),
+        "max.message.bytes": str(settings.max_message_bytes),
+        "message.timestamp.type": "CreateTime",
+    }
+    if settings.min_insync_replicas is not None:
+        values["min.insync.replicas"] = str(settings.min_insync_replicas)
+    return values
+
+
+def check_config(config: TopicConfig) -> None:
+    if not 1 <= config.partitions <= MAX_PARTITIONS:
+        raise BadRequest(f"partitions must be 1..{MAX_PARTITIONS}, got {config.partitions}")
+    if config.segment_bytes < 4096:
+        raise BadRequest("segment_bytes must be at least 4096")
+    for name in ("retention_ms", "retention_bytes"):
+        value = getattr(config, name)
+        if value is not None and value < 0:
+            raise BadRequest(f"{name} must not be negative")
+
+
+class TopicAdmin:
+    """Create, describe, grow, alter and delete topics (data and state) with one AdminClient."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self.ns = settings.namespace
+        self.client = AdminClient(settings.admin_config())
+        self._timeout = settings.operation_timeout_s
+
+    def _wait(self, future: concurrent.futures.Future[object], what: str) -> object:
+        try:
+            return future.result(timeout=self._timeout + 5)
+        except concurrent.futures.TimeoutError:
+            raise StoreUnavailable(f"Kafka did not answer ({what}) in time") from None
+
+    # -- looking ------------------------------------------------------------------------------
+    def describe(self, name: str) -> KafkaTopic:
+        """The topic's identity and partition count; ``UnknownTopic`` if Kafka has none."""
+        kafka_name = naming.data_topic(self.ns, name)
+        futures = self.client.describe_topics(
+            TopicCollection([kafka_name]), request_timeout=self._timeout
+        )
+        try:
+            description = self._wait(futures[kafka_name], f"describing {name}")
+        except KafkaException as exc:
+            error = as_store_error(exc, f"describing {name}")
+            if isinstance(error, UnknownTopic):
+                raise UnknownTopic(f"unknown topic {name!r}") from None
+            raise error from exc
+        return KafkaTopic(
+            name,
+            kafka_name,
+            naming.topic_id_text(description.topic_id),  # type: ignore[attr-defined]
+            len(description.partitions),  # type: ignore[attr-defined]
+        )
+
+    def names(self) -> list[str]:
+        """Every logbroker topic of this namespace, sorted."""
+        try:
+            metadata = self.client.list_topics(timeout=self._timeout)
+        except KafkaException as exc:
+            raise as_store_error(exc, "listing topics") from exc
+        names = []
+        for kafka_name in metadata.topics:
+            name = naming.logbroker_topic(self.ns, kafka_name)
+            if name is not None:
+                names.append(name)
+        return sorted(names)
+
+    def config(self, name: str) -> TopicConfig:
+        resource = ConfigResource(ConfigResource.Type.TOPIC, naming.data_topic(self.ns, name))
+        futures = self.client.describe_configs([resource], request_timeout=self._timeout)
+        try:
+            entries = self._wait(futures[resource], f"describing {name}'s configuration")
+        except KafkaException as exc:
+            error = as_store_error(exc, f"describing {name}")
+            if isinstance(error, UnknownTopic):
+                raise UnknownTopic(f"unknown topic {name!r}") from None
+            raise error from exc
+        assert isinstance(entries, dict)
+
+        def number(key: str) -> int | None:
+            entry = entries.get(key)
+            if entry is None or entry.value is None:
+                return None
+            value = int(entry.value)
+            return None if value < 0 else value
+
+        return TopicConfig(
+            partitions=0,
+            retention_ms=number("retention.ms"),
+            retention_bytes=number("retention.bytes"),
+            segment_bytes=number("segment.bytes") or KAFKA_MIN_SEGMENT_BYTES,
+        )
+
+    def partition_infos(self, topic: KafkaTopic) -> list[PartitionInfo]:
+        """Start and end (last stable) offsets of every partition, in two requests."""
+        parts = [TopicPartition(topic.kafka_name, p) for p in range(topic.partitions)]
+        earliest = self._list_offsets({tp: OffsetSpec.earliest() for tp in parts}, topic.name)
+        latest = self._list_offsets({tp: OffsetSpec.latest() for tp in parts}, topic.name)
+        return [
+            PartitionInfo(p, earliest[p], max(earliest[p], latest[p]), 0, 0)
+            for p in range(topic.partitions)
+        ]
+
+    def _list_offsets(self, specs: dict[TopicPartition, OffsetSpec], name: str) -> dict[int, int]:
+        if not specs:
+            return {}
+        futures = self.client.list_offsets(
+            specs,
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=self._timeout,
+        )
+        found: dict[int, int] = {}
+        for tp, future in futures.items():
+            try:
+                found[tp.partition] = int(self._wait(future, f"offsets of {name}").offset)  # type: ignore[attr-defined]
+            except KafkaException as exc:
+                raise as_store_error(exc, f"offsets of {name}") from exc
+        return found
+
+    # -- changing -----------------------------------------------------------------------------
+    def create(self, name: str, config: TopicConfig, *, exist_ok: bool) -> KafkaTopic:
+        kafka_name = naming.data_topic(self.ns, name)
+        new = NewTopic(
+            kafka_name,
+            num_partitions=config.partitions,
+            replication_factor=self.settings.replication_factor,
+            config=_config_dict(config, self.settings),
+        )
+        deadline = time.monotonic() + _RECREATE_WAIT_S
+        while True:
+            futures = self.client.create_topics([new], request_timeout=self._timeout)
+            try:
+                self._wait(futures[kafka_name], f"creating {name}")
+                break
+            except KafkaException as exc:
+                error = kafka_error(exc)
+                code = error.code() if error is not None else None
+                if code == KafkaError.TOPIC_ALREADY_EXISTS:
+                    if not exist_ok:
+                        raise TopicExists(f"topic {name!r} exists") from None
+                    break
+                if code == KafkaError.INVALID_REPLICATION_FACTOR:
+                    raise StoreUnavailable(f"creating {name}: {error}") from None
+                if code in (KafkaError.INVALID_PARTITIONS, KafkaError.INVALID_CONFIG):
+                    raise BadRequest(f"creating {name}: {error}") from None
+                # a topic of this name that is still being deleted: wait for it to go
+                if time.monotonic() > deadline or (error is not None and not error.retriable()):
+                    raise as_store_error(exc, f"creating {name}") from exc
+                time.sleep(0.2)
+        # A topic just created may take a moment to show in the metadata brokers answer with.
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                topic = self.describe(name)
+                break
+            except UnknownTopic:
+                if time.monotonic() > deadline:
+                    raise StoreUnavailable(f"created {name}, but Kafka does not show it") from None
+                time.sleep(0.05)
+        self.ensure_state_topic(topic)
+        return topic
+
+    def ensure_state_topic(self, topic: KafkaTopic) -> str:
+        """The topic's state topic, created or grown to the data topic's partitions."""
+        state = naming.state_topic(self.ns, topic.topic_id)
+        new = NewTopic(
+            state,
+            num_partitions=topic.partitions,
+            replication_factor=self.settings.replication_factor,
+            config={
+                # deleted below snapshots by logbroker, never by time or size
+                "cleanup.policy": "delete",
+                "retention.ms": "-1",
+                "retention.bytes": "-1",
+                "segment.bytes": str(_STATE_SEGMENT_BYTES),
+                "max.message.bytes": str(self.settings.max_message_bytes),
+                **(
+                    {"min.insync.replicas": str(self.settings.min_insync_replicas)}
+                    if self.settings.min_insync_replicas is not None
+                    else {}
+                ),
+            },
+        )
+        futures = self.client.create_topics([new], request_timeout=self._timeout)
+        try:
+            self._wait(futures[state], f"creating the state of {topic.name}")
+            return state
+        except KafkaException as exc:
+            error = kafka_error(exc)
+            if error is None or error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise as_store_error(exc, f"creating the state of {topic.name}") from exc
+        self._grow(state, topic.partitions, f"the state of {topic.name}")
+        return state
+
+    def _grow(self, kafka_name: str, count: int, what: str) -> None:
+        futures = self.client.create_partitions(
+            [NewPartitions(kafka_name, count)], request_timeout=self._timeout
+        )
+        try:
+            self._wait(futures[kafka_name], f"growing {what}")
+        except KafkaException as exc:
+            error = kafka_error(exc)
+            # "already has N partitions" (or more): nothing to do, partitions never shrink;
+            # callers check a request to shrink before they get here
+            if error is not None and error.code() == KafkaError.INVALID_PARTITIONS:
+                return
+            raise as_store_error(exc, f"growing {what}") from exc
+
+    def _partition_count(self, kafka_name: str) -> int | None:
+        futures = self.client.describe_topics(
+            TopicCollection([kafka_name]), request_timeout=self._timeout
+        )
+        try:
+            description = self._wait(futures[kafka_name], f"describing {kafka_name}")
+        except KafkaException:
+            return None
+        return len(description.partitions)  # type: ignore[attr-defined]
+
+    def grow(self, topic: KafkaTopic, count: int) -> None:
+        if count < topic.partitions:
+            raise BadRequest(
+                f"topic {topic.name!r} has {topic.partitions} partitions; partitions never shrink"
+            )
+        if count > MAX_PARTITIONS:
+            raise BadRequest(f"partitions must be at most {MAX_PARTITIONS}")
+        if count == topic.partitions:
+            return
+        # state first: a data partition never exists without its changelog partition
+        state = naming.state_topic(self.ns, topic.topic_id)
+        if self._partition_count(state) is not None:
+            self._grow(state, count, f"the state of {topic.name}")
+        self._grow(topic.kafka_name, count, topic.name)
+
+    def alter(self, name: str, config: TopicConfig) -> None:
+        resource = ConfigResource(
+            ConfigResource.Type.TOPIC,
+            naming.data_topic(self.ns, name),
+            incremental_configs=[
+                ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
+                for key, value in _config_dict(config, self.settings).items()
+                if key in ("retention.ms", "retention.bytes", "segment.bytes")
+            ],
+        )
+        futures = self.client.incremental_alter_configs([resource], request_timeout=self._timeout)
+        try:
+            self._wait(futures[resource], f"altering {name}")
+        except KafkaException as exc:
+            raise as_store_error(exc, f"altering {name}") from exc
+
+    def delete(self, topic: KafkaTopic) -> None:
+        """Delete the data topic, then its state topic (a state topic alone is harmless)."""
+        for kafka_name in (topic.kafka_name, naming.state_topic(self.ns, topic.topic_id)):
+            futures = self.client.delete_topics([kafka_name], request_timeout=self._timeout)
+            try:
+                self._wait(futures[kafka_name], f"deleting {topic.name}")
+            except KafkaException as exc:
+                error = kafka_error(exc)
+                if error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    continue
+                raise as_store_error(exc, f"deleting {topic.name}") from exc
+
+    def delete_records(self, kafka_name: str, partition: int, before: int) -> int:
+        """Delete the records below ``before``; returns the new log start offset."""
+        futures = self.client.delete_records(
+            [TopicPartition(kafka_name, partition, before)], request_timeout=self._timeout
+        )
+        try:
+            for future in futures.values():
+                result = self._wait(future, f"deleting records of {kafka_name}/{partition}")
+                return int(result.low_watermark)  # type: ignore[attr-defined]
+        except KafkaException as exc:
+            raise as_store_error(exc, f"deleting records of {kafka_name}/{partition}") from exc
+        raise StoreUnavailable("Kafka answered no delete_records result")
+
+    def delete_records_later(self, kafka_name: str, partition: int, before: int) -> None:
+        """Like :meth:`delete_records` without waiting; a failure is only logged (the next
+        snapshot deletes the same records again)."""
+        futures = self.client.delete_records(
+            [TopicPartition(kafka_name, partition, before)], request_timeout=self._timeout
+        )
+        for future in futures.values():
+            future.add_done_callback(_log_failure)
+
+    def fetch_topics(self, names: Iterable[str]) -> list[KafkaTopic]:
+        """Describe several topics at once; topics gone meanwhile are left out."""
+        names = list(names)
+        kafka_names = [naming.data_topic(self.ns, n) for n in names]
+        if not kafka_names:
+            return []
+        futures = self.client.describe_topics(
+            TopicCollection(kafka_names), request_timeout=self._timeout
+        )
+        found = []
+        for name, kafka_name in zip(names, kafka_names, strict=True):
+            try:
+                description = self._wait(futures[kafka_name], f"describing {name}")
+            except KafkaException as exc:
+                error = as_store_error(exc, f"describing {name}")
+                if isinstance(error, UnknownTopic):
+                    continue
+                raise error from exc
+            found.append(
+                KafkaTopic(
+                    name,
+                    kafka_name,
+                    naming.topic_id_text(description.topic_id),  # type: ignore[attr-defined]
+                    len(description.partitions),  # type: ignore[attr-defined]
+                )
+            )
+        return found
+
+
+def _log_failure(future: concurrent.futures.Future[object]) -> None:
+    exc = future.exception()
+    if exc is not None:
+        log.warning("deleting changelog records before a snapshot failed: %s", exc)
