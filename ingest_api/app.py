@@ -47,6 +47,7 @@ ROUTE_MODULES: tuple[str, ...] = (
     "ingest_api.pull_api",
     "ingest_api.legacy_api",
     "ingest_api.admin_api",
+    "ingest_api.peer_api",
 )
 
 SETTINGS_ENV = "LOGBROKER_GATEWAY_SETTINGS_JSON"

@@ -14,7 +14,7 @@ from starlette.requests import HTTPConnection
 
 from ingest_api.auth import Authorizer
 from ingest_api.metrics import MetricsRegistry
-from ingest_api.settings import ConfigError, GatewaySettings, TokenGrant
+from ingest_api.settings import GatewaySettings, TokenGrant
 from log_store.interface import LogStore
 
 
@@ -50,16 +50,31 @@ class GatewayContext:
 
 
 def open_context(settings: GatewaySettings) -> GatewayContext:
-    """Open the configured log store and build the context around it."""
+    """Open the configured log store and build the context around it.
+
+    On Kafka with ``kafka_ownership = "group"`` the gateway joins the gateways' group here;
+    :mod:`ingest_api.peer_api` serves the other gateways and leaves the group when the app
+    stops (see ``docs/kafka.md``).
+    """
     import log_store
 
     store: LogStore
     if settings.store == "kafka":
-        # the Kafka backend is optional in a build; asking for it without it is a config error
-        opener = getattr(log_store, "open_kafka_store", None)
-        if opener is None:
-            raise ConfigError("this build of logbroker has no Kafka backend; use --store sqlite")
-        store = opener(settings.kafka_bootstrap, data_dir=settings.data_dir)
+        from ingest_api.peer_link import HttpPeerLink
+        from log_store.kafka import open_kafka_store
+        from log_store.kafka.gateway_group import GatewayGroup
+
+        kafka = settings.kafka_settings()
+        if settings.kafka_ownership == "group":
+            link = HttpPeerLink(settings.peer_token, timeout_s=kafka.operation_timeout_s)
+            group = GatewayGroup(kafka, url=settings.url, link=link)
+            kafka_store = open_kafka_store(kafka, placement=group)
+            # Joined before the app is built: building it already reads and writes state
+            # (delivery's internal topic), which needs the partitions' owners.
+            group.start(kafka_store)
+            store = kafka_store
+        else:
+            store = open_kafka_store(kafka)
     else:
         store = log_store.open_store(settings.data_dir)
     return GatewayContext(store=store, settings=settings)

@@ -11,7 +11,7 @@ A TOML file looks like this (every key optional)::
     port = 8080
     dc = "dc1"
     partitions = 4
-    store = "sqlite"            # or "kafka"
+    store = "sqlite"            # or "kafka" (see docs/kafka.md for the [kafka] table)
     kafka_bootstrap = "kafka1:9092"
     workers = 2
     allow_public_without_tokens = false
@@ -45,6 +45,18 @@ from typing import Any
 from log_store.errors import BadRequest
 
 STORES = ("sqlite", "kafka")
+OWNERSHIPS = ("group", "on_demand")
+_KAFKA_KEYS: dict[str, type] = {
+    "compression": str,
+    "linger_ms": float,
+    "replication_factor": int,
+    "min_insync_replicas": int,
+    "operation_timeout_s": float,
+    "session_timeout_ms": int,
+    "snapshot_min_entries": int,
+    "transaction_timeout_ms": int,
+    "properties": dict,
+}
 _DC_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
@@ -91,6 +103,18 @@ class GatewaySettings:
     allow_public_without_tokens: bool = False
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    kafka_namespace: str = ""
+    kafka_ownership: str = "group"
+    """``group``: gateways share partitions out in a Kafka consumer group and send each
+    other the transactions of partitions they do not own; ``on_demand``: this gateway takes
+    over any partition it writes (one gateway, or tests of fencing)."""
+    kafka: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """The ``[kafka]`` table: client settings and librdkafka properties (docs/kafka.md)."""
+    advertised_url: str | None = None
+    """How the other gateways reach this one (default ``http(s)://host:port``)."""
+    peer_token: str | None = None
+    """The bearer token gateways use with each other's internal endpoints (needed with
+    ``[tokens]`` on Kafka)."""
 
     def __post_init__(self) -> None:
         _check(self.port >= 0 and self.port <= 65535, f"port {self.port} out of range")
@@ -105,6 +129,20 @@ class GatewaySettings:
             _DC_PATTERN.fullmatch(self.dc) is not None,
             f"dc {self.dc!r} must be 1-32 of [a-z0-9_-], starting with a letter or digit",
         )
+        if self.store == "kafka":
+            _check(
+                self.kafka_ownership in OWNERSHIPS,
+                f"kafka_ownership must be one of {', '.join(OWNERSHIPS)}",
+            )
+            _check(
+                self.workers == 1,
+                "store 'kafka' runs one worker per gateway: start more gateways instead",
+            )
+            _check(
+                not self.tokens or bool(self.peer_token),
+                "store 'kafka' with [tokens] needs peer_token, for the gateways' internal calls",
+            )
+            self.kafka_settings()  # raises ConfigError on a bad [kafka] table
         lim = self.limits
         _check(lim.max_body_bytes > 0, "limits.max_body_bytes must be positive")
         _check(lim.max_chunk_bytes > 0, "limits.max_chunk_bytes must be positive")
@@ -124,11 +162,40 @@ class GatewaySettings:
     def auth_enabled(self) -> bool:
         return bool(self.tokens)
 
+    @property
+    def url(self) -> str:
+        """The URL the other gateways use to reach this one."""
+        if self.advertised_url:
+            return self.advertised_url.rstrip("/")
+        scheme = "https" if self.ssl_certfile else "http"
+        return f"{scheme}://{self.host}:{self.port}"
+
+    def kafka_settings(self) -> Any:
+        """The Kafka backend's settings (``log_store.kafka.KafkaSettings``)."""
+        from log_store.kafka import KafkaSettings
+
+        raw = dict(self.kafka)
+        unknown = set(raw) - set(_KAFKA_KEYS)
+        if unknown:
+            raise ConfigError(f"unknown kafka settings: {', '.join(sorted(unknown))}")
+        values = {k: _coerce(f"kafka.{k}", v, _KAFKA_KEYS[k]) for k, v in raw.items()}
+        if "properties" in values:
+            values["properties"] = MappingProxyType(
+                {str(k): str(v) for k, v in values["properties"].items()}
+            )
+        try:
+            return KafkaSettings(
+                bootstrap=self.kafka_bootstrap or "", namespace=self.kafka_namespace, **values
+            )
+        except BadRequest as exc:
+            raise ConfigError(str(exc)) from None
+
     def to_json(self) -> str:
         """A JSON form that :meth:`from_json` turns back into equal settings (for workers)."""
         raw: dict[str, Any] = {name: getattr(self, name) for name in _SCALARS}
         raw["data_dir"] = str(self.data_dir)
         raw["limits"] = dataclasses.asdict(self.limits)
+        raw["kafka"] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in self.kafka.items()}
         raw["tokens"] = {
             token: {"write": list(g.write_log_types), "read": list(g.read_topics)}
             for token, g in self.tokens.items()
@@ -158,6 +225,10 @@ _SCALARS: dict[str, type] = {
     "allow_public_without_tokens": bool,
     "ssl_certfile": str,
     "ssl_keyfile": str,
+    "kafka_namespace": str,
+    "kafka_ownership": str,
+    "advertised_url": str,
+    "peer_token": str,
 }
 _LIMIT_TYPES: dict[str, type] = {
     "max_body_bytes": int,
@@ -209,7 +280,7 @@ def _tokens(raw: Any) -> Mapping[str, TokenGrant]:
 
 
 def _from_mapping(raw: Mapping[str, Any]) -> GatewaySettings:
-    unknown = set(raw) - set(_SCALARS) - {"limits", "tokens"}
+    unknown = set(raw) - set(_SCALARS) - {"limits", "tokens", "kafka"}
     if unknown:
         raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
     kwargs: dict[str, Any] = {}
@@ -229,6 +300,10 @@ def _from_mapping(raw: Mapping[str, Any]) -> GatewaySettings:
         **{k: _coerce(f"limits.{k}", v, _LIMIT_TYPES[k]) for k, v in limits_raw.items()}
     )
     kwargs["tokens"] = _tokens(raw.get("tokens") or {})
+    kafka_raw = raw.get("kafka") or {}
+    if not isinstance(kafka_raw, dict):
+        raise ConfigError("kafka must be a table")
+    kwargs["kafka"] = MappingProxyType(dict(kafka_raw))
     return GatewaySettings(**kwargs)
 
 

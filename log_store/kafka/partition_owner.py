@@ -151,6 +151,8 @@ class Pending:
     fn: TransactionFn
     future: concurrent.futures.Future[AppendResult]
     attempts: int = 0
+    local_only: bool = False
+    """Sent by another gateway to this one as the owner: never passed on to a third."""
 
     def start(self) -> bool:
         """False if the caller cancelled it before it ran (then it never runs)."""

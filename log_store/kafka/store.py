@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaException, Producer
@@ -49,6 +49,7 @@ from log_store.kafka.failures import OwnerGone, WriterFenced, as_store_error
 from log_store.kafka.fetcher import FetcherPool, Watermarks
 from log_store.kafka.partition_owner import OwnerContext, PartitionOwner, Pending
 from log_store.kafka.placement import OnDemand, Placement
+from log_store.kafka.remote_transaction import NotOwner
 from log_store.kafka.settings import KafkaSettings
 from log_store.kafka.state_changelog import ReplayedState
 from log_store.kafka.topic_admin import KafkaTopic, TopicAdmin, check_config
@@ -101,6 +102,7 @@ class KafkaLogStore:
         self._replay_lock = threading.Lock()
         self.takeovers: deque[tuple[str, int, float, int]] = deque(maxlen=1000)
         """Recent takeovers: (topic, partition, seconds, state entries)."""
+        self.takeover_listener: Callable[[str, int, float, int], None] | None = None
         self._closed = False
 
     # -- topics ---------------------------------------------------------------------------------
@@ -236,7 +238,11 @@ class KafkaLogStore:
         record = self._records.get(topic.topic_id)
         if record is not None:
             return record
-        raw = self._state_values(topic.name, 0, [TOPIC_RECORD_KEY])[TOPIC_RECORD_KEY]
+        if create:
+            raw = self._state_values(topic.name, 0, [TOPIC_RECORD_KEY])[TOPIC_RECORD_KEY]
+        else:
+            # describing a topic never waits for partition 0's owner: its changelog says
+            raw = self._replay(topic, 0).get(TOPIC_RECORD_KEY)
         if raw is None and create:
             proposed = json.dumps(
                 {"created_ms": _now_ms(), "home_partitions": topic.partitions}
@@ -317,6 +323,9 @@ class KafkaLogStore:
             self._fail(txn, StoreUnavailable("log store is closed"))
             return
         if not self.placement.owns(topic, partition):
+            if txn.local_only:
+                self._fail(txn, NotOwner(f"{topic}/{partition} is not owned here"))
+                return
             remote = self.placement.remote()
             if remote is None:
                 self._fail(txn, StoreUnavailable(f"no owner of {topic}/{partition} is known"))
@@ -360,6 +369,9 @@ class KafkaLogStore:
         """
         self._drop_owner(owner)
         txn.attempts += 1
+        if txn.local_only and not self.placement.owns(owner.topic, owner.partition):
+            txn.future.set_exception(NotOwner(f"{owner.topic}/{owner.partition} moved away"))
+            return
         if txn.attempts > _MAX_ATTEMPTS or self._closed:
             txn.future.set_exception(
                 StoreUnavailable(
@@ -375,6 +387,41 @@ class KafkaLogStore:
 
     def _note_takeover(self, topic: str, partition: int, seconds: float, entries: int) -> None:
         self.takeovers.append((topic, partition, seconds, entries))
+        listener = self.takeover_listener
+        if listener is not None:
+            listener(topic, partition, seconds, entries)
+
+    # -- the owner's side of remote transactions ------------------------------------------------
+    def submit_local(
+        self, topic: str, partition: int, fn: TransactionFn
+    ) -> concurrent.futures.Future[AppendResult]:
+        """Run ``fn`` here as the partition's owner, or fail with ``NotOwner``."""
+        validate_topic_name(topic)
+        future: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
+        self._dispatch(topic, partition, Pending(fn, future, local_only=True))
+        return future
+
+    def read_local_state(
+        self, topic: str, partition: int, keys: Sequence[str]
+    ) -> tuple[dict[str, bytes | None], int]:
+        """Values of ``keys`` and the next offset, as this process's owner of the partition
+        has them; ``NotOwner`` if this process does not own it (or no longer)."""
+        validate_topic_name(topic)
+        if not self.placement.owns(topic, partition):
+            raise NotOwner(f"{topic}/{partition} is not owned here")
+        owner = self._owner(topic, partition, eager=True)
+        if not owner.ready.wait(self.settings.operation_timeout_s):
+            raise StoreUnavailable(f"taking over {topic}/{partition} takes too long; retry")
+        try:
+            return owner.read_state(keys)
+        except OwnerGone:
+            self._drop_owner(owner)
+            if not self.placement.owns(topic, partition):
+                raise NotOwner(f"{topic}/{partition} is not owned here") from None
+            owner = self._owner(topic, partition, eager=True)
+            if not owner.ready.wait(self.settings.operation_timeout_s):
+                raise StoreUnavailable(f"taking over {topic}/{partition} takes too long") from None
+            return owner.read_state(keys)
 
     def take_over(self, topic: str, partition: int) -> PartitionOwner:
         """Become the partition's writer now (a gateway does this for partitions it is given)."""

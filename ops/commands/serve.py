@@ -41,6 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--store", choices=("sqlite", "kafka"), help="log store backend")
     parser.add_argument("--kafka-bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers")
+    parser.add_argument(
+        "--kafka-namespace", help="prefix of every Kafka topic and group this gateway uses"
+    )
+    parser.add_argument(
+        "--kafka-ownership",
+        choices=("group", "on_demand"),
+        help="share partitions among gateways in a Kafka group (default) or take any on demand",
+    )
+    parser.add_argument(
+        "--advertised-url", help="how other gateways reach this one (default http://HOST:PORT)"
+    )
     parser.add_argument("--config", type=Path, help="TOML configuration file")
     parser.add_argument("--workers", type=int, help="uvicorn worker processes (default 1)")
     parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
@@ -71,6 +82,9 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
         "partitions",
         "store",
         "kafka_bootstrap",
+        "kafka_namespace",
+        "kafka_ownership",
+        "advertised_url",
         "workers",
         "ssl_certfile",
         "ssl_keyfile",
@@ -180,8 +194,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     banner = (
         f"logbroker gateway on {'https' if settings.ssl_certfile else 'http'}://"
-        f"{settings.host}:{settings.port} (dc {settings.dc}, store {settings.store}, "
-        f"data dir {settings.data_dir}, {settings.workers} worker(s))"
+        f"{settings.host}:{settings.port} (dc {settings.dc}, store {settings.store}"
+        + (f" at {settings.kafka_bootstrap}" if settings.store == "kafka" else "")
+        + f", data dir {settings.data_dir}, {settings.workers} worker(s))"
     )
     # One retention watchdog per gateway, in this (parent) process, on its own store handle.
     watchdog = (

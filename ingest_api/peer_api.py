@@ -1,0 +1,146 @@
+"""The gateways' internal API on Kafka: a partition's owner serves the other gateways.
+
+==========================================================  =================================
+``POST /v1/internal/partitions/{topic}/{p}/state``          JSON ``{"keys": [...]}``: the
+                                                            values the owner has, and the
+                                                            partition's next offset
+``POST /v1/internal/partitions/{topic}/{p}/transactions``   a prepared transaction (what a
+                                                            function read, wrote, appends):
+                                                            committed, or conflict with the
+                                                            current values
+==========================================================  =================================
+
+Permission: *peer* - the ``peer_token`` as bearer when one is configured (it must be, when
+``[tokens]`` are).  A gateway that does not own the partition answers 409 ``not_owner``;
+the caller looks for the new owner (see ``log_store.kafka.remote_transaction``).
+
+When the app stops, the gateway leaves the gateways' group (joined in ``open_context``),
+handing every partition it owns on at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+
+import anyio.to_thread
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ingest_api.body import read_body
+from ingest_api.context import GatewayContext
+from ingest_api.errors import ApiError
+from log_store.errors import LogbrokerError, UnknownTopic
+from log_store.kafka.gateway_group import GatewayGroup
+from log_store.kafka.remote_transaction import (
+    NotOwner,
+    PreparedTransaction,
+    answer_of,
+    checked_transaction,
+    encode_values,
+)
+from log_store.kafka.store import KafkaLogStore
+from log_store.topic_names import validate_topic_name
+
+_PREPARED_OVERHEAD = 1024 * 1024
+
+
+def _group(ctx: GatewayContext) -> GatewayGroup | None:
+    store = ctx.store
+    if isinstance(store, KafkaLogStore) and isinstance(store.placement, GatewayGroup):
+        return store.placement
+    return None
+
+
+class PeerApi:
+    def __init__(self, ctx: GatewayContext, store: KafkaLogStore) -> None:
+        self.ctx = ctx
+        self.store = store
+        self.token = ctx.settings.peer_token
+
+    def _check_peer(self, request: Request) -> None:
+        if not self.token:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self.token.encode()
+        ):
+            raise ApiError(401, "unauthorized", "internal calls need the peer token")
+
+    @staticmethod
+    def _target(request: Request) -> tuple[str, int]:
+        topic = request.path_params["topic"]
+        validate_topic_name(topic)
+        try:
+            partition = int(request.path_params["partition"])
+        except ValueError:
+            raise ApiError(400, "bad_request", "partition must be an integer") from None
+        return topic, partition
+
+    @staticmethod
+    def _refusal(exc: LogbrokerError) -> Response:
+        if isinstance(exc, NotOwner):
+            raise ApiError(409, "not_owner", str(exc))
+        if isinstance(exc, UnknownTopic):
+            raise ApiError(404, "unknown_topic", str(exc))
+        raise exc
+
+    async def read_state(self, request: Request) -> Response:
+        self._check_peer(request)
+        topic, partition = self._target(request)
+        body = await read_body(request, self.ctx.settings.limits)
+        try:
+            doc = orjson.loads(body)
+            keys = doc["keys"]
+            if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+                raise ValueError("keys must be a list of strings")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ApiError(400, "bad_request", f"state read: {exc}") from None
+        try:
+            values, next_offset = await anyio.to_thread.run_sync(
+                self.store.read_local_state, topic, partition, keys
+            )
+        except LogbrokerError as exc:
+            return self._refusal(exc)
+        payload = orjson.dumps(encode_values(values, next_offset))
+        return Response(payload, media_type="application/json")
+
+    async def commit(self, request: Request) -> Response:
+        self._check_peer(request)
+        topic, partition = self._target(request)
+        limit = self.ctx.settings.limits.max_body_bytes + _PREPARED_OVERHEAD
+        body = await read_body(request, self.ctx.settings.limits, max_bytes=limit)
+        try:
+            prepared = PreparedTransaction.decode(body)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ApiError(400, "bad_request", f"prepared transaction: {exc}") from None
+        future = self.store.submit_local(topic, partition, checked_transaction(prepared))
+        with contextlib.suppress(Exception):  # the outcome is read just below
+            await asyncio.wrap_future(future)
+        try:
+            answer = answer_of(future)
+        except LogbrokerError as exc:
+            return self._refusal(exc)
+        return Response(orjson.dumps(answer.to_json()), media_type="application/json")
+
+
+def routes(ctx: GatewayContext) -> list[BaseRoute]:
+    if _group(ctx) is None:
+        return []
+    store = ctx.store
+    assert isinstance(store, KafkaLogStore)
+    api = PeerApi(ctx, store)
+    base = "/v1/internal/partitions/{topic}/{partition}"
+    return [
+        Route(base + "/state", api.read_state, methods=["POST"], name="peer_read_state"),
+        Route(base + "/transactions", api.commit, methods=["POST"], name="peer_commit"),
+    ]
+
+
+async def on_shutdown(ctx: GatewayContext) -> None:
+    group = _group(ctx)
+    if group is not None:
+        await anyio.to_thread.run_sync(group.stop)

@@ -1,0 +1,86 @@
+"""How a gateway on Kafka calls the owner of a partition: the client of ``peer_api``.
+
+A plain blocking HTTP client (the store calls it from its own threads), one connection pool
+for every peer, the peer token as bearer.  Answers are turned back into the errors the
+store acts on: ``NotOwner`` (look for the new owner), ``PeerUnreachable`` (wait for a new
+owner to be announced), ``UnknownTopic``, ``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+
+from log_store.errors import StoreUnavailable, UnknownTopic
+from log_store.kafka.remote_transaction import (
+    CommitAnswer,
+    NotOwner,
+    PeerUnreachable,
+    PreparedTransaction,
+    decode_values,
+)
+
+PEER_MEDIA_TYPE = "application/x-logbroker-transaction"
+
+
+def partition_path(topic: str, partition: int) -> str:
+    return f"/v1/internal/partitions/{quote(topic, safe='')}/{partition}"
+
+
+class HttpPeerLink:
+    """``log_store.kafka.remote_transaction.PeerLink`` over HTTP."""
+
+    def __init__(self, token: str | None, *, timeout_s: float) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s + 5.0, connect=2.0),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+        )
+
+    def _post(self, url: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._client.post(url + path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise PeerUnreachable(f"{url}: {type(exc).__name__}: {exc}") from None
+        if response.status_code == 200:
+            return orjson.loads(response.content)
+        try:
+            error = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            error = {"error": "http", "reason": response.text[:200]}
+        kind = error.get("error")
+        reason = f"{url}: {error.get('reason', '')}"
+        if kind == "not_owner":
+            raise NotOwner(reason)
+        if kind == "unknown_topic":
+            raise UnknownTopic(reason)
+        if response.status_code == 503:
+            raise StoreUnavailable(reason)
+        raise PeerUnreachable(f"{url} answered {response.status_code}: {reason}")
+
+    def read_state(
+        self, url: str, topic: str, partition: int, keys: Sequence[str]
+    ) -> tuple[dict[str, bytes | None], int]:
+        doc = self._post(
+            url, partition_path(topic, partition) + "/state", json={"keys": list(keys)}
+        )
+        return decode_values(doc)
+
+    def commit(
+        self, url: str, topic: str, partition: int, prepared: PreparedTransaction
+    ) -> CommitAnswer:
+        doc = self._post(
+            url,
+            partition_path(topic, partition) + "/transactions",
+            content=prepared.encode(),
+            headers={"Content-Type": PEER_MEDIA_TYPE},
+        )
+        return CommitAnswer.from_json(doc)
+
+    def close(self) -> None:
+        self._client.close()

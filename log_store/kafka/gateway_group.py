@@ -1,0 +1,165 @@
+"""Gateways share the partitions out among themselves with a Kafka consumer group.
+
+Every gateway joins the group ``<ns>logbroker-gateways`` subscribed (by pattern) to every
+logbroker topic of its namespace, with the cooperative-sticky assignor: Kafka gives each
+partition to exactly one live member, and moves partitions only when members join or leave
+(a member silent for ``session_timeout_ms`` is taken for dead), and then only the partitions
+that must move.  The group's consumer never reads data: its partitions are paused, only its
+assignment is used.
+
+- Assigned a partition, a gateway takes it over (``init_transactions`` fences whoever wrote
+  it before, see ``partition_owner``) and, once the table is rebuilt, announces itself as its
+  owner (``owner_directory``).
+- Revoked (or lost), it finishes the transactions in flight, stops writing, and withdraws
+  the announcement; what was queued goes to the next owner.
+- A transaction for a partition it does not own goes to the announced owner
+  (``remote_transaction``).
+
+The group decides who *should* write; fencing decides who *can*: even when two gateways both
+believe they own a partition for a moment (one was presumed dead and is not), only the one
+that called ``init_transactions`` last can commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from typing import TYPE_CHECKING
+
+from confluent_kafka import Consumer, TopicPartition
+
+from log_store.kafka import naming
+from log_store.kafka.owner_directory import OwnerDirectory
+from log_store.kafka.remote_transaction import PeerLink, RemoteTransactions
+from log_store.kafka.settings import KafkaSettings
+
+if TYPE_CHECKING:
+    from log_store.kafka.store import KafkaLogStore
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.2
+
+
+class GatewayGroup:
+    """This gateway's membership in the gateways' group: which partitions it writes."""
+
+    def __init__(self, settings: KafkaSettings, *, url: str, link: PeerLink) -> None:
+        self._settings = settings
+        self.url = url
+        self.directory = OwnerDirectory(settings, self_url=url)
+        self.remote_transactions = RemoteTransactions(
+            self.directory, link, timeout_s=settings.operation_timeout_s
+        )
+        self._assigned: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+        self._store: KafkaLogStore | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # -- Placement ------------------------------------------------------------------------------
+    def owns(self, topic: str, partition: int) -> bool:
+        with self._lock:
+            return (topic, partition) in self._assigned
+
+    def remote(self) -> RemoteTransactions:
+        return self.remote_transactions
+
+    def assigned(self) -> set[tuple[str, int]]:
+        with self._lock:
+            return set(self._assigned)
+
+    # -- life -----------------------------------------------------------------------------------
+    def start(self, store: KafkaLogStore) -> None:
+        """Join the group; partitions arrive (and are taken over) in the background."""
+        self._store = store
+        store.takeover_listener = self._on_takeover
+        self.directory.start()
+        self._thread = threading.Thread(target=self._run, name="logbroker-group", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Leave the group: every partition is finished, released and handed on at once."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(self._settings.operation_timeout_s * 3)
+        self.directory.stop()
+
+    def _consumer_config(self) -> dict[str, object]:
+        session = self._settings.session_timeout_ms
+        return {
+            **self._settings.client_base(),
+            "group.id": naming.gateway_group(self._settings.namespace),
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": session,
+            "heartbeat.interval.ms": max(100, session // 5),
+            "enable.auto.commit": False,
+            "auto.offset.reset": "latest",
+            # new topics are seen (and their partitions given out) within a couple of seconds
+            "topic.metadata.refresh.interval.ms": 2000,
+            "max.poll.interval.ms": 300_000,
+        }
+
+    def _pattern(self) -> str:
+        return f"^{re.escape(self._settings.namespace)}[a-z0-9][a-z0-9._-]*$"
+
+    def _run(self) -> None:
+        consumer = Consumer(self._consumer_config())
+        consumer.subscribe(
+            [self._pattern()],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        try:
+            while not self._stopping.is_set():
+                try:
+                    consumer.poll(_POLL_S)
+                except Exception as exc:  # keep the membership alive through broker hiccups
+                    log.warning("gateways' group: %s", exc)
+        finally:
+            # leaving runs on_revoke for everything this gateway holds
+            consumer.close()
+
+    def _names(self, partitions: list[TopicPartition]) -> list[tuple[str, int]]:
+        found = []
+        for tp in partitions:
+            name = naming.logbroker_topic(self._settings.namespace, tp.topic)
+            if name is not None:
+                found.append((name, tp.partition))
+        return found
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.incremental_assign(partitions)
+        if partitions:
+            consumer.pause(partitions)
+        store = self._store
+        assert store is not None
+        for topic, partition in self._names(partitions):
+            with self._lock:
+                self._assigned.add((topic, partition))
+            store.take_over(topic, partition)
+        log.info("gateway %s was given %d partition(s)", self.url, len(partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._give_up(partitions)
+        consumer.incremental_unassign(partitions)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.warning("gateway %s lost %d partition(s) to the group", self.url, len(partitions))
+        self._give_up(partitions)
+        consumer.incremental_unassign(partitions)
+
+    def _give_up(self, partitions: list[TopicPartition]) -> None:
+        store = self._store
+        assert store is not None
+        for topic, partition in self._names(partitions):
+            with self._lock:
+                self._assigned.discard((topic, partition))
+            self.directory.withdraw(topic, partition)
+            store.release(topic, partition, wait=True)
+
+    def _on_takeover(self, topic: str, partition: int, seconds: float, entries: int) -> None:
+        if self.owns(topic, partition):
+            self.directory.announce(topic, partition)
