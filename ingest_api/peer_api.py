@@ -127,11 +127,39 @@ class PeerApi:
         return Response(orjson.dumps(answer.to_json()), media_type="application/json")
 
 
+def _metrics(ctx: GatewayContext, store: KafkaLogStore) -> None:
+    m = ctx.metrics
+    m.gauge(
+        "logbroker_kafka_takeovers",
+        "partition takeovers by this gateway since it started (fencing, state rebuilt)",
+        read=lambda: float(len(store.takeovers)),
+    )
+    m.gauge(
+        "logbroker_kafka_takeover_seconds_max",
+        "the longest of the recent takeovers: fencing plus rebuilding the seqno table",
+        read=lambda: max((t[2] for t in list(store.takeovers)), default=0.0),
+    )
+    m.gauge(
+        "logbroker_kafka_takeover_entries_max",
+        "state entries (sources' seqnos, pins) of the largest recent takeover",
+        read=lambda: float(max((t[3] for t in list(store.takeovers)), default=0)),
+    )
+    group = _group(ctx)
+    if group is not None:
+        m.gauge(
+            "logbroker_kafka_owned_partitions",
+            "partitions the gateways' group gave this gateway",
+            read=lambda: float(len(group.assigned())),
+        )
+
+
 def routes(ctx: GatewayContext) -> list[BaseRoute]:
+    store = ctx.store
+    if not isinstance(store, KafkaLogStore):
+        return []
+    _metrics(ctx, store)
     if _group(ctx) is None:
         return []
-    store = ctx.store
-    assert isinstance(store, KafkaLogStore)
     api = PeerApi(ctx, store)
     base = "/v1/internal/partitions/{topic}/{partition}"
     return [

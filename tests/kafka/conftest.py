@@ -1,0 +1,141 @@
+"""Gateways on the session's Apache Kafka: each test in a namespace of its own.
+
+``start_kafka_gateway()`` starts a real ``logbroker serve --store kafka`` process; every
+gateway of one test shares the test's namespace, so they form one gateways' group.
+``kafka_store`` opens the same namespace from the test itself (read_committed reads) to check
+what the log holds.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from log_store import LogStore, UnknownTopic
+from log_store.kafka import KafkaSettings, open_kafka_store
+from session_dedup.chunk_codecs import decompress
+from session_dedup.envelope import Envelope, decode
+from tests.conftest import GatewayProcess
+
+SESSION_TIMEOUT_MS = 3000
+
+
+def gateway_config(path: Path, *, bootstrap: str, namespace: str, ownership: str) -> Path:
+    path.write_text(
+        f'store = "kafka"\n'
+        f'kafka_bootstrap = "{bootstrap}"\n'
+        f'kafka_namespace = "{namespace}"\n'
+        f'kafka_ownership = "{ownership}"\n'
+        f"[kafka]\n"
+        f"session_timeout_ms = {SESSION_TIMEOUT_MS}\n"
+        f"operation_timeout_s = 10.0\n"
+    )
+    return path
+
+
+@pytest.fixture
+def start_kafka_gateway(
+    tmp_path: Path, kafka_cluster: Any, kafka_namespace: str
+) -> Iterator[Callable[..., GatewayProcess]]:
+    """Factory: ``start_kafka_gateway(ownership="group", bootstrap=None, *extra)``."""
+    started: list[GatewayProcess] = []
+
+    def _start(
+        *extra: str, ownership: str = "group", bootstrap: str | None = None
+    ) -> GatewayProcess:
+        n = len(started)
+        config = gateway_config(
+            tmp_path / f"gateway-{n}.toml",
+            bootstrap=bootstrap or kafka_cluster.bootstrap,
+            namespace=kafka_namespace,
+            ownership=ownership,
+        )
+        gateway = GatewayProcess(
+            tmp_path / f"gw{n}-data",
+            ["--config", str(config), *extra],
+            tmp_path / f"gateway-{n}.log",
+        )
+        started.append(gateway)
+        return gateway.start(timeout_s=60.0)
+
+    yield _start
+    for gateway in started:
+        gateway.kill()
+
+
+@pytest.fixture
+def kafka_store(kafka_cluster: Any, kafka_namespace: str) -> Iterator[LogStore]:
+    """The test's namespace, opened by the test (it only reads, so it fences nobody)."""
+    store = open_kafka_store(
+        KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace, operation_timeout_s=20)
+    )
+    yield store
+    store.close()
+
+
+def envelopes(store: LogStore, topic: str) -> dict[int, list[tuple[int, Envelope]]]:
+    """Every committed record of ``topic`` as (offset, envelope), per partition."""
+    try:
+        info = store.describe_topic(topic)
+    except UnknownTopic:
+        return {}
+    found: dict[int, list[tuple[int, Envelope]]] = {}
+    for part in info.partitions:
+        records: list[tuple[int, Envelope]] = []
+        offset = part.start_offset
+        while offset < part.end_offset:
+            result = store.read(topic, part.partition, offset, 8 * 1024 * 1024)
+            records.extend((r.offset, decode(r.value)) for r in result.records)
+            if result.next_offset <= offset:
+                break
+            offset = result.next_offset
+        found[part.partition] = records
+    return found
+
+
+def source_seqnos(store: LogStore, topic: str) -> dict[str, tuple[set[int], list[int]]]:
+    """Per source: the partitions holding it and its seqnos in log order."""
+    per_source: dict[str, tuple[set[int], list[int]]] = {}
+    for partition, records in envelopes(store, topic).items():
+        for _offset, env in records:
+            parts, seqnos = per_source.setdefault(env.source_id, (set(), []))
+            parts.add(partition)
+            seqnos.append(env.seqno)
+    return per_source
+
+
+def delivered_lines(store: LogStore, topic: str) -> collections.Counter[str]:
+    """How often each line (its first word) is in the log."""
+    counts: collections.Counter[str] = collections.Counter()
+    for records in envelopes(store, topic).values():
+        for _offset, env in records:
+            for line in decompress(env.codec, env.data).splitlines():
+                if line and not line.startswith(b"#"):
+                    counts[line.split(b" ", 1)[0].decode()] += 1
+    return counts
+
+
+def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def metric(url: str, name: str) -> float | None:
+    """A sample of the gateway's Prometheus metric ``name`` (without labels), or None."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
