@@ -236,7 +236,10 @@ class LocalKafka:
             "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
             "message.max.bytes": str(32 * 1024 * 1024),
             "replica.fetch.max.bytes": str(32 * 1024 * 1024),
-            "replica.lag.time.max.ms": "10000",
+            # a killed node is noticed (fenced, out of the ISR, leaders moved) in seconds
+            "replica.lag.time.max.ms": "3000",
+            "broker.session.timeout.ms": "3000",
+            "broker.heartbeat.interval.ms": "500",
         }
         config.update(self.extra_config)
         return "".join(f"{k}={v}\n" for k, v in config.items())

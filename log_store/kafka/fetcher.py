@@ -20,13 +20,20 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from log_store.errors import OffsetOutOfRange, StoreUnavailable, UnknownTopic
 from log_store.interface import ReadResult, Record
-from log_store.kafka.failures import as_store_error, is_metadata_lag, is_topic_gone, kafka_error
+from log_store.kafka.failures import (
+    as_store_error,
+    is_metadata_lag,
+    is_topic_gone,
+    is_unavailable,
+    kafka_error,
+)
 from log_store.kafka.naming import reader_group
 from log_store.kafka.settings import KafkaSettings
 
 _BATCH = 1000
 _POOL_SIZE = 16
 _CONSUME_SLICE_S = 0.25
+_ATTEMPT_S = 2.0
 _NEW_TOPIC_S = 1.0
 """How long a topic or partition nobody knows yet may be just created, not gone."""
 
@@ -40,31 +47,35 @@ class Watermarks:
         self._closed = False
 
     def get(self, kafka_topic: str, partition: int, what: str = "watermarks") -> tuple[int, int]:
-        """(start, LSO), asked again while the partition is too new or moving to be known."""
+        """(start, LSO), asked again while the partition is too new or moving to be known.
+
+        Each attempt is short: a query sent to a leader that just died waits in that broker's
+        queue, and only a metadata refresh (done between attempts) finds the new leader.
+        """
         deadline = time.monotonic() + self._settings.operation_timeout_s
         gone_deadline = time.monotonic() + _NEW_TOPIC_S
         while True:
+            remaining = deadline - time.monotonic()
             try:
                 low, high = self._consumer.get_watermark_offsets(
                     TopicPartition(kafka_topic, partition),
-                    timeout=max(0.1, deadline - time.monotonic()),
+                    timeout=max(0.1, min(_ATTEMPT_S, remaining)),
                     cached=False,
                 )
                 return int(low), int(high)
             except Exception as exc:
                 error = kafka_error(exc)
                 now = time.monotonic()
-                if is_metadata_lag(error) and now < deadline:
-                    # librdkafka answers "unknown partition" from its own metadata cache,
-                    # which only a metadata request brings up to date
-                    with contextlib.suppress(Exception):
-                        self._consumer.list_topics(kafka_topic, timeout=1.0)
-                    time.sleep(0.05)
-                    continue
+                retry = (is_metadata_lag(error) or is_unavailable(error)) and now < deadline
                 if is_topic_gone(error) and now < gone_deadline:
-                    time.sleep(0.05)
-                    continue
-                raise as_store_error(exc, f"{what} of {kafka_topic}/{partition}") from exc
+                    retry = True
+                if not retry:
+                    raise as_store_error(exc, f"{what} of {kafka_topic}/{partition}") from exc
+                # librdkafka answers from its own metadata (leaders, partitions), which only a
+                # metadata request brings up to date
+                with contextlib.suppress(Exception):
+                    self._consumer.list_topics(kafka_topic, timeout=1.0)
+                time.sleep(0.05)
 
     def close(self) -> None:
         if not self._closed:

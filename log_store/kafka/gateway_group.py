@@ -1,7 +1,7 @@
 """Gateways share the partitions out among themselves with a Kafka consumer group.
 
-Every gateway joins the group ``<ns>logbroker-gateways`` subscribed (by pattern) to every
-logbroker topic of its namespace, with the cooperative-sticky assignor: Kafka gives each
+Every gateway joins the group ``<ns>logbroker-gateways`` subscribed to every logbroker topic of
+its namespace, with the cooperative-sticky assignor: Kafka gives each
 partition to exactly one live member, and moves partitions only when members join or leave
 (a member silent for ``session_timeout_ms`` is taken for dead), and then only the partitions
 that must move.  The group's consumer never reads data: its partitions are paused, only its
@@ -23,8 +23,8 @@ that called ``init_transactions`` last can commit.
 from __future__ import annotations
 
 import logging
-import re
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, TopicPartition
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.2
+_TOPICS_S = 2.0
 
 
 class GatewayGroup:
@@ -57,6 +58,7 @@ class GatewayGroup:
         self._store: KafkaLogStore | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._poke = threading.Event()
 
     # -- Placement ------------------------------------------------------------------------------
     def owns(self, topic: str, partition: int) -> bool:
@@ -96,24 +98,50 @@ class GatewayGroup:
             "heartbeat.interval.ms": max(100, session // 5),
             "enable.auto.commit": False,
             "auto.offset.reset": "latest",
-            # new topics are seen (and their partitions given out) within a couple of seconds
-            "topic.metadata.refresh.interval.ms": 2000,
             "max.poll.interval.ms": 300_000,
         }
 
-    def _pattern(self) -> str:
-        return f"^{re.escape(self._settings.namespace)}[a-z0-9][a-z0-9._-]*$"
+    def _topics(self, consumer: Consumer) -> list[str] | None:
+        """The namespace's topics whose partitions all have a leader (None if unknown now).
+
+        An explicit list, not a pattern subscription: librdkafka's pattern subscription may
+        catch a topic in the moment its partitions have no leader yet, leave it out of the
+        assignment, and not look again (seen with three brokers).
+        """
+        try:
+            metadata = consumer.list_topics(timeout=5)
+        except Exception as exc:
+            log.warning("gateways' group: listing topics: %s", exc)
+            return None
+        ready = []
+        for kafka_name, topic in metadata.topics.items():
+            if naming.logbroker_topic(self._settings.namespace, kafka_name) is None:
+                continue
+            if topic.error is not None or not topic.partitions:
+                continue
+            if all(p.leader >= 0 and p.error is None for p in topic.partitions.values()):
+                ready.append(kafka_name)
+        return sorted(ready)
 
     def _run(self) -> None:
         consumer = Consumer(self._consumer_config())
-        consumer.subscribe(
-            [self._pattern()],
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
+        subscribed: list[str] = []
+        looked = 0.0
         try:
             while not self._stopping.is_set():
+                now = time.monotonic()
+                if now - looked >= _TOPICS_S or self._poke.is_set():
+                    self._poke.clear()
+                    looked = now
+                    topics = self._topics(consumer)
+                    if topics and topics != subscribed:
+                        consumer.subscribe(
+                            topics,
+                            on_assign=self._on_assign,
+                            on_revoke=self._on_revoke,
+                            on_lost=self._on_lost,
+                        )
+                        subscribed = topics
                 try:
                     consumer.poll(_POLL_S)
                 except Exception as exc:  # keep the membership alive through broker hiccups
@@ -121,6 +149,10 @@ class GatewayGroup:
         finally:
             # leaving runs on_revoke for everything this gateway holds
             consumer.close()
+
+    def topics_changed(self) -> None:
+        """Look at the topics now (this gateway just created one or grew one)."""
+        self._poke.set()
 
     def _names(self, partitions: list[TopicPartition]) -> list[tuple[str, int]]:
         found = []

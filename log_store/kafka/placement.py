@@ -48,6 +48,10 @@ class Placement(Protocol):
         """How to reach the owners of partitions this process does not own; None: no way."""
         ...
 
+    def topics_changed(self) -> None:
+        """This process created a topic or added partitions: share them out soon."""
+        ...
+
 
 class OnDemand:
     """Every partition may be written here; writing one takes it over."""
@@ -56,4 +60,7 @@ class OnDemand:
         return True
 
     def remote(self) -> RemoteOwners | None:
+        return None
+
+    def topics_changed(self) -> None:
         return None

@@ -94,6 +94,9 @@ class KafkaSettings:
             "socket.keepalive.enable": True,
             "reconnect.backoff.ms": 50,
             "reconnect.backoff.max.ms": 1000,
+            # a broker that died is replaced (as leader, coordinator, controller) in the
+            # clients' view within seconds, not at the next 5-minute refresh
+            "topic.metadata.refresh.interval.ms": 2000,
             **self.properties,
         }
 

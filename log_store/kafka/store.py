@@ -157,6 +157,7 @@ class KafkaLogStore:
         check_config(config)
         topic = self._admin.create(name, config, exist_ok=exist_ok)
         self._topics[name] = (topic, time.monotonic())
+        self.placement.topics_changed()
         return self._info(topic, with_partitions=False)
 
     def delete_topic(self, name: str) -> None:
@@ -192,6 +193,7 @@ class KafkaLogStore:
     def set_partitions(self, name: str, count: int) -> TopicInfo:
         topic = self._topic(name, fresh=True)
         self._admin.grow(topic, count)
+        self.placement.topics_changed()
         deadline = time.monotonic() + self.settings.operation_timeout_s
         while topic.partitions < count and time.monotonic() < deadline:
             time.sleep(0.05)  # the new partitions take a moment to show in the metadata

@@ -26,7 +26,15 @@ from tests.conftest import GatewayProcess
 SESSION_TIMEOUT_MS = 3000
 
 
-def gateway_config(path: Path, *, bootstrap: str, namespace: str, ownership: str) -> Path:
+def gateway_config(
+    path: Path,
+    *,
+    bootstrap: str,
+    namespace: str,
+    ownership: str,
+    kafka: dict[str, Any] | None = None,
+) -> Path:
+    extra = "".join(f"{k} = {v!r}\n" for k, v in (kafka or {}).items())
     path.write_text(
         f'store = "kafka"\n'
         f'kafka_bootstrap = "{bootstrap}"\n'
@@ -34,7 +42,7 @@ def gateway_config(path: Path, *, bootstrap: str, namespace: str, ownership: str
         f'kafka_ownership = "{ownership}"\n'
         f"[kafka]\n"
         f"session_timeout_ms = {SESSION_TIMEOUT_MS}\n"
-        f"operation_timeout_s = 10.0\n"
+        f"operation_timeout_s = 10.0\n" + extra
     )
     return path
 
@@ -43,11 +51,14 @@ def gateway_config(path: Path, *, bootstrap: str, namespace: str, ownership: str
 def start_kafka_gateway(
     tmp_path: Path, kafka_cluster: Any, kafka_namespace: str
 ) -> Iterator[Callable[..., GatewayProcess]]:
-    """Factory: ``start_kafka_gateway(ownership="group", bootstrap=None, *extra)``."""
+    """Factory: ``start_kafka_gateway(*extra, ownership=, bootstrap=, kafka={...})``."""
     started: list[GatewayProcess] = []
 
     def _start(
-        *extra: str, ownership: str = "group", bootstrap: str | None = None
+        *extra: str,
+        ownership: str = "group",
+        bootstrap: str | None = None,
+        kafka: dict[str, Any] | None = None,
     ) -> GatewayProcess:
         n = len(started)
         config = gateway_config(
@@ -55,6 +66,7 @@ def start_kafka_gateway(
             bootstrap=bootstrap or kafka_cluster.bootstrap,
             namespace=kafka_namespace,
             ownership=ownership,
+            kafka=kafka,
         )
         gateway = GatewayProcess(
             tmp_path / f"gw{n}-data",

@@ -1,0 +1,161 @@
+"""Faults between gateways and Kafka: a gateway killed under a push-client, the connection to
+Kafka cut, a broker of three killed.  Real processes, SIGKILL, a real Kafka cluster."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from log_store import LogStore
+from log_store.kafka import KafkaSettings, open_kafka_store
+from ops.local_kafka import LocalKafka
+from tests.conftest import GatewayProcess
+from tests.gateway.conftest import Client
+from tests.kafka.conftest import delivered_lines, source_seqnos, wait_until
+from tests.kafka.tcp_proxy import TcpProxy
+from tests.push_client.conftest import FAST_FLAGS, LineWriter, PushProcess
+
+pytestmark = [pytest.mark.fault, pytest.mark.slow]
+
+
+def test_push_client_fails_over_when_a_gateway_is_killed_and_ships_every_line_once(
+    start_kafka_gateway: Callable[..., GatewayProcess], kafka_store: LogStore, tmp_path: Path
+) -> None:
+    first = start_kafka_gateway()
+    second = start_kafka_gateway()
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    writer = LineWriter("fo")
+    path = log_dir / "app.log"
+    writer.append(path, 2000)
+    push = PushProcess(
+        [
+            "--server",
+            f"{first.url},{second.url}",
+            "--log-type",
+            "app",
+            "--state-dir",
+            str(tmp_path / "state"),
+            *FAST_FLAGS,
+            str(path),
+        ],
+        tmp_path / "push.log",
+    ).start()
+    try:
+        wait_until(lambda: len(delivered_lines(kafka_store, "dc1.app")) >= 1000, 90, "lines")
+        writer.append(path, 2000)
+        first.kill()  # SIGKILL mid-stream: its partitions move to the second gateway
+        writer.append(path, 2000)
+        wait_until(
+            lambda: len(delivered_lines(kafka_store, "dc1.app")) >= len(writer.ids),
+            120,
+            f"all lines (push log: {push.log()[-2000:]})",
+        )
+    finally:
+        push.kill()
+    counts = delivered_lines(kafka_store, "dc1.app")
+    assert not [i for i, c in counts.items() if c > 1], "a line arrived twice"
+    assert set(counts) == set(writer.ids)
+    for _partitions, seqnos in source_seqnos(kafka_store, "dc1.app").values():
+        assert seqnos == sorted(set(seqnos))
+
+
+def test_connection_to_kafka_cut_answers_503_and_loses_no_acked_chunk(
+    start_kafka_gateway: Callable[..., GatewayProcess], kafka_store: LogStore, kafka_cluster: Any
+) -> None:
+    node = kafka_cluster.nodes[0]
+    proxy = TcpProxy(node.proxied_advertised_port, node.proxied_port).start()
+    try:
+        gateway = start_kafka_gateway(bootstrap=kafka_cluster.proxied_bootstrap)
+        client = Client(gateway.url, timeout_s=90)
+        acked: set[int] = set()
+
+        def write(seqnos: list[int]) -> httpx.Response:
+            response = client.write("cut", seqnos)
+            if response.status_code == 200:
+                for result in response.json()["results"]:
+                    acked.update(a["seqno"] for a in result["acks"])
+            return response
+
+        assert write(list(range(1, 11))).status_code == 200
+        proxy.cut()
+        refused = write(list(range(11, 21)))
+        assert refused.status_code == 503, refused.text
+        assert refused.headers.get("Retry-After")
+        assert refused.json()["error"] == "store_unavailable"
+        proxy.restore()
+        # the client retries what was refused (and more) until the gateway is back
+        deadline = time.monotonic() + 120
+        while write(list(range(11, 31))).status_code != 200:
+            assert time.monotonic() < deadline, "the gateway did not recover"
+            time.sleep(0.5)
+        client.close()
+    finally:
+        proxy.close()
+    _partitions, seqnos = source_seqnos(kafka_store, "dc1.app")["cut"]
+    assert seqnos == list(range(1, 31)), "lost, duplicated or reordered chunks"
+    assert acked <= set(seqnos)
+
+
+def test_one_broker_of_three_killed_during_writes_loses_nothing(
+    tmp_path: Path, start_kafka_gateway: Callable[..., GatewayProcess], kafka_namespace: str
+) -> None:
+    cluster = LocalKafka(tmp_path / "cluster", nodes_count=3)
+    try:
+        cluster.start()
+        gateway = start_kafka_gateway(
+            bootstrap=cluster.bootstrap,
+            kafka={"replication_factor": 3, "min_insync_replicas": 2},
+        )
+        client = Client(gateway.url, timeout_s=60)
+        acked: list[int] = []
+        stop = threading.Event()
+        failures: list[int] = []
+
+        def keep_writing() -> None:
+            seqno = 0
+            while not stop.is_set():
+                seqno += 1
+                while not stop.is_set():
+                    response = client.write("rf3", [seqno])
+                    if response.status_code == 200:
+                        acked.append(seqno)
+                        break
+                    failures.append(response.status_code)
+                    time.sleep(0.2)
+
+        writer = threading.Thread(target=keep_writing)
+        writer.start()
+        try:
+            wait_until(lambda: len(acked) >= 20, 60, "writes before the kill")
+            cluster.kill_node(1)
+            killed_at, t0 = len(acked), time.monotonic()
+            wait_until(lambda: len(acked) >= killed_at + 20, 120, "writes with a broker down")
+            print(f"20 writes with a broker down after {time.monotonic() - t0:.1f} s")
+            cluster.restart_node(1)
+            restarted_at, t0 = len(acked), time.monotonic()
+            wait_until(lambda: len(acked) >= restarted_at + 10, 120, "writes after the restart")
+            print(f"10 writes after the restart in {time.monotonic() - t0:.1f} s")
+        finally:
+            stop.set()
+            writer.join(120)
+            client.close()
+        store = open_kafka_store(
+            KafkaSettings(cluster.bootstrap, namespace=kafka_namespace, operation_timeout_s=30)
+        )
+        try:
+            _partitions, seqnos = source_seqnos(store, "dc1.app")["rf3"]
+            topic = store.describe_topic("dc1.app")
+        finally:
+            store.close()
+        assert seqnos == sorted(set(seqnos)), "a chunk was written twice"
+        assert set(acked) <= set(seqnos), "an acked chunk was lost"
+        assert topic.partitions
+    finally:
+        cluster.stop()
