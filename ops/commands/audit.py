@@ -1,4 +1,6 @@
-"""``logbroker audit --data-dir DIR [--topic T ...]``: check the exactly-once invariants.
+"""``logbroker audit --data-dir DIR | --store kafka --kafka-bootstrap H:P [--topic T ...]``.
+
+Checks the exactly-once invariants.
 
 Exit code 0 when everything holds, 1 when a problem was found, 2 on bad usage.
 """
@@ -6,20 +8,23 @@ Exit code 0 when everything holds, 1 when a problem was found, 2 on bad usage.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
-from log_store import LogbrokerError, open_store
+from log_store import LogbrokerError
 from ops.audit import audit_store
+from ops.store_options import add_kafka_arguments, open_store_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", required=True, help="data dir of the embedded store")
+    parser.add_argument("--data-dir", help="data dir of the embedded store")
+    add_kafka_arguments(parser)
     parser.add_argument("--topic", action="append", help="audit only this topic (repeatable)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        with open_store(args.data_dir, create=False) as store:
+        with contextlib.closing(open_store_from_args(args)) as store:
             report = audit_store(store, args.topic)
     except LogbrokerError as exc:
         print(f"logbroker audit: {exc}", file=sys.stderr)

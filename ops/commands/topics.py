@@ -7,13 +7,15 @@ and ``describe`` also work through a gateway (``--server URL``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
 
 from delivery.internal_state import is_internal
 from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
-from log_store import LogbrokerError, TopicConfig, TopicInfo, open_store
+from log_store import LogbrokerError, TopicConfig, TopicInfo
+from ops.store_options import add_kafka_arguments, open_store_from_args
 
 
 def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -26,6 +28,7 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         "--server", default=default, help="gateway URL (list and describe only, read-only)"
     )
     parser.add_argument("--token", default=default, help="bearer token for --server")
+    add_kafka_arguments(parser, suppress=suppress)
     parser.add_argument(
         "--json",
         action="store_true",
@@ -118,12 +121,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.server is not None:
         return _run_on_gateway(args)
-    if args.data_dir is None:
-        print("logbroker topics: give --data-dir DIR (or --server URL)", file=sys.stderr)
+    if args.data_dir is None and args.store != "kafka":
+        print(
+            "logbroker topics: give --data-dir DIR (or --server URL, or --store kafka "
+            "--kafka-bootstrap HOST:PORT)",
+            file=sys.stderr,
+        )
         return 2
     try:
         # Only `create` may make a store where there is none; a typo is an error otherwise.
-        with open_store(args.data_dir, create=args.action == "create") as store:
+        with contextlib.closing(
+            open_store_from_args(args, create=args.action == "create")
+        ) as store:
             if args.action == "list":
                 for info in store.list_topics():
                     if args.all or not is_internal(info.name):

@@ -107,12 +107,19 @@ def test_one_broker_of_three_killed_during_writes_loses_nothing(
     tmp_path: Path, start_kafka_gateway: Callable[..., GatewayProcess], kafka_namespace: str
 ) -> None:
     cluster = LocalKafka(tmp_path / "cluster", nodes_count=3)
+    t_start = time.monotonic()
+
+    def mark(what: str) -> None:
+        print(f"{time.monotonic() - t_start:6.1f} s  {what}")
+
     try:
         cluster.start()
+        mark("cluster up")
         gateway = start_kafka_gateway(
             bootstrap=cluster.bootstrap,
             kafka={"replication_factor": 3, "min_insync_replicas": 2},
         )
+        mark("gateway up")
         client = Client(gateway.url, timeout_s=60)
         acked: list[int] = []
         stop = threading.Event()
@@ -134,11 +141,13 @@ def test_one_broker_of_three_killed_during_writes_loses_nothing(
         writer.start()
         try:
             wait_until(lambda: len(acked) >= 20, 60, "writes before the kill")
+            mark("20 writes")
             cluster.kill_node(1)
             killed_at, t0 = len(acked), time.monotonic()
             wait_until(lambda: len(acked) >= killed_at + 20, 120, "writes with a broker down")
             print(f"20 writes with a broker down after {time.monotonic() - t0:.1f} s")
             cluster.restart_node(1)
+            mark("restarted")
             restarted_at, t0 = len(acked), time.monotonic()
             wait_until(lambda: len(acked) >= restarted_at + 10, 120, "writes after the restart")
             print(f"10 writes after the restart in {time.monotonic() - t0:.1f} s")
@@ -146,6 +155,7 @@ def test_one_broker_of_three_killed_during_writes_loses_nothing(
             stop.set()
             writer.join(120)
             client.close()
+            mark("writer stopped")
         store = open_kafka_store(
             KafkaSettings(cluster.bootstrap, namespace=kafka_namespace, operation_timeout_s=30)
         )
@@ -154,6 +164,7 @@ def test_one_broker_of_three_killed_during_writes_loses_nothing(
             topic = store.describe_topic("dc1.app")
         finally:
             store.close()
+        mark("read back")
         assert seqnos == sorted(set(seqnos)), "a chunk was written twice"
         assert set(acked) <= set(seqnos), "an acked chunk was lost"
         assert topic.partitions

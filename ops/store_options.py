@@ -1,0 +1,66 @@
+"""The Kafka options of commands that open a log store directly (``topics``, ``audit``).
+
+``--data-dir DIR`` opens the embedded store; ``--store kafka --kafka-bootstrap HOST:PORT``
+(with ``--kafka-namespace`` and ``--kafka-property KEY=VALUE`` for TLS/SASL) opens the Kafka
+backend.  A command opening Kafka this way writes nothing unless asked to (``audit`` and
+``topics list``/``describe`` only read: they replay changelogs, so they never fence a gateway).
+"""
+
+from __future__ import annotations
+
+import argparse
+from types import MappingProxyType
+from typing import Any
+
+from log_store import LogStore, open_store
+from log_store.errors import BadRequest
+
+
+def add_kafka_arguments(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
+    """``--store``, ``--kafka-*``; with ``suppress`` a later parser does not reset them."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument("--store", choices=("sqlite", "kafka"), default=default("sqlite"))
+    parser.add_argument(
+        "--kafka-bootstrap", metavar="HOST:PORT", default=default(None), help="Kafka servers"
+    )
+    parser.add_argument(
+        "--kafka-namespace", default=default(""), help="the gateways' kafka_namespace"
+    )
+    parser.add_argument(
+        "--kafka-property",
+        action="append",
+        default=default([]),
+        metavar="KEY=VALUE",
+        help="a librdkafka property (TLS, SASL), repeatable",
+    )
+
+
+def open_store_from_args(args: argparse.Namespace, *, create: bool = False) -> LogStore:
+    """The store the arguments name; ``BadRequest`` if they name none.
+
+    ``create`` lets the embedded store be made where there is none (``topics create``).
+    """
+    if args.store == "kafka":
+        from log_store.kafka import KafkaSettings, open_kafka_store
+
+        if not args.kafka_bootstrap:
+            raise BadRequest("--store kafka needs --kafka-bootstrap HOST:PORT")
+        properties = {}
+        for item in args.kafka_property:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise BadRequest(f"--kafka-property {item!r} is not KEY=VALUE")
+            properties[key] = value
+        return open_kafka_store(
+            KafkaSettings(
+                args.kafka_bootstrap,
+                namespace=args.kafka_namespace,
+                properties=MappingProxyType(properties),
+            )
+        )
+    if not args.data_dir:
+        raise BadRequest("give --data-dir DIR (or --store kafka --kafka-bootstrap HOST:PORT)")
+    return open_store(args.data_dir, create=create)

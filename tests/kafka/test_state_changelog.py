@@ -1,0 +1,88 @@
+"""The state area on Kafka: committed with the data, snapshotted, rebuilt by a new owner."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+from log_store import PartitionState, TopicConfig
+from log_store.kafka import KafkaSettings, naming, open_kafka_store
+from tests.conftest import REPO, logbroker_cmd
+
+
+def test_new_owner_rebuilds_state_from_the_snapshot_and_the_tail(
+    kafka_cluster: Any, kafka_namespace: str
+) -> None:
+    settings = KafkaSettings(
+        kafka_cluster.bootstrap,
+        namespace=kafka_namespace,
+        snapshot_min_entries=500,
+        operation_timeout_s=20,
+    )
+    first = open_kafka_store(settings)
+    try:
+        first.create_topic("dc1.t", TopicConfig(partitions=1))
+
+        def put(start: int, count: int) -> Any:
+            def fn(state: PartitionState) -> Sequence[bytes]:
+                for i in range(start, start + count):
+                    state.put(f"seq/src-{i % 3000}", i.to_bytes(8, "big"))
+                return [b"batch %d" % start]
+
+            return fn
+
+        for start in range(0, 6000, 200):
+            first.transact("dc1.t", 0, put(start, 200))
+        state_topic = naming.state_topic(kafka_namespace, first.describe_topic("dc1.t").topic_id)
+        watermarks = first._watermarks  # the changelog's own bounds
+        low, end = watermarks.get(state_topic, 0)
+    finally:
+        first.close()
+    # snapshots were written and the records before the last one deleted
+    assert low > 0, "no snapshot moved the changelog's start"
+    second = open_kafka_store(settings)
+    try:
+        # a write takes the partition over: fencing, then snapshot plus tail
+        second.transact("dc1.t", 0, lambda state: [b"after"])
+        topic, partition, _seconds, entries = second.takeovers[-1]
+        assert (topic, partition) == ("dc1.t", 0)
+        assert entries == 3000
+        for i in (0, 1234, 2999):
+            expected = max(n for n in range(6000) if n % 3000 == i)
+            assert second.get_state("dc1.t", 0, f"seq/src-{i}") == expected.to_bytes(8, "big")
+    finally:
+        second.close()
+    assert end > low
+
+
+def test_audit_and_topics_commands_read_a_kafka_namespace_without_fencing_it(
+    kafka_cluster: Any, kafka_namespace: str
+) -> None:
+    store = open_kafka_store(KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace))
+    try:
+        store.create_topic("dc1.cli", TopicConfig(partitions=2))
+        store.append("dc1.cli", 0, [b"not an envelope"])
+        flags = [
+            "--store",
+            "kafka",
+            "--kafka-bootstrap",
+            kafka_cluster.bootstrap,
+            "--kafka-namespace",
+            kafka_namespace,
+        ]
+        listed = subprocess.run(
+            logbroker_cmd("topics", *flags, "list"), capture_output=True, text=True, cwd=REPO
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert "dc1.cli" in listed.stdout
+        audit = subprocess.run(
+            logbroker_cmd("audit", *flags), capture_output=True, text=True, cwd=REPO
+        )
+        assert audit.returncode == 1, audit.stdout + audit.stderr
+        assert "not an envelope" in audit.stdout
+        # the store that wrote is still the partition's writer: nobody fenced it
+        assert store.append("dc1.cli", 0, [b"again"]).count == 1
+        assert len(store.takeovers) == 1
+    finally:
+        store.close()
