@@ -16,7 +16,12 @@ and offsets starting over: the mirror starts it over too, and the destination ac
 copy only from the source's start offset, so it can never begin in the middle.
 
 Legacy commit markers name their data record by offset; offsets differ between the
-installations, so the destination rewrites the marker to the data record's new offset.
+installations, so the destination rewrites the marker to the data record's new offset (it
+remembers where each copied legacy data record went).
+
+Offsets need not be dense on either side (on Kafka, transaction markers take offsets too): an
+append says from which source offset its fetch started and where the next fetch starts, and
+the destination checks the first against what it expects and moves to the second.
 """
 
 from __future__ import annotations
@@ -104,8 +109,15 @@ def ensure_replica_topic(store: LogStore, topic: str, partitions: int) -> None:
         store.set_partitions(topic, partitions)
 
 
-def _rewrite_marker(value: bytes, shift: int) -> bytes:
-    """A legacy commit marker pointing at its data's offset in this installation."""
+def _legacy_key(source_id: str, source_offset: int) -> str:
+    return f"{_STATE_PREFIX}{source_id}/legacy/{source_offset}"
+
+
+def _rewrite_marker(value: bytes, dest_of: Any) -> bytes:
+    """A legacy commit marker pointing at its data's offset in this installation.
+
+    ``dest_of(source_offset)`` is where that source record was copied to (None: unknown).
+    """
     try:
         env = view(value)
     except NotAnEnvelope:
@@ -114,9 +126,12 @@ def _rewrite_marker(value: bytes, shift: int) -> bytes:
         return value
     try:
         body = json.loads(env.data)
-        body["data_offset"] = int(body["data_offset"]) + shift
+        copied_to = dest_of(int(body["data_offset"]))
     except (ValueError, KeyError, TypeError):
         return value
+    if copied_to is None:
+        return value
+    body["data_offset"] = copied_to
     writer = EnvelopeWriter(
         source_id=env.source_id,
         server=env.server,
@@ -129,6 +144,15 @@ def _rewrite_marker(value: bytes, shift: int) -> bytes:
     return writer.encode(env.seqno, env.create_time, env.write_time, json.dumps(body).encode())
 
 
+class ReplicaRecords(list[tuple[int, bytes]]):
+    """Source records (offset, value) of one replica append, and where their fetch started
+    (``from_offset``) and where the next one starts (``next_offset``); both None in appends
+    of mirrors that send consecutive offsets only."""
+
+    from_offset: int | None = None
+    next_offset: int | None = None
+
+
 def append_replica(
     store: LogStore,
     topic: str,
@@ -139,37 +163,66 @@ def append_replica(
 ) -> int:
     """Append source records (offset, value) exactly once; returns the next source offset.
 
-    Raises :class:`MirrorGap` (with the expected offset) if the first record is not the one
-    the destination expects next: the recorded next offset, or for the first copy of this
-    source the source partition's start offset ``source_start``, so a copy can never begin
-    in the middle of a source.  Source offsets must be consecutive.
+    Raises :class:`MirrorGap` (with the expected offset) if the append does not start where
+    the destination expects: the recorded next offset, or for the first copy of this source
+    the source partition's start offset ``source_start``, so a copy can never begin in the
+    middle of a source.  Source offsets must increase (and be consecutive, unless the append
+    says where its fetch started: see :class:`ReplicaRecords`).
     """
     if not records:
         raise BadRequest("no records to append")
     first = records[0][0]
+    from_offset = getattr(records, "from_offset", None)
+    next_offset = getattr(records, "next_offset", None)
     for i, (offset, _) in enumerate(records):
-        if offset != first + i:
+        if from_offset is None and offset != first + i:
             raise BadRequest("replica records must have consecutive source offsets")
+        if i and offset <= records[i - 1][0]:
+            raise BadRequest("replica records must have increasing source offsets")
+    start = first if from_offset is None else from_offset
+    if first < start:
+        raise BadRequest("replica records start before the offset their fetch started at")
+    last = records[-1][0]
+    following = max(last + 1, next_offset or 0)
     key = _STATE_PREFIX + source_id
+    batch_index = {offset: i for i, (offset, _) in enumerate(records)}
 
     def fn(state: PartitionState) -> list[bytes]:
         doc = _load(state, key)
         expected = source_start if doc is None else int(doc["next_source"])
-        if first != expected:
+        if start != expected:
             raise MirrorGap(
-                f"{topic}/{partition} expects source offset {expected}, got {first}", expected
+                f"{topic}/{partition} expects source offset {expected}, got {start}", expected
             )
         doc = doc or {}
         dest_first = state.next_offset()
-        shift = dest_first - first
-        values = [_rewrite_marker(v, shift) for _, v in records]
-        doc["next_source"] = first + len(records)
+
+        def dest_of(source_offset: int) -> int | None:
+            index = batch_index.get(source_offset)
+            if index is not None:
+                return dest_first + index  # one append: consecutive on every backend
+            raw = state.get(_legacy_key(source_id, source_offset))
+            return None if not raw else int.from_bytes(raw, "big")
+
+        values = []
+        for i, (offset, value) in enumerate(records):
+            values.append(_rewrite_marker(value, dest_of))
+            if _is_legacy_data(value):
+                state.put(_legacy_key(source_id, offset), (dest_first + i).to_bytes(8, "big"))
+        doc["next_source"] = following
         doc["next_dest"] = dest_first + len(records)
         state.put(key, json.dumps(doc).encode())
         return values
 
     store.transact(topic, partition, fn)
-    return first + len(records)
+    return following
+
+
+def _is_legacy_data(value: bytes) -> bool:
+    try:
+        return view(value).kind == "legacy_data"
+    except NotAnEnvelope:
+        return False
 
 
 def skip_dropped_source(
@@ -204,20 +257,34 @@ def skip_dropped_source(
     return box[0]
 
 
-def encode_replica_body(records: Sequence[tuple[int, bytes]]) -> bytes:
+def encode_replica_body(
+    records: Sequence[tuple[int, bytes]],
+    from_offset: int | None = None,
+    next_offset: int | None = None,
+) -> bytes:
     """The body of a replica append: the binary read framing, one section."""
-    parts = [MAGIC, len(b"{}").to_bytes(2, "big"), b"{}", len(records).to_bytes(4, "big")]
+    meta = b"{}"
+    if from_offset is not None:
+        meta = json.dumps({"from_offset": from_offset, "next_offset": next_offset}).encode()
+    parts = [MAGIC, len(meta).to_bytes(2, "big"), meta, len(records).to_bytes(4, "big")]
     for offset, value in records:
         parts.append(offset.to_bytes(8, "big") + len(value).to_bytes(4, "big"))
         parts.append(value)
     return b"".join(parts)
 
 
-def decode_replica_body(body: bytes) -> list[tuple[int, bytes]]:
+def decode_replica_body(body: bytes) -> ReplicaRecords:
     sections = decode_binary(body)
     if len(sections) != 1:
         raise BadRequest("a replica append carries exactly one section")
-    return sections[0].records
+    records = ReplicaRecords(sections[0].records)
+    meta = sections[0].meta
+    for name in ("from_offset", "next_offset"):
+        value = meta.get(name)
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise BadRequest(f"{name} must be a non-negative integer")
+        setattr(records, name, value)
+    return records
 
 
 @dataclass
@@ -261,6 +328,8 @@ class Mirror:
         self._state_dir = state_dir
         self._max_bytes = max_bytes
         self._positions: dict[tuple[str, int], int] = {}
+        self._skipped: dict[tuple[str, int], int] = {}
+        """Fetch positions past offsets that held no record, ahead of ``_positions``."""
         self._starts: dict[tuple[str, int], int] = {}
         self._refusals: dict[tuple[str, int], tuple[int, int]] = {}
         self._topic_ids: dict[str, str] = {}
@@ -308,7 +377,7 @@ class Mirror:
     def _forget(self, topic: str) -> None:
         self._topic_ids.pop(topic, None)
         self._partitions.pop(topic, None)
-        for table in (self._positions, self._starts, self._refusals):
+        for table in (self._positions, self._starts, self._refusals, self._skipped):
             for tp in [tp for tp in table if tp[0] == topic]:
                 del table[tp]
 
@@ -360,7 +429,12 @@ class Mirror:
         if not self._positions:
             time.sleep(min(wait_ms, 500) / 1000)
             return 0
-        positions = [(t, p, o) for (t, p), o in sorted(self._positions.items())]
+        # where to fetch from: past offsets that held no record (transaction markers on
+        # Kafka), which the destination still expects the next append to start at
+        positions = [
+            (t, p, max(o, self._skipped.get((t, p), o)))
+            for (t, p), o in sorted(self._positions.items())
+        ]
         try:
             fetched = self._fetch_raw(positions, wait_ms)
         except RequestRefused as exc:
@@ -372,14 +446,19 @@ class Mirror:
                 self._last_discovery = 0.0  # a source topic was deleted
                 return 0
             raise
-        unchanged = self._still_known({t for t, _, records in fetched if records})
+        unchanged = self._still_known({t for t, _, records, _ in fetched if records})
         copied = 0
-        for topic, partition, records in fetched:
-            if not records or (topic, partition) not in self._positions:
+        for topic, partition, records, next_offset in fetched:
+            tp = (topic, partition)
+            if tp not in self._positions:
+                continue
+            if not records:
+                if next_offset is not None and next_offset > self._positions[tp]:
+                    self._skipped[tp] = next_offset
                 continue
             if topic not in unchanged:
                 continue
-            copied += self._append(topic, partition, records)
+            copied += self._append(topic, partition, records, next_offset)
         self._write_status()
         return copied
 
@@ -407,11 +486,14 @@ class Mirror:
 
     def _fetch_raw(
         self, positions: Sequence[tuple[str, int, int]], wait_ms: int
-    ) -> list[tuple[str, int, list[tuple[int, bytes]]]]:
+    ) -> list[tuple[str, int, list[tuple[int, bytes]], int | None]]:
         sections = self._source.fetch_sections(
             positions, max_bytes=self._max_bytes, wait_ms=wait_ms, raw=True
         )
-        return [(s.meta["topic"], s.meta["partition"], s.records) for s in sections]
+        return [
+            (s.meta["topic"], s.meta["partition"], s.records, s.meta.get("next_offset"))
+            for s in sections
+        ]
 
     def _skip_dropped(self, positions: Sequence[tuple[str, int, int]]) -> None:
         """Positions outside the source's offsets: below its start, retention dropped records
@@ -475,7 +557,13 @@ class Mirror:
         expected = body["next_source_offset"]
         self._positions[(topic, partition)] = start if expected is None else int(expected)
 
-    def _append(self, topic: str, partition: int, records: list[tuple[int, bytes]]) -> int:
+    def _append(
+        self,
+        topic: str,
+        partition: int,
+        records: list[tuple[int, bytes]],
+        next_offset: int | None = None,
+    ) -> int:
         tp = (topic, partition)
         response = self._dest_call(
             "POST",
@@ -485,7 +573,11 @@ class Mirror:
                 "partitions": self._partitions[topic],
                 "start": self._starts[tp],
             },
-            content=encode_replica_body(records),
+            content=encode_replica_body(
+                records,
+                from_offset=self._positions[tp],
+                next_offset=max(next_offset or 0, records[-1][0] + 1),
+            ),
             headers={"Content-Type": REPLICA_MEDIA_TYPE},
         )
         if response.status_code == 409:
@@ -501,13 +593,14 @@ class Mirror:
             self._refusals[tp] = (expected, times)
             _log.info("%s/%d: destination expects %d; resuming there", topic, partition, expected)
             self._positions[tp] = expected
+            self._skipped.pop(tp, None)
             self.stats.refused_gaps += 1
             return 0
         if response.status_code != 200:
             raise self._refused(response)
         self._refusals.pop(tp, None)
-        next_offset = int(response.json()["next_source_offset"])
-        self._positions[tp] = next_offset
+        self._positions[tp] = int(response.json()["next_source_offset"])
+        self._skipped.pop(tp, None)
         self.stats.copied_messages += len(records)
         return len(records)
 

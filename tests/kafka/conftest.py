@@ -59,12 +59,13 @@ def start_kafka_gateway(
         ownership: str = "group",
         bootstrap: str | None = None,
         kafka: dict[str, Any] | None = None,
+        namespace: str | None = None,
     ) -> GatewayProcess:
         n = len(started)
         config = gateway_config(
             tmp_path / f"gateway-{n}.toml",
             bootstrap=bootstrap or kafka_cluster.bootstrap,
-            namespace=kafka_namespace,
+            namespace=namespace or kafka_namespace,
             ownership=ownership,
             kafka=kafka,
         )

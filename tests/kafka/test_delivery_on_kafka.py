@@ -1,0 +1,138 @@
+"""Delivery from a gateway on Kafka, unchanged for its users: pull with a consumer group,
+push, the legacy Archive API, and a mirror from one Kafka installation to another."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, GatewayProcess, logbroker_cmd
+from tests.delivery.conftest import PushEndpoint
+from tests.gateway.conftest import Client
+from tests.kafka.conftest import wait_until
+
+
+def _read_group(url: str, group: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        logbroker_cmd(
+            "read",
+            "--server",
+            url,
+            "--topic",
+            "dc1.app",
+            "--group",
+            group,
+            "--from-beginning",
+            "--format",
+            "jsonl",
+            "--idle-exit",
+            "3",
+        ),
+        capture_output=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def _raw_seqnos(url: str, topic: str) -> dict[str, list[tuple[int, str]]]:
+    """(seqno, kind) of every record per source, read raw from ``url``."""
+    info = httpx.get(f"{url}/v1/topics/{topic}", timeout=30)
+    if info.status_code == 404:
+        return {}
+    out: dict[str, list[tuple[int, str]]] = {}
+    for p in info.json()["partitions"]:
+        offset = p["start_offset"]
+        while offset < p["end_offset"]:
+            body = httpx.get(
+                f"{url}/v1/topics/{topic}/partitions/{p['partition']}/messages",
+                params={"offset": offset, "raw": 1},
+                timeout=30,
+            ).json()
+            for m in body["messages"]:
+                out.setdefault(m["source_id"], []).append((m["seqno"], m.get("kind", "chunk")))
+            if body["next_offset"] <= offset:
+                break
+            offset = body["next_offset"]
+    return out
+
+
+@pytest.mark.slow
+def test_pull_groups_push_legacy_and_mirror_work_on_kafka(
+    start_kafka_gateway: Callable[..., GatewayProcess], kafka_namespace: str
+) -> None:
+    source = start_kafka_gateway()
+    client = Client(source.url)
+    endpoint = PushEndpoint(lambda n: ("ok", 200)).start()
+    subscription = {
+        "name": "hook",
+        "endpoint": endpoint.url,
+        "topics": ["dc1.app"],
+        "batch_size": 50,
+        "linger_ms": 20,
+    }
+    try:
+        for s in range(6):
+            assert client.write(f"src{s}", list(range(1, 21))).status_code == 200
+        created = httpx.post(f"{source.url}/v1/subscriptions", json=subscription, timeout=60)
+        assert created.status_code == 201, created.text
+        # the legacy Archive API: store, commit_request, commit
+        http = httpx.Client(base_url=source.url, timeout=60)
+        stored = http.post(
+            "/store", params={"log_type": "app", "server": "old1", "file": "/a"}, content=b"old\n"
+        )
+        assert stored.status_code == 200, stored.text
+        txn = http.post("/commit_request", params={"store_id": stored.json()["store_id"]})
+        assert txn.status_code == 200, txn.text
+        committed = http.post("/commit", params={"txn_id": txn.json()["txn_id"], "log_type": "app"})
+        assert committed.status_code == 200, committed.text
+        http.close()
+        for s in range(6):
+            assert client.write(f"src{s}", list(range(21, 31))).status_code == 200
+    finally:
+        client.close()
+    expected = {(f"src{s}", n) for s in range(6) for n in range(1, 31)}
+
+    # pull with a consumer group: everything once, then nothing more for the same group
+    first = _read_group(source.url, "g1")
+    chunks = [(r["source_id"], r["seqno"]) for r in first if r["source_id"].startswith("src")]
+    assert sorted(chunks) == sorted(expected)
+    legacy = [r for r in first if r["source_id"].startswith("legacy:")]
+    assert len(legacy) == 1 and legacy[0]["data"].strip() == "old", legacy
+    assert _read_group(source.url, "g1") == []
+
+    # push: the subscription delivers every message, each with its offset
+    wait_until(
+        lambda: {(m["source_id"], m["seqno"]) for m in endpoint.messages()} >= expected,
+        90,
+        "push delivery",
+    )
+    pushed = [(m["topic"], m["partition"], m["offset"]) for m in endpoint.messages()]
+    assert len(pushed) == len(set(pushed)), "a message was pushed twice"
+
+    # mirror into a second Kafka installation (another namespace): exactly once, and the
+    # legacy transaction still resolves there although offsets differ between the two
+    dest = start_kafka_gateway("--dc", "dc2", namespace=kafka_namespace + "dst.")
+    mirror = subprocess.run(
+        logbroker_cmd(
+            "mirror", "--from", source.url, "--to", dest.url, "--prefix", "dc1.", "--idle-exit", "4"
+        ),
+        capture_output=True,
+        cwd=REPO,
+        timeout=180,
+    )
+    assert mirror.returncode == 0, mirror.stderr.decode()[-3000:]
+    assert _raw_seqnos(dest.url, "dc1.app") == _raw_seqnos(source.url, "dc1.app")
+    copied = _read_group(dest.url, "g2")
+    assert sorted(
+        (r["source_id"], r["seqno"]) for r in copied if r["source_id"].startswith("src")
+    ) == sorted(expected)
+    legacy = [r for r in copied if r["source_id"].startswith("legacy:")]
+    assert len(legacy) == 1 and legacy[0]["data"].strip() == "old", "the legacy data was lost"
+    endpoint.stop()
