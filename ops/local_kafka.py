@@ -252,6 +252,7 @@ class LocalKafka:
 
     def _format(self, libs: Path, cluster_id: str) -> None:
         for node in self.nodes:
+            shutil.rmtree(node.directory, ignore_errors=True)  # fresh storage every start
             node.directory.mkdir(parents=True, exist_ok=True)
             (node.directory / "server.properties").write_text(self._properties(node))
             (node.directory / "log4j2.xml").write_text(_LOG4J2.format(path=node.log_path))

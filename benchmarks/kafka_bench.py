@@ -1,0 +1,422 @@
+"""Gateways on Apache Kafka: ingest against the raw producer, scaling, latency, takeover.
+
+    python benchmarks/kafka_bench.py [--runs 3] [--seconds 8] [--chunk-bytes 65536]
+
+One local Kafka broker (``ops/local_kafka.py``), the same for every case of every run; each
+run uses namespaces of its own.  Cases (medians of ``--runs``; ratios against the peer
+measured in the same run):
+
+* raw confluent-kafka producer, ``acks=all``, idempotent, lz4, the same chunk sizes: MB/s;
+* one gateway on Kafka (exactly once: transactional writer, seqno table committed with the
+  data), load processes posting binary write requests: MB/s, and its ratio to the raw producer;
+* two gateways sharing the partitions (half the load sent to each; a gateway forwards the
+  sources of partitions it does not own): MB/s and the ratio to one gateway;
+* file -> ``logbroker push`` -> gateway on Kafka -> reader: lines/s until a read_committed
+  reader has every line;
+* line -> reader latency at 5,000 lines/s through push-client, gateway and Kafka: p50, p99;
+* takeover of a partition whose seqno table holds 100,000 sources: fencing plus rebuilding
+  the table from the snapshot and the changelog's tail, seconds.
+
+Prints a table; never fails on speed.  On a 2-core machine the client, the gateways, the load
+generators and the broker share the CPUs, which caps the two-gateway figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import gateway_bench  # noqa: E402
+
+from log_store import PartitionState, TopicConfig, UnknownTopic  # noqa: E402
+from log_store.kafka import KafkaSettings, open_kafka_store  # noqa: E402
+from ops.local_kafka import LocalKafka  # noqa: E402
+from session_dedup.chunk_codecs import decompress  # noqa: E402
+from session_dedup.envelope import decode  # noqa: E402
+
+PY = sys.executable
+LINE_BYTES = 200
+
+
+class KafkaGateway:
+    def __init__(self, work: Path, bootstrap: str, namespace: str, name: str) -> None:
+        self.port = gateway_bench.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = work / f"{name}.toml"
+        config.write_text(
+            f'store = "kafka"\nkafka_bootstrap = "{bootstrap}"\n'
+            f'kafka_namespace = "{namespace}"\n[kafka]\nsession_timeout_ms = 6000\n'
+        )
+        self.proc = subprocess.Popen(
+            [PY, "-m", "ops", "serve", "--data-dir", str(work / f"{name}-data"),
+             "--port", str(self.port), "--config", str(config)],
+            cwd=REPO, stdout=open(work / f"{name}.log", "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError(f"gateway {name} did not start")
+
+    def owned(self) -> float:
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        for line in text.splitlines():
+            if line.startswith("logbroker_kafka_owned_partitions "):
+                return float(line.split()[1])
+        return 0.0
+
+    def stop(self) -> None:
+        gateway_bench.stop_gateway(self.proc)
+
+
+def warm_up(gateways: list[KafkaGateway], sources: int = 64) -> None:
+    """Create the topic and wait until the group has given out every partition."""
+    with httpx.Client(timeout=120) as client:
+        body = gateway_bench.MAGIC + b"".join(
+            gateway_bench.section(
+                b'{"log_type":"bench","source_id":"warm-%d"}' % i, 1, 1, b"warm\n"
+            )
+            for i in range(sources)
+        )
+        for _ in range(60):
+            r = client.post(
+                gateways[0].url + "/v1/write",
+                content=body,
+                headers={"Content-Type": gateway_bench.BINARY},
+            )
+            if r.status_code == 200:
+                break
+            time.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        owned = [g.owned() for g in gateways]
+        if sum(owned) >= 8 and all(o > 0 for o in owned):  # 4 internal + 4 data partitions
+            return
+        time.sleep(0.5)
+
+
+def raw_producer(bootstrap: str, topic: str, seconds: float, chunk_bytes: int) -> float:
+    """MB/s of a plain idempotent producer, acks=all, into a 4-partition topic."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 4, 1)])[topic].result()
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "message.max.bytes": 16 * 1024 * 1024,
+        }
+    )
+    value = (b"x" * (chunk_bytes - 1)) + b"\n"
+    producer.list_topics(topic, timeout=30)
+    sent = 0
+    started = time.monotonic()
+    stop_at = started + seconds
+    i = 0
+    while time.monotonic() < stop_at:
+        try:
+            producer.produce(topic, value, partition=i % 4)
+            sent += len(value)
+            i += 1
+        except BufferError:
+            producer.poll(0.01)
+        if i % 64 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    return sent / (time.monotonic() - started) / 1e6
+
+
+def gateway_ingest(
+    gateways: list[KafkaGateway], seconds: float, chunk_bytes: int, clients: int
+) -> float:
+    """MB/s acknowledged by the gateways (load split evenly among them)."""
+    results: list[float] = []
+
+    def one(g: KafkaGateway) -> None:
+        mb_s, _chunks, _lat, _errors = gateway_bench.run_load(
+            g.port,
+            processes=max(1, clients // len(gateways)),
+            connections=2,
+            sources_per_request=8,
+            chunks_per_source=4,
+            chunk_bytes=chunk_bytes,
+            seconds=seconds,
+        )
+        results.append(mb_s)
+
+    threads = [threading.Thread(target=one, args=(g,)) for g in gateways]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(results)
+
+
+def make_file(path: Path, lines: int) -> None:
+    pad = "x" * (LINE_BYTES - 12)
+    with open(path, "w") as f:
+        for start in range(0, lines, 50_000):
+            f.write("".join(f"{i:010d} {pad}\n" for i in range(start, min(lines, start + 50_000))))
+
+
+def count_lines(bootstrap: str, namespace: str, topic: str, want: int, timeout_s: float) -> int:
+    store = open_kafka_store(KafkaSettings(bootstrap, namespace=namespace))
+    seen = 0
+    offsets: dict[int, int] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while seen < want and time.monotonic() < deadline:
+            try:
+                partitions = store.describe_topic(topic).partitions
+            except UnknownTopic:
+                time.sleep(0.05)
+                continue
+            got = False
+            for part in partitions:
+                result = store.read(topic, part.partition, offsets.get(part.partition, 0), 8 << 20)
+                for record in result.records:
+                    env = decode(record.value)
+                    seen += decompress(env.codec, env.data).count(b"\n")
+                got = got or bool(result.records)
+                offsets[part.partition] = result.next_offset
+            if not got:
+                time.sleep(0.01)
+    finally:
+        store.close()
+    return seen
+
+
+def end_to_end(work: Path, bootstrap: str, namespace: str, lines: int) -> float:
+    """Lines/s from starting the push-client until a reader has every line."""
+    source = work / f"{namespace}source.log"
+    make_file(source, lines)
+    gateway = KafkaGateway(work, bootstrap, namespace, f"{namespace}e2e")
+    try:
+        warm_up([gateway])
+        started = time.monotonic()
+        push = subprocess.Popen(
+            [PY, "-m", "ops", "push", "--server", gateway.url, "--log-type", "e2e",
+             "--state-dir", str(work / f"{namespace}state"), "--no-progress",
+             "--log-level", "WARNING", str(source)],
+            cwd=REPO,
+        )  # fmt: skip
+        try:
+            seen = count_lines(bootstrap, namespace, "dc1.e2e", lines, 600)
+            elapsed = time.monotonic() - started
+        finally:
+            push.terminate()
+            push.wait(30)
+        if seen != lines:
+            raise RuntimeError(f"the reader saw {seen} of {lines} lines")
+        return lines / elapsed
+    finally:
+        gateway.stop()
+
+
+def latency(work: Path, bootstrap: str, namespace: str, rate: int, seconds: float) -> list[float]:
+    """Line-append to read_committed-reader latencies at ``rate`` lines/s."""
+    log = work / f"{namespace}lines.log"
+    log.write_bytes(b"")
+    gateway = KafkaGateway(work, bootstrap, namespace, f"{namespace}lat")
+    latencies: list[float] = []
+    total = int(rate * seconds)
+    try:
+        warm_up([gateway])
+        push = subprocess.Popen(
+            [PY, "-m", "ops", "push", "--server", gateway.url, "--log-type", "lat",
+             "--state-dir", str(work / f"{namespace}lat-state"), "--no-progress",
+             "--log-level", "WARNING", str(log)],
+            cwd=REPO,
+        )  # fmt: skip
+        store = open_kafka_store(KafkaSettings(bootstrap, namespace=namespace))
+
+        def read() -> None:
+            offsets: dict[int, int] = {}
+            deadline = time.monotonic() + seconds + 60
+            while len(latencies) < total and time.monotonic() < deadline:
+                try:
+                    partitions = store.describe_topic("dc1.lat").partitions
+                except UnknownTopic:
+                    time.sleep(0.01)
+                    continue
+                got = False
+                for part in partitions:
+                    p = part.partition
+                    result = store.read("dc1.lat", p, offsets.get(p, 0), 8 << 20)
+                    now = time.time()
+                    for record in result.records:
+                        env = decode(record.value)
+                        for line in decompress(env.codec, env.data).splitlines():
+                            latencies.append(now - int(line.split(b" ", 1)[0]) / 1e9)
+                    got = got or bool(result.records)
+                    offsets[p] = result.next_offset
+                if not got:
+                    time.sleep(0.001)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(2.0)
+        pad = b"x" * (LINE_BYTES - 21)
+        batch = max(1, rate // 1000)
+        with open(log, "ab", buffering=0) as f:
+            start = time.monotonic()
+            for i in range(0, total, batch):
+                delay = start + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                f.write(b"".join(b"%d %s\n" % (time.time_ns(), pad) for _ in range(batch)))
+        reader.join(seconds + 90)
+        push.terminate()
+        push.wait(30)
+        store.close()
+    finally:
+        gateway.stop()
+    return sorted(latencies)
+
+
+def takeover(bootstrap: str, namespace: str, sources: int, samples: int) -> list[float]:
+    """Seconds a new writer of one partition takes to fence the old one and rebuild the
+    seqno table of ``sources`` sources (snapshot plus tail), measured ``samples`` times."""
+    settings = KafkaSettings(bootstrap, namespace=namespace, operation_timeout_s=60)
+    first = open_kafka_store(settings)
+    try:
+        first.create_topic("dc1.tk", TopicConfig(partitions=1))
+        batch = 10_000
+        for start in range(0, sources, batch):
+
+            def fn(state: PartitionState, start: int = start) -> list[bytes]:
+                for i in range(start, start + batch):
+                    state.put(f"seq/host-{i:06d}:/var/log/app.log:2049:{i}", (7).to_bytes(8, "big"))
+                return [b"x"]
+
+            first.transact("dc1.tk", 0, fn)
+        # some traffic after the last snapshot: the tail a takeover replays
+        for i in range(20):
+            first.transact("dc1.tk", 0, lambda s, i=i: (s.put(f"seq/tail-{i}", b"\0" * 8), [])[1])
+    finally:
+        first.close()
+    seconds = []
+    for _ in range(samples):
+        store = open_kafka_store(settings)
+        try:
+            store.transact("dc1.tk", 0, lambda _s: [b"after"])
+            _topic, _p, took, entries = store.takeovers[-1]
+            assert entries >= sources, entries
+            seconds.append(took)
+        finally:
+            store.close()
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--chunk-bytes", type=int, default=65536)
+    parser.add_argument("--clients", type=int, default=2, help="load processes in all")
+    parser.add_argument("--e2e-lines", type=int, default=200_000)
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--takeover-sources", type=int, default=100_000)
+    args = parser.parse_args()
+    rows: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="kafka-bench-") as tmp:
+        work = Path(tmp)
+        cluster = LocalKafka(work / "kafka", nodes_count=1)
+        cluster.start()
+        try:
+            bootstrap = cluster.bootstrap
+            for run in range(args.runs):
+                raw = raw_producer(bootstrap, f"raw{run}", args.seconds, args.chunk_bytes)
+                one = [KafkaGateway(work, bootstrap, f"one{run}.", f"one{run}")]
+                try:
+                    warm_up(one)
+                    single = gateway_ingest(one, args.seconds, args.chunk_bytes, args.clients)
+                finally:
+                    for g in one:
+                        g.stop()
+                two = [KafkaGateway(work, bootstrap, f"two{run}.", f"two{run}-{i}") for i in (0, 1)]
+                try:
+                    warm_up(two)
+                    double = gateway_ingest(two, args.seconds, args.chunk_bytes, args.clients)
+                finally:
+                    for g in two:
+                        g.stop()
+                e2e = end_to_end(work, bootstrap, f"e2e{run}.", args.e2e_lines)
+                lat = latency(work, bootstrap, f"lat{run}.", 5000, args.latency_seconds)
+                tk = takeover(bootstrap, f"tk{run}.", args.takeover_sources, 1)
+                for name, value in (
+                    ("raw", raw),
+                    ("one", single),
+                    ("two", double),
+                    ("e2e", e2e),
+                    ("p50", gateway_bench.percentile(lat, 0.5) * 1000 if lat else float("nan")),
+                    ("p99", gateway_bench.percentile(lat, 0.99) * 1000 if lat else float("nan")),
+                    ("takeover", tk[0]),
+                    ("ratio_one", single / raw),
+                    ("ratio_two", double / single),
+                ):
+                    rows.setdefault(name, []).append(value)
+                print(
+                    f"run {run + 1}: raw {raw:.1f} MB/s, one gateway {single:.1f}, two "
+                    f"{double:.1f}, e2e {e2e:,.0f} lines/s, p99 {rows['p99'][-1]:.1f} ms, "
+                    f"takeover {tk[0]:.3f} s",
+                    file=sys.stderr,
+                )
+        finally:
+            cluster.stop()
+
+    def med(name: str) -> float:
+        return statistics.median(rows[name])
+
+    kb = args.chunk_bytes // 1024
+    print(f"| case (median of {args.runs}; one broker, same run) | result | goal |")
+    print("|---|---:|---|")
+    print(f"| raw producer, acks=all, idempotent, {kb} KiB values | {med('raw'):.1f} MB/s | - |")
+    print(
+        f"| one gateway on Kafka, exactly once, {kb} KiB chunks | {med('one'):.1f} MB/s "
+        f"({med('ratio_one'):.0%} of raw) | >= 70% |"
+    )
+    print(
+        f"| two gateways, load split between them | {med('two'):.1f} MB/s "
+        f"({med('ratio_two'):.2f}x one) | >= 1.6x |"
+    )
+    print(
+        f"| file -> push -> gateway -> Kafka -> reader, {LINE_BYTES} B lines | "
+        f"{med('e2e'):,.0f} lines/s ({med('e2e') * LINE_BYTES / 1e6:.1f} MB/s) | - |"
+    )
+    print(
+        f"| line -> reader at 5,000 lines/s | p50 {med('p50'):.1f} ms, p99 {med('p99'):.1f} ms "
+        f"| p99 <= 50 ms |"
+    )
+    print(
+        f"| takeover, {args.takeover_sources:,} sources in the partition | "
+        f"{med('takeover'):.3f} s | < 1 s |"
+    )
+    for name, values in rows.items():
+        print(f"  {name}: {', '.join(f'{v:.3f}' for v in values)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
