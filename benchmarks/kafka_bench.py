@@ -148,7 +148,11 @@ def raw_producer(bootstrap: str, topic: str, seconds: float, chunk_bytes: int) -
 
 
 def gateway_ingest(
-    gateways: list[KafkaGateway], seconds: float, chunk_bytes: int, clients: int
+    gateways: list[KafkaGateway],
+    seconds: float,
+    chunk_bytes: int,
+    clients: int,
+    connections: int = 8,
 ) -> float:
     """MB/s acknowledged by the gateways (load split evenly among them)."""
     results: list[float] = []
@@ -157,7 +161,7 @@ def gateway_ingest(
         mb_s, _chunks, _lat, _errors = gateway_bench.run_load(
             g.port,
             processes=max(1, clients // len(gateways)),
-            connections=2,
+            connections=connections,
             sources_per_request=8,
             chunks_per_source=4,
             chunk_bytes=chunk_bytes,

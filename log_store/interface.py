@@ -178,6 +178,10 @@ class LogStore(Protocol):
 
     def get_topic_state(self, topic: str, key: str) -> bytes | None: ...
 
+    def get_topic_state_many(self, topic: str, keys: Sequence[str]) -> dict[str, bytes | None]:
+        """``get_topic_state`` of many keys at once (one lookup per place they live)."""
+        ...
+
     # -- writes -------------------------------------------------------------------------------
     def append(self, topic: str, partition: int, values: Sequence[bytes]) -> AppendResult:
         """Append ``values`` atomically and durably (fsync before return)."""

@@ -407,6 +407,9 @@ class SqliteLogStore:
             raise UnknownTopic(f"topic {topic!r} was deleted")
         return won
 
+    def get_topic_state_many(self, topic: str, keys: Sequence[str]) -> dict[str, bytes | None]:
+        return {key: self.get_topic_state(topic, key) for key in keys}
+
     def get_topic_state(self, topic: str, key: str) -> bytes | None:
         info = self._topic(topic)
         with self._catalog_lock:

@@ -177,15 +177,25 @@ class SourceRouter:
             info = self._topic_info(topic)
             pins: dict[str, int] = {}
             wanted: dict[str, bytes] = {}
+            unknown = []
             for source_id in source_ids:
                 partition = self._pins.get((info.topic_id, source_id))
                 if partition is not None:
                     pins[source_id] = partition
-                    continue
-                # most sources seen after a restart are pinned already: a read settles them
-                stored = self._store.get_topic_state(topic, pin_key(info.topic_id, source_id))
-                if stored is not None:
-                    pins[source_id] = decode_pin(stored)
+                else:
+                    unknown.append(source_id)
+            # most sources seen after a restart are pinned already: one read settles them
+            stored = (
+                self._store.get_topic_state_many(
+                    topic, [pin_key(info.topic_id, s) for s in unknown]
+                )
+                if unknown
+                else {}
+            )
+            for source_id in unknown:
+                value = stored[pin_key(info.topic_id, source_id)]
+                if value is not None:
+                    pins[source_id] = decode_pin(value)
                 else:
                     chosen = stable_partition(source_id, info.config.partitions)
                     wanted[pin_key(info.topic_id, source_id)] = encode_pin(chosen)

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -193,10 +195,18 @@ class PartitionOwner:
         self.takeover_seconds: float | None = None
         self.ready = threading.Event()
         self._fatal: KafkaError | None = None
+        self._acks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._ack_thread: threading.Thread | None = None
 
     # -- life ---------------------------------------------------------------------------------
     def start(self, *, eager: bool = False) -> PartitionOwner:
         """Start the committer thread; ``eager`` takes the partition over at once."""
+        self._ack_thread = threading.Thread(
+            target=self._acknowledge,
+            name=f"logbroker-acks {self.topic}/{self.partition}",
+            daemon=True,
+        )
+        self._ack_thread.start()
         self._thread = threading.Thread(
             target=self._run,
             args=(eager,),
@@ -219,9 +229,9 @@ class PartitionOwner:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        thread = self._thread
-        if wait and thread is not None and thread is not threading.current_thread():
-            thread.join(self._settings.operation_timeout_s * 3)
+        for thread in (self._thread, self._ack_thread):
+            if wait and thread is not None and thread is not threading.current_thread():
+                thread.join(self._settings.operation_timeout_s * 3)
 
     def _run(self, eager: bool) -> None:
         try:
@@ -249,6 +259,7 @@ class PartitionOwner:
             self._stop(OwnerGone(f"owner of {self.topic}/{self.partition} failed: {exc}"))
         finally:
             self._stop(OwnerGone(f"{self.topic}/{self.partition} is no longer owned here"))
+            self._acks.put(None)
 
     def _take_group(self) -> tuple[list[Pending], list[Pending]]:
         """The queued transactions one Kafka transaction takes; the rest wait for the next."""
@@ -446,13 +457,16 @@ class PartitionOwner:
             self._next_offset = base + len(values) + (1 if values else 0)
             self._tail_records += 1
             self._tail_entries += len(changes)
-            self._await_visible(values, base, delta_offset)
-        for txn, result, error in outcomes:
-            if error is not None:
-                txn.future.set_exception(error)
+            assert self._kafka is not None
+            if values:
+                visible = (self._kafka.kafka_name, base + len(values))
             else:
-                assert result is not None
-                txn.future.set_result(result)
+                visible = (self._state_topic, delta_offset + 1)
+            # answered by the acknowledger once readers can see the commit; meanwhile this
+            # thread goes on with the next transaction
+            self._acks.put((outcomes, visible))
+        else:
+            self._acks.put((outcomes, None))
         self._maybe_snapshot()
 
     def _topic_gone(self) -> bool:
@@ -545,13 +559,27 @@ class PartitionOwner:
         except Exception as exc:  # the next takeover settles whatever is left open
             log.debug("abort of %s/%d failed: %s", self.topic, self.partition, exc)
 
-    def _await_visible(self, values: list[bytes], base: int, delta_offset: int) -> None:
-        """Wait until read_committed readers see the commit (its markers are written)."""
-        assert self._kafka is not None
-        if values:
-            topic, wanted = self._kafka.kafka_name, base + len(values)
-        else:
-            topic, wanted = self._state_topic, delta_offset + 1
+    def _acknowledge(self) -> None:
+        """Answer each commit's callers, in commit order, once read_committed readers see it
+        (its markers are written): an acked chunk is readable by every reader at once."""
+        while True:
+            item = self._acks.get()
+            if item is None:
+                return
+            outcomes, visible = item
+            if visible is not None:
+                try:
+                    self._await_visible(*visible)
+                except Exception as exc:  # a store closing under us: the commit stands
+                    log.debug("visibility of %s/%d: %s", self.topic, self.partition, exc)
+            for txn, result, error in outcomes:
+                if error is not None:
+                    txn.future.set_exception(error)
+                else:
+                    assert result is not None
+                    txn.future.set_result(result)
+
+    def _await_visible(self, topic: str, wanted: int) -> None:
         deadline = time.monotonic() + self._settings.operation_timeout_s
         pause = 0.0005
         while True:
@@ -563,7 +591,7 @@ class PartitionOwner:
             if end >= wanted or time.monotonic() > deadline:
                 return
             time.sleep(pause)
-            pause = min(pause * 2, 0.02)
+            pause = min(pause * 2, 0.01)
 
     # -- snapshots ------------------------------------------------------------------------------
     def _maybe_snapshot(self) -> None:

@@ -301,12 +301,22 @@ class KafkaLogStore:
         return {key: won[key] for key in items}
 
     def get_topic_state(self, topic: str, key: str) -> bytes | None:
+        return self.get_topic_state_many(topic, [key])[key]
+
+    def get_topic_state_many(self, topic: str, keys: Sequence[str]) -> dict[str, bytes | None]:
         kafka = self._topic(topic)
         record = self._topic_record(kafka, create=False)
         if record is None:
-            return None
-        home = home_partition(key, int(record["home_partitions"]))
-        return self.get_state(topic, home, TOPIC_STATE_PREFIX + key)
+            return dict.fromkeys(keys)
+        homes: dict[int, list[str]] = {}
+        for key in keys:
+            homes.setdefault(home_partition(key, int(record["home_partitions"])), []).append(key)
+        found: dict[str, bytes | None] = {}
+        for home, wanted in homes.items():
+            values = self._state_values(topic, home, [TOPIC_STATE_PREFIX + k for k in wanted])
+            for key in wanted:
+                found[key] = values[TOPIC_STATE_PREFIX + key]
+        return {key: found[key] for key in keys}
 
     # -- writes ---------------------------------------------------------------------------------
     def submit(
