@@ -21,7 +21,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     wanted = [name for m in metafunc.definition.iter_markers("requires") for name in m.args]
     backends = [
-        name
+        pytest.param(name, marks=[pytest.mark.kafka] if name == "kafka" else [])
         for name, caps in sorted(CAPABILITIES.items())
         if all(getattr(caps, capability) for capability in wanted)
     ]

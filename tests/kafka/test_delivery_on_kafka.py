@@ -16,6 +16,8 @@ from tests.delivery.conftest import PushEndpoint
 from tests.gateway.conftest import Client
 from tests.kafka.conftest import wait_until
 
+pytestmark = pytest.mark.kafka
+
 
 def _read_group(url: str, group: str) -> list[dict[str, Any]]:
     done = subprocess.run(

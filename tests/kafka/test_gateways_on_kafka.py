@@ -17,6 +17,8 @@ from tests.conftest import GatewayProcess
 from tests.gateway.conftest import Client, meta
 from tests.kafka.conftest import metric, source_seqnos, wait_until
 
+pytestmark = pytest.mark.kafka
+
 
 def written(response: httpx.Response) -> list[int]:
     assert response.status_code == 200, response.text

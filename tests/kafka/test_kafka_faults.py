@@ -21,7 +21,7 @@ from tests.kafka.conftest import delivered_lines, source_seqnos, wait_until
 from tests.kafka.tcp_proxy import TcpProxy
 from tests.push_client.conftest import FAST_FLAGS, LineWriter, PushProcess
 
-pytestmark = [pytest.mark.fault, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.fault, pytest.mark.slow]
 
 
 def test_push_client_fails_over_when_a_gateway_is_killed_and_ships_every_line_once(

@@ -6,9 +6,13 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from log_store import PartitionState, TopicConfig
 from log_store.kafka import KafkaSettings, naming, open_kafka_store
 from tests.conftest import REPO, logbroker_cmd
+
+pytestmark = pytest.mark.kafka
 
 
 def test_new_owner_rebuilds_state_from_the_snapshot_and_the_tail(

@@ -1,0 +1,31 @@
+"""The deployment files in ops/deploy are what the docs say: they load and name every part."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from ingest_api.settings import load_settings
+
+DEPLOY = Path(__file__).resolve().parents[2] / "ops" / "deploy"
+
+
+def test_gateway_config_of_the_deployment_loads_as_a_kafka_gateway() -> None:
+    settings = load_settings(config_file=DEPLOY / "gateway.toml", env={})
+    kafka = settings.kafka_settings()
+    assert settings.store == "kafka" and settings.peer_token
+    assert kafka.replication_factor == 3 and kafka.min_insync_replicas == 2
+    assert kafka.bootstrap.count(",") == 2
+
+
+def test_compose_file_runs_three_brokers_three_gateways_and_a_balancer() -> None:
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"kafka1", "kafka2", "kafka3", "gateway1", "gateway2", "gateway3", "balancer"} <= set(
+        services
+    )
+    for i in (1, 2, 3):
+        assert f"http://gateway{i}:8080" in services[f"gateway{i}"]["command"]
+    haproxy = (DEPLOY / "haproxy.cfg").read_text()
+    assert all(f"server gateway{i} gateway{i}:8080" in haproxy for i in (1, 2, 3))
