@@ -147,6 +147,59 @@ def raw_producer(bootstrap: str, topic: str, seconds: float, chunk_bytes: int) -
     return sent / (time.monotonic() - started) / 1e6
 
 
+def _load_worker(
+    port: int, worker: int, connections: int, chunk_bytes: int, seconds: float
+) -> tuple[int, int]:
+    """One load process: ``connections`` keep-alive connections posting write requests of 8
+    sources x 4 chunks.  Returns (acknowledged data bytes, failed requests)."""
+    import http.client
+
+    data = (b"x" * (chunk_bytes - 1)) + b"\n"
+    totals = [0, 0]
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+
+    def run(conn_id: int) -> None:
+        metas = [
+            b'{"log_type":"bench","source_id":"w%d-c%d-s%d","server":"h","file":"/f"}'
+            % (worker, conn_id, i)
+            for i in range(8)
+        ]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        seqno = 1
+        acked = failed = 0
+        while time.monotonic() < stop_at:
+            body = gateway_bench.MAGIC + b"".join(
+                gateway_bench.section(m, seqno, 4, data) for m in metas
+            )
+            try:
+                conn.request(
+                    "POST", "/v1/write", body=body, headers={"Content-Type": gateway_bench.BINARY}
+                )
+                response = conn.getresponse()
+                response.read()
+                if response.status == 200:
+                    acked += len(metas) * 4 * chunk_bytes
+                    seqno += 4
+                else:
+                    failed += 1
+            except (OSError, http.client.HTTPException):
+                failed += 1
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.close()
+        with lock:
+            totals[0] += acked
+            totals[1] += failed
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return totals[0], totals[1]
+
+
 def gateway_ingest(
     gateways: list[KafkaGateway],
     seconds: float,
@@ -154,27 +207,23 @@ def gateway_ingest(
     clients: int,
     connections: int = 8,
 ) -> float:
-    """MB/s acknowledged by the gateways (load split evenly among them)."""
-    results: list[float] = []
+    """MB/s acknowledged by the gateways (load processes spread evenly among them)."""
+    import concurrent.futures
 
-    def one(g: KafkaGateway) -> None:
-        mb_s, _chunks, _lat, _errors = gateway_bench.run_load(
-            g.port,
-            processes=max(1, clients // len(gateways)),
-            connections=connections,
-            sources_per_request=8,
-            chunks_per_source=4,
-            chunk_bytes=chunk_bytes,
-            seconds=seconds,
-        )
-        results.append(mb_s)
-
-    threads = [threading.Thread(target=one, args=(g,)) for g in gateways]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(results)
+    with concurrent.futures.ProcessPoolExecutor(max_workers=clients) as pool:
+        futures = [
+            pool.submit(
+                _load_worker,
+                gateways[i % len(gateways)].port,
+                i,
+                connections,
+                chunk_bytes,
+                seconds,
+            )
+            for i in range(clients)
+        ]
+        results = [f.result() for f in futures]
+    return sum(acked for acked, _failed in results) / seconds / 1e6
 
 
 def make_file(path: Path, lines: int) -> None:

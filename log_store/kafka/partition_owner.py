@@ -186,6 +186,8 @@ class PartitionOwner:
         self._producer: Producer | None = None
         self._table: dict[str, bytes] = {}
         self._table_lock = threading.Lock()
+        self._writing = False
+        self._generation = 0
         self._next_offset = 0
         self._state_end = 0
         self._tail_records = 0
@@ -403,14 +405,32 @@ class PartitionOwner:
         its last stable offset is still ours.  Otherwise this owner is stale (it was fenced)
         and :class:`OwnerGone` is raised.
         """
-        if self.broken or self.closed or self._kafka is None:
-            raise OwnerGone(f"{self.topic}/{self.partition} is not owned here right now")
-        _low, end = self.ctx.watermarks.get(self._state_topic, self.partition, "the state")
+        deadline = time.monotonic() + self._settings.operation_timeout_s
+        while True:
+            if self.broken or self.closed or self._kafka is None:
+                raise OwnerGone(f"{self.topic}/{self.partition} is not owned here right now")
+            with self._table_lock:
+                generation, writing = self._generation, self._writing
+            if not writing:
+                _low, end = self.ctx.watermarks.get(self._state_topic, self.partition, "state")
+                with self._table_lock:
+                    # our own commit between the two looks would pass for someone else's
+                    if self._generation == generation and not self._writing:
+                        if end > self._state_end:
+                            self.broken = True
+                            raise OwnerGone(
+                                f"another writer committed to {self.topic}/{self.partition}"
+                            )
+                        return {key: self._table.get(key) for key in keys}, self._next_offset
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(f"{self.topic}/{self.partition} is too busy to be read")
+            time.sleep(0.001)
+
+    def _writing_changelog(self, writing: bool) -> None:
+        """Mark a commit of this writer in flight (or over), for :meth:`read_state`."""
         with self._table_lock:
-            if end > self._state_end:
-                self.broken = True
-                raise OwnerGone(f"another writer committed to {self.topic}/{self.partition}")
-            return {key: self._table.get(key) for key in keys}, self._next_offset
+            self._writing = writing
+            self._generation += 1
 
     # -- group commit -----------------------------------------------------------------------
     def _commit(self, group: list[Pending]) -> None:
@@ -433,9 +453,11 @@ class PartitionOwner:
             values.extend(produced)
             outcomes.append((txn, AppendResult(first, base + len(values) - 1), None))
         if values or changes:
+            self._writing_changelog(True)
             try:
                 delta_offset = self._run_transaction(base, values, changes)
             except BaseException as exc:
+                self._writing_changelog(False)
                 failure = (
                     exc if isinstance(exc, LogbrokerError) else self._failure_of(exc, "commit")
                 )
@@ -454,6 +476,7 @@ class PartitionOwner:
             with self._table_lock:
                 self._table.update(changes)
                 self._state_end = delta_offset + 2
+            self._writing_changelog(False)
             self._next_offset = base + len(values) + (1 if values else 0)
             self._tail_records += 1
             self._tail_entries += len(changes)
@@ -622,6 +645,7 @@ class PartitionOwner:
 
             return callback
 
+        self._writing_changelog(True)
         try:
             producer.begin_transaction()
             for i, record in enumerate(records):
@@ -640,10 +664,12 @@ class PartitionOwner:
             producer.commit_transaction(timeout)
         except BaseException:
             self._abort_quietly()
+            self._writing_changelog(False)
             raise
         last = offsets.get("last", first)
         with self._table_lock:
             self._state_end = last + 2
+        self._writing_changelog(False)
         self._tail_records = 0
         self._tail_entries = 0
         self.ctx.admin.delete_records_later(self._state_topic, self.partition, first)

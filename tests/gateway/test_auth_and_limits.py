@@ -180,7 +180,7 @@ def test_a_stalled_client_gets_408_and_the_worker_keeps_serving(
     assert httpx.get(gw.url + "/healthz").status_code == 200
 
 
-def test_serve_with_the_kafka_store_says_it_is_not_in_this_build_and_exits_2(
+def test_serve_with_the_kafka_store_and_several_workers_is_refused_with_exit_2(
     tmp_path: Path,
 ) -> None:
     result = subprocess.run(
@@ -192,10 +192,13 @@ def test_serve_with_the_kafka_store_says_it_is_not_in_this_build_and_exits_2(
             "kafka",
             "--kafka-bootstrap",
             "127.0.0.1:9",
+            "--workers",
+            "2",
         ),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 2
-    assert "no Kafka backend" in result.stderr
+    assert "one worker per gateway" in result.stderr
+    assert not (tmp_path / "d").exists()
