@@ -209,8 +209,11 @@ def gateway_ingest(
 ) -> float:
     """MB/s acknowledged by the gateways (load processes spread evenly among them)."""
     import concurrent.futures
+    import multiprocessing
 
-    with concurrent.futures.ProcessPoolExecutor(max_workers=clients) as pool:
+    # spawned, not forked: this process holds librdkafka clients, whose threads a fork breaks
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=clients, mp_context=context) as pool:
         futures = [
             pool.submit(
                 _load_worker,

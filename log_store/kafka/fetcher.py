@@ -31,7 +31,8 @@ from log_store.kafka.naming import reader_group
 from log_store.kafka.settings import KafkaSettings
 
 _BATCH = 1000
-_POOL_SIZE = 16
+_POOL_SIZE = 32
+_WAIT_POLL_S = 0.05
 _CONSUME_SLICE_S = 0.25
 _ATTEMPT_S = 2.0
 _NEW_TOPIC_S = 1.0
@@ -126,7 +127,7 @@ class FetcherPool:
         self._closed = False
 
     # -- the pool -----------------------------------------------------------------------------
-    def _acquire(self, tp: tuple[str, int], offset: int) -> _Fetcher:
+    def _acquire(self, tp: tuple[str, int], offset: int, *, block: bool = True) -> _Fetcher | None:
         with self._cond:
             while True:
                 if self._closed:
@@ -146,6 +147,8 @@ class FetcherPool:
                 if self._count < _POOL_SIZE:
                     self._count += 1
                     break
+                if not block:
+                    return None
                 self._cond.wait(1.0)
         try:
             consumer = Consumer(
@@ -219,6 +222,7 @@ class FetcherPool:
         size = 0
         deadline = time.monotonic() + self._settings.operation_timeout_s
         fetcher = self._acquire((kafka_topic, partition), offset)
+        assert fetcher is not None
         broken = False
         try:
             fetcher.seek(kafka_topic, partition, offset)
@@ -274,7 +278,15 @@ class FetcherPool:
         _low, end = self.watermarks.get(kafka_topic, partition, "wait")
         if end > offset:
             return True
-        fetcher = self._acquire((kafka_topic, partition), offset)
+        fetcher = self._acquire((kafka_topic, partition), offset, block=False)
+        if fetcher is None:
+            # every consumer is busy (more partitions waited on than the pool holds): ask
+            # for the end now and then instead of holding a consumer
+            while time.monotonic() < deadline:
+                time.sleep(min(_WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+                if self.watermarks.get(kafka_topic, partition, "wait")[1] > offset:
+                    return True
+            return False
         broken = False
         try:
             fetcher.seek(kafka_topic, partition, offset)
@@ -309,6 +321,7 @@ class FetcherPool:
             return
         deadline = time.monotonic() + max(60.0, self._settings.operation_timeout_s)
         fetcher = self._acquire((kafka_topic, partition), start)
+        assert fetcher is not None
         broken = False
         try:
             fetcher.seek(kafka_topic, partition, start)
