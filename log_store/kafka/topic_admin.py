@@ -44,6 +44,7 @@ KAFKA_MIN_SEGMENT_BYTES = 1024 * 1024
 """Kafka refuses smaller segments; a smaller ``segment_bytes`` is raised to this."""
 _STATE_SEGMENT_BYTES = 16 * 1024 * 1024
 _RECREATE_WAIT_S = 30.0
+_NEW_TOPIC_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -131,15 +132,25 @@ class TopicAdmin:
         return sorted(names)
 
     def config(self, name: str) -> TopicConfig:
+        """The topic's settings (``partitions`` left 0), for a topic known to exist.
+
+        A broker that has not heard of a topic just created says it does not exist: that is
+        asked again for a few seconds before it is believed.
+        """
         resource = ConfigResource(ConfigResource.Type.TOPIC, naming.data_topic(self.ns, name))
-        futures = self.client.describe_configs([resource], request_timeout=self._timeout)
-        try:
-            entries = self._wait(futures[resource], f"describing {name}'s configuration")
-        except KafkaException as exc:
-            error = as_store_error(exc, f"describing {name}")
-            if isinstance(error, UnknownTopic):
-                raise UnknownTopic(f"unknown topic {name!r}") from None
-            raise error from exc
+        deadline = time.monotonic() + _NEW_TOPIC_S
+        while True:
+            futures = self.client.describe_configs([resource], request_timeout=self._timeout)
+            try:
+                entries = self._wait(futures[resource], f"describing {name}'s configuration")
+                break
+            except KafkaException as exc:
+                error = as_store_error(exc, f"describing {name}")
+                if not isinstance(error, UnknownTopic):
+                    raise error from exc
+                if time.monotonic() > deadline:
+                    raise UnknownTopic(f"unknown topic {name!r}") from None
+                time.sleep(0.1)
         assert isinstance(entries, dict)
 
         def number(key: str) -> int | None:
@@ -159,8 +170,18 @@ class TopicAdmin:
     def partition_infos(self, topic: KafkaTopic) -> list[PartitionInfo]:
         """Start and end (last stable) offsets of every partition, in two requests."""
         parts = [TopicPartition(topic.kafka_name, p) for p in range(topic.partitions)]
-        earliest = self._list_offsets({tp: OffsetSpec.earliest() for tp in parts}, topic.name)
-        latest = self._list_offsets({tp: OffsetSpec.latest() for tp in parts}, topic.name)
+        deadline = time.monotonic() + _NEW_TOPIC_S
+        while True:  # a topic just created may be unknown to the broker asked, for a moment
+            try:
+                earliest = self._list_offsets(
+                    {tp: OffsetSpec.earliest() for tp in parts}, topic.name
+                )
+                latest = self._list_offsets({tp: OffsetSpec.latest() for tp in parts}, topic.name)
+                break
+            except UnknownTopic:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
         return [
             PartitionInfo(p, earliest[p], max(earliest[p], latest[p]), 0, 0)
             for p in range(topic.partitions)
@@ -177,9 +198,10 @@ class TopicAdmin:
         found: dict[int, int] = {}
         for tp, future in futures.items():
             try:
-                found[tp.partition] = int(self._wait(future, f"offsets of {name}").offset)  # type: ignore[attr-defined]
+                result = self._wait(future, f"offsets of {name}")
             except KafkaException as exc:
                 raise as_store_error(exc, f"offsets of {name}") from exc
+            found[tp.partition] = int(result.offset)  # type: ignore[attr-defined]
         return found
 
     # -- changing -----------------------------------------------------------------------------
