@@ -138,6 +138,8 @@ def _section_meta(obj: Any, where: str) -> tuple[SourceMeta, int | None, int | N
     """A section's source meta and its write conditions (``epoch``, ``prev_seqno``)."""
     if not isinstance(obj, dict):
         raise _bad(f"{where}: meta must be a JSON object")
+    if obj.keys() <= _META_KEYS:  # the usual section: no write conditions
+        return meta_from_json(obj, where), None, None
     unknown = obj.keys() - _SECTION_KEYS
     if unknown:
         raise _bad(f"{where}: unknown meta fields {sorted(unknown)[:5]}")

@@ -75,6 +75,7 @@ INSERT OR IGNORE INTO meta VALUES ('log_start_offset', 0), ('end_offset', 0), ('
 _BUSY_TIMEOUT_MS = 60_000
 _COMMITTER_IDLE_S = 5.0
 _READ_INDEX_ROWS = 512
+_UPSERT_ROWS = 400  # 800 variables per statement, below SQLite's smallest limit
 
 
 def segment_file_name(base_offset: int) -> str:
@@ -836,9 +837,13 @@ def _index_batch(
 
 
 def _put_state(conn: sqlite3.Connection, state: dict[str, bytes]) -> None:
-    if state:
-        conn.executemany(
-            "INSERT INTO state (key, value) VALUES (?, ?) "
-            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            state.items(),
+    """Upsert ``state``: many rows per statement, since each statement step costs a GIL trip."""
+    items = list(state.items())
+    for i in range(0, len(items), _UPSERT_ROWS):
+        part = items[i : i + _UPSERT_ROWS]
+        conn.execute(
+            "INSERT INTO state (key, value) VALUES "
+            + ", ".join(["(?, ?)"] * len(part))
+            + " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [x for item in part for x in item],
         )

@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS topic_state (
 T = TypeVar("T")
 
 MAX_PARTITIONS = 1024
+_SQL_VARIABLES = 900  # keys per IN (...) list, below SQLite's smallest variable limit
 MIN_SEGMENT_BYTES = 4096
 
 
@@ -357,16 +358,10 @@ class SqliteLogStore:
                     "SELECT 1 FROM topics WHERE topic_id = ?", (info.topic_id,)
                 ).fetchone()
                 if alive:
-                    self._catalog.executemany(
-                        "INSERT OR IGNORE INTO topic_state VALUES (?, ?, ?)",
-                        [(info.topic_id, key, value) for key, value in items.items()],
-                    )
-                    for key in items:
-                        row = self._catalog.execute(
-                            "SELECT value FROM topic_state WHERE topic_id = ? AND key = ?",
-                            (info.topic_id, key),
-                        ).fetchone()
-                        won[key] = bytes(row[0])
+                    if self._insert_topic_state(info.topic_id, items) == len(items):
+                        won = dict(items)  # every key was new
+                    else:
+                        won = self._topic_state_many(info.topic_id, list(items))
                 self._catalog.execute("COMMIT")
             except BaseException as exc:
                 if self._catalog.in_transaction:
@@ -376,6 +371,33 @@ class SqliteLogStore:
             self._topics.pop(topic, None)
             raise UnknownTopic(f"topic {topic!r} was deleted")
         return won
+
+    def _insert_topic_state(self, topic_id: str, items: Mapping[str, bytes]) -> int:
+        """INSERT OR IGNORE, many rows per statement; how many rows were new."""
+        rows = list(items.items())
+        inserted = 0
+        step = _SQL_VARIABLES // 3
+        for i in range(0, len(rows), step):
+            part = rows[i : i + step]
+            cursor = self._catalog.execute(
+                "INSERT OR IGNORE INTO topic_state VALUES " + ", ".join(["(?, ?, ?)"] * len(part)),
+                [x for key, value in part for x in (topic_id, key, value)],
+            )
+            inserted += cursor.rowcount
+        return inserted
+
+    def _topic_state_many(self, topic_id: str, keys: list[str]) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        for i in range(0, len(keys), _SQL_VARIABLES):
+            part = keys[i : i + _SQL_VARIABLES]
+            found.update(
+                self._catalog.execute(
+                    "SELECT key, value FROM topic_state WHERE topic_id = ? AND key IN "
+                    f"({', '.join('?' * len(part))})",
+                    (topic_id, *part),
+                ).fetchall()
+            )
+        return found
 
     def get_topic_state(self, topic: str, key: str) -> bytes | None:
         info = self._topic(topic)
