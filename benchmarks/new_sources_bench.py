@@ -26,7 +26,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway_bench import BINARY, MAGIC, free_port, section, start_gateway, stop_gateway  # noqa: E402
+from gateway_bench import BINARY, MAGIC, free_port, section, start_gateway, stop_gateway
 
 LINE = b"the first line of a new source\n"
 
