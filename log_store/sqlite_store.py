@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from log_store.change_watch import ChangeWatcher
+from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import (
     BadRequest,
     TopicExists,
@@ -96,9 +97,12 @@ class SqliteLogStore:
     def __init__(self, data_dir: str | Path) -> None:
         self.data_dir = Path(data_dir)
         try:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
+            make_directories(self.data_dir)
+            new_catalog = not (self.data_dir / self.CATALOG).exists()
             self._catalog = connect(self.data_dir / self.CATALOG)
             self._catalog.executescript(_CATALOG_SCHEMA)
+            if new_catalog:
+                fsync_directory(self.data_dir)  # the catalog's own entry
         except (OSError, sqlite3.Error) as exc:
             raise as_store_unavailable(exc) or exc from exc
         self._catalog_lock = threading.RLock()
