@@ -14,11 +14,16 @@ Integers in the header are big-endian; the length arrays are little-endian u32/u
 batch is framed with a few joins and ``struct`` calls whatever its record count, and read back
 without per-record unpacking.  A batch with ``count == 0`` carries only state updates.  The CRC
 covers the header fields too, so recovery can trust a header only together with its batch.
+
+Segments written before this format hold ``LBB1`` batches (no state section, zlib CRC-32 of
+the payload, a big-endian length before each value); they are still read, and a segment may
+hold both kinds.
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -33,6 +38,9 @@ HEADER_SIZE = HEADER.size
 _CRC_FROM = 8  # the CRC covers the header from byte 8 on
 _FIELDS = struct.Struct(">QIIIq")
 _U32 = struct.Struct("<I")
+MAGIC_V1 = b"LBB1"
+_HEADER_V1 = struct.Struct(">4sQIIqI")
+_LEN_V1 = struct.Struct(">I")
 
 _crc = google_crc32c.value
 _crc_extend = google_crc32c.extend
@@ -155,7 +163,14 @@ def decode_batches(
     total = 0
     pos = 0
     end = len(buf)
-    while pos + HEADER_SIZE <= end:
+    while pos + 4 <= end:
+        if buf[pos : pos + 4] == MAGIC_V1:
+            pos, expected_base, total, full = _decode_v1(
+                buf, pos, from_offset, max_bytes, expected_base, verify, records, total
+            )
+            if full:
+                return records, total
+            continue
         header = parse_header(buf, pos)
         if header.base_offset != expected_base:
             raise CorruptBatch(
@@ -182,3 +197,42 @@ def decode_batches(
                 total += n
         pos += header.size
     return records, total
+
+
+def _decode_v1(
+    buf: bytes,
+    pos: int,
+    from_offset: int,
+    max_bytes: int,
+    expected_base: int,
+    verify: bool,
+    records: list[Record],
+    total: int,
+) -> tuple[int, int, int, bool]:
+    """Decode one ``LBB1`` batch into ``records``.
+
+    Returns the next position, the next base offset, the value bytes now in ``records``, and
+    whether ``max_bytes`` stopped it.
+    """
+    if pos + _HEADER_V1.size > len(buf):
+        raise CorruptBatch(f"batch header at byte {pos} is cut short")
+    _, base, count, payload_len, ts, crc = _HEADER_V1.unpack_from(buf, pos)
+    if base != expected_base:
+        raise CorruptBatch(f"batch of offset {base} found where {expected_base} was due")
+    start = pos + _HEADER_V1.size
+    stop = start + payload_len
+    if stop > len(buf):
+        raise CorruptBatch(f"batch at byte {pos} runs past the read")
+    if verify and zlib.crc32(memoryview(buf)[start:stop]) != crc:
+        raise CorruptBatch(f"batch of offset {base} fails its checksum")
+    p = start
+    for offset in range(base, base + count):
+        (n,) = _LEN_V1.unpack_from(buf, p)
+        p += 4
+        if offset >= from_offset:
+            if records and total + n > max_bytes:
+                return stop, base + count, total, True
+            records.append(Record(offset, buf[p : p + n], ts))
+            total += n
+        p += n
+    return stop, base + count, total, False
