@@ -75,6 +75,8 @@ INSERT OR IGNORE INTO meta VALUES ('log_start_offset', 0), ('end_offset', 0), ('
 _BUSY_TIMEOUT_MS = 60_000
 _COMMITTER_IDLE_S = 5.0
 _READ_INDEX_ROWS = 512
+_CHECKPOINT_PAGES = 1000  # SQLite's own default threshold
+_STATE_ROWS_PER_PAGE = 40
 _UPSERT_ROWS = 400  # 800 variables per statement, below SQLite's smallest limit
 
 
@@ -98,9 +100,32 @@ def connect(path: Path, *, durable: bool = True) -> sqlite3.Connection:
         str(path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
     )
     conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-    conn.execute("PRAGMA journal_mode=WAL")
+    _enter_wal_mode(conn)
     conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+    if not durable:
+        # Checkpoints (the only syncs of a NORMAL database) are run by the committer after
+        # it has acked a group (PartitionLog._checkpoint_if_due), never inside a commit.
+        conn.execute("PRAGMA wal_autocheckpoint=0")
     return conn
+
+
+def _enter_wal_mode(conn: sqlite3.Connection) -> None:
+    """``PRAGMA journal_mode=WAL``, waiting out another process that is creating the file.
+
+    Two processes opening a brand-new database at once can meet SQLite's deadlock
+    avoidance, which answers "database is locked" at once instead of waiting.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    delay_s = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay_s)
+        delay_s = min(delay_s * 2, 0.2)
 
 
 class _TxnState:
@@ -171,6 +196,7 @@ class PartitionLog:
         self._closed = False
         self._change = threading.Condition()
         self._change_seq = 0
+        self._wal_pages = 0  # written since the last checkpoint, roughly (committer only)
         new_database = not self._db_path.exists()
         with self._conn() as conn:
             conn.executescript(_SCHEMA)
@@ -233,6 +259,7 @@ class PartitionLog:
                         return
                     group, self._pending = self._pending, []
                 self._commit(group)
+                self._checkpoint_if_due()
         finally:
             with self._cond:
                 self._committer = None
@@ -301,6 +328,20 @@ class PartitionLog:
             self.notify_changed()
             self._notify_other_processes()
 
+    def _checkpoint_if_due(self) -> None:
+        """Copy the WAL into the database once it has grown; after the acks, not before.
+
+        A PASSIVE checkpoint waits for no reader or writer and may stop short; the next one
+        goes on.  Its syncs are the database's own, and nothing waits for them.
+        """
+        if self._wal_pages < _CHECKPOINT_PAGES or self._writer is None:
+            return
+        self._wal_pages = 0
+        try:
+            self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as exc:
+            log.warning("%s: checkpoint failed: %s", self._db_path, exc)
+
     def _notify_other_processes(self) -> None:
         """Touch the notify file: readers in other processes watch it with inotify.
 
@@ -342,6 +383,8 @@ class PartitionLog:
                 outcomes.append((txn, AppendResult(first, end + len(values) - 1), None))
             if values or shared:
                 self._write_batch(conn, segment, pos, end, values, shared)
+                # about the pages the commit adds to the WAL: index, segment, meta, state
+                self._wal_pages += 3 + len(shared) // _STATE_ROWS_PER_PAGE
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:

@@ -506,14 +506,17 @@ def test_sigkill_mid_append_keeps_every_acked_batch_and_no_torn_one(
         for w in range(2)
     ]
     rng = random.Random(seed)
-    time.sleep(0.5 + rng.random())
+    acks = []
+    for p in procs:  # both are appending (however slowly they started), then a random moment
+        assert p.stdout is not None
+        acks.append(p.stdout.readline().split())
+    time.sleep(rng.random())
     for p in procs:
         p.send_signal(signal.SIGKILL)
-    acks = []
     for p in procs:
         out, _ = p.communicate(timeout=30)
         acks.extend(line.split() for line in out.splitlines() if line.startswith("ack"))
-    assert acks, "the writers acked nothing before the kill"
+    assert all(ack and ack[0] == "ack" for ack in acks)
     with open_store(data_dir) as store:
         values = read_all(store, "dc1.t", 0)
         seen = check_batches(values)
