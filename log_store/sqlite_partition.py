@@ -381,11 +381,19 @@ class PartitionLog:
                 first = end + len(values)
                 values.extend(produced)
                 outcomes.append((txn, AppendResult(first, end + len(values) - 1), None))
+            written: tuple[int, int] | None = None  # (fd, position) of the batch
             if values or shared:
-                self._write_batch(conn, segment, pos, end, values, shared)
+                written = self._write_batch(conn, segment, pos, end, values, shared)
                 # about the pages the commit adds to the WAL: index, segment, meta, state
                 self._wal_pages += 3 + len(shared) // _STATE_ROWS_PER_PAGE
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                if written is not None:
+                    # Not acknowledged: do not leave it for recovery to find.
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(*written)
+                raise
         except BaseException:
             if conn.in_transaction:
                 try:
@@ -410,8 +418,11 @@ class PartitionLog:
         base: int,
         values: Sequence[bytes],
         state: dict[str, bytes],
-    ) -> None:
-        """Write and fdatasync the group's batch, then index it (committed by the caller)."""
+    ) -> tuple[int, int]:
+        """Write and fdatasync the group's batch, then index it (committed by the caller).
+
+        Returns the segment's descriptor and the batch's position in it.
+        """
         ts = now_ms()
         pieces = encode_batch(base, ts, values, state)
         batch_len = sum(len(piece) for piece in pieces)
@@ -457,6 +468,7 @@ class PartitionLog:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, pos)
             raise
+        return fd, pos
 
     # -- recovery -------------------------------------------------------------------------
     def _recover_at_open(self) -> None:
