@@ -14,6 +14,7 @@ from log_store.errors import (
     LogbrokerError,
     NoStore,
     OffsetOutOfRange,
+    ReadOnlyStore,
     SourceFenced,
     StoreUnavailable,
     TopicExists,
@@ -35,13 +36,18 @@ from log_store.sqlite_store import SqliteLogStore
 from log_store.topic_names import validate_topic_name
 
 
-def open_store(data_dir: str | Path, *, create: bool = True) -> SqliteLogStore:
+def open_store(
+    data_dir: str | Path, *, create: bool = True, read_only: bool = False
+) -> SqliteLogStore:
     """Open the embedded log store under ``data_dir``, creating it if needed.
 
     With ``create=False`` (tools that inspect or administer a store) a directory that holds
     no store is an error (:class:`NoStore`), so a typo never creates an empty store there.
+    ``read_only=True`` (readers such as Spark executors) implies ``create=False`` and opens
+    the store for reading only: nothing under ``data_dir`` is created or changed, and writes
+    raise :class:`ReadOnlyStore`.
     """
-    if not create:
+    if not create or read_only:
         path = Path(data_dir)
         if not path.exists():
             raise NoStore(f"no data directory {str(path)!r}")
@@ -49,7 +55,7 @@ def open_store(data_dir: str | Path, *, create: bool = True) -> SqliteLogStore:
             raise NoStore(f"{str(path)!r} is not a directory")
         if not SqliteLogStore.exists_at(path):
             raise NoStore(f"{str(path)!r} holds no logbroker store; give the gateway's --data-dir")
-    return SqliteLogStore(data_dir)
+    return SqliteLogStore(data_dir, read_only=read_only)
 
 
 __all__ = [
@@ -62,6 +68,7 @@ __all__ = [
     "OffsetOutOfRange",
     "PartitionInfo",
     "PartitionState",
+    "ReadOnlyStore",
     "ReadResult",
     "Record",
     "SourceFenced",

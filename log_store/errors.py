@@ -54,5 +54,9 @@ class StoreUnavailable(LogbrokerError):
     """
 
 
+class ReadOnlyStore(BadRequest):
+    """A write to a store opened read-only, or a read-only open of a directory with no store."""
+
+
 class SourceFenced(LogbrokerError):
     """A newer writer owns the partition; this writer must reopen its session."""

@@ -128,6 +128,27 @@ def _enter_wal_mode(conn: sqlite3.Connection) -> None:
         delay_s = min(delay_s * 2, 0.2)
 
 
+def connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that can never write (``mode=ro``), for readers that must not.
+
+    A database no process has created yet reads as an empty partition (an in-memory one with
+    the schema), so that a read-only reader never creates a file.
+    """
+    if not path.exists():
+        conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        conn.executescript(_SCHEMA)
+        return conn
+    conn = sqlite3.connect(
+        f"{path.resolve().as_uri()}?mode=ro",
+        uri=True,
+        timeout=_BUSY_TIMEOUT_MS / 1000,
+        isolation_level=None,
+        check_same_thread=False,
+    )
+    conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+    return conn
+
+
 class _TxnState:
     """The state area as one transaction sees it: its own puts over the group's over the db."""
 
@@ -166,21 +187,33 @@ class PartitionLog:
     """The log of one partition in one process."""
 
     def __init__(
-        self, directory: Path, segment_bytes: int, topic_alive: Callable[[], bool]
+        self,
+        directory: Path,
+        segment_bytes: int,
+        topic_alive: Callable[[], bool],
+        *,
+        read_only: bool = False,
     ) -> None:
         """Open (creating if needed) the partition in ``directory``.
 
         ``topic_alive`` tells whether the topic still exists in the catalog; every commit
         asks it under the partition's lock, so that a process which opened this partition
         after another process deleted the topic can never ack an append into it.
+
+        ``read_only``: create, change and touch nothing (no directory, schema or notify
+        file); reads only, through ``mode=ro`` connections.  For readers such as Spark
+        executors that must leave the live store to its gateway.
         """
         self.directory = directory
         self.segment_bytes = segment_bytes
         self._topic_alive = topic_alive
-        make_directories(directory)
+        self.read_only = read_only
+        if not read_only:
+            make_directories(directory)
         self._db_path = directory / "partition.db"
         self.notify_path = directory / "notify"
-        self.notify_path.touch()
+        if not read_only:
+            self.notify_path.touch()
         self._pool: list[sqlite3.Connection] = []
         self._pool_lock = threading.Lock()
         self._segments = SegmentFiles(directory)
@@ -197,12 +230,15 @@ class PartitionLog:
         self._change = threading.Condition()
         self._change_seq = 0
         self._wal_pages = 0  # written since the last checkpoint, roughly (committer only)
-        new_database = not self._db_path.exists()
-        with self._conn() as conn:
-            conn.executescript(_SCHEMA)
-        if new_database:
-            fsync_directory(directory)  # the database file's own entry
-        self._recover_at_open()
+        if not read_only:
+            new_database = not self._db_path.exists()
+            with self._conn() as conn:
+                conn.executescript(_SCHEMA)
+            if new_database:
+                fsync_directory(directory)  # the database file's own entry
+            # Recovery writes (it replays batches into the index), so readers leave it to
+            # the writers; a read-only handle sees what the index holds.
+            self._recover_at_open()
 
     # -- connections ----------------------------------------------------------------------
     @contextmanager
@@ -211,7 +247,9 @@ class PartitionLog:
             conn = self._pool.pop() if self._pool else None
         if conn is None:
             try:
-                conn = connect(self._db_path)
+                conn = (
+                    connect_read_only(self._db_path) if self.read_only else connect(self._db_path)
+                )
             except sqlite3.Error as exc:
                 raise as_store_unavailable(exc) or exc from exc
         try:

@@ -7,6 +7,10 @@ Layout under the data dir::
 
 Putting the topic id in the path means a topic deleted and created again starts from empty
 directories, whatever another process still has open.
+
+A store opened with ``read_only=True`` reads through ``mode=ro`` SQLite connections and creates,
+changes and touches nothing: no directory, no schema, no notify file (those are the gateway's).
+Every method that would write raises :class:`ReadOnlyStore`.  Spark executors read this way.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from log_store.change_watch import ChangeWatcher
 from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import (
     BadRequest,
+    ReadOnlyStore,
     TopicExists,
     UnknownPartition,
     UnknownTopic,
@@ -38,7 +43,7 @@ from log_store.interface import (
     TopicInfo,
     TransactionFn,
 )
-from log_store.sqlite_partition import PartitionLog, connect, now_ms
+from log_store.sqlite_partition import PartitionLog, connect, connect_read_only, now_ms
 from log_store.topic_names import validate_topic_name
 
 _CATALOG_SCHEMA = """
@@ -94,15 +99,21 @@ class SqliteLogStore:
         """Whether ``data_dir`` holds a store (opening one elsewhere would create it)."""
         return (Path(data_dir) / cls.CATALOG).is_file()
 
-    def __init__(self, data_dir: str | Path) -> None:
+    def __init__(self, data_dir: str | Path, *, read_only: bool = False) -> None:
         self.data_dir = Path(data_dir)
+        self.read_only = read_only
         try:
-            make_directories(self.data_dir)
-            new_catalog = not (self.data_dir / self.CATALOG).exists()
-            self._catalog = connect(self.data_dir / self.CATALOG)
-            self._catalog.executescript(_CATALOG_SCHEMA)
-            if new_catalog:
-                fsync_directory(self.data_dir)  # the catalog's own entry
+            if read_only:
+                if not self.exists_at(self.data_dir):
+                    raise ReadOnlyStore(f"{self.data_dir} holds no logbroker store to read")
+                self._catalog = connect_read_only(self.data_dir / self.CATALOG)
+            else:
+                make_directories(self.data_dir)
+                new_catalog = not (self.data_dir / self.CATALOG).exists()
+                self._catalog = connect(self.data_dir / self.CATALOG)
+                self._catalog.executescript(_CATALOG_SCHEMA)
+                if new_catalog:
+                    fsync_directory(self.data_dir)  # the catalog's own entry
         except (OSError, sqlite3.Error) as exc:
             raise as_store_unavailable(exc) or exc from exc
         self._catalog_lock = threading.RLock()
@@ -111,6 +122,10 @@ class SqliteLogStore:
         self._partitions_lock = threading.Lock()
         self._watcher = ChangeWatcher()
         self._watched: dict[tuple[str, int], bool] = {}
+
+    def _check_writable(self, what: str) -> None:
+        if self.read_only:
+            raise ReadOnlyStore(f"{what}: the store at {self.data_dir} is open read-only")
 
     # -- catalog --------------------------------------------------------------------------
     def _catalog_write(self, sql_steps: list[tuple[str, tuple[object, ...]]]) -> None:
@@ -178,10 +193,17 @@ class SqliteLogStore:
                 topic_id = info.topic_id
                 try:
                     log = PartitionLog(
-                        path, info.config.segment_bytes, lambda: self._topic_alive(topic_id)
+                        path,
+                        info.config.segment_bytes,
+                        lambda: self._topic_alive(topic_id),
+                        read_only=self.read_only,
                     )
                 except (OSError, sqlite3.Error) as exc:
                     raise as_store_unavailable(exc) or exc from exc
+                if self.read_only and not (path / "partition.db").exists():
+                    # No process has created it yet: it reads as empty now, and is looked
+                    # for again next time.
+                    return info, log
                 self._partitions[key] = log
         return info, log
 
@@ -220,6 +242,7 @@ class SqliteLogStore:
     def create_topic(
         self, name: str, config: TopicConfig | None = None, *, exist_ok: bool = False
     ) -> TopicInfo:
+        self._check_writable("create_topic")
         validate_topic_name(name)
         config = config or TopicConfig()
         _check_config(config)
@@ -253,6 +276,7 @@ class SqliteLogStore:
         return self._load_topic(name)
 
     def delete_topic(self, name: str) -> None:
+        self._check_writable("delete_topic")
         info = self._load_topic(validate_topic_name(name))
         # Fence every partition first, under its write lock, so that no process can ack an
         # append into files about to be removed.
@@ -275,6 +299,7 @@ class SqliteLogStore:
         shutil.rmtree(self.data_dir / "topics" / name / info.topic_id, ignore_errors=True)
 
     def set_partitions(self, name: str, count: int) -> TopicInfo:
+        self._check_writable("set_partitions")
         info = self._load_topic(validate_topic_name(name))
         if count < info.config.partitions:
             raise BadRequest(
@@ -300,6 +325,7 @@ class SqliteLogStore:
         retention_bytes: int | None = None,
         segment_bytes: int | None = None,
     ) -> TopicInfo:
+        self._check_writable("alter_topic")
         info = self._load_topic(validate_topic_name(name))
         config = TopicConfig(
             partitions=info.config.partitions,
@@ -353,6 +379,7 @@ class SqliteLogStore:
     def put_topic_state_many_if_absent(
         self, topic: str, items: Mapping[str, bytes]
     ) -> dict[str, bytes]:
+        self._check_writable("put_topic_state")
         info = self._topic(topic)
         won: dict[str, bytes] = {}
         with self._catalog_lock:
@@ -416,6 +443,7 @@ class SqliteLogStore:
     def submit(
         self, topic: str, partition: int, fn: TransactionFn
     ) -> concurrent.futures.Future[AppendResult]:
+        self._check_writable("append")
         future = self._partition(topic, partition)[1].submit(fn)
         future.add_done_callback(lambda f: self._forget_if_deleted(topic, f))
         return future
@@ -466,6 +494,7 @@ class SqliteLogStore:
 
     # -- retention ------------------------------------------------------------------------
     def apply_retention(self, now_ms_: int | None = None) -> dict[tuple[str, int], int]:
+        self._check_writable("apply_retention")
         now = now_ms_ if now_ms_ is not None else int(time.time() * 1000)
         moved: dict[tuple[str, int], int] = {}
         for info in self.list_topics():
@@ -485,6 +514,7 @@ class SqliteLogStore:
         return moved
 
     def delete_segments_before(self, topic: str, partition: int, offset: int) -> int:
+        self._check_writable("delete_segments_before")
         if offset < 0:
             raise BadRequest("offset must not be negative")
         log = self._partition(topic, partition)[1]

@@ -1,11 +1,13 @@
-"""The loader job: every new offset of every matching topic into the warehouse, exactly once.
+"""The loader job: every new offset of every matching topic into a table, exactly once.
 
-One run: take the warehouse's lock, repair what a crashed run left (see
-:mod:`yt_loader.warehouse`), read the loaded offsets from the commit log, ask the log for its
-topics and their current ends, then load ``loaded .. end`` of each partition in batches.  New
-topics are picked up by the glob with no configuration.  Each batch runs one Spark task per
-offset range (ranges of about ``max_range_bytes``, spread over the executors as a fixed pool,
-as the LinkedIn Hadoop load job balanced Kafka partitions over its tasks), then commits.
+One run: open the target (a Delta table, :mod:`yt_loader.delta_table`, or the Parquet
+warehouse, :mod:`yt_loader.warehouse`; both in :mod:`yt_loader.load_target`) and read the
+loaded offsets from it, ask the log for its topics and their current ends, then load
+``loaded .. end`` of each partition in batches.  New topics are picked up by the glob with no
+configuration.  Each batch runs one Spark task per offset range (ranges of about
+``max_range_bytes``, spread over the executors as a fixed pool, as the LinkedIn Hadoop load
+job balanced Kafka partitions over its tasks); the driver then commits the files of the
+attempts Spark accepted, with the offsets, in one commit of the target.
 
 A partition whose log start moved past the loaded offset lost data to retention before it
 was loaded: the run records the gap in the commit log, reports it, and exits non-zero.
@@ -17,7 +19,7 @@ import functools
 import re
 import threading
 import time
-from collections.abc import Callable
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,22 +29,13 @@ from pyspark.sql import SparkSession
 from log_store.errors import LogbrokerError
 from yt_loader.crash_points import reach
 from yt_loader.errors import DataLost, WarehouseCorrupt
+from yt_loader.load_target import LoadState, LoadTarget, ParquetTarget, Progress, TableFormat
 from yt_loader.log_source import SourceSpec, TopicBounds, current_bounds
 from yt_loader.offset_ranges import DEFAULT_MAX_RANGE_BYTES, OffsetRange, split_range
-from yt_loader.range_writer import write_range
-from yt_loader.warehouse import (
-    CommitRecord,
-    LoadedRange,
-    LoadGap,
-    Recovery,
-    TopicOffsets,
-    Warehouse,
-    now_ms,
-)
+from yt_loader.range_writer import OutputLayout, WrittenRange, write_range
+from yt_loader.warehouse import LoadGap, Recovery, TopicOffsets
 
 DEFAULT_MAX_BATCH_BYTES = 512 * 1024 * 1024
-
-Progress = Callable[[str], None]
 
 
 class LoadFailed(LogbrokerError):
@@ -58,6 +51,7 @@ class LoadConfig:
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     crash_at: str | None = None
     progress_interval_s: float = 10.0
+    table_format: TableFormat = "delta"
 
 
 @dataclass
@@ -101,8 +95,8 @@ class _Plan:
     topics: dict[str, TopicProgress]
 
 
-def _plan(bounds: list[TopicBounds], state: CommitRecord | None, config: LoadConfig) -> _Plan:
-    offsets = dict(state.offsets) if state is not None else {}
+def _plan(bounds: list[TopicBounds], state: LoadState, config: LoadConfig) -> _Plan:
+    offsets = dict(state.offsets)
     plan = _Plan(offsets, [], {}, [], {})
     for topic in bounds:
         before = offsets.get(topic.name)
@@ -212,14 +206,14 @@ class _OffsetsDone(AccumulatorParam[dict[str, int]]):
 def _load_task(
     done: Accumulator[dict[str, int]],
     spec: SourceSpec,
-    staging: str,
+    layout: OutputLayout,
     crash_at: str | None,
     topic_ids: dict[str, str],
     rng: OffsetRange,
-) -> LoadedRange:
-    loaded = write_range(spec, staging, crash_at, topic_ids, rng)
+) -> WrittenRange:
+    written = write_range(spec, layout, crash_at, topic_ids, rng)
     done.add({rng.topic: rng.count})
-    return loaded
+    return written
 
 
 def _report_while_running(
@@ -240,18 +234,16 @@ def _run_tasks(
     spark: SparkSession,
     config: LoadConfig,
     batch: int,
-    staging: Path,
+    layout: OutputLayout,
     pieces: list[OffsetRange],
     plan: _Plan,
     progress: Progress,
-) -> list[LoadedRange]:
+) -> list[WrittenRange]:
     sc = spark.sparkContext
     sc.setJobDescription(f"logbroker load: batch {batch}, {len(pieces)} offset ranges")
     done = sc.accumulator({}, _OffsetsDone())
     topic_ids = {t: o.topic_id for t, o in plan.offsets.items()}
-    task = functools.partial(
-        _load_task, done, config.spec, str(staging), config.crash_at, topic_ids
-    )
+    task = functools.partial(_load_task, done, config.spec, layout, config.crash_at, topic_ids)
     stop = threading.Event()
     reporter = threading.Thread(
         target=_report_while_running,
@@ -260,6 +252,8 @@ def _run_tasks(
     )
     reporter.start()
     try:
+        # Spark returns one result per task, from the attempt it accepted; the files of any
+        # other attempt (failed, killed, overtaken by a speculative copy) are never named.
         return sc.parallelize(pieces, len(pieces)).map(task).collect()
     except Exception as exc:  # Spark wraps task errors in Py4J/PySpark exceptions
         raise _task_failure(batch, exc) from exc
@@ -272,32 +266,36 @@ def _copy(offsets: dict[str, TopicOffsets]) -> dict[str, TopicOffsets]:
     return {t: TopicOffsets(o.topic_id, dict(o.partitions)) for t, o in offsets.items()}
 
 
+def open_target(spark: SparkSession, config: LoadConfig) -> LoadTarget:
+    """The table ``config`` names, in its format."""
+    if config.table_format == "parquet":
+        return ParquetTarget(config.warehouse)
+    from yt_loader.delta_table import DeltaTarget
+
+    return DeltaTarget(spark, config.warehouse)
+
+
 def run_load(
     spark: SparkSession,
     config: LoadConfig,
     progress: Progress,
     stop: threading.Event | None = None,
 ) -> LoadReport:
-    """Load everything new into the warehouse; see the module docstring.
+    """Load everything new into the table; see the module docstring.
 
     ``stop`` set (e.g. by SIGTERM) ends the run after the batch in hand is committed.
     """
     started = time.monotonic()
-    warehouse = Warehouse(config.warehouse)
-    with warehouse.locked():
-        recovery = warehouse.recover()
-        report = LoadReport(recovery)
-        if recovery.published_files:
-            progress(f"recovered: moved {recovery.published_files} committed files into place")
-        if recovery.discarded_batches:
-            batches = ", ".join(str(b) for b in recovery.discarded_batches)
-            progress(f"recovered: discarded uncommitted batch {batches}; reloading it")
+    target = open_target(spark, config)
+    run = uuid.uuid4().hex[:8]
+    with target.opened(progress) as state:
+        report = LoadReport(target.recovery)
         source = config.spec.open()
         try:
             bounds = current_bounds(source, config.topics)
         finally:
             source.close()
-        plan = _plan(bounds, warehouse.latest_commit(), config)
+        plan = _plan(bounds, state, config)
         report.topics = plan.topics
         report.gaps = list(plan.gaps)
         for gap in plan.gaps:
@@ -306,44 +304,40 @@ def run_load(
         work = _batches(plan, config.max_batch_bytes)
         if not work and plan.gaps:
             work = [[]]  # commit the gaps alone, so that they are recorded and reported once
+        batch = state.batch
         for pieces in work:
             if stop is not None and stop.is_set():
                 report.stopped = True
                 progress(f"stopped after {len(report.batches)} batches; the next run goes on")
                 break
-            batch = warehouse.next_batch()
-            staging = warehouse.staging_dir(batch)
-            staging.mkdir(parents=True, exist_ok=True)
-            loaded = (
-                _run_tasks(spark, config, batch, staging, pieces, plan, progress) if pieces else []
+            batch += 1
+            layout = target.layout(batch, run)
+            written = (
+                _run_tasks(spark, config, batch, layout, pieces, plan, progress) if pieces else []
             )
             reach("after-files", config.crash_at)
-            for rng in loaded:
-                topic_offsets = offsets[rng.topic].partitions
-                topic_offsets[rng.partition] = max(topic_offsets.get(rng.partition, 0), rng.end)
-            record = CommitRecord(
-                batch=batch,
-                committed_ms=now_ms(),
-                offsets={
-                    t: TopicOffsets(o.topic_id, dict(o.partitions)) for t, o in offsets.items()
-                },
-                ranges=loaded,
-                gaps=plan.gaps if not report.batches else [],
+            for w in written:
+                topic_offsets = offsets[w.rng.topic].partitions
+                topic_offsets[w.rng.partition] = max(
+                    topic_offsets.get(w.rng.partition, 0), w.rng.end
+                )
+            target.commit(
+                batch,
+                written,
+                _copy(offsets),
+                plan.gaps if not report.batches else [],
+                config.crash_at,
             )
-            warehouse.commit(record)
-            reach("after-commit", config.crash_at)
-            warehouse.publish(record, on_moved=lambda: reach("mid-publish", config.crash_at))
-            warehouse.drop_staging(batch)
             report.batches.append(batch)
-            for rng in loaded:
+            for w in written:
                 report.ranges += 1
-                report.lines += rng.lines
-                report.data_bytes += rng.data_bytes
-                topic_progress = report.topics[rng.topic]
-                topic_progress.done_offsets += rng.end - rng.start
-                topic_progress.lines += rng.lines
-                topic_progress.data_bytes += rng.data_bytes
-            for topic in sorted({rng.topic for rng in loaded}):
+                report.lines += w.lines
+                report.data_bytes += w.data_bytes
+                topic_progress = report.topics[w.rng.topic]
+                topic_progress.done_offsets += w.rng.end - w.rng.start
+                topic_progress.lines += w.lines
+                topic_progress.data_bytes += w.data_bytes
+            for topic in sorted({w.rng.topic for w in written}):
                 progress(f"batch {batch}: {report.topics[topic].describe()}")
         report.elapsed_s = time.monotonic() - started
         return report

@@ -253,7 +253,9 @@ class SourceSpec:
             # Opening a store creates it; a mistyped path must not read as an empty log.
             if not (Path(self.data_dir) / STORE_CATALOG).is_file():
                 raise BadSourceOptions(f"{self.data_dir} is not a logbroker data directory")
-            return StoreLogSource(open_store(self.data_dir))
+            # Read-only: executors and the driver never create, change or touch anything of
+            # the live store (schema, directories, notify files are its gateway's).
+            return StoreLogSource(open_store(self.data_dir, read_only=True))
         assert self.server is not None
         return HttpLogSource(self.server, self.token)
 

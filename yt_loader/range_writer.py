@@ -1,13 +1,16 @@
-"""One loader task: read an offset range and write its lines as Parquet files into staging.
+"""One loader task: an offset range's lines into Parquet files, one per hour they fall in.
 
-Rows go to the hour of their ``write_time`` (the gateway's clock, UTC), one file per hour the
-range touches, each named after the range (see :func:`yt_loader.warehouse.file_name`).
+Every attempt of a task writes to paths of its own (see :class:`OutputLayout`), so a task
+retried after a failure, or a speculative copy racing the original, never writes into another
+attempt's file; the driver commits only the files of the attempt whose result Spark accepted.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,7 +21,8 @@ from yt_loader.line_rows import LINE_SCHEMA
 from yt_loader.log_source import SourceSpec
 from yt_loader.offset_ranges import OffsetRange
 from yt_loader.range_reader import RangeReadStats, read_range
-from yt_loader.warehouse import LoadedRange, file_name, fsync_dir, fsync_file, table_dir
+from yt_loader.task_faults import after_partial_write
+from yt_loader.warehouse import file_name, fsync_dir, fsync_file, table_dir
 
 PARTITION_COLUMNS = ("topic", "date", "hour")
 FILE_COLUMNS = [name for name in LINE_SCHEMA.names if name not in PARTITION_COLUMNS]
@@ -28,6 +32,92 @@ FILE_SCHEMA = pa.schema([LINE_SCHEMA.field(name) for name in FILE_COLUMNS])
 _US_PER_HOUR = 3_600_000_000
 
 
+@dataclass(frozen=True)
+class OutputLayout:
+    """Where the tasks of one batch write, and how an attempt's paths are made its own.
+
+    ``attempt_in="directory"``: ``root/<attempt>/<hour dir>/<range's file name>`` (the Parquet
+    warehouse's staging; the driver moves the accepted attempt's files to their final names).
+    ``attempt_in="file_name"``: ``root/<hour dir>/<range's file name>-<attempt>.parquet``,
+    final where they are (a Delta table, whose log alone says which files are in it).
+    An attempt is ``<run>-<Spark task attempt id>``: unique across runs and attempts.
+    """
+
+    root: str
+    run: str
+    attempt_in: Literal["directory", "file_name"]
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """One Parquet file an attempt wrote: where, which table partition, what it holds."""
+
+    path: str
+    """relative to the layout's root (directory layout: to the attempt's directory)"""
+    topic: str
+    date: str
+    hour: int
+    size_bytes: int
+    modified_ms: int
+    rows: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True)
+class WrittenRange:
+    """What one successful attempt wrote for one offset range."""
+
+    rng: OffsetRange
+    attempt: str
+    files: list[WrittenFile]
+    lines: int
+    data_bytes: int
+
+
+def _attempt_id(run: str) -> str:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return f"{run}-{context.taskAttemptId() if context is not None else 0}"
+
+
+class _HourFile:
+    def __init__(self, path: Path, rel: str, topic: str, hour_number: int) -> None:
+        self.path = path
+        self.rel = rel
+        self.topic = topic
+        self.hour_number = hour_number
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.writer = pq.ParquetWriter(path, FILE_SCHEMA)
+        self.rows = 0
+        self.min_offset: int | None = None
+        self.max_offset = -1
+
+    def write(self, rows: pa.Table) -> None:
+        self.writer.write_table(rows)
+        offsets = pc.min_max(rows.column("offset"))
+        low, high = int(offsets["min"].as_py()), int(offsets["max"].as_py())
+        self.min_offset = low if self.min_offset is None else min(self.min_offset, low)
+        self.max_offset = max(self.max_offset, high)
+        self.rows += rows.num_rows
+
+    def done(self) -> WrittenFile:
+        stat = self.path.stat()
+        hour = datetime.fromtimestamp(self.hour_number * 3600, tz=UTC)
+        return WrittenFile(
+            path=self.rel,
+            topic=self.topic,
+            date=hour.strftime("%Y-%m-%d"),
+            hour=hour.hour,
+            size_bytes=stat.st_size,
+            modified_ms=stat.st_mtime_ns // 1_000_000,
+            rows=self.rows,
+            min_offset=self.min_offset if self.min_offset is not None else 0,
+            max_offset=self.max_offset,
+        )
+
+
 def _hour_dir(topic: str, hour_number: int) -> str:
     hour = datetime.fromtimestamp(hour_number * 3600, tz=UTC)
     return table_dir(topic, hour.strftime("%Y-%m-%d"), hour.strftime("%H"))
@@ -35,48 +125,46 @@ def _hour_dir(topic: str, hour_number: int) -> str:
 
 def write_range(
     spec: SourceSpec,
-    staging_root: str,
+    layout: OutputLayout,
     crash_at: str | None,
     topic_ids: dict[str, str],
     rng: OffsetRange,
-) -> LoadedRange:
-    """Write ``rng``'s lines under ``staging_root``, fsynced; return what was written.
-
-    Writing the same range again gives files of the same names and contents.
-    """
-    staging = Path(staging_root)
+) -> WrittenRange:
+    """Write ``rng``'s lines into this attempt's own files, fsynced; return what was written."""
+    attempt = _attempt_id(layout.run)
+    root = Path(layout.root)
+    if layout.attempt_in == "directory":
+        root = root / attempt
     stats = RangeReadStats()
-    writers: dict[str, pq.ParquetWriter] = {}
+    files: dict[int, _HourFile] = {}
     source = spec.open()
     try:
         for batch in read_range(source, rng, stats=stats):
             hours = pc.divide(batch.column("write_time").cast(pa.int64()), _US_PER_HOUR)
             rows = pa.Table.from_batches([batch]).select(FILE_COLUMNS)
             for hour_number in pc.unique(hours).to_pylist():
-                name = file_name(rng, topic_ids[rng.topic])
-                rel = f"{_hour_dir(rng.topic, hour_number)}/{name}"
-                writer = writers.get(rel)
-                if writer is None:
-                    path = staging / rel
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    writer = pq.ParquetWriter(path, FILE_SCHEMA)
-                    writers[rel] = writer
-                writer.write_table(rows.filter(pc.equal(hours, hour_number)))
+                out = files.get(hour_number)
+                if out is None:
+                    name = file_name(rng, topic_ids[rng.topic])
+                    if layout.attempt_in == "file_name":
+                        name = f"{name.removesuffix('.parquet')}-{attempt}.parquet"
+                    rel = f"{_hour_dir(rng.topic, hour_number)}/{name}"
+                    out = files[hour_number] = _HourFile(root / rel, rel, rng.topic, hour_number)
+                out.write(rows.filter(pc.equal(hours, hour_number)))
                 reach("while-writing", crash_at)
+            after_partial_write()
     finally:
-        for writer in writers.values():
-            writer.close()
+        for out in files.values():
+            out.writer.close()
         source.close()
-    for rel in writers:
-        fsync_file(staging / rel)
-    for directory in {(staging / rel).parent for rel in writers}:
+    for out in files.values():
+        fsync_file(out.path)
+    for directory in {out.path.parent for out in files.values()}:
         fsync_dir(directory)
-    return LoadedRange(
-        topic=rng.topic,
-        partition=rng.partition,
-        start=rng.start,
-        end=rng.end,
-        files=sorted(writers),
+    return WrittenRange(
+        rng=rng,
+        attempt=attempt,
+        files=[out.done() for out in sorted(files.values(), key=lambda f: f.rel)],
         lines=stats.lines,
         data_bytes=stats.data_bytes,
     )

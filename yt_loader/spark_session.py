@@ -1,4 +1,8 @@
-"""The Spark session of the loader: ``local[*]`` by default, or what ``spark-submit`` set."""
+"""The Spark session of the loader: ``local[*]`` by default, or what ``spark-submit`` set.
+
+Every session it builds has Delta Lake loaded (see :mod:`yt_loader.delta_connector`) and the
+``logbroker`` format registered.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,16 @@ import sys
 from pyspark.sql import SparkSession
 
 from yt_loader.data_source import register
+from yt_loader.delta_connector import DELTA_EXTENSION, session_conf, spark_submit_args
+from yt_loader.errors import BadSourceOptions
 
 DEFAULT_MASTER = "local[*]"
+LOOPBACK = "127.0.0.1"
+
+DELTA_STATE_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+"""Spark partitions Delta uses to rebuild a table's state from its log: 50 unless set, which
+costs seconds of task start-up per commit on a small cluster for a log table's files; the
+loader uses the cluster's cores instead unless the user set it."""
 
 
 def launched_by_spark_submit() -> bool:
@@ -17,22 +29,58 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def build_session(master: str | None = None, app_name: str = "logbroker load") -> SparkSession:
-    """A session with the ``logbroker`` format registered.
+def build_session(
+    master: str | None = None,
+    app_name: str = "logbroker load",
+    conf: dict[str, str] | None = None,
+    with_delta: bool = True,
+) -> SparkSession:
+    """A session with Delta Lake loaded and the ``logbroker`` format registered.
+
+    ``with_delta=False`` leaves Delta out (the Parquet warehouse needs no jars).
 
     ``master=None`` means the master ``spark-submit`` was given, or ``local[*]`` when run
-    directly.  A local master runs executors' Python with this interpreter, so they import
-    the same logbroker code as the driver.
+    directly.  Executors run their Python with this interpreter unless
+    ``spark.pyspark.python`` says otherwise (on a cluster: logbroker installed at the same
+    path on every node).  A local master binds to loopback and shows no UI.
     """
-    if master is None and not launched_by_spark_submit():
+    submitted = launched_by_spark_submit()
+    if master is None and not submitted:
         master = DEFAULT_MASTER
     builder = SparkSession.builder.appName(app_name)
+    if not submitted:
+        if with_delta:
+            for key, value in session_conf().items():
+                builder = builder.config(key, value)
+        builder = builder.config("spark.pyspark.python", sys.executable)
     if master is not None:
         builder = builder.master(master)
         if master.startswith("local"):
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-            builder = builder.config("spark.ui.enabled", "false")
+            os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+            builder = (
+                builder.config("spark.ui.enabled", "false")
+                .config("spark.driver.host", LOOPBACK)
+                .config("spark.driver.bindAddress", LOOPBACK)
+            )
     builder = builder.config("spark.ui.showConsoleProgress", "false")
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if with_delta:
+        _check_delta_loaded(spark)
+        if spark.conf.get(DELTA_STATE_PARTITIONS, None) is None:
+            cores = max(2, spark.sparkContext.defaultParallelism)
+            spark.conf.set(DELTA_STATE_PARTITIONS, str(cores))
     register(spark)
     return spark
+
+
+def _check_delta_loaded(spark: SparkSession) -> None:
+    extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    if DELTA_EXTENSION not in extensions:
+        raise BadSourceOptions(
+            "Delta Lake is not loaded in this Spark session; give spark-submit these "
+            f"arguments: {' '.join(spark_submit_args())} "
+            "(printed by: python -m yt_loader.delta_connector)"
+        )

@@ -5,17 +5,20 @@ Layout::
     WAREHOUSE/topic=dc1.nginx-access/date=2026-11-21/hour=14/
         part-77e267fa3577-00002-00000000000000001200-00000000000000001800.parquet
     WAREHOUSE/_loader/commits/0000000007.json      the commit log, one record per batch
-    WAREHOUSE/_loader/staging/0000000008/...       files of a batch not committed yet
+    WAREHOUSE/_loader/staging/0000000008/<attempt>/...   files of a batch not committed yet
     WAREHOUSE/_loader/lock                         held by the running loader
 
 A file's name is its offset range (topic identity, partition, first offset, end offset), so a
 batch rerun after a crash writes the same names.  A batch commits in three steps:
 
-1. tasks write its files under ``_loader/staging/<batch>/`` and fsync them;
+1. tasks write its files under ``_loader/staging/<batch>/<attempt>/`` and fsync them (every
+   task attempt in its own directory, so a retried or speculative attempt never writes into
+   another's files);
 2. the driver writes ``_loader/commits/<batch>.json`` (temp file, fsync, rename, fsync of the
    directory): the ranges, their files and every partition's loaded offset.  This rename is
    the commit point;
-3. the driver renames the files from staging into the table directories.
+3. the driver renames the files of the attempts Spark accepted from staging into the table
+   directories.
 
 A crash before step 2 leaves only staging files, which the next run deletes and reloads.  A
 crash during step 3 leaves a committed batch partly moved; the next run finishes the moves
@@ -71,6 +74,8 @@ class LoadedRange:
     files: list[str]
     lines: int
     data_bytes: int
+    staged_in: str = ""
+    """the attempt directory under the batch's staging directory that holds ``files``"""
 
 
 @dataclass(frozen=True)
@@ -256,7 +261,7 @@ class Warehouse:
         for rng in record.ranges:
             for rel in rng.files:
                 target = self.root / rel
-                source = staging / rel
+                source = staging / rng.staged_in / rel
                 if source.exists():
                     target.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(source, target)

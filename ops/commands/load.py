@@ -1,4 +1,5 @@
-"""``logbroker load``: load topics into Parquet tables with Spark, exactly once.
+"""``logbroker load``: load topics into a Delta Lake table (or Parquet tables) with Spark,
+exactly once.
 
 Progress goes to stderr while it runs; the summary (or ``--format json``) to stdout.
 SIGTERM lets the batch in hand commit and then stops (the next run continues).  Exit
@@ -29,7 +30,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--data-dir", help="embedded store directory to read directly (local or shared disk)"
     )
-    parser.add_argument("--warehouse", required=True, help="directory of the Parquet tables")
+    parser.add_argument(
+        "--warehouse",
+        required=True,
+        help="the table: a Delta table's path (created if absent), or with "
+        "--table-format parquet the Parquet warehouse directory",
+    )
+    parser.add_argument(
+        "--table-format",
+        choices=("delta", "parquet"),
+        default="delta",
+        help="delta (default): one Delta Lake table partitioned by topic, date, hour; "
+        "parquet: Hive-style Parquet directories with logbroker's own commit log",
+    )
     parser.add_argument(
         "--topics", default="*", help="comma-separated topic globs (default: every topic)"
     )
@@ -87,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
             max_range_bytes=max(1, int(args.max_range_mb * 1024 * 1024)),
             max_batch_bytes=max(1, int(args.max_batch_mb * 1024 * 1024)),
             crash_at=armed_point(),
+            table_format=args.table_format,
         )
     except BadRequest as exc:
         print(f"logbroker load: {exc}", file=sys.stderr)
@@ -102,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
 
     stop_signals.on_stop(_on_stop)
-    spark = build_session(args.master)
+    try:
+        spark = build_session(args.master, with_delta=args.table_format == "delta")
+    except BadRequest as exc:
+        print(f"logbroker load: {exc}", file=sys.stderr)
+        return 2
     try:
         report = run_load(spark, config, _progress, stop)
     except DataLost as exc:

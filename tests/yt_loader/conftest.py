@@ -1,4 +1,4 @@
-"""A real local Spark session and a real embedded store for the loader's tests."""
+"""A real local Spark session (with Delta Lake) and a real embedded store for the loader's tests."""
 
 from __future__ import annotations
 
@@ -34,6 +34,44 @@ def spark() -> Iterator[object]:
     session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()
+    _stop_jvm()
+
+
+def _stop_jvm() -> None:
+    """End the JVM PySpark started for this process (``stop()`` keeps it for a next session).
+
+    It exits when its stdin closes; its Python workers follow when it is gone.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    jvm_process = gateway.proc
+    jvm_process.stdin.close()
+    try:
+        jvm_process.wait(60)
+    except subprocess.TimeoutExpired:
+        jvm_process.kill()
+        jvm_process.wait(10)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+
+
+def table_lines(spark: object, table: Path, version: int | None = None) -> list[str]:
+    """Every line of the Delta table at ``table``, read with Spark SQL as a user would."""
+    if not (table / "_delta_log").is_dir():
+        return []
+    as_of = f" VERSION AS OF {version}" if version is not None else ""
+    rows = spark.sql(f"SELECT line FROM delta.`{table}`{as_of}").collect()  # type: ignore[attr-defined]
+    return [str(r["line"]) for r in rows]
+
+
+def table_version(spark: object, table: Path) -> int:
+    """The Delta table's current version."""
+    rows = spark.sql(f"DESCRIBE HISTORY delta.`{table}` LIMIT 1").collect()  # type: ignore[attr-defined]
+    return int(rows[0]["version"])
 
 
 def compress(codec: str, data: bytes) -> bytes:
@@ -115,13 +153,20 @@ def assert_exactly_once(found: list[str], expected: list[str]) -> None:
 
 
 class ChildProcess:
-    """A Python child in its own process group, so SIGKILL reaches its JVM and workers too."""
+    """A child (Python, or ``program``) in its own process group, so that SIGKILL reaches its
+    JVM and Python workers too."""
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        program: str = sys.executable,
+    ):
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
         self.proc = subprocess.Popen(
-            [sys.executable, *args],
+            [program, *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=REPO,

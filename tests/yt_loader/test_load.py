@@ -1,4 +1,4 @@
-"""The loader job in this process's Spark session: incremental, exactly once, nothing silent."""
+"""The loader job into a Delta table: incremental, exactly once, read with Spark SQL."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from log_store import open_store
 from log_store.interface import TopicConfig
 from tests.conftest import free_port
 from tests.yt_loader.conftest import (
-    PUBLISHED_GLOB,
     ChildProcess,
     append_lines,
     assert_exactly_once,
-    published_lines,
+    table_lines,
+    table_version,
 )
+from yt_loader.delta_table import BATCH_APP_ID, DeltaTarget, partition_app_id
 from yt_loader.errors import WarehouseBusy
 from yt_loader.load_job import LoadConfig, run_load
 from yt_loader.log_source import SourceSpec
-from yt_loader.warehouse import Warehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -28,109 +28,169 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 def _load(
     spark: object,
     data_dir: Path,
-    warehouse: Path,
+    table: Path,
     topics: str = "*",
     progress: list[str] | None = None,
 ) -> object:
     config = LoadConfig(
-        SourceSpec(data_dir=str(data_dir)), warehouse, topics=topics, max_range_bytes=4000
+        SourceSpec(data_dir=str(data_dir)), table, topics=topics, max_range_bytes=4000
     )
     lines = progress if progress is not None else []
     return run_load(spark, config, lines.append)  # type: ignore[arg-type]
 
 
-def test_load_writes_each_line_once_into_tables_partitioned_by_topic_date_hour(
+def _app_transactions(spark: object, table: Path) -> dict[str, int]:
+    """The table's application transactions (appId -> version), read from Delta's snapshot."""
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
+        spark._jsparkSession,  # type: ignore[attr-defined]
+        str(table),
+    )
+    snapshot = delta_log.startTransaction().snapshot()
+    txns = jvm.scala.jdk.javaapi.CollectionConverters.asJava(snapshot.transactions())
+    return {str(k): int(v) for k, v in dict(txns).items()}
+
+
+def test_load_writes_each_line_once_into_a_delta_table_partitioned_by_topic_date_hour(
     spark: object, tmp_path: Path
 ) -> None:
-    data_dir, warehouse = tmp_path / "data", tmp_path / "wh"
+    data_dir, table = tmp_path / "data", tmp_path / "table"
     expected = append_lines(data_dir, "dc1.nginx-access", "a", codec="raw")
     expected += append_lines(data_dir, "dc1.api", "a", codec="gzip", partitions=2)
     expected += append_lines(data_dir, "dc2.api", "a", codec="zstd", partitions=1)
 
-    report = _load(spark, data_dir, warehouse)
+    report = _load(spark, data_dir, table)
 
     assert report.lines == len(expected)  # type: ignore[attr-defined]
-    assert_exactly_once(published_lines(warehouse), expected)
-    df = spark.read.parquet(str(warehouse))  # type: ignore[attr-defined]
-    assert {"topic", "date", "hour", "partition", "offset", "seqno", "line"} <= set(df.columns)
-    by_topic = {r["topic"]: r["count"] for r in df.groupBy("topic").count().collect()}
-    assert by_topic == {"dc1.nginx-access": 180, "dc1.api": 120, "dc2.api": 60}
-    hours = {r["hour"] for r in df.select("hour").distinct().collect()}
-    assert len(hours) == 3  # the test data spreads write times over three hours
-    mismatched = df.filter("hour(write_time) != hour OR to_date(write_time) != date").count()
-    assert mismatched == 0
-    assert {p.name for p in warehouse.glob("topic=*")} == {
-        "topic=dc1.nginx-access",
-        "topic=dc1.api",
-        "topic=dc2.api",
+    assert_exactly_once(table_lines(spark, table), expected)
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{table}`").collect()[0]  # type: ignore[attr-defined]
+    assert detail["format"] == "delta"
+    assert list(detail["partitionColumns"]) == ["topic", "date", "hour"]
+    by_topic = spark.sql(  # type: ignore[attr-defined]
+        f"SELECT topic, count(*) AS n FROM delta.`{table}` GROUP BY topic"
+    ).collect()
+    assert {r["topic"]: r["n"] for r in by_topic} == {
+        "dc1.nginx-access": 180,
+        "dc1.api": 120,
+        "dc2.api": 60,
     }
+    mismatched = spark.sql(  # type: ignore[attr-defined]
+        f"SELECT count(*) AS n FROM delta.`{table}` "
+        "WHERE floor(unix_micros(write_time) / 3600000000) % 24 != hour "
+        "OR date_from_unix_date(CAST(floor(unix_micros(write_time) / 86400000000) AS INT)) "
+        "!= date"
+    ).collect()[0]["n"]
+    assert mismatched == 0
+    hours = spark.sql(f"SELECT DISTINCT hour FROM delta.`{table}`").collect()  # type: ignore[attr-defined]
+    assert len(hours) == 3  # the test data spreads write times over three hours
 
 
-def test_rerun_with_no_new_data_adds_nothing(spark: object, tmp_path: Path) -> None:
-    data_dir, warehouse = tmp_path / "data", tmp_path / "wh"
+def test_rerun_with_no_new_data_commits_nothing(spark: object, tmp_path: Path) -> None:
+    data_dir, table = tmp_path / "data", tmp_path / "table"
     expected = append_lines(data_dir, "dc1.app", "a")
-    _load(spark, data_dir, warehouse)
-    files_before = sorted(warehouse.glob(PUBLISHED_GLOB))
-    commits_before = len(Warehouse(warehouse).commits())
+    _load(spark, data_dir, table)
+    version = table_version(spark, table)
 
-    report = _load(spark, data_dir, warehouse)
+    report = _load(spark, data_dir, table)
 
     assert report.batches == [] and report.lines == 0  # type: ignore[attr-defined]
-    assert sorted(warehouse.glob(PUBLISHED_GLOB)) == files_before
-    assert len(Warehouse(warehouse).commits()) == commits_before
-    assert_exactly_once(published_lines(warehouse), expected)
+    assert table_version(spark, table) == version
+    assert_exactly_once(table_lines(spark, table), expected)
 
 
-def test_new_data_and_new_topics_after_a_load_are_appended(spark: object, tmp_path: Path) -> None:
-    data_dir, warehouse = tmp_path / "data", tmp_path / "wh"
+def test_new_data_and_new_topics_are_appended_and_offsets_live_in_the_table(
+    spark: object, tmp_path: Path
+) -> None:
+    data_dir, table = tmp_path / "data", tmp_path / "table"
     expected = append_lines(data_dir, "dc1.app", "first")
-    _load(spark, data_dir, warehouse, topics="dc1.*")
+    _load(spark, data_dir, table, topics="dc1.*")
     expected += append_lines(data_dir, "dc1.app", "second", chunks=7)
     expected += append_lines(data_dir, "dc1.new-topic", "second", partitions=2)
     append_lines(data_dir, "dc2.other", "not-matched", partitions=1)
 
     progress: list[str] = []
-    report = _load(spark, data_dir, warehouse, topics="dc1.*", progress=progress)
+    report = _load(spark, data_dir, table, topics="dc1.*", progress=progress)
 
     assert any("dc1.app: 21/21 offsets (100%), 63 lines" in line for line in progress), progress
     assert any("dc1.new-topic: 40/40 offsets (100%)" in line for line in progress), progress
     assert set(report.topics) == {"dc1.app", "dc1.new-topic"}  # type: ignore[attr-defined]
-    assert report.topics["dc1.app"].done_offsets == 3 * 7  # type: ignore[attr-defined]
-    assert_exactly_once(published_lines(warehouse), expected)
-    latest = Warehouse(warehouse).latest_commit()
-    assert latest is not None
-    assert latest.offsets["dc1.app"].partitions == {0: 27, 1: 27, 2: 27}
-    assert latest.offsets["dc1.new-topic"].partitions == {0: 20, 1: 20}
+    assert_exactly_once(table_lines(spark, table), expected)
+    with open_store(data_dir) as store:
+        app_id = store.describe_topic("dc1.app").topic_id
+        new_id = store.describe_topic("dc1.new-topic").topic_id
+    txns = _app_transactions(spark, table)
+    assert txns[BATCH_APP_ID] == 2
+    assert {p: txns[partition_app_id("dc1.app", app_id, p)] for p in range(3)} == {
+        0: 27,
+        1: 27,
+        2: 27,
+    }
+    assert {p: txns[partition_app_id("dc1.new-topic", new_id, p)] for p in range(2)} == {
+        0: 20,
+        1: 20,
+    }
 
 
-def test_a_topic_deleted_and_created_again_is_reported_and_keeps_its_old_files(
+def test_users_read_the_table_with_spark_sql_and_time_travel_to_a_batch(
     spark: object, tmp_path: Path
 ) -> None:
-    data_dir, warehouse = tmp_path / "data", tmp_path / "wh"
-    old = append_lines(data_dir, "dc1.app", "old", partitions=1)
-    _load(spark, data_dir, warehouse)
-    store = open_store(data_dir)
+    data_dir, table = tmp_path / "data", tmp_path / "table"
+    first = append_lines(data_dir, "dc1.app", "first", partitions=2, chunks=4)
+    _load(spark, data_dir, table)
+    second = append_lines(data_dir, "dc1.app", "second", partitions=2, chunks=4)
+    _load(spark, data_dir, table)
+
+    spark.sql(f"CREATE TABLE logs USING delta LOCATION '{table}'")  # type: ignore[attr-defined]
     try:
-        store.delete_topic("dc1.app")
+        now = spark.sql("SELECT count(*) AS n FROM logs WHERE topic = 'dc1.app'").collect()  # type: ignore[attr-defined]
+        history = spark.sql("DESCRIBE HISTORY logs").collect()  # type: ignore[attr-defined]
     finally:
-        store.close()
+        spark.sql("DROP TABLE logs")  # type: ignore[attr-defined]
+
+    assert now[0]["n"] == len(first) + len(second)
+    writes = sorted((r for r in history if r["operation"] == "WRITE"), key=lambda r: r["version"])
+    assert [json.loads(r["userMetadata"])["batch"] for r in writes] == [1, 2]
+    batch_1 = json.loads(writes[0]["userMetadata"])
+    assert batch_1["offsets"] == {"dc1.app": {"0": [0, 4], "1": [0, 4]}}
+    assert_exactly_once(table_lines(spark, table, version=writes[0]["version"]), first)
+    assert_exactly_once(table_lines(spark, table, version=writes[1]["version"]), first + second)
+
+
+def test_a_topic_deleted_and_created_again_is_reported_once_and_keeps_its_old_rows(
+    spark: object, tmp_path: Path
+) -> None:
+    data_dir, table = tmp_path / "data", tmp_path / "table"
+    old = append_lines(data_dir, "dc1.app", "old", partitions=1)
+    _load(spark, data_dir, table)
+    with open_store(data_dir) as store:
+        store.delete_topic("dc1.app")
     new = append_lines(data_dir, "dc1.app", "new", partitions=1)  # the same offsets again
 
-    report = _load(spark, data_dir, warehouse)
+    report = _load(spark, data_dir, table)
+    again = _load(spark, data_dir, table)
 
     assert [g.reason for g in report.gaps] == [  # type: ignore[attr-defined]
         "the topic was deleted and created again; whatever the old topic held from offset 20 "
         "on was not loaded"
     ]
-    assert_exactly_once(published_lines(warehouse), old + new)
+    assert again.gaps == [] and again.batches == []  # type: ignore[attr-defined]
+    assert_exactly_once(table_lines(spark, table), old + new)
 
 
-def test_a_second_loader_on_the_same_warehouse_is_refused(spark: object, tmp_path: Path) -> None:
-    data_dir, warehouse = tmp_path / "data", tmp_path / "wh"
-    append_lines(data_dir, "dc1.app", "a", partitions=1)
-    with Warehouse(warehouse).locked(), pytest.raises(WarehouseBusy, match="another loader"):
-        _load(spark, data_dir, warehouse)
-    assert published_lines(warehouse) == []
+def test_a_batch_planned_before_another_loader_committed_is_refused(
+    spark: object, tmp_path: Path
+) -> None:
+    data_dir, table = tmp_path / "data", tmp_path / "table"
+    expected = append_lines(data_dir, "dc1.app", "a", partitions=1)
+    stale = DeltaTarget(spark, table)  # type: ignore[arg-type]
+    with stale.opened(lambda _line: None) as state:
+        assert state.batch == 0
+        _load(spark, data_dir, table)  # another loader commits batch 1 meanwhile
+        with pytest.raises(WarehouseBusy, match="another loader"):
+            stale.commit(1, [], {}, [], None)
+
+    assert_exactly_once(table_lines(spark, table), expected)
+    assert _app_transactions(spark, table)[BATCH_APP_ID] == 1
 
 
 def test_load_through_a_gateway_matches_the_store(
@@ -138,28 +198,25 @@ def test_load_through_a_gateway_matches_the_store(
 ) -> None:
     gateway = start_gateway(tmp_path / "data")  # type: ignore[operator]
     expected = append_lines(tmp_path / "data", "dc1.app", "a", codec="gzip")
-    config = LoadConfig(SourceSpec(server=gateway.url), tmp_path / "wh", max_range_bytes=4000)
+    config = LoadConfig(SourceSpec(server=gateway.url), tmp_path / "table", max_range_bytes=4000)
 
     report = run_load(spark, config, lambda _line: None)  # type: ignore[arg-type]
 
     assert report.lines == len(expected)
-    assert_exactly_once(published_lines(tmp_path / "wh"), expected)
+    assert_exactly_once(table_lines(spark, tmp_path / "table"), expected)
 
 
 def test_offsets_dropped_by_retention_before_loading_are_reported_with_exit_code_3(
-    tmp_path: Path,
+    spark: object, tmp_path: Path
 ) -> None:
-    data_dir, warehouse = tmp_path / "data", tmp_path / "wh"
+    data_dir, table = tmp_path / "data", tmp_path / "table"
     small_segments = TopicConfig(partitions=1, segment_bytes=4096)
     for round_no in range(6):  # segments roll between appends
         append_lines(
             data_dir, "dc1.app", f"r{round_no}", partitions=1, config=small_segments, chunks=20
         )
-    store = open_store(data_dir)
-    try:
+    with open_store(data_dir) as store:
         new_start = store.delete_segments_before("dc1.app", 0, 80)
-    finally:
-        store.close()
     assert 0 < new_start <= 80
 
     child = ChildProcess(
@@ -170,7 +227,7 @@ def test_offsets_dropped_by_retention_before_loading_are_reported_with_exit_code
             "--data-dir",
             str(data_dir),
             "--warehouse",
-            str(warehouse),
+            str(table),
             "--master",
             "local[1]",
             "--format",
@@ -178,7 +235,7 @@ def test_offsets_dropped_by_retention_before_loading_are_reported_with_exit_code
         ],
         tmp_path / "load.log",
     )
-    code = child.wait(180)
+    code = child.wait(240)
     output = child.output()
 
     assert code == 3, output[-3000:]
@@ -186,9 +243,10 @@ def test_offsets_dropped_by_retention_before_loading_are_reported_with_exit_code
     assert "retention dropped them before they were loaded" in output
     report, _ = json.JSONDecoder().raw_decode(output, output.index('{\n "batches"'))
     assert report["gaps"][0]["end"] == new_start
-    assert len(published_lines(warehouse)) == (120 - new_start) * 3
-    latest = Warehouse(warehouse).latest_commit()
-    assert latest is not None and latest.gaps[0].start == 0
+    assert len(table_lines(spark, table)) == (120 - new_start) * 3
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect()  # type: ignore[attr-defined]
+    recorded = [json.loads(r["userMetadata"]) for r in history if r["operation"] == "WRITE"]
+    assert any(f"offsets 0..{new_start - 1}" in gap for m in recorded for gap in m["gaps"])
 
 
 def test_bad_usage_exits_2_before_starting_spark(tmp_path: Path) -> None:

@@ -9,76 +9,100 @@ import pytest
 
 from log_store import open_store
 from log_store.interface import TopicConfig
-from tests.yt_loader.conftest import ChildProcess, append_lines, assert_exactly_once
+from tests.yt_loader.conftest import ChildProcess, append_lines, assert_exactly_once, table_lines
+from yt_loader.delta_table import with_table_columns
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.fault]
+# Real JVMs started and killed: generous on a loaded 2-core machine.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.fault, pytest.mark.timeout(600)]
 
 STREAM_JOB = """
 import sys
+from yt_loader.delta_table import with_table_columns
 from yt_loader.spark_session import build_session
 
-data_dir, checkpoint, out = sys.argv[1:4]
+data_dir, checkpoint, table = sys.argv[1:4]
 spark = build_session("local[2]", app_name="logbroker stream test")
-query = (
+stream = (
     spark.readStream.format("logbroker")
     .option("data_dir", data_dir)
     .option("topics", "dc1.*")
     .option("max_range_bytes", "3000")
     .load()
-    .writeStream.format("parquet")
+)
+query = (
+    with_table_columns(stream)
+    .writeStream.format("delta")
+    .partitionBy("topic", "date", "hour")
     .option("checkpointLocation", checkpoint)
-    .option("path", out)
     .trigger(processingTime="200 milliseconds")
-    .start()
+    .start(table)
 )
 print("stream started", flush=True)
 query.awaitTermination()
 """
 
 
-def _stream(spark: object, data_dir: Path, checkpoint: Path, out: Path, **options: str) -> object:
+def _stream(
+    spark: object,
+    data_dir: Path,
+    checkpoint: Path,
+    out: Path,
+    sink: str = "parquet",
+    **options: str,
+) -> object:
     reader = spark.readStream.format("logbroker").option("data_dir", str(data_dir))  # type: ignore[attr-defined]
     for name, value in options.items():
         reader = reader.option(name, value)
+    frame = reader.load()
+    if sink == "delta":
+        frame = with_table_columns(frame).writeStream.partitionBy("topic", "date", "hour")
+    else:
+        frame = frame.writeStream
     return (
-        reader.load()
-        .writeStream.format("parquet")
+        frame.format(sink)
         .option("checkpointLocation", str(checkpoint))
-        .option("path", str(out))
         .trigger(availableNow=True)
-        .start()
+        .start(str(out))
     )
 
 
-def test_streaming_query_killed_and_restarted_from_its_checkpoint_adds_no_duplicates(
+def _delta_versions(table: Path) -> int:
+    return len(list((table / "_delta_log").glob("*.json")))
+
+
+def _wait_for_versions(table: Path, count: int, child: ChildProcess) -> None:
+    deadline = time.monotonic() + 180
+    while _delta_versions(table) < count:
+        assert time.monotonic() < deadline, child.output()[-3000:]
+        assert child.proc.poll() is None, child.output()[-3000:]
+        time.sleep(0.05)
+
+
+def test_stream_into_delta_killed_and_restarted_from_its_checkpoint_is_exactly_once(
     spark: object, tmp_path: Path
 ) -> None:
-    data_dir, checkpoint, out = tmp_path / "data", tmp_path / "checkpoint", tmp_path / "out"
+    data_dir, checkpoint, table = tmp_path / "data", tmp_path / "checkpoint", tmp_path / "table"
     expected = append_lines(data_dir, "dc1.app", "before")
     child = ChildProcess(
-        ["-c", STREAM_JOB, str(data_dir), str(checkpoint), str(out)], tmp_path / "stream.log"
+        ["-c", STREAM_JOB, str(data_dir), str(checkpoint), str(table)], tmp_path / "stream.log"
     )
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "_spark_metadata" / "0").exists():
-            assert time.monotonic() < deadline, child.output()[-3000:]
-            assert child.proc.poll() is None, child.output()[-3000:]
-            time.sleep(0.1)
-        for round_no in range(4):  # new data while batches run, so the kill lands mid-stream
+        _wait_for_versions(table, 1, child)
+        for round_no in range(2):  # each round's data lands in a micro-batch of its own
             expected += append_lines(data_dir, "dc1.app", f"during{round_no}", chunks=5)
-            time.sleep(0.4)
+            _wait_for_versions(table, 2 + round_no, child)
+        # New data, and the kill, while the query plans or writes its next micro-batch.
+        expected += append_lines(data_dir, "dc1.app", "at-kill", chunks=5)
     finally:
         child.kill()
-    committed_batches = len(list((out / "_spark_metadata").iterdir()))
-    assert committed_batches >= 1
+    assert _delta_versions(table) >= 3
     expected += append_lines(data_dir, "dc1.app", "after", chunks=5)
     expected += append_lines(data_dir, "dc1.new", "after", partitions=1, chunks=5)
 
-    query = _stream(spark, data_dir, checkpoint, out, topics="dc1.*")
-    query.awaitTermination(120)  # type: ignore[attr-defined]
+    query = _stream(spark, data_dir, checkpoint, table, sink="delta", topics="dc1.*")
+    query.awaitTermination(180)  # type: ignore[attr-defined]
 
-    lines = [r["line"] for r in spark.read.parquet(str(out)).select("line").collect()]  # type: ignore[attr-defined]
-    assert_exactly_once(lines, expected)
+    assert_exactly_once(table_lines(spark, table), expected)
 
 
 def test_streaming_read_of_offsets_lost_to_retention_fails_unless_allowed(

@@ -1,0 +1,131 @@
+"""What the loader writes into: a Delta Lake table (default) or the Parquet-directory warehouse.
+
+Both keep one promise, each in its own way: the rows of a batch and the offsets that say they
+were loaded become visible together, in one commit, or not at all.  The job
+(:mod:`yt_loader.load_job`) plans batches from a :class:`LoadState`, lets Spark tasks write
+files where :meth:`LoadTarget.layout` says, and hands what the accepted attempts wrote to
+:meth:`LoadTarget.commit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+from yt_loader.crash_points import reach
+from yt_loader.range_writer import OutputLayout, WrittenRange
+from yt_loader.warehouse import (
+    CommitRecord,
+    LoadedRange,
+    LoadGap,
+    Recovery,
+    TopicOffsets,
+    Warehouse,
+    now_ms,
+)
+
+TableFormat = Literal["delta", "parquet"]
+TABLE_FORMATS: tuple[TableFormat, ...] = ("delta", "parquet")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LoadState:
+    """What is loaded: the last committed batch and, per topic, every partition's end offset."""
+
+    batch: int = 0
+    offsets: dict[str, TopicOffsets] = field(default_factory=dict)
+
+
+class LoadTarget(Protocol):
+    def opened(self, progress: Progress) -> contextlib.AbstractContextManager[LoadState]:
+        """Take what the target needs to be written (a lock, a repair) and say what is loaded."""
+        ...
+
+    @property
+    def recovery(self) -> Recovery: ...
+
+    def layout(self, batch: int, run: str) -> OutputLayout:
+        """Where the tasks of ``batch`` write their files."""
+        ...
+
+    def commit(
+        self,
+        batch: int,
+        written: list[WrittenRange],
+        offsets: dict[str, TopicOffsets],
+        gaps: list[LoadGap],
+        crash_at: str | None,
+    ) -> None:
+        """Make the batch visible whole, with ``offsets`` (everything loaded after it)."""
+        ...
+
+
+class ParquetTarget:
+    """The Parquet-directory warehouse with its own commit log (see :mod:`yt_loader.warehouse`)."""
+
+    def __init__(self, root: Path) -> None:
+        self.warehouse = Warehouse(root)
+        self._recovery = Recovery(0, [])
+
+    @property
+    def recovery(self) -> Recovery:
+        return self._recovery
+
+    @contextlib.contextmanager
+    def opened(self, progress: Progress) -> Iterator[LoadState]:
+        with self.warehouse.locked():
+            self._recovery = self.warehouse.recover()
+            if self._recovery.published_files:
+                progress(
+                    f"recovered: moved {self._recovery.published_files} committed files into place"
+                )
+            if self._recovery.discarded_batches:
+                batches = ", ".join(str(b) for b in self._recovery.discarded_batches)
+                progress(f"recovered: discarded uncommitted batch {batches}; reloading it")
+            latest = self.warehouse.latest_commit()
+            if latest is None:
+                yield LoadState()
+            else:
+                yield LoadState(latest.batch, latest.offsets)
+
+    def layout(self, batch: int, run: str) -> OutputLayout:
+        staging = self.warehouse.staging_dir(batch)
+        staging.mkdir(parents=True, exist_ok=True)
+        return OutputLayout(str(staging), run, "directory")
+
+    def commit(
+        self,
+        batch: int,
+        written: list[WrittenRange],
+        offsets: dict[str, TopicOffsets],
+        gaps: list[LoadGap],
+        crash_at: str | None,
+    ) -> None:
+        record = CommitRecord(
+            batch=batch,
+            committed_ms=now_ms(),
+            offsets=offsets,
+            ranges=[
+                LoadedRange(
+                    topic=w.rng.topic,
+                    partition=w.rng.partition,
+                    start=w.rng.start,
+                    end=w.rng.end,
+                    files=[f.path for f in w.files],
+                    lines=w.lines,
+                    data_bytes=w.data_bytes,
+                    staged_in=w.attempt,
+                )
+                for w in written
+            ],
+            gaps=gaps,
+        )
+        self.warehouse.commit(record)
+        reach("after-commit", crash_at)
+        self.warehouse.publish(record, on_moved=lambda: reach("mid-publish", crash_at))
+        self.warehouse.drop_staging(batch)
