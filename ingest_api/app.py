@@ -58,6 +58,9 @@ _PR_SET_PDEATHSIG = 1
 _log = logging.getLogger("ingest_api")
 
 
+_YOUNG_COLLECTION_ALLOCATIONS = 50_000
+
+
 def load_route_modules(names: tuple[str, ...] = ROUTE_MODULES) -> list[ModuleType]:
     """Import the route modules that exist; a missing one is skipped, a broken one raises."""
     modules = []
@@ -126,6 +129,10 @@ def build_app(ctx: GatewayContext, *, close_store: bool = False) -> Starlette:
             # Objects made at start-up live as long as the process; frozen, they are not
             # walked by every full collection (a ~10 ms pause that would show in ack p99).
             gc.freeze()
+            # A request allocates an object or more per chunk, nearly all freed with it: with
+            # the default (700) young collections took a third of the CPU of a request of
+            # 5,000 new sources.
+            gc.set_threshold(_YOUNG_COLLECTION_ALLOCATIONS, 10, 10)
             yield
         finally:
             for module in reversed(started):

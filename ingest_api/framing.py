@@ -108,8 +108,8 @@ def meta_from_json(obj: Any, where: str) -> SourceMeta:
     """Validate a JSON meta object (400 naming ``where`` and the field if it is bad)."""
     if not isinstance(obj, dict):
         raise _bad(f"{where}: meta must be a JSON object")
-    unknown = obj.keys() - _META_KEYS
-    if unknown:
+    if not obj.keys() <= _META_KEYS:
+        unknown = obj.keys() - _META_KEYS
         raise _bad(f"{where}: unknown meta fields {sorted(unknown)[:5]}")
     if None in obj.values():
         raise ApiError(400, "bad_meta", f"{where}: meta fields must not be null")
@@ -138,6 +138,8 @@ def _section_meta(obj: Any, where: str) -> tuple[SourceMeta, int | None, int | N
     """A section's source meta and its write conditions (``epoch``, ``prev_seqno``)."""
     if not isinstance(obj, dict):
         raise _bad(f"{where}: meta must be a JSON object")
+    if obj.keys() <= _META_KEYS:  # the usual section: no write conditions
+        return meta_from_json(obj, where), None, None
     unknown = obj.keys() - _SECTION_KEYS
     if unknown:
         raise _bad(f"{where}: unknown meta fields {sorted(unknown)[:5]}")

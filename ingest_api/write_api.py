@@ -220,48 +220,69 @@ class WriteApi:
                 headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
             )
         outcomes = iter(await self.writer.write_many_async([(s.meta, s.batch) for s in admitted]))
+        tally: dict[tuple[str, int], int] = {}
+        written_bytes: dict[str, int] = {}
         results = [
-            self._result(s, next(outcomes))
+            _result(s, next(outcomes), tally, written_bytes)
             if s.error is None
             else _refusal_json(s.meta.source_id, s.error)
             for s in sections
         ]
+        for (topic, code), count in tally.items():
+            self.chunks.inc(count, (topic, CHUNK_STATUSES[code]))
+        for topic, size in written_bytes.items():
+            if size:
+                self.bytes_written.inc(size, (topic,))
         payload = orjson.dumps({"results": results})
         self.active.touch([s.meta for s in admitted])
         self.ack_latency.observe(time.perf_counter() - started)
         return Response(payload, media_type="application/json")
 
-    def _result(self, section: Section, outcome: WriteOutcome) -> dict[str, Any]:
-        batch = section.batch
+
+def _result(
+    section: Section,
+    outcome: WriteOutcome,
+    tally: dict[tuple[str, int], int],
+    written_bytes: dict[str, int],
+) -> dict[str, Any]:
+    """One section's answer; counts its chunks by status and its written bytes per topic."""
+    batch = section.batch
+    topic = outcome.route.topic
+    written = outcome.written
+    acks: list[dict[str, Any]]
+    if written.count(WRITTEN) == len(written):  # the usual case: every chunk new
+        offsets = range(outcome.first_offset, outcome.first_offset + len(written))
+        acks = [
+            {"seqno": seqno, "status": _WRITTEN, "offset": offset}
+            for seqno, offset in zip(batch.seqnos, offsets, strict=True)
+        ]
+        key = (topic, WRITTEN)
+        tally[key] = tally.get(key, 0) + len(written)
+        written_bytes[topic] = written_bytes.get(topic, 0) + sum(map(len, batch.datas))
+    else:
         offset = outcome.first_offset
-        acks: list[dict[str, Any]] = []
-        append = acks.append
-        written_bytes = 0
-        counts = [0] * len(CHUNK_STATUSES)
-        for seqno, code, data in zip(batch.seqnos, outcome.written, batch.datas, strict=True):
-            counts[code] += 1
+        acks = []
+        size = 0
+        for seqno, code, data in zip(batch.seqnos, written, batch.datas, strict=True):
+            key = (topic, code)
+            tally[key] = tally.get(key, 0) + 1
             if code == WRITTEN:
-                append({"seqno": seqno, "status": _WRITTEN, "offset": offset})
+                acks.append({"seqno": seqno, "status": _WRITTEN, "offset": offset})
                 offset += 1
-                written_bytes += len(data)
+                size += len(data)
             else:
-                append({"seqno": seqno, "status": CHUNK_STATUSES[code]})
-        topic = outcome.route.topic
-        for code, count in enumerate(counts):
-            if count:
-                self.chunks.inc(count, (topic, CHUNK_STATUSES[code]))
-        if written_bytes:
-            self.bytes_written.inc(written_bytes, (topic,))
-        result: dict[str, Any] = {
-            "source_id": section.meta.source_id,
-            "topic": topic,
-            "partition": outcome.route.partition,
-            "last_seqno": outcome.last_seqno,
-            "acks": acks,
-        }
-        if batch.epoch is not None:
-            result["epoch"] = outcome.epoch
-        return result
+                acks.append({"seqno": seqno, "status": CHUNK_STATUSES[code]})
+        written_bytes[topic] = written_bytes.get(topic, 0) + size
+    result: dict[str, Any] = {
+        "source_id": section.meta.source_id,
+        "topic": topic,
+        "partition": outcome.route.partition,
+        "last_seqno": outcome.last_seqno,
+        "acks": acks,
+    }
+    if batch.epoch is not None:
+        result["epoch"] = outcome.epoch
+    return result
 
 
 _SESSION_OPTIONS = ("fence", "acked_elsewhere")

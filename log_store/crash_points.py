@@ -13,13 +13,19 @@ import signal
 CRASH_AT_ENV = "LOGBROKER_STORE_CRASH_AT"
 
 CRASH_POINTS = {
+    "torn-segment-write": "half of the batch is written to its segment file, not synced",
     "after-segment-write": "the batch is fsynced in its segment file and not yet indexed",
-    "after-segment-roll": "a new segment file holds the batch; the roll is not committed",
+    "after-segment-roll": "a new segment file holds the batch; the roll is not indexed",
 }
 
 _ARMED = os.environ.get(CRASH_AT_ENV) or None
 if _ARMED is not None and _ARMED not in CRASH_POINTS:
     raise SystemExit(f"{CRASH_AT_ENV}={_ARMED!r}: use one of {', '.join(CRASH_POINTS)}")
+
+
+def armed(point: str) -> bool:
+    """True if ``point`` is the armed crash point (the code may prepare the crash)."""
+    return point == _ARMED
 
 
 def reach(point: str) -> None:

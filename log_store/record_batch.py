@@ -1,48 +1,152 @@
-"""The on-disk record batch: how appended records are laid out in a segment file.
+"""The on-disk record batch: how one group commit is laid out in a segment file.
 
-One append writes one batch::
+One group commit writes one batch, and the batch is the commit's whole truth: its records and
+the state-area updates it commits.  The index and the state area in SQLite are derived from
+the batches and may lag them after a power cut; recovery replays the batches past the last
+indexed one (see ``tail_recovery``)::
 
-    header  := magic "LBB1", u64 base_offset, u32 count, u32 payload_len, i64 timestamp_ms,
-               u32 crc32(payload)
-    payload := (u32 value_len, value){count}
+    header  := magic "LBB2", u32 crc32c(everything after this field to the batch's end),
+               u64 base_offset, u32 count, u32 state_len, u32 payload_len, i64 timestamp_ms
+    state   := u32 n, u16 key_len[n], u32 value_len[n], keys (UTF-8), values
+    payload := u32 value_len[count], values
 
-The segment index (SQLite) points at whole batches only after they are fsynced, so a reader
-never meets a torn batch; the CRC guards against a disk that returns other bytes than it took.
+Integers in the header are big-endian; the length arrays are little-endian u32/u16 arrays, so a
+batch is framed with a few joins and ``struct`` calls whatever its record count, and read back
+without per-record unpacking.  A batch with ``count == 0`` carries only state updates.  The CRC
+covers the header fields too, so recovery can trust a header only together with its batch.
+
+Segments written before this format hold ``LBB1`` batches (no state section, zlib CRC-32 of
+the payload, a big-endian length before each value); they are still read, and a segment may
+hold both kinds.
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+import google_crc32c
 
 from log_store.interface import Record
 
-MAGIC = b"LBB1"
-HEADER = struct.Struct(">4sQIIqI")
+MAGIC = b"LBB2"
+HEADER = struct.Struct(">4sIQIIIq")
 HEADER_SIZE = HEADER.size
-_LEN = struct.Struct(">I")
+_CRC_FROM = 8  # the CRC covers the header from byte 8 on
+_FIELDS = struct.Struct(">QIIIq")
+_U32 = struct.Struct("<I")
+MAGIC_V1 = b"LBB1"
+_HEADER_V1 = struct.Struct(">4sQIIqI")
+_LEN_V1 = struct.Struct(">I")
+
+_crc = google_crc32c.value
+_crc_extend = google_crc32c.extend
 
 
 class CorruptBatch(Exception):
     """The bytes at an indexed position are not the batch the index promised."""
 
 
-def encode_batch(base_offset: int, timestamp_ms: int, values: Sequence[bytes]) -> list[bytes]:
-    """The bytes of one batch holding ``values`` at ``base_offset ..``, as (header, payload).
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The fields of one batch's header."""
 
-    Two pieces, written with one ``pwritev``, so the payload is never copied again.
-    """
-    parts: list[bytes] = []
-    pack = _LEN.pack
-    for value in values:
-        parts.append(pack(len(value)))
-        parts.append(value)
-    payload = b"".join(parts)
-    header = HEADER.pack(
-        MAGIC, base_offset, len(values), len(payload), timestamp_ms, zlib.crc32(payload)
+    base_offset: int
+    count: int
+    state_len: int
+    payload_len: int
+    timestamp_ms: int
+    crc: int
+
+    @property
+    def size(self) -> int:
+        """The batch's length in the segment, header included."""
+        return HEADER_SIZE + self.state_len + self.payload_len
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.count
+
+
+def _u32_array(values: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(values)}I", *values)
+
+
+def _encode_state(state: Mapping[str, bytes]) -> bytes:
+    if not state:
+        return b""
+    keys = [key.encode("utf-8") for key in state]
+    values = list(state.values())
+    return b"".join(
+        (
+            _U32.pack(len(keys)),
+            struct.pack(f"<{len(keys)}H", *map(len, keys)),
+            _u32_array(list(map(len, values))),
+            *keys,
+            *values,
+        )
     )
-    return [header, payload]
+
+
+def encode_batch(
+    base_offset: int,
+    timestamp_ms: int,
+    values: Sequence[bytes],
+    state: Mapping[str, bytes] | None = None,
+) -> list[bytes]:
+    """The pieces of one batch (header, state, payload), written with one ``pwritev``.
+
+    The record values are copied once, into the payload.
+    """
+    state_bytes = _encode_state(state or {})
+    payload = b"".join((_u32_array(list(map(len, values))), *values))
+    fields = _FIELDS.pack(base_offset, len(values), len(state_bytes), len(payload), timestamp_ms)
+    crc = _crc_extend(_crc_extend(_crc(fields), state_bytes), payload)
+    return [MAGIC + crc.to_bytes(4, "big") + fields, state_bytes, payload]
+
+
+def parse_header(buf: bytes, pos: int = 0) -> BatchHeader:
+    """The header at ``pos``; raises ``CorruptBatch`` if it is not one (the CRC is not checked)."""
+    if pos + HEADER_SIZE > len(buf):
+        raise CorruptBatch(f"batch header at byte {pos} is cut short")
+    magic, crc, base, count, state_len, payload_len, ts = HEADER.unpack_from(buf, pos)
+    if magic != MAGIC:
+        raise CorruptBatch(f"bad batch magic at byte {pos}")
+    return BatchHeader(base, count, state_len, payload_len, ts, crc)
+
+
+def check_crc(buf: bytes, pos: int, header: BatchHeader) -> None:
+    """Raise ``CorruptBatch`` unless the batch at ``pos`` of ``buf`` matches its CRC."""
+    stop = pos + header.size
+    if stop > len(buf):
+        raise CorruptBatch(f"batch at byte {pos} runs past the data")
+    if _crc(buf[pos + _CRC_FROM : stop]) != header.crc:
+        raise CorruptBatch(f"batch of offset {header.base_offset} fails its checksum")
+
+
+def decode_state(buf: bytes, pos: int, header: BatchHeader) -> dict[str, bytes]:
+    """The state updates a (checked) batch at ``pos`` commits."""
+    if not header.state_len:
+        return {}
+    p = pos + HEADER_SIZE
+    (n,) = _U32.unpack_from(buf, p)
+    p += 4
+    key_lens = struct.unpack_from(f"<{n}H", buf, p)
+    p += 2 * n
+    value_lens = struct.unpack_from(f"<{n}I", buf, p)
+    p += 4 * n
+    keys = []
+    for length in key_lens:
+        keys.append(buf[p : p + length].decode("utf-8"))
+        p += length
+    state = {}
+    for key, length in zip(keys, value_lens, strict=True):
+        state[key] = buf[p : p + length]
+        p += length
+    return state
 
 
 def decode_batches(
@@ -58,33 +162,77 @@ def decode_batches(
     records: list[Record] = []
     total = 0
     pos = 0
-    view = memoryview(buf)
     end = len(buf)
-    unpack_len = _LEN.unpack_from
-    while pos + HEADER_SIZE <= end:
-        magic, base, count, payload_len, ts, crc = HEADER.unpack_from(buf, pos)
-        if magic != MAGIC:
-            raise CorruptBatch(f"bad batch magic at byte {pos}")
-        if base != expected_base:
-            raise CorruptBatch(f"batch of offset {base} found where {expected_base} was due")
-        expected_base = base + count
-        start = pos + HEADER_SIZE
-        stop = start + payload_len
-        if stop > end:
+    while pos + 4 <= end:
+        if buf[pos : pos + 4] == MAGIC_V1:
+            pos, expected_base, total, full = _decode_v1(
+                buf, pos, from_offset, max_bytes, expected_base, verify, records, total
+            )
+            if full:
+                return records, total
+            continue
+        header = parse_header(buf, pos)
+        if header.base_offset != expected_base:
+            raise CorruptBatch(
+                f"batch of offset {header.base_offset} found where {expected_base} was due"
+            )
+        if verify:
+            check_crc(buf, pos, header)
+        elif pos + header.size > end:
             raise CorruptBatch(f"batch at byte {pos} runs past the read")
-        if verify and zlib.crc32(view[start:stop]) != crc:
-            raise CorruptBatch(f"batch at offset {base} fails its checksum")
-        p = start
-        offset = base
-        for _ in range(count):
-            (n,) = unpack_len(buf, p)
-            p += 4
-            if offset >= from_offset:
+        expected_base = header.next_offset
+        count = header.count
+        if count and header.next_offset > from_offset:
+            lengths_at = pos + HEADER_SIZE + header.state_len
+            lengths = struct.unpack_from(f"<{count}I", buf, lengths_at)
+            ends = list(accumulate(lengths, initial=lengths_at + 4 * count))
+            skip = max(0, from_offset - header.base_offset)
+            ts = header.timestamp_ms
+            base = header.base_offset
+            for i in range(skip, count):
+                n = lengths[i]
                 if records and total + n > max_bytes:
                     return records, total
-                records.append(Record(offset, bytes(view[p : p + n]), ts))
+                records.append(Record(base + i, buf[ends[i] : ends[i + 1]], ts))
                 total += n
-            p += n
-            offset += 1
-        pos = stop
+        pos += header.size
     return records, total
+
+
+def _decode_v1(
+    buf: bytes,
+    pos: int,
+    from_offset: int,
+    max_bytes: int,
+    expected_base: int,
+    verify: bool,
+    records: list[Record],
+    total: int,
+) -> tuple[int, int, int, bool]:
+    """Decode one ``LBB1`` batch into ``records``.
+
+    Returns the next position, the next base offset, the value bytes now in ``records``, and
+    whether ``max_bytes`` stopped it.
+    """
+    if pos + _HEADER_V1.size > len(buf):
+        raise CorruptBatch(f"batch header at byte {pos} is cut short")
+    _, base, count, payload_len, ts, crc = _HEADER_V1.unpack_from(buf, pos)
+    if base != expected_base:
+        raise CorruptBatch(f"batch of offset {base} found where {expected_base} was due")
+    start = pos + _HEADER_V1.size
+    stop = start + payload_len
+    if stop > len(buf):
+        raise CorruptBatch(f"batch at byte {pos} runs past the read")
+    if verify and zlib.crc32(memoryview(buf)[start:stop]) != crc:
+        raise CorruptBatch(f"batch of offset {base} fails its checksum")
+    p = start
+    for offset in range(base, base + count):
+        (n,) = _LEN_V1.unpack_from(buf, p)
+        p += 4
+        if offset >= from_offset:
+            if records and total + n > max_bytes:
+                return stop, base + count, total, True
+            records.append(Record(offset, buf[p : p + n], ts))
+            total += n
+        p += n
+    return stop, base + count, total, False

@@ -6,15 +6,20 @@ Layout of a partition directory::
     00000000000000000000.log  segment files of record batches (see record_batch.py)
     00000000000000052311.log
 
-The commit point of an append is the SQLite transaction that indexes its batch.  The batch is
-written and fsynced to the segment file *before* that transaction commits, so an indexed batch
-is always whole on disk; bytes past the indexed end of a segment (a writer killed between the
-two steps) are invisible and cut off by the next writer.  The state area lives in the same
-database file as the index, so a state update and the records it admits commit atomically.
+The segment files are the partition's truth.  A group commit writes one batch holding its
+records *and the state-area updates it commits* (record_batch.py), and its one durable sync is
+the segment's ``fdatasync``; only then is it acknowledged.  The SQLite index and state area are
+then updated with ``synchronous=NORMAL``: visible at once to every process, synced lazily (at
+WAL checkpoints).  After a power cut the database may lag the segments; recovery replays every
+whole batch past the last indexed one into the index and the state area and cuts the torn rest
+(tail_recovery.py), before this process serves anything from the partition, and again under
+the write lock whenever a writer finds a segment longer than its index says (a writer killed
+between its sync and its index commit).  So a chunk and the seqno that admits it are one
+batch: both survive or neither does, and the seqno table is exact after recovery.
 
 Appends go through one committer thread per partition and process: transactions that arrive
-while a commit is in flight are committed together with one fsync (group commit).  Several
-processes may append to one partition; ``BEGIN IMMEDIATE`` serializes them.
+while a commit is in flight are committed together with one fdatasync (group commit).  Several
+processes may append to one partition; a kernel lock on ``write.lock`` serializes them.
 """
 
 from __future__ import annotations
@@ -33,11 +38,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from log_store import crash_points
+from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import OffsetOutOfRange, StoreUnavailable, UnknownTopic
 from log_store.failures import as_store_unavailable
 from log_store.interface import AppendResult, PartitionInfo, ReadResult, TransactionFn
-from log_store.record_batch import HEADER_SIZE, CorruptBatch, decode_batches, encode_batch
+from log_store.record_batch import (
+    HEADER_SIZE,
+    CorruptBatch,
+    decode_batches,
+    encode_batch,
+)
 from log_store.segment_files import SegmentFiles
+from log_store.tail_recovery import scan_tail
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +75,9 @@ INSERT OR IGNORE INTO meta VALUES ('log_start_offset', 0), ('end_offset', 0), ('
 _BUSY_TIMEOUT_MS = 60_000
 _COMMITTER_IDLE_S = 5.0
 _READ_INDEX_ROWS = 512
+_CHECKPOINT_PAGES = 1000  # SQLite's own default threshold
+_STATE_ROWS_PER_PAGE = 40
+_UPSERT_ROWS = 400  # 800 variables per statement, below SQLite's smallest limit
 
 
 def segment_file_name(base_offset: int) -> str:
@@ -73,16 +88,44 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def connect(path: Path) -> sqlite3.Connection:
-    """A connection in autocommit mode with the durability settings every user needs."""
+def connect(path: Path, *, durable: bool = True) -> sqlite3.Connection:
+    """A connection in autocommit mode, WAL journal.
+
+    ``durable``: every commit syncs the WAL (``synchronous=FULL``), for data whose only copy
+    is the database (the catalog, retention, deletion).  Otherwise (``NORMAL``) commits are
+    synced at checkpoints only, and a power cut may roll back the newest ones but never
+    corrupts the file: for the partition index, which recovery rebuilds from the segments.
+    """
     conn = sqlite3.connect(
         str(path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
     )
     conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-    conn.execute("PRAGMA journal_mode=WAL")
-    # FULL: the WAL is fsynced at every commit, which is what makes an ack durable.
-    conn.execute("PRAGMA synchronous=FULL")
+    _enter_wal_mode(conn)
+    conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+    if not durable:
+        # Checkpoints (the only syncs of a NORMAL database) are run by the committer after
+        # it has acked a group (PartitionLog._checkpoint_if_due), never inside a commit.
+        conn.execute("PRAGMA wal_autocheckpoint=0")
     return conn
+
+
+def _enter_wal_mode(conn: sqlite3.Connection) -> None:
+    """``PRAGMA journal_mode=WAL``, waiting out another process that is creating the file.
+
+    Two processes opening a brand-new database at once can meet SQLite's deadlock
+    avoidance, which answers "database is locked" at once instead of waiting.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    delay_s = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay_s)
+        delay_s = min(delay_s * 2, 0.2)
 
 
 def connect_read_only(path: Path) -> sqlite3.Connection:
@@ -166,7 +209,7 @@ class PartitionLog:
         self._topic_alive = topic_alive
         self.read_only = read_only
         if not read_only:
-            directory.mkdir(parents=True, exist_ok=True)
+            make_directories(directory)
         self._db_path = directory / "partition.db"
         self.notify_path = directory / "notify"
         if not read_only:
@@ -186,9 +229,16 @@ class PartitionLog:
         self._closed = False
         self._change = threading.Condition()
         self._change_seq = 0
+        self._wal_pages = 0  # written since the last checkpoint, roughly (committer only)
         if not read_only:
+            new_database = not self._db_path.exists()
             with self._conn() as conn:
                 conn.executescript(_SCHEMA)
+            if new_database:
+                fsync_directory(directory)  # the database file's own entry
+            # Recovery writes (it replays batches into the index), so readers leave it to
+            # the writers; a read-only handle sees what the index holds.
+            self._recover_at_open()
 
     # -- connections ----------------------------------------------------------------------
     @contextmanager
@@ -247,6 +297,7 @@ class PartitionLog:
                         return
                     group, self._pending = self._pending, []
                 self._commit(group)
+                self._checkpoint_if_due()
         finally:
             with self._cond:
                 self._committer = None
@@ -261,7 +312,7 @@ class PartitionLog:
 
     def _writer_conn(self) -> sqlite3.Connection:
         if self._writer is None:
-            self._writer = connect(self._db_path)
+            self._writer = connect(self._db_path, durable=False)
         return self._writer
 
     @contextmanager
@@ -315,6 +366,20 @@ class PartitionLog:
             self.notify_changed()
             self._notify_other_processes()
 
+    def _checkpoint_if_due(self) -> None:
+        """Copy the WAL into the database once it has grown; after the acks, not before.
+
+        A PASSIVE checkpoint waits for no reader or writer and may stop short; the next one
+        goes on.  Its syncs are the database's own, and nothing waits for them.
+        """
+        if self._wal_pages < _CHECKPOINT_PAGES or self._writer is None:
+            return
+        self._wal_pages = 0
+        try:
+            self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as exc:
+            log.warning("%s: checkpoint failed: %s", self._db_path, exc)
+
     def _notify_other_processes(self) -> None:
         """Touch the notify file: readers in other processes watch it with inotify.
 
@@ -334,10 +399,13 @@ class PartitionLog:
         conn = self._writer_conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-            if meta["deleted"] or not self._topic_alive():
-                raise UnknownTopic("the topic was deleted")
-            end = int(meta["end_offset"])
+            end = self._check_alive(conn)
+            segment, pos = _active_segment(conn)
+            if segment is not None and os.fstat(self._segment_write_fd(segment)).st_size != pos:
+                # A writer died between its segment sync and its index commit.
+                self._recover_locked(conn, scan_directory=True)
+                end = self._check_alive(conn)
+                segment, pos = _active_segment(conn)
             shared: dict[str, bytes] = {}
             values: list[bytes] = []
             for txn in group:
@@ -351,15 +419,19 @@ class PartitionLog:
                 first = end + len(values)
                 values.extend(produced)
                 outcomes.append((txn, AppendResult(first, end + len(values) - 1), None))
-            if values:
-                self._write_batch(conn, end, values)
-            if shared:
-                conn.executemany(
-                    "INSERT INTO state (key, value) VALUES (?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    shared.items(),
-                )
-            conn.execute("COMMIT")
+            written: tuple[int, int] | None = None  # (fd, position) of the batch
+            if values or shared:
+                written = self._write_batch(conn, segment, pos, end, values, shared)
+                # about the pages the commit adds to the WAL: index, segment, meta, state
+                self._wal_pages += 3 + len(shared) // _STATE_ROWS_PER_PAGE
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                if written is not None:
+                    # Not acknowledged: do not leave it for recovery to find.
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(*written)
+                raise
         except BaseException:
             if conn.in_transaction:
                 try:
@@ -368,6 +440,202 @@ class PartitionLog:
                     self._reset_writer()
             raise
         return outcomes, bool(values)
+
+    def _check_alive(self, conn: sqlite3.Connection) -> int:
+        """The end offset, once sure that the topic was not deleted (by any process)."""
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        if meta["deleted"] or not self._topic_alive():
+            raise UnknownTopic("the topic was deleted")
+        return int(meta["end_offset"])
+
+    def _write_batch(
+        self,
+        conn: sqlite3.Connection,
+        segment: int | None,
+        pos: int,
+        base: int,
+        values: Sequence[bytes],
+        state: dict[str, bytes],
+    ) -> tuple[int, int]:
+        """Write and fdatasync the group's batch, then index it (committed by the caller).
+
+        Returns the segment's descriptor and the batch's position in it.
+        """
+        ts = now_ms()
+        pieces = encode_batch(base, ts, values, state)
+        batch_len = sum(len(piece) for piece in pieces)
+        new_segment = segment is None or (pos > 0 and pos + batch_len > self.segment_bytes)
+        if new_segment:
+            # Files no index row names were never acknowledged (see _recover_locked).
+            self._remove_unindexed_segments(conn)
+            segment, pos = base, 0
+            conn.execute(
+                "INSERT INTO segments (base_offset, size_bytes, max_ts, created_ms) "
+                "VALUES (?, 0, ?, ?)",
+                (segment, ts, ts),
+            )
+        assert segment is not None
+        fd = self._segment_write_fd(segment)
+        try:
+            if crash_points.armed("torn-segment-write"):
+                head = b"".join(pieces)[: batch_len // 2]
+                os.pwrite(fd, head, pos)
+                crash_points.reach("torn-segment-write")
+            written = os.pwritev(fd, pieces, pos)
+            if written != batch_len:
+                raise StoreUnavailable(
+                    f"short write to segment {segment} ({written} of {batch_len})"
+                )
+            # The one durable sync of the group commit: after it the batch is the truth.
+            os.fdatasync(fd)
+            if new_segment:
+                fsync_directory(self.directory)
+                crash_points.reach("after-segment-roll")
+            crash_points.reach("after-segment-write")
+            _index_batch(conn, segment, pos, base, len(values), batch_len)
+            conn.execute(
+                "UPDATE segments SET size_bytes = ?, max_ts = ? WHERE base_offset = ?",
+                (pos + batch_len, ts, segment),
+            )
+            conn.execute(
+                "UPDATE meta SET value = ? WHERE key = 'end_offset'", (base + len(values),)
+            )
+            _put_state(conn, state)
+        except BaseException:
+            # Not acknowledged: do not leave it for recovery to find.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, pos)
+            raise
+        return fd, pos
+
+    # -- recovery -------------------------------------------------------------------------
+    def _recover_at_open(self) -> None:
+        """Bring the index and state area up to the segments, if a crash left them behind."""
+        if self._index_matches_segments():
+            return
+        conn = connect(self._db_path, durable=False)
+        try:
+            with self._write_lock(committer=False):
+                conn.execute("BEGIN IMMEDIATE")
+                self._recover_locked(conn, scan_directory=True)
+                conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise as_store_unavailable(exc) or exc from exc
+        finally:
+            conn.close()
+        self.notify_changed()
+
+    def _index_matches_segments(self) -> bool:
+        """True if every segment file is indexed and the newest is as long as its index says."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT base_offset, size_bytes FROM segments ORDER BY base_offset"
+            ).fetchall()
+        if set(_segment_files(self.directory)) != {base for base, _ in rows}:
+            return False
+        if not rows:
+            return True
+        last, size = rows[-1]
+        try:
+            return (self.directory / segment_file_name(last)).stat().st_size == size
+        except FileNotFoundError:
+            return size == 0
+
+    def _recover_locked(self, conn: sqlite3.Connection, *, scan_directory: bool) -> None:
+        """Replay the batches past the index into it; drop what no batch can be made of.
+
+        Runs under the write lock, inside the caller's transaction.  The newest indexed
+        segment is read on from its indexed end; then segment files that the index does not
+        know yet are taken in offset order while each starts where the log ends (a roll
+        whose index commit was lost), and any other unindexed file is removed: no index row
+        names it and no batch of it follows on, so nothing in it was acknowledged.
+        """
+        end = int(conn.execute("SELECT value FROM meta WHERE key = 'end_offset'").fetchone()[0])
+        rows = conn.execute("SELECT base_offset, size_bytes FROM segments ORDER BY base_offset")
+        indexed = dict(rows.fetchall())
+        last = max(indexed) if indexed else None
+        if last is not None:
+            end = self._replay_segment(conn, last, indexed[last], end)
+        if not scan_directory:
+            return
+        for base in sorted(set(_segment_files(self.directory)) - set(indexed)):
+            if base == end and (last is None or base > last):
+                ts = now_ms()
+                conn.execute(
+                    "INSERT INTO segments (base_offset, size_bytes, max_ts, created_ms) "
+                    "VALUES (?, 0, ?, ?)",
+                    (base, ts, ts),
+                )
+                replayed_to = self._replay_segment(conn, base, 0, end)
+                if replayed_to > end or _segment_size(conn, base) > 0:
+                    end, last = replayed_to, base
+                    continue
+                conn.execute("DELETE FROM segments WHERE base_offset = ?", (base,))
+            self._remove_segment_file(base)
+
+    def _replay_segment(
+        self, conn: sqlite3.Connection, segment: int, indexed_size: int, end: int
+    ) -> int:
+        """Index the whole batches of ``segment`` past ``indexed_size``; the new end offset."""
+        path = self.directory / segment_file_name(segment)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            if indexed_size == 0:
+                return end
+            raise StoreUnavailable(
+                f"segment {path} is missing; its index holds {indexed_size} bytes of it"
+            ) from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < indexed_size:
+                raise StoreUnavailable(
+                    f"segment {path} holds {size} bytes, fewer than the {indexed_size} its "
+                    "index says were written and synced: acknowledged data is missing"
+                )
+            pos = indexed_size
+            batches = 0
+            for batch in scan_tail(fd, pos, end):
+                header = batch.header
+                _index_batch(
+                    conn, segment, batch.pos, header.base_offset, header.count, header.size
+                )
+                _put_state(conn, batch.state)
+                pos = batch.pos + batch.header.size
+                end = batch.header.next_offset
+                conn.execute(
+                    "UPDATE segments SET size_bytes = ?, max_ts = ? WHERE base_offset = ?",
+                    (pos, batch.header.timestamp_ms, segment),
+                )
+                batches += 1
+            if batches:
+                conn.execute("UPDATE meta SET value = ? WHERE key = 'end_offset'", (end,))
+                log.warning(
+                    "%s: recovered %d batches past the index, up to offset %d",
+                    path,
+                    batches,
+                    end,
+                )
+            if size > pos:
+                log.warning("%s: cut %d bytes of an unfinished batch", path, size - pos)
+                os.ftruncate(fd, pos)
+        finally:
+            os.close(fd)
+        return end
+
+    def _remove_unindexed_segments(self, conn: sqlite3.Connection) -> None:
+        indexed = {row[0] for row in conn.execute("SELECT base_offset FROM segments")}
+        for base in set(_segment_files(self.directory)) - indexed:
+            self._remove_segment_file(base)
+
+    def _remove_segment_file(self, base: int) -> None:
+        """Remove an unindexed segment file, and this writer's descriptor of it."""
+        if self._write_fd is not None and self._write_fd[0] == base:
+            os.close(self._write_fd[1])
+            self._write_fd = None
+        self._forget_segment(base)
 
     def _release_writer(self) -> None:
         self._reset_writer()
@@ -387,48 +655,6 @@ class PartitionLog:
             os.close(self._write_fd[1])
             self._write_fd = None
 
-    def _write_batch(self, conn: sqlite3.Connection, base: int, values: Sequence[bytes]) -> None:
-        ts = now_ms()
-        pieces = encode_batch(base, ts, values)
-        batch_len = sum(len(piece) for piece in pieces)
-        row = conn.execute(
-            "SELECT base_offset, size_bytes FROM segments ORDER BY base_offset DESC LIMIT 1"
-        ).fetchone()
-        if row is None or (row[1] > 0 and row[1] + batch_len > self.segment_bytes):
-            segment, pos = base, 0
-            conn.execute(
-                "INSERT INTO segments (base_offset, size_bytes, max_ts, created_ms) "
-                "VALUES (?, 0, ?, ?)",
-                (segment, ts, ts),
-            )
-            new_segment = True
-        else:
-            segment, pos = int(row[0]), int(row[1])
-            new_segment = False
-        fd = self._segment_write_fd(segment)
-        if os.fstat(fd).st_size != pos:
-            # A writer died between writing a batch and indexing it: cut what was never acked.
-            os.ftruncate(fd, pos)
-        written = os.pwritev(fd, pieces, pos)
-        if written != batch_len:
-            raise StoreUnavailable(f"short write to segment {segment} ({written} of {batch_len})")
-        os.fdatasync(fd)
-        if new_segment:
-            self._fsync_directory()
-            crash_points.reach("after-segment-roll")
-        crash_points.reach("after-segment-write")
-        last = base + len(values) - 1
-        conn.execute(
-            "INSERT INTO batches (base_offset, last_offset, segment, pos, length) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (base, last, segment, pos, batch_len),
-        )
-        conn.execute(
-            "UPDATE segments SET size_bytes = ?, max_ts = ? WHERE base_offset = ?",
-            (pos + batch_len, ts, segment),
-        )
-        conn.execute("UPDATE meta SET value = ? WHERE key = 'end_offset'", (last + 1,))
-
     def _segment_write_fd(self, segment: int) -> int:
         if self._write_fd is not None:
             if self._write_fd[0] == segment:
@@ -438,13 +664,6 @@ class PartitionLog:
         fd = os.open(self.directory / segment_file_name(segment), os.O_RDWR | os.O_CREAT, 0o644)
         self._write_fd = (segment, fd)
         return fd
-
-    def _fsync_directory(self) -> None:
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
     # -- reads ----------------------------------------------------------------------------
     def bounds(self) -> tuple[int, int]:
@@ -674,3 +893,50 @@ def _segments_to_drop(
         total -= size
         new_start = next_base
     return dropped, new_start
+
+
+def _active_segment(conn: sqlite3.Connection) -> tuple[int | None, int]:
+    """The newest segment's base offset and indexed size; (None, 0) before the first one."""
+    row = conn.execute(
+        "SELECT base_offset, size_bytes FROM segments ORDER BY base_offset DESC LIMIT 1"
+    ).fetchone()
+    return (None, 0) if row is None else (int(row[0]), int(row[1]))
+
+
+def _segment_size(conn: sqlite3.Connection, segment: int) -> int:
+    row = conn.execute("SELECT size_bytes FROM segments WHERE base_offset = ?", (segment,))
+    return int(row.fetchone()[0])
+
+
+def _segment_files(directory: Path) -> list[int]:
+    """Base offsets of the segment files in ``directory``."""
+    return [
+        int(name[:-4])
+        for name in os.listdir(directory)
+        if name.endswith(".log") and name[:-4].isdigit()
+    ]
+
+
+def _index_batch(
+    conn: sqlite3.Connection, segment: int, pos: int, base: int, count: int, length: int
+) -> None:
+    """Index a batch's records; a batch of state updates only has no records to find."""
+    if count:
+        conn.execute(
+            "INSERT INTO batches (base_offset, last_offset, segment, pos, length) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (base, base + count - 1, segment, pos, length),
+        )
+
+
+def _put_state(conn: sqlite3.Connection, state: dict[str, bytes]) -> None:
+    """Upsert ``state``: many rows per statement, since each statement step costs a GIL trip."""
+    items = list(state.items())
+    for i in range(0, len(items), _UPSERT_ROWS):
+        part = items[i : i + _UPSERT_ROWS]
+        conn.execute(
+            "INSERT INTO state (key, value) VALUES "
+            + ", ".join(["(?, ?)"] * len(part))
+            + " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [x for item in part for x in item],
+        )

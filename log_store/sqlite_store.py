@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from log_store.change_watch import ChangeWatcher
+from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import (
     BadRequest,
     ReadOnlyStore,
@@ -67,6 +68,7 @@ CREATE TABLE IF NOT EXISTS topic_state (
 T = TypeVar("T")
 
 MAX_PARTITIONS = 1024
+_SQL_VARIABLES = 900  # keys per IN (...) list, below SQLite's smallest variable limit
 MIN_SEGMENT_BYTES = 4096
 
 
@@ -109,9 +111,12 @@ class SqliteLogStore:
                     raise ReadOnlyStore(f"{self.data_dir} holds no logbroker store to read")
                 self._catalog = connect_read_only(self.data_dir / self.CATALOG)
             else:
-                self.data_dir.mkdir(parents=True, exist_ok=True)
+                make_directories(self.data_dir)
+                new_catalog = not (self.data_dir / self.CATALOG).exists()
                 self._catalog = connect(self.data_dir / self.CATALOG)
                 self._catalog.executescript(_CATALOG_SCHEMA)
+                if new_catalog:
+                    fsync_directory(self.data_dir)  # the catalog's own entry
         except (OSError, sqlite3.Error) as exc:
             raise as_store_unavailable(exc) or exc from exc
         self._catalog_lock = threading.RLock()
@@ -387,16 +392,10 @@ class SqliteLogStore:
                     "SELECT 1 FROM topics WHERE topic_id = ?", (info.topic_id,)
                 ).fetchone()
                 if alive:
-                    self._catalog.executemany(
-                        "INSERT OR IGNORE INTO topic_state VALUES (?, ?, ?)",
-                        [(info.topic_id, key, value) for key, value in items.items()],
-                    )
-                    for key in items:
-                        row = self._catalog.execute(
-                            "SELECT value FROM topic_state WHERE topic_id = ? AND key = ?",
-                            (info.topic_id, key),
-                        ).fetchone()
-                        won[key] = bytes(row[0])
+                    if self._insert_topic_state(info.topic_id, items) == len(items):
+                        won = dict(items)  # every key was new
+                    else:
+                        won = self._topic_state_many(info.topic_id, list(items))
                 self._catalog.execute("COMMIT")
             except BaseException as exc:
                 if self._catalog.in_transaction:
@@ -408,7 +407,37 @@ class SqliteLogStore:
         return won
 
     def get_topic_state_many(self, topic: str, keys: Sequence[str]) -> dict[str, bytes | None]:
-        return {key: self.get_topic_state(topic, key) for key in keys}
+        info = self._topic(topic)
+        with self._catalog_lock:
+            found = self._topic_state_many(info.topic_id, list(keys))
+        return {key: found.get(key) for key in keys}
+
+    def _insert_topic_state(self, topic_id: str, items: Mapping[str, bytes]) -> int:
+        """INSERT OR IGNORE, many rows per statement; how many rows were new."""
+        rows = list(items.items())
+        inserted = 0
+        step = _SQL_VARIABLES // 3
+        for i in range(0, len(rows), step):
+            part = rows[i : i + step]
+            cursor = self._catalog.execute(
+                "INSERT OR IGNORE INTO topic_state VALUES " + ", ".join(["(?, ?, ?)"] * len(part)),
+                [x for key, value in part for x in (topic_id, key, value)],
+            )
+            inserted += cursor.rowcount
+        return inserted
+
+    def _topic_state_many(self, topic_id: str, keys: list[str]) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        for i in range(0, len(keys), _SQL_VARIABLES):
+            part = keys[i : i + _SQL_VARIABLES]
+            found.update(
+                self._catalog.execute(
+                    "SELECT key, value FROM topic_state WHERE topic_id = ? AND key IN "
+                    f"({', '.join('?' * len(part))})",
+                    (topic_id, *part),
+                ).fetchall()
+            )
+        return found
 
     def get_topic_state(self, topic: str, key: str) -> bytes | None:
         info = self._topic(topic)

@@ -48,7 +48,7 @@ class Envelope:
     txn_id: str | None = None
 
 
-def _zigzag(n: int) -> bytes:
+def _zigzag_slow(n: int) -> bytes:
     z = (n << 1) ^ (n >> 63)
     out = bytearray()
     while z & ~0x7F:
@@ -56,6 +56,20 @@ def _zigzag(n: int) -> bytes:
         z >>= 7
     out.append(z)
     return bytes(out)
+
+
+_SMALL_ZIGZAG = [_zigzag_slow(n) for n in range(8192)]
+
+
+def _zigzag(n: int) -> bytes:
+    """Avro's zigzag varint of ``n``; lengths and small numbers come from a table."""
+    if 0 <= n < 8192:
+        return _SMALL_ZIGZAG[n]
+    return _zigzag_slow(n)
+
+
+_CODEC_BYTES = {codec: _zigzag(i) for i, codec in enumerate(CODECS)}
+_KIND_BYTES = {kind: _zigzag(i) for i, kind in enumerate(KINDS)}
 
 
 def _avro_string(s: str) -> bytes:
@@ -79,21 +93,32 @@ class EnvelopeWriter:
         kind: str = "chunk",
         txn_id: str | None = None,
     ) -> None:
-        if codec not in CODECS:
+        codec_byte = _CODEC_BYTES.get(codec)
+        if codec_byte is None:
             raise BadRequest(f"unknown codec {codec!r}; use one of {', '.join(CODECS)}")
-        if kind not in KINDS:
+        kind_byte = _KIND_BYTES.get(kind)
+        if kind_byte is None:
             raise BadRequest(f"unknown kind {kind!r}")
-        parts = [
-            _VERSION_BYTE,
-            _avro_string(source_id),
-            _avro_string(server),
-            _avro_string(file),
-            _avro_string(log_type),
-            _zigzag(CODECS.index(codec)),
-            _zigzag(KINDS.index(kind)),
-            b"\x00" if txn_id is None else b"\x02" + _avro_string(txn_id),
-        ]
-        self._prefix = b"".join(parts)
+        source_raw = source_id.encode("utf-8")
+        server_raw = server.encode("utf-8")
+        file_raw = file.encode("utf-8")
+        log_type_raw = log_type.encode("utf-8")
+        self._prefix = b"".join(
+            (
+                _VERSION_BYTE,
+                _zigzag(len(source_raw)),
+                source_raw,
+                _zigzag(len(server_raw)),
+                server_raw,
+                _zigzag(len(file_raw)),
+                file_raw,
+                _zigzag(len(log_type_raw)),
+                log_type_raw,
+                codec_byte,
+                kind_byte,
+                b"\x00" if txn_id is None else b"\x02" + _avro_string(txn_id),
+            )
+        )
 
     def encode(
         self, seqno: int, create_time: int, write_time: int, data: bytes | memoryview

@@ -175,42 +175,51 @@ class SourceRouter:
         found: dict[tuple[str, str], SourceRoute] = {}
         for topic, source_ids in by_topic.items():
             info = self._topic_info(topic)
+            topic_id = info.topic_id
             pins: dict[str, int] = {}
+            keys: dict[str, str] = {}
             wanted: dict[str, bytes] = {}
             unknown = []
+            cached_pins = self._pins
             for source_id in source_ids:
-                partition = self._pins.get((info.topic_id, source_id))
+                partition = cached_pins.get((topic_id, source_id))
                 if partition is not None:
                     pins[source_id] = partition
                 else:
                     unknown.append(source_id)
             # most sources seen after a restart are pinned already: one read settles them
             stored = (
-                self._store.get_topic_state_many(
-                    topic, [pin_key(info.topic_id, s) for s in unknown]
-                )
+                self._store.get_topic_state_many(topic, [pin_key(topic_id, s) for s in unknown])
                 if unknown
                 else {}
             )
             for source_id in unknown:
-                value = stored[pin_key(info.topic_id, source_id)]
+                key = pin_key(topic_id, source_id)
+                value = stored[key]
                 if value is not None:
                     pins[source_id] = decode_pin(value)
                 else:
-                    chosen = stable_partition(source_id, info.config.partitions)
-                    wanted[pin_key(info.topic_id, source_id)] = encode_pin(chosen)
+                    keys[source_id] = key
+                    wanted[key] = encode_pin(stable_partition(source_id, info.config.partitions))
             if wanted:
+                # One step for every pin not found: a pin made meanwhile (by any process)
+                # wins over the one offered.
                 won = self._store.put_topic_state_many_if_absent(topic, wanted)
-                for source_id in source_ids:
-                    value = won.get(pin_key(info.topic_id, source_id))
+                for source_id, key in keys.items():
+                    value = won.get(key)
                     if value is not None:
                         pins[source_id] = decode_pin(value)
+            # routes are immutable: one per partition serves every source pinned to it
+            routes: dict[int, SourceRoute] = {}
             with self._lock:
                 if len(self._pins) + len(pins) > _MAX_CACHED:
                     self._pins.clear()
                 for source_id, partition in pins.items():
-                    self._pins[(info.topic_id, source_id)] = partition
-                    found[(topic, source_id)] = SourceRoute(topic, info.topic_id, partition)
+                    self._pins[(topic_id, source_id)] = partition
+                    route = routes.get(partition)
+                    if route is None:
+                        route = routes[partition] = SourceRoute(topic, topic_id, partition)
+                    found[(topic, source_id)] = route
         return [found[pair] for pair in sources]
 
     def forget(self, topic: str) -> None:
@@ -221,25 +230,33 @@ class SourceRouter:
                 self._drop_pins(cached[0].topic_id)
 
 
-class _ChunkTransaction:
-    """The dedup-and-append function of one source's chunks (runs in the committer)."""
+class _SourceChunks:
+    """One source's chunks inside a partition's transaction, and what became of them."""
 
-    __slots__ = ("batch", "outcome", "source_id", "writer")
+    __slots__ = ("batch", "first_index", "index", "outcome", "source_id", "writer")
 
     def __init__(
-        self, writer: EnvelopeWriter, source_id: str, batch: ChunkBatch, outcome: WriteOutcome
+        self,
+        index: int,
+        writer: EnvelopeWriter,
+        source_id: str,
+        batch: ChunkBatch,
+        outcome: WriteOutcome,
     ) -> None:
+        self.index = index  # of the section in its request
         self.writer = writer
         self.source_id = source_id
         self.batch = batch
         self.outcome = outcome
+        self.first_index = 0
 
-    def _refuse(self, code: int, last: int) -> Sequence[bytes]:
+    def _refuse(self, code: int, last: int) -> None:
         self.outcome.written = bytearray([code]) * len(self.batch)
         self.outcome.last_seqno = last
-        return ()
 
-    def __call__(self, state: PartitionState) -> Sequence[bytes]:
+    def admit(self, state: PartitionState, values: list[bytes], write_time: int) -> None:
+        """Append the envelopes of the chunks above the source's last seqno to ``values``."""
+        self.first_index = len(values)
         key = seqno_key(self.source_id)
         last = decode_seqno(state.get(key))
         batch = self.batch
@@ -253,18 +270,38 @@ class _ChunkTransaction:
         seqnos = batch.seqnos
         create_times = batch.create_times
         datas = batch.datas
-        encode = self.writer.encoder(now_ms())
+        encode = self.writer.encoder(write_time)
         written = bytearray(len(seqnos))
-        values: list[bytes] = []
+        append = values.append
         for i, seqno in enumerate(seqnos):
             if seqno > last:
-                values.append(encode(seqno, create_times[i], datas[i]))
+                append(encode(seqno, create_times[i], datas[i]))
                 written[i] = WRITTEN
                 last = seqno
-        if values:
+        if len(values) > self.first_index:
             state.put(key, encode_seqno(last))
         self.outcome.written = written
         self.outcome.last_seqno = last
+        return None
+
+
+class _ChunkTransaction:
+    """The dedup-and-append function of the chunks of one or more sources of one partition.
+
+    A request with many sources of one partition is one transaction, not one per source:
+    thousands of new sources in one request cost one queue entry and one future.
+    """
+
+    __slots__ = ("sources",)
+
+    def __init__(self, sources: list[_SourceChunks]) -> None:
+        self.sources = sources
+
+    def __call__(self, state: PartitionState) -> Sequence[bytes]:
+        values: list[bytes] = []
+        write_time = now_ms()
+        for source in self.sources:
+            source.admit(state, values, write_time)
         return values
 
 
@@ -366,20 +403,28 @@ class ExactlyOnceWriter:
 
     # -- the pieces both the blocking and the async forms use -----------------------------
     def _submit_chunks(
-        self, route: SourceRoute, meta: SourceMeta, batch: ChunkBatch
-    ) -> tuple[concurrent.futures.Future[AppendResult], WriteOutcome]:
-        outcome = WriteOutcome(route, bytearray(len(batch)), 0, 0)
-        fn = _ChunkTransaction(self.envelope_writer(meta), meta.source_id, batch, outcome)
-        return _submit(self.store, route.topic, route.partition, fn), outcome
+        self,
+        routes: Sequence[SourceRoute],
+        sections: Sequence[tuple[SourceMeta, ChunkBatch]],
+        indexes: Sequence[int],
+    ) -> list[tuple[concurrent.futures.Future[AppendResult], list[_SourceChunks]]]:
+        """One transaction per partition that ``routes`` touch, submitted at once."""
+        by_partition: dict[tuple[str, int], list[_SourceChunks]] = {}
+        for i, route, (meta, batch) in zip(indexes, routes, sections, strict=True):
+            outcome = WriteOutcome(route, bytearray(len(batch)), 0, 0)
+            writer = self.envelope_writer(meta)
+            chunks = _SourceChunks(i, writer, meta.source_id, batch, outcome)
+            by_partition.setdefault((route.topic, route.partition), []).append(chunks)
+        return [
+            (_submit(self.store, topic, partition, _ChunkTransaction(sources)), sources)
+            for (topic, partition), sources in by_partition.items()
+        ]
 
     def _route(self, meta: SourceMeta) -> SourceRoute:
         topic = self.topic_for(meta.log_type)
         return self.router.cached_route(topic, meta.source_id) or self.router.route(
             topic, meta.source_id
         )
-
-    async def _route_async(self, meta: SourceMeta) -> SourceRoute:
-        return (await self._routes_async([meta]))[0]
 
     async def _routes_async(self, metas: Sequence[SourceMeta]) -> list[SourceRoute]:
         """Routes of many sources; the cache misses are resolved together in one thread."""
@@ -400,15 +445,15 @@ class ExactlyOnceWriter:
         for attempt in range(2):
             route = self._route(meta)
             try:
-                future, outcome = self._submit_chunks(route, meta, batch)
+                ((future, (chunks,)),) = self._submit_chunks([route], [(meta, batch)], [0])
                 result = future.result()
             except UnknownTopic:
                 self.router.forget(route.topic)
                 if attempt:
                     raise _topic_vanished(route.topic) from None
                 continue
-            outcome.first_offset = result.first_offset
-            return outcome
+            chunks.outcome.first_offset = result.first_offset + chunks.first_index
+            return chunks.outcome
         raise AssertionError("unreachable")
 
     async def write_many_async(
@@ -419,33 +464,38 @@ class ExactlyOnceWriter:
         Returns one outcome per section in order, each only after its fsync.  If any section
         fails, the error is raised after every section has finished (written or not).
         """
-        routes = await self._routes_async([meta for meta, _ in sections])
-        pending = [self._submit_chunks(r, m, b) for r, (m, b) in zip(routes, sections, strict=True)]
-        results = await asyncio.gather(
-            *(asyncio.wrap_future(f) for f, _ in pending), return_exceptions=True
-        )
-        outcomes: list[WriteOutcome] = []
+        outcomes: dict[int, WriteOutcome] = {}
+        todo = list(range(len(sections)))
         failure: BaseException | None = None
-        for (meta, batch), (_, outcome), result in zip(sections, pending, results, strict=True):
-            if isinstance(result, UnknownTopic):
-                # the topic was deleted (and maybe created again) since we cached it
-                self.router.forget(outcome.route.topic)
-                try:
-                    route = await self._route_async(meta)
-                    future, outcome = self._submit_chunks(route, meta, batch)
-                    result = await asyncio.wrap_future(future)
-                except UnknownTopic:
-                    result = _topic_vanished(outcome.route.topic)
-                except BaseException as exc:
-                    result = exc
-            if isinstance(result, BaseException):
-                failure = failure or result
-                continue
-            outcome.first_offset = result.first_offset
-            outcomes.append(outcome)
+        for attempt in range(2):
+            metas = [sections[i][0] for i in todo]
+            routes = await self._routes_async(metas)
+            submitted = self._submit_chunks(routes, [sections[i] for i in todo], todo)
+            results = await asyncio.gather(
+                *(asyncio.wrap_future(f) for f, _ in submitted), return_exceptions=True
+            )
+            retry: list[int] = []
+            for (_, sources), result in zip(submitted, results, strict=True):
+                if isinstance(result, UnknownTopic):
+                    # the topic was deleted (and maybe created again) since we cached it
+                    self.router.forget(sources[0].outcome.route.topic)
+                    if attempt:
+                        failure = failure or _topic_vanished(sources[0].outcome.route.topic)
+                    else:
+                        retry.extend(source.index for source in sources)
+                    continue
+                if isinstance(result, BaseException):
+                    failure = failure or result
+                    continue
+                for source in sources:
+                    source.outcome.first_offset = result.first_offset + source.first_index
+                    outcomes[source.index] = source.outcome
+            todo = sorted(retry)
+            if not todo:
+                break
         if failure is not None:
             raise failure
-        return outcomes
+        return [outcomes[i] for i in range(len(sections))]
 
     # -- sessions -------------------------------------------------------------------------
     def _handover_writer(self, meta: SourceMeta) -> EnvelopeWriter:

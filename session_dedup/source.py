@@ -41,10 +41,11 @@ def _text(name: str, value: object, *, max_chars: int, required: bool) -> str:
         raise BadRequest(f"{name} must not be empty")
     if len(value) > max_chars:
         raise BadRequest(f"{name} is {len(value)} characters; at most {max_chars} are allowed")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise BadRequest(f"{name} is not valid UTF-8 (lone surrogate)") from None
+    if not value.isascii():  # only non-ASCII text can hold a lone surrogate
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(f"{name} is not valid UTF-8 (lone surrogate)") from None
     return value
 
 

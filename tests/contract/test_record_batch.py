@@ -1,0 +1,72 @@
+"""The embedded store's on-disk batch: framing, checksums, state updates, older segments."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+
+from log_store.record_batch import (
+    CorruptBatch,
+    check_crc,
+    decode_batches,
+    decode_state,
+    encode_batch,
+    parse_header,
+)
+
+
+def _v1_batch(base: int, values: list[bytes], ts: int = 7) -> bytes:
+    """A batch as segments written before the state-carrying format hold it."""
+    payload = b"".join(struct.pack(">I", len(v)) + v for v in values)
+    header = struct.pack(">4sQIIqI", b"LBB1", base, len(values), len(payload), ts, 0)
+    return header[:-4] + struct.pack(">I", zlib.crc32(payload)) + payload
+
+
+def test_batch_round_trips_records_and_the_state_updates_it_commits() -> None:
+    values = [b"a", b"", b"c" * 1000]
+    state = {"seq/h1:/f": (42).to_bytes(8, "big"), "epoch/é": b"\x01"}
+    buf = b"".join(encode_batch(10, 123, values, state))
+    header = parse_header(buf)
+    assert (header.base_offset, header.count, header.size) == (10, 3, len(buf))
+    check_crc(buf, 0, header)
+    assert decode_state(buf, 0, header) == state
+    records, total = decode_batches(buf, 11, 10**6, expected_base=10)
+    assert [(r.offset, r.value, r.timestamp_ms) for r in records] == [
+        (11, b"", 123),
+        (12, b"c" * 1000, 123),
+    ]
+    assert total == 1000
+
+
+def test_a_state_only_batch_holds_no_records_and_moves_no_offset() -> None:
+    state_only = b"".join(encode_batch(5, 1, [], {"k": b"v"}))
+    after = b"".join(encode_batch(5, 1, [b"x"]))
+    records, _ = decode_batches(state_only + after, 0, 100, expected_base=5)
+    assert [(r.offset, r.value) for r in records] == [(5, b"x")]
+
+
+@pytest.mark.parametrize("where", [9, 20, 40, -1])
+def test_any_flipped_byte_after_the_magic_fails_the_checksum(where: int) -> None:
+    buf = bytearray(b"".join(encode_batch(0, 1, [b"value"] * 3, {"k": b"v"})))
+    buf[where] ^= 0x40
+    with pytest.raises(CorruptBatch):
+        decode_batches(bytes(buf), 0, 100, expected_base=0)
+
+
+def test_segments_of_the_older_format_are_still_read_next_to_new_batches() -> None:
+    old = _v1_batch(0, [b"old0", b"old1"])
+    new = b"".join(encode_batch(2, 9, [b"new2"], {"k": b"v"}))
+    records, _ = decode_batches(old + new, 1, 100, expected_base=0)
+    assert [(r.offset, r.value) for r in records] == [(1, b"old1"), (2, b"new2")]
+    damaged = bytearray(old)
+    damaged[-1] ^= 1
+    with pytest.raises(CorruptBatch):
+        decode_batches(bytes(damaged) + new, 0, 100, expected_base=0)
+
+
+def test_a_batch_elsewhere_than_the_index_says_is_refused() -> None:
+    buf = b"".join(encode_batch(3, 1, [b"x"]))
+    with pytest.raises(CorruptBatch, match="where 4 was due"):
+        decode_batches(buf, 0, 100, expected_base=4)
