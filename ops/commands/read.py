@@ -19,6 +19,7 @@ from delivery.consumer import Consumer
 from delivery.filters import BadFilter, MessageFilter, parse_filter
 from delivery.pull_client import GatewayUnavailable, PullClient, ReadMessage, RequestRefused
 from log_store.errors import BadRequest
+from log_store.topic_names import validate_log_type
 from ops import stop_signals
 
 _POLL_WAIT_MS = 1000
@@ -80,6 +81,8 @@ def _filter(args: argparse.Namespace) -> MessageFilter:
         name, sep, value = item.partition("=")
         if not sep or name not in ("source_id", "server", "file", "log_type"):
             raise BadFilter(f"--where {item!r}: use source_id=, server=, file= or log_type=")
+        if name == "log_type":
+            validate_log_type(value)  # a log type no writer can have would match nothing
         params.setdefault(name, []).append(value)
     if args.hash:
         parts = args.hash.split(":")

@@ -71,6 +71,11 @@ class Writer:
         return acks
 
 
+PUSH_TO_LOOPBACK = ("--push-allow", "127.0.0.1/32")
+"""Gateway flags for tests whose push endpoints listen on loopback, which push delivery
+refuses unless an operator allows it."""
+
+
 def zstd_compress(data: bytes) -> bytes:
     return zstandard.ZstdCompressor().compress(data)
 
