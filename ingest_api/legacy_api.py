@@ -230,7 +230,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
     }
     return {
-        "/store": {"post": store},
+        "/store": {"post": store, "put": {**store, "operationId": "legacy_store_put"}},
         "/commit_request": {
             "post": op(
                 "legacy_commit_request",
