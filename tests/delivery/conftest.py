@@ -168,8 +168,9 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
 class PushEndpoint:
     """A real HTTP endpoint: answers each POST as ``behaviour(n)`` says for the n-th request.
 
-    ``behaviour`` returns ("ok", 200), ("fail", 500) or ("hang", seconds).  Only batches
-    answered "ok" are recorded, as a receiver that had processed them would.
+    ``behaviour`` returns ("ok", 200), ("fail", 500), ("hang", seconds) or ("redirect", 302)
+    (to ``location``).  Only batches answered "ok" are recorded, as a receiver that had
+    processed them would.
     """
 
     behaviour: Callable[[int], tuple[str, float]]
@@ -177,6 +178,7 @@ class PushEndpoint:
     requests: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: ThreadingHTTPServer | None = None
+    location: str = ""
 
     @property
     def url(self) -> str:
@@ -200,7 +202,7 @@ class PushEndpoint:
                 if action == "hang":
                     time.sleep(arg)
                     status = 200  # too late: the sender gave up and will send it again
-                elif action == "fail":
+                elif action in ("fail", "redirect"):
                     status = int(arg)
                 else:
                     with endpoint.lock:
@@ -208,6 +210,8 @@ class PushEndpoint:
                     status = 200
                 try:
                     self.send_response(status)
+                    if action == "redirect":
+                        self.send_header("Location", endpoint.location)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                 except OSError:
