@@ -26,8 +26,9 @@ from tests.conftest import REPO, logbroker_cmd
 class Writer:
     """Writes chunks through ``POST /v1/write`` (NDJSON), one line per chunk."""
 
-    def __init__(self, url: str) -> None:
-        self.http = httpx.Client(base_url=url, timeout=30.0)
+    def __init__(self, url: str, token: str | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url, timeout=30.0, headers=headers)
 
     def close(self) -> None:
         self.http.close()
