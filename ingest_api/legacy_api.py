@@ -72,7 +72,10 @@ def _text_param(request: Request, name: str, default: str) -> str:
 class LegacyApi:
     def __init__(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
-        self.staging = LegacyStaging(ctx.settings.data_dir / "legacy-staging")
+        self.staging = LegacyStaging(
+            ctx.settings.data_dir / "legacy-staging",
+            max_bytes=ctx.settings.limits.max_staged_bytes,
+        )
         self._sweeper: asyncio.Task[None] | None = None
 
     async def store(self, request: Request) -> Response:

@@ -31,6 +31,7 @@ A TOML file looks like this (every key optional)::
     max_subscriptions_per_token = 100
     max_fetch_positions = 1000      # partitions one /v1/fetch may name
     auth_cache_entries = 100000     # remembered (token, log type or topic) decisions
+    max_staged_bytes = 1073741824   # legacy /store data not yet committed
 
     [tokens.s3cr3t-token]
     name = "tenant-a"               # who owns the groups and subscriptions it creates
@@ -110,6 +111,7 @@ class Limits:
     max_subscriptions_per_token: int = 100
     max_fetch_positions: int = 1000
     auth_cache_entries: int = 100_000
+    max_staged_bytes: int = 1024**3
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ class GatewaySettings:
             "max_subscriptions_per_token",
             "max_fetch_positions",
             "auth_cache_entries",
+            "max_staged_bytes",
         ):
             _check(getattr(lim, name) > 0, f"limits.{name} must be positive")
         _check(
@@ -235,6 +238,7 @@ _LIMIT_TYPES: dict[str, type] = {
     "max_subscriptions_per_token": int,
     "max_fetch_positions": int,
     "auth_cache_entries": int,
+    "max_staged_bytes": int,
 }
 _GRANT_GLOBS = {"write": "write_log_types", "read": "read_topics", "replicate": "replicate_topics"}
 _GRANT_FLAGS = ("metrics", "admin")

@@ -55,6 +55,7 @@ from session_dedup.source import (
 )
 
 ACTIVE_SOURCE_WINDOW_S = 300.0
+MAX_ACTIVE_SOURCES_COUNTED = 1_000_000
 _WRITTEN = "written"
 
 
@@ -63,7 +64,11 @@ def _media_type(request: Request) -> str:
 
 
 class _ActiveSources:
-    """Sources that opened a session or wrote recently: the gateway's "open sessions"."""
+    """Sources that opened a session or wrote recently: the gateway's "open sessions".
+
+    At most :data:`MAX_ACTIVE_SOURCES_COUNTED` are remembered: a client inventing source ids
+    saturates the gauge instead of growing the gateway's memory.
+    """
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
@@ -73,8 +78,13 @@ class _ActiveSources:
     def touch(self, metas: list[SourceMeta]) -> None:
         now = time.monotonic()
         seen = self._seen
+        if len(seen) + len(metas) > MAX_ACTIVE_SOURCES_COUNTED:
+            self._prune(now)
+            seen = self._seen
         for meta in metas:
-            seen[(meta.log_type, meta.source_id)] = now
+            key = (meta.log_type, meta.source_id)
+            if key in seen or len(seen) < MAX_ACTIVE_SOURCES_COUNTED:
+                seen[key] = now
         if now - self._pruned > self.window_s / 10:
             self._prune(now)
 

@@ -29,6 +29,7 @@ max_sources_per_partition = 2
 max_subscriptions_per_token = 2
 max_fetch_positions = 2
 auth_cache_entries = 4
+max_staged_bytes = 1000
 
 [tokens.{TOKEN}]
 write = ["*"]
@@ -147,6 +148,14 @@ def test_a_replica_topic_over_the_partition_limit(limited: Any) -> None:
     _assert_limit(response, "max_partitions_per_topic", 2)
     assert ("dc9.app", 0) not in end_offsets(gateway.data_dir)
     assert _refusals(http, "max_partitions_per_topic") == 1
+
+
+def test_legacy_uploads_stop_at_the_staging_limit(limited: Any) -> None:
+    _, http = limited
+    assert http.post("/store", params={"log_type": "old"}, content=b"x" * 600).status_code == 200
+    over = http.post("/store", params={"log_type": "old"}, content=b"x" * 600)
+    _assert_limit(over, "max_staged_bytes", 1000)
+    assert _refusals(http, "max_staged_bytes") == 1
 
 
 def test_the_auth_cache_is_bounded(limited: Any) -> None:
