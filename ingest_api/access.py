@@ -206,7 +206,7 @@ class GuardedRoute(Route):
         self,
         declaration: RouteDeclaration,
         auth: Authorizer,
-        settings_metrics_require_token: bool,
+        metrics_require_token: bool,
         owner_lookups: dict[str, OwnerLookup],
         limit_refusals: Counter,
     ) -> None:
@@ -217,7 +217,7 @@ class GuardedRoute(Route):
                 f"{declaration.method} {declaration.path}: nothing says who owns a "
                 f"{permission.owns!r} (register_owner_lookup)"
             )
-        if permission.kind == "metrics" and not settings_metrics_require_token:
+        if permission.kind == "metrics" and not metrics_require_token:
             permission = PUBLIC
         self.permission = permission
         handler = declaration.handler

@@ -115,13 +115,3 @@ class Authorizer:
 
     def may_replicate(self, grant: TokenGrant | None, topic: str) -> bool:
         return self._may(grant, "replicate", topic, grant.replicate_topics if grant else ())
-
-    def require_write(self, conn: HTTPConnection, log_type: str) -> None:
-        """Raise 401/403 unless the request may write ``log_type``."""
-        if not self.may_write(self.grant(conn), log_type):
-            raise forbidden(f"this token may not write log type {log_type!r}")
-
-    def require_read(self, conn: HTTPConnection, topic: str) -> None:
-        """Raise 401/403 unless the request may read ``topic``."""
-        if not self.may_read(self.grant(conn), topic):
-            raise forbidden(f"this token may not read topic {topic!r}")

@@ -397,7 +397,7 @@ _ERRORS = {
     "408": "the body did not arrive in time",
     "413": "body, chunk or chunk count over the limit",
     "415": "unsupported Content-Type",
-    "429": "a source is over its rate; see Retry-After",
+    "429": "a source is over its rate (see Retry-After), or a limit is reached (limit, max)",
     "503": "the log cannot take writes now; nothing acknowledged; see Retry-After",
 }
 
@@ -591,7 +591,10 @@ def openapi_schemas(ctx: GatewayContext) -> dict[str, Any]:
             "required": ["seqno", "status"],
             "properties": {
                 "seqno": {"type": "integer"},
-                "status": {"type": "string", "enum": list(CHUNK_STATUSES)},
+                "status": {
+                    "type": "string",
+                    "enum": [s for s in CHUNK_STATUSES if s != "refused"],
+                },
                 "offset": {"type": "integer", "minimum": 0},
             },
         },
@@ -636,6 +639,8 @@ def openapi_schemas(ctx: GatewayContext) -> dict[str, Any]:
                 "status": {"type": "integer", "minimum": 400, "maximum": 499},
                 "error": {"type": "string"},
                 "reason": {"type": "string"},
+                "limit": {"type": "string"},
+                "max": {"type": "integer"},
             },
         },
     }
