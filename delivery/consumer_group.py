@@ -8,6 +8,10 @@ process, a clean leave hands over exactly where the member stopped: nothing is r
 
 All state is one JSON document per group in :class:`~delivery.internal_state.InternalState`,
 changed only inside the store's partition lock: any gateway process can serve any request.
+
+A group belongs to the client (token owner) whose join or commit created it; a join or commit
+by another owner is refused (:class:`NotGroupOwner`) inside the same atomic update, so two
+clients racing to create one group name cannot both get it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ class NotPartitionOwner(BadRequest):
 
 class SubscriptionConflict(BadRequest):
     """A join whose topics differ from those of the group's live members."""
+
+
+class NotGroupOwner(BadRequest):
+    """The group exists and belongs to another client."""
 
 
 class TopicRecreated(BadRequest):
@@ -171,8 +179,14 @@ class GroupCoordinator:
         *,
         session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
         reset: str = "latest",
+        owner: str | None = None,
+        check_owner: bool = False,
     ) -> MemberState:
-        """Add a member; its partitions are in the answer (and in every heartbeat's)."""
+        """Add a member; its partitions are in the answer (and in every heartbeat's).
+
+        A new group belongs to ``owner``; with ``check_owner``, joining a group of another
+        owner is :class:`NotGroupOwner`.
+        """
         validate_group(group)
         if not MIN_SESSION_TIMEOUT_MS <= session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
             raise BadRequest(
@@ -185,7 +199,7 @@ class GroupCoordinator:
         now = self._now()
 
         def change(doc: Doc | None) -> tuple[Doc, MemberState]:
-            doc = doc or _new_doc()
+            doc = _owned_doc(group, doc, owner, check_owner)
             self._expire(doc, now)
             wanted = subscription.to_json()
             if doc["members"] and doc.get("subscription") != wanted:
@@ -242,6 +256,9 @@ class GroupCoordinator:
         member_id: str | None,
         offsets: Sequence[tuple[str, int, int]],
         topic_ids: Mapping[str, str] | None = None,
+        *,
+        owner: str | None = None,
+        check_owner: bool = False,
     ) -> None:
         """Record positions (the next offset to read).  Only a partition's owner may commit;
         without a member id, only partitions that nobody owns (manual offset management).
@@ -274,15 +291,17 @@ class GroupCoordinator:
 
         def change(doc: Doc | None) -> tuple[Doc, None]:
             if member_id is not None:
+                if doc is not None:
+                    _owned_doc(group, doc, owner, check_owner)
                 doc = self._require_member(group, doc, member_id, now)
             else:
-                doc = doc or _new_doc()
+                doc = _owned_doc(group, doc, owner, check_owner)
                 self._expire(doc, now)
             _adopt_topic_ids(doc, bounds)
             for key, offset in checked:
-                owner = doc["owners"].get(key)
-                if owner != member_id:
-                    who = "nobody" if owner is None else "another member"
+                holder = doc["owners"].get(key)
+                if holder != member_id:
+                    who = "nobody" if holder is None else "another member"
                     raise NotPartitionOwner(
                         f"partition {key} of group {group} is owned by {who}; "
                         "only its owner may commit (join again to get partitions)"
@@ -294,6 +313,13 @@ class GroupCoordinator:
             return doc, None
 
         self._state.update(_doc_key(group), change)
+
+    def owner_of(self, group: str) -> tuple[bool, str | None]:
+        """Whether the group exists, and which client it belongs to (None: made without auth)."""
+        if not GROUP_NAME.fullmatch(group):
+            return False, None
+        doc = self._state.get(_doc_key(group))
+        return (doc is not None, None if doc is None else doc.get("owner"))
 
     def describe(self, group: str) -> Doc:
         """Members, owners, committed offsets and lag of a group."""
@@ -486,6 +512,16 @@ def _adopt_topic_ids(doc: Doc, bounds: _Bounds) -> None:
 
 def _new_doc() -> Doc:
     return {"members": {}, "owners": {}, "offsets": {}, "generation": 0, "subscription": None}
+
+
+def _owned_doc(group: str, doc: Doc | None, owner: str | None, check_owner: bool) -> Doc:
+    """The group's document, new ones owned by ``owner``; another owner's is refused."""
+    if doc is None:
+        doc = _new_doc()
+        doc["owner"] = owner
+    elif check_owner and doc.get("owner") != owner:
+        raise NotGroupOwner(f"group {group!r} belongs to another client; use another group name")
+    return doc
 
 
 def _doc_key(group: str) -> str:

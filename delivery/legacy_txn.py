@@ -14,10 +14,12 @@ and whether it committed, updated in the same transaction as the append.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from delivery.envelope_view import EnvelopeView, NotAnEnvelope, view
-from log_store.errors import BadRequest, OffsetOutOfRange
+from log_store.errors import BadRequest, LimitReached, OffsetOutOfRange
 from log_store.interface import LogStore, PartitionState
 from session_dedup.envelope import EnvelopeWriter
 
@@ -70,17 +72,56 @@ class StagedData:
     """The data went to the log already; only its metadata is kept, for repeated requests."""
 
 
-class LegacyStaging:
-    """The temporary storage behind ``/store``: one file per piece, fsynced before the answer."""
+DEFAULT_MAX_STAGED_BYTES = 1024**3
+_RECOUNT_S = 1.0
 
-    def __init__(self, directory: Path, max_age_s: float = 24 * 3600.0) -> None:
+
+class LegacyStaging:
+    """The temporary storage behind ``/store``: one file per piece, fsynced before the answer.
+
+    At most ``max_bytes`` are staged at once (data uploaded but not yet requested into the
+    log, or not yet expired): a further ``/store`` is :class:`LimitReached`.  The total is the
+    directory's, recounted at most once a second, so other processes' uploads count too.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        max_age_s: float = 24 * 3600.0,
+        max_bytes: int = DEFAULT_MAX_STAGED_BYTES,
+    ) -> None:
         self._dir = directory
         self._max_age_s = max_age_s
+        self.max_bytes = max_bytes
+        self._used = 0
+        self._counted_at = float("-inf")
+        self._lock = threading.Lock()
         self._dir.mkdir(parents=True, exist_ok=True)
 
+    def staged_bytes(self) -> int:
+        """Bytes in the staging directory, at most a second old."""
+        with self._lock:
+            if time.monotonic() - self._counted_at >= _RECOUNT_S:
+                used = 0
+                for path in self._dir.iterdir():
+                    with contextlib.suppress(FileNotFoundError):
+                        used += path.stat().st_size
+                self._used = used
+                self._counted_at = time.monotonic()
+            return self._used
+
     def put(self, *, log_type: str, server: str, file: str, data: bytes) -> str:
+        if self.staged_bytes() + len(data) > self.max_bytes:
+            raise LimitReached(
+                f"{self.max_bytes} bytes are staged for /commit_request already, the limit; "
+                "commit or let them expire first",
+                "max_staged_bytes",
+                self.max_bytes,
+            )
         store_id = secrets.token_hex(16)
         self._write(store_id, {"log_type": log_type, "server": server, "file": file}, data)
+        with self._lock:
+            self._used += len(data)
         return store_id
 
     def _write(self, store_id: str, meta: dict[str, Any], data: bytes) -> None:

@@ -26,7 +26,6 @@ the destination checks the first against what it expects and moves to the second
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -40,10 +39,12 @@ import httpx
 
 from delivery.envelope_view import NotAnEnvelope, view
 from delivery.framing import MAGIC, decode_binary
+from delivery.legacy_txn import validate_txn_id
 from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
-from log_store.errors import BadRequest, LogbrokerError, TopicExists, UnknownTopic
-from log_store.interface import LogStore, PartitionState, TopicConfig
+from log_store.errors import BadRequest, LogbrokerError
+from log_store.interface import LogStore, PartitionState
 from session_dedup.envelope import EnvelopeWriter
+from session_dedup.source import MAX_SEQNO, source_meta
 
 _log = logging.getLogger(__name__)
 _STATE_PREFIX = "mirror/"
@@ -95,18 +96,6 @@ def replica_position(
 ) -> ReplicaPosition:
     raw = store.get_state(topic, partition, _STATE_PREFIX + source_id)
     return _position(dict(json.loads(raw)) if raw else None)
-
-
-def ensure_replica_topic(store: LogStore, topic: str, partitions: int) -> None:
-    """The destination topic exists with at least the source's partition count."""
-    try:
-        info = store.describe_topic(topic)
-    except UnknownTopic:
-        with contextlib.suppress(TopicExists):  # a concurrent request created it
-            store.create_topic(topic, TopicConfig(partitions=partitions), exist_ok=True)
-        info = store.describe_topic(topic)
-    if len(info.partitions) < partitions:
-        store.set_partitions(topic, partitions)
 
 
 def _legacy_key(source_id: str, source_offset: int) -> str:
@@ -285,6 +274,45 @@ def decode_replica_body(body: bytes) -> ReplicaRecords:
             raise BadRequest(f"{name} must be a non-negative integer")
         setattr(records, name, value)
     return records
+
+
+class BadReplicaRecord(BadRequest):
+    """A mirrored record that no gateway of ``topic`` could have written."""
+
+
+def check_replica_records(
+    topic: str, records: Sequence[tuple[int, bytes]], max_data_bytes: int
+) -> None:
+    """Every record must be an envelope a gateway writes into ``topic``: valid source meta,
+    the topic's log type, a seqno in range, data within the chunk limit, a valid transaction
+    id.  A mirror only copies such records, so anything else is refused (nothing written)."""
+    log_type = topic.split(".", 1)[-1]
+    for offset, value in records:
+        where = f"record at source offset {offset}"
+        try:
+            env = view(value)
+            source_meta(
+                log_type=env.log_type,
+                source_id=env.source_id,
+                server=env.server,
+                file=env.file,
+                codec=env.codec,
+            )
+            if env.txn_id is not None:
+                validate_txn_id(env.txn_id)
+        except (NotAnEnvelope, BadRequest) as exc:
+            raise BadReplicaRecord(f"{where}: {exc}") from None
+        if env.log_type != log_type:
+            raise BadReplicaRecord(
+                f"{where}: log type {env.log_type!r} does not belong in topic {topic!r}"
+            )
+        if not 1 <= env.seqno <= MAX_SEQNO:
+            raise BadReplicaRecord(f"{where}: seqno {env.seqno} is outside 1 .. 2**63-1")
+        if len(value) - env.data_start > max_data_bytes:
+            raise BadReplicaRecord(
+                f"{where}: data of {len(value) - env.data_start} bytes is over the chunk "
+                f"limit of {max_data_bytes}"
+            )
 
 
 @dataclass

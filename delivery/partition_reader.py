@@ -54,6 +54,11 @@ class PartitionBatch:
     value_bytes: int = 0
 
 
+def scan_budget_of(max_bytes: int) -> int:
+    """How much one read for ``max_bytes`` may scan past filtered-out records."""
+    return max(max_bytes * _SCAN_FACTOR, _MIN_SCAN_BYTES)
+
+
 def check_max_bytes(max_bytes: int) -> int:
     if not 1 <= max_bytes <= MAX_MAX_BYTES:
         raise BadRequest(f"max_bytes must be in 1..{MAX_MAX_BYTES}, got {max_bytes}")
@@ -77,12 +82,15 @@ class PartitionReader:
         *,
         raw: bool = False,
         txn_window_ms: int | None = None,
+        scan_bytes: int | None = None,
     ) -> PartitionBatch:
         """Messages from ``offset`` on, about ``max_bytes`` of values (at least one message).
 
         ``raw`` returns every record as stored (legacy records included, no filter): what a
         mirror copies.  An offset outside ``start_offset .. end_offset`` raises
-        :class:`OffsetOutOfRange` with the valid range.
+        :class:`OffsetOutOfRange` with the valid range.  A filtered read scans about
+        ``scan_bytes`` (default :func:`scan_budget_of` ``max_bytes``) before it answers with
+        nothing but a new position.
         """
         check_max_bytes(max_bytes)
         window = self.txn_window_ms if txn_window_ms is None else txn_window_ms
@@ -98,7 +106,7 @@ class PartitionReader:
         batch = PartitionBatch(
             topic, partition, result.start_offset, result.end_offset, result.next_offset
         )
-        scan_budget = max(max_bytes * _SCAN_FACTOR, _MIN_SCAN_BYTES)
+        scan_budget = scan_bytes if scan_bytes is not None else scan_budget_of(max_bytes)
         scanned = 0
         while True:
             for record in result.records:

@@ -10,11 +10,17 @@ delays only its own subscription.
 Subscriptions and positions live in :class:`~delivery.internal_state.InternalState`, so they
 survive restarts.  With several gateway processes over one store, a lease decides which
 process delivers a subscription; positions are written only by the lease holder.
+
+A subscription belongs to the client (token owner) that created it; each owner may hold at
+most ``max_per_owner`` of them.  Endpoints are checked against a
+:class:`~delivery.push_targets.PushTargetPolicy` when a subscription is created and on every
+connection delivery makes (see :mod:`delivery.push_targets`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import re
@@ -33,7 +39,14 @@ from delivery.filters import MessageFilter, filter_from_json
 from delivery.framing import message_json
 from delivery.internal_state import Doc, InternalState, is_internal
 from delivery.partition_reader import PartitionReader
-from log_store.errors import BadRequest, LogbrokerError, OffsetOutOfRange, UnknownTopic
+from delivery.push_targets import PushTargetPolicy, guarded_client
+from log_store.errors import (
+    BadRequest,
+    LimitReached,
+    LogbrokerError,
+    OffsetOutOfRange,
+    UnknownTopic,
+)
 from log_store.interface import LogStore
 
 _log = logging.getLogger(__name__)
@@ -44,6 +57,8 @@ LEASE_MS = 5_000
 _SUPERVISE_S = 1.0
 _STOP_GRACE_S = 5.0
 PUSH_MEDIA_TYPE = "application/json"
+DEFAULT_MAX_PER_OWNER = 100
+_OWNER_FIELD = "owner"
 
 
 class UnknownSubscription(BadRequest):
@@ -52,6 +67,10 @@ class UnknownSubscription(BadRequest):
 
 class SubscriptionExists(BadRequest):
     """A push subscription of this name exists with other settings."""
+
+
+class NotSubscriptionOwner(BadRequest):
+    """A subscription of this name exists and belongs to another client."""
 
 
 class LeaseLost(LogbrokerError):
@@ -161,29 +180,53 @@ def _state_key(name: str) -> str:
     return f"push/state/{name}"
 
 
-class SubscriptionRegistry:
-    """Create, list, describe and delete subscriptions (stored, so they survive restarts)."""
+def _settings(raw: Doc) -> PushSubscription:
+    return PushSubscription.from_json({k: v for k, v in raw.items() if k != _OWNER_FIELD})
 
-    def __init__(self, store: LogStore, state: InternalState) -> None:
+
+class SubscriptionRegistry:
+    """Create, list, describe and delete subscriptions (stored, so they survive restarts).
+
+    Each stored subscription carries its ``owner`` (None when made without auth).
+    """
+
+    def __init__(
+        self, store: LogStore, state: InternalState, max_per_owner: int = DEFAULT_MAX_PER_OWNER
+    ) -> None:
         self._store = store
         self._state = state
+        self.max_per_owner = max_per_owner
 
-    def create(self, sub: PushSubscription) -> bool:
-        """Store ``sub``; True if new, False if an identical one exists (a repeated create).
+    def create(self, sub: PushSubscription, owner: str | None = None) -> bool:
+        """Store ``sub`` for ``owner``; True if new, False if an identical one exists (a
+        repeated create).  A name taken by another owner is :class:`NotSubscriptionOwner`;
+        an owner's ``max_per_owner + 1``-th subscription is :class:`LimitReached`.
 
         A named topic need not exist yet: its data is delivered from its start once it does.
         """
+        stored = {**sub.to_json(), _OWNER_FIELD: owner}
 
         def change(doc: Doc | None) -> tuple[Doc, bool]:
             doc = doc or {}
             existing = doc.get(sub.name)
             if existing is not None:
-                if existing != sub.to_json():
+                if existing.get(_OWNER_FIELD) != owner:
+                    raise NotSubscriptionOwner(
+                        f"subscription {sub.name!r} belongs to another client; choose another name"
+                    )
+                if existing != stored:
                     raise SubscriptionExists(
                         f"subscription {sub.name!r} exists with other settings; delete it first"
                     )
                 return doc, False
-            doc[sub.name] = sub.to_json()
+            held = sum(1 for raw in doc.values() if raw.get(_OWNER_FIELD) == owner)
+            if held >= self.max_per_owner:
+                raise LimitReached(
+                    f"this client holds {held} push subscriptions, its limit; delete one first",
+                    "max_subscriptions_per_token",
+                    self.max_per_owner,
+                )
+            doc[sub.name] = stored
             return doc, True
 
         created = self._state.update(_REGISTRY_KEY, change)
@@ -215,14 +258,23 @@ class SubscriptionRegistry:
         self._state.update(_state_key(name), lambda _doc: (None, None))
 
     def list(self) -> list[PushSubscription]:
+        return [sub for sub, _ in self.list_owned()]
+
+    def list_owned(self) -> builtins.list[tuple[PushSubscription, str | None]]:
+        """Every subscription with its owner, by name."""
         doc = self._state.get(_REGISTRY_KEY) or {}
-        return [PushSubscription.from_json(raw) for _, raw in sorted(doc.items())]
+        return [(_settings(raw), raw.get(_OWNER_FIELD)) for _, raw in sorted(doc.items())]
+
+    def owner_of(self, name: str) -> tuple[bool, str | None]:
+        """Whether ``name`` exists, and its owner."""
+        raw = (self._state.get(_REGISTRY_KEY) or {}).get(name)
+        return (raw is not None, None if raw is None else raw.get(_OWNER_FIELD))
 
     def get(self, name: str) -> PushSubscription:
         doc = self._state.get(_REGISTRY_KEY) or {}
         if name not in doc:
             raise UnknownSubscription(f"no push subscription named {name!r}")
-        return PushSubscription.from_json(doc[name])
+        return _settings(doc[name])
 
     def status(self, name: str) -> Doc:
         """Settings, positions, lag, the last error and who delivers it now."""
@@ -335,7 +387,7 @@ class _Delivery:
 
     async def run(self) -> None:
         timeout = self.sub.timeout_ms / 1000
-        async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client:
+        async with guarded_client(self.owner.targets, timeout) as client:
             while not self.stopping:
                 try:
                     await self._refresh_positions()
@@ -475,6 +527,8 @@ class _Delivery:
                 if 200 <= response.status_code < 300:
                     return True
                 error = f"endpoint answered {response.status_code}"
+                if 300 <= response.status_code < 400:
+                    error += " (redirects are not followed)"
             except httpx.HTTPError as exc:
                 error = f"{type(exc).__name__}: {exc}"
             await anyio.to_thread.run_sync(self._record_error, error)
@@ -517,13 +571,21 @@ class PushDelivery:
     """Runs every subscription this process holds the lease of, in the current event loop."""
 
     def __init__(
-        self, store: LogStore, state: InternalState, watch: AppendWatch, reader: PartitionReader
+        self,
+        store: LogStore,
+        state: InternalState,
+        watch: AppendWatch,
+        reader: PartitionReader,
+        *,
+        targets: PushTargetPolicy | None = None,
+        max_per_owner: int = DEFAULT_MAX_PER_OWNER,
     ) -> None:
         self.store = store
         self.state = state
         self.watch = watch
         self.reader = reader
-        self.registry = SubscriptionRegistry(store, state)
+        self.targets = targets or PushTargetPolicy()
+        self.registry = SubscriptionRegistry(store, state, max_per_owner)
         self.holder_id = secrets.token_hex(8)
         self._running: dict[str, _Delivery] = {}
         self._supervisor: asyncio.Task[None] | None = None

@@ -1,4 +1,8 @@
-"""Operational endpoints: ``/healthz``, ``/metrics`` (Prometheus text), ``/openapi.json``."""
+"""Operational endpoints: ``/healthz``, ``/metrics`` (Prometheus text), ``/openapi.json``.
+
+``/metrics`` is public unless ``metrics_require_token`` is set; then it needs a token with
+``metrics = true`` (metric labels name every topic, which a tenant may not know of).
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,14 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
 
+from ingest_api.access import METRICS, PUBLIC, RouteDeclaration, route
 from ingest_api.context import GatewayContext
 from ingest_api.metrics import MetricsRegistry
 from ingest_api.openapi import build_openapi
 
 
-def routes(ctx: GatewayContext) -> list[BaseRoute]:
+def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     openapi_doc: list[bytes] = []
 
     async def healthz(request: Request) -> Response:
@@ -28,13 +32,16 @@ def routes(ctx: GatewayContext) -> list[BaseRoute]:
     async def openapi(request: Request) -> Response:
         if not openapi_doc:
             # built on first use: every route module is loaded by then
-            openapi_doc.append(orjson.dumps(build_openapi(ctx, ctx.extensions["route_modules"])))
+            doc = build_openapi(
+                ctx, ctx.extensions["route_modules"], ctx.extensions["guarded_routes"]
+            )
+            openapi_doc.append(orjson.dumps(doc))
         return Response(openapi_doc[0], media_type="application/json")
 
     return [
-        Route("/healthz", healthz, methods=["GET"], name="healthz"),
-        Route("/metrics", metrics, methods=["GET"], name="metrics"),
-        Route("/openapi.json", openapi, methods=["GET"], name="openapi", include_in_schema=False),
+        route("GET", "/healthz", healthz, PUBLIC),
+        route("GET", "/metrics", metrics, METRICS),
+        route("GET", "/openapi.json", openapi, PUBLIC),
     ]
 
 
@@ -53,7 +60,6 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
             "get": {
                 "summary": "Liveness",
                 "operationId": "healthz",
-                "security": [],
                 "responses": {
                     "200": {
                         "description": "the gateway is up",
@@ -73,11 +79,22 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                 },
             }
         },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "operationId": "openapi",
+                "responses": {
+                    "200": {
+                        "description": "the OpenAPI 3.1 description of this gateway",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
         "/metrics": {
             "get": {
                 "summary": "Prometheus metrics (text format 0.0.4)",
                 "operationId": "metrics",
-                "security": [],
                 "responses": _text_response("metrics of the worker that answered", "text/plain"),
             }
         },

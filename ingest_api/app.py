@@ -4,8 +4,10 @@ Extension point
 ---------------
 Every module named in :data:`ROUTE_MODULES` contributes to the app.  A module exposes:
 
-``routes(ctx: GatewayContext) -> list[BaseRoute]``
-    required; called once per worker process with the shared :class:`GatewayContext`.
+``routes(ctx: GatewayContext) -> list[RouteDeclaration]``
+    required; called once per worker process with the shared :class:`GatewayContext`.  Each
+    entry is :func:`ingest_api.access.route` (method, path, handler, permission): the app
+    refuses to start with anything else (:class:`~ingest_api.access.UndeclaredRoute`).
 ``async def on_startup(ctx)`` / ``async def on_shutdown(ctx)``
     optional; run in the app's lifespan (start in ``ROUTE_MODULES`` order, stop in reverse),
     e.g. to start and stop background workers such as push delivery.  ``on_shutdown`` runs
@@ -18,7 +20,9 @@ Every module named in :data:`ROUTE_MODULES` contributes to the app.  A module ex
 A module in :data:`ROUTE_MODULES` that is not installed is skipped (only a
 ``ModuleNotFoundError`` for exactly that module; an import error inside it is raised).
 Errors: raise :class:`ingest_api.errors.ApiError`, ``BadRequest`` or ``StoreUnavailable`` and
-the app answers JSON ``{"error", "reason"}``; auth: ``ctx.require_write`` / ``ctx.require_read``.
+the app answers JSON ``{"error", "reason"}``.  Auth: the route's permission is checked before
+its handler runs; a handler decides names found in the body with
+``ingest_api.access.access_of(request)`` (``require_read``, ``may_write``, ``owner``).
 """
 
 from __future__ import annotations
@@ -35,16 +39,19 @@ from collections.abc import AsyncIterator
 from types import ModuleType
 
 from starlette.applications import Starlette
-from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ingest_api.access import GuardedRoute, UndeclaredRoute, guarded_routes
 from ingest_api.context import GatewayContext, open_context
 from ingest_api.errors import exception_handlers
 from ingest_api.settings import GatewaySettings
 
 ROUTE_MODULES: tuple[str, ...] = (
     "ingest_api.write_api",
-    "ingest_api.pull_api",
+    "ingest_api.read_api",
+    "ingest_api.groups_api",
+    "ingest_api.subscriptions_api",
+    "ingest_api.replica_api",
     "ingest_api.legacy_api",
     "ingest_api.admin_api",
     "ingest_api.peer_api",
@@ -109,13 +116,24 @@ class _RequestMetrics:
             self._latency.observe(time.perf_counter() - started, (name,))
 
 
-def build_app(ctx: GatewayContext, *, close_store: bool = False) -> Starlette:
-    """The gateway app over ``ctx``; ``close_store`` closes the store when the app stops."""
-    modules = load_route_modules()
+def build_app(
+    ctx: GatewayContext,
+    *,
+    close_store: bool = False,
+    modules: list[ModuleType] | None = None,
+) -> Starlette:
+    """The gateway app over ``ctx``; ``close_store`` closes the store when the app stops.
+
+    Raises :class:`UndeclaredRoute` if a route module offers a route without a permission.
+    """
+    modules = load_route_modules() if modules is None else modules
     ctx.extensions["route_modules"] = modules
-    routes: list[BaseRoute] = []
-    for module in modules:
-        routes.extend(module.routes(ctx))
+    declared = [entry for module in modules for entry in module.routes(ctx)]
+    settings = ctx.settings
+    routes = guarded_routes(
+        declared, ctx.auth, settings.metrics_require_token, ctx.extensions, ctx.limit_refusals
+    )
+    ctx.extensions["guarded_routes"] = routes
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -152,6 +170,9 @@ def build_app(ctx: GatewayContext, *, close_store: bool = False) -> Starlette:
     )
     app.state.ctx = ctx
     app.add_middleware(_RequestMetrics, ctx=ctx)
+    unguarded = [r for r in app.router.routes if not isinstance(r, GuardedRoute)]
+    if unguarded:
+        raise UndeclaredRoute(f"routes without a declared permission: {unguarded}")
     return app
 
 

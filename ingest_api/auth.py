@@ -1,15 +1,21 @@
-"""Bearer-token checks: which log types a token may write and which topics it may read.
+"""Bearer tokens: who a request's token belongs to and which names its grant covers.
 
 With no tokens configured every request is allowed (the gateway then listens on loopback only,
 see :class:`~ingest_api.settings.GatewaySettings`).  With tokens, a missing or unknown token is
-401 and a known token outside its grant is 403.
+401.  Which route needs which grant is declared with the route (:mod:`ingest_api.access`).
+
+A presented token is looked up by its SHA-256 digest, so the lookup costs the same whatever
+the token and however many tokens are configured.  Glob decisions ("may this token write log
+type X") are cached per token; the cache holds at most ``auth_cache_entries`` decisions and
+is emptied when full (counted by ``logbroker_auth_cache_resets_total``), so a client sending
+ever new names cannot grow it.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import hmac
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Callable, Mapping
 
 from starlette.requests import HTTPConnection
 
@@ -17,68 +23,109 @@ from ingest_api.errors import ApiError
 from ingest_api.settings import TokenGrant
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="logbroker"'}
+DEFAULT_CACHE_ENTRIES = 100_000
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+def unauthorized(reason: str) -> ApiError:
+    return ApiError(401, "unauthorized", reason, headers=_CHALLENGE)
+
+
+def forbidden(reason: str) -> ApiError:
+    return ApiError(403, "forbidden", reason)
+
+
+class _DecisionCache:
+    """``(owner, kind, name) -> allowed``, at most ``capacity`` entries."""
+
+    def __init__(self, capacity: int, on_reset: Callable[[], None]) -> None:
+        self.capacity = capacity
+        self._on_reset = on_reset
+        self._decisions: dict[tuple[str, str, str], bool] = {}
+
+    def __len__(self) -> int:
+        return len(self._decisions)
+
+    def decide(self, key: tuple[str, str, str], globs: tuple[str, ...]) -> bool:
+        allowed = self._decisions.get(key)
+        if allowed is None:
+            allowed = any(fnmatch.fnmatchcase(key[2], g) for g in globs)
+            if len(self._decisions) >= self.capacity:
+                self._decisions = {}
+                self._on_reset()
+            self._decisions[key] = allowed
+        return allowed
 
 
 class Authorizer:
-    """Answers "may this request write log type X / read topic Y", raising 401/403 if not."""
+    """Finds a request's grant and answers "may this grant write X / read Y / replicate Z"."""
 
-    def __init__(self, tokens: Mapping[str, TokenGrant]) -> None:
-        self._tokens = dict(tokens)
-        self._write_cache: dict[tuple[int, str], bool] = {}
-        self._read_cache: dict[tuple[int, str], bool] = {}
+    def __init__(
+        self,
+        tokens: Mapping[str, TokenGrant],
+        *,
+        peer_token: str | None = None,
+        cache_entries: int = DEFAULT_CACHE_ENTRIES,
+        on_cache_reset: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._by_digest = {_digest(token): grant for token, grant in tokens.items()}
+        self._peer_digest = _digest(peer_token) if peer_token else None
+        self._cache = _DecisionCache(cache_entries, on_cache_reset)
 
     @property
     def enabled(self) -> bool:
-        return bool(self._tokens)
+        return bool(self._by_digest)
+
+    @property
+    def cached_decisions(self) -> int:
+        return len(self._cache)
 
     def grant(self, conn: HTTPConnection) -> TokenGrant | None:
         """The grant of the request's bearer token; ``None`` when auth is off.
 
         Raises 401 if auth is on and the token is missing or unknown.
         """
-        if not self._tokens:
+        if not self._by_digest:
             return None
         header = conn.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise ApiError(
-                401, "unauthorized", "missing 'Authorization: Bearer <token>'", headers=_CHALLENGE
-            )
         token = token.strip()
-        for known, grant in self._tokens.items():
-            # compare_digest keeps the check's time independent of how much of a token matched
-            if hmac.compare_digest(known.encode(), token.encode()):
-                return grant
-        raise ApiError(401, "unauthorized", "unknown bearer token", headers=_CHALLENGE)
+        if scheme.lower() != "bearer" or not token:
+            raise unauthorized("missing 'Authorization: Bearer <token>'")
+        # Looked up by digest: how long the lookup takes says nothing about a stored token,
+        # since a client cannot choose the digest of what it sends.
+        grant = self._by_digest.get(_digest(token))
+        if grant is None:
+            raise unauthorized("unknown bearer token")
+        return grant
+
+    def require_peer(self, conn: HTTPConnection) -> None:
+        """401 unless the request carries the gateways' ``peer_token`` (no client token will
+        do).  Without a peer token configured (auth is off then) every request passes."""
+        if self._peer_digest is None:
+            if self._by_digest:
+                raise unauthorized("internal calls need a peer_token, and none is configured")
+            return
+        scheme, _, token = conn.headers.get("authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or _digest(token) != self._peer_digest:
+            raise unauthorized("internal calls need the peer token")
+
+    def _may(self, grant: TokenGrant | None, kind: str, name: str, globs: tuple[str, ...]) -> bool:
+        if grant is None:
+            return not self._by_digest
+        if grant.admin:
+            return True
+        return self._cache.decide((grant.owner, kind, name), globs)
 
     def may_write(self, grant: TokenGrant | None, log_type: str) -> bool:
-        if grant is None:
-            return not self._tokens
-        key = (id(grant), log_type)
-        allowed = self._write_cache.get(key)
-        if allowed is None:
-            allowed = any(fnmatch.fnmatchcase(log_type, g) for g in grant.write_log_types)
-            self._write_cache[key] = allowed
-        return allowed
+        return self._may(grant, "write", log_type, grant.write_log_types if grant else ())
 
     def may_read(self, grant: TokenGrant | None, topic: str) -> bool:
-        if grant is None:
-            return not self._tokens
-        key = (id(grant), topic)
-        allowed = self._read_cache.get(key)
-        if allowed is None:
-            allowed = any(fnmatch.fnmatchcase(topic, g) for g in grant.read_topics)
-            self._read_cache[key] = allowed
-        return allowed
+        return self._may(grant, "read", topic, grant.read_topics if grant else ())
 
-    def require_write(self, conn: HTTPConnection, log_type: str) -> None:
-        """Raise 401/403 unless the request may write ``log_type``."""
-        grant = self.grant(conn)
-        if not self.may_write(grant, log_type):
-            raise ApiError(403, "forbidden", f"this token may not write log type {log_type!r}")
-
-    def require_read(self, conn: HTTPConnection, topic: str) -> None:
-        """Raise 401/403 unless the request may read ``topic``."""
-        grant = self.grant(conn)
-        if not self.may_read(grant, topic):
-            raise ApiError(403, "forbidden", f"this token may not read topic {topic!r}")
+    def may_replicate(self, grant: TokenGrant | None, topic: str) -> bool:
+        return self._may(grant, "replicate", topic, grant.replicate_topics if grant else ())

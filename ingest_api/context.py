@@ -12,10 +12,12 @@ from typing import Any
 
 from starlette.requests import HTTPConnection
 
+from ingest_api.access import access_of
 from ingest_api.auth import Authorizer
-from ingest_api.metrics import MetricsRegistry
+from ingest_api.metrics import Counter, MetricsRegistry
 from ingest_api.settings import GatewaySettings, TokenGrant
 from log_store.interface import LogStore
+from log_store.topic_quota import TopicLimits, TopicQuota
 
 
 @dataclass
@@ -26,23 +28,47 @@ class GatewayContext:
     settings: GatewaySettings
     metrics: MetricsRegistry = field(default_factory=MetricsRegistry)
     auth: Authorizer = field(init=False)
+    topic_quota: TopicQuota = field(init=False)
+    """Every topic a client's request creates or grows goes through it."""
+    limit_refusals: Counter = field(init=False)
+    """``logbroker_limit_refusals_total{limit}``: requests refused by a limit, per limit."""
     extensions: dict[str, Any] = field(default_factory=dict)
     """Room for route modules to share objects with each other, by module name."""
 
     def __post_init__(self) -> None:
-        self.auth = Authorizer(self.settings.tokens)
+        limits = self.settings.limits
+        cache_resets = self.metrics.counter(
+            "logbroker_auth_cache_resets_total",
+            f"times the auth decision cache reached limits.auth_cache_entries "
+            f"({limits.auth_cache_entries}) and was emptied",
+        )
+        self.auth = Authorizer(
+            self.settings.tokens,
+            peer_token=self.settings.peer_token,
+            cache_entries=limits.auth_cache_entries,
+            on_cache_reset=lambda: cache_resets.inc(),
+        )
+        self.metrics.gauge(
+            "logbroker_auth_cache_entries",
+            "auth decisions cached (token, log type or topic)",
+            read=lambda: float(self.auth.cached_decisions),
+        )
+        self.topic_quota = TopicQuota(
+            self.store, TopicLimits(limits.max_topics, limits.max_partitions_per_topic)
+        )
+        self.limit_refusals = self.metrics.counter(
+            "logbroker_limit_refusals_total",
+            "requests (or sections of a request) refused by a configured limit",
+            ("limit",),
+        )
 
     def grant(self, conn: HTTPConnection) -> TokenGrant | None:
-        """The request's token grant (``None`` with auth off); 401 if missing or unknown."""
-        return self.auth.grant(conn)
+        """The request's token grant (``None`` with auth off), as its route's guard found it.
 
-    def require_write(self, conn: HTTPConnection, log_type: str) -> None:
-        """Raise 401/403 unless the request may write ``log_type``."""
-        self.auth.require_write(conn, log_type)
-
-    def require_read(self, conn: HTTPConnection, topic: str) -> None:
-        """Raise 401/403 unless the request may read ``topic``."""
-        self.auth.require_read(conn, topic)
+        Only a declared route's request has one (see :mod:`ingest_api.access`); the guard has
+        answered 401 already if the token was missing or unknown.
+        """
+        return access_of(conn).grant
 
     def topic_for(self, log_type: str) -> str:
         """The topic a log type is written to in this data center: ``<dc>.<log_type>``."""

@@ -17,8 +17,20 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from delivery.consumer_group import (
+    NotGroupOwner,
+    NotPartitionOwner,
+    SubscriptionConflict,
+    TopicRecreated,
+    UnknownGroup,
+    UnknownMember,
+)
+from delivery.filters import BadFilter
+from delivery.legacy_txn import UnknownStagedData, UnknownTransaction, WindowExpired
+from delivery.push import NotSubscriptionOwner, SubscriptionExists, UnknownSubscription
 from log_store.errors import (
     BadRequest,
+    LimitReached,
     LogbrokerError,
     OffsetOutOfRange,
     StoreUnavailable,
@@ -77,13 +89,32 @@ def unavailable_response(reason: str) -> Response:
     )
 
 
+_BAD_REQUEST_STATUSES: tuple[tuple[type[BadRequest], int, str], ...] = (
+    (LimitReached, 429, "limit_reached"),
+    (NotGroupOwner, 403, "forbidden"),
+    (NotSubscriptionOwner, 403, "forbidden"),
+    (UnknownTopic, 404, "unknown_topic"),
+    (UnknownPartition, 404, "unknown_partition"),
+    (OffsetOutOfRange, 416, "offset_out_of_range"),
+    (UnknownGroup, 404, "unknown_group"),
+    (UnknownMember, 404, "unknown_member"),
+    (NotPartitionOwner, 409, "not_owner"),
+    (SubscriptionConflict, 409, "subscription_conflict"),
+    (TopicRecreated, 409, "topic_recreated"),
+    (UnknownSubscription, 404, "unknown_subscription"),
+    (SubscriptionExists, 409, "subscription_exists"),
+    (BadFilter, 400, "bad_filter"),
+    (UnknownTransaction, 404, "unknown_transaction"),
+    (UnknownStagedData, 404, "unknown_store_id"),
+    (WindowExpired, 409, "window_expired"),
+)
+"""Every error a part of logbroker raises for bad input, and how the API states it."""
+
+
 def _bad_request_status(exc: BadRequest) -> tuple[int, str]:
-    if isinstance(exc, UnknownTopic):
-        return 404, "unknown_topic"
-    if isinstance(exc, UnknownPartition):
-        return 404, "unknown_partition"
-    if isinstance(exc, OffsetOutOfRange):
-        return 416, "offset_out_of_range"
+    for kind, status, code in _BAD_REQUEST_STATUSES:
+        if isinstance(exc, kind):
+            return status, code
     return 400, "bad_request"
 
 
@@ -98,6 +129,8 @@ async def _on_bad_request(request: Request, exc: Exception) -> Response:
     extra: dict[str, Any] = {}
     if isinstance(exc, OffsetOutOfRange):
         extra = {"start_offset": exc.start_offset, "end_offset": exc.end_offset}
+    if isinstance(exc, LimitReached):
+        extra = {"limit": exc.limit, "max": exc.maximum}
     return error_response(status, code, str(exc), extra=extra)
 
 

@@ -22,67 +22,43 @@ import asyncio
 import contextlib
 import functools
 import logging
-import re
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio.to_thread
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
 
 from delivery.legacy_txn import (
     LegacyStaging,
-    UnknownStagedData,
     UnknownTransaction,
-    WindowExpired,
     find_txn_partition,
     validate_txn_id,
     write_commit,
     write_data,
 )
+from ingest_api.access import RouteDeclaration, access_of, route, write
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
-from log_store.errors import TopicExists, UnknownTopic
-from log_store.interface import TopicConfig
+from log_store.errors import UnknownTopic
+from log_store.topic_names import LOG_TYPE_RULE, is_valid_log_type
 
-_LOG_TYPE = re.compile(r"[a-z0-9][a-z0-9._-]{0,150}")
 _FIELD_MAX = 4096
 _SWEEP_S = 600.0
 _log = logging.getLogger(__name__)
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _json(body: Any) -> Response:
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-def _translated(handler: Handler) -> Handler:
-    @functools.wraps(handler)
-    async def wrapper(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except UnknownTransaction as exc:
-            raise ApiError(404, "unknown_transaction", str(exc)) from None
-        except UnknownStagedData as exc:
-            raise ApiError(404, "unknown_store_id", str(exc)) from None
-        except WindowExpired as exc:
-            raise ApiError(409, "window_expired", str(exc)) from None
-
-    return wrapper
-
-
 def _log_type(request: Request) -> str:
     log_type = request.query_params.get("log_type")
     if log_type is None:
         raise ApiError(400, "bad_request", "query parameter log_type is required")
-    if not _LOG_TYPE.fullmatch(log_type) or ".." in log_type:
-        raise ApiError(
-            400, "bad_log_type", "log_type must be 1-151 characters of [a-z0-9._-], no '..'"
-        )
+    if not is_valid_log_type(log_type):
+        raise ApiError(400, "bad_log_type", f"log_type must be {LOG_TYPE_RULE}")
     return log_type
 
 
@@ -96,12 +72,14 @@ def _text_param(request: Request, name: str, default: str) -> str:
 class LegacyApi:
     def __init__(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
-        self.staging = LegacyStaging(ctx.settings.data_dir / "legacy-staging")
+        self.staging = LegacyStaging(
+            ctx.settings.data_dir / "legacy-staging",
+            max_bytes=ctx.settings.limits.max_staged_bytes,
+        )
         self._sweeper: asyncio.Task[None] | None = None
 
     async def store(self, request: Request) -> Response:
-        log_type = _log_type(request)
-        self.ctx.require_write(request, log_type)
+        log_type = _log_type(request)  # the route's guard checked the token may write it
         client = request.client.host if request.client else ""
         server = _text_param(request, "server", client)
         file = _text_param(request, "file", "")
@@ -125,7 +103,7 @@ class LegacyApi:
             raise ApiError(400, "bad_request", "query parameter store_id is required")
         txn_id = validate_txn_id(request.query_params.get("txn_id", store_id))
         staged = await anyio.to_thread.run_sync(self.staging.get, store_id)
-        self.ctx.require_write(request, staged.log_type)
+        access_of(request).require_write(staged.log_type)
         topic = self.ctx.topic_for(staged.log_type)
         written = await anyio.to_thread.run_sync(self._write_data, topic, txn_id, staged)
         if not staged.written:
@@ -144,23 +122,17 @@ class LegacyApi:
         return write_data(self.ctx.store, topic, partitions, txn_id, staged)
 
     def _ensure_topic(self, topic: str) -> int:
-        store = self.ctx.store
         try:
-            return len(store.describe_topic(topic).partitions)
+            return len(self.ctx.store.describe_topic(topic).partitions)
         except UnknownTopic:
-            with contextlib.suppress(TopicExists):
-                store.create_topic(
-                    topic, TopicConfig(partitions=self.ctx.settings.partitions), exist_ok=True
-                )
-            return len(store.describe_topic(topic).partitions)
+            return len(self.ctx.topic_quota.create(topic, self.ctx.settings.partitions).partitions)
 
     async def commit(self, request: Request) -> Response:
         txn_raw = request.query_params.get("txn_id")
         if not txn_raw:
             raise ApiError(400, "bad_request", "query parameter txn_id is required")
         txn_id = validate_txn_id(txn_raw)
-        log_type = _log_type(request)
-        self.ctx.require_write(request, log_type)
+        log_type = _log_type(request)  # the route's guard checked the token may write it
         topic = self.ctx.topic_for(log_type)
         server = request.client.host if request.client else ""
         partition, data_offset = await anyio.to_thread.run_sync(
@@ -206,18 +178,16 @@ class LegacyApi:
             await asyncio.sleep(_SWEEP_S)
 
 
-def routes(ctx: GatewayContext) -> list[BaseRoute]:
+def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     api = LegacyApi(ctx)
     ctx.extensions[__name__] = api
+    by_query = write(log_type="log_type")
     return [
-        Route("/store", _translated(api.store), methods=["POST", "PUT"], name="legacy_store"),
-        Route(
-            "/commit_request",
-            _translated(api.commit_request),
-            methods=["POST"],
-            name="legacy_commit_request",
-        ),
-        Route("/commit", _translated(api.commit), methods=["POST"], name="legacy_commit"),
+        route("POST", "/store", api.store, by_query, name="legacy_store"),
+        route("PUT", "/store", api.store, by_query, name="legacy_store_put"),
+        # the log type is the staged data's: checked once the store_id is looked up
+        route("POST", "/commit_request", api.commit_request, write(), name="legacy_commit_request"),
+        route("POST", "/commit", api.commit, by_query, name="legacy_commit"),
     ]
 
 
@@ -263,7 +233,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
     }
     return {
-        "/store": {"post": store},
+        "/store": {"post": store, "put": {**store, "operationId": "legacy_store_put"}},
         "/commit_request": {
             "post": op(
                 "legacy_commit_request",

@@ -10,9 +10,10 @@
                                                             current values
 ==========================================================  =================================
 
-Permission: *peer* - the ``peer_token`` as bearer when one is configured (it must be, when
-``[tokens]`` are).  A gateway that does not own the partition answers 409 ``not_owner``;
-the caller looks for the new owner (see ``log_store.kafka.remote_transaction``).
+Permission: :data:`~ingest_api.access.PEER` - the ``peer_token`` as bearer (it must be
+configured when ``[tokens]`` are; no client token passes, not even an admin's).  A gateway
+that does not own the partition answers 409 ``not_owner``; the caller looks for the new owner
+(see ``log_store.kafka.remote_transaction``).
 
 When the app stops, the gateway leaves the gateways' group (joined in ``open_context``),
 handing every partition it owns on at once.
@@ -22,17 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+from typing import Any
 
 import anyio.to_thread
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
 
+from ingest_api.access import PEER, RouteDeclaration, route
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
+from ingest_api.openapi import operation, path_param
 from log_store.errors import LogbrokerError, UnknownTopic
 from log_store.kafka.gateway_group import GatewayGroup
 from log_store.kafka.remote_transaction import (
@@ -59,16 +61,6 @@ class PeerApi:
     def __init__(self, ctx: GatewayContext, store: KafkaLogStore) -> None:
         self.ctx = ctx
         self.store = store
-        self.token = ctx.settings.peer_token
-
-    def _check_peer(self, request: Request) -> None:
-        if not self.token:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), self.token.encode()
-        ):
-            raise ApiError(401, "unauthorized", "internal calls need the peer token")
 
     @staticmethod
     def _target(request: Request) -> tuple[str, int]:
@@ -89,7 +81,6 @@ class PeerApi:
         raise exc
 
     async def read_state(self, request: Request) -> Response:
-        self._check_peer(request)
         topic, partition = self._target(request)
         body = await read_body(request, self.ctx.settings.limits)
         try:
@@ -109,7 +100,6 @@ class PeerApi:
         return Response(payload, media_type="application/json")
 
     async def commit(self, request: Request) -> Response:
-        self._check_peer(request)
         topic, partition = self._target(request)
         limit = self.ctx.settings.limits.max_body_bytes + _PREPARED_OVERHEAD
         body = await read_body(request, self.ctx.settings.limits, max_bytes=limit)
@@ -153,7 +143,7 @@ def _metrics(ctx: GatewayContext, store: KafkaLogStore) -> None:
         )
 
 
-def routes(ctx: GatewayContext) -> list[BaseRoute]:
+def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     store = ctx.store
     if not isinstance(store, KafkaLogStore):
         return []
@@ -163,9 +153,36 @@ def routes(ctx: GatewayContext) -> list[BaseRoute]:
     api = PeerApi(ctx, store)
     base = "/v1/internal/partitions/{topic}/{partition}"
     return [
-        Route(base + "/state", api.read_state, methods=["POST"], name="peer_read_state"),
-        Route(base + "/transactions", api.commit, methods=["POST"], name="peer_commit"),
+        route("POST", base + "/state", api.read_state, PEER, name="peer_read_state"),
+        route("POST", base + "/transactions", api.commit, PEER, name="peer_commit"),
     ]
+
+
+def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
+    if _group(ctx) is None:
+        return {}
+    base = "/v1/internal/partitions/{topic}/{partition}"
+    params = [path_param("topic"), path_param("partition", "integer")]
+    keys = {"type": "object", "required": ["keys"], "properties": {"keys": {"type": "array"}}}
+    return {
+        base + "/state": {
+            "post": operation(
+                "peerReadState",
+                "internal: the owner's values of these state keys and the next offset",
+                params=params,
+                body=keys,
+                errors=("400", "404", "409"),
+            )
+        },
+        base + "/transactions": {
+            "post": operation(
+                "peerCommit",
+                "internal: commit a prepared transaction on the partition's owner",
+                params=params,
+                errors=("400", "404", "409", "413"),
+            )
+        },
+    }
 
 
 async def on_shutdown(ctx: GatewayContext) -> None:

@@ -15,6 +15,8 @@ A TOML file looks like this (every key optional)::
     kafka_bootstrap = "kafka1:9092"
     workers = 2
     allow_public_without_tokens = false
+    metrics_require_token = false   # true: /metrics needs a token with metrics = true
+    push_allow = ["10.1.2.0/24"]    # networks push subscriptions may POST to besides public ones
 
     [limits]
     max_body_bytes = 67108864
@@ -23,15 +25,28 @@ A TOML file looks like this (every key optional)::
     source_chunks_per_second = 0    # 0: no per-source rate limit
     source_burst_chunks = 0         # 0: one second of the rate
     request_timeout_s = 30.0
+    max_topics = 10000              # topics created on first use stop here (429)
+    max_partitions_per_topic = 64
+    max_sources_per_partition = 1000000
+    max_subscriptions_per_token = 100
+    max_fetch_positions = 1000      # partitions one /v1/fetch may name
+    auth_cache_entries = 100000     # remembered (token, log type or topic) decisions
+    max_staged_bytes = 1073741824   # legacy /store data not yet committed
 
     [tokens.s3cr3t-token]
+    name = "tenant-a"               # who owns the groups and subscriptions it creates
     write = ["nginx-*", "app"]      # log types this token may write (globs)
     read = ["dc1.*"]                # topics this token may read (globs)
+    replicate = []                  # topics a mirror with this token may append to (globs)
+    metrics = false                 # may read /metrics when metrics_require_token is on
+    admin = false                   # may do everything, with every client's objects
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -43,6 +58,7 @@ from types import MappingProxyType
 from typing import Any
 
 from log_store.errors import BadRequest
+from log_store.topic_quota import DEFAULT_MAX_PARTITIONS_PER_TOPIC, DEFAULT_MAX_TOPICS
 
 STORES = ("sqlite", "kafka")
 OWNERSHIPS = ("group", "on_demand")
@@ -67,10 +83,27 @@ class ConfigError(BadRequest):
 
 @dataclass(frozen=True)
 class TokenGrant:
-    """What one bearer token may do: write these log types, read these topics (globs)."""
+    """What one bearer token may do: write these log types, read these topics, append mirrored
+    records to these topics (globs); read ``/metrics``; everything (``admin``).
+
+    ``owner`` names the token's holder: groups and subscriptions it creates belong to it.  It
+    is the configured ``name``, or a digest of the token (never the token itself).
+    """
 
     write_log_types: tuple[str, ...] = ()
     read_topics: tuple[str, ...] = ()
+    replicate_topics: tuple[str, ...] = ()
+    metrics: bool = False
+    admin: bool = False
+    owner: str = ""
+    name: str | None = None
+
+
+def token_owner(token: str, name: str | None) -> str:
+    """The owner id of a token: its configured name, else a digest that does not reveal it."""
+    if name:
+        return name
+    return "token-" + hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -84,6 +117,13 @@ class Limits:
     source_chunks_per_second: float = 0.0
     source_burst_chunks: int = 0
     request_timeout_s: float = 30.0
+    max_topics: int = DEFAULT_MAX_TOPICS
+    max_partitions_per_topic: int = DEFAULT_MAX_PARTITIONS_PER_TOPIC
+    max_sources_per_partition: int = 1_000_000
+    max_subscriptions_per_token: int = 100
+    max_fetch_positions: int = 1000
+    auth_cache_entries: int = 100_000
+    max_staged_bytes: int = 1024**3
 
 
 @dataclass(frozen=True)
@@ -115,6 +155,10 @@ class GatewaySettings:
     peer_token: str | None = None
     """The bearer token gateways use with each other's internal endpoints (needed with
     ``[tokens]`` on Kafka)."""
+    metrics_require_token: bool = False
+    push_allow: tuple[str, ...] = ()
+    """Networks (CIDR or single addresses) push delivery may connect to besides public
+    addresses; see :mod:`delivery.push_targets`."""
 
     def __post_init__(self) -> None:
         _check(self.port >= 0 and self.port <= 65535, f"port {self.port} out of range")
@@ -150,6 +194,28 @@ class GatewaySettings:
         _check(lim.max_sessions_per_request > 0, "limits.max_sessions_per_request must be positive")
         _check(lim.source_chunks_per_second >= 0, "limits.source_chunks_per_second must be >= 0")
         _check(lim.request_timeout_s > 0, "limits.request_timeout_s must be positive")
+        for name in (
+            "max_topics",
+            "max_partitions_per_topic",
+            "max_sources_per_partition",
+            "max_subscriptions_per_token",
+            "max_fetch_positions",
+            "auth_cache_entries",
+            "max_staged_bytes",
+        ):
+            _check(getattr(lim, name) > 0, f"limits.{name} must be positive")
+        _check(
+            self.partitions <= lim.max_partitions_per_topic,
+            f"partitions {self.partitions} is over limits.max_partitions_per_topic "
+            f"{lim.max_partitions_per_topic}",
+        )
+        for network in self.push_allow:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ConfigError(
+                    f"push_allow: {network!r} is not an IP network (e.g. 10.1.2.0/24 or 127.0.0.1)"
+                ) from None
         if not self.tokens and not self.allow_public_without_tokens:
             _check(
                 self.host in LOOPBACK_HOSTS,
@@ -196,10 +262,8 @@ class GatewaySettings:
         raw["data_dir"] = str(self.data_dir)
         raw["limits"] = dataclasses.asdict(self.limits)
         raw["kafka"] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in self.kafka.items()}
-        raw["tokens"] = {
-            token: {"write": list(g.write_log_types), "read": list(g.read_topics)}
-            for token, g in self.tokens.items()
-        }
+        raw["push_allow"] = list(self.push_allow)
+        raw["tokens"] = {token: _grant_json(g) for token, g in self.tokens.items()}
         return json.dumps(raw)
 
     @classmethod
@@ -229,6 +293,7 @@ _SCALARS: dict[str, type] = {
     "kafka_ownership": str,
     "advertised_url": str,
     "peer_token": str,
+    "metrics_require_token": bool,
 }
 _LIMIT_TYPES: dict[str, type] = {
     "max_body_bytes": int,
@@ -238,7 +303,16 @@ _LIMIT_TYPES: dict[str, type] = {
     "source_chunks_per_second": float,
     "source_burst_chunks": int,
     "request_timeout_s": float,
+    "max_topics": int,
+    "max_partitions_per_topic": int,
+    "max_sources_per_partition": int,
+    "max_subscriptions_per_token": int,
+    "max_fetch_positions": int,
+    "auth_cache_entries": int,
+    "max_staged_bytes": int,
 }
+_GRANT_GLOBS = {"write": "write_log_types", "read": "read_topics", "replicate": "replicate_topics"}
+_GRANT_FLAGS = ("metrics", "admin")
 
 
 def _coerce(name: str, value: Any, kind: type) -> Any:
@@ -261,26 +335,54 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
     return value
 
 
+def _grant_json(grant: TokenGrant) -> dict[str, Any]:
+    doc: dict[str, Any] = {key: list(getattr(grant, attr)) for key, attr in _GRANT_GLOBS.items()}
+    doc.update({flag: getattr(grant, flag) for flag in _GRANT_FLAGS})
+    if grant.name is not None:
+        doc["name"] = grant.name
+    return doc
+
+
 def _tokens(raw: Any) -> Mapping[str, TokenGrant]:
     if not isinstance(raw, dict):
         raise ConfigError("tokens must be a table of token -> {write = [...], read = [...]}")
     grants: dict[str, TokenGrant] = {}
+    owners: dict[str, str] = {}
+    known = {*_GRANT_GLOBS, *_GRANT_FLAGS, "name"}
     for token, spec in raw.items():
         if not isinstance(token, str) or not token or any(c.isspace() for c in token):
             raise ConfigError("a token must be a non-empty string without whitespace")
-        if not isinstance(spec, dict) or set(spec) - {"write", "read"}:
-            raise ConfigError(f"token entry must have only 'write' and 'read' lists: {spec!r}")
-        write = spec.get("write", [])
-        read = spec.get("read", [])
-        for name, globs in (("write", write), ("read", read)):
-            if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
-                raise ConfigError(f"token {name} must be a list of glob strings")
-        grants[token] = TokenGrant(tuple(write), tuple(read))
+        if not isinstance(spec, dict) or set(spec) - known:
+            raise ConfigError(
+                f"a token entry has only {', '.join(sorted(known))}; got {sorted(spec)!r}"
+                if isinstance(spec, dict)
+                else "a token entry must be a table"
+            )
+        globs: dict[str, Any] = {}
+        for key, attr in _GRANT_GLOBS.items():
+            value = spec.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(g, str) for g in value):
+                raise ConfigError(f"token {key} must be a list of glob strings")
+            globs[attr] = tuple(value)
+        flags: dict[str, Any] = {}
+        for flag in _GRANT_FLAGS:
+            value = spec.get(flag, False)
+            if not isinstance(value, bool):
+                raise ConfigError(f"token {flag} must be true or false")
+            flags[flag] = value
+        name = spec.get("name")
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ConfigError("token name must be a non-empty string")
+        owner = token_owner(token, name)
+        if owner in owners:
+            raise ConfigError(f"two tokens have the name {owner!r}; each token needs its own")
+        owners[owner] = token
+        grants[token] = TokenGrant(**globs, **flags, owner=owner, name=name)
     return MappingProxyType(grants)
 
 
 def _from_mapping(raw: Mapping[str, Any]) -> GatewaySettings:
-    unknown = set(raw) - set(_SCALARS) - {"limits", "tokens", "kafka"}
+    unknown = set(raw) - set(_SCALARS) - {"limits", "tokens", "push_allow", "kafka"}
     if unknown:
         raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
     kwargs: dict[str, Any] = {}
@@ -304,7 +406,19 @@ def _from_mapping(raw: Mapping[str, Any]) -> GatewaySettings:
     if not isinstance(kafka_raw, dict):
         raise ConfigError("kafka must be a table")
     kwargs["kafka"] = MappingProxyType(dict(kafka_raw))
+    kwargs["push_allow"] = _push_allow(raw.get("push_allow"))
     return GatewaySettings(**kwargs)
+
+
+def _push_allow(raw: Any) -> tuple[str, ...]:
+    """A list from TOML or JSON, a comma-separated string from the environment or a flag."""
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
+        raise ConfigError("push_allow must be a list of networks, e.g. ['10.1.2.0/24']")
+    return tuple(raw)
 
 
 def load_settings(
@@ -331,6 +445,8 @@ def load_settings(
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     limits = dict(merged.get("limits") or {})
+    if environ.get("LOGBROKER_PUSH_ALLOW") is not None:
+        merged["push_allow"] = environ["LOGBROKER_PUSH_ALLOW"]
     for name in _SCALARS:
         value = environ.get(f"LOGBROKER_{name.upper()}")
         if value is not None:

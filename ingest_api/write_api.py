@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
 
+from ingest_api.access import RouteDeclaration, route, write
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
@@ -35,6 +35,7 @@ from ingest_api.framing import (
 )
 from ingest_api.rate_limit import SourceRateLimiter
 from ingest_api.settings import TokenGrant
+from log_store.errors import LimitReached
 from session_dedup.envelope import CODECS
 from session_dedup.exactly_once import (
     CHUNK_STATUSES,
@@ -54,6 +55,7 @@ from session_dedup.source import (
 )
 
 ACTIVE_SOURCE_WINDOW_S = 300.0
+MAX_ACTIVE_SOURCES_COUNTED = 1_000_000
 _WRITTEN = "written"
 
 
@@ -62,7 +64,11 @@ def _media_type(request: Request) -> str:
 
 
 class _ActiveSources:
-    """Sources that opened a session or wrote recently: the gateway's "open sessions"."""
+    """Sources that opened a session or wrote recently: the gateway's "open sessions".
+
+    At most :data:`MAX_ACTIVE_SOURCES_COUNTED` are remembered: a client inventing source ids
+    saturates the gauge instead of growing the gateway's memory.
+    """
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
@@ -72,8 +78,13 @@ class _ActiveSources:
     def touch(self, metas: list[SourceMeta]) -> None:
         now = time.monotonic()
         seen = self._seen
+        if len(seen) + len(metas) > MAX_ACTIVE_SOURCES_COUNTED:
+            self._prune(now)
+            seen = self._seen
         for meta in metas:
-            seen[(meta.log_type, meta.source_id)] = now
+            key = (meta.log_type, meta.source_id)
+            if key in seen or len(seen) < MAX_ACTIVE_SOURCES_COUNTED:
+                seen[key] = now
         if now - self._pruned > self.window_s / 10:
             self._prune(now)
 
@@ -93,7 +104,11 @@ class WriteApi:
         self.ctx = ctx
         self.limits = ctx.settings.limits
         self.writer = ExactlyOnceWriter(
-            ctx.store, dc=ctx.settings.dc, partitions=ctx.settings.partitions
+            ctx.store,
+            dc=ctx.settings.dc,
+            partitions=ctx.settings.partitions,
+            quota=ctx.topic_quota,
+            max_sources_per_partition=self.limits.max_sources_per_partition,
         )
         self.rates = SourceRateLimiter(
             self.limits.source_chunks_per_second, self.limits.source_burst_chunks
@@ -176,7 +191,13 @@ class WriteApi:
         kept = [i for i, error in enumerate(errors) if error is None]
         metas = [asked[i][0] for i in kept]
         sessions = await self.writer.open_sessions_async(metas, [asked[i][1] for i in kept])
-        self.sessions_opened.inc(len(metas))
+        limited = [s.refused for s in sessions if s.refused is not None]
+        if not batch and limited:
+            raise limited[0]  # 429 (counted by the route's guard)
+        for limit in limited:
+            self.ctx.limit_refusals.inc(1, (limit.limit,))
+            self.sections_refused.inc(1, ("limit_reached",))
+        self.sessions_opened.inc(len(metas) - len(limited))
         self.active.touch(metas)
         opened = iter(sessions)
         answers: list[dict[str, Any]] = []
@@ -222,12 +243,18 @@ class WriteApi:
         outcomes = iter(await self.writer.write_many_async([(s.meta, s.batch) for s in admitted]))
         tally: dict[tuple[str, int], int] = {}
         written_bytes: dict[str, int] = {}
-        results = [
-            _result(s, next(outcomes), tally, written_bytes)
-            if s.error is None
-            else _refusal_json(s.meta.source_id, s.error)
-            for s in sections
-        ]
+        results: list[dict[str, Any]] = []
+        for s in sections:
+            if s.error is not None:
+                results.append(_refusal_json(s.meta.source_id, s.error))
+                continue
+            outcome = next(outcomes)
+            if outcome.refused is not None:
+                self.ctx.limit_refusals.inc(1, (outcome.refused.limit,))
+                self.sections_refused.inc(1, ("limit_reached",))
+                results.append(_limit_refusal_json(s.meta.source_id, outcome.refused))
+            else:
+                results.append(_result(s, outcome, tally, written_bytes))
         for (topic, code), count in tally.items():
             self.chunks.inc(count, (topic, CHUNK_STATUSES[code]))
         for topic, size in written_bytes.items():
@@ -330,7 +357,18 @@ def _refusal_json(source_id: str, error: ApiError) -> dict[str, Any]:
     }
 
 
+def _limit_refusal_json(source_id: str, refused: LimitReached) -> dict[str, Any]:
+    """The result of a section or session refused by a limit: 429, the limit and its value."""
+    return {
+        **_refusal_json(source_id, ApiError(429, "limit_reached", str(refused))),
+        "limit": refused.limit,
+        "max": refused.maximum,
+    }
+
+
 def _session_json(meta: SourceMeta, session: Session) -> dict[str, Any]:
+    if session.refused is not None:
+        return _limit_refusal_json(meta.source_id, session.refused)
     return {
         "source_id": meta.source_id,
         "topic": session.topic,
@@ -340,12 +378,14 @@ def _session_json(meta: SourceMeta, session: Session) -> dict[str, Any]:
     }
 
 
-def routes(ctx: GatewayContext) -> list[BaseRoute]:
+def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     api = WriteApi(ctx)
     ctx.extensions[__name__] = api
+    # A token that may write some log type; each section's (each session's) log type is
+    # decided on its own once the body is parsed.
     return [
-        Route("/v1/sessions", api.open_sessions, methods=["POST"], name="open_sessions"),
-        Route("/v1/write", api.write_chunks, methods=["POST"], name="write_chunks"),
+        route("POST", "/v1/sessions", api.open_sessions, write()),
+        route("POST", "/v1/write", api.write_chunks, write()),
     ]
 
 
@@ -357,7 +397,7 @@ _ERRORS = {
     "408": "the body did not arrive in time",
     "413": "body, chunk or chunk count over the limit",
     "415": "unsupported Content-Type",
-    "429": "a source is over its rate; see Retry-After",
+    "429": "a source is over its rate (see Retry-After), or a limit is reached (limit, max)",
     "503": "the log cannot take writes now; nothing acknowledged; see Retry-After",
 }
 
@@ -378,13 +418,11 @@ def _responses(ok_ref: str, ok_text: str) -> dict[str, Any]:
 
 
 def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
-    security: list[dict[str, list[str]]] = [{"bearer": []}] if ctx.settings.auth_enabled else []
     return {
         "/v1/sessions": {
             "post": {
                 "summary": "Open sessions: topic, pinned partition and last written seqno",
                 "operationId": "openSessions",
-                "security": security,
                 "requestBody": {
                     "required": True,
                     "content": {
@@ -415,7 +453,6 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                     "chunk is durable or was already there."
                 ),
                 "operationId": "writeChunks",
-                "security": security,
                 "requestBody": {
                     "required": True,
                     "content": {
@@ -554,7 +591,10 @@ def openapi_schemas(ctx: GatewayContext) -> dict[str, Any]:
             "required": ["seqno", "status"],
             "properties": {
                 "seqno": {"type": "integer"},
-                "status": {"type": "string", "enum": list(CHUNK_STATUSES)},
+                "status": {
+                    "type": "string",
+                    "enum": [s for s in CHUNK_STATUSES if s != "refused"],
+                },
                 "offset": {"type": "integer", "minimum": 0},
             },
         },
@@ -599,6 +639,8 @@ def openapi_schemas(ctx: GatewayContext) -> dict[str, Any]:
                 "status": {"type": "integer", "minimum": 400, "maximum": 499},
                 "error": {"type": "string"},
                 "reason": {"type": "string"},
+                "limit": {"type": "string"},
+                "max": {"type": "integer"},
             },
         },
     }

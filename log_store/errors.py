@@ -47,6 +47,19 @@ class OffsetOutOfRange(BadRequest):
         self.end_offset = end_offset
 
 
+class LimitReached(BadRequest):
+    """A configured limit on what a client may make the gateway hold (topics, partitions,
+    sources, subscriptions, ...) is reached; nothing was changed.
+
+    ``limit`` names the limit as configured (``max_topics``, ...); ``maximum`` is its value.
+    """
+
+    def __init__(self, message: str, limit: str, maximum: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.maximum = maximum
+
+
 class StoreUnavailable(LogbrokerError):
     """The log cannot take writes now (disk full, read-only, broker gone).
 

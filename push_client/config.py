@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from log_store.errors import BadRequest
+from log_store.topic_names import LOG_TYPE_RULE, is_valid_log_type
 from push_client.installations import InstallationSpec, parse_servers
 
 CODECS = ("raw", "gzip", "zstd")
-_LOG_TYPE = re.compile(r"[a-z0-9][a-z0-9._-]{0,200}")
 _PUSH_KEYS = {
     "servers",
     "state_dir",
@@ -146,11 +146,8 @@ class PushConfig:
         if not self.entries:
             raise ConfigError("nothing to tail: give PATH_OR_GLOB arguments or [[entry]] tables")
         for entry in self.entries:
-            if not _LOG_TYPE.fullmatch(entry.log_type) or ".." in entry.log_type:
-                raise ConfigError(
-                    f"log type {entry.log_type!r} is invalid: use [a-z0-9._-], "
-                    "starting with a letter or digit"
-                )
+            if not is_valid_log_type(entry.log_type):
+                raise ConfigError(f"log type {entry.log_type!r} is invalid: use {LOG_TYPE_RULE}")
             if entry.codec not in CODECS:
                 raise ConfigError(f"codec {entry.codec!r} is unknown; use {', '.join(CODECS)}")
             if not entry.path:

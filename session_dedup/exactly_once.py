@@ -21,11 +21,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from log_store.errors import StoreUnavailable, UnknownTopic
-from log_store.interface import AppendResult, LogStore, PartitionState, TopicConfig, TopicInfo
+from log_store.errors import LimitReached, StoreUnavailable, UnknownTopic
+from log_store.interface import AppendResult, LogStore, PartitionState, TopicInfo
+from log_store.topic_quota import TopicLimits, TopicQuota
 from session_dedup.envelope import EnvelopeWriter
 from session_dedup.pinning import decode_pin, encode_pin, pin_key, stable_partition
-from session_dedup.seqno_table import decode_seqno, encode_seqno, epoch_key, seqno_key
+from session_dedup.seqno_table import (
+    admit_new_source,
+    decode_seqno,
+    encode_seqno,
+    epoch_key,
+    seqno_key,
+)
 from session_dedup.source import SourceMeta
 
 TOPIC_REFRESH_S = 5.0
@@ -47,12 +54,17 @@ class SourceRoute:
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """The answer to a session open: where the source writes, where its log ends, its epoch."""
+    """The answer to a session open: where the source writes, where its log ends, its epoch.
+
+    ``refused`` is set when the session asked to fence a source new to a partition that holds
+    ``max_sources_per_partition`` sources already: nothing was changed.
+    """
 
     topic: str
     partition: int
     last_seqno: int
     epoch: int = 0
+    refused: LimitReached | None = None
 
 
 @dataclass(slots=True)
@@ -78,8 +90,29 @@ DUPLICATE = 0
 WRITTEN = 1
 FENCED = 2
 OUT_OF_ORDER = 3
-CHUNK_STATUSES = ("duplicate", "written", "fenced", "out_of_order")
-"""The name of each per-chunk outcome code, indexed by the code."""
+REFUSED = 4
+CHUNK_STATUSES = ("duplicate", "written", "fenced", "out_of_order", "refused")
+"""The name of each per-chunk outcome code, indexed by the code.
+
+How each is decided, for the chunks of one source in one request (docs/protocol.md says the
+same to clients), with ``last`` the source's last seqno when its section is decided:
+
+* :data:`FENCED`: the section names an ``epoch`` that is not the source's current one.
+* :data:`OUT_OF_ORDER` for the whole section: its ``prev_seqno`` is above ``last``: what the
+  client says precedes the section is not in the log (a gap, or a request that overtook its
+  predecessor).  Nothing is written; ``last_seqno`` in the answer is where the log ends.
+* :data:`OUT_OF_ORDER` for one chunk: its seqno is not above every seqno before it in the same
+  section.  It was not written, and cannot be now without breaking the source's order.
+* :data:`DUPLICATE`: otherwise, a seqno at or below ``last``: the log already holds the source
+  up to there.  With ``prev_seqno`` on every section a client sends, this proves the chunk
+  itself is in the log; without it, a chunk that was reordered behind a later one across
+  requests is indistinguishable from a resend.
+* :data:`WRITTEN`: otherwise; ``last`` becomes its seqno.
+* :data:`REFUSED` for the whole section: the source is new to a partition that holds
+  ``max_sources_per_partition`` sources (``WriteOutcome.refused`` says so).
+"""
+
+DEFAULT_MAX_SOURCES_PER_PARTITION = 1_000_000
 
 
 @dataclass(slots=True)
@@ -88,7 +121,8 @@ class WriteOutcome:
 
     ``first_offset`` is the offset of the first written chunk; written chunks have consecutive
     offsets in request order.  ``last_seqno`` is the source's last seqno after the write and
-    ``epoch`` its current writer epoch (0 if never fenced).
+    ``epoch`` its current writer epoch (0 if never fenced).  ``refused`` is set when the whole
+    section was refused by a limit (every chunk :data:`REFUSED`).
     """
 
     route: SourceRoute
@@ -96,19 +130,35 @@ class WriteOutcome:
     first_offset: int
     last_seqno: int
     epoch: int = 0
+    refused: LimitReached | None = None
 
     @property
     def written_count(self) -> int:
         return self.written.count(1)
 
 
+def _source_limit(maximum: int) -> LimitReached:
+    return LimitReached(
+        f"the source's partition holds {maximum} sources, its limit; a new source is refused "
+        "there until the limit is raised",
+        "max_sources_per_partition",
+        maximum,
+    )
+
+
 class SourceRouter:
     """Creates topics on first use and resolves each source's pinned partition, with caches."""
 
     def __init__(
-        self, store: LogStore, *, partitions: int, refresh_s: float = TOPIC_REFRESH_S
+        self,
+        store: LogStore,
+        *,
+        partitions: int,
+        refresh_s: float = TOPIC_REFRESH_S,
+        quota: TopicQuota | None = None,
     ) -> None:
         self._store = store
+        self._quota = quota or TopicQuota(store, TopicLimits())
         self._partitions = partitions
         self._refresh_s = refresh_s
         self._topics: dict[str, tuple[TopicInfo, float]] = {}
@@ -124,9 +174,7 @@ class SourceRouter:
             # describe, not create: a topic's partition count may have grown elsewhere
             info = self._store.describe_topic(topic)
         except UnknownTopic:
-            info = self._store.create_topic(
-                topic, TopicConfig(partitions=self._partitions), exist_ok=True
-            )
+            info = self._quota.create(topic, self._partitions)
         with self._lock:
             if cached is not None and cached[0].topic_id != info.topic_id:
                 self._drop_pins(cached[0].topic_id)
@@ -233,7 +281,7 @@ class SourceRouter:
 class _SourceChunks:
     """One source's chunks inside a partition's transaction, and what became of them."""
 
-    __slots__ = ("batch", "first_index", "index", "outcome", "source_id", "writer")
+    __slots__ = ("batch", "first_index", "index", "max_sources", "outcome", "source_id", "writer")
 
     def __init__(
         self,
@@ -242,12 +290,14 @@ class _SourceChunks:
         source_id: str,
         batch: ChunkBatch,
         outcome: WriteOutcome,
+        max_sources: int,
     ) -> None:
         self.index = index  # of the section in its request
         self.writer = writer
         self.source_id = source_id
         self.batch = batch
         self.outcome = outcome
+        self.max_sources = max_sources
         self.first_index = 0
 
     def _refuse(self, code: int, last: int) -> None:
@@ -255,13 +305,18 @@ class _SourceChunks:
         self.outcome.last_seqno = last
 
     def admit(self, state: PartitionState, values: list[bytes], write_time: int) -> None:
-        """Append the envelopes of the chunks above the source's last seqno to ``values``."""
+        """Append the envelopes of the chunks above the source's last seqno to ``values``
+        (see :data:`CHUNK_STATUSES` for how each chunk is decided)."""
         self.first_index = len(values)
         key = seqno_key(self.source_id)
-        last = decode_seqno(state.get(key))
+        stored = state.get(key)
+        last = decode_seqno(stored)
         batch = self.batch
+        epoch: bytes | None = None
+        if batch.epoch is not None or stored is None:
+            epoch = state.get(epoch_key(self.source_id))
         if batch.epoch is not None:
-            current = decode_seqno(state.get(epoch_key(self.source_id)))
+            current = decode_seqno(epoch)
             self.outcome.epoch = current
             if batch.epoch != current:
                 return self._refuse(FENCED, last)
@@ -273,12 +328,21 @@ class _SourceChunks:
         encode = self.writer.encoder(write_time)
         written = bytearray(len(seqnos))
         append = values.append
+        highest = 0
         for i, seqno in enumerate(seqnos):
+            if seqno <= highest:
+                written[i] = OUT_OF_ORDER
+                continue
+            highest = seqno
             if seqno > last:
                 append(encode(seqno, create_times[i], datas[i]))
                 written[i] = WRITTEN
                 last = seqno
         if len(values) > self.first_index:
+            if stored is None and epoch is None and not admit_new_source(state, self.max_sources):
+                del values[self.first_index :]
+                self.outcome.refused = _source_limit(self.max_sources)
+                return self._refuse(REFUSED, last=0)
             state.put(key, encode_seqno(last))
         self.outcome.written = written
         self.outcome.last_seqno = last
@@ -322,42 +386,69 @@ class SessionRequest:
 class _SessionTransaction:
     """Reads (and, to fence or hand over, moves) the state of sources of one partition."""
 
-    __slots__ = ("epochs", "handover_writers", "last_seqnos", "requests", "source_ids")
+    __slots__ = (
+        "epochs",
+        "handover_writers",
+        "last_seqnos",
+        "max_sources",
+        "refused",
+        "requests",
+        "source_ids",
+    )
 
     def __init__(
         self,
         source_ids: list[str],
         requests: list[SessionRequest],
         handover_writers: list[EnvelopeWriter | None],
+        max_sources: int,
     ) -> None:
         self.source_ids = source_ids
         self.requests = requests
         self.handover_writers = handover_writers
+        self.max_sources = max_sources
         self.last_seqnos: list[int] = []
         self.epochs: list[int] = []
+        self.refused: list[LimitReached | None] = []
 
     def __call__(self, state: PartitionState) -> Sequence[bytes]:
         lasts = []
         epochs = []
+        refused: list[LimitReached | None] = []
         values: list[bytes] = []
         now = now_ms()
         for source_id, request, writer in zip(
             self.source_ids, self.requests, self.handover_writers, strict=True
         ):
-            last = decode_seqno(state.get(seqno_key(source_id)))
-            epoch = decode_seqno(state.get(epoch_key(source_id)))
-            if request.fence:
-                epoch += 1
-                state.put(epoch_key(source_id), encode_seqno(epoch))
+            stored_seqno = state.get(seqno_key(source_id))
+            stored_epoch = state.get(epoch_key(source_id))
+            last = decode_seqno(stored_seqno)
+            epoch = decode_seqno(stored_epoch)
             moved_to = request.acked_elsewhere
-            if moved_to is not None and moved_to > last and writer is not None:
-                values.append(writer.encode(moved_to, now, now, handover_data(last)))
-                state.put(seqno_key(source_id), encode_seqno(moved_to))
-                last = moved_to
+            hands_over = moved_to is not None and moved_to > last and writer is not None
+            # A fence or a handover gives a source state here: a new one counts against the limit.
+            new = stored_seqno is None and stored_epoch is None
+            refusal = None
+            if (
+                (request.fence or hands_over)
+                and new
+                and not admit_new_source(state, self.max_sources)
+            ):
+                refusal = _source_limit(self.max_sources)
+            if refusal is None:
+                if request.fence:
+                    epoch += 1
+                    state.put(epoch_key(source_id), encode_seqno(epoch))
+                if hands_over and moved_to is not None and writer is not None:
+                    values.append(writer.encode(moved_to, now, now, handover_data(last)))
+                    state.put(seqno_key(source_id), encode_seqno(moved_to))
+                    last = moved_to
             lasts.append(last)
             epochs.append(epoch)
+            refused.append(refusal)
         self.last_seqnos = lasts
         self.epochs = epochs
+        self.refused = refused
         return values
 
 
@@ -376,10 +467,19 @@ class ExactlyOnceWriter:
     a thread only when a cache misses); the plain methods block.
     """
 
-    def __init__(self, store: LogStore, *, dc: str, partitions: int) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        *,
+        dc: str,
+        partitions: int,
+        quota: TopicQuota | None = None,
+        max_sources_per_partition: int = DEFAULT_MAX_SOURCES_PER_PARTITION,
+    ) -> None:
         self.store = store
         self.dc = dc
-        self.router = SourceRouter(store, partitions=partitions)
+        self.router = SourceRouter(store, partitions=partitions, quota=quota)
+        self.max_sources_per_partition = max_sources_per_partition
         self._writers: dict[SourceMeta, EnvelopeWriter] = {}
 
     def topic_for(self, log_type: str) -> str:
@@ -413,7 +513,9 @@ class ExactlyOnceWriter:
         for i, route, (meta, batch) in zip(indexes, routes, sections, strict=True):
             outcome = WriteOutcome(route, bytearray(len(batch)), 0, 0)
             writer = self.envelope_writer(meta)
-            chunks = _SourceChunks(i, writer, meta.source_id, batch, outcome)
+            chunks = _SourceChunks(
+                i, writer, meta.source_id, batch, outcome, self.max_sources_per_partition
+            )
             by_partition.setdefault((route.topic, route.partition), []).append(chunks)
         return [
             (_submit(self.store, topic, partition, _ChunkTransaction(sources)), sources)
@@ -526,6 +628,7 @@ class ExactlyOnceWriter:
                     None if requests[i].acked_elsewhere is None else self._handover_writer(metas[i])
                     for i in indexes
                 ],
+                self.max_sources_per_partition,
             )
             submitted.append((indexes, txn, _submit(self.store, topic, partition, txn)))
         return submitted
@@ -537,8 +640,10 @@ class ExactlyOnceWriter:
     ) -> list[Session]:
         sessions: list[Session | None] = [None] * len(routes)
         for indexes, txn, _ in submitted:
-            for i, last, epoch in zip(indexes, txn.last_seqnos, txn.epochs, strict=True):
-                sessions[i] = Session(routes[i].topic, routes[i].partition, last, epoch)
+            for i, last, epoch, refused in zip(
+                indexes, txn.last_seqnos, txn.epochs, txn.refused, strict=True
+            ):
+                sessions[i] = Session(routes[i].topic, routes[i].partition, last, epoch, refused)
         return [s for s in sessions if s is not None]
 
     def _forget_routes(self, routes: Sequence[SourceRoute]) -> None:

@@ -32,6 +32,21 @@ def epoch_key(source_id: str) -> str:
     return f"epoch/{source_id}"
 
 
+SOURCE_COUNT_KEY = "sources/count"
+"""The state-area key of how many sources have state in the partition (counted since the
+source limit exists: sources written by an older release are not in the count)."""
+
+
+def admit_new_source(state: PartitionState, maximum: int) -> bool:
+    """Count a source that gets its first state in this partition; False (nothing changed) if
+    the partition holds ``maximum`` sources already."""
+    count = decode_seqno(state.get(SOURCE_COUNT_KEY))
+    if count >= maximum:
+        return False
+    state.put(SOURCE_COUNT_KEY, encode_seqno(count + 1))
+    return True
+
+
 def encode_seqno(seqno: int) -> bytes:
     return seqno.to_bytes(_SEQNO_BYTES, "big")
 

@@ -10,12 +10,13 @@ import re
 from dataclasses import dataclass
 
 from log_store.errors import BadRequest
+from log_store.topic_names import LOG_TYPE_PATTERN as LOG_TYPE_PATTERN  # one rule, re-exported
+from log_store.topic_names import validate_log_type as validate_log_type
 from session_dedup.envelope import CODECS
 
 MAX_SEQNO = 2**63 - 1
 MAX_SOURCE_ID_CHARS = 512
 MAX_META_FIELD_CHARS = 4096
-LOG_TYPE_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
 # C0 and C1 control characters and DEL: a source id is shown in logs and tables.
 CONTROL_CHARACTERS = "\\x00-\\x1f\\x7f-\\x9f"
 _CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
@@ -46,17 +47,6 @@ def _text(name: str, value: object, *, max_chars: int, required: bool) -> str:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise BadRequest(f"{name} is not valid UTF-8 (lone surrogate)") from None
-    return value
-
-
-def validate_log_type(value: object) -> str:
-    """Return ``value`` if it can name a log type (and so be part of a topic name)."""
-    if not isinstance(value, str) or not LOG_TYPE_PATTERN.fullmatch(value) or ".." in value:
-        shown = repr(value)[:80]
-        raise BadRequest(
-            f"invalid log_type {shown}: use 1-100 characters of [a-z0-9._-], "
-            "starting with a letter or digit, without '..'"
-        )
     return value
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
+from ops.token_options import add_token_options, token_from
 
 EXIT_DATA_LOST = 3
 
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--master",
         help="Spark master (default: local[*], or the one spark-submit was given)",
     )
-    parser.add_argument("--token", help="bearer token for --server")
+    add_token_options(parser)
     parser.add_argument(
         "--max-range-mb", type=float, default=64.0, help="log data per Spark task (default 64)"
     )
@@ -87,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         warehouse = Path(args.warehouse)
         if warehouse.exists() and not warehouse.is_dir():
             raise BadRequest(f"--warehouse {warehouse} exists and is not a directory")
-        spec = SourceSpec(data_dir=args.data_dir, server=args.server, token=args.token)
+        token = token_from(args) if args.server else None
+        spec = SourceSpec(data_dir=args.data_dir, server=args.server, token=token)
         source = spec.open()  # a wrong directory or an unreachable gateway fails before Spark
         try:
             source.topic_names()

@@ -18,6 +18,7 @@ from delivery.mirror import Mirror, MirrorStuck
 from delivery.pull_client import GatewayUnavailable, RequestRefused
 from log_store.errors import BadRequest
 from ops import stop_signals
+from ops.token_options import add_token_options, token_from
 
 HANDLES_STOP_SIGNALS = True
 
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--idle-exit", type=float, metavar="SECONDS", help="exit after this long with nothing new"
     )
     parser.add_argument("--max-bytes", type=int, default=4 * 1024 * 1024)
-    parser.add_argument("--token", help="bearer token (for both gateways)")
+    add_token_options(parser)  # one token for both gateways: read at --from, replicate at --to
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning"))
 
 
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             args.prefix,
             state_dir=args.state_dir,
             max_bytes=args.max_bytes,
-            token=args.token,
+            token=token_from(args),
         )
     except BadRequest as exc:
         print(f"logbroker mirror: {exc}", file=sys.stderr)

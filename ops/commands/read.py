@@ -19,7 +19,9 @@ from delivery.consumer import Consumer
 from delivery.filters import BadFilter, MessageFilter, parse_filter
 from delivery.pull_client import GatewayUnavailable, PullClient, ReadMessage, RequestRefused
 from log_store.errors import BadRequest
+from log_store.topic_names import validate_log_type
 from ops import stop_signals
+from ops.token_options import add_token_options, token_from
 
 _POLL_WAIT_MS = 1000
 
@@ -71,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-bytes", type=int, default=16 * 1024 * 1024, help="log data per fetch (16 MiB)"
     )
     parser.add_argument("--session-timeout-ms", type=int, default=10_000)
-    parser.add_argument("--token", help="bearer token")
+    add_token_options(parser)
 
 
 def _filter(args: argparse.Namespace) -> MessageFilter:
@@ -80,6 +82,8 @@ def _filter(args: argparse.Namespace) -> MessageFilter:
         name, sep, value = item.partition("=")
         if not sep or name not in ("source_id", "server", "file", "log_type"):
             raise BadFilter(f"--where {item!r}: use source_id=, server=, file= or log_type=")
+        if name == "log_type":
+            validate_log_type(value)  # a log type no writer can have would match nothing
         params.setdefault(name, []).append(value)
     if args.hash:
         parts = args.hash.split(":")
@@ -184,6 +188,7 @@ def _wait_for_gateway(client: PullClient, stop: dict[str, bool], until: float | 
 def run(args: argparse.Namespace) -> int:
     try:
         message_filter = _filter(args)
+        token = token_from(args)
     except BadRequest as exc:
         print(f"logbroker read: {exc}", file=sys.stderr)
         return 2
@@ -196,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     stop_signals.on_stop(lambda: stop.update(requested=True))
     started = time.monotonic()
     idle_until = None if args.idle_exit is None else started + args.idle_exit
-    client = PullClient(args.server, token=args.token)
+    client = PullClient(args.server, token=token)
     out = sys.stdout.buffer
     consumer: Consumer | None = None
     try:

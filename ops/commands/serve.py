@@ -63,6 +63,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="listen on a non-loopback address even with no tokens configured",
     )
     parser.add_argument(
+        "--push-allow",
+        action="append",
+        metavar="NETWORK",
+        help="a network (10.1.2.0/24, 127.0.0.1) push subscriptions may deliver to besides "
+        "public addresses; repeat for more",
+    )
+    parser.add_argument(
+        "--metrics-require-token",
+        action="store_true",
+        default=None,
+        help="/metrics needs a token with metrics = true",
+    )
+    parser.add_argument(
         "--log-level", default="warning", choices=("debug", "info", "warning", "error")
     )
     parser.add_argument(
@@ -89,6 +102,8 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
         "ssl_certfile",
         "ssl_keyfile",
         "allow_public_without_tokens",
+        "push_allow",
+        "metrics_require_token",
     )
     flags = {name: getattr(args, name) for name in names}
     if flags["data_dir"] is not None:

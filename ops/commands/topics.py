@@ -16,6 +16,7 @@ from delivery.internal_state import is_internal
 from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
 from log_store import LogbrokerError, TopicConfig, TopicInfo
 from ops.store_options import add_kafka_arguments, open_store_from_args
+from ops.token_options import add_token_options, token_from
 
 
 def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -27,7 +28,7 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     where.add_argument(
         "--server", default=default, help="gateway URL (list and describe only, read-only)"
     )
-    parser.add_argument("--token", default=default, help="bearer token for --server")
+    add_token_options(parser, default=default)
     add_kafka_arguments(parser, suppress=suppress)
     parser.add_argument(
         "--json",
@@ -180,7 +181,12 @@ def _run_on_gateway(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    client = PullClient(args.server, token=args.token)
+    try:
+        token = token_from(args)
+    except LogbrokerError as exc:
+        print(f"logbroker topics: {exc}", file=sys.stderr)
+        return 2
+    client = PullClient(args.server, token=token)
     try:
         if args.action == "list":
             for name in client.list_topics():

@@ -26,8 +26,9 @@ from tests.conftest import REPO, logbroker_cmd
 class Writer:
     """Writes chunks through ``POST /v1/write`` (NDJSON), one line per chunk."""
 
-    def __init__(self, url: str) -> None:
-        self.http = httpx.Client(base_url=url, timeout=30.0)
+    def __init__(self, url: str, token: str | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url, timeout=30.0, headers=headers)
 
     def close(self) -> None:
         self.http.close()
@@ -69,6 +70,11 @@ class Writer:
         for result in response.json()["results"]:
             acks.extend(result["acks"])
         return acks
+
+
+PUSH_TO_LOOPBACK = ("--push-allow", "127.0.0.1/32")
+"""Gateway flags for tests whose push endpoints listen on loopback, which push delivery
+refuses unless an operator allows it."""
 
 
 def zstd_compress(data: bytes) -> bytes:
@@ -163,8 +169,9 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
 class PushEndpoint:
     """A real HTTP endpoint: answers each POST as ``behaviour(n)`` says for the n-th request.
 
-    ``behaviour`` returns ("ok", 200), ("fail", 500) or ("hang", seconds).  Only batches
-    answered "ok" are recorded, as a receiver that had processed them would.
+    ``behaviour`` returns ("ok", 200), ("fail", 500), ("hang", seconds) or ("redirect", 302)
+    (to ``location``).  Only batches answered "ok" are recorded, as a receiver that had
+    processed them would.
     """
 
     behaviour: Callable[[int], tuple[str, float]]
@@ -172,6 +179,7 @@ class PushEndpoint:
     requests: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: ThreadingHTTPServer | None = None
+    location: str = ""
 
     @property
     def url(self) -> str:
@@ -195,7 +203,7 @@ class PushEndpoint:
                 if action == "hang":
                     time.sleep(arg)
                     status = 200  # too late: the sender gave up and will send it again
-                elif action == "fail":
+                elif action in ("fail", "redirect"):
                     status = int(arg)
                 else:
                     with endpoint.lock:
@@ -203,6 +211,8 @@ class PushEndpoint:
                     status = 200
                 try:
                     self.send_response(status)
+                    if action == "redirect":
+                        self.send_header("Location", endpoint.location)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                 except OSError:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, logbroker_cmd
-from tests.delivery.conftest import wait_until
+from tests.delivery.conftest import PUSH_TO_LOOPBACK, wait_until
 
 
 class Archive:
@@ -100,8 +100,9 @@ def test_a_commit_after_the_window_is_never_delivered(gateway: Any) -> None:
 
 
 def test_push_and_raw_reads_see_legacy_records_as_the_filter_and_a_mirror_need(
-    gateway: Any, push_endpoint: Any
+    start_gateway: Any, push_endpoint: Any
 ) -> None:
+    gateway = start_gateway(None, *PUSH_TO_LOOPBACK)
     archive = Archive(gateway.url)
     txn = archive.commit_request(archive.store(b"pushed\n"))
     archive.commit_request(archive.store(b"never\n"))

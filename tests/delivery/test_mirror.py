@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, logbroker_cmd
-from tests.delivery.conftest import wait_until
+from tests.delivery.conftest import Writer, wait_until
 
 
 def _raw_partitions(url: str, topic: str) -> dict[int, list[tuple[str, int, str]]]:
@@ -260,3 +260,54 @@ def test_mirror_stops_when_the_destination_expects_more_than_the_source_has(
     stderr = mirror.stderr.read().decode() if mirror.stderr else ""
     assert "expects source offset 10, past the source's end 3" in stderr
     assert httpx.get(f"{dc2.url}/v1/topics/dc1.app").json()["partitions"][0]["end_offset"] == 10
+
+
+def test_a_mirror_needs_the_replicate_permission_and_copies_only_gateway_records(
+    start_gateway: Any, tmp_path: Any
+) -> None:
+    from delivery.mirror import encode_replica_body
+    from session_dedup.envelope import Envelope, encode
+
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[tokens.mirror-secret]\nread = ["dc1.*"]\nreplicate = ["dc1.*"]\n'
+        '[tokens.writer-secret]\nwrite = ["app"]\nread = ["dc1.app"]\n'
+    )
+    dc1 = start_gateway(tmp_path / "dc1", "--dc", "dc1", "--config", str(config))
+    dc2 = start_gateway(tmp_path / "dc2", "--dc", "dc2", "--config", str(config))
+    writer = Writer(dc1.url, token="writer-secret")
+    writer.write("s", [1, 2, 3])
+    writer.close()
+    token_file = tmp_path / "mirror.token"
+    token_file.write_text("mirror-secret\n")
+    token_file.chmod(0o600)
+    done = subprocess.run(
+        logbroker_cmd(
+            "mirror", "--from", dc1.url, "--to", dc2.url, "--prefix", "dc1.",
+            "--token-file", str(token_file), "--idle-exit", "2",
+        ),
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    mirror = {"Authorization": "Bearer mirror-secret"}
+    copied = httpx.get(f"{dc2.url}/v1/topics/dc1.app", headers=mirror).json()
+    assert sum(p["end_offset"] for p in copied["partitions"]) == 3
+    # Writing log type app does not let a token append raw records to any DC's app topic.
+    url = f"{dc2.url}/v1/replica/dc7.app/partitions/0"
+    params: dict[str, str | int] = {"source": "topic-id-7", "partitions": 1, "start": 0}
+    good = encode(Envelope("s", "h", "f", "app", "raw", 1, 0, 0, b"x\n"))
+    writer_auth = {"Authorization": "Bearer writer-secret"}
+    body = encode_replica_body([(0, good)])
+    assert httpx.post(url, params=params, content=body, headers=writer_auth).status_code == 403
+    # Records are checked like written ones: anything a gateway would not write is refused.
+    dc1_url = f"{dc2.url}/v1/replica/dc1.app/partitions/0"
+    wrong_type = encode(Envelope("s", "h", "f", "db", "raw", 1, 0, 0, b"x\n"))
+    bad_source = encode(Envelope("s\x01", "h", "f", "app", "raw", 1, 0, 0, b"x\n"))
+    for records in ([(0, wrong_type)], [(0, bad_source)], [(0, b"not an envelope")]):
+        refused = httpx.post(
+            dc1_url, params=params, content=encode_replica_body(records), headers=mirror
+        )
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"] == "bad_replica_record"
+    again = httpx.get(f"{dc2.url}/v1/topics/dc1.app", headers=mirror).json()
+    assert again == copied

@@ -12,9 +12,15 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, logbroker_cmd
-from tests.delivery.conftest import wait_until
+from tests.delivery.conftest import PUSH_TO_LOOPBACK, wait_until
 
 FAST_RETRY = {"timeout_ms": 400, "min_backoff_ms": 20, "max_backoff_ms": 200}
+
+
+@pytest.fixture
+def gateway(start_gateway: Any) -> Any:
+    """A gateway allowed to push to the test endpoints, which listen on loopback."""
+    return start_gateway(None, *PUSH_TO_LOOPBACK)
 
 
 def _subscribe(url: str, name: str, endpoint: str, **extra: Any) -> None:
@@ -96,12 +102,12 @@ def test_push_positions_survive_a_gateway_kill(
     start_gateway: Any, writer_for: Any, push_endpoint: Any, tmp_path: Any
 ) -> None:
     endpoint = push_endpoint(lambda n: ("ok", 200))
-    gw = start_gateway(tmp_path / "data")
+    gw = start_gateway(tmp_path / "data", *PUSH_TO_LOOPBACK)
     writer_for(gw.url).write("src0", list(range(1, 41)))
     _subscribe(gw.url, "durable", endpoint.url, batch_size=10)
     wait_until(lambda: len(endpoint.messages()) == 40, 10, "the first 40 messages")
     gw.kill()
-    gw2 = start_gateway(tmp_path / "data")
+    gw2 = start_gateway(tmp_path / "data", *PUSH_TO_LOOPBACK)
     writer_for(gw2.url).write("src0", list(range(41, 61)))
     wait_until(lambda: len({m["offset"] for m in endpoint.messages()}) == 60, 15, "all 60")
     offsets = [m["offset"] for m in endpoint.messages()]
@@ -143,7 +149,7 @@ def test_two_gateway_workers_deliver_each_batch_once(
 ) -> None:
     """Every worker runs push delivery; the lease lets only one deliver a subscription."""
     endpoint = push_endpoint(lambda n: ("ok", 200))
-    gw = start_gateway(None, "--workers", "2")
+    gw = start_gateway(None, "--workers", "2", *PUSH_TO_LOOPBACK)
     writer = writer_for(gw.url)
     writer.write("src0", list(range(1, 31)))
     _subscribe(gw.url, "once", endpoint.url, batch_size=5)
@@ -171,7 +177,7 @@ def test_latest_subscription_delivers_what_came_after_it_across_a_kill_before_an
 ) -> None:
     healthy = threading.Event()
     endpoint = push_endpoint(lambda n: ("ok", 200) if healthy.is_set() else ("fail", 503))
-    gw = start_gateway(tmp_path / "data")
+    gw = start_gateway(tmp_path / "data", *PUSH_TO_LOOPBACK)
     _topics(gw.data_dir, "create", "dc1.app", "--partitions", "1")
     writer_for(gw.url).write("src0", list(range(1, 11)))  # before the subscription: not pushed
     _subscribe(gw.url, "tail", endpoint.url, reset="latest")
@@ -180,7 +186,7 @@ def test_latest_subscription_delivers_what_came_after_it_across_a_kill_before_an
     # Killed before any batch was accepted, so no position was ever moved by a delivery.
     gw.kill()
     healthy.set()
-    gw2 = start_gateway(tmp_path / "data")
+    gw2 = start_gateway(tmp_path / "data", *PUSH_TO_LOOPBACK)
     wait_until(lambda: len(endpoint.messages()) >= 10, 20, "the 10 messages after subscribing")
     assert [m["seqno"] for m in endpoint.messages()] == list(range(11, 21))
     writer_for(gw2.url).write("src0", [21])

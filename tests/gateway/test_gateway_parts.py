@@ -53,6 +53,11 @@ def test_settings_come_from_file_then_env_then_flags(tmp_path: Path) -> None:
         ("[limits]\nmax_body_bytes = -1", "max_body_bytes"),
         ("[tokens.t]\nwrite = 'app'", "write"),
         ("host = '0.0.0.0'", "loopback"),
+        ("[tokens.t1]\nname = 'same'\n[tokens.t2]\nname = 'same'", "same"),
+        ("[tokens.t]\nadmin = 'yes'", "admin"),
+        ("push_allow = ['not-a-network']", "push_allow"),
+        ("partitions = 65", "max_partitions_per_topic"),
+        ("[limits]\nmax_topics = 0", "max_topics"),
     ],
 )
 def test_invalid_settings_are_refused_with_a_reason(tmp_path: Path, text: str, named: str) -> None:
@@ -60,6 +65,18 @@ def test_invalid_settings_are_refused_with_a_reason(tmp_path: Path, text: str, n
     config.write_text(text)
     with pytest.raises(ConfigError, match=named):
         load_settings(config_file=config, env={}, flags={"data_dir": "/d"})
+
+
+def test_a_token_without_a_name_is_owned_by_a_digest_that_does_not_reveal_it(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "g.toml"
+    config.write_text("[tokens.s3cr3t-token]\nread = ['*']\n[tokens.other]\nname = 'ops'\n")
+    settings = load_settings(config_file=config, env={}, flags={"data_dir": "/d"})
+    unnamed, named = settings.tokens["s3cr3t-token"], settings.tokens["other"]
+    assert unnamed.owner.startswith("token-") and "s3cr3t" not in unnamed.owner
+    assert named.owner == "ops"
+    assert GatewaySettings.from_json(settings.to_json()) == settings
 
 
 def test_binary_framing_round_trips_and_keeps_data_as_views() -> None:

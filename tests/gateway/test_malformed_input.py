@@ -6,7 +6,9 @@ is refused on its own and the rest written (``test_write_protocol``'s per-sectio
 
 from __future__ import annotations
 
+import argparse
 import struct
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,6 +16,9 @@ import orjson
 import pytest
 
 from ingest_api.framing import BINARY_MEDIA_TYPE, MAGIC, NDJSON_MEDIA_TYPE, encode_binary
+from log_store.errors import BadRequest
+from ops.commands.read import _filter
+from push_client.config import build_config
 from tests.gateway.conftest import end_offsets, meta
 
 GOOD_META = meta("src")
@@ -204,3 +209,24 @@ def test_a_truncated_body_cut_by_the_client_is_rejected(shared_gateway: Any) -> 
     # the gateway may answer 400 or just close; either way nothing may be written
     assert answer == b"" or answer.split(b" ")[1].startswith(b"4")
     assert written_topics(shared_gateway.data_dir) == {}
+
+
+def test_one_log_type_rule_for_the_gateway_the_legacy_api_the_push_client_and_read(
+    gateway: Any, tmp_path: Path
+) -> None:
+    longest, too_long = "a" * 100, "a" * 101
+    for log_type, ok in ((longest, True), (too_long, False), ("a..b", False)):
+        session = httpx.post(
+            gateway.url + "/v1/sessions", json={"log_type": log_type, "source_id": "s"}
+        )
+        staged = httpx.post(gateway.url + "/store", params={"log_type": log_type}, content=b"x\n")
+        assert (session.status_code == 200, staged.status_code == 200) == (ok, ok), log_type
+        args = argparse.Namespace(where=[f"log_type={log_type}"], hash=None)
+        try:
+            build_config(servers=["http://gw"], state_dir=str(tmp_path), log_type=log_type,
+                         paths=["/var/log/x"])  # fmt: skip
+            _filter(args)
+            accepted = True
+        except BadRequest:
+            accepted = False
+        assert accepted == ok, log_type

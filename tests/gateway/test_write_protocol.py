@@ -62,14 +62,38 @@ def test_stale_seqno_below_the_last_is_a_duplicate_even_if_never_written(
     assert source_seqnos(gateway.data_dir, "dc1.app", "src-s")[1] == [100, 101]
 
 
-def test_seqno_gaps_are_allowed_and_out_of_order_chunks_in_a_request_are_duplicates(
+def test_seqno_gaps_are_allowed_and_a_chunk_reordered_in_its_request_is_out_of_order(
     gateway: Any, client_for: Any
 ) -> None:
     client = client_for(gateway.url)
+    # 7 came after 1000 in the request: it was never written, so it is not a duplicate
     acks = client.acks("src-g", [5, 1000, 7, 2**63 - 1])
-    assert [a["status"] for a in acks] == ["written", "written", "duplicate", "written"]
+    assert [a["status"] for a in acks] == ["written", "written", "out_of_order", "written"]
     assert client.session("src-g")["last_seqno"] == 2**63 - 1
     assert source_seqnos(gateway.data_dir, "dc1.app", "src-g")[1] == [5, 1000, 2**63 - 1]
+
+
+def test_a_section_that_skips_ahead_of_the_log_is_out_of_order_with_where_the_log_ends(
+    gateway: Any, client_for: Any
+) -> None:
+    client = client_for(gateway.url)
+    client.acks("src-gap", [10])
+    # the client says 20 precedes these chunks, but the log ends at 10: a gap, not a resend
+    gap = client.post_binary(
+        encode_binary([({**meta("src-gap"), "prev_seqno": 20}, [(30, 0, b"x\n")])])
+    ).json()["results"][0]
+    assert [a["status"] for a in gap["acks"]] == ["out_of_order"]
+    assert gap["last_seqno"] == 10
+    # resent after what precedes it: a duplicate is then certain to be in the log
+    chain = {**meta("src-gap"), "prev_seqno": 10}
+    body = encode_binary([(chain, [(20, 0, b"y\n"), (30, 0, b"x\n")])])
+    assert [a["status"] for a in client.post_binary(body).json()["results"][0]["acks"]] == [
+        "written",
+        "written",
+    ]
+    again = client.post_binary(body).json()["results"][0]
+    assert [a["status"] for a in again["acks"]] == ["duplicate", "duplicate"]
+    assert source_seqnos(gateway.data_dir, "dc1.app", "src-gap")[1] == [10, 20, 30]
 
 
 def test_one_request_carries_many_sources_answered_in_request_order(

@@ -33,16 +33,18 @@ def gateway_config(
     namespace: str,
     ownership: str,
     kafka: dict[str, Any] | None = None,
+    top: str = "",
+    tables: str = "",
 ) -> Path:
+    """``top``: more top-level settings; ``tables``: more TOML tables (``[tokens.x]``)."""
     extra = "".join(f"{k} = {v!r}\n" for k, v in (kafka or {}).items())
     path.write_text(
         f'store = "kafka"\n'
         f'kafka_bootstrap = "{bootstrap}"\n'
         f'kafka_namespace = "{namespace}"\n'
-        f'kafka_ownership = "{ownership}"\n'
-        f"[kafka]\n"
+        f'kafka_ownership = "{ownership}"\n' + top + f"[kafka]\n"
         f"session_timeout_ms = {SESSION_TIMEOUT_MS}\n"
-        f"operation_timeout_s = 10.0\n" + extra
+        f"operation_timeout_s = 10.0\n" + extra + tables
     )
     return path
 
@@ -51,7 +53,8 @@ def gateway_config(
 def start_kafka_gateway(
     tmp_path: Path, kafka_cluster: Any, kafka_namespace: str
 ) -> Iterator[Callable[..., GatewayProcess]]:
-    """Factory: ``start_kafka_gateway(*extra, ownership=, bootstrap=, kafka={...})``."""
+    """Factory: ``start_kafka_gateway(*extra, ownership=, bootstrap=, kafka={...}, top=,
+    tables=)``."""
     started: list[GatewayProcess] = []
 
     def _start(
@@ -60,6 +63,8 @@ def start_kafka_gateway(
         bootstrap: str | None = None,
         kafka: dict[str, Any] | None = None,
         namespace: str | None = None,
+        top: str = "",
+        tables: str = "",
     ) -> GatewayProcess:
         n = len(started)
         config = gateway_config(
@@ -68,6 +73,8 @@ def start_kafka_gateway(
             namespace=namespace or kafka_namespace,
             ownership=ownership,
             kafka=kafka,
+            top=top,
+            tables=tables,
         )
         gateway = GatewayProcess(
             tmp_path / f"gw{n}-data",

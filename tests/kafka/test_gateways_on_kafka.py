@@ -171,3 +171,62 @@ def test_restarted_gateway_rebuilds_its_seqno_tables_within_the_bound(
     # measured here: ~0.2 s for 20,000 sources (benchmarks/kafka_bench.py: 100,000)
     assert seconds < 5.0, f"takeover of {sources} sources took {seconds:.2f} s"
     assert first_answer_s < 60.0
+
+
+PEER_TOKEN = "peer-secret"
+TENANT_TOKEN = "tenant-secret"
+ADMIN_TOKEN = "admin-secret"
+TOKENS = f"""
+[tokens.{TENANT_TOKEN}]
+write = ["app"]
+read = ["dc1.app"]
+[tokens.{ADMIN_TOKEN}]
+admin = true
+"""
+
+
+def test_internal_routes_take_only_the_peer_token_and_gateways_forward_with_it(
+    start_kafka_gateway: Callable[..., GatewayProcess], kafka_store: LogStore
+) -> None:
+    """With tokens on, two gateways still serve every source (a write for a partition the
+    other gateway owns is forwarded with the peer token), and the internal routes refuse any
+    other bearer: a missing one, a client's, even an admin's."""
+    top = f'peer_token = "{PEER_TOKEN}"\n'
+    first = start_kafka_gateway(top=top, tables=TOKENS)
+    second = start_kafka_gateway(top=top, tables=TOKENS)
+    clients = [Client(g.url, token=TENANT_TOKEN) for g in (first, second)]
+    sources = [f"src-{i}" for i in range(20)]
+    try:
+        assert written(clients[0].write(sources[0], [1])) == [1]
+        wait_until(
+            lambda: all(
+                (metric(g.url, "logbroker_kafka_owned_partitions") or 0) > 0
+                for g in (first, second)
+            ),
+            60,
+            "both gateways to own partitions",
+        )
+        for i, source in enumerate(sources):
+            assert written(clients[i % 2].write(source, [2, 3])) == [2, 3]
+        internal = f"{first.url}/v1/internal/partitions/dc1.app/0/state"
+        for bearer in (None, "wrong", TENANT_TOKEN, ADMIN_TOKEN):
+            headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+            refused = httpx.post(internal, json={"keys": []}, headers=headers, timeout=30)
+            assert refused.status_code == 401, (bearer, refused.text)
+            assert refused.json()["error"] == "unauthorized"
+        peer = httpx.post(
+            internal,
+            json={"keys": []},
+            headers={"Authorization": f"Bearer {PEER_TOKEN}"},
+            timeout=30,
+        )
+        assert peer.status_code in (200, 409), peer.text  # served, or "not the owner"
+        spec = httpx.get(f"{first.url}/openapi.json", timeout=30).json()["paths"]
+        operation = spec["/v1/internal/partitions/{topic}/{partition}/state"]["post"]
+        assert operation["x-permission"] == "peer"
+    finally:
+        for client in clients:
+            client.close()
+    found = source_seqnos(kafka_store, "dc1.app")
+    assert found[sources[0]][1] == [1, 2, 3]
+    assert all(found[s][1] == [2, 3] for s in sources[1:])

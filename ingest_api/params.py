@@ -1,0 +1,90 @@
+"""Request values of the JSON endpoints, validated: query integers, JSON bodies and fields.
+
+Each failure is a 400 with a reason that names the parameter; nothing is changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from delivery.framing import BINARY_MEDIA_TYPE
+from delivery.partition_reader import check_max_bytes
+from ingest_api.body import read_body
+from ingest_api.errors import ApiError
+from ingest_api.settings import Limits
+from log_store.errors import BadRequest
+
+JSON_BODY_LIMIT = 4 * 1024 * 1024
+"""JSON bodies (joins, commits, subscriptions, fetches) are small; at most this many bytes."""
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def int_param(
+    params: Mapping[str, str], name: str, default: int | None, low: int, high: int
+) -> int:
+    """The query parameter ``name`` as an integer in ``low..high`` (required without default)."""
+    raw = params.get(name)
+    if raw is None:
+        if default is None:
+            raise ApiError(400, "bad_request", f"query parameter {name} is required")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "bad_request", f"{name} must be an integer, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ApiError(400, "bad_request", f"{name} must be in {low}..{high}, got {value}")
+    return value
+
+
+def json_int(raw: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
+    """The JSON field ``name`` as an integer in ``low..high``."""
+    value = raw.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ApiError(400, "bad_request", f"{name} must be an integer")
+    if not low <= value <= high:
+        raise ApiError(400, "bad_request", f"{name} must be in {low}..{high}, got {value}")
+    return value
+
+
+def str_field(raw: Mapping[str, Any], name: str) -> str:
+    value = raw.get(name)
+    if not isinstance(value, str):
+        raise ApiError(400, "bad_request", f"{name} must be a string")
+    return value
+
+
+def wants_binary(request: Request, explicit: str | None) -> bool:
+    """Whether a read answers in the binary framing (``format`` or the ``Accept`` header)."""
+    if explicit is not None:
+        if explicit not in ("json", "binary"):
+            raise ApiError(400, "bad_request", "format must be json or binary")
+        return explicit == "binary"
+    return BINARY_MEDIA_TYPE in request.headers.get("accept", "")
+
+
+def max_bytes_param(value: int) -> int:
+    try:
+        return check_max_bytes(value)
+    except BadRequest as exc:
+        raise ApiError(400, "max_bytes_out_of_range", str(exc)) from None
+
+
+async def json_body(request: Request, limits: Limits) -> dict[str, Any]:
+    """The request's JSON object body ({} if empty), at most :data:`JSON_BODY_LIMIT` bytes."""
+    raw = await read_body(request, limits, max_bytes=JSON_BODY_LIMIT)
+    try:
+        body = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "bad_json", f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad_json", "the body must be a JSON object")
+    return body

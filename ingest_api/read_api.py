@@ -1,0 +1,304 @@
+"""Pull reads: ``/v1/topics``, one partition's messages, and ``/v1/fetch`` of many partitions.
+
+Reads are stateless on the server: a reader passes its position with every request.  Every
+long-poll waits on :class:`~delivery.append_watch.AppendWatch`, woken by appends, and every
+store call runs in a worker thread so the event loop keeps serving other requests.  The wire
+format is in docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import Response
+
+from delivery.filters import MessageFilter, filter_from_json, parse_filter
+from delivery.framing import (
+    BINARY_MEDIA_TYPE,
+    encode_binary,
+    encode_json_multi,
+    encode_json_single,
+)
+from delivery.internal_state import is_internal
+from delivery.partition_reader import DEFAULT_MAX_BYTES, PartitionBatch, scan_budget_of
+from ingest_api.access import RouteDeclaration, access_of, read, route
+from ingest_api.context import GatewayContext
+from ingest_api.delivery_parts import delivery_parts
+from ingest_api.errors import ApiError
+from ingest_api.openapi import OBJECT, operation, path_param, query_param
+from ingest_api.params import (
+    int_param,
+    json_body,
+    json_int,
+    json_response,
+    max_bytes_param,
+    str_field,
+    wants_binary,
+)
+from log_store.errors import LimitReached, UnknownTopic
+from log_store.topic_names import validate_topic_name
+
+MAX_WAIT_MS = 60_000
+Position = tuple[str, int, int]
+
+
+def readable_topic(request: Request, name: object) -> str:
+    """``name`` if it is a topic this request may read; internal topics do not exist for it.
+
+    400 for an invalid name, 404 for an internal topic, 403 if the token may not read it.
+    """
+    topic = validate_topic_name(name)
+    if is_internal(topic):
+        raise UnknownTopic(f"no topic named {topic!r}")
+    access_of(request).require_read(topic)
+    return topic
+
+
+class ReadApi:
+    """The read endpoints; one per worker process."""
+
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        parts = delivery_parts(ctx)
+        self.reader = parts.reader
+        self.watch = parts.watch
+        self.max_positions = ctx.settings.limits.max_fetch_positions
+        self._read_bytes = ctx.metrics.counter(
+            "logbroker_pull_bytes_total", "bytes of message values sent to pull readers"
+        )
+        self._read_messages = ctx.metrics.counter(
+            "logbroker_pull_messages_total", "messages sent to pull readers"
+        )
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn, *args)
+
+    def _count(self, batches: Sequence[PartitionBatch]) -> None:
+        self._read_bytes.inc(sum(b.value_bytes for b in batches))
+        self._read_messages.inc(sum(len(b.messages) for b in batches))
+
+    async def list_topics(self, request: Request) -> Response:
+        """``GET /v1/topics``: the topics this token may read."""
+        prefix = request.query_params.get("prefix", "")
+        access = access_of(request)
+        infos = await self._run(self.store.list_topics)
+        topics = [
+            {"name": t.name, "partitions": t.config.partitions}
+            for t in sorted(infos, key=lambda t: t.name)
+            if t.name.startswith(prefix) and not is_internal(t.name) and access.may_read(t.name)
+        ]
+        return json_response({"topics": topics})
+
+    async def describe_topic(self, request: Request) -> Response:
+        topic = readable_topic(request, request.path_params["topic"])
+        info = await self._run(self.store.describe_topic, topic)
+        return json_response(
+            {
+                "name": info.name,
+                "topic_id": info.topic_id,
+                "partitions": [
+                    {
+                        "partition": p.partition,
+                        "start_offset": p.start_offset,
+                        "end_offset": p.end_offset,
+                        "size_bytes": p.size_bytes,
+                    }
+                    for p in info.partitions
+                ],
+            }
+        )
+
+    async def read_partition(self, request: Request) -> Response:
+        """``GET /v1/topics/{topic}/partitions/{partition}/messages``: one partition, long-poll."""
+        params = request.query_params
+        topic = readable_topic(request, request.path_params["topic"])
+        partition: int = request.path_params["partition"]
+        offset = int_param(params, "offset", None, 0, 2**63 - 1)
+        max_bytes = max_bytes_param(
+            int_param(params, "max_bytes", DEFAULT_MAX_BYTES, -(2**63), 2**63)
+        )
+        wait_ms = int_param(params, "wait_ms", 0, 0, MAX_WAIT_MS)
+        window = int_param(params, "txn_window_ms", self.reader.txn_window_ms, 0, 86_400_000)
+        raw = params.get("raw", "0") in ("1", "true")
+        binary = wants_binary(request, params.get("format"))
+        filt = parse_filter({k: params.getlist(k) for k in params})
+        batches = await self._fetch(
+            [(topic, partition, offset)], max_bytes, wait_ms, filt, raw, window
+        )
+        self._count(batches)
+        if binary:
+            return Response(encode_binary(batches), media_type=BINARY_MEDIA_TYPE)
+        return Response(encode_json_single(batches[0]), media_type="application/json")
+
+    async def fetch(self, request: Request) -> Response:
+        """``POST /v1/fetch``: several partitions at once, each from its own offset."""
+        body = await json_body(request, self.ctx.settings.limits)
+        parts = body.get("partitions")
+        if not isinstance(parts, list) or not parts:
+            raise ApiError(400, "bad_request", "partitions must be a non-empty list")
+        if len(parts) > self.max_positions:
+            raise LimitReached(
+                f"a fetch names at most {self.max_positions} partitions, this one {len(parts)}",
+                "max_fetch_positions",
+                self.max_positions,
+            )
+        positions: list[Position] = []
+        for item in parts:
+            if not isinstance(item, dict):
+                raise ApiError(400, "bad_request", "each partition is {topic, partition, offset}")
+            topic = readable_topic(request, str_field(item, "topic"))
+            partition = json_int(item, "partition", -1, 0, 1_000_000)
+            offset = json_int(item, "offset", -1, 0, 2**63 - 1)
+            positions.append((topic, partition, offset))
+        max_bytes = body.get("max_bytes", DEFAULT_MAX_BYTES)
+        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
+            raise ApiError(400, "bad_request", "max_bytes must be an integer")
+        max_bytes_param(max_bytes)
+        wait_ms = json_int(body, "wait_ms", 0, 0, MAX_WAIT_MS)
+        window = json_int(body, "txn_window_ms", self.reader.txn_window_ms, 0, 86_400_000)
+        raw = body.get("raw", False) is True
+        filt = filter_from_json(body.get("filter"))
+        binary = wants_binary(request, body.get("format"))
+        batches = await self._fetch(positions, max_bytes, wait_ms, filt, raw, window)
+        self._count(batches)
+        if binary:
+            return Response(encode_binary(batches), media_type=BINARY_MEDIA_TYPE)
+        return Response(encode_json_multi(batches), media_type="application/json")
+
+    async def _fetch(
+        self,
+        positions: Sequence[Position],
+        max_bytes: int,
+        wait_ms: int,
+        filt: MessageFilter,
+        raw: bool,
+        window_ms: int,
+    ) -> list[PartitionBatch]:
+        deadline = time.monotonic() + wait_ms / 1000
+        current = list(positions)
+        while True:
+            batches: list[PartitionBatch] = await self._run(
+                self._read_all, current, max_bytes, filt, raw, window_ms
+            )
+            remaining = deadline - time.monotonic()
+            if any(b.messages for b in batches) or remaining <= 0:
+                return batches
+            # Filtered-out records were scanned: wait from where the scan ended.
+            current = [(b.topic, b.partition, b.next_offset) for b in batches]
+            if not await self.watch.wait_any(current, remaining):
+                return await self._run(self._read_all, current, max_bytes, filt, raw, window_ms)
+
+    def _read_all(
+        self,
+        positions: Sequence[Position],
+        max_bytes: int,
+        filt: MessageFilter,
+        raw: bool,
+        window_ms: int,
+    ) -> list[PartitionBatch]:
+        # An even share per partition, so a backlog in the first partition listed does not
+        # starve the others; each still returns at least one message if it has one.  The
+        # scan budget of one read is shared the same way: a fetch of many partitions scans
+        # no more than a read of one.
+        share = max(1, max_bytes // len(positions))
+        scan = max(share, scan_budget_of(max_bytes) // len(positions))
+        return [
+            self.reader.read(
+                topic,
+                partition,
+                offset,
+                share,
+                filt,
+                raw=raw,
+                txn_window_ms=window_ms,
+                scan_bytes=scan,
+            )
+            for topic, partition, offset in positions
+        ]
+
+
+def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
+    api = ReadApi(ctx)
+    messages = "/v1/topics/{topic}/partitions/{partition:int}/messages"
+    return [
+        route("GET", "/v1/topics", api.list_topics, read(lists=True)),
+        route("GET", "/v1/topics/{topic}", api.describe_topic, read(topic="topic")),
+        route("GET", messages, api.read_partition, read(topic="topic")),
+        route("POST", "/v1/fetch", api.fetch, read()),
+    ]
+
+
+def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
+    topic = path_param("topic")
+    partition = path_param("partition", "integer")
+    read_media = {
+        "application/json": {"schema": OBJECT},
+        BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}},
+    }
+    filters = [
+        query_param("source_id", "string"),
+        query_param("server", "string"),
+        query_param("file", "string"),
+        query_param("log_type", "string"),
+        query_param("hash_key", "string"),
+        query_param("hash_mod"),
+        query_param("hash_rem"),
+    ]
+    return {
+        "/v1/topics": {
+            "get": operation(
+                "list_topics",
+                "Topics this token may read, optionally by DC prefix",
+                params=[query_param("prefix", "string")],
+                errors=(),
+            )
+        },
+        "/v1/topics/{topic}": {
+            "get": operation("describe_topic", "A topic's partitions and offsets", params=[topic])
+        },
+        "/v1/topics/{topic}/partitions/{partition}/messages": {
+            "get": operation(
+                "read_partition",
+                "Long-poll read of one partition from an offset",
+                params=[
+                    topic,
+                    partition,
+                    query_param("offset", required=True),
+                    query_param("max_bytes"),
+                    query_param("wait_ms"),
+                    query_param("txn_window_ms"),
+                    query_param("format", "string"),
+                    query_param("raw", "string"),
+                    *filters,
+                ],
+                ok_media=read_media,
+                errors=("400", "404", "416"),
+            )
+        },
+        "/v1/fetch": {
+            "post": operation(
+                "fetch",
+                "Long-poll read of several partitions, each from its offset",
+                body={
+                    "type": "object",
+                    "required": ["partitions"],
+                    "properties": {
+                        "partitions": {"type": "array", "items": OBJECT},
+                        "max_bytes": {"type": "integer"},
+                        "wait_ms": {"type": "integer"},
+                        "format": {"type": "string", "enum": ["json", "binary"]},
+                        "filter": OBJECT,
+                        "raw": {"type": "boolean"},
+                        "txn_window_ms": {"type": "integer"},
+                    },
+                },
+                ok_media=read_media,
+                errors=("400", "404", "413", "416", "429"),
+            )
+        },
+    }

@@ -1,0 +1,92 @@
+"""How many topics, and how many partitions per topic, clients may make a store hold.
+
+Topics are created on first use (a write of a new log type, a legacy commit, a mirror's first
+copy of a topic).  Every such creation goes through one :class:`TopicQuota`, which refuses a
+new topic beyond ``max_topics`` and a partition count beyond ``max_partitions_per_topic`` with
+:class:`~log_store.errors.LimitReached`, so a client holding a token cannot fill the catalog
+or the file system with topics.  Operators' tools (``logbroker topics``) are not limited.
+
+The topic count is read from the catalog at most once per ``count_ttl_s`` (and after each
+creation), so a refusal at the limit costs no catalog scan; several processes creating topics
+at the same moment may overshoot the limit by the creations of that second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+
+from log_store.errors import LimitReached, TopicExists, UnknownTopic
+from log_store.interface import LogStore, TopicConfig, TopicInfo
+
+DEFAULT_MAX_TOPICS = 10_000
+DEFAULT_MAX_PARTITIONS_PER_TOPIC = 64
+
+
+@dataclass(frozen=True)
+class TopicLimits:
+    max_topics: int = DEFAULT_MAX_TOPICS
+    """Topics in the store, logbroker's internal topic included."""
+    max_partitions_per_topic: int = DEFAULT_MAX_PARTITIONS_PER_TOPIC
+
+
+class TopicQuota:
+    """Creates and grows topics on clients' behalf, within :class:`TopicLimits`."""
+
+    def __init__(self, store: LogStore, limits: TopicLimits, count_ttl_s: float = 1.0) -> None:
+        self._store = store
+        self.limits = limits
+        self._ttl_s = count_ttl_s
+        self._count = 0
+        self._counted_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def topic_count(self) -> int:
+        """The number of topics, at most ``count_ttl_s`` old."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._counted_at >= self._ttl_s:
+                self._count = len(self._store.list_topics())
+                self._counted_at = now
+            return self._count
+
+    def check_partitions(self, partitions: int) -> int:
+        """``partitions`` if a topic may have that many, else :class:`LimitReached`."""
+        maximum = self.limits.max_partitions_per_topic
+        if partitions > maximum:
+            raise LimitReached(
+                f"a topic may have at most {maximum} partitions, {partitions} were asked for",
+                "max_partitions_per_topic",
+                maximum,
+            )
+        return partitions
+
+    def create(self, name: str, partitions: int) -> TopicInfo:
+        """Create ``name`` with ``partitions`` unless it exists; the topic as it is now."""
+        self.check_partitions(partitions)
+        if self.topic_count() >= self.limits.max_topics:
+            raise LimitReached(
+                f"the store holds {self.limits.max_topics} topics, its limit; topic {name!r} "
+                "was not created",
+                "max_topics",
+                self.limits.max_topics,
+            )
+        with contextlib.suppress(TopicExists):  # another process created it meanwhile
+            self._store.create_topic(name, TopicConfig(partitions=partitions), exist_ok=True)
+        with self._lock:
+            self._counted_at = float("-inf")
+        return self._store.describe_topic(name)
+
+    def ensure(self, name: str, partitions: int) -> TopicInfo:
+        """The topic ``name`` with at least ``partitions`` partitions, created or grown."""
+        self.check_partitions(partitions)
+        try:
+            info = self._store.describe_topic(name)
+        except UnknownTopic:
+            info = self.create(name, partitions)
+        if len(info.partitions) < partitions:
+            self._store.set_partitions(name, partitions)
+            info = self._store.describe_topic(name)
+        return info

@@ -1,0 +1,212 @@
+"""Everything a client can make the gateway hold has a limit: each one reached here, answered
+429 with the limit's name (never a 5xx), counted in /metrics, and nothing written past it."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from delivery.mirror import encode_replica_body
+from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
+from session_dedup.envelope import EnvelopeWriter
+from tests.conftest import GatewayProcess, logbroker_cmd
+from tests.gateway.conftest import end_offsets, meta
+
+TOKEN = "limited-token"
+CONFIG = f"""
+partitions = 1
+push_allow = ["127.0.0.1"]
+
+[limits]
+max_topics = {{max_topics}}
+max_partitions_per_topic = 2
+max_sources_per_partition = 2
+max_subscriptions_per_token = 2
+max_fetch_positions = 2
+auth_cache_entries = 4
+max_staged_bytes = 1000
+
+[tokens.{TOKEN}]
+write = ["*"]
+read = ["*"]
+replicate = ["*"]
+metrics = true
+"""
+
+
+def _start(base: Path, max_topics: int = 100) -> GatewayProcess:
+    config = base / "gateway.toml"
+    config.write_text(CONFIG.format(max_topics=max_topics))
+    return GatewayProcess(base / "data", ["--config", str(config)], base / "gw.log").start()
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, httpx.Client]]:
+    gateway = _start(tmp_path_factory.mktemp("limited"))
+    http = httpx.Client(
+        base_url=gateway.url, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    try:
+        yield gateway, http
+    finally:
+        http.close()
+        gateway.kill()
+
+
+def _refusals(http: httpx.Client, limit: str) -> int:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(f'logbroker_limit_refusals_total{{limit="{limit}"}} '):
+            return int(float(line.split()[-1]))
+    return 0
+
+
+def _write(http: httpx.Client, sections: list[tuple[dict[str, Any], list[int]]]) -> Any:
+    body = encode_binary([(m, [(s, 0, b"x\n") for s in seqnos]) for m, seqnos in sections])
+    return http.post("/v1/write", content=body, headers={"content-type": BINARY_MEDIA_TYPE})
+
+
+def _assert_limit(response: httpx.Response, limit: str, maximum: int) -> None:
+    assert response.status_code == 429, response.text
+    assert response.json() | {"reason": ""} == {
+        "error": "limit_reached",
+        "reason": "",
+        "limit": limit,
+        "max": maximum,
+    }
+
+
+def test_a_partition_full_of_sources_refuses_a_new_source_alone(limited: Any) -> None:
+    gateway, http = limited
+    ok = _write(http, [(meta("src-1", "full"), [1]), (meta("src-2", "full"), [1])])
+    assert ok.status_code == 200, ok.text
+    before = end_offsets(gateway.data_dir)
+    # a third source is refused on its own; the known ones go on writing in the same request
+    mixed = _write(http, [(meta("src-3", "full"), [1]), (meta("src-1", "full"), [2])])
+    assert mixed.status_code == 200, mixed.text
+    refused, written = mixed.json()["results"]
+    assert refused | {"reason": ""} == {
+        "source_id": "src-3",
+        "status": 429,
+        "error": "limit_reached",
+        "reason": "",
+        "limit": "max_sources_per_partition",
+        "max": 2,
+    }
+    assert [a["status"] for a in written["acks"]] == ["written"]
+    assert end_offsets(gateway.data_dir)[("dc1.full", 0)] == before[("dc1.full", 0)] + 1
+    # a fencing session would give the new source state: refused too, alone in a batch
+    _assert_limit(
+        http.post("/v1/sessions", json={**meta("src-4", "full"), "fence": True}),
+        "max_sources_per_partition",
+        2,
+    )
+    batch = http.post(
+        "/v1/sessions",
+        json={"sessions": [{**meta("src-4", "full"), "fence": True}, meta("src-1", "full")]},
+    ).json()["sessions"]
+    assert (batch[0]["status"], batch[0]["limit"]) == (429, "max_sources_per_partition")
+    assert batch[1]["last_seqno"] == 2
+    assert _refusals(http, "max_sources_per_partition") == 3
+
+
+def test_too_many_subscriptions_of_one_token(limited: Any) -> None:
+    _, http = limited
+    for name in ("sub-1", "sub-2"):
+        body = {"name": name, "endpoint": "http://127.0.0.1:9/h", "topics": ["dc1.x"]}
+        assert http.post("/v1/subscriptions", json=body).status_code == 201
+    third = {"name": "sub-3", "endpoint": "http://127.0.0.1:9/h", "topics": ["dc1.x"]}
+    _assert_limit(http.post("/v1/subscriptions", json=third), "max_subscriptions_per_token", 2)
+    names = {s["name"] for s in http.get("/v1/subscriptions").json()["subscriptions"]}
+    assert names == {"sub-1", "sub-2"}
+    assert _refusals(http, "max_subscriptions_per_token") == 1
+
+
+def test_a_fetch_of_too_many_partitions(limited: Any) -> None:
+    _, http = limited
+    positions = [{"topic": "dc1.full", "partition": 0, "offset": 0}] * 3
+    _assert_limit(http.post("/v1/fetch", json={"partitions": positions}), "max_fetch_positions", 2)
+    assert http.post("/v1/fetch", json={"partitions": positions[:2]}).status_code == 200
+    assert _refusals(http, "max_fetch_positions") == 1
+
+
+def test_a_replica_topic_over_the_partition_limit(limited: Any) -> None:
+    gateway, http = limited
+    value = EnvelopeWriter(source_id="s", server="h", file="f", log_type="app").encode(
+        1, 0, 0, b"x\n"
+    )
+    response = http.post(
+        "/v1/replica/dc9.app/partitions/0",
+        params={"source": "src-topic-id", "partitions": 3, "start": 0},
+        content=encode_replica_body([(0, value)]),
+        headers={"content-type": "application/x-logbroker-records"},
+    )
+    _assert_limit(response, "max_partitions_per_topic", 2)
+    assert ("dc9.app", 0) not in end_offsets(gateway.data_dir)
+    assert _refusals(http, "max_partitions_per_topic") == 1
+
+
+def test_legacy_uploads_stop_at_the_staging_limit(limited: Any) -> None:
+    _, http = limited
+    assert http.post("/store", params={"log_type": "old"}, content=b"x" * 600).status_code == 200
+    over = http.post("/store", params={"log_type": "old"}, content=b"x" * 600)
+    _assert_limit(over, "max_staged_bytes", 1000)
+    assert _refusals(http, "max_staged_bytes") == 1
+
+
+def test_the_auth_cache_is_bounded(limited: Any) -> None:
+    _, http = limited
+    for i in range(10):
+        http.post("/v1/sessions", json=meta("s", f"cache-{i}"))
+    text = http.get("/metrics").text
+    assert "logbroker_auth_cache_resets_total " in text
+    resets = next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("logbroker_auth_cache_resets_total ")
+    )
+    entries = next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("logbroker_auth_cache_entries ")
+    )
+    assert resets >= 2 and entries <= 4
+
+
+def test_topics_stop_at_the_limit(tmp_path: Path) -> None:
+    # the store's internal topic is one of the three
+    gateway = _start(tmp_path, max_topics=3)
+    try:
+        http = httpx.Client(
+            base_url=gateway.url, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert _write(http, [(meta("s", "one"), [1]), (meta("s", "two"), [1])]).status_code == 200
+        refused = _write(http, [(meta("s", "three"), [1]), (meta("s", "one"), [2])])
+        _assert_limit(refused, "max_topics", 3)
+        legacy = http.post("/store", params={"log_type": "four"}, content=b"x\n")
+        staged = legacy.json()["store_id"]
+        _assert_limit(http.post("/commit_request", params={"store_id": staged}), "max_topics", 3)
+        topics = {name for name, _ in end_offsets(gateway.data_dir)}
+        assert {t for t in topics if t.startswith("dc1.")} == {"dc1.one", "dc1.two"}
+        assert end_offsets(gateway.data_dir)[("dc1.one", 0)] == 1
+        assert _refusals(http, "max_topics") == 2
+        http.close()
+    finally:
+        gateway.kill()
+
+
+def test_serve_refuses_a_partition_count_over_the_limit(tmp_path: Path) -> None:
+    result = subprocess.run(
+        logbroker_cmd(
+            "serve", "--data-dir", str(tmp_path / "d"), "--partitions", "65", "--port", "0"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "max_partitions_per_topic" in result.stderr
