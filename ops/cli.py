@@ -4,7 +4,9 @@ Each subcommand lives in ``ops/commands/<name>.py`` and defines ``add_arguments(
 and ``run(args) -> int``.  Bad usage exits with code 2 and a message on stderr.  A command
 that stops cleanly on SIGTERM/SIGINT sets ``HANDLES_STOP_SIGNALS = True`` and says what a stop
 means through :func:`ops.stop_signals.on_stop`; the signals are recorded from the first
-instruction on, so a stop that comes while the command is still starting is not lost.
+instruction on, so a stop that comes while the command is still starting is not lost.  One that
+reloads its configuration on SIGHUP sets ``HANDLES_RELOAD = True`` and uses
+:func:`ops.stop_signals.on_reload`; the others die by SIGHUP as usual.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "push": "the host daemon: tail log files and ship every line exactly once",
     "read": "read a topic or a DC prefix and print lines or JSON",
     "mirror": "copy dc-prefixed topics from one installation to another, exactly once",
-    "load": "load topics into Parquet tables with Spark, exactly once",
+    "load": "load topics into a Delta Lake table with Spark, exactly once",
     "topics": "list, describe, create, alter and delete topics; force segment deletion",
     "audit": "check a data directory: offsets, envelopes, dedup state",
     "bench": "run a benchmark and print its table",
@@ -68,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not getattr(module, "HANDLES_STOP_SIGNALS", False):
         stop_signals.restore_default()
+    elif not getattr(module, "HANDLES_RELOAD", False):
+        stop_signals.restore_default_reload()
     result: int = module.run(args)
     return result
 

@@ -7,6 +7,10 @@ then must still be honoured once the command is running.  :func:`install` record
 from the start; the command names what a stop means with :func:`on_stop`, which runs at once if
 the signal came earlier.  A command that does not handle stops gets the default back with
 :func:`restore_default`, dying by a signal that came early as it would have.
+
+SIGHUP ("reload your configuration") is recorded the same way, so that a reload asked for
+while a daemon starts does not kill it: the command names what a reload means with
+:func:`on_reload`; :func:`restore_default_reload` gives commands without one the default back.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _received: list[int] = []
 _callbacks: list[Callable[[], None]] = []
+_reloads: list[int] = []
+_reload_callbacks: list[Callable[[], None]] = []
 _lock = threading.Lock()
 
 
@@ -30,12 +36,30 @@ def _record(signum: int, frame: FrameType | None) -> None:
         callback()
 
 
+def _record_reload(signum: int, frame: FrameType | None) -> None:
+    _reloads.append(signum)
+    for callback in list(_reload_callbacks):
+        callback()
+
+
 def install() -> None:
-    """Record stop signals from now on (main thread only; a no-op elsewhere)."""
+    """Record stop signals and SIGHUP from now on (main thread only; a no-op elsewhere)."""
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in STOP_SIGNALS:
         signal.signal(signum, _record)
+    signal.signal(signal.SIGHUP, _record_reload)
+
+
+def on_reload(callback: Callable[[], None]) -> None:
+    """Call ``callback`` on SIGHUP, or now if one came since :func:`install`.
+
+    ``callback`` runs in the signal handler: it must only set flags or events.
+    """
+    with _lock:
+        _reload_callbacks.append(callback)
+    if _reloads:
+        callback()
 
 
 def on_stop(callback: Callable[[], None]) -> None:
@@ -64,3 +88,13 @@ def restore_default() -> None:
         )
     if _received:
         os.kill(os.getpid(), _received[0])
+    restore_default_reload()
+
+
+def restore_default_reload() -> None:
+    """Give SIGHUP its default action back (the end of the process), acting on an early one."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    if _reloads:
+        os.kill(os.getpid(), signal.SIGHUP)

@@ -15,6 +15,7 @@ from push_client.daemon import PushDaemon, StateDirBusy
 from push_client.status import print_status, read_status
 
 HANDLES_STOP_SIGNALS = True
+HANDLES_RELOAD = True  # SIGHUP reloads the configuration
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     )
     # A stop that came while starting makes the daemon flush nothing and exit at once.
     stop_signals.on_stop(daemon.stop)
+    # A reload asked for while it started is applied once it runs (SIGHUP does not kill it).
+    stop_signals.on_reload(daemon.request_reload)
     try:
         code = daemon.run()
     except StateDirBusy as exc:

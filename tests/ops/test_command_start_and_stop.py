@@ -59,6 +59,44 @@ def test_sigterm_while_a_command_starts_is_a_clean_stop(
     assert proc.returncode == 0, err.decode()
 
 
+@pytest.mark.parametrize("delay_s", [0.0, 0.3, 1.0])
+def test_sighup_while_the_push_client_starts_is_a_reload_not_its_end(
+    tmp_path: Path, delay_s: float
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: the client keeps trying
+    (tmp_path / "app.log").write_text("a line\n")
+    state = tmp_path / "state"
+    log = str(tmp_path / "app.log")
+    proc = _start(["push", "--server", url, "--log-type", "app", "--state-dir", str(state), log])
+    deadline = time.monotonic() + 30
+    while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGHUP)
+    # still running once it has started: its status file appears, and it is alive after it
+    while not (state / "status.json").exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()[1].decode()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert "SIGHUP" in err.decode()  # the reload ran (and said so)
+
+
+def test_a_follower_without_reload_still_ends_on_sighup() -> None:
+    """``logbroker read`` in a terminal that closes ends, as a command does."""
+    proc = _start(["read", "--server", f"http://127.0.0.1:{free_port()}", "--topic", "dc1.app"])
+    deadline = time.monotonic() + 30
+    while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGHUP)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGHUP
+
+
 def test_a_command_without_a_stop_handler_dies_by_a_sigterm_that_came_early() -> None:
     code = (
         "import os, signal\n"
