@@ -198,7 +198,10 @@ class GroupCoordinator:
         member_id = secrets.token_hex(8)
         now = self._now()
 
+        created: list[bool] = []
+
         def change(doc: Doc | None) -> tuple[Doc, MemberState]:
+            created[:] = [doc is None]
             doc = _owned_doc(group, doc, owner, check_owner)
             self._expire(doc, now)
             wanted = subscription.to_json()
@@ -213,7 +216,10 @@ class GroupCoordinator:
             self._rebalance(doc, bounds)
             return doc, self._member_state(group, doc, member_id, bounds.missing)
 
-        return self._state.update(_doc_key(group), change)
+        member = self._state.update(_doc_key(group), change)
+        if created[0]:
+            self._remember(group)
+        return member
 
     def heartbeat(
         self, group: str, member_id: str, release: Iterable[TopicPartition] = ()
@@ -289,7 +295,10 @@ class GroupCoordinator:
             checked.append((key, offset))
         now = self._now()
 
+        created: list[bool] = []
+
         def change(doc: Doc | None) -> tuple[Doc, None]:
+            created[:] = [doc is None]
             if member_id is not None:
                 if doc is not None:
                     _owned_doc(group, doc, owner, check_owner)
@@ -313,6 +322,23 @@ class GroupCoordinator:
             return doc, None
 
         self._state.update(_doc_key(group), change)
+        if created[0]:
+            self._remember(group)
+
+    def names(self) -> list[str]:
+        """Every group created since the index was kept (the dashboard lists them), sorted."""
+        return sorted((self._state.get(_INDEX_KEY) or {}).get("groups", {}))
+
+    def _remember(self, group: str) -> None:
+        """Add a new group to the index; a separate update, so a crash between the two can
+        leave a group unlisted (never a listed group that does not exist)."""
+
+        def change(doc: Doc | None) -> tuple[Doc | None, None]:
+            doc = doc or {"groups": {}}
+            doc["groups"][group] = self._now()
+            return doc, None
+
+        self._state.update(_INDEX_KEY, change)
 
     def owner_of(self, group: str) -> tuple[bool, str | None]:
         """Whether the group exists, and which client it belongs to (None: made without auth)."""
@@ -522,6 +548,9 @@ def _owned_doc(group: str, doc: Doc | None, owner: str | None, check_owner: bool
     elif check_owner and doc.get("owner") != owner:
         raise NotGroupOwner(f"group {group!r} belongs to another client; use another group name")
     return doc
+
+
+_INDEX_KEY = "groups-index"
 
 
 def _doc_key(group: str) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -364,6 +365,11 @@ class Mirror:
         self._partitions: dict[str, int] = {}
         self._last_discovery = 0.0
         self._last_status = 0.0
+        self._source_ends: dict[tuple[str, int], int] = {}
+        self._last_report = 0.0
+        self._report_refused = False
+        self.name = f"{socket.gethostname()}:{prefix}:{source_url}"
+        """How the destination's dashboard names this mirror (its lag reports)."""
         self.stats = MirrorStats()
 
     def close(self) -> None:
@@ -488,6 +494,7 @@ class Mirror:
                 continue
             copied += self._append(topic, partition, records, next_offset)
         self._write_status()
+        self._report_lag()
         return copied
 
     def _still_known(self, topics: set[str]) -> set[str]:
@@ -518,6 +525,9 @@ class Mirror:
         sections = self._source.fetch_sections(
             positions, max_bytes=self._max_bytes, wait_ms=wait_ms, raw=True
         )
+        for s in sections:
+            if s.meta.get("end_offset") is not None:
+                self._source_ends[(s.meta["topic"], s.meta["partition"])] = s.meta["end_offset"]
         return [
             (s.meta["topic"], s.meta["partition"], s.records, s.meta.get("next_offset"))
             for s in sections
@@ -648,6 +658,32 @@ class Mirror:
         tmp = self._state_dir / "mirror-status.json.tmp"
         tmp.write_text(json.dumps(status, indent=1))
         tmp.replace(self._state_dir / "mirror-status.json")
+
+    def _report_lag(self) -> None:
+        """Tell the destination how far behind each partition is (``POST /v1/mirrors/status``,
+        shown by its dashboard).  Never retried: the next report replaces a lost one."""
+        if time.monotonic() - self._last_report < _STATUS_S:
+            return
+        self._last_report = time.monotonic()
+        partitions = [
+            {
+                "topic": t,
+                "partition": p,
+                "position": max(o, self._skipped.get((t, p), o)),
+                "source_end_offset": self._source_ends[(t, p)],
+            }
+            for (t, p), o in sorted(self._positions.items())
+            if (t, p) in self._source_ends
+        ]
+        body = {"client": self.name, "host": socket.gethostname(), "partitions": partitions}
+        try:
+            answer = self._dest.post("/v1/mirrors/status", json=body, timeout=5.0)
+        except httpx.HTTPError as exc:
+            _log.debug("mirror: lag report failed: %s", exc)
+            return
+        if answer.status_code != 200 and not self._report_refused:
+            self._report_refused = True  # an older gateway (404): say it once
+            _log.info("mirror: the destination refused the lag report (%d)", answer.status_code)
 
     def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> None:
         """Copy until ``stop`` is set (or nothing new came for ``idle_exit_s``)."""

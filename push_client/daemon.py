@@ -18,6 +18,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -30,6 +31,7 @@ from push_client.config import PushConfig
 from push_client.discovery import ChangeWatcher, watch_root
 from push_client.files import Counters, FileSet
 from push_client.installations import InstallationSet
+from push_client.lag_report import LagReporter
 from push_client.metrics import MetricsServer, PushMetrics
 from push_client.parking import ParkingLot
 from push_client.progress import ProgressBar
@@ -130,6 +132,7 @@ class PushDaemon:
         show = sys.stderr.isatty() if progress is None else progress
         self._progress = ProgressBar(sys.stderr) if show else None
         self._metrics_server: MetricsServer | None = None
+        self._lag_report: LagReporter | None = None
         self.started_at = time.time()
         self._status_document = b"{}"
 
@@ -197,6 +200,7 @@ class PushDaemon:
             self._metrics_server = MetricsServer(
                 self.config.metrics_port, self._render_metrics, self._last_status
             )
+        self._lag_report = LagReporter(f"{socket.gethostname()}:{self.state_dir}", self._token)
         for entry in self.config.entries:
             self._watcher.watch(watch_root(entry.path))
         names = self._installations.names
@@ -249,6 +253,8 @@ class PushDaemon:
             self._watcher.close()
             if self._metrics_server is not None:
                 self._metrics_server.close()
+            if self._lag_report is not None:
+                self._lag_report.close()
             with self._wake_lock:
                 wake_w, self._wake_w = self._wake_w, -1
                 os.close(wake_w)
@@ -418,6 +424,9 @@ class PushDaemon:
             files=rows,
         )
         self._status_document = document
+        if self._lag_report is not None and running:
+            current = self._clients[self._installations.current().name]
+            self._lag_report.offer(current.current_server, rows)
         try:
             write_atomically(self.state_dir / STATUS_NAME, document, durable=False)
             write_atomically(

@@ -139,6 +139,11 @@ class GatewayClient:
     def close(self) -> None:
         self._http.close()
 
+    @property
+    def current_server(self) -> str:
+        """The gateway requests go to first now (the last one that answered)."""
+        return self._server(0)[1]
+
     def _server(self, attempt_offset: int) -> tuple[int, str]:
         with self._lock:
             index = (self._preferred + attempt_offset) % len(self.servers)

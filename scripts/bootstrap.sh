@@ -14,6 +14,11 @@ if [[ ",$EXTRAS," == *",spark,"* ]] && ! command -v java >/dev/null; then
   need_apt+=(openjdk-17-jre-headless)
 fi
 command -v mount >/dev/null || need_apt+=(mount)
+if [[ ",$EXTRAS," == *",test,"* ]]; then
+  # the dashboard's browser test drives Debian's headless Chromium
+  command -v chromium >/dev/null || need_apt+=(chromium)
+  command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
+fi
 if ((${#need_apt[@]})); then
   echo "bootstrap: installing Debian packages: ${need_apt[*]}" >&2
   SUDO=""; [[ $(id -u) == 0 ]] || SUDO="sudo"

@@ -1,0 +1,187 @@
+"""What clients report about themselves: push-clients their lag per file, mirrors theirs per
+partition (``POST /v1/clients/status``, ``POST /v1/mirrors/status``).
+
+Only a client knows how far behind it is: a push-client knows the size of the files it tails,
+a mirror the end offsets of its source.  Each reports every few seconds; the gateway keeps the
+last report of each client in the store's internal state (one document per client plus an
+index), so every worker and every gateway over the same store shows the same reports.  A
+report is a view for operators, never a position: nothing is delivered or skipped because of
+it.
+
+Bounded: at most :data:`MAX_CLIENTS` clients (the least recently reporting one is forgotten
+first), :data:`MAX_ROWS` rows per report, and a client silent for :data:`FORGET_AFTER_S` is
+dropped from the index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from delivery.internal_state import Doc, InternalState
+from log_store.errors import BadRequest
+
+MAX_CLIENTS = 1000
+MAX_ROWS = 500
+FORGET_AFTER_S = 15 * 60.0
+_INDEX_KEY = "clients-index"
+_MAX_TEXT = 1024
+
+ClientKind = Literal["push", "mirror"]
+
+
+@dataclass(frozen=True)
+class ClientReport:
+    """One client's last report: who, when, and its rows (one per file or partition)."""
+
+    kind: ClientKind
+    client: str
+    host: str
+    reported_ms: int
+    owner: str | None
+    rows: list[dict[str, Any]]
+
+    def to_json(self) -> Doc:
+        return {
+            "kind": self.kind,
+            "client": self.client,
+            "host": self.host,
+            "reported_ms": self.reported_ms,
+            "owner": self.owner,
+            "rows": self.rows,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Doc) -> ClientReport:
+        return cls(
+            raw["kind"], raw["client"], raw["host"], raw["reported_ms"], raw["owner"], raw["rows"]
+        )
+
+
+def _text(raw: Any, name: str, *, required: bool = True) -> str:
+    if raw is None and not required:
+        return ""
+    if not isinstance(raw, str) or (required and not raw) or len(raw) > _MAX_TEXT:
+        raise BadRequest(f"{name} must be a string of 1..{_MAX_TEXT} characters")
+    return raw
+
+
+def _count(raw: Any, name: str, *, optional: bool = False) -> int | None:
+    if raw is None and optional:
+        return None
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw < 0:
+        raise BadRequest(f"{name} must be a non-negative integer")
+    return raw
+
+
+def _seconds(raw: Any, name: str) -> float:
+    if not isinstance(raw, int | float) or isinstance(raw, bool) or not 0 <= raw < 1e10:
+        raise BadRequest(f"{name} must be a non-negative number of seconds")
+    return float(raw)
+
+
+def push_rows(body: Doc) -> list[dict[str, Any]]:
+    """The rows of a push-client's report, validated: ``files`` of
+    ``{path, log_type, size, acked, lag_bytes, lag_s, phase}``."""
+    files = body.get("files")
+    if not isinstance(files, list) or len(files) > MAX_ROWS:
+        raise BadRequest(f"files must be a list of at most {MAX_ROWS} files")
+    rows = []
+    for i, raw in enumerate(files):
+        if not isinstance(raw, dict):
+            raise BadRequest(f"files[{i}] must be an object")
+        rows.append(
+            {
+                "path": _text(raw.get("path"), f"files[{i}].path"),
+                "log_type": _text(raw.get("log_type"), f"files[{i}].log_type"),
+                "size": _count(raw.get("size"), f"files[{i}].size"),
+                "acked": _count(raw.get("acked"), f"files[{i}].acked"),
+                "lag_bytes": _count(raw.get("lag_bytes"), f"files[{i}].lag_bytes"),
+                "lag_s": _seconds(raw.get("lag_s", 0), f"files[{i}].lag_s"),
+                "phase": _text(raw.get("phase"), f"files[{i}].phase", required=False),
+            }
+        )
+    return rows
+
+
+def mirror_rows(body: Doc) -> list[dict[str, Any]]:
+    """The rows of a mirror's report, validated: ``partitions`` of
+    ``{topic, partition, position, source_end_offset}`` (topics as written here)."""
+    partitions = body.get("partitions")
+    if not isinstance(partitions, list) or len(partitions) > MAX_ROWS:
+        raise BadRequest(f"partitions must be a list of at most {MAX_ROWS} partitions")
+    rows = []
+    for i, raw in enumerate(partitions):
+        if not isinstance(raw, dict):
+            raise BadRequest(f"partitions[{i}] must be an object")
+        position = _count(raw.get("position"), f"partitions[{i}].position")
+        end = _count(raw.get("source_end_offset"), f"partitions[{i}].source_end_offset")
+        assert position is not None and end is not None
+        rows.append(
+            {
+                "topic": _text(raw.get("topic"), f"partitions[{i}].topic"),
+                "partition": _count(raw.get("partition"), f"partitions[{i}].partition"),
+                "position": position,
+                "source_end_offset": end,
+                "lag": max(0, end - position),
+            }
+        )
+    return rows
+
+
+class ClientReports:
+    """The last report of each client, kept in the store's internal state."""
+
+    def __init__(self, state: InternalState, clock: Callable[[], float] = time.time) -> None:
+        self._state = state
+        self._clock = clock
+
+    def record(
+        self, kind: ClientKind, client: object, host: object, owner: str | None, rows: list[Doc]
+    ) -> None:
+        """Keep ``rows`` as the last report of the client named ``client`` (a non-empty
+        string, else :class:`BadRequest`), replacing the one before."""
+        name = _text(client, "client")
+        host_name = _text(host, "host", required=False)
+        now_ms = int(self._clock() * 1000)
+        report = ClientReport(kind, name, host_name, now_ms, owner, rows)
+        key = _client_key(kind, name)
+        self._state.update(key, lambda _old: (report.to_json(), None))
+        index = self._state.get(_INDEX_KEY) or {}
+        seen = index.get("clients", {}).get(key)
+        # the index is rewritten only for a new client or a stale entry: one write per report
+        if seen is None or now_ms - int(seen) > FORGET_AFTER_S * 1000 / 4:
+            self._state.update(_INDEX_KEY, lambda doc: (self._indexed(doc, key, now_ms), None))
+
+    def _indexed(self, doc: Doc | None, key: str, now_ms: int) -> Doc:
+        clients: dict[str, int] = dict((doc or {}).get("clients", {}))
+        clients[key] = now_ms
+        oldest_kept = now_ms - int(FORGET_AFTER_S * 1000)
+        clients = {k: t for k, t in clients.items() if t >= oldest_kept}
+        if len(clients) > MAX_CLIENTS:
+            newest = sorted(clients.items(), key=lambda kv: kv[1], reverse=True)[:MAX_CLIENTS]
+            clients = dict(newest)
+        return {"clients": clients}
+
+    def reports(self, kind: ClientKind) -> list[ClientReport]:
+        """The last report of every client of ``kind`` heard from recently, by client name."""
+        now_ms = int(self._clock() * 1000)
+        oldest_kept = now_ms - int(FORGET_AFTER_S * 1000)
+        index = (self._state.get(_INDEX_KEY) or {}).get("clients", {})
+        out = []
+        for key in sorted(index):
+            if not key.startswith(f"client-status/{kind}/"):
+                continue
+            raw = self._state.get(key)
+            if raw is not None and raw["reported_ms"] >= oldest_kept:
+                out.append(ClientReport.from_json(raw))
+        return out
+
+
+def _client_key(kind: ClientKind, client: str) -> str:
+    # a client name is free text: hashed into the key, kept readable in the document
+    digest = hashlib.sha256(client.encode("utf-8")).hexdigest()[:32]
+    return f"client-status/{kind}/{digest}"

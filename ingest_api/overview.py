@@ -1,0 +1,322 @@
+"""The dashboard's data: one JSON document of topics, rates, lags, clients and disk use.
+
+Everything comes from the store, so any worker of any gateway over the same store answers the
+same: topics and partitions (offsets, sizes, retention), consumer groups and push
+subscriptions (their positions against the partitions' ends), and what push-clients and
+mirrors last reported (:mod:`ingest_api.client_status`).
+
+Rates are differences over a sliding window (:class:`RateWindow`): each answer samples the
+partitions' end offsets and sizes and the readers' positions, and compares the sample with
+one taken about ``window_s`` earlier by the same worker.  Samples are taken only when someone
+asks (the page asks every two seconds), so an idle dashboard costs nothing; the first answer
+of a worker has no rates yet (``null``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from delivery.consumer_group import GroupCoordinator
+from delivery.internal_state import is_internal
+from delivery.push import SubscriptionRegistry
+from ingest_api.access import Access
+from ingest_api.client_status import ClientReports
+from ingest_api.settings import GatewaySettings
+from log_store.errors import BadRequest
+from log_store.interface import LogStore, TopicInfo
+
+DEFAULT_WINDOW_S = 30.0
+MAX_GROUPS_SHOWN = 200
+"""Groups (and subscriptions) beyond this many are counted, not described."""
+_MIN_SPAN_S = 0.2
+
+
+@dataclass(frozen=True)
+class TopicTotals:
+    """Counters of one topic at one instant: they only grow while the topic lives."""
+
+    end_offsets: int
+    size_bytes: int
+    read_positions: int
+
+
+@dataclass
+class _Sample:
+    at: float
+    totals: dict[str, TopicTotals]
+
+
+@dataclass(frozen=True)
+class TopicRates:
+    """Per second over the window: messages written, bytes written, messages read."""
+
+    messages: float
+    bytes: float
+    read_messages: float
+
+
+@dataclass
+class RateWindow:
+    """Rates per topic over the last ``window_s`` seconds, from samples of growing totals."""
+
+    window_s: float = DEFAULT_WINDOW_S
+    clock: Callable[[], float] = time.monotonic
+    _samples: deque[_Sample] = field(default_factory=deque)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, totals: dict[str, TopicTotals]) -> dict[str, TopicRates | None]:
+        """Record ``totals`` as of now; the rates from the window's base sample to them.
+
+        The base is the newest sample at least ``window_s`` old, or, while the worker has
+        none that old, its oldest.  A total that went down (a topic deleted and created
+        again, retention shrinking the size) counts as no growth, never as a negative rate.
+        """
+        now = self.clock()
+        with self._lock:
+            while self._samples and now - self._samples[0].at > 2 * self.window_s:
+                self._samples.popleft()
+            base = None
+            for sample in self._samples:
+                if now - sample.at >= self.window_s:
+                    base = sample
+            if base is None and self._samples:
+                base = self._samples[0]
+            self._samples.append(_Sample(now, totals))
+        rates: dict[str, TopicRates | None] = {}
+        for topic, current in totals.items():
+            before = None if base is None else base.totals.get(topic)
+            span = 0.0 if base is None else now - base.at
+            if before is None or span < _MIN_SPAN_S:
+                rates[topic] = None
+                continue
+            rates[topic] = TopicRates(
+                max(0, current.end_offsets - before.end_offsets) / span,
+                max(0, current.size_bytes - before.size_bytes) / span,
+                max(0, current.read_positions - before.read_positions) / span,
+            )
+        return rates
+
+
+class Overview:
+    """Builds the ``GET /v1/ui/overview`` document (blocking: call it in a worker thread)."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        settings: GatewaySettings,
+        groups: GroupCoordinator,
+        subscriptions: SubscriptionRegistry,
+        clients: ClientReports,
+        window: RateWindow,
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._groups = groups
+        self._subscriptions = subscriptions
+        self._clients = clients
+        self._window = window
+
+    def build(self, access: Access) -> dict[str, Any]:
+        """What ``access`` may see: readable topics, its groups and subscriptions, the client
+        reports about readable topics (or made with its token)."""
+        infos = self._topics()
+        all_groups = self._all_group_rows(infos)
+        all_subscriptions = self._all_subscription_rows()
+        read_positions = _positions_by_topic(all_groups)
+        read_positions_push = _positions_by_topic(all_subscriptions)
+        totals = {
+            name: TopicTotals(
+                sum(p.end_offset for p in info.partitions),
+                sum(p.size_bytes for p in info.partitions),
+                read_positions.get(name, 0) + read_positions_push.get(name, 0),
+            )
+            for name, info in infos.items()
+        }
+        rates = self._window.add(totals)
+        topics = [
+            _topic_row(info, rates.get(name))
+            for name, info in sorted(infos.items())
+            if access.may_read(name)
+        ]
+        return {
+            "now_ms": int(time.time() * 1000),
+            "dc": self._settings.dc,
+            "store": self._settings.store,
+            "window_s": self._window.window_s,
+            "disk": self._disk(),
+            "topics": topics,
+            "groups": self._group_rows(access, all_groups),
+            "subscriptions": self._subscription_rows(access, all_subscriptions),
+            "push_clients": self._push_clients(access),
+            "mirrors": self._mirrors(access),
+        }
+
+    # -- parts ------------------------------------------------------------------------------
+    def _topics(self) -> dict[str, TopicInfo]:
+        infos: dict[str, TopicInfo] = {}
+        for listed in self._store.list_topics():
+            if is_internal(listed.name):
+                continue
+            try:
+                infos[listed.name] = self._store.describe_topic(listed.name)
+            except BadRequest:
+                continue  # deleted since it was listed
+        return infos
+
+    def _disk(self) -> dict[str, Any] | None:
+        if self._settings.store != "sqlite":
+            return None  # Kafka's brokers own the disks; their own metrics show them
+        usage = shutil.disk_usage(self._settings.data_dir)
+        return {
+            "path": str(self._settings.data_dir),
+            "total_bytes": usage.total,
+            "used_bytes": usage.used,
+            "free_bytes": usage.free,
+        }
+
+    def _all_group_rows(self, infos: dict[str, TopicInfo]) -> list[dict[str, Any]]:
+        rows = []
+        for name in self._groups.names()[:MAX_GROUPS_SHOWN]:
+            try:
+                described = self._groups.describe(name)
+            except BadRequest:
+                continue
+            described["partitions"] = [p for p in described["partitions"] if p["topic"] in infos]
+            rows.append(described)
+        return rows
+
+    def _group_rows(self, access: Access, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for described in rows:
+            _, owner = self._groups.owner_of(described["group"])
+            if not access.owns(owner):
+                continue
+            partitions = [p for p in described["partitions"] if access.may_read(p["topic"])]
+            out.append(
+                {
+                    "group": described["group"],
+                    "members": len(described["members"]),
+                    "topics": sorted({p["topic"] for p in partitions}),
+                    "lag": _total_lag(partitions),
+                    "partitions": partitions,
+                }
+            )
+        return out
+
+    def _all_subscription_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for sub, owner in self._subscriptions.list_owned()[:MAX_GROUPS_SHOWN]:
+            try:
+                status = self._subscriptions.status(sub.name)
+            except BadRequest:
+                continue
+            rows.append({"name": sub.name, "owner": owner, "partitions": status["partitions"]})
+        return rows
+
+    def _subscription_rows(
+        self, access: Access, rows: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        out = []
+        for row in rows:
+            if not access.owns(row["owner"]):
+                continue
+            partitions = [
+                {**p, "committed": p["position"]}
+                for p in row["partitions"]
+                if access.may_read(p["topic"])
+            ]
+            out.append(
+                {
+                    "name": row["name"],
+                    "topics": sorted({p["topic"] for p in partitions}),
+                    "lag": _total_lag(partitions),
+                    "partitions": partitions,
+                }
+            )
+        return out
+
+    def _push_clients(self, access: Access) -> list[dict[str, Any]]:
+        out = []
+        for report in self._clients.reports("push"):
+            mine = access.owner is not None and access.owns(report.owner)
+            files = [
+                {**row, "topic": f"{self._settings.dc}.{row['log_type']}"} for row in report.rows
+            ]
+            files = [f for f in files if mine or access.may_read(f["topic"])]
+            if not files and not mine:
+                continue
+            out.append(
+                {
+                    "client": report.client,
+                    "host": report.host,
+                    "reported_ms": report.reported_ms,
+                    "lag_bytes": sum(f["lag_bytes"] for f in files),
+                    "files": files,
+                }
+            )
+        return out
+
+    def _mirrors(self, access: Access) -> list[dict[str, Any]]:
+        out = []
+        for report in self._clients.reports("mirror"):
+            partitions = [row for row in report.rows if access.may_read(row["topic"])]
+            if not partitions:
+                continue
+            out.append(
+                {
+                    "client": report.client,
+                    "host": report.host,
+                    "reported_ms": report.reported_ms,
+                    "lag": sum(p["lag"] for p in partitions),
+                    "partitions": partitions,
+                }
+            )
+        return out
+
+
+def _topic_row(info: TopicInfo, rates: TopicRates | None) -> dict[str, Any]:
+    partitions = [
+        {
+            "partition": p.partition,
+            "start_offset": p.start_offset,
+            "end_offset": p.end_offset,
+            "size_bytes": p.size_bytes,
+            "segments": p.segments,
+        }
+        for p in info.partitions
+    ]
+    return {
+        "name": info.name,
+        "partitions": partitions,
+        "end_offsets": sum(p.end_offset for p in info.partitions),
+        "retained_offsets": sum(p.end_offset - p.start_offset for p in info.partitions),
+        "size_bytes": sum(p.size_bytes for p in info.partitions),
+        "retention_ms": info.config.retention_ms,
+        "retention_bytes": info.config.retention_bytes,
+        "segment_bytes": info.config.segment_bytes,
+        "write_rate": None if rates is None else round(rates.messages, 3),
+        "write_bytes_rate": None if rates is None else round(rates.bytes, 1),
+        "read_rate": None if rates is None else round(rates.read_messages, 3),
+    }
+
+
+def _total_lag(partitions: Iterable[dict[str, Any]]) -> int | None:
+    lags = [p["lag"] for p in partitions if p.get("lag") is not None]
+    return sum(lags) if lags else None
+
+
+def _positions_by_topic(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """The sum of every reader's committed position per topic (it grows as they read)."""
+    out: dict[str, int] = {}
+    for row in rows:
+        for p in row["partitions"]:
+            position = p.get("committed", p.get("position"))
+            if position is not None:
+                out[p["topic"]] = out.get(p["topic"], 0) + int(position)
+    return out
