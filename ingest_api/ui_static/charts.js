@@ -1,4 +1,5 @@
 // Small SVG line charts for the dashboard: no library, no network.
+(function () {
 "use strict";
 
 const COLORS = ["#3b6fd8", "#d8663b", "#2f9e57", "#9b4fd1", "#c9a227", "#1aa3a3", "#c23b6e", "#5b6b82"];
@@ -53,3 +54,4 @@ function drawLineChart(svg, series, spanMs) {
 }
 
 window.logbrokerCharts = {drawLineChart, shortNumber};
+})();

@@ -8,7 +8,7 @@ const CHART_SPAN_MS = 5 * 60 * 1000;
 const TOKEN_KEY = "logbroker.token";
 const {drawLineChart, shortNumber} = window.logbrokerCharts;
 
-const history = {write: {}, read: {}, lag: {}};
+const seriesOf = {write: {}, read: {}, lag: {}};
 let lastAudit = 0;
 
 function $(selector) { return document.querySelector(selector); }
@@ -97,8 +97,8 @@ function showTopics(doc) {
       cell(`${duration(t.retention_ms)}${t.retention_bytes ? ", " + bytes(t.retention_bytes) : ""}`),
     );
     rows.push(tr);
-    remember(history.write, t.name, doc.now_ms, t.write_rate);
-    remember(history.read, t.name, doc.now_ms, t.read_rate);
+    remember(seriesOf.write, t.name, doc.now_ms, t.write_rate);
+    remember(seriesOf.read, t.name, doc.now_ms, t.read_rate);
   }
   fillTable("topics", rows, "no topics yet", 8);
 }
@@ -112,7 +112,7 @@ function showGroups(doc) {
     tr.append(cell(name, "name"), cell(kind), cell(topics.join(", ")), cell(members, "num"),
       cell(lag, "num lag"));
     rows.push(tr);
-    remember(history.lag, `${kind} ${name}`, doc.now_ms, lag);
+    remember(seriesOf.lag, `${kind} ${name}`, doc.now_ms, lag);
   };
   for (const g of doc.groups) add(g.group, "group", g.topics, g.members, g.lag);
   for (const s of doc.subscriptions) add(s.name, "push", s.topics, null, s.lag);
@@ -238,9 +238,9 @@ async function refresh() {
     showPushClients(doc);
     showMirrors(doc);
     showDisk(doc);
-    drawLineChart($("#chart-write"), history.write, CHART_SPAN_MS);
-    drawLineChart($("#chart-read"), history.read, CHART_SPAN_MS);
-    drawLineChart($("#chart-lag"), history.lag, CHART_SPAN_MS);
+    drawLineChart($("#chart-write"), seriesOf.write, CHART_SPAN_MS);
+    drawLineChart($("#chart-read"), seriesOf.read, CHART_SPAN_MS);
+    drawLineChart($("#chart-lag"), seriesOf.lag, CHART_SPAN_MS);
     if (Date.now() - lastAudit >= AUDIT_REFRESH_MS) {
       lastAudit = Date.now();
       await refreshAudit();

@@ -72,6 +72,14 @@ def subscription(name: str, topic: str) -> dict[str, Any]:
     return {"name": name, "endpoint": "http://127.0.0.1:9/hook", "topics": [topic]}
 
 
+def push_client_file(log_type: str) -> dict[str, Any]:
+    return {"path": "/var/log/a.log", "log_type": log_type, "size": 9, "acked": 4, "lag_bytes": 5}
+
+
+def mirror_partition(topic: str) -> dict[str, Any]:
+    return {"topic": topic, "partition": 0, "position": 3, "source_end_offset": 5}
+
+
 def examples(a: TenantA) -> dict[tuple[str, str], Call]:
     """One request per route, naming tenant A's objects."""
     p = a.partition
@@ -128,6 +136,17 @@ def examples(a: TenantA) -> dict[tuple[str, str], Call]:
         ("PUT", "/store"): ("/store", {"params": {"log_type": "app"}, "content": b"x\n"}),
         ("POST", "/commit_request"): ("/commit_request", {"params": {"store_id": a.store_id}}),
         ("POST", "/commit"): ("/commit", {"params": {"txn_id": a.store_id, "log_type": "app"}}),
+        ("GET", "/v1/ui/overview"): ("/v1/ui/overview", {}),
+        ("POST", "/v1/clients/status"): (
+            "/v1/clients/status",
+            {"json": {"client": "host-a", "files": [push_client_file("app")]}},
+        ),
+        ("POST", "/v1/mirrors/status"): (
+            "/v1/mirrors/status",
+            {"json": {"client": "mirror-a", "partitions": [mirror_partition("dc9.app")]}},
+        ),
+        ("GET", "/ui"): ("/ui", {}),
+        ("GET", "/ui/static/{name}"): ("/ui/static/dashboard.js", {}),
         ("GET", "/metrics"): ("/metrics", {}),
         ("GET", "/healthz"): ("/healthz", {}),
         ("GET", "/openapi.json"): ("/openapi.json", {}),
