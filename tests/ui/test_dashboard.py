@@ -180,11 +180,8 @@ def test_dashboard_shows_topics_rates_and_a_lag_that_falls_back_to_zero(
 
     catch_up(gateway, token_file)
     wait_for(browser, "showed the lag back at zero", lambda: cell_text(browser, group_lag) == "0")
-    wait_for(
-        browser,
-        "drew the write rate",
-        lambda: browser.find_elements(By.CSS_SELECTOR, f'#chart-write polyline[data-series="{TOPIC}"]'),
-    )
+    write_line = f'#chart-write polyline[data-series="{TOPIC}"]'
+    wait_for(browser, "drew the write rate", lambda: browser.find_elements(By.CSS_SELECTOR, write_line))
     assert "used of" in browser.find_element(By.ID, "disk-use").text
 
     shot = tmp_path / "dashboard.png"
