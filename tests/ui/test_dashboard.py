@@ -162,8 +162,10 @@ def test_dashboard_shows_topics_rates_and_a_lag_that_falls_back_to_zero(
     write_rate = wait_for(
         browser,
         "showed a write rate above zero",
-        lambda: number(cell_text(browser, topic_row + " td.write-rate")) > 0
-        and number(cell_text(browser, topic_row + " td.write-rate")),
+        lambda: (
+            number(cell_text(browser, topic_row + " td.write-rate")) > 0
+            and number(cell_text(browser, topic_row + " td.write-rate"))
+        ),
     )
     assert write_rate > 0
     wait_for(browser, "showed the group's lag", lambda: number(cell_text(browser, group_lag)) > 0)
@@ -181,7 +183,10 @@ def test_dashboard_shows_topics_rates_and_a_lag_that_falls_back_to_zero(
     catch_up(gateway, token_file)
     wait_for(browser, "showed the lag back at zero", lambda: cell_text(browser, group_lag) == "0")
     write_line = f'#chart-write polyline[data-series="{TOPIC}"]'
-    wait_for(browser, "drew the write rate", lambda: browser.find_elements(By.CSS_SELECTOR, write_line))
+    drawn = wait_for(
+        browser, "drew the write rate", lambda: browser.find_elements(By.CSS_SELECTOR, write_line)
+    )
+    assert drawn
     assert "used of" in browser.find_element(By.ID, "disk-use").text
 
     shot = tmp_path / "dashboard.png"
