@@ -701,3 +701,5 @@ class Mirror:
                 break
         self._last_status = 0.0
         self._write_status()
+        self._last_report = 0.0  # the positions it stopped at: the dashboard shows them
+        self._report_lag()

@@ -32,6 +32,8 @@ from log_store.errors import BadRequest
 from log_store.interface import LogStore, TopicInfo
 
 DEFAULT_WINDOW_S = 30.0
+STALE_AFTER_S = 30.0
+"""A client report older than this is marked stale: the client stopped or cannot reach us."""
 MAX_GROUPS_SHOWN = 200
 """Groups (and subscriptions) beyond this many are counted, not described."""
 _MIN_SPAN_S = 0.2
@@ -256,6 +258,7 @@ class Overview:
                     "client": report.client,
                     "host": report.host,
                     "reported_ms": report.reported_ms,
+                    "stale": _stale(report.reported_ms),
                     "lag_bytes": sum(f["lag_bytes"] for f in files),
                     "files": files,
                 }
@@ -273,6 +276,7 @@ class Overview:
                     "client": report.client,
                     "host": report.host,
                     "reported_ms": report.reported_ms,
+                    "stale": _stale(report.reported_ms),
                     "lag": sum(p["lag"] for p in partitions),
                     "partitions": partitions,
                 }
@@ -304,6 +308,10 @@ def _topic_row(info: TopicInfo, rates: TopicRates | None) -> dict[str, Any]:
         "write_bytes_rate": None if rates is None else round(rates.bytes, 1),
         "read_rate": None if rates is None else round(rates.read_messages, 3),
     }
+
+
+def _stale(reported_ms: int) -> bool:
+    return time.time() * 1000 - reported_ms > STALE_AFTER_S * 1000
 
 
 def _total_lag(partitions: Iterable[dict[str, Any]]) -> int | None:

@@ -42,6 +42,17 @@ function rate(value) {
   return value === null || value === undefined ? "—" : value.toFixed(value >= 100 ? 0 : 2);
 }
 
+function reportedCell(report) {
+  const td = cell(ago(report.reported_ms));
+  if (report.stale) {
+    const badge = document.createElement("span");
+    badge.className = "badge warn";
+    badge.textContent = "stale";
+    td.append(" ", badge);
+  }
+  return td;
+}
+
 function ago(ms) {
   const s = Math.max(0, (Date.now() - ms) / 1000);
   return s < 60 ? `${s.toFixed(0)} s ago` : `${(s / 60).toFixed(0)} min ago`;
@@ -128,7 +139,7 @@ function showPushClients(doc) {
       tr.dataset.path = f.path;
       tr.append(cell(c.client), cell(c.host), cell(f.path), cell(f.topic), cell(f.phase),
         cell(bytes(f.lag_bytes), "num lag"), cell(`${f.lag_s.toFixed(1)} s`, "num"),
-        cell(ago(c.reported_ms)));
+        reportedCell(c));
       rows.push(tr);
     }
   }
@@ -143,7 +154,7 @@ function showMirrors(doc) {
       tr.dataset.mirror = m.client;
       tr.append(cell(m.client), cell(m.host), cell(`${p.topic}/${p.partition}`),
         cell(p.position, "num"), cell(p.source_end_offset, "num"), cell(p.lag, "num lag"),
-        cell(ago(m.reported_ms)));
+        reportedCell(m));
       rows.push(tr);
     }
   }
