@@ -151,7 +151,7 @@ class Overview:
             "dc": self._settings.dc,
             "store": self._settings.store,
             "window_s": self._window.window_s,
-            "disk": self._disk(),
+            "disk": self._disk(access),
             "topics": topics,
             "groups": self._group_rows(access, all_groups),
             "subscriptions": self._subscription_rows(access, all_subscriptions),
@@ -171,12 +171,13 @@ class Overview:
                 continue  # deleted since it was listed
         return infos
 
-    def _disk(self) -> dict[str, Any] | None:
+    def _disk(self, access: Access) -> dict[str, Any] | None:
+        """The data directory's file system; its path only for an admin token (or no auth)."""
         if self._settings.store != "sqlite":
             return None  # Kafka's brokers own the disks; their own metrics show them
         usage = shutil.disk_usage(self._settings.data_dir)
         return {
-            "path": str(self._settings.data_dir),
+            "path": str(self._settings.data_dir) if access.is_admin else None,
             "total_bytes": usage.total,
             "used_bytes": usage.used,
             "free_bytes": usage.free,

@@ -16,7 +16,8 @@ function shortNumber(value) {
   if (value >= 1e9) return (value / 1e9).toFixed(1) + "G";
   if (value >= 1e6) return (value / 1e6).toFixed(1) + "M";
   if (value >= 1e3) return (value / 1e3).toFixed(1) + "k";
-  return value >= 10 || value === 0 ? String(Math.round(value)) : value.toFixed(1);
+  if (value >= 10 || value === 0) return String(Math.round(value));
+  return String(Number(value.toPrecision(2)));
 }
 
 // series: {name: [[time_ms, value], ...]}; draws the last `spanMs` milliseconds.

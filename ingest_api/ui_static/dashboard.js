@@ -5,6 +5,7 @@ const REFRESH_MS = 2000;
 const AUDIT_REFRESH_MS = 10000;
 const AUDIT_SINCE_S = 6 * 3600;
 const CHART_SPAN_MS = 5 * 60 * 1000;
+const MIN_CHART_SPAN_MS = 60 * 1000;
 const TOKEN_KEY = "logbroker.token";
 const {drawLineChart, shortNumber} = window.logbrokerCharts;
 
@@ -92,6 +93,14 @@ function remember(series, name, time, value) {
   while (points.length && points[0][0] < time - CHART_SPAN_MS) points.shift();
 }
 
+// The time the page has points for, at least a minute and at most CHART_SPAN_MS: a page
+// opened a moment ago draws lines, not spikes at the right edge.
+function chartSpan(series) {
+  let oldest = Date.now();
+  for (const points of Object.values(series)) if (points.length) oldest = Math.min(oldest, points[0][0]);
+  return Math.min(CHART_SPAN_MS, Math.max(MIN_CHART_SPAN_MS, Date.now() - oldest));
+}
+
 function showTopics(doc) {
   const rows = [];
   for (const t of doc.topics) {
@@ -168,7 +177,7 @@ function showDisk(doc) {
     const used = doc.disk.used_bytes / doc.disk.total_bytes;
     const text = document.createElement("p");
     text.id = "disk-use";
-    text.textContent = `${doc.disk.path}: ${bytes(doc.disk.used_bytes)} used of ${bytes(doc.disk.total_bytes)} ` +
+    text.textContent = `${doc.disk.path || "data directory"}: ${bytes(doc.disk.used_bytes)} used of ${bytes(doc.disk.total_bytes)} ` +
       `(${(used * 100).toFixed(1)}%), ${bytes(doc.disk.free_bytes)} free`;
     const bar = document.createElement("div");
     bar.className = "bar";
@@ -249,9 +258,9 @@ async function refresh() {
     showPushClients(doc);
     showMirrors(doc);
     showDisk(doc);
-    drawLineChart($("#chart-write"), seriesOf.write, CHART_SPAN_MS);
-    drawLineChart($("#chart-read"), seriesOf.read, CHART_SPAN_MS);
-    drawLineChart($("#chart-lag"), seriesOf.lag, CHART_SPAN_MS);
+    drawLineChart($("#chart-write"), seriesOf.write, chartSpan(seriesOf.write));
+    drawLineChart($("#chart-read"), seriesOf.read, chartSpan(seriesOf.read));
+    drawLineChart($("#chart-lag"), seriesOf.lag, chartSpan(seriesOf.lag));
     if (Date.now() - lastAudit >= AUDIT_REFRESH_MS) {
       lastAudit = Date.now();
       await refreshAudit();

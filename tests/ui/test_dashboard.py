@@ -190,8 +190,8 @@ def test_dashboard_shows_topics_rates_and_a_lag_that_falls_back_to_zero(
     assert "used of" in browser.find_element(By.ID, "disk-use").text
 
     shot = tmp_path / "dashboard.png"
-    height = int(browser.execute_script("return document.documentElement.scrollHeight"))
-    browser.set_window_size(1400, height + 200)  # the window's frame takes some of it
+    height = int(browser.execute_script("return Math.ceil(document.body.scrollHeight)"))
+    browser.set_window_size(1400, height + 120)  # the window's frame takes some of it
     assert browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000
     keep = os.environ.get(SCREENSHOT_ENV)
