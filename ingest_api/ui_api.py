@@ -81,17 +81,24 @@ class UiApi:
         return json_response(doc)
 
     async def push_client_status(self, request: Request) -> Response:
-        """A push-client's lag per file; each file's log type must be one the token writes."""
+        """A push-client's lag per file, kept for the files whose log type the token writes.
+
+        The others are skipped and named in the answer (one file of a log type the token may
+        not write, parked by the client, must not hide the lag of the rest); a report of only
+        such files is 403.
+        """
         access = access_of(request)
         body = await json_body(request, self.ctx.settings.limits)
-        rows = push_rows(body)
-        for row in rows:
-            access.require_write(row["log_type"])
+        reported = push_rows(body)
+        rows = [row for row in reported if access.may_write(row["log_type"])]
+        skipped = [row["path"] for row in reported if not access.may_write(row["log_type"])]
+        if skipped and not rows:
+            raise forbidden(f"this token may not write log type {reported[0]['log_type']!r}")
         record = functools.partial(
             self.clients.record, "push", body.get("client"), body.get("host"), access.owner, rows
         )
         await anyio.to_thread.run_sync(record)
-        return json_response({"recorded": len(rows)})
+        return json_response({"recorded": len(rows), "skipped": skipped})
 
     async def mirror_status(self, request: Request) -> Response:
         """A mirror's lag per partition; each topic must be one the token replicates into."""

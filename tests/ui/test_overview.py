@@ -161,3 +161,34 @@ def test_rates_are_growth_over_the_sliding_window() -> None:
     now[0] += 1
     dropped = window.add({"t": TopicTotals(0, 0, 0)})["t"]  # the topic was created again
     assert dropped is not None and (dropped.messages, dropped.bytes) == (0.0, 0.0)
+
+
+def test_a_report_keeps_only_files_of_log_types_the_token_writes(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[tokens.shipper-secret]\nname = "shipper"\nwrite = ["app"]\nread = ["dc1.other"]\n'
+    )
+    gateway = GatewayProcess(tmp_path / "data", ["--config", str(config)], tmp_path / "gw.log")
+    auth = {"Authorization": "Bearer shipper-secret"}
+
+    def row(path: str, log_type: str) -> dict[str, Any]:
+        return {"path": path, "log_type": log_type, "size": 9, "acked": 4, "lag_bytes": 5}
+
+    def report(*files: dict[str, Any]) -> httpx.Response:
+        body = {"client": "web1", "files": list(files)}
+        return httpx.post(gateway.url + "/v1/clients/status", json=body, headers=auth, timeout=30)
+
+    try:
+        gateway.start()
+        mixed = report(row("/var/log/app.log", "app"), row("/var/log/db.log", "db"))
+        assert mixed.status_code == 200, mixed.text
+        assert mixed.json() == {"recorded": 1, "skipped": ["/var/log/db.log"]}
+        only_forbidden = report(row("/var/log/db.log", "db"))
+        assert only_forbidden.status_code == 403, only_forbidden.text
+        seen = httpx.get(gateway.url + "/v1/ui/overview", headers=auth, timeout=30)
+        assert seen.status_code == 200, seen.text
+        # the token's own report, although it may not read dc1.app
+        (client,) = seen.json()["push_clients"]
+        assert [f["path"] for f in client["files"]] == ["/var/log/app.log"]
+    finally:
+        gateway.kill()
