@@ -217,7 +217,8 @@ class GroupCoordinator:
             return doc, self._member_state(group, doc, member_id, bounds.missing)
 
         member = self._state.update(_doc_key(group), change)
-        if created[0]:
+        # a group made before the index was kept is listed from its next join on
+        if created[0] or group not in self.names():
             self._remember(group)
         return member
 

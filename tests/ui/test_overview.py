@@ -15,6 +15,7 @@ import pytest
 
 from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
 from ingest_api.overview import RateWindow, TopicTotals
+from push_client.lag_report import report_rows
 from tests.conftest import REPO, GatewayProcess, kill_process_group, logbroker_cmd
 from tests.gateway.conftest import meta
 
@@ -192,3 +193,23 @@ def test_a_report_keeps_only_files_of_log_types_the_token_writes(tmp_path: Path)
         assert [f["path"] for f in client["files"]] == ["/var/log/app.log"]
     finally:
         gateway.kill()
+
+
+def test_a_push_client_report_puts_the_files_most_behind_first() -> None:
+    def status_row(path: str, size: int, acked: int, pending_since: float | None) -> dict[str, Any]:
+        return {
+            "path": path,
+            "log_type": "app",
+            "size": size,
+            "acked": acked,
+            "pending_since": pending_since,
+            "phase": "active",
+        }
+
+    rows = report_rows(
+        [status_row("/a", 100, 100, None), status_row("/b", 900, 100, 90.0)], now=100.0
+    )
+    assert [(r["path"], r["lag_bytes"], r["lag_s"]) for r in rows] == [
+        ("/b", 800, 10.0),
+        ("/a", 0, 0.0),
+    ]
