@@ -249,7 +249,9 @@ def ack_histogram(port: int) -> dict[float, int]:
     for line in text.splitlines():
         if line.startswith("logbroker_ack_latency_seconds_bucket"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets[float("inf") if le == "+Inf" else float(le)] = int(line.rsplit(" ", 1)[1])
+            buckets[float("inf") if le == "+Inf" else float(le)] = int(
+                float(line.rsplit(" ", 1)[1])
+            )
     return buckets
 
 

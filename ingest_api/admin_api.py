@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
+import anyio.to_thread
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -27,7 +30,11 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
         )
 
     async def metrics(request: Request) -> Response:
-        return Response(ctx.metrics.render(), media_type=MetricsRegistry.CONTENT_TYPE)
+        # callbacks read the worker's state in its own thread; gauges read from the store
+        # (disk, offsets, lag) may block, so the text is rendered off the event loop
+        ctx.metrics.refresh()
+        text = await anyio.to_thread.run_sync(ctx.metrics.render, False)
+        return Response(text, media_type=MetricsRegistry.CONTENT_TYPE)
 
     async def openapi(request: Request) -> Response:
         if not openapi_doc:
@@ -43,6 +50,24 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
         route("GET", "/metrics", metrics, METRICS),
         route("GET", "/openapi.json", openapi, PUBLIC),
     ]
+
+
+_REFRESHER = "ingest_api.admin_api.refresher"
+
+
+async def on_startup(ctx: GatewayContext) -> None:
+    # Callback gauges are read in the event loop that owns their state, and stored: other
+    # workers' scrapes read them from the shared files, the Graphite sender from the registry.
+    ctx.extensions[_REFRESHER] = asyncio.create_task(ctx.metrics.refresh_forever())
+
+
+async def on_shutdown(ctx: GatewayContext) -> None:
+    task = ctx.extensions.pop(_REFRESHER, None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    ctx.metrics.retire()
 
 
 def _text_response(description: str, media_type: str) -> dict[str, Any]:
@@ -95,7 +120,9 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
             "get": {
                 "summary": "Prometheus metrics (text format 0.0.4)",
                 "operationId": "metrics",
-                "responses": _text_response("metrics of the worker that answered", "text/plain"),
+                "responses": _text_response(
+                    "metrics of the gateway (all its workers)", "text/plain"
+                ),
             }
         },
     }

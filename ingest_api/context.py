@@ -16,6 +16,7 @@ from ingest_api.access import access_of
 from ingest_api.auth import Authorizer
 from ingest_api.metrics import Counter, MetricsRegistry
 from ingest_api.settings import GatewaySettings, TokenGrant
+from ingest_api.store_gauges import register_store_gauges
 from log_store.interface import LogStore
 from log_store.topic_quota import TopicLimits, TopicQuota
 
@@ -60,6 +61,11 @@ class GatewayContext:
             "logbroker_limit_refusals_total",
             "requests (or sections of a request) refused by a configured limit",
             ("limit",),
+        )
+        register_store_gauges(
+            self.metrics,
+            self.store,
+            self.settings.data_dir if self.settings.store == "sqlite" else None,
         )
 
     def grant(self, conn: HTTPConnection) -> TokenGrant | None:

@@ -1,17 +1,48 @@
-"""A small Prometheus registry: counters, gauges and histograms rendered as text format 0.0.4.
+"""The gateway's metrics: a thin registry over ``prometheus_client``, one view over all workers.
 
-Hand-written so that the hot path costs one dict lookup and an add.  Each uvicorn worker has
-its own registry; with several workers ``/metrics`` shows the worker that answered.
+Route modules ask :class:`MetricsRegistry` for counters, gauges and histograms by name and
+update them on the hot path (``counter.inc(1, (topic, status))``: a dict lookup and
+prometheus_client's own add).  ``/metrics`` renders them in the Prometheus text format 0.0.4.
+
+Several workers: ``logbroker serve --workers N`` makes a directory for the run and names it in
+``PROMETHEUS_MULTIPROC_DIR`` before the workers start, so prometheus_client's multiprocess
+mode keeps every worker's values in memory-mapped files there and any worker's ``/metrics``
+adds them all up.  Each kind of value is combined its own way:
+
+* counters and histograms: summed over every worker that ever ran in this gateway run, so a
+  scrape never goes backwards, not even when a worker dies and uvicorn starts another;
+* gauges a worker sets or reads from a callback (``read=``): combined by their ``mode`` over
+  the workers alive (``livesum`` by default, ``livemax`` for maxima); a callback gauge is read
+  in the worker's event loop every :data:`REFRESH_S` seconds and just before it answers a scrape;
+* gauges of the whole gateway read from the store (disk space, topics' offsets, consumer lag):
+  :meth:`MetricsRegistry.collected_gauge`, read by the worker that answers the scrape and
+  never written to the files (each worker would report the same value).
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-import threading
-from collections.abc import Callable, Sequence
+import asyncio
+import contextlib
+import glob
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal
 
+import prometheus_client
+from prometheus_client import CollectorRegistry, exposition, multiprocess, values
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+_log = logging.getLogger(__name__)
 LabelValues = tuple[str, ...]
+GaugeMode = Literal["livesum", "livemax", "livemin", "liveall", "mostrecent"]
+"""How a gauge's per-worker values combine (prometheus_client's ``multiprocess_mode``)."""
+
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE = exposition.CONTENT_TYPE_PLAIN_0_0_4
+REFRESH_S = 1.0
+"""How often a worker refreshes its callback gauges when several workers share the files."""
 
 DEFAULT_LATENCY_BUCKETS_S = (
     0.001,
@@ -29,165 +60,216 @@ DEFAULT_LATENCY_BUCKETS_S = (
     10.0,
 )
 
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(names: Sequence[str], values: LabelValues, extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
+# ``_created`` samples double every series and mean nothing in multiprocess mode (where
+# prometheus_client leaves them out anyway): the text is the same with one worker or many.
+prometheus_client.disable_created_metrics()
 
 
-def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == int(value):
-        return str(int(value))
-    return repr(value)
+def multiprocess_enabled() -> bool:
+    """Whether this process writes its values to the run's shared directory.
+
+    prometheus_client decides once, when it is first imported, from ``PROMETHEUS_MULTIPROC_DIR``.
+    """
+    return bool(getattr(values.ValueClass, "_multiprocess", False))
 
 
-class _Metric:
-    kind = ""
-
-    def __init__(self, name: str, help_text: str, label_names: Sequence[str] = ()) -> None:
-        self.name = name
-        self.help = help_text
-        self.label_names = tuple(label_names)
-        self._lock = threading.Lock()
-
-    def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-
-    def render(self) -> list[str]:
-        raise NotImplementedError
-
-
-class Counter(_Metric):
-    """A monotonically increasing count per label set."""
+class Counter:
+    """A count per label set that only goes up."""
 
     kind = "counter"
 
-    def __init__(self, name: str, help_text: str, label_names: Sequence[str] = ()) -> None:
-        super().__init__(name, help_text, label_names)
-        self._values: dict[LabelValues, float] = {}
+    def __init__(self, metric: prometheus_client.Counter, label_names: Sequence[str]) -> None:
+        self.name = metric._name + "_total"
+        self.label_names = tuple(label_names)
+        self._metric = metric
+        self._children: dict[LabelValues, Any] = {}
+        if not self.label_names:
+            self._children[()] = metric
+
+    def _child(self, labels: LabelValues) -> Any:
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._metric.labels(*labels)
+        return child
 
     def inc(self, amount: float = 1.0, labels: LabelValues = ()) -> None:
-        # a lost update between threads would under-count; the lock is cheap next to a request
-        with self._lock:
-            self._values[labels] = self._values.get(labels, 0.0) + amount
-
-    def value(self, labels: LabelValues = ()) -> float:
-        return self._values.get(labels, 0.0)
-
-    def render(self) -> list[str]:
-        lines = self.header()
-        with self._lock:
-            items = sorted(self._values.items())
-        for labels, value in items:
-            lines.append(f"{self.name}{_labels(self.label_names, labels)} {_number(value)}")
-        return lines
+        self._child(labels).inc(amount)
 
 
-class Gauge(Counter):
-    """A value that goes up and down per label set, or one read from a function at render."""
+class Gauge:
+    """A value per label set that goes up and down, or one read from a function."""
 
     kind = "gauge"
 
     def __init__(
         self,
-        name: str,
-        help_text: str,
-        label_names: Sequence[str] = (),
-        read: Callable[[], float] | None = None,
+        metric: prometheus_client.Gauge,
+        label_names: Sequence[str],
+        read: Callable[[], float] | None,
     ) -> None:
-        super().__init__(name, help_text, label_names)
+        self.name = metric._name
+        self.label_names = tuple(label_names)
+        self._metric = metric
         self._read = read
+        self._children: dict[LabelValues, Any] = {}
+        if not self.label_names:
+            self._children[()] = metric
 
-    def render(self) -> list[str]:
-        if self._read is not None:
-            self.set(self._read())
-        return super().render()
+    def _child(self, labels: LabelValues) -> Any:
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._metric.labels(*labels)
+        return child
 
     def set(self, value: float, labels: LabelValues = ()) -> None:
-        with self._lock:
-            self._values[labels] = value
+        self._child(labels).set(value)
+
+    def inc(self, amount: float = 1.0, labels: LabelValues = ()) -> None:
+        self._child(labels).inc(amount)
 
     def dec(self, amount: float = 1.0, labels: LabelValues = ()) -> None:
-        self.inc(-amount, labels)
+        self._child(labels).dec(amount)
+
+    def refresh(self) -> None:
+        """Store the callback's value now (a gauge without ``read`` keeps what was set)."""
+        if self._read is not None:
+            self._metric.set(self._read())
 
 
-class Histogram(_Metric):
+class Histogram:
     """Observations counted into cumulative buckets, with their sum and count."""
 
     kind = "histogram"
 
-    def __init__(
-        self,
-        name: str,
-        help_text: str,
-        label_names: Sequence[str] = (),
-        buckets: Sequence[float] = DEFAULT_LATENCY_BUCKETS_S,
-    ) -> None:
-        super().__init__(name, help_text, label_names)
-        self.buckets = tuple(sorted(buckets))
-        self._counts: dict[LabelValues, list[int]] = {}
-        self._sums: dict[LabelValues, float] = {}
+    def __init__(self, metric: prometheus_client.Histogram, label_names: Sequence[str]) -> None:
+        self.name = metric._name
+        self.label_names = tuple(label_names)
+        self._metric = metric
+        self._children: dict[LabelValues, Any] = {}
+        if not self.label_names:
+            self._children[()] = metric
 
     def observe(self, value: float, labels: LabelValues = ()) -> None:
-        index = bisect.bisect_left(self.buckets, value)
-        with self._lock:
-            counts = self._counts.get(labels)
-            if counts is None:
-                counts = self._counts[labels] = [0] * (len(self.buckets) + 1)
-                self._sums[labels] = 0.0
-            counts[index] += 1
-            self._sums[labels] += value
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._metric.labels(*labels)
+        child.observe(value)
 
-    def count(self, labels: LabelValues = ()) -> int:
-        return sum(self._counts.get(labels, ()))
 
-    def render(self) -> list[str]:
-        lines = self.header()
-        with self._lock:
-            items = sorted((k, list(v), self._sums[k]) for k, v in self._counts.items())
-        for labels, counts, total in items:
-            cumulative = 0
-            for bound, n in zip((*self.buckets, math.inf), counts, strict=True):
-                cumulative += n
-                le = f'le="{_number(bound)}"'
-                lines.append(
-                    f"{self.name}_bucket{_labels(self.label_names, labels, le)} {cumulative}"
-                )
-            lab = _labels(self.label_names, labels)
-            lines.append(f"{self.name}_sum{lab} {_number(total)}")
-            lines.append(f"{self.name}_count{lab} {cumulative}")
-        return lines
+Samples = Iterable[tuple[LabelValues, float]]
+
+
+class _CollectedGauge:
+    """A gauge read at scrape time by the process that renders, never stored in the files."""
+
+    def __init__(
+        self, name: str, help_text: str, label_names: Sequence[str], read: Callable[[], Samples]
+    ) -> None:
+        self.name = name
+        self.help = help_text
+        self.label_names = tuple(label_names)
+        self.read = read
+
+    def family(self) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(self.name, self.help, labels=self.label_names)
+        for labels, value in self.read():
+            family.add_metric([str(v) for v in labels], float(value))
+        return family
+
+
+class _CollectedGauges(Collector):
+    def __init__(self) -> None:
+        self.gauges: dict[str, _CollectedGauge] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        for gauge in list(self.gauges.values()):
+            try:
+                family = gauge.family()
+            except Exception:
+                # a store that is down or closing must not hide every other metric
+                _log.warning("metric %s could not be read", gauge.name, exc_info=True)
+                continue
+            yield family
+
+
+class MultiprocessView(Collector):
+    """Every worker's values from the run's directory plus this process's collected gauges.
+
+    Worker processes render it for ``/metrics``; ``logbroker serve`` gives it to the Graphite
+    sender in the parent process, which has no values of its own.
+    """
+
+    def __init__(self, directory: str, collected: Collector) -> None:
+        self.directory = directory
+        self._files = multiprocess.MultiProcessCollector(None, directory)
+        self._collected = collected
+
+    def collect(self) -> Iterator[Metric]:
+        forget_dead_workers(self.directory)
+        yield from self._files.collect()
+        yield from self._collected.collect()
+
+
+def forget_dead_workers(directory: str) -> None:
+    """Drop the live gauges of workers that died without saying so (SIGKILL, OOM).
+
+    A gauge in a ``live*`` mode adds up only the processes alive; prometheus_client leaves
+    it to the supervisor to say which are gone.  Counters and histograms stay: they were
+    counted.
+    """
+    for path in glob.glob(os.path.join(directory, "gauge_live*_*.db")):
+        pid_text = os.path.basename(path).rsplit("_", 1)[1].removesuffix(".db")
+        if not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            multiprocess.mark_process_dead(int(pid_text), directory)
+        except PermissionError:
+            continue  # alive, another user's
 
 
 class MetricsRegistry:
-    """Holds the metrics of one process and renders them for ``/metrics``."""
+    """The metrics of one gateway process, rendered for ``/metrics`` (all workers' sum)."""
 
-    CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+    CONTENT_TYPE = CONTENT_TYPE
 
     def __init__(self) -> None:
-        self._metrics: dict[str, _Metric] = {}
+        self._metrics: dict[str, Counter | Gauge | Histogram] = {}
+        self._callbacks: list[Gauge] = []
+        self._collected = _CollectedGauges()
+        self.exposition = CollectorRegistry(auto_describe=False)
+        self.multiprocess = multiprocess_enabled()
+        if self.multiprocess:
+            directory = os.environ.get(MULTIPROC_DIR_ENV, "")
+            self.exposition.register(MultiprocessView(directory, self._collected))
+        else:
+            self.exposition.register(self._collected)
 
-    def _add(self, metric: _Metric) -> _Metric:
-        existing = self._metrics.get(metric.name)
-        if existing is not None:
-            if type(existing) is not type(metric) or existing.label_names != metric.label_names:
-                raise ValueError(f"metric {metric.name} registered twice with another shape")
-            return existing
-        self._metrics[metric.name] = metric
-        return metric
+    def _registered(self, name: str, kind: str, label_names: Sequence[str]) -> Any:
+        existing = self._metrics.get(name)
+        if existing is None:
+            if name in self._collected.gauges:
+                raise ValueError(f"metric {name} registered twice with another shape")
+            return None
+        if existing.kind != kind or existing.label_names != tuple(label_names):
+            raise ValueError(f"metric {name} registered twice with another shape")
+        return existing
+
+    def _target(self) -> CollectorRegistry | None:
+        # in multiprocess mode the values travel through the files, not this registry
+        return None if self.multiprocess else self.exposition
 
     def counter(self, name: str, help_text: str, label_names: Sequence[str] = ()) -> Counter:
-        metric = self._add(Counter(name, help_text, label_names))
-        assert isinstance(metric, Counter)
-        return metric
+        existing = self._registered(name, "counter", label_names)
+        if existing is not None:
+            assert isinstance(existing, Counter)
+            return existing
+        metric = prometheus_client.Counter(
+            name, help_text, labelnames=tuple(label_names), registry=self._target()
+        )
+        counter = self._metrics[name] = Counter(metric, label_names)
+        return counter
 
     def gauge(
         self,
@@ -195,11 +277,31 @@ class MetricsRegistry:
         help_text: str,
         label_names: Sequence[str] = (),
         read: Callable[[], float] | None = None,
+        mode: GaugeMode = "livesum",
     ) -> Gauge:
-        """A gauge; with ``read`` its (unlabelled) value is read at each render."""
-        metric = self._add(Gauge(name, help_text, label_names, read))
-        assert isinstance(metric, Gauge)
-        return metric
+        """A gauge of this process; with ``read`` its (unlabelled) value is read at each render.
+
+        ``mode`` says how workers' values combine: ``livesum`` for things each worker holds
+        its share of (sessions, cache entries), ``livemax`` for a largest-of.
+        """
+        existing = self._registered(name, "gauge", label_names)
+        if existing is not None:
+            assert isinstance(existing, Gauge)
+            return existing
+        if read is not None and label_names:
+            raise ValueError(f"gauge {name}: a read callback gives one unlabelled value")
+        metric = prometheus_client.Gauge(
+            name,
+            help_text,
+            labelnames=tuple(label_names),
+            registry=self._target(),
+            multiprocess_mode=mode,
+        )
+        gauge = self._metrics[name] = Gauge(metric, label_names, read)
+        if read is not None:
+            self._callbacks.append(gauge)
+            gauge.refresh()
+        return gauge
 
     def histogram(
         self,
@@ -208,12 +310,60 @@ class MetricsRegistry:
         label_names: Sequence[str] = (),
         buckets: Sequence[float] = DEFAULT_LATENCY_BUCKETS_S,
     ) -> Histogram:
-        metric = self._add(Histogram(name, help_text, label_names, buckets))
-        assert isinstance(metric, Histogram)
-        return metric
+        existing = self._registered(name, "histogram", label_names)
+        if existing is not None:
+            assert isinstance(existing, Histogram)
+            return existing
+        metric = prometheus_client.Histogram(
+            name,
+            help_text,
+            labelnames=tuple(label_names),
+            registry=self._target(),
+            buckets=tuple(buckets),
+        )
+        histogram = self._metrics[name] = Histogram(metric, label_names)
+        return histogram
 
-    def render(self) -> bytes:
-        lines: list[str] = []
-        for metric in self._metrics.values():
-            lines.extend(metric.render())
-        return ("\n".join(lines) + "\n").encode()
+    def collected_gauge(
+        self,
+        name: str,
+        help_text: str,
+        label_names: Sequence[str],
+        read: Callable[[], Samples],
+    ) -> None:
+        """A gauge of the whole gateway, read by ``read() -> [(labels, value)]`` at each scrape.
+
+        For values every worker would read alike (from the store or the disk): they are not
+        added up over workers.  ``read`` runs in the thread that renders; it may block.
+        """
+        if name in self._metrics or name in self._collected.gauges:
+            raise ValueError(f"metric {name} registered twice with another shape")
+        self._collected.gauges[name] = _CollectedGauge(name, help_text, label_names, read)
+
+    @property
+    def collected(self) -> Collector:
+        """The scrape-time gauges alone (the parent process of several workers adds them)."""
+        return self._collected
+
+    def refresh(self) -> None:
+        """Read every callback gauge now; call it where the state it reads is changed."""
+        for gauge in self._callbacks:
+            gauge.refresh()
+
+    async def refresh_forever(self, interval_s: float = REFRESH_S) -> None:
+        """Keep callback gauges current in the shared files (for the other workers' scrapes)."""
+        while True:
+            self.refresh()
+            await asyncio.sleep(interval_s)
+
+    def retire(self) -> None:
+        """This worker is stopping: its live gauges stop counting at once."""
+        if self.multiprocess:
+            with contextlib.suppress(OSError):
+                multiprocess.mark_process_dead(os.getpid(), os.environ.get(MULTIPROC_DIR_ENV))
+
+    def render(self, refresh: bool = True) -> bytes:
+        """The text format of every metric (every worker's, added up), callbacks read first."""
+        if refresh:
+            self.refresh()
+        return exposition.generate_latest(self.exposition)

@@ -128,11 +128,13 @@ def _metrics(ctx: GatewayContext, store: KafkaLogStore) -> None:
         "logbroker_kafka_takeover_seconds_max",
         "the longest of the recent takeovers: fencing plus rebuilding the seqno table",
         read=lambda: max((t[2] for t in list(store.takeovers)), default=0.0),
+        mode="livemax",
     )
     m.gauge(
         "logbroker_kafka_takeover_entries_max",
         "state entries (sources' seqnos, pins) of the largest recent takeover",
         read=lambda: float(max((t[3] for t in list(store.takeovers)), default=0)),
+        mode="livemax",
     )
     group = _group(ctx)
     if group is not None:

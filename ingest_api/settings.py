@@ -17,6 +17,9 @@ A TOML file looks like this (every key optional)::
     allow_public_without_tokens = false
     metrics_require_token = false   # true: /metrics needs a token with metrics = true
     push_allow = ["10.1.2.0/24"]    # networks push subscriptions may POST to besides public ones
+    graphite = "graphite1:2003"     # also send the metrics to Graphite (plaintext protocol)
+    graphite_prefix = "logbroker.dc1.gw1"
+    graphite_interval_s = 60.0
 
     [limits]
     max_body_bytes = 67108864
@@ -159,6 +162,10 @@ class GatewaySettings:
     push_allow: tuple[str, ...] = ()
     """Networks (CIDR or single addresses) push delivery may connect to besides public
     addresses; see :mod:`delivery.push_targets`."""
+    graphite: str | None = None
+    """``HOST:PORT`` of a Graphite (carbon) plaintext listener the metrics are sent to."""
+    graphite_prefix: str = "logbroker"
+    graphite_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
         _check(self.port >= 0 and self.port <= 65535, f"port {self.port} out of range")
@@ -216,6 +223,13 @@ class GatewaySettings:
                 raise ConfigError(
                     f"push_allow: {network!r} is not an IP network (e.g. 10.1.2.0/24 or 127.0.0.1)"
                 ) from None
+        if self.graphite is not None:
+            host, _, port = self.graphite.rpartition(":")
+            _check(
+                bool(host) and port.isdigit() and 0 < int(port) <= 65535,
+                f"graphite {self.graphite!r} must be HOST:PORT",
+            )
+        _check(self.graphite_interval_s > 0, "graphite_interval_s must be positive")
         if not self.tokens and not self.allow_public_without_tokens:
             _check(
                 self.host in LOOPBACK_HOSTS,
@@ -294,6 +308,9 @@ _SCALARS: dict[str, type] = {
     "advertised_url": str,
     "peer_token": str,
     "metrics_require_token": bool,
+    "graphite": str,
+    "graphite_prefix": str,
+    "graphite_interval_s": float,
 }
 _LIMIT_TYPES: dict[str, type] = {
     "max_body_bytes": int,

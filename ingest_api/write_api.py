@@ -93,7 +93,10 @@ class _ActiveSources:
         self._pruned = now
 
     def count(self) -> float:
-        self._prune(time.monotonic())
+        # read every second for the metrics: a full prune only as often as ``touch`` does one
+        now = time.monotonic()
+        if now - self._pruned > self.window_s / 10:
+            self._prune(now)
         return float(len(self._seen))
 
 

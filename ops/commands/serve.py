@@ -11,9 +11,11 @@ import argparse
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,6 +78,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="/metrics needs a token with metrics = true",
     )
     parser.add_argument(
+        "--graphite",
+        metavar="HOST:PORT",
+        help="also send the metrics to Graphite's plaintext listener (carbon) at HOST:PORT",
+    )
+    parser.add_argument(
+        "--graphite-prefix", help="prefix of every Graphite metric path (default logbroker)"
+    )
+    parser.add_argument(
+        "--graphite-interval",
+        dest="graphite_interval_s",
+        type=float,
+        help="seconds between two sends to Graphite (default 60)",
+    )
+    parser.add_argument(
         "--log-level", default="warning", choices=("debug", "info", "warning", "error")
     )
     parser.add_argument(
@@ -104,6 +120,9 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
         "allow_public_without_tokens",
         "push_allow",
         "metrics_require_token",
+        "graphite",
+        "graphite_prefix",
+        "graphite_interval_s",
     )
     flags = {name: getattr(args, name) for name in names}
     if flags["data_dir"] is not None:
@@ -161,7 +180,8 @@ class _GracefulServer(uvicorn.Server):
 
 
 def run(args: argparse.Namespace) -> int:
-
+    # prometheus_client reads it once, on import: set below for this run's workers only
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     from ingest_api.app import SETTINGS_ENV, SUPERVISOR_PID_ENV, build_app
     from ingest_api.context import open_context
     from ingest_api.settings import load_settings
@@ -219,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
         if args.retention_check_seconds > 0
         else None
     )
+    metrics_dir = _shared_metrics_dir() if settings.workers > 1 else None
+    graphite = _graphite_sender(settings, ctx, metrics_dir)
     try:
         if settings.workers > 1:
             # each worker process builds its own app and store handle from the settings
@@ -228,6 +250,9 @@ def run(args: argparse.Namespace) -> int:
             stop_signals.on_stop(supervisor.should_exit.set)
             print(banner, file=sys.stderr, flush=True)
             supervisor.run()
+            if graphite is not None:
+                graphite.stop()
+                graphite = None
             ctx.store.close()
             return 0
         server = _GracefulServer(config, banner=banner)
@@ -235,5 +260,46 @@ def run(args: argparse.Namespace) -> int:
         server.run(sockets=[sock])
         return 0 if server.started else 1
     finally:
+        if graphite is not None:
+            graphite.stop()
         if watchdog is not None:
             watchdog.stop()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _shared_metrics_dir() -> str:
+    """A directory of this gateway run where every worker keeps its metric values.
+
+    Named in ``PROMETHEUS_MULTIPROC_DIR`` for the workers (prometheus_client's multiprocess
+    mode) and removed when the gateway stops; a new run starts from zero, as one process does.
+    """
+    from ingest_api.metrics import MULTIPROC_DIR_ENV
+
+    directory = tempfile.mkdtemp(prefix="logbroker-metrics-")
+    os.environ[MULTIPROC_DIR_ENV] = directory
+    return directory
+
+
+def _graphite_sender(settings: Any, ctx: Any, metrics_dir: str | None) -> Any:
+    """The Graphite sender of ``settings.graphite``, started; None without one.
+
+    With several workers it runs here in the parent over the workers' shared files (and the
+    gauges read from the store); with one, over the registry the app updates.
+    """
+    if settings.graphite is None:
+        return None
+    from ingest_api.metrics import MultiprocessView
+    from ops.graphite import GraphiteSender, graphite_address
+
+    collector = (
+        ctx.metrics.exposition
+        if metrics_dir is None
+        else MultiprocessView(metrics_dir, ctx.metrics.collected)
+    )
+    return GraphiteSender(
+        graphite_address(settings.graphite),
+        collector,
+        prefix=settings.graphite_prefix,
+        interval_s=settings.graphite_interval_s,
+    ).start()

@@ -136,11 +136,11 @@ def test_metrics_render_prometheus_text() -> None:
     histogram.observe(5.0)
     registry.gauge("live", "live things", read=lambda: 3.0)
     text = registry.render().decode()
-    assert '# TYPE x_total counter\nx_total{kind="a\\"b"} 2\n' in text
-    assert 'lat_seconds_bucket{le="0.1"} 1\n' in text
-    assert 'lat_seconds_bucket{le="+Inf"} 2\n' in text
-    assert "lat_seconds_count 2\n" in text
-    assert "live 3\n" in text
+    assert '# TYPE x_total counter\nx_total{kind="a\\"b"} 2.0\n' in text
+    assert 'lat_seconds_bucket{le="0.1"} 1.0\n' in text
+    assert 'lat_seconds_bucket{le="+Inf"} 2.0\n' in text
+    assert "lat_seconds_count 2.0\n" in text
+    assert "live 3.0\n" in text
 
 
 def test_rate_limiter_charges_all_sources_or_none() -> None:

@@ -1,0 +1,141 @@
+"""Gauges of the whole gateway read from its store at each scrape: disk, offsets, consumer lag.
+
+Every worker (and every gateway over one Kafka cluster) would read the same values, so they are
+:meth:`~ingest_api.metrics.MetricsRegistry.collected_gauge`: read by the process that answers
+the scrape, never added up.  Internal topics (``logbroker-internal.*``) are left out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from delivery.consumer_group import GroupCoordinator
+from delivery.internal_state import InternalState, is_internal
+from delivery.push import SubscriptionRegistry, UnknownSubscription
+from ingest_api.metrics import LabelValues, MetricsRegistry
+from log_store.errors import BadRequest
+from log_store.interface import LogStore, TopicInfo
+
+Sample = tuple[LabelValues, float]
+
+
+class _Delivery:
+    """The groups and subscriptions of the store, opened on the first scrape that needs them."""
+
+    def __init__(self, store: LogStore) -> None:
+        self._store = store
+        self._parts: tuple[GroupCoordinator, SubscriptionRegistry] | None = None
+
+    def parts(self) -> tuple[GroupCoordinator, SubscriptionRegistry]:
+        if self._parts is None:
+            state = InternalState(self._store)
+            self._parts = (
+                GroupCoordinator(self._store, state),
+                SubscriptionRegistry(self._store, state),
+            )
+        return self._parts
+
+
+def _topics(store: LogStore) -> Iterator[TopicInfo]:
+    for topic in store.list_topics():
+        if is_internal(topic.name):
+            continue
+        try:
+            yield store.describe_topic(topic.name)
+        except BadRequest:
+            continue  # deleted since the listing
+
+
+def register_store_gauges(metrics: MetricsRegistry, store: LogStore, data_dir: Path | None) -> None:
+    """Register the gateway-wide gauges; ``data_dir`` is the embedded store's (None on Kafka)."""
+    if data_dir is not None:
+        directory = str(data_dir)
+
+        def disk(attribute: str) -> list[Sample]:
+            fs = os.statvfs(directory)
+            blocks = fs.f_bavail if attribute == "free" else fs.f_blocks
+            return [((), float(blocks * fs.f_frsize))]
+
+        metrics.collected_gauge(
+            "logbroker_disk_free_bytes",
+            "bytes free for the gateway on the file system of its data dir",
+            (),
+            lambda: disk("free"),
+        )
+        metrics.collected_gauge(
+            "logbroker_disk_size_bytes",
+            "size of the file system of the gateway's data dir",
+            (),
+            lambda: disk("size"),
+        )
+
+    def partitions(field: str) -> list[Sample]:
+        return [
+            ((t.name, str(p.partition)), float(getattr(p, field)))
+            for t in _topics(store)
+            for p in t.partitions
+        ]
+
+    metrics.collected_gauge(
+        "logbroker_partition_end_offset",
+        "the offset the next message of a partition will get (its growth is the write rate)",
+        ("topic", "partition"),
+        lambda: partitions("end_offset"),
+    )
+    metrics.collected_gauge(
+        "logbroker_partition_start_offset",
+        "the first offset a partition still holds (retention moves it)",
+        ("topic", "partition"),
+        lambda: partitions("start_offset"),
+    )
+    metrics.collected_gauge(
+        "logbroker_partition_size_bytes",
+        "bytes a partition takes in the store",
+        ("topic", "partition"),
+        lambda: partitions("size_bytes"),
+    )
+    delivery = _Delivery(store)
+
+    def group_lag() -> list[Sample]:
+        groups, _ = delivery.parts()
+        lag: dict[tuple[str, str], int] = {}
+        for group in groups.names():
+            try:
+                described = groups.describe(group)
+            except BadRequest:
+                continue
+            for p in described["partitions"]:
+                if p["lag"] is not None:
+                    key = (group, p["topic"])
+                    lag[key] = lag.get(key, 0) + max(0, int(p["lag"]))
+        return [(key, float(value)) for key, value in sorted(lag.items())]
+
+    metrics.collected_gauge(
+        "logbroker_consumer_group_lag_messages",
+        "messages of a topic a consumer group has not committed yet (over its partitions)",
+        ("group", "topic"),
+        group_lag,
+    )
+
+    def push_lag() -> list[Sample]:
+        _, subscriptions = delivery.parts()
+        lag: dict[tuple[str, str], int] = {}
+        for sub in subscriptions.list():
+            try:
+                status = subscriptions.status(sub.name)
+            except UnknownSubscription:
+                continue
+            for p in status["partitions"]:
+                if p["lag"] is not None:
+                    key = (sub.name, p["topic"])
+                    lag[key] = lag.get(key, 0) + max(0, int(p["lag"]))
+        return [(key, float(value)) for key, value in sorted(lag.items())]
+
+    metrics.collected_gauge(
+        "logbroker_push_subscription_lag_messages",
+        "messages of a topic a push subscription has not delivered yet (over its partitions)",
+        ("subscription", "topic"),
+        push_lag,
+    )

@@ -1,0 +1,82 @@
+"""Sending a daemon's metrics to Graphite in its plaintext protocol, every interval.
+
+One line per sample, ``PREFIX.NAME[.LABEL.VALUE...] VALUE TIMESTAMP``, labels sorted by name and
+every character outside ``[A-Za-z0-9_-]`` replaced by ``_`` (prometheus_client's
+``GraphiteBridge`` writes them; this module only schedules it and can be stopped).  A Graphite
+that is down costs a logged warning per interval: the daemon goes on, and the next interval
+sends the counters' new totals.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from prometheus_client.bridge.graphite import GraphiteBridge
+from prometheus_client.registry import Collector
+
+from log_store.errors import BadRequest
+
+_log = logging.getLogger(__name__)
+DEFAULT_INTERVAL_S = 60.0
+DEFAULT_PREFIX = "logbroker"
+_TIMEOUT_S = 10.0
+
+
+def graphite_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:2003`` for IPv6) as a socket address; BadRequest otherwise."""
+    host, _, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise BadRequest(f"graphite address {text!r} must be HOST:PORT")
+    return host, int(port)
+
+
+class GraphiteSender:
+    """Sends ``collector``'s samples to ``address`` every ``interval_s`` until stopped."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        collector: Collector,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        if interval_s <= 0:
+            raise BadRequest("the Graphite interval must be positive")
+        self.address = address
+        self.prefix = prefix
+        self.interval_s = interval_s
+        self._bridge = GraphiteBridge(address, registry=collector, timeout_seconds=_TIMEOUT_S)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="graphite-sender", daemon=True)
+
+    def start(self) -> GraphiteSender:
+        self._thread.start()
+        return self
+
+    def send_once(self) -> None:
+        """Send every sample now (raises OSError if Graphite cannot be reached)."""
+        self._bridge.push(prefix=self.prefix)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.send_once()
+            except OSError as exc:
+                _log.warning("graphite %s:%d: %s", *self.address, exc)
+            except Exception:
+                _log.exception("graphite: collecting the metrics failed")
+
+    def stop(self) -> None:
+        """Stop and send one last time, so the final totals of a stopping daemon arrive."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        try:
+            self.send_once()
+        except OSError as exc:
+            _log.warning("graphite %s:%d: %s", *self.address, exc)
+        except Exception:
+            _log.exception("graphite: collecting the metrics failed")
