@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +324,14 @@ class MirrorStats:
     """Source offsets lost to the source's retention before they could be copied."""
 
 
+@dataclass(frozen=True)
+class MirrorProgress:
+    lag: dict[tuple[str, int], int]
+    """Source messages (offsets) not yet copied, per (topic, partition)."""
+    copied_by_topic: dict[str, int]
+    stats: MirrorStats
+
+
 class MirrorStuck(LogbrokerError):
     """The destination keeps refusing appends at the offset it asks for itself."""
 
@@ -366,6 +374,8 @@ class Mirror:
         self._last_discovery = 0.0
         self._last_status = 0.0
         self._source_ends: dict[tuple[str, int], int] = {}
+        """The source's end offset per partition, as its last answer said (for the lag)."""
+        self._copied_by_topic: dict[str, int] = {}
         self._last_report = 0.0
         self._report_refused = False
         self.name = f"{socket.gethostname()}:{prefix}:{source_url}"
@@ -404,6 +414,7 @@ class Mirror:
             for p in info["partitions"]:
                 tp = (topic, p["partition"])
                 self._starts[tp] = int(p["start_offset"])
+                self._source_ends[tp] = int(p["end_offset"])
                 if tp not in self._positions:
                     self._positions[tp] = self._resume_offset(topic, p["partition"], p)
         self._last_discovery = time.monotonic()
@@ -411,7 +422,13 @@ class Mirror:
     def _forget(self, topic: str) -> None:
         self._topic_ids.pop(topic, None)
         self._partitions.pop(topic, None)
-        for table in (self._positions, self._starts, self._refusals, self._skipped):
+        for table in (
+            self._positions,
+            self._starts,
+            self._refusals,
+            self._skipped,
+            self._source_ends,
+        ):
             for tp in [tp for tp in table if tp[0] == topic]:
                 del table[tp]
 
@@ -640,7 +657,23 @@ class Mirror:
         self._positions[tp] = int(response.json()["next_source_offset"])
         self._skipped.pop(tp, None)
         self.stats.copied_messages += len(records)
+        self._copied_by_topic[topic] = self._copied_by_topic.get(topic, 0) + len(records)
         return len(records)
+
+    def progress(self) -> MirrorProgress:
+        """Where the copy stands, per partition and topic (safe to call from another thread)."""
+        positions = dict(self._positions)
+        skipped = dict(self._skipped)
+        ends = dict(self._source_ends)
+        lag = {
+            tp: max(0, ends.get(tp, pos) - max(pos, skipped.get(tp, pos)))
+            for tp, pos in positions.items()
+        }
+        return MirrorProgress(
+            lag=lag,
+            copied_by_topic=dict(self._copied_by_topic),
+            stats=replace(self.stats),
+        )
 
     def _write_status(self) -> None:
         """An operator's view of the positions; the truth is in the destination's log."""

@@ -9,6 +9,7 @@ sends the counters' new totals.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import threading
 
@@ -80,3 +81,37 @@ class GraphiteSender:
             _log.warning("graphite %s:%d: %s", *self.address, exc)
         except Exception:
             _log.exception("graphite: collecting the metrics failed")
+
+
+def add_graphite_options(parser: argparse.ArgumentParser) -> None:
+    """``--graphite HOST:PORT``, ``--graphite-prefix``, ``--graphite-interval`` of a daemon."""
+    parser.add_argument(
+        "--graphite",
+        metavar="HOST:PORT",
+        help="also send the metrics to Graphite's plaintext listener (carbon) at HOST:PORT",
+    )
+    parser.add_argument(
+        "--graphite-prefix",
+        default=None,
+        help=f"prefix of every Graphite metric path (default {DEFAULT_PREFIX})",
+    )
+    parser.add_argument(
+        "--graphite-interval",
+        dest="graphite_interval_s",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"seconds between two sends to Graphite (default {DEFAULT_INTERVAL_S:g})",
+    )
+
+
+def graphite_from(args: argparse.Namespace, collector: Collector) -> GraphiteSender | None:
+    """The sender the options ask for, started (None without ``--graphite``); BadRequest."""
+    if args.graphite is None:
+        return None
+    return GraphiteSender(
+        graphite_address(args.graphite),
+        collector,
+        prefix=args.graphite_prefix or DEFAULT_PREFIX,
+        interval_s=args.graphite_interval_s or DEFAULT_INTERVAL_S,
+    ).start()

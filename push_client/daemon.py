@@ -32,7 +32,7 @@ from push_client.discovery import ChangeWatcher, watch_root
 from push_client.files import Counters, FileSet
 from push_client.installations import InstallationSet
 from push_client.lag_report import LagReporter
-from push_client.metrics import MetricsServer, PushMetrics
+from push_client.metrics import MetricsServer, PushCollector, PushMetrics
 from push_client.parking import ParkingLot
 from push_client.progress import ProgressBar
 from push_client.shipper import Shipper, census_all
@@ -439,7 +439,14 @@ class PushDaemon:
             self._progress.update(self._counters.acked_bytes, backlog)
 
     def _render_metrics(self) -> str:
-        return self.metrics.render(
+        return self.metrics.render(**self._metrics_state())
+
+    def metrics_collector(self) -> PushCollector:
+        """The metrics as a prometheus_client collector, read at each collection."""
+        return PushCollector(lambda: self.metrics.families(**self._metrics_state()))
+
+    def _metrics_state(self) -> dict[str, Any]:
+        return dict(
             counters=self._counters,
             stats=self._stats,
             files=[t for t in self._files.live() if t.phase is not Phase.DONE],

@@ -7,9 +7,13 @@ serves the same text at ``http://127.0.0.1:PORT/metrics`` for a direct scrape.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
+
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from push_client.installations import InstallationSet
@@ -17,14 +21,52 @@ if TYPE_CHECKING:
     from push_client.transport import TransportStats
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _file_labels(tailed: TailedFile, **extra: str) -> str:
+def _file_labels(tailed: TailedFile, **extra: str) -> dict[str, str]:
     # source as well as file: a rotated file and its successor may share a path for a while
-    labels = {"file": tailed.path, "source": tailed.source_id, **extra}
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+    return {"file": tailed.path, "source": tailed.source_id, **extra}
+
+
+class _Families:
+    """The families one render builds, in the order they were added."""
+
+    def __init__(self) -> None:
+        self.families: list[Metric] = []
+
+    def add(
+        self,
+        name: str,
+        kind: str,
+        help_text: str,
+        samples: Iterable[tuple[dict[str, str], float]],
+    ) -> None:
+        rows = list(samples)
+        label_names = sorted({k for labels, _ in rows for k in labels})
+        family: Metric
+        if kind == "counter":
+            family = CounterMetricFamily(name, help_text, labels=label_names)
+        else:
+            family = GaugeMetricFamily(name, help_text, labels=label_names)
+        for labels, value in rows:
+            family.add_metric([labels[k] for k in label_names], float(value))
+        self.families.append(family)
+
+
+class _Snapshot(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+class PushCollector(Collector):
+    """The push-client's metrics as a prometheus_client collector (for Graphite, say)."""
+
+    def __init__(self, families: Callable[[], list[Metric]]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families())
 
 
 class PushMetrics:
@@ -41,7 +83,11 @@ class PushMetrics:
             self.request_bytes_total += size
             self.requests_sent += 1
 
-    def render(
+    def render(self, **state: Any) -> str:
+        """The Prometheus text format of :meth:`families` (arguments as there)."""
+        return generate_latest(_Snapshot(self.families(**state))).decode()
+
+    def families(
         self,
         *,
         counters: Any,
@@ -52,68 +98,63 @@ class PushMetrics:
         installations: InstallationSet,
         parked_total: int,
         abandoned_bytes: int,
-    ) -> str:
-        lines: list[str] = []
-
-        def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-            for labels, value in samples:
-                lines.append(f"{name}{labels} {value}")
-
+    ) -> list[Metric]:
+        out = _Families()
+        metric = out.add
+        none: dict[str, str] = {}
         metric(
             "logbroker_push_read_bytes_total",
             "counter",
             "Bytes cut into chunks.",
-            [("", counters.read_bytes)],
+            [(none, counters.read_bytes)],
         )
         metric(
             "logbroker_push_acked_bytes_total",
             "counter",
             "Bytes the gateway acknowledged.",
-            [("", counters.acked_bytes)],
+            [(none, counters.acked_bytes)],
         )
         metric(
             "logbroker_push_acked_chunks_total",
             "counter",
             "Chunks acknowledged.",
-            [("", counters.acked_chunks)],
+            [(none, counters.acked_chunks)],
         )
         metric(
             "logbroker_push_duplicate_chunks_total",
             "counter",
             "Chunks the gateway already held (answered duplicate).",
-            [("", counters.duplicate_chunks)],
+            [(none, counters.duplicate_chunks)],
         )
         metric(
             "logbroker_push_rotations_total",
             "counter",
             "Files rotated away.",
-            [("", counters.rotations)],
+            [(none, counters.rotations)],
         )
         metric(
             "logbroker_push_fenced_total",
             "counter",
             "Requests refused because a newer session of their source fenced ours.",
-            [("", counters.fenced)],
+            [(none, counters.fenced)],
         )
         metric(
             "logbroker_push_out_of_order_total",
             "counter",
             "Pipelined requests refused because they overtook their predecessor.",
-            [("", counters.out_of_order)],
+            [(none, counters.out_of_order)],
         )
         metric(
             "logbroker_push_truncations_total",
             "counter",
             "Files truncated or replaced.",
-            [("", counters.truncations)],
+            [(none, counters.truncations)],
         )
         metric(
             "logbroker_push_request_body_bytes_total",
             "counter",
             "Bytes of request bodies.",
-            [("", self.request_bytes_total)],
+            [(none, self.request_bytes_total)],
         )
         with stats.lock:
             outcomes = sorted(stats.requests.items())
@@ -122,69 +163,66 @@ class PushMetrics:
             "logbroker_push_requests_total",
             "counter",
             "Requests by outcome.",
-            [(f'{{outcome="{_escape(k)}"}}', v) for k, v in outcomes],
+            [({"outcome": k}, v) for k, v in outcomes],
         )
-        metric("logbroker_push_retries_total", "counter", "Requests retried.", [("", retries)])
+        metric("logbroker_push_retries_total", "counter", "Requests retried.", [(none, retries)])
         metric(
             "logbroker_push_failovers_total",
             "counter",
             "Switches to another gateway of an installation.",
-            [("", failovers)],
+            [(none, failovers)],
         )
         current = installations.current()
         metric(
             "logbroker_push_installation_up",
             "gauge",
             "Whether an installation is up (1) or left for the next one (0).",
-            [(f'{{installation="{_escape(m.name)}"}}', int(m.up)) for m in installations.members],
+            [({"installation": m.name}, int(m.up)) for m in installations.members],
         )
         metric(
             "logbroker_push_installation_current",
             "gauge",
             "The installation new data goes to (1).",
-            [
-                (f'{{installation="{_escape(m.name)}"}}', int(m is current))
-                for m in installations.members
-            ],
+            [({"installation": m.name}, int(m is current)) for m in installations.members],
         )
         metric(
             "logbroker_push_installation_failovers_total",
             "counter",
             "Switches of the installation new data goes to.",
-            [("", installations.failovers)],
+            [(none, installations.failovers)],
         )
         metric(
             "logbroker_push_parked_total",
             "counter",
             "Files parked because the gateway refused them.",
-            [("", parked_total)],
+            [(none, parked_total)],
         )
         metric(
             "logbroker_push_abandoned_bytes_total",
             "counter",
             "Bytes written to rotated files after they were let go (not shipped).",
-            [("", abandoned_bytes)],
+            [(none, abandoned_bytes)],
         )
         metric(
             "logbroker_push_state_corruptions_total",
             "counter",
             "State files found corrupt at start.",
-            [("", self.state_corruptions)],
+            [(none, self.state_corruptions)],
         )
         metric(
             "logbroker_push_buffered_bytes",
             "gauge",
             "Read but unacknowledged bytes.",
-            [("", buffered)],
+            [(none, buffered)],
         )
         metric(
             "logbroker_push_requests_in_flight",
             "gauge",
             "Write requests in flight.",
-            [("", in_flight)],
+            [(none, in_flight)],
         )
         rows = list(files)
-        metric("logbroker_push_files", "gauge", "Files being shipped.", [("", len(rows))])
+        metric("logbroker_push_files", "gauge", "Files being shipped.", [(none, len(rows))])
         metric(
             "logbroker_push_lag_bytes",
             "gauge",
@@ -196,7 +234,7 @@ class PushMetrics:
             "logbroker_push_parked_files",
             "gauge",
             "Files the gateway refuses, not shipping until the cause is gone.",
-            [("", len(parked))],
+            [(none, len(parked))],
         )
         metric(
             "logbroker_push_file_parked",
@@ -215,7 +253,7 @@ class PushMetrics:
             "says what it holds.",
             [(_file_labels(t), t.handover.doubt_bytes) for t in rows if t.handover.doubts],
         )
-        return "\n".join(lines) + "\n"
+        return out.families
 
 
 class MetricsServer:

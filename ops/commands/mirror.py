@@ -13,11 +13,16 @@ import logging
 import sys
 import threading
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
 
 from delivery.mirror import Mirror, MirrorStuck
+from delivery.mirror_metrics import MirrorCollector
 from delivery.pull_client import GatewayUnavailable, RequestRefused
 from log_store.errors import BadRequest
 from ops import stop_signals
+from ops.graphite import add_graphite_options, graphite_from
 from ops.token_options import add_token_options, token_from
 
 HANDLES_STOP_SIGNALS = True
@@ -35,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-bytes", type=int, default=4 * 1024 * 1024)
     add_token_options(parser)  # one token for both gateways: read at --from, replicate at --to
+    parser.add_argument(
+        "--metrics-port", type=int, metavar="PORT", help="serve /metrics on 127.0.0.1:PORT"
+    )
+    add_graphite_options(parser)
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning"))
 
 
@@ -55,6 +64,21 @@ def run(args: argparse.Namespace) -> int:
     except BadRequest as exc:
         print(f"logbroker mirror: {exc}", file=sys.stderr)
         return 2
+    collector = MirrorCollector(mirror)
+    try:
+        exporter = _serve_metrics(args.metrics_port, collector)
+    except OSError as exc:
+        print(f"logbroker mirror: cannot serve metrics: {exc.strerror}", file=sys.stderr)
+        mirror.close()
+        return 1
+    try:
+        graphite = graphite_from(args, collector)
+    except BadRequest as exc:
+        print(f"logbroker mirror: {exc}", file=sys.stderr)
+        mirror.close()
+        if exporter is not None:
+            exporter.shutdown()
+        return 2
     stop = threading.Event()
     stop_signals.on_stop(stop.set)
     try:
@@ -66,6 +90,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"logbroker mirror: {exc}", file=sys.stderr)
         return 1
     finally:
+        if graphite is not None:
+            graphite.stop()
+        if exporter is not None:
+            exporter.shutdown()
+            exporter.server_close()
         mirror.close()
     stats = mirror.stats
     print(f"logbroker mirror: copied {stats.copied_messages} messages", file=sys.stderr)
@@ -76,3 +105,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _serve_metrics(port: int | None, collector: MirrorCollector) -> WSGIServer | None:
+    """prometheus_client's exporter of ``collector`` on 127.0.0.1:port (None: no port)."""
+    if port is None:
+        return None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
+    return server

@@ -8,8 +8,9 @@ import os
 import sys
 from pathlib import Path
 
-from log_store.errors import LogbrokerError
+from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
+from ops.graphite import add_graphite_options, graphite_from
 from push_client.config import CODECS, ConfigError, PushConfig, build_config
 from push_client.daemon import PushDaemon, StateDirBusy
 from push_client.status import print_status, read_status
@@ -76,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll-interval", type=float, help="polling period in seconds (0.25)")
     parser.add_argument("--no-inotify", action="store_true", help="poll instead of inotify")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT")
+    add_graphite_options(parser)
     parser.add_argument(
         "--shutdown-timeout", type=float, help="seconds SIGTERM waits for in-flight acks (10)"
     )
@@ -117,6 +119,11 @@ def run(args: argparse.Namespace) -> int:
         progress=args.progress,
         reload=lambda: _config(args),
     )
+    try:
+        graphite = graphite_from(args, daemon.metrics_collector())
+    except BadRequest as exc:
+        print(f"logbroker push: {exc}", file=sys.stderr)
+        return 2
     # A stop that came while starting makes the daemon flush nothing and exit at once.
     stop_signals.on_stop(daemon.stop)
     # A reload asked for while it started is applied once it runs (SIGHUP does not kill it).
@@ -129,6 +136,9 @@ def run(args: argparse.Namespace) -> int:
     except LogbrokerError as exc:
         print(f"logbroker push: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if graphite is not None:
+            graphite.stop()
     if daemon.requests_abandoned():
         # A request to a hung gateway may block its thread until the HTTP timeout; the
         # positions are saved, so exit now instead of waiting for it.

@@ -26,6 +26,7 @@ from uvicorn.supervisors import Multiprocess
 
 from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
+from ops.graphite import add_graphite_options
 from ops.retention import DEFAULT_INTERVAL_S, RetentionWatchdog
 
 GRACEFUL_STOP_S = 30
@@ -77,20 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="/metrics needs a token with metrics = true",
     )
-    parser.add_argument(
-        "--graphite",
-        metavar="HOST:PORT",
-        help="also send the metrics to Graphite's plaintext listener (carbon) at HOST:PORT",
-    )
-    parser.add_argument(
-        "--graphite-prefix", help="prefix of every Graphite metric path (default logbroker)"
-    )
-    parser.add_argument(
-        "--graphite-interval",
-        dest="graphite_interval_s",
-        type=float,
-        help="seconds between two sends to Graphite (default 60)",
-    )
+    add_graphite_options(parser)
     parser.add_argument(
         "--log-level", default="warning", choices=("debug", "info", "warning", "error")
     )

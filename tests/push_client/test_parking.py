@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, logbroker_cmd
+from tests.metrics_text import sample, samples
 from tests.push_client.conftest import (
     FAST_FLAGS,
     LineWriter,
@@ -114,9 +115,13 @@ log_type = "secret"
 
         assert _wait_for(parked_in_status)
         metrics = (state / "metrics.prom").read_text()
-        assert "logbroker_push_parked_files 2" in metrics
-        assert f'logbroker_push_file_parked{{file="{logs}/secret.log",' in metrics
-        assert 'error="forbidden"} 1' in metrics
+        assert sample(metrics, "logbroker_push_parked_files") == 2
+        parked = {
+            (dict(labels)["file"], dict(labels)["error"]): value
+            for (name, labels), value in samples(metrics).items()
+            if name == "logbroker_push_file_parked"
+        }
+        assert parked[(f"{logs}/secret.log", "forbidden")] == 1
         assert "files parked, not shipping" in push.log()
 
         token.write_text("app-and-secret\n")  # the operator fixes the token

@@ -11,6 +11,7 @@ import pytest
 
 from log_store import open_store
 from tests.conftest import REPO, free_port, logbroker_cmd
+from tests.metrics_text import samples
 from tests.push_client.conftest import (
     LineWriter,
     assert_exactly_once,
@@ -186,11 +187,13 @@ def test_status_reports_lag_per_file_and_metrics_are_exported(tmp_path: Path, st
     row = next(line for line in out.stdout.splitlines() if str(log) in line)
     assert str(log.stat().st_size) in row.split()
     metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
-    lag = next(
-        line for line in metrics.splitlines() if line.startswith("logbroker_push_lag_bytes{")
-    )
-    assert lag.startswith(f'logbroker_push_lag_bytes{{file="{log}",source="')
-    assert lag.endswith(f"}} {log.stat().st_size}")
+    lags = [
+        (dict(labels), value)
+        for (name, labels), value in samples(metrics).items()
+        if name == "logbroker_push_lag_bytes"
+    ]
+    assert len(lags) == 1 and lags[0][0]["file"] == str(log) and lags[0][0]["source"]
+    assert lags[0][1] == log.stat().st_size
     assert "logbroker_push_retries_total" in metrics
     status = httpx.get(f"http://127.0.0.1:{metrics_port}/status", timeout=5).json()
     assert status["files"][0]["path"] == str(log) and status["files"][0]["acked"] == 0
