@@ -7,7 +7,10 @@ the scrape, never added up.  Internal topics (``logbroker-internal.*``) are left
 
 from __future__ import annotations
 
+import math
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +22,8 @@ from log_store.errors import BadRequest
 from log_store.interface import LogStore, TopicInfo
 
 Sample = tuple[LabelValues, float]
+_SNAPSHOT_S = 1.0
+"""One scrape reads the topics once: the partition gauges share what was read this long ago."""
 
 
 class _Delivery:
@@ -36,6 +41,23 @@ class _Delivery:
                 SubscriptionRegistry(self._store, state),
             )
         return self._parts
+
+
+class _TopicsSnapshot:
+    """Every topic described once per scrape, for the three partition gauges that read it."""
+
+    def __init__(self, store: LogStore) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._taken = -math.inf
+        self._topics: list[TopicInfo] = []
+
+    def get(self) -> list[TopicInfo]:
+        with self._lock:
+            if time.monotonic() - self._taken > _SNAPSHOT_S:
+                self._topics = list(_topics(self._store))
+                self._taken = time.monotonic()
+            return self._topics
 
 
 def _topics(store: LogStore) -> Iterator[TopicInfo]:
@@ -71,10 +93,12 @@ def register_store_gauges(metrics: MetricsRegistry, store: LogStore, data_dir: P
             lambda: disk("size"),
         )
 
+    topics = _TopicsSnapshot(store)
+
     def partitions(field: str) -> list[Sample]:
         return [
             ((t.name, str(p.partition)), float(getattr(p, field)))
-            for t in _topics(store)
+            for t in topics.get()
             for p in t.partitions
         ]
 
