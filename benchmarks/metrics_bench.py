@@ -11,22 +11,35 @@ histogram).  Times those six updates per request with:
   * ``ingest_api.metrics`` in multiprocess mode (values in memory-mapped files), as each worker
     of ``logbroker serve --workers N`` runs it.
 Each is measured in a fresh process, ``--runs`` times; the table shows medians and the ratio
-to the hand-written peer.  Compare with a write request's own time (benchmarks/gateway_bench.py:
-thousands of microseconds).
+to the hand-written peer.
+
+Then the same against a whole request: a real ``logbroker serve`` (one worker, and two in
+multiprocess mode) answers ``--gateway-requests`` small write requests (one chunk of 100 bytes,
+the cheapest request there is) on one keep-alive connection, and the gateway's processes' CPU
+time per request is read from ``/proc``: the metrics' share of a request is the first table's
+microseconds over this.  ``--repo DIR`` runs that gateway from another checkout (to compare two
+versions on the same machine in one run).
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import http.client
 import os
+import shutil
+import signal
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+import orjson
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -114,10 +127,99 @@ def _child(kind: str, requests: int) -> float:
     return float(out.stdout.strip())
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its children (alive ones and reaped ones)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        pids += [int(c) for c in children.read_text().split()]
+    for p in pids:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += sum(int(f) for f in fields[11:15]) / tick
+    return total
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _one_chunk_body(source: str, seqno: int) -> bytes:
+    meta = orjson.dumps({"log_type": "app", "source_id": source, "server": "bench", "file": "/f"})
+    data = b"x" * 99 + b"\n"
+    return b"".join(
+        [
+            b"LBW1",
+            struct.pack(">H", len(meta)),
+            meta,
+            struct.pack(">I", 1),
+            struct.pack(">QqI", seqno, 0, len(data)),
+            data,
+        ]
+    )
+
+
+def gateway_cpu_per_request(repo: Path, workers: int, requests: int) -> float:
+    """Microseconds of gateway CPU (all its processes) per one-chunk write request."""
+    base = Path(tempfile.mkdtemp(prefix="logbroker-metrics-bench-"))
+    port = _free_port()
+    cmd = [sys.executable, "-m", "ops", "serve", "--data-dir", str(base / "data")]
+    cmd += ["--port", str(port), "--workers", str(workers), "--retention-check-seconds", "0"]
+    proc = subprocess.Popen(
+        cmd, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        conn = _connect(port, proc)
+        for i in range(200):  # warm up: topic, partitions, sessions
+            _post(conn, _one_chunk_body(f"warm-{i % 8}", i + 1))
+        before = _cpu_seconds(proc.pid)
+        for i in range(requests):
+            _post(conn, _one_chunk_body(f"bench-{i % 8}", i + 1))
+        spent = _cpu_seconds(proc.pid) - before
+        conn.close()
+        return spent / requests * 1e6
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _connect(port: int, proc: subprocess.Popen[bytes]) -> http.client.HTTPConnection:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("GET", "/healthz")
+            response = conn.getresponse()
+            response.read()
+            if response.status == 200:
+                return conn
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("the gateway did not start")
+
+
+def _post(conn: http.client.HTTPConnection, body: bytes) -> None:
+    conn.request("POST", "/v1/write", body, {"content-type": "application/x-logbroker-chunks"})
+    response = conn.getresponse()
+    response.read()
+    if response.status != 200:
+        raise RuntimeError(f"write answered {response.status}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--gateway-requests", type=int, default=2000)
+    parser.add_argument("--repo", type=Path, default=REPO, help="checkout the gateway runs from")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -139,6 +241,23 @@ def main() -> int:
     for kind in kinds:
         median = statistics.median(results[kind])
         print(f"{kind:34}  {median:10.2f}  {median / peer:14.2f}x")
+    if args.gateway_requests <= 0:
+        return 0
+    cpu: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(args.runs):
+        for workers in cpu:
+            cpu[workers].append(gateway_cpu_per_request(args.repo, workers, args.gateway_requests))
+    print()
+    print(
+        f"gateway CPU per one-chunk write request ({args.gateway_requests:,} requests x "
+        f"{args.runs} runs, medians; gateway from {args.repo})"
+    )
+    print(f"{'gateway':34}  {'us/request':>10}  {'metrics share':>15}")
+    print(f"{'-' * 34}  {'-' * 10}  {'-' * 15}")
+    for workers, kind in ((1, kinds[1]), (2, kinds[2])):
+        per_request = statistics.median(cpu[workers])
+        share = statistics.median(results[kind]) / per_request
+        print(f"{f'{workers} worker(s)':34}  {per_request:10.1f}  {share:14.1%}")
     return 0
 
 
