@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -181,7 +182,10 @@ def _promtool(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = cache / "prometheus-deb"
     target.parent.mkdir(parents=True, exist_ok=True)
     if not target.exists():
-        os.replace(unpacked, target)
+        # copied beside the cache first, then renamed: the cache is another file system
+        staging = cache / f"prometheus-deb.{os.getpid()}"
+        shutil.copytree(unpacked, staging, symlinks=True)
+        os.replace(staging, target)
     return binary
 
 
