@@ -1,11 +1,12 @@
 """The alert rules in ops/alerts/ name only metrics the daemons export, and promtool accepts them.
 
-A push-client ships a file to a gateway, a consumer group commits, a mirror copies the topic
-to a second gateway; each daemon's ``/metrics`` is scraped, and every metric an alert's
-expression names must be among what they export, so a renamed metric breaks this test
-instead of silently disarming an alert.  promtool (from Debian's ``prometheus`` package,
-unpacked, not installed) checks the rules' syntax and runs their unit tests
-(``ops/alerts/logbroker.rules.test.yml``): each alert fires on the series it is meant for.
+A push-client ships a file to a gateway, a consumer group commits, a push subscription
+cannot deliver, a mirror copies the topic to a second gateway; each daemon's ``/metrics`` is
+scraped, and every metric an alert's expression names must be among what they export, so a
+renamed metric breaks this test instead of silently disarming an alert.  promtool (from
+Debian's ``prometheus`` package, unpacked, not installed) checks the rules' syntax and runs
+their unit tests (``ops/alerts/logbroker.rules.test.yml``): each alert fires on the series it
+is meant for.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def _lag(url: str, name: str, **labels: str) -> float | None:
 def test_every_metric_an_alert_names_is_exported_by_a_daemon(
     start_gateway: Any, tmp_path: Path
 ) -> None:
-    dc1 = start_gateway(tmp_path / "dc1", "--dc", "dc1")
+    dc1 = start_gateway(tmp_path / "dc1", "--dc", "dc1", "--push-allow", "127.0.0.1")
     dc2 = start_gateway(tmp_path / "dc2", "--dc", "dc2")
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -138,6 +139,24 @@ def test_every_metric_an_alert_names_is_exported_by_a_daemon(
         assert committed.status_code == 200, committed.text
         lag = _lag(dc1.url, "logbroker_consumer_group_lag_messages", group="g1", topic="dc1.app")
         assert lag == sum(ends.values()) > 0
+        # a push subscription whose endpoint refuses every connection lags by the whole topic
+        nobody = f"http://127.0.0.1:{free_port()}/push"
+        created = http.post(
+            "/v1/subscriptions", json={"name": "s1", "endpoint": nobody, "topics": ["dc1.app"]}
+        )
+        assert created.status_code == 201, created.text
+        _wait(
+            "the subscription's lag",
+            lambda: (
+                _lag(
+                    dc1.url,
+                    "logbroker_push_subscription_lag_messages",
+                    subscription="s1",
+                    topic="dc1.app",
+                )
+                == sum(ends.values())
+            ),
+        )
         http.close()
 
         # the mirror catches up: its lag falls to zero with every message copied
