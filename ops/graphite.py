@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
+from typing import Protocol
 
 from prometheus_client.bridge.graphite import GraphiteBridge
 from prometheus_client.registry import Collector
@@ -105,13 +106,24 @@ def add_graphite_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def graphite_from(args: argparse.Namespace, collector: Collector) -> GraphiteSender | None:
-    """The sender the options ask for, started (None without ``--graphite``); BadRequest."""
-    if args.graphite is None:
+class GraphiteOptions(Protocol):
+    """Parsed ``--graphite*`` flags, or a daemon's configuration with the same keys."""
+
+    @property
+    def graphite(self) -> str | None: ...
+    @property
+    def graphite_prefix(self) -> str | None: ...
+    @property
+    def graphite_interval_s(self) -> float | None: ...
+
+
+def graphite_from(options: GraphiteOptions, collector: Collector) -> GraphiteSender | None:
+    """The sender the options ask for, started (None without ``graphite``); BadRequest."""
+    if options.graphite is None:
         return None
     return GraphiteSender(
-        graphite_address(args.graphite),
+        graphite_address(options.graphite),
         collector,
-        prefix=args.graphite_prefix or DEFAULT_PREFIX,
-        interval_s=args.graphite_interval_s or DEFAULT_INTERVAL_S,
+        prefix=options.graphite_prefix or DEFAULT_PREFIX,
+        interval_s=options.graphite_interval_s or DEFAULT_INTERVAL_S,
     ).start()

@@ -23,6 +23,8 @@ and add one entry for the paths given on the command line::
     probe_interval_s = 2.0       # how often an installation that is down is probed
     position_wait_s = 300.0      # how long positions known only to a down installation wait
     metrics_port = 9109          # optional local /metrics endpoint
+    graphite = "graphite1:2003"  # optional: also send the metrics to Graphite
+    graphite_prefix = "logbroker.dc1.host1"
 
     [[entry]]
     path = "/var/log/nginx/*.log"
@@ -71,6 +73,9 @@ _PUSH_KEYS = {
     "inotify",
     "shutdown_timeout_s",
     "max_backoff_s",
+    "graphite",
+    "graphite_prefix",
+    "graphite_interval_s",
 }
 _ENTRY_KEYS = {"path", "log_type", "codec", "multiline"}
 
@@ -125,6 +130,10 @@ class PushConfig:
     shutdown_timeout_s: float = 10.0
     max_backoff_s: float = 5.0
     max_line_bytes: int = 4 * 1024 * 1024
+    graphite: str | None = None
+    """``HOST:PORT`` of a Graphite plaintext listener the metrics are also sent to."""
+    graphite_prefix: str = "logbroker"
+    graphite_interval_s: float = 60.0
 
     @property
     def installations(self) -> tuple[InstallationSpec, ...]:
@@ -225,7 +234,7 @@ _INT_KEYS = {
 }
 _OPTIONAL_INT_KEYS = {"metrics_port"}
 _BOOL_KEYS = {"inotify"}
-_TEXT_KEYS = {"host", "token"}
+_TEXT_KEYS = {"host", "token", "graphite", "graphite_prefix"}
 
 
 def _typed(key: str, value: Any) -> Any:

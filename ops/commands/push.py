@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         reload=lambda: _config(args),
     )
     try:
-        graphite = graphite_from(args, daemon.metrics_collector())
+        graphite = graphite_from(config, daemon.metrics_collector())
     except BadRequest as exc:
         print(f"logbroker push: {exc}", file=sys.stderr)
         return 2
@@ -178,6 +178,9 @@ def _config(args: argparse.Namespace) -> PushConfig:
             "poll_interval_s": args.poll_interval,
             "inotify": False if args.no_inotify else None,
             "metrics_port": args.metrics_port,
+            "graphite": args.graphite,
+            "graphite_prefix": args.graphite_prefix,
+            "graphite_interval_s": args.graphite_interval_s,
             "shutdown_timeout_s": args.shutdown_timeout,
         },
     )
