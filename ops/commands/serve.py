@@ -264,9 +264,27 @@ def _shared_metrics_dir() -> str:
     """
     from ingest_api.metrics import MULTIPROC_DIR_ENV
 
-    directory = tempfile.mkdtemp(prefix="logbroker-metrics-")
+    _remove_dead_runs_dirs()
+    directory = tempfile.mkdtemp(prefix=f"{_METRICS_DIR_PREFIX}{os.getpid()}-")
     os.environ[MULTIPROC_DIR_ENV] = directory
     return directory
+
+
+_METRICS_DIR_PREFIX = "logbroker-metrics-"
+
+
+def _remove_dead_runs_dirs() -> None:
+    """Remove the directories of gateway runs that were killed before they could (SIGKILL)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_METRICS_DIR_PREFIX}*-*"):
+        pid = path.name.removeprefix(_METRICS_DIR_PREFIX).split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            continue  # alive, another user's
 
 
 def _graphite_sender(settings: Any, ctx: Any, metrics_dir: str | None) -> Any:

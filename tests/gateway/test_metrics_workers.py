@@ -181,3 +181,16 @@ def test_every_scrape_sums_all_workers_and_never_goes_backwards(start_gateway: A
     assert directory.exists()
     assert gateway.stop() == 0
     assert not directory.exists(), "logbroker serve leaves its metrics directory behind"
+
+
+@pytest.mark.fault
+def test_a_killed_gateways_metrics_directory_is_removed_by_the_next_start(
+    start_gateway: Any, tmp_path: Path
+) -> None:
+    killed = start_gateway(tmp_path / "killed", "--workers", "2")
+    assert killed.proc is not None
+    directory = _metrics_dir(killed.proc.pid)
+    killed.kill()  # SIGKILL of the whole group: nobody removes the directory
+    assert directory.exists()
+    start_gateway(tmp_path / "next", "--workers", "2")
+    assert not directory.exists()
