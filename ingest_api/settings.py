@@ -29,6 +29,7 @@ A TOML file looks like this (every key optional)::
     max_partitions_per_topic = 64
     max_sources_per_partition = 1000000
     max_subscriptions_per_token = 100
+    max_groups_per_token = 1000     # consumer groups one token may create
     max_fetch_positions = 1000      # partitions one /v1/fetch may name
     auth_cache_entries = 100000     # remembered (token, log type or topic) decisions
     max_staged_bytes = 1073741824   # legacy /store data not yet committed
@@ -121,6 +122,7 @@ class Limits:
     max_partitions_per_topic: int = DEFAULT_MAX_PARTITIONS_PER_TOPIC
     max_sources_per_partition: int = 1_000_000
     max_subscriptions_per_token: int = 100
+    max_groups_per_token: int = 1000
     max_fetch_positions: int = 1000
     auth_cache_entries: int = 100_000
     max_staged_bytes: int = 1024**3
@@ -199,6 +201,7 @@ class GatewaySettings:
             "max_partitions_per_topic",
             "max_sources_per_partition",
             "max_subscriptions_per_token",
+            "max_groups_per_token",
             "max_fetch_positions",
             "auth_cache_entries",
             "max_staged_bytes",
@@ -307,6 +310,7 @@ _LIMIT_TYPES: dict[str, type] = {
     "max_partitions_per_topic": int,
     "max_sources_per_partition": int,
     "max_subscriptions_per_token": int,
+    "max_groups_per_token": int,
     "max_fetch_positions": int,
     "auth_cache_entries": int,
     "max_staged_bytes": int,

@@ -27,6 +27,7 @@ max_topics = {{max_topics}}
 max_partitions_per_topic = 2
 max_sources_per_partition = 2
 max_subscriptions_per_token = 2
+max_groups_per_token = 2
 max_fetch_positions = 2
 auth_cache_entries = 4
 max_staged_bytes = 1000
@@ -124,6 +125,23 @@ def test_too_many_subscriptions_of_one_token(limited: Any) -> None:
     names = {s["name"] for s in http.get("/v1/subscriptions").json()["subscriptions"]}
     assert names == {"sub-1", "sub-2"}
     assert _refusals(http, "max_subscriptions_per_token") == 1
+
+
+def test_too_many_consumer_groups_of_one_token(limited: Any) -> None:
+    _, http = limited
+    assert _write(http, [(meta("g", "grouped"), [1])]).status_code == 200
+    join = {"topics": ["dc1.grouped"], "reset": "earliest"}
+    assert http.post("/v1/groups/g-1/members", json=join).status_code == 200
+    # a commit without a member creates a group too
+    offsets = {"offsets": [{"topic": "dc1.grouped", "partition": 0, "offset": 1}]}
+    assert http.post("/v1/groups/g-2/offsets", json=offsets).status_code == 200
+    _assert_limit(http.post("/v1/groups/g-3/members", json=join), "max_groups_per_token", 2)
+    _assert_limit(http.post("/v1/groups/g-4/offsets", json=offsets), "max_groups_per_token", 2)
+    assert http.get("/v1/groups/g-3").status_code == 404
+    # the groups it holds go on working
+    assert http.post("/v1/groups/g-1/members", json=join).status_code == 200
+    assert http.post("/v1/groups/g-2/offsets", json=offsets).status_code == 200
+    assert _refusals(http, "max_groups_per_token") == 2
 
 
 def test_a_fetch_of_too_many_partitions(limited: Any) -> None:
