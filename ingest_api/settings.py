@@ -30,6 +30,7 @@ A TOML file looks like this (every key optional)::
     max_sources_per_partition = 1000000
     max_subscriptions_per_token = 100
     max_groups_per_token = 1000     # consumer groups one token may create
+    max_open_partitions = 256       # idle partitions one worker keeps open (embedded store)
     max_fetch_positions = 1000      # partitions one /v1/fetch may name
     auth_cache_entries = 100000     # remembered (token, log type or topic) decisions
     max_staged_bytes = 1073741824   # legacy /store data not yet committed
@@ -59,6 +60,7 @@ from types import MappingProxyType
 from typing import Any
 
 from log_store.errors import BadRequest
+from log_store.partition_handles import DEFAULT_MAX_OPEN_PARTITIONS
 from log_store.topic_quota import DEFAULT_MAX_PARTITIONS_PER_TOPIC, DEFAULT_MAX_TOPICS
 
 STORES = ("sqlite", "kafka")
@@ -123,6 +125,7 @@ class Limits:
     max_sources_per_partition: int = 1_000_000
     max_subscriptions_per_token: int = 100
     max_groups_per_token: int = 1000
+    max_open_partitions: int = DEFAULT_MAX_OPEN_PARTITIONS
     max_fetch_positions: int = 1000
     auth_cache_entries: int = 100_000
     max_staged_bytes: int = 1024**3
@@ -202,6 +205,7 @@ class GatewaySettings:
             "max_sources_per_partition",
             "max_subscriptions_per_token",
             "max_groups_per_token",
+            "max_open_partitions",
             "max_fetch_positions",
             "auth_cache_entries",
             "max_staged_bytes",
@@ -311,6 +315,7 @@ _LIMIT_TYPES: dict[str, type] = {
     "max_sources_per_partition": int,
     "max_subscriptions_per_token": int,
     "max_groups_per_token": int,
+    "max_open_partitions": int,
     "max_fetch_positions": int,
     "auth_cache_entries": int,
     "max_staged_bytes": int,
