@@ -478,6 +478,26 @@ class SqliteLogStore:
             )
         return found
 
+    def delete_topic_state_if(self, topic: str, items: Mapping[str, bytes]) -> int:
+        """Delete each key whose value is the one given; how many were deleted."""
+        self._check_writable("delete_topic_state")
+        info = self._topic(topic)
+        deleted = 0
+        with self._catalog_lock:
+            try:
+                self._catalog.execute("BEGIN IMMEDIATE")
+                for key, value in items.items():
+                    deleted += self._catalog.execute(
+                        "DELETE FROM topic_state WHERE topic_id = ? AND key = ? AND value = ?",
+                        (info.topic_id, key, value),
+                    ).rowcount
+                self._catalog.execute("COMMIT")
+            except BaseException as exc:
+                if self._catalog.in_transaction:
+                    self._catalog.execute("ROLLBACK")
+                raise as_store_unavailable(exc) or exc from exc
+        return deleted
+
     def get_topic_state(self, topic: str, key: str) -> bytes | None:
         info = self._topic(topic)
         with self._catalog_lock:
@@ -533,6 +553,13 @@ class SqliteLogStore:
 
     def get_state(self, topic: str, partition: int, key: str) -> bytes | None:
         return self._on_partition(topic, partition, lambda log: log.get_state(key))
+
+    def scan_state(
+        self, topic: str, partition: int, prefix: str, after: str = "", limit: int = 1000
+    ) -> list[tuple[str, bytes]]:
+        return self._on_partition(
+            topic, partition, lambda log: log.scan_state(prefix, after, limit)
+        )
 
     def end_offset(self, topic: str, partition: int) -> int:
         return self._on_partition(topic, partition, lambda log: log.bounds()[1])

@@ -29,8 +29,9 @@ from session_dedup.pinning import decode_pin, encode_pin, pin_key, stable_partit
 from session_dedup.seqno_table import (
     admit_new_source,
     decode_seqno,
-    encode_seqno,
+    encode_source_value,
     epoch_key,
+    present,
     seqno_key,
 )
 from session_dedup.source import SourceMeta
@@ -309,12 +310,12 @@ class _SourceChunks:
         (see :data:`CHUNK_STATUSES` for how each chunk is decided)."""
         self.first_index = len(values)
         key = seqno_key(self.source_id)
-        stored = state.get(key)
+        stored = present(state.get(key))
         last = decode_seqno(stored)
         batch = self.batch
         epoch: bytes | None = None
         if batch.epoch is not None or stored is None:
-            epoch = state.get(epoch_key(self.source_id))
+            epoch = present(state.get(epoch_key(self.source_id)))
         if batch.epoch is not None:
             current = decode_seqno(epoch)
             self.outcome.epoch = current
@@ -343,7 +344,7 @@ class _SourceChunks:
                 del values[self.first_index :]
                 self.outcome.refused = _source_limit(self.max_sources)
                 return self._refuse(REFUSED, last=0)
-            state.put(key, encode_seqno(last))
+            state.put(key, encode_source_value(last, write_time))
         self.outcome.written = written
         self.outcome.last_seqno = last
         return None
@@ -420,8 +421,8 @@ class _SessionTransaction:
         for source_id, request, writer in zip(
             self.source_ids, self.requests, self.handover_writers, strict=True
         ):
-            stored_seqno = state.get(seqno_key(source_id))
-            stored_epoch = state.get(epoch_key(source_id))
+            stored_seqno = present(state.get(seqno_key(source_id)))
+            stored_epoch = present(state.get(epoch_key(source_id)))
             last = decode_seqno(stored_seqno)
             epoch = decode_seqno(stored_epoch)
             moved_to = request.acked_elsewhere
@@ -438,10 +439,10 @@ class _SessionTransaction:
             if refusal is None:
                 if request.fence:
                     epoch += 1
-                    state.put(epoch_key(source_id), encode_seqno(epoch))
+                    state.put(epoch_key(source_id), encode_source_value(epoch, now))
                 if hands_over and moved_to is not None and writer is not None:
                     values.append(writer.encode(moved_to, now, now, handover_data(last)))
-                    state.put(seqno_key(source_id), encode_seqno(moved_to))
+                    state.put(seqno_key(source_id), encode_source_value(moved_to, now))
                     last = moved_to
             lasts.append(last)
             epochs.append(epoch)

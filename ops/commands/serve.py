@@ -25,6 +25,7 @@ from uvicorn.supervisors import Multiprocess
 from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
 from ops.retention import DEFAULT_INTERVAL_S, RetentionWatchdog
+from ops.source_expiry import SourceExpiryWatchdog
 
 GRACEFUL_STOP_S = 30
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -219,6 +220,14 @@ def run(args: argparse.Namespace) -> int:
         if args.retention_check_seconds > 0
         else None
     )
+    expired = ctx.metrics.counter(
+        "logbroker_sources_expired_total",
+        f"sources forgotten after limits.source_idle_expiry_s "
+        f"({settings.limits.source_idle_expiry_s:g} s) without a write",
+    )
+    expiry = SourceExpiryWatchdog(
+        ctx.store, settings.limits.source_idle_expiry_s, lambda done: expired.inc(done.expired)
+    ).start()
     try:
         if settings.workers > 1:
             # each worker process builds its own app and store handle from the settings
@@ -235,5 +244,6 @@ def run(args: argparse.Namespace) -> int:
         server.run(sockets=[sock])
         return 0 if server.started else 1
     finally:
+        expiry.stop()
         if watchdog is not None:
             watchdog.stop()
