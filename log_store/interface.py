@@ -253,6 +253,12 @@ class StateScan(Protocol):
         and sort after ``after``, in key order (a page; the next page starts after the last)."""
         ...
 
+    def scan_topic_state(
+        self, topic: str, prefix: str, after: str = "", limit: int = 1000
+    ) -> list[tuple[str, bytes]]:
+        """``scan_state`` of the topic-level state (pins)."""
+        ...
+
     def delete_topic_state_if(self, topic: str, items: Mapping[str, bytes]) -> int:
         """Delete each topic-state key whose value is the one given; how many were."""
         ...

@@ -478,6 +478,21 @@ class SqliteLogStore:
             )
         return found
 
+    def scan_topic_state(
+        self, topic: str, prefix: str, after: str = "", limit: int = 1000
+    ) -> list[tuple[str, bytes]]:
+        if not prefix:
+            raise ValueError("a state scan needs a prefix")
+        info = self._topic(topic)
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        with self._catalog_lock:
+            rows = self._catalog.execute(
+                "SELECT key, value FROM topic_state WHERE topic_id = ? AND key >= ? AND key > ? "
+                "AND key < ? ORDER BY key LIMIT ?",
+                (info.topic_id, prefix, after, end, limit),
+            ).fetchall()
+        return [(str(key), bytes(value)) for key, value in rows]
+
     def delete_topic_state_if(self, topic: str, items: Mapping[str, bytes]) -> int:
         """Delete each key whose value is the one given; how many were deleted."""
         self._check_writable("delete_topic_state")

@@ -17,15 +17,21 @@ Safe by construction:
 * The deletions are state updates of that transaction: they are written in its batch and
   replayed by the store's recovery like any other, so after a crash a source is either still
   there or forgotten with its count, never in between.
-* A pin is deleted only when a new pin would name the same partition (the topic has as many
-  partitions as when it was made), and put back if the source wrote meanwhile: a live source
-  never moves.  Pins of topics that grew since are kept.
+* A pin is deleted only when its source has no state and a new pin would name the same
+  partition (the topic has as many partitions as when it was made); pins of topics that grew
+  since are kept.  A process that still routes the source from its cache and gives it state
+  again puts the pin back (``SourceRouter.confirm_pins``), so a live source never moves.
+  Besides the pins of the sources it forgets, each pass looks at up to ``_PIN_PAGE`` pins of
+  every topic (continuing where the last pass stopped) and deletes those of sources without
+  state: sessions of sources never written, sections refused by ``max_sources_per_partition``,
+  a crash between a source's expiry and its pin's deletion.
 * Values written before times were kept (8 bytes) are given the time of the first pass that
   sees them, so an upgrade expires nothing before ``idle_ms`` has passed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -33,7 +39,7 @@ from dataclasses import dataclass
 
 from log_store.errors import UnknownTopic
 from log_store.interface import LogStore, PartitionState, StateScan, TopicInfo
-from session_dedup.pinning import encode_pin, pin_key, stable_partition
+from session_dedup.pinning import decode_pin, encode_pin, pin_key, stable_partition
 from session_dedup.seqno_table import (
     changed_ms,
     decode_seqno,
@@ -46,6 +52,7 @@ from session_dedup.seqno_table import (
 
 DEFAULT_IDLE_S = 7 * 24 * 3600.0
 _PAGE = 1000
+_PIN_PAGE = 10_000
 _PREFIXES = {"seq/": seqno_key, "epoch/": epoch_key}
 _INTERNAL_PREFIX = "logbroker-internal."
 """Topics the gateway keeps for itself (delivery's state): no sources live there."""
@@ -62,6 +69,7 @@ class ExpiryPass:
     stamped: int = 0
     """Sources whose values had no time yet and were given the pass's."""
     pins_deleted: int = 0
+    """Pins deleted: of the sources forgotten, and of sources that had no state."""
 
 
 class _Forget:
@@ -104,6 +112,8 @@ class SourceExpiry:
             raise ValueError("idle_s must be positive")
         self.store = store
         self.idle_ms = int(idle_s * 1000)
+        self._pin_cursors: dict[str, str] = {}
+        """Per topic id, the last pin key looked at (a pass looks at ``_PIN_PAGE`` of them)."""
 
     @property
     def supported(self) -> bool:
@@ -119,11 +129,12 @@ class SourceExpiry:
         for info in self.store.list_topics():
             if info.name.startswith(_INTERNAL_PREFIX):
                 continue
-            for partition in range(info.config.partitions):
-                try:
+            try:
+                for partition in range(info.config.partitions):
                     self._expire_partition(info, partition, now, result)
-                except UnknownTopic:
-                    break  # deleted meanwhile: nothing of it to keep
+                self._sweep_pins(info, result)
+            except UnknownTopic:
+                continue  # deleted meanwhile: nothing of it to keep
         return result
 
     def _idle_candidates(self, topic: str, partition: int, now: int) -> list[str]:
@@ -151,29 +162,59 @@ class SourceExpiry:
             out.stamped += txn.stamped
             out.expired += len(txn.forgotten)
             if txn.forgotten:
-                out.pins_deleted += self._delete_pins(info, partition, txn.forgotten)
+                forgotten = dict.fromkeys(txn.forgotten, partition)
+                out.pins_deleted += self._delete_stateless_pins(info, forgotten)
 
-    def _delete_pins(self, info: TopicInfo, partition: int, sources: list[str]) -> int:
-        """Delete the pins that a new pin would make again, and put back any whose source
-        wrote meanwhile."""
+    def _sweep_pins(self, info: TopicInfo, out: ExpiryPass) -> None:
+        """Look at the next ``_PIN_PAGE`` pins of the topic; delete those whose source has
+        no state (sessions of sources never written, sections refused by a limit, pins left
+        by a crash between a source's expiry and its pin's deletion)."""
         assert isinstance(self.store, StateScan)
-        pin = encode_pin(partition)
+        prefix = pin_key(info.topic_id, "")
+        after = self._pin_cursors.get(info.topic_id, "")
+        page = self.store.scan_topic_state(info.name, prefix, after, _PIN_PAGE)
+        if len(page) == _PIN_PAGE:
+            self._pin_cursors[info.topic_id] = page[-1][0]
+        else:
+            self._pin_cursors.pop(info.topic_id, None)
+        pins: dict[str, int] = {}
+        for key, value in page:
+            with contextlib.suppress(ValueError):
+                pins[key[len(prefix) :]] = decode_pin(value)
+        if pins:
+            out.pins_deleted += self._delete_stateless_pins(info, pins)
+
+    def _has_state(self, topic: str, partition: int, source_id: str) -> bool:
+        return any(
+            present(self.store.get_state(topic, partition, key(source_id))) is not None
+            for key in _PREFIXES.values()
+        )
+
+    def _delete_stateless_pins(self, info: TopicInfo, pins: dict[str, int]) -> int:
+        """Delete the pins of sources without state that a new pin would make again (the
+        topic has as many partitions as when they were made); put back any whose source got
+        state meanwhile.  How many stay deleted."""
+        assert isinstance(self.store, StateScan)
         current = self.store.describe_topic(info.name)
         if current.topic_id != info.topic_id:
             return 0
-        same = [s for s in sources if stable_partition(s, current.config.partitions) == partition]
-        keys = {pin_key(info.topic_id, s): pin for s in same}
-        deleted = self.store.delete_topic_state_if(info.name, keys)
-        live = [
-            s
-            for s in same
-            if any(
-                present(self.store.get_state(info.name, partition, key(s))) is not None
-                for key in _PREFIXES.values()
-            )
-        ]
+        count = current.config.partitions
+        doomed = {
+            source_id: partition
+            for source_id, partition in pins.items()
+            if stable_partition(source_id, count) == partition
+            and not self._has_state(info.name, partition, source_id)
+        }
+        if not doomed:
+            return 0
+        deleted = self.store.delete_topic_state_if(
+            info.name, {pin_key(info.topic_id, s): encode_pin(p) for s, p in doomed.items()}
+        )
+        # A write that gave the source state meanwhile puts its pin back itself
+        # (SourceRouter.confirm_pins); this covers one that did so before the deletion.
+        live = {s: p for s, p in doomed.items() if self._has_state(info.name, p, s)}
         if live:
             self.store.put_topic_state_many_if_absent(
-                info.name, {pin_key(info.topic_id, s): pin for s in live}
+                info.name, {pin_key(info.topic_id, s): encode_pin(p) for s, p in live.items()}
             )
         return deleted - len(live)

@@ -143,3 +143,33 @@ def test_an_expiry_lost_from_the_index_is_replayed_from_the_log(tmp_path: Path) 
         assert store.get_topic_state("dc1.exp", pin_key(topic_id, "c")) is not None
     finally:
         store.close()
+
+
+def test_pins_without_state_are_deleted_and_a_cached_route_pins_its_source_again(
+    tmp_path: Path,
+) -> None:
+    store = open_store(tmp_path / "data")
+    try:
+        writer = ExactlyOnceWriter(store, dc="dc1", partitions=2)
+        ghost, kept = SourceMeta("exp", "ghost"), SourceMeta("exp", "kept")
+        (session,) = writer.open_sessions([ghost])  # pins the source, gives it no state
+        outcome = writer.write(kept, ChunkBatch([1], [0], [b"x\n"]))
+        topic_id = outcome.route.topic_id
+        assert store.get_topic_state("dc1.exp", pin_key(topic_id, "ghost")) is not None
+        expiry = SourceExpiry(store, idle_s=3600)
+        done = expiry.run_once()
+        assert (done.expired, done.pins_deleted) == (0, 1)
+        assert store.get_topic_state("dc1.exp", pin_key(topic_id, "ghost")) is None
+        pinned = store.get_topic_state("dc1.exp", pin_key(topic_id, "kept"))
+        assert pinned is not None
+        # forgotten with its pin, then written again through this process's cached route:
+        # the write gives it state and puts the same pin back
+        done = expiry.run_once(now_ms=int(time.time() * 1000) + 3600 * 1000)
+        assert (done.expired, done.pins_deleted) == (1, 1)
+        assert store.get_topic_state("dc1.exp", pin_key(topic_id, "kept")) is None
+        again = writer.write(kept, ChunkBatch([1], [0], [b"x\n"]))
+        assert again.written_count == 1 and again.route.partition == outcome.route.partition
+        assert store.get_topic_state("dc1.exp", pin_key(topic_id, "kept")) == pinned
+        assert session.last_seqno == 0
+    finally:
+        store.close()
