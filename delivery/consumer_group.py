@@ -12,20 +12,33 @@ changed only inside the store's partition lock: any gateway process can serve an
 A group belongs to the client (token owner) whose join or commit created it; a join or commit
 by another owner is refused (:class:`NotGroupOwner`) inside the same atomic update, so two
 clients racing to create one group name cannot both get it.
+
+An owner may create at most ``max_groups_per_token`` groups.  The names an owner created are
+one more document (``group-owner/<owner>``); a new group's name is entered there before the
+group's own document is made, and taken out again if another owner won the name.  A crash
+between the two leaves the name entered: it counts until the owner creates that group (which
+uses the entry), never more than once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from delivery.internal_state import Doc, InternalState, is_internal
-from log_store.errors import BadRequest, OffsetOutOfRange, UnknownPartition, UnknownTopic
+from log_store.errors import (
+    BadRequest,
+    LimitReached,
+    OffsetOutOfRange,
+    UnknownPartition,
+    UnknownTopic,
+)
 from log_store.interface import LogStore
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
@@ -33,6 +46,7 @@ DEFAULT_SESSION_TIMEOUT_MS = 10_000
 MIN_SESSION_TIMEOUT_MS = 500
 MAX_SESSION_TIMEOUT_MS = 300_000
 RESETS = ("earliest", "latest")
+DEFAULT_MAX_GROUPS_PER_OWNER = 1000
 
 TopicPartition = tuple[str, int]
 _log = logging.getLogger(__name__)
@@ -165,11 +179,17 @@ class GroupCoordinator:
     """Join, heartbeat, leave, commit and describe consumer groups of one store."""
 
     def __init__(
-        self, store: LogStore, state: InternalState, clock: Callable[[], float] = time.time
+        self,
+        store: LogStore,
+        state: InternalState,
+        clock: Callable[[], float] = time.time,
+        *,
+        max_per_owner: int = DEFAULT_MAX_GROUPS_PER_OWNER,
     ) -> None:
         self._store = store
         self._state = state
         self._clock = clock
+        self.max_per_owner = max_per_owner
 
     # -- requests ---------------------------------------------------------------------------
     def join(
@@ -216,7 +236,8 @@ class GroupCoordinator:
             self._rebalance(doc, bounds)
             return doc, self._member_state(group, doc, member_id, bounds.missing)
 
-        member = self._state.update(_doc_key(group), change)
+        with self._counted(group, owner):
+            member = self._state.update(_doc_key(group), change)
         # a group made before the index was kept is listed from its next join on
         if created[0] or group not in self.names():
             self._remember(group)
@@ -322,7 +343,8 @@ class GroupCoordinator:
                 doc["offsets"][key] = offset
             return doc, None
 
-        self._state.update(_doc_key(group), change)
+        with self._counted(group, owner, creates=member_id is None):
+            self._state.update(_doc_key(group), change)
         if created[0]:
             self._remember(group)
 
@@ -382,6 +404,47 @@ class GroupCoordinator:
         }
 
     # -- internals ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _counted(self, group: str, owner: str | None, *, creates: bool = True) -> Iterator[None]:
+        """Run a change that may create ``group`` for ``owner``, counted against the limit.
+
+        The name is entered in the owner's list first (:class:`LimitReached` if the list is
+        full), and taken out again if the change fails while the group does not exist, or
+        exists as another owner's.
+        """
+        if not creates or self._state.get(_doc_key(group)) is not None:
+            yield
+            return
+        entered = self._enter_group(group, owner)
+        try:
+            yield
+        except BaseException:
+            if entered:
+                exists, holder = self.owner_of(group)
+                if not exists or holder != owner:
+                    self._state.update(_owner_key(owner), _removing(group))
+            raise
+
+    def _enter_group(self, group: str, owner: str | None) -> bool:
+        """Enter ``group`` in ``owner``'s list; True if it was not there yet."""
+        maximum = self.max_per_owner
+
+        def change(doc: Doc | None) -> tuple[Doc, bool]:
+            doc = doc or {"groups": []}
+            names: list[str] = doc["groups"]
+            if group in names:
+                return doc, False
+            if len(names) >= maximum:
+                raise LimitReached(
+                    f"this client created {len(names)} consumer groups, its limit",
+                    "max_groups_per_token",
+                    maximum,
+                )
+            names.append(group)
+            return doc, True
+
+        return self._state.update(_owner_key(owner), change)
+
     def _now(self) -> int:
         return int(self._clock() * 1000)
 
@@ -556,6 +619,20 @@ _INDEX_KEY = "groups-index"
 
 def _doc_key(group: str) -> str:
     return f"group/{group}"
+
+
+def _owner_key(owner: str | None) -> str:
+    """The document listing the groups ``owner`` created (None: made without auth)."""
+    return "group-owner/" if owner is None else f"group-owner/{owner}"
+
+
+def _removing(group: str) -> Callable[[Doc | None], tuple[Doc | None, None]]:
+    def change(doc: Doc | None) -> tuple[Doc | None, None]:
+        if doc is not None and group in doc["groups"]:
+            doc["groups"].remove(group)
+        return doc, None
+
+    return change
 
 
 def _describe_sub(raw: Any) -> str:

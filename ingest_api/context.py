@@ -57,6 +57,14 @@ class GatewayContext:
         self.topic_quota = TopicQuota(
             self.store, TopicLimits(limits.max_topics, limits.max_partitions_per_topic)
         )
+        open_partitions = getattr(self.store, "open_partitions", None)
+        if open_partitions is not None:
+            self.metrics.gauge(
+                "logbroker_open_partitions",
+                f"partitions this worker holds open (idle ones beyond "
+                f"limits.max_open_partitions, {limits.max_open_partitions}, are closed)",
+                read=lambda: float(getattr(self.store, "open_partitions", 0)),
+            )
         self.limit_refusals = self.metrics.counter(
             "logbroker_limit_refusals_total",
             "requests (or sections of a request) refused by a configured limit",
@@ -108,5 +116,7 @@ def open_context(settings: GatewaySettings) -> GatewayContext:
         else:
             store = open_kafka_store(kafka)
     else:
-        store = log_store.open_store(settings.data_dir)
+        store = log_store.open_store(
+            settings.data_dir, max_open_partitions=settings.limits.max_open_partitions
+        )
     return GatewayContext(store=store, settings=settings)

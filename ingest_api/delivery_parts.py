@@ -47,7 +47,10 @@ def delivery_parts(ctx: GatewayContext) -> DeliveryParts:
             targets=PushTargetPolicy.from_config(ctx.settings.push_allow),
             max_per_owner=ctx.settings.limits.max_subscriptions_per_token,
         )
-        parts = DeliveryParts(state, reader, watch, GroupCoordinator(store, state), push)
+        groups = GroupCoordinator(
+            store, state, max_per_owner=ctx.settings.limits.max_groups_per_token
+        )
+        parts = DeliveryParts(state, reader, watch, groups, push)
         ctx.extensions[_KEY] = parts
     assert isinstance(parts, DeliveryParts)
     return parts

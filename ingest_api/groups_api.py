@@ -174,7 +174,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                 "Join a consumer group",
                 params=[group],
                 body=OBJECT,
-                errors=("400", "404", "409", "413"),
+                errors=("400", "404", "409", "413", "429"),
             )
         },
         "/v1/groups/{group}/members/{member}/heartbeat": {
@@ -195,7 +195,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                 "Commit positions (owner only)",
                 params=[group],
                 body=OBJECT,
-                errors=("400", "404", "409", "413", "416"),
+                errors=("400", "404", "409", "413", "416", "429"),
             )
         },
     }

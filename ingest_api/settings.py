@@ -32,6 +32,9 @@ A TOML file looks like this (every key optional)::
     max_partitions_per_topic = 64
     max_sources_per_partition = 1000000
     max_subscriptions_per_token = 100
+    max_groups_per_token = 1000     # consumer groups one token may create
+    max_open_partitions = 256       # idle partitions one worker keeps open (embedded store)
+    source_idle_expiry_s = 604800   # a source not written this long is forgotten (7 days)
     max_fetch_positions = 1000      # partitions one /v1/fetch may name
     auth_cache_entries = 100000     # remembered (token, log type or topic) decisions
     max_staged_bytes = 1073741824   # legacy /store data not yet committed
@@ -61,7 +64,9 @@ from types import MappingProxyType
 from typing import Any
 
 from log_store.errors import BadRequest
+from log_store.partition_handles import DEFAULT_MAX_OPEN_PARTITIONS
 from log_store.topic_quota import DEFAULT_MAX_PARTITIONS_PER_TOPIC, DEFAULT_MAX_TOPICS
+from session_dedup.source_expiry import DEFAULT_IDLE_S
 
 STORES = ("sqlite", "kafka")
 OWNERSHIPS = ("group", "on_demand")
@@ -124,6 +129,9 @@ class Limits:
     max_partitions_per_topic: int = DEFAULT_MAX_PARTITIONS_PER_TOPIC
     max_sources_per_partition: int = 1_000_000
     max_subscriptions_per_token: int = 100
+    max_groups_per_token: int = 1000
+    max_open_partitions: int = DEFAULT_MAX_OPEN_PARTITIONS
+    source_idle_expiry_s: float = DEFAULT_IDLE_S
     max_fetch_positions: int = 1000
     auth_cache_entries: int = 100_000
     max_staged_bytes: int = 1024**3
@@ -201,11 +209,14 @@ class GatewaySettings:
         _check(lim.max_sessions_per_request > 0, "limits.max_sessions_per_request must be positive")
         _check(lim.source_chunks_per_second >= 0, "limits.source_chunks_per_second must be >= 0")
         _check(lim.request_timeout_s > 0, "limits.request_timeout_s must be positive")
+        _check(lim.source_idle_expiry_s > 0, "limits.source_idle_expiry_s must be positive")
         for name in (
             "max_topics",
             "max_partitions_per_topic",
             "max_sources_per_partition",
             "max_subscriptions_per_token",
+            "max_groups_per_token",
+            "max_open_partitions",
             "max_fetch_positions",
             "auth_cache_entries",
             "max_staged_bytes",
@@ -324,6 +335,9 @@ _LIMIT_TYPES: dict[str, type] = {
     "max_partitions_per_topic": int,
     "max_sources_per_partition": int,
     "max_subscriptions_per_token": int,
+    "max_groups_per_token": int,
+    "max_open_partitions": int,
+    "source_idle_expiry_s": float,
     "max_fetch_positions": int,
     "auth_cache_entries": int,
     "max_staged_bytes": int,

@@ -33,12 +33,17 @@ from log_store.interface import (
     TopicInfo,
     TransactionFn,
 )
+from log_store.partition_handles import DEFAULT_MAX_OPEN_PARTITIONS
 from log_store.sqlite_store import SqliteLogStore
 from log_store.topic_names import validate_topic_name
 
 
 def open_store(
-    data_dir: str | Path, *, create: bool = True, read_only: bool = False
+    data_dir: str | Path,
+    *,
+    create: bool = True,
+    read_only: bool = False,
+    max_open_partitions: int = DEFAULT_MAX_OPEN_PARTITIONS,
 ) -> SqliteLogStore:
     """Open the embedded log store under ``data_dir``, creating it if needed.
 
@@ -46,7 +51,8 @@ def open_store(
     no store is an error (:class:`NoStore`), so a typo never creates an empty store there.
     ``read_only=True`` (readers such as Spark executors) implies ``create=False`` and opens
     the store for reading only: nothing under ``data_dir`` is created or changed, and writes
-    raise :class:`ReadOnlyStore`.
+    raise :class:`ReadOnlyStore`.  At most ``max_open_partitions`` idle partitions are kept
+    open (:mod:`log_store.partition_handles`).
     """
     if not create or read_only:
         path = Path(data_dir)
@@ -56,7 +62,7 @@ def open_store(
             raise NoStore(f"{str(path)!r} is not a directory")
         if not SqliteLogStore.exists_at(path):
             raise NoStore(f"{str(path)!r} holds no logbroker store; give the gateway's --data-dir")
-    return SqliteLogStore(data_dir, read_only=read_only)
+    return SqliteLogStore(data_dir, read_only=read_only, max_open_partitions=max_open_partitions)
 
 
 __all__ = [

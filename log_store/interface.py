@@ -16,7 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 DEFAULT_PARTITIONS = 4
 DEFAULT_SEGMENT_BYTES = 256 * 1024 * 1024
@@ -115,7 +115,10 @@ class PartitionState(Protocol):
 
     def get(self, key: str) -> bytes | None: ...
 
-    def put(self, key: str, value: bytes) -> None: ...
+    def put(self, key: str, value: bytes) -> None:
+        """Set ``key``; an empty value deletes it.  A deleted key reads as None, or as
+        ``b""`` on a backend that keeps deletions as values (Kafka's changelog)."""
+        ...
 
     def next_offset(self) -> int:
         """The offset the transaction's first record gets if it returns any."""
@@ -236,3 +239,26 @@ class LogStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class StateScan(Protocol):
+    """What a backend offers to find and drop state nobody uses any more (idle sources'
+    seqnos and pins, see ``session_dedup.source_expiry``).  The embedded store has it."""
+
+    def scan_state(
+        self, topic: str, partition: int, prefix: str, after: str = "", limit: int = 1000
+    ) -> list[tuple[str, bytes]]:
+        """Up to ``limit`` state keys (and values) of a partition that start with ``prefix``
+        and sort after ``after``, in key order (a page; the next page starts after the last)."""
+        ...
+
+    def scan_topic_state(
+        self, topic: str, prefix: str, after: str = "", limit: int = 1000
+    ) -> list[tuple[str, bytes]]:
+        """``scan_state`` of the topic-level state (pins)."""
+        ...
+
+    def delete_topic_state_if(self, topic: str, items: Mapping[str, bytes]) -> int:
+        """Delete each topic-state key whose value is the one given; how many were."""
+        ...

@@ -749,6 +749,20 @@ class PartitionLog:
             raise UnknownTopic("the topic was deleted")
         return None if row is None else bytes(row[0])
 
+    def scan_state(self, prefix: str, after: str, limit: int) -> list[tuple[str, bytes]]:
+        """Up to ``limit`` keys starting with ``prefix`` and above ``after``, in key order."""
+        if not prefix:
+            raise ValueError("a state scan needs a prefix")
+        # every key starting with the prefix sorts between it and its successor
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT key, value FROM state WHERE key >= ? AND key > ? AND key < ? "
+                "ORDER BY key LIMIT ?",
+                (prefix, after, end, limit),
+            ).fetchall()
+        return [(str(key), bytes(value)) for key, value in rows]
+
     def info(self, partition: int) -> PartitionInfo:
         with self._conn() as conn:
             conn.execute("BEGIN")
@@ -930,8 +944,14 @@ def _index_batch(
 
 
 def _put_state(conn: sqlite3.Connection, state: dict[str, bytes]) -> None:
-    """Upsert ``state``: many rows per statement, since each statement step costs a GIL trip."""
-    items = list(state.items())
+    """Upsert ``state``: many rows per statement, since each statement step costs a GIL trip.
+
+    An empty value deletes its key (recovery replays a batch's deletions the same way)."""
+    gone = [key for key, value in state.items() if not value]
+    for i in range(0, len(gone), 2 * _UPSERT_ROWS):
+        keys = gone[i : i + 2 * _UPSERT_ROWS]
+        conn.execute(f"DELETE FROM state WHERE key IN ({', '.join('?' * len(keys))})", keys)
+    items = [item for item in state.items() if item[1]]
     for i in range(0, len(items), _UPSERT_ROWS):
         part = items[i : i + _UPSERT_ROWS]
         conn.execute(

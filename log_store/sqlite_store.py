@@ -21,7 +21,8 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -44,6 +45,7 @@ from log_store.interface import (
     TopicInfo,
     TransactionFn,
 )
+from log_store.partition_handles import DEFAULT_MAX_OPEN_PARTITIONS, PartitionHandles
 from log_store.sqlite_partition import PartitionLog, connect, connect_read_only, now_ms
 from log_store.topic_names import validate_topic_name
 
@@ -83,6 +85,10 @@ def _check_config(config: TopicConfig) -> None:
             raise BadRequest(f"{name} must not be negative")
 
 
+def _never_opened() -> PartitionLog:
+    raise AssertionError("the partition is open: a lease on it is held")
+
+
 def _append_all(values: Sequence[bytes]) -> TransactionFn:
     def fn(_state: PartitionState) -> Sequence[bytes]:
         return values
@@ -102,7 +108,13 @@ class SqliteLogStore:
 
     capabilities = StoreCapabilities(dense_offsets=True, store_retention=True, segment_files=True)
 
-    def __init__(self, data_dir: str | Path, *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        read_only: bool = False,
+        max_open_partitions: int = DEFAULT_MAX_OPEN_PARTITIONS,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.read_only = read_only
         try:
@@ -121,8 +133,7 @@ class SqliteLogStore:
             raise as_store_unavailable(exc) or exc from exc
         self._catalog_lock = threading.RLock()
         self._topics: dict[str, TopicInfo] = {}
-        self._partitions: dict[tuple[str, int], PartitionLog] = {}
-        self._partitions_lock = threading.Lock()
+        self._handles = PartitionHandles(max_open_partitions, self._on_close)
         self._watcher = ChangeWatcher()
         self._watched: dict[tuple[str, int], bool] = {}
 
@@ -174,41 +185,70 @@ class SqliteLogStore:
             info = self._load_topic(name)
         return info
 
-    def _partition(self, topic: str, partition: int) -> tuple[TopicInfo, PartitionLog]:
+    @contextmanager
+    def _lease(self, topic: str, partition: int) -> Iterator[tuple[TopicInfo, PartitionLog]]:
+        """The partition, open and in use while the ``with`` block runs (see
+        :mod:`log_store.partition_handles`)."""
         info = self._topic(topic)
         if not isinstance(partition, int) or partition < 0:
             raise UnknownPartition(f"partition must be a non-negative integer, got {partition!r}")
-        log = self._partitions.get((info.topic_id, partition))
-        if log is not None:
-            return info, log
-        # Opening a partition for the first time: never trust the cache for that, so that a
-        # topic deleted (or deleted and created again) by another process is seen.
-        info = self._load_topic(topic)
-        if partition >= info.config.partitions:
-            raise UnknownPartition(
-                f"topic {topic!r} has partitions 0..{info.config.partitions - 1}, not {partition}"
-            )
-        key = (info.topic_id, partition)
-        with self._partitions_lock:
-            log = self._partitions.get(key)
-            if log is None:
-                path = self.data_dir / "topics" / topic / info.topic_id / str(partition)
-                topic_id = info.topic_id
+        if self._handles.get((info.topic_id, partition)) is None:
+            # Opening a partition: never trust the cache for that, so that a topic deleted
+            # (or deleted and created again) by another process is seen.
+            info = self._load_topic(topic)
+            if partition >= info.config.partitions:
+                raise UnknownPartition(
+                    f"topic {topic!r} has partitions 0..{info.config.partitions - 1}, "
+                    f"not {partition}"
+                )
+            if self.read_only and not (self._path(info, partition) / "partition.db").exists():
+                # No process has created it yet: it reads as empty now, and is looked for
+                # again next time.
+                log = self._open_partition(info, partition)
                 try:
-                    log = PartitionLog(
-                        path,
-                        info.config.segment_bytes,
-                        lambda: self._topic_alive(topic_id),
-                        read_only=self.read_only,
-                    )
-                except (OSError, sqlite3.Error) as exc:
-                    raise as_store_unavailable(exc) or exc from exc
-                if self.read_only and not (path / "partition.db").exists():
-                    # No process has created it yet: it reads as empty now, and is looked
-                    # for again next time.
-                    return info, log
-                self._partitions[key] = log
-        return info, log
+                    yield info, log
+                finally:
+                    log.close()
+                return
+        handle = self._handles.acquire(
+            (info.topic_id, partition), lambda: self._reopen_partition(topic, info, partition)
+        )
+        try:
+            yield info, handle.log
+        finally:
+            self._handles.release(handle)
+
+    def _path(self, info: TopicInfo, partition: int) -> Path:
+        return self.data_dir / "topics" / info.name / info.topic_id / str(partition)
+
+    def _reopen_partition(self, topic: str, known: TopicInfo, partition: int) -> PartitionLog:
+        """Open a partition of the topic ``known`` names, if that topic is still the one."""
+        info = self._load_topic(topic)
+        if info.topic_id != known.topic_id:
+            raise UnknownTopic(f"topic {topic!r} was deleted")
+        return self._open_partition(info, partition)
+
+    def _open_partition(self, info: TopicInfo, partition: int) -> PartitionLog:
+        topic_id = info.topic_id
+        try:
+            return PartitionLog(
+                self._path(info, partition),
+                info.config.segment_bytes,
+                lambda: self._topic_alive(topic_id),
+                read_only=self.read_only,
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise as_store_unavailable(exc) or exc from exc
+
+    def _on_close(self, key: tuple[str, int], log: PartitionLog) -> None:
+        """A partition is closed to stay within the limit: stop watching its notify file."""
+        if self._watched.pop(key, None):
+            self._watcher.unwatch(log.notify_path)
+
+    @property
+    def open_partitions(self) -> int:
+        """How many partitions this process holds open now."""
+        return len(self._handles)
 
     def _topic_alive(self, topic_id: str) -> bool:
         with self._catalog_lock:
@@ -220,22 +260,21 @@ class SqliteLogStore:
     def _on_partition(self, topic: str, partition: int, op: Callable[[PartitionLog], T]) -> T:
         """Run ``op`` on the partition, looking again once if the topic we knew is gone."""
         try:
-            return op(self._partition(topic, partition)[1])
+            with self._lease(topic, partition) as (_, log):
+                return op(log)
         except UnknownTopic:
             if self._forget_topic(topic) is None:
                 raise
             # Another process deleted the topic, and may have created it again.
-            return op(self._partition(topic, partition)[1])
+            with self._lease(topic, partition) as (_, log):
+                return op(log)
 
     def _forget_topic(self, topic: str) -> TopicInfo | None:
         """Drop what this process knows of ``topic``; the next use reads the catalog."""
         info = self._topics.pop(topic, None)
         if info is None:
             return None
-        with self._partitions_lock:
-            stale = [k for k in self._partitions if k[0] == info.topic_id]
-            logs = [self._partitions.pop(k) for k in stale]
-        for key, log in zip(stale, logs, strict=True):
+        for key, log in self._handles.pop_topic(info.topic_id):
             self._watcher.unwatch(log.notify_path)
             self._watched.pop(key, None)
             # Closed on the side: this may run in the partition's own committer thread.
@@ -284,7 +323,8 @@ class SqliteLogStore:
         # Fence every partition first, under its write lock, so that no process can ack an
         # append into files about to be removed.
         for p in range(info.config.partitions):
-            self._partition(name, p)[1].mark_deleted()
+            with self._lease(name, p) as (_, log):
+                log.mark_deleted()
         self._catalog_write(
             [
                 ("DELETE FROM topics WHERE name = ? AND topic_id = ?", (name, info.topic_id)),
@@ -292,13 +332,10 @@ class SqliteLogStore:
             ]
         )
         self._topics.pop(name, None)
-        with self._partitions_lock:
-            for p in range(info.config.partitions):
-                log = self._partitions.pop((info.topic_id, p), None)
-                if log is not None:
-                    self._watcher.unwatch(log.notify_path)
-                    self._watched.pop((info.topic_id, p), None)
-                    log.close(deleted=True)
+        for key, log in self._handles.pop_topic(info.topic_id):
+            self._watcher.unwatch(log.notify_path)
+            self._watched.pop(key, None)
+            log.close(deleted=True)
         shutil.rmtree(self.data_dir / "topics" / name / info.topic_id, ignore_errors=True)
 
     def set_partitions(self, name: str, count: int) -> TopicInfo:
@@ -353,10 +390,9 @@ class SqliteLogStore:
                 )
             ]
         )
-        with self._partitions_lock:
-            for (topic_id, _p), log in self._partitions.items():
-                if topic_id == info.topic_id:
-                    log.segment_bytes = config.segment_bytes
+        for (topic_id, _p), log in self._handles.items():
+            if topic_id == info.topic_id:
+                log.segment_bytes = config.segment_bytes
         return self._load_topic(name)
 
     def list_topics(self) -> list[TopicInfo]:
@@ -372,7 +408,10 @@ class SqliteLogStore:
 
     def describe_topic(self, name: str) -> TopicInfo:
         info = self._load_topic(validate_topic_name(name))
-        parts = [self._partition(name, p)[1].info(p) for p in range(info.config.partitions)]
+        parts = []
+        for p in range(info.config.partitions):
+            with self._lease(name, p) as (_, log):
+                parts.append(log.info(p))
         return TopicInfo(info.name, info.topic_id, info.config, info.created_ms, parts)
 
     # -- topic-level state ----------------------------------------------------------------
@@ -439,6 +478,41 @@ class SqliteLogStore:
             )
         return found
 
+    def scan_topic_state(
+        self, topic: str, prefix: str, after: str = "", limit: int = 1000
+    ) -> list[tuple[str, bytes]]:
+        if not prefix:
+            raise ValueError("a state scan needs a prefix")
+        info = self._topic(topic)
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        with self._catalog_lock:
+            rows = self._catalog.execute(
+                "SELECT key, value FROM topic_state WHERE topic_id = ? AND key >= ? AND key > ? "
+                "AND key < ? ORDER BY key LIMIT ?",
+                (info.topic_id, prefix, after, end, limit),
+            ).fetchall()
+        return [(str(key), bytes(value)) for key, value in rows]
+
+    def delete_topic_state_if(self, topic: str, items: Mapping[str, bytes]) -> int:
+        """Delete each key whose value is the one given; how many were deleted."""
+        self._check_writable("delete_topic_state")
+        info = self._topic(topic)
+        deleted = 0
+        with self._catalog_lock:
+            try:
+                self._catalog.execute("BEGIN IMMEDIATE")
+                for key, value in items.items():
+                    deleted += self._catalog.execute(
+                        "DELETE FROM topic_state WHERE topic_id = ? AND key = ? AND value = ?",
+                        (info.topic_id, key, value),
+                    ).rowcount
+                self._catalog.execute("COMMIT")
+            except BaseException as exc:
+                if self._catalog.in_transaction:
+                    self._catalog.execute("ROLLBACK")
+                raise as_store_unavailable(exc) or exc from exc
+        return deleted
+
     def get_topic_state(self, topic: str, key: str) -> bytes | None:
         info = self._topic(topic)
         with self._catalog_lock:
@@ -453,7 +527,15 @@ class SqliteLogStore:
         self, topic: str, partition: int, fn: TransactionFn
     ) -> concurrent.futures.Future[AppendResult]:
         self._check_writable("append")
-        future = self._partition(topic, partition)[1].submit(fn)
+        with self._lease(topic, partition) as (info, _):
+            # Held until the transaction is resolved: a partition with work queued stays open.
+            handle = self._handles.acquire((info.topic_id, partition), _never_opened)
+        try:
+            future = handle.log.submit(fn)
+        except BaseException:
+            self._handles.release(handle)
+            raise
+        future.add_done_callback(lambda _f: self._handles.release(handle))
         future.add_done_callback(lambda f: self._forget_if_deleted(topic, f))
         return future
 
@@ -487,19 +569,26 @@ class SqliteLogStore:
     def get_state(self, topic: str, partition: int, key: str) -> bytes | None:
         return self._on_partition(topic, partition, lambda log: log.get_state(key))
 
+    def scan_state(
+        self, topic: str, partition: int, prefix: str, after: str = "", limit: int = 1000
+    ) -> list[tuple[str, bytes]]:
+        return self._on_partition(
+            topic, partition, lambda log: log.scan_state(prefix, after, limit)
+        )
+
     def end_offset(self, topic: str, partition: int) -> int:
         return self._on_partition(topic, partition, lambda log: log.bounds()[1])
 
     def wait_for_data(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
-        info, log = self._partition(topic, partition)
-        key = (info.topic_id, partition)
-        can_watch = self._watched.get(key)
-        if can_watch is None:
-            can_watch = self._watcher.watch(log.notify_path, log.notify_changed)
-            self._watched[key] = can_watch
-        return self._on_partition(
-            topic, partition, lambda log: log.wait_for_data(offset, timeout_s, can_watch)
-        )
+        def wait(log: PartitionLog) -> bool:
+            key = (self._topic(topic).topic_id, partition)
+            can_watch = self._watched.get(key)
+            if can_watch is None:
+                can_watch = self._watcher.watch(log.notify_path, log.notify_changed)
+                self._watched[key] = can_watch
+            return log.wait_for_data(offset, timeout_s, can_watch)
+
+        return self._on_partition(topic, partition, wait)
 
     # -- retention ------------------------------------------------------------------------
     def apply_retention(self, now_ms_: int | None = None) -> dict[tuple[str, int], int]:
@@ -511,13 +600,13 @@ class SqliteLogStore:
             if cfg.retention_ms is None and cfg.retention_bytes is None:
                 continue
             for p in range(cfg.partitions):
-                log = self._partition(info.name, p)[1]
-                before = log.bounds()[0]
-                after = log.drop_segments(
-                    below_offset=None,
-                    before_ms=None if cfg.retention_ms is None else now - cfg.retention_ms,
-                    max_bytes=cfg.retention_bytes,
-                )
+                with self._lease(info.name, p) as (_, log):
+                    before = log.bounds()[0]
+                    after = log.drop_segments(
+                        below_offset=None,
+                        before_ms=None if cfg.retention_ms is None else now - cfg.retention_ms,
+                        max_bytes=cfg.retention_bytes,
+                    )
                 if after != before:
                     moved[(info.name, p)] = after
         return moved
@@ -526,13 +615,11 @@ class SqliteLogStore:
         self._check_writable("delete_segments_before")
         if offset < 0:
             raise BadRequest("offset must not be negative")
-        log = self._partition(topic, partition)[1]
-        return log.drop_segments(below_offset=offset, before_ms=None, max_bytes=None)
+        with self._lease(topic, partition) as (_, log):
+            return log.drop_segments(below_offset=offset, before_ms=None, max_bytes=None)
 
     def close(self) -> None:
-        with self._partitions_lock:
-            logs, self._partitions = list(self._partitions.values()), {}
-        for log in logs:
+        for log in self._handles.pop_all():
             log.close()
         self._watcher.close()
         with self._catalog_lock:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,13 +30,15 @@ from session_dedup.pinning import decode_pin, encode_pin, pin_key, stable_partit
 from session_dedup.seqno_table import (
     admit_new_source,
     decode_seqno,
-    encode_seqno,
+    encode_source_value,
     epoch_key,
+    present,
     seqno_key,
 )
 from session_dedup.source import SourceMeta
 
 TOPIC_REFRESH_S = 5.0
+_log = logging.getLogger(__name__)
 _MAX_CACHED = 1_000_000
 
 
@@ -131,6 +134,9 @@ class WriteOutcome:
     last_seqno: int
     epoch: int = 0
     refused: LimitReached | None = None
+    new_source: bool = False
+    """The write gave the source its first state in the partition (see :meth:`SourceRouter.
+    confirm_pins`)."""
 
     @property
     def written_count(self) -> int:
@@ -270,6 +276,29 @@ class SourceRouter:
                     found[(topic, source_id)] = route
         return [found[pair] for pair in sources]
 
+    def confirm_pins(self, routes: Sequence[tuple[SourceRoute, str]]) -> None:
+        """Make sure each source that just got its first state in a partition is pinned there.
+
+        Idle source expiry deletes the pins of sources it forgets (and of sources that never
+        had state), while this process may still route such a source from its cache; its next
+        write gives it state again, and this puts its pin back before another process can
+        pin it anywhere else.
+        """
+        by_topic: dict[str, dict[str, bytes]] = {}
+        for route, source_id in routes:
+            key = pin_key(route.topic_id, source_id)
+            by_topic.setdefault(route.topic, {})[key] = encode_pin(route.partition)
+        for topic, wanted in by_topic.items():
+            try:
+                won = self._store.put_topic_state_many_if_absent(topic, wanted)
+            except UnknownTopic:
+                continue  # deleted meanwhile: so is the state the pin would guard
+            for key, value in wanted.items():
+                if won.get(key) != value:
+                    _log.warning(
+                        "%s: %s was pinned elsewhere while it was given state here", topic, key
+                    )
+
     def forget(self, topic: str) -> None:
         """Drop what is cached about ``topic`` (it was deleted, maybe created again)."""
         with self._lock:
@@ -309,12 +338,12 @@ class _SourceChunks:
         (see :data:`CHUNK_STATUSES` for how each chunk is decided)."""
         self.first_index = len(values)
         key = seqno_key(self.source_id)
-        stored = state.get(key)
+        stored = present(state.get(key))
         last = decode_seqno(stored)
         batch = self.batch
         epoch: bytes | None = None
         if batch.epoch is not None or stored is None:
-            epoch = state.get(epoch_key(self.source_id))
+            epoch = present(state.get(epoch_key(self.source_id)))
         if batch.epoch is not None:
             current = decode_seqno(epoch)
             self.outcome.epoch = current
@@ -339,11 +368,13 @@ class _SourceChunks:
                 written[i] = WRITTEN
                 last = seqno
         if len(values) > self.first_index:
-            if stored is None and epoch is None and not admit_new_source(state, self.max_sources):
-                del values[self.first_index :]
-                self.outcome.refused = _source_limit(self.max_sources)
-                return self._refuse(REFUSED, last=0)
-            state.put(key, encode_seqno(last))
+            if stored is None and epoch is None:
+                if not admit_new_source(state, self.max_sources):
+                    del values[self.first_index :]
+                    self.outcome.refused = _source_limit(self.max_sources)
+                    return self._refuse(REFUSED, last=0)
+                self.outcome.new_source = True
+            state.put(key, encode_source_value(last, write_time))
         self.outcome.written = written
         self.outcome.last_seqno = last
         return None
@@ -387,6 +418,7 @@ class _SessionTransaction:
     """Reads (and, to fence or hand over, moves) the state of sources of one partition."""
 
     __slots__ = (
+        "created",
         "epochs",
         "handover_writers",
         "last_seqnos",
@@ -410,18 +442,21 @@ class _SessionTransaction:
         self.last_seqnos: list[int] = []
         self.epochs: list[int] = []
         self.refused: list[LimitReached | None] = []
+        self.created: list[str] = []
+        """Sources this transaction gave their first state in the partition."""
 
     def __call__(self, state: PartitionState) -> Sequence[bytes]:
         lasts = []
         epochs = []
         refused: list[LimitReached | None] = []
+        created: list[str] = []
         values: list[bytes] = []
         now = now_ms()
         for source_id, request, writer in zip(
             self.source_ids, self.requests, self.handover_writers, strict=True
         ):
-            stored_seqno = state.get(seqno_key(source_id))
-            stored_epoch = state.get(epoch_key(source_id))
+            stored_seqno = present(state.get(seqno_key(source_id)))
+            stored_epoch = present(state.get(epoch_key(source_id)))
             last = decode_seqno(stored_seqno)
             epoch = decode_seqno(stored_epoch)
             moved_to = request.acked_elsewhere
@@ -436,12 +471,14 @@ class _SessionTransaction:
             ):
                 refusal = _source_limit(self.max_sources)
             if refusal is None:
+                if new and (request.fence or hands_over):
+                    created.append(source_id)
                 if request.fence:
                     epoch += 1
-                    state.put(epoch_key(source_id), encode_seqno(epoch))
+                    state.put(epoch_key(source_id), encode_source_value(epoch, now))
                 if hands_over and moved_to is not None and writer is not None:
                     values.append(writer.encode(moved_to, now, now, handover_data(last)))
-                    state.put(seqno_key(source_id), encode_seqno(moved_to))
+                    state.put(seqno_key(source_id), encode_source_value(moved_to, now))
                     last = moved_to
             lasts.append(last)
             epochs.append(epoch)
@@ -449,6 +486,7 @@ class _SessionTransaction:
         self.last_seqnos = lasts
         self.epochs = epochs
         self.refused = refused
+        self.created = created
         return values
 
 
@@ -555,6 +593,8 @@ class ExactlyOnceWriter:
                     raise _topic_vanished(route.topic) from None
                 continue
             chunks.outcome.first_offset = result.first_offset + chunks.first_index
+            if chunks.outcome.new_source:
+                self.router.confirm_pins([(route, meta.source_id)])
             return chunks.outcome
         raise AssertionError("unreachable")
 
@@ -595,6 +635,13 @@ class ExactlyOnceWriter:
             todo = sorted(retry)
             if not todo:
                 break
+        created = [
+            (outcome.route, sections[i][0].source_id)
+            for i, outcome in outcomes.items()
+            if outcome.new_source
+        ]
+        if created:
+            await asyncio.to_thread(self.router.confirm_pins, created)
         if failure is not None:
             raise failure
         return [outcomes[i] for i in range(len(sections))]
@@ -646,6 +693,16 @@ class ExactlyOnceWriter:
                 sessions[i] = Session(routes[i].topic, routes[i].partition, last, epoch, refused)
         return [s for s in sessions if s is not None]
 
+    @staticmethod
+    def _created(
+        routes: Sequence[SourceRoute], submitted: list[_SubmittedSessions]
+    ) -> list[tuple[SourceRoute, str]]:
+        return [
+            (routes[indexes[0]], source_id)
+            for indexes, txn, _ in submitted
+            for source_id in txn.created
+        ]
+
     def _forget_routes(self, routes: Sequence[SourceRoute]) -> None:
         for topic in {r.topic for r in routes}:
             self.router.forget(topic)
@@ -675,6 +732,9 @@ class ExactlyOnceWriter:
                 if attempt:
                     raise _topic_vanished(routes[0].topic) from None
                 continue
+            created = self._created(routes, submitted)
+            if created:
+                self.router.confirm_pins(created)
             return self._sessions(routes, submitted)
         raise AssertionError("unreachable")
 
@@ -698,6 +758,9 @@ class ExactlyOnceWriter:
             for r in results:
                 if isinstance(r, BaseException):
                     raise r
+            created = self._created(routes, submitted)
+            if created:
+                await asyncio.to_thread(self.router.confirm_pins, created)
             return self._sessions(routes, submitted)
         raise AssertionError("unreachable")
 

@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import ctypes
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -58,10 +59,19 @@ def kill_process_group(proc: subprocess.Popen[bytes]) -> None:
 class GatewayProcess:
     """A real ``logbroker serve`` process on a free loopback port."""
 
-    def __init__(self, data_dir: Path, extra_args: list[str], log_path: Path) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        extra_args: list[str],
+        log_path: Path,
+        *,
+        max_open_files: int | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.extra_args = extra_args
         self.log_path = log_path
+        self.max_open_files = max_open_files
+        """``ulimit -n`` of the gateway process (None: inherited)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -73,7 +83,12 @@ class GatewayProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         # Its own process group, so that a kill reaches uvicorn's worker processes too.
         self.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+            preexec_fn=None if self.max_open_files is None else self._limit_open_files,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -86,6 +101,11 @@ class GatewayProcess:
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"gateway did not become healthy: {self.log()}")
+
+    def _limit_open_files(self) -> None:
+        assert self.max_open_files is not None
+        limit = self.max_open_files
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

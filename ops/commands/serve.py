@@ -28,6 +28,7 @@ from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
 from ops.graphite import add_graphite_options
 from ops.retention import DEFAULT_INTERVAL_S, RetentionWatchdog
+from ops.source_expiry import SourceExpiryWatchdog
 
 GRACEFUL_STOP_S = 30
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -229,6 +230,14 @@ def run(args: argparse.Namespace) -> int:
     )
     metrics_dir = _shared_metrics_dir() if settings.workers > 1 else None
     graphite = _graphite_sender(settings, ctx, metrics_dir)
+    expired = ctx.metrics.counter(
+        "logbroker_sources_expired_total",
+        f"sources forgotten after limits.source_idle_expiry_s "
+        f"({settings.limits.source_idle_expiry_s:g} s) without a write",
+    )
+    expiry = SourceExpiryWatchdog(
+        ctx.store, settings.limits.source_idle_expiry_s, lambda done: expired.inc(done.expired)
+    ).start()
     try:
         if settings.workers > 1:
             # each worker process builds its own app and store handle from the settings
@@ -248,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         server.run(sockets=[sock])
         return 0 if server.started else 1
     finally:
+        expiry.stop()
         if graphite is not None:
             graphite.stop()
         if watchdog is not None:

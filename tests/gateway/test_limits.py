@@ -27,6 +27,7 @@ max_topics = {{max_topics}}
 max_partitions_per_topic = 2
 max_sources_per_partition = 2
 max_subscriptions_per_token = 2
+max_groups_per_token = 2
 max_fetch_positions = 2
 auth_cache_entries = 4
 max_staged_bytes = 1000
@@ -126,6 +127,23 @@ def test_too_many_subscriptions_of_one_token(limited: Any) -> None:
     assert _refusals(http, "max_subscriptions_per_token") == 1
 
 
+def test_too_many_consumer_groups_of_one_token(limited: Any) -> None:
+    _, http = limited
+    assert _write(http, [(meta("g", "grouped"), [1])]).status_code == 200
+    join = {"topics": ["dc1.grouped"], "reset": "earliest"}
+    assert http.post("/v1/groups/g-1/members", json=join).status_code == 200
+    # a commit without a member creates a group too
+    offsets = {"offsets": [{"topic": "dc1.grouped", "partition": 0, "offset": 1}]}
+    assert http.post("/v1/groups/g-2/offsets", json=offsets).status_code == 200
+    _assert_limit(http.post("/v1/groups/g-3/members", json=join), "max_groups_per_token", 2)
+    _assert_limit(http.post("/v1/groups/g-4/offsets", json=offsets), "max_groups_per_token", 2)
+    assert http.get("/v1/groups/g-3").status_code == 404
+    # the groups it holds go on working
+    assert http.post("/v1/groups/g-1/members", json=join).status_code == 200
+    assert http.post("/v1/groups/g-2/offsets", json=offsets).status_code == 200
+    assert _refusals(http, "max_groups_per_token") == 2
+
+
 def test_a_fetch_of_too_many_partitions(limited: Any) -> None:
     _, http = limited
     positions = [{"topic": "dc1.full", "partition": 0, "offset": 0}] * 3
@@ -210,3 +228,60 @@ def test_serve_refuses_a_partition_count_over_the_limit(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "max_partitions_per_topic" in result.stderr
+
+
+def _messages(http: httpx.Client, topic: str, partition: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    offset = 0
+    while True:
+        response = http.get(
+            f"/v1/topics/{topic}/partitions/{partition}/messages", params={"offset": offset}
+        )
+        assert response.status_code == 200, response.text
+        batch = response.json()
+        messages.extend(batch["messages"])
+        if batch["next_offset"] == offset:
+            return messages
+        offset = batch["next_offset"]
+
+
+def test_many_more_partitions_than_open_files_allow(tmp_path: Path) -> None:
+    # 30 topics of 2 partitions through a gateway that may keep 4 partitions open and may
+    # open 160 files: every partition open at once would need several times that.
+    config = tmp_path / "gateway.toml"
+    config.write_text("partitions = 2\n[limits]\nmax_open_partitions = 4\n")
+    gateway = GatewayProcess(
+        tmp_path / "data", ["--config", str(config)], tmp_path / "gw.log", max_open_files=160
+    ).start()
+    topics = [f"many-{i}" for i in range(30)]
+    sources = [f"src-{i}" for i in range(4)]
+    try:
+        http = httpx.Client(base_url=gateway.url, timeout=60)
+        for first, last in ((1, 3), (1, 6)):  # the second round resends the first: duplicates
+            for log_type in topics:
+                body = _write(
+                    http, [(meta(s, log_type), list(range(first, last + 1))) for s in sources]
+                )
+                assert body.status_code == 200, body.text
+                statuses = [a["status"] for r in body.json()["results"] for a in r["acks"]]
+                assert statuses == (
+                    ["written"] * 3
+                    if first == 1 and last == 3
+                    else ["duplicate"] * 3 + ["written"] * 3
+                ) * len(sources)
+        for log_type in topics:
+            seqnos: dict[str, list[int]] = {}
+            for partition in (0, 1):
+                for message in _messages(http, f"dc1.{log_type}", partition):
+                    seqnos.setdefault(message["source_id"], []).append(message["seqno"])
+            assert seqnos == {s: [1, 2, 3, 4, 5, 6] for s in sources}, log_type
+        opened = next(
+            float(line.split()[-1])
+            for line in http.get("/metrics").text.splitlines()
+            if line.startswith("logbroker_open_partitions ")
+        )
+        assert opened <= 4
+        http.close()
+    finally:
+        gateway.kill()
+    assert "Too many open files" not in gateway.log()
