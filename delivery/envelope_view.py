@@ -2,7 +2,8 @@
 
 Filters and the transaction filter look at every record a reader scans; decoding the whole
 Avro record with fastavro would copy each chunk's data only to throw most of it away.  This
-parser walks the fixed field order of ``session_dedup/schemas/envelope.v1.avsc`` and records
+parser walks the fixed field order of ``session_dedup/schemas/envelope.v1.avsc`` (and v2's, which
+adds ``schema_id`` after ``txn_id``) and records
 where the data lies inside the value.
 """
 
@@ -10,7 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from session_dedup.envelope import CODECS, ENVELOPE_VERSION, KINDS, Envelope
+from session_dedup.envelope import (
+    CODECS,
+    ENVELOPE_VERSIONS,
+    KINDS,
+    STRUCTURED_ENVELOPE_VERSION,
+    Envelope,
+)
 
 
 class NotAnEnvelope(ValueError):
@@ -33,6 +40,7 @@ class EnvelopeView:
     write_time: int
     data_start: int
     value: bytes
+    schema_id: int | None = None
 
     @property
     def data(self) -> bytes:
@@ -51,6 +59,7 @@ class EnvelopeView:
             data=self.data,
             kind=self.kind,
             txn_id=self.txn_id,
+            schema_id=self.schema_id,
         )
 
 
@@ -91,7 +100,7 @@ def _enum(value: bytes, pos: int, symbols: tuple[str, ...]) -> tuple[str, int]:
 
 def view(value: bytes) -> EnvelopeView:
     """Parse a stored value; raises :class:`NotAnEnvelope` on anything else."""
-    if not value or value[0] != ENVELOPE_VERSION:
+    if not value or value[0] not in ENVELOPE_VERSIONS:
         raise NotAnEnvelope("unknown envelope version byte")
     source_id, pos = _string(value, 1)
     server, pos = _string(value, pos)
@@ -105,6 +114,14 @@ def view(value: bytes) -> EnvelopeView:
         txn_id, pos = _string(value, pos)
     elif branch != 0:
         raise NotAnEnvelope("bad txn_id union branch")
+    schema_id: int | None = None
+    if value[0] == STRUCTURED_ENVELOPE_VERSION:
+        branch, pos = _varint(value, pos)
+        if branch == 1:
+            signed, pos = _varint(value, pos)
+            schema_id = signed & 0xFFFF_FFFF_FFFF_FFFF
+        elif branch != 0:
+            raise NotAnEnvelope("bad schema_id union branch")
     seqno, pos = _varint(value, pos)
     create_time, pos = _varint(value, pos)
     write_time, pos = _varint(value, pos)
@@ -124,12 +141,13 @@ def view(value: bytes) -> EnvelopeView:
         write_time=write_time,
         data_start=pos,
         value=value,
+        schema_id=schema_id,
     )
 
 
 def kind_of(value: bytes) -> str:
     """Only the ``kind`` field: skips the four strings without decoding them."""
-    if not value or value[0] != ENVELOPE_VERSION:
+    if not value or value[0] not in ENVELOPE_VERSIONS:
         raise NotAnEnvelope("unknown envelope version byte")
     pos = 1
     for _ in range(4):

@@ -80,6 +80,8 @@ def message_json(topic: str, partition: int, message: DeliveredMessage) -> dict[
     if env.kind != "chunk":
         out["kind"] = env.kind
         out["txn_id"] = env.txn_id
+    if env.schema_id is not None:
+        out["schema_id"] = f"{env.schema_id:016x}"  # as the schema registry names it
     if message.data_offset is not None:
         out["data_offset"] = message.data_offset
     _put_data(out, env)

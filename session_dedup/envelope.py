@@ -1,8 +1,13 @@
 """The envelope every message of the log carries (Avro, schema in ``schemas/``).
 
 A stored value is one version byte (``ENVELOPE_VERSION``) followed by the Avro binary encoding
-of :data:`SCHEMA`.  The fields that are constant for a source (source_id, server, file, log_type,
-codec, kind, txn_id) come first, so :class:`EnvelopeWriter` encodes them once per source and the
+of :data:`SCHEMA`.  A chunk of a structured log type (see ``schema_registry``) is stored with
+version byte ``STRUCTURED_ENVELOPE_VERSION`` and :data:`STRUCTURED_SCHEMA`, which adds the id
+of the schema its records were checked against after ``txn_id``; every other chunk keeps
+version 1, byte for byte.
+
+The fields that are constant for a source (source_id, server, file, log_type, codec, kind,
+txn_id) come first, so :class:`EnvelopeWriter` encodes them once per source and the
 per-chunk work is four varints and a copy of the data.
 """
 
@@ -20,11 +25,24 @@ import fastavro
 from log_store.errors import BadRequest
 
 ENVELOPE_VERSION = 1
+STRUCTURED_ENVELOPE_VERSION = 2
+ENVELOPE_VERSIONS = (ENVELOPE_VERSION, STRUCTURED_ENVELOPE_VERSION)
 _VERSION_BYTE = bytes([ENVELOPE_VERSION])
+_STRUCTURED_VERSION_BYTE = bytes([STRUCTURED_ENVELOPE_VERSION])
 
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "envelope.v1.avsc"
 SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
 _PARSED = fastavro.parse_schema(SCHEMA)
+STRUCTURED_SCHEMA_PATH = Path(__file__).with_name("schemas") / "envelope.v2.avsc"
+STRUCTURED_SCHEMA: dict[str, Any] = json.loads(STRUCTURED_SCHEMA_PATH.read_text())
+_PARSED_STRUCTURED = fastavro.parse_schema(STRUCTURED_SCHEMA)
+_U64 = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def schema_id_to_long(schema_id: int) -> int:
+    """A 64-bit schema id (unsigned) as the Avro ``long`` (signed) that carries it."""
+    return schema_id - (1 << 64) if schema_id >= 1 << 63 else schema_id
+
 
 CODECS = ("raw", "gzip", "zstd")
 KINDS = ("chunk", "legacy_data", "legacy_commit", "handover")
@@ -46,6 +64,9 @@ class Envelope:
     data: bytes
     kind: str = "chunk"
     txn_id: str | None = None
+    schema_id: int | None = None
+    """The id (unsigned 64 bits) of the schema a structured chunk's records were checked
+    against; ``None`` for a log type without a schema."""
 
 
 def _zigzag_slow(n: int) -> bytes:
@@ -92,6 +113,7 @@ class EnvelopeWriter:
         codec: str = "raw",
         kind: str = "chunk",
         txn_id: str | None = None,
+        schema_id: int | None = None,
     ) -> None:
         codec_byte = _CODEC_BYTES.get(codec)
         if codec_byte is None:
@@ -105,7 +127,7 @@ class EnvelopeWriter:
         log_type_raw = log_type.encode("utf-8")
         self._prefix = b"".join(
             (
-                _VERSION_BYTE,
+                _VERSION_BYTE if schema_id is None else _STRUCTURED_VERSION_BYTE,
                 _zigzag(len(source_raw)),
                 source_raw,
                 _zigzag(len(server_raw)),
@@ -117,6 +139,7 @@ class EnvelopeWriter:
                 codec_byte,
                 kind_byte,
                 b"\x00" if txn_id is None else b"\x02" + _avro_string(txn_id),
+                b"" if schema_id is None else b"\x02" + _zigzag(schema_id_to_long(schema_id)),
             )
         )
 
@@ -177,17 +200,21 @@ def encode(envelope: Envelope) -> bytes:
         codec=envelope.codec,
         kind=envelope.kind,
         txn_id=envelope.txn_id,
+        schema_id=envelope.schema_id,
     )
     return writer.encode(envelope.seqno, envelope.create_time, envelope.write_time, envelope.data)
 
 
 def decode(value: bytes) -> Envelope:
     """Decode a stored value; raises ``ValueError`` on anything that is not an envelope."""
-    if not value or value[0] != ENVELOPE_VERSION:
+    if not value or value[0] not in ENVELOPE_VERSIONS:
         raise ValueError("not a logbroker envelope (unknown version byte)")
     buf = io.BytesIO(value)
     buf.seek(1)
-    rec = fastavro.schemaless_reader(buf, _PARSED, None)
+    structured = value[0] == STRUCTURED_ENVELOPE_VERSION
+    rec = fastavro.schemaless_reader(buf, _PARSED_STRUCTURED if structured else _PARSED, None)
     if not isinstance(rec, dict):
         raise ValueError("not a logbroker envelope")
+    if structured:
+        rec["schema_id"] &= _U64
     return Envelope(**rec)

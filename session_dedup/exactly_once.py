@@ -535,6 +535,7 @@ class ExactlyOnceWriter:
                 file=meta.file,
                 log_type=meta.log_type,
                 codec=meta.codec,
+                schema_id=meta.schema_id,
             )
             self._writers[meta] = writer
         return writer

@@ -31,6 +31,9 @@ class SourceMeta:
     server: str = ""
     file: str = ""
     codec: str = "raw"
+    schema_id: int | None = None
+    """Set by the gateway for a structured log type's chunks, once their records passed the
+    schema check (see ``schema_registry``); stamped into their envelopes."""
 
 
 def _text(name: str, value: object, *, max_chars: int, required: bool) -> str:
