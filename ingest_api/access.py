@@ -18,7 +18,8 @@ anything reads the request's body:
     what the token may read.  Topics named in a body are checked by the handler, each with
     :meth:`Access.require_read`.
 ``write(...)``
-    a token that may write some log type.  ``log_type="log_type"``: the query's log type.
+    a token that may write some log type.  ``log_type="log_type"``: the log type in the path
+    parameter or query parameter of that name.
     The write endpoints decide each section's log type with :meth:`Access.may_write`.
 ``REPLICATE``
     a token whose ``replicate`` globs cover the topic in the path (a mirror's destination).
@@ -70,7 +71,7 @@ class Permission:
     topic_param: str | None = None
     """Path parameter holding the topic the token must read (or replicate)."""
     log_type_param: str | None = None
-    """Query parameter holding the log type the token must write."""
+    """Path (or else query) parameter holding the log type the token must write."""
     owns: str | None = None
     """Kind of object (``group``, ``subscription``) named by the path parameter of that name,
     which must belong to the token."""
@@ -295,7 +296,8 @@ async def _authorize(
         if not grant.write_log_types:
             raise forbidden("this token may write no log type")
         log_type = (
-            request.query_params.get(permission.log_type_param)
+            request.path_params.get(permission.log_type_param)
+            or request.query_params.get(permission.log_type_param)
             if permission.log_type_param
             else None
         )

@@ -48,6 +48,7 @@ from ingest_api.settings import GatewaySettings
 
 ROUTE_MODULES: tuple[str, ...] = (
     "ingest_api.write_api",
+    "ingest_api.schemas_api",
     "ingest_api.read_api",
     "ingest_api.groups_api",
     "ingest_api.subscriptions_api",

@@ -34,6 +34,7 @@ from ingest_api.framing import (
     parse_ndjson,
 )
 from ingest_api.rate_limit import SourceRateLimiter
+from ingest_api.schemas_api import STRUCTURED_WRITES
 from ingest_api.settings import TokenGrant
 from log_store.errors import LimitReached
 from session_dedup.envelope import CODECS
@@ -231,6 +232,9 @@ class WriteApi:
         for section in sections:
             if section.error is None:
                 section.error = self._forbidden(grant, section.meta.log_type)
+        structured = self.ctx.extensions.get(STRUCTURED_WRITES)
+        if structured is not None:  # records of structured log types: checked and stamped
+            await structured.check(sections)
         self._refuse_unless_all_refused([s.error for s in sections])
         admitted = [s for s in sections if s.error is None]
         wait_s = self.rates.admit(

@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "load": "load topics into a Delta Lake table with Spark, exactly once",
     "topics": "list, describe, create, alter and delete topics; force segment deletion",
     "audit": "check a data directory: offsets, envelopes, dedup state",
+    "schemas": "register, list and show schemas of structured log types; set compatibility",
     "bench": "run a benchmark and print its table",
 }
 

@@ -97,10 +97,12 @@ def parse(schema: Any) -> AvroSchema:
     if len(text.encode("utf-8")) > MAX_SCHEMA_BYTES:
         raise InvalidSchema(f"a schema is at most {MAX_SCHEMA_BYTES} bytes of JSON")
     try:
-        parsed: Any = fastavro.schema.parse_schema(json.loads(text), _write_hint=False)
+        named: dict[str, Any] = {}
+        parsed: Any = fastavro.schema.parse_schema(
+            json.loads(text), named_schemas=named, _write_hint=False
+        )
     except Exception as exc:  # fastavro raises SchemaParseException, UnknownType, ValueError...
         raise InvalidSchema(f"not a valid Avro schema: {exc}") from None
-    named = dict(parsed.get("__named_schemas", {}))
     definition = {k: v for k, v in parsed.items() if not k.startswith("__")}
     normalized = json.dumps(_normalized(definition), separators=(",", ":"), sort_keys=True)
     schema_id = int(fastavro.schema.fingerprint(normalized, "CRC-64-AVRO"), 16)

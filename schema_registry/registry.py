@@ -169,6 +169,16 @@ class SchemaRegistry:
             self._log_types[log_type] = (now, found)
         return found
 
+    def known_unstructured(self, log_type: str) -> bool:
+        """Whether the cache says, freshly enough, that ``log_type`` has no schema version."""
+        with self._lock:
+            cached = self._log_types.get(log_type)
+        return (
+            cached is not None
+            and time.monotonic() - cached[0] < self._cache_seconds
+            and (cached[1] is None or cached[1].latest is None)
+        )
+
     def latest(self, log_type: str) -> SchemaVersion | None:
         """What a write of ``log_type`` is checked against (cached); ``None``: not structured."""
         found = self.log_type(log_type)

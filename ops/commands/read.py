@@ -110,6 +110,8 @@ def _chunk_fields(message: ReadMessage) -> dict[str, object]:
     }
     if env.kind != "chunk":
         record["txn_id"] = env.txn_id
+    if env.schema_id is not None:  # a structured log type's chunk: the schema it was checked by
+        record["schema_id"] = f"{env.schema_id:016x}"
     return record
 
 
