@@ -19,7 +19,8 @@ anything reads the request's body:
     :meth:`Access.require_read`.
 ``write(...)``
     a token that may write some log type.  ``log_type="log_type"``: the log type in the path
-    parameter or query parameter of that name.
+    parameter or query parameter of that name.  ``lists=True``: the answer lists only the log
+    types the token may write.
     The write endpoints decide each section's log type with :meth:`Access.may_write`.
 ``REPLICATE``
     a token whose ``replicate`` globs cover the topic in the path (a mirror's destination).
@@ -110,8 +111,8 @@ def read(*, topic: str | None = None, owns: str | None = None, lists: bool = Fal
     return Permission("read", topic_param=topic, owns=owns, lists=lists)
 
 
-def write(*, log_type: str | None = None) -> Permission:
-    return Permission("write", log_type_param=log_type)
+def write(*, log_type: str | None = None, lists: bool = False) -> Permission:
+    return Permission("write", log_type_param=log_type, lists=lists)
 
 
 @dataclass(frozen=True)

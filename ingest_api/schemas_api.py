@@ -232,7 +232,7 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     api = SchemasApi(ctx, registry)
     base = "/v1/schemas/{log_type}"
     return [
-        route("GET", "/v1/schemas", api.list_log_types, write(), name="list_schemas"),
+        route("GET", "/v1/schemas", api.list_log_types, write(lists=True), name="list_schemas"),
         route("GET", base, api.describe, write(log_type="log_type"), name="describe_schemas"),
         route(
             "POST",

@@ -47,6 +47,7 @@ replicate = ["dc9.b-*"]
 """
 
 Call = tuple[str, dict[str, Any]]  # (url path, httpx request keyword arguments)
+APP_SCHEMA = {"type": "record", "name": "App", "fields": [{"name": "line", "type": "string"}]}
 
 
 class TenantA:
@@ -147,6 +148,21 @@ def examples(a: TenantA) -> dict[tuple[str, str], Call]:
         ),
         ("GET", "/ui"): ("/ui", {}),
         ("GET", "/ui/static/{name}"): ("/ui/static/dashboard.js", {}),
+        ("GET", "/v1/schemas"): ("/v1/schemas", {}),
+        ("GET", "/v1/schemas/{log_type}"): ("/v1/schemas/app", {}),
+        ("POST", "/v1/schemas/{log_type}/versions"): (
+            "/v1/schemas/app/versions",
+            {"json": {"schema": APP_SCHEMA}},
+        ),
+        ("GET", "/v1/schemas/{log_type}/versions/{version}"): (
+            "/v1/schemas/app/versions/latest",
+            {},
+        ),
+        ("PUT", "/v1/schemas/{log_type}/compatibility"): (
+            "/v1/schemas/app/compatibility",
+            {"json": {"compatibility": "backward"}},
+        ),
+        ("GET", "/v1/topics/{topic}/schemas"): ("/v1/topics/dc1.app/schemas", {}),
         ("GET", "/metrics"): ("/metrics", {}),
         ("GET", "/healthz"): ("/healthz", {}),
         ("GET", "/openapi.json"): ("/openapi.json", {}),
