@@ -42,6 +42,7 @@ from yt_loader.crash_points import reach
 from yt_loader.errors import WarehouseBusy, WarehouseCorrupt
 from yt_loader.load_target import LoadState, Progress
 from yt_loader.range_writer import PARTITION_COLUMNS, OutputLayout, WrittenFile, WrittenRange
+from yt_loader.typed_columns import TopicSchemas, evolved_table_schema
 from yt_loader.warehouse import LOADER_DIR, LoadGap, Recovery, TopicOffsets, Warehouse
 
 BATCH_APP_ID = "logbroker-load"
@@ -230,6 +231,8 @@ class DeltaTarget:
         self.path = path
         self._jvm = _Jvm(spark)
         self._txn: _Transaction | None = None
+        self._evolved: dict[str, Any] | None = None
+        """The table's ``metaData`` with a wider schema, for the next commit (typed columns)."""
 
     @property
     def recovery(self) -> Recovery:
@@ -295,6 +298,16 @@ class DeltaTarget:
     def layout(self, batch: int, run: str) -> OutputLayout:
         return OutputLayout(str(self.path), run, "file_name")
 
+    def evolve_schema(self, typed: dict[str, TopicSchemas]) -> None:
+        """The next commit also changes the table's schema to hold ``typed``'s columns, the way
+        ``mergeSchema`` does: one ``metaData`` action in the same transaction as the rows."""
+        txn = self._txn if self._txn is not None else self._begin()
+        metadata = json.loads(str(txn.txn.metadata().json()))["metaData"]
+        wider = evolved_table_schema(json.loads(metadata["schemaString"]), typed)
+        self._evolved = None
+        if wider is not None:
+            self._evolved = {**metadata, "schemaString": json.dumps(wider, separators=(",", ":"))}
+
     def commit(
         self,
         batch: int,
@@ -342,6 +355,8 @@ class DeltaTarget:
                     jvm.action({"txn": {"appId": app_id, "version": end, "lastUpdated": now}})
                 )
         operation = jvm.write_operation(_batch_metadata(batch, written, gaps))
+        if self._evolved is not None:
+            txn.txn.updateMetadata(jvm.action({"metaData": self._evolved}), False)
         try:
             txn.txn.commit(jvm.seq(actions), operation)
         except Exception as exc:
@@ -353,4 +368,5 @@ class DeltaTarget:
                     f"{text.splitlines()[0][:300]}; batch {batch} was not committed"
                 ) from exc
             raise
+        self._evolved = None
         reach("after-commit", crash_at)

@@ -52,15 +52,18 @@ def split_lines(data: bytes) -> list[bytes]:
 class LineBatchBuilder:
     """Collects the lines of one partition's messages and builds a ``RecordBatch`` of them."""
 
-    def __init__(self, topic: str, partition: int) -> None:
+    def __init__(self, topic: str, partition: int, *, with_schema_ids: bool = False) -> None:
         self.topic = topic
         self.partition = partition
+        self.with_schema_ids = with_schema_ids
+        """Add a ``_schema_id`` column (uint64): each line's chunk's schema id, or null."""
         self._reset()
 
     def _reset(self) -> None:
         self._columns: dict[str, list[object]] = {name: [] for name in _PER_MESSAGE}
         self._create_us: list[int] = []
         self._write_us: list[int] = []
+        self._schema_ids: list[int | None] = []
         self._repeat: list[int] = []
         self._lines: list[bytes] = []
         self.data_bytes = 0
@@ -85,6 +88,7 @@ class LineBatchBuilder:
         cols["log_type"].append(envelope.log_type)
         self._create_us.append(envelope.create_time * 1000)
         self._write_us.append(envelope.write_time * 1000)
+        self._schema_ids.append(envelope.schema_id)
         self._repeat.extend([index] * len(lines))
         self._lines.extend(lines)
         self.data_bytes += len(raw)
@@ -104,7 +108,11 @@ class LineBatchBuilder:
         arrays.append(pa.array(self._create_us, _TIMESTAMP).take(take))
         arrays.append(pa.array(self._write_us, _TIMESTAMP).take(take))
         arrays.append(_text(self._lines))
-        batch = pa.RecordBatch.from_arrays(arrays, schema=LINE_SCHEMA)
+        schema = LINE_SCHEMA
+        if self.with_schema_ids:
+            arrays.append(pa.array(self._schema_ids, pa.uint64()).take(take))
+            schema = schema.append(pa.field("_schema_id", pa.uint64()))
+        batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
         self._reset()
         return batch
 

@@ -33,6 +33,7 @@ from yt_loader.load_target import LoadState, LoadTarget, ParquetTarget, Progress
 from yt_loader.log_source import SourceSpec, TopicBounds, current_bounds
 from yt_loader.offset_ranges import DEFAULT_MAX_RANGE_BYTES, OffsetRange, split_range
 from yt_loader.range_writer import OutputLayout, WrittenRange, write_range
+from yt_loader.typed_columns import TopicSchemas, schemas_for
 from yt_loader.warehouse import LoadGap, Recovery, TopicOffsets
 
 DEFAULT_MAX_BATCH_BYTES = 512 * 1024 * 1024
@@ -93,6 +94,8 @@ class _Plan:
     bytes_per_offset: dict[tuple[str, int], float]
     gaps: list[LoadGap]
     topics: dict[str, TopicProgress]
+    typed: dict[str, TopicSchemas] = field(default_factory=dict)
+    """The structured topics: their lines get typed columns (see ``typed_columns``)."""
 
 
 def _plan(bounds: list[TopicBounds], state: LoadState, config: LoadConfig) -> _Plan:
@@ -209,9 +212,10 @@ def _load_task(
     layout: OutputLayout,
     crash_at: str | None,
     topic_ids: dict[str, str],
+    typed: dict[str, TopicSchemas],
     rng: OffsetRange,
 ) -> WrittenRange:
-    written = write_range(spec, layout, crash_at, topic_ids, rng)
+    written = write_range(spec, layout, crash_at, topic_ids, rng, typed.get(rng.topic))
     done.add({rng.topic: rng.count})
     return written
 
@@ -243,7 +247,9 @@ def _run_tasks(
     sc.setJobDescription(f"logbroker load: batch {batch}, {len(pieces)} offset ranges")
     done = sc.accumulator({}, _OffsetsDone())
     topic_ids = {t: o.topic_id for t, o in plan.offsets.items()}
-    task = functools.partial(_load_task, done, config.spec, layout, config.crash_at, topic_ids)
+    task = functools.partial(
+        _load_task, done, config.spec, layout, config.crash_at, topic_ids, plan.typed
+    )
     stop = threading.Event()
     reporter = threading.Thread(
         target=_report_while_running,
@@ -296,6 +302,8 @@ def run_load(
         finally:
             source.close()
         plan = _plan(bounds, state, config)
+        plan.typed = schemas_for(config.spec, sorted(plan.topics))
+        target.evolve_schema(plan.typed)  # refuses a column type change before any writing
         report.topics = plan.topics
         report.gaps = list(plan.gaps)
         for gap in plan.gaps:

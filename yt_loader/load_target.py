@@ -17,6 +17,7 @@ from typing import Literal, Protocol
 
 from yt_loader.crash_points import reach
 from yt_loader.range_writer import OutputLayout, WrittenRange
+from yt_loader.typed_columns import TopicSchemas
 from yt_loader.warehouse import (
     CommitRecord,
     LoadedRange,
@@ -51,6 +52,14 @@ class LoadTarget(Protocol):
 
     def layout(self, batch: int, run: str) -> OutputLayout:
         """Where the tasks of ``batch`` write their files."""
+        ...
+
+    def evolve_schema(self, typed: dict[str, TopicSchemas]) -> None:
+        """Make the next commit widen the table by the structured topics' typed columns.
+
+        Raises :class:`~yt_loader.typed_columns.TypedColumnConflict` (before anything is
+        written) if a column would change type.
+        """
         ...
 
     def commit(
@@ -92,6 +101,10 @@ class ParquetTarget:
                 yield LoadState()
             else:
                 yield LoadState(latest.batch, latest.offsets)
+
+    def evolve_schema(self, typed: dict[str, TopicSchemas]) -> None:
+        """Parquet files carry their own schema (readers merge them): nothing to record here."""
+        del typed
 
     def layout(self, batch: int, run: str) -> OutputLayout:
         staging = self.warehouse.staging_dir(batch)

@@ -34,16 +34,18 @@ def read_range(
     batch_lines: int = DEFAULT_BATCH_LINES,
     read_bytes: int = DEFAULT_READ_BYTES,
     fail_on_data_loss: bool = True,
+    with_schema_ids: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """The lines of ``rng`` as batches of :data:`~yt_loader.line_rows.LINE_SCHEMA` rows.
 
     Lines come in offset order; a legacy transaction's lines come at its commit marker's
     offset (see ``delivery/legacy_txn.py``), so the range holding the marker loads them.
     If retention dropped part of the range, raises :class:`DataLost`, or with
-    ``fail_on_data_loss=False`` skips what is gone.
+    ``fail_on_data_loss=False`` skips what is gone.  ``with_schema_ids``: each batch also has
+    a ``_schema_id`` column (the stamp of each line's chunk, see ``yt_loader.typed_columns``).
     """
     stats = stats if stats is not None else RangeReadStats()
-    builder = LineBatchBuilder(rng.topic, rng.partition)
+    builder = LineBatchBuilder(rng.topic, rng.partition, with_schema_ids=with_schema_ids)
     offset = rng.start
     while offset < rng.end:
         try:

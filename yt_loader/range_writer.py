@@ -22,6 +22,7 @@ from yt_loader.log_source import SourceSpec
 from yt_loader.offset_ranges import OffsetRange
 from yt_loader.range_reader import RangeReadStats, read_range
 from yt_loader.task_faults import after_partial_write
+from yt_loader.typed_columns import SCHEMA_ID_COLUMN, RecordTyper, TopicSchemas
 from yt_loader.warehouse import file_name, fsync_dir, fsync_file, table_dir
 
 PARTITION_COLUMNS = ("topic", "date", "hour")
@@ -83,13 +84,15 @@ def _attempt_id(run: str) -> str:
 
 
 class _HourFile:
-    def __init__(self, path: Path, rel: str, topic: str, hour_number: int) -> None:
+    def __init__(
+        self, path: Path, rel: str, topic: str, hour_number: int, schema: pa.Schema
+    ) -> None:
         self.path = path
         self.rel = rel
         self.topic = topic
         self.hour_number = hour_number
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.writer = pq.ParquetWriter(path, FILE_SCHEMA)
+        self.writer = pq.ParquetWriter(path, schema)
         self.rows = 0
         self.min_offset: int | None = None
         self.max_offset = -1
@@ -129,19 +132,30 @@ def write_range(
     crash_at: str | None,
     topic_ids: dict[str, str],
     rng: OffsetRange,
+    typed: TopicSchemas | None = None,
 ) -> WrittenRange:
-    """Write ``rng``'s lines into this attempt's own files, fsynced; return what was written."""
+    """Write ``rng``'s lines into this attempt's own files, fsynced; return what was written.
+
+    ``typed``: the topic is structured; its files get the records' struct column too.
+    """
     attempt = _attempt_id(layout.run)
     root = Path(layout.root)
     if layout.attempt_in == "directory":
         root = root / attempt
     stats = RangeReadStats()
     files: dict[int, _HourFile] = {}
+    typer = None if typed is None else RecordTyper(typed)
+    file_schema = FILE_SCHEMA
+    if typer is not None and typed is not None:
+        file_schema = file_schema.append(pa.field(typed.column, typer.arrow))
     source = spec.open()
     try:
-        for batch in read_range(source, rng, stats=stats):
+        for batch in read_range(source, rng, stats=stats, with_schema_ids=typer is not None):
             hours = pc.divide(batch.column("write_time").cast(pa.int64()), _US_PER_HOUR)
             rows = pa.Table.from_batches([batch]).select(FILE_COLUMNS)
+            if typer is not None and typed is not None:
+                records = typer.column(batch.column("line"), batch.column(SCHEMA_ID_COLUMN))
+                rows = rows.append_column(pa.field(typed.column, typer.arrow), records)
             for hour_number in pc.unique(hours).to_pylist():
                 out = files.get(hour_number)
                 if out is None:
@@ -149,7 +163,9 @@ def write_range(
                     if layout.attempt_in == "file_name":
                         name = f"{name.removesuffix('.parquet')}-{attempt}.parquet"
                     rel = f"{_hour_dir(rng.topic, hour_number)}/{name}"
-                    out = files[hour_number] = _HourFile(root / rel, rel, rng.topic, hour_number)
+                    out = files[hour_number] = _HourFile(
+                        root / rel, rel, rng.topic, hour_number, file_schema
+                    )
                 out.write(rows.filter(pc.equal(hours, hour_number)))
                 reach("while-writing", crash_at)
             after_partial_write()

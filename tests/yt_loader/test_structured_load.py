@@ -1,0 +1,83 @@
+"""A structured topic loaded into typed Delta columns, across a schema evolution."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
+from tests.gateway.conftest import meta
+from tests.schemas.conftest import ORDER_V1, ORDER_V2
+from tests.yt_loader.conftest import table_version
+from yt_loader.load_job import LoadConfig, run_load
+from yt_loader.log_source import SourceSpec
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def _write(http: httpx.Client, source: str, seqno: int, log_type: str, *items: Any) -> None:
+    data = b"".join((i if isinstance(i, bytes) else json.dumps(i).encode()) + b"\n" for i in items)
+    body = encode_binary([(meta(source, log_type), [(seqno, 0, data)])])
+    answer = http.post("/v1/write", content=body, headers={"content-type": BINARY_MEDIA_TYPE})
+    assert answer.status_code == 200, answer.text
+    assert "acks" in answer.json()["results"][0], answer.text
+
+
+def test_a_structured_topic_loads_into_typed_columns_that_evolve_with_its_schema(
+    spark: Any, tmp_path: Path, start_gateway: Any
+) -> None:
+    gateway = start_gateway(tmp_path / "data")
+    table = tmp_path / "table"
+    http = httpx.Client(base_url=gateway.url, timeout=30)
+    try:
+        # written before the log type had a schema: loaded with a null struct
+        _write(http, "early", 1, "orders", b"free text from before")
+        assert http.post("/v1/schemas/orders/versions", json={"schema": ORDER_V1}).is_success
+        _write(http, "shop1", 1, "orders", {"id": 1, "amount": 9.5, "city": "Oslo"})
+        _write(http, "web", 1, "app", b"an unstructured line")
+        config = LoadConfig(SourceSpec(server=gateway.url), table, max_range_bytes=4000)
+        run_load(spark, config, lambda _line: None)
+
+        first = spark.sql(f"SELECT * FROM delta.`{table}`")
+        record_type = first.schema["record_orders"].dataType.simpleString()
+        assert record_type == "struct<id:bigint,amount:double,city:string>"
+        rows = spark.sql(
+            f"SELECT source_id, record_orders.id AS id, record_orders.city AS city "
+            f"FROM delta.`{table}` WHERE topic = 'dc1.orders' ORDER BY source_id"
+        ).collect()
+        assert [(r["source_id"], r["id"], r["city"]) for r in rows] == [
+            ("early", None, None),
+            ("shop1", 1, "Oslo"),
+        ]
+        app = spark.sql(f"SELECT record_orders FROM delta.`{table}` WHERE topic = 'dc1.app'")
+        assert [r["record_orders"] for r in app.collect()] == [None]
+        before = table_version(spark, table)
+
+        # v2: int -> long, float -> double, and a new optional field
+        assert http.post("/v1/schemas/orders/versions", json={"schema": ORDER_V2}).is_success
+        big = {"id": 2**40, "amount": 0.1, "city": "Rome", "coupon": "SPRING"}
+        _write(http, "shop1", 2, "orders", big, {"id": 3, "amount": 1, "city": "Riga"})
+    finally:
+        http.close()
+    gateway.kill()  # the second load reads the store directly
+    config = LoadConfig(SourceSpec(data_dir=str(gateway.data_dir)), table, max_range_bytes=4000)
+    run_load(spark, config, lambda _line: None)
+
+    assert table_version(spark, table) == before + 1  # the schema changed with the rows
+    evolved = spark.sql(f"SELECT * FROM delta.`{table}`").schema["record_orders"].dataType
+    assert evolved.simpleString() == ("struct<id:bigint,amount:double,city:string,coupon:string>")
+    rows = spark.sql(
+        f"SELECT record_orders.* FROM delta.`{table}` "
+        "WHERE topic = 'dc1.orders' AND record_orders IS NOT NULL ORDER BY record_orders.id"
+    ).collect()
+    assert [tuple(r) for r in rows] == [
+        (1, 9.5, "Oslo", None),  # written with v1: resolved to v2, the default fills coupon
+        (3, 1.0, "Riga", None),
+        (2**40, 0.1, "Rome", "SPRING"),
+    ]
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{table}` LIMIT 1").collect()[0]
+    assert history["operation"] == "WRITE"
