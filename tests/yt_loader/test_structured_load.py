@@ -16,7 +16,7 @@ from tests.yt_loader.conftest import table_version
 from yt_loader.load_job import LoadConfig, run_load
 from yt_loader.log_source import SourceSpec
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _write(http: httpx.Client, source: str, seqno: int, log_type: str, *items: Any) -> None:
