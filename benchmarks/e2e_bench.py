@@ -1,6 +1,7 @@
-"""End to end: a log file shipped to a durable log, against rsyslog in the same run.
+"""End to end: a log file shipped to a durable log, against rsyslog and a raw Kafka producer.
 
     .venv/bin/python benchmarks/e2e_bench.py [--lines 2000000] [--runs 3] [--skip-rsyslog]
+        [--skip-kafka-producer] [--json PATH]
 
 1. Throughput.  A file of ``--lines`` lines of ~200 bytes is shipped by ``logbroker push``
    through a real gateway (``logbroker serve``, embedded store, fsync before ack) into the log;
@@ -8,6 +9,9 @@
    same file is shipped by rsyslog (imfile -> omkafka) into the tansu Kafka-protocol broker;
    its time runs from starting rsyslogd until its last CPU activity, and every message is then
    counted in the broker.  rsyslog's Debian packages are installed with apt-get when missing.
+   And a raw confluent-kafka producer (librdkafka, as omkafka; the same settings) reads the same
+   file and produces every line as one message into a fresh tansu; its time runs from opening
+   the file to the end of ``flush()``, every message acknowledged (``acks=all``).
    Then one ``logbroker read --from-beginning --format lines`` reads the topic into a pipe:
    its rate against the ship rate of the same run.
 2. Latency.  Lines are appended at a steady ``--rate`` lines/s; each carries its append time,
@@ -31,6 +35,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from benchmark_results import Figure, write
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -303,6 +309,47 @@ def run_rsyslog(work: Path, source: Path, lines: int, run: int) -> float:
         shutil.rmtree(rs_work, ignore_errors=True)
 
 
+def run_kafka_producer(work: Path, source: Path, lines: int, run: int) -> float:
+    """Seconds a raw confluent-kafka producer takes to send every line of ``source`` as one
+    message into a fresh tansu and have all of them acknowledged; every line is then counted."""
+    from confluent_kafka import Producer
+
+    tansu = Tansu(work / "tansu.log")
+    topic = f"raw{run}"
+    try:
+        tansu.create_topic(topic)
+        # omkafka's settings in RSYSLOG_CONF, so the two differ only in who reads the file
+        producer = Producer(
+            {
+                "bootstrap.servers": tansu.bootstrap,
+                "queue.buffering.max.messages": 1_000_000,
+                "batch.num.messages": 10_000,
+                "linger.ms": 5,
+                "compression.codec": "none",
+                "acks": "all",
+            }
+        )
+        producer.list_topics(topic, timeout=30)
+        started = time.time()
+        with open(source, "rb") as f:
+            for line in f:
+                while True:
+                    try:
+                        producer.produce(topic, line[:-1])
+                        break
+                    except BufferError:
+                        producer.poll(0.01)
+        if producer.flush(120) != 0:
+            raise RuntimeError("the raw producer did not deliver every line")
+        elapsed = time.time() - started
+        seen = tansu.count(topic, lines)
+        if seen != lines:
+            raise RuntimeError(f"the raw producer delivered {seen} of {lines} lines")
+        return elapsed
+    finally:
+        tansu.stop()
+
+
 # -- latency ------------------------------------------------------------------------------------
 def run_latency(work: Path, rate: int, seconds: float) -> list[float]:
     """Append-to-visible latencies (seconds) of lines written at ``rate`` lines/s."""
@@ -361,16 +408,18 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lines", type=int, default=2_000_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rate", type=int, default=5_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--skip-rsyslog", action="store_true")
+    parser.add_argument("--skip-kafka-producer", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--codec", default="raw", choices=["raw", "gzip", "zstd"])
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="lb-e2e-"))
     try:
         source = work / "bench.log"
@@ -382,24 +431,31 @@ def main() -> int:
         lb: list[float] = []
         reads: list[float] = []
         rs: list[float] = []
+        raw: list[float] = []
         for run in range(args.runs):
             ship_s, read_s = run_logbroker(work, source, size, ["--codec", args.codec])
             lb.append(ship_s)
             reads.append(read_s)
             if not args.skip_rsyslog:
                 rs.append(run_rsyslog(work, source, args.lines, run))
+            if not args.skip_kafka_producer:
+                raw.append(run_kafka_producer(work, source, args.lines, run))
             line = (
                 f"run {run + 1}: logbroker {mb / lb[-1]:.1f} MB/s, its read "
                 f"{mb / reads[-1]:.1f} MB/s ({lb[-1] / reads[-1]:.2f}x)"
             )
             if rs:
                 line += f", rsyslog {mb / rs[-1]:.1f} MB/s"
+            if raw:
+                line += f", raw producer {mb / raw[-1]:.1f} MB/s"
             print(line, flush=True)
         print()
         print(f"{'shipper':<40} {'MB/s':>8} {'lines/s':>12} {'seconds':>8}")
         rows = [("logbroker push -> gateway -> log (fsync)", statistics.median(lb))]
         if rs:
             rows.append(("rsyslog imfile -> omkafka -> tansu", statistics.median(rs)))
+        if raw:
+            rows.append(("raw confluent-kafka producer -> tansu", statistics.median(raw)))
         for name, secs in rows:
             print(f"{name:<40} {mb / secs:>8.1f} {args.lines / secs:>12,.0f} {secs:>8.2f}")
         print(f"{'one logbroker read of the topic (pipe)':<40} "
@@ -410,6 +466,38 @@ def main() -> int:
         print(f"read rate / ship rate, same run: median {statistics.median(ratios):.2f}x")
         if rs:
             print(f"logbroker / rsyslog: {statistics.median(rs) / statistics.median(lb):.2f}x")
+        if raw:
+            print(
+                f"logbroker / raw producer: {statistics.median(raw) / statistics.median(lb):.2f}x"
+            )
+        workload = f"{args.lines:,} lines of {LINE_BYTES} B"
+        ship = Figure.of_runs(
+            f"file -> logbroker push -> gateway -> log (fsync), {workload}, codec {args.codec}",
+            [mb / s for s in lb],
+            "MB/s",
+        )
+        figures = [ship]
+        if rs:
+            ship.compared("rsyslog", [r / s for r, s in zip(rs, lb, strict=True)])
+            figures.append(
+                Figure.of_runs(
+                    "same file, rsyslog imfile -> omkafka -> tansu", [mb / s for s in rs], "MB/s"
+                )
+            )
+        if raw:
+            ship.compared("raw producer", [r / s for r, s in zip(raw, lb, strict=True)])
+            figures.append(
+                Figure.of_runs(
+                    "same file, raw confluent-kafka producer (acks=all) -> tansu",
+                    [mb / s for s in raw],
+                    "MB/s",
+                )
+            )
+        figures.append(
+            Figure.of_runs(
+                "one logbroker read of that topic into a pipe", [mb / s for s in reads], "MB/s"
+            ).compared("ship rate", ratios)
+        )
         if not args.skip_latency:
             lat = run_latency(work, args.rate, args.latency_seconds)
             print()
@@ -419,6 +507,15 @@ def main() -> int:
                 f"{pct(lat, 0.5) * 1000:>8.1f} {pct(lat, 0.99) * 1000:>8.1f} "
                 f"{max(lat) * 1000:>8.1f}"
             )
+            for q in (0.5, 0.99):
+                figures.append(
+                    Figure.of_runs(
+                        f"line -> logbroker read at {args.rate:,} lines/s: p{q * 100:g}",
+                        [pct(lat, q) * 1000],
+                        "ms",
+                    )
+                )
+        write(args.json, "e2e", args, figures)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -1,6 +1,7 @@
 """Gateway ingest benchmark: a real ``logbroker serve`` fed over loopback HTTP by load processes.
 
-    python benchmarks/gateway_bench.py [--seconds 5] [--workers 1] [--clients 4] [--skip-sessions]
+    python benchmarks/gateway_bench.py [--seconds 5] [--workers 1] [--load-processes 2]
+        [--skip-sessions] [--json PATH]
 
 Measures, on a fresh data directory (fsync on every commit, as in production):
   * MB/s and chunks/s with 64 KiB chunks and with 4 KiB chunks, many sources, many chunks per
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+from benchmark_results import Figure, write
 
 REPO = Path(__file__).resolve().parent.parent
 MAGIC = b"LBW1"
@@ -325,7 +327,7 @@ def session_benchmark(port: int, sources: int, samples: int) -> tuple[float, flo
     return percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000, batch_ms, fill_s
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--workers", type=int, default=1, help="gateway uvicorn workers")
@@ -333,9 +335,11 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=4, help="per load process")
     parser.add_argument("--session-sources", type=int, default=100_000)
     parser.add_argument("--skip-sessions", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    args = parser.parse_args(argv)
 
     rows: list[tuple[str, str]] = []
+    figures: list[Figure] = []
     base = Path(tempfile.mkdtemp(prefix="logbroker-gateway-bench-"))
     try:
         port = free_port()
@@ -352,12 +356,16 @@ def main() -> int:
             rows.append(("64 KiB chunks, 1 MiB requests: MB/s", f"{mbs:,.0f}"))
             rows.append(("64 KiB chunks: chunks/s", f"{cps:,.0f}"))
             rows.append(("64 KiB chunks: request p50 / p99 ms", _ms(lat)))
+            figures.append(Figure.of_runs("ingest, 64 KiB chunks, 1 MiB requests", [mbs], "MB/s"))
             mbs4, cps4, lat4, err4 = run_load(
                 port, sources_per_request=8, chunks_per_source=32, chunk_bytes=4096, **load
             )
             rows.append(("4 KiB chunks, 1 MiB requests: chunks/s", f"{cps4:,.0f}"))
             rows.append(("4 KiB chunks: MB/s", f"{mbs4:,.0f}"))
             rows.append(("4 KiB chunks: request p50 / p99 ms", _ms(lat4)))
+            figures.append(
+                Figure.of_runs("ingest, 4 KiB chunks, 1 MiB requests", [cps4], "chunks/s")
+            )
             # half of the 4 KiB peak, in requests of 32 chunks (one source each), paced
             # open-loop over 4x the connections: many hosts each sending now and then, so that
             # one slow answer does not hold back the sends scheduled after it
@@ -380,6 +388,14 @@ def main() -> int:
                     _ms(lat_half),
                 )
             )
+            if lat_half:
+                figures.append(
+                    Figure.of_runs(
+                        "ack latency at half the 4 KiB load: p99",
+                        [percentile(lat_half, 99) * 1000],
+                        "ms",
+                    )
+                )
             if args.workers == 1:
                 histogram_after = ack_histogram(port)
                 p50_le = histogram_quantile(histogram_before, histogram_after, 50) * 1000
@@ -404,6 +420,7 @@ def main() -> int:
                 stop_gateway(gateway)
             label = f"{args.session_sources:,} sources in one partition"
             rows.append((f"session open, {label}: p50 / p99 ms", f"{p50:.2f} / {p99:.2f}"))
+            figures.append(Figure.of_runs(f"session open, {label}: p99", [p99], "ms"))
             rows.append((f"batch of 1,000 session opens, {label}: ms", f"{batch_ms:.1f}"))
             rows.append((f"filling {label} (1 chunk each): s", f"{fill_s:.1f}"))
     finally:
@@ -418,6 +435,7 @@ def main() -> int:
     print(f"{'-' * width}  {'-' * 16}")
     for name, value in rows:
         print(f"{name.ljust(width)}  {value}")
+    write(args.json, "gateway", args, figures)
     return 0
 
 

@@ -394,6 +394,7 @@ def main() -> int:
     parser.add_argument("--e2e-lines", type=int, default=200_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--takeover-sources", type=int, default=100_000)
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     rows: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="kafka-bench-") as tmp:
@@ -471,7 +472,35 @@ def main() -> int:
     )
     for name, values in rows.items():
         print(f"  {name}: {', '.join(f'{v:.3f}' for v in values)}", file=sys.stderr)
+    write_json(args, rows)
     return 0
+
+
+def write_json(args: argparse.Namespace, rows: dict[str, list[float]]) -> None:
+    """The table's figures for ``logbroker bench all`` (see benchmarks/benchmark_results.py)."""
+    from benchmark_results import Figure, write
+
+    kb = args.chunk_bytes // 1024
+    figures = [
+        Figure.of_runs(f"raw producer, acks=all, idempotent, {kb} KiB values", rows["raw"], "MB/s"),
+        Figure.of_runs(
+            f"one gateway on Kafka, exactly once, {kb} KiB chunks", rows["one"], "MB/s"
+        ).compared("raw producer", rows["ratio_one"], "percent"),
+        Figure.of_runs("two gateways, load split between them", rows["two"], "MB/s").compared(
+            "one gateway", rows["ratio_two"]
+        ),
+        Figure.of_runs(
+            f"file -> push -> gateway -> Kafka -> reader, {LINE_BYTES} B lines",
+            rows["e2e"],
+            "lines/s",
+        ),
+        Figure.of_runs("line -> reader at 5,000 lines/s: p50", rows["p50"], "ms"),
+        Figure.of_runs("line -> reader at 5,000 lines/s: p99", rows["p99"], "ms"),
+        Figure.of_runs(
+            f"takeover, {args.takeover_sources:,} sources in the partition", rows["takeover"], "s"
+        ),
+    ]
+    write(args.json, "kafka", args, figures)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 and on a 2-worker standalone cluster, each beside a plain Parquet copy of the same data.
 
     python benchmarks/load_bench.py [--mb 256] [--runs 3] [--masters local,cluster] [--codec raw]
+        [--json PATH]
 
 Writes ``--mb`` MB of 200-byte lines (chunks of 64 KiB, 4 partitions) into a fresh store. Then,
 per master (``local[2]``; a master and two 1-core workers started from the installed PySpark,
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 import zstandard
+from benchmark_results import Figure, write
 
 from log_store import TopicConfig, open_store
 from session_dedup.envelope import EnvelopeWriter
@@ -188,6 +190,28 @@ def _print_table(
     print()
 
 
+def _figures(
+    master: str, startup_s: float, times: dict[str, list[float]], mb: float
+) -> list[Figure]:
+    """The table of one master as figures: MB/s of log data per case, the load against Spark's
+    own ceiling run by run."""
+    figures = [
+        Figure.of_runs(f"Spark {master}: start-up (JVM, Delta jars, a job)", [startup_s], "s")
+    ]
+    for name, label in (
+        ("load", "load: store -> Delta table, committed"),
+        ("load, Parquet warehouse", "load: store -> Parquet warehouse, committed"),
+        ("ceiling", "ceiling: spark.read.parquet(same rows).write"),
+        ("read only", "read only: data source -> noop sink"),
+    ):
+        figure = Figure.of_runs(f"Spark {master}, {label}", [mb / t for t in times[name]], "MB/s")
+        if name == "load":
+            ratios = [c / t for c, t in zip(times["ceiling"], times["load"], strict=True)]
+            figure.compared("ceiling", ratios, "percent")
+        figures.append(figure)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=256, help="log data to load (MB)")
@@ -195,7 +219,9 @@ def main() -> None:
     parser.add_argument("--masters", default="local,cluster", help="local, cluster or both")
     parser.add_argument("--codec", choices=("raw", "gzip", "zstd"), default="raw")
     parser.add_argument("--dir", type=Path, help="work directory (default: a temp dir)")
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
+    figures: list[Figure] = []
 
     from yt_loader.spark_session import LOOPBACK, build_session
     from yt_loader.standalone_cluster import StandaloneCluster
@@ -242,8 +268,11 @@ def main() -> None:
                 else ""
             )
             _print_table(title, startup_s, first_s, times, lines, mb)
+            where = "local[2]" if cluster is None else "standalone, 2 workers x 1 core"
+            figures += _figures(where, startup_s, times, mb)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    write(args.json, "load", args, figures)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """New sources per second through the gateway: the first write of many sources into one partition.
 
-    python benchmarks/new_sources_bench.py [--runs 3] [--requests 20] [--sources 5000]
+    python benchmarks/new_sources_bench.py [--runs 3] [--requests 20] [--sources 5000] [--json PATH]
 
 What a fleet restart or a new deployment looks like: every file of every host is a new source
 at once, so each needs a pin, a seqno entry and its first chunk.  A real ``logbroker serve``
@@ -28,6 +28,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchmark_results import Figure, write
 from gateway_bench import BINARY, MAGIC, free_port, section, start_gateway, stop_gateway
 
 LINE = b"the first line of a new source\n"
@@ -110,9 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--sources", type=int, default=5000, help="new sources per request")
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="logbroker-new-sources-"))
     rows = []
+    figures: list[Figure] = []
     try:
         for connections in (1, 4):
             runs = [
@@ -120,10 +123,17 @@ def main(argv: list[str] | None = None) -> int:
                 for run in range(args.runs)
             ]
             rates = [rate for rate, _ in runs]
+            label = (
+                f"{args.requests} requests of {args.sources:,} new sources, one partition, "
+                f"{connections} connection{'s' if connections > 1 else ''}"
+            )
+            figures.append(Figure.of_runs(label, rates, "new sources/s"))
+            figures.append(
+                Figure.of_runs(f"{label}: gateway CPU", [cpu for _, cpu in runs], "µs/source")
+            )
             rows.append(
                 (
-                    f"{args.requests} requests of {args.sources:,} new sources, one partition, "
-                    f"{connections} connection{'s' if connections > 1 else ''}",
+                    label,
                     f"{statistics.median(rates):,.0f}",
                     f"{statistics.median(cpu for _, cpu in runs):.0f}",
                     " / ".join(f"{r:,.0f}" for r in rates),
@@ -137,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    write(args.json, "new_sources", args, figures)
     return 0
 
 

@@ -6,6 +6,7 @@ then has N reader processes each read the whole topic from offset 0 with ``POST 
 Aggregate throughput counts the log data (chunk bytes) delivered to all readers.
 
     python benchmarks/pull_bench.py [--mb 64] [--chunk-kb 64] [--readers 1,4,16] [--workers 1]
+        [--runs 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import orjson
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmark_results import Figure, write  # noqa: E402
 
 from ingest_api.framing import BINARY_MEDIA_TYPE as WRITE_MEDIA_TYPE  # noqa: E402
 from ingest_api.framing import encode_binary as encode_write  # noqa: E402
@@ -195,7 +198,7 @@ def _run_readers(url: str, readers: int, fmt: str, max_bytes: int) -> tuple[floa
     return total / wall / 1e6, wall
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=64, help="data set size in MB")
     parser.add_argument("--chunk-kb", type=int, default=64, help="chunk size in KiB")
@@ -204,7 +207,9 @@ def main() -> int:
     parser.add_argument("--max-bytes", type=int, default=8 * 1024 * 1024)
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes")
     parser.add_argument("--runs", type=int, default=3, help="runs per cell; the median is shown")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    args = parser.parse_args(argv)
+    figures: list[Figure] = []
 
     work = Path(tempfile.mkdtemp(prefix="pull-bench-"))
     proc, url = _start_gateway(work / "data", args.workers)
@@ -216,6 +221,14 @@ def main() -> int:
             f"{PARTITIONS} partitions; gateway workers: {args.workers}"
         )
         print(f"ingest reference (1 writer, binary /v1/write): {ingest_rate:.0f} MB/s\n")
+        figures.append(
+            Figure.of_runs(
+                f"ingest, 1 writer, binary /v1/write, {args.chunk_kb} KiB chunks "
+                f"(the pull reference)",
+                [ingest_rate],
+                "MB/s",
+            )
+        )
         print(
             f"{'format':<8} {'readers':>7} {'aggregate MB/s':>15} {'x ingest':>9} "
             f"{'per reader MB/s':>16}"
@@ -226,6 +239,14 @@ def main() -> int:
                     _run_readers(url, readers, fmt, args.max_bytes)[0] for _ in range(args.runs)
                 ]
                 rate = statistics.median(rates)
+                figures.append(
+                    Figure.of_runs(
+                        f"pull, {fmt} framing, {readers} reader{'s' if readers > 1 else ''} "
+                        f"of {written / 1e6:.0f} MB, aggregate",
+                        rates,
+                        "MB/s",
+                    ).compared("ingest", [r / ingest_rate for r in rates])
+                )
                 print(
                     f"{fmt:<8} {readers:>7} {rate:>15.0f} {rate / ingest_rate:>9.1f} "
                     f"{rate / readers:>16.0f}",
@@ -235,6 +256,7 @@ def main() -> int:
         proc.terminate()
         proc.wait(30)
         shutil.rmtree(work, ignore_errors=True)
+    write(args.json, "pull", args, figures)
     return 0
 
 

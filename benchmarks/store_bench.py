@@ -1,6 +1,6 @@
 """Durable append and read throughput of the embedded log store, next to ``dd`` on the same disk.
 
-    python benchmarks/store_bench.py [--dir DIR] [--seconds S] [--runs N]
+    python benchmarks/store_bench.py [--dir DIR] [--seconds S] [--runs N] [--json PATH]
 
 Prints one table row per case with the median of N runs.  Every append is durable (acked only
 after the segment's fdatasync).  "1 writer" appends one batch at a time and waits for each;
@@ -24,15 +24,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmark_results import Figure, write
+
 from log_store import TopicConfig, open_store
 
 TOPIC = "bench.store"
 
 
-def dd_mb_s(directory: Path) -> float:
+def dd_mb_s(directory: Path, mib: int = 1024) -> float:
     target = directory / "dd.bin"
     out = subprocess.run(
-        ["dd", "if=/dev/zero", f"of={target}", "bs=1M", "count=1024", "conv=fdatasync"],
+        ["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={mib}", "conv=fdatasync"],
         capture_output=True,
         text=True,
         check=True,
@@ -132,16 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each append run")
     parser.add_argument("--runs", type=int, default=3, help="runs per case; the median is shown")
+    parser.add_argument("--dd-mib", type=int, default=1024, help="size of each dd run")
+    parser.add_argument("--read-mib", type=int, default=512, help="size of each read case")
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args(argv)
     directory = Path(tempfile.mkdtemp(prefix="store-bench-", dir=args.dir))
     rows: list[tuple[str, str, str, str]] = []
     dd_runs: list[float] = []
+    figures: list[Figure] = []
+    dd_label = f"dd bs=1M count={args.dd_mib} conv=fdatasync (disk reference)"
 
     def measure(label: str, case: Callable[[], tuple[float, float]]) -> None:
         """Each run right after a dd run: the ratio is taken pairwise, then the median."""
         runs = []
         for _ in range(args.runs):
-            dd = dd_mb_s(directory)
+            dd = dd_mb_s(directory, args.dd_mib)
             dd_runs.append(dd)
             rate, mb = case()
             runs.append((rate, mb, mb / dd))
@@ -149,6 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         mb = statistics.median(r[1] for r in runs)
         ratio = statistics.median(r[2] for r in runs)
         rows.append((label, f"{rate:,.0f}", f"{mb:,.0f}", f"{ratio:.0%}"))
+        # small records are counted in records/s, large ones in MB/s; "of dd" is in bytes
+        by_records = "200 B" in label
+        figures.append(
+            Figure.of_runs(
+                label,
+                [r[0] if by_records else r[1] for r in runs],
+                "records/s" if by_records else "MB/s",
+            ).compared("dd", [r[2] for r in runs], "percent")
+        )
 
     try:
         cases = [
@@ -170,13 +186,12 @@ def main(argv: list[str] | None = None) -> int:
             ("read 64 KiB records (page cache)", 65536),
             ("read 200 B records (page cache)", 200),
         ):
-            measure(label, lambda s=size: read_case(directory, s, 512 << 20))
+            measure(label, lambda s=size: read_case(directory, s, args.read_mib << 20))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     dd = statistics.median(dd_runs)
-    rows.insert(
-        0, ("dd bs=1M count=1024 conv=fdatasync (disk reference)", "-", f"{dd:,.0f}", "100%")
-    )
+    rows.insert(0, (dd_label, "-", f"{dd:,.0f}", "100%"))
+    figures.insert(0, Figure.of_runs(dd_label, dd_runs, "MB/s"))
     print(
         f"| case (median of {args.runs}; of dd: median of each run / the dd run before it) "
         "| records/s | MB/s | of dd |"
@@ -184,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    write(args.json, "store", args, figures)
     return 0
 
 

@@ -27,7 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "topics": "list, describe, create, alter and delete topics; force segment deletion",
     "audit": "check a data directory: offsets, envelopes, dedup state",
     "schemas": "register, list and show schemas of structured log types; set compatibility",
-    "bench": "run a benchmark and print its table",
+    "bench": "run every benchmark with its peers (all) or one, and print a table",
 }
 
 
