@@ -53,13 +53,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "store",
         "durable appends and page-cache reads of the embedded log store",
         "dd conv=fdatasync on the same file system",
-        ("--seconds", "0.5", "--dd-mib", "256", "--read-mib", "64"),
+        ("--seconds", "0.3", "--dd-mib", "128", "--read-mib", "32"),
     ),
     Benchmark(
         "new_sources",
         "first writes of many new sources into one partition through a gateway",
         "-",
-        ("--requests", "4", "--sources", "1000"),
+        ("--requests", "4", "--sources", "500"),
     ),
     Benchmark(
         "gateway",
