@@ -221,6 +221,7 @@ def main() -> int:
     parser.add_argument("--gateway-requests", type=int, default=2000)
     parser.add_argument("--repo", type=Path, default=REPO, help="checkout the gateway runs from")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     if args.child:
         sys.path.insert(0, str(REPO))
@@ -242,6 +243,7 @@ def main() -> int:
         median = statistics.median(results[kind])
         print(f"{kind:34}  {median:10.2f}  {median / peer:14.2f}x")
     if args.gateway_requests <= 0:
+        write_json(args, kinds, results, {})
         return 0
     cpu: dict[int, list[float]] = {1: [], 2: []}
     for _ in range(args.runs):
@@ -258,7 +260,35 @@ def main() -> int:
         per_request = statistics.median(cpu[workers])
         share = statistics.median(results[kind]) / per_request
         print(f"{f'{workers} worker(s)':34}  {per_request:10.1f}  {share:14.1%}")
+    write_json(args, kinds, results, cpu)
     return 0
+
+
+def write_json(
+    args: argparse.Namespace,
+    kinds: tuple[str, ...],
+    results: dict[str, list[float]],
+    cpu: dict[int, list[float]],
+) -> None:
+    """The tables' figures for ``logbroker bench all`` (see benchmarks/benchmark_results.py)."""
+    from benchmark_results import Figure, write
+
+    peer = results[kinds[0]]
+    figures = [
+        Figure.of_runs(f"metrics of one write request, {kind}", results[kind], "µs").compared(
+            "hand-written", [r / p for r, p in zip(results[kind], peer, strict=True)]
+        )
+        if kind != kinds[0]
+        else Figure.of_runs(f"metrics of one write request, {kind}", results[kind], "µs")
+        for kind in kinds
+    ]
+    for workers, runs in cpu.items():
+        figures.append(
+            Figure.of_runs(
+                f"gateway CPU per one-chunk write request, {workers} worker(s)", runs, "µs"
+            )
+        )
+    write(args.json, "metrics", args, figures)
 
 
 if __name__ == "__main__":

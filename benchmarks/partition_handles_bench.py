@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="handles-bench-", dir=args.dir))
     cases = [("all open", args.partitions), ("max_open 16", 16), ("max_open 1", 1)]
@@ -69,6 +70,28 @@ def main() -> None:
             f"{name:<14} {append_s:>10.0f} {append_s / base_append:>6.2f} "
             f"{read_s:>18.0f} {read_s / base_read:>6.2f}"
         )
+    write_json(args, cases, results)
+
+
+def write_json(
+    args: argparse.Namespace,
+    cases: list[tuple[str, int]],
+    results: dict[str, list[tuple[float, float]]],
+) -> None:
+    """The table's figures for ``logbroker bench all`` (see benchmarks/benchmark_results.py)."""
+    from benchmark_results import Figure, write
+
+    figures = []
+    base = results[cases[0][0]]
+    for column, what, unit in ((0, "appends", "appends/s"), (1, "partition reads", "reads/s")):
+        for name, _ in cases:
+            runs = [r[column] for r in results[name]]
+            figure = Figure.of_runs(f"{what}, {args.partitions} partitions, {name}", runs, unit)
+            if name != cases[0][0]:
+                ratios = [r / b[column] for r, b in zip(runs, base, strict=True)]
+                figure.compared("all open", ratios, "percent")
+            figures.append(figure)
+    write(args.json, "partition_handles", args, figures)
 
 
 if __name__ == "__main__":
