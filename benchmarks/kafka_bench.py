@@ -1,6 +1,7 @@
 """Gateways on Apache Kafka: ingest against the raw producer, scaling, latency, takeover.
 
     python benchmarks/kafka_bench.py [--runs 3] [--seconds 8] [--chunk-bytes 65536]
+    python benchmarks/kafka_bench.py --ingest-only --runs 5     # the ingest ratios only
 
 One local Kafka broker (``ops/local_kafka.py``), the same for every case of every run; each
 run uses namespaces of its own.  Cases (medians of ``--runs``; ratios against the peer
@@ -394,6 +395,11 @@ def main() -> int:
     parser.add_argument("--e2e-lines", type=int, default=200_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--takeover-sources", type=int, default=100_000)
+    parser.add_argument(
+        "--ingest-only",
+        action="store_true",
+        help="only the raw producer, one gateway and two gateways (the ingest ratios)",
+    )
     args = parser.parse_args()
     rows: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="kafka-bench-") as tmp:
@@ -418,9 +424,12 @@ def main() -> int:
                 finally:
                     for g in two:
                         g.stop()
-                e2e = end_to_end(work, bootstrap, f"e2e{run}.", args.e2e_lines)
-                lat = latency(work, bootstrap, f"lat{run}.", 5000, args.latency_seconds)
-                tk = takeover(bootstrap, f"tk{run}.", args.takeover_sources, 1)
+                if args.ingest_only:
+                    e2e, lat, tk = float("nan"), [], [float("nan")]
+                else:
+                    e2e = end_to_end(work, bootstrap, f"e2e{run}.", args.e2e_lines)
+                    lat = latency(work, bootstrap, f"lat{run}.", 5000, args.latency_seconds)
+                    tk = takeover(bootstrap, f"tk{run}.", args.takeover_sources, 1)
                 for name, value in (
                     ("raw", raw),
                     ("one", single),
