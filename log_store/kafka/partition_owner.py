@@ -359,12 +359,12 @@ class PartitionOwner:
         with self._table_lock:
             self._table = replayed.table
             self._state_end = end
+            self._next_offset = data_end
             self._takeovers += 1
         self._producer = producer
         self._kafka = kafka
         self._state_topic = state_topic
         self.topic_id = kafka.topic_id
-        self._next_offset = data_end
         self._tail_records = replayed.tail_records
         self._tail_entries = replayed.tail_entries
         self.broken = False
