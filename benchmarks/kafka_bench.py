@@ -1,6 +1,7 @@
 """Gateways on Apache Kafka: ingest against the raw producer, scaling, latency, takeover.
 
     python benchmarks/kafka_bench.py [--runs 3] [--seconds 8] [--chunk-bytes 65536]
+    python benchmarks/kafka_bench.py --ingest-only --runs 5     # the ingest ratios only
 
 One local Kafka broker (``ops/local_kafka.py``), the same for every case of every run; each
 run uses namespaces of its own.  Cases (medians of ``--runs``; ratios against the peer
@@ -51,7 +52,9 @@ LINE_BYTES = 200
 
 
 class KafkaGateway:
-    def __init__(self, work: Path, bootstrap: str, namespace: str, name: str) -> None:
+    def __init__(
+        self, work: Path, bootstrap: str, namespace: str, name: str, repo: Path = REPO
+    ) -> None:
         self.port = gateway_bench.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = work / f"{name}.toml"
@@ -62,7 +65,7 @@ class KafkaGateway:
         self.proc = subprocess.Popen(
             [PY, "-m", "ops", "serve", "--data-dir", str(work / f"{name}-data"),
              "--port", str(self.port), "--config", str(config)],
-            cwd=REPO, stdout=open(work / f"{name}.log", "ab"),  # noqa: SIM115
+            cwd=repo, stdout=open(work / f"{name}.log", "ab"),  # noqa: SIM115
             stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 60
@@ -227,6 +230,27 @@ def gateway_ingest(
         ]
         results = [f.result() for f in futures]
     return sum(acked for acked, _failed in results) / seconds / 1e6
+
+
+def ingest_cases(
+    work: Path, bootstrap: str, tag: str, repo: Path, args: argparse.Namespace
+) -> tuple[float, float]:
+    """MB/s of one gateway, then of two, started from the checkout ``repo``."""
+    one = [KafkaGateway(work, bootstrap, f"one{tag}.", f"one{tag}", repo)]
+    try:
+        warm_up(one)
+        single = gateway_ingest(one, args.seconds, args.chunk_bytes, args.clients)
+    finally:
+        for g in one:
+            g.stop()
+    two = [KafkaGateway(work, bootstrap, f"two{tag}.", f"two{tag}-{i}", repo) for i in (0, 1)]
+    try:
+        warm_up(two)
+        double = gateway_ingest(two, args.seconds, args.chunk_bytes, args.clients)
+    finally:
+        for g in two:
+            g.stop()
+    return single, double
 
 
 def make_file(path: Path, lines: int) -> None:
@@ -395,6 +419,18 @@ def main() -> int:
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--takeover-sources", type=int, default=100_000)
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    parser.add_argument(
+        "--ingest-only",
+        action="store_true",
+        help="only the raw producer, one gateway and two gateways (the ingest ratios)",
+    )
+    parser.add_argument(
+        "--compare-with",
+        type=Path,
+        metavar="DIR",
+        help="another checkout of logbroker (e.g. `git archive` of an older commit): its "
+        "gateways are measured too, in the same runs, against the same raw producer",
+    )
     args = parser.parse_args()
     rows: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="kafka-bench-") as tmp:
@@ -405,30 +441,28 @@ def main() -> int:
             bootstrap = cluster.bootstrap
             for run in range(args.runs):
                 raw = raw_producer(bootstrap, f"raw{run}", args.seconds, args.chunk_bytes)
-                one = [KafkaGateway(work, bootstrap, f"one{run}.", f"one{run}")]
-                try:
-                    warm_up(one)
-                    single = gateway_ingest(one, args.seconds, args.chunk_bytes, args.clients)
-                finally:
-                    for g in one:
-                        g.stop()
-                two = [KafkaGateway(work, bootstrap, f"two{run}.", f"two{run}-{i}") for i in (0, 1)]
-                try:
-                    warm_up(two)
-                    double = gateway_ingest(two, args.seconds, args.chunk_bytes, args.clients)
-                finally:
-                    for g in two:
-                        g.stop()
-                e2e = end_to_end(work, bootstrap, f"e2e{run}.", args.e2e_lines)
-                lat = latency(work, bootstrap, f"lat{run}.", 5000, args.latency_seconds)
-                tk = takeover(bootstrap, f"tk{run}.", args.takeover_sources, 1)
+                single, double = ingest_cases(work, bootstrap, f"{run}", REPO, args)
+                if args.compare_with is not None:
+                    base_one, base_two = ingest_cases(
+                        work, bootstrap, f"base{run}", args.compare_with, args
+                    )
+                    rows.setdefault("base_one", []).append(base_one)
+                    rows.setdefault("base_two", []).append(base_two)
+                    rows.setdefault("base_ratio_one", []).append(base_one / raw)
+                    rows.setdefault("base_ratio_two", []).append(base_two / base_one)
+                if args.ingest_only:
+                    e2e, lat, tk = float("nan"), [], [float("nan")]
+                else:
+                    e2e = end_to_end(work, bootstrap, f"e2e{run}.", args.e2e_lines)
+                    lat = latency(work, bootstrap, f"lat{run}.", 5000, args.latency_seconds)
+                    tk = takeover(bootstrap, f"tk{run}.", args.takeover_sources, 1)
                 for name, value in (
                     ("raw", raw),
                     ("one", single),
                     ("two", double),
                     ("e2e", e2e),
-                    ("p50", gateway_bench.percentile(lat, 0.5) * 1000 if lat else float("nan")),
-                    ("p99", gateway_bench.percentile(lat, 0.99) * 1000 if lat else float("nan")),
+                    ("p50", gateway_bench.percentile(lat, 50) * 1000 if lat else float("nan")),
+                    ("p99", gateway_bench.percentile(lat, 99) * 1000 if lat else float("nan")),
                     ("takeover", tk[0]),
                     ("ratio_one", single / raw),
                     ("ratio_two", double / single),
@@ -470,6 +504,15 @@ def main() -> int:
         f"| takeover, {args.takeover_sources:,} sources in the partition | "
         f"{med('takeover'):.3f} s | < 1 s |"
     )
+    if args.compare_with is not None:
+        print(
+            f"| one gateway of {args.compare_with} | {med('base_one'):.1f} MB/s "
+            f"({med('base_ratio_one'):.0%} of raw) | - |"
+        )
+        print(
+            f"| two gateways of {args.compare_with} | {med('base_two'):.1f} MB/s "
+            f"({med('base_ratio_two'):.2f}x one) | - |"
+        )
     for name, values in rows.items():
         print(f"  {name}: {', '.join(f'{v:.3f}' for v in values)}", file=sys.stderr)
     write_json(args, rows)
@@ -489,6 +532,11 @@ def write_json(args: argparse.Namespace, rows: dict[str, list[float]]) -> None:
         Figure.of_runs("two gateways, load split between them", rows["two"], "MB/s").compared(
             "one gateway", rows["ratio_two"]
         ),
+    ]
+    if args.ingest_only:  # the other cases did not run
+        write(args.json, "kafka", args, figures)
+        return
+    figures += [
         Figure.of_runs(
             f"file -> push -> gateway -> Kafka -> reader, {LINE_BYTES} B lines",
             rows["e2e"],

@@ -5,14 +5,18 @@
     register(spark)
     df = (spark.read.format("logbroker")
           .option("data_dir", "/var/lib/logbroker")     # or .option("server", "http://gw:8080")
+                                                        # or .option("kafka_bootstrap", "k1:9092")
           .option("topics", "dc1.*")
           .load())
 
 The driver fixes the offset ranges (one Spark partition per partition range, large ranges
 split); executors read them in parallel.  Options:
 
-``data_dir`` or ``server``
-    the embedded store's directory (same machine or a shared filesystem) or a gateway's URL;
+``data_dir``, ``server`` or ``kafka_bootstrap``
+    the embedded store's directory (same machine or a shared filesystem), a gateway's URL
+    (either backend), or the Kafka servers of a Kafka-backed log, which every task then
+    reads directly with read_committed consumers (``kafka_namespace``: the gateways'
+    namespace; ``kafka.<property>``: librdkafka properties such as TLS or SASL settings);
     ``token`` is sent as a bearer token to the gateway.
 ``topics``
     comma-separated globs, default ``*``.

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 import httpx
@@ -26,7 +27,11 @@ from session_dedup.envelope import Envelope, decode
 from yt_loader.errors import BadSourceOptions, SourceUnavailable
 from yt_loader.offset_ranges import matching_topics
 
+if TYPE_CHECKING:
+    from log_store.kafka import KafkaSettings
+
 DEFAULT_READ_BYTES = 4 * 1024 * 1024
+KAFKA_OPTION_PREFIX = "kafka."
 STORE_CATALOG = "catalog.db"
 
 
@@ -228,27 +233,72 @@ def _reason(response: httpx.Response) -> str:
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """Which log to read: exactly one of ``data_dir`` (embedded store) or ``server`` (URL)."""
+    """Which log to read: exactly one of ``data_dir`` (embedded store), ``server`` (a gateway's
+    URL) or ``kafka_bootstrap`` (the Kafka cluster of a Kafka-backed log, read directly)."""
 
     data_dir: str | None = None
     server: str | None = None
     token: str | None = None
+    kafka_bootstrap: str | None = None
+    kafka_namespace: str = ""
+    """The gateways' ``kafka_namespace``."""
+    kafka_properties: tuple[tuple[str, str], ...] = ()
+    """librdkafka properties (TLS, SASL) for the Kafka clients of every task."""
 
     def __post_init__(self) -> None:
-        if (self.data_dir is None) == (self.server is None):
-            raise BadSourceOptions("give exactly one of data_dir (a store directory) or server")
+        given = [x for x in (self.data_dir, self.server, self.kafka_bootstrap) if x is not None]
+        if len(given) != 1:
+            raise BadSourceOptions(
+                "give exactly one of data_dir (a store directory), server (a gateway URL) "
+                "or kafka_bootstrap (the Kafka servers of a Kafka-backed log)"
+            )
         if self.server is not None and not self.server.startswith(("http://", "https://")):
             raise BadSourceOptions(f"server must be an http:// or https:// URL: {self.server!r}")
+        if self.kafka_bootstrap is None and (self.kafka_namespace or self.kafka_properties):
+            raise BadSourceOptions("kafka_namespace and kafka properties need kafka_bootstrap")
+        if self.kafka_bootstrap is not None:
+            self._kafka_settings()  # a bad namespace or a reserved property fails here
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SourceSpec:
+        """From data source options; ``kafka.<property>`` options are librdkafka properties."""
+        properties = tuple(
+            sorted(
+                (key[len(KAFKA_OPTION_PREFIX) :], str(value))
+                for key, value in options.items()
+                if key.startswith(KAFKA_OPTION_PREFIX)
+            )
+        )
         return cls(
             data_dir=options.get("data_dir") or None,
             server=options.get("server") or None,
             token=options.get("token") or None,
+            kafka_bootstrap=options.get("kafka_bootstrap") or None,
+            kafka_namespace=options.get("kafka_namespace") or "",
+            kafka_properties=properties,
         )
 
+    def _kafka_settings(self) -> KafkaSettings:
+        from log_store.errors import BadRequest
+        from log_store.kafka import KafkaSettings
+
+        assert self.kafka_bootstrap is not None
+        try:
+            return KafkaSettings(
+                self.kafka_bootstrap,
+                namespace=self.kafka_namespace,
+                properties=MappingProxyType(dict(self.kafka_properties)),
+            )
+        except BadRequest as exc:
+            raise BadSourceOptions(str(exc)) from exc
+
     def open(self) -> LogSource:
+        if self.kafka_bootstrap is not None:
+            from log_store.kafka import open_kafka_store
+
+            # Only reads: read_committed consumers and changelog replays, never a
+            # transactional producer, so no gateway's writer is ever fenced by a load.
+            return StoreLogSource(open_kafka_store(self._kafka_settings()))
         if self.data_dir is not None:
             # Opening a store creates it; a mistyped path must not read as an empty log.
             if not (Path(self.data_dir) / STORE_CATALOG).is_file():
@@ -260,6 +310,9 @@ class SourceSpec:
         return HttpLogSource(self.server, self.token)
 
     def describe(self) -> str:
+        if self.kafka_bootstrap is not None:
+            namespace = f" namespace {self.kafka_namespace!r}" if self.kafka_namespace else ""
+            return f"Kafka {self.kafka_bootstrap}{namespace}"
         return f"store {self.data_dir}" if self.data_dir is not None else f"gateway {self.server}"
 
 

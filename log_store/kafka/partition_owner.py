@@ -186,8 +186,12 @@ class PartitionOwner:
         self._producer: Producer | None = None
         self._table: dict[str, bytes] = {}
         self._table_lock = threading.Lock()
+        self._table_changed = threading.Condition(self._table_lock)
         self._writing = False
         self._generation = 0
+        self._proved_generation = 0
+        self._takeovers = 0
+        """The generation at the end of this writer's last successful commit."""
         self._next_offset = 0
         self._state_end = 0
         self._tail_records = 0
@@ -355,11 +359,12 @@ class PartitionOwner:
         with self._table_lock:
             self._table = replayed.table
             self._state_end = end
+            self._next_offset = data_end
+            self._takeovers += 1
         self._producer = producer
         self._kafka = kafka
         self._state_topic = state_topic
         self.topic_id = kafka.topic_id
-        self._next_offset = data_end
         self._tail_records = replayed.tail_records
         self._tail_entries = replayed.tail_entries
         self.broken = False
@@ -401,17 +406,34 @@ class PartitionOwner:
     def read_state(self, keys: Sequence[str]) -> tuple[dict[str, bytes | None], int]:
         """Current values of ``keys`` and the next data offset, if this owner is still current.
 
-        Current means no other writer has committed to the changelog since our last commit:
-        its last stable offset is still ours.  Otherwise this owner is stale (it was fenced)
-        and :class:`OwnerGone` is raised.
+        Current means no other writer has committed to the partition since the values were
+        taken.  Another writer must fence this one before it can commit, and a fenced writer
+        commits nothing more, so either proof will do: a commit of this owner that began after
+        the values were taken succeeded (under load: no extra request, no waiting for a
+        pause), or, while no commit is in flight, the changelog's last stable offset is still
+        where this owner's last commit left it.  Otherwise this owner is stale and
+        :class:`OwnerGone` is raised.
         """
         deadline = time.monotonic() + self._settings.operation_timeout_s
+        values: dict[str, bytes | None] = {}
+        next_offset = proof = 0
+        takeovers = -1
         while True:
             if self.broken or self.closed or self._kafka is None:
                 raise OwnerGone(f"{self.topic}/{self.partition} is not owned here right now")
             with self._table_lock:
-                generation, writing = self._generation, self._writing
-            if not writing:
+                if self._takeovers != takeovers:
+                    # first look, or the table was replaced by a takeover since: (re)read it
+                    values = {key: self._table.get(key) for key in keys}
+                    next_offset = self._next_offset
+                    # a commit that begins after this point ends at this generation or later
+                    proof = self._generation + (3 if self._writing else 2)
+                    takeovers = self._takeovers
+                if self._proved_generation >= proof:
+                    return values, next_offset
+                idle = not self._writing
+                generation = self._generation
+            if idle:
                 _low, end = self.ctx.watermarks.get(self._state_topic, self.partition, "state")
                 with self._table_lock:
                     # our own commit between the two looks would pass for someone else's
@@ -422,15 +444,22 @@ class PartitionOwner:
                                 f"another writer committed to {self.topic}/{self.partition}"
                             )
                         return {key: self._table.get(key) for key in keys}, self._next_offset
-            if time.monotonic() > deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise StoreUnavailable(f"{self.topic}/{self.partition} is too busy to be read")
-            time.sleep(0.001)
+            with self._table_lock:
+                if self._generation == generation and self._takeovers == takeovers:
+                    self._table_changed.wait(min(remaining, 0.05))
 
-    def _writing_changelog(self, writing: bool) -> None:
-        """Mark a commit of this writer in flight (or over), for :meth:`read_state`."""
+    def _writing_changelog(self, writing: bool, *, committed: bool = False) -> None:
+        """Mark a commit of this writer in flight, or over (``committed`` if it succeeded),
+        for :meth:`read_state`."""
         with self._table_lock:
             self._writing = writing
             self._generation += 1
+            if committed:
+                self._proved_generation = self._generation
+            self._table_changed.notify_all()
 
     # -- group commit -----------------------------------------------------------------------
     def _commit(self, group: list[Pending]) -> None:
@@ -476,8 +505,8 @@ class PartitionOwner:
             with self._table_lock:
                 self._table.update(changes)
                 self._state_end = delta_offset + 2
-            self._writing_changelog(False)
-            self._next_offset = base + len(values) + (1 if values else 0)
+                self._next_offset = base + len(values) + (1 if values else 0)
+            self._writing_changelog(False, committed=True)
             self._tail_records += 1
             self._tail_entries += len(changes)
             assert self._kafka is not None
@@ -551,19 +580,8 @@ class PartitionOwner:
                 callback = note("first") if i == 0 else note("last") if i == last else None
                 self._produce(kafka.kafka_name, value, callback)
             self._produce(self._state_topic, delta_record(data_end, changes), note("delta"))
-            if producer.flush(timeout) > 0:
-                raise StoreUnavailable("Kafka did not take the records in time")
-            if errors:
-                raise StoreUnavailable(f"Kafka refused a record: {errors[0]}")
-            if values:
-                first = offsets.get("first")
-                last_offset = offsets.get("last", first)
-                if first != base or last_offset != base + len(values) - 1:
-                    raise StoreUnavailable(
-                        f"{self.topic}/{self.partition}: records got offsets "
-                        f"{first}..{last_offset}, expected {base}..{base + len(values) - 1} "
-                        "(another writer?)"
-                    )
+            # commit_transaction delivers every record first (no separate flush: one wait
+            # for Kafka per transaction, not two) and fails if any was refused
             producer.commit_transaction(timeout)
         except BaseException as exc:
             self._abort_quietly()
@@ -571,6 +589,22 @@ class PartitionOwner:
             if isinstance(exc, LogbrokerError) and not isinstance(failure, WriterFenced):
                 raise
             raise failure from exc
+        # delivery reports are served by commit_transaction's flush; poll(0) serves any left
+        producer.poll(0)
+        if errors or "delta" not in offsets or (values and "first" not in offsets):
+            raise StoreUnavailable(f"a committed record has no delivery report: {errors[:1]}")
+        if values:
+            first = offsets["first"]
+            last_offset = offsets.get("last", first)
+            if first != base or last_offset != base + len(values) - 1:
+                # impossible while this writer is the partition's only one (fencing): the
+                # records are committed where Kafka put them, so the callers must not be
+                # answered with the offsets we expected; they get 503 and their resend is
+                # answered ``duplicate`` after the next takeover reads the table back
+                raise StoreUnavailable(
+                    f"{self.topic}/{self.partition}: records got offsets "
+                    f"{first}..{last_offset}, expected {base}..{base + len(values) - 1}"
+                )
         return offsets["delta"]
 
     def _abort_quietly(self) -> None:
@@ -669,7 +703,7 @@ class PartitionOwner:
         last = offsets.get("last", first)
         with self._table_lock:
             self._state_end = last + 2
-        self._writing_changelog(False)
+        self._writing_changelog(False, committed=True)
         self._tail_records = 0
         self._tail_entries = 0
         self.ctx.admin.delete_records_later(self._state_topic, self.partition, first)

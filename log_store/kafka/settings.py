@@ -110,6 +110,7 @@ class KafkaSettings:
             "compression.type": self.compression,
             "linger.ms": self.linger_ms,
             "message.max.bytes": self.max_message_bytes + 4096,
+            "batch.size": 16 * 1024 * 1024,
             "transaction.timeout.ms": self.transaction_timeout_ms,
             "message.timeout.ms": min(self.transaction_timeout_ms, 300_000),
             "queue.buffering.max.messages": 1_000_000,

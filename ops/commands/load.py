@@ -31,6 +31,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--data-dir", help="embedded store directory to read directly (local or shared disk)"
     )
+    source.add_argument(
+        "--kafka-bootstrap",
+        metavar="HOST:PORT",
+        help="a Kafka-backed log's Kafka servers, read directly (read_committed) by every task",
+    )
+    parser.add_argument(
+        "--store",
+        choices=("sqlite", "kafka"),
+        help="optional, as in audit and topics: kafka goes with --kafka-bootstrap",
+    )
+    parser.add_argument("--kafka-namespace", default="", help="the gateways' kafka_namespace")
+    parser.add_argument(
+        "--kafka-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a librdkafka property (TLS, SASL) for every task's Kafka clients, repeatable",
+    )
     parser.add_argument(
         "--warehouse",
         required=True,
@@ -64,6 +82,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("text", "json"), default="text")
 
 
+def _kafka_properties(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    if (args.store == "kafka") != (args.kafka_bootstrap is not None) and args.store is not None:
+        raise BadRequest("--store kafka goes with --kafka-bootstrap HOST:PORT (and only with it)")
+    if args.kafka_bootstrap is None and (args.kafka_namespace or args.kafka_property):
+        raise BadRequest("--kafka-namespace and --kafka-property go with --kafka-bootstrap")
+    properties = []
+    for item in args.kafka_property:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadRequest(f"--kafka-property {item!r} is not KEY=VALUE")
+        properties.append((key, value))
+    return tuple(properties)
+
+
 def _progress(line: str) -> None:
     print(f"logbroker load: {line}", file=sys.stderr, flush=True)
 
@@ -89,7 +121,14 @@ def run(args: argparse.Namespace) -> int:
         if warehouse.exists() and not warehouse.is_dir():
             raise BadRequest(f"--warehouse {warehouse} exists and is not a directory")
         token = token_from(args) if args.server else None
-        spec = SourceSpec(data_dir=args.data_dir, server=args.server, token=token)
+        spec = SourceSpec(
+            data_dir=args.data_dir,
+            server=args.server,
+            token=token,
+            kafka_bootstrap=args.kafka_bootstrap,
+            kafka_namespace=args.kafka_namespace,
+            kafka_properties=_kafka_properties(args),
+        )
         source = spec.open()  # a wrong directory or an unreachable gateway fails before Spark
         try:
             source.topic_names()

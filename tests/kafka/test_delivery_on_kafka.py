@@ -69,7 +69,7 @@ def _raw_seqnos(url: str, topic: str) -> dict[str, list[tuple[int, str]]]:
 def test_pull_groups_push_legacy_and_mirror_work_on_kafka(
     start_kafka_gateway: Callable[..., GatewayProcess], kafka_namespace: str
 ) -> None:
-    source = start_kafka_gateway()
+    source = start_kafka_gateway(top='push_allow = ["127.0.0.1"]\n')
     client = Client(source.url)
     endpoint = PushEndpoint(lambda n: ("ok", 200)).start()
     subscription = {

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import subprocess
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -88,5 +90,69 @@ def test_audit_and_topics_commands_read_a_kafka_namespace_without_fencing_it(
         # the store that wrote is still the partition's writer: nobody fenced it
         assert store.append("dc1.cli", 0, [b"again"]).count == 1
         assert len(store.takeovers) == 1
+    finally:
+        store.close()
+
+
+def test_state_reads_during_back_to_back_commits_answer_with_every_acknowledged_value(
+    kafka_cluster: Any, kafka_namespace: str
+) -> None:
+    """The owner's writer hardly pauses here (32 transactions queued): a state read is
+    answered all the same, with every commit acknowledged before it began (proved by the
+    owner's next successful commit).  A second store then takes the partition over: the
+    first store's reads fail over to the changelog instead of answering from its stale
+    table."""
+    settings = KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace)
+    store = open_kafka_store(settings)
+    stop = threading.Event()
+    acked = [0]
+    failures: list[BaseException] = []
+
+    def put(n: int) -> Any:
+        def fn(state: PartitionState) -> Sequence[bytes]:
+            state.put("seq/busy", n.to_bytes(8, "big"))
+            return [b"chunk %d" % n]
+
+        return fn
+
+    def write() -> None:
+        pending: collections.deque[tuple[int, Any]] = collections.deque()
+        n = 0
+        try:
+            while not stop.is_set():
+                n += 1
+                pending.append((n, store.submit("dc1.busy", 0, put(n))))
+                while len(pending) > 32 or (pending and pending[0][1].done()):
+                    done, future = pending.popleft()
+                    future.result()
+                    acked[0] = done
+            for _done, future in pending:
+                future.result()
+        except BaseException as exc:
+            failures.append(exc)
+
+    try:
+        store.create_topic("dc1.busy", TopicConfig(partitions=1))
+        store.transact("dc1.busy", 0, put(0))
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            for _ in range(40):
+                floor = acked[0]
+                raw = store.get_state("dc1.busy", 0, "seq/busy")
+                assert raw is not None
+                assert int.from_bytes(raw, "big") >= floor
+        finally:
+            stop.set()
+            writer.join(120)
+        assert not failures, failures
+        last = acked[0]
+        other = open_kafka_store(settings)
+        try:
+            other.transact("dc1.busy", 0, put(last + 100))  # fences the first store's writer
+            raw = store.get_state("dc1.busy", 0, "seq/busy")
+            assert raw is not None and int.from_bytes(raw, "big") == last + 100
+        finally:
+            other.close()
     finally:
         store.close()
