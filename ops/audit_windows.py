@@ -27,6 +27,10 @@ def save_rows(db_path: Path, rows: Sequence[WindowRow], now: float | None = None
     now = time.time() if now is None else now
     db = sqlite_utils.Database(db_path)
     windows = db.table("windows")
+    windows.create(_WINDOW_COLUMNS, pk=("topic", "window_start"), if_not_exists=True)
+    db.table("tiers").create(
+        _TIER_COLUMNS, pk=("topic", "window_start", "tier"), if_not_exists=True
+    )
     windows.upsert_all(
         [
             {
@@ -51,10 +55,35 @@ def save_rows(db_path: Path, rows: Sequence[WindowRow], now: float | None = None
         pk=("topic", "window_start", "tier"),
         alter=True,
     )
-    if rows:
-        windows.create_index(["window_start"], if_not_exists=True)
-        windows.create_index(["complete", "closed"], if_not_exists=True)
-        tiers.create_index(["tier", "window_start"], if_not_exists=True)
+    windows.create_index(["window_start"], if_not_exists=True)
+    windows.create_index(["complete", "closed"], if_not_exists=True)
+    tiers.create_index(["tier", "window_start"], if_not_exists=True)
+
+
+_WINDOW_COLUMNS: dict[str, Any] = {
+    "topic": str,
+    "window_start": int,
+    "window_end": int,
+    "source_tier": str,
+    "source_messages": int,
+    "source_lines": int,
+    "closed": int,
+    "complete": int,
+    "reconciled_at": int,
+}
+_TIER_COLUMNS: dict[str, Any] = {
+    "topic": str,
+    "window_start": int,
+    "tier": str,
+    "messages": int,
+    "lines": int,
+    "completeness": float,
+    "lost_lines": int,
+    "duplicated_lines": int,
+    "reached_999_s": float,
+    "reached_100_s": float,
+    "reconciled_at": int,
+}
 
 
 def _tier_row(window: WindowRow, tier: TierRow, now: float) -> dict[str, Any]:

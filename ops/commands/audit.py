@@ -31,7 +31,11 @@ from ops.token_options import add_token_options, token_from
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", help="data dir of the embedded store")
+    parser.add_argument(
+        "--data-dir",
+        action="append",
+        help="data dir of the embedded store (with --windows repeatable: one per DC)",
+    )
     add_kafka_arguments(parser)
     parser.add_argument(
         "--topic",
@@ -68,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
         return _run_windows(args)
     if args.server:
         return _usage("--server is for --windows; the invariant audit reads a store")
+    if args.data_dir and len(args.data_dir) > 1:
+        return _usage("the invariant audit reads one --data-dir")
+    args.data_dir = args.data_dir[0] if args.data_dir else None
     try:
         with contextlib.closing(open_store_from_args(args)) as store:
             report = audit_store(store, args.topic)
@@ -126,9 +133,13 @@ def _run_windows(args: argparse.Namespace) -> int:
 
 
 def _rows_from_store(args: argparse.Namespace, glob: str) -> list[WindowRow]:
+    """Every store's audit topics in one ledger: a record read in two DCs (the source's, and
+    its mirrored copy) is the same key, so it counts once."""
     ledger = AuditLedger()
-    with contextlib.closing(open_store_from_args(args)) as store:
-        ledger.refresh(store)
+    for data_dir in args.data_dir or [None]:
+        one = argparse.Namespace(**{**vars(args), "data_dir": data_dir})
+        with contextlib.closing(open_store_from_args(one)) as store:
+            ledger.refresh(store)
     return reconcile(ledger, topic_glob=glob, since=args.since)
 
 
