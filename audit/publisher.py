@@ -48,6 +48,7 @@ class AuditPublisher:
         *,
         interval_s: float = DEFAULT_INTERVAL_S,
         before_publish: Callable[[], None] | None = None,
+        more_tiers: Callable[[], dict[str, WindowCounts]] | None = None,
     ) -> None:
         self.tier = tier
         self.instance = instance
@@ -55,8 +56,10 @@ class AuditPublisher:
         self.sink = sink
         self.interval_s = interval_s
         self._before_publish = before_publish
+        self._more_tiers = more_tiers
+        """Other tiers counted in the same process, published in the same source."""
         self._source_id = audit_source_id(tier, instance)
-        self._published: dict[Key, tuple[int, int]] = {}
+        self._published: dict[tuple[str, Key], tuple[int, int]] = {}
         self._last_seqno = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -71,14 +74,19 @@ class AuditPublisher:
         with self._lock:
             if self._before_publish is not None:
                 self._before_publish()
-            snapshot = self.counts.snapshot()
+            tiers = {self.tier: self.counts, **(self._more_tiers() if self._more_tiers else {})}
+            snapshot = {
+                (tier, key): value
+                for tier, counts in tiers.items()
+                for key, value in counts.snapshot().items()
+            }
             changed = [(k, v) for k, v in sorted(snapshot.items()) if self._published.get(k) != v]
             now_ms = int(time.time() * 1000)
             for i in range(0, len(changed), RECORDS_PER_CHUNK):
                 part = changed[i : i + RECORDS_PER_CHUNK]
                 data = encode_records(
-                    CountRecord(self.tier, self.instance, topic, window, m, lines, now_ms)
-                    for (topic, window), (m, lines) in part
+                    CountRecord(tier, self.instance, topic, window, m, lines, now_ms)
+                    for (tier, (topic, window)), (m, lines) in part
                 )
                 written, last = self.sink.write(self._source_id, self._next_seqno(), data)
                 if not written:

@@ -97,9 +97,13 @@ def row_from_json(doc: dict[str, Any]) -> WindowRow:
     )
 
 
+_SOURCE_TIERS = ("push-client", "gateway")
+
+
 def _order(label: str) -> tuple[int, str]:
-    tier, _, dc = label.partition("@")
-    return (TIERS.index(tier) if tier in TIERS else len(TIERS), dc)
+    tier = label.partition("@")[0]
+    base = tier.split(":", 1)[0]  # push:<subscription>
+    return (TIERS.index(base) if base in TIERS else len(TIERS), label)
 
 
 def _reached(series: TierSeries, target: int, window: int) -> float | None:
@@ -136,7 +140,9 @@ def reconcile(
             {label for (t, label), first in first_window.items() if t == topic and first <= window},
             key=_order,
         )
-        source = next((label for label in labels if "@" not in label and label in tiers), None)
+        source = next(
+            (label for label in labels if label in _SOURCE_TIERS and label in tiers), None
+        )
         if source is None:
             continue  # only tiers of other DCs counted it: its source's DC is not readable here
         source_series = tiers[source]

@@ -8,9 +8,6 @@ reconciled windows (see :mod:`audit.reconcile`) of the topics the token may read
 
 from __future__ import annotations
 
-import os
-import socket
-import time
 from typing import Any
 
 import anyio.to_thread
@@ -21,10 +18,11 @@ from audit.ledger import AuditLedger
 from audit.publisher import AuditPublisher, interval_from_env
 from audit.reconcile import reconcile
 from audit.records import is_audit_topic
-from audit.sinks import StoreAuditSink
+from audit.sinks import StoreAuditSink, incarnation_id
 from audit.windows import WindowCounts
 from ingest_api.access import RouteDeclaration, access_of, read, route
 from ingest_api.context import GatewayContext
+from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
 from ingest_api.openapi import operation, query_param
 from ingest_api.params import int_param, json_response
@@ -105,13 +103,15 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
 async def on_startup(ctx: GatewayContext) -> None:
     settings = ctx.settings
     writer = ExactlyOnceWriter(ctx.store, dc=settings.dc, partitions=settings.partitions)
-    instance = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+    instance = incarnation_id()
+    push = delivery_parts(ctx).push
     ctx.extensions[_PUBLISHER] = AuditPublisher(
         "gateway",
         instance,
         gateway_counts(ctx),
         StoreAuditSink(writer),
         interval_s=interval_from_env(),
+        more_tiers=lambda: {f"push:{name}": c for name, c in list(push.audit.items())},
     ).start()
 
 

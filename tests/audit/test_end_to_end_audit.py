@@ -1,9 +1,11 @@
-"""The end-to-end audit on real processes: a push-client, two gateways (dc1, dc2) and a mirror.
+"""The end-to-end audit on real processes: a push-client, two gateways (dc1, dc2), a mirror and
+the loader (Parquet table, local Spark).
 
 Each tier publishes its counts every second; ``logbroker audit --windows`` reads both DCs'
 stores and reconciles them.  The mirror is SIGKILLed mid-window: the audit shows it behind
 (lines lost so far) while the push-client and gateway are complete, and complete again once a
-new mirror has caught up.  The invariant audit then passes on the mirror's destination.
+new mirror has caught up.  The loader's counts come from its table, so a line deleted from the
+table by hand shows as lost.  The invariant audit then passes on the mirror's destination.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO, logbroker_cmd
@@ -71,6 +74,37 @@ def audit_windows(db: Path, *data_dirs: Path) -> tuple[int, dict[str, int], str]
             ).fetchall()
         )
     return done.returncode, lines, done.stdout
+
+
+def load(server: str, warehouse: Path, *extra: str) -> None:
+    done = subprocess.run(
+        logbroker_cmd(
+            "load",
+            "--server",
+            server,
+            "--warehouse",
+            str(warehouse),
+            "--topics",
+            TOPIC,
+            "--table-format",
+            "parquet",
+            "--master",
+            "local[1]",
+            *extra,
+        ),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def delete_one_row(warehouse: Path) -> None:
+    """Rewrite one of the table's Parquet files without its first row (an operator's edit)."""
+    path = next(p for p in sorted(warehouse.rglob("*.parquet")) if "_loader" not in p.parts)
+    table = pq.read_table(path)
+    pq.write_table(table.slice(1), path)
 
 
 def append_lines(path: Path, start: int, count: int) -> None:
@@ -156,6 +190,35 @@ def test_audit_shows_a_killed_mirror_behind_and_complete_after_its_restart(
         assert windows and all(w["topic"] == TOPIC for w in windows)
         assert sum(w["tiers"]["mirror@dc2"]["lines"] for w in windows) == 500
         assert all(set(w) >= {"topic", "window_start", "tiers", "complete"} for w in windows)
+
+        # the loader fills a table from dc2; its counts are the table's own
+        warehouse = tmp_path / "warehouse"
+        load(dc2.url, warehouse)
+        loaded = {**done, "loader@dc2": 500}
+        wait_until(
+            lambda: audit_windows(db, dc1.data_dir, dc2.data_dir)[1] == loaded,
+            30,
+            f"the loader's counts: {audit_windows(db, dc1.data_dir, dc2.data_dir)}",
+        )
+        # a line deleted by hand from the table is reported lost at the loader
+        delete_one_row(warehouse)
+        load(dc2.url, warehouse, "--audit-only")
+        wait_until(
+            lambda: (
+                audit_windows(db, dc1.data_dir, dc2.data_dir)[1] == {**loaded, "loader@dc2": 499}
+            ),
+            30,
+            f"the deleted line to show: {audit_windows(db, dc1.data_dir, dc2.data_dir)}",
+        )
+        _, _, shown = audit_windows(db, dc1.data_dir, dc2.data_dir)
+        with sqlite3.connect(db) as conn:
+            assert (
+                conn.execute(
+                    "SELECT SUM(lost_lines) FROM tiers WHERE topic = ? AND tier = 'loader@dc2'",
+                    (TOPIC,),
+                ).fetchone()[0]
+                == 1
+            )
 
         # the invariant audit works on the mirror's destination (no seqno table there)
         checked = subprocess.run(
