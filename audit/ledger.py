@@ -27,11 +27,16 @@ class TierSeries:
 
     records: list[CountRecord] = field(default_factory=list)
     latest: dict[str, CountRecord] = field(default_factory=dict)
-    """Per instance."""
+    """Per instance: the record of its highest seqno."""
+    _seqnos: dict[str, int] = field(default_factory=dict)
 
-    def add(self, record: CountRecord) -> None:
+    def add(self, record: CountRecord, seqno: int) -> None:
         self.records.append(record)
-        self.latest[record.instance] = record
+        # The same records are read twice where a DC holds a mirrored copy of another's
+        # audit topic, and the copy may be behind: the highest seqno wins, not the last read.
+        if seqno >= self._seqnos.get(record.instance, -1):
+            self._seqnos[record.instance] = seqno
+            self.latest[record.instance] = record
 
     @property
     def messages(self) -> int:
@@ -57,11 +62,12 @@ class AuditLedger:
         self._positions: dict[tuple[str, str, int], int] = {}
         self._lock = threading.Lock()
 
-    def add(self, audit_topic: str, records: Iterable[CountRecord]) -> None:
+    def add(self, audit_topic: str, records: Iterable[CountRecord], seqno: int) -> None:
+        """Records of one chunk of the audit topic (its seqno orders an instance's records)."""
         for record in records:
             label = tier_label(record.tier, audit_topic, record.topic)
             tiers = self.series.setdefault((record.topic, record.window_start), {})
-            tiers.setdefault(label, TierSeries()).add(record)
+            tiers.setdefault(label, TierSeries()).add(record, seqno)
 
     def refresh(self, store: LogStore) -> None:
         """Read what the audit topics gained since the last call."""
@@ -102,5 +108,5 @@ class AuditLedger:
                 except ValueError:
                     continue
                 if envelope.kind == "chunk" and envelope.codec == "raw":
-                    self.add(topic, decode_records(envelope.data))
+                    self.add(topic, decode_records(envelope.data), envelope.seqno)
         self._positions[key] = offset
