@@ -9,13 +9,13 @@ only what was appended since the previous call.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from audit.records import CountRecord, decode_records, is_audit_topic
 from log_store import LogbrokerError, LogStore
-from log_store.errors import UnknownTopic
 from session_dedup.envelope import decode
 
 READ_BYTES = 4 << 20
@@ -77,7 +77,8 @@ class AuditLedger:
                     continue
                 try:
                     partitions = store.describe_topic(info.name).partitions
-                except UnknownTopic:
+                except (LogbrokerError, sqlite3.Error, KeyError):
+                    # deleted, or (read-only handle) still being created: next time
                     continue
                 for part in partitions:
                     self._read_partition(

@@ -23,7 +23,7 @@ import httpx
 
 from audit.ledger import AuditLedger
 from audit.reconcile import WindowRow, reconcile, row_from_json
-from log_store import LogbrokerError
+from log_store import LogbrokerError, open_store
 from ops.audit import audit_store
 from ops.audit_windows import DEFAULT_GRACE_S, format_table, overdue, save_rows
 from ops.store_options import add_kafka_arguments, open_store_from_args
@@ -136,10 +136,13 @@ def _rows_from_store(args: argparse.Namespace, glob: str) -> list[WindowRow]:
     """Every store's audit topics in one ledger: a record read in two DCs (the source's, and
     its mirrored copy) is the same key, so it counts once."""
     ledger = AuditLedger()
-    for data_dir in args.data_dir or [None]:
-        one = argparse.Namespace(**{**vars(args), "data_dir": data_dir})
-        with contextlib.closing(open_store_from_args(one)) as store:
+    if args.store == "kafka":
+        with contextlib.closing(open_store_from_args(args)) as store:
             ledger.refresh(store)
+    for data_dir in args.data_dir or []:
+        # read-only: a running gateway's store is read, never recovered or changed
+        with contextlib.closing(open_store(data_dir, read_only=True)) as sqlite_store:
+            ledger.refresh(sqlite_store)
     return reconcile(ledger, topic_glob=glob, since=args.since)
 
 
