@@ -24,6 +24,14 @@ def is_audit_topic(topic: str) -> bool:
     return topic.endswith("." + AUDIT_LOG_TYPE)
 
 
+def in_prefix(topic: str, prefix: str) -> bool:
+    """Whether a reader of ``prefix`` (e.g. ``dc1.``) reads ``topic``: audit topics only when
+    the prefix names them, so readers of a whole DC get its logs, not the audit's records."""
+    if not topic.startswith(prefix):
+        return False
+    return not is_audit_topic(topic) or AUDIT_LOG_TYPE in prefix
+
+
 def audit_source_id(tier: str, instance: str) -> str:
     """The source id under which one tier instance writes its records."""
     return f"audit:{tier}:{instance}"[:200]

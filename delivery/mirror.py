@@ -458,7 +458,7 @@ class Mirror:
         self._dest.close()
 
     def _discover(self) -> None:
-        topics = set(self._source.list_topics(self._prefix))
+        topics = set(self._source.list_topics(self._prefix, include_audit=True))
         for gone in set(self._topic_ids) - topics:
             self._forget(gone)
         for topic in sorted(topics):

@@ -35,7 +35,7 @@ import anyio.to_thread
 import httpx
 import orjson
 
-from audit.records import is_audit_topic
+from audit.records import in_prefix, is_audit_topic
 from audit.windows import WindowCounts
 from delivery.append_watch import AppendWatch
 from delivery.filters import MessageFilter, filter_from_json
@@ -323,7 +323,7 @@ def _partitions(store: LogStore, sub: PushSubscription) -> list[_Partition]:
         topics = sorted(
             t.name
             for t in store.list_topics()
-            if t.name.startswith(sub.prefix) and not is_internal(t.name)
+            if in_prefix(t.name, sub.prefix) and not is_internal(t.name)
         )
     else:
         topics = list(sub.topics)

@@ -62,6 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="log data per committed batch (default 512)",
     )
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--audit-server",
+        help="with --data-dir: the gateway to publish the table's audit counts to",
+    )
     audit = parser.add_mutually_exclusive_group()
     audit.add_argument(
         "--no-audit", action="store_true", help="do not publish the table's audit counts"
@@ -184,18 +188,16 @@ def _publish_audit(args: argparse.Namespace, spark: object) -> int:
     from yt_loader.table_counts import delta_table_counts, parquet_table_counts
 
     warehouse = Path(args.warehouse)
+    server = args.server or args.audit_server
+    if server is None:
+        _progress("audit: counts not published (with --data-dir, give --audit-server URL)")
+        return 0
     if args.table_format == "parquet":
         counts = parquet_table_counts(warehouse)
     else:
         counts = delta_table_counts(spark, warehouse)
     try:
-        written = publish_table_counts(
-            counts,
-            warehouse,
-            server=args.server,
-            data_dir=args.data_dir,
-            token=token_from(args) if args.server else None,
-        )
+        written = publish_table_counts(counts, warehouse, server=server, token=token_from(args))
     except LogbrokerError as exc:
         print(f"logbroker load: publishing the audit counts failed: {exc}", file=sys.stderr)
         return 1

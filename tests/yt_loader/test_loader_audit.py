@@ -80,7 +80,7 @@ def test_the_loader_counts_its_table_and_a_line_deleted_from_it_is_lost(
     run_load(spark, config, lambda _line: None)
     counts = parquet_table_counts(warehouse)
     assert sum(m for m, _ in counts.values()) == 12
-    publish_table_counts(counts, warehouse, server=gateway.url, data_dir=None, token=None)
+    publish_table_counts(counts, warehouse, server=gateway.url, token=None)
     wait_for(gateway.url, {"gateway": (300, 0), "loader": (300, 0), "complete": True})
 
     # an operator deletes a line from the table: the next recount (no Spark) reports it
