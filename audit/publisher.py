@@ -64,6 +64,8 @@ class AuditPublisher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.disabled = ""
+        """Why publishing stopped for good (the token may not write the audit log type)."""
 
     def _next_seqno(self) -> int:
         self._last_seqno = max(self._last_seqno + 1, time.time_ns() // 1000)
@@ -102,8 +104,13 @@ class AuditPublisher:
             self._publish_logged()
 
     def _publish_logged(self) -> None:
+        if self.disabled:
+            return
         try:
             self.publish()
+        except PermissionError as exc:
+            self.disabled = str(exc)
+            _log.warning("audit: the %s counts are not published: %s", self.tier, exc)
         except Exception as exc:
             _log.warning(
                 "audit: publishing the %s counts failed (retried later): %s", self.tier, exc

@@ -24,6 +24,10 @@ class AuditWriteFailed(LogbrokerError):
     """A gateway refused or did not answer an audit write."""
 
 
+class AuditForbidden(AuditWriteFailed, PermissionError):
+    """The token may not write the audit log type: publishing stops (logged once)."""
+
+
 class HttpAuditSink:
     """Writes audit chunks with ``POST /v1/write`` (NDJSON) to a gateway."""
 
@@ -64,9 +68,13 @@ class HttpAuditSink:
             )
         except httpx.HTTPError as exc:
             raise AuditWriteFailed(f"audit write: {type(exc).__name__}: {exc}") from None
+        if response.status_code in (401, 403):
+            raise AuditForbidden(f"audit write answered {response.status_code}: {response.text}")
         if response.status_code != 200:
             raise AuditWriteFailed(f"audit write answered {response.status_code}: {response.text}")
         result = response.json()["results"][0]
+        if result.get("error") == "forbidden":
+            raise AuditForbidden(f"audit write refused: {result.get('reason', result)}")
         if "error" in result:
             raise AuditWriteFailed(f"audit write refused: {result.get('reason', result)}")
         acks = result.get("acks", [])
