@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from audit.records import in_prefix
 from delivery.filters import MessageFilter
 from delivery.pull_client import (
     FetchedPartition,
@@ -183,7 +184,7 @@ class Consumer:
         present = set()
         missing = []
         for topic in topics:
-            if self._prefix is not None and not topic.startswith(self._prefix):
+            if self._prefix is not None and not in_prefix(topic, self._prefix):
                 continue
             try:
                 info = self._client.describe(topic)

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from audit.records import in_prefix
 from delivery.internal_state import Doc, InternalState, is_internal
 from log_store.errors import (
     BadRequest,
@@ -485,7 +486,7 @@ class GroupCoordinator:
         topics = [
             t.name
             for t in self._store.list_topics()
-            if t.name.startswith(subscription.prefix) and not is_internal(t.name)
+            if in_prefix(t.name, subscription.prefix) and not is_internal(t.name)
         ]
         bounds = self._topic_bounds(topics, missing_ok=True)
         bounds.missing.clear()  # deleted since the listing: nothing to wait for

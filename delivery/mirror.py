@@ -35,9 +35,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
+from audit.publisher import AuditPublisher
+from audit.records import is_audit_topic
+from audit.sinks import start_http_publisher
+from audit.windows import WindowCounts, count_lines, window_start
 from delivery.envelope_view import NotAnEnvelope, view
 from delivery.framing import MAGIC, decode_binary
 from delivery.legacy_txn import validate_txn_id
@@ -70,6 +75,9 @@ class ReplicaPosition:
     """Source offsets the source's retention dropped before they were copied."""
     gaps: tuple[tuple[int, int], ...] = ()
     """The most recent such ranges, [from, to) in source offsets."""
+    audit: dict[int, list[int]] | None = None
+    """Messages and lines copied so far per window of create time (the audit's mirror tier),
+    committed with the data they count."""
 
 
 _MAX_GAPS_KEPT = 20
@@ -84,6 +92,7 @@ def _position(doc: dict[str, Any] | None) -> ReplicaPosition:
         None if next_dest is None else int(next_dest),
         int(doc.get("dropped", 0)),
         tuple((int(a), int(b)) for a, b in doc.get("gaps", ())),
+        {int(w): [int(m), int(n)] for w, (m, n) in doc.get("audit", {}).items()},
     )
 
 
@@ -137,10 +146,30 @@ def _rewrite_marker(value: bytes, dest_of: Any) -> bytes:
 class ReplicaRecords(list[tuple[int, bytes]]):
     """Source records (offset, value) of one replica append, and where their fetch started
     (``from_offset``) and where the next one starts (``next_offset``); both None in appends
-    of mirrors that send consecutive offsets only."""
+    of mirrors that send consecutive offsets only.  ``audit``: the messages and lines of the
+    records per window, ``[[window_start, messages, lines], ...]``, added to the partition's
+    audit totals in the append's transaction."""
 
     from_offset: int | None = None
     next_offset: int | None = None
+    audit: list[list[int]] | None = None
+
+
+_AUDIT_WINDOWS_KEPT = 1008
+"""A week of 10-minute windows of audit totals per mirrored partition."""
+
+
+def _add_audit(doc: dict[str, Any], audit: list[list[int]] | None) -> None:
+    if not audit:
+        return
+    totals: dict[str, list[int]] = doc.setdefault("audit", {})
+    for window, messages, lines in audit:
+        counts = totals.setdefault(str(window), [0, 0])
+        counts[0] += messages
+        counts[1] += lines
+    if len(totals) > _AUDIT_WINDOWS_KEPT:
+        for old in sorted(totals, key=int)[: len(totals) - _AUDIT_WINDOWS_KEPT]:
+            del totals[old]
 
 
 def append_replica(
@@ -150,8 +179,9 @@ def append_replica(
     source_id: str,
     records: Sequence[tuple[int, bytes]],
     source_start: int,
-) -> int:
-    """Append source records (offset, value) exactly once; returns the next source offset.
+) -> tuple[int, dict[int, list[int]]]:
+    """Append source records (offset, value) exactly once; returns the next source offset
+    and the partition's audit totals after the append (see :class:`ReplicaRecords`).
 
     Raises :class:`MirrorGap` (with the expected offset) if the append does not start where
     the destination expects: the recorded next offset, or for the first copy of this source
@@ -176,6 +206,8 @@ def append_replica(
     following = max(last + 1, next_offset or 0)
     key = _STATE_PREFIX + source_id
     batch_index = {offset: i for i, (offset, _) in enumerate(records)}
+    audit = getattr(records, "audit", None)
+    totals: dict[int, list[int]] = {}
 
     def fn(state: PartitionState) -> list[bytes]:
         doc = _load(state, key)
@@ -201,11 +233,14 @@ def append_replica(
                 state.put(_legacy_key(source_id, offset), (dest_first + i).to_bytes(8, "big"))
         doc["next_source"] = following
         doc["next_dest"] = dest_first + len(records)
+        _add_audit(doc, audit)
+        totals.clear()
+        totals.update({int(w): list(c) for w, c in doc.get("audit", {}).items()})
         state.put(key, json.dumps(doc).encode())
         return values
 
     store.transact(topic, partition, fn)
-    return following
+    return following, totals
 
 
 def _is_legacy_data(value: bytes) -> bool:
@@ -251,11 +286,15 @@ def encode_replica_body(
     records: Sequence[tuple[int, bytes]],
     from_offset: int | None = None,
     next_offset: int | None = None,
+    audit: list[list[int]] | None = None,
 ) -> bytes:
     """The body of a replica append: the binary read framing, one section."""
-    meta = b"{}"
+    fields: dict[str, Any] = {}
     if from_offset is not None:
-        meta = json.dumps({"from_offset": from_offset, "next_offset": next_offset}).encode()
+        fields.update(from_offset=from_offset, next_offset=next_offset)
+    if audit:
+        fields["audit"] = audit
+    meta = json.dumps(fields).encode()
     parts = [MAGIC, len(meta).to_bytes(2, "big"), meta, len(records).to_bytes(4, "big")]
     for offset, value in records:
         parts.append(offset.to_bytes(8, "big") + len(value).to_bytes(4, "big"))
@@ -274,6 +313,16 @@ def decode_replica_body(body: bytes) -> ReplicaRecords:
         if value is not None and (not isinstance(value, int) or value < 0):
             raise BadRequest(f"{name} must be a non-negative integer")
         setattr(records, name, value)
+    audit = meta.get("audit")
+    if audit is not None:
+        if not isinstance(audit, list) or not all(
+            isinstance(a, list)
+            and len(a) == 3
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in a)
+            for a in audit
+        ):
+            raise BadRequest("audit must be a list of [window_start, messages, lines]")
+        records.audit = audit
     return records
 
 
@@ -332,6 +381,22 @@ class MirrorProgress:
     stats: MirrorStats
 
 
+def audit_of(records: Sequence[tuple[int, bytes]]) -> list[list[int]]:
+    """Messages and lines of data records per window: ``[[window_start, messages, lines]]``."""
+    per_window: dict[int, list[int]] = {}
+    for _, value in records:
+        try:
+            env = view(value)
+        except NotAnEnvelope:
+            continue
+        if env.kind not in ("chunk", "legacy_data"):
+            continue
+        counts = per_window.setdefault(window_start(env.create_time), [0, 0])
+        counts[0] += 1
+        counts[1] += count_lines(env.codec, env.data)
+    return [[w, m, n] for w, (m, n) in sorted(per_window.items())]
+
+
 class MirrorStuck(LogbrokerError):
     """The destination keeps refusing appends at the offset it asks for itself."""
 
@@ -381,13 +446,19 @@ class Mirror:
         self.name = f"{socket.gethostname()}:{prefix}:{source_url}"
         """How the destination's dashboard names this mirror (its lag reports)."""
         self.stats = MirrorStats()
+        self._dest_url = dest_url
+        self._token = token
+        self._source_name = urlsplit(source_url).netloc or source_url
+        self.audit = WindowCounts()
+        """The mirror tier's counts: the destination's totals, which commit with the data."""
+        self._audit_totals: dict[tuple[str, int], dict[str, list[int]]] = {}
 
     def close(self) -> None:
         self._source.close()
         self._dest.close()
 
     def _discover(self) -> None:
-        topics = set(self._source.list_topics(self._prefix))
+        topics = set(self._source.list_topics(self._prefix, include_audit=True))
         for gone in set(self._topic_ids) - topics:
             self._forget(gone)
         for topic in sorted(topics):
@@ -466,7 +537,9 @@ class Mirror:
             params={"source": self._topic_ids[topic]},
         )
         if response.status_code == 200:
-            expected = response.json()["next_source_offset"]
+            body = response.json()
+            self._keep_audit(topic, partition, body)
+            expected = body["next_source_offset"]
             if expected is not None:
                 return int(expected)
         elif response.status_code != 404:
@@ -632,6 +705,7 @@ class Mirror:
                 records,
                 from_offset=self._positions[tp],
                 next_offset=max(next_offset or 0, records[-1][0] + 1),
+                audit=None if is_audit_topic(topic) else audit_of(records),
             ),
             headers={"Content-Type": REPLICA_MEDIA_TYPE},
         )
@@ -654,7 +728,9 @@ class Mirror:
         if response.status_code != 200:
             raise self._refused(response)
         self._refusals.pop(tp, None)
-        self._positions[tp] = int(response.json()["next_source_offset"])
+        body = response.json()
+        self._keep_audit(topic, partition, body)
+        self._positions[tp] = int(body["next_source_offset"])
         self._skipped.pop(tp, None)
         self.stats.copied_messages += len(records)
         self._copied_by_topic[topic] = self._copied_by_topic.get(topic, 0) + len(records)
@@ -673,6 +749,37 @@ class Mirror:
             lag=lag,
             copied_by_topic=dict(self._copied_by_topic),
             stats=replace(self.stats),
+        )
+
+    def _keep_audit(self, topic: str, partition: int, body: dict[str, Any]) -> None:
+        totals = body.get("audit")
+        if isinstance(totals, dict) and not is_audit_topic(topic):
+            self._audit_totals[(topic, partition)] = totals
+
+    def _audit_counts(self) -> None:
+        """The partitions' totals, summed per (topic, window), as the counts to publish."""
+        sums: dict[tuple[str, int], list[int]] = {}
+        for (topic, _), totals in list(self._audit_totals.items()):
+            for window, (messages, lines) in totals.items():
+                counts = sums.setdefault((topic, int(window)), [0, 0])
+                counts[0] += messages
+                counts[1] += lines
+        for (topic, start), (messages, lines) in sums.items():
+            self.audit.set(topic, start, messages, lines)
+
+    def start_audit(self) -> AuditPublisher:
+        """Publish the mirror tier's counts to the destination's audit topic until stopped.
+
+        The instance is named for the source, not the process: the totals live in the
+        destination with the data, so a restarted mirror publishes the same totals again.
+        """
+        return start_http_publisher(
+            "mirror",
+            self.audit,
+            self._dest_url,
+            token=self._token,
+            instance=f"from-{self._source_name}",
+            before_publish=self._audit_counts,
         )
 
     def _write_status(self) -> None:
@@ -720,6 +827,13 @@ class Mirror:
 
     def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> None:
         """Copy until ``stop`` is set (or nothing new came for ``idle_exit_s``)."""
+        publisher = self.start_audit()
+        try:
+            self._copy_until(stop, idle_exit_s)
+        finally:
+            publisher.stop()
+
+    def _copy_until(self, stop: threading.Event, idle_exit_s: float | None) -> None:
         last_new = time.monotonic()
         while not stop.is_set():
             try:

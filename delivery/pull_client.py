@@ -98,8 +98,11 @@ class PullClient:
         return self._request(method, path, **kwargs).json()
 
     # -- topics ---------------------------------------------------------------------------------
-    def list_topics(self, prefix: str = "") -> list[str]:
-        body = self._json("GET", "/v1/topics", params={"prefix": prefix} if prefix else None)
+    def list_topics(self, prefix: str = "", *, include_audit: bool = False) -> list[str]:
+        params = {"prefix": prefix} if prefix else {}
+        if include_audit:
+            params["include_audit"] = "true"
+        body = self._json("GET", "/v1/topics", params=params or None)
         return [t["name"] for t in body["topics"]]
 
     def describe(self, topic: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ connection delivery makes (see :mod:`delivery.push_targets`).
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import contextlib
 import logging
@@ -34,6 +35,8 @@ import anyio.to_thread
 import httpx
 import orjson
 
+from audit.records import in_prefix, is_audit_topic
+from audit.windows import WindowCounts
 from delivery.append_watch import AppendWatch
 from delivery.filters import MessageFilter, filter_from_json
 from delivery.framing import message_json
@@ -320,7 +323,7 @@ def _partitions(store: LogStore, sub: PushSubscription) -> list[_Partition]:
         topics = sorted(
             t.name
             for t in store.list_topics()
-            if t.name.startswith(sub.prefix) and not is_internal(t.name)
+            if in_prefix(t.name, sub.prefix) and not is_internal(t.name)
         )
     else:
         topics = list(sub.topics)
@@ -372,6 +375,19 @@ def _place_new_partitions(doc: Doc, parts: list[_Partition], reset: str, name: s
     return changed
 
 
+def count_pushed(counts: WindowCounts, batch: list[dict[str, Any]]) -> None:
+    """Count a delivered batch's data messages and their lines for the audit."""
+    for m in batch:
+        if m.get("kind", "chunk") not in ("chunk", "legacy_data") or is_audit_topic(m["topic"]):
+            continue
+        text = m.get("data")
+        if text is not None:
+            counts.add(m["topic"], m["create_time"], 1, text.count("\n"))
+        elif "data_b64" in m:
+            data = base64.b64decode(m["data_b64"])
+            counts.add_chunk(m["topic"], m["create_time"], m.get("codec", "raw"), data)
+
+
 class _Delivery:
     """The delivery loop of one subscription in this process, while it holds the lease."""
 
@@ -402,6 +418,10 @@ class _Delivery:
                         return
                     await anyio.to_thread.run_sync(self._commit, next_positions, len(batch))
                     self.positions.update(next_positions)
+                    if self.sub.message_filter.matches_all:
+                        count_pushed(
+                            self.owner.audit.setdefault(self.sub.name, WindowCounts()), batch
+                        )
                 except LeaseLost:
                     _log.info("push %s: another process took it over", self.sub.name)
                     return
@@ -590,6 +610,9 @@ class PushDelivery:
         self._running: dict[str, _Delivery] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self.audit: dict[str, WindowCounts] = {}
+        """Per subscription without a filter: messages and lines delivered and committed
+        (the audit's tier ``push:<subscription>``)."""
 
     async def start(self) -> None:
         self._supervisor = asyncio.create_task(self._supervise(), name="push-supervisor")

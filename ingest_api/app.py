@@ -57,6 +57,7 @@ ROUTE_MODULES: tuple[str, ...] = (
     "ingest_api.admin_api",
     "ingest_api.peer_api",
     "ingest_api.ui_api",
+    "ingest_api.audit_api",
 )
 
 SETTINGS_ENV = "LOGBROKER_GATEWAY_SETTINGS_JSON"

@@ -16,6 +16,7 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response
 
+from audit.records import in_prefix
 from delivery.filters import MessageFilter, filter_from_json, parse_filter
 from delivery.framing import (
     BINARY_MEDIA_TYPE,
@@ -85,12 +86,16 @@ class ReadApi:
     async def list_topics(self, request: Request) -> Response:
         """``GET /v1/topics``: the topics this token may read."""
         prefix = request.query_params.get("prefix", "")
+        # a mirror copies the audit topics too; readers of a prefix see them only by name
+        audit = request.query_params.get("include_audit") == "true"
         access = access_of(request)
         infos = await self._run(self.store.list_topics)
         topics = [
             {"name": t.name, "partitions": t.config.partitions}
             for t in sorted(infos, key=lambda t: t.name)
-            if t.name.startswith(prefix) and not is_internal(t.name) and access.may_read(t.name)
+            if (t.name.startswith(prefix) if audit else in_prefix(t.name, prefix))
+            and not is_internal(t.name)
+            and access.may_read(t.name)
         ]
         return json_response({"topics": topics})
 
@@ -254,7 +259,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
             "get": operation(
                 "list_topics",
                 "Topics this token may read, optionally by DC prefix",
-                params=[query_param("prefix", "string")],
+                params=[query_param("prefix", "string"), query_param("include_audit", "string")],
                 errors=(),
             )
         },

@@ -48,6 +48,7 @@ def _position_json(position: ReplicaPosition) -> dict[str, Any]:
         "next_dest_offset": position.next_dest_offset,
         "dropped_offsets": position.dropped_offsets,
         "gaps": [list(g) for g in position.gaps],
+        "audit": {str(w): c for w, c in (position.audit or {}).items()},
     }
 
 
@@ -104,14 +105,20 @@ class ReplicaApi:
         except BadRequest as exc:
             raise ApiError(400, "bad_replica_record", str(exc)) from None
         try:
-            next_offset = await self._run(
+            next_offset, audit = await self._run(
                 self._append, topic, partition, partitions, source, records, start
             )
         except MirrorGap as exc:
             raise ApiError(
                 409, "mirror_gap", str(exc), extra={"expected_source_offset": exc.expected}
             ) from None
-        return json_response({"next_source_offset": next_offset, "appended": len(records)})
+        return json_response(
+            {
+                "next_source_offset": next_offset,
+                "appended": len(records),
+                "audit": {str(w): c for w, c in audit.items()},
+            }
+        )
 
     def _append(
         self,
@@ -121,7 +128,7 @@ class ReplicaApi:
         source: str,
         records: list[tuple[int, bytes]],
         start: int,
-    ) -> int:
+    ) -> tuple[int, dict[int, list[int]]]:
         self.quota.ensure(topic, partitions)
         return append_replica(self.store, topic, partition, source, records, start)
 

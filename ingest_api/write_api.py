@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ingest_api.access import RouteDeclaration, route, write
+from ingest_api.audit_api import count_written, gateway_counts
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
@@ -118,6 +119,7 @@ class WriteApi:
             self.limits.source_chunks_per_second, self.limits.source_burst_chunks
         )
         self.active = _ActiveSources(ACTIVE_SOURCE_WINDOW_S)
+        self.audit = gateway_counts(ctx)
         m = ctx.metrics
         self.chunks = m.counter(
             "logbroker_chunks_total", "chunks answered, by topic and status", ("topic", "status")
@@ -262,6 +264,9 @@ class WriteApi:
                 results.append(_limit_refusal_json(s.meta.source_id, outcome.refused))
             else:
                 results.append(_result(s, outcome, tally, written_bytes))
+                count_written(
+                    self.audit, outcome.route.topic, s.meta.codec, s.batch, outcome.written
+                )
         for (topic, code), count in tally.items():
             self.chunks.inc(count, (topic, CHUNK_STATUSES[code]))
         for topic, size in written_bytes.items():

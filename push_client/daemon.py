@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from audit.publisher import AuditPublisher
+from audit.sinks import start_http_publisher
 from log_store.errors import LogbrokerError
 from push_client.config import PushConfig
 from push_client.discovery import ChangeWatcher, watch_root
@@ -135,6 +137,7 @@ class PushDaemon:
         self._lag_report: LagReporter | None = None
         self.started_at = time.time()
         self._status_document = b"{}"
+        self._audit: AuditPublisher | None = None
 
     # -- public ---------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -221,6 +224,12 @@ class PushDaemon:
             census_all(found, names, deadline)
         self._state.clean = False
         self._shipper.open_pending_sessions(time.monotonic())
+        self._audit = start_http_publisher(
+            "push-client",
+            self._shipper.audit,
+            self._installations.current().spec.servers[0],
+            auth_headers=self._token.headers,
+        )
 
     def _shutdown(self) -> None:
         self._stop.set()
@@ -237,6 +246,8 @@ class PushDaemon:
         if self._progress is not None:
             self._progress.finish()
         self._files.prune_retired()
+        if self._audit is not None:
+            self._audit.stop()
         try:
             self._shipper.give_up_in_flight()
             self._files.sync_state_positions()

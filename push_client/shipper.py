@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from audit.windows import WindowCounts
 from push_client.codec import compress
 from push_client.config import PushConfig
 from push_client.files import Counters, FileSet
@@ -103,6 +104,8 @@ class Shipper:
         self.session_jobs = 0
         self.state_dirty = False
         self._seen_version = installations.version
+        self.audit = WindowCounts()
+        """Lines acknowledged, per topic and window of their create time (tier push-client)."""
 
     @property
     def writes_in_flight(self) -> int:
@@ -501,6 +504,7 @@ class Shipper:
                     unacked.append(chunk)
                     continue
                 tailed.on_acked(chunk.seqno)
+                self.audit.add_chunk(tailed.topic, chunk.create_time_ms, "raw", chunk.data)
                 counters.buffered -= len(chunk.data)
                 counters.acked_bytes += len(chunk.data)
                 counters.acked_chunks += 1

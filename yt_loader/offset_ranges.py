@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
+from audit.records import AUDIT_LOG_TYPE, is_audit_topic
 from yt_loader.errors import BadSourceOptions
 
 DEFAULT_MAX_RANGE_BYTES = 64 * 1024 * 1024
@@ -43,7 +44,14 @@ def topic_patterns(spec: str) -> list[str]:
 def matching_topics(names: list[str], spec: str) -> list[str]:
     """The topics among ``names`` that match any glob of ``spec``, sorted."""
     patterns = topic_patterns(spec)
-    return sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns))
+    return sorted(
+        n
+        for n in names
+        if any(
+            fnmatch.fnmatchcase(n, p) and (not is_audit_topic(n) or AUDIT_LOG_TYPE in p)
+            for p in patterns
+        )
+    )
 
 
 def split_range(

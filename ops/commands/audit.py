@@ -1,8 +1,14 @@
-"""``logbroker audit --data-dir DIR | --store kafka --kafka-bootstrap H:P [--topic T ...]``.
+"""``logbroker audit``: the exactly-once invariants of a store, or the tiers per window.
 
-Checks the exactly-once invariants.
+``logbroker audit --data-dir DIR | --store kafka --kafka-bootstrap H:P [--topic T ...]``
+checks the exactly-once invariants (see ``ops/audit.py``): exit 1 when a problem was found.
 
-Exit code 0 when everything holds, 1 when a problem was found, 2 on bad usage.
+``logbroker audit --windows (--data-dir DIR | --store kafka ... | --server URL) [--db FILE]
+[--topic GLOB] [--since UNIX_S] [--grace SECONDS]`` reconciles the tiers' counts per 10-minute
+window (see ``docs/audit.md``), upserts them into the SQLite database ``--db`` and prints them:
+exit 1 when a closed window is still incomplete ``--grace`` seconds after its end.
+
+Bad usage: a message and exit code 2.
 """
 
 from __future__ import annotations
@@ -10,19 +16,65 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import time
+from pathlib import Path
 
-from log_store import LogbrokerError
+import httpx
+
+from audit.ledger import AuditLedger
+from audit.reconcile import WindowRow, reconcile, row_from_json
+from log_store import LogbrokerError, open_store
 from ops.audit import audit_store
+from ops.audit_windows import DEFAULT_GRACE_S, format_table, overdue, save_rows
 from ops.store_options import add_kafka_arguments, open_store_from_args
+from ops.token_options import add_token_options, token_from
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", help="data dir of the embedded store")
+    parser.add_argument(
+        "--data-dir",
+        action="append",
+        help="data dir of the embedded store (with --windows repeatable: one per DC)",
+    )
     add_kafka_arguments(parser)
-    parser.add_argument("--topic", action="append", help="audit only this topic (repeatable)")
+    parser.add_argument(
+        "--topic",
+        action="append",
+        help="audit only this topic (repeatable); with --windows one glob",
+    )
+    parser.add_argument(
+        "--windows", action="store_true", help="reconcile the tiers' counts per window"
+    )
+    parser.add_argument("--server", help="with --windows: ask this gateway instead of a store")
+    parser.add_argument(
+        "--db", type=Path, default=Path("logbroker-audit.db"), help="with --windows: results"
+    )
+    parser.add_argument(
+        "--since", type=int, default=0, metavar="UNIX_S", help="with --windows: from this time"
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        metavar="SECONDS",
+        help="with --windows: how long after its end a window may be incomplete",
+    )
+    add_token_options(parser)
+
+
+def _usage(message: str) -> int:
+    print(f"logbroker audit: {message}", file=sys.stderr)
+    return 2
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.windows:
+        return _run_windows(args)
+    if args.server:
+        return _usage("--server is for --windows; the invariant audit reads a store")
+    if args.data_dir and len(args.data_dir) > 1:
+        return _usage("the invariant audit reads one --data-dir")
+    args.data_dir = args.data_dir[0] if args.data_dir else None
     try:
         with contextlib.closing(open_store_from_args(args)) as store:
             report = audit_store(store, args.topic)
@@ -34,11 +86,75 @@ def run(args: argparse.Namespace) -> int:
         f"{'handovers':>9}"
     )
     for p in report.partitions:
+        mirrored = "  (mirrored copy)" if p.mirrored else ""
         print(
             f"{p.topic:<32} {p.partition:>4} {p.start_offset:>10} {p.end_offset:>10} "
-            f"{p.records:>10} {p.sources:>8} {p.handovers:>9}"
+            f"{p.records:>10} {p.sources:>8} {p.handovers:>9}{mirrored}"
         )
     for text in report.problems:
         print(f"PROBLEM: {text}")
     print("audit: OK" if report.ok else f"audit: {len(report.problems)} problem(s)")
     return 0 if report.ok else 1
+
+
+def _run_windows(args: argparse.Namespace) -> int:
+    if args.topic and len(args.topic) > 1:
+        return _usage("--windows takes one --topic glob")
+    if args.since < 0 or args.grace < 0:
+        return _usage("--since and --grace must not be negative")
+    if args.server and (args.data_dir or args.store == "kafka"):
+        return _usage("give --server or a store (--data-dir, --store kafka), not both")
+    if not args.server and not args.data_dir and args.store != "kafka":
+        return _usage("--windows needs --server URL, --data-dir DIR or --store kafka")
+    if args.db.is_dir():
+        return _usage(f"--db {args.db} is a directory")
+    glob = args.topic[0] if args.topic else "*"
+    try:
+        rows = _rows_from_server(args, glob) if args.server else _rows_from_store(args, glob)
+    except LogbrokerError as exc:
+        return _usage(str(exc))
+    except httpx.HTTPError as exc:
+        print(f"logbroker audit: {args.server}: {exc}", file=sys.stderr)
+        return 1
+    now = time.time()
+    save_rows(args.db, rows, now)
+    print(format_table(rows))
+    late = overdue(rows, args.grace, now)
+    for row in late:
+        missing = ", ".join(
+            f"{t.tier} lost {t.lost_lines} dup {t.duplicated_lines}"
+            for t in row.tiers
+            if t.lines != row.source_lines
+        )
+        print(f"INCOMPLETE: {row.topic} window {row.window_start}: {missing}")
+    complete = sum(r.complete for r in rows)
+    print(f"audit: {complete} of {len(rows)} window(s) complete; results in {args.db}")
+    return 1 if late else 0
+
+
+def _rows_from_store(args: argparse.Namespace, glob: str) -> list[WindowRow]:
+    """Every store's audit topics in one ledger: a record read in two DCs (the source's, and
+    its mirrored copy) is the same key, so it counts once."""
+    ledger = AuditLedger()
+    if args.store == "kafka":
+        with contextlib.closing(open_store_from_args(args)) as store:
+            ledger.refresh(store)
+    for data_dir in args.data_dir or []:
+        # read-only: a running gateway's store is read, never recovered or changed
+        with contextlib.closing(open_store(data_dir, read_only=True)) as sqlite_store:
+            ledger.refresh(sqlite_store)
+    return reconcile(ledger, topic_glob=glob, since=args.since)
+
+
+def _rows_from_server(args: argparse.Namespace, glob: str) -> list[WindowRow]:
+    token = token_from(args)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.get(
+        args.server.rstrip("/") + "/v1/audit/windows",
+        params={"topic": glob, "since": args.since},
+        headers=headers,
+        timeout=60,
+    )
+    if response.status_code >= 400:
+        raise LogbrokerError(f"{args.server} answered {response.status_code}: {response.text}")
+    return [row_from_json(doc) for doc in response.json()["windows"]]

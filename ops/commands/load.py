@@ -80,6 +80,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="log data per committed batch (default 512)",
     )
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--audit-server",
+        help="with --data-dir: the gateway to publish the table's audit counts to",
+    )
+    audit = parser.add_mutually_exclusive_group()
+    audit.add_argument(
+        "--no-audit", action="store_true", help="do not publish the table's audit counts"
+    )
+    audit.add_argument(
+        "--audit-only",
+        action="store_true",
+        help="load nothing: recount the table and publish its audit counts (docs/audit.md)",
+    )
 
 
 def _kafka_properties(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
@@ -157,13 +170,19 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
 
     stop_signals.on_stop(_on_stop)
+    if args.audit_only and args.table_format == "parquet":
+        return _publish_audit(args, None)
     try:
         spark = build_session(args.master, with_delta=args.table_format == "delta")
     except BadRequest as exc:
         print(f"logbroker load: {exc}", file=sys.stderr)
         return 2
     try:
+        if args.audit_only:
+            return _publish_audit(args, spark)
         report = run_load(spark, config, _progress, stop)
+        if not args.no_audit:
+            _publish_audit(args, spark)
     except DataLost as exc:
         print(f"logbroker load: DATA LOST: {exc}", file=sys.stderr)
         return EXIT_DATA_LOST
@@ -200,3 +219,26 @@ def run(args: argparse.Namespace) -> int:
         )
     # The gaps were named on stderr as soon as the plan found them.
     return EXIT_DATA_LOST if report.gaps else 0
+
+
+def _publish_audit(args: argparse.Namespace, spark: object) -> int:
+    """Recount the table and publish it as the audit's loader tier (see ops/audit_loader.py)."""
+    from ops.audit_loader import publish_table_counts
+    from yt_loader.table_counts import delta_table_counts, parquet_table_counts
+
+    warehouse = Path(args.warehouse)
+    server = args.server or args.audit_server
+    if server is None:
+        _progress("audit: counts not published (with --data-dir, give --audit-server URL)")
+        return 0
+    if args.table_format == "parquet":
+        counts = parquet_table_counts(warehouse)
+    else:
+        counts = delta_table_counts(spark, warehouse)
+    try:
+        written = publish_table_counts(counts, warehouse, server=server, token=token_from(args))
+    except LogbrokerError as exc:
+        print(f"logbroker load: publishing the audit counts failed: {exc}", file=sys.stderr)
+        return 1
+    _progress(f"audit: {len(counts)} window(s) counted, {written} total(s) published")
+    return 0

@@ -163,6 +163,10 @@ def examples(a: TenantA) -> dict[tuple[str, str], Call]:
             {"json": {"compatibility": "backward"}},
         ),
         ("GET", "/v1/topics/{topic}/schemas"): ("/v1/topics/dc1.app/schemas", {}),
+        ("GET", "/v1/audit/windows"): (
+            "/v1/audit/windows",
+            {"params": {"topic": "dc1.*", "since": 0}},
+        ),
         ("GET", "/metrics"): ("/metrics", {}),
         ("GET", "/healthz"): ("/healthz", {}),
         ("GET", "/openapi.json"): ("/openapi.json", {}),

@@ -1,0 +1,142 @@
+"""The flusher: a tier instance's counts published to the audit topic every few seconds.
+
+Only keys whose totals changed since the last publication are written.  Every write is a chunk
+of the instance's own source (:func:`audit.records.audit_source_id`) with a seqno above every
+earlier one (microseconds of the clock, or one above the log's last seqno), through the same
+exactly-once write path as log data: a resent chunk is a duplicate, and since every record is a
+cumulative total a replay could not double count anyway.  A failed write is retried at the
+next flush; nothing on the tier's data path waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from audit.records import CountRecord, audit_source_id, encode_records
+from audit.windows import Key, WindowCounts
+
+_log = logging.getLogger("logbroker.audit")
+
+DEFAULT_INTERVAL_S = 10.0
+RECORDS_PER_CHUNK = 400
+
+
+class AuditSink(Protocol):
+    def write(self, source_id: str, seqno: int, data: bytes) -> tuple[bool, int]:
+        """Write one chunk; returns (written, the source's last seqno in the log).
+
+        ``written`` False: the log holds a higher seqno already (a clock that went back);
+        the publisher writes again above it.  Raises on failure.
+        """
+        ...
+
+
+class AuditPublisher:
+    """Publishes ``counts`` as tier ``tier``, instance ``instance``."""
+
+    def __init__(
+        self,
+        tier: str,
+        instance: str,
+        counts: WindowCounts,
+        sink: AuditSink,
+        *,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        before_publish: Callable[[], None] | None = None,
+        more_tiers: Callable[[], dict[str, WindowCounts]] | None = None,
+    ) -> None:
+        self.tier = tier
+        self.instance = instance
+        self.counts = counts
+        self.sink = sink
+        self.interval_s = interval_s
+        self._before_publish = before_publish
+        self._more_tiers = more_tiers
+        """Other tiers counted in the same process, published in the same source."""
+        self._source_id = audit_source_id(tier, instance)
+        self._published: dict[tuple[str, Key], tuple[int, int]] = {}
+        self._last_seqno = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.disabled = ""
+        """Why publishing stopped for good (the token may not write the audit log type)."""
+
+    def _next_seqno(self) -> int:
+        self._last_seqno = max(self._last_seqno + 1, time.time_ns() // 1000)
+        return self._last_seqno
+
+    def publish(self) -> int:
+        """Write every changed total now; returns how many records were written."""
+        with self._lock:
+            if self._before_publish is not None:
+                self._before_publish()
+            tiers = {self.tier: self.counts, **(self._more_tiers() if self._more_tiers else {})}
+            snapshot = {
+                (tier, key): value
+                for tier, counts in tiers.items()
+                for key, value in counts.snapshot().items()
+            }
+            changed = [(k, v) for k, v in sorted(snapshot.items()) if self._published.get(k) != v]
+            now_ms = int(time.time() * 1000)
+            for i in range(0, len(changed), RECORDS_PER_CHUNK):
+                part = changed[i : i + RECORDS_PER_CHUNK]
+                data = encode_records(
+                    CountRecord(tier, self.instance, topic, window, m, lines, now_ms)
+                    for (tier, (topic, window)), (m, lines) in part
+                )
+                written, last = self.sink.write(self._source_id, self._next_seqno(), data)
+                if not written:
+                    self._last_seqno = max(self._last_seqno, last)
+                    written, last = self.sink.write(self._source_id, self._next_seqno(), data)
+                    if not written:
+                        raise RuntimeError(f"audit records of {self._source_id} not written")
+                self._published.update(part)
+            return len(changed)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._publish_logged()
+
+    def _publish_logged(self) -> None:
+        if self.disabled:
+            return
+        try:
+            self.publish()
+        except PermissionError as exc:
+            self.disabled = str(exc)
+            _log.warning("audit: the %s counts are not published: %s", self.tier, exc)
+        except Exception as exc:
+            _log.warning(
+                "audit: publishing the %s counts failed (retried later): %s", self.tier, exc
+            )
+
+    def start(self) -> AuditPublisher:
+        self._thread = threading.Thread(target=self._loop, name=f"audit-{self.tier}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the flusher and publish what is left."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._publish_logged()
+
+
+INTERVAL_ENV = "LOGBROKER_AUDIT_INTERVAL_S"
+
+
+def interval_from_env() -> float:
+    """The flush interval: ``$LOGBROKER_AUDIT_INTERVAL_S`` (seconds), else the default."""
+    raw = os.environ.get(INTERVAL_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_INTERVAL_S
+    except ValueError:
+        return DEFAULT_INTERVAL_S
+    return value if value > 0 else DEFAULT_INTERVAL_S

@@ -1,0 +1,88 @@
+"""Counting messages and lines per (topic, window of the lines' create time), in memory.
+
+A tier's hook calls :meth:`WindowCounts.add_chunk` once per chunk it handled; the cost on the
+write path is one dictionary update and, for uncompressed chunks, one ``bytes.count``.  A
+compressed chunk's lines are counted later, off the request path, when the publisher takes a
+snapshot (up to :data:`MAX_DEFERRED_BYTES` of such chunks wait; past that they are counted at
+once).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from session_dedup.chunk_codecs import CorruptChunk, decompress
+
+WINDOW_S = 600
+"""The audit's window: 10 minutes of create time."""
+MAX_DEFERRED_BYTES = 64 << 20
+
+Key = tuple[str, int]
+"""(topic, window start in unix seconds)."""
+
+
+def window_start(create_time_ms: int) -> int:
+    """The start (unix seconds) of the window a create time (ms) falls in."""
+    return (create_time_ms // 1000) // WINDOW_S * WINDOW_S
+
+
+def count_lines(codec: str, data: bytes | memoryview) -> int:
+    """Lines in a chunk's data (every chunk is whole lines once decompressed)."""
+    if codec == "raw":
+        return bytes(data).count(b"\n") if isinstance(data, memoryview) else data.count(b"\n")
+    try:
+        return decompress(codec, bytes(data)).count(b"\n")
+    except CorruptChunk:
+        return 0
+
+
+class WindowCounts:
+    """Messages and lines per (topic, window), cumulative since this object was made.
+
+    Thread-safe: hooks add from request threads, the publisher snapshots from its own.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[Key, list[int]] = {}
+        self._deferred: list[tuple[Key, str, bytes | memoryview]] = []
+        self._deferred_bytes = 0
+
+    def add(self, topic: str, create_time_ms: int, messages: int, lines: int) -> None:
+        key = (topic, window_start(create_time_ms))
+        with self._lock:
+            counts = self._counts.get(key)
+            if counts is None:
+                self._counts[key] = [messages, lines]
+            else:
+                counts[0] += messages
+                counts[1] += lines
+
+    def add_chunk(
+        self, topic: str, create_time_ms: int, codec: str, data: bytes | memoryview
+    ) -> None:
+        """One message of ``topic``; its lines counted now (raw) or at the next snapshot."""
+        if codec == "raw" or self._deferred_bytes + len(data) > MAX_DEFERRED_BYTES:
+            self.add(topic, create_time_ms, 1, count_lines(codec, data))
+            return
+        key = (topic, window_start(create_time_ms))
+        with self._lock:
+            self._deferred.append((key, codec, data))
+            self._deferred_bytes += len(data)
+
+    def set(self, topic: str, window: int, messages: int, lines: int) -> None:
+        """Replace a key's totals (tiers whose counts come from a durable place)."""
+        with self._lock:
+            self._counts[(topic, window)] = [messages, lines]
+
+    def snapshot(self) -> dict[Key, tuple[int, int]]:
+        """Every key's (messages, lines) so far; counts deferred chunks first."""
+        with self._lock:
+            deferred, self._deferred, self._deferred_bytes = self._deferred, [], 0
+        counted = [(key, count_lines(codec, data)) for key, codec, data in deferred]
+        with self._lock:
+            for key, lines in counted:
+                counts = self._counts.setdefault(key, [0, 0])
+                counts[0] += 1
+                counts[1] += lines
+            return {key: (c[0], c[1]) for key, c in self._counts.items()}

@@ -1,0 +1,76 @@
+"""What the audit's hook costs the gateway's write path, next to work the path does anyway.
+
+For a section of chunks (raw, lines of 100 bytes), it times ``count_written`` (the hook run
+after the fsync) and, as the peer measured in the same run, encoding the same chunks' envelopes
+(``EnvelopeWriter.encoder``, which every written chunk goes through).  Prints medians of
+several runs and the ratio; never fails on speed.
+
+    python -m benchmarks.audit_bench [--chunks 1000] [--chunk-bytes 4096] [--runs 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+from audit.windows import WindowCounts
+from ingest_api.audit_api import count_written
+from session_dedup.envelope import EnvelopeWriter
+from session_dedup.exactly_once import WRITTEN, ChunkBatch
+
+
+def _median_s(fn: Callable[[], None], runs: int, repeat: int) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        times.append((time.perf_counter() - started) / repeat)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--chunks", type=int, default=1000)
+    parser.add_argument("--chunk-bytes", type=int, default=4096)
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+    line = b"x" * 99 + b"\n"
+    data = line * max(1, args.chunk_bytes // len(line))
+    now_ms = int(time.time() * 1000)
+    body = memoryview(data * args.chunks)
+    datas: list[bytes | memoryview] = [
+        body[i * len(data) : (i + 1) * len(data)] for i in range(args.chunks)
+    ]
+    batch = ChunkBatch(list(range(1, args.chunks + 1)), [now_ms] * args.chunks, datas)
+    written = bytearray([WRITTEN]) * args.chunks
+    counts = WindowCounts()
+    writer = EnvelopeWriter(source_id="bench", server="h", file="/f", log_type="app")
+
+    def hook() -> None:
+        count_written(counts, "dc1.app", "raw", batch, written)
+
+    def envelopes() -> None:
+        encode = writer.encoder(now_ms)
+        for seqno, create_time, chunk in zip(batch.seqnos, batch.create_times, datas, strict=True):
+            encode(seqno, create_time, chunk)
+
+    repeat = max(1, 200_000 // args.chunks)
+    hook_s = _median_s(hook, args.runs, repeat)
+    peer_s = _median_s(envelopes, args.runs, repeat)
+    per_chunk = 1e9 / args.chunks
+    print(f"{'what':<34} {'per section':>12} {'per chunk':>10}")
+    print(
+        f"{'audit hook (count_written)':<34} {hook_s * 1e6:>9.1f} us {hook_s * per_chunk:>7.0f} ns"
+    )
+    print(f"{'envelope encoding (peer)':<34} {peer_s * 1e6:>9.1f} us {peer_s * per_chunk:>7.0f} ns")
+    print(
+        f"hook / envelope encoding: {hook_s / peer_s:.2f}  ({args.chunks} chunks of "
+        f"{len(data)} bytes, medians of {args.runs} runs)"
+    )
+
+
+if __name__ == "__main__":
+    main()

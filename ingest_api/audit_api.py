@@ -1,0 +1,135 @@
+"""The gateway's part of the end-to-end audit: its own counts, and the reconciled windows.
+
+The gateway counts what it wrote (tier ``gateway``) per topic and window of the chunks' create
+time, and publishes its totals to ``<dc>.logbroker-audit`` every few seconds and when it stops
+(see :mod:`audit.publisher`).  ``GET /v1/audit/windows?topic=<glob>&since=<unix s>`` answers the
+reconciled windows (see :mod:`audit.reconcile`) of the topics the token may read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import Response
+
+from audit.ledger import AuditLedger
+from audit.publisher import AuditPublisher, interval_from_env
+from audit.reconcile import reconcile
+from audit.records import is_audit_topic
+from audit.sinks import StoreAuditSink, incarnation_id
+from audit.windows import WindowCounts
+from ingest_api.access import RouteDeclaration, access_of, read, route
+from ingest_api.context import GatewayContext
+from ingest_api.delivery_parts import delivery_parts
+from ingest_api.errors import ApiError
+from ingest_api.openapi import operation, query_param
+from ingest_api.params import int_param, json_response
+from session_dedup.exactly_once import WRITTEN, ChunkBatch, ExactlyOnceWriter
+
+_COUNTS = "audit.gateway_counts"
+_PUBLISHER = "audit.gateway_publisher"
+MAX_GLOB_CHARS = 200
+
+
+def gateway_counts(ctx: GatewayContext) -> WindowCounts:
+    """The gateway tier's counts in this worker (made on first use)."""
+    counts = ctx.extensions.get(_COUNTS)
+    if counts is None:
+        counts = ctx.extensions[_COUNTS] = WindowCounts()
+    assert isinstance(counts, WindowCounts)
+    return counts
+
+
+def count_written(
+    counts: WindowCounts, topic: str, codec: str, batch: ChunkBatch, written: bytearray
+) -> None:
+    """The write path's hook: count the chunks of one section that were written.
+
+    Clients stamp a whole batch with one create time, so a section is usually one addition.
+    """
+    if is_audit_topic(topic):
+        return
+    every = written.count(WRITTEN) == len(written)
+    if codec != "raw":
+        for i, create_time in enumerate(batch.create_times):
+            if every or written[i] == WRITTEN:
+                counts.add_chunk(topic, create_time, codec, batch.datas[i])
+        return
+    per_time: dict[int, list[int]] = {}
+    for i, create_time in enumerate(batch.create_times):
+        if every or written[i] == WRITTEN:
+            data = batch.datas[i]
+            lines = (bytes(data) if isinstance(data, memoryview) else data).count(b"\n")
+            tally = per_time.get(create_time)
+            if tally is None:
+                per_time[create_time] = [1, lines]
+            else:
+                tally[0] += 1
+                tally[1] += lines
+    for create_time, (messages, lines) in per_time.items():
+        counts.add(topic, create_time, messages, lines)
+
+
+class AuditApi:
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+        self.ledger = AuditLedger()
+
+    async def windows(self, request: Request) -> Response:
+        params = request.query_params
+        glob = params.get("topic", "*")
+        if not glob or len(glob) > MAX_GLOB_CHARS:
+            raise ApiError(400, "bad_request", f"topic must be a glob of 1..{MAX_GLOB_CHARS} chars")
+        since = int_param(params, "since", 0, 0, 2**40)
+        access = access_of(request)
+        rows = await anyio.to_thread.run_sync(self._reconcile, glob, since)
+        return json_response(
+            {"windows": [row.as_json() for row in rows if access.may_read(row.topic)]}
+        )
+
+    def _reconcile(self, glob: str, since: int) -> list[Any]:
+        self.ledger.refresh(self.ctx.store)
+        return reconcile(self.ledger, topic_glob=glob, since=since)
+
+
+def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
+    api = AuditApi(ctx)
+    gateway_counts(ctx)
+    return [route("GET", "/v1/audit/windows", api.windows, read(lists=True))]
+
+
+async def on_startup(ctx: GatewayContext) -> None:
+    settings = ctx.settings
+    writer = ExactlyOnceWriter(ctx.store, dc=settings.dc, partitions=settings.partitions)
+    instance = incarnation_id()
+    push = delivery_parts(ctx).push
+    ctx.extensions[_PUBLISHER] = AuditPublisher(
+        "gateway",
+        instance,
+        gateway_counts(ctx),
+        StoreAuditSink(writer),
+        interval_s=interval_from_env(),
+        more_tiers=lambda: {f"push:{name}": c for name, c in list(push.audit.items())},
+    ).start()
+
+
+async def on_shutdown(ctx: GatewayContext) -> None:
+    publisher = ctx.extensions.pop(_PUBLISHER, None)
+    if isinstance(publisher, AuditPublisher):
+        await anyio.to_thread.run_sync(publisher.stop)
+
+
+def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
+    return {
+        "/v1/audit/windows": {
+            "get": operation(
+                "audit_windows",
+                "The end-to-end audit per 10-minute window: each tier's messages and lines, "
+                "and whether every tier holds the source's count",
+                params=[query_param("topic", "string"), query_param("since")],
+                errors=("400",),
+            )
+        }
+    }

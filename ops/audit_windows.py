@@ -1,0 +1,130 @@
+"""``logbroker audit --windows``: the tiers reconciled per window, kept in an SQLite database.
+
+The database is built with sqlite-utils, so users query it with the ``sqlite-utils`` CLI (or
+Datasette): table ``windows`` has one row per (topic, window_start) and table ``tiers`` one
+row per (topic, window_start, tier); both are upserted on every run, so the database always
+holds each window's latest reconciliation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from audit.reconcile import TierRow, WindowRow
+from audit.windows import WINDOW_S
+
+DEFAULT_GRACE_S = 600
+"""How long after its end a window may still be incomplete before the audit fails."""
+
+
+def save_rows(db_path: Path, rows: Sequence[WindowRow], now: float | None = None) -> None:
+    """Upsert the reconciled windows and their tiers into the database at ``db_path``."""
+    now = time.time() if now is None else now
+    db = sqlite_utils.Database(db_path)
+    windows = db.table("windows")
+    windows.create(_WINDOW_COLUMNS, pk=("topic", "window_start"), if_not_exists=True)
+    db.table("tiers").create(
+        _TIER_COLUMNS, pk=("topic", "window_start", "tier"), if_not_exists=True
+    )
+    windows.upsert_all(
+        [
+            {
+                "topic": r.topic,
+                "window_start": r.window_start,
+                "window_end": r.window_start + WINDOW_S,
+                "source_tier": r.source_tier,
+                "source_messages": r.source_messages,
+                "source_lines": r.source_lines,
+                "closed": int(r.closed),
+                "complete": int(r.complete),
+                "reconciled_at": int(now),
+            }
+            for r in rows
+        ],
+        pk=("topic", "window_start"),
+        alter=True,
+    )
+    tiers = db.table("tiers")
+    tiers.upsert_all(
+        [_tier_row(r, t, now) for r in rows for t in r.tiers],
+        pk=("topic", "window_start", "tier"),
+        alter=True,
+    )
+    windows.create_index(["window_start"], if_not_exists=True)
+    windows.create_index(["complete", "closed"], if_not_exists=True)
+    tiers.create_index(["tier", "window_start"], if_not_exists=True)
+
+
+_WINDOW_COLUMNS: dict[str, Any] = {
+    "topic": str,
+    "window_start": int,
+    "window_end": int,
+    "source_tier": str,
+    "source_messages": int,
+    "source_lines": int,
+    "closed": int,
+    "complete": int,
+    "reconciled_at": int,
+}
+_TIER_COLUMNS: dict[str, Any] = {
+    "topic": str,
+    "window_start": int,
+    "tier": str,
+    "messages": int,
+    "lines": int,
+    "completeness": float,
+    "lost_lines": int,
+    "duplicated_lines": int,
+    "reached_999_s": float,
+    "reached_100_s": float,
+    "reconciled_at": int,
+}
+
+
+def _tier_row(window: WindowRow, tier: TierRow, now: float) -> dict[str, Any]:
+    return {
+        "topic": window.topic,
+        "window_start": window.window_start,
+        "tier": tier.tier,
+        "messages": tier.messages,
+        "lines": tier.lines,
+        "completeness": tier.completeness,
+        "lost_lines": tier.lost_lines,
+        "duplicated_lines": tier.duplicated_lines,
+        "reached_999_s": tier.reached_999_s,
+        "reached_100_s": tier.reached_100_s,
+        "reconciled_at": int(now),
+    }
+
+
+def overdue(rows: Sequence[WindowRow], grace_s: float, now: float | None = None) -> list[WindowRow]:
+    """Closed windows still incomplete ``grace_s`` after their end."""
+    now = time.time() if now is None else now
+    return [r for r in rows if not r.complete and r.window_start + WINDOW_S + grace_s <= now]
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def format_table(rows: Sequence[WindowRow]) -> str:
+    """One line per (window, tier), as ``logbroker audit --windows`` prints it."""
+    head = (
+        f"{'topic':<28} {'window (UTC)':<16} {'tier':<18} {'messages':>9} {'lines':>10} "
+        f"{'complete':>8} {'lost':>8} {'dup':>8} {'99.9%s':>7} {'100%s':>7}"
+    )
+    out = [head]
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.window_start))
+        for t in r.tiers:
+            out.append(
+                f"{r.topic:<28} {when:<16} {t.tier:<18} {t.messages:>9} {t.lines:>10} "
+                f"{t.completeness:>8.2%} {t.lost_lines:>8} {t.duplicated_lines:>8} "
+                f"{_seconds(t.reached_999_s):>7} {_seconds(t.reached_100_s):>7}"
+            )
+    return "\n".join(out)

@@ -1,0 +1,101 @@
+"""``logbroker audit --windows`` on audit records written into a real store: the reconciled
+rows, the sqlite-utils database, exit 1 for a closed window incomplete past its grace, and
+exit 2 with a message for bad usage."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+from pathlib import Path
+
+from audit.publisher import AuditPublisher
+from audit.sinks import StoreAuditSink
+from audit.windows import WINDOW_S, WindowCounts
+from log_store import open_store
+from session_dedup.exactly_once import ExactlyOnceWriter
+from tests.conftest import REPO, logbroker_cmd
+
+OLD_WINDOW = 1_700_000_400  # long closed
+TOPIC = "dc1.web"
+
+
+def publish(data_dir: Path, tier: str, instance: str, lines: int, dc: str = "dc1") -> None:
+    """A tier instance's counts of TOPIC in OLD_WINDOW, published through the write path."""
+    counts = WindowCounts()
+    counts.add(TOPIC, OLD_WINDOW * 1000 + 5, lines // 10, lines)
+    with open_store(data_dir) as store:
+        writer = ExactlyOnceWriter(store, dc=dc, partitions=2)
+        AuditPublisher(tier, instance, counts, StoreAuditSink(writer)).publish()
+
+
+def audit(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        logbroker_cmd("audit", "--windows", *args),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+
+
+def test_a_closed_window_a_tier_lacks_lines_of_fails_the_audit(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    db = tmp_path / "audit.db"
+    publish(data, "push-client", "host-a", 1000)
+    publish(data, "gateway", "gw-1", 600)
+    publish(data, "gateway", "gw-2", 390)  # two gateway processes: their totals add up
+    done = audit("--data-dir", str(data), "--db", str(db))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"INCOMPLETE: {TOPIC} window {OLD_WINDOW}: gateway lost 10" in done.stdout
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT tier, lines, lost_lines, completeness FROM tiers ORDER BY tier"
+        ).fetchall()
+        window = conn.execute("SELECT complete, closed, source_lines FROM windows").fetchone()
+    assert rows == [("gateway", 990, 10, 0.99), ("push-client", 1000, 0, 1.0)]
+    assert window == (0, 1, 1000)
+
+
+def test_a_later_total_replaces_an_earlier_one_and_completes_the_window(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    db = tmp_path / "audit.db"
+    publish(data, "push-client", "host-a", 1000)
+    publish(data, "gateway", "gw-1", 400)
+    publish(data, "gateway", "gw-1", 1000)  # the same instance's later cumulative total
+    done = audit("--data-dir", str(data), "--db", str(db), "--topic", "dc1.*")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 of 1 window(s) complete" in done.stdout
+    again = audit("--data-dir", str(data), "--db", str(db))  # upserted, not added
+    assert again.returncode == 0
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM tiers").fetchone()[0] == 2
+        assert conn.execute("SELECT complete FROM windows").fetchone()[0] == 1
+
+
+def test_a_window_within_its_grace_does_not_fail(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    publish(data, "push-client", "host-a", 100)
+    publish(data, "gateway", "gw-1", 50)
+    grace = str(10**10)
+    done = audit("--data-dir", str(data), "--db", str(tmp_path / "a.db"), "--grace", grace)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 of 1 window(s) complete" in done.stdout
+
+
+def test_bad_usage_exits_2_with_a_message(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    publish(data, "push-client", "host-a", 100)
+    cases = [
+        ([], "--windows needs --server URL, --data-dir DIR or --store kafka"),
+        (["--data-dir", str(data), "--since", "-5"], "must not be negative"),
+        (["--data-dir", str(data), "--server", "http://127.0.0.1:9"], "not both"),
+        (["--data-dir", str(data), "--db", str(tmp_path)], "is a directory"),
+        (["--data-dir", str(tmp_path / "typo")], "no data directory"),
+        (["--data-dir", str(data), "--topic", "a", "--topic", "b"], "one --topic glob"),
+    ]
+    for args, message in cases:
+        done = audit(*args)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert message in done.stderr
+        assert "Traceback" not in done.stderr
+    assert WINDOW_S == 600
