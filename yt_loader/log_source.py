@@ -257,7 +257,7 @@ class SourceSpec:
         if self.kafka_bootstrap is None and (self.kafka_namespace or self.kafka_properties):
             raise BadSourceOptions("kafka_namespace and kafka properties need kafka_bootstrap")
         if self.kafka_bootstrap is not None:
-            self._kafka_settings()  # a bad namespace or a reserved property fails here
+            self.kafka_settings()  # a bad namespace or a reserved property fails here
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SourceSpec:
@@ -278,7 +278,8 @@ class SourceSpec:
             kafka_properties=properties,
         )
 
-    def _kafka_settings(self) -> KafkaSettings:
+    def kafka_settings(self) -> KafkaSettings:
+        """The Kafka backend's settings of a ``kafka_bootstrap`` source."""
         from log_store.errors import BadRequest
         from log_store.kafka import KafkaSettings
 
@@ -298,7 +299,7 @@ class SourceSpec:
 
             # Only reads: read_committed consumers and changelog replays, never a
             # transactional producer, so no gateway's writer is ever fenced by a load.
-            return StoreLogSource(open_kafka_store(self._kafka_settings()))
+            return StoreLogSource(open_kafka_store(self.kafka_settings()))
         if self.data_dir is not None:
             # Opening a store creates it; a mistyped path must not read as an empty log.
             if not (Path(self.data_dir) / STORE_CATALOG).is_file():

@@ -39,7 +39,7 @@ import httpx
 import orjson
 import pyarrow as pa
 
-from log_store import open_store
+from log_store import LogStore, open_store
 from log_store.errors import BadRequest
 from schema_registry import (
     AvroSchema,
@@ -133,8 +133,15 @@ def schemas_for(spec: SourceSpec, topics: Sequence[str]) -> dict[str, TopicSchem
     """The structured topics among ``topics``, from the log ``spec`` names."""
     if spec.server is not None:
         return schemas_from_gateway(spec.server, spec.token, topics)
-    assert spec.data_dir is not None
-    store = open_store(spec.data_dir, read_only=True)
+    store: LogStore
+    if spec.kafka_bootstrap is not None:
+        from log_store.kafka import open_kafka_store
+
+        # reads replay the registry's changelog: never its writer, so no gateway is fenced
+        store = open_kafka_store(spec.kafka_settings())
+    else:
+        assert spec.data_dir is not None
+        store = open_store(spec.data_dir, read_only=True)
     try:
         return schemas_from_registry(SchemaRegistry(store), topics)
     finally:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -110,8 +111,8 @@ def wait_for(driver: webdriver.Chrome, what: str, check: Callable[[], Any]) -> A
     def poll(_driver: object) -> Any:
         try:
             return check()
-        except (ValueError, IndexError):
-            return None  # a cell between two refreshes, or not drawn yet
+        except (ValueError, IndexError, StaleElementReferenceException):
+            return None  # a cell between two refreshes (or replaced by one), or not drawn yet
 
     return WebDriverWait(driver, WAIT_S, poll_frequency=0.25).until(poll, f"the page never {what}")
 
@@ -177,7 +178,7 @@ def test_dashboard_shows_topics_rates_and_a_lag_that_falls_back_to_zero(
         browser,
         "showed the audit section",
         lambda: browser.find_element(By.ID, "audit-note").text,
-    )
+    )  # the element may be replaced while read: wait_for asks again
     assert "audit not configured" in audit or "windows in the last" in audit
 
     catch_up(gateway, token_file)
@@ -187,7 +188,10 @@ def test_dashboard_shows_topics_rates_and_a_lag_that_falls_back_to_zero(
         browser, "drew the write rate", lambda: browser.find_elements(By.CSS_SELECTOR, write_line)
     )
     assert drawn
-    assert "used of" in browser.find_element(By.ID, "disk-use").text
+    disk = wait_for(
+        browser, "showed the disk use", lambda: browser.find_element(By.ID, "disk-use").text
+    )
+    assert "used of" in disk
 
     shot = tmp_path / "dashboard.png"
     height = int(browser.execute_script("return Math.ceil(document.body.scrollHeight)"))
