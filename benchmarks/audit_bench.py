@@ -5,7 +5,7 @@ after the fsync) and, as the peer measured in the same run, encoding the same ch
 (``EnvelopeWriter.encoder``, which every written chunk goes through).  Prints medians of
 several runs and the ratio; never fails on speed.
 
-    python -m benchmarks.audit_bench [--chunks 1000] [--chunk-bytes 4096] [--runs 7]
+    python benchmarks/audit_bench.py [--chunks 1000] [--chunk-bytes 4096] [--runs 7] [--json F]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from audit.windows import WindowCounts
 from ingest_api.audit_api import count_written
@@ -21,14 +22,11 @@ from session_dedup.envelope import EnvelopeWriter
 from session_dedup.exactly_once import WRITTEN, ChunkBatch
 
 
-def _median_s(fn: Callable[[], None], runs: int, repeat: int) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        times.append((time.perf_counter() - started) / repeat)
-    return statistics.median(times)
+def _run_s(fn: Callable[[], None], repeat: int) -> float:
+    started = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - started) / repeat
 
 
 def main() -> None:
@@ -36,6 +34,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=1000)
     parser.add_argument("--chunk-bytes", type=int, default=4096)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     line = b"x" * 99 + b"\n"
     data = line * max(1, args.chunk_bytes // len(line))
@@ -58,8 +57,11 @@ def main() -> None:
             encode(seqno, create_time, chunk)
 
     repeat = max(1, 200_000 // args.chunks)
-    hook_s = _median_s(hook, args.runs, repeat)
-    peer_s = _median_s(envelopes, args.runs, repeat)
+    hook_runs, peer_runs = [], []
+    for _ in range(args.runs):  # interleaved: a slow moment of the machine hits both
+        hook_runs.append(_run_s(hook, repeat))
+        peer_runs.append(_run_s(envelopes, repeat))
+    hook_s, peer_s = statistics.median(hook_runs), statistics.median(peer_runs)
     per_chunk = 1e9 / args.chunks
     print(f"{'what':<34} {'per section':>12} {'per chunk':>10}")
     print(
@@ -70,6 +72,13 @@ def main() -> None:
         f"hook / envelope encoding: {hook_s / peer_s:.2f}  ({args.chunks} chunks of "
         f"{len(data)} bytes, medians of {args.runs} runs)"
     )
+    if args.json is not None:
+        from benchmark_results import Figure, write
+
+        what = f"audit hook per chunk of {len(data)} B"
+        figure = Figure.of_runs(what, [t * per_chunk for t in hook_runs], "ns")
+        ratios = [h / p for h, p in zip(hook_runs, peer_runs, strict=True)]
+        write(args.json, "audit", args, [figure.compared("envelope encoding", ratios)])
 
 
 if __name__ == "__main__":

@@ -75,6 +75,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         takes_runs=False,
     ),
     Benchmark(
+        "audit",
+        "what the end-to-end audit's hook costs the gateway per written chunk",
+        "encoding the same chunks' envelopes (every written chunk's work anyway)",
+        ("--chunks", "200"),
+    ),
+    Benchmark(
         "metrics",
         "what the gateway's metrics cost one write request; the gateway's CPU per request",
         "a hand-written dict registry (the design before prometheus_client)",

@@ -14,7 +14,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 from types import ModuleType
+
+if (
+    __name__ == "__main__"
+    and sys.path
+    and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent
+):
+    # Run as a file (`spark-submit ops/cli.py load ...`): Python put ops/ itself first on the
+    # path, where ops/audit.py would hide the `audit` package.  Import from the repository.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from ops import stop_signals
 
