@@ -121,12 +121,22 @@ class AuditPublisher:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """Stop the flusher and publish what is left."""
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the flusher and publish what is left, taking at most ``timeout_s``.
+
+        A gateway that hangs must not hold a stopping daemon past its own shutdown deadline:
+        the last publish is given what is left of ``timeout_s`` and then left to itself (its
+        counts are cumulative, so the next incarnation's records make up for it).
+        """
+        deadline = time.monotonic() + timeout_s
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=30)
-        self._publish_logged()
+            self._thread.join(timeout=timeout_s)
+        last = threading.Thread(
+            target=self._publish_logged, name=f"audit-{self.tier}-last", daemon=True
+        )
+        last.start()
+        last.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 INTERVAL_ENV = "LOGBROKER_AUDIT_INTERVAL_S"

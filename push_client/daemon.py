@@ -45,6 +45,8 @@ from push_client.token import BearerToken
 from push_client.transport import GatewayClient, TransportStats
 
 log = logging.getLogger("logbroker.push")
+AUDIT_STOP_S = 2.0
+"""How long a stopping client gives the audit's last publish (the gateway may hang)."""
 
 _STATE_SAVE_INTERVAL_S = 0.5
 _STATUS_INTERVAL_S = 1.0
@@ -246,14 +248,15 @@ class PushDaemon:
         if self._progress is not None:
             self._progress.finish()
         self._files.prune_retired()
-        if self._audit is not None:
-            self._audit.stop()
         try:
             self._shipper.give_up_in_flight()
             self._files.sync_state_positions()
             self._state.clean = True
             self._state_file.save(self._state)
             self._publish_status(running=False)
+            if self._audit is not None:
+                # after the positions are safe; a hung gateway costs at most this long
+                self._audit.stop(timeout_s=AUDIT_STOP_S)
         finally:
             self._installations.close()
             self._shipper.close()
