@@ -73,13 +73,11 @@ def multiprocess_enabled() -> bool:
     return bool(getattr(values.ValueClass, "_multiprocess", False))
 
 
-class Counter:
-    """A count per label set that only goes up."""
+class _Labelled:
+    """A prometheus_client metric and its children, one per label set, made on first use."""
 
-    kind = "counter"
-
-    def __init__(self, metric: prometheus_client.Counter, label_names: Sequence[str]) -> None:
-        self.name = metric._name + "_total"
+    def __init__(self, metric: Any, label_names: Sequence[str]) -> None:
+        self.name: str = metric._name
         self.label_names = tuple(label_names)
         self._metric = metric
         self._children: dict[LabelValues, Any] = {}
@@ -92,11 +90,21 @@ class Counter:
             child = self._children[labels] = self._metric.labels(*labels)
         return child
 
+
+class Counter(_Labelled):
+    """A count per label set that only goes up."""
+
+    kind = "counter"
+
+    def __init__(self, metric: prometheus_client.Counter, label_names: Sequence[str]) -> None:
+        super().__init__(metric, label_names)
+        self.name = metric._name + "_total"
+
     def inc(self, amount: float = 1.0, labels: LabelValues = ()) -> None:
         self._child(labels).inc(amount)
 
 
-class Gauge:
+class Gauge(_Labelled):
     """A value per label set that goes up and down, or one read from a function."""
 
     kind = "gauge"
@@ -107,19 +115,8 @@ class Gauge:
         label_names: Sequence[str],
         read: Callable[[], float] | None,
     ) -> None:
-        self.name = metric._name
-        self.label_names = tuple(label_names)
-        self._metric = metric
+        super().__init__(metric, label_names)
         self._read = read
-        self._children: dict[LabelValues, Any] = {}
-        if not self.label_names:
-            self._children[()] = metric
-
-    def _child(self, labels: LabelValues) -> Any:
-        child = self._children.get(labels)
-        if child is None:
-            child = self._children[labels] = self._metric.labels(*labels)
-        return child
 
     def set(self, value: float, labels: LabelValues = ()) -> None:
         self._child(labels).set(value)
@@ -136,24 +133,13 @@ class Gauge:
             self._metric.set(self._read())
 
 
-class Histogram:
+class Histogram(_Labelled):
     """Observations counted into cumulative buckets, with their sum and count."""
 
     kind = "histogram"
 
-    def __init__(self, metric: prometheus_client.Histogram, label_names: Sequence[str]) -> None:
-        self.name = metric._name
-        self.label_names = tuple(label_names)
-        self._metric = metric
-        self._children: dict[LabelValues, Any] = {}
-        if not self.label_names:
-            self._children[()] = metric
-
     def observe(self, value: float, labels: LabelValues = ()) -> None:
-        child = self._children.get(labels)
-        if child is None:
-            child = self._children[labels] = self._metric.labels(*labels)
-        child.observe(value)
+        self._child(labels).observe(value)
 
 
 Samples = Iterable[tuple[LabelValues, float]]
