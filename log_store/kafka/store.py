@@ -59,7 +59,8 @@ log = logging.getLogger(__name__)
 
 TOPIC_RECORD_KEY = "__topic"
 TOPIC_STATE_PREFIX = "topic/"
-_MAX_ATTEMPTS = 8
+_MAX_ATTEMPTS = 10
+_MAX_BACKOFF_S = 2.0
 _TOPIC_CACHE_S = 2.0
 
 
@@ -393,8 +394,10 @@ class KafkaLogStore:
             )
             return
         if isinstance(reason, WriterFenced):
-            # two writers taking one partition from each other: let one of them win
-            time.sleep(random.uniform(0.0, 0.05 * txn.attempts))
+            # Two writers taking one partition from each other: each takeover fences the other's
+            # open transaction, so without a growing pause neither commits.  Exponential backoff
+            # with jitter lets the one that waits less finish a transaction first.
+            time.sleep(random.uniform(0.0, min(_MAX_BACKOFF_S, 0.05 * 2**txn.attempts)))
         self._dispatch(owner.topic, owner.partition, txn)
 
     def _note_takeover(self, topic: str, partition: int, seconds: float, entries: int) -> None:
