@@ -191,6 +191,30 @@ def kafka_namespace() -> str:
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
+# -- two workers, one broker, one Spark session ---------------------------------------------------
+# The README's test command runs the suite on pytest-xdist workers with ``--dist loadgroup``.  A
+# test that uses the session's Kafka broker (marked ``kafka``) or the session's Spark (the
+# ``spark`` fixture) runs on the one worker of its group, so each starts once per run, as it does
+# without workers; every other test goes to whichever worker is free.
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = worker_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def worker_group(item: pytest.Item) -> str | None:
+    """The xdist group a test must run in: ``kafka``, ``spark`` or None (any worker)."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("kafka") is not None or "kafka_cluster" in fixtures:
+        return "kafka"
+    if "spark" in fixtures:
+        return "spark"
+    return None
+
+
 # -- no process outlives the run ----------------------------------------------------------------
 # pytest becomes a child subreaper: every process a test starts, and every process those start
 # (uvicorn workers, JVMs, Spark executors), is re-parented to pytest when its parent dies.  So
@@ -200,6 +224,7 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 _PR_SET_CHILD_SUBREAPER = 36
 _OWN_BASETEMP = pytest.StashKey[Path]()
 _PASSED = pytest.StashKey[bool]()
+_WORKERS_LEFT = pytest.StashKey[list[str]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -243,28 +268,46 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(own, ignore_errors=True)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    session.config.stash[_PASSED] = exitstatus == 0
-    _check_nothing_left(session)
+    config = session.config
+    if config.pluginmanager.has_plugin("dsession"):
+        # the controller of xdist workers: it starts no test's process; each worker checks its
+        # own and reports what it found (``pytest_testnodedown``)
+        left = config.stash.get(_WORKERS_LEFT, [])
+    else:
+        left = _stop_what_is_left()
+        workeroutput = getattr(config, "workeroutput", None)
+        if workeroutput is not None:  # an xdist worker: the controller reports and fails the run
+            workeroutput["left_running"] = left
+            left = []
+    if left:
+        message = "processes started by the tests were left running:\n" + "\n".join(left)
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        else:
+            print(message, file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    config.stash[_PASSED] = session.exitstatus == 0
 
 
-def _check_nothing_left(session: pytest.Session) -> None:
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """An xdist worker ended: keep what it found left running, for the controller's report."""
+    workeroutput = getattr(node, "workeroutput", None) or {}
+    left = node.config.stash.setdefault(_WORKERS_LEFT, [])
+    left.extend(workeroutput.get("left_running", []))
+
+
+def _stop_what_is_left() -> list[str]:
+    """Kill this process's children still alive at the end; one line per process killed."""
     left = _live_children()
     deadline = time.monotonic() + 10
     while left and time.monotonic() < deadline:  # a graceful stop may still be finishing
         time.sleep(0.2)
         left = _live_children()
-    if not left:
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    lines = [f"  pid {pid}: {cmd}" for pid, cmd in sorted(left.items())]
-    message = "processes started by the tests were left running:\n" + "\n".join(lines)
-    if reporter is not None:
-        reporter.write_line(message, red=True)
-    else:
-        print(message, file=sys.stderr)
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    session.config.stash[_PASSED] = False
+    return [f"  pid {pid}: {cmd}" for pid, cmd in sorted(left.items())]

@@ -194,7 +194,14 @@ def world_for(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
 @pytest.mark.docs
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # a page may start Spark or a Kafka broker, on a loaded machine
-@pytest.mark.parametrize("doc", documents(), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pytest.param(doc, marks=[pytest.mark.kafka] if needs_kafka(shell_blocks(doc)) else [])
+        for doc in documents()
+    ],
+    ids=lambda p: p.name,
+)
 def test_every_shell_block_of_the_doc_runs(doc: Path, world_for: Any) -> None:
     blocks = shell_blocks(doc)
     world = world_for(blocks)
