@@ -76,7 +76,7 @@ class GatewayProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 20.0) -> GatewayProcess:
+    def start(self, timeout_s: float = 60.0) -> GatewayProcess:
         cmd = logbroker_cmd(
             "serve", "--data-dir", str(self.data_dir), "--port", str(self.port), *self.extra_args
         )
@@ -206,12 +206,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def worker_group(item: pytest.Item) -> str | None:
-    """The xdist group a test must run in: ``kafka``, ``spark`` or None (any worker)."""
+    """The xdist group a test must run in: ``kafka``, ``spark``, its module's when it shares a
+    module-scoped fixture (one instance, file order, as without workers), or None (any)."""
     fixtures = set(getattr(item, "fixturenames", ()))
     if item.get_closest_marker("kafka") is not None or "kafka_cluster" in fixtures:
         return "kafka"
     if "spark" in fixtures:
         return "spark"
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    if any(d[-1].scope in ("module", "package", "class") for d in defs if d):
+        return item.nodeid.split("::")[0]
     return None
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -73,6 +74,10 @@ class _Daemon:
             return ""
 
 
+_MASTER_PORT = re.compile(r"Successfully started service 'sparkMaster' on port (\d+)")
+_MASTER_WEBUI_PORT = re.compile(r"Bound MasterWebUI to \S+, and started at http://[^:\s]+:(\d+)")
+
+
 class ClusterNotReady(RuntimeError):
     """The master or a worker did not come up in time."""
 
@@ -116,6 +121,7 @@ class StandaloneCluster:
                     str(self.webui_port),
                 ],
             )
+            self._wait_for_master_ports()
             for host in self.worker_hosts:
                 self.start_worker(host, wait=False)
             self.wait_for_workers(len(self.worker_hosts))
@@ -123,6 +129,34 @@ class StandaloneCluster:
             self.stop()
             raise
         return self
+
+    def _wait_for_master_ports(self) -> None:
+        """The ports the master really listens on, from its log.
+
+        A port found free a moment earlier may be taken by another process before the master
+        binds it; Spark then takes the next one and says so only in its log.
+        """
+        assert self._master is not None
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            try:
+                log = self._master.log_path.read_text(errors="replace")
+            except FileNotFoundError:
+                log = ""
+            rpc = _MASTER_PORT.search(log)
+            ui = _MASTER_WEBUI_PORT.search(log)
+            if rpc and ui:
+                self.port, self.webui_port = int(rpc.group(1)), int(ui.group(1))
+                self.master_url = f"spark://{MASTER_HOST}:{self.port}"
+                return
+            if not self._master.alive():
+                raise ClusterNotReady(f"the master exited: {self._master.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ClusterNotReady(
+                    f"the master did not start within {self.start_timeout_s} s: "
+                    + self._master.log_tail()
+                )
+            time.sleep(0.2)
 
     def _launch(self, name: str, host: str, args: list[str]) -> _Daemon:
         log_path = self.work_dir / f"{name}.log"
@@ -177,12 +211,14 @@ class StandaloneCluster:
         url = f"http://{MASTER_HOST}:{self.webui_port}/json/"
         with urllib.request.urlopen(url, timeout=5) as response:
             state: dict[str, object] = json.load(response)
+        if state.get("url") != self.master_url:
+            raise ClusterNotReady(f"{url} is not the status page of {self.master_url}")
         return state
 
     def alive_workers(self) -> set[str]:
         try:
             state = self.master_state()
-        except OSError:
+        except (OSError, ValueError):  # not answering yet, or not JSON yet
             return set()
         workers = state.get("workers", [])
         assert isinstance(workers, list)

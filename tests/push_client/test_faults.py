@@ -193,7 +193,12 @@ def test_two_clients_shipping_one_file_fence_each_other_and_write_each_line_once
     wait_for_lines(gateway.data_dir, "app", 1_000)
     with BackgroundWriter(path, writer, lines_per_tick=100):
         second = start_push(gateway.url, tmp_path / "state-2", path)
-        time.sleep(3.0)
+        # The file grows until one client's write meets the other's newer session (however
+        # long a loaded machine takes to start the second).
+        deadline = time.monotonic() + 120
+        while "fenced" not in first.log() + second.log():
+            assert time.monotonic() < deadline, "neither client was fenced within 120 s"
+            time.sleep(0.2)
     wait_for_lines(gateway.data_dir, "app", len(writer.ids), timeout_s=60)
     time.sleep(1.0)
     assert first.stop() == 0

@@ -47,7 +47,7 @@ def _crashed_load(
         env={CRASH_AT_ENV: point},
     )
     try:
-        child.wait_for_output(f"{REACHED_MARKER} {point}", timeout_s=180)
+        child.wait_for_output(f"{REACHED_MARKER} {point}", timeout_s=420)
     finally:
         child.kill()
     return child
@@ -144,7 +144,7 @@ def test_sigterm_lets_the_batch_in_hand_commit_then_stops(spark: object, tmp_pat
         tmp_path / "load.log",
     )
     try:
-        child.wait_for_output("logbroker load: batch 1:", timeout_s=180)
+        child.wait_for_output("logbroker load: batch 1:", timeout_s=420)
         child.proc.send_signal(signal.SIGTERM)  # the driver only, as systemd's KillMode=mixed
         code = child.wait(120)
     finally:
