@@ -18,9 +18,11 @@ from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
 from log_store import LogStore, TopicConfig
 from log_store.kafka import KafkaSettings
 from log_store.kafka.owner_directory import OwnerDirectory
-from tests.conftest import GatewayProcess
+from session_dedup.pinning import stable_partition
+from tests.conftest import GatewayProcess, free_port
 from tests.gateway.conftest import Client, chunk_data, meta
 from tests.kafka.conftest import metric, source_seqnos, wait_until
+from tests.kafka.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.kafka
 
@@ -67,23 +69,28 @@ def test_one_request_forwards_each_owners_sections_in_one_peer_request(
     second = start_kafka_gateway()
     client = Client(first.url)
     directory = _owners_directory(kafka_cluster, kafka_namespace)
-    sources = [f"fw-{i}" for i in range(32)]
+    # two sources for each partition (new sources are pinned by stable_partition)
+    pinned: dict[str, int] = {}
+    for i in range(1000):
+        partition = stable_partition(f"fw-{i}", 8)
+        if list(pinned.values()).count(partition) < 2:
+            pinned[f"fw-{i}"] = partition
+    sources = list(pinned)
+    assert len(sources) == 16
     try:
         wait_until(
             lambda: (
-                len(directory.snapshot()) >= 8
+                sum(t == "dc1.app" for t, _p in directory.snapshot()) == 8
                 and len(_owned_by(directory, second, "dc1.app")) >= 2
                 and len(_owned_by(directory, first, "dc1.app")) >= 1
             ),
             60,
             "both gateways to own partitions of the topic",
         )
-        pinned = {s: int(client.session(s)["partition"]) for s in sources}
         # every source gets its first state (and its pin confirmed) before the measured write
         first_body = encode_binary([(meta(s), [(1, 0, chunk_data(1))]) for s in sources])
         assert _acked(client.post_binary(first_body))
-        theirs = _owned_by(directory, second, "dc1.app") & set(pinned.values())
-        assert len(theirs) >= 2, f"the sources hit too few of the second's partitions: {pinned}"
+        theirs = _owned_by(directory, second, "dc1.app")
         before = [
             metric(g.url, name) or 0.0
             for g in (first, second)
@@ -115,32 +122,35 @@ def test_one_request_forwards_each_owners_sections_in_one_peer_request(
         assert found[source] == ({pinned[source]}, [1, 2])
 
 
-def test_owner_killed_mid_forward_leaves_every_chunk_once_after_retries(
+def test_owner_answers_lost_and_owner_killed_mid_forward_leave_every_chunk_once(
     start_kafka_gateway: Callable[..., GatewayProcess], kafka_store: LogStore
 ) -> None:
-    """The owner is SIGKILLed while forwarded batches are in flight; the client resends each
-    unanswered request unchanged until it is acked (the gateway takes the partitions over)."""
+    """The first gateway forwards to the second through a TCP proxy.  First the proxy loses
+    the owner's answers (the batches were committed; the first gateway sends them again),
+    then the owner is SIGKILLed with batches in flight.  The client
+    resends each unanswered request unchanged until it is acked."""
+    proxy_port = free_port()
     first = start_kafka_gateway()
-    second = start_kafka_gateway()
-    sources = [f"kill-{i}" for i in range(16)]
-    rounds_acked = 0
+    second = start_kafka_gateway("--advertised-url", f"http://127.0.0.1:{proxy_port}")
+    proxy = TcpProxy(proxy_port, second.port).start()
+    writers = 3  # each with sources of its own: forwarded batches are nearly always in flight
+    sources = [f"kill-{i}" for i in range(24)]
+    rounds_acked = [0] * writers
     stop = threading.Event()
     errors: list[str] = []
 
-    def write_rounds() -> None:
-        nonlocal rounds_acked
+    def write_rounds(writer: int) -> None:
+        mine = sources[writer::writers]
         with httpx.Client(base_url=first.url, timeout=60) as http:
             for round_ in range(1, 1000):
                 body = encode_binary(
                     [(meta(s), [(round_ * 2 + k, 0, chunk_data(round_ * 2 + k)) for k in (0, 1)])
-                     for s in sources]
+                     for s in mine]
                 )  # fmt: skip
                 while not stop.is_set():  # resent unchanged until acked
                     try:
                         response = http.post(
-                            "/v1/write",
-                            content=body,
-                            headers={"content-type": BINARY_MEDIA_TYPE},
+                            "/v1/write", content=body, headers={"content-type": BINARY_MEDIA_TYPE}
                         )
                     except httpx.HTTPError as exc:
                         errors.append(repr(exc))
@@ -151,7 +161,7 @@ def test_owner_killed_mid_forward_leaves_every_chunk_once_after_retries(
                     time.sleep(0.1)
                 if stop.is_set():
                     return
-                rounds_acked = round_
+                rounds_acked[writer] = round_
 
     client = Client(first.url)
     try:
@@ -159,23 +169,31 @@ def test_owner_killed_mid_forward_leaves_every_chunk_once_after_retries(
         wait_until(lambda: _both_own_partitions([first, second]), 60, "both to own partitions")
     finally:
         client.close()
-    writer = threading.Thread(target=write_rounds)
-    writer.start()
+    threads = [threading.Thread(target=write_rounds, args=(i,)) for i in range(writers)]
+    for thread in threads:
+        thread.start()
     try:
-        wait_until(lambda: rounds_acked >= 5, 60, "writes through both gateways")
+        wait_until(lambda: min(rounds_acked) >= 2, 60, "writes through both gateways")
+        proxy.lose_answers = True  # every batch forwarded now is committed, its answer lost
+        wait_until(lambda: proxy.answers_lost >= 4, 60, "answers of committed batches lost")
+        proxy.lose_answers = False
+        cut_at = min(rounds_acked)
+        wait_until(lambda: min(rounds_acked) >= cut_at + 1, 60, "writes after the lost answers")
         second.kill()  # SIGKILL with forwarded batches in flight
-        killed_at = rounds_acked
-        wait_until(lambda: rounds_acked >= killed_at + 5, 60, "writes after the owner died")
+        killed_at = min(rounds_acked)
+        wait_until(lambda: min(rounds_acked) >= killed_at + 2, 60, "writes after the owner died")
     finally:
         stop.set()
-        writer.join(90)
+        for thread in threads:
+            thread.join(90)
+        proxy.close()
     found = source_seqnos(kafka_store, "dc1.app")
-    last = rounds_acked
-    for source in sources:
+    for i, source in enumerate(sources):
+        last = rounds_acked[i % writers]
         _partitions, seqnos = found[source]
         head = [1] if source == sources[0] else []
         expected = head + [s for r in range(1, last + 1) for s in (r * 2, r * 2 + 1)]
         # a request being resent when the writer stopped may have been written too
+        assert seqnos == sorted(set(seqnos)), f"{source}: a chunk written twice ({errors[-5:]})"
         assert seqnos[: len(expected)] == expected, source
-        assert seqnos == sorted(set(seqnos)), f"{source}: a chunk written twice"
         assert len(seqnos) <= len(expected) + 2
