@@ -458,13 +458,20 @@ class _OwnerOutbox:
     def _pump(self) -> None:
         while True:
             with self._lock:
-                if not self._queue or self._in_flight >= self._in_flight_max:
+                if self._in_flight >= self._in_flight_max:
                     return
-                batch = [self._queue.popleft()]
-                size = batch[0].size
-                while self._queue and size + self._queue[0].size <= self._batch_bytes:
-                    size += self._queue[0].size
-                    batch.append(self._queue.popleft())
+                batch: list[_Outgoing] = []
+                size = 0
+                while self._queue and (
+                    not batch or size + self._queue[0].size <= self._batch_bytes
+                ):
+                    out = self._queue.popleft()
+                    # an item whose caller stopped waiting (cancelled) is not sent any more
+                    if out.answer.set_running_or_notify_cancel():
+                        size += out.size
+                        batch.append(out)
+                if not batch:
+                    return
                 self._in_flight += 1
             try:
                 self._pool.submit(self._send, batch)
@@ -608,6 +615,7 @@ class RemoteTransactions:
             try:
                 answer = out.answer.result(self._timeout_s + 10.0)
             except (NotOwner, PeerUnreachable, concurrent.futures.TimeoutError):
+                out.answer.cancel()  # if still queued
                 self._continue(attempt)  # the one-by-one path follows the owner
                 continue
             except BaseException as exc:
@@ -670,6 +678,7 @@ class RemoteTransactions:
         try:
             return out.answer.result(self._timeout_s + 10.0)
         except concurrent.futures.TimeoutError:
+            out.answer.cancel()  # still queued: not sent (once sent, the owner's check decides)
             raise PeerUnreachable(f"{url} did not answer a forwarded transaction") from None
 
     def read_state(
