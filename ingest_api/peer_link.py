@@ -21,13 +21,11 @@ from log_store.kafka.remote_transaction import (
     ForwardedTransaction,
     NotOwner,
     PeerUnreachable,
-    PreparedTransaction,
     decode_outcomes,
     decode_values,
     encode_batch,
 )
 
-PEER_MEDIA_TYPE = "application/x-logbroker-transaction"
 BATCH_MEDIA_TYPE = "application/x-logbroker-transactions"
 BATCH_PATH = "/v1/internal/transactions"
 
@@ -75,17 +73,6 @@ class HttpPeerLink:
             url, partition_path(topic, partition) + "/state", json={"keys": list(keys)}
         )
         return decode_values(doc)
-
-    def commit(
-        self, url: str, topic: str, partition: int, prepared: PreparedTransaction
-    ) -> CommitAnswer:
-        doc = self._post(
-            url,
-            partition_path(topic, partition) + "/transactions",
-            content=prepared.encode(),
-            headers={"Content-Type": PEER_MEDIA_TYPE},
-        )
-        return CommitAnswer.from_json(doc)
 
     def commit_many(
         self, url: str, items: Sequence[ForwardedTransaction]

@@ -264,10 +264,6 @@ class PeerLink(Protocol):
         self, url: str, topic: str, partition: int, keys: Sequence[str]
     ) -> tuple[dict[str, bytes | None], int]: ...
 
-    def commit(
-        self, url: str, topic: str, partition: int, prepared: PreparedTransaction
-    ) -> CommitAnswer: ...
-
     def commit_many(
         self, url: str, items: Sequence[ForwardedTransaction]
     ) -> list[CommitAnswer | LogbrokerError]:
