@@ -25,6 +25,7 @@ generators and the broker share the CPUs, which caps the two-gateway figure.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,30 @@ from session_dedup.envelope import decode  # noqa: E402
 
 PY = sys.executable
 LINE_BYTES = 200
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of process ``pid`` and its children (0 if gone)."""
+    total = 0.0
+    pids = [pid]
+    try:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:  # the parent's pid
+                    pids.append(int(entry))
+    except OSError:
+        pass
+    for one in pids:
+        try:
+            with open(f"/proc/{one}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 class KafkaGateway:
@@ -152,9 +177,9 @@ def raw_producer(bootstrap: str, topic: str, seconds: float, chunk_bytes: int) -
 
 def _load_worker(
     port: int, worker: int, connections: int, chunk_bytes: int, seconds: float
-) -> tuple[int, int]:
+) -> tuple[int, int, float]:
     """One load process: ``connections`` keep-alive connections posting write requests of 8
-    sources x 4 chunks.  Returns (acknowledged data bytes, failed requests)."""
+    sources x 4 chunks.  Returns (acknowledged data bytes, failed requests, CPU seconds)."""
     import http.client
 
     data = (b"x" * (chunk_bytes - 1)) + b"\n"
@@ -200,7 +225,7 @@ def _load_worker(
         t.start()
     for t in threads:
         t.join()
-    return totals[0], totals[1]
+    return totals[0], totals[1], time.process_time()
 
 
 def gateway_ingest(
@@ -209,13 +234,20 @@ def gateway_ingest(
     chunk_bytes: int,
     clients: int,
     connections: int = 8,
+    broker_pid: int | None = None,
+    cpu: dict[str, float] | None = None,
 ) -> float:
-    """MB/s acknowledged by the gateways (load processes spread evenly among them)."""
+    """MB/s acknowledged by the gateways (load processes spread evenly among them).
+
+    ``cpu``, if given, receives the CPU seconds per MB acknowledged of the gateways (all
+    together), the broker and the load processes during the measurement."""
     import concurrent.futures
     import multiprocessing
 
     # spawned, not forked: this process holds librdkafka clients, whose threads a fork breaks
     context = multiprocessing.get_context("spawn")
+    gateway_cpu = sum(cpu_seconds(g.proc.pid) for g in gateways)
+    broker_cpu = cpu_seconds(broker_pid) if broker_pid else 0.0
     with concurrent.futures.ProcessPoolExecutor(max_workers=clients, mp_context=context) as pool:
         futures = [
             pool.submit(
@@ -229,27 +261,50 @@ def gateway_ingest(
             for i in range(clients)
         ]
         results = [f.result() for f in futures]
-    return sum(acked for acked, _failed in results) / seconds / 1e6
+        gateway_cpu = sum(cpu_seconds(g.proc.pid) for g in gateways) - gateway_cpu
+        broker_cpu = (cpu_seconds(broker_pid) if broker_pid else 0.0) - broker_cpu
+    megabytes = sum(acked for acked, _failed, _cpu in results) / 1e6
+    if cpu is not None and megabytes > 0:
+        cpu["gateways"] = gateway_cpu / megabytes
+        cpu["broker"] = broker_cpu / megabytes
+        cpu["load"] = sum(c for _a, _f, c in results) / megabytes
+    return megabytes / seconds
 
 
 def ingest_cases(
-    work: Path, bootstrap: str, tag: str, repo: Path, args: argparse.Namespace
+    work: Path,
+    bootstrap: str,
+    tag: str,
+    repo: Path,
+    args: argparse.Namespace,
+    broker_pid: int | None = None,
+    cpu: dict[str, list[float]] | None = None,
 ) -> tuple[float, float]:
-    """MB/s of one gateway, then of two, started from the checkout ``repo``."""
+    """MB/s of one gateway, then of two, started from the checkout ``repo``.  ``cpu``
+    collects CPU seconds per MB: ``one_gateways``, ``one_broker``, ``two_gateways``, ..."""
+    measured: dict[str, dict[str, float]] = {"one": {}, "two": {}}
     one = [KafkaGateway(work, bootstrap, f"one{tag}.", f"one{tag}", repo)]
     try:
         warm_up(one)
-        single = gateway_ingest(one, args.seconds, args.chunk_bytes, args.clients)
+        single = gateway_ingest(
+            one, args.seconds, args.chunk_bytes, args.clients, 8, broker_pid, measured["one"]
+        )
     finally:
         for g in one:
             g.stop()
     two = [KafkaGateway(work, bootstrap, f"two{tag}.", f"two{tag}-{i}", repo) for i in (0, 1)]
     try:
         warm_up(two)
-        double = gateway_ingest(two, args.seconds, args.chunk_bytes, args.clients)
+        double = gateway_ingest(
+            two, args.seconds, args.chunk_bytes, args.clients, 8, broker_pid, measured["two"]
+        )
     finally:
         for g in two:
             g.stop()
+    if cpu is not None:
+        for case, figures in measured.items():
+            for name, value in figures.items():
+                cpu.setdefault(f"{case}_{name}", []).append(value)
     return single, double
 
 
@@ -315,7 +370,9 @@ def end_to_end(work: Path, bootstrap: str, namespace: str, lines: int) -> float:
 
 
 def latency(work: Path, bootstrap: str, namespace: str, rate: int, seconds: float) -> list[float]:
-    """Line-append to read_committed-reader latencies at ``rate`` lines/s."""
+    """Line-append to read_committed-reader latencies at ``rate`` lines/s, once the path is
+    warm: a first line must reach the reader (through topic creation and the first takeover)
+    before the timed lines are written."""
     log = work / f"{namespace}lines.log"
     log.write_bytes(b"")
     gateway = KafkaGateway(work, bootstrap, namespace, f"{namespace}lat")
@@ -330,24 +387,31 @@ def latency(work: Path, bootstrap: str, namespace: str, rate: int, seconds: floa
             cwd=REPO,
         )  # fmt: skip
         store = open_kafka_store(KafkaSettings(bootstrap, namespace=namespace))
+        warmed = threading.Event()
 
         def read() -> None:
+            # The partitions are looked up once (a describe costs several Kafka round trips,
+            # which would be counted as latency); the lines written before the timed ones (the
+            # topic is created and its partitions given out by the first write) are not timed.
             offsets: dict[int, int] = {}
-            deadline = time.monotonic() + seconds + 60
-            while len(latencies) < total and time.monotonic() < deadline:
+            deadline = time.monotonic() + seconds + 90
+            partitions: list[int] = []
+            while not partitions and time.monotonic() < deadline:
                 try:
-                    partitions = store.describe_topic("dc1.lat").partitions
+                    partitions = [p.partition for p in store.describe_topic("dc1.lat").partitions]
                 except UnknownTopic:
                     time.sleep(0.01)
-                    continue
+            while len(latencies) < total and time.monotonic() < deadline:
                 got = False
-                for part in partitions:
-                    p = part.partition
+                for p in partitions:
                     result = store.read("dc1.lat", p, offsets.get(p, 0), 8 << 20)
                     now = time.time()
                     for record in result.records:
                         env = decode(record.value)
                         for line in decompress(env.codec, env.data).splitlines():
+                            if line.startswith(b"warm "):
+                                warmed.set()
+                                continue
                             latencies.append(now - int(line.split(b" ", 1)[0]) / 1e9)
                     got = got or bool(result.records)
                     offsets[p] = result.next_offset
@@ -356,10 +420,12 @@ def latency(work: Path, bootstrap: str, namespace: str, rate: int, seconds: floa
 
         reader = threading.Thread(target=read)
         reader.start()
-        time.sleep(2.0)
         pad = b"x" * (LINE_BYTES - 21)
-        batch = max(1, rate // 1000)
         with open(log, "ab", buffering=0) as f:
+            f.write(b"warm %s\n" % pad)
+            if not warmed.wait(120):
+                raise RuntimeError("the first line never reached the reader")
+            batch = max(1, rate // 1000)
             start = time.monotonic()
             for i in range(0, total, batch):
                 delay = start + i / rate - time.monotonic()
@@ -433,23 +499,39 @@ def main() -> int:
     )
     args = parser.parse_args()
     rows: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="kafka-bench-") as tmp:
         work = Path(tmp)
         cluster = LocalKafka(work / "kafka", nodes_count=1)
         cluster.start()
         try:
             bootstrap = cluster.bootstrap
+            broker = cluster.nodes[0].proc
+            broker_pid = broker.pid if broker is not None else None
             for run in range(args.runs):
                 raw = raw_producer(bootstrap, f"raw{run}", args.seconds, args.chunk_bytes)
-                single, double = ingest_cases(work, bootstrap, f"{run}", REPO, args)
-                if args.compare_with is not None:
-                    base_one, base_two = ingest_cases(
-                        work, bootstrap, f"base{run}", args.compare_with, args
+                # the case measured right after the raw producer meets a broker still busy
+                # with what the producer wrote: with --compare-with, the order alternates
+                base_first = args.compare_with is not None and run % 2 == 1
+                if not base_first:
+                    single, double = ingest_cases(
+                        work, bootstrap, f"{run}", REPO, args, broker_pid, cpu
                     )
+                if args.compare_with is not None:
+                    base_cpu: dict[str, list[float]] = {}
+                    base_one, base_two = ingest_cases(
+                        work, bootstrap, f"base{run}", args.compare_with, args, broker_pid, base_cpu
+                    )
+                    for name, values in base_cpu.items():
+                        cpu.setdefault(f"base_{name}", []).extend(values)
                     rows.setdefault("base_one", []).append(base_one)
                     rows.setdefault("base_two", []).append(base_two)
                     rows.setdefault("base_ratio_one", []).append(base_one / raw)
                     rows.setdefault("base_ratio_two", []).append(base_two / base_one)
+                if base_first:
+                    single, double = ingest_cases(
+                        work, bootstrap, f"{run}", REPO, args, broker_pid, cpu
+                    )
                 if args.ingest_only:
                     e2e, lat, tk = float("nan"), [], [float("nan")]
                 else:
@@ -513,7 +595,24 @@ def main() -> int:
             f"| two gateways of {args.compare_with} | {med('base_two'):.1f} MB/s "
             f"({med('base_ratio_two'):.2f}x one) | - |"
         )
-    for name, values in rows.items():
+    if cpu:
+        print()
+        print("| CPU seconds per MB acknowledged (median) | gateways | broker | load processes |")
+        print("|---|---:|---:|---:|")
+        cases = [("one", "one gateway"), ("two", "two gateways")]
+        if args.compare_with is not None:
+            cases += [
+                ("base_one", f"one gateway of {args.compare_with}"),
+                ("base_two", f"two gateways of {args.compare_with}"),
+            ]
+        for case, label in cases:
+            if f"{case}_gateways" in cpu:
+                print(
+                    f"| {label} | {statistics.median(cpu[f'{case}_gateways']):.4f} | "
+                    f"{statistics.median(cpu[f'{case}_broker']):.4f} | "
+                    f"{statistics.median(cpu[f'{case}_load']):.4f} |"
+                )
+    for name, values in [*rows.items(), *cpu.items()]:
         print(f"  {name}: {', '.join(f'{v:.3f}' for v in values)}", file=sys.stderr)
     write_json(args, rows)
     return 0

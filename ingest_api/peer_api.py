@@ -8,6 +8,11 @@
                                                             function read, wrote, appends):
                                                             committed, or conflict with the
                                                             current values
+``POST /v1/internal/transactions``                          a batch of prepared transactions
+                                                            of partitions the gateway owns
+                                                            (those one client request
+                                                            forwards here): an answer or an
+                                                            error per transaction, in order
 ==========================================================  =================================
 
 Permission: :data:`~ingest_api.access.PEER` - the ``peer_token`` as bearer (it must be
@@ -38,10 +43,14 @@ from ingest_api.openapi import operation, path_param
 from log_store.errors import LogbrokerError, UnknownTopic
 from log_store.kafka.gateway_group import GatewayGroup
 from log_store.kafka.remote_transaction import (
+    BATCH_BYTES,
+    CommitAnswer,
     NotOwner,
     PreparedTransaction,
     answer_of,
     checked_transaction,
+    decode_batch,
+    encode_outcomes,
     encode_values,
 )
 from log_store.kafka.store import KafkaLogStore
@@ -61,6 +70,9 @@ class PeerApi:
     def __init__(self, ctx: GatewayContext, store: KafkaLogStore) -> None:
         self.ctx = ctx
         self.store = store
+        self.batches = 0
+        """Batches of forwarded transactions received (one request each)."""
+        self.batched_transactions = 0
 
     @staticmethod
     def _target(request: Request) -> tuple[str, int]:
@@ -116,8 +128,35 @@ class PeerApi:
             return self._refusal(exc)
         return Response(orjson.dumps(answer.to_json()), media_type="application/json")
 
+    async def commit_batch(self, request: Request) -> Response:
+        """Every transaction of the batch goes to its partition's owner here at once (each
+        joins its partition's next group commit); each is answered on its own."""
+        limits = self.ctx.settings.limits
+        limit = limits.max_body_bytes + BATCH_BYTES + _PREPARED_OVERHEAD
+        body = await read_body(request, limits, max_bytes=limit)
+        try:
+            items = decode_batch(body)
+            for item in items:
+                validate_topic_name(item.topic)
+        except (ValueError, KeyError, TypeError, LogbrokerError) as exc:
+            raise ApiError(400, "bad_request", f"prepared transactions: {exc}") from None
+        self.batches += 1
+        self.batched_transactions += len(items)
+        futures = [
+            self.store.submit_local(item.topic, item.partition, checked_transaction(item.prepared))
+            for item in items
+        ]
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
+        outcomes: list[CommitAnswer | LogbrokerError] = []
+        for future in futures:
+            try:
+                outcomes.append(answer_of(future))
+            except LogbrokerError as exc:
+                outcomes.append(exc)
+        return Response(orjson.dumps(encode_outcomes(outcomes)), media_type="application/json")
 
-def _metrics(ctx: GatewayContext, store: KafkaLogStore) -> None:
+
+def _metrics(ctx: GatewayContext, store: KafkaLogStore, api: PeerApi) -> None:
     m = ctx.metrics
     m.gauge(
         "logbroker_kafka_takeovers",
@@ -139,6 +178,16 @@ def _metrics(ctx: GatewayContext, store: KafkaLogStore) -> None:
     group = _group(ctx)
     if group is not None:
         m.gauge(
+            "logbroker_kafka_peer_batches",
+            "batches of forwarded transactions this gateway received as owner (one request each)",
+            read=lambda: float(api.batches),
+        )
+        m.gauge(
+            "logbroker_kafka_peer_batched_transactions",
+            "forwarded transactions this gateway received as owner in batches",
+            read=lambda: float(api.batched_transactions),
+        )
+        m.gauge(
             "logbroker_kafka_owned_partitions",
             "partitions the gateways' group gave this gateway",
             read=lambda: float(len(group.assigned())),
@@ -149,12 +198,13 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     store = ctx.store
     if not isinstance(store, KafkaLogStore):
         return []
-    _metrics(ctx, store)
+    api = PeerApi(ctx, store)
+    _metrics(ctx, store, api)
     if _group(ctx) is None:
         return []
-    api = PeerApi(ctx, store)
     base = "/v1/internal/partitions/{topic}/{partition}"
     return [
+        route("POST", "/v1/internal/transactions", api.commit_batch, PEER, name="peer_batch"),
         route("POST", base + "/state", api.read_state, PEER, name="peer_read_state"),
         route("POST", base + "/transactions", api.commit, PEER, name="peer_commit"),
     ]
@@ -167,6 +217,13 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
     params = [path_param("topic"), path_param("partition", "integer")]
     keys = {"type": "object", "required": ["keys"], "properties": {"keys": {"type": "array"}}}
     return {
+        "/v1/internal/transactions": {
+            "post": operation(
+                "peerCommitBatch",
+                "internal: commit prepared transactions of partitions this gateway owns",
+                errors=("400", "413"),
+            )
+        },
         base + "/state": {
             "post": operation(
                 "peerReadState",

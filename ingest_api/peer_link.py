@@ -15,16 +15,19 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from log_store.errors import StoreUnavailable, UnknownTopic
+from log_store.errors import LogbrokerError, StoreUnavailable, UnknownTopic
 from log_store.kafka.remote_transaction import (
     CommitAnswer,
+    ForwardedTransaction,
     NotOwner,
     PeerUnreachable,
-    PreparedTransaction,
+    decode_outcomes,
     decode_values,
+    encode_batch,
 )
 
-PEER_MEDIA_TYPE = "application/x-logbroker-transaction"
+BATCH_MEDIA_TYPE = "application/x-logbroker-transactions"
+BATCH_PATH = "/v1/internal/transactions"
 
 
 def partition_path(topic: str, partition: int) -> str:
@@ -71,16 +74,16 @@ class HttpPeerLink:
         )
         return decode_values(doc)
 
-    def commit(
-        self, url: str, topic: str, partition: int, prepared: PreparedTransaction
-    ) -> CommitAnswer:
+    def commit_many(
+        self, url: str, items: Sequence[ForwardedTransaction]
+    ) -> list[CommitAnswer | LogbrokerError]:
         doc = self._post(
             url,
-            partition_path(topic, partition) + "/transactions",
-            content=prepared.encode(),
-            headers={"Content-Type": PEER_MEDIA_TYPE},
+            BATCH_PATH,
+            content=encode_batch(items),
+            headers={"Content-Type": BATCH_MEDIA_TYPE},
         )
-        return CommitAnswer.from_json(doc)
+        return decode_outcomes(doc, len(items))
 
     def close(self) -> None:
         self._client.close()

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from log_store.errors import LimitReached, StoreUnavailable, UnknownTopic
 from log_store.interface import AppendResult, LogStore, PartitionState, TopicInfo
@@ -335,8 +336,14 @@ class _SourceChunks:
 
     def admit(self, state: PartitionState, values: list[bytes], write_time: int) -> None:
         """Append the envelopes of the chunks above the source's last seqno to ``values``
-        (see :data:`CHUNK_STATUSES` for how each chunk is decided)."""
+        (see :data:`CHUNK_STATUSES` for how each chunk is decided).
+
+        A store may run a transaction more than once (on Kafka, a partition owned by another
+        gateway: again whenever a value it read turns out stale), so nothing a run decided is
+        kept from an earlier run."""
         self.first_index = len(values)
+        self.outcome.new_source = False
+        self.outcome.refused = None
         key = seqno_key(self.source_id)
         stored = present(state.get(key))
         last = decode_seqno(stored)
@@ -556,10 +563,11 @@ class ExactlyOnceWriter:
                 i, writer, meta.source_id, batch, outcome, self.max_sources_per_partition
             )
             by_partition.setdefault((route.topic, route.partition), []).append(chunks)
-        return [
-            (_submit(self.store, topic, partition, _ChunkTransaction(sources)), sources)
-            for (topic, partition), sources in by_partition.items()
-        ]
+        groups = list(by_partition.items())
+        futures = _submit_all(
+            self.store, [(t, p, _ChunkTransaction(sources)) for (t, p), sources in groups]
+        )
+        return [(future, sources) for future, (_, sources) in zip(futures, groups, strict=True)]
 
     def _route(self, meta: SourceMeta) -> SourceRoute:
         topic = self.topic_for(meta.log_type)
@@ -776,6 +784,31 @@ def _submit(
         failed: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
         failed.set_exception(exc)
         return failed
+
+
+@runtime_checkable
+class _SubmitsMany(Protocol):
+    """A store that takes several transactions at once (on Kafka: one request per owner for
+    the partitions other gateways own)."""
+
+    def submit_many(
+        self, items: Sequence[tuple[str, int, Callable[[PartitionState], Sequence[bytes]]]]
+    ) -> list[concurrent.futures.Future[AppendResult]]: ...
+
+
+def _submit_all(
+    store: LogStore,
+    items: Sequence[tuple[str, int, Callable[[PartitionState], Sequence[bytes]]]],
+) -> list[concurrent.futures.Future[AppendResult]]:
+    """``_submit`` of each item, through ``submit_many`` where the store has it."""
+    if isinstance(store, _SubmitsMany):
+        try:
+            return store.submit_many(items)
+        except Exception as exc:
+            failed: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
+            failed.set_exception(exc)
+            return [failed] * len(items)
+    return [_submit(store, topic, partition, fn) for topic, partition, fn in items]
 
 
 def _topic_vanished(topic: str) -> StoreUnavailable:

@@ -30,6 +30,13 @@ class RemoteOwners(Protocol):
         """Run ``fn`` at the owner; resolve ``future`` after the owner's commit."""
         ...
 
+    def submit_many(
+        self,
+        items: Sequence[tuple[str, int, TransactionFn, concurrent.futures.Future[AppendResult]]],
+    ) -> None:
+        """Like ``submit`` for several transactions: one request per owner for all of them."""
+        ...
+
     def read_state(
         self, topic: str, partition: int, keys: Sequence[str]
     ) -> dict[str, bytes | None]: ...

@@ -25,8 +25,8 @@ import json
 import logging
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 _MAX_ROUNDS = 12
 _CACHE_ENTRIES = 200_000
 _OWNER_WAIT_S = 2.0
+BATCH_BYTES = 8 * 1024 * 1024
+"""A batch of forwarded transactions closes at this size (a larger one goes alone)."""
 
 
 def digest(value: bytes | None) -> str:
@@ -139,6 +141,113 @@ class CommitAnswer:
         return cls(None, values, doc.get("next_offset"))
 
 
+@dataclass
+class ForwardedTransaction:
+    """One prepared transaction of a batch, with the partition it is for."""
+
+    topic: str
+    partition: int
+    prepared: PreparedTransaction
+
+
+def encode_batch(items: Sequence[ForwardedTransaction]) -> bytes:
+    """Several prepared transactions, for partitions of one owner, in one body."""
+    header = {
+        "items": [
+            {
+                "topic": item.topic,
+                "partition": item.partition,
+                "expect": item.prepared.expect,
+                "expect_next_offset": item.prepared.expect_next_offset,
+                "puts": {k: _b64(v) for k, v in item.prepared.puts.items()},
+                "record_lengths": [len(r) for r in item.prepared.records],
+            }
+            for item in items
+        ]
+    }
+    raw = json.dumps(header).encode()
+    records = [r for item in items for r in item.prepared.records]
+    return b"".join([len(raw).to_bytes(4, "big"), raw, *records])
+
+
+def decode_batch(body: bytes) -> list[ForwardedTransaction]:
+    """Parse a batch body; ``ValueError`` if it is not one."""
+    if len(body) < 4:
+        raise ValueError("too short")
+    size = int.from_bytes(body[:4], "big")
+    header = json.loads(body[4 : 4 + size])
+    if not isinstance(header, dict) or not isinstance(header.get("items"), list):
+        raise ValueError("items must be a list")
+    pos = 4 + size
+    items = []
+    for entry in header["items"]:
+        if not isinstance(entry, dict):
+            raise ValueError("an item must be an object")
+        topic, partition = entry.get("topic"), entry.get("partition")
+        if not isinstance(topic, str) or not isinstance(partition, int) or partition < 0:
+            raise ValueError("an item needs a topic and a non-negative partition")
+        lengths = entry.get("record_lengths")
+        if not isinstance(lengths, list):
+            raise ValueError("record_lengths must be a list")
+        records = []
+        for length in lengths:
+            if not isinstance(length, int) or length < 0 or pos + length > len(body):
+                raise ValueError("a record runs past the end of the body")
+            records.append(body[pos : pos + length])
+            pos += length
+        expect = entry.get("expect")
+        if not isinstance(expect, dict):
+            raise ValueError("expect must be an object")
+        next_offset = entry.get("expect_next_offset")
+        if next_offset is not None and not isinstance(next_offset, int):
+            raise ValueError("expect_next_offset must be an integer")
+        puts = entry.get("puts")
+        if not isinstance(puts, dict):
+            raise ValueError("puts must be an object")
+        prepared = PreparedTransaction(
+            {str(k): str(v) for k, v in expect.items()},
+            next_offset,
+            {str(k): _unb64(v) or b"" for k, v in puts.items()},
+            records,
+        )
+        items.append(ForwardedTransaction(topic, partition, prepared))
+    if pos != len(body):
+        raise ValueError("bytes after the last record")
+    return items
+
+
+def encode_outcomes(outcomes: Sequence[CommitAnswer | LogbrokerError]) -> dict[str, Any]:
+    """The owner's answers to a batch, in its order: an answer, or the error of that item."""
+    answers: list[dict[str, Any]] = []
+    for outcome in outcomes:
+        if isinstance(outcome, CommitAnswer):
+            answers.append(outcome.to_json())
+        else:
+            kind = owner_error_kind(outcome)
+            answers.append({"status": "error", "error": kind, "reason": str(outcome)})
+    return {"answers": answers}
+
+
+def decode_outcomes(doc: Mapping[str, Any], count: int) -> list[CommitAnswer | LogbrokerError]:
+    answers = doc.get("answers")
+    if not isinstance(answers, list) or len(answers) != count:
+        raise StoreUnavailable(f"a peer answered a batch of {count} with {answers!r:.200}")
+    outcomes: list[CommitAnswer | LogbrokerError] = []
+    for answer in answers:
+        if answer.get("status") != "error":
+            outcomes.append(CommitAnswer.from_json(answer))
+            continue
+        reason = str(answer.get("reason", ""))
+        kind = answer.get("error")
+        if kind == "not_owner":
+            outcomes.append(NotOwner(reason))
+        elif kind == "unknown_topic":
+            outcomes.append(UnknownTopic(reason))
+        else:
+            outcomes.append(StoreUnavailable(reason))
+    return outcomes
+
+
 def encode_values(values: Mapping[str, bytes | None], next_offset: int) -> dict[str, Any]:
     return {"values": {k: _b64(v) for k, v in values.items()}, "next_offset": next_offset}
 
@@ -155,9 +264,12 @@ class PeerLink(Protocol):
         self, url: str, topic: str, partition: int, keys: Sequence[str]
     ) -> tuple[dict[str, bytes | None], int]: ...
 
-    def commit(
-        self, url: str, topic: str, partition: int, prepared: PreparedTransaction
-    ) -> CommitAnswer: ...
+    def commit_many(
+        self, url: str, items: Sequence[ForwardedTransaction]
+    ) -> list[CommitAnswer | LogbrokerError]:
+        """One request carrying every item (partitions of one owner); an answer or an error
+        per item, in order.  Raises only what concerns the whole request."""
+        ...
 
     def close(self) -> None: ...
 
@@ -202,10 +314,20 @@ def answer_of(future: concurrent.futures.Future[AppendResult]) -> CommitAnswer:
 
 # -- the caller's side --------------------------------------------------------------------------
 class _RecordingState:
-    """The owner's state as known here; remembers what the function read and wrote."""
+    """The owner's state as known here; remembers what the function read and wrote.
 
-    def __init__(self, known: Mapping[str, bytes | None], next_offset: int | None) -> None:
+    A key not known yet is looked up in ``hint`` (the cache of values seen before): the first
+    run of a function uses them, so a source written through this gateway before needs no
+    state read and no second run."""
+
+    def __init__(
+        self,
+        known: dict[str, bytes | None],
+        next_offset: int | None,
+        hint: Callable[[str], tuple[bool, bytes | None]] | None = None,
+    ) -> None:
         self._known = known
+        self._hint = hint
         self._next_offset = next_offset
         self.read: list[str] = []
         self.missing: set[str] = set()
@@ -218,8 +340,11 @@ class _RecordingState:
         if key not in self.read:
             self.read.append(key)
         if key not in self._known:
-            self.missing.add(key)
-            return None
+            found, value = self._hint(key) if self._hint is not None else (False, None)
+            if not found:
+                self.missing.add(key)
+                return None
+            self._known[key] = value
         return self._known[key]
 
     def put(self, key: str, value: bytes) -> None:
@@ -249,6 +374,14 @@ class _ValueCache:
                     found[key] = self._values[entry]
         return found
 
+    def hint(self, topic: str, partition: int, key: str) -> tuple[bool, bytes | None]:
+        """(True, value) if ``key``'s value is cached, else (False, None)."""
+        entry = (topic, partition, key)
+        with self._lock:
+            if entry in self._values:
+                return True, self._values[entry]
+        return False, None
+
     def put(self, topic: str, partition: int, values: Mapping[str, bytes | None]) -> None:
         with self._lock:
             for key, value in values.items():
@@ -270,11 +403,127 @@ class OwnerLookup(Protocol):
     ) -> str | None: ...
 
 
+class _Outgoing:
+    """A prepared transaction waiting for its owner's answer."""
+
+    __slots__ = ("answer", "item", "size")
+
+    def __init__(self, item: ForwardedTransaction) -> None:
+        self.item = item
+        self.answer: concurrent.futures.Future[CommitAnswer] = concurrent.futures.Future()
+        self.size = sum(len(r) for r in item.prepared.records) + sum(
+            len(v) for v in item.prepared.puts.values()
+        )
+
+
+class _OwnerOutbox:
+    """The prepared transactions going to one owner, sent in batches.
+
+    At most ``in_flight`` requests go to the owner at a time; what is queued meanwhile goes
+    in the next request, as one batch (up to ``batch_bytes``).  Without load a transaction is
+    sent at once; under load the batches grow instead of the number of requests.  Items are
+    put in groups (the transactions of one client request) and a group is never split unless
+    it is larger than ``batch_bytes``, so one client request costs one request per owner.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        link: PeerLink,
+        pool: concurrent.futures.ThreadPoolExecutor,
+        *,
+        in_flight: int,
+        batch_bytes: int,
+    ) -> None:
+        self.url = url
+        self._link = link
+        self._pool = pool
+        self._in_flight_max = in_flight
+        self._batch_bytes = batch_bytes
+        self._queue: deque[_Outgoing] = deque()
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    def put(self, items: Sequence[ForwardedTransaction]) -> list[_Outgoing]:
+        outgoing = [_Outgoing(item) for item in items]
+        with self._lock:
+            self._queue.extend(outgoing)
+        self._pump()
+        return outgoing
+
+    def _pump(self) -> None:
+        while True:
+            with self._lock:
+                if self._in_flight >= self._in_flight_max:
+                    return
+                batch: list[_Outgoing] = []
+                size = 0
+                while self._queue and (
+                    not batch or size + self._queue[0].size <= self._batch_bytes
+                ):
+                    out = self._queue.popleft()
+                    # an item whose caller stopped waiting (cancelled) is not sent any more
+                    if out.answer.set_running_or_notify_cancel():
+                        size += out.size
+                        batch.append(out)
+                if not batch:
+                    return
+                self._in_flight += 1
+            try:
+                self._pool.submit(self._send, batch)
+            except RuntimeError:  # shut down: the store is closing
+                with self._lock:
+                    self._in_flight -= 1
+                for out in batch:
+                    out.answer.set_exception(StoreUnavailable("log store is closed"))
+                return
+
+    def _send(self, batch: list[_Outgoing]) -> None:
+        try:
+            outcomes = self._link.commit_many(self.url, [out.item for out in batch])
+        except BaseException as exc:
+            for out in batch:
+                out.answer.set_exception(exc)
+        else:
+            for out, outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, CommitAnswer):
+                    out.answer.set_result(outcome)
+                else:
+                    out.answer.set_exception(outcome)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+            self._pump()
+
+
+@dataclass
+class _Attempt:
+    """One transaction forwarded to a partition's owner: what is known of the owner's state."""
+
+    topic: str
+    partition: int
+    fn: TransactionFn
+    future: concurrent.futures.Future[AppendResult]
+    known: dict[str, bytes | None] = field(default_factory=dict)
+    fresh: set[str] = field(default_factory=set)
+    next_offset: int | None = None
+    rounds: int = 0
+    read: list[str] = field(default_factory=list)
+    local: dict[str, bytes] = field(default_factory=dict)
+
+
 class RemoteTransactions:
     """Runs transactions and state reads of partitions owned by other gateways."""
 
     def __init__(
-        self, directory: OwnerLookup, link: PeerLink, *, timeout_s: float, workers: int = 32
+        self,
+        directory: OwnerLookup,
+        link: PeerLink,
+        *,
+        timeout_s: float,
+        workers: int = 32,
+        in_flight_per_owner: int = 4,
+        batch_bytes: int = BATCH_BYTES,
     ) -> None:
         self._directory = directory
         self._link = link
@@ -283,6 +532,27 @@ class RemoteTransactions:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="logbroker-remote"
         )
+        self._senders = concurrent.futures.ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="logbroker-forward"
+        )
+        self._in_flight = in_flight_per_owner
+        self._batch_bytes = batch_bytes
+        self._outboxes: dict[str, _OwnerOutbox] = {}
+        self._outboxes_lock = threading.Lock()
+
+    def _outbox(self, url: str) -> _OwnerOutbox:
+        with self._outboxes_lock:
+            outbox = self._outboxes.get(url)
+            if outbox is None:
+                outbox = _OwnerOutbox(
+                    url,
+                    self._link,
+                    self._senders,
+                    in_flight=self._in_flight,
+                    batch_bytes=self._batch_bytes,
+                )
+                self._outboxes[url] = outbox
+            return outbox
 
     def submit(
         self,
@@ -291,19 +561,81 @@ class RemoteTransactions:
         fn: TransactionFn,
         future: concurrent.futures.Future[AppendResult],
     ) -> None:
+        self.submit_many([(topic, partition, fn, future)])
+
+    def submit_many(
+        self,
+        items: Sequence[tuple[str, int, TransactionFn, concurrent.futures.Future[AppendResult]]],
+    ) -> None:
+        """Forward several transactions (those of one client request) together: their first
+        tries go to each owner in one request."""
+        attempts = [_Attempt(t, p, fn, future) for t, p, fn, future in items]
+
         def run() -> None:
-            if not (future.running() or future.set_running_or_notify_cancel()):
-                return
-            try:
-                future.set_result(self.run(topic, partition, fn))
-            except BaseException as exc:
-                future.set_exception(exc)
+            started = [a for a in attempts if a.future.set_running_or_notify_cancel()]
+            self._run_together(started)
 
         try:
             self._pool.submit(run)
         except RuntimeError:  # the pool is shut down: the store is closing
-            if future.set_running_or_notify_cancel():
-                future.set_exception(StoreUnavailable("log store is closed"))
+            for attempt in attempts:
+                if attempt.future.set_running_or_notify_cancel():
+                    attempt.future.set_exception(StoreUnavailable("log store is closed"))
+
+    def _run_together(self, attempts: list[_Attempt]) -> None:
+        """First tries of ``attempts``, one request per owner; the rest one by one."""
+        by_owner: dict[str, list[tuple[_Attempt, PreparedTransaction]]] = {}
+        for attempt in attempts:
+            try:
+                prepared = self._prepare(attempt)
+                if isinstance(prepared, AppendResult):
+                    attempt.future.set_result(prepared)
+                    continue
+                url = self._directory.owner(
+                    attempt.topic, attempt.partition, wait_s=min(self._timeout_s, _OWNER_WAIT_S)
+                )
+            except BaseException as exc:
+                attempt.future.set_exception(exc)
+                continue
+            if url is None:  # no owner announced right now: the one-by-one path waits for one
+                self._continue(attempt)
+                continue
+            by_owner.setdefault(url, []).append((attempt, prepared))
+        waiting: list[tuple[_Attempt, _Outgoing]] = []
+        for url, group in by_owner.items():
+            outgoing = self._outbox(url).put(
+                [ForwardedTransaction(a.topic, a.partition, p) for a, p in group]
+            )
+            waiting.extend((a, out) for (a, _p), out in zip(group, outgoing, strict=True))
+        for attempt, out in waiting:
+            try:
+                answer = out.answer.result(self._timeout_s + 10.0)
+            except (NotOwner, PeerUnreachable, concurrent.futures.TimeoutError):
+                out.answer.cancel()  # if still queued
+                self._continue(attempt)  # the one-by-one path follows the owner
+                continue
+            except BaseException as exc:
+                attempt.future.set_exception(exc)
+                continue
+            if self._absorb(attempt, answer):
+                assert answer.committed is not None
+                attempt.future.set_result(answer.committed)
+            else:
+                self._continue(attempt)
+
+    def _continue(self, attempt: _Attempt) -> None:
+        """Go on with ``attempt`` alone (a conflict, or an owner to look for)."""
+
+        def run() -> None:
+            try:
+                attempt.future.set_result(self._run_attempt(attempt))
+            except BaseException as exc:
+                attempt.future.set_exception(exc)
+
+        try:
+            self._pool.submit(run)
+        except RuntimeError:
+            attempt.future.set_exception(StoreUnavailable("log store is closed"))
 
     def _with_owner(self, topic: str, partition: int, call: Any) -> Any:
         """``call(url)`` at the partition's owner, following ownership as it moves."""
@@ -334,6 +666,17 @@ class RemoteTransactions:
                     ) from None
                 time.sleep(0.05)
 
+    def _commit_at(
+        self, url: str, topic: str, partition: int, prepared: PreparedTransaction
+    ) -> CommitAnswer:
+        """One prepared transaction through the owner's outbox (batched with others)."""
+        (out,) = self._outbox(url).put([ForwardedTransaction(topic, partition, prepared)])
+        try:
+            return out.answer.result(self._timeout_s + 10.0)
+        except concurrent.futures.TimeoutError:
+            out.answer.cancel()  # still queued: not sent (once sent, the owner's check decides)
+            raise PeerUnreachable(f"{url} did not answer a forwarded transaction") from None
+
     def read_state(
         self, topic: str, partition: int, keys: Sequence[str]
     ) -> dict[str, bytes | None]:
@@ -345,22 +688,52 @@ class RemoteTransactions:
 
     def run(self, topic: str, partition: int, fn: TransactionFn) -> AppendResult:
         """Run ``fn`` against the owner's state and have the owner commit it if still valid."""
-        known: dict[str, bytes | None] = {}
-        fresh: set[str] = set()
-        next_offset: int | None = None
+        return self._run_attempt(_Attempt(topic, partition, fn, concurrent.futures.Future()))
+
+    def _run_attempt(self, attempt: _Attempt) -> AppendResult:
+        while True:
+            prepared = self._prepare(attempt)
+            if isinstance(prepared, AppendResult):
+                return prepared
+            answer: CommitAnswer = self._with_owner(
+                attempt.topic,
+                attempt.partition,
+                lambda url, prepared=prepared: self._commit_at(
+                    url, attempt.topic, attempt.partition, prepared
+                ),
+            )
+            if self._absorb(attempt, answer):
+                assert answer.committed is not None
+                return answer.committed
+
+    def _prepare(self, attempt: _Attempt) -> PreparedTransaction | AppendResult:
+        """Run the function until what it read is known: the transaction to commit, or the
+        result if there is nothing to commit.  Raises the function's error (computed from
+        values read from the owner, not from the cache)."""
+        topic, partition, known, fresh = (
+            attempt.topic,
+            attempt.partition,
+            attempt.known,
+            attempt.fresh,
+        )
 
         def fetch(keys: Sequence[str]) -> None:
-            nonlocal next_offset
-            values, next_offset = self.read_state_and_next(topic, partition, keys)
+            values, attempt.next_offset = self.read_state_and_next(topic, partition, keys)
             known.update(values)
             fresh.update(values)
 
-        for _round in range(_MAX_ROUNDS):
-            state = _RecordingState(known, next_offset)
+        while True:
+            attempt.rounds += 1
+            if attempt.rounds > _MAX_ROUNDS:
+                raise StoreUnavailable(f"{topic}/{partition}: too many concurrent changes; retry")
+            next_offset = attempt.next_offset
+            state = _RecordingState(
+                known, next_offset, lambda key: self._cache.hint(topic, partition, key)
+            )
             error: Exception | None = None
             records: list[bytes] = []
             try:
-                records = [bytes(v) for v in fn(state)]
+                records = [bytes(v) for v in attempt.fn(state)]
             except Exception as exc:
                 error = exc
             if state.missing:
@@ -382,27 +755,29 @@ class RemoteTransactions:
             read_fresh = all(k in fresh for k in state.read)
             if not state.local and not records and read_fresh and not state.asked_next:
                 return AppendResult(next_offset or 0, (next_offset or 0) - 1)
-            prepared = PreparedTransaction(
+            attempt.read = list(state.read)
+            attempt.local = dict(state.local)
+            return PreparedTransaction(
                 expect={k: digest(known.get(k)) for k in state.read},
                 expect_next_offset=next_offset if state.asked_next else None,
                 puts=dict(state.local),
                 records=records,
             )
-            answer: CommitAnswer = self._with_owner(
-                topic,
-                partition,
-                lambda url, prepared=prepared: self._link.commit(url, topic, partition, prepared),
-            )
-            if answer.committed is not None:
-                self._cache.put(topic, partition, {k: known.get(k) for k in state.read})
-                self._cache.put(topic, partition, state.local)
-                return answer.committed
-            known.update(answer.conflict_values)
-            fresh.update(answer.conflict_values)
-            self._cache.put(topic, partition, answer.conflict_values)
-            if answer.next_offset is not None:
-                next_offset = answer.next_offset
-        raise StoreUnavailable(f"{topic}/{partition}: too many concurrent changes; retry")
+
+    def _absorb(self, attempt: _Attempt, answer: CommitAnswer) -> bool:
+        """Take the owner's answer in: True if it committed; else the conflicting values are
+        now known and the function runs again."""
+        topic, partition = attempt.topic, attempt.partition
+        if answer.committed is not None:
+            self._cache.put(topic, partition, {k: attempt.known.get(k) for k in attempt.read})
+            self._cache.put(topic, partition, attempt.local)
+            return True
+        attempt.known.update(answer.conflict_values)
+        attempt.fresh.update(answer.conflict_values)
+        self._cache.put(topic, partition, answer.conflict_values)
+        if answer.next_offset is not None:
+            attempt.next_offset = answer.next_offset
+        return False
 
     def read_state_and_next(
         self, topic: str, partition: int, keys: Sequence[str]
@@ -418,6 +793,7 @@ class RemoteTransactions:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._senders.shutdown(wait=False, cancel_futures=True)
         self._link.close()
 
 

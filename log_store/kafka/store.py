@@ -280,7 +280,7 @@ class KafkaLogStore:
         for key, value in items.items():
             homes.setdefault(home_partition(key, int(record["home_partitions"])), {})[key] = value
         won: dict[str, bytes] = {}
-        futures = []
+        functions: list[tuple[str, int, TransactionFn]] = []
         for home, wanted in homes.items():
 
             def put_if_absent(
@@ -296,8 +296,8 @@ class KafkaLogStore:
                 won.update(found)
                 return ()
 
-            futures.append(self.submit(topic, home, put_if_absent))
-        for future in futures:
+            functions.append((topic, home, put_if_absent))
+        for future in self.submit_many(functions):  # one request per owner elsewhere
             future.result()
         return {key: won[key] for key in items}
 
@@ -329,6 +329,41 @@ class KafkaLogStore:
         future: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
         self._dispatch(topic, partition, Pending(fn, future))
         return future
+
+    def submit_many(
+        self, items: Sequence[tuple[str, int, TransactionFn]]
+    ) -> list[concurrent.futures.Future[AppendResult]]:
+        """``submit`` of several transactions (one client request's partitions) at once.
+
+        Those of partitions owned by other gateways are forwarded together: one request per
+        owner carries all of them (see ``remote_transaction``)."""
+        futures: list[concurrent.futures.Future[AppendResult]] = []
+        forwarded: list[
+            tuple[str, int, TransactionFn, concurrent.futures.Future[AppendResult]]
+        ] = []
+        for topic, partition, _fn in items:  # all checked before any is dispatched
+            validate_topic_name(topic)
+            if not isinstance(partition, int) or partition < 0:
+                raise UnknownPartition(
+                    f"partition must be a non-negative integer, got {partition!r}"
+                )
+        for topic, partition, fn in items:
+            future: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
+            futures.append(future)
+            remote = self.placement.remote()
+            if (
+                not self._closed
+                and remote is not None
+                and not self.placement.owns(topic, partition)
+            ):
+                forwarded.append((topic, partition, fn, future))
+            else:
+                self._dispatch(topic, partition, Pending(fn, future))
+        if forwarded:
+            remote = self.placement.remote()
+            assert remote is not None
+            remote.submit_many(forwarded)
+        return futures
 
     def _dispatch(self, topic: str, partition: int, txn: Pending) -> None:
         """Hand ``txn`` to the partition's owner: here (taking it over if needed) or remote."""

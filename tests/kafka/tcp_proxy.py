@@ -24,6 +24,10 @@ class TcpProxy:
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self.lose_answers = False
+        """While set, whatever the target answers is thrown away and the connection broken:
+        the request arrived and was acted on, the client never hears how it went."""
+        self.answers_lost = 0
 
     def start(self) -> TcpProxy:
         server = socket.socket()
@@ -50,14 +54,18 @@ class TcpProxy:
             upstream.settimeout(None)
             with self._lock:
                 self._sockets.update((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, answers in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pump, args=(a, b, answers), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
+                    break
+                if answers and self.lose_answers:
+                    with self._lock:
+                        self.answers_lost += 1
                     break
                 sink.sendall(data)
         except OSError:
@@ -74,6 +82,8 @@ class TcpProxy:
     def cut(self) -> None:
         """Refuse new connections and break every open one, as a failed network would."""
         if self._server is not None:
+            with contextlib.suppress(OSError):  # wakes the accepting thread: the port is free
+                self._server.shutdown(socket.SHUT_RDWR)
             self._server.close()
             self._server = None
         with self._lock:
