@@ -150,13 +150,25 @@ def connect_read_only(path: Path) -> sqlite3.Connection:
 
 
 class _TxnState:
-    """The state area as one transaction sees it: its own puts over the group's over the db."""
+    """The state area as one transaction sees it: its own puts over the group's over the db.
 
-    __slots__ = ("_conn", "_group", "_next_offset", "local")
+    ``read`` holds what this commit has read from the database (None for an absent key),
+    shared by the group's transactions: under the write lock the database cannot change
+    before the commit, and the group's own puts are looked at first.
+    """
 
-    def __init__(self, conn: sqlite3.Connection, group: dict[str, bytes], next_offset: int) -> None:
+    __slots__ = ("_conn", "_group", "_next_offset", "_read", "local")
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        group: dict[str, bytes],
+        read: dict[str, bytes | None],
+        next_offset: int,
+    ) -> None:
         self._conn = conn
         self._group = group
+        self._read = read
         self._next_offset = next_offset
         self.local: dict[str, bytes] = {}
 
@@ -168,8 +180,28 @@ class _TxnState:
             return self.local[key]
         if key in self._group:
             return self._group[key]
+        if key in self._read:
+            return self._read[key]
         row = self._conn.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
-        return None if row is None else bytes(row[0])
+        value = None if row is None else bytes(row[0])
+        self._read[key] = value
+        return value
+
+    def prefetch(self, keys: Sequence[str]) -> None:
+        """Read every key of ``keys`` not read yet, many per statement."""
+        read = self._read
+        missing = [key for key in dict.fromkeys(keys) if key not in read]
+        for i in range(0, len(missing), 2 * _UPSERT_ROWS):
+            part = missing[i : i + 2 * _UPSERT_ROWS]
+            found = dict(
+                self._conn.execute(
+                    f"SELECT key, value FROM state WHERE key IN ({', '.join('?' * len(part))})",
+                    part,
+                ).fetchall()
+            )
+            for key in part:
+                value = found.get(key)
+                read[key] = None if value is None else bytes(value)
 
     def put(self, key: str, value: bytes) -> None:
         if not isinstance(value, bytes | bytearray | memoryview):
@@ -407,9 +439,10 @@ class PartitionLog:
                 end = self._check_alive(conn)
                 segment, pos = _active_segment(conn)
             shared: dict[str, bytes] = {}
+            read: dict[str, bytes | None] = {}
             values: list[bytes] = []
             for txn in group:
-                state = _TxnState(conn, shared, end + len(values))
+                state = _TxnState(conn, shared, read, end + len(values))
                 try:
                     produced = txn.fn(state)
                 except Exception as exc:  # the transaction's own failure; others go on
