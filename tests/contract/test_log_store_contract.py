@@ -187,6 +187,56 @@ def test_prefetched_state_reads_the_group_and_own_puts_before_the_database(
     }
 
 
+def test_a_waiting_writer_never_overtakes_what_its_thread_queued_before(tmp_path: Path) -> None:
+    """``transact`` may commit in the caller's thread (the embedded store); a transaction the
+    same thread submitted before it still commits first, and other threads lose nothing."""
+    store = open_store(tmp_path / "data")
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    stop = threading.Event()
+
+    def background() -> None:
+        while not stop.is_set():
+            store.append("dc1.t", 0, [b"bg"])
+
+    other = threading.Thread(target=background)
+    other.start()
+    try:
+        for i in range(100):
+            queued = store.submit("dc1.t", 0, lambda _s, i=i: [b"q%d" % i])
+            waited = store.transact("dc1.t", 0, lambda _s, i=i: [b"w%d" % i])
+            assert queued.result().last_offset < waited.first_offset
+    finally:
+        stop.set()
+        other.join()
+    values = read_all(store, "dc1.t", 0)
+    store.close()
+    mine = [v for v in values if v != b"bg"]
+    assert mine == [v for i in range(100) for v in (b"q%d" % i, b"w%d" % i)]
+
+
+def test_idle_partition_lets_go_of_its_files_after_waiting_writers(tmp_path: Path) -> None:
+    """Appends committed in the writer's own thread still leave no segment open once idle."""
+    data_dir = tmp_path / "data"
+    with open_store(data_dir) as store:
+        store.create_topic("dc1.t", TopicConfig(partitions=1))
+        store.append("dc1.t", 0, [b"x"])
+        (segment,) = store_dir_of(data_dir).glob("*.log")
+        fd_dir = Path("/proc/self/fd")
+
+        def segment_open() -> bool:
+            return any(
+                os.readlink(fd_dir / fd) == str(segment)
+                for fd in os.listdir(fd_dir)
+                if (fd_dir / fd).is_symlink()
+            )
+
+        assert segment_open()
+        deadline = time.monotonic() + 60
+        while segment_open() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not segment_open()
+
+
 def test_concurrent_threads_share_commits_and_lose_nothing(store: LogStore) -> None:
     store.create_topic("dc1.t", TopicConfig(partitions=1))
     results: list[tuple[int, int, int]] = []
