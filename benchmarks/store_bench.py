@@ -3,11 +3,14 @@
     python benchmarks/store_bench.py [--dir DIR] [--seconds S] [--runs N] [--json PATH]
 
 Prints one table row per case with the median of N runs.  Every append is durable (acked only
-after the segment's fdatasync).  "1 writer" appends one batch at a time and waits for each;
-"N in flight" is one writer thread that keeps N appends submitted (``LogStore.submit``), as the
-gateway does with concurrent requests, so that group commit can merge them.  The
-``dd ... conv=fdatasync`` row is the disk's own sequential write speed, measured in the same run
-on the same file system.
+after the segment's fdatasync).  "1 writer" appends one batch at a time and waits for each
+(``LogStore.transact``: the embedded store commits it in the calling thread when no commit is
+under way); "N in flight" is one writer thread that keeps N appends submitted
+(``LogStore.submit``), as the gateway does with concurrent requests, so that group commit can
+merge them.  The ``dd ... conv=fdatasync`` row is the disk's own sequential write speed, measured
+in the same run on the same file system; the "sync floor" row is what a loop of plain ``pwrite``
++ ``fdatasync`` of one 200 B case's batch (500 records) reaches with no store at all: the most a
+writer that waits for each durable append can get on this disk.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import multiprocessing as mp
+import os
 import re
 import shutil
 import statistics
@@ -64,6 +68,9 @@ def _writer(
     pending: collections.deque = collections.deque()  # type: ignore[type-arg]
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
+        if in_flight == 1:  # a writer that waits for each append: the blocking call
+            records += store.transact(TOPIC, partition, append_values).count
+            continue
         pending.append(store.submit(TOPIC, partition, append_values))
         if len(pending) >= in_flight:
             records += pending.popleft().result().count
@@ -96,6 +103,30 @@ def append_case(
     for p in procs:
         p.join()
     rate = sum(records / elapsed for records, elapsed in results)
+    return rate, rate * record_bytes / 1e6
+
+
+def sync_floor_case(
+    directory: Path, record_bytes: int, batch: int, seconds: float
+) -> tuple[float, float]:
+    """(records/s, MB/s) of appending ``batch`` records' bytes to a file with one fdatasync each."""
+    target = directory / "floor.bin"
+    data = b"x" * (record_bytes * batch)
+    fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        appends = 0
+        pos = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            os.pwrite(fd, data, pos)
+            os.fdatasync(fd)
+            pos += len(data)
+            appends += 1
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        target.unlink()
+    rate = appends * batch / elapsed
     return rate, rate * record_bytes / 1e6
 
 
@@ -182,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
                     directory, w, s, b, args.seconds, f
                 ),
             )
+        measure(
+            "sync floor: pwrite + fdatasync of 500 x 200 B, one at a time (no store)",
+            lambda: sync_floor_case(directory, 200, 500, args.seconds),
+        )
         for label, size in (
             ("read 64 KiB records (page cache)", 65536),
             ("read 200 B records (page cache)", 200),

@@ -45,31 +45,53 @@ def gateway_counts(ctx: GatewayContext) -> WindowCounts:
 def count_written(
     counts: WindowCounts, topic: str, codec: str, batch: ChunkBatch, written: bytearray
 ) -> None:
-    """The write path's hook: count the chunks of one section that were written.
+    """The write path's hook: count the chunks of one section that were written."""
+    tally = WrittenTally(counts)
+    tally.section(topic, codec, batch, written)
+    tally.flush()
 
-    Clients stamp a whole batch with one create time, so a section is usually one addition.
+
+class WrittenTally:
+    """The chunks one request wrote, summed per (topic, create time) and added to the counts
+    once per request (:meth:`flush`), not once per section.
+
+    Clients stamp a whole batch with one create time, and a request of thousands of new
+    sources' first chunks holds a few create times at most.
     """
-    if is_audit_topic(topic):
-        return
-    every = written.count(WRITTEN) == len(written)
-    if codec != "raw":
+
+    __slots__ = ("_counts", "_raw")
+
+    def __init__(self, counts: WindowCounts) -> None:
+        self._counts = counts
+        self._raw: dict[tuple[str, int], list[int]] = {}
+
+    def section(self, topic: str, codec: str, batch: ChunkBatch, written: bytearray) -> None:
+        """Count the written chunks of one section."""
+        if is_audit_topic(topic):
+            return
+        every = written.count(WRITTEN) == len(written)
+        if codec != "raw":
+            for i, create_time in enumerate(batch.create_times):
+                if every or written[i] == WRITTEN:
+                    self._counts.add_chunk(topic, create_time, codec, batch.datas[i])
+            return
+        raw = self._raw
         for i, create_time in enumerate(batch.create_times):
             if every or written[i] == WRITTEN:
-                counts.add_chunk(topic, create_time, codec, batch.datas[i])
-        return
-    per_time: dict[int, list[int]] = {}
-    for i, create_time in enumerate(batch.create_times):
-        if every or written[i] == WRITTEN:
-            data = batch.datas[i]
-            lines = (bytes(data) if isinstance(data, memoryview) else data).count(b"\n")
-            tally = per_time.get(create_time)
-            if tally is None:
-                per_time[create_time] = [1, lines]
-            else:
-                tally[0] += 1
-                tally[1] += lines
-    for create_time, (messages, lines) in per_time.items():
-        counts.add(topic, create_time, messages, lines)
+                data = batch.datas[i]
+                lines = (bytes(data) if isinstance(data, memoryview) else data).count(b"\n")
+                tally = raw.get((topic, create_time))
+                if tally is None:
+                    raw[(topic, create_time)] = [1, lines]
+                else:
+                    tally[0] += 1
+                    tally[1] += lines
+
+    def flush(self) -> None:
+        """Add what was counted to the window counts."""
+        for (topic, create_time), (messages, lines) in self._raw.items():
+            self._counts.add(topic, create_time, messages, lines)
+        self._raw.clear()
 
 
 class AuditApi:

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ingest_api.access import RouteDeclaration, route, write
-from ingest_api.audit_api import count_written, gateway_counts
+from ingest_api.audit_api import WrittenTally, gateway_counts
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
@@ -253,6 +253,7 @@ class WriteApi:
         tally: dict[tuple[str, int], int] = {}
         written_bytes: dict[str, int] = {}
         results: list[dict[str, Any]] = []
+        audited = WrittenTally(self.audit)
         for s in sections:
             if s.error is not None:
                 results.append(_refusal_json(s.meta.source_id, s.error))
@@ -264,9 +265,8 @@ class WriteApi:
                 results.append(_limit_refusal_json(s.meta.source_id, outcome.refused))
             else:
                 results.append(_result(s, outcome, tally, written_bytes))
-                count_written(
-                    self.audit, outcome.route.topic, s.meta.codec, s.batch, outcome.written
-                )
+                audited.section(outcome.route.topic, s.meta.codec, s.batch, outcome.written)
+        audited.flush()
         for (topic, code), count in tally.items():
             self.chunks.inc(count, (topic, CHUNK_STATUSES[code]))
         for topic, size in written_bytes.items():

@@ -125,6 +125,17 @@ class PartitionState(Protocol):
         ...
 
 
+@runtime_checkable
+class PrefetchingState(PartitionState, Protocol):
+    """A state area that can read many keys in one step before the transaction asks for them.
+
+    Deciding thousands of new sources in one transaction otherwise costs one lookup per key.
+    ``prefetch`` is a hint: it changes nothing, and ``get`` answers the same with or without it.
+    """
+
+    def prefetch(self, keys: Sequence[str]) -> None: ...
+
+
 TransactionFn = Callable[[PartitionState], Sequence[bytes]]
 """Reads and updates state, returns the record values to append (possibly none).
 

@@ -150,13 +150,25 @@ def connect_read_only(path: Path) -> sqlite3.Connection:
 
 
 class _TxnState:
-    """The state area as one transaction sees it: its own puts over the group's over the db."""
+    """The state area as one transaction sees it: its own puts over the group's over the db.
 
-    __slots__ = ("_conn", "_group", "_next_offset", "local")
+    ``read`` holds what this commit has read from the database (None for an absent key),
+    shared by the group's transactions: under the write lock the database cannot change
+    before the commit, and the group's own puts are looked at first.
+    """
 
-    def __init__(self, conn: sqlite3.Connection, group: dict[str, bytes], next_offset: int) -> None:
+    __slots__ = ("_conn", "_group", "_next_offset", "_read", "local")
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        group: dict[str, bytes],
+        read: dict[str, bytes | None],
+        next_offset: int,
+    ) -> None:
         self._conn = conn
         self._group = group
+        self._read = read
         self._next_offset = next_offset
         self.local: dict[str, bytes] = {}
 
@@ -168,8 +180,28 @@ class _TxnState:
             return self.local[key]
         if key in self._group:
             return self._group[key]
+        if key in self._read:
+            return self._read[key]
         row = self._conn.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
-        return None if row is None else bytes(row[0])
+        value = None if row is None else bytes(row[0])
+        self._read[key] = value
+        return value
+
+    def prefetch(self, keys: Sequence[str]) -> None:
+        """Read every key of ``keys`` not read yet, many per statement."""
+        read = self._read
+        missing = [key for key in dict.fromkeys(keys) if key not in read]
+        for i in range(0, len(missing), 2 * _UPSERT_ROWS):
+            part = missing[i : i + 2 * _UPSERT_ROWS]
+            found = dict(
+                self._conn.execute(
+                    f"SELECT key, value FROM state WHERE key IN ({', '.join('?' * len(part))})",
+                    part,
+                ).fetchall()
+            )
+            for key in part:
+                value = found.get(key)
+                read[key] = None if value is None else bytes(value)
 
     def put(self, key: str, value: bytes) -> None:
         if not isinstance(value, bytes | bytearray | memoryview):
@@ -225,6 +257,9 @@ class PartitionLog:
         self._deleted = False
         self._pending: list[_PendingTxn] = []
         self._cond = threading.Condition()
+        # Held by whoever commits (the committer thread or a commit_here caller), taken
+        # before ``_cond`` when both are needed; it guards the writer's files and connection.
+        self._commit_mutex = threading.Lock()
         self._committer: threading.Thread | None = None
         self._closed = False
         self._change = threading.Condition()
@@ -274,15 +309,48 @@ class PartitionLog:
                 raise StoreUnavailable("log store is closed")
             self._pending.append(_PendingTxn(fn, future))
             if self._committer is None:
-                self._committer = threading.Thread(
-                    target=self._commit_loop,
-                    name=f"logbroker-commit-{self.directory.name}",
-                    daemon=True,
-                )
-                self._committer.start()
+                self._start_committer()
             else:
                 self._cond.notify()
         return future
+
+    def commit_here(self, fn: TransactionFn) -> AppendResult:
+        """Commit ``fn`` in the calling thread and return its result after the sync.
+
+        For a writer that waits for each commit anyway: when no commit is under way, the
+        caller commits ``fn`` itself, together with whatever was queued before it, and saves
+        the two thread hand-offs of a queued commit (to the committer and back), which on a
+        busy machine cost more than the commit.  Otherwise ``fn`` is queued and waited for.
+        """
+        if not self._commit_mutex.acquire(blocking=False):
+            return self.submit(fn).result()
+        future: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
+        try:
+            with self._cond:
+                if self._closed:
+                    if self._deleted:
+                        raise UnknownTopic("the topic was deleted")
+                    raise StoreUnavailable("log store is closed")
+                # What was queued first is committed first, in the same group.
+                group, self._pending = self._pending, []
+            group.append(_PendingTxn(fn, future))
+            self._commit(group)
+            self._checkpoint_if_due()
+        finally:
+            self._commit_mutex.release()
+        with self._cond:
+            if self._committer is None and not self._closed:
+                # It lets go of the files once the partition has been idle for a while.
+                self._start_committer()
+        return future.result()
+
+    def _start_committer(self) -> None:
+        self._committer = threading.Thread(
+            target=self._commit_loop,
+            name=f"logbroker-commit-{self.directory.name}",
+            daemon=True,
+        )
+        self._committer.start()
 
     def _commit_loop(self) -> None:
         try:
@@ -292,12 +360,22 @@ class PartitionLog:
                         self._cond.wait(_COMMITTER_IDLE_S)
                     if not self._pending:
                         # Idle: let go of the files, so that an idle process holds no
-                        # descriptor of a segment that retention may drop.
-                        self._release_writer()
+                        # descriptor of a segment that retention may drop; unless a
+                        # caller is committing with them right now (commit_here).
+                        if self._commit_mutex.acquire(blocking=False):
+                            try:
+                                self._release_writer()
+                            finally:
+                                self._commit_mutex.release()
                         return
-                    group, self._pending = self._pending, []
-                self._commit(group)
-                self._checkpoint_if_due()
+                # The group is taken under the commit mutex, so that a commit_here never
+                # overtakes transactions queued before it.
+                with self._commit_mutex:
+                    with self._cond:
+                        group, self._pending = self._pending, []
+                    if group:
+                        self._commit(group)
+                        self._checkpoint_if_due()
         finally:
             with self._cond:
                 self._committer = None
@@ -407,9 +485,10 @@ class PartitionLog:
                 end = self._check_alive(conn)
                 segment, pos = _active_segment(conn)
             shared: dict[str, bytes] = {}
+            read: dict[str, bytes | None] = {}
             values: list[bytes] = []
             for txn in group:
-                state = _TxnState(conn, shared, end + len(values))
+                state = _TxnState(conn, shared, read, end + len(values))
                 try:
                     produced = txn.fn(state)
                 except Exception as exc:  # the transaction's own failure; others go on
@@ -871,7 +950,8 @@ class PartitionLog:
         if committer is not None and committer is not threading.current_thread():
             # Each commit is bounded by the busy timeout, so this wait is bounded too.
             committer.join()
-        self._release_writer()
+        with self._commit_mutex:
+            self._release_writer()
         with self._pool_lock:
             pool, self._pool = self._pool, []
         for conn in pool:

@@ -24,11 +24,18 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from log_store.errors import LimitReached, StoreUnavailable, UnknownTopic
-from log_store.interface import AppendResult, LogStore, PartitionState, TopicInfo
+from log_store.interface import (
+    AppendResult,
+    LogStore,
+    PartitionState,
+    PrefetchingState,
+    TopicInfo,
+)
 from log_store.topic_quota import TopicLimits, TopicQuota
 from session_dedup.envelope import EnvelopeWriter
 from session_dedup.pinning import decode_pin, encode_pin, pin_key, stable_partition
 from session_dedup.seqno_table import (
+    SOURCE_COUNT_KEY,
     admit_new_source,
     decode_seqno,
     encode_source_value,
@@ -402,9 +409,34 @@ class _ChunkTransaction:
     def __call__(self, state: PartitionState) -> Sequence[bytes]:
         values: list[bytes] = []
         write_time = now_ms()
+        if isinstance(state, PrefetchingState):
+            _prefetch_sources(state, [s.source_id for s in self.sources], self.sources)
         for source in self.sources:
             source.admit(state, values, write_time)
         return values
+
+
+def _prefetch_sources(
+    state: PrefetchingState, source_ids: list[str], chunks: list[_SourceChunks] | None = None
+) -> None:
+    """Read the state a transaction's sources need in a few statements, not two per source.
+
+    The last seqnos first; then the epochs of the sources that need theirs (every source
+    when ``chunks`` is None, else those new here or writing under an epoch condition), and
+    the partition's source count once any source is new.
+    """
+    seq_keys = [seqno_key(source_id) for source_id in source_ids]
+    state.prefetch(seq_keys)
+    if chunks is None:
+        wanted = source_ids
+    else:
+        wanted = [
+            source.source_id
+            for source, key in zip(chunks, seq_keys, strict=True)
+            if source.batch.epoch is not None or not state.get(key)
+        ]
+    if wanted:
+        state.prefetch([epoch_key(source_id) for source_id in wanted] + [SOURCE_COUNT_KEY])
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,6 +491,8 @@ class _SessionTransaction:
         created: list[str] = []
         values: list[bytes] = []
         now = now_ms()
+        if isinstance(state, PrefetchingState):
+            _prefetch_sources(state, self.source_ids)
         for source_id, request, writer in zip(
             self.source_ids, self.requests, self.handover_writers, strict=True
         ):

@@ -30,6 +30,7 @@ from log_store import (
     UnknownTopic,
     open_store,
 )
+from log_store.interface import PrefetchingState
 from tests.contract.backends import open_spec
 
 APPENDER = Path(__file__).with_name("appender.py")
@@ -142,6 +143,98 @@ def test_state_updates_commit_with_the_records_they_admit(store: LogStore) -> No
     assert counts == [1, 1, 0, 1, 0, 1, 0, 0, 1]
     assert read_all(store, "dc1.t", 0) == [b"1", b"2", b"5", b"6", b"7"]
     assert store.get_state("dc1.t", 0, "src") == (7).to_bytes(8, "big")
+
+
+def test_prefetched_state_reads_the_group_and_own_puts_before_the_database(
+    tmp_path: Path,
+) -> None:
+    """A key read ahead in bulk must not hide a put made since by the same group commit."""
+    with open_store(tmp_path / "data") as store:
+        store.create_topic("dc1.t", TopicConfig(partitions=1))
+        store.transact("dc1.t", 0, lambda s: (s.put("k", b"db"), s.put("gone", b"x"), [])[2])
+        store.transact("dc1.t", 0, lambda s: (s.put("gone", b""), [])[1])
+        release = threading.Event()
+        seen: dict[str, list[bytes | None]] = {}
+
+        def hold(_state: PartitionState) -> Sequence[bytes]:
+            # keeps the committer busy so that the next two are committed as one group
+            release.wait(60)
+            return []
+
+        def first(state: PartitionState) -> Sequence[bytes]:
+            assert isinstance(state, PrefetchingState)
+            state.prefetch(["k", "new", "gone", "k"])
+            seen["first"] = [state.get("k"), state.get("new"), state.get("gone")]
+            state.put("new", b"from first")
+            seen["first-own"] = [state.get("new")]
+            return [b"1"]
+
+        def second(state: PartitionState) -> Sequence[bytes]:
+            assert isinstance(state, PrefetchingState)
+            state.prefetch(["k", "new"])
+            seen["second"] = [state.get("k"), state.get("new")]
+            return [b"2"]
+
+        held = store.submit("dc1.t", 0, hold)
+        futures = [store.submit("dc1.t", 0, fn) for fn in (first, second)]
+        release.set()
+        held.result()
+        assert [f.result().count for f in futures] == [1, 1]
+    assert seen == {
+        "first": [b"db", None, None],
+        "first-own": [b"from first"],
+        "second": [b"db", b"from first"],
+    }
+
+
+def test_a_waiting_writer_never_overtakes_what_its_thread_queued_before(tmp_path: Path) -> None:
+    """``transact`` may commit in the caller's thread (the embedded store); a transaction the
+    same thread submitted before it still commits first, and other threads lose nothing."""
+    store = open_store(tmp_path / "data")
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    stop = threading.Event()
+
+    def background() -> None:
+        while not stop.is_set():
+            store.append("dc1.t", 0, [b"bg"])
+
+    other = threading.Thread(target=background)
+    other.start()
+    try:
+        for i in range(100):
+            queued = store.submit("dc1.t", 0, lambda _s, i=i: [b"q%d" % i])
+            waited = store.transact("dc1.t", 0, lambda _s, i=i: [b"w%d" % i])
+            assert queued.result().last_offset < waited.first_offset
+    finally:
+        stop.set()
+        other.join()
+    values = read_all(store, "dc1.t", 0)
+    store.close()
+    mine = [v for v in values if v != b"bg"]
+    assert mine == [v for i in range(100) for v in (b"q%d" % i, b"w%d" % i)]
+
+
+def test_idle_partition_lets_go_of_its_files_after_waiting_writers(tmp_path: Path) -> None:
+    """Appends committed in the writer's own thread still leave no segment open once idle."""
+    data_dir = tmp_path / "data"
+    with open_store(data_dir) as store:
+        store.create_topic("dc1.t", TopicConfig(partitions=1))
+        store.append("dc1.t", 0, [b"x"])
+        (segment,) = store_dir_of(data_dir).glob("*.log")
+        fd_dir = Path("/proc/self/fd")
+
+        def segment_open() -> bool:
+            return any(
+                os.readlink(fd_dir / fd) == str(segment)
+                for fd in os.listdir(fd_dir)
+                if (fd_dir / fd).is_symlink()
+            )
+
+        assert segment_open()
+        deadline = time.monotonic() + 60
+        while segment_open() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not segment_open()
 
 
 def test_concurrent_threads_share_commits_and_lose_nothing(store: LogStore) -> None:

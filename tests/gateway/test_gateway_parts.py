@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -14,10 +15,15 @@ from ingest_api.rate_limit import SourceRateLimiter
 from ingest_api.settings import ConfigError, GatewaySettings, Limits, load_settings
 from log_store import open_store
 from session_dedup.envelope import EnvelopeWriter, decode
-from session_dedup.exactly_once import ChunkBatch, ExactlyOnceWriter
+from session_dedup.exactly_once import (
+    CHUNK_STATUSES,
+    ChunkBatch,
+    ExactlyOnceWriter,
+    SessionRequest,
+)
 from session_dedup.pinning import stable_partition
 from session_dedup.seqno_table import rebuild_from_records
-from session_dedup.source import source_meta
+from session_dedup.source import SourceMeta, source_meta
 
 
 def test_settings_come_from_file_then_env_then_flags(tmp_path: Path) -> None:
@@ -124,6 +130,45 @@ def test_seqno_table_rebuilt_from_the_log_matches_the_state_area(tmp_path: Path)
     assert table == {"s0": 3, "s1": 20, "s2": 7}
     sessions = writer.open_sessions([source_meta(log_type="app", source_id=s) for s in table])
     assert [s.last_seqno for s in sessions] == list(table.values())
+    store.close()
+
+
+def test_many_sources_in_one_request_are_decided_as_one_by_one(tmp_path: Path) -> None:
+    """Sources decided in one transaction (their state read in bulk) get the same answers as
+    when each is written alone: duplicates, out-of-order chunks, fences and the source limit."""
+    store = open_store(tmp_path / "data")
+    writer = ExactlyOnceWriter(store, dc="dc1", partitions=1, max_sources_per_partition=5)
+
+    def meta(i: int) -> SourceMeta:
+        return source_meta(log_type="app", source_id=f"s{i}")
+
+    for i in range(3):  # s0..s2 exist, with last seqno 10
+        writer.write(meta(i), ChunkBatch([10], [0], [b"old"]))
+    (fenced,) = writer.open_sessions([meta(2)], [SessionRequest(fence=True)])
+    sections = [
+        (meta(0), ChunkBatch([5, 10, 11], [0] * 3, [b"a"] * 3)),  # dup, dup, written
+        (meta(1), ChunkBatch([12, 12, 11, 13], [0] * 4, [b"b"] * 4)),  # ooo inside the section
+        (meta(2), ChunkBatch([20], [0], [b"c"], epoch=fenced.epoch - 1)),  # a stale writer
+        (meta(3), ChunkBatch([1, 2], [0, 0], [b"d", b"d"])),  # new
+        (meta(4), ChunkBatch([7], [0], [b"e"], prev_seqno=3)),  # new, but a gap
+        (meta(5), ChunkBatch([1], [0], [b"f"])),  # new: the fifth source, at the limit
+        (meta(6), ChunkBatch([1], [0], [b"g"])),  # new: over the limit
+        (meta(3), ChunkBatch([2, 3], [0, 0], [b"d", b"d"])),  # s3 again: dup, written
+    ]
+    outcomes = asyncio.run(writer.write_many_async(sections))
+    assert [[CHUNK_STATUSES[c] for c in o.written] for o in outcomes] == [
+        ["duplicate", "duplicate", "written"],
+        ["written", "out_of_order", "out_of_order", "written"],
+        ["fenced"],
+        ["written", "written"],
+        ["out_of_order"],
+        ["written"],
+        ["refused"],
+        ["duplicate", "written"],
+    ]
+    assert [o.last_seqno for o in outcomes] == [11, 13, 10, 2, 0, 1, 0, 3]
+    sessions = writer.open_sessions([meta(i) for i in range(7)])
+    assert [s.last_seqno for s in sessions] == [11, 13, 10, 3, 0, 1, 0]
     store.close()
 
 
