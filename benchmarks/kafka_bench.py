@@ -57,15 +57,16 @@ def cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds of process ``pid`` and its children (0 if gone)."""
     total = 0.0
     pids = [pid]
-    try:
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pid:  # the parent's pid
-                    pids.append(int(entry))
-    except OSError:
-        pass
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended since the listing
+            continue
+        if int(fields[1]) == pid:  # the parent's pid
+            pids.append(int(entry))
     for one in pids:
         try:
             with open(f"/proc/{one}/stat") as f:
