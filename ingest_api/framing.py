@@ -33,7 +33,7 @@ from ingest_api.errors import ApiError
 from ingest_api.settings import Limits
 from log_store.errors import BadRequest
 from session_dedup.exactly_once import ChunkBatch
-from session_dedup.source import MAX_SEQNO, SourceMeta, source_meta
+from session_dedup.source import MAX_SEQNO, SourceMeta, source_meta, usual_source_meta
 
 BINARY_MEDIA_TYPE = "application/x-logbroker-chunks"
 NDJSON_MEDIA_TYPE = "application/x-ndjson"
@@ -108,6 +108,9 @@ def meta_from_json(obj: Any, where: str) -> SourceMeta:
     """Validate a JSON meta object (400 naming ``where`` and the field if it is bad)."""
     if not isinstance(obj, dict):
         raise _bad(f"{where}: meta must be a JSON object")
+    usual = usual_source_meta(obj)
+    if usual is not None:
+        return usual
     if not obj.keys() <= _META_KEYS:
         unknown = obj.keys() - _META_KEYS
         raise _bad(f"{where}: unknown meta fields {sorted(unknown)[:5]}")
@@ -162,64 +165,78 @@ def parse_binary(body: bytes, limits: Limits) -> list[Section]:
     pos = 4
     sections: list[Section] = []
     total_chunks = 0
+    max_chunks = limits.max_chunks_per_request
+    unpack_meta_len = _META_LEN.unpack_from
+    unpack_count = _COUNT.unpack_from
     unpack_chunk = _CHUNK.unpack_from
     max_chunk = limits.max_chunk_bytes
+    loads = orjson.loads
+    usual_meta = usual_source_meta
     while pos < size:
-        where = f"section {len(sections)}"
         if pos + 2 > size:
-            raise _bad(f"{where}: truncated before its meta length")
-        (meta_len,) = _META_LEN.unpack_from(body, pos)
+            raise _bad(f"{_where(sections)}: truncated before its meta length")
+        (meta_len,) = unpack_meta_len(body, pos)
         pos += 2
         if pos + meta_len + 4 > size:
-            raise _bad(f"{where}: truncated inside its meta or chunk count")
+            raise _bad(f"{_where(sections)}: truncated inside its meta or chunk count")
         try:
-            meta_obj = orjson.loads(view[pos : pos + meta_len])
+            meta_obj = loads(view[pos : pos + meta_len])
         except orjson.JSONDecodeError as exc:
-            raise _bad(f"{where}: meta is not UTF-8 JSON ({exc})") from None
+            raise _bad(f"{_where(sections)}: meta is not UTF-8 JSON ({exc})") from None
         error: ApiError | None = None
-        try:
-            meta, epoch, prev_seqno = _section_meta(meta_obj, where)
-        except ApiError as exc:
-            error = exc
+        epoch = prev_seqno = None
+        meta = usual_meta(meta_obj) if type(meta_obj) is dict else None
+        if meta is None:  # conditions, non-ASCII text, a new log type, or a bad meta
+            try:
+                meta, epoch, prev_seqno = _section_meta(meta_obj, _where(sections))
+            except ApiError as exc:
+                error = exc
         pos += meta_len
-        (count,) = _COUNT.unpack_from(body, pos)
+        (count,) = unpack_count(body, pos)
         pos += 4
         # an empty section still costs a route and a transaction: it counts as one chunk
-        total_chunks += max(count, 1)
-        if total_chunks > limits.max_chunks_per_request:
+        total_chunks += count or 1
+        if total_chunks > max_chunks:
             raise _too_many(limits)
         # 20 header bytes per chunk at least: a count the body cannot hold is a lie
         if pos + 20 * count > size:
-            raise _bad(f"{where}: {count} chunks announced, the body is too short for them")
+            raise _bad(
+                f"{_where(sections)}: {count} chunks announced, the body is too short for them"
+            )
         seqnos: list[int] = []
         create_times: list[int] = []
         datas: list[bytes | memoryview] = []
-        for _ in range(count):
+        for i in range(count):
             if pos + 20 > size:
-                raise _bad(f"{where}: truncated inside chunk {len(seqnos)}")
+                raise _bad(f"{_where(sections)}: truncated inside chunk {i}")
             seqno, create_time, data_len = unpack_chunk(body, pos)
             pos += 20
             end = pos + data_len
             if end > size:
-                raise _bad(f"{where}: chunk {len(seqnos)} runs past the end of the body")
+                raise _bad(f"{_where(sections)}: chunk {i} runs past the end of the body")
             if data_len > max_chunk and error is None:
                 error = _chunk_too_large(data_len, limits)
             seqnos.append(seqno)
             create_times.append(create_time)
             datas.append(view[pos:end])
             pos = end
-        if error is None:
+        if error is None and seqnos and (min(seqnos) < 1 or max(seqnos) > MAX_SEQNO):
             try:
-                _check_seqnos(seqnos, where)
+                _check_seqnos(seqnos, _where(sections))
             except ApiError as exc:
                 error = exc
         if error is not None:
             sections.append(Section.refused(meta_obj, error))
             continue
-        batch = ChunkBatch(seqnos, create_times, datas, epoch, prev_seqno)
-        sections.append(Section(meta, batch))
+        assert meta is not None
+        sections.append(Section(meta, ChunkBatch(seqnos, create_times, datas, epoch, prev_seqno)))
     refuse_whole_sources(sections)
     return sections
+
+
+def _where(sections: list[Section]) -> str:
+    """How an error names the section being decoded (built only for an error)."""
+    return f"section {len(sections)}"
 
 
 def _ndjson_data(obj: dict[str, Any], where: str) -> bytes:

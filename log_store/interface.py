@@ -270,6 +270,13 @@ class StateScan(Protocol):
         """``scan_state`` of the topic-level state (pins)."""
         ...
 
-    def delete_topic_state_if(self, topic: str, items: Mapping[str, bytes]) -> int:
-        """Delete each topic-state key whose value is the one given; how many were."""
+    def delete_topic_state_if(
+        self, topic: str, items: Mapping[str, bytes], *, deletions_key: str | None = None
+    ) -> int:
+        """Delete each topic-state key whose value is the one given; how many were.
+
+        With ``deletions_key``, the count under that key (8 bytes, big-endian, absent = 0) is
+        raised by the number deleted in the same transaction: a reader that saw the count
+        unchanged since before it read some keys knows that none of them was deleted since.
+        """
         ...

@@ -72,6 +72,7 @@ T = TypeVar("T")
 MAX_PARTITIONS = 1024
 _SQL_VARIABLES = 900  # keys per IN (...) list, below SQLite's smallest variable limit
 MIN_SEGMENT_BYTES = 4096
+_COUNT_BYTES = 8
 
 
 def _check_config(config: TopicConfig) -> None:
@@ -493,8 +494,14 @@ class SqliteLogStore:
             ).fetchall()
         return [(str(key), bytes(value)) for key, value in rows]
 
-    def delete_topic_state_if(self, topic: str, items: Mapping[str, bytes]) -> int:
-        """Delete each key whose value is the one given; how many were deleted."""
+    def delete_topic_state_if(
+        self, topic: str, items: Mapping[str, bytes], *, deletions_key: str | None = None
+    ) -> int:
+        """Delete each key whose value is the one given; how many were deleted.
+
+        With ``deletions_key``, the count stored there (8 bytes, big-endian) is raised by that
+        number in the same transaction.
+        """
         self._check_writable("delete_topic_state")
         info = self._topic(topic)
         deleted = 0
@@ -506,12 +513,24 @@ class SqliteLogStore:
                         "DELETE FROM topic_state WHERE topic_id = ? AND key = ? AND value = ?",
                         (info.topic_id, key, value),
                     ).rowcount
+                if deleted and deletions_key is not None:
+                    self._add_to_count(info.topic_id, deletions_key, deleted)
                 self._catalog.execute("COMMIT")
             except BaseException as exc:
                 if self._catalog.in_transaction:
                     self._catalog.execute("ROLLBACK")
                 raise as_store_unavailable(exc) or exc from exc
         return deleted
+
+    def _add_to_count(self, topic_id: str, key: str, added: int) -> None:
+        row = self._catalog.execute(
+            "SELECT value FROM topic_state WHERE topic_id = ? AND key = ?", (topic_id, key)
+        ).fetchone()
+        count = 0 if row is None else int.from_bytes(row[0], "big")
+        self._catalog.execute(
+            "INSERT OR REPLACE INTO topic_state VALUES (?, ?, ?)",
+            (topic_id, key, (count + added).to_bytes(_COUNT_BYTES, "big")),
+        )
 
     def get_topic_state(self, topic: str, key: str) -> bytes | None:
         info = self._topic(topic)

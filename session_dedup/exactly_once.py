@@ -29,15 +29,24 @@ from log_store.interface import (
     LogStore,
     PartitionState,
     PrefetchingState,
+    StateScan,
     TopicInfo,
 )
 from log_store.topic_quota import TopicLimits, TopicQuota
 from session_dedup.envelope import EnvelopeWriter
-from session_dedup.pinning import decode_pin, encode_pin, pin_key, stable_partition
+from session_dedup.pinning import (
+    decode_count,
+    decode_pin,
+    encode_pin,
+    pin_deletions_key,
+    pin_key,
+    stable_partition,
+)
 from session_dedup.seqno_table import (
     SOURCE_COUNT_KEY,
     admit_new_source,
     decode_seqno,
+    encode_seqno,
     encode_source_value,
     epoch_key,
     present,
@@ -48,6 +57,7 @@ from session_dedup.source import SourceMeta
 TOPIC_REFRESH_S = 5.0
 _log = logging.getLogger(__name__)
 _MAX_CACHED = 1_000_000
+_MAX_TOPIC_NAMES = 10_000
 
 
 def now_ms() -> int:
@@ -56,11 +66,16 @@ def now_ms() -> int:
 
 @dataclass(frozen=True, slots=True)
 class SourceRoute:
-    """Where a source's chunks go: its topic (by identity) and pinned partition."""
+    """Where a source's chunks go: its topic (by identity) and pinned partition.
+
+    ``pin_deletions`` is the topic's count of deleted pins read before the source's pin was
+    seen (see :meth:`SourceRouter.confirm_pins`); always 0 on a store that never deletes pins.
+    """
 
     topic: str
     topic_id: str
     partition: int
+    pin_deletions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +176,16 @@ def _source_limit(maximum: int) -> LimitReached:
 
 
 class SourceRouter:
-    """Creates topics on first use and resolves each source's pinned partition, with caches."""
+    """Creates topics on first use and resolves each source's pinned partition, with caches.
+
+    Pins are made before the data they route (:meth:`route_many`), so a source's first write
+    never lands on a partition its pin does not name.  Only idle source expiry deletes pins
+    (on a store that can list state, :class:`~log_store.interface.StateScan`), and it counts
+    them in the topic's state (:func:`~session_dedup.pinning.pin_deletions_key`) in the same
+    catalog transaction.  Every route remembers that count as it was read before its pin was
+    seen, and every pin in the cache of a topic was seen under the same count
+    (``_deletions``): a count that moved drops the topic's cached pins.
+    """
 
     def __init__(
         self,
@@ -176,7 +200,10 @@ class SourceRouter:
         self._partitions = partitions
         self._refresh_s = refresh_s
         self._topics: dict[str, tuple[TopicInfo, float]] = {}
-        self._pins: dict[tuple[str, str], int] = {}
+        self._pins: dict[tuple[str, str], SourceRoute] = {}
+        self._deletions: dict[str, int] = {}
+        """Per topic id, the pin deletion count under which its cached pins were seen."""
+        self._pins_deletable = isinstance(store, StateScan)
         self._lock = threading.Lock()
 
     def _topic_info(self, topic: str) -> TopicInfo:
@@ -192,11 +219,29 @@ class SourceRouter:
         with self._lock:
             if cached is not None and cached[0].topic_id != info.topic_id:
                 self._drop_pins(cached[0].topic_id)
+                self._deletions.pop(cached[0].topic_id, None)
             self._topics[topic] = (info, now)
         return info
 
     def _drop_pins(self, topic_id: str) -> None:
         self._pins = {k: v for k, v in self._pins.items() if k[0] != topic_id}
+
+    def _pin_deletions(self, topic: str, topic_id: str) -> int:
+        """How many pins of the topic were deleted so far (0 on a store that never does)."""
+        if not self._pins_deletable:
+            return 0
+        return decode_count(self._store.get_topic_state(topic, pin_deletions_key(topic_id)))
+
+    def _saw_deletions(self, topic_id: str, count: int) -> bool:
+        """Note that pins of ``topic_id`` were seen under deletion count ``count`` (with
+        ``self._lock`` held); whether pins seen under it may be cached."""
+        cached = self._deletions.get(topic_id)
+        if cached is None or count > cached:
+            if cached is not None:
+                self._drop_pins(topic_id)  # seen before deletions that may have taken them
+            self._deletions[topic_id] = count
+            return True
+        return count == cached
 
     def cached_route(self, topic: str, source_id: str) -> SourceRoute | None:
         """The route if the topic and the pin are cached (no I/O).
@@ -207,11 +252,7 @@ class SourceRouter:
         cached = self._topics.get(topic)
         if cached is None:
             return None
-        topic_id = cached[0].topic_id
-        partition = self._pins.get((topic_id, source_id))
-        if partition is None:
-            return None
-        return SourceRoute(topic, topic_id, partition)
+        return self._pins.get((cached[0].topic_id, source_id))
 
     def route(self, topic: str, source_id: str) -> SourceRoute:
         """The source's route, creating the topic and the pin if they do not exist yet."""
@@ -238,50 +279,41 @@ class SourceRouter:
         for topic, source_ids in by_topic.items():
             info = self._topic_info(topic)
             topic_id = info.topic_id
-            pins: dict[str, int] = {}
-            keys: dict[str, str] = {}
-            wanted: dict[str, bytes] = {}
-            unknown = []
-            cached_pins = self._pins
-            for source_id in source_ids:
-                partition = cached_pins.get((topic_id, source_id))
-                if partition is not None:
-                    pins[source_id] = partition
-                else:
-                    unknown.append(source_id)
+            # read before any pin is seen: a deletion after it moves the count
+            deletions = self._pin_deletions(topic, topic_id)
+            source_ids = list(dict.fromkeys(source_ids))
+            keys = [pin_key(topic_id, s) for s in source_ids]
             # most sources seen after a restart are pinned already: one read settles them
-            stored = (
-                self._store.get_topic_state_many(topic, [pin_key(topic_id, s) for s in unknown])
-                if unknown
-                else {}
-            )
-            for source_id in unknown:
-                key = pin_key(topic_id, source_id)
-                value = stored[key]
-                if value is not None:
-                    pins[source_id] = decode_pin(value)
-                else:
-                    keys[source_id] = key
-                    wanted[key] = encode_pin(stable_partition(source_id, info.config.partitions))
+            stored = self._store.get_topic_state_many(topic, keys)
+            wanted: dict[str, bytes] = {}
+            partitions = info.config.partitions
+            for source_id, key in zip(source_ids, keys, strict=True):
+                if stored[key] is None:
+                    wanted[key] = encode_pin(stable_partition(source_id, partitions))
             if wanted:
                 # One step for every pin not found: a pin made meanwhile (by any process)
                 # wins over the one offered.
-                won = self._store.put_topic_state_many_if_absent(topic, wanted)
-                for source_id, key in keys.items():
-                    value = won.get(key)
-                    if value is not None:
-                        pins[source_id] = decode_pin(value)
+                stored.update(self._store.put_topic_state_many_if_absent(topic, wanted))
             # routes are immutable: one per partition serves every source pinned to it
-            routes: dict[int, SourceRoute] = {}
+            routes: dict[bytes, SourceRoute] = {}
+            pins: dict[str, SourceRoute] = {}
+            for source_id, key in zip(source_ids, keys, strict=True):
+                value = stored[key]
+                if value is None:  # the store answered without it: the topic went away
+                    raise UnknownTopic(f"topic {topic!r} was deleted")
+                route = routes.get(value)
+                if route is None:
+                    route = SourceRoute(topic, topic_id, decode_pin(value), deletions)
+                    routes[value] = route
+                pins[source_id] = route
+                found[(topic, source_id)] = route
             with self._lock:
-                if len(self._pins) + len(pins) > _MAX_CACHED:
-                    self._pins.clear()
-                for source_id, partition in pins.items():
-                    self._pins[(topic_id, source_id)] = partition
-                    route = routes.get(partition)
-                    if route is None:
-                        route = routes[partition] = SourceRoute(topic, topic_id, partition)
-                    found[(topic, source_id)] = route
+                if self._saw_deletions(topic_id, deletions):
+                    if len(self._pins) + len(pins) > _MAX_CACHED:
+                        self._pins.clear()
+                    cache = self._pins
+                    for source_id, route in pins.items():
+                        cache[(topic_id, source_id)] = route
         return [found[pair] for pair in sources]
 
     def confirm_pins(self, routes: Sequence[tuple[SourceRoute, str]]) -> None:
@@ -291,21 +323,37 @@ class SourceRouter:
         had state), while this process may still route such a source from its cache; its next
         write gives it state again, and this puts its pin back before another process can
         pin it anywhere else.
+
+        A pin seen before the write under the deletion count the topic still has now was in
+        place throughout: nothing is written for it.  So a store that never deletes pins, and
+        a topic whose pins no expiry deleted since they were seen, cost one read here, or
+        none.
         """
-        by_topic: dict[str, dict[str, bytes]] = {}
+        if not self._pins_deletable:
+            return
+        by_topic: dict[tuple[str, str], list[tuple[SourceRoute, str]]] = {}
         for route, source_id in routes:
-            key = pin_key(route.topic_id, source_id)
-            by_topic.setdefault(route.topic, {})[key] = encode_pin(route.partition)
-        for topic, wanted in by_topic.items():
+            by_topic.setdefault((route.topic, route.topic_id), []).append((route, source_id))
+        for (topic, topic_id), items in by_topic.items():
             try:
-                won = self._store.put_topic_state_many_if_absent(topic, wanted)
+                now = self._pin_deletions(topic, topic_id)
+                moved = [(r, s) for r, s in items if r.pin_deletions != now]
+                if moved:
+                    self._put_pins_back(topic, moved)
             except UnknownTopic:
                 continue  # deleted meanwhile: so is the state the pin would guard
-            for key, value in wanted.items():
-                if won.get(key) != value:
-                    _log.warning(
-                        "%s: %s was pinned elsewhere while it was given state here", topic, key
-                    )
+            if moved:
+                with self._lock:
+                    self._saw_deletions(topic_id, now)
+
+    def _put_pins_back(self, topic: str, routes: list[tuple[SourceRoute, str]]) -> None:
+        wanted = {pin_key(r.topic_id, s): encode_pin(r.partition) for r, s in routes}
+        won = self._store.put_topic_state_many_if_absent(topic, wanted)
+        for key, value in wanted.items():
+            if won.get(key) != value:
+                _log.warning(
+                    "%s: %s was pinned elsewhere while it was given state here", topic, key
+                )
 
     def forget(self, topic: str) -> None:
         """Drop what is cached about ``topic`` (it was deleted, maybe created again)."""
@@ -313,12 +361,38 @@ class SourceRouter:
             cached = self._topics.pop(topic, None)
             if cached is not None:
                 self._drop_pins(cached[0].topic_id)
+                self._deletions.pop(cached[0].topic_id, None)
+
+
+class _SourceCount:
+    """The partition's source count as one transaction moves it: read once, written once."""
+
+    __slots__ = ("count", "maximum", "read")
+
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+        self.count = 0
+        self.read = False
+
+    def admit(self, state: PartitionState) -> bool:
+        """Count one more source (see :func:`admit_new_source`); False if it is over the limit."""
+        if not self.read:
+            self.count = decode_seqno(state.get(SOURCE_COUNT_KEY))
+            self.read = True
+        if self.count >= self.maximum:
+            return False
+        self.count += 1
+        return True
+
+    def store(self, state: PartitionState) -> None:
+        if self.read:
+            state.put(SOURCE_COUNT_KEY, encode_seqno(self.count))
 
 
 class _SourceChunks:
     """One source's chunks inside a partition's transaction, and what became of them."""
 
-    __slots__ = ("batch", "first_index", "index", "max_sources", "outcome", "source_id", "writer")
+    __slots__ = ("batch", "first_index", "index", "outcome", "seq_key", "source_id", "writer")
 
     def __init__(
         self,
@@ -327,44 +401,74 @@ class _SourceChunks:
         source_id: str,
         batch: ChunkBatch,
         outcome: WriteOutcome,
-        max_sources: int,
     ) -> None:
         self.index = index  # of the section in its request
         self.writer = writer
         self.source_id = source_id
+        self.seq_key = seqno_key(source_id)
         self.batch = batch
         self.outcome = outcome
-        self.max_sources = max_sources
         self.first_index = 0
 
     def _refuse(self, code: int, last: int) -> None:
         self.outcome.written = bytearray([code]) * len(self.batch)
         self.outcome.last_seqno = last
 
-    def admit(self, state: PartitionState, values: list[bytes], write_time: int) -> None:
+    def admit(
+        self, state: PartitionState, values: list[bytes], write_time: int, sources: _SourceCount
+    ) -> None:
         """Append the envelopes of the chunks above the source's last seqno to ``values``
         (see :data:`CHUNK_STATUSES` for how each chunk is decided).
 
         A store may run a transaction more than once (on Kafka, a partition owned by another
         gateway: again whenever a value it read turns out stale), so nothing a run decided is
         kept from an earlier run."""
-        self.first_index = len(values)
-        self.outcome.new_source = False
-        self.outcome.refused = None
-        key = seqno_key(self.source_id)
-        stored = present(state.get(key))
+        first_index = self.first_index = len(values)
+        outcome = self.outcome
+        outcome.new_source = False
+        outcome.refused = None
+        stored = state.get(self.seq_key) or None
         last = decode_seqno(stored)
         batch = self.batch
         epoch: bytes | None = None
         if batch.epoch is not None or stored is None:
-            epoch = present(state.get(epoch_key(self.source_id)))
+            epoch = state.get(epoch_key(self.source_id)) or None
         if batch.epoch is not None:
             current = decode_seqno(epoch)
-            self.outcome.epoch = current
+            outcome.epoch = current
             if batch.epoch != current:
                 return self._refuse(FENCED, last)
         if batch.prev_seqno is not None and last < batch.prev_seqno:
             return self._refuse(OUT_OF_ORDER, last)
+        seqnos = batch.seqnos
+        if len(seqnos) == 1:  # the usual section of a new source: one chunk
+            seqno = seqnos[0]
+            if seqno > last:
+                values.append(
+                    self.writer.encode(seqno, batch.create_times[0], write_time, batch.datas[0])
+                )
+                written = bytearray(_ONE_WRITTEN)
+                last = seqno
+            else:
+                written = bytearray(_ONE_DUPLICATE)
+        else:
+            written = self._admit_chunks(values, write_time, last)
+            if len(values) > first_index:
+                last = seqnos[written.rindex(WRITTEN)]
+        if len(values) > first_index:
+            if stored is None and epoch is None:
+                if not sources.admit(state):
+                    del values[first_index:]
+                    outcome.refused = _source_limit(sources.maximum)
+                    return self._refuse(REFUSED, last=0)
+                outcome.new_source = True
+            state.put(self.seq_key, encode_source_value(last, write_time))
+        outcome.written = written
+        outcome.last_seqno = last
+        return None
+
+    def _admit_chunks(self, values: list[bytes], write_time: int, last: int) -> bytearray:
+        batch = self.batch
         seqnos = batch.seqnos
         create_times = batch.create_times
         datas = batch.datas
@@ -381,43 +485,42 @@ class _SourceChunks:
                 append(encode(seqno, create_times[i], datas[i]))
                 written[i] = WRITTEN
                 last = seqno
-        if len(values) > self.first_index:
-            if stored is None and epoch is None:
-                if not admit_new_source(state, self.max_sources):
-                    del values[self.first_index :]
-                    self.outcome.refused = _source_limit(self.max_sources)
-                    return self._refuse(REFUSED, last=0)
-                self.outcome.new_source = True
-            state.put(key, encode_source_value(last, write_time))
-        self.outcome.written = written
-        self.outcome.last_seqno = last
-        return None
+        return written
+
+
+_ONE_WRITTEN = bytes([1])
+_ONE_DUPLICATE = bytes([0])
 
 
 class _ChunkTransaction:
     """The dedup-and-append function of the chunks of one or more sources of one partition.
 
     A request with many sources of one partition is one transaction, not one per source:
-    thousands of new sources in one request cost one queue entry and one future.
+    thousands of new sources in one request cost one queue entry and one future, and the
+    partition's source count is read and written once.
     """
 
-    __slots__ = ("sources",)
+    __slots__ = ("max_sources", "sources")
 
-    def __init__(self, sources: list[_SourceChunks]) -> None:
+    def __init__(self, sources: list[_SourceChunks], max_sources: int) -> None:
         self.sources = sources
+        self.max_sources = max_sources
 
     def __call__(self, state: PartitionState) -> Sequence[bytes]:
         values: list[bytes] = []
         write_time = now_ms()
+        sources = self.sources
         if isinstance(state, PrefetchingState):
-            _prefetch_sources(state, [s.source_id for s in self.sources], self.sources)
-        for source in self.sources:
-            source.admit(state, values, write_time)
+            _prefetch_sources(state, [s.seq_key for s in sources], sources)
+        count = _SourceCount(self.max_sources)
+        for source in sources:
+            source.admit(state, values, write_time, count)
+        count.store(state)
         return values
 
 
 def _prefetch_sources(
-    state: PrefetchingState, source_ids: list[str], chunks: list[_SourceChunks] | None = None
+    state: PrefetchingState, seq_keys: list[str], chunks: list[_SourceChunks] | None = None
 ) -> None:
     """Read the state a transaction's sources need in a few statements, not two per source.
 
@@ -425,18 +528,22 @@ def _prefetch_sources(
     when ``chunks`` is None, else those new here or writing under an epoch condition), and
     the partition's source count once any source is new.
     """
-    seq_keys = [seqno_key(source_id) for source_id in source_ids]
     state.prefetch(seq_keys)
+    get = state.get
     if chunks is None:
-        wanted = source_ids
+        wanted = [epoch_key(key[_SEQ_PREFIX:]) for key in seq_keys]
     else:
         wanted = [
-            source.source_id
-            for source, key in zip(chunks, seq_keys, strict=True)
-            if source.batch.epoch is not None or not state.get(key)
+            epoch_key(source.source_id)
+            for source in chunks
+            if source.batch.epoch is not None or not get(source.seq_key)
         ]
     if wanted:
-        state.prefetch([epoch_key(source_id) for source_id in wanted] + [SOURCE_COUNT_KEY])
+        wanted.append(SOURCE_COUNT_KEY)
+        state.prefetch(wanted)
+
+
+_SEQ_PREFIX = len(seqno_key(""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,7 +599,7 @@ class _SessionTransaction:
         values: list[bytes] = []
         now = now_ms()
         if isinstance(state, PrefetchingState):
-            _prefetch_sources(state, self.source_ids)
+            _prefetch_sources(state, [seqno_key(s) for s in self.source_ids])
         for source_id, request, writer in zip(
             self.source_ids, self.requests, self.handover_writers, strict=True
         ):
@@ -560,9 +667,15 @@ class ExactlyOnceWriter:
         self.router = SourceRouter(store, partitions=partitions, quota=quota)
         self.max_sources_per_partition = max_sources_per_partition
         self._writers: dict[SourceMeta, EnvelopeWriter] = {}
+        self._topic_names: dict[str, str] = {}
 
     def topic_for(self, log_type: str) -> str:
-        return f"{self.dc}.{log_type}"
+        topic = self._topic_names.get(log_type)
+        if topic is None:
+            topic = f"{self.dc}.{log_type}"
+            if len(self._topic_names) < _MAX_TOPIC_NAMES:
+                self._topic_names[log_type] = topic
+        return topic
 
     def envelope_writer(self, meta: SourceMeta) -> EnvelopeWriter:
         """The cached envelope writer of a source (its constant fields encoded once)."""
@@ -591,15 +704,14 @@ class ExactlyOnceWriter:
         """One transaction per partition that ``routes`` touch, submitted at once."""
         by_partition: dict[tuple[str, int], list[_SourceChunks]] = {}
         for i, route, (meta, batch) in zip(indexes, routes, sections, strict=True):
-            outcome = WriteOutcome(route, bytearray(len(batch)), 0, 0)
-            writer = self.envelope_writer(meta)
-            chunks = _SourceChunks(
-                i, writer, meta.source_id, batch, outcome, self.max_sources_per_partition
-            )
+            outcome = WriteOutcome(route, bytearray(), 0, 0)
+            chunks = _SourceChunks(i, self.envelope_writer(meta), meta.source_id, batch, outcome)
             by_partition.setdefault((route.topic, route.partition), []).append(chunks)
         groups = list(by_partition.items())
+        maximum = self.max_sources_per_partition
         futures = _submit_all(
-            self.store, [(t, p, _ChunkTransaction(sources)) for (t, p), sources in groups]
+            self.store,
+            [(t, p, _ChunkTransaction(sources, maximum)) for (t, p), sources in groups],
         )
         return [(future, sources) for future, (_, sources) in zip(futures, groups, strict=True)]
 
@@ -611,8 +723,8 @@ class ExactlyOnceWriter:
 
     async def _routes_async(self, metas: Sequence[SourceMeta]) -> list[SourceRoute]:
         """Routes of many sources; the cache misses are resolved together in one thread."""
-        topic_for = self.topic_for
         cached_route = self.router.cached_route
+        topic_for = self.topic_for
         routes = [cached_route(topic_for(m.log_type), m.source_id) for m in metas]
         missing = [i for i, r in enumerate(routes) if r is None]
         if missing:

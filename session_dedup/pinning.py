@@ -4,6 +4,10 @@ The pin is stored with ``put_topic_state_if_absent`` under a key that holds the 
 ``topic_id``: the first writer's choice wins in every process, adding partitions never moves a
 pinned source (the hash is only consulted for a source never seen), and a topic deleted and
 created again (a new ``topic_id``) pins its sources afresh.
+
+Idle source expiry deletes pins and counts the deletions under :func:`pin_deletions_key` in
+the same catalog transaction, which tells a router whether a pin it saw may have gone since
+(``SourceRouter.confirm_pins``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,15 @@ def stable_partition(source_id: str, partitions: int) -> int:
 def pin_key(topic_id: str, source_id: str) -> str:
     """The topic-state key of a source's pin, bound to the topic's identity."""
     return f"pin/{topic_id}/{source_id}"
+
+
+def pin_deletions_key(topic_id: str) -> str:
+    """The topic-state key of how many pins of the topic were deleted (8 bytes; absent: 0)."""
+    return f"pin-deletions/{topic_id}"
+
+
+def decode_count(value: bytes | None) -> int:
+    return 0 if value is None else int.from_bytes(value, "big")
 
 
 def encode_pin(partition: int) -> bytes:

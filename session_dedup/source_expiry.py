@@ -39,7 +39,13 @@ from dataclasses import dataclass
 
 from log_store.errors import UnknownTopic
 from log_store.interface import LogStore, PartitionState, StateScan, TopicInfo
-from session_dedup.pinning import decode_pin, encode_pin, pin_key, stable_partition
+from session_dedup.pinning import (
+    decode_pin,
+    encode_pin,
+    pin_deletions_key,
+    pin_key,
+    stable_partition,
+)
 from session_dedup.seqno_table import (
     changed_ms,
     decode_seqno,
@@ -208,7 +214,9 @@ class SourceExpiry:
         if not doomed:
             return 0
         deleted = self.store.delete_topic_state_if(
-            info.name, {pin_key(info.topic_id, s): encode_pin(p) for s, p in doomed.items()}
+            info.name,
+            {pin_key(info.topic_id, s): encode_pin(p) for s, p in doomed.items()},
+            deletions_key=pin_deletions_key(info.topic_id),
         )
         # A write that gave the source state meanwhile puts its pin back itself
         # (SourceRouter.confirm_pins); this covers one that did so before the deletion.
