@@ -231,9 +231,13 @@ class WriteApi:
             sections = parse_binary(body, self.limits)
         else:
             sections = parse_ndjson(body, self.limits, int(time.time() * 1000))
+        forbidden: dict[str, ApiError | None] = {}  # decided once per log type
         for section in sections:
             if section.error is None:
-                section.error = self._forbidden(grant, section.meta.log_type)
+                log_type = section.meta.log_type
+                if log_type not in forbidden:
+                    forbidden[log_type] = self._forbidden(grant, log_type)
+                section.error = forbidden[log_type]
         structured = self.ctx.extensions.get(STRUCTURED_WRITES)
         if structured is not None:  # records of structured log types: checked and stamped
             await structured.check(sections)
@@ -250,78 +254,96 @@ class WriteApi:
                 headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
             )
         outcomes = iter(await self.writer.write_many_async([(s.meta, s.batch) for s in admitted]))
-        tally: dict[tuple[str, int], int] = {}
-        written_bytes: dict[str, int] = {}
-        results: list[dict[str, Any]] = []
+        answer = _Answer()
         audited = WrittenTally(self.audit)
         for s in sections:
             if s.error is not None:
-                results.append(_refusal_json(s.meta.source_id, s.error))
+                answer.results.append(_refusal_json(s.meta.source_id, s.error))
                 continue
             outcome = next(outcomes)
             if outcome.refused is not None:
                 self.ctx.limit_refusals.inc(1, (outcome.refused.limit,))
                 self.sections_refused.inc(1, ("limit_reached",))
-                results.append(_limit_refusal_json(s.meta.source_id, outcome.refused))
+                answer.results.append(_limit_refusal_json(s.meta.source_id, outcome.refused))
             else:
-                results.append(_result(s, outcome, tally, written_bytes))
+                answer.add(s, outcome)
                 audited.section(outcome.route.topic, s.meta.codec, s.batch, outcome.written)
         audited.flush()
-        for (topic, code), count in tally.items():
+        for (topic, code), count in answer.tally.items():
             self.chunks.inc(count, (topic, CHUNK_STATUSES[code]))
-        for topic, size in written_bytes.items():
+        for topic, size in answer.written_bytes.items():
             if size:
                 self.bytes_written.inc(size, (topic,))
-        payload = orjson.dumps({"results": results})
+        payload = orjson.dumps({"results": answer.results})
         self.active.touch([s.meta for s in admitted])
         self.ack_latency.observe(time.perf_counter() - started)
         return Response(payload, media_type="application/json")
 
 
-def _result(
-    section: Section,
-    outcome: WriteOutcome,
-    tally: dict[tuple[str, int], int],
-    written_bytes: dict[str, int],
-) -> dict[str, Any]:
-    """One section's answer; counts its chunks by status and its written bytes per topic."""
-    batch = section.batch
-    topic = outcome.route.topic
-    written = outcome.written
-    acks: list[dict[str, Any]]
-    if written.count(WRITTEN) == len(written):  # the usual case: every chunk new
-        offsets = range(outcome.first_offset, outcome.first_offset + len(written))
-        acks = [
-            {"seqno": seqno, "status": _WRITTEN, "offset": offset}
-            for seqno, offset in zip(batch.seqnos, offsets, strict=True)
-        ]
-        key = (topic, WRITTEN)
-        tally[key] = tally.get(key, 0) + len(written)
-        written_bytes[topic] = written_bytes.get(topic, 0) + sum(map(len, batch.datas))
-    else:
-        offset = outcome.first_offset
-        acks = []
-        size = 0
-        for seqno, code, data in zip(batch.seqnos, written, batch.datas, strict=True):
+class _Answer:
+    """The results of a write request in section order, and its chunks counted per topic and
+    status (``tally``) and its written bytes per topic, for the metrics."""
+
+    __slots__ = ("results", "tally", "written_bytes")
+
+    def __init__(self) -> None:
+        self.results: list[dict[str, Any]] = []
+        self.tally: dict[tuple[str, int], int] = {}
+        self.written_bytes: dict[str, int] = {}
+
+    def add(self, section: Section, outcome: WriteOutcome) -> None:
+        """One written section's result: an ack per chunk (an offset for each written)."""
+        batch = section.batch
+        route = outcome.route
+        topic = route.topic
+        written = outcome.written
+        tally = self.tally
+        acks: list[dict[str, Any]]
+        if len(written) == 1:  # the usual section of a new source: one chunk
+            code = written[0]
+            seqno = batch.seqnos[0]
+            if code == WRITTEN:
+                acks = [{"seqno": seqno, "status": _WRITTEN, "offset": outcome.first_offset}]
+                self.written_bytes[topic] = self.written_bytes.get(topic, 0) + len(batch.datas[0])
+            else:
+                acks = [{"seqno": seqno, "status": CHUNK_STATUSES[code]}]
             key = (topic, code)
             tally[key] = tally.get(key, 0) + 1
-            if code == WRITTEN:
-                acks.append({"seqno": seqno, "status": _WRITTEN, "offset": offset})
-                offset += 1
-                size += len(data)
-            else:
-                acks.append({"seqno": seqno, "status": CHUNK_STATUSES[code]})
-        written_bytes[topic] = written_bytes.get(topic, 0) + size
-    result: dict[str, Any] = {
-        "source_id": section.meta.source_id,
-        "topic": topic,
-        "partition": outcome.route.partition,
-        "last_seqno": outcome.last_seqno,
-        "acks": acks,
-    }
-    if batch.epoch is not None:
-        result["epoch"] = outcome.epoch
-    return result
+        elif written.count(WRITTEN) == len(written):  # every chunk new
+            offsets = range(outcome.first_offset, outcome.first_offset + len(written))
+            acks = [
+                {"seqno": seqno, "status": _WRITTEN, "offset": offset}
+                for seqno, offset in zip(batch.seqnos, offsets, strict=True)
+            ]
+            key = (topic, WRITTEN)
+            tally[key] = tally.get(key, 0) + len(written)
+            self.written_bytes[topic] = self.written_bytes.get(topic, 0) + sum(
+                map(len, batch.datas)
+            )
+        else:
+            offset = outcome.first_offset
+            acks = []
+            size = 0
+            for seqno, code, data in zip(batch.seqnos, written, batch.datas, strict=True):
+                key = (topic, code)
+                tally[key] = tally.get(key, 0) + 1
+                if code == WRITTEN:
+                    acks.append({"seqno": seqno, "status": _WRITTEN, "offset": offset})
+                    offset += 1
+                    size += len(data)
+                else:
+                    acks.append({"seqno": seqno, "status": CHUNK_STATUSES[code]})
+            self.written_bytes[topic] = self.written_bytes.get(topic, 0) + size
+        result: dict[str, Any] = {
+            "source_id": section.meta.source_id,
+            "topic": topic,
+            "partition": route.partition,
+            "last_seqno": outcome.last_seqno,
+            "acks": acks,
+        }
+        if batch.epoch is not None:
+            result["epoch"] = outcome.epoch
+        self.results.append(result)
 
 
 _SESSION_OPTIONS = ("fence", "acked_elsewhere")

@@ -454,7 +454,7 @@ class SqliteLogStore:
 
     def _insert_topic_state(self, topic_id: str, items: Mapping[str, bytes]) -> int:
         """INSERT OR IGNORE, many rows per statement; how many rows were new."""
-        rows = list(items.items())
+        rows = sorted(items.items())  # in key order: the b-tree takes them in half the time
         inserted = 0
         step = _SQL_VARIABLES // 3
         for i in range(0, len(rows), step):

@@ -13,6 +13,7 @@ per-chunk work is four varints and a copy of the data.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections.abc import Callable
@@ -82,11 +83,15 @@ def _zigzag_slow(n: int) -> bytes:
 _SMALL_ZIGZAG = [_zigzag_slow(n) for n in range(8192)]
 
 
+_zigzag_recent = functools.lru_cache(maxsize=4096)(_zigzag_slow)
+"""Times (ms since the epoch) recur: a request's write time and its clients' create times."""
+
+
 def _zigzag(n: int) -> bytes:
     """Avro's zigzag varint of ``n``; lengths and small numbers come from a table."""
     if 0 <= n < 8192:
         return _SMALL_ZIGZAG[n]
-    return _zigzag_slow(n)
+    return _zigzag_recent(n)
 
 
 _CODEC_BYTES = {codec: _zigzag(i) for i, codec in enumerate(CODECS)}
