@@ -275,7 +275,7 @@ class SourceRouter:
         by_topic: dict[str, list[str]] = {}
         for topic, source_id in sources:
             by_topic.setdefault(topic, []).append(source_id)
-        found: dict[tuple[str, str], SourceRoute] = {}
+        found: dict[str, dict[str, SourceRoute]] = {}
         for topic, source_ids in by_topic.items():
             info = self._topic_info(topic)
             topic_id = info.topic_id
@@ -306,7 +306,7 @@ class SourceRouter:
                     route = SourceRoute(topic, topic_id, decode_pin(value), deletions)
                     routes[value] = route
                 pins[source_id] = route
-                found[(topic, source_id)] = route
+            found[topic] = pins
             with self._lock:
                 if self._saw_deletions(topic_id, deletions):
                     if len(self._pins) + len(pins) > _MAX_CACHED:
@@ -314,7 +314,10 @@ class SourceRouter:
                     cache = self._pins
                     for source_id, route in pins.items():
                         cache[(topic_id, source_id)] = route
-        return [found[pair] for pair in sources]
+        if len(found) == 1:
+            (pins,) = found.values()
+            return [pins[source_id] for _, source_id in sources]
+        return [found[topic][source_id] for topic, source_id in sources]
 
     def confirm_pins(self, routes: Sequence[tuple[SourceRoute, str]]) -> None:
         """Make sure each source that just got its first state in a partition is pinned there.
@@ -700,13 +703,27 @@ class ExactlyOnceWriter:
         routes: Sequence[SourceRoute],
         sections: Sequence[tuple[SourceMeta, ChunkBatch]],
         indexes: Sequence[int],
+        writers: Sequence[EnvelopeWriter],
     ) -> list[tuple[concurrent.futures.Future[AppendResult], list[_SourceChunks]]]:
         """One transaction per partition that ``routes`` touch, submitted at once."""
-        by_partition: dict[tuple[str, int], list[_SourceChunks]] = {}
-        for i, route, (meta, batch) in zip(indexes, routes, sections, strict=True):
+        # grouped by route object first (one per partition, mostly), then by partition
+        by_route: dict[int, tuple[SourceRoute, list[_SourceChunks]]] = {}
+        for i, route, (meta, batch), writer in zip(indexes, routes, sections, writers, strict=True):
             outcome = WriteOutcome(route, bytearray(), 0, 0)
-            chunks = _SourceChunks(i, self.envelope_writer(meta), meta.source_id, batch, outcome)
-            by_partition.setdefault((route.topic, route.partition), []).append(chunks)
+            chunks = _SourceChunks(i, writer, meta.source_id, batch, outcome)
+            group = by_route.get(id(route))
+            if group is None:
+                group = by_route[id(route)] = (route, [])
+            group[1].append(chunks)
+        by_partition: dict[tuple[str, int], list[_SourceChunks]] = {}
+        for route, chunks_of_route in by_route.values():
+            key = (route.topic, route.partition)
+            if key in by_partition:  # several route objects of one partition: request order
+                by_partition[key] = sorted(
+                    by_partition[key] + chunks_of_route, key=lambda c: c.index
+                )
+            else:
+                by_partition[key] = chunks_of_route
         groups = list(by_partition.items())
         maximum = self.max_sources_per_partition
         futures = _submit_all(
@@ -740,7 +757,9 @@ class ExactlyOnceWriter:
         for attempt in range(2):
             route = self._route(meta)
             try:
-                ((future, (chunks,)),) = self._submit_chunks([route], [(meta, batch)], [0])
+                ((future, (chunks,)),) = self._submit_chunks(
+                    [route], [(meta, batch)], [0], [self.envelope_writer(meta)]
+                )
                 result = future.result()
             except UnknownTopic:
                 self.router.forget(route.topic)
@@ -766,8 +785,17 @@ class ExactlyOnceWriter:
         failure: BaseException | None = None
         for attempt in range(2):
             metas = [sections[i][0] for i in todo]
-            routes = await self._routes_async(metas)
-            submitted = self._submit_chunks(routes, [sections[i] for i in todo], todo)
+            routing = asyncio.ensure_future(self._routes_async(metas))
+            try:
+                # the cache misses are looked up in a thread (in SQLite, mostly without the
+                # GIL): meanwhile the envelope writers are made here
+                await asyncio.sleep(0)
+                writers = [self.envelope_writer(meta) for meta in metas]
+            except BaseException:
+                routing.cancel()
+                raise
+            routes = await routing
+            submitted = self._submit_chunks(routes, [sections[i] for i in todo], todo, writers)
             results = await asyncio.gather(
                 *(asyncio.wrap_future(f) for f, _ in submitted), return_exceptions=True
             )

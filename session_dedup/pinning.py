@@ -19,6 +19,8 @@ _PIN_BYTES = 4
 
 def stable_partition(source_id: str, partitions: int) -> int:
     """The partition a new source is pinned to: the same in every process and every release."""
+    if partitions == 1:
+        return 0
     digest = hashlib.blake2b(source_id.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % partitions
 
