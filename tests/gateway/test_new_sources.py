@@ -11,7 +11,9 @@ import pytest
 
 from ingest_api.framing import encode_binary
 from log_store import open_store
+from log_store.errors import BadRequest
 from session_dedup.pinning import decode_pin, pin_key
+from session_dedup.source import source_meta, usual_source_meta
 from tests.conftest import GatewayProcess
 from tests.gateway.conftest import Client, chunk_data, meta, topic_envelopes
 
@@ -132,3 +134,46 @@ def test_pins_of_a_requests_new_sources_outlive_a_sigkill_after_their_data(
     assert {r["acks"][0]["status"] for r in results} <= {"written", "duplicate"}
     records = _records_per_source(data_dir)
     assert {s: records.get(s) for s in sources} == {s: [(0, 1)] for s in sources}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"source_id": "host:/var/log/a.log", "server": "host", "file": "/var/log/a.log"},
+        {"source_id": "a b", "codec": "zstd"},
+        {"source_id": " "},
+        {"source_id": "tab\there"},
+        {"source_id": "del\x7f"},
+        {"source_id": "c1\x85"},
+        {"source_id": "née"},
+        {"source_id": ""},
+        {"source_id": "x" * 513},
+        {"source_id": "x" * 512, "server": "s" * 4097},
+        {"source_id": "x", "file": "nul\x00"},
+        {"source_id": "x", "server": None},
+        {"source_id": 7},
+        {"source_id": "x", "codec": "lz4"},
+        {"source_id": "x", "codec": ["raw"]},
+        {"source_id": "x", "log_type": ["app"]},
+        {"source_id": "x", "log_type": "Bad..Type"},
+        {"source_id": "x", "extra": "field"},
+    ],
+)
+def test_the_usual_meta_check_accepts_only_what_the_full_check_accepts(
+    fields: dict[str, Any],
+) -> None:
+    obj = {"log_type": "app", **fields}
+    source_meta(log_type="app", source_id="seen")  # "app" is a log type seen valid before
+    usual = usual_source_meta(obj)
+    try:  # the full check, as meta_from_json made it before the usual path existed
+        if not obj.keys() <= {"log_type", "source_id", "server", "file", "codec"}:
+            raise BadRequest("unknown meta fields")
+        if None in obj.values():
+            raise BadRequest("null")
+        full = source_meta(**obj)
+    except BadRequest:
+        assert usual is None
+    else:
+        assert usual is None or usual == full
+    if fields.get("codec") != ["raw"] and str(fields["source_id"]).startswith("host:"):
+        assert usual is not None  # the usual section takes the usual path
