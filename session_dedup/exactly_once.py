@@ -200,7 +200,9 @@ class SourceRouter:
         self._partitions = partitions
         self._refresh_s = refresh_s
         self._topics: dict[str, tuple[TopicInfo, float]] = {}
-        self._pins: dict[tuple[str, str], SourceRoute] = {}
+        self._pins: dict[str, dict[str, SourceRoute]] = {}
+        """Per topic id, the cached route of each pinned source."""
+        self._cached_pins = 0
         self._deletions: dict[str, int] = {}
         """Per topic id, the pin deletion count under which its cached pins were seen."""
         self._pins_deletable = isinstance(store, StateScan)
@@ -224,7 +226,9 @@ class SourceRouter:
         return info
 
     def _drop_pins(self, topic_id: str) -> None:
-        self._pins = {k: v for k, v in self._pins.items() if k[0] != topic_id}
+        dropped = self._pins.pop(topic_id, None)
+        if dropped is not None:
+            self._cached_pins -= len(dropped)
 
     def _pin_deletions(self, topic: str, topic_id: str) -> int:
         """How many pins of the topic were deleted so far (0 on a store that never does)."""
@@ -252,7 +256,8 @@ class SourceRouter:
         cached = self._topics.get(topic)
         if cached is None:
             return None
-        return self._pins.get((cached[0].topic_id, source_id))
+        pins = self._pins.get(cached[0].topic_id)
+        return None if pins is None else pins.get(source_id)
 
     def route(self, topic: str, source_id: str) -> SourceRoute:
         """The source's route, creating the topic and the pin if they do not exist yet."""
@@ -309,11 +314,13 @@ class SourceRouter:
             found[topic] = pins
             with self._lock:
                 if self._saw_deletions(topic_id, deletions):
-                    if len(self._pins) + len(pins) > _MAX_CACHED:
+                    if self._cached_pins + len(pins) > _MAX_CACHED:
                         self._pins.clear()
-                    cache = self._pins
-                    for source_id, route in pins.items():
-                        cache[(topic_id, source_id)] = route
+                        self._cached_pins = 0
+                    cache = self._pins.setdefault(topic_id, {})
+                    before = len(cache)
+                    cache.update(pins)
+                    self._cached_pins += len(cache) - before
         if len(found) == 1:
             (pins,) = found.values()
             return [pins[source_id] for _, source_id in sources]
