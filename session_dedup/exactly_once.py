@@ -521,7 +521,7 @@ class _ChunkTransaction:
         write_time = now_ms()
         sources = self.sources
         if isinstance(state, PrefetchingState):
-            _prefetch_sources(state, [s.seq_key for s in sources], sources)
+            _prefetch_chunk_sources(state, sources)
         count = _SourceCount(self.max_sources)
         for source in sources:
             source.admit(state, values, write_time, count)
@@ -529,31 +529,29 @@ class _ChunkTransaction:
         return values
 
 
-def _prefetch_sources(
-    state: PrefetchingState, seq_keys: list[str], chunks: list[_SourceChunks] | None = None
-) -> None:
-    """Read the state a transaction's sources need in a few statements, not two per source.
-
-    The last seqnos first; then the epochs of the sources that need theirs (every source
-    when ``chunks`` is None, else those new here or writing under an epoch condition), and
-    the partition's source count once any source is new.
-    """
-    state.prefetch(seq_keys)
+def _prefetch_chunk_sources(state: PrefetchingState, sources: list[_SourceChunks]) -> None:
+    """Read the state a chunk transaction's sources need in a few statements, not two per
+    source: the last seqnos first; then the epochs of the sources new here or writing under
+    an epoch condition, and the partition's source count, if there are any."""
+    state.prefetch([source.seq_key for source in sources])
     get = state.get
-    if chunks is None:
-        wanted = [epoch_key(key[_SEQ_PREFIX:]) for key in seq_keys]
-    else:
-        wanted = [
-            epoch_key(source.source_id)
-            for source in chunks
-            if source.batch.epoch is not None or not get(source.seq_key)
-        ]
+    wanted = [
+        epoch_key(source.source_id)
+        for source in sources
+        if source.batch.epoch is not None or not get(source.seq_key)
+    ]
     if wanted:
         wanted.append(SOURCE_COUNT_KEY)
         state.prefetch(wanted)
 
 
-_SEQ_PREFIX = len(seqno_key(""))
+def _prefetch_session_sources(state: PrefetchingState, source_ids: list[str]) -> None:
+    """Read the last seqno and the epoch of every source of a session transaction, and the
+    partition's source count, in a few statements."""
+    keys = [seqno_key(source_id) for source_id in source_ids]
+    keys += [epoch_key(source_id) for source_id in source_ids]
+    keys.append(SOURCE_COUNT_KEY)
+    state.prefetch(keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -609,7 +607,7 @@ class _SessionTransaction:
         values: list[bytes] = []
         now = now_ms()
         if isinstance(state, PrefetchingState):
-            _prefetch_sources(state, [seqno_key(s) for s in self.source_ids])
+            _prefetch_session_sources(state, self.source_ids)
         for source_id, request, writer in zip(
             self.source_ids, self.requests, self.handover_writers, strict=True
         ):
