@@ -10,7 +10,10 @@ under way); "N in flight" is one writer thread that keeps N appends submitted
 merge them.  The ``dd ... conv=fdatasync`` row is the disk's own sequential write speed, measured
 in the same run on the same file system; the "sync floor" row is what a loop of plain ``pwrite``
 + ``fdatasync`` of one 200 B case's batch (500 records) reaches with no store at all: the most a
-writer that waits for each durable append can get on this disk.
+writer that waits for each durable append to a growing file can get on this disk.  The "over
+zeros" floor does the same into a file written with zeros first: fdatasync then writes data
+only, no file size or extents; it is the bound for a store that writes its segments ahead of the
+writer (docs/store.md says why the store does not).
 """
 
 from __future__ import annotations
@@ -130,6 +133,36 @@ def sync_floor_case(
     return rate, rate * record_bytes / 1e6
 
 
+def sync_floor_over_zeros_case(
+    directory: Path, record_bytes: int, batch: int, seconds: float
+) -> tuple[float, float]:
+    """Like ``sync_floor_case``, but over zeros written and synced first: the file's size and
+    blocks do not change, so each fdatasync writes data only (what the store's space ahead
+    gives its writer)."""
+    target = directory / "floor-zeros.bin"
+    data = b"x" * (record_bytes * batch)
+    zeros = bytes(1 << 20)
+    fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for i in range(256):  # 256 MiB: more than a few seconds of these appends
+            os.pwrite(fd, zeros, i * len(zeros))
+        os.fsync(fd)
+        appends = 0
+        pos = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds and pos + len(data) <= 256 * len(zeros):
+            os.pwrite(fd, data, pos)
+            os.fdatasync(fd)
+            pos += len(data)
+            appends += 1
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        target.unlink()
+    rate = appends * batch / elapsed
+    return rate, rate * record_bytes / 1e6
+
+
 def read_case(directory: Path, record_bytes: int, total_bytes: int) -> tuple[float, float]:
     """Read a whole partition from the page cache: (records/s, MB/s)."""
     data_dir = directory / "store"
@@ -216,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         measure(
             "sync floor: pwrite + fdatasync of 500 x 200 B, one at a time (no store)",
             lambda: sync_floor_case(directory, 200, 500, args.seconds),
+        )
+        measure(
+            "sync floor over zeros written ahead: the same into a pre-zeroed file (no store)",
+            lambda: sync_floor_over_zeros_case(directory, 200, 500, args.seconds),
         )
         for label, size in (
             ("read 64 KiB records (page cache)", 65536),

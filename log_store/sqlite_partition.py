@@ -72,6 +72,15 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) W
 INSERT OR IGNORE INTO meta VALUES ('log_start_offset', 0), ('end_offset', 0), ('deleted', 0);
 """
 
+# What a commit starts from, in one statement: the end offset, the deletion mark, and the
+# newest (active) segment's base offset and indexed size.
+_LOG_TAIL = """
+SELECT (SELECT value FROM meta WHERE key = 'end_offset'),
+       (SELECT value FROM meta WHERE key = 'deleted'),
+       (SELECT base_offset FROM segments ORDER BY base_offset DESC LIMIT 1),
+       (SELECT size_bytes FROM segments ORDER BY base_offset DESC LIMIT 1)
+"""
+
 _BUSY_TIMEOUT_MS = 60_000
 _COMMITTER_IDLE_S = 5.0
 _READ_INDEX_ROWS = 512
@@ -477,13 +486,11 @@ class PartitionLog:
         conn = self._writer_conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            end = self._check_alive(conn)
-            segment, pos = _active_segment(conn)
+            end, segment, pos = self._log_tail(conn)
             if segment is not None and os.fstat(self._segment_write_fd(segment)).st_size != pos:
                 # A writer died between its segment sync and its index commit.
                 self._recover_locked(conn, scan_directory=True)
-                end = self._check_alive(conn)
-                segment, pos = _active_segment(conn)
+                end, segment, pos = self._log_tail(conn)
             shared: dict[str, bytes] = {}
             read: dict[str, bytes | None] = {}
             values: list[bytes] = []
@@ -520,12 +527,13 @@ class PartitionLog:
             raise
         return outcomes, bool(values)
 
-    def _check_alive(self, conn: sqlite3.Connection) -> int:
-        """The end offset, once sure that the topic was not deleted (by any process)."""
-        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        if meta["deleted"] or not self._topic_alive():
+    def _log_tail(self, conn: sqlite3.Connection) -> tuple[int, int | None, int]:
+        """The end offset and the active segment's base and indexed size (None, 0 before the
+        first one), once sure that the topic was not deleted (by any process)."""
+        end, deleted, segment, size = conn.execute(_LOG_TAIL).fetchone()
+        if deleted or not self._topic_alive():
             raise UnknownTopic("the topic was deleted")
-        return int(meta["end_offset"])
+        return int(end), None if segment is None else int(segment), int(size or 0)
 
     def _write_batch(
         self,
@@ -987,14 +995,6 @@ def _segments_to_drop(
         total -= size
         new_start = next_base
     return dropped, new_start
-
-
-def _active_segment(conn: sqlite3.Connection) -> tuple[int | None, int]:
-    """The newest segment's base offset and indexed size; (None, 0) before the first one."""
-    row = conn.execute(
-        "SELECT base_offset, size_bytes FROM segments ORDER BY base_offset DESC LIMIT 1"
-    ).fetchone()
-    return (None, 0) if row is None else (int(row[0]), int(row[1]))
 
 
 def _segment_size(conn: sqlite3.Connection, segment: int) -> int:
