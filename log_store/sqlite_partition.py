@@ -258,6 +258,7 @@ class PartitionLog:
         self._pool: list[sqlite3.Connection] = []
         self._pool_lock = threading.Lock()
         self._segments = SegmentFiles(directory)
+        self._committed_here_at = 0.0  # monotonic time of the last commit_here
         # Used by the committer thread only:
         self._write_fd: tuple[int, int] | None = None  # (segment base, fd)
         self._writer: sqlite3.Connection | None = None
@@ -345,6 +346,7 @@ class PartitionLog:
             group.append(_PendingTxn(fn, future))
             self._commit(group)
             self._checkpoint_if_due()
+            self._committed_here_at = time.monotonic()
         finally:
             self._commit_mutex.release()
         with self._cond:
@@ -368,6 +370,11 @@ class PartitionLog:
                     if not self._pending and not self._closed:
                         self._cond.wait(_COMMITTER_IDLE_S)
                     if not self._pending:
+                        if (
+                            not self._closed
+                            and time.monotonic() - self._committed_here_at < _COMMITTER_IDLE_S
+                        ):
+                            continue  # waiting writers commit in their own threads: not idle
                         # Idle: let go of the files, so that an idle process holds no
                         # descriptor of a segment that retention may drop; unless a
                         # caller is committing with them right now (commit_here).
