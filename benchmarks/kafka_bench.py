@@ -103,12 +103,24 @@ class KafkaGateway:
                 time.sleep(0.1)
         raise RuntimeError(f"gateway {name} did not start")
 
-    def owned(self) -> float:
+    def metric(self, name: str) -> float | None:
+        """The gateway's metric ``name`` (no labels), or None if it has none (older versions)."""
         text = httpx.get(self.url + "/metrics", timeout=10).text
         for line in text.splitlines():
-            if line.startswith("logbroker_kafka_owned_partitions "):
+            if line.startswith(name + " "):
                 return float(line.split()[1])
-        return 0.0
+        return None
+
+    def owned(self) -> float:
+        return self.metric("logbroker_kafka_owned_partitions") or 0.0
+
+    def commit_counts(self) -> tuple[float, float, float] | None:
+        """(Kafka commits, writes they carried, records they wrote) so far, if it counts them."""
+        names = ("commits", "committed_transactions", "committed_records")
+        values = [self.metric(f"logbroker_kafka_{name}") for name in names]
+        if any(v is None for v in values):
+            return None
+        return (values[0] or 0.0, values[1] or 0.0, values[2] or 0.0)
 
     def stop(self) -> None:
         gateway_bench.stop_gateway(self.proc)
@@ -241,12 +253,15 @@ def gateway_ingest(
     """MB/s acknowledged by the gateways (load processes spread evenly among them).
 
     ``cpu``, if given, receives the CPU seconds per MB acknowledged of the gateways (all
-    together), the broker and the load processes during the measurement."""
+    together), the broker and the load processes during the measurement, and, from gateways
+    that count their commits, the writes (request sections of one partition) per Kafka commit
+    (``writes_per_commit``) and the MB per commit (``mb_per_commit``)."""
     import concurrent.futures
     import multiprocessing
 
     # spawned, not forked: this process holds librdkafka clients, whose threads a fork breaks
     context = multiprocessing.get_context("spawn")
+    counts_before = [g.commit_counts() for g in gateways]
     gateway_cpu = sum(cpu_seconds(g.proc.pid) for g in gateways)
     broker_cpu = cpu_seconds(broker_pid) if broker_pid else 0.0
     with concurrent.futures.ProcessPoolExecutor(max_workers=clients, mp_context=context) as pool:
@@ -264,11 +279,22 @@ def gateway_ingest(
         results = [f.result() for f in futures]
         gateway_cpu = sum(cpu_seconds(g.proc.pid) for g in gateways) - gateway_cpu
         broker_cpu = (cpu_seconds(broker_pid) if broker_pid else 0.0) - broker_cpu
+    counts_after = [g.commit_counts() for g in gateways]
     megabytes = sum(acked for acked, _failed, _cpu in results) / 1e6
     if cpu is not None and megabytes > 0:
         cpu["gateways"] = gateway_cpu / megabytes
         cpu["broker"] = broker_cpu / megabytes
         cpu["load"] = sum(c for _a, _f, c in results) / megabytes
+        deltas = [
+            [a - b for a, b in zip(after, before, strict=True)]
+            for before, after in zip(counts_before, counts_after, strict=True)
+            if before is not None and after is not None
+        ]
+        if len(deltas) == len(gateways):
+            commits = sum(d[0] for d in deltas)
+            if commits > 0:
+                cpu["writes_per_commit"] = sum(d[1] for d in deltas) / commits
+                cpu["mb_per_commit"] = megabytes / commits
     return megabytes / seconds
 
 
@@ -612,6 +638,16 @@ def main() -> int:
                     f"| {label} | {statistics.median(cpu[f'{case}_gateways']):.4f} | "
                     f"{statistics.median(cpu[f'{case}_broker']):.4f} | "
                     f"{statistics.median(cpu[f'{case}_load']):.4f} |"
+                )
+        grouped = [(case, label) for case, label in cases if f"{case}_mb_per_commit" in cpu]
+        if grouped:
+            print()
+            print("| group commit (median) | writes per Kafka commit | MB per commit |")
+            print("|---|---:|---:|")
+            for case, label in grouped:
+                print(
+                    f"| {label} | {statistics.median(cpu[f'{case}_writes_per_commit']):.1f} | "
+                    f"{statistics.median(cpu[f'{case}_mb_per_commit']):.2f} |"
                 )
     for name, values in [*rows.items(), *cpu.items()]:
         print(f"  {name}: {', '.join(f'{v:.3f}' for v in values)}", file=sys.stderr)
