@@ -7,7 +7,8 @@ One local Kafka broker (``ops/local_kafka.py``), the same for every case of ever
 run uses namespaces of its own.  Cases (medians of ``--runs``; ratios against the peer
 measured in the same run):
 
-* raw confluent-kafka producer, ``acks=all``, idempotent, lz4, the same chunk sizes: MB/s;
+* raw confluent-kafka producer, ``acks=all``, idempotent, lz4, the same chunk sizes: MB/s,
+  and the CPU seconds per MB of its process and of the broker;
 * one gateway on Kafka (exactly once: transactional writer, seqno table committed with the
   data), load processes posting binary write requests: MB/s, and its ratio to the raw producer;
 * two gateways sharing the partitions (half the load sent to each; a gateway forwards the
@@ -536,7 +537,16 @@ def main() -> int:
             broker = cluster.nodes[0].proc
             broker_pid = broker.pid if broker is not None else None
             for run in range(args.runs):
+                producer_cpu = time.process_time()
+                broker_cpu = cpu_seconds(broker_pid) if broker_pid else 0.0
                 raw = raw_producer(bootstrap, f"raw{run}", args.seconds, args.chunk_bytes)
+                raw_mb = raw * args.seconds
+                # the producer runs in this process: its CPU, and the broker's, per MB sent
+                cpu.setdefault("raw_load", []).append((time.process_time() - producer_cpu) / raw_mb)
+                cpu.setdefault("raw_broker", []).append(
+                    ((cpu_seconds(broker_pid) if broker_pid else 0.0) - broker_cpu) / raw_mb
+                )
+                cpu.setdefault("raw_gateways", []).append(0.0)
                 # the case measured right after the raw producer meets a broker still busy
                 # with what the producer wrote: with --compare-with, the order alternates
                 base_first = args.compare_with is not None and run % 2 == 1
@@ -626,7 +636,11 @@ def main() -> int:
         print()
         print("| CPU seconds per MB acknowledged (median) | gateways | broker | load processes |")
         print("|---|---:|---:|---:|")
-        cases = [("one", "one gateway"), ("two", "two gateways")]
+        cases = [
+            ("raw", "raw producer (its process as the load)"),
+            ("one", "one gateway"),
+            ("two", "two gateways"),
+        ]
         if args.compare_with is not None:
             cases += [
                 ("base_one", f"one gateway of {args.compare_with}"),
