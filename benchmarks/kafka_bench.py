@@ -7,7 +7,8 @@ One local Kafka broker (``ops/local_kafka.py``), the same for every case of ever
 run uses namespaces of its own.  Cases (medians of ``--runs``; ratios against the peer
 measured in the same run):
 
-* raw confluent-kafka producer, ``acks=all``, idempotent, lz4, the same chunk sizes: MB/s;
+* raw confluent-kafka producer, ``acks=all``, idempotent, lz4, the same chunk sizes: MB/s,
+  and the CPU seconds per MB of its process and of the broker;
 * one gateway on Kafka (exactly once: transactional writer, seqno table committed with the
   data), load processes posting binary write requests: MB/s, and its ratio to the raw producer;
 * two gateways sharing the partitions (half the load sent to each; a gateway forwards the
@@ -103,12 +104,24 @@ class KafkaGateway:
                 time.sleep(0.1)
         raise RuntimeError(f"gateway {name} did not start")
 
-    def owned(self) -> float:
+    def metric(self, name: str) -> float | None:
+        """The gateway's metric ``name`` (no labels), or None if it has none (older versions)."""
         text = httpx.get(self.url + "/metrics", timeout=10).text
         for line in text.splitlines():
-            if line.startswith("logbroker_kafka_owned_partitions "):
+            if line.startswith(name + " "):
                 return float(line.split()[1])
-        return 0.0
+        return None
+
+    def owned(self) -> float:
+        return self.metric("logbroker_kafka_owned_partitions") or 0.0
+
+    def commit_counts(self) -> tuple[float, float, float] | None:
+        """(Kafka commits, writes they carried, records they wrote) so far, if it counts them."""
+        names = ("commits", "committed_transactions", "committed_records")
+        values = [self.metric(f"logbroker_kafka_{name}") for name in names]
+        if any(v is None for v in values):
+            return None
+        return (values[0] or 0.0, values[1] or 0.0, values[2] or 0.0)
 
     def stop(self) -> None:
         gateway_bench.stop_gateway(self.proc)
@@ -241,12 +254,15 @@ def gateway_ingest(
     """MB/s acknowledged by the gateways (load processes spread evenly among them).
 
     ``cpu``, if given, receives the CPU seconds per MB acknowledged of the gateways (all
-    together), the broker and the load processes during the measurement."""
+    together), the broker and the load processes during the measurement, and, from gateways
+    that count their commits, the writes (request sections of one partition) per Kafka commit
+    (``writes_per_commit``) and the MB per commit (``mb_per_commit``)."""
     import concurrent.futures
     import multiprocessing
 
     # spawned, not forked: this process holds librdkafka clients, whose threads a fork breaks
     context = multiprocessing.get_context("spawn")
+    counts_before = [g.commit_counts() for g in gateways]
     gateway_cpu = sum(cpu_seconds(g.proc.pid) for g in gateways)
     broker_cpu = cpu_seconds(broker_pid) if broker_pid else 0.0
     with concurrent.futures.ProcessPoolExecutor(max_workers=clients, mp_context=context) as pool:
@@ -264,11 +280,22 @@ def gateway_ingest(
         results = [f.result() for f in futures]
         gateway_cpu = sum(cpu_seconds(g.proc.pid) for g in gateways) - gateway_cpu
         broker_cpu = (cpu_seconds(broker_pid) if broker_pid else 0.0) - broker_cpu
+    counts_after = [g.commit_counts() for g in gateways]
     megabytes = sum(acked for acked, _failed, _cpu in results) / 1e6
     if cpu is not None and megabytes > 0:
         cpu["gateways"] = gateway_cpu / megabytes
         cpu["broker"] = broker_cpu / megabytes
         cpu["load"] = sum(c for _a, _f, c in results) / megabytes
+        deltas = [
+            [a - b for a, b in zip(after, before, strict=True)]
+            for before, after in zip(counts_before, counts_after, strict=True)
+            if before is not None and after is not None
+        ]
+        if len(deltas) == len(gateways):
+            commits = sum(d[0] for d in deltas)
+            if commits > 0:
+                cpu["writes_per_commit"] = sum(d[1] for d in deltas) / commits
+                cpu["mb_per_commit"] = megabytes / commits
     return megabytes / seconds
 
 
@@ -510,7 +537,16 @@ def main() -> int:
             broker = cluster.nodes[0].proc
             broker_pid = broker.pid if broker is not None else None
             for run in range(args.runs):
+                producer_cpu = time.process_time()
+                broker_cpu = cpu_seconds(broker_pid) if broker_pid else 0.0
                 raw = raw_producer(bootstrap, f"raw{run}", args.seconds, args.chunk_bytes)
+                raw_mb = raw * args.seconds
+                # the producer runs in this process: its CPU, and the broker's, per MB sent
+                cpu.setdefault("raw_load", []).append((time.process_time() - producer_cpu) / raw_mb)
+                cpu.setdefault("raw_broker", []).append(
+                    ((cpu_seconds(broker_pid) if broker_pid else 0.0) - broker_cpu) / raw_mb
+                )
+                cpu.setdefault("raw_gateways", []).append(0.0)
                 # the case measured right after the raw producer meets a broker still busy
                 # with what the producer wrote: with --compare-with, the order alternates
                 base_first = args.compare_with is not None and run % 2 == 1
@@ -600,7 +636,11 @@ def main() -> int:
         print()
         print("| CPU seconds per MB acknowledged (median) | gateways | broker | load processes |")
         print("|---|---:|---:|---:|")
-        cases = [("one", "one gateway"), ("two", "two gateways")]
+        cases = [
+            ("raw", "raw producer (its process as the load)"),
+            ("one", "one gateway"),
+            ("two", "two gateways"),
+        ]
         if args.compare_with is not None:
             cases += [
                 ("base_one", f"one gateway of {args.compare_with}"),
@@ -612,6 +652,16 @@ def main() -> int:
                     f"| {label} | {statistics.median(cpu[f'{case}_gateways']):.4f} | "
                     f"{statistics.median(cpu[f'{case}_broker']):.4f} | "
                     f"{statistics.median(cpu[f'{case}_load']):.4f} |"
+                )
+        grouped = [(case, label) for case, label in cases if f"{case}_mb_per_commit" in cpu]
+        if grouped:
+            print()
+            print("| group commit (median) | writes per Kafka commit | MB per commit |")
+            print("|---|---:|---:|")
+            for case, label in grouped:
+                print(
+                    f"| {label} | {statistics.median(cpu[f'{case}_writes_per_commit']):.1f} | "
+                    f"{statistics.median(cpu[f'{case}_mb_per_commit']):.2f} |"
                 )
     for name, values in [*rows.items(), *cpu.items()]:
         print(f"  {name}: {', '.join(f'{v:.3f}' for v in values)}", file=sys.stderr)

@@ -175,6 +175,21 @@ def _metrics(ctx: GatewayContext, store: KafkaLogStore, api: PeerApi) -> None:
         read=lambda: float(max((t[3] for t in list(store.takeovers)), default=0)),
         mode="livemax",
     )
+    m.gauge(
+        "logbroker_kafka_commits",
+        "Kafka transactions committed by this gateway's partition writers",
+        read=lambda: float(store.commits.commits),
+    )
+    m.gauge(
+        "logbroker_kafka_committed_transactions",
+        "writes (one per request and partition) those commits carried: group commit",
+        read=lambda: float(store.commits.transactions),
+    )
+    m.gauge(
+        "logbroker_kafka_committed_records",
+        "data records those commits wrote",
+        read=lambda: float(store.commits.records),
+    )
     group = _group(ctx)
     if group is not None:
         m.gauge(

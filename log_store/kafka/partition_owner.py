@@ -17,9 +17,10 @@ together in the next one: each function runs against the table plus what the ear
 its group changed, the records of all of them are produced to the data partition and one delta
 record of their state changes to the changelog partition, and ``commit_transaction`` commits
 both.  Each caller is answered only after that commit returned and the records are visible to
-read_committed readers.  Offsets are known before the commit: this writer is the partition's
-only one, so its records follow each other and each commit marker takes exactly one offset;
-the offsets Kafka reports are checked against that before committing.
+read_committed readers.  The next transaction begins once the previous one's markers are
+readable (see ``_await_markers``).  Offsets are known before the commit: this writer is the
+partition's only one, so its records follow each other and each commit marker takes exactly
+one offset; the offsets Kafka reports are checked against that before committing.
 
 Any failure whose outcome is not certain (a commit that timed out, a fenced producer) marks
 the owner *broken*: before its next transaction it takes the partition over again, which
@@ -63,6 +64,28 @@ log = logging.getLogger(__name__)
 
 _FAILED_TAKEOVER_PAUSE_S = 1.0
 _MAX_GROUP = 4096
+_MARKER_WAIT_S = 0.1
+"""At most this long a transaction waits for the previous commit's markers (see
+``PartitionOwner._await_markers``)."""
+
+
+@dataclass
+class CommitCounts:
+    """The Kafka transactions the owners of one store committed, and what they carried.
+
+    ``transactions`` over ``commits`` is the mean group size: how many callers' transactions
+    (one per client request and partition, usually) one Kafka commit answered."""
+
+    commits: int = 0
+    transactions: int = 0
+    records: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, transactions: int, records: int) -> None:
+        with self._lock:
+            self.commits += 1
+            self.transactions += transactions
+            self.records += records
 
 
 @dataclass
@@ -77,6 +100,7 @@ class OwnerContext:
     """Where a transaction goes when its owner was fenced or stopped before running it."""
     on_takeover: Callable[[str, int, float, int], None] = lambda *_: None
     """Called with (topic, partition, seconds, table entries) after each takeover."""
+    commits: CommitCounts = field(default_factory=CommitCounts)
     _snapshot_consumer: Consumer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -203,6 +227,11 @@ class PartitionOwner:
         self._fatal: KafkaError | None = None
         self._acks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._ack_thread: threading.Thread | None = None
+        self._commits = 0
+        """Commits handed to the acknowledger (written by the committer thread only)."""
+        self._visible_commits = 0
+        """Of those, how many the acknowledger has seen readable (their markers written)."""
+        self._visibility = threading.Condition()
 
     # -- life ---------------------------------------------------------------------------------
     def start(self, *, eager: bool = False) -> PartitionOwner:
@@ -249,7 +278,11 @@ class PartitionOwner:
                         self._cond.wait()
                     if not self._pending:
                         return
+                self._await_markers()
+                with self._cond:
                     group, self._pending = self._take_group()
+                if not group:
+                    continue
                 if self.broken and not self._try_takeover():
                     failure = self._failure or StoreUnavailable("Kafka is unavailable")
                     for txn in group:
@@ -266,6 +299,26 @@ class PartitionOwner:
         finally:
             self._stop(OwnerGone(f"{self.topic}/{self.partition} is no longer owned here"))
             self._acks.put(None)
+
+    def _await_markers(self) -> None:
+        """Wait, at most :data:`_MARKER_WAIT_S`, until the previous commit's markers are written.
+
+        Kafka's transaction coordinator answers a commit before it has written the commit
+        markers into the partitions; until it has, it refuses to add the partitions to this
+        writer's next transaction (``CONCURRENT_TRANSACTIONS``), and librdkafka then retries
+        only after a fixed 20 ms.  Starting the next transaction once the acknowledger sees
+        the previous one readable (a few ms) avoids that pause, and what arrives meanwhile
+        joins the group (measured here with back-to-back 1 MiB transactions of one producer:
+        a cycle of 31 ms became 15 ms, and the 20 ms pauses went from half of them to few).
+        """
+        wanted = self._commits
+        deadline = time.monotonic() + _MARKER_WAIT_S
+        with self._visibility:
+            while self._visible_commits < wanted:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._visibility.wait(remaining)
 
     def _take_group(self) -> tuple[list[Pending], list[Pending]]:
         """The queued transactions one Kafka transaction takes; the rest wait for the next."""
@@ -516,9 +569,11 @@ class PartitionOwner:
                 visible = (self._state_topic, delta_offset + 1)
             # answered by the acknowledger once readers can see the commit; meanwhile this
             # thread goes on with the next transaction
-            self._acks.put((outcomes, visible))
+            self._commits += 1
+            self._acks.put((outcomes, visible, self._commits))
+            self.ctx.commits.add(sum(1 for _t, _r, error in outcomes if error is None), len(values))
         else:
-            self._acks.put((outcomes, None))
+            self._acks.put((outcomes, None, 0))
         self._maybe_snapshot()
 
     def _topic_gone(self) -> bool:
@@ -623,12 +678,15 @@ class PartitionOwner:
             item = self._acks.get()
             if item is None:
                 return
-            outcomes, visible = item
+            outcomes, visible, commit = item
             if visible is not None:
                 try:
                     self._await_visible(*visible)
                 except Exception as exc:  # a store closing under us: the commit stands
                     log.debug("visibility of %s/%d: %s", self.topic, self.partition, exc)
+                with self._visibility:
+                    self._visible_commits = commit
+                    self._visibility.notify_all()
             for txn, result, error in outcomes:
                 if error is not None:
                     txn.future.set_exception(error)
@@ -648,7 +706,9 @@ class PartitionOwner:
             if end >= wanted or time.monotonic() > deadline:
                 return
             time.sleep(pause)
-            pause = min(pause * 2, 0.01)
+            # the markers usually take 1-5 ms; the next transaction of the partition waits
+            # for them (see _await_markers), so the look is repeated often, not backed off
+            pause = min(pause * 2, 0.002)
 
     # -- snapshots ------------------------------------------------------------------------------
     def _maybe_snapshot(self) -> None:

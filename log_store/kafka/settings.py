@@ -42,7 +42,10 @@ class KafkaSettings:
     """Prefix of every Kafka topic, group and transactional id logbroker makes: several
     installations (or test runs) can share one cluster without seeing each other."""
     compression: str = "lz4"
-    linger_ms: float = 5.0
+    linger_ms: float = 0.0
+    """The producers' ``linger.ms``.  0: a transaction's records are produced all at once and
+    its commit sends them anyway; a linger only delays each commit (measured: 5 ms made a
+    transaction cycle 1.5x longer)."""
     replication_factor: int = -1
     """Of every topic logbroker creates; -1 takes the broker's ``default.replication.factor``."""
     min_insync_replicas: int | None = None

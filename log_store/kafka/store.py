@@ -101,6 +101,8 @@ class KafkaLogStore:
         self._records: dict[str, dict[str, Any]] = {}
         self._replayed: dict[tuple[str, int], ReplayedState] = {}
         self._replay_lock = threading.Lock()
+        self.commits = self._ctx.commits
+        """Kafka transactions committed here and the callers' transactions they carried."""
         self.takeovers: deque[tuple[str, int, float, int]] = deque(maxlen=1000)
         """Recent takeovers: (topic, partition, seconds, state entries)."""
         self.takeover_listener: Callable[[str, int, float, int], None] | None = None
