@@ -314,13 +314,15 @@ class LocalKafka:
         out.close()
 
     def wait_ready(self, timeout_s: float = 180.0, nodes: list[KafkaNode] | None = None) -> None:
-        """Wait until every (or the given) node serves admin requests as a broker."""
-        from confluent_kafka.admin import AdminClient
+        """Wait until every (or the given) node serves admin requests as a broker.
 
-        wanted = {n.node_id for n in (nodes or self.nodes)}
+        Each look is a child process (:func:`_probe`): librdkafka can abort the whole process
+        when an admin request times out while brokers come and go (its issue #4605,
+        ``eonce->refcnt > 0``), and a look at a cluster that is starting is exactly that.
+        """
+        wanted = sorted({n.node_id for n in (nodes or self.nodes)})
         deadline = time.monotonic() + timeout_s
         last_error = "no answer yet"
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
         while time.monotonic() < deadline:
             for node in self.nodes:
                 if node.proc is not None and node.proc.poll() is not None:
@@ -329,16 +331,22 @@ class LocalKafka:
                         f"{self.log_tail(node)}"
                     )
             try:
-                cluster = admin.describe_cluster(request_timeout=5).result(timeout=10)
-                seen = {n.id for n in cluster.nodes}
-                if wanted <= seen:
-                    # The group and transaction coordinators answer only once their
-                    # internal topics exist: a group listing proves the broker is serving.
-                    admin.list_consumer_groups(request_timeout=5).result(timeout=10)
-                    return
-                last_error = f"brokers up: {sorted(seen)}, waiting for {sorted(wanted)}"
-            except Exception as exc:
-                last_error = str(exc)
+                look = subprocess.run(
+                    [sys.executable, "-m", "ops.local_kafka", "probe", self.bootstrap]
+                    + [str(n) for n in wanted],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    cwd=Path(__file__).resolve().parent.parent,
+                )
+            except subprocess.TimeoutExpired:
+                last_error = "the readiness probe did not answer in 30 s"
+                continue
+            if look.returncode == 0:
+                return
+            last_error = (look.stdout.strip() or look.stderr.strip()[-500:]) or (
+                f"the readiness probe ended with {look.returncode}"
+            )
             time.sleep(0.2)
         raise KafkaUnavailable(f"Kafka did not become ready in {timeout_s:.0f} s: {last_error}")
 
@@ -417,7 +425,29 @@ def stop_by_state(base_dir: Path) -> bool:
     return True
 
 
+def _probe(bootstrap: str, wanted: set[int]) -> int:
+    """One look at a cluster: 0 when the wanted nodes are brokers and group coordination
+    answers (a group listing needs the coordinators' internal topics), else 1 with why."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    try:
+        cluster = admin.describe_cluster(request_timeout=5).result(timeout=10)
+        seen = {n.id for n in cluster.nodes}
+        if not wanted <= seen:
+            print(f"brokers up: {sorted(seen)}, waiting for {sorted(wanted)}")
+            return 1
+        admin.list_consumer_groups(request_timeout=5).result(timeout=10)
+    except Exception as exc:
+        print(str(exc))
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["probe"] and len(argv) >= 2:  # wait_ready's look, in a process of its own
+        return _probe(argv[1], {int(node) for node in argv[2:]})
     parser = argparse.ArgumentParser(prog="local_kafka", description=__doc__.split("\n")[0])
     parser.add_argument("action", choices=("fetch", "start", "stop"))
     parser.add_argument("--dir", type=Path, default=Path("kafka-local"))
