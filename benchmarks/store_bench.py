@@ -110,47 +110,28 @@ def append_case(
 
 
 def sync_floor_case(
-    directory: Path, record_bytes: int, batch: int, seconds: float
+    directory: Path, record_bytes: int, batch: int, seconds: float, zeros_first: bool = False
 ) -> tuple[float, float]:
-    """(records/s, MB/s) of appending ``batch`` records' bytes to a file with one fdatasync each."""
+    """(records/s, MB/s) of writing ``batch`` records' bytes to a file with one fdatasync each.
+
+    The file grows with each write, or with ``zeros_first`` it is 256 MiB of zeros written and
+    synced beforehand: its size and blocks then do not change, so each fdatasync writes data
+    only (the bound for a store that writes its segments ahead of the writer).
+    """
     target = directory / "floor.bin"
     data = b"x" * (record_bytes * batch)
     fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    limit = 256 << 20 if zeros_first else 1 << 62
     try:
+        if zeros_first:
+            zeros = bytes(1 << 20)
+            for pos in range(0, limit, len(zeros)):
+                os.pwrite(fd, zeros, pos)
+            os.fsync(fd)
         appends = 0
         pos = 0
         start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            os.pwrite(fd, data, pos)
-            os.fdatasync(fd)
-            pos += len(data)
-            appends += 1
-        elapsed = time.perf_counter() - start
-    finally:
-        os.close(fd)
-        target.unlink()
-    rate = appends * batch / elapsed
-    return rate, rate * record_bytes / 1e6
-
-
-def sync_floor_over_zeros_case(
-    directory: Path, record_bytes: int, batch: int, seconds: float
-) -> tuple[float, float]:
-    """Like ``sync_floor_case``, but over zeros written and synced first: the file's size and
-    blocks do not change, so each fdatasync writes data only (what the store's space ahead
-    gives its writer)."""
-    target = directory / "floor-zeros.bin"
-    data = b"x" * (record_bytes * batch)
-    zeros = bytes(1 << 20)
-    fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for i in range(256):  # 256 MiB: more than a few seconds of these appends
-            os.pwrite(fd, zeros, i * len(zeros))
-        os.fsync(fd)
-        appends = 0
-        pos = 0
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds and pos + len(data) <= 256 * len(zeros):
+        while time.perf_counter() - start < seconds and pos + len(data) <= limit:
             os.pwrite(fd, data, pos)
             os.fdatasync(fd)
             pos += len(data)
@@ -252,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         measure(
             "sync floor over zeros written ahead: the same into a pre-zeroed file (no store)",
-            lambda: sync_floor_over_zeros_case(directory, 200, 500, args.seconds),
+            lambda: sync_floor_case(directory, 200, 500, args.seconds, zeros_first=True),
         )
         for label, size in (
             ("read 64 KiB records (page cache)", 65536),
