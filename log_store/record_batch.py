@@ -22,8 +22,10 @@ hold both kinds.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import zlib
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -149,8 +151,40 @@ def decode_state(buf: bytes, pos: int, header: BatchHeader) -> dict[str, bytes]:
     return state
 
 
+class CheckedBatches:
+    """The batches a process checked against their CRC lately: a re-read skips the check.
+
+    A fetch smaller than a batch (4 MiB from a batch of one 8 MiB request) reads the whole
+    batch, and so does every consumer at the tail: without this each of them would compute
+    the same batch's checksum again.  A batch is known by its base offset, size and CRC;
+    only the last ``size`` are kept (written or read moments ago, they are in the page cache,
+    not on a disk that could have changed them since).  Safe to share between threads.
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self._size = size
+        self._seen: OrderedDict[tuple[int, int, int], None] = OrderedDict()
+
+    def check(self, buf: bytes, pos: int, header: BatchHeader) -> None:
+        """``check_crc`` unless this batch was checked lately."""
+        key = (header.base_offset, header.size, header.crc)
+        if key in self._seen and pos + header.size <= len(buf):
+            return
+        check_crc(buf, pos, header)
+        self._seen[key] = None
+        if len(self._seen) > self._size:
+            with contextlib.suppress(KeyError):  # another thread evicted it first
+                self._seen.popitem(last=False)
+
+
 def decode_batches(
-    buf: bytes, from_offset: int, max_bytes: int, *, expected_base: int, verify: bool = True
+    buf: bytes,
+    from_offset: int,
+    max_bytes: int,
+    *,
+    expected_base: int,
+    verify: bool = True,
+    checked: CheckedBatches | None = None,
 ) -> tuple[list[Record], int]:
     """Records at or above ``from_offset`` in the consecutive batches of ``buf``.
 
@@ -176,7 +210,9 @@ def decode_batches(
             raise CorruptBatch(
                 f"batch of offset {header.base_offset} found where {expected_base} was due"
             )
-        if verify:
+        if checked is not None:
+            checked.check(buf, pos, header)
+        elif verify:
             check_crc(buf, pos, header)
         elif pos + header.size > end:
             raise CorruptBatch(f"batch at byte {pos} runs past the read")

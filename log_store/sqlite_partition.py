@@ -44,6 +44,7 @@ from log_store.failures import as_store_unavailable
 from log_store.interface import AppendResult, PartitionInfo, ReadResult, TransactionFn
 from log_store.record_batch import (
     HEADER_SIZE,
+    CheckedBatches,
     CorruptBatch,
     decode_batches,
     encode_batch,
@@ -258,6 +259,7 @@ class PartitionLog:
         self._pool: list[sqlite3.Connection] = []
         self._pool_lock = threading.Lock()
         self._segments = SegmentFiles(directory)
+        self._checked = CheckedBatches()
         self._committed_here_at = 0.0  # monotonic time of the last commit_here
         # Used by the committer thread only:
         self._write_fd: tuple[int, int] | None = None  # (segment base, fd)
@@ -799,7 +801,9 @@ class PartitionLog:
                 conn.execute("COMMIT")
             try:
                 data = self._read_runs(rows, max_bytes)
-                records, _ = decode_batches(data, offset, max_bytes, expected_base=rows[0][0])
+                records, _ = decode_batches(
+                    data, offset, max_bytes, expected_base=rows[0][0], checked=self._checked
+                )
             except FileNotFoundError:
                 continue  # retention dropped the segment under us; look again
             except CorruptBatch as exc:

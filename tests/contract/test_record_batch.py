@@ -7,7 +7,9 @@ import zlib
 
 import pytest
 
+from log_store import record_batch
 from log_store.record_batch import (
+    CheckedBatches,
     CorruptBatch,
     check_crc,
     decode_batches,
@@ -70,3 +72,44 @@ def test_a_batch_elsewhere_than_the_index_says_is_refused() -> None:
     buf = b"".join(encode_batch(3, 1, [b"x"]))
     with pytest.raises(CorruptBatch, match="where 4 was due"):
         decode_batches(buf, 0, 100, expected_base=4)
+
+
+def test_a_batch_read_again_is_not_checksummed_again_but_a_different_one_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checks: list[int] = []
+    real_check = record_batch.check_crc
+
+    def counting_check(buf: bytes, pos: int, header: record_batch.BatchHeader) -> None:
+        checks.append(header.base_offset)
+        real_check(buf, pos, header)
+
+    monkeypatch.setattr(record_batch, "check_crc", counting_check)
+    checked = CheckedBatches(size=2)
+    first = b"".join(encode_batch(0, 1, [b"a" * 100] * 4))
+    for from_offset in (0, 2, 3):  # fetches smaller than the batch read it whole each time
+        records, _ = decode_batches(first, from_offset, 100, expected_base=0, checked=checked)
+        assert records[0].offset == from_offset
+    assert checks == [0]
+
+    # The same offset written again (another topic's partition, a rewritten tail): other bytes,
+    # another CRC, so it is checked, and a damaged one is refused.
+    damaged = bytearray(b"".join(encode_batch(0, 1, [b"b" * 100] * 4)))
+    damaged[-1] ^= 1
+    with pytest.raises(CorruptBatch):
+        decode_batches(bytes(damaged), 0, 100, expected_base=0, checked=checked)
+
+    # Only the last ``size`` batches are remembered: the first is checked again after two others.
+    for base in (10, 20):
+        other = b"".join(encode_batch(base, 1, [b"c"]))
+        decode_batches(other, base, 100, expected_base=base, checked=checked)
+    decode_batches(first, 0, 100, expected_base=0, checked=checked)
+    assert checks == [0, 0, 10, 20, 0]
+
+
+def test_a_remembered_batch_cut_short_is_still_refused() -> None:
+    checked = CheckedBatches()
+    buf = b"".join(encode_batch(0, 1, [b"a" * 100] * 4))
+    decode_batches(buf, 0, 10**6, expected_base=0, checked=checked)
+    with pytest.raises(CorruptBatch, match="runs past"):
+        decode_batches(buf[:-10], 0, 10**6, expected_base=0, checked=checked)
