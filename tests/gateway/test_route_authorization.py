@@ -95,6 +95,8 @@ def examples(a: TenantA) -> dict[tuple[str, str], Call]:
         ),
         ("GET", "/v1/topics"): ("/v1/topics", {}),
         ("GET", "/v1/topics/{topic}"): ("/v1/topics/dc1.app", {}),
+        ("GET", "/v1/topics/{topic}/owners"): ("/v1/topics/dc1.app/owners", {}),
+        ("GET", "/v1/owners"): ("/v1/owners", {"params": {"log_type": "app"}}),
         ("GET", "/v1/topics/{topic}/partitions/{partition}/messages"): (
             f"/v1/topics/dc1.app/partitions/{p}/messages",
             {"params": {"offset": 0}},
