@@ -25,6 +25,8 @@ and add one entry for the paths given on the command line::
     metrics_port = 9109          # optional local /metrics endpoint
     graphite = "graphite1:2003"  # optional: also send the metrics to Graphite
     graphite_prefix = "logbroker.dc1.host1"
+    direct_to_owner = ["http://gw*.example:8080"]   # send each source to its partition's owner
+    owner_refresh_s = 30.0       # how often the owners' map is asked for again
 
     [[entry]]
     path = "/var/log/nginx/*.log"
@@ -76,6 +78,8 @@ _PUSH_KEYS = {
     "graphite",
     "graphite_prefix",
     "graphite_interval_s",
+    "direct_to_owner",
+    "owner_refresh_s",
 }
 _ENTRY_KEYS = {"path", "log_type", "codec", "multiline"}
 
@@ -134,6 +138,10 @@ class PushConfig:
     """``HOST:PORT`` of a Graphite plaintext listener the metrics are also sent to."""
     graphite_prefix: str = "logbroker"
     graphite_interval_s: float = 60.0
+    direct_to_owner: tuple[str, ...] = ()
+    """Globs of owner origins (``scheme://host[:port]``) the client may send each source's
+    sections to directly (see ``push_client.owner_routes``); empty: off, the default."""
+    owner_refresh_s: float = 30.0
 
     @property
     def installations(self) -> tuple[InstallationSpec, ...]:
@@ -185,6 +193,14 @@ class PushConfig:
                 raise ConfigError(f"{name} must be positive")
         if self.position_wait_s < 0:
             raise ConfigError("position_wait_s must be >= 0")
+        for glob in self.direct_to_owner:
+            if not re.fullmatch(r"https?://[^\s/?#@]+", glob):
+                raise ConfigError(
+                    f"direct_to_owner {glob!r} is not a scheme://host[:port] glob "
+                    "(e.g. https://gw*.example.org:8080)"
+                )
+        if self.owner_refresh_s <= 0:
+            raise ConfigError("owner_refresh_s must be positive")
         return self
 
 
@@ -234,6 +250,7 @@ _INT_KEYS = {
 }
 _OPTIONAL_INT_KEYS = {"metrics_port"}
 _BOOL_KEYS = {"inotify"}
+_LIST_KEYS = {"direct_to_owner"}
 _TEXT_KEYS = {"host", "token", "graphite", "graphite_prefix"}
 
 
@@ -243,6 +260,11 @@ def _typed(key: str, value: Any) -> Any:
         if isinstance(value, (str, Path)):
             return value
         raise ConfigError(f"{key} must be a string, not {value!r}")
+    if key in _LIST_KEYS:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"{key} must be a list of strings, not {value!r}")
+        return tuple(i.strip() for i in items if i.strip())
     if key in _BOOL_KEYS:
         if isinstance(value, bool):
             return value

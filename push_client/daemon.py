@@ -331,6 +331,7 @@ class PushDaemon:
                 self._parking.release_due(files, now)
                 self._parking.report(files, now)
                 shipper.open_pending_sessions(now)
+            shipper.refresh_owners(now)
             linger_wait = shipper.dispatch(now)
             dirty = shipper.state_dirty
             if now >= next_save and dirty:

@@ -158,12 +158,20 @@ class PushMetrics:
         )
         with stats.lock:
             outcomes = sorted(stats.requests.items())
+            owner_writes = sorted(stats.owner_writes.items())
             retries, failovers = stats.retries, stats.failovers
         metric(
             "logbroker_push_requests_total",
             "counter",
             "Requests by outcome.",
             [({"outcome": k}, v) for k, v in outcomes],
+        )
+        metric(
+            "logbroker_push_owner_writes_total",
+            "counter",
+            "Write requests sent to a partition's owner directly (direct_to_owner): answered "
+            "by it (owner), or failed there and sent to the configured gateways (fallback).",
+            [({"outcome": k}, v) for k, v in owner_writes],
         )
         metric("logbroker_push_retries_total", "counter", "Requests retried.", [(none, retries)])
         metric(

@@ -36,6 +36,7 @@ from push_client.config import PushConfig
 from push_client.files import Counters, FileSet
 from push_client.installations import Installation, InstallationSet
 from push_client.metrics import PushMetrics
+from push_client.owner_routes import OwnerPolicy, OwnerRoutes
 from push_client.parking import ParkingLot, Refusal
 from push_client.tailer import Chunk, Phase, TailedFile
 from push_client.transport import GatewayClient, InstallationUnavailable, Refused, Stopped
@@ -57,6 +58,8 @@ def _encoded(codec: str, chunk: Chunk) -> bytes | memoryview:
 class _WriteJob:
     installation: Installation
     sections: list[tuple[TailedFile, list[Chunk]]]
+    owner_url: str | None = None
+    """The partition owner the sections go to first (``direct_to_owner``), or None."""
     future: concurrent.futures.Future[dict[str, Any]] = field(init=False)
 
 
@@ -106,6 +109,17 @@ class Shipper:
         self._seen_version = installations.version
         self.audit = WindowCounts()
         """Lines acknowledged, per topic and window of their create time (tier push-client)."""
+        self.owner_routes: dict[str, OwnerRoutes] = {}
+        """Per installation, the partitions' owners (only with ``direct_to_owner``)."""
+        if config.direct_to_owner:
+            for member in installations.members:
+                policy = OwnerPolicy.for_servers(config.direct_to_owner, member.spec.servers)
+                self.owner_routes[member.name] = OwnerRoutes(
+                    policy, refresh_s=config.owner_refresh_s
+                )
+        self._refresher = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="push-owners"
+        )
 
     @property
     def writes_in_flight(self) -> int:
@@ -117,6 +131,7 @@ class Shipper:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._refresher.shutdown(wait=False, cancel_futures=True)
 
     def _finished(self, job: _WriteJob | _SessionJob) -> None:
         self._results.put(job)
@@ -315,6 +330,7 @@ class Shipper:
             ready.sort(key=lambda t: t.pending[0].read_at)
             first = ready[0]
             name = first.session_installation
+            owner = self._owner_of(first, now)
             room = self.config.request_bytes
             sections: list[tuple[TailedFile, list[Chunk]]] = []
             group = [first] if first.alone else ready
@@ -323,27 +339,71 @@ class Shipper:
                     break
                 if tailed.session_installation != name or (tailed.alone and tailed is not first):
                     continue
+                if tailed is not first and self._owner_of(tailed, now) != owner:
+                    continue  # a request goes to one owner (or to the gateways)
                 chunks = tailed.take(room)
                 room -= sum(len(c.data) for c in chunks)
                 sections.append((tailed, chunks))
             member = self.installations.get(name)
             assert member is not None
-            self._submit_write(member, sections)
+            self._submit_write(member, sections, owner)
         return self.config.poll_interval_s
 
+    # -- owners ---------------------------------------------------------------------------------
+    def _owner_of(self, tailed: TailedFile, now: float) -> str | None:
+        """The owner URL a section of ``tailed`` goes to first, or None: the gateways."""
+        routes = self.owner_routes.get(tailed.session_installation)
+        if routes is None or not tailed.topic or tailed.partition < 0:
+            return None
+        return routes.owner(tailed.entry.log_type, tailed.topic, tailed.partition, now)
+
+    def refresh_owners(self, now: float) -> None:
+        """Ask for the owners' maps that are due (one request at a time, in the background)."""
+        for name, routes in self.owner_routes.items():
+            log_types = {
+                t.entry.log_type
+                for t in self.files.files.values()
+                if t.session_installation == name and t.topic
+            }
+            due = routes.due(sorted(log_types), now)
+            if not due:
+                continue
+            routes.refreshing = True
+            self._refresher.submit(self._refresh, self.clients[name], routes, due)
+
+    @staticmethod
+    def _refresh(client: GatewayClient, routes: OwnerRoutes, log_types: list[str]) -> None:
+        try:
+            for log_type in log_types:
+                routes.on_answer(log_type, client.get_owners(log_type), time.monotonic())
+        finally:
+            routes.refreshing = False
+
     def _submit_write(
-        self, member: Installation, sections: list[tuple[TailedFile, list[Chunk]]]
+        self,
+        member: Installation,
+        sections: list[tuple[TailedFile, list[Chunk]]],
+        owner_url: str | None = None,
     ) -> None:
         payload = [(t.section_meta(chunks), t.entry.codec, chunks) for t, chunks in sections]
-        job = _WriteJob(member, sections)
-        job.future = self._pool.submit(self._send_write, self.clients[member.name], payload)
+        job = _WriteJob(member, sections, owner_url)
+        job.future = self._pool.submit(
+            self._send_write, self.clients[member.name], payload, owner_url
+        )
         self.writes.add(job)
         job.future.add_done_callback(lambda _f: self._finished(job))
 
     def _send_write(
-        self, client: GatewayClient, payload: list[tuple[bytes, str, list[Chunk]]]
+        self,
+        client: GatewayClient,
+        payload: list[tuple[bytes, str, list[Chunk]]],
+        owner_url: str | None = None,
     ) -> dict[str, Any]:
-        """Runs in a sender thread: compress, frame, POST until acknowledged."""
+        """Runs in a sender thread: compress, frame, POST until acknowledged.
+
+        With ``owner_url``: one attempt there first; if it fails, the same body goes to the
+        configured gateways (resending is safe: seqnos and ``prev_seqno`` decide what lands).
+        """
         sections = [
             (
                 meta,
@@ -353,7 +413,24 @@ class Shipper:
         ]
         body = encode_write_body(sections)
         self.metrics.observe_request_bytes(len(body))
-        return client.write(body)
+        if owner_url is None or self._stop.is_set():
+            return client.write(body)
+        attempt = client.write_to_owner(owner_url, body)
+        if attempt.answer is not None:
+            return attempt.answer
+        routes = self.owner_routes.get(self._installation_of(client))
+        if routes is not None:
+            routes.on_failed(owner_url, time.monotonic())
+        self._wake()  # the loop refreshes the owners' map
+        try:
+            return client.write(body)
+        except InstallationUnavailable as exc:
+            if attempt.maybe_written and not exc.maybe_written:
+                raise InstallationUnavailable(str(exc), maybe_written=True) from exc
+            raise
+
+    def _installation_of(self, client: GatewayClient) -> str:
+        return next((name for name, c in self.clients.items() if c is client), "")
 
     # -- answers --------------------------------------------------------------------------------
     def collect(self) -> None:

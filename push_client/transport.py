@@ -28,6 +28,7 @@ import httpx
 import orjson
 
 from log_store.errors import LogbrokerError
+from push_client.owner_routes import OWNERS_PATH
 from push_client.token import BearerToken
 from push_client.wire import CONTENT_TYPE
 
@@ -61,6 +62,15 @@ class InstallationUnavailable(LogbrokerError):
         self.maybe_written = maybe_written
 
 
+@dataclass(frozen=True)
+class OwnerAttempt:
+    """What one attempt at a partition's owner gave: its answer, or None if it failed."""
+
+    answer: dict[str, Any] | None
+    maybe_written: bool
+    """The attempt got past connecting: the owner may have written it."""
+
+
 # Errors raised before the request left this host: the gateway cannot have seen it.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
@@ -70,6 +80,9 @@ class TransportStats:
     """Counters the metrics endpoint exports; updated from sender threads."""
 
     requests: dict[str, int] = field(default_factory=dict)
+    owner_writes: dict[str, int] = field(default_factory=dict)
+    """Write requests sent to a partition's owner directly: ``owner`` (it answered) or
+    ``fallback`` (it failed; the request went to the configured gateways)."""
     retries: int = 0
     failovers: int = 0
     last_error: str = ""
@@ -79,6 +92,10 @@ class TransportStats:
     def count(self, outcome: str) -> None:
         with self.lock:
             self.requests[outcome] = self.requests.get(outcome, 0) + 1
+
+    def count_owner_write(self, outcome: str) -> None:
+        with self.lock:
+            self.owner_writes[outcome] = self.owner_writes.get(outcome, 0) + 1
 
     def error(self, text: str) -> None:
         with self.lock:
@@ -230,6 +247,57 @@ class GatewayClient:
 
     def write(self, body: bytes) -> dict[str, Any]:
         return self.post("/v1/write", body, CONTENT_TYPE, flush=True)
+
+    def write_to_owner(self, owner_url: str, body: bytes) -> OwnerAttempt:
+        """One attempt of ``POST /v1/write`` at a partition owner's URL (no retry, no failover).
+
+        The caller checked ``owner_url`` against its :class:`~push_client.owner_routes.
+        OwnerPolicy` (the token goes there).  Anything but a 200 is a failure: the caller sends
+        the same body to the configured gateways, which deduplicate what landed.
+        """
+        headers = {"Content-Type": CONTENT_TYPE, **self._token.headers()}
+        try:
+            response = self._http.post(owner_url + "/v1/write", content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            self.stats.count_owner_write("fallback")
+            self.stats.error(f"owner {owner_url}: {type(exc).__name__}: {exc}")
+            return OwnerAttempt(None, maybe_written=not isinstance(exc, _NOT_SENT))
+        if response.status_code != 200:
+            self.stats.count_owner_write("fallback")
+            self.stats.error(f"owner {owner_url}: HTTP {response.status_code}")
+            return OwnerAttempt(None, maybe_written=response.status_code >= 500)
+        self.stats.count_owner_write("owner")
+        parsed: dict[str, Any] = orjson.loads(response.content)
+        return OwnerAttempt(parsed, maybe_written=True)
+
+    def get_owners(self, log_type: str) -> dict[str, Any] | None:
+        """``GET /v1/owners?log_type=`` from the preferred gateway, once; None if it failed."""
+        server = self.current_server
+        try:
+            response = self._http.get(
+                server + OWNERS_PATH,
+                params={"log_type": log_type},
+                headers=self._token.headers(),
+                timeout=10.0,
+            )
+        except httpx.HTTPError as exc:
+            log.info("asking %s for the owners of %s: %s", server, log_type, exc)
+            return None
+        if response.status_code != 200:
+            if response.status_code != 404:  # 404: no topic yet
+                log.warning(
+                    "asking %s for the owners of %s: HTTP %d %s",
+                    server,
+                    log_type,
+                    response.status_code,
+                    response.text[:200],
+                )
+            return None
+        try:
+            parsed = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            return None
+        return parsed if isinstance(parsed, dict) else None
 
     def open_sessions(self, sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The batch form of ``POST /v1/sessions``: answers in the request's order.

@@ -74,6 +74,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds to wait for a down installation's positions when they are needed (300)",
     )
+    parser.add_argument(
+        "--direct-to-owner",
+        metavar="GLOB[,GLOB...]",
+        help="send each source to its partition's owner gateway when its URL "
+        "(scheme://host[:port]) matches a glob (off)",
+    )
+    parser.add_argument(
+        "--owner-refresh", type=float, help="seconds between asks for the owners' map (30)"
+    )
     parser.add_argument("--poll-interval", type=float, help="polling period in seconds (0.25)")
     parser.add_argument("--no-inotify", action="store_true", help="poll instead of inotify")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT")
@@ -176,6 +185,8 @@ def _config(args: argparse.Namespace) -> PushConfig:
             "position_wait_s": args.position_wait,
             "probe_interval_s": args.probe_interval,
             "poll_interval_s": args.poll_interval,
+            "direct_to_owner": args.direct_to_owner,
+            "owner_refresh_s": args.owner_refresh,
             "inotify": False if args.no_inotify else None,
             "metrics_port": args.metrics_port,
             "graphite": args.graphite,
