@@ -13,6 +13,9 @@ measured in the same run):
   data), load processes posting binary write requests: MB/s, and its ratio to the raw producer;
 * two gateways sharing the partitions (half the load sent to each; a gateway forwards the
   sources of partitions it does not own): MB/s and the ratio to one gateway;
+* the same two gateways with owner-aware load processes (each learns its sources' partitions
+  and the owners, ``GET /v1/owners``, and sends each request to the owner of its sources, as
+  the push-client's ``direct_to_owner`` does): MB/s and the ratio to the forwarding case;
 * file -> ``logbroker push`` -> gateway on Kafka -> reader: lines/s until a read_committed
   reader has every line;
 * line -> reader latency at 5,000 lines/s through push-client, gateway and Kafka: p50, p99;
@@ -34,6 +37,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -242,6 +246,102 @@ def _load_worker(
     return totals[0], totals[1], time.process_time()
 
 
+def _post_json(conn: Any, method: str, path: str, body: Any = None) -> Any:
+    import json
+
+    payload = None if body is None else json.dumps(body).encode()
+    conn.request(method, path, body=payload, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    if response.status != 200:
+        raise RuntimeError(f"{method} {path}: HTTP {response.status} {data[:200]!r}")
+    return json.loads(data)
+
+
+def _sources_by_owner(
+    port: int, worker: int, conn_id: int, per_owner: int
+) -> dict[str, list[bytes]]:
+    """Sources of one connection grouped by their partition's owner URL, ``per_owner`` each:
+    their sessions (through the load's gateway) pin them, ``GET /v1/owners`` names the owners."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    candidates = [f"o{worker}-c{conn_id}-s{i}" for i in range(16 * per_owner)]
+    sessions = [
+        {"log_type": "bench", "source_id": c, "server": "h", "file": "/f"} for c in candidates
+    ]
+    answers = _post_json(conn, "POST", "/v1/sessions", {"sessions": sessions})["sessions"]
+    owners = _post_json(conn, "GET", "/v1/owners?log_type=bench")
+    conn.close()
+    owner_of = {p["partition"]: p["owner"] for p in owners["partitions"]}
+    groups: dict[str, list[bytes]] = {}
+    for answer in answers:
+        url = owner_of.get(answer["partition"]) or f"http://127.0.0.1:{port}"
+        group = groups.setdefault(url, [])
+        if len(group) < per_owner:
+            group.append(
+                b'{"log_type":"bench","source_id":"%s","server":"h","file":"/f"}'
+                % answer["source_id"].encode()
+            )
+    return groups
+
+
+def _owner_load_worker(
+    port: int, worker: int, connections: int, chunk_bytes: int, seconds: float
+) -> tuple[int, int, float]:
+    """Like :func:`_load_worker` (requests of 8 sources x 4 chunks), but owner-aware: each
+    request carries sources of one owner and goes to that owner, owners taking turns."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    data = (b"x" * (chunk_bytes - 1)) + b"\n"
+    totals = [0, 0]
+    lock = threading.Lock()
+    groups_of = [_sources_by_owner(port, worker, i, 8) for i in range(connections)]
+    stop_at = time.monotonic() + seconds
+
+    def run(conn_id: int) -> None:
+        groups = list(groups_of[conn_id].items())
+        conns = {}
+        for url, _metas in groups:
+            parts = urlsplit(url)
+            conns[url] = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+        seqnos = {url: 1 for url, _metas in groups}
+        acked = failed = turn = 0
+        while time.monotonic() < stop_at:
+            url, metas = groups[turn % len(groups)]
+            turn += 1
+            body = gateway_bench.MAGIC + b"".join(
+                gateway_bench.section(m, seqnos[url], 4, data) for m in metas
+            )
+            try:
+                conns[url].request(
+                    "POST", "/v1/write", body=body, headers={"Content-Type": gateway_bench.BINARY}
+                )
+                response = conns[url].getresponse()
+                response.read()
+                if response.status == 200:
+                    acked += len(metas) * 4 * chunk_bytes
+                    seqnos[url] += 4
+                else:
+                    failed += 1
+            except (OSError, http.client.HTTPException):
+                failed += 1
+                conns[url].close()
+        for conn in conns.values():
+            conn.close()
+        with lock:
+            totals[0] += acked
+            totals[1] += failed
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return totals[0], totals[1], time.process_time()
+
+
 def gateway_ingest(
     gateways: list[KafkaGateway],
     seconds: float,
@@ -250,8 +350,10 @@ def gateway_ingest(
     connections: int = 8,
     broker_pid: int | None = None,
     cpu: dict[str, float] | None = None,
+    owner_aware: bool = False,
 ) -> float:
-    """MB/s acknowledged by the gateways (load processes spread evenly among them).
+    """MB/s acknowledged by the gateways (load processes spread evenly among them; with
+    ``owner_aware``, each sends every request to the owner of its sources).
 
     ``cpu``, if given, receives the CPU seconds per MB acknowledged of the gateways (all
     together), the broker and the load processes during the measurement, and, from gateways
@@ -268,7 +370,7 @@ def gateway_ingest(
     with concurrent.futures.ProcessPoolExecutor(max_workers=clients, mp_context=context) as pool:
         futures = [
             pool.submit(
-                _load_worker,
+                _owner_load_worker if owner_aware else _load_worker,
                 gateways[i % len(gateways)].port,
                 i,
                 connections,
@@ -307,10 +409,14 @@ def ingest_cases(
     args: argparse.Namespace,
     broker_pid: int | None = None,
     cpu: dict[str, list[float]] | None = None,
-) -> tuple[float, float]:
-    """MB/s of one gateway, then of two, started from the checkout ``repo``.  ``cpu``
-    collects CPU seconds per MB: ``one_gateways``, ``one_broker``, ``two_gateways``, ..."""
-    measured: dict[str, dict[str, float]] = {"one": {}, "two": {}}
+    owner_aware: bool = False,
+    owner_first: bool = False,
+) -> tuple[float, float, float]:
+    """MB/s of one gateway, then of two, started from the checkout ``repo``; with
+    ``owner_aware``, also of the same two gateways with owner-aware load processes (before
+    the forwarding case with ``owner_first``; else after it, NaN without).  ``cpu`` collects
+    CPU seconds per MB: ``one_gateways``, ``one_broker``, ``two_gateways``, ``owner_...``."""
+    measured: dict[str, dict[str, float]] = {"one": {}, "two": {}, "owner": {}}
     one = [KafkaGateway(work, bootstrap, f"one{tag}.", f"one{tag}", repo)]
     try:
         warm_up(one)
@@ -323,9 +429,24 @@ def ingest_cases(
     two = [KafkaGateway(work, bootstrap, f"two{tag}.", f"two{tag}-{i}", repo) for i in (0, 1)]
     try:
         warm_up(two)
-        double = gateway_ingest(
-            two, args.seconds, args.chunk_bytes, args.clients, 8, broker_pid, measured["two"]
-        )
+        owner = float("nan")
+        for case in ("owner", "two") if owner_first else ("two", "owner"):
+            if case == "owner" and not owner_aware:
+                continue
+            mb_s = gateway_ingest(
+                two,
+                args.seconds,
+                args.chunk_bytes,
+                args.clients,
+                8,
+                broker_pid,
+                measured[case],
+                owner_aware=case == "owner",
+            )
+            if case == "owner":
+                owner = mb_s
+            else:
+                double = mb_s
     finally:
         for g in two:
             g.stop()
@@ -333,7 +454,7 @@ def ingest_cases(
         for case, figures in measured.items():
             for name, value in figures.items():
                 cpu.setdefault(f"{case}_{name}", []).append(value)
-    return single, double
+    return single, double, owner
 
 
 def make_file(path: Path, lines: int) -> None:
@@ -550,13 +671,15 @@ def main() -> int:
                 # the case measured right after the raw producer meets a broker still busy
                 # with what the producer wrote: with --compare-with, the order alternates
                 base_first = args.compare_with is not None and run % 2 == 1
+                # the owner-aware case and the forwarding one take turns at going first
+                owner_first = run % 2 == 1
                 if not base_first:
-                    single, double = ingest_cases(
-                        work, bootstrap, f"{run}", REPO, args, broker_pid, cpu
+                    single, double, owner = ingest_cases(
+                        work, bootstrap, f"{run}", REPO, args, broker_pid, cpu, True, owner_first
                     )
                 if args.compare_with is not None:
                     base_cpu: dict[str, list[float]] = {}
-                    base_one, base_two = ingest_cases(
+                    base_one, base_two, _ = ingest_cases(
                         work, bootstrap, f"base{run}", args.compare_with, args, broker_pid, base_cpu
                     )
                     for name, values in base_cpu.items():
@@ -566,8 +689,8 @@ def main() -> int:
                     rows.setdefault("base_ratio_one", []).append(base_one / raw)
                     rows.setdefault("base_ratio_two", []).append(base_two / base_one)
                 if base_first:
-                    single, double = ingest_cases(
-                        work, bootstrap, f"{run}", REPO, args, broker_pid, cpu
+                    single, double, owner = ingest_cases(
+                        work, bootstrap, f"{run}", REPO, args, broker_pid, cpu, True, owner_first
                     )
                 if args.ingest_only:
                     e2e, lat, tk = float("nan"), [], [float("nan")]
@@ -579,17 +702,21 @@ def main() -> int:
                     ("raw", raw),
                     ("one", single),
                     ("two", double),
+                    ("owner", owner),
                     ("e2e", e2e),
                     ("p50", gateway_bench.percentile(lat, 50) * 1000 if lat else float("nan")),
                     ("p99", gateway_bench.percentile(lat, 99) * 1000 if lat else float("nan")),
                     ("takeover", tk[0]),
                     ("ratio_one", single / raw),
                     ("ratio_two", double / single),
+                    ("ratio_owner", owner / single),
+                    ("owner_vs_two", owner / double),
                 ):
                     rows.setdefault(name, []).append(value)
                 print(
                     f"run {run + 1}: raw {raw:.1f} MB/s, one gateway {single:.1f}, two "
-                    f"{double:.1f}, e2e {e2e:,.0f} lines/s, p99 {rows['p99'][-1]:.1f} ms, "
+                    f"{double:.1f}, two to the owner {owner:.1f}, e2e {e2e:,.0f} lines/s, "
+                    f"p99 {rows['p99'][-1]:.1f} ms, "
                     f"takeover {tk[0]:.3f} s",
                     file=sys.stderr,
                 )
@@ -610,6 +737,10 @@ def main() -> int:
     print(
         f"| two gateways, load split between them | {med('two'):.1f} MB/s "
         f"({med('ratio_two'):.2f}x one) | >= 1.6x |"
+    )
+    print(
+        f"| two gateways, clients sending each source to its owner | {med('owner'):.1f} MB/s "
+        f"({med('ratio_owner'):.2f}x one, {med('owner_vs_two'):.2f}x forwarding) | >= 1.6x |"
     )
     print(
         f"| file -> push -> gateway -> Kafka -> reader, {LINE_BYTES} B lines | "
@@ -640,6 +771,7 @@ def main() -> int:
             ("raw", "raw producer (its process as the load)"),
             ("one", "one gateway"),
             ("two", "two gateways"),
+            ("owner", "two gateways, clients to the owner"),
         ]
         if args.compare_with is not None:
             cases += [
@@ -682,6 +814,9 @@ def write_json(args: argparse.Namespace, rows: dict[str, list[float]]) -> None:
         Figure.of_runs("two gateways, load split between them", rows["two"], "MB/s").compared(
             "one gateway", rows["ratio_two"]
         ),
+        Figure.of_runs(
+            "two gateways, clients sending each source to its owner", rows["owner"], "MB/s"
+        ).compared("two gateways, load split between them", rows["owner_vs_two"]),
     ]
     if args.ingest_only:  # the other cases did not run
         write(args.json, "kafka", args, figures)
