@@ -405,6 +405,11 @@ class PushDaemon:
             new = replace(new, servers=old.servers, state_dir=old.state_dir)
         self.config = new
         self._shipper.config = new
+        if (new.direct_to_owner, new.owner_refresh_s) != (
+            old.direct_to_owner,
+            old.owner_refresh_s,
+        ):
+            self._shipper.configure_owners()
         self._files.apply_config(new)
         self._parking.retry_s = new.park_retry_s
         self._token.replace(new.token, new.token_file)

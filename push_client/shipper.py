@@ -111,12 +111,7 @@ class Shipper:
         """Lines acknowledged, per topic and window of their create time (tier push-client)."""
         self.owner_routes: dict[str, OwnerRoutes] = {}
         """Per installation, the partitions' owners (only with ``direct_to_owner``)."""
-        if config.direct_to_owner:
-            for member in installations.members:
-                policy = OwnerPolicy.for_servers(config.direct_to_owner, member.spec.servers)
-                self.owner_routes[member.name] = OwnerRoutes(
-                    policy, refresh_s=config.owner_refresh_s
-                )
+        self.configure_owners()
         self._refresher = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="push-owners"
         )
@@ -350,6 +345,18 @@ class Shipper:
         return self.config.poll_interval_s
 
     # -- owners ---------------------------------------------------------------------------------
+    def configure_owners(self) -> None:
+        """(Re)build the owners' maps from ``config.direct_to_owner`` (empty: off)."""
+        config = self.config
+        self.owner_routes = {
+            member.name: OwnerRoutes(
+                OwnerPolicy.for_servers(config.direct_to_owner, member.spec.servers),
+                refresh_s=config.owner_refresh_s,
+            )
+            for member in self.installations.members
+            if config.direct_to_owner
+        }
+
     def _owner_of(self, tailed: TailedFile, now: float) -> str | None:
         """The owner URL a section of ``tailed`` goes to first, or None: the gateways."""
         routes = self.owner_routes.get(tailed.session_installation)
