@@ -46,6 +46,7 @@ log = logging.getLogger("logbroker.push")
 
 MAX_SESSIONS_PER_REQUEST = 5000
 MAX_SESSION_JOBS = 2
+_OWNER_CHECK_INTERVAL_S = 0.5
 
 
 def _encoded(codec: str, chunk: Chunk) -> bytes | memoryview:
@@ -58,8 +59,6 @@ def _encoded(codec: str, chunk: Chunk) -> bytes | memoryview:
 class _WriteJob:
     installation: Installation
     sections: list[tuple[TailedFile, list[Chunk]]]
-    owner_url: str | None = None
-    """The partition owner the sections go to first (``direct_to_owner``), or None."""
     future: concurrent.futures.Future[dict[str, Any]] = field(init=False)
 
 
@@ -112,6 +111,7 @@ class Shipper:
         self.owner_routes: dict[str, OwnerRoutes] = {}
         """Per installation, the partitions' owners (only with ``direct_to_owner``)."""
         self.configure_owners()
+        self._next_owner_check = 0.0
         self._refresher = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="push-owners"
         )
@@ -366,6 +366,9 @@ class Shipper:
 
     def refresh_owners(self, now: float) -> None:
         """Ask for the owners' maps that are due (one request at a time, in the background)."""
+        if not self.owner_routes or now < self._next_owner_check:
+            return
+        self._next_owner_check = now + _OWNER_CHECK_INTERVAL_S
         for name, routes in self.owner_routes.items():
             log_types = {
                 t.entry.log_type
@@ -393,7 +396,7 @@ class Shipper:
         owner_url: str | None = None,
     ) -> None:
         payload = [(t.section_meta(chunks), t.entry.codec, chunks) for t, chunks in sections]
-        job = _WriteJob(member, sections, owner_url)
+        job = _WriteJob(member, sections)
         job.future = self._pool.submit(
             self._send_write, self.clients[member.name], payload, owner_url
         )
