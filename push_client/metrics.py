@@ -159,6 +159,7 @@ class PushMetrics:
         with stats.lock:
             outcomes = sorted(stats.requests.items())
             owner_writes = sorted(stats.owner_writes.items())
+            owner_partitions = sorted(stats.owner_partitions.items())
             retries, failovers = stats.retries, stats.failovers
         metric(
             "logbroker_push_requests_total",
@@ -172,6 +173,13 @@ class PushMetrics:
             "Write requests sent to a partition's owner directly (direct_to_owner): answered "
             "by it (owner), or failed there and sent to the configured gateways (fallback).",
             [({"outcome": k}, v) for k, v in owner_writes],
+        )
+        metric(
+            "logbroker_push_owner_partitions",
+            "gauge",
+            "Partitions whose owner gateway is known and allowed, per installation "
+            "(direct_to_owner; their sources are sent there).",
+            [({"installation": k}, v) for k, v in owner_partitions],
         )
         metric("logbroker_push_retries_total", "counter", "Requests retried.", [(none, retries)])
         metric(

@@ -152,6 +152,11 @@ class OwnerRoutes:
             for gone in [u for u, until in self._shunned.items() if until <= now]:
                 del self._shunned[gone]
 
+    def known(self) -> int:
+        """Partitions whose owner may be written to directly (for the metrics)."""
+        with self._lock:
+            return sum(len(t.owners) for t in self._by_log_type.values())
+
     def owners(self) -> dict[str, dict[int, str]]:
         """Per topic, the owners known now (for status and tests)."""
         with self._lock:

@@ -379,13 +379,15 @@ class Shipper:
             if not due:
                 continue
             routes.refreshing = True
-            self._refresher.submit(self._refresh, self.clients[name], routes, due)
+            self._refresher.submit(self._refresh, name, routes, due)
 
-    @staticmethod
-    def _refresh(client: GatewayClient, routes: OwnerRoutes, log_types: list[str]) -> None:
+    def _refresh(self, name: str, routes: OwnerRoutes, log_types: list[str]) -> None:
+        client = self.clients[name]
         try:
             for log_type in log_types:
                 routes.on_answer(log_type, client.get_owners(log_type), time.monotonic())
+            with client.stats.lock:
+                client.stats.owner_partitions[name] = routes.known()
         finally:
             routes.refreshing = False
 

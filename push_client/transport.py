@@ -83,6 +83,8 @@ class TransportStats:
     owner_writes: dict[str, int] = field(default_factory=dict)
     """Write requests sent to a partition's owner directly: ``owner`` (it answered) or
     ``fallback`` (it failed; the request went to the configured gateways)."""
+    owner_partitions: dict[str, int] = field(default_factory=dict)
+    """Per installation, partitions whose owner is known and allowed (``direct_to_owner``)."""
     retries: int = 0
     failovers: int = 0
     last_error: str = ""

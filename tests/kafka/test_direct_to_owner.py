@@ -123,7 +123,12 @@ def test_sources_go_to_their_owner_directly_and_fall_back_when_it_is_killed(
         push.start()
         wait_until(delivered, 90, f"the first lines (push log: {push.log()[-1500:]})")
         wait_until(
-            lambda: _samples(push_metrics, "logbroker_push_owner_writes_total"), 30, "owners"
+            lambda: (
+                sum(_samples(push_metrics, "logbroker_push_owner_partitions").values())
+                == PARTITIONS
+            ),
+            30,
+            "the client to know every partition's owner",
         )
         # A gateway of a loaded machine may miss its group's session timeout and lose its
         # partitions meanwhile: a round is measured again until ownership held still.
