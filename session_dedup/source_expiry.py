@@ -27,6 +27,13 @@ Safe by construction:
   a crash between a source's expiry and its pin's deletion.
 * Values written before times were kept (8 bytes) are given the time of the first pass that
   sees them, so an upgrade expires nothing before ``idle_ms`` has passed.
+
+On a store whose partitions are written by several processes, each the owner of some (the
+Kafka backend, :class:`PartitionOwners`), every process looks only at the partitions it owns
+and at the pins kept in them: the decision is its owner's, in the partition's Kafka
+transaction, and a stale owner (fenced by a new one) commits nothing; its transaction is
+run again by the new owner against the table as the new owner has it.  The deletions are
+changelog entries of that transaction, so a takeover rebuilds the table without them.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from log_store.errors import UnknownTopic
 from log_store.interface import LogStore, PartitionState, StateScan, TopicInfo
@@ -66,6 +74,25 @@ _INTERNAL_PREFIX = "logbroker-internal."
 log = logging.getLogger(__name__)
 
 
+@runtime_checkable
+class PartitionOwners(Protocol):
+    """A store shared by processes that each own (write) some of its partitions."""
+
+    def owns_partition(self, topic: str, partition: int) -> bool:
+        """True if this process is the partition's writer: it expires the partition's sources
+        and sweeps the pins kept there (``scan_topic_state`` lists those only)."""
+        ...
+
+
+@runtime_checkable
+class ManyStateReads(Protocol):
+    """A store that reads many state keys of a partition in one step (one owner's read)."""
+
+    def get_state_many(
+        self, topic: str, partition: int, keys: Sequence[str]
+    ) -> dict[str, bytes | None]: ...
+
+
 @dataclass
 class ExpiryPass:
     """What one pass over the store did."""
@@ -91,6 +118,10 @@ class _Forget:
         self.stamped = 0
 
     def __call__(self, state: PartitionState) -> list[bytes]:
+        # It may run more than once: again at a new owner after a fenced commit, or after a
+        # forwarded run met a conflict.  Only the run that commits is what happened.
+        self.forgotten = []
+        self.stamped = 0
         for source_id in self.candidates:
             values = {
                 key(source_id): present(state.get(key(source_id))) for key in _PREFIXES.values()
@@ -123,7 +154,7 @@ class SourceExpiry:
 
     @property
     def supported(self) -> bool:
-        """Whether the store can list state keys (the embedded store can; Kafka cannot yet)."""
+        """Whether the store can list state keys (both backends can)."""
         return isinstance(self.store, StateScan)
 
     def run_once(self, now_ms: int | None = None) -> ExpiryPass:
@@ -137,11 +168,16 @@ class SourceExpiry:
                 continue
             try:
                 for partition in range(info.config.partitions):
-                    self._expire_partition(info, partition, now, result)
+                    if self._owns(info.name, partition):
+                        self._expire_partition(info, partition, now, result)
                 self._sweep_pins(info, result)
             except UnknownTopic:
                 continue  # deleted meanwhile: nothing of it to keep
         return result
+
+    def _owns(self, topic: str, partition: int) -> bool:
+        store = self.store
+        return not isinstance(store, PartitionOwners) or store.owns_partition(topic, partition)
 
     def _idle_candidates(self, topic: str, partition: int, now: int) -> list[str]:
         """Sources whose values look idle or have no time, outside any transaction."""
@@ -190,11 +226,25 @@ class SourceExpiry:
         if pins:
             out.pins_deleted += self._delete_stateless_pins(info, pins)
 
-    def _has_state(self, topic: str, partition: int, source_id: str) -> bool:
-        return any(
-            present(self.store.get_state(topic, partition, key(source_id))) is not None
-            for key in _PREFIXES.values()
-        )
+    def _with_state(self, topic: str, pins: dict[str, int]) -> set[str]:
+        """Those of the pinned sources that have state in their partition (one read a
+        partition where the store can)."""
+        by_partition: dict[int, list[str]] = {}
+        for source_id, partition in pins.items():
+            by_partition.setdefault(partition, []).append(source_id)
+        live: set[str] = set()
+        for partition, sources in by_partition.items():
+            keys = [key(s) for s in sources for key in _PREFIXES.values()]
+            if isinstance(self.store, ManyStateReads):
+                values = self.store.get_state_many(topic, partition, keys)
+            else:
+                values = {k: self.store.get_state(topic, partition, k) for k in keys}
+            live.update(
+                s
+                for s in sources
+                if any(present(values[key(s)]) is not None for key in _PREFIXES.values())
+            )
+        return live
 
     def _delete_stateless_pins(self, info: TopicInfo, pins: dict[str, int]) -> int:
         """Delete the pins of sources without state that a new pin would make again (the
@@ -205,12 +255,9 @@ class SourceExpiry:
         if current.topic_id != info.topic_id:
             return 0
         count = current.config.partitions
-        doomed = {
-            source_id: partition
-            for source_id, partition in pins.items()
-            if stable_partition(source_id, count) == partition
-            and not self._has_state(info.name, partition, source_id)
-        }
+        stable = {s: p for s, p in pins.items() if stable_partition(s, count) == p}
+        with_state = self._with_state(info.name, stable)
+        doomed = {s: p for s, p in stable.items() if s not in with_state}
         if not doomed:
             return 0
         deleted = self.store.delete_topic_state_if(
@@ -219,8 +266,9 @@ class SourceExpiry:
             deletions_key=pin_deletions_key(info.topic_id),
         )
         # A write that gave the source state meanwhile puts its pin back itself
-        # (SourceRouter.confirm_pins); this covers one that did so before the deletion.
-        live = {s: p for s, p in doomed.items() if self._has_state(info.name, p, s)}
+        # (SourceRouter.confirm_pins); this covers one that did so before the deletion (or,
+        # on Kafka, before the deletion count was raised, just after the deletions).
+        live = {s: doomed[s] for s in self._with_state(info.name, doomed)}
         if live:
             self.store.put_topic_state_many_if_absent(
                 info.name, {pin_key(info.topic_id, s): encode_pin(p) for s, p in live.items()}

@@ -55,6 +55,7 @@ from log_store.kafka.fetcher import FetcherPool, Watermarks
 from log_store.kafka.settings import KafkaSettings
 from log_store.kafka.state_changelog import (
     ReplayedState,
+    apply_changes,
     delta_record,
     snapshot_records,
 )
@@ -456,6 +457,17 @@ class PartitionOwner:
                 log.debug("dropping the producer of %s/%d", self.topic, self.partition)
 
     # -- reads of the state ---------------------------------------------------------------------
+    def state_items(self, prefix: str) -> list[tuple[str, bytes]]:
+        """The entries of this owner's table whose key starts with ``prefix``, unordered.
+
+        A look without the proof :meth:`read_state` gives: the table may be stale (this owner
+        fenced meanwhile).  For finding candidates that a transaction checks again (idle
+        source expiry), never for answering a caller."""
+        if self.broken or self.closed or self._kafka is None:
+            raise OwnerGone(f"{self.topic}/{self.partition} is not owned here right now")
+        with self._table_lock:
+            return [(k, v) for k, v in self._table.items() if k.startswith(prefix)]
+
     def read_state(self, keys: Sequence[str]) -> tuple[dict[str, bytes | None], int]:
         """Current values of ``keys`` and the next data offset, if this owner is still current.
 
@@ -556,7 +568,7 @@ class PartitionOwner:
                         txn.future.set_exception(failure)
                 return
             with self._table_lock:
-                self._table.update(changes)
+                apply_changes(self._table, changes)
                 self._state_end = delta_offset + 2
                 self._next_offset = base + len(values) + (1 if values else 0)
             self._writing_changelog(False, committed=True)

@@ -16,6 +16,11 @@ before it (``delete_records``).  A new owner reads that committed position, then
 and the deltas after it: its takeover reads at most about two tables' worth of entries,
 whatever the partition's history.
 
+An empty value is a deletion (the state area's ``FORGOTTEN``, as idle source expiry writes
+it): a delta carries it like any change, replaying it removes the key, and the owner's table
+and every snapshot leave the key out, so a table rebuilt by a new owner never holds a deleted
+key and a snapshot's size follows the live keys only.
+
 Record values (keys are unused)::
 
     delta:     b"LBD1" u64 data_end  entries
@@ -56,7 +61,8 @@ def encode_entries(items: Iterable[tuple[str, bytes]]) -> bytes:
 
 
 def decode_entries(buf: bytes, pos: int, into: dict[str, bytes]) -> int:
-    """Apply the entries in ``buf[pos:]`` to ``into``; returns how many there were."""
+    """Apply the entries in ``buf[pos:]`` to ``into`` (an empty value deletes its key);
+    returns how many there were."""
     unpack = _ENTRY_HEAD.unpack_from
     end = len(buf)
     count = 0
@@ -66,7 +72,10 @@ def decode_entries(buf: bytes, pos: int, into: dict[str, bytes]) -> int:
             pos += 6
             key = buf[pos : pos + key_len].decode("utf-8")
             pos += key_len
-            into[key] = buf[pos : pos + value_len]
+            if value_len:
+                into[key] = buf[pos : pos + value_len]
+            else:
+                into.pop(key, None)
             pos += value_len
             count += 1
     except (struct.error, UnicodeDecodeError) as exc:
@@ -74,6 +83,15 @@ def decode_entries(buf: bytes, pos: int, into: dict[str, bytes]) -> int:
     if pos != end:
         raise CorruptChangelog("a state entry runs past the end of its record")
     return count
+
+
+def apply_changes(table: dict[str, bytes], changes: Mapping[str, bytes]) -> None:
+    """Apply a transaction's state changes to a table as a replay of its delta would."""
+    for key, value in changes.items():
+        if value:
+            table[key] = value
+        else:
+            table.pop(key, None)
 
 
 def delta_record(data_end: int, changes: Mapping[str, bytes]) -> bytes:
@@ -86,6 +104,8 @@ def snapshot_records(data_end: int, table: Mapping[str, bytes]) -> list[bytes]:
     batch: list[tuple[str, bytes]] = []
     size = 0
     for key, value in table.items():
+        if not value:
+            continue  # a deletion (the owner's table holds none; a caller's might)
         batch.append((key, value))
         size += len(key) + len(value) + 6
         if size >= SNAPSHOT_CHUNK_BYTES:

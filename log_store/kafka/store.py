@@ -10,6 +10,9 @@
   count when the topic's first topic-level state was written, recorded in partition 0's
   state; since that count never changes, growing the topic never moves a key's home, and the
   home partition's single writer makes put-if-absent atomic across every process.
+- Idle source expiry (``session_dedup.source_expiry``) finds its candidates through
+  :class:`~log_store.interface.StateScan`: each process scans the partitions it owns, and the
+  deletions are transactions of the owners like any write.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from log_store.kafka.placement import OnDemand, Placement
 from log_store.kafka.remote_transaction import NotOwner
 from log_store.kafka.settings import KafkaSettings
 from log_store.kafka.state_changelog import ReplayedState
+from log_store.kafka.state_scan import StateListings
 from log_store.kafka.topic_admin import KafkaTopic, TopicAdmin, check_config
 from log_store.topic_names import validate_topic_name
 
@@ -100,7 +104,8 @@ class KafkaLogStore:
         self._topics: dict[str, tuple[KafkaTopic, float]] = {}
         self._records: dict[str, dict[str, Any]] = {}
         self._replayed: dict[tuple[str, int], ReplayedState] = {}
-        self._replay_lock = threading.Lock()
+        self._replay_lock = threading.RLock()
+        self._listings = StateListings()
         self.commits = self._ctx.commits
         """Kafka transactions committed here and the callers' transactions they carried."""
         self.takeovers: deque[tuple[str, int, float, int]] = deque(maxlen=1000)
@@ -525,6 +530,12 @@ class KafkaLogStore:
     def get_state(self, topic: str, partition: int, key: str) -> bytes | None:
         return self._state_values(topic, partition, [key])[key]
 
+    def get_state_many(
+        self, topic: str, partition: int, keys: Sequence[str]
+    ) -> dict[str, bytes | None]:
+        """``get_state`` of many keys of one partition in one step (one owner's read)."""
+        return self._state_values(topic, partition, keys)
+
     def _state_values(
         self, topic: str, partition: int, keys: Sequence[str]
     ) -> dict[str, bytes | None]:
@@ -568,6 +579,108 @@ class KafkaLogStore:
             )
             replayed.position = max(replayed.position, end)
             return replayed.table
+
+    # -- finding state nobody uses (StateScan) ----------------------------------------------------
+    def owns_partition(self, topic: str, partition: int) -> bool:
+        """True if this process is (or may become) the partition's writer: idle source expiry
+        looks at these partitions only, so every partition is looked at by its owner alone."""
+        return self.placement.owns(topic, partition)
+
+    def scan_state(
+        self, topic: str, partition: int, prefix: str, after: str = "", limit: int = 1000
+    ) -> list[tuple[str, bytes]]:
+        """A page of the partition's state under ``prefix``, as this process's owner of it has
+        the table (else as its changelog says): a hint, see ``state_scan``."""
+        kafka = self._check_partition(topic, partition)
+        return self._listings.page(
+            kafka.topic_id,
+            partition,
+            prefix,
+            after,
+            limit,
+            lambda: self._state_items(kafka, partition, prefix),
+        )
+
+    def _state_items(
+        self, kafka: KafkaTopic, partition: int, prefix: str
+    ) -> list[tuple[str, bytes]]:
+        owner = self.local_owner(kafka.name, partition)
+        if owner is not None and self.placement.owns(kafka.name, partition):
+            try:
+                return owner.state_items(prefix)
+            except OwnerGone:
+                pass  # being taken over again: the changelog says as much
+        with self._replay_lock:
+            table = self._replay(kafka, partition)
+            return [(k, v) for k, v in table.items() if k.startswith(prefix)]
+
+    def scan_topic_state(
+        self, topic: str, prefix: str, after: str = "", limit: int = 1000
+    ) -> list[tuple[str, bytes]]:
+        """``scan_state`` of the topic-level state kept in the home partitions this process
+        owns (every home under ``OnDemand``): each gateway scans the pins it is the writer of."""
+        kafka = self._topic(topic, fresh=True)
+        record = self._topic_record(kafka, create=False)
+        if record is None:
+            return []
+        found: list[tuple[str, bytes]] = []
+        inner_after = TOPIC_STATE_PREFIX + after if after else ""
+        for home in range(int(record["home_partitions"])):
+            if not self.placement.owns(topic, home):
+                continue
+            page = self.scan_state(topic, home, TOPIC_STATE_PREFIX + prefix, inner_after, limit)
+            found.extend((key[len(TOPIC_STATE_PREFIX) :], value) for key, value in page)
+        found.sort()
+        return found[:limit]
+
+    def delete_topic_state_if(
+        self, topic: str, items: Mapping[str, bytes], *, deletions_key: str | None = None
+    ) -> int:
+        """Delete each topic-state key whose value is the one given, in its home partition's
+        transaction; then raise the count under ``deletions_key`` by the number deleted.
+
+        Kafka has no transaction across two owners, so the count is raised right *after* the
+        deletions (the embedded store does both in one transaction).  That order keeps the
+        count's promise for every reader that looks again after it was raised; a reader that
+        looks again in between sees it unchanged, and a caller that gave a key's owner state
+        then must look at that state again after this returns (``source_expiry`` does)."""
+        kafka = self._topic(topic, fresh=True)
+        record = self._topic_record(kafka, create=False)
+        if record is None:
+            return 0
+        home_count = int(record["home_partitions"])
+        homes: dict[int, dict[str, bytes]] = {}
+        for key, value in items.items():
+            homes.setdefault(home_partition(key, home_count), {})[key] = value
+        deleted: dict[int, int] = {}
+        functions: list[tuple[str, int, TransactionFn]] = []
+        for home, doomed in homes.items():
+
+            def delete_if(
+                state: PartitionState, home: int = home, doomed: dict[str, bytes] = doomed
+            ) -> Sequence[bytes]:
+                count = 0  # a function may run again (a forwarded one after a conflict)
+                for key, value in doomed.items():
+                    if state.get(TOPIC_STATE_PREFIX + key) == value:
+                        state.put(TOPIC_STATE_PREFIX + key, b"")
+                        count += 1
+                deleted[home] = count
+                return ()
+
+            functions.append((topic, home, delete_if))
+        for future in self.submit_many(functions):
+            future.result()
+        total = sum(deleted.values())
+        if total and deletions_key is not None:
+
+            def raise_count(state: PartitionState) -> Sequence[bytes]:
+                raw = state.get(TOPIC_STATE_PREFIX + deletions_key)
+                count = int.from_bytes(raw, "big") if raw else 0
+                state.put(TOPIC_STATE_PREFIX + deletions_key, (count + total).to_bytes(8, "big"))
+                return ()
+
+            self.transact(topic, home_partition(deletions_key, home_count), raise_count)
+        return total
 
     # -- retention --------------------------------------------------------------------------------
     def apply_retention(self, now_ms: int | None = None) -> dict[tuple[str, int], int]:
