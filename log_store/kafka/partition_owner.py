@@ -159,10 +159,11 @@ class _TxnState:
         return self._next_offset
 
     def get(self, key: str) -> bytes | None:
+        # a key deleted (an empty value) reads as absent, as it does once committed
         if key in self.local:
-            return self.local[key]
+            return self.local[key] or None
         if key in self._group:
-            return self._group[key]
+            return self._group[key] or None
         return self._table.get(key)
 
     def put(self, key: str, value: bytes) -> None:
