@@ -117,7 +117,8 @@ class PartitionState(Protocol):
 
     def put(self, key: str, value: bytes) -> None:
         """Set ``key``; an empty value deletes it.  A deleted key reads as None, or as
-        ``b""`` on a backend that keeps deletions as values (Kafka's changelog)."""
+        ``b""`` inside the transaction that deleted it on a backend that keeps its own puts
+        as given (both backends drop the key when the transaction commits)."""
         ...
 
     def next_offset(self) -> int:
