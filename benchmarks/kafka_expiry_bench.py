@@ -51,10 +51,10 @@ def fill(store: LogStore, sources: int, written_ms: int) -> None:
     for start in range(0, sources, _BATCH):
         batch = names[start : start + _BATCH]
 
-        def fn(state: PartitionState, batch: list[str] = batch) -> list[bytes]:
+        def fn(state: PartitionState, batch: list[str] = batch, count: int = start) -> list[bytes]:
             for name in batch:
                 state.put(seqno_key(name), encode_source_value(7, written_ms))
-            state.put(SOURCE_COUNT_KEY, encode_seqno(start + len(batch)))
+            state.put(SOURCE_COUNT_KEY, encode_seqno(count + len(batch)))
             return [b"x"]
 
         store.transact(TOPIC, 0, fn)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,7 +14,8 @@ import pytest
 from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
 from log_store import LogStore, PartitionState, TopicConfig
 from log_store.kafka import KafkaSettings, open_kafka_store
-from session_dedup.pinning import decode_count, pin_deletions_key
+from session_dedup.exactly_once import ChunkBatch, ExactlyOnceWriter
+from session_dedup.pinning import decode_count, pin_deletions_key, pin_key
 from session_dedup.seqno_table import (
     SOURCE_COUNT_KEY,
     decode_seqno,
@@ -23,6 +23,7 @@ from session_dedup.seqno_table import (
     encode_source_value,
     seqno_key,
 )
+from session_dedup.source import SourceMeta
 from session_dedup.source_expiry import SourceExpiry
 from tests.conftest import GatewayProcess
 from tests.gateway.conftest import meta
@@ -63,7 +64,7 @@ def test_an_idle_source_expires_and_a_new_owner_rebuilds_the_table_without_it(
 ) -> None:
     gateway = start_kafka_gateway(
         top="partitions = 1\n",
-        tables=LIMITS.format(expiry=4),
+        tables=LIMITS.format(expiry=5),
         kafka={"snapshot_min_entries": 4},  # snapshots, and deltas after them, both replayed
     )
     http = httpx.Client(base_url=gateway.url, timeout=60)
@@ -119,7 +120,7 @@ def test_an_idle_source_expires_and_a_new_owner_rebuilds_the_table_without_it(
     assert decode_count(kafka_store.get_topic_state("dc1.exp", pin_deletions_key(topic_id))) >= 1
     found = source_seqnos(kafka_store, "dc1.exp")
     assert found["idle"] == ({0}, [1, 2, 3])
-    assert {s: found[s][1] for s in LIVE} == dict.fromkeys(LIVE, list(range(1, live + 1)))
+    assert {s: found[s][1] for s in LIVE} == {s: list(range(1, live + 1)) for s in LIVE}
 
 
 def _put(values: dict[str, bytes]) -> Callable[[PartitionState], Sequence[bytes]]:
@@ -172,3 +173,33 @@ def test_a_fenced_owner_expires_nothing(kafka_cluster: Any, kafka_namespace: str
     with open_kafka_store(settings) as reader:
         assert decode_seqno(reader.get_state("dc1.exp", 0, seqno_key("src"))) == 6
         assert decode_seqno(reader.get_state("dc1.exp", 0, SOURCE_COUNT_KEY)) == 1
+
+
+def test_a_pin_deleted_after_a_router_saw_it_is_put_back_by_the_first_write(
+    kafka_cluster: Any, kafka_namespace: str
+) -> None:
+    """Pins live in their home partitions' state: expiry deletes them there and raises the
+    deletion count after; a router that saw the pins before puts them back when a write gives
+    their sources state, even on a topic grown since (a new pin would move them)."""
+    settings = KafkaSettings(
+        kafka_cluster.bootstrap, namespace=kafka_namespace, operation_timeout_s=20
+    )
+    with open_kafka_store(settings) as store:
+        writer = ExactlyOnceWriter(store, dc="dc1", partitions=2)
+        metas = [SourceMeta("exp", f"s{i}") for i in range(20)]
+        sessions = writer.open_sessions(metas)  # pins them, gives them no state
+        topic_id = store.describe_topic("dc1.exp").topic_id
+        keys = [pin_key(topic_id, m.source_id) for m in metas]
+        pinned = store.get_topic_state_many("dc1.exp", keys)
+        assert None not in pinned.values()
+        assert store.get_topic_state("dc1.exp", pin_deletions_key(topic_id)) is None
+        done = SourceExpiry(store, idle_s=3600).run_once()
+        assert done.pins_deleted == 20
+        assert set(store.get_topic_state_many("dc1.exp", keys).values()) == {None}
+        deletions = store.get_topic_state("dc1.exp", pin_deletions_key(topic_id))
+        assert decode_count(deletions) == 20
+        store.set_partitions("dc1.exp", 8)  # a new pin would now name another partition
+        for meta_, session in zip(metas, sessions, strict=True):
+            outcome = writer.write(meta_, ChunkBatch([1], [0], [b"x\n"]))
+            assert outcome.new_source and outcome.route.partition == session.partition
+        assert store.get_topic_state_many("dc1.exp", keys) == pinned
