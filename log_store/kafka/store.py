@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
@@ -606,10 +607,9 @@ class KafkaLogStore:
     ) -> list[tuple[str, bytes]]:
         owner = self.local_owner(kafka.name, partition)
         if owner is not None and self.placement.owns(kafka.name, partition):
-            try:
+            # an owner being taken over again has no table to show: the changelog has one
+            with contextlib.suppress(OwnerGone):
                 return owner.state_items(prefix)
-            except OwnerGone:
-                pass  # being taken over again: the changelog says as much
         with self._replay_lock:
             table = self._replay(kafka, partition)
             return [(k, v) for k, v in table.items() if k.startswith(prefix)]
