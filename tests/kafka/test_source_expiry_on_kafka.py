@@ -14,8 +14,9 @@ import pytest
 from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
 from log_store import LogStore, PartitionState, TopicConfig
 from log_store.kafka import KafkaSettings, open_kafka_store
+from log_store.kafka.owner_directory import OwnerDirectory
 from session_dedup.exactly_once import ChunkBatch, ExactlyOnceWriter
-from session_dedup.pinning import decode_count, pin_deletions_key, pin_key
+from session_dedup.pinning import decode_count, pin_deletions_key, pin_key, stable_partition
 from session_dedup.seqno_table import (
     SOURCE_COUNT_KEY,
     decode_seqno,
@@ -32,7 +33,7 @@ from tests.kafka.conftest import metric, source_seqnos, wait_until
 pytestmark = pytest.mark.kafka
 
 LIMITS = """[limits]
-max_sources_per_partition = 4
+max_sources_per_partition = {limit}
 source_idle_expiry_s = {expiry}
 """
 LIVE = ("live-a", "live-b", "live-c")
@@ -64,7 +65,7 @@ def test_an_idle_source_expires_and_a_new_owner_rebuilds_the_table_without_it(
 ) -> None:
     gateway = start_kafka_gateway(
         top="partitions = 1\n",
-        tables=LIMITS.format(expiry=5),
+        tables=LIMITS.format(expiry=5, limit=4),
         kafka={"snapshot_min_entries": 4},  # snapshots, and deltas after them, both replayed
     )
     http = httpx.Client(base_url=gateway.url, timeout=60)
@@ -95,7 +96,9 @@ def test_an_idle_source_expires_and_a_new_owner_rebuilds_the_table_without_it(
         http.close()
         gateway.kill()  # SIGKILL, mid-life: the next owner has only Kafka to go by
 
-    successor = start_kafka_gateway(top="partitions = 1\n", tables=LIMITS.format(expiry=86400))
+    successor = start_kafka_gateway(
+        top="partitions = 1\n", tables=LIMITS.format(expiry=86400, limit=4)
+    )
     http = httpx.Client(base_url=successor.url, timeout=60)
     try:
         wait_until(
@@ -121,6 +124,79 @@ def test_an_idle_source_expires_and_a_new_owner_rebuilds_the_table_without_it(
     found = source_seqnos(kafka_store, "dc1.exp")
     assert found["idle"] == ({0}, [1, 2, 3])
     assert {s: found[s][1] for s in LIVE} == {s: list(range(1, live + 1)) for s in LIVE}
+
+
+def _one_per_partition(prefix: str, partitions: int) -> list[str]:
+    """Source ids, one pinned to each partition (new sources are pinned by stable_partition)."""
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < partitions:
+        found.setdefault(stable_partition(f"{prefix}-{i}", partitions), f"{prefix}-{i}")
+        i += 1
+    return [found[p] for p in range(partitions)]
+
+
+def test_two_gateways_each_expire_the_sources_of_the_partitions_they_own(
+    start_kafka_gateway: Callable[..., GatewayProcess],
+    kafka_store: LogStore,
+    kafka_cluster: Any,
+    kafka_namespace: str,
+) -> None:
+    """Each gateway expires its own partitions; the pins of its sources may live in the
+    other's partitions (deleted there, through it), as may the pin deletion count."""
+    # 8 partitions and the group's 4 internal ones: each gateway is given 6, so each owns at
+    # least 2 partitions of the topic
+    kafka_store.create_topic("dc1.exp", TopicConfig(partitions=8))
+    gateways = [start_kafka_gateway(tables=LIMITS.format(expiry=5, limit=100)) for _ in range(2)]
+    https = [httpx.Client(base_url=g.url, timeout=60) for g in gateways]
+    directory = OwnerDirectory(
+        KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace), self_url=""
+    )
+    directory.start()
+    idle = _one_per_partition("idle", 8)
+    live_sources = _one_per_partition("live", 8)
+    try:
+
+        def topic_owners() -> set[str]:
+            return {u for (t, _p), u in directory.snapshot().items() if t == "dc1.exp"}
+
+        wait_until(
+            lambda: len(directory.snapshot()) == 12 and len(topic_owners()) == 2,
+            60,
+            "both gateways to own partitions of the topic",
+        )
+        first = _write(https[0], [(s, [1], None) for s in [*idle, *live_sources]])
+        assert all(a["status"] == "written" for r in first for a in r["acks"]), first
+
+        def expired() -> float:
+            return sum(metric(g.url, "logbroker_sources_expired_total") or 0 for g in gateways)
+
+        live = 1
+        deadline = time.monotonic() + 60
+        while expired() < len(idle):
+            assert time.monotonic() < deadline, [g.log() for g in gateways]
+            results = _write(https[live % 2], [(s, [live + 1], live) for s in live_sources])
+            assert all(r["acks"][0]["status"] == "written" for r in results), results
+            live += 1
+        assert expired() == len(idle)
+        # each gateway forgot those of the partitions it owns
+        assert all((metric(g.url, "logbroker_sources_expired_total") or 0) > 0 for g in gateways)
+        topic_id = kafka_store.describe_topic("dc1.exp").topic_id
+        pins = kafka_store.get_topic_state_many("dc1.exp", [pin_key(topic_id, s) for s in idle])
+        assert set(pins.values()) == {None}
+        deletions = kafka_store.get_topic_state("dc1.exp", pin_deletions_key(topic_id))
+        assert decode_count(deletions) == len(idle)
+        for http in https:
+            assert {s: _last_seqno(http, s) for s in [*idle, *live_sources]} == {
+                **dict.fromkeys(idle, 0),
+                **dict.fromkeys(live_sources, live),
+            }
+    finally:
+        directory.stop()
+        for http in https:
+            http.close()
+    found = source_seqnos(kafka_store, "dc1.exp")
+    assert all(len(found[s][0]) == 1 for s in live_sources)  # no live source moved
 
 
 def _put(values: dict[str, bytes]) -> Callable[[PartitionState], Sequence[bytes]]:
