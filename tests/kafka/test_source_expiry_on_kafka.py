@@ -16,7 +16,13 @@ from log_store import LogStore, PartitionState, TopicConfig
 from log_store.kafka import KafkaSettings, open_kafka_store
 from log_store.kafka.owner_directory import OwnerDirectory
 from session_dedup.exactly_once import ChunkBatch, ExactlyOnceWriter
-from session_dedup.pinning import decode_count, pin_deletions_key, pin_key, stable_partition
+from session_dedup.pinning import (
+    decode_count,
+    encode_pin,
+    pin_deletions_key,
+    pin_key,
+    stable_partition,
+)
 from session_dedup.seqno_table import (
     SOURCE_COUNT_KEY,
     decode_seqno,
@@ -165,6 +171,7 @@ def test_two_gateways_each_expire_the_sources_of_the_partitions_they_own(
             60,
             "both gateways to own partitions of the topic",
         )
+        owners = directory.snapshot()
         first = _write(https[0], [(s, [1], None) for s in [*idle, *live_sources]])
         assert all(a["status"] == "written" for r in first for a in r["acks"]), first
 
@@ -179,13 +186,23 @@ def test_two_gateways_each_expire_the_sources_of_the_partitions_they_own(
             assert all(r["acks"][0]["status"] == "written" for r in results), results
             live += 1
         assert expired() == len(idle)
-        # each gateway forgot those of the partitions it owns
-        assert all((metric(g.url, "logbroker_sources_expired_total") or 0) > 0 for g in gateways)
+        # each gateway forgot those of the partitions it owns (unless a gateway missed the
+        # group's 3 s session timeout on this loaded machine and the partitions moved)
+        if directory.snapshot() == owners:
+            assert all(
+                (metric(g.url, "logbroker_sources_expired_total") or 0) > 0 for g in gateways
+            )
         topic_id = kafka_store.describe_topic("dc1.exp").topic_id
         pins = kafka_store.get_topic_state_many("dc1.exp", [pin_key(topic_id, s) for s in idle])
         assert set(pins.values()) == {None}
+        # (a sweep may also have deleted pins made for the first write before it gave their
+        # sources state; that write put them back, see SourceRouter.confirm_pins)
         deletions = kafka_store.get_topic_state("dc1.exp", pin_deletions_key(topic_id))
-        assert decode_count(deletions) == len(idle)
+        assert decode_count(deletions) >= len(idle)
+        live_pins = [pin_key(topic_id, s) for s in live_sources]
+        assert kafka_store.get_topic_state_many("dc1.exp", live_pins) == {
+            key: encode_pin(p) for p, key in enumerate(live_pins)
+        }
         for http in https:
             assert {s: _last_seqno(http, s) for s in [*idle, *live_sources]} == {
                 **dict.fromkeys(idle, 0),
