@@ -12,6 +12,10 @@ directory, filled the same way: one topic of one partition whose seqno table hol
 * *expire all*: every source is idle: the pass forgets them all (their seqnos, the count) in
   the partition's transactions and deletes their pins.
 
+And what expiry costs the write path on Kafka: the first write of each of ``--new-sources``
+new sources, one at a time, with the router reading the topic's pin deletion count (as it
+does on a store whose pins expiry may delete) and without (as before Kafka had expiry).
+
 Prints a table; never fails on speed.
 """
 
@@ -30,6 +34,7 @@ sys.path.insert(0, str(REPO))
 from log_store import LogStore, PartitionState, TopicConfig, open_store  # noqa: E402
 from log_store.kafka import KafkaSettings, open_kafka_store  # noqa: E402
 from ops.local_kafka import LocalKafka  # noqa: E402
+from session_dedup.exactly_once import ChunkBatch, ExactlyOnceWriter  # noqa: E402
 from session_dedup.pinning import encode_pin, pin_key  # noqa: E402
 from session_dedup.seqno_table import (  # noqa: E402
     SOURCE_COUNT_KEY,
@@ -37,6 +42,7 @@ from session_dedup.seqno_table import (  # noqa: E402
     encode_source_value,
     seqno_key,
 )
+from session_dedup.source import SourceMeta  # noqa: E402
 from session_dedup.source_expiry import SourceExpiry  # noqa: E402
 
 TOPIC = "dc1.expiry"
@@ -81,10 +87,24 @@ def measure(store: LogStore, sources: int) -> tuple[float, float]:
     return scan, expire
 
 
+def new_source_writes(store: LogStore, count: int, *, count_read: bool) -> float:
+    """Milliseconds per first write of a new source, one after another."""
+    writer = ExactlyOnceWriter(store, dc="dc1", partitions=4)
+    # the router reads the deletion count only on a store whose pins may be deleted; this
+    # switches that off to measure the write path as it was before
+    writer.router._pins_deletable = count_read
+    writer.write(SourceMeta("new", "warm-up"), ChunkBatch([1], [0], [b"x\n"]))
+    started = time.perf_counter()
+    for i in range(count):
+        writer.write(SourceMeta("new", f"s{i}"), ChunkBatch([1], [0], [b"x\n"]))
+    return (time.perf_counter() - started) / count * 1000
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sources", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--new-sources", type=int, default=300)
     args = parser.parse_args()
     rows: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="expiry-bench-") as tmp:
@@ -98,6 +118,11 @@ def main() -> int:
                 )
                 with open_kafka_store(settings) as kafka:
                     scan, expire = measure(kafka, args.sources)
+                for count_read in (True, False):
+                    name = f"new{run}{'c' if count_read else 'n'}."
+                    with open_kafka_store(KafkaSettings(cluster.bootstrap, namespace=name)) as s:
+                        ms = new_source_writes(s, args.new_sources, count_read=count_read)
+                    rows.setdefault(f"new source {count_read}", []).append(ms)
                 rows.setdefault("kafka scan", []).append(scan)
                 rows.setdefault("kafka expire", []).append(expire)
                 with open_store(work / f"embedded{run}") as embedded:
@@ -106,7 +131,10 @@ def main() -> int:
                 rows.setdefault("embedded expire", []).append(expire)
                 print(
                     f"run {run + 1}: "
-                    + ", ".join(f"{name} {values[-1]:.2f} s" for name, values in rows.items()),
+                    + ", ".join(
+                        f"{name} {values[-1]:.2f} {'ms' if name.startswith('new') else 's'}"
+                        for name, values in rows.items()
+                    ),
                     flush=True,
                 )
         finally:
@@ -124,6 +152,14 @@ def main() -> int:
     for case, label in (("scan", "no source idle (scan only)"), ("expire", "every source idle")):
         kafka, embedded = med(f"kafka {case}"), med(f"embedded {case}")
         print(f"| {label} | {kafka:.2f} s | {embedded:.2f} s | {kafka / embedded:.2f}x |")
+    with_count, without = med("new source True"), med("new source False")
+    print()
+    print("| first write of a new source on Kafka, one at a time | ms | ratio |")
+    print("|---|---:|---:|")
+    print(f"| without the pin deletion count (before) | {without:.2f} | 1.00x |")
+    print(
+        f"| reading the pin deletion count (now) | {with_count:.2f} | {with_count / without:.2f}x |"
+    )
     return 0
 
 
