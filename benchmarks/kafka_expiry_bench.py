@@ -1,6 +1,6 @@
 """Idle source expiry on Apache Kafka against the embedded store: one pass over a partition.
 
-    python benchmarks/kafka_expiry_bench.py [--sources 100000] [--runs 3]
+    python benchmarks/kafka_expiry_bench.py [--sources 100000] [--runs 3] [--json PATH]
 
 One local Kafka broker (``ops/local_kafka.py``) and an embedded store in a temporary
 directory, filled the same way: one topic of one partition whose seqno table holds
@@ -30,6 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmark_results import Figure, write  # noqa: E402
 
 from log_store import LogStore, PartitionState, TopicConfig, open_store  # noqa: E402
 from log_store.kafka import KafkaSettings, open_kafka_store  # noqa: E402
@@ -105,6 +107,7 @@ def main() -> int:
     parser.add_argument("--sources", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--new-sources", type=int, default=300)
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     rows: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="expiry-bench-") as tmp:
@@ -160,6 +163,27 @@ def main() -> int:
     print(
         f"| reading the pin deletion count (now) | {with_count:.2f} | {with_count / without:.2f}x |"
     )
+    figures: list[Figure] = []
+    for case, label in (("scan", "no source idle"), ("expire", "every source idle")):
+        kafka_runs, embedded_runs = rows[f"kafka {case}"], rows[f"embedded {case}"]
+        name = f"one expiry pass on Kafka, {args.sources:,} sources, {label}"
+        figures.append(
+            Figure.of_runs(name, kafka_runs, "s").compared(
+                "embedded store",
+                [k / e for k, e in zip(kafka_runs, embedded_runs, strict=True)],
+            )
+        )
+    figures.append(
+        Figure.of_runs(
+            "first write of a new source on Kafka, reading the pin deletion count",
+            rows["new source True"],
+            "ms",
+        ).compared(
+            "without the count",
+            [w / n for w, n in zip(rows["new source True"], rows["new source False"], strict=True)],
+        )
+    )
+    write(args.json, "kafka_expiry", args, figures)
     return 0
 
 

@@ -110,6 +110,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         needs="Java; Apache Kafka's jars (fetched through Maven once)",
     ),
     Benchmark(
+        "kafka_expiry",
+        "one idle-source expiry pass over a partition on Kafka; a new source's first write",
+        "the same pass on the embedded store; the first write without the pin deletion count",
+        ("--sources", "5000", "--new-sources", "30"),
+        needs="Java; Apache Kafka's jars (fetched through Maven once)",
+    ),
+    Benchmark(
         "load",
         "logbroker load into Delta and Parquet with Spark, local[2] and a 2-worker cluster",
         "Spark's own Parquet read + write of the same rows",
