@@ -15,7 +15,6 @@ from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
 from log_store import LogStore, PartitionState, TopicConfig
 from log_store.kafka import KafkaSettings, open_kafka_store
 from log_store.kafka.owner_directory import OwnerDirectory
-from session_dedup.exactly_once import ChunkBatch, ExactlyOnceWriter
 from session_dedup.pinning import (
     decode_count,
     encode_pin,
@@ -30,11 +29,11 @@ from session_dedup.seqno_table import (
     encode_source_value,
     seqno_key,
 )
-from session_dedup.source import SourceMeta
 from session_dedup.source_expiry import SourceExpiry
 from tests.conftest import GatewayProcess
 from tests.gateway.conftest import meta
 from tests.kafka.conftest import metric, source_seqnos, wait_until
+from tests.pin_expiry import check_deleted_pins_are_put_back_by_the_first_write
 
 pytestmark = pytest.mark.kafka
 
@@ -278,21 +277,4 @@ def test_a_pin_deleted_after_a_router_saw_it_is_put_back_by_the_first_write(
         kafka_cluster.bootstrap, namespace=kafka_namespace, operation_timeout_s=20
     )
     with open_kafka_store(settings) as store:
-        writer = ExactlyOnceWriter(store, dc="dc1", partitions=2)
-        metas = [SourceMeta("exp", f"s{i}") for i in range(20)]
-        sessions = writer.open_sessions(metas)  # pins them, gives them no state
-        topic_id = store.describe_topic("dc1.exp").topic_id
-        keys = [pin_key(topic_id, m.source_id) for m in metas]
-        pinned = store.get_topic_state_many("dc1.exp", keys)
-        assert None not in pinned.values()
-        assert store.get_topic_state("dc1.exp", pin_deletions_key(topic_id)) is None
-        done = SourceExpiry(store, idle_s=3600).run_once()
-        assert done.pins_deleted == 20
-        assert set(store.get_topic_state_many("dc1.exp", keys).values()) == {None}
-        deletions = store.get_topic_state("dc1.exp", pin_deletions_key(topic_id))
-        assert decode_count(deletions) == 20
-        store.set_partitions("dc1.exp", 8)  # a new pin would now name another partition
-        for meta_, session in zip(metas, sessions, strict=True):
-            outcome = writer.write(meta_, ChunkBatch([1], [0], [b"x\n"]))
-            assert outcome.new_source and outcome.route.partition == session.partition
-        assert store.get_topic_state_many("dc1.exp", keys) == pinned
+        check_deleted_pins_are_put_back_by_the_first_write(store)
