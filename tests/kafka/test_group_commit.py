@@ -3,6 +3,8 @@ one, and a gateway killed while such a transaction is open leaves every chunk on
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -128,6 +130,43 @@ def _uncommitted_records(bootstrap: str, kafka_topic: str, committed: int) -> in
     return seen - committed
 
 
+def _kill_inside_an_open_transaction(
+    gateway: GatewayProcess, bootstrap: str, kafka_topic: str, timeout_s: float = 60.0
+) -> None:
+    """SIGKILL the gateway while partition 0 holds records of its transaction that it can no
+    longer commit.  Seeing an open transaction and then killing is a race the commit often
+    wins (it takes a millisecond on a fast machine), so the gateway is first frozen (SIGSTOP
+    to its process group) when the probe sees an open transaction; once the broker has had
+    time to finish whatever the gateway sent before (a commit already on its way lands), a
+    transaction still open is one the gateway will never commit, and it is killed.
+    Otherwise it goes on (SIGCONT) and the next open transaction is tried."""
+    assert gateway.proc is not None
+    probe = _TransactionProbe(bootstrap, kafka_topic)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert time.monotonic() < deadline, "never froze the gateway inside a transaction"
+            if not probe.open_transaction():
+                continue
+            os.killpg(gateway.proc.pid, signal.SIGSTOP)
+            if _stays_open(probe, 1.0):
+                gateway.kill()
+                return
+            os.killpg(gateway.proc.pid, signal.SIGCONT)
+    finally:
+        probe.close()
+
+
+def _stays_open(probe: _TransactionProbe, for_s: float) -> bool:
+    """Whether the partition's transaction is open at every look for ``for_s`` seconds."""
+    deadline = time.monotonic() + for_s
+    while time.monotonic() < deadline:
+        if not probe.open_transaction():
+            return False
+        time.sleep(0.1)
+    return probe.open_transaction()
+
+
 @pytest.mark.fault
 def test_gateway_killed_with_a_group_transaction_open_leaves_every_chunk_once(
     start_kafka_gateway: Callable[..., GatewayProcess],
@@ -140,8 +179,7 @@ def test_gateway_killed_with_a_group_transaction_open_leaves_every_chunk_once(
     records (high watermark above the last stable offset); a new gateway takes over (which
     aborts that transaction), and every writer resends everything it has no ack for.  Each
     seqno is then in the log exactly once, in order, and nothing acked is missing; the
-    killed transaction's records are in the partition, aborted (up to five kills until one
-    lands inside an open transaction)."""
+    killed transaction's records are in the partition, aborted."""
     kafka_store.create_topic("dc1.app", TopicConfig(partitions=1))
     kafka_topic = naming.data_topic(kafka_namespace, "dc1.app")
     next_seqno = [1] * WRITERS
@@ -176,41 +214,30 @@ def test_gateway_killed_with_a_group_transaction_open_leaves_every_chunk_once(
                 next_seqno[writer] += CHUNKS_PER_REQUEST
                 counts[writer] += 1
 
-    aborted = 0
-    for _round in range(5):
-        gateway = start_kafka_gateway(ownership="on_demand")
-        client = Client(gateway.url)
-        client.session("w0")  # the partition is taken over before the load
-        client.close()
-        stop = threading.Event()
-        counts = [0] * WRITERS
-        threads = [
-            threading.Thread(target=run, args=(gateway.url, w, stop, counts))
-            for w in range(WRITERS)
-        ]
-        for thread in threads:
-            thread.start()
-        wait_until(lambda: min(counts) >= 3, 60, "every writer acked")  # noqa: B023
-        commits = metric(gateway.url, "logbroker_kafka_commits") or 0
-        carried = metric(gateway.url, "logbroker_kafka_committed_transactions") or 0
-        assert carried > commits, "concurrent requests never shared a Kafka transaction"
-        probe = _TransactionProbe(kafka_cluster.bootstrap, kafka_topic)
-        try:
-            deadline = time.monotonic() + 60
-            while not probe.open_transaction():
-                assert time.monotonic() < deadline, "no open transaction seen"
-            gateway.kill()
-        finally:
-            probe.close()
-        stop.set()
-        for thread in threads:
-            thread.join(60)
-        # the next gateway's takeover settles the open transaction (aborts it)
-        stored = source_seqnos(kafka_store, "dc1.app")
-        committed = sum(len(seqnos) for _partitions, seqnos in stored.values())
-        aborted = _uncommitted_records(kafka_cluster.bootstrap, kafka_topic, committed)
-        if aborted:
-            break
+    gateway = start_kafka_gateway(ownership="on_demand")
+    client = Client(gateway.url)
+    client.session("w0")  # the partition is taken over before the load
+    client.close()
+    stop = threading.Event()
+    counts = [0] * WRITERS
+    threads = [
+        threading.Thread(target=run, args=(gateway.url, w, stop, counts)) for w in range(WRITERS)
+    ]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: min(counts) >= 3, 60, "every writer acked")
+    commits = metric(gateway.url, "logbroker_kafka_commits") or 0
+    carried = metric(gateway.url, "logbroker_kafka_committed_transactions") or 0
+    assert carried > commits, "concurrent requests never shared a Kafka transaction"
+    _kill_inside_an_open_transaction(gateway, kafka_cluster.bootstrap, kafka_topic)
+    stop.set()
+    for thread in threads:
+        thread.join(60)
+    # the next gateway's takeover settles the open transaction (aborts it)
+    stored = source_seqnos(kafka_store, "dc1.app")
+    committed = sum(len(seqnos) for _partitions, seqnos in stored.values())
+    aborted = _uncommitted_records(kafka_cluster.bootstrap, kafka_topic, committed)
+    assert aborted > 0, "the killed transaction left no records"
     # every writer resends what it has no ack for (the killed request may have committed)
     gateway = start_kafka_gateway(ownership="on_demand")
     stop = threading.Event()
@@ -231,4 +258,3 @@ def test_gateway_killed_with_a_group_transaction_open_leaves_every_chunk_once(
         assert seqnos == sorted(set(seqnos)), f"w{writer}: a seqno twice or out of order"
         assert acked[writer] <= set(seqnos), f"w{writer}: an acked chunk is missing"
         assert seqnos == list(range(1, seqnos[-1] + 1)), f"w{writer}: a gap"
-    assert aborted > 0, "no kill landed inside an open Kafka transaction"
