@@ -27,6 +27,7 @@ and add one entry for the paths given on the command line::
     graphite_prefix = "logbroker.dc1.host1"
     direct_to_owner = ["http://gw*.example:8080"]   # send each source to its partition's owner
     owner_refresh_s = 30.0       # how often the owners' map is asked for again
+    owner_timeout_s = 10.0       # an owner silent this long: the request goes to the gateways
 
     [[entry]]
     path = "/var/log/nginx/*.log"
@@ -80,6 +81,7 @@ _PUSH_KEYS = {
     "graphite_interval_s",
     "direct_to_owner",
     "owner_refresh_s",
+    "owner_timeout_s",
 }
 _ENTRY_KEYS = {"path", "log_type", "codec", "multiline"}
 
@@ -142,6 +144,10 @@ class PushConfig:
     """Globs of owner origins (``scheme://host[:port]``) the client may send each source's
     sections to directly (see ``push_client.owner_routes``); empty: off, the default."""
     owner_refresh_s: float = 30.0
+    owner_timeout_s: float = 10.0
+    """How long a write at a partition's owner may wait for its answer before the same body
+    goes to the configured gateways (an owner that accepts and never answers, e.g. frozen or
+    unreachable past a proxy, would otherwise hold its sources for the full request timeout)."""
 
     @property
     def installations(self) -> tuple[InstallationSpec, ...]:
@@ -201,6 +207,8 @@ class PushConfig:
                 )
         if self.owner_refresh_s <= 0:
             raise ConfigError("owner_refresh_s must be positive")
+        if self.owner_timeout_s <= 0:
+            raise ConfigError("owner_timeout_s must be positive")
         return self
 
 

@@ -427,7 +427,7 @@ class Shipper:
         self.metrics.observe_request_bytes(len(body))
         if owner_url is None or self._stop.is_set():
             return client.write(body)
-        attempt = client.write_to_owner(owner_url, body)
+        attempt = client.write_to_owner(owner_url, body, self.config.owner_timeout_s)
         if attempt.answer is not None:
             return attempt.answer
         routes = self.owner_routes.get(self._installation_of(client))

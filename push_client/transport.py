@@ -250,16 +250,20 @@ class GatewayClient:
     def write(self, body: bytes) -> dict[str, Any]:
         return self.post("/v1/write", body, CONTENT_TYPE, flush=True)
 
-    def write_to_owner(self, owner_url: str, body: bytes) -> OwnerAttempt:
-        """One attempt of ``POST /v1/write`` at a partition owner's URL (no retry, no failover).
+    def write_to_owner(self, owner_url: str, body: bytes, timeout_s: float) -> OwnerAttempt:
+        """One attempt of ``POST /v1/write`` at a partition owner's URL (no retry, no failover),
+        answered within ``timeout_s`` (connecting within 2 s).
 
         The caller checked ``owner_url`` against its :class:`~push_client.owner_routes.
-        OwnerPolicy` (the token goes there).  Anything but a 200 is a failure: the caller sends
-        the same body to the configured gateways, which deduplicate what landed.
+        OwnerPolicy` (the token goes there).  Anything but a 200 in time is a failure: the
+        caller sends the same body to the configured gateways, which deduplicate what landed.
         """
         headers = {"Content-Type": CONTENT_TYPE, **self._token.headers()}
+        timeout = httpx.Timeout(timeout_s, connect=min(2.0, timeout_s))
         try:
-            response = self._http.post(owner_url + "/v1/write", content=body, headers=headers)
+            response = self._http.post(
+                owner_url + "/v1/write", content=body, headers=headers, timeout=timeout
+            )
         except httpx.HTTPError as exc:
             self.stats.count_owner_write("fallback")
             self.stats.error(f"owner {owner_url}: {type(exc).__name__}: {exc}")

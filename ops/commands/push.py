@@ -83,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--owner-refresh", type=float, help="seconds between asks for the owners' map (30)"
     )
+    parser.add_argument(
+        "--owner-timeout",
+        type=float,
+        help="seconds a write waits for a partition owner's answer before it goes to the "
+        "configured gateways (10)",
+    )
     parser.add_argument("--poll-interval", type=float, help="polling period in seconds (0.25)")
     parser.add_argument("--no-inotify", action="store_true", help="poll instead of inotify")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT")
@@ -187,6 +193,7 @@ def _config(args: argparse.Namespace) -> PushConfig:
             "poll_interval_s": args.poll_interval,
             "direct_to_owner": args.direct_to_owner,
             "owner_refresh_s": args.owner_refresh,
+            "owner_timeout_s": args.owner_timeout,
             "inotify": False if args.no_inotify else None,
             "metrics_port": args.metrics_port,
             "graphite": args.graphite,

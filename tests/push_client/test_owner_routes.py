@@ -3,14 +3,24 @@ does, and how the option is configured."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from push_client.config import ConfigError, build_config
 from push_client.owner_routes import OwnerPolicy, OwnerRoutes
-from tests.conftest import logbroker_cmd
+from tests.conftest import free_port, logbroker_cmd
+from tests.metrics_text import samples
+from tests.push_client.conftest import (
+    LineWriter,
+    assert_exactly_once,
+    read_delivered,
+    wait_for_lines,
+)
 
 
 def _answer(*owners: object, topic: str = "dc1.app") -> dict[str, object]:
@@ -115,3 +125,50 @@ def test_a_bad_direct_to_owner_flag_exits_2(tmp_path: Path) -> None:
     )
     assert done.returncode == 2, done.stderr
     assert "direct_to_owner" in done.stderr
+
+
+@pytest.mark.fault
+def test_an_owner_that_accepts_and_never_answers_holds_a_request_only_owner_timeout_s(
+    tmp_path: Path, start_gateway, start_push
+) -> None:
+    """The gateway names as every partition's owner a socket that accepts connections and
+    never answers (a frozen owner, or one behind a dead proxy).  Each request sent there
+    goes to the configured gateway after ``--owner-timeout`` (1 s), not after the
+    60 s request timeout, and every line arrives once."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        owner = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        gateway = start_gateway(None, "--advertised-url", owner)
+        path = tmp_path / "app.log"
+        writer = LineWriter("own")
+        writer.append(path, 200)
+        metrics_port = free_port()
+        flags = ["--direct-to-owner", "http://127.0.0.1:*", "--owner-refresh", "0.5"]
+        push = start_push(
+            gateway.url,
+            tmp_path / "state",
+            path,
+            extra=[*flags, "--owner-timeout", "1", "--metrics-port", str(metrics_port)],
+        )
+        wait_for_lines(gateway.data_dir, "app", 200)  # no topic yet: sent to the gateway
+
+        def push_metric(name: str, **labels: str) -> float:
+            text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+            return sum(
+                value
+                for (n, found), value in samples(text).items()
+                if n == name and labels.items() <= dict(found).items()
+            )
+
+        deadline = time.monotonic() + 30
+        while push_metric("logbroker_push_owner_partitions") < 1:
+            assert time.monotonic() < deadline, "the owners' map never named the owner"
+            time.sleep(0.1)
+        started = time.monotonic()
+        writer.append(path, 200)
+        wait_for_lines(gateway.data_dir, "app", 400, timeout_s=40)
+        assert time.monotonic() - started < 40
+        assert push_metric("logbroker_push_owner_writes_total", outcome="fallback") >= 1
+        assert push.stop() == 0, push.log()
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
