@@ -91,7 +91,7 @@ class LegacyStaging:
         max_bytes: int = DEFAULT_MAX_STAGED_BYTES,
     ) -> None:
         self._dir = directory
-        self._max_age_s = max_age_s
+        self.max_age_s = max_age_s
         self.max_bytes = max_bytes
         self._used = 0
         self._counted_at = float("-inf")
@@ -145,28 +145,22 @@ class LegacyStaging:
         self._write(staged.store_id, {**meta, "written": True}, b"")
 
     def get(self, store_id: str) -> StagedData:
-        if not _STORE_ID.fullmatch(store_id):
-            raise UnknownStagedData("store_id must be the 32 hex digits /store answered")
+        return decode_staged(store_id, self.raw(store_id))
+
+    def raw(self, store_id: str) -> bytes:
+        """The staged piece as stored (see :func:`decode_staged`); what another gateway is
+        sent when a ``/commit_request`` for it reaches that one."""
+        validate_store_id(store_id)
         try:
-            raw = (self._dir / store_id).read_bytes()
+            return (self._dir / store_id).read_bytes()
         except FileNotFoundError:
             raise UnknownStagedData(
                 f"nothing is staged under store_id {store_id} (never stored, or expired)"
             ) from None
-        meta_len = int.from_bytes(raw[:4], "big")
-        meta = json.loads(raw[4 : 4 + meta_len])
-        return StagedData(
-            store_id=store_id,
-            log_type=meta["log_type"],
-            server=meta["server"],
-            file=meta["file"],
-            data=raw[4 + meta_len :],
-            written=bool(meta.get("written")),
-        )
 
     def sweep(self, now: float | None = None) -> int:
         """Drop pieces and written markers older than the maximum age; return how many."""
-        cutoff = (now if now is not None else time.time()) - self._max_age_s
+        cutoff = (now if now is not None else time.time()) - self.max_age_s
         dropped = 0
         for path in self._dir.iterdir():
             try:
@@ -176,6 +170,25 @@ class LegacyStaging:
             except FileNotFoundError:
                 continue
         return dropped
+
+
+def validate_store_id(store_id: str) -> None:
+    if not _STORE_ID.fullmatch(store_id):
+        raise UnknownStagedData("store_id must be the 32 hex digits /store answered")
+
+
+def decode_staged(store_id: str, raw: bytes) -> StagedData:
+    """A staged piece from its stored form: a 4-byte length, the JSON metadata, the data."""
+    meta_len = int.from_bytes(raw[:4], "big")
+    meta = json.loads(raw[4 : 4 + meta_len])
+    return StagedData(
+        store_id=store_id,
+        log_type=meta["log_type"],
+        server=meta["server"],
+        file=meta["file"],
+        data=raw[4 + meta_len :],
+        written=bool(meta.get("written")),
+    )
 
 
 @dataclass(frozen=True)

@@ -31,21 +31,28 @@ from starlette.responses import Response
 
 from delivery.legacy_txn import (
     LegacyStaging,
+    StagedData,
+    UnknownStagedData,
     UnknownTransaction,
     find_txn_partition,
+    validate_store_id,
     validate_txn_id,
     write_commit,
     write_data,
 )
-from ingest_api.access import RouteDeclaration, access_of, route, write
+from ingest_api.access import PEER, RouteDeclaration, access_of, route, write
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
+from ingest_api.legacy_peers import STAGING_PATH, StagingPeers
+from ingest_api.openapi import operation, path_param
+from ingest_api.owners_api import owner_directory
 from log_store.errors import UnknownTopic
 from log_store.topic_names import LOG_TYPE_RULE, is_valid_log_type
 
 _FIELD_MAX = 4096
 _SWEEP_S = 600.0
+_NOTE_PEERS_S = 2.0
 _log = logging.getLogger(__name__)
 
 
@@ -77,6 +84,19 @@ class LegacyApi:
             max_bytes=ctx.settings.limits.max_staged_bytes,
         )
         self._sweeper: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        directory = owner_directory(ctx)
+        self.peers: StagingPeers | None = None
+        """With several gateways on Kafka: the other gateways, which may hold a piece."""
+        if directory is not None:
+            self_url = ctx.settings.url
+
+            def peer_urls() -> set[str]:
+                return {url for url in directory.snapshot().values() if url and url != self_url}
+
+            self.peers = StagingPeers(
+                peer_urls, ctx.settings.peer_token, remember_s=self.staging.max_age_s
+            )
 
     async def store(self, request: Request) -> Response:
         log_type = _log_type(request)  # the route's guard checked the token may write it
@@ -102,12 +122,15 @@ class LegacyApi:
         if not store_id:
             raise ApiError(400, "bad_request", "query parameter store_id is required")
         txn_id = validate_txn_id(request.query_params.get("txn_id", store_id))
-        staged = await anyio.to_thread.run_sync(self.staging.get, store_id)
+        staged, holder = await anyio.to_thread.run_sync(self._staged, store_id)
         access_of(request).require_write(staged.log_type)
         topic = self.ctx.topic_for(staged.log_type)
         written = await anyio.to_thread.run_sync(self._write_data, topic, txn_id, staged)
         if not staged.written:
-            await anyio.to_thread.run_sync(self.staging.mark_written, staged)
+            if holder is None:
+                await anyio.to_thread.run_sync(self.staging.mark_written, staged)
+            elif self.peers is not None:
+                await anyio.to_thread.run_sync(self.peers.mark_written, holder, store_id)
         return _json(
             {
                 "txn_id": written.txn_id,
@@ -116,6 +139,28 @@ class LegacyApi:
                 "offset": written.data_offset,
             }
         )
+
+    def _staged(self, store_id: str) -> tuple[StagedData, str | None]:
+        """The piece, and the URL of the gateway holding it (None: this one)."""
+        validate_store_id(store_id)
+        try:
+            return self.staging.get(store_id), None
+        except UnknownStagedData:
+            if self.peers is None:
+                raise
+        return self.peers.find(store_id)
+
+    async def peer_staged(self, request: Request) -> Response:
+        """For another gateway: the piece as stored here (404 ``unknown_store_id``: none)."""
+        raw = await anyio.to_thread.run_sync(self.staging.raw, request.path_params["store_id"])
+        return Response(raw, media_type="application/octet-stream")
+
+    async def peer_mark_written(self, request: Request) -> Response:
+        """For another gateway that wrote this gateway's piece to the log."""
+        staged = await anyio.to_thread.run_sync(self.staging.get, request.path_params["store_id"])
+        if not staged.written:
+            await anyio.to_thread.run_sync(self.staging.mark_written, staged)
+        return _json({"store_id": staged.store_id, "written": True})
 
     def _write_data(self, topic: str, txn_id: str, staged: Any) -> Any:
         partitions = self._ensure_topic(topic)
@@ -160,12 +205,25 @@ class LegacyApi:
 
     def start(self) -> None:
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="legacy-staging-sweep")
+        if self.peers is not None:
+            self._watcher = asyncio.create_task(
+                self._note_peers_forever(self.peers), name="legacy-staging-peers"
+            )
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in (self._sweeper, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self.peers is not None:
+            self.peers.close()
+
+    @staticmethod
+    async def _note_peers_forever(peers: StagingPeers) -> None:
+        while True:
+            peers.note_peers()
+            await asyncio.sleep(_NOTE_PEERS_S)
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -182,12 +240,26 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     api = LegacyApi(ctx)
     ctx.extensions[__name__] = api
     by_query = write(log_type="log_type")
-    return [
+    declared = [
         route("POST", "/store", api.store, by_query, name="legacy_store"),
         route("PUT", "/store", api.store, by_query, name="legacy_store_put"),
         # the log type is the staged data's: checked once the store_id is looked up
         route("POST", "/commit_request", api.commit_request, write(), name="legacy_commit_request"),
         route("POST", "/commit", api.commit, by_query, name="legacy_commit"),
+    ]
+    if api.peers is None:
+        return declared
+    # another gateway's /commit_request for a piece staged here (several gateways on Kafka)
+    return [
+        *declared,
+        route("GET", STAGING_PATH + "/{store_id}", api.peer_staged, PEER, name="peer_staged"),
+        route(
+            "POST",
+            STAGING_PATH + "/{store_id}/written",
+            api.peer_mark_written,
+            PEER,
+            name="peer_staged_written",
+        ),
     ]
 
 
@@ -232,7 +304,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
         "required": True,
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
     }
-    return {
+    paths: dict[str, Any] = {
         "/store": {"post": store, "put": {**store, "operationId": "legacy_store_put"}},
         "/commit_request": {
             "post": op(
@@ -249,3 +321,21 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
             )
         },
     }
+    if owner_directory(ctx) is not None:
+        params = [path_param("store_id")]
+        paths[STAGING_PATH + "/{store_id}"] = {
+            "get": operation(
+                "peerStaged",
+                "internal: a legacy piece staged on this gateway, as stored",
+                params=params,
+                ok_media={"application/octet-stream": {"schema": {"type": "string"}}},
+            )
+        }
+        paths[STAGING_PATH + "/{store_id}/written"] = {
+            "post": operation(
+                "peerStagedWritten",
+                "internal: another gateway wrote this gateway's legacy piece to the log",
+                params=params,
+            )
+        }
+    return paths

@@ -45,7 +45,7 @@ class PartitionOwners:
     def __init__(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
         self.self_url = ctx.settings.url
-        self._directory = _owner_directory(ctx)
+        self._directory = owner_directory(ctx)
         self._embedded = ctx.settings.store != "kafka"
 
     def owners_of(self, topic: str) -> dict[str, Any]:
@@ -76,7 +76,7 @@ class PartitionOwners:
         return json_response(await anyio.to_thread.run_sync(self.owners_of, topic))
 
 
-def _owner_directory(ctx: GatewayContext) -> OwnerDirectory | None:
+def owner_directory(ctx: GatewayContext) -> OwnerDirectory | None:
     """The Kafka gateways' group's owners map, or None without one."""
     store = ctx.store
     if isinstance(store, KafkaLogStore) and isinstance(store.placement, GatewayGroup):

@@ -190,7 +190,8 @@ def test_internal_routes_take_only_the_peer_token_and_gateways_forward_with_it(
 ) -> None:
     """With tokens on, two gateways still serve every source (a write for a partition the
     other gateway owns is forwarded with the peer token), and the internal routes refuse any
-    other bearer: a missing one, a client's, even an admin's."""
+    other bearer: a missing one, a client's, even an admin's.  A legacy ``/commit_request``
+    at the gateway that did not stage the piece fetches it from the other with that token."""
     top = f'peer_token = "{PEER_TOKEN}"\n'
     first = start_kafka_gateway(top=top, tables=TOKENS)
     second = start_kafka_gateway(top=top, tables=TOKENS)
@@ -221,9 +222,32 @@ def test_internal_routes_take_only_the_peer_token_and_gateways_forward_with_it(
             timeout=30,
         )
         assert peer.status_code in (200, 409), peer.text  # served, or "not the owner"
+        # a legacy piece staged at the first gateway, requested into the log at the second:
+        # fetched with the peer token, which the staging routes alone accept
+        tenant = {"Authorization": f"Bearer {TENANT_TOKEN}"}
+        stored = httpx.post(
+            f"{first.url}/store",
+            params={"log_type": "app"},
+            content=b"old\n",
+            headers=tenant,
+            timeout=60,
+        )
+        store_id = stored.json()["store_id"]
+        staged = f"{first.url}/v1/internal/legacy-staging/{store_id}"
+        for bearer in (None, "wrong", TENANT_TOKEN, ADMIN_TOKEN):
+            headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+            assert httpx.get(staged, headers=headers, timeout=30).status_code == 401, bearer
+        requested = httpx.post(
+            f"{second.url}/commit_request",
+            params={"store_id": store_id},
+            headers=tenant,
+            timeout=60,
+        )
+        assert requested.status_code == 200, requested.text
         spec = httpx.get(f"{first.url}/openapi.json", timeout=30).json()["paths"]
         operation = spec["/v1/internal/partitions/{topic}/{partition}/state"]["post"]
         assert operation["x-permission"] == "peer"
+        assert spec["/v1/internal/legacy-staging/{store_id}"]["get"]["x-permission"] == "peer"
     finally:
         for client in clients:
             client.close()
