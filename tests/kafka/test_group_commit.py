@@ -3,11 +3,12 @@ one, and a gateway killed while such a transaction is open leaves every chunk on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -214,43 +215,42 @@ def test_gateway_killed_with_a_group_transaction_open_leaves_every_chunk_once(
                 next_seqno[writer] += CHUNKS_PER_REQUEST
                 counts[writer] += 1
 
+    @contextlib.contextmanager
+    def writers(url: str, acks_each: int) -> Iterator[None]:
+        """Every writer writing to ``url``, each acked ``acks_each`` times before the body;
+        stopped (and joined) after it."""
+        stop = threading.Event()
+        counts = [0] * WRITERS
+        threads = [
+            threading.Thread(target=run, args=(url, w, stop, counts)) for w in range(WRITERS)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_until(lambda: min(counts) >= acks_each, 60, f"{acks_each} acks per writer")
+            yield
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(60)
+
     gateway = start_kafka_gateway(ownership="on_demand")
     client = Client(gateway.url)
     client.session("w0")  # the partition is taken over before the load
     client.close()
-    stop = threading.Event()
-    counts = [0] * WRITERS
-    threads = [
-        threading.Thread(target=run, args=(gateway.url, w, stop, counts)) for w in range(WRITERS)
-    ]
-    for thread in threads:
-        thread.start()
-    wait_until(lambda: min(counts) >= 3, 60, "every writer acked")
-    commits = metric(gateway.url, "logbroker_kafka_commits") or 0
-    carried = metric(gateway.url, "logbroker_kafka_committed_transactions") or 0
-    assert carried > commits, "concurrent requests never shared a Kafka transaction"
-    _kill_inside_an_open_transaction(gateway, kafka_cluster.bootstrap, kafka_topic)
-    stop.set()
-    for thread in threads:
-        thread.join(60)
+    with writers(gateway.url, acks_each=3):
+        commits = metric(gateway.url, "logbroker_kafka_commits") or 0
+        carried = metric(gateway.url, "logbroker_kafka_committed_transactions") or 0
+        assert carried > commits, "concurrent requests never shared a Kafka transaction"
+        _kill_inside_an_open_transaction(gateway, kafka_cluster.bootstrap, kafka_topic)
     # the next gateway's takeover settles the open transaction (aborts it)
     stored = source_seqnos(kafka_store, "dc1.app")
     committed = sum(len(seqnos) for _partitions, seqnos in stored.values())
     aborted = _uncommitted_records(kafka_cluster.bootstrap, kafka_topic, committed)
     assert aborted > 0, "the killed transaction left no records"
     # every writer resends what it has no ack for (the killed request may have committed)
-    gateway = start_kafka_gateway(ownership="on_demand")
-    stop = threading.Event()
-    counts = [0] * WRITERS
-    threads = [
-        threading.Thread(target=run, args=(gateway.url, w, stop, counts)) for w in range(WRITERS)
-    ]
-    for thread in threads:
-        thread.start()
-    wait_until(lambda: min(counts) >= 2, 60, "writes after the kills")
-    stop.set()
-    for thread in threads:
-        thread.join(60)
+    with writers(start_kafka_gateway(ownership="on_demand").url, acks_each=2):
+        pass
     stored = source_seqnos(kafka_store, "dc1.app")
     for writer in range(WRITERS):
         partitions, seqnos = stored[f"w{writer}"]
