@@ -19,6 +19,7 @@ that forward again (any gateway accepts any write); fencing, not this map, decid
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio.to_thread
@@ -37,6 +38,9 @@ from log_store.kafka.gateway_group import GatewayGroup
 from log_store.kafka.owner_directory import OwnerDirectory
 from log_store.kafka.store import KafkaLogStore
 from log_store.topic_names import LOG_TYPE_RULE, is_valid_log_type
+
+FORWARDED_HEADER = "Logbroker-Forwarded"
+"""On a write answer: how many sections this gateway wrote through another gateway."""
 
 
 class PartitionOwners:
@@ -74,6 +78,15 @@ class PartitionOwners:
         if is_internal(topic):
             raise UnknownTopic(f"no topic named {topic!r}")
         return json_response(await anyio.to_thread.run_sync(self.owners_of, topic))
+
+
+def owned_here(ctx: GatewayContext) -> Callable[[str, int], bool] | None:
+    """Whether this gateway owns a partition now (None: there is no gateways' group, it
+    writes every partition itself)."""
+    store = ctx.store
+    if isinstance(store, KafkaLogStore) and isinstance(store.placement, GatewayGroup):
+        return store.placement.owns
+    return None
 
 
 def owner_directory(ctx: GatewayContext) -> OwnerDirectory | None:

@@ -34,6 +34,7 @@ from ingest_api.framing import (
     parse_binary,
     parse_ndjson,
 )
+from ingest_api.owners_api import FORWARDED_HEADER, owned_here
 from ingest_api.rate_limit import SourceRateLimiter
 from ingest_api.schemas_api import STRUCTURED_WRITES
 from ingest_api.settings import TokenGrant
@@ -119,6 +120,7 @@ class WriteApi:
             self.limits.source_chunks_per_second, self.limits.source_burst_chunks
         )
         self.active = _ActiveSources(ACTIVE_SOURCE_WINDOW_S)
+        self.owned_here = owned_here(ctx)
         self.audit = gateway_counts(ctx)
         m = ctx.metrics
         self.chunks = m.counter(
@@ -277,7 +279,18 @@ class WriteApi:
         payload = orjson.dumps({"results": answer.results})
         self.active.touch([s.meta for s in admitted])
         self.ack_latency.observe(time.perf_counter() - started)
-        return Response(payload, media_type="application/json")
+        return Response(payload, media_type="application/json", headers=self._forwarded(answer))
+
+    def _forwarded(self, answer: _Answer) -> dict[str, str] | None:
+        """``Logbroker-Forwarded: N`` when N sections went to partitions another gateway owns:
+        a client sending to owners directly learns that its owners' map is stale."""
+        owns = self.owned_here
+        if owns is None:
+            return None
+        forwarded = sum(
+            1 for r in answer.results if "partition" in r and not owns(r["topic"], r["partition"])
+        )
+        return {FORWARDED_HEADER: str(forwarded)} if forwarded else None
 
 
 class _Answer:

@@ -10,9 +10,10 @@ the sources of one owner.  The map is only a hint:
   gateways as before (any gateway accepts any write);
 - an owner that fails a request (unreachable, 5xx, any refusal) is *shunned* for
   ``refresh_s`` and the map is refreshed at once; the request goes to the configured gateways;
-- ownership moves when gateways join or leave: the map is refreshed every ``refresh_s``, and a
-  section sent to a former owner is forwarded by it, so a stale entry costs the forward that
-  direct sending saves, never a wrong write.
+- ownership moves when gateways join or leave: a section sent to a former owner is forwarded
+  by it, and its answer says so (``Logbroker-Forwarded: N``), which has the map refreshed at
+  once (besides every ``refresh_s``); a stale entry costs the forward that direct sending
+  saves, never a wrong write.
 
 Exactly-once does not depend on where a request goes: every gateway deduplicates by seqno and
 ``prev_seqno``, and a request resent elsewhere is answered ``duplicate`` for what landed.
@@ -33,6 +34,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 OWNERS_PATH = "/v1/owners"
+FORWARDED_HEADER = "Logbroker-Forwarded"
+"""On a write answer: how many sections the gateway wrote through another gateway."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,13 @@ class OwnerRoutes:
                 known.fetched_at = float("-inf")
             for gone in [u for u, until in self._shunned.items() if until <= now]:
                 del self._shunned[gone]
+
+    def on_moved(self) -> None:
+        """An owner answered, but wrote some sections through another gateway (their
+        partitions moved since the map was fetched): ask for every map again at once."""
+        with self._lock:
+            for known in self._by_log_type.values():
+                known.fetched_at = float("-inf")
 
     def known(self) -> int:
         """Partitions whose owner may be written to directly (for the metrics)."""

@@ -428,9 +428,12 @@ class Shipper:
         if owner_url is None or self._stop.is_set():
             return client.write(body)
         attempt = client.write_to_owner(owner_url, body, self.config.owner_timeout_s)
-        if attempt.answer is not None:
-            return attempt.answer
         routes = self.owner_routes.get(self._installation_of(client))
+        if attempt.answer is not None:
+            if attempt.forwarded and routes is not None:
+                routes.on_moved()
+                self._wake()  # the loop refreshes the owners' map
+            return attempt.answer
         if routes is not None:
             routes.on_failed(owner_url, time.monotonic())
         self._wake()  # the loop refreshes the owners' map

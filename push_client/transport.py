@@ -28,7 +28,7 @@ import httpx
 import orjson
 
 from log_store.errors import LogbrokerError
-from push_client.owner_routes import OWNERS_PATH
+from push_client.owner_routes import FORWARDED_HEADER, OWNERS_PATH
 from push_client.token import BearerToken
 from push_client.wire import CONTENT_TYPE
 
@@ -69,6 +69,9 @@ class OwnerAttempt:
     answer: dict[str, Any] | None
     maybe_written: bool
     """The attempt got past connecting: the owner may have written it."""
+    forwarded: int = 0
+    """Sections the gateway wrote through another one (``Logbroker-Forwarded``): it no
+    longer owns their partitions, so the owners' map is stale."""
 
 
 # Errors raised before the request left this host: the gateway cannot have seen it.
@@ -274,7 +277,10 @@ class GatewayClient:
             return OwnerAttempt(None, maybe_written=response.status_code >= 500)
         self.stats.count_owner_write("owner")
         parsed: dict[str, Any] = orjson.loads(response.content)
-        return OwnerAttempt(parsed, maybe_written=True)
+        forwarded = response.headers.get(FORWARDED_HEADER, "0")
+        return OwnerAttempt(
+            parsed, maybe_written=True, forwarded=int(forwarded) if forwarded.isdigit() else 0
+        )
 
     def get_owners(self, log_type: str) -> dict[str, Any] | None:
         """``GET /v1/owners?log_type=`` from the preferred gateway, once; None if it failed."""

@@ -57,6 +57,34 @@ def _owned(directory: OwnerDirectory) -> dict[int, str]:
     return {p: u.rstrip("/") for (t, p), u in directory.snapshot().items() if t == TOPIC}
 
 
+def _direct_push(
+    tmp_path: Path, server: str, log_dir: Path, *, refresh_s: float
+) -> tuple[PushProcess, str]:
+    """A push-client (not started) of ``log_dir/*.log`` given only ``server``, sending to any
+    loopback owner; and its metrics URL."""
+    metrics_port = free_port()
+    push = PushProcess(
+        [
+            "--server",
+            server,
+            "--log-type",
+            "app",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--direct-to-owner",
+            "http://127.0.0.1:*",
+            "--owner-refresh",
+            str(refresh_s),
+            "--metrics-port",
+            str(metrics_port),
+            *FAST_FLAGS,
+            str(log_dir / "*.log"),
+        ],
+        tmp_path / "push.log",
+    )
+    return push, f"http://127.0.0.1:{metrics_port}/metrics"
+
+
 def test_sources_go_to_their_owner_directly_and_fall_back_when_it_is_killed(
     start_kafka_gateway: Callable[..., GatewayProcess],
     kafka_store: LogStore,
@@ -77,27 +105,7 @@ def test_sources_go_to_their_owner_directly_and_fall_back_when_it_is_killed(
     paths = [log_dir / f"app-{i}.log" for i in range(FILES)]
     for writer, path in zip(writers, paths, strict=True):
         writer.append(path, 100)
-    metrics_port = free_port()
-    push = PushProcess(
-        [
-            "--server",
-            first.url,
-            "--log-type",
-            "app",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--direct-to-owner",
-            "http://127.0.0.1:*",
-            "--owner-refresh",
-            "2",
-            "--metrics-port",
-            str(metrics_port),
-            *FAST_FLAGS,
-            str(log_dir / "*.log"),
-        ],
-        tmp_path / "push.log",
-    )
-    push_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    push, push_metrics = _direct_push(tmp_path, first.url, log_dir, refresh_s=2)
 
     def all_lines() -> int:
         return sum(len(w.ids) for w in writers)
@@ -188,3 +196,63 @@ def test_sources_go_to_their_owner_directly_and_fall_back_when_it_is_killed(
     assert set(counts) == {i for w in writers for i in w.ids}
     for _partitions, seqnos in source_seqnos(kafka_store, TOPIC).values():
         assert seqnos == sorted(set(seqnos))
+
+
+def test_a_gateway_joining_takes_its_sources_directly_at_once_not_at_the_next_refresh(
+    start_kafka_gateway: Callable[..., GatewayProcess],
+    kafka_store: LogStore,
+    kafka_cluster: Any,
+    kafka_namespace: str,
+    tmp_path: Path,
+) -> None:
+    """The client learned one gateway as every partition's owner and refreshes its map only
+    every 600 s.  A second gateway joins and takes half of the partitions: the first answers
+    the writes it now forwards with ``Logbroker-Forwarded``, the client asks for the map again
+    at once, and the second gateway receives its sources' writes directly within a minute.
+    Every line once."""
+    kafka_store.create_topic(TOPIC, TopicConfig(partitions=PARTITIONS))
+    first = start_kafka_gateway()
+    directory = OwnerDirectory(
+        KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace), self_url=""
+    )
+    directory.start()
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    writers = [LineWriter(f"j{i}", pad=40) for i in range(FILES)]
+    paths = [log_dir / f"app-{i}.log" for i in range(FILES)]
+
+    def append(lines: int) -> None:
+        for writer, path in zip(writers, paths, strict=True):
+            writer.append(path, lines)
+
+    def delivered() -> bool:
+        return len(delivered_lines(kafka_store, TOPIC)) >= sum(len(w.ids) for w in writers)
+
+    append(50)
+    push, push_metrics = _direct_push(tmp_path, first.url, log_dir, refresh_s=600)
+    try:
+        wait_until(lambda: len(_owned(directory)) == PARTITIONS, 60, "the first to own all")
+        push.start()
+        wait_until(delivered, 90, f"the first lines (push log: {push.log()[-1500:]})")
+        wait_until(
+            lambda: (
+                sum(_samples(push_metrics, "logbroker_push_owner_partitions").values())
+                == PARTITIONS
+            ),
+            30,
+            "the client to know every partition's owner",
+        )
+        second = start_kafka_gateway()
+        wait_until(lambda: len(set(_owned(directory).values())) == 2, 60, "the second to own some")
+        deadline = time.monotonic() + 60
+        while _written_chunks(second) == 0:
+            assert time.monotonic() < deadline, "the client never sent to the new owner"
+            append(5)
+            time.sleep(0.2)
+        wait_until(delivered, 90, f"every line (push log: {push.log()[-1500:]})")
+    finally:
+        push.kill()
+        directory.stop()
+    counts = delivered_lines(kafka_store, TOPIC)
+    assert not [i for i, c in counts.items() if c > 1], "a line arrived twice"
+    assert set(counts) == {i for w in writers for i in w.ids}
