@@ -226,6 +226,9 @@ class LocalKafka:
             "share.coordinator.state.topic.min.isr": str(min(2, replicas)),
             "group.initial.rebalance.delay.ms": "0",
             "group.min.session.timeout.ms": "1000",
+            # the gateways' group (KIP-848) may take a dead gateway's partitions in seconds
+            "group.consumer.min.session.timeout.ms": "1000",
+            "group.consumer.min.heartbeat.interval.ms": "100",
             "auto.create.topics.enable": "false",
             "delete.topic.enable": "true",
             "num.network.threads": "2",

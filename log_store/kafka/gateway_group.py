@@ -1,11 +1,19 @@
 """Gateways share the partitions out among themselves with a Kafka consumer group.
 
 Every gateway joins the group ``<ns>logbroker-gateways`` subscribed to every logbroker topic of
-its namespace, with the cooperative-sticky assignor: Kafka gives each
-partition to exactly one live member, and moves partitions only when members join or leave
-(a member silent for ``session_timeout_ms`` is taken for dead), and then only the partitions
-that must move.  The group's consumer never reads data: its partitions are paused, only its
-assignment is used.
+its namespace, with Kafka's own consumer group protocol (KIP-848, ``group.protocol=consumer``)
+and the broker's ``range`` assignor: the broker gives each partition to exactly one live
+member and spreads *each topic* over the members (a topic's partitions split 2+2 over two
+gateways, not whole topics to one gateway, as the client-side sticky assignor did when it
+balanced only the totals).  Partitions move only when members join or leave (a member silent
+for ``session_timeout_ms`` is taken for dead), incrementally: a member gives up what it must
+before another takes it.  The group's consumer never reads data: its partitions are paused,
+only its assignment is used.
+
+The session timeout of this protocol is the group's, not the member's: the gateway sets the
+group's ``consumer.session.timeout.ms`` (and a heartbeat of a fifth of it) through the admin
+API before joining.  A broker that refuses it (below its
+``group.consumer.min.session.timeout.ms``, 45 s by default) keeps its default, with a warning.
 
 - Assigned a partition, a gateway takes it over (``init_transactions`` fences whoever wrote
   it before, see ``partition_owner``) and, once the table is rebuilt, announces itself as its
@@ -27,7 +35,14 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 
 from log_store.kafka import naming
 from log_store.kafka.owner_directory import OwnerDirectory
@@ -89,17 +104,50 @@ class GatewayGroup:
         self.directory.stop()
 
     def _consumer_config(self) -> dict[str, object]:
-        session = self._settings.session_timeout_ms
         return {
             **self._settings.client_base(),
             "group.id": naming.gateway_group(self._settings.namespace),
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": session,
-            "heartbeat.interval.ms": max(100, session // 5),
+            "group.protocol": "consumer",
+            "group.remote.assignor": "range",
             "enable.auto.commit": False,
             "auto.offset.reset": "latest",
             "max.poll.interval.ms": 300_000,
         }
+
+    def _set_group_timeouts(self) -> None:
+        """The group's session timeout and heartbeat, set on the broker (KIP-848 keeps them
+        per group); a refusal leaves the broker's defaults, with a warning."""
+        session = self._settings.session_timeout_ms
+        group = naming.gateway_group(self._settings.namespace)
+        resource = ConfigResource(
+            ResourceType.GROUP,
+            group,
+            incremental_configs=[
+                ConfigEntry(
+                    "consumer.session.timeout.ms",
+                    str(session),
+                    incremental_operation=AlterConfigOpType.SET,
+                ),
+                ConfigEntry(
+                    "consumer.heartbeat.interval.ms",
+                    str(max(100, session // 5)),
+                    incremental_operation=AlterConfigOpType.SET,
+                ),
+            ],
+        )
+        admin = AdminClient(self._settings.client_base())
+        timeout = self._settings.operation_timeout_s
+        try:
+            for future in admin.incremental_alter_configs([resource]).values():
+                future.result(timeout=timeout)
+        except (KafkaException, TimeoutError) as exc:
+            log.warning(
+                "gateways' group %s keeps the broker's session timeout, not %d ms: %s "
+                "(the broker's group.consumer.min.session.timeout.ms must allow it)",
+                group,
+                session,
+                exc,
+            )
 
     def _topics(self, consumer: Consumer) -> list[str] | None:
         """The namespace's topics whose partitions all have a leader (None if unknown now).
@@ -124,6 +172,7 @@ class GatewayGroup:
         return sorted(ready)
 
     def _run(self) -> None:
+        self._set_group_timeouts()
         consumer = Consumer(self._consumer_config())
         subscribed: list[str] = []
         looked = 0.0

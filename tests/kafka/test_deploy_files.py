@@ -29,3 +29,17 @@ def test_compose_file_runs_three_brokers_three_gateways_and_a_balancer() -> None
         assert f"http://gateway{i}:8080" in services[f"gateway{i}"]["command"]
     haproxy = (DEPLOY / "haproxy.cfg").read_text()
     assert all(f"server gateway{i} gateway{i}:8080" in haproxy for i in (1, 2, 3))
+
+
+def test_brokers_of_the_deployment_allow_the_gateways_session_timeout() -> None:
+    """The gateways' group asks the brokers for its session timeout (KIP-848 keeps it per
+    group); a broker whose floor is above it would keep 45 s and dead gateways' partitions
+    would wait that long."""
+    session = load_settings(config_file=DEPLOY / "gateway.toml", env={}).kafka_settings()
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    for i in (1, 2, 3):
+        env = compose["services"][f"kafka{i}"]["environment"]
+        floor = int(env["KAFKA_GROUP_CONSUMER_MIN_SESSION_TIMEOUT_MS"])
+        heartbeat_floor = int(env["KAFKA_GROUP_CONSUMER_MIN_HEARTBEAT_INTERVAL_MS"])
+        assert floor <= session.session_timeout_ms
+        assert heartbeat_floor <= session.session_timeout_ms // 5
