@@ -153,9 +153,8 @@ def _write(out: BinaryIO, messages: list[ReadMessage], fmt: str) -> None:
     out.flush()
 
 
-def _topic_hint(client: PullClient, topic: str) -> str:
+def _topic_hint(topic: str, names: list[str]) -> str:
     """What a user who typed ``topic`` may have meant, from the topics that exist."""
-    names = client.list_topics()
     similar = [n for n in names if n.endswith("." + topic) or n.split(".", 1)[-1] == topic]
     hint = ""
     if "." not in topic:
@@ -209,11 +208,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not _wait_for_gateway(client, stop, idle_until):
             return 0
-        if topics and "." not in topics[0] and topics[0] not in client.list_topics():
+        names = client.list_topics() if topics and "." not in topics[0] else []
+        if topics and "." not in topics[0] and topics[0] not in names:
             # Not a topic name the gateway makes: say what exists instead of waiting.
             print(
                 f"logbroker read: no topic {topics[0]!r} on {args.server}"
-                f"{_topic_hint(client, topics[0])}",
+                f"{_topic_hint(topics[0], names)}",
                 file=sys.stderr,
             )
             return 2
@@ -255,12 +255,15 @@ def run(args: argparse.Namespace) -> int:
                 continue
             missing = consumer.missing_topics
             if missing and missing != waiting:
-                print(
-                    f"logbroker read: waiting for topic {', '.join(map(repr, missing))} to "
-                    f"appear on {args.server}{_topic_hint(client, missing[0])}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                names = client.list_topics()
+                # a topic made between the poll and this look is not waited for: say nothing
+                if any(topic not in names for topic in missing):
+                    print(
+                        f"logbroker read: waiting for topic {', '.join(map(repr, missing))} "
+                        f"to appear on {args.server}{_topic_hint(missing[0], names)}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             waiting = missing
         if waiting and not stop["requested"]:
             print(
