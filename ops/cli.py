@@ -50,16 +50,23 @@ def _load(name: str) -> ModuleType | None:
         raise
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType | None]]:
+def build_parser(
+    command: str | None = None,
+) -> tuple[argparse.ArgumentParser, dict[str, ModuleType | None]]:
+    """The CLI's parser; with ``command``, only that command's module is imported (the
+    others are listed with their help text), so ``logbroker read`` does not pay for the
+    gateway's and the loader's imports."""
     parser = argparse.ArgumentParser(
         prog="logbroker", description="Exactly-once log collection and delivery."
     )
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules: dict[str, ModuleType | None] = {}
     for name, help_text in SUBCOMMANDS.items():
+        sub = subs.add_parser(name, help=help_text, description=help_text)
+        if command is not None and name != command:
+            continue
         module = _load(name)
         modules[name] = module
-        sub = subs.add_parser(name, help=help_text, description=help_text)
         if module is not None:
             module.add_arguments(sub)
     return parser, modules
@@ -67,8 +74,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType | None
 
 def main(argv: list[str] | None = None) -> int:
     stop_signals.install()  # before the imports of build_parser, which take a while
-    parser, modules = build_parser()
-    args = parser.parse_args(argv)
+    args_in = sys.argv[1:] if argv is None else argv
+    # the command is the first word (the top-level parser has no options but --help)
+    command = args_in[0] if args_in and args_in[0] in SUBCOMMANDS else None
+    parser, modules = build_parser(command)
+    args = parser.parse_args(args_in)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

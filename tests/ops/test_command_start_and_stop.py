@@ -145,3 +145,26 @@ def test_serve_prints_its_banner_once_it_accepts_connections(tmp_path: Path) -> 
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def test_a_command_imports_only_its_own_module() -> None:
+    """``logbroker read`` starts without importing the gateway (uvicorn), the push-client's
+    config or the loader: the CLI loads the named command's module alone, and ``--help``
+    still lists every command."""
+    probe = (
+        "import sys\n"
+        "from ops.cli import build_parser\n"
+        "parser, modules = build_parser('read')\n"
+        "print(sorted(m for m in modules), 'uvicorn' in sys.modules,"
+        " 'push_client.config' in sys.modules, 'sqlite_utils' in sys.modules)\n"
+        "print(parser.format_help())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.splitlines()[0] == "['read'] False False False"
+    assert all(f"    {name} " in out for name in ("serve", "push", "load", "bench"))
+    read_help = subprocess.run(
+        logbroker_cmd("read", "--help"), cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert "--from-beginning" in read_help
