@@ -1,11 +1,13 @@
 """Gateways on Apache Kafka: ingest against the raw producer, scaling, latency, takeover.
 
     python benchmarks/kafka_bench.py [--runs 3] [--seconds 8] [--chunk-bytes 65536]
+        [--data lines|constant]
     python benchmarks/kafka_bench.py --ingest-only --runs 5     # the ingest ratios only
 
 One local Kafka broker (``ops/local_kafka.py``), the same for every case of every run; each
 run uses namespaces of its own.  Cases (medians of ``--runs``; ratios against the peer
-measured in the same run):
+measured in the same run; every case sends the same chunks, 200 B access-log lines unless
+``--data constant``):
 
 * raw confluent-kafka producer, ``acks=all``, idempotent, lz4, the same chunk sizes: MB/s,
   and the CPU seconds per MB of its process and of the broker;
@@ -30,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -56,6 +60,7 @@ from session_dedup.envelope import decode  # noqa: E402
 
 PY = sys.executable
 LINE_BYTES = 200
+_CHUNK_HEADER = struct.Struct(">QQI")
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -120,13 +125,14 @@ class KafkaGateway:
     def owned(self) -> float:
         return self.metric("logbroker_kafka_owned_partitions") or 0.0
 
-    def commit_counts(self) -> tuple[float, float, float] | None:
-        """(Kafka commits, writes they carried, records they wrote) so far, if it counts them."""
-        names = ("commits", "committed_transactions", "committed_records")
+    def commit_counts(self) -> tuple[float, float, float, float] | None:
+        """(Kafka commits, writes they carried, records they wrote, LSO looks to see them
+        readable) so far, if it counts them (the looks are 0 for a gateway that does not)."""
+        names = ("commits", "committed_transactions", "committed_records", "visibility_looks")
         values = [self.metric(f"logbroker_kafka_{name}") for name in names]
-        if any(v is None for v in values):
+        if any(v is None for v in values[:3]):
             return None
-        return (values[0] or 0.0, values[1] or 0.0, values[2] or 0.0)
+        return (values[0] or 0.0, values[1] or 0.0, values[2] or 0.0, values[3] or 0.0)
 
     def stop(self) -> None:
         gateway_bench.stop_gateway(self.proc)
@@ -158,7 +164,43 @@ def warm_up(gateways: list[KafkaGateway], sources: int = 64) -> None:
         time.sleep(0.5)
 
 
-def raw_producer(bootstrap: str, topic: str, seconds: float, chunk_bytes: int) -> float:
+def log_chunks(chunk_bytes: int, kind: str, count: int = 64) -> list[bytes]:
+    """``count`` distinct chunks of about ``chunk_bytes`` that the raw producer and the load
+    processes send alike.  ``lines`` (the default): access-log lines of 200 B with a random
+    trace id each, what hosts ship (lz4 compresses them about 3x).  ``constant``: one byte
+    repeated, which lz4 compresses about 250x, so the raw producer then measures its memory
+    copies more than Kafka (the figures before this option)."""
+    if kind == "constant":
+        return [(b"x" * (chunk_bytes - 1)) + b"\n"] * count
+    rng = random.Random(7)
+    paths = ["/api/v1/items", "/static/app.js", "/login", "/api/v1/search?q=kafka", "/"]
+    chunks = []
+    for c in range(count):
+        lines = []
+        for i in range(max(1, chunk_bytes // LINE_BYTES)):
+            n = c * 100_000 + i
+            head = (
+                f"2026-11-21T12:{n // 60000 % 60:02d}:{n // 1000 % 60:02d}.{n % 1000:03d}Z "
+                f"id={n:010d} trace={rng.getrandbits(96):024x} GET {paths[n % 5]} "
+                f"{200 + (n % 7 == 0) * 204} {n % 997}ms "
+            )
+            lines.append(head + "-" * (LINE_BYTES - len(head) - 1) + "\n")
+        chunks.append("".join(lines).encode())
+    return chunks
+
+
+def _section(meta: bytes, first_seqno: int, datas: list[bytes]) -> bytes:
+    """A binary write section of one source: ``datas`` as chunks from ``first_seqno``."""
+    parts = [struct.pack(">H", len(meta)), meta, struct.pack(">I", len(datas))]
+    for seqno, data in enumerate(datas, first_seqno):
+        parts.append(_CHUNK_HEADER.pack(seqno, 0, len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def raw_producer(
+    bootstrap: str, topic: str, seconds: float, chunk_bytes: int, data: str = "lines"
+) -> float:
     """MB/s of a plain idempotent producer, acks=all, into a 4-partition topic."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -175,7 +217,7 @@ def raw_producer(bootstrap: str, topic: str, seconds: float, chunk_bytes: int) -
             "message.max.bytes": 16 * 1024 * 1024,
         }
     )
-    value = (b"x" * (chunk_bytes - 1)) + b"\n"
+    values = log_chunks(chunk_bytes, data)
     producer.list_topics(topic, timeout=30)
     sent = 0
     started = time.monotonic()
@@ -183,6 +225,7 @@ def raw_producer(bootstrap: str, topic: str, seconds: float, chunk_bytes: int) -
     i = 0
     while time.monotonic() < stop_at:
         try:
+            value = values[i % len(values)]
             producer.produce(topic, value, partition=i % 4)
             sent += len(value)
             i += 1
@@ -207,13 +250,13 @@ def _run_connections(
 
 
 def _load_worker(
-    port: int, worker: int, connections: int, chunk_bytes: int, seconds: float
+    port: int, worker: int, connections: int, chunk_bytes: int, seconds: float, data: str
 ) -> tuple[int, int, float]:
     """One load process: ``connections`` keep-alive connections posting write requests of 8
     sources x 4 chunks.  Returns (acknowledged data bytes, failed requests, CPU seconds)."""
     import http.client
 
-    data = (b"x" * (chunk_bytes - 1)) + b"\n"
+    chunks = log_chunks(chunk_bytes, data)
     totals = [0, 0]
     lock = threading.Lock()
     stop_at = time.monotonic() + seconds
@@ -228,8 +271,9 @@ def _load_worker(
         seqno = 1
         acked = failed = 0
         while time.monotonic() < stop_at:
+            datas = [[chunks[(seqno + i + k) % len(chunks)] for k in range(4)] for i in range(8)]
             body = gateway_bench.MAGIC + b"".join(
-                gateway_bench.section(m, seqno, 4, data) for m in metas
+                _section(m, seqno, d) for m, d in zip(metas, datas, strict=True)
             )
             try:
                 conn.request(
@@ -238,7 +282,7 @@ def _load_worker(
                 response = conn.getresponse()
                 response.read()
                 if response.status == 200:
-                    acked += len(metas) * 4 * chunk_bytes
+                    acked += sum(len(c) for d in datas for c in d)
                     seqno += 4
                 else:
                     failed += 1
@@ -295,14 +339,14 @@ def _sources_by_owner(
 
 
 def _owner_load_worker(
-    port: int, worker: int, connections: int, chunk_bytes: int, seconds: float
+    port: int, worker: int, connections: int, chunk_bytes: int, seconds: float, data: str
 ) -> tuple[int, int, float]:
     """Like :func:`_load_worker` (requests of 8 sources x 4 chunks), but owner-aware: each
     request carries sources of one owner and goes to that owner, owners taking turns."""
     import http.client
     from urllib.parse import urlsplit
 
-    data = (b"x" * (chunk_bytes - 1)) + b"\n"
+    chunks = log_chunks(chunk_bytes, data)
     totals = [0, 0]
     lock = threading.Lock()
     groups_of = [_sources_by_owner(port, worker, i, 8) for i in range(connections)]
@@ -319,8 +363,12 @@ def _owner_load_worker(
         while time.monotonic() < stop_at:
             url, metas = groups[turn % len(groups)]
             turn += 1
+            first = seqnos[url]
+            datas = [
+                [chunks[(first + i + k) % len(chunks)] for k in range(4)] for i in range(len(metas))
+            ]
             body = gateway_bench.MAGIC + b"".join(
-                gateway_bench.section(m, seqnos[url], 4, data) for m in metas
+                _section(m, first, d) for m, d in zip(metas, datas, strict=True)
             )
             try:
                 conns[url].request(
@@ -329,7 +377,7 @@ def _owner_load_worker(
                 response = conns[url].getresponse()
                 response.read()
                 if response.status == 200:
-                    acked += len(metas) * 4 * chunk_bytes
+                    acked += sum(len(c) for d in datas for c in d)
                     seqnos[url] += 4
                 else:
                     failed += 1
@@ -354,6 +402,7 @@ def gateway_ingest(
     broker_pid: int | None = None,
     cpu: dict[str, float] | None = None,
     owner_aware: bool = False,
+    data: str = "lines",
 ) -> float:
     """MB/s acknowledged by the gateways (load processes spread evenly among them; with
     ``owner_aware``, each sends every request to the owner of its sources).
@@ -361,7 +410,8 @@ def gateway_ingest(
     ``cpu``, if given, receives the CPU seconds per MB acknowledged of the gateways (all
     together), the broker and the load processes during the measurement, and, from gateways
     that count their commits, the writes (request sections of one partition) per Kafka commit
-    (``writes_per_commit``) and the MB per commit (``mb_per_commit``)."""
+    (``writes_per_commit``), the MB per commit (``mb_per_commit``) and the requests for
+    the last stable offset made to see a commit readable (``looks_per_commit``)."""
     import concurrent.futures
     import multiprocessing
 
@@ -379,6 +429,7 @@ def gateway_ingest(
                 connections,
                 chunk_bytes,
                 seconds,
+                data,
             )
             for i in range(clients)
         ]
@@ -401,6 +452,7 @@ def gateway_ingest(
             if commits > 0:
                 cpu["writes_per_commit"] = sum(d[1] for d in deltas) / commits
                 cpu["mb_per_commit"] = megabytes / commits
+                cpu["looks_per_commit"] = sum(d[3] for d in deltas) / commits
     return megabytes / seconds
 
 
@@ -424,7 +476,14 @@ def ingest_cases(
     try:
         warm_up(one)
         single = gateway_ingest(
-            one, args.seconds, args.chunk_bytes, args.clients, 8, broker_pid, measured["one"]
+            one,
+            args.seconds,
+            args.chunk_bytes,
+            args.clients,
+            8,
+            broker_pid,
+            measured["one"],
+            data=args.data,
         )
     finally:
         for g in one:
@@ -445,6 +504,7 @@ def ingest_cases(
                 broker_pid,
                 measured[case],
                 owner_aware=case == "owner",
+                data=args.data,
             )
             if case == "owner":
                 owner = mb_s
@@ -633,6 +693,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--chunk-bytes", type=int, default=65536)
     parser.add_argument("--clients", type=int, default=2, help="load processes in all")
+    parser.add_argument(
+        "--data",
+        choices=["lines", "constant"],
+        default="lines",
+        help="what every case sends: 200 B access-log lines (default) or one repeated byte",
+    )
     parser.add_argument("--e2e-lines", type=int, default=200_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--takeover-sources", type=int, default=100_000)
@@ -663,7 +729,9 @@ def main() -> int:
             for run in range(args.runs):
                 producer_cpu = time.process_time()
                 broker_cpu = cpu_seconds(broker_pid) if broker_pid else 0.0
-                raw = raw_producer(bootstrap, f"raw{run}", args.seconds, args.chunk_bytes)
+                raw = raw_producer(
+                    bootstrap, f"raw{run}", args.seconds, args.chunk_bytes, args.data
+                )
                 raw_mb = raw * args.seconds
                 # the producer runs in this process: its CPU, and the broker's, per MB sent
                 cpu.setdefault("raw_load", []).append((time.process_time() - producer_cpu) / raw_mb)
@@ -791,12 +859,16 @@ def main() -> int:
         grouped = [(case, label) for case, label in cases if f"{case}_mb_per_commit" in cpu]
         if grouped:
             print()
-            print("| group commit (median) | writes per Kafka commit | MB per commit |")
-            print("|---|---:|---:|")
+            print(
+                "| group commit (median) | writes per Kafka commit | MB per commit "
+                "| LSO looks per commit |"
+            )
+            print("|---|---:|---:|---:|")
             for case, label in grouped:
                 print(
                     f"| {label} | {statistics.median(cpu[f'{case}_writes_per_commit']):.1f} | "
-                    f"{statistics.median(cpu[f'{case}_mb_per_commit']):.2f} |"
+                    f"{statistics.median(cpu[f'{case}_mb_per_commit']):.2f} | "
+                    f"{statistics.median(cpu[f'{case}_looks_per_commit']):.1f} |"
                 )
     for name, values in [*rows.items(), *cpu.items()]:
         print(f"  {name}: {', '.join(f'{v:.3f}' for v in values)}", file=sys.stderr)

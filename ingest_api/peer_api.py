@@ -190,6 +190,11 @@ def _metrics(ctx: GatewayContext, store: KafkaLogStore, api: PeerApi) -> None:
         "data records those commits wrote",
         read=lambda: float(store.commits.records),
     )
+    m.gauge(
+        "logbroker_kafka_visibility_looks",
+        "requests for a partition's last stable offset made to see those commits readable",
+        read=lambda: float(store.commits.visibility_looks),
+    )
     group = _group(ctx)
     if group is not None:
         m.gauge(

@@ -80,6 +80,8 @@ class CommitCounts:
     commits: int = 0
     transactions: int = 0
     records: int = 0
+    visibility_looks: int = 0
+    """Requests for a partition's last stable offset made to see commits readable."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, transactions: int, records: int) -> None:
@@ -87,6 +89,10 @@ class CommitCounts:
             self.commits += 1
             self.transactions += transactions
             self.records += records
+
+    def looked(self) -> None:
+        with self._lock:
+            self.visibility_looks += 1
 
 
 @dataclass
@@ -711,6 +717,7 @@ class PartitionOwner:
         deadline = time.monotonic() + self._settings.operation_timeout_s
         pause = 0.0005
         while True:
+            self.ctx.commits.looked()
             try:
                 _low, end = self.ctx.watermarks.get(topic, self.partition, "visibility")
             except LogbrokerError as exc:
