@@ -608,7 +608,7 @@ class PartitionLog:
         """
         ts = now_ms()
         pieces = encode_batch(base, ts, values, state)
-        batch_len = sum(len(piece) for piece in pieces)
+        batch_len = sum(map(len, pieces))
         new_segment = segment is None or (pos > 0 and pos + batch_len > self.segment_bytes)
         if new_segment:
             # Files no index row names were never acknowledged (see _recover_locked).
@@ -645,7 +645,8 @@ class PartitionLog:
             conn.execute(
                 "UPDATE meta SET value = ? WHERE key = 'end_offset'", (base + len(values),)
             )
-            _put_state(conn, state)
+            if state:
+                _put_state(conn, state)
         except BaseException:
             # Not acknowledged: do not leave it for recovery to find.
             with contextlib.suppress(OSError):
