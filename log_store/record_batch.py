@@ -99,15 +99,23 @@ def encode_batch(
     values: Sequence[bytes],
     state: Mapping[str, bytes] | None = None,
 ) -> list[bytes]:
-    """The pieces of one batch (header, state, payload), written with one ``pwritev``.
+    """The pieces of one batch (header, state, the payload's lengths, its values), written
+    with one ``pwritev``.
 
-    The record values are copied once, into the payload.
+    The record values are copied once, into one piece (a single value not at all).
     """
-    state_bytes = _encode_state(state or {})
-    payload = b"".join((_u32_array(list(map(len, values))), *values))
-    fields = _FIELDS.pack(base_offset, len(values), len(state_bytes), len(payload), timestamp_ms)
-    crc = _crc_extend(_crc_extend(_crc(fields), state_bytes), payload)
-    return [MAGIC + crc.to_bytes(4, "big") + fields, state_bytes, payload]
+    state_bytes = _encode_state(state) if state else b""
+    lengths = struct.pack(f"<{len(values)}I", *map(len, values))
+    joined = b"".join(values)
+    fields = _FIELDS.pack(
+        base_offset,
+        len(values),
+        len(state_bytes),
+        len(lengths) + len(joined),
+        timestamp_ms,
+    )
+    crc = _crc_extend(_crc_extend(_crc_extend(_crc(fields), state_bytes), lengths), joined)
+    return [MAGIC + crc.to_bytes(4, "big") + fields, state_bytes, lengths, joined]
 
 
 def parse_header(buf: bytes, pos: int = 0) -> BatchHeader:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from log_store import crash_points
 from log_store.durable_dirs import fsync_directory, make_directories
@@ -219,10 +220,40 @@ class _TxnState:
         self.local[key] = bytes(value)
 
 
-@dataclass
+class _Outcome(Protocol):
+    """Where a transaction's result goes: a ``Future``, or an ``_InlineOutcome``."""
+
+    def set_running_or_notify_cancel(self) -> bool: ...
+
+    def set_result(self, result: AppendResult) -> None: ...
+
+    def set_exception(self, exception: BaseException) -> None: ...
+
+
+class _InlineOutcome:
+    """The outcome of a transaction its caller commits itself: a future without the locks
+    and the condition that no other thread will ever wait on."""
+
+    __slots__ = ("error", "result")
+
+    def __init__(self) -> None:
+        self.result: AppendResult | None = None
+        self.error: BaseException | None = None
+
+    def set_running_or_notify_cancel(self) -> bool:
+        return True
+
+    def set_result(self, result: AppendResult) -> None:
+        self.result = result
+
+    def set_exception(self, exception: BaseException) -> None:
+        self.error = exception
+
+
+@dataclass(slots=True)
 class _PendingTxn:
     fn: TransactionFn
-    future: concurrent.futures.Future[AppendResult]
+    future: _Outcome
 
 
 class PartitionLog:
@@ -238,9 +269,13 @@ class PartitionLog:
     ) -> None:
         """Open (creating if needed) the partition in ``directory``.
 
-        ``topic_alive`` tells whether the topic still exists in the catalog; every commit
-        asks it under the partition's lock, so that a process which opened this partition
-        after another process deleted the topic can never ack an append into it.
+        ``topic_alive`` tells whether the topic still exists in the catalog.  The first
+        commit through each new writer connection asks it under the partition's lock, so
+        that a process which opened this partition after another process deleted the topic
+        (and removed its files) can never ack an append into a database file of its own.
+        Once a connection's file is known to be the topic's, the deletion mark that
+        ``delete_topic`` sets in that file before it removes the topic from the catalog is
+        enough, and cheaper: it is read with the log's tail anyway.
 
         ``read_only``: create, change and touch nothing (no directory, schema or notify
         file); reads only, through ``mode=ro`` connections.  For readers such as Spark
@@ -253,6 +288,7 @@ class PartitionLog:
         if not read_only:
             make_directories(directory)
         self._db_path = directory / "partition.db"
+        self._lock_path = directory / "write.lock"
         self.notify_path = directory / "notify"
         if not read_only:
             self.notify_path.touch()
@@ -264,6 +300,7 @@ class PartitionLog:
         # Used by the committer thread only:
         self._write_fd: tuple[int, int] | None = None  # (segment base, fd)
         self._writer: sqlite3.Connection | None = None
+        self._writer_in_live_topic = False  # the catalog vouched for the writer's file
         self._lock_fd: int | None = None
         self._notify_fd: int | None = None
         self._deleted = False
@@ -336,7 +373,7 @@ class PartitionLog:
         """
         if not self._commit_mutex.acquire(blocking=False):
             return self.submit(fn).result()
-        future: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
+        outcome = _InlineOutcome()
         try:
             with self._cond:
                 if self._closed:
@@ -345,17 +382,21 @@ class PartitionLog:
                     raise StoreUnavailable("log store is closed")
                 # What was queued first is committed first, in the same group.
                 group, self._pending = self._pending, []
-            group.append(_PendingTxn(fn, future))
+            group.append(_PendingTxn(fn, outcome))
             self._commit(group)
             self._checkpoint_if_due()
             self._committed_here_at = time.monotonic()
         finally:
             self._commit_mutex.release()
-        with self._cond:
-            if self._committer is None and not self._closed:
-                # It lets go of the files once the partition has been idle for a while.
-                self._start_committer()
-        return future.result()
+        if self._committer is None:
+            with self._cond:
+                if self._committer is None and not self._closed:
+                    # It lets go of the files once the partition has been idle for a while.
+                    self._start_committer()
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.result is not None
+        return outcome.result
 
     def _start_committer(self) -> None:
         self._committer = threading.Thread(
@@ -409,24 +450,20 @@ class PartitionLog:
     def _writer_conn(self) -> sqlite3.Connection:
         if self._writer is None:
             self._writer = connect(self._db_path, durable=False)
+            self._writer_in_live_topic = False
         return self._writer
 
     @contextmanager
-    def _write_lock(self, *, committer: bool = True) -> Iterator[None]:
-        """The partition's writer lock across processes and threads.
+    def _write_lock(self) -> Iterator[None]:
+        """The partition's writer lock across processes and threads, for anyone but the
+        committer (retention, deletion, recovery at open).
 
         SQLite's own lock would do for correctness, but a writer waiting on it sleeps in
         steps of up to 100 ms; a kernel lock wakes the next writer as soon as it is free.
-        flock excludes per open file, so only the committer thread reuses its descriptor;
-        anyone else (retention, deletion) opens its own.
+        flock excludes per open file, so only the committer (``_commit``) reuses its
+        descriptor; anyone else opens its own.
         """
-        path = self.directory / "write.lock"
-        if committer:
-            if self._lock_fd is None:
-                self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            fd = self._lock_fd
-        else:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -434,8 +471,7 @@ class PartitionLog:
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            if not committer:
-                os.close(fd)
+            os.close(fd)
 
     def _commit(self, group: list[_PendingTxn]) -> None:
         # A caller that gave up (a cancelled future) is not committed for.
@@ -443,8 +479,14 @@ class PartitionLog:
         if not group:
             return
         try:
-            with self._write_lock():
+            lock_fd = self._lock_fd
+            if lock_fd is None:
+                lock_fd = self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # see _write_lock
+            try:
                 outcomes, wrote = self._commit_locked(group)
+            finally:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
         except BaseException as exc:
             failure = as_store_unavailable(exc) or exc
             if isinstance(failure, StoreUnavailable):
@@ -540,8 +582,15 @@ class PartitionLog:
         """The end offset and the active segment's base and indexed size (None, 0 before the
         first one), once sure that the topic was not deleted (by any process)."""
         end, deleted, segment, size = conn.execute(_LOG_TAIL).fetchone()
-        if deleted or not self._topic_alive():
+        if deleted:
             raise UnknownTopic("the topic was deleted")
+        if not self._writer_in_live_topic:
+            # The topic's files are removed only after its catalog row, so a file opened
+            # before the catalog still names the topic is the topic's own file, which a
+            # deletion marks (under this lock) before it touches the catalog.
+            if not self._topic_alive():
+                raise UnknownTopic("the topic was deleted")
+            self._writer_in_live_topic = True
         return int(end), None if segment is None else int(segment), int(size or 0)
 
     def _write_batch(
@@ -559,7 +608,7 @@ class PartitionLog:
         """
         ts = now_ms()
         pieces = encode_batch(base, ts, values, state)
-        batch_len = sum(len(piece) for piece in pieces)
+        batch_len = sum(map(len, pieces))
         new_segment = segment is None or (pos > 0 and pos + batch_len > self.segment_bytes)
         if new_segment:
             # Files no index row names were never acknowledged (see _recover_locked).
@@ -596,7 +645,8 @@ class PartitionLog:
             conn.execute(
                 "UPDATE meta SET value = ? WHERE key = 'end_offset'", (base + len(values),)
             )
-            _put_state(conn, state)
+            if state:
+                _put_state(conn, state)
         except BaseException:
             # Not acknowledged: do not leave it for recovery to find.
             with contextlib.suppress(OSError):
@@ -611,7 +661,7 @@ class PartitionLog:
             return
         conn = connect(self._db_path, durable=False)
         try:
-            with self._write_lock(committer=False):
+            with self._write_lock():
                 conn.execute("BEGIN IMMEDIATE")
                 self._recover_locked(conn, scan_directory=True)
                 conn.execute("COMMIT")
@@ -902,7 +952,7 @@ class PartitionLog:
         """Drop the oldest whole segments that match; never the active one.  New start offset."""
         conn = connect(self._db_path)
         try:
-            with self._write_lock(committer=False):
+            with self._write_lock():
                 conn.execute("BEGIN IMMEDIATE")
                 segments = conn.execute(
                     "SELECT base_offset, size_bytes, max_ts FROM segments ORDER BY base_offset"
@@ -952,7 +1002,7 @@ class PartitionLog:
         """Refuse every later append and read, in every process (checked under the lock)."""
         conn = connect(self._db_path)
         try:
-            with self._write_lock(committer=False):
+            with self._write_lock():
                 conn.execute("BEGIN IMMEDIATE")
                 conn.execute("UPDATE meta SET value = 1 WHERE key = 'deleted'")
                 conn.execute("COMMIT")

@@ -16,6 +16,7 @@ Every method that would write raises :class:`ReadOnlyStore`.  Spark executors re
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import shutil
 import sqlite3
 import threading
@@ -322,22 +323,49 @@ class SqliteLogStore:
         self._check_writable("delete_topic")
         info = self._load_topic(validate_topic_name(name))
         # Fence every partition first, under its write lock, so that no process can ack an
-        # append into files about to be removed.
-        for p in range(info.config.partitions):
-            with self._lease(name, p) as (_, log):
-                log.mark_deleted()
-        self._catalog_write(
-            [
-                ("DELETE FROM topics WHERE name = ? AND topic_id = ?", (name, info.topic_id)),
-                ("DELETE FROM topic_state WHERE topic_id = ?", (info.topic_id,)),
-            ]
-        )
+        # append into files about to be removed: a writer that found the topic in the
+        # catalog once trusts this mark from then on (PartitionLog._log_tail).
+        marked = 0
+        while marked < info.config.partitions:
+            for p in range(marked, info.config.partitions):
+                with self._lease(name, p) as (_, log):
+                    log.mark_deleted()
+            marked = info.config.partitions
+            grown = self._remove_from_catalog(info, marked)
+            if grown is not None:
+                # Partitions were added meanwhile: mark them too before the topic goes.
+                info = dataclasses.replace(
+                    info, config=dataclasses.replace(info.config, partitions=grown)
+                )
         self._topics.pop(name, None)
         for key, log in self._handles.pop_topic(info.topic_id):
             self._watcher.unwatch(log.notify_path)
             self._watched.pop(key, None)
             log.close(deleted=True)
         shutil.rmtree(self.data_dir / "topics" / name / info.topic_id, ignore_errors=True)
+
+    def _remove_from_catalog(self, info: TopicInfo, marked: int) -> int | None:
+        """Remove the topic from the catalog if it has no more than ``marked`` partitions;
+        else keep it and return its partition count now."""
+        with self._catalog_lock:
+            try:
+                self._catalog.execute("BEGIN IMMEDIATE")
+                row = self._catalog.execute(
+                    "SELECT partitions FROM topics WHERE topic_id = ?", (info.topic_id,)
+                ).fetchone()
+                if row is not None and row[0] > marked:
+                    self._catalog.execute("COMMIT")
+                    return int(row[0])
+                self._catalog.execute("DELETE FROM topics WHERE topic_id = ?", (info.topic_id,))
+                self._catalog.execute(
+                    "DELETE FROM topic_state WHERE topic_id = ?", (info.topic_id,)
+                )
+                self._catalog.execute("COMMIT")
+            except BaseException as exc:
+                if self._catalog.in_transaction:
+                    self._catalog.execute("ROLLBACK")
+                raise as_store_unavailable(exc) or exc from exc
+        return None
 
     def set_partitions(self, name: str, count: int) -> TopicInfo:
         self._check_writable("set_partitions")
@@ -580,8 +608,20 @@ class SqliteLogStore:
         """Commit ``fn`` in this thread when the partition is not committing already (see
         ``PartitionLog.commit_here``); a waiting writer saves two thread hand-offs."""
         self._check_writable("append")
-        with self._lease(topic, partition) as (info, _):
-            handle = self._handles.acquire((info.topic_id, partition), _never_opened)
+        known = self._topics.get(topic)
+        if (
+            known is not None
+            and isinstance(partition, int)
+            and self._handles.get((known.topic_id, partition)) is not None
+        ):
+            # Open already, so its number was checked: the one lease ``_lease`` would take.
+            info = known
+            handle = self._handles.acquire(
+                (info.topic_id, partition), lambda: self._reopen_partition(topic, info, partition)
+            )
+        else:
+            with self._lease(topic, partition) as (info, _):
+                handle = self._handles.acquire((info.topic_id, partition), _never_opened)
         try:
             return handle.log.commit_here(fn)
         finally:
