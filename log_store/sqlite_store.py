@@ -16,6 +16,7 @@ Every method that would write raises :class:`ReadOnlyStore`.  Spark executors re
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import shutil
 import sqlite3
@@ -144,17 +145,25 @@ class SqliteLogStore:
             raise ReadOnlyStore(f"{what}: the store at {self.data_dir} is open read-only")
 
     # -- catalog --------------------------------------------------------------------------
-    def _catalog_write(self, sql_steps: list[tuple[str, tuple[object, ...]]]) -> None:
+    @contextlib.contextmanager
+    def _catalog_transaction(self) -> Iterator[None]:
+        """One immediate catalog transaction under the catalog lock: committed when the block
+        ends (also by ``return``), rolled back when it raises (SQLite's I/O errors become
+        :class:`StoreUnavailable`)."""
         with self._catalog_lock:
             try:
                 self._catalog.execute("BEGIN IMMEDIATE")
-                for sql, params in sql_steps:
-                    self._catalog.execute(sql, params)
+                yield
                 self._catalog.execute("COMMIT")
             except BaseException as exc:
                 if self._catalog.in_transaction:
                     self._catalog.execute("ROLLBACK")
                 raise as_store_unavailable(exc) or exc from exc
+
+    def _catalog_write(self, sql_steps: list[tuple[str, tuple[object, ...]]]) -> None:
+        with self._catalog_transaction():
+            for sql, params in sql_steps:
+                self._catalog.execute(sql, params)
 
     def _load_topic(self, name: str) -> TopicInfo:
         with self._catalog_lock:
@@ -291,30 +300,23 @@ class SqliteLogStore:
         config = config or TopicConfig()
         _check_config(config)
         topic_id = uuid.uuid4().hex
-        with self._catalog_lock:
-            try:
-                self._catalog.execute("BEGIN IMMEDIATE")
-                exists = self._catalog.execute(
-                    "SELECT 1 FROM topics WHERE name = ?", (name,)
-                ).fetchone()
-                if not exists:
-                    self._catalog.execute(
-                        "INSERT INTO topics VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (
-                            name,
-                            topic_id,
-                            config.partitions,
-                            config.retention_ms,
-                            config.retention_bytes,
-                            config.segment_bytes,
-                            now_ms(),
-                        ),
-                    )
-                self._catalog.execute("COMMIT")
-            except BaseException as exc:
-                if self._catalog.in_transaction:
-                    self._catalog.execute("ROLLBACK")
-                raise as_store_unavailable(exc) or exc from exc
+        with self._catalog_transaction():
+            exists = self._catalog.execute(
+                "SELECT 1 FROM topics WHERE name = ?", (name,)
+            ).fetchone()
+            if not exists:
+                self._catalog.execute(
+                    "INSERT INTO topics VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        name,
+                        topic_id,
+                        config.partitions,
+                        config.retention_ms,
+                        config.retention_bytes,
+                        config.segment_bytes,
+                        now_ms(),
+                    ),
+                )
         if exists and not exist_ok:
             raise TopicExists(f"topic {name!r} exists")
         return self._load_topic(name)
@@ -347,24 +349,14 @@ class SqliteLogStore:
     def _remove_from_catalog(self, info: TopicInfo, marked: int) -> int | None:
         """Remove the topic from the catalog if it has no more than ``marked`` partitions;
         else keep it and return its partition count now."""
-        with self._catalog_lock:
-            try:
-                self._catalog.execute("BEGIN IMMEDIATE")
-                row = self._catalog.execute(
-                    "SELECT partitions FROM topics WHERE topic_id = ?", (info.topic_id,)
-                ).fetchone()
-                if row is not None and row[0] > marked:
-                    self._catalog.execute("COMMIT")
-                    return int(row[0])
-                self._catalog.execute("DELETE FROM topics WHERE topic_id = ?", (info.topic_id,))
-                self._catalog.execute(
-                    "DELETE FROM topic_state WHERE topic_id = ?", (info.topic_id,)
-                )
-                self._catalog.execute("COMMIT")
-            except BaseException as exc:
-                if self._catalog.in_transaction:
-                    self._catalog.execute("ROLLBACK")
-                raise as_store_unavailable(exc) or exc from exc
+        with self._catalog_transaction():
+            row = self._catalog.execute(
+                "SELECT partitions FROM topics WHERE topic_id = ?", (info.topic_id,)
+            ).fetchone()
+            if row is not None and row[0] > marked:
+                return int(row[0])
+            self._catalog.execute("DELETE FROM topics WHERE topic_id = ?", (info.topic_id,))
+            self._catalog.execute("DELETE FROM topic_state WHERE topic_id = ?", (info.topic_id,))
         return None
 
     def set_partitions(self, name: str, count: int) -> TopicInfo:
@@ -453,22 +445,15 @@ class SqliteLogStore:
         self._check_writable("put_topic_state")
         info = self._topic(topic)
         won: dict[str, bytes] = {}
-        with self._catalog_lock:
-            try:
-                self._catalog.execute("BEGIN IMMEDIATE")
-                alive = self._catalog.execute(
-                    "SELECT 1 FROM topics WHERE topic_id = ?", (info.topic_id,)
-                ).fetchone()
-                if alive:
-                    if self._insert_topic_state(info.topic_id, items) == len(items):
-                        won = dict(items)  # every key was new
-                    else:
-                        won = self._topic_state_many(info.topic_id, list(items))
-                self._catalog.execute("COMMIT")
-            except BaseException as exc:
-                if self._catalog.in_transaction:
-                    self._catalog.execute("ROLLBACK")
-                raise as_store_unavailable(exc) or exc from exc
+        with self._catalog_transaction():
+            alive = self._catalog.execute(
+                "SELECT 1 FROM topics WHERE topic_id = ?", (info.topic_id,)
+            ).fetchone()
+            if alive:
+                if self._insert_topic_state(info.topic_id, items) == len(items):
+                    won = dict(items)  # every key was new
+                else:
+                    won = self._topic_state_many(info.topic_id, list(items))
         if not alive:
             self._topics.pop(topic, None)
             raise UnknownTopic(f"topic {topic!r} was deleted")
@@ -533,21 +518,14 @@ class SqliteLogStore:
         self._check_writable("delete_topic_state")
         info = self._topic(topic)
         deleted = 0
-        with self._catalog_lock:
-            try:
-                self._catalog.execute("BEGIN IMMEDIATE")
-                for key, value in items.items():
-                    deleted += self._catalog.execute(
-                        "DELETE FROM topic_state WHERE topic_id = ? AND key = ? AND value = ?",
-                        (info.topic_id, key, value),
-                    ).rowcount
-                if deleted and deletions_key is not None:
-                    self._add_to_count(info.topic_id, deletions_key, deleted)
-                self._catalog.execute("COMMIT")
-            except BaseException as exc:
-                if self._catalog.in_transaction:
-                    self._catalog.execute("ROLLBACK")
-                raise as_store_unavailable(exc) or exc from exc
+        with self._catalog_transaction():
+            for key, value in items.items():
+                deleted += self._catalog.execute(
+                    "DELETE FROM topic_state WHERE topic_id = ? AND key = ? AND value = ?",
+                    (info.topic_id, key, value),
+                ).rowcount
+            if deleted and deletions_key is not None:
+                self._add_to_count(info.topic_id, deletions_key, deleted)
         return deleted
 
     def _add_to_count(self, topic_id: str, key: str, added: int) -> None:
