@@ -50,20 +50,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_PATHS = ["/api/v1/items", "/static/app.js", "/login", "/api/v1/search?q=kafka", "/"]
+_AGENTS = ["Mozilla/5.0 (X11; Linux x86_64)", "curl/7.88.1", "Go-http-client/1.1"]
+
+
+def access_log_line(i: int, trace: str) -> str:
+    """The ``i``-th access-log-like line, LINE_BYTES bytes, with the trace id ``trace``."""
+    head = (
+        f"2026-11-21T12:{i // 60000 % 60:02d}:{i // 1000 % 60:02d}.{i % 1000:03d}Z "
+        f"id={i:010d} trace={trace} GET {_PATHS[i % 5]} "
+        f"{200 + (i % 7 == 0) * 204} {i % 997}ms {_AGENTS[i % 3]} "
+    )
+    return head + "-" * (LINE_BYTES - len(head) - 1) + "\n"
+
+
 def make_file(path: Path, lines: int) -> int:
     """``lines`` access-log-like lines of LINE_BYTES bytes with unique ids and a random trace
     id each (so that compression sees realistic, not constant, text); returns the file size."""
-    paths = ["/api/v1/items", "/static/app.js", "/login", "/api/v1/search?q=kafka", "/"]
-    agents = ["Mozilla/5.0 (X11; Linux x86_64)", "curl/7.88.1", "Go-http-client/1.1"]
     block: list[str] = []
     with open(path, "w") as f:
         for i in range(lines):
-            head = (
-                f"2026-11-21T12:{i // 60000 % 60:02d}:{i // 1000 % 60:02d}.{i % 1000:03d}Z "
-                f"id={i:010d} trace={os.urandom(12).hex()} GET {paths[i % 5]} "
-                f"{200 + (i % 7 == 0) * 204} {i % 997}ms {agents[i % 3]} "
-            )
-            block.append(head + "-" * (LINE_BYTES - len(head) - 1) + "\n")
+            block.append(access_log_line(i, os.urandom(12).hex()))
             if len(block) == 50_000:
                 f.write("".join(block))
                 block.clear()

@@ -90,11 +90,17 @@ def stop_gateway(proc: subprocess.Popen) -> None:
 
 
 def section(meta: bytes, first_seqno: int, count: int, data: bytes) -> bytes:
-    parts = [struct.pack(">H", len(meta)), meta, struct.pack(">I", count)]
+    """A binary write section of one source: ``count`` chunks of ``data`` from
+    ``first_seqno``."""
+    return section_of(meta, first_seqno, [data] * count)
+
+
+def section_of(meta: bytes, first_seqno: int, datas: list[bytes]) -> bytes:
+    """A binary write section of one source: ``datas`` as chunks from ``first_seqno``."""
+    parts = [struct.pack(">H", len(meta)), meta, struct.pack(">I", len(datas))]
     header = _CHUNK.pack
-    size = len(data)
-    for seqno in range(first_seqno, first_seqno + count):
-        parts.append(header(seqno, 0, size))
+    for seqno, data in enumerate(datas, first_seqno):
+        parts.append(header(seqno, 0, len(data)))
         parts.append(data)
     return b"".join(parts)
 

@@ -34,7 +34,6 @@ import argparse
 import os
 import random
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import e2e_bench  # noqa: E402
 import gateway_bench  # noqa: E402
 
 from log_store import PartitionState, TopicConfig, UnknownTopic  # noqa: E402
@@ -60,7 +60,6 @@ from session_dedup.envelope import decode  # noqa: E402
 
 PY = sys.executable
 LINE_BYTES = 200
-_CHUNK_HEADER = struct.Struct(">QQI")
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -173,29 +172,14 @@ def log_chunks(chunk_bytes: int, kind: str, count: int = 64) -> list[bytes]:
     if kind == "constant":
         return [(b"x" * (chunk_bytes - 1)) + b"\n"] * count
     rng = random.Random(7)
-    paths = ["/api/v1/items", "/static/app.js", "/login", "/api/v1/search?q=kafka", "/"]
-    chunks = []
-    for c in range(count):
-        lines = []
-        for i in range(max(1, chunk_bytes // LINE_BYTES)):
-            n = c * 100_000 + i
-            head = (
-                f"2026-11-21T12:{n // 60000 % 60:02d}:{n // 1000 % 60:02d}.{n % 1000:03d}Z "
-                f"id={n:010d} trace={rng.getrandbits(96):024x} GET {paths[n % 5]} "
-                f"{200 + (n % 7 == 0) * 204} {n % 997}ms "
-            )
-            lines.append(head + "-" * (LINE_BYTES - len(head) - 1) + "\n")
-        chunks.append("".join(lines).encode())
-    return chunks
-
-
-def _section(meta: bytes, first_seqno: int, datas: list[bytes]) -> bytes:
-    """A binary write section of one source: ``datas`` as chunks from ``first_seqno``."""
-    parts = [struct.pack(">H", len(meta)), meta, struct.pack(">I", len(datas))]
-    for seqno, data in enumerate(datas, first_seqno):
-        parts.append(_CHUNK_HEADER.pack(seqno, 0, len(data)))
-        parts.append(data)
-    return b"".join(parts)
+    lines_per_chunk = max(1, chunk_bytes // LINE_BYTES)
+    return [
+        "".join(
+            e2e_bench.access_log_line(c * 100_000 + i, f"{rng.getrandbits(96):024x}")
+            for i in range(lines_per_chunk)
+        ).encode()
+        for c in range(count)
+    ]
 
 
 def raw_producer(
@@ -273,7 +257,7 @@ def _load_worker(
         while time.monotonic() < stop_at:
             datas = [[chunks[(seqno + i + k) % len(chunks)] for k in range(4)] for i in range(8)]
             body = gateway_bench.MAGIC + b"".join(
-                _section(m, seqno, d) for m, d in zip(metas, datas, strict=True)
+                gateway_bench.section_of(m, seqno, d) for m, d in zip(metas, datas, strict=True)
             )
             try:
                 conn.request(
@@ -368,7 +352,7 @@ def _owner_load_worker(
                 [chunks[(first + i + k) % len(chunks)] for k in range(4)] for i in range(len(metas))
             ]
             body = gateway_bench.MAGIC + b"".join(
-                _section(m, first, d) for m, d in zip(metas, datas, strict=True)
+                gateway_bench.section_of(m, first, d) for m, d in zip(metas, datas, strict=True)
             )
             try:
                 conns[url].request(

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import shutil
 import sqlite3
 import threading
@@ -327,18 +326,14 @@ class SqliteLogStore:
         # Fence every partition first, under its write lock, so that no process can ack an
         # append into files about to be removed: a writer that found the topic in the
         # catalog once trusts this mark from then on (PartitionLog._log_tail).
-        marked = 0
-        while marked < info.config.partitions:
-            for p in range(marked, info.config.partitions):
+        marked, partitions = 0, info.config.partitions
+        while marked < partitions:
+            for p in range(marked, partitions):
                 with self._lease(name, p) as (_, log):
                     log.mark_deleted()
-            marked = info.config.partitions
-            grown = self._remove_from_catalog(info, marked)
-            if grown is not None:
-                # Partitions were added meanwhile: mark them too before the topic goes.
-                info = dataclasses.replace(
-                    info, config=dataclasses.replace(info.config, partitions=grown)
-                )
+            marked = partitions
+            # more than marked: partitions were added meanwhile, marked too before it goes
+            partitions = self._remove_from_catalog(info.topic_id, marked)
         self._topics.pop(name, None)
         for key, log in self._handles.pop_topic(info.topic_id):
             self._watcher.unwatch(log.notify_path)
@@ -346,18 +341,18 @@ class SqliteLogStore:
             log.close(deleted=True)
         shutil.rmtree(self.data_dir / "topics" / name / info.topic_id, ignore_errors=True)
 
-    def _remove_from_catalog(self, info: TopicInfo, marked: int) -> int | None:
+    def _remove_from_catalog(self, topic_id: str, marked: int) -> int:
         """Remove the topic from the catalog if it has no more than ``marked`` partitions;
-        else keep it and return its partition count now."""
+        its partition count now (``marked`` once removed)."""
         with self._catalog_transaction():
             row = self._catalog.execute(
-                "SELECT partitions FROM topics WHERE topic_id = ?", (info.topic_id,)
+                "SELECT partitions FROM topics WHERE topic_id = ?", (topic_id,)
             ).fetchone()
             if row is not None and row[0] > marked:
                 return int(row[0])
-            self._catalog.execute("DELETE FROM topics WHERE topic_id = ?", (info.topic_id,))
-            self._catalog.execute("DELETE FROM topic_state WHERE topic_id = ?", (info.topic_id,))
-        return None
+            self._catalog.execute("DELETE FROM topics WHERE topic_id = ?", (topic_id,))
+            self._catalog.execute("DELETE FROM topic_state WHERE topic_id = ?", (topic_id,))
+        return marked
 
     def set_partitions(self, name: str, count: int) -> TopicInfo:
         self._check_writable("set_partitions")
@@ -586,24 +581,8 @@ class SqliteLogStore:
         """Commit ``fn`` in this thread when the partition is not committing already (see
         ``PartitionLog.commit_here``); a waiting writer saves two thread hand-offs."""
         self._check_writable("append")
-        known = self._topics.get(topic)
-        if (
-            known is not None
-            and isinstance(partition, int)
-            and self._handles.get((known.topic_id, partition)) is not None
-        ):
-            # Open already, so its number was checked: the one lease ``_lease`` would take.
-            info = known
-            handle = self._handles.acquire(
-                (info.topic_id, partition), lambda: self._reopen_partition(topic, info, partition)
-            )
-        else:
-            with self._lease(topic, partition) as (info, _):
-                handle = self._handles.acquire((info.topic_id, partition), _never_opened)
-        try:
-            return handle.log.commit_here(fn)
-        finally:
-            self._handles.release(handle)
+        with self._lease(topic, partition) as (_info, log):
+            return log.commit_here(fn)
 
     def append(self, topic: str, partition: int, values: Sequence[bytes]) -> AppendResult:
         return self.transact(topic, partition, _append_all(list(values)))

@@ -208,15 +208,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not _wait_for_gateway(client, stop, idle_until):
             return 0
-        names = client.list_topics() if topics and "." not in topics[0] else []
-        if topics and "." not in topics[0] and topics[0] not in names:
-            # Not a topic name the gateway makes: say what exists instead of waiting.
-            print(
-                f"logbroker read: no topic {topics[0]!r} on {args.server}"
-                f"{_topic_hint(topics[0], names)}",
-                file=sys.stderr,
-            )
-            return 2
+        if topics and "." not in topics[0]:
+            names = client.list_topics()
+            if topics[0] not in names:
+                # Not a topic name the gateway makes: say what exists instead of waiting.
+                print(
+                    f"logbroker read: no topic {topics[0]!r} on {args.server}"
+                    f"{_topic_hint(topics[0], names)}",
+                    file=sys.stderr,
+                )
+                return 2
         consumer = Consumer(
             client,
             topics=topics,
