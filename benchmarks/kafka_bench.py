@@ -89,13 +89,19 @@ def cpu_seconds(pid: int) -> float:
 
 class KafkaGateway:
     def __init__(
-        self, work: Path, bootstrap: str, namespace: str, name: str, repo: Path = REPO
+        self,
+        work: Path,
+        bootstrap: str,
+        namespace: str,
+        name: str,
+        repo: Path = REPO,
+        partitions: int = 4,
     ) -> None:
         self.port = gateway_bench.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = work / f"{name}.toml"
         config.write_text(
-            f'store = "kafka"\nkafka_bootstrap = "{bootstrap}"\n'
+            f'partitions = {partitions}\nstore = "kafka"\nkafka_bootstrap = "{bootstrap}"\n'
             f'kafka_namespace = "{namespace}"\n[kafka]\nsession_timeout_ms = 6000\n'
         )
         self.proc = subprocess.Popen(
@@ -137,7 +143,7 @@ class KafkaGateway:
         gateway_bench.stop_gateway(self.proc)
 
 
-def warm_up(gateways: list[KafkaGateway], sources: int = 64) -> None:
+def warm_up(gateways: list[KafkaGateway], sources: int = 64, partitions: int = 4) -> None:
     """Create the topic and wait until the group has given out every partition."""
     with httpx.Client(timeout=120) as client:
         body = gateway_bench.MAGIC + b"".join(
@@ -158,7 +164,7 @@ def warm_up(gateways: list[KafkaGateway], sources: int = 64) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         owned = [g.owned() for g in gateways]
-        if sum(owned) >= 8 and all(o > 0 for o in owned):  # 4 internal + 4 data partitions
+        if sum(owned) >= 4 + partitions and all(o > 0 for o in owned):  # 4 internal
             return
         time.sleep(0.5)
 
@@ -183,14 +189,19 @@ def log_chunks(chunk_bytes: int, kind: str, count: int = 64) -> list[bytes]:
 
 
 def raw_producer(
-    bootstrap: str, topic: str, seconds: float, chunk_bytes: int, data: str = "lines"
+    bootstrap: str,
+    topic: str,
+    seconds: float,
+    chunk_bytes: int,
+    data: str = "lines",
+    partitions: int = 4,
 ) -> float:
-    """MB/s of a plain idempotent producer, acks=all, into a 4-partition topic."""
+    """MB/s of a plain idempotent producer, acks=all, into a topic of ``partitions``."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 4, 1)])[topic].result()
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -210,7 +221,7 @@ def raw_producer(
     while time.monotonic() < stop_at:
         try:
             value = values[i % len(values)]
-            producer.produce(topic, value, partition=i % 4)
+            producer.produce(topic, value, partition=i % partitions)
             sent += len(value)
             i += 1
         except BufferError:
@@ -456,15 +467,16 @@ def ingest_cases(
     the forwarding case with ``owner_first``; else after it, NaN without).  ``cpu`` collects
     CPU seconds per MB: ``one_gateways``, ``one_broker``, ``two_gateways``, ``owner_...``."""
     measured: dict[str, dict[str, float]] = {"one": {}, "two": {}, "owner": {}}
-    one = [KafkaGateway(work, bootstrap, f"one{tag}.", f"one{tag}", repo)]
+    parts = args.partitions
+    one = [KafkaGateway(work, bootstrap, f"one{tag}.", f"one{tag}", repo, parts)]
     try:
-        warm_up(one)
+        warm_up(one, partitions=parts)
         single = gateway_ingest(
             one,
             args.seconds,
             args.chunk_bytes,
             args.clients,
-            8,
+            args.connections,
             broker_pid,
             measured["one"],
             data=args.data,
@@ -472,9 +484,11 @@ def ingest_cases(
     finally:
         for g in one:
             g.stop()
-    two = [KafkaGateway(work, bootstrap, f"two{tag}.", f"two{tag}-{i}", repo) for i in (0, 1)]
+    two = [
+        KafkaGateway(work, bootstrap, f"two{tag}.", f"two{tag}-{i}", repo, parts) for i in (0, 1)
+    ]
     try:
-        warm_up(two)
+        warm_up(two, partitions=parts)
         owner = float("nan")
         for case in ("owner", "two") if owner_first else ("two", "owner"):
             if case == "owner" and not owner_aware:
@@ -484,7 +498,7 @@ def ingest_cases(
                 args.seconds,
                 args.chunk_bytes,
                 args.clients,
-                8,
+                args.connections,
                 broker_pid,
                 measured[case],
                 owner_aware=case == "owner",
@@ -678,6 +692,19 @@ def main() -> int:
     parser.add_argument("--chunk-bytes", type=int, default=65536)
     parser.add_argument("--clients", type=int, default=2, help="load processes in all")
     parser.add_argument(
+        "--connections",
+        type=int,
+        default=8,
+        help="keep-alive connections of each load process, each with one 2 MiB write "
+        "request in flight: how much a gateway's group commit can gather",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=4,
+        help="partitions of the ingest cases' topics (the raw producer's and the gateways')",
+    )
+    parser.add_argument(
         "--data",
         choices=["lines", "constant"],
         default="lines",
@@ -714,7 +741,12 @@ def main() -> int:
                 producer_cpu = time.process_time()
                 broker_cpu = cpu_seconds(broker_pid) if broker_pid else 0.0
                 raw = raw_producer(
-                    bootstrap, f"raw{run}", args.seconds, args.chunk_bytes, args.data
+                    bootstrap,
+                    f"raw{run}",
+                    args.seconds,
+                    args.chunk_bytes,
+                    args.data,
+                    args.partitions,
                 )
                 raw_mb = raw * args.seconds
                 # the producer runs in this process: its CPU, and the broker's, per MB sent
