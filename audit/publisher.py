@@ -64,6 +64,8 @@ class AuditPublisher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failed_at = float("-inf")
+        """When a publish last failed (``time.monotonic()``)."""
         self.disabled = ""
         """Why publishing stopped for good (the token may not write the audit log type)."""
 
@@ -112,6 +114,7 @@ class AuditPublisher:
             self.disabled = str(exc)
             _log.warning("audit: the %s counts are not published: %s", self.tier, exc)
         except Exception as exc:
+            self._failed_at = time.monotonic()
             _log.warning(
                 "audit: publishing the %s counts failed (retried later): %s", self.tier, exc
             )
@@ -126,12 +129,23 @@ class AuditPublisher:
 
         A gateway that hangs must not hold a stopping daemon past its own shutdown deadline:
         the last publish is given what is left of ``timeout_s`` and then left to itself (its
-        counts are cumulative, so the next incarnation's records make up for it).
+        counts are cumulative, so the next incarnation's records make up for it).  Nor does a
+        log that cannot be reached hold it twice: if the flusher's publish under way when the
+        stop came failed (each write fails within the sink's own timeout), or has not
+        finished, the stop does not try again.
         """
-        deadline = time.monotonic() + timeout_s
+        asked = time.monotonic()
+        deadline = asked + timeout_s
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
+            if self._thread.is_alive() or self._failed_at >= asked:
+                _log.warning(
+                    "audit: the last %s counts are not published: the log did not take the "
+                    "publish under way at the stop",
+                    self.tier,
+                )
+                return
         last = threading.Thread(
             target=self._publish_logged, name=f"audit-{self.tier}-last", daemon=True
         )

@@ -1,0 +1,69 @@
+"""A gateway on Kafka stopped (SIGTERM) while Kafka is unreachable: it exits promptly, with
+status 0, and what it acknowledged before is in the log.  A real gateway process, a real
+Kafka broker, the connection between them cut by a TCP proxy."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from audit.publisher import INTERVAL_ENV
+from log_store import LogStore
+from tests.conftest import GatewayProcess
+from tests.gateway.conftest import Client
+from tests.kafka.conftest import source_seqnos
+from tests.kafka.tcp_proxy import TcpProxy
+
+pytestmark = [pytest.mark.kafka, pytest.mark.fault, pytest.mark.slow]
+
+STOP_GRACE_S = 4.0
+"""What a stop may take beyond one operation timeout (the last audit publish, which fails
+with Kafka unreachable, takes that one)."""
+
+
+def test_gateway_stopped_with_kafka_unreachable_exits_within_one_operation_timeout(
+    start_kafka_gateway: Callable[..., GatewayProcess],
+    kafka_store: LogStore,
+    kafka_cluster: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The audit publishes only when the gateway stops: its last publish has counts to
+    # write, and blocks on the unreachable Kafka.
+    monkeypatch.setenv(INTERVAL_ENV, "3600")
+    node = kafka_cluster.nodes[0]
+    proxy = TcpProxy(node.proxied_advertised_port, node.proxied_port).start()
+    try:
+        gateway = start_kafka_gateway(bootstrap=kafka_cluster.proxied_bootstrap)
+        config = tomllib.loads((tmp_path / "gateway-0.toml").read_text())
+        bound_s = config["kafka"]["operation_timeout_s"] + STOP_GRACE_S
+        client = Client(gateway.url, timeout_s=60)
+        sources = [f"stop-{n}" for n in range(4)]
+        for source in sources:
+            acks = client.acks(source, [1, 2, 3])
+            assert [a["status"] for a in acks] == ["written"] * 3, acks
+        client.close()
+        proxy.cut()
+        time.sleep(1.5)  # the gateway's clients notice: connections refused, calls blocked
+        assert gateway.proc is not None
+        started = time.monotonic()
+        gateway.proc.send_signal(signal.SIGTERM)
+        try:
+            status = gateway.proc.wait(bound_s + 30)
+        except subprocess.TimeoutExpired:
+            status = None
+        took = time.monotonic() - started
+    finally:
+        proxy.close()
+    assert status == 0, f"exit status {status} after {took:.1f} s: {gateway.log()}"
+    assert took <= bound_s, f"the stop took {took:.1f} s, more than {bound_s:.1f} s"
+    per_source = source_seqnos(kafka_store, "dc1.app")
+    for source in sources:
+        assert per_source[source][1] == [1, 2, 3], f"{source}: acknowledged chunks lost"
