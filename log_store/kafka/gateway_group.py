@@ -104,16 +104,15 @@ class GatewayGroup:
     def stop(self) -> None:
         """Leave the group: every partition is finished, released and handed on at once.
 
-        One bound, ``operation_timeout_s`` and a few seconds, covers the whole stop: leaving
-        (the owners finish the transactions in flight, each within the operation timeout)
-        while the directory's reader stops, then sending the withdrawals (Kafka takes them in
-        milliseconds when it is reachable).  With Kafka unreachable the group thread is left
-        behind at the bound (a daemon thread): the broker cannot hear the leave anyway, and
-        the partitions move once the session times out, as after a crash; nothing
-        acknowledged depends on it.
+        Bounded by ``operation_timeout_s`` and a few seconds: leaving (the owners finish the
+        transactions in flight, each within the operation timeout; the directory keeps
+        reading meanwhile, so what was queued finds the next owner), then stopping the
+        directory, whose withdrawals Kafka takes in milliseconds when it is reachable.  With
+        Kafka unreachable the group thread is left behind at the bound (a daemon thread):
+        the broker cannot hear the leave anyway, and the partitions move once the session
+        times out, as after a crash; nothing acknowledged depends on it.
         """
         self._stopping.set()
-        self.directory.stop_reading()
         if self._thread is not None:
             self._thread.join(self._settings.operation_timeout_s + _LEAVE_GRACE_S)
             if self._thread.is_alive():

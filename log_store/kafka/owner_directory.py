@@ -86,14 +86,6 @@ class OwnerDirectory:
             if error is None or error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise as_store_error(exc, "creating the owners topic") from exc
 
-    def stop_reading(self) -> None:
-        """Stop tailing the announcements (at once; the tail closes its consumer itself).
-
-        Announcing still works until :meth:`stop`: a gateway leaving its group withdraws its
-        announcements while this reader stops.
-        """
-        self._stopping = True
-
     def stop(self, timeout_s: float = _STOP_S) -> None:
         """Stop tailing and send what was announced, taking at most ``timeout_s``.
 
@@ -101,7 +93,7 @@ class OwnerDirectory:
         dropped: the map is a hint, and a stale entry costs a retry, never a wrong write.
         """
         deadline = time.monotonic() + timeout_s
-        self.stop_reading()
+        self._stopping = True  # the tail sees it within a poll and closes its consumer
         if self._thread is not None:
             self._thread.join(timeout_s)
         elif self._consumer is not None:  # never started tailing

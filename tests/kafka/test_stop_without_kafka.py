@@ -60,6 +60,7 @@ def test_gateway_stopped_with_kafka_unreachable_exits_within_one_operation_timeo
         except subprocess.TimeoutExpired:
             status = None
         took = time.monotonic() - started
+        print(f"stopped in {took:.1f} s (bound {bound_s:.1f} s)")
     finally:
         proxy.close()
     assert status == 0, f"exit status {status} after {took:.1f} s: {gateway.log()}"
