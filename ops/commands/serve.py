@@ -2,7 +2,8 @@
 
 Settings come from ``--config FILE`` (TOML), then ``LOGBROKER_*`` environment variables, then
 flags (see ``ingest_api.settings``).  SIGTERM stops gracefully: no new connections, in-flight
-requests (and their appends) finish, then the store is closed.
+requests (and their appends) finish, then the store is closed; threads still blocked then in a
+call nobody waits for (on a Kafka that does not answer) are not waited for at exit.
 """
 
 from __future__ import annotations
