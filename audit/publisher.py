@@ -23,6 +23,11 @@ from audit.windows import Key, WindowCounts
 _log = logging.getLogger("logbroker.audit")
 
 DEFAULT_INTERVAL_S = 10.0
+DEFAULT_STOP_TIMEOUT_S = 10.0
+"""How long a stop waits for the publishes it owes, unless told otherwise: a log that answers
+takes a publish in well under a second (also one that creates the audit topic); one that
+does not would hold a stopping daemon for its own timeouts, several of them for one write
+(a gateway's Kafka calls each take up to its ``operation_timeout_s``)."""
 RECORDS_PER_CHUNK = 400
 
 
@@ -49,12 +54,14 @@ class AuditPublisher:
         interval_s: float = DEFAULT_INTERVAL_S,
         before_publish: Callable[[], None] | None = None,
         more_tiers: Callable[[], dict[str, WindowCounts]] | None = None,
+        stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
     ) -> None:
         self.tier = tier
         self.instance = instance
         self.counts = counts
         self.sink = sink
         self.interval_s = interval_s
+        self.stop_timeout_s = stop_timeout_s
         self._before_publish = before_publish
         self._more_tiers = more_tiers
         """Other tiers counted in the same process, published in the same source."""
@@ -64,6 +71,8 @@ class AuditPublisher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failed_at = float("-inf")
+        """When a publish last failed (``time.monotonic()``)."""
         self.disabled = ""
         """Why publishing stopped for good (the token may not write the audit log type)."""
 
@@ -112,6 +121,7 @@ class AuditPublisher:
             self.disabled = str(exc)
             _log.warning("audit: the %s counts are not published: %s", self.tier, exc)
         except Exception as exc:
+            self._failed_at = time.monotonic()
             _log.warning(
                 "audit: publishing the %s counts failed (retried later): %s", self.tier, exc
             )
@@ -121,22 +131,43 @@ class AuditPublisher:
         self._thread.start()
         return self
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop the flusher and publish what is left, taking at most ``timeout_s``.
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the flusher and publish what is left, taking at most ``timeout_s`` (by
+        default ``stop_timeout_s``).
 
         A gateway that hangs must not hold a stopping daemon past its own shutdown deadline:
         the last publish is given what is left of ``timeout_s`` and then left to itself (its
-        counts are cumulative, so the next incarnation's records make up for it).
+        counts are cumulative, so the next incarnation's records make up for it).  Nor does a
+        log that cannot be reached hold it twice: if the flusher's publish under way when the
+        stop came failed, or has not finished within ``timeout_s``, the stop does not try
+        again.
         """
-        deadline = time.monotonic() + timeout_s
+        if timeout_s is None:
+            timeout_s = self.stop_timeout_s
+        asked = time.monotonic()
+        deadline = asked + timeout_s
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
+            if self._thread.is_alive() or self._failed_at >= asked:
+                _log.warning(
+                    "audit: the last %s counts are not published: the log did not take the "
+                    "publish under way at the stop",
+                    self.tier,
+                )
+                return
         last = threading.Thread(
             target=self._publish_logged, name=f"audit-{self.tier}-last", daemon=True
         )
         last.start()
         last.join(timeout=max(0.0, deadline - time.monotonic()))
+        if last.is_alive():
+            _log.warning(
+                "audit: the last %s counts are not published: the log did not take them "
+                "within %g s",
+                self.tier,
+                timeout_s,
+            )
 
 
 INTERVAL_ENV = "LOGBROKER_AUDIT_INTERVAL_S"

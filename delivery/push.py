@@ -634,14 +634,19 @@ class PushDelivery:
             self._wake.clear()
 
     async def _reconcile(self) -> None:
-        subs = {s.name: s for s in await anyio.to_thread.run_sync(self.registry.list)}
+        # Abandoned on cancel: with the store unreachable a call blocks for its operation
+        # timeout, and a stopping gateway must not wait for a look it no longer needs.
+        subs = {
+            s.name: s
+            for s in await anyio.to_thread.run_sync(self.registry.list, abandon_on_cancel=True)
+        }
         for name, running in list(self._running.items()):
             finished = running.task is not None and running.task.done()
             if name not in subs or subs[name] != running.sub or finished:
                 await self._stop_one(running)
                 del self._running[name]
         for name, sub in subs.items():
-            held = await anyio.to_thread.run_sync(self._lease, name)
+            held = await anyio.to_thread.run_sync(self._lease, name, abandon_on_cancel=True)
             if not held:
                 if name in self._running:
                     await self._stop_one(self._running.pop(name))
@@ -691,7 +696,11 @@ class PushDelivery:
                 _log.exception("push %s stopped with an error", delivery.sub.name)
 
     async def stop(self) -> None:
-        """Finish in-flight batches (a few seconds at most), then release every lease."""
+        """Finish in-flight batches (a few seconds at most), then release every lease.
+
+        The leases are released together, for a few seconds at most: a lease not released
+        (the store is unreachable) expires after ``LEASE_MS`` anyway.
+        """
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -699,6 +708,17 @@ class PushDelivery:
         running = list(self._running.values())
         self._running.clear()
         await asyncio.gather(*(self._stop_one(d) for d in running))
-        for d in running:
+        if not running:
+            return
+
+        async def release(name: str) -> None:
             with contextlib.suppress(Exception):
-                await anyio.to_thread.run_sync(self._release, d.sub.name)
+                await anyio.to_thread.run_sync(self._release, name, abandon_on_cancel=True)
+
+        releases = [asyncio.ensure_future(release(d.sub.name)) for d in running]
+        _done, late = await asyncio.wait(releases, timeout=_STOP_GRACE_S)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        if late:
+            _log.warning("push: %d lease(s) not released in time; they expire", len(late))

@@ -56,6 +56,11 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.2
 _TOPICS_S = 2.0
+_LIST_TOPICS_S = 1.0
+"""How long one look at the topics may wait: a stop waits for the look in progress (with
+Kafka unreachable, all of it), and a look that fails is made again ``_TOPICS_S`` later."""
+_LEAVE_GRACE_S = 5.0
+_WITHDRAW_S = 1.0
 
 
 class GatewayGroup:
@@ -97,11 +102,22 @@ class GatewayGroup:
         self._thread.start()
 
     def stop(self) -> None:
-        """Leave the group: every partition is finished, released and handed on at once."""
+        """Leave the group: every partition is finished, released and handed on at once.
+
+        Bounded by ``operation_timeout_s`` and a few seconds: leaving (the owners finish the
+        transactions in flight, each within the operation timeout; the directory keeps
+        reading meanwhile, so what was queued finds the next owner), then stopping the
+        directory, whose withdrawals Kafka takes in milliseconds when it is reachable.  With
+        Kafka unreachable the group thread is left behind at the bound (a daemon thread):
+        the broker cannot hear the leave anyway, and the partitions move once the session
+        times out, as after a crash; nothing acknowledged depends on it.
+        """
         self._stopping.set()
         if self._thread is not None:
-            self._thread.join(self._settings.operation_timeout_s * 3)
-        self.directory.stop()
+            self._thread.join(self._settings.operation_timeout_s + _LEAVE_GRACE_S)
+            if self._thread.is_alive():
+                log.warning("gateway %s: leaving the group did not finish in time", self.url)
+        self.directory.stop(_WITHDRAW_S)
 
     def _consumer_config(self) -> dict[str, object]:
         return {
@@ -157,7 +173,7 @@ class GatewayGroup:
         assignment, and not look again (seen with three brokers).
         """
         try:
-            metadata = consumer.list_topics(timeout=5)
+            metadata = consumer.list_topics(timeout=_LIST_TOPICS_S)
         except Exception as exc:
             log.warning("gateways' group: listing topics: %s", exc)
             return None

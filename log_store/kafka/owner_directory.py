@@ -25,6 +25,8 @@ from log_store.kafka.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
+_STOP_S = 5.0
+
 
 def _key(topic: str, partition: int) -> bytes:
     return f"{topic}\x00{partition}".encode()
@@ -84,26 +86,39 @@ class OwnerDirectory:
             if error is None or error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise as_store_error(exc, "creating the owners topic") from exc
 
-    def stop(self) -> None:
-        self._stopping = True
+    def stop(self, timeout_s: float = _STOP_S) -> None:
+        """Stop tailing and send what was announced, taking at most ``timeout_s``.
+
+        An announcement or withdrawal Kafka has not taken by then (it is unreachable) is
+        dropped: the map is a hint, and a stale entry costs a retry, never a wrong write.
+        """
+        deadline = time.monotonic() + timeout_s
+        self._stopping = True  # the tail sees it within a poll and closes its consumer
         if self._thread is not None:
-            self._thread.join(5)
-        if self._consumer is not None:
+            self._thread.join(timeout_s)
+        elif self._consumer is not None:  # never started tailing
             self._consumer.close()
-            self._consumer = None
-        if self._producer is not None:
-            self._producer.flush(5)
-            self._producer = None
+        self._consumer = None
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            left = producer.flush(max(0.0, deadline - time.monotonic()))
+            if left:
+                log.warning("%d ownership announcement(s) not sent: Kafka did not take them", left)
 
     def _tail(self) -> None:
         consumer = self._consumer
         assert consumer is not None
+        try:
+            self._read(consumer)
+        finally:
+            # closed here, by the thread that polls it, never under a poll in progress
+            consumer.close()
+
+    def _read(self, consumer: Consumer) -> None:
         while not self._stopping:
             try:
                 message = consumer.poll(0.2)
-            except Exception as exc:  # a closed consumer at stop, or a broker hiccup
-                if self._stopping:
-                    return
+            except Exception as exc:  # a broker hiccup
                 log.warning("reading ownership announcements: %s", exc)
                 time.sleep(0.5)
                 continue

@@ -2,7 +2,8 @@
 
 Settings come from ``--config FILE`` (TOML), then ``LOGBROKER_*`` environment variables, then
 flags (see ``ingest_api.settings``).  SIGTERM stops gracefully: no new connections, in-flight
-requests (and their appends) finish, then the store is closed.
+requests (and their appends) finish, then the store is closed; threads still blocked then in a
+call nobody waits for (on a Kafka that does not answer) are not waited for at exit.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ from ops.retention import DEFAULT_INTERVAL_S, RetentionWatchdog
 from ops.source_expiry import SourceExpiryWatchdog
 
 GRACEFUL_STOP_S = 30
+_EXIT_WAIT_S = 0.5
+"""How long a stopped gateway waits for threads still inside a call before it exits anyway."""
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 HANDLES_STOP_SIGNALS = True
 
@@ -251,11 +255,12 @@ def run(args: argparse.Namespace) -> int:
                 graphite.stop()
                 graphite = None
             ctx.store.close()
-            return 0
-        server = _GracefulServer(config, banner=banner)
-        stop_signals.on_stop(server.request_stop)
-        server.run(sockets=[sock])
-        return 0 if server.started else 1
+            code = 0
+        else:
+            server = _GracefulServer(config, banner=banner)
+            stop_signals.on_stop(server.request_stop)
+            server.run(sockets=[sock])
+            code = 0 if server.started else 1
     finally:
         expiry.stop()
         if graphite is not None:
@@ -264,6 +269,39 @@ def run(args: argparse.Namespace) -> int:
             watchdog.stop()
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+    _exit_past_blocked_threads(code)
+    return code
+
+
+def _exit_past_blocked_threads(code: int) -> None:
+    """Exit now with ``code`` if threads are still inside blocking calls once all is stopped.
+
+    The interpreter's exit joins every non-daemon thread, anyio's workers and
+    ``concurrent.futures`` pools among them: one still waiting on a Kafka that does not
+    answer, in a call nobody waits for any more (a push supervisor's look at the
+    subscriptions, a request cut off at the graceful timeout), would hold the stopped gateway
+    for up to its operation timeout.  Everything the gateway owes is done by now: requests
+    are answered (acknowledged data was committed before its ack), the store is closed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    me = threading.current_thread()
+    blocked = [t for t in threading.enumerate() if t is not me and not t.daemon]
+    for thread in blocked:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    blocked = [t for t in blocked if t.is_alive()]
+    if not blocked:
+        return
+    logging.getLogger(__name__).warning(
+        "exiting without waiting for %d thread(s) still in a blocking call: %s",
+        len(blocked),
+        ", ".join(sorted(t.name for t in blocked)),
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _shared_metrics_dir() -> str:
