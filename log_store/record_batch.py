@@ -173,6 +173,11 @@ class CheckedBatches:
         self._size = size
         self._seen: OrderedDict[tuple[int, int, int], None] = OrderedDict()
 
+    def knows(self, header: BatchHeader) -> bool:
+        """Whether the batch ``header`` heads was checked lately: a reader of part of it may
+        trust the rest of its bytes as ``check`` would."""
+        return (header.base_offset, header.size, header.crc) in self._seen
+
     def check(self, buf: bytes, pos: int, header: BatchHeader) -> None:
         """``check_crc`` unless this batch was checked lately."""
         key = (header.base_offset, header.size, header.crc)
@@ -185,6 +190,41 @@ class CheckedBatches:
                 self._seen.popitem(last=False)
 
 
+def value_lengths(head: bytes, header: BatchHeader) -> tuple[int, ...] | None:
+    """The lengths of the values of the batch whose first bytes are ``head``; None if ``head``
+    ends before them."""
+    at = HEADER_SIZE + header.state_len
+    if at + 4 * header.count > len(head):
+        return None
+    return struct.unpack_from(f"<{header.count}I", head, at)
+
+
+def values_at(header: BatchHeader) -> int:
+    """Where a batch's first value starts, from the batch's start."""
+    return HEADER_SIZE + header.state_len + 4 * header.count
+
+
+def take_values(
+    header: BatchHeader,
+    lengths: Sequence[int],
+    from_offset: int,
+    max_bytes: int,
+    *,
+    at_least_one: bool = True,
+) -> tuple[int, int, int]:
+    """Which records of a batch a read from ``from_offset`` for about ``max_bytes`` of values
+    returns: the index of the first, the index past the last, and their value bytes."""
+    first = stop = min(header.count, max(0, from_offset - header.base_offset))
+    total = 0
+    while stop < header.count:
+        n = lengths[stop]
+        if (stop > first or not at_least_one) and total + n > max_bytes:
+            break
+        total += n
+        stop += 1
+    return first, stop, total
+
+
 def decode_batches(
     buf: bytes,
     from_offset: int,
@@ -193,13 +233,15 @@ def decode_batches(
     expected_base: int,
     verify: bool = True,
     checked: CheckedBatches | None = None,
+    at_least_one: bool = True,
 ) -> tuple[list[Record], int]:
     """Records at or above ``from_offset`` in the consecutive batches of ``buf``.
 
     The first batch must start at ``expected_base`` and each next one where the previous
     ended: bytes from anywhere else are reported as corrupt, never returned.  Stops after
-    about ``max_bytes`` of values (but returns at least one record).  Returns the records and
-    the number of value bytes they hold.
+    about ``max_bytes`` of values (but returns at least one record, unless ``at_least_one``
+    is False: then none if the first is larger).  Returns the records and the number of
+    value bytes they hold.
     """
     records: list[Record] = []
     total = 0
@@ -208,7 +250,15 @@ def decode_batches(
     while pos + 4 <= end:
         if buf[pos : pos + 4] == MAGIC_V1:
             pos, expected_base, total, full = _decode_v1(
-                buf, pos, from_offset, max_bytes, expected_base, verify, records, total
+                buf,
+                pos,
+                from_offset,
+                max_bytes,
+                expected_base,
+                verify,
+                records,
+                total,
+                at_least_one,
             )
             if full:
                 return records, total
@@ -230,15 +280,21 @@ def decode_batches(
             lengths_at = pos + HEADER_SIZE + header.state_len
             lengths = struct.unpack_from(f"<{count}I", buf, lengths_at)
             ends = list(accumulate(lengths, initial=lengths_at + 4 * count))
-            skip = max(0, from_offset - header.base_offset)
+            first, stop, taken = take_values(
+                header,
+                lengths,
+                from_offset,
+                max_bytes - total,
+                at_least_one=at_least_one and not records,
+            )
             ts = header.timestamp_ms
             base = header.base_offset
-            for i in range(skip, count):
-                n = lengths[i]
-                if records and total + n > max_bytes:
-                    return records, total
-                records.append(Record(base + i, buf[ends[i] : ends[i + 1]], ts))
-                total += n
+            records.extend(
+                Record(base + i, buf[ends[i] : ends[i + 1]], ts) for i in range(first, stop)
+            )
+            total += taken
+            if stop < count:
+                return records, total
         pos += header.size
     return records, total
 
@@ -252,6 +308,7 @@ def _decode_v1(
     verify: bool,
     records: list[Record],
     total: int,
+    at_least_one: bool,
 ) -> tuple[int, int, int, bool]:
     """Decode one ``LBB1`` batch into ``records``.
 
@@ -274,7 +331,7 @@ def _decode_v1(
         (n,) = _LEN_V1.unpack_from(buf, p)
         p += 4
         if offset >= from_offset:
-            if records and total + n > max_bytes:
+            if (records or not at_least_one) and total + n > max_bytes:
                 return stop, base + count, total, True
             records.append(Record(offset, buf[p : p + n], ts))
             total += n
