@@ -194,3 +194,44 @@ def test_a_damaged_batch_is_refused_however_a_read_enters_it(tmp_path: Path, whe
         with pytest.raises(StoreUnavailable, match="corrupt"):
             store.read("dc1.t", 0, offset, 1)
     store.close()
+
+
+def _large_batch() -> bytes:
+    values = [b"a" * 40_000, b"", b"b" * 50_000, b"c" * 30_000]
+    return b"".join(encode_batch(3, 9, values, {"k": b"v"}))
+
+
+def test_a_batch_of_large_values_is_checked_value_by_value_and_reads_the_same() -> None:
+    buf = _large_batch()
+    header = parse_header(buf)
+    split = record_batch.check_and_split(buf, 0, header)
+    assert split == [b"a" * 40_000, b"", b"b" * 50_000, b"c" * 30_000]
+    small = b"".join(encode_batch(0, 1, [b"x" * 100]))
+    assert record_batch.check_and_split(small, 0, parse_header(small)) is None
+    for checked in (None, CheckedBatches()):
+        records, total = decode_batches(buf, 4, 10**6, expected_base=3, checked=checked)
+        assert [(r.offset, len(r.value)) for r in records] == [(4, 0), (5, 50_000), (6, 30_000)]
+        assert total == 80_000
+
+
+@pytest.mark.parametrize("where", [9, 20, 36, 50, 60, 70, 20_000, 100_000, -1])
+def test_any_flipped_byte_of_a_batch_of_large_values_fails_its_check(where: int) -> None:
+    buf = bytearray(_large_batch())
+    buf[where] ^= 0x40
+    for checked in (None, CheckedBatches()):
+        with pytest.raises(CorruptBatch):
+            decode_batches(bytes(buf), 0, 10**6, expected_base=3, checked=checked)
+
+
+def test_value_lengths_that_do_not_fill_the_payload_are_refused() -> None:
+    buf = bytearray(_large_batch())
+    header = parse_header(bytes(buf))
+    lengths_at = record_batch.values_at(header) - 4 * header.count
+    # move 10 bytes from the first value's length to the second's: same total, wrong cut
+    first, second = struct.unpack_from("<II", buf, lengths_at)
+    struct.pack_into("<II", buf, lengths_at, first - 10, second + 10)
+    with pytest.raises(CorruptBatch, match="checksum"):
+        record_batch.check_and_split(bytes(buf), 0, header)
+    struct.pack_into("<II", buf, lengths_at, first + 10, second)
+    with pytest.raises(CorruptBatch, match="checksum"):
+        record_batch.check_and_split(bytes(buf), 0, header)
