@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Protocol
 
@@ -920,20 +921,26 @@ class PartitionLog:
             lengths = value_lengths(head, header)
             assert lengths is not None
         first, stop, taken = take_values(header, lengths, offset, max_bytes)
-        at = pos + values_at(header) + sum(lengths[:first])
+        done = stop == header.count
         ts = header.timestamp_ms
-        records = []
-        if stop > first and taken >= (stop - first) * _OWN_READ:
+        start = values_at(header) + sum(lengths[:first])  # from the batch's start
+        if stop > first and start + taken > len(head) and taken >= (stop - first) * _OWN_READ:
+            records = []
             for i in range(first, stop):
-                records.append(Record(base + i, self._pread(segment, at, lengths[i]), ts))
-                at += lengths[i]
-        elif stop > first:
-            values = self._pread(segment, at, taken)
-            at = 0
-            for i in range(first, stop):
-                records.append(Record(base + i, values[at : at + lengths[i]], ts))
-                at += lengths[i]
-        return records, taken, stop == header.count
+                records.append(Record(base + i, self._pread(segment, pos + start, lengths[i]), ts))
+                start += lengths[i]
+            return records, taken, done
+        if stop == first:
+            values = b""
+        elif start + taken <= len(head):
+            values = head[start : start + taken]
+        else:
+            values = self._pread(segment, pos + start, taken)
+        ends = list(accumulate(lengths[first:stop], initial=0))
+        records = [
+            Record(base + first + k, values[ends[k] : ends[k + 1]], ts) for k in range(stop - first)
+        ]
+        return records, taken, done
 
     def _read_runs(self, rows: list[tuple[int, int, int, int]], max_bytes: int) -> bytes:
         """Read the batches ``rows`` point at, stopping once ``max_bytes`` are covered."""
