@@ -44,8 +44,9 @@ MAGIC_V1 = b"LBB1"
 _HEADER_V1 = struct.Struct(">4sQIIqI")
 _LEN_V1 = struct.Struct(">I")
 
-# A batch whose values average this much is checked value by value (see check_and_split).
-_SPLIT_VALUES = 16 * 1024
+# A batch whose values average this much is checked value by value (see check_and_split)
+# and read value by value (see sqlite_partition).
+_SPLIT_VALUES = 64 * 1024
 
 _crc = google_crc32c.value
 _crc_extend = google_crc32c.extend
@@ -200,30 +201,42 @@ def check_and_split(buf: bytes, pos: int, header: BatchHeader) -> list[bytes] | 
     """``check_crc``; for a batch of large values, the batch's values, the check having run
     over them as they were cut out instead of over a copy of the whole batch (one copy of
     8 MiB, fresh memory, for every batch a reader reads).  None for a batch of small values.
-
-    The CRC covers exactly the same bytes either way: the values must fill the payload.
     """
-    count = header.count
-    if not count or header.payload_len < count * _SPLIT_VALUES:
+    if not has_large_values(header):
         check_crc(buf, pos, header)
         return None
     stop = pos + header.size
     at = pos + values_at(header)
     if stop > len(buf) or at > stop:
         raise CorruptBatch(f"batch at byte {pos} runs past the data")
-    lengths = struct.unpack_from(f"<{count}I", buf, at - 4 * count)
-    if sum(lengths) != stop - at:
-        raise CorruptBatch(f"batch of offset {header.base_offset} fails its checksum")
-    crc = _crc(buf[pos + _CRC_FROM : at])
+    lengths = struct.unpack_from(f"<{header.count}I", buf, at - 4 * header.count)
     values = []
     for n in lengths:
-        value = buf[at : at + n]
-        crc = _crc_extend(crc, value)
-        values.append(value)
+        values.append(buf[at : at + n])
         at += n
+    check_pieces(buf[pos:at], header, values)
+    return values
+
+
+def has_large_values(header: BatchHeader) -> bool:
+    """Whether a batch's values are large enough to be checked and read one by one."""
+    return bool(header.count) and header.payload_len >= header.count * _SPLIT_VALUES
+
+
+def check_pieces(head: bytes, header: BatchHeader, values: Sequence[bytes]) -> None:
+    """Raise ``CorruptBatch`` unless the batch whose bytes up to its first value are ``head``
+    and whose values are ``values`` matches its CRC.
+
+    The CRC covers exactly the bytes ``check_crc`` covers: the values must fill the payload.
+    """
+    at = values_at(header)
+    if len(head) < at or sum(map(len, values)) != header.size - at:
+        raise CorruptBatch(f"batch of offset {header.base_offset} fails its checksum")
+    crc = _crc(head[_CRC_FROM:at])
+    for value in values:
+        crc = _crc_extend(crc, value)
     if crc != header.crc:
         raise CorruptBatch(f"batch of offset {header.base_offset} fails its checksum")
-    return values
 
 
 def value_lengths(head: bytes, header: BatchHeader) -> tuple[int, ...] | None:

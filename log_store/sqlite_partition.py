@@ -49,8 +49,10 @@ from log_store.record_batch import (
     MAGIC,
     CheckedBatches,
     CorruptBatch,
+    check_pieces,
     decode_batches,
     encode_batch,
+    has_large_values,
     parse_header,
     take_values,
     value_lengths,
@@ -876,34 +878,46 @@ class PartitionLog:
         """The records from ``offset`` on in the batches ``rows`` point at, about ``max_bytes``
         of values, each batch checked against its CRC (or checked lately)."""
         records: list[Record] = []
-        base = rows[0][0]
-        part = self._read_checked_part(rows[0], offset, max_bytes)
-        if part is not None:
-            records, taken, done = part
-            rows = rows[1:]
-            if not done or not rows or taken >= max_bytes:
-                return records
+        while rows:
+            part = self._read_part(rows[0], offset, max_bytes, at_least_one=not records)
+            if part is None:
+                break
+            got, taken, done = part
+            records += got
             max_bytes -= taken
-            base = rows[0][0]
+            rows = rows[1:]
+            if not done or max_bytes <= 0:
+                return records
+        if not rows:
+            return records
         data = self._read_runs(rows, max_bytes)
         more, _ = decode_batches(
             data,
             offset,
             max_bytes,
-            expected_base=base,
+            expected_base=rows[0][0],
             checked=self._checked,
             at_least_one=not records,
         )
-        return records + more if records else more
+        return records + more
 
-    def _read_checked_part(
-        self, row: tuple[int, int, int, int], offset: int, max_bytes: int
+    def _read_part(
+        self,
+        row: tuple[int, int, int, int],
+        offset: int,
+        max_bytes: int,
+        *,
+        at_least_one: bool,
     ) -> tuple[list[Record], int, bool] | None:
         """The records a read from ``offset`` takes from the batch ``row`` points at, reading
-        only their bytes, if the batch was checked lately; None if it was not.
+        them value by value, if the batch was checked lately or holds large values; None for
+        others (read with their neighbours in one run by ``_read_runs``).
 
-        A read that starts inside a batch, or takes only part of one, would otherwise read the
-        whole batch again: a 16 MiB fetch of 8 MiB batches read each batch two or three times.
+        A batch checked lately is read only where the records lie: a read that starts inside
+        a batch, or takes only part of one, would otherwise read the whole batch again (a
+        16 MiB fetch of 8 MiB batches read each batch two or three times).  A batch of large
+        values is read and checked value by value, each into its own bytes: no copy out of a
+        read of the whole batch and no copy of the batch for its CRC.
         Returns the records, their value bytes and whether the read may go on to the next batch.
         """
         base, segment, pos, length = row
@@ -913,16 +927,30 @@ class PartitionLog:
         header = parse_header(head)
         if header.base_offset != base:
             raise CorruptBatch(f"batch of offset {header.base_offset} found where {base} was due")
-        if header.size != length or not self._checked.knows(header):
+        checked = header.size == length and self._checked.knows(header)
+        if not checked and not (header.size == length and has_large_values(header)):
             return None
         lengths = value_lengths(head, header)
         if lengths is None:
             head = self._pread(segment, pos, values_at(header))
             lengths = value_lengths(head, header)
             assert lengths is not None
-        first, stop, taken = take_values(header, lengths, offset, max_bytes)
+        first, stop, taken = take_values(
+            header, lengths, offset, max_bytes, at_least_one=at_least_one
+        )
         done = stop == header.count
+        if stop == first and not done:
+            return [], 0, False  # its first record does not fit: the next read starts here
         ts = header.timestamp_ms
+        if not checked:
+            values = []
+            at = pos + values_at(header)
+            for n in lengths:
+                values.append(self._pread(segment, at, n))
+                at += n
+            check_pieces(head, header, values)
+            self._checked.remember(header)
+            return [Record(base + i, values[i], ts) for i in range(first, stop)], taken, done
         start = values_at(header) + sum(lengths[:first])  # from the batch's start
         if stop > first and start + taken > len(head) and taken >= (stop - first) * _OWN_READ:
             records = []
@@ -931,14 +959,15 @@ class PartitionLog:
                 start += lengths[i]
             return records, taken, done
         if stop == first:
-            values = b""
+            batch_values = b""
         elif start + taken <= len(head):
-            values = head[start : start + taken]
+            batch_values = head[start : start + taken]
         else:
-            values = self._pread(segment, pos + start, taken)
+            batch_values = self._pread(segment, pos + start, taken)
         ends = list(accumulate(lengths[first:stop], initial=0))
         records = [
-            Record(base + first + k, values[ends[k] : ends[k + 1]], ts) for k in range(stop - first)
+            Record(base + first + k, batch_values[ends[k] : ends[k + 1]], ts)
+            for k in range(stop - first)
         ]
         return records, taken, done
 

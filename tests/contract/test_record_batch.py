@@ -197,7 +197,7 @@ def test_a_damaged_batch_is_refused_however_a_read_enters_it(tmp_path: Path, whe
 
 
 def _large_batch() -> bytes:
-    values = [b"a" * 40_000, b"", b"b" * 50_000, b"c" * 30_000]
+    values = [b"a" * 100_000, b"", b"b" * 120_000, b"c" * 90_000]
     return b"".join(encode_batch(3, 9, values, {"k": b"v"}))
 
 
@@ -205,16 +205,16 @@ def test_a_batch_of_large_values_is_checked_value_by_value_and_reads_the_same() 
     buf = _large_batch()
     header = parse_header(buf)
     split = record_batch.check_and_split(buf, 0, header)
-    assert split == [b"a" * 40_000, b"", b"b" * 50_000, b"c" * 30_000]
+    assert split == [b"a" * 100_000, b"", b"b" * 120_000, b"c" * 90_000]
     small = b"".join(encode_batch(0, 1, [b"x" * 100]))
     assert record_batch.check_and_split(small, 0, parse_header(small)) is None
     for checked in (None, CheckedBatches()):
         records, total = decode_batches(buf, 4, 10**6, expected_base=3, checked=checked)
-        assert [(r.offset, len(r.value)) for r in records] == [(4, 0), (5, 50_000), (6, 30_000)]
-        assert total == 80_000
+        assert [(r.offset, len(r.value)) for r in records] == [(4, 0), (5, 120_000), (6, 90_000)]
+        assert total == 210_000
 
 
-@pytest.mark.parametrize("where", [9, 20, 36, 50, 60, 70, 20_000, 100_000, -1])
+@pytest.mark.parametrize("where", [9, 20, 36, 50, 60, 70, 20_000, 150_000, 250_000, -1])
 def test_any_flipped_byte_of_a_batch_of_large_values_fails_its_check(where: int) -> None:
     buf = bytearray(_large_batch())
     buf[where] ^= 0x40
