@@ -1,9 +1,10 @@
 """Pull reads: ``/v1/topics``, one partition's messages, and ``/v1/fetch`` of many partitions.
 
-Reads are stateless on the server: a reader passes its position with every request.  Every
-long-poll waits on :class:`~delivery.append_watch.AppendWatch`, woken by appends, and every
-store call runs in a worker thread so the event loop keeps serving other requests.  The wire
-format is in docs/protocol.md.
+Reads are stateless on the server: a reader passes its position with every request (a reader
+catching up finds its next answer read ahead, :class:`ReadAhead`, but gets the same answer
+either way).  Every long-poll waits on :class:`~delivery.append_watch.AppendWatch`, woken by
+appends, and every store call runs in a worker thread so the event loop keeps serving other
+requests.  The wire format is in docs/protocol.md.
 """
 
 from __future__ import annotations
