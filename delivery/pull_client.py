@@ -5,7 +5,8 @@ Used by ``logbroker read``, the mirror and the tests; reads use the binary frami
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import struct
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ import orjson
 
 from delivery.envelope_view import EnvelopeView, NotAnEnvelope, view
 from delivery.filters import MessageFilter
-from delivery.framing import BINARY_MEDIA_TYPE, BinarySection, decode_binary
+from delivery.framing import BINARY_MEDIA_TYPE, MAGIC, BadFraming, BinarySection
 from log_store.errors import BadRequest, LogbrokerError
 from session_dedup.chunk_codecs import decompress
 
@@ -45,6 +46,13 @@ class ReadMessage:
         """The data with its codec undone (gzip/zstd), as the source wrote it."""
         return decompress(self.envelope.codec, self.envelope.data)
 
+    def text_view(self) -> bytes | memoryview:
+        """``text_data`` without copying raw data out of the stored value: a view of it."""
+        env = self.envelope
+        if env.codec == "raw":
+            return memoryview(env.value)[env.data_start :]
+        return self.text_data()
+
 
 @dataclass(frozen=True)
 class FetchedPartition:
@@ -54,6 +62,71 @@ class FetchedPartition:
     end_offset: int
     next_offset: int
     messages: list[ReadMessage]
+
+
+# The binary framing of delivery/framing.py, read as a stream.
+_SECTION_HEAD = struct.Struct(">H")
+_COUNT = struct.Struct(">I")
+_RECORD_HEAD = struct.Struct(">QI")
+
+
+class _ChunkReader:
+    """A body that arrives in chunks, read as exact-length pieces."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._chunk = b""
+        self._pos = 0
+
+    def _next_chunk(self) -> bool:
+        for chunk in self._chunks:
+            if chunk:
+                self._chunk = chunk
+                self._pos = 0
+                return True
+        return False
+
+    def at_end(self) -> bool:
+        return self._pos >= len(self._chunk) and not self._next_chunk()
+
+    def take(self, n: int) -> bytes:
+        """The next ``n`` bytes, copied once; raises :class:`BadFraming` if the body ends first."""
+        chunk, pos = self._chunk, self._pos
+        if pos + n <= len(chunk):
+            self._pos = pos + n
+            return chunk[pos : pos + n]
+        pieces = [memoryview(chunk)[pos:]]
+        need = n - (len(chunk) - pos)
+        while need > 0:
+            if not self._next_chunk():
+                raise BadFraming("the binary answer ends inside a section")
+            part = min(need, len(self._chunk))
+            pieces.append(memoryview(self._chunk)[:part])
+            self._pos = part
+            need -= part
+        return b"".join(pieces)
+
+
+def read_sections(chunks: Iterator[bytes]) -> list[BinarySection]:
+    """The sections of a binary read answer that arrives as ``chunks``, as
+    :func:`delivery.framing.decode_binary` parses a whole one; raises :class:`BadFraming`."""
+    body = _ChunkReader(chunks)
+    if body.at_end() or body.take(len(MAGIC)) != MAGIC:
+        raise BadFraming("binary answer does not start with LBR1")
+    sections: list[BinarySection] = []
+    while not body.at_end():
+        (meta_len,) = _SECTION_HEAD.unpack(body.take(_SECTION_HEAD.size))
+        try:
+            meta = orjson.loads(body.take(meta_len))
+        except orjson.JSONDecodeError as exc:
+            raise BadFraming(f"bad section header: {exc}") from None
+        (count,) = _COUNT.unpack(body.take(_COUNT.size))
+        records: list[tuple[int, bytes]] = []
+        for _ in range(count):
+            offset, length = _RECORD_HEAD.unpack(body.take(_RECORD_HEAD.size))
+            records.append((offset, body.take(length)))
+        sections.append(BinarySection(meta, records))
+    return sections
 
 
 class PullClient:
@@ -78,6 +151,10 @@ class PullClient:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise GatewayUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        return self._checked(method, path, response)
+
+    def _checked(self, method: str, path: str, response: httpx.Response) -> httpx.Response:
+        """``response`` if it is a success; raises what its 4xx or 5xx means otherwise."""
         if response.status_code >= 500:
             raise GatewayUnavailable(
                 f"{method} {path}: gateway answered {response.status_code}: {response.text[:200]}"
@@ -133,14 +210,26 @@ class PullClient:
         }
         if message_filter is not None and not message_filter.matches_all:
             body["filter"] = message_filter.to_params()
-        response = self._request(
+        request = self._http.build_request(
             "POST",
             "/v1/fetch",
             content=orjson.dumps(body),
             headers={"Content-Type": "application/json", "Accept": BINARY_MEDIA_TYPE},
             timeout=self._timeout_s + wait_ms / 1000,
         )
-        return decode_binary(response.content)
+        try:
+            response = self._http.send(request, stream=True)
+            try:
+                if response.status_code >= 400:
+                    response.read()
+                    self._checked("POST", "/v1/fetch", response)
+                # Decoded as it arrives: each value is copied once out of the received
+                # chunks, with no whole-answer join (16 MiB of fresh memory per fetch) first.
+                return read_sections(response.iter_raw())
+            finally:
+                response.close()
+        except httpx.HTTPError as exc:
+            raise GatewayUnavailable(f"POST /v1/fetch: {type(exc).__name__}: {exc}") from None
 
     def fetch(
         self,

@@ -1,15 +1,18 @@
 """Pull reads: ``/v1/topics``, one partition's messages, and ``/v1/fetch`` of many partitions.
 
-Reads are stateless on the server: a reader passes its position with every request.  Every
-long-poll waits on :class:`~delivery.append_watch.AppendWatch`, woken by appends, and every
-store call runs in a worker thread so the event loop keeps serving other requests.  The wire
-format is in docs/protocol.md.
+Reads are stateless on the server: a reader passes its position with every request (a reader
+catching up finds its next answer read ahead, :class:`ReadAhead`, but gets the same answer
+either way).  Every long-poll waits on :class:`~delivery.append_watch.AppendWatch`, woken by
+appends, and every store call runs in a worker thread so the event loop keeps serving other
+requests.  The wire format is in docs/protocol.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio.to_thread
@@ -45,6 +48,55 @@ from log_store.topic_names import validate_topic_name
 
 MAX_WAIT_MS = 60_000
 Position = tuple[str, int, int]
+# What identifies an answer: positions, max_bytes, filter, raw, txn window.
+_AnswerKey = tuple[tuple[Position, ...], int, MessageFilter, bool, int]
+
+
+class ReadAhead:
+    """The next answers of readers that are catching up, read while they handle the last one.
+
+    A reader behind the end fetches, handles the answer and fetches again from where the
+    answer ended: the gateway reads nothing while the reader handles an answer, and the reader
+    waits while the gateway reads.  So once an answer that stops short of the end is sent, the
+    next one is read at once; a fetch that asks for exactly that answer soon after
+    (``max_age_s``) gets it.  At most ``max_bytes`` of answers are held (counted by the
+    budgets they were read for); the oldest is dropped first.
+    """
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024, max_age_s: float = 1.0) -> None:
+        self._max_bytes = max_bytes
+        self._max_age_s = max_age_s
+        self._pending: OrderedDict[
+            _AnswerKey, tuple[float, asyncio.Task[list[PartitionBatch] | None]]
+        ] = OrderedDict()
+
+    def start(self, key: _AnswerKey, read: Callable[[], Awaitable[list[PartitionBatch]]]) -> None:
+        """Read the answer ``key`` names now, unless it is being read already."""
+        if key in self._pending or key[1] > self._max_bytes:
+            return
+        self._pending[key] = (time.monotonic(), asyncio.ensure_future(_or_none(read)))
+        while sum(k[1] for k in self._pending) > self._max_bytes:
+            self._pending.popitem(last=False)  # its read finishes unseen
+
+    async def take(self, key: _AnswerKey) -> list[PartitionBatch] | None:
+        """The answer read ahead for ``key``, if one was started lately; None otherwise (also
+        when reading it failed: a read now says why)."""
+        entry = self._pending.pop(key, None)
+        if entry is None:
+            return None
+        started, task = entry
+        if time.monotonic() - started > self._max_age_s:
+            return None
+        return await task
+
+
+async def _or_none(
+    read: Callable[[], Awaitable[list[PartitionBatch]]],
+) -> list[PartitionBatch] | None:
+    try:
+        return await read()
+    except Exception:
+        return None
 
 
 def readable_topic(request: Request, name: object) -> str:
@@ -74,6 +126,11 @@ class ReadApi:
         )
         self._read_messages = ctx.metrics.counter(
             "logbroker_pull_messages_total", "messages sent to pull readers"
+        )
+        self._ahead = ReadAhead()
+        self._read_ahead_answers = ctx.metrics.counter(
+            "logbroker_pull_read_ahead_answers_total",
+            "pull answers read while the reader handled its previous answer",
         )
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -184,6 +241,12 @@ class ReadApi:
         raw: bool,
         window_ms: int,
     ) -> list[PartitionBatch]:
+        key: _AnswerKey = (tuple(positions), max_bytes, filt, raw, window_ms)
+        ahead = await self._ahead.take(key)
+        if ahead is not None and any(b.messages for b in ahead):
+            self._read_ahead_answers.inc()
+            self._read_ahead(ahead, max_bytes, filt, raw, window_ms)
+            return ahead
         deadline = time.monotonic() + wait_ms / 1000
         current = list(positions)
         while True:
@@ -191,12 +254,32 @@ class ReadApi:
                 self._read_all, current, max_bytes, filt, raw, window_ms
             )
             remaining = deadline - time.monotonic()
-            if any(b.messages for b in batches) or remaining <= 0:
+            if any(b.messages for b in batches):
+                self._read_ahead(batches, max_bytes, filt, raw, window_ms)
+                return batches
+            if remaining <= 0:
                 return batches
             # Filtered-out records were scanned: wait from where the scan ended.
             current = [(b.topic, b.partition, b.next_offset) for b in batches]
             if not await self.watch.wait_any(current, remaining):
                 return await self._run(self._read_all, current, max_bytes, filt, raw, window_ms)
+
+    def _read_ahead(
+        self,
+        answer: Sequence[PartitionBatch],
+        max_bytes: int,
+        filt: MessageFilter,
+        raw: bool,
+        window_ms: int,
+    ) -> None:
+        """Start reading the answer that follows ``answer`` if it stopped short of the end."""
+        if all(b.next_offset >= b.end_offset for b in answer):
+            return  # at the end: the reader waits for appends, a read now finds nothing
+        following = [(b.topic, b.partition, b.next_offset) for b in answer]
+        self._ahead.start(
+            (tuple(following), max_bytes, filt, raw, window_ms),
+            lambda: self._run(self._read_all, following, max_bytes, filt, raw, window_ms),
+        )
 
     def _read_all(
         self,

@@ -44,6 +44,10 @@ MAGIC_V1 = b"LBB1"
 _HEADER_V1 = struct.Struct(">4sQIIqI")
 _LEN_V1 = struct.Struct(">I")
 
+# A batch whose values average this much is checked value by value (see check_and_split)
+# and read value by value (see sqlite_partition).
+_SPLIT_VALUES = 64 * 1024
+
 _crc = google_crc32c.value
 _crc_extend = google_crc32c.extend
 
@@ -173,16 +177,101 @@ class CheckedBatches:
         self._size = size
         self._seen: OrderedDict[tuple[int, int, int], None] = OrderedDict()
 
+    def knows(self, header: BatchHeader) -> bool:
+        """Whether the batch ``header`` heads was checked lately: a reader of part of it may
+        trust the rest of its bytes as ``check`` would."""
+        return (header.base_offset, header.size, header.crc) in self._seen
+
     def check(self, buf: bytes, pos: int, header: BatchHeader) -> None:
         """``check_crc`` unless this batch was checked lately."""
-        key = (header.base_offset, header.size, header.crc)
-        if key in self._seen and pos + header.size <= len(buf):
+        if self.knows(header) and pos + header.size <= len(buf):
             return
         check_crc(buf, pos, header)
-        self._seen[key] = None
+        self.remember(header)
+
+    def remember(self, header: BatchHeader) -> None:
+        """Note that the batch ``header`` heads was just checked against its CRC."""
+        self._seen[(header.base_offset, header.size, header.crc)] = None
         if len(self._seen) > self._size:
             with contextlib.suppress(KeyError):  # another thread evicted it first
                 self._seen.popitem(last=False)
+
+
+def check_and_split(buf: bytes, pos: int, header: BatchHeader) -> list[bytes] | None:
+    """``check_crc``; for a batch of large values, the batch's values, the check having run
+    over them as they were cut out instead of over a copy of the whole batch (one copy of
+    8 MiB, fresh memory, for every batch a reader reads).  None for a batch of small values.
+    """
+    if not has_large_values(header):
+        check_crc(buf, pos, header)
+        return None
+    stop = pos + header.size
+    at = pos + values_at(header)
+    if stop > len(buf) or at > stop:
+        raise CorruptBatch(f"batch at byte {pos} runs past the data")
+    lengths = struct.unpack_from(f"<{header.count}I", buf, at - 4 * header.count)
+    values = []
+    for n in lengths:
+        values.append(buf[at : at + n])
+        at += n
+    check_pieces(buf[pos:at], header, values)
+    return values
+
+
+def has_large_values(header: BatchHeader) -> bool:
+    """Whether a batch's values are large enough to be checked and read one by one."""
+    return bool(header.count) and header.payload_len >= header.count * _SPLIT_VALUES
+
+
+def check_pieces(head: bytes, header: BatchHeader, values: Sequence[bytes]) -> None:
+    """Raise ``CorruptBatch`` unless the batch whose bytes up to its first value are ``head``
+    and whose values are ``values`` matches its CRC.
+
+    The CRC covers exactly the bytes ``check_crc`` covers: the values must fill the payload.
+    """
+    at = values_at(header)
+    if len(head) < at or sum(map(len, values)) != header.size - at:
+        raise CorruptBatch(f"batch of offset {header.base_offset} fails its checksum")
+    crc = _crc(head[_CRC_FROM:at])
+    for value in values:
+        crc = _crc_extend(crc, value)
+    if crc != header.crc:
+        raise CorruptBatch(f"batch of offset {header.base_offset} fails its checksum")
+
+
+def value_lengths(head: bytes, header: BatchHeader) -> tuple[int, ...] | None:
+    """The lengths of the values of the batch whose first bytes are ``head``; None if ``head``
+    ends before them."""
+    at = HEADER_SIZE + header.state_len
+    if at + 4 * header.count > len(head):
+        return None
+    return struct.unpack_from(f"<{header.count}I", head, at)
+
+
+def values_at(header: BatchHeader) -> int:
+    """Where a batch's first value starts, from the batch's start."""
+    return HEADER_SIZE + header.state_len + 4 * header.count
+
+
+def take_values(
+    header: BatchHeader,
+    lengths: Sequence[int],
+    from_offset: int,
+    max_bytes: int,
+    *,
+    at_least_one: bool = True,
+) -> tuple[int, int, int]:
+    """Which records of a batch a read from ``from_offset`` for about ``max_bytes`` of values
+    returns: the index of the first, the index past the last, and their value bytes."""
+    first = stop = min(header.count, max(0, from_offset - header.base_offset))
+    total = 0
+    while stop < header.count:
+        n = lengths[stop]
+        if (stop > first or not at_least_one) and total + n > max_bytes:
+            break
+        total += n
+        stop += 1
+    return first, stop, total
 
 
 def decode_batches(
@@ -193,13 +282,15 @@ def decode_batches(
     expected_base: int,
     verify: bool = True,
     checked: CheckedBatches | None = None,
+    at_least_one: bool = True,
 ) -> tuple[list[Record], int]:
     """Records at or above ``from_offset`` in the consecutive batches of ``buf``.
 
     The first batch must start at ``expected_base`` and each next one where the previous
     ended: bytes from anywhere else are reported as corrupt, never returned.  Stops after
-    about ``max_bytes`` of values (but returns at least one record).  Returns the records and
-    the number of value bytes they hold.
+    about ``max_bytes`` of values (but returns at least one record, unless ``at_least_one``
+    is False: then none if the first is larger).  Returns the records and the number of
+    value bytes they hold.
     """
     records: list[Record] = []
     total = 0
@@ -208,7 +299,15 @@ def decode_batches(
     while pos + 4 <= end:
         if buf[pos : pos + 4] == MAGIC_V1:
             pos, expected_base, total, full = _decode_v1(
-                buf, pos, from_offset, max_bytes, expected_base, verify, records, total
+                buf,
+                pos,
+                from_offset,
+                max_bytes,
+                expected_base,
+                verify,
+                records,
+                total,
+                at_least_one,
             )
             if full:
                 return records, total
@@ -218,10 +317,13 @@ def decode_batches(
             raise CorruptBatch(
                 f"batch of offset {header.base_offset} found where {expected_base} was due"
             )
-        if checked is not None:
-            checked.check(buf, pos, header)
-        elif verify:
-            check_crc(buf, pos, header)
+        values: list[bytes] | None = None
+        if checked is not None and checked.knows(header) and pos + header.size <= end:
+            pass  # checked lately
+        elif checked is not None or verify:
+            values = check_and_split(buf, pos, header)
+            if checked is not None:
+                checked.remember(header)
         elif pos + header.size > end:
             raise CorruptBatch(f"batch at byte {pos} runs past the read")
         expected_base = header.next_offset
@@ -230,15 +332,24 @@ def decode_batches(
             lengths_at = pos + HEADER_SIZE + header.state_len
             lengths = struct.unpack_from(f"<{count}I", buf, lengths_at)
             ends = list(accumulate(lengths, initial=lengths_at + 4 * count))
-            skip = max(0, from_offset - header.base_offset)
+            first, stop, taken = take_values(
+                header,
+                lengths,
+                from_offset,
+                max_bytes - total,
+                at_least_one=at_least_one and not records,
+            )
             ts = header.timestamp_ms
             base = header.base_offset
-            for i in range(skip, count):
-                n = lengths[i]
-                if records and total + n > max_bytes:
-                    return records, total
-                records.append(Record(base + i, buf[ends[i] : ends[i + 1]], ts))
-                total += n
+            if values is not None:
+                records.extend(Record(base + i, values[i], ts) for i in range(first, stop))
+            else:
+                records.extend(
+                    Record(base + i, buf[ends[i] : ends[i + 1]], ts) for i in range(first, stop)
+                )
+            total += taken
+            if stop < count:
+                return records, total
         pos += header.size
     return records, total
 
@@ -252,6 +363,7 @@ def _decode_v1(
     verify: bool,
     records: list[Record],
     total: int,
+    at_least_one: bool,
 ) -> tuple[int, int, int, bool]:
     """Decode one ``LBB1`` batch into ``records``.
 
@@ -274,7 +386,7 @@ def _decode_v1(
         (n,) = _LEN_V1.unpack_from(buf, p)
         p += 4
         if offset >= from_offset:
-            if records and total + n > max_bytes:
+            if (records or not at_least_one) and total + n > max_bytes:
                 return stop, base + count, total, True
             records.append(Record(offset, buf[p : p + n], ts))
             total += n

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Protocol
 
@@ -42,13 +43,20 @@ from log_store import crash_points
 from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import OffsetOutOfRange, StoreUnavailable, UnknownTopic
 from log_store.failures import as_store_unavailable
-from log_store.interface import AppendResult, PartitionInfo, ReadResult, TransactionFn
+from log_store.interface import AppendResult, PartitionInfo, ReadResult, Record, TransactionFn
 from log_store.record_batch import (
     HEADER_SIZE,
+    MAGIC,
     CheckedBatches,
     CorruptBatch,
+    check_pieces,
     decode_batches,
     encode_batch,
+    has_large_values,
+    parse_header,
+    take_values,
+    value_lengths,
+    values_at,
 )
 from log_store.segment_files import SegmentFiles
 from log_store.tail_recovery import scan_tail
@@ -86,6 +94,11 @@ SELECT (SELECT value FROM meta WHERE key = 'end_offset'),
 _BUSY_TIMEOUT_MS = 60_000
 _COMMITTER_IDLE_S = 5.0
 _READ_INDEX_ROWS = 512
+# What a read of part of a batch reads first: its header and value lengths, in all but huge
+# batches of tiny records.
+_HEAD_READ = 64 * 1024
+# Values this large are read each into its own bytes (no copy out of a shared read).
+_OWN_READ = 64 * 1024
 _CHECKPOINT_PAGES = 1000  # SQLite's own default threshold
 _STATE_ROWS_PER_PAGE = 40
 _UPSERT_ROWS = 400  # 800 variables per statement, below SQLite's smallest limit
@@ -850,10 +863,7 @@ class PartitionLog:
                 ).fetchall()
                 conn.execute("COMMIT")
             try:
-                data = self._read_runs(rows, max_bytes)
-                records, _ = decode_batches(
-                    data, offset, max_bytes, expected_base=rows[0][0], checked=self._checked
-                )
+                records = self._read_records(rows, offset, max_bytes)
             except FileNotFoundError:
                 continue  # retention dropped the segment under us; look again
             except CorruptBatch as exc:
@@ -861,6 +871,105 @@ class PartitionLog:
             return ReadResult(records, start, end)
         start, end = self.bounds()
         raise OffsetOutOfRange(f"offset {offset} is below the log start offset {start}", start, end)
+
+    def _read_records(
+        self, rows: list[tuple[int, int, int, int]], offset: int, max_bytes: int
+    ) -> list[Record]:
+        """The records from ``offset`` on in the batches ``rows`` point at, about ``max_bytes``
+        of values, each batch checked against its CRC (or checked lately)."""
+        records: list[Record] = []
+        while rows:
+            part = self._read_part(rows[0], offset, max_bytes, at_least_one=not records)
+            if part is None:
+                break
+            got, taken, done = part
+            records += got
+            max_bytes -= taken
+            rows = rows[1:]
+            if not done or max_bytes <= 0:
+                return records
+        if not rows:
+            return records
+        data = self._read_runs(rows, max_bytes)
+        more, _ = decode_batches(
+            data,
+            offset,
+            max_bytes,
+            expected_base=rows[0][0],
+            checked=self._checked,
+            at_least_one=not records,
+        )
+        return records + more
+
+    def _read_part(
+        self,
+        row: tuple[int, int, int, int],
+        offset: int,
+        max_bytes: int,
+        *,
+        at_least_one: bool,
+    ) -> tuple[list[Record], int, bool] | None:
+        """The records a read from ``offset`` takes from the batch ``row`` points at, reading
+        them value by value, if the batch was checked lately or holds large values; None for
+        others (read with their neighbours in one run by ``_read_runs``).
+
+        A batch checked lately is read only where the records lie: a read that starts inside
+        a batch, or takes only part of one, would otherwise read the whole batch again (a
+        16 MiB fetch of 8 MiB batches read each batch two or three times).  A batch of large
+        values is read and checked value by value, each into its own bytes: no copy out of a
+        read of the whole batch and no copy of the batch for its CRC.
+        Returns the records, their value bytes and whether the read may go on to the next batch.
+        """
+        base, segment, pos, length = row
+        head = self._pread(segment, pos, min(length, _HEAD_READ))
+        if head[:4] != MAGIC:
+            return None  # an older batch (or no batch): the whole-batch path reads it
+        header = parse_header(head)
+        if header.base_offset != base:
+            raise CorruptBatch(f"batch of offset {header.base_offset} found where {base} was due")
+        checked = header.size == length and self._checked.knows(header)
+        if not checked and not (header.size == length and has_large_values(header)):
+            return None
+        lengths = value_lengths(head, header)
+        if lengths is None:
+            head = self._pread(segment, pos, values_at(header))
+            lengths = value_lengths(head, header)
+            assert lengths is not None
+        first, stop, taken = take_values(
+            header, lengths, offset, max_bytes, at_least_one=at_least_one
+        )
+        done = stop == header.count
+        if stop == first and not done:
+            return [], 0, False  # its first record does not fit: the next read starts here
+        ts = header.timestamp_ms
+        if not checked:
+            values = []
+            at = pos + values_at(header)
+            for n in lengths:
+                values.append(self._pread(segment, at, n))
+                at += n
+            check_pieces(head, header, values)
+            self._checked.remember(header)
+            return [Record(base + i, values[i], ts) for i in range(first, stop)], taken, done
+        start = values_at(header) + sum(lengths[:first])  # from the batch's start
+        if stop > first and start + taken > len(head) and taken >= (stop - first) * _OWN_READ:
+            records = []
+            for i in range(first, stop):
+                records.append(Record(base + i, self._pread(segment, pos + start, lengths[i]), ts))
+                start += lengths[i]
+            return records, taken, done
+        if stop == first:
+            batch_values = b""
+        elif start + taken <= len(head):
+            batch_values = head[start : start + taken]
+        else:
+            batch_values = self._pread(segment, pos + start, taken)
+        ends = list(accumulate(lengths[first:stop], initial=0))
+        records = [
+            Record(base + first + k, batch_values[ends[k] : ends[k + 1]], ts)
+            for k in range(stop - first)
+        ]
+        return records, taken, done
 
     def _read_runs(self, rows: list[tuple[int, int, int, int]], max_bytes: int) -> bytes:
         """Read the batches ``rows`` point at, stopping once ``max_bytes`` are covered."""

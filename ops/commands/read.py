@@ -143,9 +143,9 @@ def _jsonl_chunk(message: ReadMessage) -> bytes:
 def _write(out: BinaryIO, messages: list[ReadMessage], fmt: str) -> None:
     if fmt == "lines":
         for message in messages:
-            data = message.text_data()
+            data = message.text_view()
             out.write(data)
-            if data and not data.endswith(b"\n"):
+            if data and data[-1] != 0x0A:
                 out.write(b"\n")
     else:
         encode = _jsonl_lines if fmt == "jsonl" else _jsonl_chunk

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import struct
 import zlib
+from pathlib import Path
 
 import pytest
 
-from log_store import record_batch
+from log_store import TopicConfig, open_store, record_batch
+from log_store.errors import StoreUnavailable
 from log_store.record_batch import (
     CheckedBatches,
     CorruptBatch,
@@ -17,6 +19,7 @@ from log_store.record_batch import (
     encode_batch,
     parse_header,
 )
+from log_store.sqlite_store import SqliteLogStore
 
 
 def _v1_batch(base: int, values: list[bytes], ts: int = 7) -> bytes:
@@ -113,3 +116,122 @@ def test_a_remembered_batch_cut_short_is_still_refused() -> None:
     decode_batches(buf, 0, 10**6, expected_base=0, checked=checked)
     with pytest.raises(CorruptBatch, match="runs past"):
         decode_batches(buf[:-10], 0, 10**6, expected_base=0, checked=checked)
+
+
+def test_take_values_stops_at_the_budget_but_takes_one_unless_told_not_to() -> None:
+    buf = b"".join(encode_batch(10, 1, [b"a" * 5, b"b" * 7, b"c" * 3, b""]))
+    header = parse_header(buf)
+    lengths = record_batch.value_lengths(buf, header)
+    assert lengths == (5, 7, 3, 0)
+    assert record_batch.value_lengths(buf[: record_batch.values_at(header) - 1], header) is None
+    take = record_batch.take_values
+    assert take(header, lengths, 0, 12) == (0, 2, 12)
+    assert take(header, lengths, 11, 100) == (1, 4, 10)
+    assert take(header, lengths, 11, 2) == (1, 2, 7)
+    assert take(header, lengths, 11, 2, at_least_one=False) == (1, 1, 0)
+    assert take(header, lengths, 99, 100) == (4, 4, 0)
+    records, total = decode_batches(buf, 11, 2, expected_base=10, at_least_one=False)
+    assert (records, total) == ([], 0)
+
+
+def _store_with_batches(data_dir: Path) -> tuple[SqliteLogStore, list[bytes]]:
+    store = open_store(data_dir)
+    store.create_topic("dc1.t", TopicConfig(partitions=1, segment_bytes=600_000))
+    sizes = [[100_000] * 3, [7, 0, 90_000], [80_000, 5, 5, 70_000, 1], [300_000], [3] * 4]
+    values = []
+    for n, batch in enumerate(sizes):
+        appended = [bytes([n * 16 + i]) * size for i, size in enumerate(batch)]
+        store.append("dc1.t", 0, appended)
+        values.extend(appended)
+    return store, values
+
+
+def test_reads_from_inside_checked_batches_return_what_whole_batch_reads_return(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch checked lately is read only where the read's records lie: the answer holds
+    the records a read of the whole batch, checked again, gives, and within the budget."""
+    store, values = _store_with_batches(tmp_path / "data")
+    budgets = [1, 6, 75_000, 150_000, 250_000, 10**6]
+    with monkeypatch.context() as m:
+        m.setattr(CheckedBatches, "knows", lambda self, header: False)
+        whole = {
+            (offset, budget): store.read("dc1.t", 0, offset, budget).records
+            for offset in range(len(values))
+            for budget in budgets
+        }
+    for (offset, budget), expected in whole.items():
+        got = store.read("dc1.t", 0, offset, budget).records
+        assert got[: len(expected)] == expected, (offset, budget)
+        assert [r.offset for r in got] == list(range(offset, offset + len(got)))
+        assert [r.value for r in got] == values[offset : offset + len(got)]
+        assert len(got) == 1 or sum(len(r.value) for r in got) <= budget
+    store.close()
+
+
+def _damage(data_dir: Path, at: int) -> None:
+    segment = min((data_dir / "topics").rglob("*.log"))
+    with open(segment, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+@pytest.mark.parametrize("where", ["crc", "base", "value"])
+def test_a_damaged_batch_is_refused_however_a_read_enters_it(tmp_path: Path, where: str) -> None:
+    """Damage is refused on a first read from inside a batch, and damage to the header of a
+    batch checked before sends the read back to a checked whole-batch read."""
+    data_dir = tmp_path / "data"
+    store, _ = _store_with_batches(data_dir)
+    at = {"crc": 5, "base": 12, "value": 200_000}[where]
+    if where == "value":
+        _damage(data_dir, at)  # never read before: the first read checks the whole batch
+    else:
+        assert store.read("dc1.t", 0, 1, 10**6).records  # checks the first batch
+        _damage(data_dir, at)
+    for offset in (0, 1, 2):
+        with pytest.raises(StoreUnavailable, match="corrupt"):
+            store.read("dc1.t", 0, offset, 1)
+    store.close()
+
+
+def _large_batch() -> bytes:
+    values = [b"a" * 100_000, b"", b"b" * 120_000, b"c" * 90_000]
+    return b"".join(encode_batch(3, 9, values, {"k": b"v"}))
+
+
+def test_a_batch_of_large_values_is_checked_value_by_value_and_reads_the_same() -> None:
+    buf = _large_batch()
+    header = parse_header(buf)
+    split = record_batch.check_and_split(buf, 0, header)
+    assert split == [b"a" * 100_000, b"", b"b" * 120_000, b"c" * 90_000]
+    small = b"".join(encode_batch(0, 1, [b"x" * 100]))
+    assert record_batch.check_and_split(small, 0, parse_header(small)) is None
+    for checked in (None, CheckedBatches()):
+        records, total = decode_batches(buf, 4, 10**6, expected_base=3, checked=checked)
+        assert [(r.offset, len(r.value)) for r in records] == [(4, 0), (5, 120_000), (6, 90_000)]
+        assert total == 210_000
+
+
+@pytest.mark.parametrize("where", [9, 20, 36, 50, 60, 70, 20_000, 150_000, 250_000, -1])
+def test_any_flipped_byte_of_a_batch_of_large_values_fails_its_check(where: int) -> None:
+    buf = bytearray(_large_batch())
+    buf[where] ^= 0x40
+    for checked in (None, CheckedBatches()):
+        with pytest.raises(CorruptBatch):
+            decode_batches(bytes(buf), 0, 10**6, expected_base=3, checked=checked)
+
+
+def test_value_lengths_that_do_not_fill_the_payload_are_refused() -> None:
+    buf = bytearray(_large_batch())
+    header = parse_header(bytes(buf))
+    lengths_at = record_batch.values_at(header) - 4 * header.count
+    # move 10 bytes from the first value's length to the second's: same total, wrong cut
+    first, second = struct.unpack_from("<II", buf, lengths_at)
+    struct.pack_into("<II", buf, lengths_at, first - 10, second + 10)
+    with pytest.raises(CorruptBatch, match="checksum"):
+        record_batch.check_and_split(bytes(buf), 0, header)
+    struct.pack_into("<II", buf, lengths_at, first + 10, second)
+    with pytest.raises(CorruptBatch, match="checksum"):
+        record_batch.check_and_split(bytes(buf), 0, header)

@@ -14,6 +14,7 @@ from delivery.framing import BINARY_MEDIA_TYPE, decode_binary
 from delivery.pull_client import PullClient
 from session_dedup.envelope import decode
 from tests.delivery.conftest import line_for, wait_until
+from tests.metrics_text import sample
 
 
 def _messages(url: str, topic: str, partition: int, offset: int = 0, **params: Any) -> Any:
@@ -509,3 +510,43 @@ def test_topics_lists_and_describes_through_a_gateway(gateway: Any, writer_for: 
     refused = topics("delete", "dc1.app")
     assert refused.returncode == 2
     assert "needs --data-dir" in refused.stderr
+
+
+def _read_ahead_answers(url: str) -> float:
+    return sample(httpx.get(f"{url}/metrics").text, "logbroker_pull_read_ahead_answers_total") or 0
+
+
+def test_a_reader_catching_up_gets_its_next_answer_read_while_it_handled_the_last(
+    gateway: Any, writer_for: Any
+) -> None:
+    writer = writer_for(gateway.url)
+    writer.write("src0", list(range(1, 41)))
+    client = PullClient(gateway.url)
+    try:
+        (part,) = [p for p in client.fetch([("dc1.app", p, 0) for p in range(4)]) if p.messages]
+        everything = [(m.offset, m.text_data()) for m in part.messages]
+        assert len(everything) == 40
+        position = ("dc1.app", part.partition, 0)
+        got = []
+        fetches = 0
+        before = _read_ahead_answers(gateway.url)
+        while position[2] < 40:
+            (answer,) = client.fetch([position], max_bytes=100)  # a few messages each
+            fetches += 1
+            got.extend((m.offset, m.text_data()) for m in answer.messages)
+            position = ("dc1.app", part.partition, answer.next_offset)
+        assert got == everything
+        assert fetches > 5
+        assert _read_ahead_answers(gateway.url) - before == fetches - 1  # all but the first
+        # an answer for other parameters (another max_bytes) is read when asked for
+        (first,) = client.fetch([("dc1.app", part.partition, 0)], max_bytes=100)
+        counted = _read_ahead_answers(gateway.url)
+        (other,) = client.fetch([("dc1.app", part.partition, first.next_offset)], max_bytes=300)
+        assert _read_ahead_answers(gateway.url) == counted
+        assert other.messages[0].offset == first.next_offset
+        # an answer that reaches the end starts no read ahead
+        client.fetch([("dc1.app", part.partition, 0)], max_bytes=10**6)
+        (end,) = client.fetch([("dc1.app", part.partition, 40)], max_bytes=10**6)
+        assert end.messages == [] and _read_ahead_answers(gateway.url) == counted
+    finally:
+        client.close()
