@@ -151,6 +151,66 @@ def decode_binary(body: bytes) -> list[BinarySection]:
     return list(_iter_sections(memoryview(body)))
 
 
+class _ChunkReader:
+    """A body that arrives in chunks, read as exact-length pieces."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._chunk = b""
+        self._pos = 0
+
+    def _next_chunk(self) -> bool:
+        for chunk in self._chunks:
+            if chunk:
+                self._chunk = chunk
+                self._pos = 0
+                return True
+        return False
+
+    def at_end(self) -> bool:
+        return self._pos >= len(self._chunk) and not self._next_chunk()
+
+    def take(self, n: int) -> bytes:
+        """The next ``n`` bytes, copied once; raises :class:`BadFraming` if the body ends first."""
+        chunk, pos = self._chunk, self._pos
+        if pos + n <= len(chunk):
+            self._pos = pos + n
+            return chunk[pos : pos + n]
+        pieces = [memoryview(chunk)[pos:]]
+        need = n - (len(chunk) - pos)
+        while need > 0:
+            if not self._next_chunk():
+                raise BadFraming("the binary answer ends inside a section")
+            part = min(need, len(self._chunk))
+            pieces.append(memoryview(self._chunk)[:part])
+            self._pos = part
+            need -= part
+        return b"".join(pieces)
+
+
+def decode_binary_stream(chunks: Iterator[bytes]) -> list[BinarySection]:
+    """The sections of a binary read answer that arrives as ``chunks``, as
+    :func:`decode_binary` parses a whole one, each value copied once out of the chunks (no
+    join of the whole answer first); raises :class:`BadFraming`."""
+    body = _ChunkReader(chunks)
+    if body.at_end() or body.take(len(MAGIC)) != MAGIC:
+        raise BadFraming("binary answer does not start with LBR1")
+    sections: list[BinarySection] = []
+    while not body.at_end():
+        (meta_len,) = _SECTION_HEAD.unpack(body.take(_SECTION_HEAD.size))
+        try:
+            meta = orjson.loads(body.take(meta_len))
+        except orjson.JSONDecodeError as exc:
+            raise BadFraming(f"bad section header: {exc}") from None
+        (count,) = _COUNT.unpack(body.take(_COUNT.size))
+        records: list[tuple[int, bytes]] = []
+        for _ in range(count):
+            offset, length = _RECORD_HEAD.unpack(body.take(_RECORD_HEAD.size))
+            records.append((offset, body.take(length)))
+        sections.append(BinarySection(meta, records))
+    return sections
+
+
 def _iter_sections(buf: memoryview) -> Iterator[BinarySection]:
     if bytes(buf[:4]) != MAGIC:
         raise BadFraming("binary answer does not start with LBR1")

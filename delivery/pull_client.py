@@ -5,8 +5,7 @@ Used by ``logbroker read``, the mirror and the tests; reads use the binary frami
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +14,7 @@ import orjson
 
 from delivery.envelope_view import EnvelopeView, NotAnEnvelope, view
 from delivery.filters import MessageFilter
-from delivery.framing import BINARY_MEDIA_TYPE, MAGIC, BadFraming, BinarySection
+from delivery.framing import BINARY_MEDIA_TYPE, BinarySection, decode_binary_stream
 from log_store.errors import BadRequest, LogbrokerError
 from session_dedup.chunk_codecs import decompress
 
@@ -62,71 +61,6 @@ class FetchedPartition:
     end_offset: int
     next_offset: int
     messages: list[ReadMessage]
-
-
-# The binary framing of delivery/framing.py, read as a stream.
-_SECTION_HEAD = struct.Struct(">H")
-_COUNT = struct.Struct(">I")
-_RECORD_HEAD = struct.Struct(">QI")
-
-
-class _ChunkReader:
-    """A body that arrives in chunks, read as exact-length pieces."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._chunk = b""
-        self._pos = 0
-
-    def _next_chunk(self) -> bool:
-        for chunk in self._chunks:
-            if chunk:
-                self._chunk = chunk
-                self._pos = 0
-                return True
-        return False
-
-    def at_end(self) -> bool:
-        return self._pos >= len(self._chunk) and not self._next_chunk()
-
-    def take(self, n: int) -> bytes:
-        """The next ``n`` bytes, copied once; raises :class:`BadFraming` if the body ends first."""
-        chunk, pos = self._chunk, self._pos
-        if pos + n <= len(chunk):
-            self._pos = pos + n
-            return chunk[pos : pos + n]
-        pieces = [memoryview(chunk)[pos:]]
-        need = n - (len(chunk) - pos)
-        while need > 0:
-            if not self._next_chunk():
-                raise BadFraming("the binary answer ends inside a section")
-            part = min(need, len(self._chunk))
-            pieces.append(memoryview(self._chunk)[:part])
-            self._pos = part
-            need -= part
-        return b"".join(pieces)
-
-
-def read_sections(chunks: Iterator[bytes]) -> list[BinarySection]:
-    """The sections of a binary read answer that arrives as ``chunks``, as
-    :func:`delivery.framing.decode_binary` parses a whole one; raises :class:`BadFraming`."""
-    body = _ChunkReader(chunks)
-    if body.at_end() or body.take(len(MAGIC)) != MAGIC:
-        raise BadFraming("binary answer does not start with LBR1")
-    sections: list[BinarySection] = []
-    while not body.at_end():
-        (meta_len,) = _SECTION_HEAD.unpack(body.take(_SECTION_HEAD.size))
-        try:
-            meta = orjson.loads(body.take(meta_len))
-        except orjson.JSONDecodeError as exc:
-            raise BadFraming(f"bad section header: {exc}") from None
-        (count,) = _COUNT.unpack(body.take(_COUNT.size))
-        records: list[tuple[int, bytes]] = []
-        for _ in range(count):
-            offset, length = _RECORD_HEAD.unpack(body.take(_RECORD_HEAD.size))
-            records.append((offset, body.take(length)))
-        sections.append(BinarySection(meta, records))
-    return sections
 
 
 class PullClient:
@@ -225,7 +159,7 @@ class PullClient:
                     self._checked("POST", "/v1/fetch", response)
                 # Decoded as it arrives: each value is copied once out of the received
                 # chunks, with no whole-answer join (16 MiB of fresh memory per fetch) first.
-                return read_sections(response.iter_raw())
+                return decode_binary_stream(response.iter_bytes())
             finally:
                 response.close()
         except httpx.HTTPError as exc:

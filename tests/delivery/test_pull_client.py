@@ -10,9 +10,15 @@ from typing import Any
 import httpx
 import pytest
 
-from delivery.framing import BadFraming, BinarySection, decode_binary, encode_binary
+from delivery.framing import (
+    BadFraming,
+    BinarySection,
+    decode_binary,
+    decode_binary_stream,
+    encode_binary,
+)
 from delivery.partition_reader import DeliveredMessage, PartitionBatch
-from delivery.pull_client import PullClient, RequestRefused, read_sections
+from delivery.pull_client import PullClient, RequestRefused
 
 
 def _batches() -> list[PartitionBatch]:
@@ -51,7 +57,7 @@ def _parse(parse: Any, body: Any) -> list[BinarySection] | str:
 @pytest.mark.parametrize("size", [1, 3, 11, 4096, 65_536, 10**9])
 def test_an_answer_read_in_chunks_gives_the_sections_of_the_whole_answer(size: int) -> None:
     body = _body()
-    sections = read_sections(_chunks(body, size))
+    sections = decode_binary_stream(_chunks(body, size))
     assert sections == decode_binary(body)
     assert [len(v) for _, v in sections[0].records] == [0, 1, 17, 70_000, 5, 200_000]
     assert all(type(v) is bytes for s in sections for _, v in s.records)
@@ -65,13 +71,13 @@ def test_an_answer_cut_anywhere_is_refused_unless_it_ends_between_sections() -> 
     parsed = []
     for cut in sorted(cuts | set(between)):
         short = body[:cut]
-        streamed = _parse(lambda b: read_sections(_chunks(b, 4096)), short)
+        streamed = _parse(lambda b: decode_binary_stream(_chunks(b, 4096)), short)
         assert streamed == _parse(decode_binary, short), cut
         if streamed != "refused":
             parsed.append(cut)
     assert parsed == between
     for foreign in (b"", b"LBR", b"XXXX", b"LBR1\x00\x02{]"):
-        assert _parse(lambda b: read_sections(iter([b])), foreign) == "refused"
+        assert _parse(lambda b: decode_binary_stream(iter([b])), foreign) == "refused"
 
 
 def test_fetch_returns_values_longer_than_a_network_read_and_refusals_keep_their_body(
