@@ -127,6 +127,12 @@ def encode_json_multi(batches: Sequence[PartitionBatch]) -> bytes:
 
 
 def encode_binary(batches: Sequence[PartitionBatch]) -> bytes:
+    return b"".join(binary_pieces(batches))
+
+
+def binary_pieces(batches: Sequence[PartitionBatch]) -> list[bytes]:
+    """The binary answer as the pieces it is made of, in order: the stored values are pieces
+    of their own, so an answer can be sent without joining them first."""
     parts: list[bytes] = [MAGIC]
     for batch in batches:
         meta = orjson.dumps(batch_meta(batch))
@@ -137,7 +143,28 @@ def encode_binary(batches: Sequence[PartitionBatch]) -> bytes:
         for m in batch.messages:
             parts.append(pack(m.offset, len(m.value)))
             parts.append(m.value)
-    return b"".join(parts)
+    return parts
+
+
+def coalesced(pieces: Sequence[bytes], size: int) -> Iterator[bytes]:
+    """``pieces`` in order, small neighbours joined into blocks of about ``size`` bytes and a
+    piece of ``size`` or more passed on as it is (not copied)."""
+    small: list[bytes] = []
+    held = 0
+    for piece in pieces:
+        if len(piece) >= size:
+            if small:
+                yield b"".join(small)
+                small, held = [], 0
+            yield piece
+            continue
+        small.append(piece)
+        held += len(piece)
+        if held >= size:
+            yield b"".join(small)
+            small, held = [], 0
+    if small:
+        yield b"".join(small)
 
 
 @dataclass(frozen=True)

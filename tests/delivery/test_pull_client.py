@@ -13,6 +13,8 @@ import pytest
 from delivery.framing import (
     BadFraming,
     BinarySection,
+    binary_pieces,
+    coalesced,
     decode_binary,
     decode_binary_stream,
     encode_binary,
@@ -61,6 +63,19 @@ def test_an_answer_read_in_chunks_gives_the_sections_of_the_whole_answer(size: i
     assert sections == decode_binary(body)
     assert [len(v) for _, v in sections[0].records] == [0, 1, 17, 70_000, 5, 200_000]
     assert all(type(v) is bytes for s in sections for _, v in s.records)
+
+
+@pytest.mark.parametrize("size", [1, 16, 1000, 100_000, 10**9])
+def test_a_sent_answer_is_its_pieces_in_order_large_values_not_copied(size: int) -> None:
+    pieces = binary_pieces(_batches())
+    blocks = list(coalesced(pieces, size))
+    assert b"".join(blocks) == _body()
+    large = [p for p in pieces if len(p) >= size]
+    assert [b for b in blocks if any(b is p for p in large)] == large
+    # a block of joined small pieces is short only where a large piece or the end follows
+    for i, block in enumerate(blocks[:-1]):
+        if not any(block is p for p in large):
+            assert len(block) >= size or any(blocks[i + 1] is p for p in large)
 
 
 def test_an_answer_cut_anywhere_is_refused_unless_it_ends_between_sections() -> None:
