@@ -175,7 +175,7 @@ class BinarySection:
 
 def decode_binary(body: bytes) -> list[BinarySection]:
     """Parse a binary read answer into its sections; raises :class:`BadFraming`."""
-    return list(_iter_sections(memoryview(body)))
+    return decode_binary_stream(iter((body,)))
 
 
 class _ChunkReader:
@@ -216,9 +216,9 @@ class _ChunkReader:
 
 
 def decode_binary_stream(chunks: Iterator[bytes]) -> list[BinarySection]:
-    """The sections of a binary read answer that arrives as ``chunks``, as
-    :func:`decode_binary` parses a whole one, each value copied once out of the chunks (no
-    join of the whole answer first); raises :class:`BadFraming`."""
+    """The sections of a binary read answer that arrives as ``chunks`` (a whole one is one
+    chunk), each value copied once out of the chunks (no join of the whole answer first);
+    raises :class:`BadFraming`."""
     body = _ChunkReader(chunks)
     if body.at_end() or body.take(len(MAGIC)) != MAGIC:
         raise BadFraming("binary answer does not start with LBR1")
@@ -236,31 +236,3 @@ def decode_binary_stream(chunks: Iterator[bytes]) -> list[BinarySection]:
             records.append((offset, body.take(length)))
         sections.append(BinarySection(meta, records))
     return sections
-
-
-def _iter_sections(buf: memoryview) -> Iterator[BinarySection]:
-    if bytes(buf[:4]) != MAGIC:
-        raise BadFraming("binary answer does not start with LBR1")
-    pos = 4
-    end = len(buf)
-    try:
-        while pos < end:
-            (meta_len,) = _SECTION_HEAD.unpack_from(buf, pos)
-            pos += _SECTION_HEAD.size
-            meta = orjson.loads(bytes(buf[pos : pos + meta_len]))
-            pos += meta_len
-            (count,) = _COUNT.unpack_from(buf, pos)
-            pos += _COUNT.size
-            records: list[tuple[int, bytes]] = []
-            for _ in range(count):
-                offset, length = _RECORD_HEAD.unpack_from(buf, pos)
-                pos += _RECORD_HEAD.size
-                if pos + length > end:
-                    raise BadFraming("record runs past the end of the answer")
-                records.append((offset, bytes(buf[pos : pos + length])))
-                pos += length
-            yield BinarySection(meta, records)
-    except struct.error as exc:
-        raise BadFraming(f"truncated binary answer: {exc}") from None
-    except orjson.JSONDecodeError as exc:
-        raise BadFraming(f"bad section header: {exc}") from None

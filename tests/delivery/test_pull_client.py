@@ -91,7 +91,7 @@ def test_an_answer_cut_anywhere_is_refused_unless_it_ends_between_sections() -> 
         if streamed != "refused":
             parsed.append(cut)
     assert parsed == between
-    for foreign in (b"", b"LBR", b"XXXX", b"LBR1\x00\x02{]"):
+    for foreign in (b"", b"LBR", b"LBR2", b"LBR1\x00\x02{]"):
         assert _parse(lambda b: decode_binary_stream(iter([b])), foreign) == "refused"
 
 
