@@ -11,6 +11,10 @@ measured in the same run; every case sends the same chunks, 200 B access-log lin
 
 * raw confluent-kafka producer, ``acks=all``, idempotent, lz4, the same chunk sizes: MB/s,
   and the CPU seconds per MB of its process and of the broker;
+* raw transactional producers, one per partition (each its own ``transactional.id``, as a
+  partition owner has), committing transactions of the size the one-gateway case's group
+  commit made in the same run, plus a small state record each: what Kafka's exactly-once
+  writes cost without a gateway (MB/s, CPU per MB);
 * one gateway on Kafka (exactly once: transactional writer, seqno table committed with the
   data), load processes posting binary write requests: MB/s, and its ratio to the raw producer;
 * two gateways sharing the partitions (half the load sent to each; a gateway forwards the
@@ -230,6 +234,71 @@ def raw_producer(
             producer.poll(0)
     producer.flush(60)
     return sent / (time.monotonic() - started) / 1e6
+
+
+def raw_transactions(
+    bootstrap: str,
+    topic: str,
+    seconds: float,
+    chunk_bytes: int,
+    data: str = "lines",
+    partitions: int = 4,
+    commit_bytes: float = 2.5e6,
+) -> float:
+    """MB/s of Kafka transactions shaped like a gateway's, without the gateway: one
+    transactional producer per partition (its own ``transactional.id``, so each is fenced
+    alone, as a partition owner is), each committing about ``commit_bytes`` of values plus
+    one small record to a state topic's partition per transaction, back to back.
+
+    What the exactly-once write costs Kafka itself, next to the raw idempotent producer: the
+    gap between this case and a gateway is the gateway's own work (HTTP, the seqno table,
+    waiting for each commit to be readable), not the transactions."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    state = f"{topic}-state"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics(
+        [NewTopic(topic, partitions, 1), NewTopic(state, partitions, 1)]
+    ).values():
+        future.result()
+    values = log_chunks(chunk_bytes, data)
+    per_commit = max(1, round(commit_bytes / chunk_bytes))
+    sent = [0] * partitions
+    stop_at = time.monotonic() + seconds
+
+    def write(partition: int) -> None:
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "transactional.id": f"{topic}-{partition}",
+                "acks": "all",
+                "compression.type": "lz4",
+                "linger.ms": 0,
+                "batch.size": 16 * 1024 * 1024,
+                "message.max.bytes": 16 * 1024 * 1024,
+                "queue.buffering.max.messages": 1_000_000,
+            }
+        )
+        producer.init_transactions(30)
+        i = partition
+        while time.monotonic() < stop_at:
+            producer.begin_transaction()
+            for _ in range(per_commit):
+                value = values[i % len(values)]
+                producer.produce(topic, value, partition=partition)
+                sent[partition] += len(value)
+                i += 1
+            producer.produce(state, b"d" * 64, partition=partition)
+            producer.commit_transaction(60)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=write, args=(p,)) for p in range(partitions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(sent) / (time.monotonic() - started) / 1e6
 
 
 def _run_connections(
@@ -779,6 +848,27 @@ def main() -> int:
                     single, double, owner = ingest_cases(
                         work, bootstrap, f"{run}", REPO, args, broker_pid, cpu, True, owner_first
                     )
+                # Kafka transactions of the size the gateway's group commit made just now
+                made = cpu.get("one_mb_per_commit")
+                commit_mb = made[-1] if made else 2.5
+                writer_cpu = time.process_time()
+                broker_cpu = cpu_seconds(broker_pid) if broker_pid else 0.0
+                txn = raw_transactions(
+                    bootstrap,
+                    f"txn{run}",
+                    args.seconds,
+                    args.chunk_bytes,
+                    args.data,
+                    args.partitions,
+                    commit_mb * 1e6,
+                )
+                txn_mb = txn * args.seconds
+                cpu.setdefault("txn_load", []).append((time.process_time() - writer_cpu) / txn_mb)
+                cpu.setdefault("txn_broker", []).append(
+                    ((cpu_seconds(broker_pid) if broker_pid else 0.0) - broker_cpu) / txn_mb
+                )
+                cpu.setdefault("txn_gateways", []).append(0.0)
+                cpu.setdefault("txn_commit_mb", []).append(commit_mb)
                 if args.ingest_only:
                     e2e, lat, tk = float("nan"), [], [float("nan")]
                 else:
@@ -787,6 +877,9 @@ def main() -> int:
                     tk = takeover(bootstrap, f"tk{run}.", args.takeover_sources, 1)
                 for name, value in (
                     ("raw", raw),
+                    ("txn", txn),
+                    ("ratio_txn", txn / raw),
+                    ("one_vs_txn", single / txn),
                     ("one", single),
                     ("two", double),
                     ("owner", owner),
@@ -801,7 +894,8 @@ def main() -> int:
                 ):
                     rows.setdefault(name, []).append(value)
                 print(
-                    f"run {run + 1}: raw {raw:.1f} MB/s, one gateway {single:.1f}, two "
+                    f"run {run + 1}: raw {raw:.1f} MB/s, transactions {txn:.1f}, "
+                    f"one gateway {single:.1f}, two "
                     f"{double:.1f}, two to the owner {owner:.1f}, e2e {e2e:,.0f} lines/s, "
                     f"p99 {rows['p99'][-1]:.1f} ms, "
                     f"takeover {tk[0]:.3f} s",
@@ -817,9 +911,15 @@ def main() -> int:
     print(f"| case (median of {args.runs}; one broker, same run) | result | goal |")
     print("|---|---:|---|")
     print(f"| raw producer, acks=all, idempotent, {kb} KiB values | {med('raw'):.1f} MB/s | - |")
+    commit_mb = statistics.median(cpu["txn_commit_mb"])
+    print(
+        f"| raw transactional producers, one per partition, {commit_mb:.1f} MB per commit "
+        f"| {med('txn'):.1f} MB/s ({med('ratio_txn'):.0%} of raw) | - |"
+    )
     print(
         f"| one gateway on Kafka, exactly once, {kb} KiB chunks | {med('one'):.1f} MB/s "
-        f"({med('ratio_one'):.0%} of raw) | >= 70% |"
+        f"({med('ratio_one'):.0%} of raw, {med('one_vs_txn'):.0%} of the transactions) "
+        "| >= 70% of raw |"
     )
     print(
         f"| two gateways, load split between them | {med('two'):.1f} MB/s "
@@ -856,6 +956,7 @@ def main() -> int:
         print("|---|---:|---:|---:|")
         cases = [
             ("raw", "raw producer (its process as the load)"),
+            ("txn", "raw transactional producers (their process as the load)"),
             ("one", "one gateway"),
             ("two", "two gateways"),
             ("owner", "two gateways, clients to the owner"),

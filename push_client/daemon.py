@@ -75,6 +75,8 @@ class PushDaemon:
     ) -> None:
         self.config = config
         self.idle_exit_s = idle_exit_s
+        self._exit_code = 0
+        """1 if ``idle_exit_s`` ended the run with files parked (refused, so not shipped)."""
         self.state_dir = config.state_dir
         self._reload_config = reload
         self._reload_requested = False
@@ -179,7 +181,7 @@ class PushDaemon:
             self._shutdown()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-        return 0
+        return self._exit_code
 
     # -- start and stop -------------------------------------------------------------------------
     def _take_lock(self) -> None:
@@ -341,7 +343,26 @@ class PushDaemon:
                 self._publish_status(running=True)
                 next_status = now + _STATUS_INTERVAL_S
             if self._idle_done(now):
-                log.info("everything acknowledged and idle for %.1f s; exiting", self.idle_exit_s)
+                parked = [t for t in files.live() if t.parked is not None]
+                if parked:
+                    self._exit_code = 1
+                    for tailed in parked:
+                        assert tailed.parked is not None
+                        log.error(
+                            "%s was not shipped: parked, the gateway refused it: %s",
+                            tailed.path,
+                            tailed.parked.refusal,
+                        )
+                    log.error(
+                        "idle for %.1f s with %d of %d files parked; exiting with status 1",
+                        self.idle_exit_s,
+                        len(parked),
+                        len(files.live()),
+                    )
+                else:
+                    log.info(
+                        "everything acknowledged and idle for %.1f s; exiting", self.idle_exit_s
+                    )
                 self.stop()
                 continue
             timeout = min(

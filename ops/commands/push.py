@@ -100,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--idle-exit",
         type=float,
         metavar="SECONDS",
-        help="exit once everything read is acknowledged and nothing new came for SECONDS",
+        help="exit once everything read is acknowledged and nothing new came for SECONDS "
+        "(status 1 if a file is parked: the gateway refused it, so it was not shipped)",
     )
     parser.add_argument(
         "--progress",

@@ -188,3 +188,62 @@ log_type = "{audit_log_type}"
         push.kill()
     assert_exactly_once(delivered, writer, other)
     assert read_delivered(gateway.data_dir, "secret").count() == 0
+
+
+def test_idle_exit_with_a_file_parked_exits_1_and_names_it(tmp_path: Path, start_gateway) -> None:
+    """A one-shot push (``--idle-exit``) whose token cannot write one file's topic ships the
+    others and exits with status 1 naming the file, not 0 as if all had been shipped."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(GATEWAY_CONFIG)
+    gateway = start_gateway(tmp_path / "data", "--config", str(config))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    app = LineWriter("app")
+    app.append(logs / "app.log", 300)
+    secret = LineWriter("secret")
+    secret.append(logs / "secret.log", 300)
+    token = tmp_path / "token"
+    token.write_text("app-only\n")
+    push_config = tmp_path / "push.toml"
+    push_config.write_text(
+        f"""
+[push]
+servers = ["{gateway.url}"]
+state_dir = "{tmp_path / "state"}"
+token_file = "{token}"
+
+[[entry]]
+path = "{logs}/app.log"
+log_type = "app"
+
+[[entry]]
+path = "{logs}/secret.log"
+log_type = "secret"
+"""
+    )
+    done = subprocess.run(
+        logbroker_cmd("push", "--config", str(push_config), *FAST_FLAGS, "--idle-exit", "1"),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"{logs}/secret.log was not shipped: parked" in done.stderr
+    assert "HTTP 403 forbidden" in done.stderr
+    assert "1 of 2 files parked" in done.stderr
+    assert "everything acknowledged" not in done.stderr
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), app)
+    assert read_delivered(gateway.data_dir, "secret").count() == 0
+
+    token.write_text("app-and-secret\n")  # fixed, the same command ships the rest and exits 0
+    done = subprocess.run(
+        logbroker_cmd("push", "--config", str(push_config), *FAST_FLAGS, "--idle-exit", "1"),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_exactly_once(read_delivered(gateway.data_dir, "secret"), secret)
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), app)
