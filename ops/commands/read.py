@@ -11,6 +11,7 @@ import argparse
 import base64
 import sys
 import time
+import urllib.parse
 from typing import BinaryIO
 
 import orjson
@@ -53,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--idle-exit",
         type=float,
         metavar="SECONDS",
-        help="exit after this many seconds with nothing new",
+        help="exit after this many seconds with nothing new (status 0; 1 if the gateway "
+        "was unreachable then)",
     )
     parser.add_argument(
         "--where",
@@ -196,6 +198,13 @@ def run(args: argparse.Namespace) -> int:
     if args.idle_exit is not None and args.idle_exit < 0:
         print("logbroker read: --idle-exit must be >= 0", file=sys.stderr)
         return 2
+    server = urllib.parse.urlsplit(args.server)
+    if server.scheme not in ("http", "https") or not server.hostname:
+        print(
+            f"logbroker read: --server {args.server!r} is not an http:// or https:// URL",
+            file=sys.stderr,
+        )
+        return 2
     prefix = args.topic[:-1] if args.topic.endswith("*") else None
     topics = () if prefix is not None else (args.topic,)
     stop = {"requested": False}
@@ -207,7 +216,13 @@ def run(args: argparse.Namespace) -> int:
     consumer: Consumer | None = None
     try:
         if not _wait_for_gateway(client, stop, idle_until):
-            return 0
+            if stop["requested"]:
+                return 0
+            print(
+                f"logbroker read: {args.server} did not answer within {args.idle_exit:g} s",
+                file=sys.stderr,
+            )
+            return 1
         if topics and "." not in topics[0]:
             names = client.list_topics()
             if topics[0] not in names:
@@ -236,6 +251,14 @@ def run(args: argparse.Namespace) -> int:
             wait_ms = _POLL_WAIT_MS
             if args.idle_exit is not None:
                 left = args.idle_exit - (time.monotonic() - last_new)
+                if left <= 0 and unavailable:
+                    # idle because the gateway is gone, not because everything was read
+                    print(
+                        f"logbroker read: {args.server} was still unavailable after "
+                        f"{args.idle_exit:g} s without new data",
+                        file=sys.stderr,
+                    )
+                    return 1
                 if left <= 0 and caught_up:
                     break
                 wait_ms = max(0, min(wait_ms, int(left * 1000)))

@@ -550,3 +550,44 @@ def test_a_reader_catching_up_gets_its_next_answer_read_while_it_handled_the_las
         assert end.messages == [] and _read_ahead_answers(gateway.url) == counted
     finally:
         client.close()
+
+
+def test_idle_exit_against_a_gateway_that_never_answers_exits_1(
+    tmp_path: Any, start_reader: Any
+) -> None:
+    """Nothing read because nothing answers is a failure, not an empty topic."""
+    from tests.conftest import GatewayProcess
+
+    nobody = GatewayProcess(tmp_path / "data", [], tmp_path / "never-started.log")
+    reader = start_reader("--server", nobody.url, "--topic", "dc1.app", "--idle-exit", "1")
+    assert reader.wait(30) == 1
+    assert f"{nobody.url} did not answer within 1 s" in reader.stderr()
+
+
+def test_idle_exit_after_the_gateway_went_away_exits_1(
+    tmp_path: Any, start_gateway: Any, writer_for: Any, start_reader: Any
+) -> None:
+    gateway = start_gateway(tmp_path / "data")
+    writer_for(gateway.url).write("src", [1, 2])
+    reader = start_reader(
+        "--server",
+        gateway.url,
+        "--topic",
+        "dc1.app",
+        "--format",
+        "jsonl",
+        "--from-beginning",
+        "--idle-exit",
+        "3",
+    )
+    wait_until(lambda: len(reader.records()) == 2, 30, "the lines")
+    gateway.kill()
+    assert reader.wait(60) == 1
+    assert "was still unavailable after 3 s without new data" in reader.stderr()
+
+
+@pytest.mark.parametrize("server", ["not-a-url", "ftp://127.0.0.1:1", "http://"])
+def test_read_with_a_server_that_is_no_http_url_exits_2(server: str, start_reader: Any) -> None:
+    reader = start_reader("--server", server, "--topic", "dc1.app", "--idle-exit", "1")
+    assert reader.wait(30) == 2
+    assert "is not an http:// or https:// URL" in reader.stderr()
