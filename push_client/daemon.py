@@ -30,7 +30,7 @@ from audit.publisher import AuditPublisher
 from audit.sinks import start_http_publisher
 from log_store.errors import LogbrokerError
 from push_client.config import PushConfig
-from push_client.discovery import ChangeWatcher, watch_root
+from push_client.discovery import ChangeWatcher, expand, watch_root
 from push_client.files import Counters, FileSet
 from push_client.installations import InstallationSet
 from push_client.lag_report import LagReporter
@@ -222,6 +222,7 @@ class PushDaemon:
 
         self._files.resume_from_state(names, census)
         found = self._files.discover()
+        self._warn_of_empty_entries()
         if multi and not self._state_file.found:
             # No positions (first start, or the state dir was lost): every installation may
             # hold some of every file.  Learn them all before sending anything.
@@ -234,6 +235,17 @@ class PushDaemon:
             self._installations.current().spec.servers[0],
             auth_headers=self._token.headers,
         )
+
+    def _warn_of_empty_entries(self) -> None:
+        """Say which entries match no file at the start: a mistyped path would otherwise
+        look like a client with nothing to do."""
+        for entry in self.config.entries:
+            if next(expand([entry]), None) is None:
+                log.warning(
+                    "entry %s (log type %s) matches no file yet; it is shipped once one appears",
+                    entry.path,
+                    entry.log_type,
+                )
 
     def _shutdown(self) -> None:
         self._stop.set()

@@ -294,6 +294,51 @@ codec = "gzip"
     assert read_delivered(gateway.data_dir, "db").codecs == {"gzip"}
 
 
+def test_an_entry_matching_no_file_is_named_at_start_and_shipped_once_a_file_appears(
+    tmp_path: Path, gateway
+) -> None:
+    (tmp_path / "web").mkdir()
+    (tmp_path / "db").mkdir()
+    db = LineWriter("d")
+    db.append(tmp_path / "db" / "db.log", 100)
+    config = tmp_path / "push.toml"
+    config.write_text(
+        f"""
+[push]
+servers = ["{gateway.url}"]
+state_dir = "{tmp_path / "state"}"
+
+[[entry]]
+path = "{tmp_path / "web" / "*.log"}"
+log_type = "web"
+
+[[entry]]
+path = "{tmp_path / "db" / "db.log"}"
+log_type = "db"
+"""
+    )
+    log_path = tmp_path / "push.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            logbroker_cmd("push", "--config", str(config), "--no-progress"),
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
+    try:
+        wait_for_lines(gateway.data_dir, "db", 100)
+        said = f"entry {tmp_path / 'web' / '*.log'} (log type web) matches no file yet"
+        assert said in log_path.read_text()
+        assert "db.log (log type db) matches no file" not in log_path.read_text()
+        web = LineWriter("w")
+        web.append(tmp_path / "web" / "1.log", 200)
+        wait_for_lines(gateway.data_dir, "web", 200)
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    assert_exactly_once(read_delivered(gateway.data_dir, "web"), web)
+
+
 @pytest.mark.fault
 def test_sigterm_mid_backlog_flushes_and_saves_only_acknowledged_positions(
     tmp_path: Path, gateway, start_push
