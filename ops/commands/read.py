@@ -19,8 +19,8 @@ import orjson
 from delivery.consumer import Consumer
 from delivery.filters import BadFilter, MessageFilter, parse_filter
 from delivery.pull_client import GatewayUnavailable, PullClient, ReadMessage, RequestRefused
-from log_store.errors import BadRequest
-from log_store.topic_names import validate_log_type
+from log_store.errors import BadRequest, InvalidTopicName
+from log_store.topic_names import validate_log_type, validate_topic_name
 from ops import stop_signals
 from ops.token_options import add_token_options, token_from
 
@@ -206,6 +206,12 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     prefix = args.topic[:-1] if args.topic.endswith("*") else None
+    try:
+        # a prefix ("dc1.*") must be the start of a valid name
+        validate_topic_name(args.topic if prefix is None else prefix + "x")
+    except InvalidTopicName as exc:
+        print(f"logbroker read: {exc}", file=sys.stderr)
+        return 2
     topics = () if prefix is not None else (args.topic,)
     stop = {"requested": False}
     stop_signals.on_stop(lambda: stop.update(requested=True))

@@ -591,3 +591,12 @@ def test_read_with_a_server_that_is_no_http_url_exits_2(server: str, start_reade
     reader = start_reader("--server", server, "--topic", "dc1.app", "--idle-exit", "1")
     assert reader.wait(30) == 2
     assert "is not an http:// or https:// URL" in reader.stderr()
+
+
+@pytest.mark.parametrize("topic", ["../../etc/passwd", "dc1.a/b", "dc1..app", "../*", "DC1.App"])
+def test_read_of_a_path_like_topic_exits_2_naming_the_rule(
+    gateway: Any, topic: str, start_reader: Any
+) -> None:
+    reader = start_reader("--server", gateway.url, "--topic", topic, "--idle-exit", "1")
+    assert reader.wait(30) == 2
+    assert "invalid topic name" in reader.stderr()
