@@ -149,11 +149,17 @@ async def _on_os_error(request: Request, exc: Exception) -> Response:
 async def _on_http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     codes = {404: "not_found", 405: "method_not_allowed"}
+    reason = str(exc.detail)
+    path = request.url.path[:200]
+    if exc.status_code == 404:
+        reason = f"no endpoint {request.method} {path}"
+        if path.startswith("/v1/topics/"):
+            # e.g. a topic name holding '/' (sent as %2F): never a route, never a path
+            reason += "; a topic name is 1-201 characters of [a-z0-9._-]"
+    elif exc.status_code == 405:
+        reason = f"{request.method} is not allowed on {path}"
     return error_response(
-        exc.status_code,
-        codes.get(exc.status_code, "http_error"),
-        str(exc.detail),
-        headers=exc.headers,
+        exc.status_code, codes.get(exc.status_code, "http_error"), reason, headers=exc.headers
     )
 
 

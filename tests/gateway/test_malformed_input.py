@@ -186,8 +186,18 @@ def test_wrong_content_type_is_415(shared_gateway: Any, path: str, content_type:
 
 
 def test_wrong_method_and_unknown_path_answer_json_errors(shared_gateway: Any) -> None:
-    assert_rejected(httpx.get(shared_gateway.url + "/v1/write"), shared_gateway.data_dir)
-    assert_rejected(httpx.get(shared_gateway.url + "/v1/nothing"), shared_gateway.data_dir)
+    wrong_method = httpx.get(shared_gateway.url + "/v1/write")
+    assert_rejected(wrong_method, shared_gateway.data_dir)
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["reason"] == "GET is not allowed on /v1/write"
+    unknown = httpx.get(shared_gateway.url + "/v1/nothing")
+    assert_rejected(unknown, shared_gateway.data_dir)
+    assert unknown.json() == {"error": "not_found", "reason": "no endpoint GET /v1/nothing"}
+    # a topic name holding '/' (sent as %2F) is never a route: the answer says why
+    slashed = httpx.get(shared_gateway.url + "/v1/topics/dc1.a%2F..%2Fb/partitions")
+    assert_rejected(slashed, shared_gateway.data_dir)
+    assert slashed.status_code == 404
+    assert "a topic name is 1-201 characters of [a-z0-9._-]" in slashed.json()["reason"]
 
 
 def test_a_truncated_body_cut_by_the_client_is_rejected(shared_gateway: Any) -> None:
