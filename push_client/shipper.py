@@ -60,6 +60,12 @@ class _WriteJob:
     installation: Installation
     sections: list[tuple[TailedFile, list[Chunk]]]
     future: concurrent.futures.Future[dict[str, Any]] = field(init=False)
+    behind: list[bool] = field(init=False)
+    """Per section: whether, when it was sent, chunks before it were not acknowledged yet
+    (it was pipelined behind them, so an ``out_of_order`` answer means it overtook them)."""
+
+    def __post_init__(self) -> None:
+        self.behind = [tailed.acked < chunks[0].start for tailed, chunks in self.sections]
 
 
 @dataclass(eq=False)
@@ -582,7 +588,7 @@ class Shipper:
                 self._on_fenced(tailed, chunks)
                 continue
             if "out_of_order" in statuses:
-                self._on_out_of_order(tailed, chunks)
+                self._on_out_of_order(tailed, chunks, job.behind[index])
                 continue
             acked_seqnos = {
                 int(a["seqno"]): a.get("status")
@@ -617,12 +623,14 @@ class Shipper:
         counters.last_activity = now
         counters.last_ack_at = time.time()
 
-    def _on_out_of_order(self, tailed: TailedFile, chunks: list[Chunk]) -> None:
+    def _on_out_of_order(self, tailed: TailedFile, chunks: list[Chunk], behind: bool) -> None:
         """The section was refused because the log does not yet hold what precedes it."""
         self.counters.out_of_order += 1
-        if tailed.in_flight:
-            # It overtook its predecessor, which is still in flight: send it again after.
-            tailed.pipeline_blocked = True
+        if behind:
+            # It overtook its predecessor (sent before it, not acknowledged when this one
+            # left; with several gateways the two may take different ways).  Send it again
+            # after the predecessor, at once if that one was acknowledged meanwhile.
+            tailed.pipeline_blocked = bool(tailed.in_flight)
             self.counters.buffered -= tailed.give_back(chunks)
             return
         # Nothing of ours precedes it: the log ends below what it acknowledged to us (its

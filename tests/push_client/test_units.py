@@ -279,3 +279,58 @@ def test_requests_that_never_reached_a_gateway_leave_no_doubt_and_doubts_merge()
     assert plan.on_session("dc1", 35, multi=True) == Step(reopen=True)
     assert plan.doubts == [Doubt(40, 50, "dc2")]
     assert plan.session_fields("dc1", multi=True)["acked_elsewhere"] == 50
+
+
+def _answer(tailed: TailedFile, chunks: list, status: str) -> dict:  # type: ignore[type-arg]
+    return {
+        "results": [
+            {
+                "source_id": tailed.source_id,
+                "topic": "dc1.app",
+                "partition": 0,
+                "acks": [{"seqno": c.seqno, "status": status} for c in chunks],
+            }
+        ]
+    }
+
+
+def test_a_request_that_overtook_its_predecessor_is_sent_again_not_taken_for_a_loss(
+    tmp_path: Path,
+) -> None:
+    """Two requests of one file in flight take different ways (two gateways, one forwarding):
+    the second arrives first and is answered ``out_of_order``, and its answer is applied after
+    the first one's acknowledgement.  The second goes back to be sent again; the file keeps
+    its session (no 'the log holds less than it acknowledged', no resume from the gateway)."""
+    from push_client.files import Counters
+    from push_client.shipper import Shipper, _WriteJob
+
+    path = tmp_path / "a.log"
+    path.write_bytes(b"".join(f"line {i}\n".encode() for i in range(2_000)))
+    tailed = _tailed(path)
+    tailed.read(1 << 30, now=0.0)
+    first = tailed.take(4096)
+    second = tailed.take(4096)
+    first_job = _WriteJob(None, [(tailed, first)])  # type: ignore[arg-type]
+    second_job = _WriteJob(None, [(tailed, second)])  # type: ignore[arg-type]
+    shipper = Shipper.__new__(Shipper)
+    shipper.counters = Counters()
+
+    class _Audit:
+        def add_chunk(self, *_args: object) -> None:
+            pass
+
+    shipper.audit = _Audit()  # type: ignore[assignment]
+    shipper._on_write(first_job, _answer(tailed, first, "written"))
+    shipper._on_write(second_job, _answer(tailed, second, "out_of_order"))
+    assert tailed.session_ready
+    assert tailed.acked == first[-1].seqno
+    assert tailed.pending[0].start == second[0].start  # the second is sent again, first
+    assert not tailed.pipeline_blocked and tailed.in_flight == 0
+
+    # the same answer to a request sent after its predecessor was acknowledged is a loss:
+    # the log holds less than it acknowledged, so the file resumes from the gateway's word
+    third = tailed.take(4096)
+    third_job = _WriteJob(None, [(tailed, third)])  # type: ignore[arg-type]
+    shipper._on_write(third_job, _answer(tailed, third, "out_of_order"))
+    assert not tailed.session_ready
+    tailed.close()
