@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Installs what logbroker needs on a fresh Debian machine: Debian packages (only when missing),
 # a virtual environment in .venv and the Python packages.  Safe to run again; quick when done.
-# Sourced by quickstart.sh and test.sh.  Set LOGBROKER_EXTRAS to choose pip extras.
+# Sourced by quickstart.sh, test.sh and kafka.sh.  Set LOGBROKER_EXTRAS to choose pip extras,
+# LOGBROKER_KAFKA=1 for what running Apache Kafka locally takes (Java, and Maven to fetch it).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
 EXTRAS="${LOGBROKER_EXTRAS-test,spark}"
+# the test suite runs Apache Kafka itself, fetched through Maven (ops/local_kafka.py)
+[[ ",$EXTRAS," != *",test,"* ]] || LOGBROKER_KAFKA=1
 
 need_apt=()
 command -v python3 >/dev/null || need_apt+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
-if [[ ",$EXTRAS," == *",spark,"* ]] && ! command -v java >/dev/null; then
+if [[ ",$EXTRAS," == *",spark,"* || ${LOGBROKER_KAFKA-} == 1 ]] && ! command -v java >/dev/null; then
   need_apt+=(openjdk-17-jre-headless)
+fi
+if [[ ${LOGBROKER_KAFKA-} == 1 && -z ${KAFKA_HOME-} ]] && ! command -v mvn >/dev/null; then
+  need_apt+=(maven)
 fi
 command -v mount >/dev/null || need_apt+=(mount)
 if [[ ",$EXTRAS," == *",test,"* ]]; then

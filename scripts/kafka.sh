@@ -6,5 +6,6 @@
 #   scripts/kafka.sh stop --dir /tmp/kafka
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-source scripts/bootstrap.sh
+# only what running Kafka takes: no test or Spark packages for trying it out
+LOGBROKER_EXTRAS="${LOGBROKER_EXTRAS-}" LOGBROKER_KAFKA=1 source scripts/bootstrap.sh
 exec python -m ops.local_kafka "$@"
