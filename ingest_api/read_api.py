@@ -186,6 +186,7 @@ class ReadApi:
     async def describe_topic(self, request: Request) -> Response:
         topic = readable_topic(request, request.path_params["topic"])
         info = await self._run(self.store.describe_topic, topic)
+        sizes = self.store.capabilities.segment_files  # Kafka's are unknown here: null
         return json_response(
             {
                 "name": info.name,
@@ -195,7 +196,7 @@ class ReadApi:
                         "partition": p.partition,
                         "start_offset": p.start_offset,
                         "end_offset": p.end_offset,
-                        "size_bytes": p.size_bytes,
+                        "size_bytes": p.size_bytes if sizes else None,
                     }
                     for p in info.partitions
                 ],

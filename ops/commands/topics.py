@@ -82,7 +82,10 @@ def _retention_ms(hours: float | None) -> int | None:
     return None if hours is None else int(hours * 3600 * 1000)
 
 
-def _topic_dict(info: TopicInfo) -> dict[str, Any]:
+def _topic_dict(info: TopicInfo, sizes: bool) -> dict[str, Any]:
+    partitions = [vars(p) for p in info.partitions]
+    if not sizes:  # the store does not know them (Kafka): null, not 0
+        partitions = [{**p, "size_bytes": None, "segments": None} for p in partitions]
     return {
         "name": info.name,
         "topic_id": info.topic_id,
@@ -90,13 +93,18 @@ def _topic_dict(info: TopicInfo) -> dict[str, Any]:
         "retention_ms": info.config.retention_ms,
         "retention_bytes": info.config.retention_bytes,
         "segment_bytes": info.config.segment_bytes,
-        "partition_info": [vars(p) for p in info.partitions],
+        "partition_info": partitions,
     }
 
 
-def _print_topic(info: TopicInfo, as_json: bool) -> None:
+def _shown(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _print_topic(info: TopicInfo, as_json: bool, sizes: bool = True) -> None:
+    """``sizes``: whether the store knows partition sizes and segments (not on Kafka)."""
     if as_json:
-        print(json.dumps(_topic_dict(info)))
+        print(json.dumps(_topic_dict(info, sizes)))
         return
     print(
         f"{info.name}  id={info.topic_id}  partitions={info.config.partitions}  "
@@ -105,9 +113,10 @@ def _print_topic(info: TopicInfo, as_json: bool) -> None:
     if info.partitions:
         print(f"  {'partition':>9} {'start':>12} {'end':>12} {'bytes':>14} {'segments':>8}")
         for p in info.partitions:
+            size, segments = (p.size_bytes, p.segments) if sizes else ("-", "-")
             print(
                 f"  {p.partition:>9} {p.start_offset:>12} {p.end_offset:>12} "
-                f"{p.size_bytes:>14} {p.segments:>8}"
+                f"{size:>14} {segments:>8}"
             )
 
 
@@ -134,12 +143,13 @@ def run(args: argparse.Namespace) -> int:
         with contextlib.closing(
             open_store_from_args(args, create=args.action == "create")
         ) as store:
+            sizes = store.capabilities.segment_files
             if args.action == "list":
                 for info in store.list_topics():
                     if args.all or not is_internal(info.name):
-                        _print_topic(info, args.json)
+                        _print_topic(info, args.json, sizes)
             elif args.action == "describe":
-                _print_topic(store.describe_topic(args.topic), args.json)
+                _print_topic(store.describe_topic(args.topic), args.json, sizes)
             elif args.action == "create":
                 config = TopicConfig(
                     partitions=args.partitions,
@@ -147,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                     retention_bytes=args.retention_bytes,
                     segment_bytes=args.segment_bytes or TopicConfig().segment_bytes,
                 )
-                _print_topic(store.create_topic(args.topic, config), args.json)
+                _print_topic(store.create_topic(args.topic, config), args.json, sizes)
             elif args.action == "alter":
                 if args.partitions is not None:
                     store.set_partitions(args.topic, args.partitions)
@@ -157,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
                     retention_bytes=args.retention_bytes,
                     segment_bytes=args.segment_bytes,
                 )
-                _print_topic(info, args.json)
+                _print_topic(info, args.json, sizes)
             elif args.action == "delete":
                 store.delete_topic(args.topic)
                 print(f"deleted {args.topic}")
@@ -214,5 +224,5 @@ def _print_remote(doc: dict[str, Any], as_json: bool) -> None:
     for p in parts:
         print(
             f"  {p['partition']:>9} {p['start_offset']:>12} {p['end_offset']:>12} "
-            f"{p['size_bytes']:>14}"
+            f"{_shown(p['size_bytes']):>14}"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -13,7 +14,7 @@ import pytest
 from ingest_api.framing import encode_binary
 from log_store import LogStore, TopicConfig
 from ops.audit import audit_store
-from tests.conftest import GatewayProcess
+from tests.conftest import REPO, GatewayProcess, logbroker_cmd
 from tests.gateway.conftest import Client, meta
 from tests.kafka.conftest import metric, source_seqnos, wait_until
 
@@ -48,6 +49,18 @@ def test_one_gateway_on_kafka_writes_each_seqno_once_and_recovers_sessions(
             timeout=30,
         ).json()
         assert [m["seqno"] for m in got["messages"]] == [10, 20, 30]
+        # a partition's size is unknown to the gateway on Kafka: null, not a false 0
+        described = httpx.get(f"{gateway.url}/v1/topics/dc1.app", timeout=30).json()
+        sizes = {p["partition"]: p["size_bytes"] for p in described["partitions"]}
+        assert set(sizes.values()) == {None} and len(sizes) == 4
+        shown = subprocess.run(
+            logbroker_cmd("topics", "--server", gateway.url, "describe", "dc1.app"),
+            capture_output=True, text=True, cwd=REPO, timeout=60,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        row = next(line.split() for line in shown.stdout.splitlines()[2:]
+                   if line.split()[0] == str(partition))  # fmt: skip
+        assert row[3] == "-"
     finally:
         client.close()
     assert source_seqnos(kafka_store, "dc1.app")["s1"][1] == [10, 20, 30]
