@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import os
 import sys
+import threading
 import time
 import urllib.parse
 from typing import BinaryIO
@@ -25,6 +28,7 @@ from ops import stop_signals
 from ops.token_options import add_token_options, token_from
 
 _POLL_WAIT_MS = 1000
+_STOP_GRACE_S = 5.0
 
 
 HANDLES_STOP_SIGNALS = True
@@ -171,6 +175,26 @@ def _topic_hint(topic: str, names: list[str]) -> str:
     return hint + " (`logbroker topics --server URL list` lists them)"
 
 
+def _exit_late_after_stop(stopped: threading.Event, writing: threading.Lock, out: BinaryIO) -> None:
+    """A stop is honoured within ``_STOP_GRACE_S`` even when the gateway does not answer (a
+    request in flight waits up to its timeout, 30 s; the group's commit and leave too): then
+    the reader exits without them, after the output batch being written, never inside one.
+    Offsets not committed are read again by the group's next reader."""
+    stopped.wait()
+    time.sleep(_STOP_GRACE_S)
+    whole = writing.acquire(timeout=_STOP_GRACE_S)
+    with contextlib.suppress(Exception):
+        out.flush()
+    print(
+        f"logbroker read: the gateway did not let go within {_STOP_GRACE_S:g} s of the stop; "
+        "exiting without committing or leaving the group"
+        + ("" if whole else " (the output's last line may be cut)"),
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(0)
+
+
 def _wait_for_gateway(client: PullClient, stop: dict[str, bool], until: float | None) -> bool:
     """Wait until the gateway answers; False if stopped or out of time first."""
     said = False
@@ -214,11 +238,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     topics = () if prefix is not None else (args.topic,)
     stop = {"requested": False}
-    stop_signals.on_stop(lambda: stop.update(requested=True))
+    stopped = threading.Event()
+    out = sys.stdout.buffer
+    writing = threading.Lock()
+    threading.Thread(
+        target=_exit_late_after_stop, args=(stopped, writing, out), daemon=True
+    ).start()
+
+    def on_stop() -> None:
+        stop["requested"] = True
+        stopped.set()
+
+    stop_signals.on_stop(on_stop)
     started = time.monotonic()
     idle_until = None if args.idle_exit is None else started + args.idle_exit
     client = PullClient(args.server, token=token)
-    out = sys.stdout.buffer
     consumer: Consumer | None = None
     try:
         if not _wait_for_gateway(client, stop, idle_until):
@@ -272,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
                 messages = consumer.poll(wait_ms)
                 caught_up = not messages
                 if messages:
-                    _write(out, messages, args.format)
+                    with writing:
+                        _write(out, messages, args.format)
                     last_new = time.monotonic()
                 # Also after an empty poll: a commit the gateway missed is made again here.
                 consumer.commit()

@@ -600,3 +600,31 @@ def test_read_of_a_path_like_topic_exits_2_naming_the_rule(
     reader = start_reader("--server", gateway.url, "--topic", topic, "--idle-exit", "1")
     assert reader.wait(30) == 2
     assert "invalid topic name" in reader.stderr()
+
+
+def test_sigterm_stops_a_reader_whose_gateway_hangs_within_the_grace(start_reader: Any) -> None:
+    """A gateway that takes the connection and never answers holds a request for its whole
+    timeout (30 s); a stop is honoured within the reader's grace (5 s) all the same."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+    accepting = threading.Thread(
+        target=lambda: held.extend(listener.accept()[0] for _ in range(4)), daemon=True
+    )
+    accepting.start()
+    try:
+        reader = start_reader("--server", f"http://127.0.0.1:{port}", "--topic", "dc1.app")
+        wait_until(lambda: bool(held), 30, "the reader's request to hang")
+        time.sleep(0.5)
+        stopped = time.monotonic()
+        assert reader.terminate(timeout_s=30) == 0
+        assert time.monotonic() - stopped < 12
+        assert "did not let go within 5 s of the stop" in reader.stderr()
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
