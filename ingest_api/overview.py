@@ -142,7 +142,7 @@ class Overview:
         }
         rates = self._window.add(totals)
         topics = [
-            _topic_row(info, rates.get(name))
+            _topic_row(info, rates.get(name), self._store.capabilities.segment_files)
             for name, info in sorted(infos.items())
             if access.may_read(name)
         ]
@@ -285,14 +285,15 @@ class Overview:
         return out
 
 
-def _topic_row(info: TopicInfo, rates: TopicRates | None) -> dict[str, Any]:
+def _topic_row(info: TopicInfo, rates: TopicRates | None, sizes: bool = True) -> dict[str, Any]:
+    """``sizes``: whether the store knows its partitions' sizes (not Kafka: then null)."""
     partitions = [
         {
             "partition": p.partition,
             "start_offset": p.start_offset,
             "end_offset": p.end_offset,
-            "size_bytes": p.size_bytes,
-            "segments": p.segments,
+            "size_bytes": p.size_bytes if sizes else None,
+            "segments": p.segments if sizes else None,
         }
         for p in info.partitions
     ]
@@ -301,12 +302,12 @@ def _topic_row(info: TopicInfo, rates: TopicRates | None) -> dict[str, Any]:
         "partitions": partitions,
         "end_offsets": sum(p.end_offset for p in info.partitions),
         "retained_offsets": sum(p.end_offset - p.start_offset for p in info.partitions),
-        "size_bytes": sum(p.size_bytes for p in info.partitions),
+        "size_bytes": sum(p.size_bytes for p in info.partitions) if sizes else None,
         "retention_ms": info.config.retention_ms,
         "retention_bytes": info.config.retention_bytes,
         "segment_bytes": info.config.segment_bytes,
         "write_rate": None if rates is None else round(rates.messages, 3),
-        "write_bytes_rate": None if rates is None else round(rates.bytes, 1),
+        "write_bytes_rate": None if rates is None or not sizes else round(rates.bytes, 1),
         "read_rate": None if rates is None else round(rates.read_messages, 3),
     }
 

@@ -196,7 +196,7 @@ function showDisk(doc) {
     for (const p of t.partitions) {
       const tr = document.createElement("tr");
       tr.append(cell(`${t.name}/${p.partition}`), cell(p.start_offset, "num"), cell(p.end_offset, "num"),
-        cell(bytes(p.size_bytes), "num"), cell(p.segments, "num"));
+        cell(bytes(p.size_bytes), "num"), cell(p.segments ?? "—", "num"));
       rows.push(tr);
     }
   }

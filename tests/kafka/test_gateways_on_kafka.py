@@ -61,6 +61,10 @@ def test_one_gateway_on_kafka_writes_each_seqno_once_and_recovers_sessions(
         row = next(line.split() for line in shown.stdout.splitlines()[2:]
                    if line.split()[0] == str(partition))  # fmt: skip
         assert row[3] == "-"
+        overview = httpx.get(f"{gateway.url}/v1/ui/overview", timeout=30).json()
+        (app,) = [t for t in overview["topics"] if t["name"] == "dc1.app"]
+        assert app["size_bytes"] is None and app["write_bytes_rate"] is None
+        assert {p["size_bytes"] for p in app["partitions"]} == {None}
     finally:
         client.close()
     assert source_seqnos(kafka_store, "dc1.app")["s1"][1] == [10, 20, 30]
