@@ -69,10 +69,16 @@ class ReadResult:
     records: list[Record]
     start_offset: int
     end_offset: int
+    resume_at: int | None = None
+    """Where the next read starts when it is past the last record: the read saw every offset
+    below it.  Kafka sets it when a read reached ``end_offset``: the offsets after the last
+    record there are transaction markers, which no read ever returns."""
 
     @property
     def next_offset(self) -> int:
         """Where the next read should start."""
+        if self.resume_at is not None:
+            return self.resume_at
         return self.records[-1].offset + 1 if self.records else self.end_offset
 
 

@@ -248,6 +248,12 @@ class FetcherPool:
                 size += len(value)
                 if size >= max_bytes:
                     break
+            # The consumer went past ``end`` (a record at or after it, or the LSO reached):
+            # every offset below it was seen, and those after the last record are commit
+            # markers.  The next read starts at ``end``, not on a marker, where it would find
+            # only the records committed since and end on a marker again, for as long as
+            # writes go on (and a wait from a marker's offset would return at once).
+            passed = fetcher.position is not None and fetcher.position >= end
         except _ConsumeError as exc:
             broken = True
             raise self._consume_failure(exc.error, kafka_topic, partition, what) from None
@@ -256,7 +262,7 @@ class FetcherPool:
             raise
         finally:
             self._release(fetcher, broken)
-        return ReadResult(records, low, end)
+        return ReadResult(records, low, end, resume_at=end if passed else None)
 
     def _consume_failure(
         self, error: KafkaError, kafka_topic: str, partition: int, what: str

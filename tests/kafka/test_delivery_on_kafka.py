@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -138,3 +139,76 @@ def test_pull_groups_push_legacy_and_mirror_work_on_kafka(
     legacy = [r for r in copied if r["source_id"].startswith("legacy:")]
     assert len(legacy) == 1 and legacy[0]["data"].strip() == "old", "the legacy data was lost"
     endpoint.stop()
+
+
+def test_a_group_reader_keeps_up_with_writes_going_on_and_prints_each_line_once(
+    start_kafka_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """Every Kafka transaction ends with a marker after its last record.  A read that stopped
+    at the partition's end used to resume on that marker, find only what was committed since
+    and stop on the next marker: while writes went on, one fetch of a reader that had caught
+    up never ended, the reader missed its heartbeats, was dropped from its group and printed
+    everything again from its last commit.  Now a reader that caught up is answered at once,
+    and a group reader started before the writer prints each line once."""
+    import threading
+    import time
+
+    gateway = start_kafka_gateway()
+    client = Client(gateway.url)
+    assert client.write("first", [1]).status_code == 200  # the topic exists
+    out_path, err_path = tmp_path / "reader.jsonl", tmp_path / "reader.err"
+    with open(out_path, "wb") as out_file, open(err_path, "wb") as err_file:
+        reader = subprocess.Popen(
+            logbroker_cmd(
+                "read", "--server", gateway.url, "--topic", "dc1.app", "--group", "keep-up",
+                "--from-beginning", "--format", "jsonl",
+            ),
+            stdout=out_file, stderr=err_file, cwd=REPO,
+        )  # fmt: skip
+    stop = threading.Event()
+    written: list[tuple[str, int]] = []
+
+    def write() -> None:
+        writer = Client(gateway.url)
+        seqno = 0
+        while not stop.is_set():
+            seqno += 1
+            for source in ("s1", "s2", "s3", "s4"):
+                assert writer.write(source, [seqno]).status_code == 200
+                written.append((source, seqno))
+            time.sleep(0.02)
+        writer.close()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        time.sleep(3)
+        # a fetch at the partitions' ends while the writes go on comes back within its wait
+        info = httpx.get(f"{gateway.url}/v1/topics/dc1.app", timeout=30).json()
+        for _ in range(5):
+            positions = [
+                {"topic": "dc1.app", "partition": p["partition"], "offset": p["end_offset"]}
+                for p in info["partitions"]
+            ]
+            started = time.monotonic()
+            answer = httpx.post(
+                f"{gateway.url}/v1/fetch",
+                json={"partitions": positions, "wait_ms": 1000},
+                timeout=60,
+            )
+            assert answer.status_code == 200
+            assert time.monotonic() - started < 5
+            info = httpx.get(f"{gateway.url}/v1/topics/dc1.app", timeout=30).json()
+        time.sleep(12)  # longer than the reader's 10 s session: a stuck fetch loses it
+    finally:
+        stop.set()
+        thread.join()
+    time.sleep(5)
+    reader.terminate()
+    assert reader.wait(60) == 0, err_path.read_text()
+    out, err = out_path.read_bytes(), err_path.read_bytes()
+    assert b"dropped from group" not in err and b"commit refused" not in err, err.decode()
+    printed = [(r["source_id"], r["seqno"]) for r in map(json.loads, out.splitlines())]
+    assert len(printed) == len(set(printed)), "a line was printed twice"
+    assert sorted(printed) == sorted([("first", 1), *written])
+    client.close()
