@@ -48,6 +48,7 @@ from log_store.errors import (
     LimitReached,
     LogbrokerError,
     OffsetOutOfRange,
+    StoreUnavailable,
     UnknownTopic,
 )
 from log_store.interface import LogStore
@@ -627,6 +628,8 @@ class PushDelivery:
                 await self._reconcile()
             except asyncio.CancelledError:
                 raise
+            except StoreUnavailable as exc:  # expected while the store is away: no trace
+                _log.warning("push supervisor: %s; retrying", exc)
             except Exception:
                 _log.exception("push supervisor failed; retrying")
             with contextlib.suppress(TimeoutError):

@@ -321,7 +321,7 @@ def _ndjson_chunk(
         raise _bad(f"{where}: fields must not be null")
     seqno = obj.get("seqno")
     if not isinstance(seqno, int) or isinstance(seqno, bool):
-        raise ApiError(400, "bad_seqno", f"{where}: seqno must be an integer")
+        raise ApiError(400, "bad_seqno", f"{where}: seqno must be an integer in 1 .. 2**63-1")
     create_time = obj.get("create_time", now_ms)
     if (
         not isinstance(create_time, int)
