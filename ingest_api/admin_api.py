@@ -1,4 +1,10 @@
-"""Operational endpoints: ``/healthz``, ``/metrics`` (Prometheus text), ``/openapi.json``.
+"""Operational endpoints: ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus text),
+``/openapi.json``.
+
+``/healthz`` says the gateway process answers (liveness: restart it if not).  ``/readyz`` says
+whether it can take writes now: the embedded store's data dir is writable and not full, or
+Kafka answers; 503 with the reason otherwise.  The push-client's prober of a failed-over
+installation asks ``/readyz``, so a DC whose Kafka is still away is not taken back.
 
 ``/metrics`` is public unless ``metrics_require_token`` is set; then it needs a token with
 ``metrics = true`` (metric labels name every topic, which a tenant may not know of).
@@ -8,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import anyio.to_thread
@@ -17,6 +24,7 @@ from starlette.responses import Response
 
 from ingest_api.access import METRICS, PUBLIC, RouteDeclaration, route
 from ingest_api.context import GatewayContext
+from ingest_api.errors import RETRY_AFTER_S, error_response
 from ingest_api.metrics import MetricsRegistry
 from ingest_api.openapi import build_openapi
 
@@ -27,6 +35,18 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     async def healthz(request: Request) -> Response:
         return Response(
             orjson.dumps({"status": "ok", "dc": ctx.settings.dc}), media_type="application/json"
+        )
+
+    readiness = _Readiness(ctx)
+
+    async def readyz(request: Request) -> Response:
+        reason = await readiness.look()
+        if reason is not None:
+            return error_response(
+                503, "not_ready", reason, headers={"Retry-After": str(RETRY_AFTER_S)}
+            )
+        return Response(
+            orjson.dumps({"status": "ready", "dc": ctx.settings.dc}), media_type="application/json"
         )
 
     async def metrics(request: Request) -> Response:
@@ -47,11 +67,36 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
 
     return [
         route("GET", "/healthz", healthz, PUBLIC),
+        route("GET", "/readyz", readyz, PUBLIC),
         route("GET", "/metrics", metrics, METRICS),
         route("GET", "/openapi.json", openapi, PUBLIC),
     ]
 
 
+class _Readiness:
+    """The store's readiness, looked at once per ``_READY_CACHE_S`` however many probes ask
+    (a balancer and every push-client's prober): one look in flight at a time."""
+
+    def __init__(self, ctx: GatewayContext) -> None:
+        self._ctx = ctx
+        self._at = 0.0
+        self._reason: str | None = None
+        self._lock = asyncio.Lock()
+
+    async def look(self) -> str | None:
+        async with self._lock:
+            now = time.monotonic()
+            if now - self._at >= _READY_CACHE_S:
+                store = self._ctx.store
+                try:
+                    self._reason = await anyio.to_thread.run_sync(store.readiness)
+                except Exception as exc:  # a store that cannot even say: not ready
+                    self._reason = f"the store's readiness is unknown: {exc}"
+                self._at = time.monotonic()
+            return self._reason
+
+
+_READY_CACHE_S = 1.0
 _REFRESHER = "ingest_api.admin_api.refresher"
 
 
@@ -101,6 +146,38 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                             }
                         },
                     }
+                },
+            }
+        },
+        "/readyz": {
+            "get": {
+                "summary": "Readiness: whether the gateway can take writes now",
+                "description": "Its store is there: the embedded store's data dir is writable "
+                "and not full, or Kafka answers (looked at once a second at most).",
+                "operationId": "readyz",
+                "responses": {
+                    "200": {
+                        "description": "the gateway can take writes",
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["status"],
+                                    "properties": {
+                                        "status": {"type": "string", "enum": ["ready"]},
+                                        "dc": {"type": "string"},
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "503": {
+                        "description": "not now, and why (``error`` is ``not_ready``); "
+                        "``Retry-After`` says when to ask again",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                        },
+                    },
                 },
             }
         },

@@ -158,6 +158,11 @@ class LogStore(Protocol):
 
     capabilities: StoreCapabilities
 
+    def readiness(self) -> str | None:
+        """None if the store can take writes now, else why not (``GET /readyz``).  Quick: a
+        look at the data dir's file system, or one metadata request to Kafka (at most 1 s)."""
+        ...
+
     # -- topics -----------------------------------------------------------------------------
     def create_topic(
         self, name: str, config: TopicConfig | None = None, *, exist_ok: bool = False

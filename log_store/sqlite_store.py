@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import shutil
 import sqlite3
 import threading
@@ -74,6 +75,8 @@ MAX_PARTITIONS = 1024
 _SQL_VARIABLES = 900  # keys per IN (...) list, below SQLite's smallest variable limit
 MIN_SEGMENT_BYTES = 4096
 _COUNT_BYTES = 8
+_READY_MIN_FREE_BYTES = 1024 * 1024
+"""Below this much free space the store is not ready (``readiness``): a write would fail."""
 
 
 def _check_config(config: TopicConfig) -> None:
@@ -644,6 +647,24 @@ class SqliteLogStore:
             raise BadRequest("offset must not be negative")
         with self._lease(topic, partition) as (_, log):
             return log.drop_segments(below_offset=offset, before_ms=None, max_bytes=None)
+
+    def readiness(self) -> str | None:
+        if self.read_only:
+            return "the store is open read-only"
+        where = self.data_dir / "topics"
+        if not where.is_dir():
+            where = self.data_dir
+        try:
+            fs = os.statvfs(where)
+        except OSError as exc:
+            return f"the data directory cannot be looked at: {exc.strerror}"
+        if fs.f_flag & os.ST_RDONLY:
+            return "the data directory's file system is read-only"
+        if fs.f_bavail * fs.f_frsize < _READY_MIN_FREE_BYTES:
+            return "the data directory's file system is full"
+        if not os.access(where, os.W_OK):
+            return "the data directory is not writable"
+        return None
 
     def close(self) -> None:
         for log in self._handles.pop_all():

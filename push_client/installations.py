@@ -6,7 +6,7 @@ with several gateways (a request moves on to the next gateway at once).  Named g
 ``--server dc1=http://a:8080,http://b:8080 --server dc2=http://c:8080``, are installations in
 order of preference: the client writes to the first one that is up; one whose gateways all
 fail for ``failover_after_s`` is marked down and the next takes over; a prober asks every
-installation that is down for ``/healthz`` every ``probe_interval_s`` and marks it up again,
+installation that is down for ``/readyz`` every ``probe_interval_s`` and marks it up again,
 so new data goes back to the preferred installation once it returns.
 
 What moves where, and how a line acknowledged by one installation is never sent to another,
@@ -201,9 +201,14 @@ class InstallationSet:
 
 
 def _healthy(http: httpx.Client, servers: Sequence[str]) -> bool:
+    """Whether a gateway of the installation can take writes (``/readyz``: its store is
+    there, e.g. its Kafka answers); ``/healthz`` for a gateway too old to have ``/readyz``."""
     for url in servers:
         try:
-            if http.get(url + "/healthz").status_code == 200:
+            status = http.get(url + "/readyz").status_code
+            if status == 404:
+                status = http.get(url + "/healthz").status_code
+            if status == 200:
                 return True
         except httpx.HTTPError:
             continue

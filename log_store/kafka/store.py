@@ -697,6 +697,13 @@ class KafkaLogStore:
             return low
         return self._admin.delete_records(kafka.kafka_name, partition, target)
 
+    def readiness(self) -> str | None:
+        try:
+            self._admin.reachable(1.0)
+        except LogbrokerError as exc:
+            return f"Kafka does not answer: {exc}"
+        return None
+
     def close(self) -> None:
         if self._closed:
             return

@@ -118,6 +118,18 @@ class TopicAdmin:
             len(description.partitions),  # type: ignore[attr-defined]
         )
 
+    def reachable(self, timeout_s: float) -> None:
+        """Return once a broker answered a metadata request, or raise StoreUnavailable."""
+        # DescribeCluster: small, and unlike a metadata request naming a topic it can never
+        # make a broker with auto.create.topics.enable create one
+        future = self.client.describe_cluster(request_timeout=timeout_s)
+        try:
+            future.result(timeout=timeout_s + 0.5)
+        except KafkaException as exc:
+            raise as_store_error(exc, "asking Kafka to describe the cluster") from exc
+        except concurrent.futures.TimeoutError:
+            raise StoreUnavailable(f"Kafka did not answer within {timeout_s:g} s") from None
+
     def names(self) -> list[str]:
         """Every logbroker topic of this namespace, sorted."""
         try:

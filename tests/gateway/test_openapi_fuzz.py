@@ -53,7 +53,13 @@ def api_schema(
         gateway.kill()
 
 
-OPERATIONS = ["POST /v1/sessions", "POST /v1/write", "GET /healthz", "GET /metrics"]
+OPERATIONS = [
+    "POST /v1/sessions",
+    "POST /v1/write",
+    "GET /healthz",
+    "GET /readyz",
+    "GET /metrics",
+]
 
 
 @pytest.mark.slow

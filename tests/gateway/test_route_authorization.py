@@ -171,6 +171,7 @@ def examples(a: TenantA) -> dict[tuple[str, str], Call]:
         ),
         ("GET", "/metrics"): ("/metrics", {}),
         ("GET", "/healthz"): ("/healthz", {}),
+        ("GET", "/readyz"): ("/readyz", {}),
         ("GET", "/openapi.json"): ("/openapi.json", {}),
     }
 

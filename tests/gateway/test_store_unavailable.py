@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,14 @@ def write_big(client: Any, source: str, first: int, count: int) -> Any:
 
     chunks = [(s, 0, CHUNK) for s in range(first, first + count)]
     return client.post_binary(encode_binary([(meta(source), chunks)]))
+
+
+def _wait_ready(client: Any) -> None:
+    deadline = time.monotonic() + 10
+    while client.http.get("/readyz").status_code != 200:
+        assert time.monotonic() < deadline, "the gateway never became ready again"
+        time.sleep(0.2)
+    assert client.http.get("/readyz").json()["status"] == "ready"
 
 
 @pytest.mark.fault
@@ -39,9 +48,18 @@ def test_full_disk_answers_503_acks_nothing_and_recovers(
     assert refused.json()["error"] == "store_unavailable"
     assert int(refused.headers["retry-after"]) >= 1
     assert client.session("filler")["last_seqno"] == acked, "a refused chunk was written"
+    # alive, but not ready for writes: a balancer or a prober can tell the two apart
     assert client.http.get("/healthz").status_code == 200
+    not_ready = client.http.get("/readyz")
+    assert not_ready.status_code == 503
+    assert not_ready.json() == {
+        "error": "not_ready",
+        "reason": "the data directory's file system is full",
+    }
+    assert "retry-after" in not_ready.headers
 
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_filesystem)], check=True)
+    _wait_ready(client)
     retried = write_big(client, "filler", acked + 1, 4)
     assert retried.status_code == 200, retried.text
     assert [a["status"] for a in retried.json()["results"][0]["acks"]] == ["written"] * 4
@@ -69,8 +87,13 @@ def test_read_only_data_dir_answers_503_and_the_retry_succeeds_once_writable(
         assert "retry-after" in refused.headers
         session_refused = client.http.post("/v1/sessions", json=meta("t", "fresh"))
         assert session_refused.status_code == 503
+        time.sleep(1.1)  # past the cached look of the start
+        not_ready = client.http.get("/readyz")
+        assert not_ready.status_code == 503
+        assert "read-only" in not_ready.json()["reason"]
     finally:
         subprocess.run(["umount", str(topics_dir)], check=True)
+    _wait_ready(client)
     acks = client.acks("s", [1, 2], log_type="fresh")
     assert [a["status"] for a in acks] == ["written", "written"]
     assert source_seqnos(data_dir, "dc1.fresh", "s")[1] == [1, 2]

@@ -84,12 +84,23 @@ def test_connection_to_kafka_cut_answers_503_and_loses_no_acked_chunk(
             return response
 
         assert write(list(range(1, 11))).status_code == 200
+        assert httpx.get(f"{gateway.url}/readyz", timeout=30).status_code == 200
         proxy.cut()
         refused = write(list(range(11, 21)))
         assert refused.status_code == 503, refused.text
         assert refused.headers.get("Retry-After")
         assert refused.json()["error"] == "store_unavailable"
+        # alive, not ready: a failed-over push-client does not come back to it yet
+        assert httpx.get(f"{gateway.url}/healthz", timeout=30).status_code == 200
+        not_ready = httpx.get(f"{gateway.url}/readyz", timeout=30)
+        assert not_ready.status_code == 503
+        assert not_ready.json()["error"] == "not_ready"
+        assert "Kafka does not answer" in not_ready.json()["reason"]
         proxy.restore()
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{gateway.url}/readyz", timeout=30).status_code != 200:
+            assert time.monotonic() < deadline, "never ready again"
+            time.sleep(0.5)
         # the client retries what was refused (and more) until the gateway is back
         deadline = time.monotonic() + 120
         while write(list(range(11, 31))).status_code != 200:

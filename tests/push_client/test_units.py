@@ -334,3 +334,25 @@ def test_a_request_that_overtook_its_predecessor_is_sent_again_not_taken_for_a_l
     shipper._on_write(third_job, _answer(tailed, third, "out_of_order"))
     assert not tailed.session_ready
     tailed.close()
+
+
+def test_a_failed_over_installation_is_taken_back_once_ready_not_merely_alive() -> None:
+    """The prober asks ``/readyz`` (a gateway whose store is away answers 503 there while
+    ``/healthz`` says 200); a gateway without ``/readyz`` (older) is asked ``/healthz``."""
+    import httpx
+
+    from push_client.installations import _healthy
+
+    def gateway(ready: int | None) -> httpx.Client:
+        def answer(request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/healthz":
+                return httpx.Response(200, json={"status": "ok"})
+            if ready is None:
+                return httpx.Response(404, json={"error": "not_found"})
+            return httpx.Response(ready, json={})
+
+        return httpx.Client(transport=httpx.MockTransport(answer))
+
+    assert not _healthy(gateway(503), ["http://gw1:8080"])
+    assert _healthy(gateway(200), ["http://gw1:8080"])
+    assert _healthy(gateway(None), ["http://gw1:8080"])
