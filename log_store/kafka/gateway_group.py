@@ -7,8 +7,7 @@ member and spreads *each topic* over the members (a topic's partitions split 2+2
 gateways, not whole topics to one gateway, as the client-side sticky assignor did when it
 balanced only the totals).  Partitions move only when members join or leave (a member silent
 for ``session_timeout_ms`` is taken for dead), incrementally: a member gives up what it must
-before another takes it.  The range assignor is sticky: a member keeps as many of its
-partitions as its new share allows, so a join or a leave moves only what balance needs.  The group's consumer never reads data: its partitions are paused,
+before another takes it.  The group's consumer never reads data: its partitions are paused,
 only its assignment is used.
 
 The session timeout of this protocol is the group's, not the member's: the gateway sets the

@@ -38,12 +38,6 @@ def _owners(url: str, topic: str) -> set[str]:
     return {p.get("owner") for p in answer.json()["partitions"]}
 
 
-def _owner_map(url: str, topic: str) -> dict[int, str]:
-    answer = httpx.get(f"{url}/v1/topics/{topic}/owners", timeout=30)
-    answer.raise_for_status()
-    return {p["partition"]: p.get("owner") for p in answer.json()["partitions"]}
-
-
 def test_every_topic_is_split_over_the_gateways_and_a_dead_ones_share_moves_in_seconds(
     start_kafka_gateway: Callable[..., GatewayProcess],
 ) -> None:
@@ -60,18 +54,10 @@ def test_every_topic_is_split_over_the_gateways_and_a_dead_ones_share_moves_in_s
     for topic in ("dc1.app", "dc1.web"):
         wait_until(lambda t=topic: _spread(b.url, t) == [2, 2], 60, f"{topic} split 2+2")
 
-    before = {topic: _owner_map(b.url, topic) for topic in ("dc1.app", "dc1.web")}
     c = start_kafka_gateway()
     for topic in ("dc1.app", "dc1.web"):
         wait_until(lambda t=topic: _spread(c.url, t) == [2, 1, 1], 60, f"{topic} split 2/1/1")
     assert _owners(a.url, "dc1.app") == {a.url, b.url, c.url}
-    # the range assignor is sticky: of each topic only the one partition the newcomer needs
-    # moved; the others kept their owner (and their writer: no takeover for them)
-    for topic, owners in before.items():
-        after = _owner_map(a.url, topic)
-        moved = [p for p, owner in owners.items() if after[p] != owner]
-        assert len(moved) == 1, (topic, owners, after)
-        assert after[moved[0]] == c.url
 
     b.kill()
     killed = time.monotonic()
