@@ -12,6 +12,7 @@ puts a TCP proxy there: clients bootstrapped through it reach the node only thro
 so a test can cut and restore one client's connection to Kafka while others keep theirs.
 
     python -m ops.local_kafka start --dir /tmp/kafka [--nodes 3]   # prints the bootstrap
+    python -m ops.local_kafka restart --dir /tmp/kafka   # same ports and storage: an outage
     python -m ops.local_kafka stop --dir /tmp/kafka
 """
 
@@ -400,21 +401,28 @@ class LocalKafka:
             "bootstrap": self.bootstrap,
             "proxied_bootstrap": self.proxied_bootstrap,
             "pgids": [n.proc.pid for n in self.nodes if n.proc is not None],
+            "version": self.version,
+            "nodes": [
+                {
+                    "node_id": n.node_id,
+                    "directory": str(n.directory),
+                    "port": n.port,
+                    "controller_port": n.controller_port,
+                    "proxied_port": n.proxied_port,
+                    "proxied_advertised_port": n.proxied_advertised_port,
+                }
+                for n in self.nodes
+            ],
         }
         (self.base_dir / _STATE_FILE).write_text(json.dumps(state))
 
 
-def stop_by_state(base_dir: Path) -> bool:
-    """Stop a cluster started by another process (``start`` of the command line)."""
-    path = base_dir / _STATE_FILE
-    if not path.exists():
-        return False
-    state = json.loads(path.read_text())
-    for pgid in state["pgids"]:
+def _stop_pgids(pgids: list[int], grace_s: float = 20.0) -> None:
+    for pgid in pgids:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + 20
-    for pgid in state["pgids"]:
+    deadline = time.monotonic() + grace_s
+    for pgid in pgids:
         while time.monotonic() < deadline:
             try:
                 os.killpg(pgid, 0)
@@ -424,6 +432,39 @@ def stop_by_state(base_dir: Path) -> bool:
         else:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
+
+
+def restart_by_state(base_dir: Path, timeout_s: float = 180.0) -> LocalKafka:
+    """Stop a cluster that ``start`` of the command line runs and start it again on the same
+    ports and storage (a broker outage and its end, for trying out the gateways)."""
+    path = base_dir / _STATE_FILE
+    state = json.loads(path.read_text())
+    if "nodes" not in state:
+        raise KafkaUnavailable(f"the cluster in {base_dir} was started by an older version")
+    _stop_pgids(state["pgids"])
+    cluster = LocalKafka(base_dir, len(state["nodes"]), version=state["version"])
+    cluster.nodes = [
+        KafkaNode(**{**node, "directory": Path(node["directory"])}) for node in state["nodes"]
+    ]
+    cluster._libs = kafka_libs(cluster.version)
+    try:
+        for node in cluster.nodes:
+            cluster._spawn(node)
+        cluster.wait_ready(timeout_s)
+    except BaseException:
+        cluster.stop()
+        raise
+    cluster._save_state()
+    return cluster
+
+
+def stop_by_state(base_dir: Path) -> bool:
+    """Stop a cluster started by another process (``start`` of the command line)."""
+    path = base_dir / _STATE_FILE
+    if not path.exists():
+        return False
+    state = json.loads(path.read_text())
+    _stop_pgids(state["pgids"])
     path.unlink()
     return True
 
@@ -452,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["probe"] and len(argv) >= 2:  # wait_ready's look, in a process of its own
         return _probe(argv[1], {int(node) for node in argv[2:]})
     parser = argparse.ArgumentParser(prog="local_kafka", description=__doc__.split("\n")[0])
-    parser.add_argument("action", choices=("fetch", "start", "stop"))
+    parser.add_argument("action", choices=("fetch", "start", "stop", "restart"))
     parser.add_argument("--dir", type=Path, default=Path("kafka-local"))
     parser.add_argument("--nodes", type=int, choices=(1, 3), default=1)
     args = parser.parse_args(argv)
@@ -465,6 +506,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             cluster = LocalKafka(args.dir, args.nodes).start()
             print(cluster.bootstrap)
+        elif args.action == "restart":
+            if not (args.dir / _STATE_FILE).exists():
+                print(f"no cluster runs in {args.dir}", file=sys.stderr)
+                return 1
+            print(restart_by_state(args.dir).bootstrap)
         else:
             if not stop_by_state(args.dir):
                 print(f"no cluster runs in {args.dir}", file=sys.stderr)

@@ -3,6 +3,7 @@
 # from $KAFKA_HOME), formatted, started, stopped.  See ops/local_kafka.py.
 #   scripts/kafka.sh fetch
 #   scripts/kafka.sh start --dir /tmp/kafka [--nodes 3]    # prints the bootstrap servers
+#   scripts/kafka.sh restart --dir /tmp/kafka               # same ports and storage
 #   scripts/kafka.sh stop --dir /tmp/kafka
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -181,3 +181,71 @@ def test_one_broker_of_three_killed_during_writes_loses_nothing(
         assert topic.partitions
     finally:
         cluster.stop()
+
+
+def test_the_broker_stopped_and_started_again_loses_no_acked_chunk(
+    start_kafka_gateway: Callable[..., GatewayProcess], tmp_path: Path, kafka_namespace: str
+) -> None:
+    """The whole (one-node) cluster goes away and comes back on its ports and storage, as
+    ``scripts/kafka.sh restart`` does it: writes meanwhile are refused (503, nothing acked),
+    the gateway is not ready, and afterwards every acknowledged chunk is in the log once."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    def local_kafka(action: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "ops.local_kafka", action, "--dir", str(tmp_path / "kafka")],
+            capture_output=True, text=True, cwd=REPO, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+    bootstrap = local_kafka("start")
+    try:
+        gateway = start_kafka_gateway(bootstrap=bootstrap)
+        client = Client(gateway.url, timeout_s=90)
+        acked: set[int] = set()
+        refused = 0
+
+        def write(seqnos: list[int]) -> int:
+            nonlocal refused
+            response = client.write("outage", seqnos)
+            if response.status_code == 200:
+                for result in response.json()["results"]:
+                    acked.update(a["seqno"] for a in result["acks"])
+            else:
+                assert response.status_code == 503, response.text
+                refused += 1
+            return response.status_code
+
+        deadline = time.monotonic() + 120
+        while write(list(range(1, 11))) != 200:
+            assert time.monotonic() < deadline
+        restarting = threading.Thread(target=local_kafka, args=("restart",))
+        restarting.start()
+        seqno = 10
+        not_ready = False
+        while restarting.is_alive():
+            if write([seqno + 1, seqno + 2]) == 200:
+                seqno += 2
+            not_ready |= httpx.get(f"{gateway.url}/readyz", timeout=30).status_code == 503
+            time.sleep(0.2)
+        restarting.join()
+        assert refused > 0 and not_ready, "the outage was never seen"
+        deadline = time.monotonic() + 120
+        while write([seqno + 1, seqno + 2]) != 200:
+            assert time.monotonic() < deadline, "the gateway did not recover"
+            time.sleep(0.5)
+        seqno += 2
+        client.close()
+        store = open_kafka_store(KafkaSettings(bootstrap, namespace=kafka_namespace))
+        try:
+            _partitions, seqnos = source_seqnos(store, "dc1.app")["outage"]
+        finally:
+            store.close()
+        assert seqnos == list(range(1, seqno + 1)), "lost, duplicated or reordered chunks"
+        assert acked <= set(seqnos)
+    finally:
+        local_kafka("stop")
