@@ -229,8 +229,10 @@ class FetcherPool:
             while fetcher.position is not None and fetcher.position < end:
                 message, eof = self._next(fetcher, deadline)
                 if message is None:
-                    if eof:
+                    if eof and _reached(fetcher, end):
                         break
+                    # an end the consumer reached before what was committed since (a stale
+                    # end of an earlier read): read on, or ``[position, end)`` would be lost
                     if time.monotonic() >= deadline:
                         raise StoreUnavailable(f"Kafka did not answer a read of {what} in time")
                     continue
@@ -253,7 +255,7 @@ class FetcherPool:
             # markers.  The next read starts at ``end``, not on a marker, where it would find
             # only the records committed since and end on a marker again, for as long as
             # writes go on (and a wait from a marker's offset would return at once).
-            passed = fetcher.position is not None and fetcher.position >= end
+            passed = _reached(fetcher, end)
         except _ConsumeError as exc:
             broken = True
             raise self._consume_failure(exc.error, kafka_topic, partition, what) from None
@@ -334,8 +336,9 @@ class FetcherPool:
             while fetcher.position is not None and fetcher.position < end:
                 message, eof = self._next(fetcher, deadline)
                 if message is None:
-                    if eof:
+                    if eof and _reached(fetcher, end):
                         return
+                    # a stale end (see ``read``): what follows it must be replayed too
                     if time.monotonic() >= deadline:
                         raise StoreUnavailable(f"Kafka did not answer a replay of {what} in time")
                     continue
@@ -373,6 +376,11 @@ class FetcherPool:
             self._cond.notify_all()
         for fetcher in idle:
             fetcher.consumer.close()
+
+
+def _reached(fetcher: _Fetcher, end: int) -> bool:
+    """Whether the consumer got to ``end``: every committed record below it was handed out."""
+    return fetcher.position is not None and fetcher.position >= end
 
 
 def _offset(message: Message) -> int:
