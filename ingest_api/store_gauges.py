@@ -114,12 +114,13 @@ def register_store_gauges(metrics: MetricsRegistry, store: LogStore, data_dir: P
         ("topic", "partition"),
         lambda: partitions("start_offset"),
     )
-    metrics.collected_gauge(
-        "logbroker_partition_size_bytes",
-        "bytes a partition takes in the store",
-        ("topic", "partition"),
-        lambda: partitions("size_bytes"),
-    )
+    if store.capabilities.segment_files:  # Kafka's sizes are the brokers' (kafka-log-dirs)
+        metrics.collected_gauge(
+            "logbroker_partition_size_bytes",
+            "bytes a partition takes in the store",
+            ("topic", "partition"),
+            lambda: partitions("size_bytes"),
+        )
     delivery = _Delivery(store)
 
     def group_lag() -> list[Sample]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
-import os
 import sys
 import threading
 import time
@@ -24,7 +22,7 @@ from delivery.filters import BadFilter, MessageFilter, parse_filter
 from delivery.pull_client import GatewayUnavailable, PullClient, ReadMessage, RequestRefused
 from log_store.errors import BadRequest, InvalidTopicName
 from log_store.topic_names import validate_log_type, validate_topic_name
-from ops import stop_signals
+from ops import stop_grace, stop_signals
 from ops.token_options import add_token_options, token_from
 
 _POLL_WAIT_MS = 1000
@@ -175,26 +173,6 @@ def _topic_hint(topic: str, names: list[str]) -> str:
     return hint + " (`logbroker topics --server URL list` lists them)"
 
 
-def _exit_late_after_stop(stopped: threading.Event, writing: threading.Lock, out: BinaryIO) -> None:
-    """A stop is honoured within ``_STOP_GRACE_S`` even when the gateway does not answer (a
-    request in flight waits up to its timeout, 30 s; the group's commit and leave too): then
-    the reader exits without them, after the output batch being written, never inside one.
-    Offsets not committed are read again by the group's next reader."""
-    stopped.wait()
-    time.sleep(_STOP_GRACE_S)
-    whole = writing.acquire(timeout=_STOP_GRACE_S)
-    with contextlib.suppress(Exception):
-        out.flush()
-    print(
-        f"logbroker read: the gateway did not let go within {_STOP_GRACE_S:g} s of the stop; "
-        "exiting without committing or leaving the group"
-        + ("" if whole else " (the output's last line may be cut)"),
-        file=sys.stderr,
-        flush=True,
-    )
-    os._exit(0)
-
-
 def _wait_for_gateway(client: PullClient, stop: dict[str, bool], until: float | None) -> bool:
     """Wait until the gateway answers; False if stopped or out of time first."""
     said = False
@@ -238,18 +216,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     topics = () if prefix is not None else (args.topic,)
     stop = {"requested": False}
-    stopped = threading.Event()
     out = sys.stdout.buffer
     writing = threading.Lock()
-    threading.Thread(
-        target=_exit_late_after_stop, args=(stopped, writing, out), daemon=True
-    ).start()
-
-    def on_stop() -> None:
-        stop["requested"] = True
-        stopped.set()
-
-    stop_signals.on_stop(on_stop)
+    stop_grace.exit_after_grace(_STOP_GRACE_S, writing, out, "logbroker read")
+    stop_signals.on_stop(lambda: stop.update(requested=True))
     started = time.monotonic()
     idle_until = None if args.idle_exit is None else started + args.idle_exit
     client = PullClient(args.server, token=token)

@@ -113,10 +113,10 @@ def _print_topic(info: TopicInfo, as_json: bool, sizes: bool = True) -> None:
     if info.partitions:
         print(f"  {'partition':>9} {'start':>12} {'end':>12} {'bytes':>14} {'segments':>8}")
         for p in info.partitions:
-            size, segments = (p.size_bytes, p.segments) if sizes else ("-", "-")
+            size, segments = (p.size_bytes, p.segments) if sizes else (None, None)
             print(
                 f"  {p.partition:>9} {p.start_offset:>12} {p.end_offset:>12} "
-                f"{size:>14} {segments:>8}"
+                f"{_shown(size):>14} {_shown(segments):>8}"
             )
 
 

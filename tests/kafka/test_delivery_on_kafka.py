@@ -167,17 +167,23 @@ def test_a_group_reader_keeps_up_with_writes_going_on_and_prints_each_line_once(
         )  # fmt: skip
     stop = threading.Event()
     written: list[tuple[str, int]] = []
+    failures: list[BaseException] = []
 
     def write() -> None:
         writer = Client(gateway.url)
         seqno = 0
-        while not stop.is_set():
-            seqno += 1
-            for source in ("s1", "s2", "s3", "s4"):
-                assert writer.write(source, [seqno]).status_code == 200
-                written.append((source, seqno))
-            time.sleep(0.02)
-        writer.close()
+        try:
+            while not stop.is_set():
+                seqno += 1
+                for source in ("s1", "s2", "s3", "s4"):
+                    answer = writer.write(source, [seqno])
+                    assert answer.status_code == 200, answer.text
+                    written.append((source, seqno))
+                time.sleep(0.02)
+        except BaseException as exc:  # raised in the test below, not lost with the thread
+            failures.append(exc)
+        finally:
+            writer.close()
 
     thread = threading.Thread(target=write)
     thread.start()
@@ -203,7 +209,11 @@ def test_a_group_reader_keeps_up_with_writes_going_on_and_prints_each_line_once(
     finally:
         stop.set()
         thread.join()
-    time.sleep(5)
+    assert not failures, failures
+    expected = len(written) + 1
+    deadline = time.monotonic() + 60
+    while out_path.read_bytes().count(b"\n") < expected and time.monotonic() < deadline:
+        time.sleep(0.2)
     reader.terminate()
     assert reader.wait(60) == 0, err_path.read_text()
     out, err = out_path.read_bytes(), err_path.read_bytes()

@@ -223,7 +223,15 @@ def test_the_broker_stopped_and_started_again_loses_no_acked_chunk(
         deadline = time.monotonic() + 120
         while write(list(range(1, 11))) != 200:
             assert time.monotonic() < deadline
-        restarting = threading.Thread(target=local_kafka, args=("restart",))
+        restart_failures: list[BaseException] = []
+
+        def restart() -> None:
+            try:
+                local_kafka("restart")
+            except BaseException as exc:  # raised below, not lost with the thread
+                restart_failures.append(exc)
+
+        restarting = threading.Thread(target=restart)
         restarting.start()
         seqno = 10
         not_ready = False
@@ -233,6 +241,7 @@ def test_the_broker_stopped_and_started_again_loses_no_acked_chunk(
             not_ready |= httpx.get(f"{gateway.url}/readyz", timeout=30).status_code == 503
             time.sleep(0.2)
         restarting.join()
+        assert not restart_failures, restart_failures
         assert refused > 0 and not_ready, "the outage was never seen"
         deadline = time.monotonic() + 120
         while write([seqno + 1, seqno + 2]) != 200:

@@ -329,9 +329,9 @@ def test_a_request_that_overtook_its_predecessor_is_sent_again_not_taken_for_a_l
 
     # the same answer to a request sent after its predecessor was acknowledged is a loss:
     # the log holds less than it acknowledged, so the file resumes from the gateway's word
-    third = tailed.take(4096)
-    third_job = _WriteJob(None, [(tailed, third)])  # type: ignore[arg-type]
-    shipper._on_write(third_job, _answer(tailed, third, "out_of_order"))
+    second_again = tailed.take(4096)
+    again_job = _WriteJob(None, [(tailed, second_again)])  # type: ignore[arg-type]
+    shipper._on_write(again_job, _answer(tailed, second_again, "out_of_order"))
     assert not tailed.session_ready
     tailed.close()
 
