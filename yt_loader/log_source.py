@@ -183,7 +183,7 @@ class HttpLogSource:
                     int(p["partition"]),
                     int(p["start_offset"]),
                     int(p["end_offset"]),
-                    int(p.get("size_bytes", 0)),
+                    int(p.get("size_bytes") or 0),  # null where the store does not know (Kafka)
                 )
                 for p in body["partitions"]
             ],

@@ -34,7 +34,7 @@ from confluent_kafka.admin import (
 from log_store.errors import BadRequest, StoreUnavailable, TopicExists, UnknownTopic
 from log_store.interface import PartitionInfo, TopicConfig
 from log_store.kafka import naming
-from log_store.kafka.failures import as_store_error, kafka_error
+from log_store.kafka.failures import as_store_error, is_metadata_lag, kafka_error
 from log_store.kafka.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ class TopicAdmin:
     def partition_infos(self, topic: KafkaTopic) -> list[PartitionInfo]:
         """Start and end (last stable) offsets of every partition, in two requests."""
         parts = [TopicPartition(topic.kafka_name, p) for p in range(topic.partitions)]
-        deadline = time.monotonic() + _NEW_TOPIC_S
+        started = time.monotonic()
         while True:  # a topic just created may be unknown to the broker asked, for a moment
             try:
                 earliest = self._list_offsets(
@@ -191,9 +191,16 @@ class TopicAdmin:
                 latest = self._list_offsets({tp: OffsetSpec.latest() for tp in parts}, topic.name)
                 break
             except UnknownTopic:
-                if time.monotonic() > deadline:
+                if time.monotonic() > started + _NEW_TOPIC_S:
                     raise
-                time.sleep(0.1)
+            except StoreUnavailable as exc:
+                # a leader that moved (a cluster starting, a broker gone): asked again once
+                # librdkafka's metadata names the new one, within the operation timeout
+                if not is_metadata_lag(kafka_error(exc)) or (
+                    time.monotonic() > started + self._timeout
+                ):
+                    raise
+            time.sleep(0.1)
         return [
             PartitionInfo(p, earliest[p], max(earliest[p], latest[p]), 0, 0)
             for p in range(topic.partitions)
