@@ -754,6 +754,27 @@ def takeover(bootstrap: str, namespace: str, sources: int, samples: int) -> list
     return seconds
 
 
+def in_process(
+    case: str,
+    measure: Callable[[], float],
+    seconds: float,
+    broker_pid: int | None,
+    cpu: dict[str, list[float]],
+) -> float:
+    """Run a case whose producers run in this process; return its MB/s and add its CPU per
+    MB sent (this process as the load, and the broker) to ``cpu`` under ``case``."""
+    own = time.process_time()
+    broker = cpu_seconds(broker_pid) if broker_pid else 0.0
+    mb_s = measure()
+    sent_mb = mb_s * seconds
+    cpu.setdefault(f"{case}_load", []).append((time.process_time() - own) / sent_mb)
+    cpu.setdefault(f"{case}_broker", []).append(
+        ((cpu_seconds(broker_pid) if broker_pid else 0.0) - broker) / sent_mb
+    )
+    cpu.setdefault(f"{case}_gateways", []).append(0.0)
+    return mb_s
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -807,23 +828,20 @@ def main() -> int:
             broker = cluster.nodes[0].proc
             broker_pid = broker.pid if broker is not None else None
             for run in range(args.runs):
-                producer_cpu = time.process_time()
-                broker_cpu = cpu_seconds(broker_pid) if broker_pid else 0.0
-                raw = raw_producer(
-                    bootstrap,
-                    f"raw{run}",
+                raw = in_process(
+                    "raw",
+                    lambda run=run: raw_producer(
+                        bootstrap,
+                        f"raw{run}",
+                        args.seconds,
+                        args.chunk_bytes,
+                        args.data,
+                        args.partitions,
+                    ),
                     args.seconds,
-                    args.chunk_bytes,
-                    args.data,
-                    args.partitions,
+                    broker_pid,
+                    cpu,
                 )
-                raw_mb = raw * args.seconds
-                # the producer runs in this process: its CPU, and the broker's, per MB sent
-                cpu.setdefault("raw_load", []).append((time.process_time() - producer_cpu) / raw_mb)
-                cpu.setdefault("raw_broker", []).append(
-                    ((cpu_seconds(broker_pid) if broker_pid else 0.0) - broker_cpu) / raw_mb
-                )
-                cpu.setdefault("raw_gateways", []).append(0.0)
                 # the case measured right after the raw producer meets a broker still busy
                 # with what the producer wrote: with --compare-with, the order alternates
                 base_first = args.compare_with is not None and run % 2 == 1
@@ -851,23 +869,21 @@ def main() -> int:
                 # Kafka transactions of the size the gateway's group commit made just now
                 made = cpu.get("one_mb_per_commit")
                 commit_mb = made[-1] if made else 2.5
-                writer_cpu = time.process_time()
-                broker_cpu = cpu_seconds(broker_pid) if broker_pid else 0.0
-                txn = raw_transactions(
-                    bootstrap,
-                    f"txn{run}",
+                txn = in_process(
+                    "txn",
+                    lambda run=run, commit_mb=commit_mb: raw_transactions(
+                        bootstrap,
+                        f"txn{run}",
+                        args.seconds,
+                        args.chunk_bytes,
+                        args.data,
+                        args.partitions,
+                        commit_mb * 1e6,
+                    ),
                     args.seconds,
-                    args.chunk_bytes,
-                    args.data,
-                    args.partitions,
-                    commit_mb * 1e6,
+                    broker_pid,
+                    cpu,
                 )
-                txn_mb = txn * args.seconds
-                cpu.setdefault("txn_load", []).append((time.process_time() - writer_cpu) / txn_mb)
-                cpu.setdefault("txn_broker", []).append(
-                    ((cpu_seconds(broker_pid) if broker_pid else 0.0) - broker_cpu) / txn_mb
-                )
-                cpu.setdefault("txn_gateways", []).append(0.0)
                 cpu.setdefault("txn_commit_mb", []).append(commit_mb)
                 if args.ingest_only:
                     e2e, lat, tk = float("nan"), [], [float("nan")]

@@ -124,29 +124,23 @@ def _text_response(description: str, media_type: str) -> dict[str, Any]:
     }
 
 
+def _status_response(description: str, status: str) -> dict[str, Any]:
+    """``{"status": <status>, "dc": ...}``, the answer of ``/healthz`` and ``/readyz``."""
+    schema = {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"type": "string", "enum": [status]}, "dc": {"type": "string"}},
+    }
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
 def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
     return {
         "/healthz": {
             "get": {
                 "summary": "Liveness",
                 "operationId": "healthz",
-                "responses": {
-                    "200": {
-                        "description": "the gateway is up",
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["status"],
-                                    "properties": {
-                                        "status": {"type": "string", "enum": ["ok"]},
-                                        "dc": {"type": "string"},
-                                    },
-                                }
-                            }
-                        },
-                    }
-                },
+                "responses": {"200": _status_response("the gateway is up", "ok")},
             }
         },
         "/readyz": {
@@ -156,21 +150,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                 "and not full, or Kafka answers (looked at once a second at most).",
                 "operationId": "readyz",
                 "responses": {
-                    "200": {
-                        "description": "the gateway can take writes",
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["status"],
-                                    "properties": {
-                                        "status": {"type": "string", "enum": ["ready"]},
-                                        "dc": {"type": "string"},
-                                    },
-                                }
-                            }
-                        },
-                    },
+                    "200": _status_response("the gateway can take writes", "ready"),
                     "503": {
                         "description": "not now, and why (``error`` is ``not_ready``); "
                         "``Retry-After`` says when to ask again",

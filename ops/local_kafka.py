@@ -289,6 +289,10 @@ class LocalKafka:
 
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         self._format(libs, cluster_id)
+        return self._run(timeout_s)
+
+    def _run(self, timeout_s: float) -> LocalKafka:
+        """Start every node on its storage, wait until ready, note how to stop them."""
         try:
             for node in self.nodes:
                 self._spawn(node)
@@ -447,15 +451,7 @@ def restart_by_state(base_dir: Path, timeout_s: float = 180.0) -> LocalKafka:
         KafkaNode(**{**node, "directory": Path(node["directory"])}) for node in state["nodes"]
     ]
     cluster._libs = kafka_libs(cluster.version)
-    try:
-        for node in cluster.nodes:
-            cluster._spawn(node)
-        cluster.wait_ready(timeout_s)
-    except BaseException:
-        cluster.stop()
-        raise
-    cluster._save_state()
-    return cluster
+    return cluster._run(timeout_s)
 
 
 def stop_by_state(base_dir: Path) -> bool:

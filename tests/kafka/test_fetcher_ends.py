@@ -75,12 +75,19 @@ def _record(offset: int) -> _Message:
     return _Message(offset, b"r%d" % offset)
 
 
-def test_a_stale_end_left_by_a_read_that_stopped_at_max_bytes_skips_nothing() -> None:
+def _pool() -> tuple[FetcherPool, _Consumer, _Watermarks]:
+    """A pool holding one idle consumer that follows a script."""
     watermarks = _Watermarks()
-    pool = FetcherPool(KafkaSettings("unused:9092", operation_timeout_s=2), watermarks)  # type: ignore[arg-type]
+    settings = KafkaSettings("unused:9092", operation_timeout_s=2)
+    pool = FetcherPool(settings, watermarks)  # type: ignore[arg-type]
     consumer = _Consumer()
     pool._idle.append(_Fetcher(consumer))  # type: ignore[arg-type]
     pool._count = 1
+    return pool, consumer, watermarks
+
+
+def test_a_stale_end_left_by_a_read_that_stopped_at_max_bytes_skips_nothing() -> None:
+    pool, consumer, watermarks = _pool()
 
     # records 0 and 1, their transaction's marker at 2: the end is 3
     watermarks.end = 3
@@ -102,11 +109,7 @@ def test_a_stale_end_left_by_a_read_that_stopped_at_max_bytes_skips_nothing() ->
 
 
 def test_a_read_that_reached_the_end_resumes_past_the_last_commit_marker() -> None:
-    watermarks = _Watermarks()
-    pool = FetcherPool(KafkaSettings("unused:9092", operation_timeout_s=2), watermarks)  # type: ignore[arg-type]
-    consumer = _Consumer()
-    pool._idle.append(_Fetcher(consumer))  # type: ignore[arg-type]
-    pool._count = 1
+    pool, consumer, watermarks = _pool()
     watermarks.end = 3
     consumer.batches.append([_record(0), _record(1), _Message(3, eof=True)])
     read = pool.read("t", 0, 0, max_bytes=1 << 20, what="t/0")
@@ -115,13 +118,9 @@ def test_a_read_that_reached_the_end_resumes_past_the_last_commit_marker() -> No
 
 
 def test_a_replay_does_not_stop_at_a_stale_end() -> None:
-    watermarks = _Watermarks()
-    pool = FetcherPool(KafkaSettings("unused:9092", operation_timeout_s=2), watermarks)  # type: ignore[arg-type]
-    consumer = _Consumer()
-    fetcher = _Fetcher(consumer)  # type: ignore[arg-type]
+    pool, consumer, _watermarks = _pool()
+    fetcher = pool._idle[0]
     fetcher.tp, fetcher.position, fetcher.eof_at = ("t", 0), 2, 3  # left by an earlier read
-    pool._idle.append(fetcher)
-    pool._count = 1
     consumer.batches.append([_record(3), _record(4), _Message(6, eof=True)])
     seen: list[int] = []
     pool.replay("t", 0, 2, 6, lambda offset, _value: seen.append(offset), what="t/0")

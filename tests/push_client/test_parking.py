@@ -6,6 +6,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,6 +35,16 @@ write = ["app", "secret"]
 """
 
 
+def _gateway_and_logs(tmp_path: Path, start_gateway) -> tuple[Any, Path]:  # type: ignore[no-untyped-def]
+    """A gateway with the tokens above, and an empty directory for the logs."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(GATEWAY_CONFIG)
+    gateway = start_gateway(tmp_path / "data", "--config", str(config))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    return gateway, logs
+
+
 def _wait_for(predicate, timeout_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -46,11 +57,7 @@ def _wait_for(predicate, timeout_s: float = 30.0) -> bool:  # type: ignore[no-un
 def test_a_refused_file_is_parked_the_others_ship_and_a_new_token_ships_it_once(
     tmp_path: Path, start_gateway
 ) -> None:
-    config = tmp_path / "gateway.toml"
-    config.write_text(GATEWAY_CONFIG)
-    gateway = start_gateway(tmp_path / "data", "--config", str(config))
-    logs = tmp_path / "logs"
-    logs.mkdir()
+    gateway, logs = _gateway_and_logs(tmp_path, start_gateway)
     app = [LineWriter(f"a{i:02d}") for i in range(49)]
     for i, writer in enumerate(app):
         writer.append(logs / f"f{i:02d}.log", 200)
@@ -137,11 +144,7 @@ log_type = "secret"
 def test_sighup_reloads_the_config_and_a_file_parked_under_its_old_entry_ships_once(
     tmp_path: Path, start_gateway
 ) -> None:
-    config = tmp_path / "gateway.toml"
-    config.write_text(GATEWAY_CONFIG)
-    gateway = start_gateway(tmp_path / "data", "--config", str(config))
-    logs = tmp_path / "logs"
-    logs.mkdir()
+    gateway, logs = _gateway_and_logs(tmp_path, start_gateway)
     writer = LineWriter("moved")
     writer.append(logs / "audit.log", 300)
     other = LineWriter("other")
@@ -193,11 +196,7 @@ log_type = "{audit_log_type}"
 def test_idle_exit_with_a_file_parked_exits_1_and_names_it(tmp_path: Path, start_gateway) -> None:
     """A one-shot push (``--idle-exit``) whose token cannot write one file's topic ships the
     others and exits with status 1 naming the file, not 0 as if all had been shipped."""
-    config = tmp_path / "gateway.toml"
-    config.write_text(GATEWAY_CONFIG)
-    gateway = start_gateway(tmp_path / "data", "--config", str(config))
-    logs = tmp_path / "logs"
-    logs.mkdir()
+    gateway, logs = _gateway_and_logs(tmp_path, start_gateway)
     app = LineWriter("app")
     app.append(logs / "app.log", 300)
     secret = LineWriter("secret")
@@ -221,13 +220,17 @@ path = "{logs}/secret.log"
 log_type = "secret"
 """
     )
-    done = subprocess.run(
-        logbroker_cmd("push", "--config", str(push_config), *FAST_FLAGS, "--idle-exit", "1"),
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+
+    def push_once() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            logbroker_cmd("push", "--config", str(push_config), *FAST_FLAGS, "--idle-exit", "1"),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
+
+    done = push_once()
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"{logs}/secret.log was not shipped: parked" in done.stderr
     assert "HTTP 403 forbidden" in done.stderr
@@ -237,13 +240,7 @@ log_type = "secret"
     assert read_delivered(gateway.data_dir, "secret").count() == 0
 
     token.write_text("app-and-secret\n")  # fixed, the same command ships the rest and exits 0
-    done = subprocess.run(
-        logbroker_cmd("push", "--config", str(push_config), *FAST_FLAGS, "--idle-exit", "1"),
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    done = push_once()
     assert done.returncode == 0, done.stderr[-2000:]
     assert_exactly_once(read_delivered(gateway.data_dir, "secret"), secret)
     assert_exactly_once(read_delivered(gateway.data_dir, "app"), app)
