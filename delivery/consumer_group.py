@@ -22,14 +22,16 @@ uses the entry), never more than once.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import logging
 import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from audit.records import in_prefix
 from delivery.internal_state import Doc, InternalState, is_internal
@@ -37,6 +39,7 @@ from log_store.errors import (
     BadRequest,
     LimitReached,
     OffsetOutOfRange,
+    StoreUnavailable,
     UnknownPartition,
     UnknownTopic,
 )
@@ -176,8 +179,32 @@ class _Bounds:
         return sorted(self.offsets)
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _noting_outages(
+    method: Callable[Concatenate[GroupCoordinator, _P], _R],
+) -> Callable[Concatenate[GroupCoordinator, _P], _R]:
+    """A request of a member: a store away while it is served is noted (``_outage_watch``)."""
+
+    @functools.wraps(method)
+    def served(self: GroupCoordinator, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._outage_watch():
+            return method(self, *args, **kwargs)
+
+    return served
+
+
 class GroupCoordinator:
-    """Join, heartbeat, leave, commit and describe consumer groups of one store."""
+    """Join, heartbeat, leave, commit and describe consumer groups of one store.
+
+    A member is expired after its session timeout without a heartbeat, not counting the time
+    this process could not reach the store (a Kafka outage): its heartbeats then failed here,
+    they were not missed, so a reader that kept trying keeps its partitions and its commit
+    of what it printed meanwhile is taken.  Another gateway that saw no failure knows of no
+    outage: a member that moves to it right after one may still be expired there.
+    """
 
     def __init__(
         self,
@@ -191,8 +218,13 @@ class GroupCoordinator:
         self._state = state
         self._clock = clock
         self.max_per_owner = max_per_owner
+        self._outage_since: int | None = None
+        """When this process last found the store away (ms), until it answers again."""
+        self._outages: collections.deque[tuple[int, int]] = collections.deque(maxlen=32)
+        """Recent spans (ms) during which this process could not reach the store."""
 
     # -- requests ---------------------------------------------------------------------------
+    @_noting_outages
     def join(
         self,
         group: str,
@@ -244,6 +276,7 @@ class GroupCoordinator:
             self._remember(group)
         return member
 
+    @_noting_outages
     def heartbeat(
         self, group: str, member_id: str, release: Iterable[TopicPartition] = ()
     ) -> MemberState:
@@ -265,6 +298,7 @@ class GroupCoordinator:
 
         return self._state.update(_doc_key(group), change)
 
+    @_noting_outages
     def leave(self, group: str, member_id: str) -> None:
         """Remove a member at once; its partitions go to the others on their next heartbeat."""
         self._existing(group)
@@ -279,6 +313,7 @@ class GroupCoordinator:
 
         self._state.update(_doc_key(group), change)
 
+    @_noting_outages
     def commit(
         self,
         group: str,
@@ -469,9 +504,45 @@ class GroupCoordinator:
         member["seen"] = now
         return doc
 
-    @staticmethod
-    def _expire(doc: Doc, now: int) -> None:
-        dead = [m for m, v in doc["members"].items() if now - v["seen"] > v["timeout"]]
+    @contextlib.contextmanager
+    def _outage_watch(self) -> Iterator[None]:
+        """Remember when the store did not answer this process: a member whose heartbeats
+        failed then did not miss them (see :meth:`_expire`)."""
+        # from when the request came: a store away may take the operation timeout to fail it
+        asked = self._now()
+        try:
+            yield
+        except StoreUnavailable:
+            if self._outage_since is None or asked < self._outage_since:
+                self._outage_since = asked
+            raise
+        if self._outage_since is not None:
+            self._outages.append((self._outage_since, self._now()))
+            self._outage_since = None
+
+    def _unheard(self, seen: int, now: int) -> int:
+        """Of the time since ``seen``, how long the store was away for this process (a
+        heartbeat then could not be recorded, so it does not count against the member)."""
+        spans = list(self._outages)
+        if self._outage_since is not None:
+            spans.append((self._outage_since, now))  # it answers now: this update runs
+        # and what the store saw of it (a read that waited for Kafka to come back)
+        spans += [(int(a * 1000), int(b * 1000)) for a, b in self._store.unavailable_spans()]
+        spans.sort()
+        unheard, covered = 0, seen
+        for start, end in spans:  # overlapping spans counted once
+            start, end = max(start, covered), min(end, now)
+            if end > start:
+                unheard += end - start
+                covered = end
+        return unheard
+
+    def _expire(self, doc: Doc, now: int) -> None:
+        dead = [
+            m
+            for m, v in doc["members"].items()
+            if now - v["seen"] - self._unheard(v["seen"], now) > v["timeout"]
+        ]
         for m in dead:
             del doc["members"][m]
         if dead:

@@ -163,6 +163,12 @@ class LogStore(Protocol):
         look at the data dir's file system, or one metadata request to Kafka (at most 1 s)."""
         ...
 
+    def unavailable_spans(self) -> list[tuple[float, float]]:
+        """Recent (start, end) wall-clock spans during which this process could not reach
+        the store (Kafka away); empty for a store on local disk.  A consumer group does not
+        count them against a member's session (its heartbeats could not be served)."""
+        ...
+
     # -- topics -----------------------------------------------------------------------------
     def create_topic(
         self, name: str, config: TopicConfig | None = None, *, exist_ok: bool = False

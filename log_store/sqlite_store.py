@@ -648,6 +648,9 @@ class SqliteLogStore:
         with self._lease(topic, partition) as (_, log):
             return log.drop_segments(below_offset=offset, before_ms=None, max_bytes=None)
 
+    def unavailable_spans(self) -> list[tuple[float, float]]:
+        return []  # a local disk that fails refuses at once (503), it does not stall
+
     def readiness(self) -> str | None:
         if self.read_only:
             return "the store is open read-only"

@@ -46,6 +46,27 @@ class Watermarks:
         self._settings = settings
         self._consumer = Consumer(settings.reader_config(reader_group(settings.namespace)))
         self._closed = False
+        self._lock = threading.Lock()
+        self._away_since: float | None = None
+        self._away: collections.deque[tuple[float, float]] = collections.deque(maxlen=32)
+
+    def unavailable_spans(self) -> list[tuple[float, float]]:
+        """Recent spans (wall-clock seconds) during which the partitions' leaders did not
+        answer here; one still going ends now."""
+        with self._lock:
+            spans = list(self._away)
+            if self._away_since is not None:
+                spans.append((self._away_since, time.time()))
+        return spans
+
+    def _answered(self, asked: float, ok: bool) -> None:
+        with self._lock:
+            if not ok:
+                if self._away_since is None:
+                    self._away_since = asked
+            elif self._away_since is not None:
+                self._away.append((self._away_since, time.time()))
+                self._away_since = None
 
     def get(self, kafka_topic: str, partition: int, what: str = "watermarks") -> tuple[int, int]:
         """(start, LSO), asked again while the partition is too new or moving to be known.
@@ -57,15 +78,19 @@ class Watermarks:
         gone_deadline = time.monotonic() + _NEW_TOPIC_S
         while True:
             remaining = deadline - time.monotonic()
+            asked = time.time()
             try:
                 low, high = self._consumer.get_watermark_offsets(
                     TopicPartition(kafka_topic, partition),
                     timeout=max(0.1, min(_ATTEMPT_S, remaining)),
                     cached=False,
                 )
+                self._answered(asked, True)
                 return int(low), int(high)
             except Exception as exc:
                 error = kafka_error(exc)
+                if is_unavailable(error):
+                    self._answered(asked, False)
                 now = time.monotonic()
                 retry = (is_metadata_lag(error) or is_unavailable(error)) and now < deadline
                 if is_topic_gone(error) and now < gone_deadline:

@@ -697,6 +697,9 @@ class KafkaLogStore:
             return low
         return self._admin.delete_records(kafka.kafka_name, partition, target)
 
+    def unavailable_spans(self) -> list[tuple[float, float]]:
+        return self._watermarks.unavailable_spans()
+
     def readiness(self) -> str | None:
         try:
             self._admin.reachable(1.0)

@@ -163,6 +163,47 @@ def test_partitions_spread_over_members_and_a_dead_members_move_after_its_timeou
         coordinator.commit("g", members[2].member_id, [("dc1.app", 0, 0)])
 
 
+def test_a_member_whose_heartbeats_failed_while_the_store_was_away_keeps_its_partitions(
+    tmp_path: Path,
+) -> None:
+    """Heartbeats that the store could not record (Kafka away for longer than the session
+    timeout) do not count as missed: the member keeps its partitions and its commit is
+    taken.  A member that really went silent is still expired after its timeout."""
+    from log_store.errors import StoreUnavailable
+
+    store = open_store(tmp_path / "data")
+    store.create_topic("dc1.app", TopicConfig(partitions=2))
+    clock = Clock()
+    state = InternalState(store)
+    coordinator = GroupCoordinator(store, state, clock)
+    sub = Subscription(("dc1.app",))
+    reader = coordinator.join("g", sub, session_timeout_ms=1000, reset="earliest")
+    silent = coordinator.join("h", sub, session_timeout_ms=1000, reset="earliest")
+    assert _owned(coordinator.heartbeat("g", reader.member_id)) == {0, 1}
+
+    real_update = state.update
+
+    def away(*_args: Any, **_kwargs: Any) -> Any:
+        raise StoreUnavailable("Kafka unavailable")
+
+    state.update = away  # type: ignore[method-assign]
+    for _ in range(8):  # 4 s of heartbeats every 0.5 s, each refused
+        clock.now += 0.5
+        with pytest.raises(StoreUnavailable):
+            coordinator.heartbeat("g", reader.member_id)
+    state.update = real_update  # type: ignore[method-assign]
+    clock.now += 0.3
+    back = coordinator.heartbeat("g", reader.member_id)
+    assert _owned(back) == {0, 1}
+    coordinator.commit("g", reader.member_id, [("dc1.app", 0, 0)])
+    # the other group's member sent nothing, not even a failed heartbeat: the outage does
+    # not save it once its own timeout has passed outside the outage
+    clock.now += 1.5
+    with pytest.raises(UnknownMember):
+        coordinator.heartbeat("h", silent.member_id)
+    store.close()
+
+
 def test_commits_are_fenced_to_the_owner_and_kept_for_the_next_owner(groups: Any) -> None:
     coordinator, _ = groups
     sub = Subscription(("dc1.app",))

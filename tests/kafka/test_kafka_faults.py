@@ -3,6 +3,7 @@ Kafka cut, a broker of three killed.  Real processes, SIGKILL, a real Kafka clus
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -188,7 +189,9 @@ def test_the_broker_stopped_and_started_again_loses_no_acked_chunk(
 ) -> None:
     """The whole (one-node) cluster goes away and comes back on its ports and storage, as
     ``scripts/kafka.sh restart`` does it: writes meanwhile are refused (503, nothing acked),
-    the gateway is not ready, and afterwards every acknowledged chunk is in the log once."""
+    the gateway is not ready, and afterwards every acknowledged chunk is in the log once.  A
+    group reader that kept trying through the outage (longer than its 10 s session) keeps its
+    membership and prints every line once."""
     import subprocess
     import sys
 
@@ -223,6 +226,18 @@ def test_the_broker_stopped_and_started_again_loses_no_acked_chunk(
         deadline = time.monotonic() + 120
         while write(list(range(1, 11))) != 200:
             assert time.monotonic() < deadline
+        out_path, err_path = tmp_path / "reader.jsonl", tmp_path / "reader.err"
+        with open(out_path, "wb") as out_file, open(err_path, "wb") as err_file:
+            reader = subprocess.Popen(
+                [sys.executable, "-m", "ops", "read", "--server", gateway.url,
+                 "--topic", "dc1.app", "--group", "through", "--from-beginning",
+                 "--format", "jsonl"],
+                stdout=out_file, stderr=err_file, cwd=REPO,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while out_path.read_bytes().count(b"\n") < 10:
+            assert time.monotonic() < deadline, err_path.read_text()
+            time.sleep(0.2)
         restart_failures: list[BaseException] = []
 
         def restart() -> None:
@@ -249,6 +264,14 @@ def test_the_broker_stopped_and_started_again_loses_no_acked_chunk(
             time.sleep(0.5)
         seqno += 2
         client.close()
+        deadline = time.monotonic() + 90
+        while out_path.read_bytes().count(b"\n") < seqno and time.monotonic() < deadline:
+            time.sleep(0.2)
+        reader.terminate()
+        assert reader.wait(60) == 0, err_path.read_text()
+        printed = [json.loads(line)["seqno"] for line in out_path.read_bytes().splitlines()]
+        assert sorted(printed) == list(range(1, seqno + 1)), err_path.read_text()
+        assert "dropped from group" not in err_path.read_text()
         store = open_kafka_store(KafkaSettings(bootstrap, namespace=kafka_namespace))
         try:
             _partitions, seqnos = source_seqnos(store, "dc1.app")["outage"]
