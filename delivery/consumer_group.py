@@ -520,17 +520,22 @@ class GroupCoordinator:
             self._outages.append((self._outage_since, self._now()))
             self._outage_since = None
 
-    def _unheard(self, seen: int, now: int) -> int:
-        """Of the time since ``seen``, how long the store was away for this process (a
-        heartbeat then could not be recorded, so it does not count against the member)."""
+    def _away_spans(self, now: int) -> list[tuple[int, int]]:
+        """When (ms) this process could not reach the store, in order: its own requests that
+        failed, one still failing ending now (this update runs, so it answers again), and
+        what the store saw (a read that waited for Kafka to come back)."""
         spans = list(self._outages)
         if self._outage_since is not None:
-            spans.append((self._outage_since, now))  # it answers now: this update runs
-        # and what the store saw of it (a read that waited for Kafka to come back)
+            spans.append((self._outage_since, now))
         spans += [(int(a * 1000), int(b * 1000)) for a, b in self._store.unavailable_spans()]
-        spans.sort()
+        return sorted(spans)
+
+    @staticmethod
+    def _unheard(spans: list[tuple[int, int]], seen: int, now: int) -> int:
+        """Of the time since ``seen``, how long the store was away (a heartbeat then could not
+        be recorded, so it does not count against the member); overlaps counted once."""
         unheard, covered = 0, seen
-        for start, end in spans:  # overlapping spans counted once
+        for start, end in spans:
             start, end = max(start, covered), min(end, now)
             if end > start:
                 unheard += end - start
@@ -538,10 +543,11 @@ class GroupCoordinator:
         return unheard
 
     def _expire(self, doc: Doc, now: int) -> None:
+        spans = self._away_spans(now)
         dead = [
             m
             for m, v in doc["members"].items()
-            if now - v["seen"] - self._unheard(v["seen"], now) > v["timeout"]
+            if now - v["seen"] - self._unheard(spans, v["seen"], now) > v["timeout"]
         ]
         for m in dead:
             del doc["members"][m]

@@ -60,6 +60,8 @@ class Watermarks:
         return spans
 
     def _answered(self, asked: float, ok: bool) -> None:
+        if ok and self._away_since is None:
+            return  # the usual case, on every look: no lock taken
         with self._lock:
             if not ok:
                 if self._away_since is None:
