@@ -46,21 +46,23 @@ class _Consumer:
 
     def __init__(self) -> None:
         self.batches: deque[list[_Message]] = deque()
+        self.assigned: list[Any] = []
+        """Every ``assign`` call: a read that goes on where the last one stopped makes none."""
 
     def consume(self, _n: int, _timeout: float) -> list[_Message]:
         return self.batches.popleft() if self.batches else []
 
     def poll(self, _timeout: float) -> _Message | None:
-        return None
+        return None  # everything scripted comes through ``consume``
 
-    def assign(self, _partitions: Any) -> None:
-        pass
+    def assign(self, partitions: Any) -> None:
+        self.assigned.append(partitions)
 
     def unassign(self) -> None:
-        pass
+        self.assigned.append(None)
 
     def close(self) -> None:
-        pass
+        self.assigned.append("closed")
 
 
 class _Watermarks:
@@ -102,6 +104,7 @@ def test_a_stale_end_left_by_a_read_that_stopped_at_max_bytes_skips_nothing() ->
     second = pool.read("t", 0, first.next_offset, max_bytes=1 << 20, what="t/0")
     assert [r.offset for r in second.records] == [3, 4], "the stale end ended the read"
     assert second.next_offset == 6  # past the marker: the reader at the end waits there
+    assert len(consumer.assigned) == 1  # the second read went on with the same assignment
 
     # at the end: nothing new, the next read is empty and starts at the end again
     third = pool.read("t", 0, second.next_offset, max_bytes=1 << 20, what="t/0")

@@ -316,12 +316,19 @@ def test_a_request_that_overtook_its_predecessor_is_sent_again_not_taken_for_a_l
     shipper.counters = Counters()
 
     class _Audit:
-        def add_chunk(self, *_args: object) -> None:
-            pass
+        """Counts what the push-client tier would publish: acknowledged chunks only."""
 
-    shipper.audit = _Audit()  # type: ignore[assignment]
+        def __init__(self) -> None:
+            self.chunks: list[bytes] = []
+
+        def add_chunk(self, _topic: str, _create_time: int, _codec: str, data: bytes) -> None:
+            self.chunks.append(bytes(data))
+
+    audit = _Audit()
+    shipper.audit = audit  # type: ignore[assignment]
     shipper._on_write(first_job, _answer(tailed, first, "written"))
     shipper._on_write(second_job, _answer(tailed, second, "out_of_order"))
+    assert audit.chunks == [bytes(c.data) for c in first]  # the refused one is not counted
     assert tailed.session_ready
     assert tailed.acked == first[-1].seqno
     assert tailed.pending[0].start == second[0].start  # the second is sent again, first
