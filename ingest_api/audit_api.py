@@ -8,6 +8,7 @@ reconciled windows (see :mod:`audit.reconcile`) of the topics the token may read
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio.to_thread
@@ -26,6 +27,7 @@ from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
 from ingest_api.openapi import operation, query_param
 from ingest_api.params import int_param, json_response
+from session_dedup.envelope import decode
 from session_dedup.exactly_once import WRITTEN, ChunkBatch, ExactlyOnceWriter
 
 _COUNTS = "audit.gateway_counts"
@@ -49,6 +51,22 @@ def count_written(
     tally = WrittenTally(counts)
     tally.section(topic, codec, batch, written)
     tally.flush()
+
+
+def late_commit_counter(counts: WindowCounts) -> Callable[[str, Sequence[bytes]], None]:
+    """The hook that counts chunk writes found committed after their caller was answered
+    failed (see ``late_commit_hook``): their retries were answered ``duplicate``, so this
+    is the only place they are counted.  It runs in a store thread."""
+
+    def count(topic: str, records: Sequence[bytes]) -> None:
+        if is_audit_topic(topic):
+            return
+        for value in records:
+            envelope = decode(value)
+            if envelope.kind == "chunk":
+                counts.add_chunk(topic, envelope.create_time, envelope.codec, envelope.data)
+
+    return count
 
 
 class WrittenTally:

@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ingest_api.access import PEER, RouteDeclaration, route
+from ingest_api.audit_api import gateway_counts, late_commit_counter
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
@@ -70,6 +71,7 @@ class PeerApi:
     def __init__(self, ctx: GatewayContext, store: KafkaLogStore) -> None:
         self.ctx = ctx
         self.store = store
+        self.committed_late = late_commit_counter(gateway_counts(ctx))
         self.batches = 0
         """Batches of forwarded transactions received (one request each)."""
         self.batched_transactions = 0
@@ -119,7 +121,9 @@ class PeerApi:
             prepared = PreparedTransaction.decode(body)
         except (ValueError, KeyError, TypeError) as exc:
             raise ApiError(400, "bad_request", f"prepared transaction: {exc}") from None
-        future = self.store.submit_local(topic, partition, checked_transaction(prepared))
+        future = self.store.submit_local(
+            topic, partition, checked_transaction(prepared, self.committed_late)
+        )
         with contextlib.suppress(Exception):  # the outcome is read just below
             await asyncio.wrap_future(future)
         try:
@@ -143,7 +147,9 @@ class PeerApi:
         self.batches += 1
         self.batched_transactions += len(items)
         futures = [
-            self.store.submit_local(item.topic, item.partition, checked_transaction(item.prepared))
+            self.store.submit_local(
+                item.topic, item.partition, checked_transaction(item.prepared, self.committed_late)
+            )
             for item in items
         ]
         await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ingest_api.access import RouteDeclaration, route, write
-from ingest_api.audit_api import WrittenTally, gateway_counts
+from ingest_api.audit_api import WrittenTally, gateway_counts, late_commit_counter
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
@@ -109,19 +109,20 @@ class WriteApi:
     def __init__(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
         self.limits = ctx.settings.limits
+        self.audit = gateway_counts(ctx)
         self.writer = ExactlyOnceWriter(
             ctx.store,
             dc=ctx.settings.dc,
             partitions=ctx.settings.partitions,
             quota=ctx.topic_quota,
             max_sources_per_partition=self.limits.max_sources_per_partition,
+            committed_late=late_commit_counter(self.audit),
         )
         self.rates = SourceRateLimiter(
             self.limits.source_chunks_per_second, self.limits.source_burst_chunks
         )
         self.active = _ActiveSources(ACTIVE_SOURCE_WINDOW_S)
         self.owned_here = owned_here(ctx)
-        self.audit = gateway_counts(ctx)
         m = ctx.metrics
         self.chunks = m.counter(
             "logbroker_chunks_total", "chunks answered, by topic and status", ("topic", "status")

@@ -153,6 +153,25 @@ It must be quick and must not block: it may run in a committer thread shared wit
 """
 
 
+LateCommitHook = Callable[[str, Sequence[bytes]], None]
+"""``(topic, records)``: see :func:`late_commit_hook`."""
+
+
+def late_commit_hook(fn: TransactionFn) -> LateCommitHook | None:
+    """What to tell when ``fn``'s commit, reported failed to its caller, went through after all.
+
+    A store whose commit can end without an answer (on Kafka: the commit request reached the
+    cluster, its answer did not) learns the outcome at the partition's next takeover.  A
+    transaction function with a ``committed_late`` attribute that is not None is called
+    there, once, from a store thread, with the topic and the records the commit appended; the
+    caller's retry is then answered as a duplicate, so this is the one place where that write
+    is known to have happened (the gateway's audit counts it there).  Stores whose commits
+    are always answered never call it.
+    """
+    hook = getattr(fn, "committed_late", None)
+    return hook if callable(hook) else None
+
+
 class LogStore(Protocol):
     """The partitioned log.  Thread-safe; several processes may open one store."""
 

@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 from log_store.errors import LimitReached, StoreUnavailable, UnknownTopic
 from log_store.interface import (
     AppendResult,
+    LateCommitHook,
     LogStore,
     PartitionState,
     PrefetchingState,
@@ -510,11 +511,18 @@ class _ChunkTransaction:
     partition's source count is read and written once.
     """
 
-    __slots__ = ("max_sources", "sources")
+    __slots__ = ("committed_late", "max_sources", "sources")
 
-    def __init__(self, sources: list[_SourceChunks], max_sources: int) -> None:
+    def __init__(
+        self,
+        sources: list[_SourceChunks],
+        max_sources: int,
+        committed_late: LateCommitHook | None = None,
+    ) -> None:
         self.sources = sources
         self.max_sources = max_sources
+        self.committed_late = committed_late
+        """Told the records if a commit reported failed went through (see late_commit_hook)."""
 
     def __call__(self, state: PartitionState) -> Sequence[bytes]:
         values: list[bytes] = []
@@ -669,8 +677,13 @@ class ExactlyOnceWriter:
         partitions: int,
         quota: TopicQuota | None = None,
         max_sources_per_partition: int = DEFAULT_MAX_SOURCES_PER_PARTITION,
+        committed_late: LateCommitHook | None = None,
     ) -> None:
+        """``committed_late(topic, records)`` hears of chunk writes whose caller was told they
+        failed, found committed later (see :func:`~log_store.interface.late_commit_hook`):
+        their retries are answered ``duplicate``, so only there are they known written."""
         self.store = store
+        self.committed_late = committed_late
         self.dc = dc
         self.router = SourceRouter(store, partitions=partitions, quota=quota)
         self.max_sources_per_partition = max_sources_per_partition
@@ -733,7 +746,10 @@ class ExactlyOnceWriter:
         maximum = self.max_sources_per_partition
         futures = _submit_all(
             self.store,
-            [(t, p, _ChunkTransaction(sources, maximum)) for (t, p), sources in groups],
+            [
+                (t, p, _ChunkTransaction(sources, maximum, self.committed_late))
+                for (t, p), sources in groups
+            ],
         )
         return [(future, sources) for future, (_, sources) in zip(futures, groups, strict=True)]
 

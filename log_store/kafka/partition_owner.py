@@ -25,7 +25,10 @@ one offset; the offsets Kafka reports are checked against that before committing
 Any failure whose outcome is not certain (a commit that timed out, a fenced producer) marks
 the owner *broken*: before its next transaction it takes the partition over again, which
 settles the uncertain transaction one way or the other and rebuilds the table from what Kafka
-holds, so a retried chunk is then answered ``duplicate`` if the first try did commit.
+holds, so a retried chunk is then answered ``duplicate`` if the first try did commit.  That
+takeover also looks for the unanswered commit's delta in the changelog (same data end, same
+changes): if it is there, the transactions that asked (``late_commit_hook``) are told, so the
+write that only a duplicate answered is still counted once (the gateway's audit).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from log_store.errors import LogbrokerError, StoreUnavailable, UnknownPartition, UnknownTopic
-from log_store.interface import AppendResult, TransactionFn
+from log_store.interface import AppendResult, LateCommitHook, TransactionFn, late_commit_hook
 from log_store.kafka import naming
 from log_store.kafka.failures import (
     OwnerGone,
@@ -50,6 +53,7 @@ from log_store.kafka.failures import (
     as_commit_error,
     as_store_error,
     is_fenced,
+    kafka_error,
 )
 from log_store.kafka.fetcher import FetcherPool, Watermarks
 from log_store.kafka.settings import KafkaSettings
@@ -132,12 +136,20 @@ class OwnerContext:
 
         read_committed: an offset committed by a transaction still open is waited for.
         """
-        try:
-            committed = self._snapshots().committed(
-                [TopicPartition(state_topic, partition)], timeout=self.settings.operation_timeout_s
-            )
-        except KafkaException as exc:
-            raise as_store_error(exc, "reading the snapshot position") from exc
+        timeout = self.settings.operation_timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                committed = self._snapshots().committed(
+                    [TopicPartition(state_topic, partition)], timeout=timeout
+                )
+                break
+            except KafkaException as exc:
+                # the group's coordinator is still being chosen or loaded (a namespace's
+                # first takeover, a broker restarted): asked again until the timeout
+                if not _coordinator_moving(exc) or time.monotonic() > deadline:
+                    raise as_store_error(exc, "reading the snapshot position") from exc
+                time.sleep(0.1)
         for tp in committed:
             if tp.error is None and tp.offset >= 0:
                 return int(tp.offset)
@@ -148,6 +160,15 @@ class OwnerContext:
             if self._snapshot_consumer is not None:
                 self._snapshot_consumer.close()
                 self._snapshot_consumer = None
+
+
+def _coordinator_moving(exc: KafkaException) -> bool:
+    error = kafka_error(exc)
+    return error is not None and error.code() in (
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    )
 
 
 class _TxnState:
@@ -191,6 +212,16 @@ class Pending:
     def start(self) -> bool:
         """False if the caller cancelled it before it ran (then it never runs)."""
         return self.future.running() or self.future.set_running_or_notify_cancel()
+
+
+@dataclass
+class _Unanswered:
+    """A commit that ended without an answer (its callers were told it failed), and what to
+    tell if the next takeover finds it committed: see :func:`late_commit_hook`."""
+
+    data_end: int
+    changes: dict[str, bytes]
+    hooks: list[tuple[LateCommitHook, list[bytes]]]
 
 
 Retry = Callable[["PartitionOwner", Pending, BaseException], None]
@@ -240,6 +271,8 @@ class PartitionOwner:
         self._visible_commits = 0
         """Of those, how many the acknowledger has seen readable (their markers written)."""
         self._visibility = threading.Condition()
+        self._unanswered: _Unanswered | None = None
+        """The last failed commit's hooks, until a takeover settles whether it went through."""
 
     # -- life ---------------------------------------------------------------------------------
     def start(self, *, eager: bool = False) -> PartitionOwner:
@@ -346,6 +379,15 @@ class PartitionOwner:
         self._drop_producer()
         self.broken = True
         self.closed = True
+        unanswered, self._unanswered = self._unanswered, None
+        if unanswered is not None:
+            log.warning(
+                "%s/%d: left without knowing whether its last commit (%d records, answered as "
+                "failed) went through; if it did, the audit does not count them",
+                self.topic,
+                self.partition,
+                sum(len(records) for _hook, records in unanswered.hooks),
+            )
 
     # -- takeover -----------------------------------------------------------------------------
     def _try_takeover(self) -> bool:
@@ -402,7 +444,11 @@ class PartitionOwner:
                 f"the state changelog of {self.topic}/{self.partition} starts at {low}, "
                 f"after its snapshot at {snapshot}"
             )
-        replayed = ReplayedState(position=low if snapshot is None else snapshot)
+        unanswered = self._unanswered
+        replayed = ReplayedState(
+            position=low if snapshot is None else snapshot,
+            watch=None if unanswered is None else (unanswered.data_end, unanswered.changes),
+        )
         ctx.fetchers.replay(
             state_topic,
             self.partition,
@@ -440,6 +486,37 @@ class PartitionOwner:
             data_end,
         )
         ctx.on_takeover(self.topic, self.partition, self.takeover_seconds, len(self._table))
+        if unanswered is not None:
+            self._unanswered = None
+            self._settle(unanswered, replayed)
+
+    def _settle(self, unanswered: _Unanswered, replayed: ReplayedState) -> None:
+        """Tell the hooks of an unanswered commit that the takeover found it committed."""
+        records = sum(len(r) for _hook, r in unanswered.hooks)
+        if not replayed.watched:
+            log.log(
+                logging.WARNING if replayed.watch_hidden else logging.INFO,
+                "%s/%d: the unanswered commit of %d records %s",
+                self.topic,
+                self.partition,
+                records,
+                "is behind a snapshot: not known whether it went through"
+                if replayed.watch_hidden
+                else "did not go through",
+            )
+            return
+        log.info(
+            "%s/%d: the unanswered commit of %d records went through after all "
+            "(their writers' retries are answered as duplicates)",
+            self.topic,
+            self.partition,
+            records,
+        )
+        for hook, values in unanswered.hooks:
+            try:
+                hook(self.topic, values)
+            except Exception:
+                log.exception("a late-commit hook of %s/%d failed", self.topic, self.partition)
 
     def _on_client_error(self, error: KafkaError) -> None:
         """librdkafka's fatal errors (a fenced producer above all) arrive here, not raised."""
@@ -566,6 +643,11 @@ class PartitionOwner:
                 self._failed_at = None
                 if not isinstance(failure, WriterFenced) and self._topic_gone():
                     failure = UnknownTopic(f"topic {self.topic!r} was deleted")
+                aborted = is_fenced(self._fatal) or is_fenced(kafka_error(exc))
+                if values and not aborted and not isinstance(failure, UnknownTopic):
+                    # the next takeover learns whether it went through (a fenced writer's
+                    # transaction was aborted by the fencing: nothing to learn)
+                    self._unanswered = self._unanswered_of(base, values, changes, outcomes)
                 for txn, _result, error in outcomes:
                     if error is not None:
                         txn.future.set_exception(error)
@@ -594,6 +676,23 @@ class PartitionOwner:
         else:
             self._acks.put((outcomes, None, 0))
         self._maybe_snapshot()
+
+    @staticmethod
+    def _unanswered_of(
+        base: int,
+        values: list[bytes],
+        changes: dict[str, bytes],
+        outcomes: list[tuple[Pending, AppendResult | None, BaseException | None]],
+    ) -> _Unanswered | None:
+        hooks = []
+        for txn, result, error in outcomes:
+            hook = late_commit_hook(txn.fn) if error is None else None
+            if hook is not None and result is not None and result.count:
+                first = result.first_offset - base
+                hooks.append((hook, values[first : result.last_offset - base + 1]))
+        if not hooks:
+            return None
+        return _Unanswered(base + len(values) + 1, dict(changes), hooks)
 
     def _topic_gone(self) -> bool:
         """True if the topic this owner writes was deleted (or deleted and created again)."""

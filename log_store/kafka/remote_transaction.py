@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from log_store.errors import LogbrokerError, StoreUnavailable, UnknownTopic
-from log_store.interface import AppendResult, PartitionState, TransactionFn
+from log_store.interface import (
+    AppendResult,
+    LateCommitHook,
+    PartitionState,
+    TransactionFn,
+    late_commit_hook,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +81,44 @@ class PreparedTransaction:
     expect_next_offset: int | None = None
     puts: dict[str, bytes] = field(default_factory=dict)
     records: list[bytes] = field(default_factory=list)
+    settles_late: bool = False
+    """The function had a late-commit hook (see ``late_commit_hook``): the owner's own hook
+    hears of the records if this commit is answered failed and found committed later."""
 
-    def encode(self) -> bytes:
-        header = {
+    def header(self) -> dict[str, Any]:
+        """Everything but the records' bytes (those follow the JSON header on the wire)."""
+        header: dict[str, Any] = {
             "expect": self.expect,
             "expect_next_offset": self.expect_next_offset,
             "puts": {k: _b64(v) for k, v in self.puts.items()},
             "record_lengths": [len(r) for r in self.records],
         }
-        raw = json.dumps(header).encode()
+        if self.settles_late:
+            header["settles_late"] = True
+        return header
+
+    @classmethod
+    def from_header(cls, header: Mapping[str, Any], records: list[bytes]) -> PreparedTransaction:
+        """The transaction a :meth:`header` describes; ``ValueError`` if it is not one."""
+        expect = header.get("expect")
+        if not isinstance(expect, dict):
+            raise ValueError("expect must be an object")
+        next_offset = header.get("expect_next_offset")
+        if next_offset is not None and not isinstance(next_offset, int):
+            raise ValueError("expect_next_offset must be an integer")
+        puts = header.get("puts")
+        if not isinstance(puts, dict):
+            raise ValueError("puts must be an object")
+        return cls(
+            {str(k): str(v) for k, v in expect.items()},
+            next_offset,
+            {str(k): _unb64(v) or b"" for k, v in puts.items()},
+            records,
+            header.get("settles_late", False) is True,
+        )
+
+    def encode(self) -> bytes:
+        raw = json.dumps(self.header()).encode()
         return b"".join([len(raw).to_bytes(4, "big"), raw, *self.records])
 
     @classmethod
@@ -93,23 +128,25 @@ class PreparedTransaction:
             raise ValueError("too short")
         size = int.from_bytes(body[:4], "big")
         header = json.loads(body[4 : 4 + size])
-        pos = 4 + size
-        records = []
-        for length in header["record_lengths"]:
-            if not isinstance(length, int) or length < 0 or pos + length > len(body):
-                raise ValueError("a record runs past the end of the body")
-            records.append(body[pos : pos + length])
-            pos += length
+        if not isinstance(header, dict):
+            raise ValueError("the header must be an object")
+        records, pos = _records(body, 4 + size, header.get("record_lengths"))
         if pos != len(body):
             raise ValueError("bytes after the last record")
-        expect = header["expect"]
-        if not isinstance(expect, dict):
-            raise ValueError("expect must be an object")
-        next_offset = header.get("expect_next_offset")
-        if next_offset is not None and not isinstance(next_offset, int):
-            raise ValueError("expect_next_offset must be an integer")
-        puts = {str(k): _unb64(v) or b"" for k, v in header["puts"].items()}
-        return cls({str(k): str(v) for k, v in expect.items()}, next_offset, puts, records)
+        return cls.from_header(header, records)
+
+
+def _records(body: bytes, pos: int, lengths: object) -> tuple[list[bytes], int]:
+    """The records of ``lengths`` starting at ``pos``, and the position after them."""
+    if not isinstance(lengths, list):
+        raise ValueError("record_lengths must be a list")
+    records = []
+    for length in lengths:
+        if not isinstance(length, int) or length < 0 or pos + length > len(body):
+            raise ValueError("a record runs past the end of the body")
+        records.append(body[pos : pos + length])
+        pos += length
+    return records, pos
 
 
 @dataclass
@@ -154,14 +191,7 @@ def encode_batch(items: Sequence[ForwardedTransaction]) -> bytes:
     """Several prepared transactions, for partitions of one owner, in one body."""
     header = {
         "items": [
-            {
-                "topic": item.topic,
-                "partition": item.partition,
-                "expect": item.prepared.expect,
-                "expect_next_offset": item.prepared.expect_next_offset,
-                "puts": {k: _b64(v) for k, v in item.prepared.puts.items()},
-                "record_lengths": [len(r) for r in item.prepared.records],
-            }
+            {"topic": item.topic, "partition": item.partition, **item.prepared.header()}
             for item in items
         ]
     }
@@ -186,31 +216,10 @@ def decode_batch(body: bytes) -> list[ForwardedTransaction]:
         topic, partition = entry.get("topic"), entry.get("partition")
         if not isinstance(topic, str) or not isinstance(partition, int) or partition < 0:
             raise ValueError("an item needs a topic and a non-negative partition")
-        lengths = entry.get("record_lengths")
-        if not isinstance(lengths, list):
-            raise ValueError("record_lengths must be a list")
-        records = []
-        for length in lengths:
-            if not isinstance(length, int) or length < 0 or pos + length > len(body):
-                raise ValueError("a record runs past the end of the body")
-            records.append(body[pos : pos + length])
-            pos += length
-        expect = entry.get("expect")
-        if not isinstance(expect, dict):
-            raise ValueError("expect must be an object")
-        next_offset = entry.get("expect_next_offset")
-        if next_offset is not None and not isinstance(next_offset, int):
-            raise ValueError("expect_next_offset must be an integer")
-        puts = entry.get("puts")
-        if not isinstance(puts, dict):
-            raise ValueError("puts must be an object")
-        prepared = PreparedTransaction(
-            {str(k): str(v) for k, v in expect.items()},
-            next_offset,
-            {str(k): _unb64(v) or b"" for k, v in puts.items()},
-            records,
+        records, pos = _records(body, pos, entry.get("record_lengths"))
+        items.append(
+            ForwardedTransaction(topic, partition, PreparedTransaction.from_header(entry, records))
         )
-        items.append(ForwardedTransaction(topic, partition, prepared))
     if pos != len(body):
         raise ValueError("bytes after the last record")
     return items
@@ -282,10 +291,19 @@ class _Conflict(Exception):
         self.next_offset = next_offset
 
 
-def checked_transaction(prepared: PreparedTransaction) -> TransactionFn:
+class _CheckedTransaction:
     """The owner-side function: commit ``prepared`` only if what it read is still there."""
 
-    def fn(state: PartitionState) -> Sequence[bytes]:
+    __slots__ = ("committed_late", "prepared")
+
+    def __init__(
+        self, prepared: PreparedTransaction, committed_late: LateCommitHook | None
+    ) -> None:
+        self.prepared = prepared
+        self.committed_late = committed_late if prepared.settles_late else None
+
+    def __call__(self, state: PartitionState) -> Sequence[bytes]:
+        prepared = self.prepared
         changed = {
             key: state.get(key)
             for key, seen in prepared.expect.items()
@@ -301,7 +319,14 @@ def checked_transaction(prepared: PreparedTransaction) -> TransactionFn:
             state.put(key, value)
         return prepared.records
 
-    return fn
+
+def checked_transaction(
+    prepared: PreparedTransaction, committed_late: LateCommitHook | None = None
+) -> TransactionFn:
+    """The owner-side function of a forwarded transaction.  ``committed_late`` (the owner
+    gateway's own hook) is kept if the sender's function had one: the sender was answered
+    failed, so only the owner can learn that the commit went through."""
+    return _CheckedTransaction(prepared, committed_late)
 
 
 def answer_of(future: concurrent.futures.Future[AppendResult]) -> CommitAnswer:
@@ -762,6 +787,7 @@ class RemoteTransactions:
                 expect_next_offset=next_offset if state.asked_next else None,
                 puts=dict(state.local),
                 records=records,
+                settles_late=late_commit_hook(attempt.fn) is not None,
             )
 
     def _absorb(self, attempt: _Attempt, answer: CommitAnswer) -> bool:

@@ -1,0 +1,185 @@
+"""A Kafka commit that ends without an answer: the writer is told it failed, its retry is
+answered ``duplicate`` if it went through, and the write is still counted once (the audit).
+
+The fault is injected where the client meets the cluster: the partition owner's producer
+commits for real and then raises a timeout, as when the commit's answer is lost; or it raises
+before committing, as when the request never arrived.  The broker is real Apache Kafka.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from audit.windows import WindowCounts, window_start
+from ingest_api.audit_api import late_commit_counter
+from log_store import LogStore
+from log_store.errors import StoreUnavailable
+from log_store.kafka import KafkaSettings, open_kafka_store
+from log_store.kafka import partition_owner as owner_module
+from log_store.kafka.remote_transaction import PreparedTransaction, checked_transaction
+from log_store.kafka.state_changelog import ReplayedState, delta_record, snapshot_records
+from session_dedup.envelope import EnvelopeWriter, decode
+from session_dedup.exactly_once import DUPLICATE, WRITTEN, ChunkBatch, ExactlyOnceWriter
+from session_dedup.source import SourceMeta
+
+pytestmark = pytest.mark.kafka
+
+
+class _Faults:
+    """What the next ``commit_transaction`` of any partition owner does: ``"lose_answer"``
+    (commit, then raise a timeout) or ``"fail_before"`` (raise without committing)."""
+
+    def __init__(self) -> None:
+        self.next: str | None = None
+        self.injected = 0
+        self.lock = threading.Lock()
+
+    def take(self) -> str | None:
+        with self.lock:
+            fault, self.next = self.next, None
+            if fault is not None:
+                self.injected += 1
+            return fault
+
+
+@pytest.fixture
+def faults(monkeypatch: pytest.MonkeyPatch) -> _Faults:
+    faults = _Faults()
+
+    class FaultyProducer(Producer):  # type: ignore[misc]
+        def commit_transaction(self, *args: Any) -> None:
+            fault = faults.take()
+            if fault == "fail_before":
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "injected: no answer"))
+            super().commit_transaction(*args)
+            if fault == "lose_answer":
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "injected: answer lost"))
+
+    monkeypatch.setattr(owner_module, "Producer", FaultyProducer)
+    return faults
+
+
+@pytest.fixture
+def store(kafka_cluster: Any, kafka_namespace: str) -> Iterator[LogStore]:
+    store = open_kafka_store(
+        KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace, operation_timeout_s=20)
+    )
+    yield store
+    store.close()
+
+
+class _Heard:
+    """A late-commit hook that records what it is told."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[bytes]]] = []
+
+    def __call__(self, topic: str, records: Sequence[bytes]) -> None:
+        self.calls.append((topic, list(records)))
+
+    def seqnos(self) -> list[list[int]]:
+        return [[decode(r).seqno for r in records] for _topic, records in self.calls]
+
+
+META = SourceMeta(log_type="app", source_id="late-src", server="h", file="/var/log/app.log")
+
+
+def _batch(seqnos: list[int]) -> ChunkBatch:
+    return ChunkBatch(seqnos, [1_763_900_000_000] * len(seqnos), [b"line %d\n" % s for s in seqnos])
+
+
+def _write_retrying(writer: ExactlyOnceWriter, seqnos: list[int]) -> bytearray:
+    """Write until the store answers (a failed commit makes the owner take over again)."""
+    for _ in range(60):
+        try:
+            return writer.write(META, _batch(seqnos)).written
+        except StoreUnavailable:
+            continue
+    raise AssertionError("the write never succeeded")
+
+
+def test_a_commit_whose_answer_was_lost_is_told_late_and_its_retry_is_a_duplicate(
+    store: LogStore, faults: _Faults
+) -> None:
+    heard = _Heard()
+    writer = ExactlyOnceWriter(store, dc="dc1", partitions=1, committed_late=heard)
+    assert list(writer.write(META, _batch([1, 2, 3])).written) == [WRITTEN] * 3
+    faults.next = "lose_answer"
+    with pytest.raises(StoreUnavailable):
+        writer.write(META, _batch([4, 5, 6]))
+    assert faults.injected == 1
+    assert heard.calls == [], "told before the outcome was known"
+    # the client retries: the owner takes the partition over again, finds the commit in the
+    # changelog, tells the hook, and answers the retry from the rebuilt seqno table
+    assert list(_write_retrying(writer, [4, 5, 6])) == [DUPLICATE] * 3
+    assert heard.seqnos() == [[4, 5, 6]]
+    assert heard.calls[0][0] == "dc1.app"
+    assert [decode(r).data for r in heard.calls[0][1]] == [b"line 4\n", b"line 5\n", b"line 6\n"]
+    # later writes are answered normally and told nothing more
+    assert list(writer.write(META, _batch([7])).written) == [WRITTEN]
+    assert heard.seqnos() == [[4, 5, 6]]
+    seqnos = [decode(r.value).seqno for r in store.read("dc1.app", 0, 0, 1000).records]
+    assert seqnos == [1, 2, 3, 4, 5, 6, 7], "lost or duplicated in the log"
+
+
+def test_a_commit_that_never_arrived_is_not_told_and_its_retry_is_written(
+    store: LogStore, faults: _Faults
+) -> None:
+    heard = _Heard()
+    writer = ExactlyOnceWriter(store, dc="dc1", partitions=1, committed_late=heard)
+    assert list(writer.write(META, _batch([1, 2])).written) == [WRITTEN] * 2
+    faults.next = "fail_before"
+    with pytest.raises(StoreUnavailable):
+        writer.write(META, _batch([3, 4]))
+    assert faults.injected == 1
+    assert list(_write_retrying(writer, [3, 4])) == [WRITTEN] * 2
+    assert heard.calls == []
+    seqnos = [decode(r.value).seqno for r in store.read("dc1.app", 0, 0, 1000).records]
+    assert seqnos == [1, 2, 3, 4]
+
+
+def test_a_forwarded_transaction_keeps_the_owners_hook_only_if_its_sender_asked() -> None:
+    heard = _Heard()
+    asked = PreparedTransaction(records=[b"r"], settles_late=True)
+    not_asked = PreparedTransaction(records=[b"r"])
+    decoded = PreparedTransaction.decode(asked.encode())
+    assert decoded.settles_late is True
+    assert PreparedTransaction.decode(not_asked.encode()).settles_late is False
+    assert getattr(checked_transaction(decoded, heard), "committed_late", None) is heard
+    assert getattr(checked_transaction(not_asked, heard), "committed_late", None) is None
+
+
+def test_the_gateways_late_counter_counts_chunks_only_and_no_audit_topic() -> None:
+    counts = WindowCounts()
+    count = late_commit_counter(counts)
+    chunk = EnvelopeWriter(source_id="s", server="h", file="/f", log_type="app")
+    legacy = EnvelopeWriter(
+        source_id="s", server="h", file="/f", log_type="app", kind="legacy_data"
+    )
+    created = 1_763_900_000_000
+    count("dc1.app", [chunk.encode(1, created, 0, b"a\nb\n"), legacy.encode(2, created, 0, b"c\n")])
+    count("dc1.logbroker-audit", [chunk.encode(3, created, 0, b"d\n")])
+    assert counts.snapshot() == {("dc1.app", window_start(created)): (1, 2)}
+
+
+def test_the_replay_sees_the_watched_commit_only_with_its_data_end_and_its_changes() -> None:
+    mine = {"seq/a": b"\x06", "seq/b": b"\x02"}
+    seen = ReplayedState(watch=(10, mine))
+    seen.apply(0, delta_record(6, {"seq/a": b"\x03"}))
+    seen.apply(1, delta_record(10, mine))
+    assert seen.watched and not seen.watch_hidden
+    # another writer's state-only transaction after an abort ends the data at the same place
+    other = ReplayedState(watch=(10, mine))
+    other.apply(0, delta_record(10, {"epoch/a": b"\x01"}))
+    other.apply(1, delta_record(10, {"seq/a": b"\x06"}))
+    assert not other.watched
+    # a snapshot at or past the watched end hides a delta before it
+    hidden = ReplayedState(watch=(10, mine))
+    for i, record in enumerate(snapshot_records(12, {"seq/a": b"\x07"})):
+        hidden.apply(i, record)
+    assert hidden.watch_hidden and not hidden.watched
