@@ -72,6 +72,7 @@ class PeerApi:
         self.ctx = ctx
         self.store = store
         self.committed_late = late_commit_counter(gateway_counts(ctx))
+        """Counts the chunks of forwarded writes committed here (see ``_count``)."""
         self.batches = 0
         """Batches of forwarded transactions received (one request each)."""
         self.batched_transactions = 0
@@ -130,7 +131,14 @@ class PeerApi:
             answer = answer_of(future)
         except LogbrokerError as exc:
             return self._refusal(exc)
+        self._count(topic, prepared, answer)
         return Response(orjson.dumps(answer.to_json()), media_type="application/json")
+
+    def _count(self, topic: str, prepared: PreparedTransaction, answer: CommitAnswer) -> None:
+        """The audit counts a forwarded write where it is committed (see ``late_commit_hook``):
+        here, whether or not the answer reaches the gateway that forwarded it."""
+        if answer.committed is not None and prepared.counted_at_owner:
+            self.committed_late(topic, prepared.records)
 
     async def commit_batch(self, request: Request) -> Response:
         """Every transaction of the batch goes to its partition's owner here at once (each
@@ -154,11 +162,14 @@ class PeerApi:
         ]
         await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
         outcomes: list[CommitAnswer | LogbrokerError] = []
-        for future in futures:
+        for item, future in zip(items, futures, strict=True):
             try:
-                outcomes.append(answer_of(future))
+                answer = answer_of(future)
             except LogbrokerError as exc:
                 outcomes.append(exc)
+                continue
+            self._count(item.topic, item.prepared, answer)
+            outcomes.append(answer)
         return Response(orjson.dumps(encode_outcomes(outcomes)), media_type="application/json")
 
 

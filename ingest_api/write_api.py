@@ -270,7 +270,8 @@ class WriteApi:
                 answer.results.append(_limit_refusal_json(s.meta.source_id, outcome.refused))
             else:
                 answer.add(s, outcome)
-                audited.section(outcome.route.topic, s.meta.codec, s.batch, outcome.written)
+                if not outcome.counted_elsewhere:  # the owner gateway counted it
+                    audited.section(outcome.route.topic, s.meta.codec, s.batch, outcome.written)
         audited.flush()
         for (topic, code), count in answer.tally.items():
             self.chunks.inc(count, (topic, CHUNK_STATUSES[code]))

@@ -158,15 +158,22 @@ LateCommitHook = Callable[[str, Sequence[bytes]], None]
 
 
 def late_commit_hook(fn: TransactionFn) -> LateCommitHook | None:
-    """What to tell when ``fn``'s commit, reported failed to its caller, went through after all.
+    """The hook of an *audited* transaction function, or None: how a store tells it which of
+    its commits only the store knows of.
 
-    A store whose commit can end without an answer (on Kafka: the commit request reached the
-    cluster, its answer did not) learns the outcome at the partition's next takeover.  A
-    transaction function with a ``committed_late`` attribute that is not None is called
-    there, once, from a store thread, with the topic and the records the commit appended; the
-    caller's retry is then answered as a duplicate, so this is the one place where that write
-    is known to have happened (the gateway's audit counts it there).  Stores whose commits
-    are always answered never call it.
+    A transaction function with a ``committed_late`` attribute that is not None is audited:
+    its caller counts what the commit wrote when it is answered, and the store promises two
+    things, so that every commit is counted once:
+
+    * a commit whose answer was lost (on Kafka: the commit request reached the cluster, its
+      answer did not) and that the partition's next takeover finds committed is told to
+      ``committed_late(topic, records)``, once, from a store thread: its caller was answered
+      failed, and the retry is answered as a duplicate;
+    * a commit made by another process (on Kafka: the gateway that owns the partition) is
+      counted there, by that process's own hook, and the function is told so by
+      ``committed_elsewhere()`` before its caller is answered, so the caller does not count it.
+
+    Stores whose commits are always answered, and made in the caller's process, call neither.
     """
     hook = getattr(fn, "committed_late", None)
     return hook if callable(hook) else None

@@ -161,6 +161,9 @@ class WriteOutcome:
     new_source: bool = False
     """The write gave the source its first state in the partition (see :meth:`SourceRouter.
     confirm_pins`)."""
+    counted_elsewhere: bool = False
+    """Committed by another process (the partition's owner gateway), whose audit counted it
+    (see :func:`~log_store.interface.late_commit_hook`)."""
 
     @property
     def written_count(self) -> int:
@@ -523,6 +526,11 @@ class _ChunkTransaction:
         self.max_sources = max_sources
         self.committed_late = committed_late
         """Told the records if a commit reported failed went through (see late_commit_hook)."""
+
+    def committed_elsewhere(self) -> None:
+        """The partition's owner in another process committed it (and counted it)."""
+        for source in self.sources:
+            source.outcome.counted_elsewhere = True
 
     def __call__(self, state: PartitionState) -> Sequence[bytes]:
         values: list[bytes] = []

@@ -81,9 +81,9 @@ class PreparedTransaction:
     expect_next_offset: int | None = None
     puts: dict[str, bytes] = field(default_factory=dict)
     records: list[bytes] = field(default_factory=list)
-    settles_late: bool = False
-    """The function had a late-commit hook (see ``late_commit_hook``): the owner's own hook
-    hears of the records if this commit is answered failed and found committed later."""
+    counted_at_owner: bool = False
+    """The function is audited (see ``late_commit_hook``): the owner counts the records with
+    its own hook when it commits them (or finds them committed late); the sender does not."""
 
     def header(self) -> dict[str, Any]:
         """Everything but the records' bytes (those follow the JSON header on the wire)."""
@@ -93,8 +93,8 @@ class PreparedTransaction:
             "puts": {k: _b64(v) for k, v in self.puts.items()},
             "record_lengths": [len(r) for r in self.records],
         }
-        if self.settles_late:
-            header["settles_late"] = True
+        if self.counted_at_owner:
+            header["counted_at_owner"] = True
         return header
 
     @classmethod
@@ -114,7 +114,7 @@ class PreparedTransaction:
             next_offset,
             {str(k): _unb64(v) or b"" for k, v in puts.items()},
             records,
-            header.get("settles_late", False) is True,
+            header.get("counted_at_owner", False) is True,
         )
 
     def encode(self) -> bytes:
@@ -300,7 +300,7 @@ class _CheckedTransaction:
         self, prepared: PreparedTransaction, committed_late: LateCommitHook | None
     ) -> None:
         self.prepared = prepared
-        self.committed_late = committed_late if prepared.settles_late else None
+        self.committed_late = committed_late if prepared.counted_at_owner else None
 
     def __call__(self, state: PartitionState) -> Sequence[bytes]:
         prepared = self.prepared
@@ -324,8 +324,9 @@ def checked_transaction(
     prepared: PreparedTransaction, committed_late: LateCommitHook | None = None
 ) -> TransactionFn:
     """The owner-side function of a forwarded transaction.  ``committed_late`` (the owner
-    gateway's own hook) is kept if the sender's function had one: the sender was answered
-    failed, so only the owner can learn that the commit went through."""
+    gateway's own counting hook) is kept if the sender's function is audited: the owner counts
+    what it commits for the sender, and so also a commit whose answer was lost and that its
+    next takeover finds committed (the caller counts those it commits, see ``PeerApi``)."""
     return _CheckedTransaction(prepared, committed_late)
 
 
@@ -787,7 +788,7 @@ class RemoteTransactions:
                 expect_next_offset=next_offset if state.asked_next else None,
                 puts=dict(state.local),
                 records=records,
-                settles_late=late_commit_hook(attempt.fn) is not None,
+                counted_at_owner=late_commit_hook(attempt.fn) is not None,
             )
 
     def _absorb(self, attempt: _Attempt, answer: CommitAnswer) -> bool:
@@ -797,6 +798,9 @@ class RemoteTransactions:
         if answer.committed is not None:
             self._cache.put(topic, partition, {k: attempt.known.get(k) for k in attempt.read})
             self._cache.put(topic, partition, attempt.local)
+            elsewhere = getattr(attempt.fn, "committed_elsewhere", None)
+            if elsewhere is not None and late_commit_hook(attempt.fn) is not None:
+                elsewhere()  # audited: the owner counted it
             return True
         attempt.known.update(answer.conflict_values)
         attempt.fresh.update(answer.conflict_values)

@@ -21,7 +21,7 @@ from log_store.kafka.owner_directory import OwnerDirectory
 from session_dedup.pinning import stable_partition
 from tests.conftest import GatewayProcess, free_port
 from tests.gateway.conftest import Client, chunk_data, meta
-from tests.kafka.conftest import metric, source_seqnos, wait_until
+from tests.kafka.conftest import envelopes, metric, source_seqnos, wait_until
 from tests.kafka.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.kafka
@@ -198,3 +198,75 @@ def test_owner_answers_lost_and_owner_killed_mid_forward_leave_every_chunk_once(
         assert seqnos == sorted(set(seqnos)), f"{source}: a chunk written twice ({errors[-5:]})"
         assert seqnos[: len(expected)] == expected, source
         assert len(seqnos) <= len(expected) + 2
+
+
+def test_a_forwarded_write_is_counted_once_by_the_audit_when_the_owners_answer_is_lost(
+    start_kafka_gateway: Callable[..., GatewayProcess],
+    kafka_store: LogStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gateway tier counts a forwarded write where it is committed, at the owner: the
+    first gateway, which forwarded it, may never hear that it was (its retry is answered
+    ``duplicate``).  The audit's gateway lines must equal the lines in the log."""
+    monkeypatch.setenv("LOGBROKER_AUDIT_INTERVAL_S", "1")
+    proxy_port = free_port()
+    first = start_kafka_gateway()
+    second = start_kafka_gateway("--advertised-url", f"http://127.0.0.1:{proxy_port}")
+    proxy = TcpProxy(proxy_port, second.port).start()
+    sources = [f"audit-{i}" for i in range(16)]
+    client = Client(first.url)
+    try:
+        assert _acked(client.write(sources[0], [1]))  # creates the topic
+        wait_until(lambda: _both_own_partitions([first, second]), 60, "both to own partitions")
+
+        def write(seqno: int) -> None:
+            body = encode_binary([(meta(s), [(seqno, 0, chunk_data(seqno))]) for s in sources])
+            deadline = time.monotonic() + 90
+            while not _acked(client.post_binary(body)):  # resent unchanged until acked
+                assert time.monotonic() < deadline, "never acked"
+                time.sleep(0.1)
+
+        for seqno in range(2, 5):
+            write(seqno)
+        proxy.lose_answers = True  # the owner commits what is forwarded; its answer is lost
+        failures: list[BaseException] = []
+
+        def write_through_the_loss() -> None:
+            try:
+                write(5)
+            except BaseException as exc:
+                failures.append(exc)
+
+        writing = threading.Thread(target=write_through_the_loss)
+        writing.start()
+        try:
+            wait_until(lambda: proxy.answers_lost >= 2, 60, "answers of committed batches lost")
+        finally:
+            proxy.lose_answers = False
+            writing.join(120)
+        assert not failures, failures
+        for seqno in range(6, 9):
+            write(seqno)
+    finally:
+        client.close()
+    assert proxy.answers_lost > 0, "no answer was lost: the test proved nothing"
+    in_log = sum(
+        envelope.data.count(b"\n")
+        for records in envelopes(kafka_store, "dc1.app").values()
+        for _offset, envelope in records
+    )
+    assert in_log == 1 + 7 * len(sources)
+
+    def gateway_lines() -> int:
+        answer = httpx.get(
+            f"{first.url}/v1/audit/windows", params={"topic": "dc1.app", "since": "0"}, timeout=30
+        )
+        assert answer.status_code == 200, answer.text
+        return sum(w["tiers"].get("gateway", {}).get("lines", 0) for w in answer.json()["windows"])
+
+    try:
+        wait_until(lambda: gateway_lines() >= in_log, 60, "the gateways' counts published")
+        time.sleep(2.5)  # two more publications: a count above the log's would show now
+        assert gateway_lines() == in_log
+    finally:
+        proxy.close()

@@ -145,11 +145,11 @@ def test_a_commit_that_never_arrived_is_not_told_and_its_retry_is_written(
 
 def test_a_forwarded_transaction_keeps_the_owners_hook_only_if_its_sender_asked() -> None:
     heard = _Heard()
-    asked = PreparedTransaction(records=[b"r"], settles_late=True)
+    asked = PreparedTransaction(records=[b"r"], counted_at_owner=True)
     not_asked = PreparedTransaction(records=[b"r"])
     decoded = PreparedTransaction.decode(asked.encode())
-    assert decoded.settles_late is True
-    assert PreparedTransaction.decode(not_asked.encode()).settles_late is False
+    assert decoded.counted_at_owner is True
+    assert PreparedTransaction.decode(not_asked.encode()).counted_at_owner is False
     assert getattr(checked_transaction(decoded, heard), "committed_late", None) is heard
     assert getattr(checked_transaction(not_asked, heard), "committed_late", None) is None
 
