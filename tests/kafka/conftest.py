@@ -91,7 +91,7 @@ def start_kafka_gateway(
 
 @pytest.fixture
 def kafka_store(kafka_cluster: Any, kafka_namespace: str) -> Iterator[LogStore]:
-    """The test's namespace, opened by the test (it only reads, so it fences nobody)."""
+    """The test's namespace, opened by the test (a test that only reads fences nobody)."""
     store = open_kafka_store(
         KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace, operation_timeout_s=20)
     )

@@ -9,7 +9,7 @@ before committing, as when the request never arrived.  The broker is real Apache
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -19,7 +19,6 @@ from audit.windows import WindowCounts, window_start
 from ingest_api.audit_api import late_commit_counter
 from log_store import LogStore
 from log_store.errors import StoreUnavailable
-from log_store.kafka import KafkaSettings, open_kafka_store
 from log_store.kafka import partition_owner as owner_module
 from log_store.kafka.remote_transaction import PreparedTransaction, checked_transaction
 from log_store.kafka.state_changelog import ReplayedState, delta_record, snapshot_records
@@ -64,15 +63,6 @@ def faults(monkeypatch: pytest.MonkeyPatch) -> _Faults:
     return faults
 
 
-@pytest.fixture
-def store(kafka_cluster: Any, kafka_namespace: str) -> Iterator[LogStore]:
-    store = open_kafka_store(
-        KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace, operation_timeout_s=20)
-    )
-    yield store
-    store.close()
-
-
 class _Heard:
     """A late-commit hook that records what it is told."""
 
@@ -104,10 +94,10 @@ def _write_retrying(writer: ExactlyOnceWriter, seqnos: list[int]) -> bytearray:
 
 
 def test_a_commit_whose_answer_was_lost_is_told_late_and_its_retry_is_a_duplicate(
-    store: LogStore, faults: _Faults
+    kafka_store: LogStore, faults: _Faults
 ) -> None:
     heard = _Heard()
-    writer = ExactlyOnceWriter(store, dc="dc1", partitions=1, committed_late=heard)
+    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=1, committed_late=heard)
     assert list(writer.write(META, _batch([1, 2, 3])).written) == [WRITTEN] * 3
     faults.next = "lose_answer"
     with pytest.raises(StoreUnavailable):
@@ -123,15 +113,15 @@ def test_a_commit_whose_answer_was_lost_is_told_late_and_its_retry_is_a_duplicat
     # later writes are answered normally and told nothing more
     assert list(writer.write(META, _batch([7])).written) == [WRITTEN]
     assert heard.seqnos() == [[4, 5, 6]]
-    seqnos = [decode(r.value).seqno for r in store.read("dc1.app", 0, 0, 1000).records]
+    seqnos = [decode(r.value).seqno for r in kafka_store.read("dc1.app", 0, 0, 1000).records]
     assert seqnos == [1, 2, 3, 4, 5, 6, 7], "lost or duplicated in the log"
 
 
 def test_a_commit_that_never_arrived_is_not_told_and_its_retry_is_written(
-    store: LogStore, faults: _Faults
+    kafka_store: LogStore, faults: _Faults
 ) -> None:
     heard = _Heard()
-    writer = ExactlyOnceWriter(store, dc="dc1", partitions=1, committed_late=heard)
+    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=1, committed_late=heard)
     assert list(writer.write(META, _batch([1, 2])).written) == [WRITTEN] * 2
     faults.next = "fail_before"
     with pytest.raises(StoreUnavailable):
@@ -139,7 +129,7 @@ def test_a_commit_that_never_arrived_is_not_told_and_its_retry_is_written(
     assert faults.injected == 1
     assert list(_write_retrying(writer, [3, 4])) == [WRITTEN] * 2
     assert heard.calls == []
-    seqnos = [decode(r.value).seqno for r in store.read("dc1.app", 0, 0, 1000).records]
+    seqnos = [decode(r.value).seqno for r in kafka_store.read("dc1.app", 0, 0, 1000).records]
     assert seqnos == [1, 2, 3, 4]
 
 
