@@ -44,7 +44,8 @@ class TopicTotals:
     """Counters of one topic at one instant: they only grow while the topic lives."""
 
     end_offsets: int
-    size_bytes: int
+    size_bytes: int | None
+    """None where the store does not know partition sizes (Kafka)."""
     read_positions: int
 
 
@@ -59,7 +60,8 @@ class TopicRates:
     """Per second over the window: messages written, bytes written, messages read."""
 
     messages: float
-    bytes: float
+    bytes: float | None
+    """None where the store does not know partition sizes (Kafka)."""
     read_messages: float
 
 
@@ -99,7 +101,9 @@ class RateWindow:
                 continue
             rates[topic] = TopicRates(
                 max(0, current.end_offsets - before.end_offsets) / span,
-                max(0, current.size_bytes - before.size_bytes) / span,
+                None
+                if current.size_bytes is None or before.size_bytes is None
+                else max(0, current.size_bytes - before.size_bytes) / span,
                 max(0, current.read_positions - before.read_positions) / span,
             )
         return rates
@@ -135,14 +139,14 @@ class Overview:
         totals = {
             name: TopicTotals(
                 sum(p.end_offset for p in info.partitions),
-                sum(p.size_bytes for p in info.partitions),
+                _total_size(info),
                 read_positions.get(name, 0) + read_positions_push.get(name, 0),
             )
             for name, info in infos.items()
         }
         rates = self._window.add(totals)
         topics = [
-            _topic_row(info, rates.get(name), self._store.capabilities.segment_files)
+            _topic_row(info, rates.get(name))
             for name, info in sorted(infos.items())
             if access.may_read(name)
         ]
@@ -285,15 +289,21 @@ class Overview:
         return out
 
 
-def _topic_row(info: TopicInfo, rates: TopicRates | None, sizes: bool = True) -> dict[str, Any]:
-    """``sizes``: whether the store knows its partitions' sizes (not Kafka: then null)."""
+def _total_size(info: TopicInfo) -> int | None:
+    """The topic's bytes; None if the store does not know a partition's (Kafka)."""
+    sizes = [p.size_bytes for p in info.partitions]
+    return None if None in sizes else sum(s for s in sizes if s is not None)
+
+
+def _topic_row(info: TopicInfo, rates: TopicRates | None) -> dict[str, Any]:
+    """Sizes the store does not know (Kafka) are null."""
     partitions = [
         {
             "partition": p.partition,
             "start_offset": p.start_offset,
             "end_offset": p.end_offset,
-            "size_bytes": p.size_bytes if sizes else None,
-            "segments": p.segments if sizes else None,
+            "size_bytes": p.size_bytes,
+            "segments": p.segments,
         }
         for p in info.partitions
     ]
@@ -302,12 +312,12 @@ def _topic_row(info: TopicInfo, rates: TopicRates | None, sizes: bool = True) ->
         "partitions": partitions,
         "end_offsets": sum(p.end_offset for p in info.partitions),
         "retained_offsets": sum(p.end_offset - p.start_offset for p in info.partitions),
-        "size_bytes": sum(p.size_bytes for p in info.partitions) if sizes else None,
+        "size_bytes": _total_size(info),
         "retention_ms": info.config.retention_ms,
         "retention_bytes": info.config.retention_bytes,
         "segment_bytes": info.config.segment_bytes,
         "write_rate": None if rates is None else round(rates.messages, 3),
-        "write_bytes_rate": None if rates is None or not sizes else round(rates.bytes, 1),
+        "write_bytes_rate": None if rates is None or rates.bytes is None else round(rates.bytes, 1),
         "read_rate": None if rates is None else round(rates.read_messages, 3),
     }
 

@@ -186,7 +186,6 @@ class ReadApi:
     async def describe_topic(self, request: Request) -> Response:
         topic = readable_topic(request, request.path_params["topic"])
         info = await self._run(self.store.describe_topic, topic)
-        sizes = self.store.capabilities.segment_files  # Kafka's are unknown here: null
         return json_response(
             {
                 "name": info.name,
@@ -196,7 +195,7 @@ class ReadApi:
                         "partition": p.partition,
                         "start_offset": p.start_offset,
                         "end_offset": p.end_offset,
-                        "size_bytes": p.size_bytes if sizes else None,
+                        "size_bytes": p.size_bytes,  # null where unknown (Kafka)
                     }
                     for p in info.partitions
                 ],

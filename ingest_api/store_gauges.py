@@ -97,9 +97,10 @@ def register_store_gauges(metrics: MetricsRegistry, store: LogStore, data_dir: P
 
     def partitions(field: str) -> list[Sample]:
         return [
-            ((t.name, str(p.partition)), float(getattr(p, field)))
+            ((t.name, str(p.partition)), float(value))
             for t in topics.get()
             for p in t.partitions
+            if (value := getattr(p, field)) is not None
         ]
 
     metrics.collected_gauge(

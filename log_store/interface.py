@@ -97,8 +97,10 @@ class PartitionInfo:
     partition: int
     start_offset: int
     end_offset: int
-    size_bytes: int
-    segments: int
+    size_bytes: int | None
+    """None where the store does not know it (on Kafka it is the brokers')."""
+    segments: int | None
+    """Segment files (None on a store that has none of its own, as Kafka)."""
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,7 @@ class StoreLogSource:
             name=info.name,
             topic_id=info.topic_id,
             partitions=[
-                PartitionBounds(p.partition, p.start_offset, p.end_offset, p.size_bytes)
+                PartitionBounds(p.partition, p.start_offset, p.end_offset, p.size_bytes or 0)
                 for p in info.partitions
             ],
         )

@@ -202,7 +202,7 @@ class TopicAdmin:
                     raise
             time.sleep(0.1)
         return [
-            PartitionInfo(p, earliest[p], max(earliest[p], latest[p]), 0, 0)
+            PartitionInfo(p, earliest[p], max(earliest[p], latest[p]), None, None)
             for p in range(topic.partitions)
         ]
 

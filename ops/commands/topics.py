@@ -82,10 +82,8 @@ def _retention_ms(hours: float | None) -> int | None:
     return None if hours is None else int(hours * 3600 * 1000)
 
 
-def _topic_dict(info: TopicInfo, sizes: bool) -> dict[str, Any]:
-    partitions = [vars(p) for p in info.partitions]
-    if not sizes:  # the store does not know them (Kafka): null, not 0
-        partitions = [{**p, "size_bytes": None, "segments": None} for p in partitions]
+def _topic_dict(info: TopicInfo) -> dict[str, Any]:
+    partitions = [vars(p) for p in info.partitions]  # sizes null where unknown (Kafka)
     return {
         "name": info.name,
         "topic_id": info.topic_id,
@@ -101,10 +99,10 @@ def _shown(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _print_topic(info: TopicInfo, as_json: bool, sizes: bool = True) -> None:
-    """``sizes``: whether the store knows partition sizes and segments (not on Kafka)."""
+def _print_topic(info: TopicInfo, as_json: bool) -> None:
+    """Sizes and segments the store does not know (Kafka) are shown as ``-``."""
     if as_json:
-        print(json.dumps(_topic_dict(info, sizes)))
+        print(json.dumps(_topic_dict(info)))
         return
     print(
         f"{info.name}  id={info.topic_id}  partitions={info.config.partitions}  "
@@ -113,10 +111,9 @@ def _print_topic(info: TopicInfo, as_json: bool, sizes: bool = True) -> None:
     if info.partitions:
         print(f"  {'partition':>9} {'start':>12} {'end':>12} {'bytes':>14} {'segments':>8}")
         for p in info.partitions:
-            size, segments = (p.size_bytes, p.segments) if sizes else (None, None)
             print(
                 f"  {p.partition:>9} {p.start_offset:>12} {p.end_offset:>12} "
-                f"{_shown(size):>14} {_shown(segments):>8}"
+                f"{_shown(p.size_bytes):>14} {_shown(p.segments):>8}"
             )
 
 
@@ -143,13 +140,12 @@ def run(args: argparse.Namespace) -> int:
         with contextlib.closing(
             open_store_from_args(args, create=args.action == "create")
         ) as store:
-            sizes = store.capabilities.segment_files
             if args.action == "list":
                 for info in store.list_topics():
                     if args.all or not is_internal(info.name):
-                        _print_topic(info, args.json, sizes)
+                        _print_topic(info, args.json)
             elif args.action == "describe":
-                _print_topic(store.describe_topic(args.topic), args.json, sizes)
+                _print_topic(store.describe_topic(args.topic), args.json)
             elif args.action == "create":
                 config = TopicConfig(
                     partitions=args.partitions,
@@ -157,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
                     retention_bytes=args.retention_bytes,
                     segment_bytes=args.segment_bytes or TopicConfig().segment_bytes,
                 )
-                _print_topic(store.create_topic(args.topic, config), args.json, sizes)
+                _print_topic(store.create_topic(args.topic, config), args.json)
             elif args.action == "alter":
                 if args.partitions is not None:
                     store.set_partitions(args.topic, args.partitions)
@@ -167,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
                     retention_bytes=args.retention_bytes,
                     segment_bytes=args.segment_bytes,
                 )
-                _print_topic(info, args.json, sizes)
+                _print_topic(info, args.json)
             elif args.action == "delete":
                 store.delete_topic(args.topic)
                 print(f"deleted {args.topic}")
