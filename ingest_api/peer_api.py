@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import anyio.to_thread
@@ -56,6 +57,8 @@ from log_store.kafka.remote_transaction import (
 )
 from log_store.kafka.store import KafkaLogStore
 from log_store.topic_names import validate_topic_name
+
+log = logging.getLogger(__name__)
 
 _PREPARED_OVERHEAD = 1024 * 1024
 
@@ -138,7 +141,10 @@ class PeerApi:
         """The audit counts a forwarded write where it is committed (see ``late_commit_hook``):
         here, whether or not the answer reaches the gateway that forwarded it."""
         if answer.committed is not None and prepared.counted_at_owner:
-            self.committed_late(topic, prepared.records)
+            try:
+                self.committed_late(topic, prepared.records)
+            except Exception:  # a peer's record this version cannot read: the commit stands
+                log.exception("counting a forwarded write to %s for the audit failed", topic)
 
     async def commit_batch(self, request: Request) -> Response:
         """Every transaction of the batch goes to its partition's owner here at once (each

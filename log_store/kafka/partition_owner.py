@@ -25,10 +25,13 @@ one offset; the offsets Kafka reports are checked against that before committing
 Any failure whose outcome is not certain (a commit that timed out, a fenced producer) marks
 the owner *broken*: before its next transaction it takes the partition over again, which
 settles the uncertain transaction one way or the other and rebuilds the table from what Kafka
-holds, so a retried chunk is then answered ``duplicate`` if the first try did commit.  That
-takeover also looks for the unanswered commit's delta in the changelog (same data end, same
-changes): if it is there, the transactions that asked (``late_commit_hook``) are told, so the
-write that only a duplicate answered is still counted once (the gateway's audit).
+holds, so a retried chunk is then answered ``duplicate`` if the first try did commit.  A
+commit whose request was sent but whose answer never came is remembered (per partition, by
+the store's owners together); the next takeover of that partition in this process reads the
+committed record at the offset its first record was given: if it is byte for byte that
+record (whose envelope carries its write time in ms), the commit went through, and the
+transactions that asked (``late_commit_hook``) are told, so the write that only a duplicate
+answered is still counted once (the gateway's audit).
 """
 
 from __future__ import annotations
@@ -44,7 +47,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from log_store.errors import LogbrokerError, StoreUnavailable, UnknownPartition, UnknownTopic
+from log_store.errors import (
+    LogbrokerError,
+    OffsetOutOfRange,
+    StoreUnavailable,
+    UnknownPartition,
+    UnknownTopic,
+)
 from log_store.interface import AppendResult, LateCommitHook, TransactionFn, late_commit_hook
 from log_store.kafka import naming
 from log_store.kafka.failures import (
@@ -114,6 +123,28 @@ class OwnerContext:
     commits: CommitCounts = field(default_factory=CommitCounts)
     _snapshot_consumer: Consumer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _unanswered: dict[tuple[str, int], _Unanswered] = field(default_factory=dict)
+    """Per partition, its last commit whose answer never came, until a takeover here reads
+    whether it went through (the owner that failed is often replaced before that)."""
+
+    def note_unanswered(self, topic: str, partition: int, unanswered: _Unanswered) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._unanswered[(topic, partition)] = unanswered
+            stale = [
+                k for k, u in self._unanswered.items() if now - u.noted_at > _UNANSWERED_KEPT_S
+            ]
+            for key in stale:
+                _left_unsettled(key, self._unanswered.pop(key), "not taken over here since")
+
+    def unanswered(self, topic: str, partition: int) -> _Unanswered | None:
+        with self._lock:
+            return self._unanswered.get((topic, partition))
+
+    def settled(self, topic: str, partition: int, unanswered: _Unanswered) -> None:
+        with self._lock:
+            if self._unanswered.get((topic, partition)) is unanswered:
+                del self._unanswered[(topic, partition)]
 
     def _snapshots(self) -> Consumer:
         # A consumer of the snapshot group that never joins it: it reads the group's offsets
@@ -141,7 +172,8 @@ class OwnerContext:
         while True:
             try:
                 committed = self._snapshots().committed(
-                    [TopicPartition(state_topic, partition)], timeout=timeout
+                    [TopicPartition(state_topic, partition)],
+                    timeout=max(0.1, deadline - time.monotonic()),
                 )
                 break
             except KafkaException as exc:
@@ -157,6 +189,9 @@ class OwnerContext:
 
     def close(self) -> None:
         with self._lock:
+            for key, unanswered in self._unanswered.items():
+                _left_unsettled(key, unanswered, "the store closed")
+            self._unanswered.clear()
             if self._snapshot_consumer is not None:
                 self._snapshot_consumer.close()
                 self._snapshot_consumer = None
@@ -217,11 +252,31 @@ class Pending:
 @dataclass
 class _Unanswered:
     """A commit that ended without an answer (its callers were told it failed), and what to
-    tell if the next takeover finds it committed: see :func:`late_commit_hook`."""
+    tell if a takeover finds it committed: see :func:`late_commit_hook`."""
 
-    data_end: int
-    changes: dict[str, bytes]
+    probe_offset: int
+    """Where its first audited record went, if it was committed."""
+    probe_value: bytes
     hooks: list[tuple[LateCommitHook, list[bytes]]]
+    noted_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def records(self) -> int:
+        return sum(len(values) for _hook, values in self.hooks)
+
+
+_UNANSWERED_KEPT_S = 600.0
+"""An unanswered commit of a partition not taken over here again within this is forgotten."""
+
+
+def _left_unsettled(key: tuple[str, int], unanswered: _Unanswered, why: str) -> None:
+    log.warning(
+        "%s/%d: not known whether a commit answered as failed (%d records) went through (%s); "
+        "if it did, the audit does not count them",
+        *key,
+        unanswered.records,
+        why,
+    )
 
 
 Retry = Callable[["PartitionOwner", Pending, BaseException], None]
@@ -271,8 +326,8 @@ class PartitionOwner:
         self._visible_commits = 0
         """Of those, how many the acknowledger has seen readable (their markers written)."""
         self._visibility = threading.Condition()
-        self._unanswered: _Unanswered | None = None
-        """The last failed commit's hooks, until a takeover settles whether it went through."""
+        self._commit_sent = False
+        """The running transaction's commit request was handed to librdkafka."""
 
     # -- life ---------------------------------------------------------------------------------
     def start(self, *, eager: bool = False) -> PartitionOwner:
@@ -379,15 +434,6 @@ class PartitionOwner:
         self._drop_producer()
         self.broken = True
         self.closed = True
-        unanswered, self._unanswered = self._unanswered, None
-        if unanswered is not None:
-            log.warning(
-                "%s/%d: left without knowing whether its last commit (%d records, answered as "
-                "failed) went through; if it did, the audit does not count them",
-                self.topic,
-                self.partition,
-                sum(len(records) for _hook, records in unanswered.hooks),
-            )
 
     # -- takeover -----------------------------------------------------------------------------
     def _try_takeover(self) -> bool:
@@ -444,11 +490,7 @@ class PartitionOwner:
                 f"the state changelog of {self.topic}/{self.partition} starts at {low}, "
                 f"after its snapshot at {snapshot}"
             )
-        unanswered = self._unanswered
-        replayed = ReplayedState(
-            position=low if snapshot is None else snapshot,
-            watch=None if unanswered is None else (unanswered.data_end, unanswered.changes),
-        )
+        replayed = ReplayedState(position=low if snapshot is None else snapshot)
         ctx.fetchers.replay(
             state_topic,
             self.partition,
@@ -486,23 +528,42 @@ class PartitionOwner:
             data_end,
         )
         ctx.on_takeover(self.topic, self.partition, self.takeover_seconds, len(self._table))
+        unanswered = ctx.unanswered(self.topic, self.partition)
         if unanswered is not None:
-            self._unanswered = None
-            self._settle(unanswered, replayed)
+            self._settle(unanswered)
 
-    def _settle(self, unanswered: _Unanswered, replayed: ReplayedState) -> None:
-        """Tell the hooks of an unanswered commit that the takeover found it committed."""
-        records = sum(len(r) for _hook, r in unanswered.hooks)
-        if not replayed.watched:
-            log.log(
-                logging.WARNING if replayed.watch_hidden else logging.INFO,
-                "%s/%d: the unanswered commit of %d records %s",
+    def _settle(self, unanswered: _Unanswered) -> None:
+        """Read whether an unanswered commit went through, and tell its hooks if it did."""
+        assert self._kafka is not None
+        try:
+            found = self.ctx.fetchers.read(
+                self._kafka.kafka_name,
+                self.partition,
+                unanswered.probe_offset,
+                1,
+                what=f"{self.topic}/{self.partition} after an unanswered commit",
+            ).records
+        except OffsetOutOfRange:
+            found = None
+        except LogbrokerError as exc:  # Kafka away again: the next takeover reads it
+            log.info(
+                "%s/%d: unanswered commit not settled yet: %s", self.topic, self.partition, exc
+            )
+            return
+        self.ctx.settled(self.topic, self.partition, unanswered)
+        if found is None:
+            _left_unsettled((self.topic, self.partition), unanswered, "retention removed it")
+            return
+        if not (
+            found
+            and found[0].offset == unanswered.probe_offset
+            and found[0].value == unanswered.probe_value
+        ):
+            log.info(
+                "%s/%d: the unanswered commit of %d records did not go through",
                 self.topic,
                 self.partition,
-                records,
-                "is behind a snapshot: not known whether it went through"
-                if replayed.watch_hidden
-                else "did not go through",
+                unanswered.records,
             )
             return
         log.info(
@@ -510,7 +571,7 @@ class PartitionOwner:
             "(their writers' retries are answered as duplicates)",
             self.topic,
             self.partition,
-            records,
+            unanswered.records,
         )
         for hook, values in unanswered.hooks:
             try:
@@ -643,11 +704,13 @@ class PartitionOwner:
                 self._failed_at = None
                 if not isinstance(failure, WriterFenced) and self._topic_gone():
                     failure = UnknownTopic(f"topic {self.topic!r} was deleted")
-                aborted = is_fenced(self._fatal) or is_fenced(kafka_error(exc))
-                if values and not aborted and not isinstance(failure, UnknownTopic):
-                    # the next takeover learns whether it went through (a fenced writer's
-                    # transaction was aborted by the fencing: nothing to learn)
-                    self._unanswered = self._unanswered_of(base, values, changes, outcomes)
+                if values and self._commit_sent and not isinstance(failure, UnknownTopic):
+                    # The commit request went out: it may have gone through, even with a
+                    # fenced error (a coordinator that had prepared the commit completes it
+                    # when the next writer fences this one).  A takeover here reads it.
+                    unanswered = self._unanswered_of(base, values, outcomes)
+                    if unanswered is not None:
+                        self.ctx.note_unanswered(self.topic, self.partition, unanswered)
                 for txn, _result, error in outcomes:
                     if error is not None:
                         txn.future.set_exception(error)
@@ -681,7 +744,6 @@ class PartitionOwner:
     def _unanswered_of(
         base: int,
         values: list[bytes],
-        changes: dict[str, bytes],
         outcomes: list[tuple[Pending, AppendResult | None, BaseException | None]],
     ) -> _Unanswered | None:
         hooks = []
@@ -692,7 +754,12 @@ class PartitionOwner:
                 hooks.append((hook, values[first : result.last_offset - base + 1]))
         if not hooks:
             return None
-        return _Unanswered(base + len(values) + 1, dict(changes), hooks)
+        probe = next(
+            result.first_offset
+            for txn, result, error in outcomes
+            if error is None and result is not None and result.count and late_commit_hook(txn.fn)
+        )
+        return _Unanswered(probe, values[probe - base], hooks)
 
     def _topic_gone(self) -> bool:
         """True if the topic this owner writes was deleted (or deleted and created again)."""
@@ -746,6 +813,7 @@ class PartitionOwner:
             return callback
 
         data_end = base + len(values) + (1 if values else 0)
+        self._commit_sent = False
         try:
             producer.begin_transaction()
             last = len(values) - 1
@@ -755,6 +823,7 @@ class PartitionOwner:
             self._produce(self._state_topic, delta_record(data_end, changes), note("delta"))
             # commit_transaction delivers every record first (no separate flush: one wait
             # for Kafka per transaction, not two) and fails if any was refused
+            self._commit_sent = True
             producer.commit_transaction(timeout)
         except BaseException as exc:
             self._abort_quietly()

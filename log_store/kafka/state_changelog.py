@@ -133,13 +133,6 @@ class ReplayedState:
     """Delta records replayed since the last snapshot."""
     tail_entries: int = 0
     """State entries in those deltas."""
-    watch: tuple[int, Mapping[str, bytes]] | None = None
-    """(data end, changes) of a delta whose commit went unanswered: was it committed?"""
-    watched: bool = False
-    """True once a delta with exactly that data end and those changes was replayed."""
-    watch_hidden: bool = False
-    """True if a snapshot at or after the watched data end was replayed: a watched delta
-    before it was not read, so not seeing it proves nothing."""
 
     def apply(self, offset: int, value: bytes) -> None:
         """Apply one changelog record (read in offset order, read_committed)."""
@@ -148,31 +141,13 @@ class ReplayedState:
             _, data_end = _DELTA_HEAD.unpack_from(value, 0)
             self.tail_entries += decode_entries(value, _DELTA_HEAD.size, self.table)
             self.tail_records += 1
-            if self.watch is not None and data_end == self.watch[0]:
-                self._look(value)
         elif magic == SNAPSHOT_MAGIC:
             _, data_end, index, _count = _SNAPSHOT_HEAD.unpack_from(value, 0)
             if index == 0:
                 self.table = {}
                 self.tail_records = self.tail_entries = 0
-                if self.watch is not None and data_end >= self.watch[0] and not self.watched:
-                    self.watch_hidden = True
             decode_entries(value, _SNAPSHOT_HEAD.size, self.table)
         else:
             raise CorruptChangelog(f"changelog record at {offset} is neither delta nor snapshot")
         self.data_end = data_end
         self.position = offset + 1
-
-    def _look(self, value: bytes) -> None:
-        """Compare a delta of the watched data end with the watched changes.
-
-        The data end alone could match a later writer's state-only transaction (an aborted
-        transaction's records keep their offsets); with the changes too, only the watched
-        commit itself matches: another writer's retry of the same chunks appends records and
-        so ends the data elsewhere.
-        """
-        assert self.watch is not None
-        changes: dict[str, bytes] = {}
-        decode_entries(value, _DELTA_HEAD.size, changes)  # a deletion leaves no key
-        if changes == {key: value for key, value in self.watch[1].items() if value}:
-            self.watched = True

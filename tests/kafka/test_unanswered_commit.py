@@ -21,7 +21,6 @@ from log_store import LogStore
 from log_store.errors import StoreUnavailable
 from log_store.kafka import partition_owner as owner_module
 from log_store.kafka.remote_transaction import PreparedTransaction, checked_transaction
-from log_store.kafka.state_changelog import ReplayedState, delta_record, snapshot_records
 from session_dedup.envelope import EnvelopeWriter, decode
 from session_dedup.exactly_once import DUPLICATE, WRITTEN, ChunkBatch, ExactlyOnceWriter
 from session_dedup.source import SourceMeta
@@ -117,6 +116,22 @@ def test_a_commit_whose_answer_was_lost_is_told_late_and_its_retry_is_a_duplicat
     assert seqnos == [1, 2, 3, 4, 5, 6, 7], "lost or duplicated in the log"
 
 
+def test_an_owner_replaced_before_its_retry_still_settles_the_unanswered_commit(
+    kafka_store: LogStore, faults: _Faults
+) -> None:
+    """A state read finds the failed owner broken and replaces it: the new owner's takeover
+    settles what the old one left unanswered."""
+    heard = _Heard()
+    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=1, committed_late=heard)
+    assert list(writer.write(META, _batch([1])).written) == [WRITTEN]
+    faults.next = "lose_answer"
+    with pytest.raises(StoreUnavailable):
+        writer.write(META, _batch([2, 3]))
+    kafka_store.get_state("dc1.app", 0, "no-such-key")  # drops the broken owner
+    assert list(_write_retrying(writer, [2, 3])) == [DUPLICATE] * 2
+    assert heard.seqnos() == [[2, 3]]
+
+
 def test_a_commit_that_never_arrived_is_not_told_and_its_retry_is_written(
     kafka_store: LogStore, faults: _Faults
 ) -> None:
@@ -155,21 +170,3 @@ def test_the_gateways_late_counter_counts_chunks_only_and_no_audit_topic() -> No
     count("dc1.app", [chunk.encode(1, created, 0, b"a\nb\n"), legacy.encode(2, created, 0, b"c\n")])
     count("dc1.logbroker-audit", [chunk.encode(3, created, 0, b"d\n")])
     assert counts.snapshot() == {("dc1.app", window_start(created)): (1, 2)}
-
-
-def test_the_replay_sees_the_watched_commit_only_with_its_data_end_and_its_changes() -> None:
-    mine = {"seq/a": b"\x06", "seq/b": b"\x02"}
-    seen = ReplayedState(watch=(10, mine))
-    seen.apply(0, delta_record(6, {"seq/a": b"\x03"}))
-    seen.apply(1, delta_record(10, mine))
-    assert seen.watched and not seen.watch_hidden
-    # another writer's state-only transaction after an abort ends the data at the same place
-    other = ReplayedState(watch=(10, mine))
-    other.apply(0, delta_record(10, {"epoch/a": b"\x01"}))
-    other.apply(1, delta_record(10, {"seq/a": b"\x06"}))
-    assert not other.watched
-    # a snapshot at or past the watched end hides a delta before it
-    hidden = ReplayedState(watch=(10, mine))
-    for i, record in enumerate(snapshot_records(12, {"seq/a": b"\x07"})):
-        hidden.apply(i, record)
-    assert hidden.watch_hidden and not hidden.watched
