@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from starlette.requests import Request
@@ -256,7 +256,12 @@ class WriteApi:
                 f"a source is over {self.limits.source_chunks_per_second:g} chunks/s",
                 headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
             )
-        outcomes = iter(await self.writer.write_many_async([(s.meta, s.batch) for s in admitted]))
+        results = await self.writer.write_each_async([(s.meta, s.batch) for s in admitted])
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
+        if failure is not None:
+            self._count_written(admitted, results)
+            raise failure
+        outcomes = iter(cast(list[WriteOutcome], results))
         answer = _Answer()
         audited = WrittenTally(self.audit)
         for s in sections:
@@ -282,6 +287,19 @@ class WriteApi:
         self.active.touch([s.meta for s in admitted])
         self.ack_latency.observe(time.perf_counter() - started)
         return Response(payload, media_type="application/json", headers=self._forwarded(answer))
+
+    def _count_written(
+        self, sections: list[Section], results: list[WriteOutcome | BaseException]
+    ) -> None:
+        """The audit's count of the sections a failed request did write: the client sends
+        the request again, and their chunks are then answered ``duplicate``, not counted."""
+        audited = WrittenTally(self.audit)
+        for s, outcome in zip(sections, results, strict=True):
+            if not isinstance(outcome, WriteOutcome):
+                continue
+            if outcome.refused is None and not outcome.counted_elsewhere:
+                audited.section(outcome.route.topic, s.meta.codec, s.batch, outcome.written)
+        audited.flush()
 
     def _forwarded(self, answer: _Answer) -> dict[str, str] | None:
         """``Logbroker-Forwarded: N`` when N sections went to partitions another gateway owns:

@@ -809,9 +809,19 @@ class ExactlyOnceWriter:
         Returns one outcome per section in order, each only after its fsync.  If any section
         fails, the error is raised after every section has finished (written or not).
         """
-        outcomes: dict[int, WriteOutcome] = {}
+        results = await self.write_each_async(sections)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results  # type: ignore[return-value]  # no exception among them
+
+    async def write_each_async(
+        self, sections: Sequence[tuple[SourceMeta, ChunkBatch]]
+    ) -> list[WriteOutcome | BaseException]:
+        """Like :meth:`write_many_async`, but a failed section's error takes its place in the
+        list, so a caller knows what the others wrote."""
+        done: dict[int, WriteOutcome | BaseException] = {}
         todo = list(range(len(sections)))
-        failure: BaseException | None = None
         for attempt in range(2):
             metas = [sections[i][0] for i in todo]
             routing = asyncio.ensure_future(self._routes_async(metas))
@@ -832,31 +842,30 @@ class ExactlyOnceWriter:
             for (_, sources), result in zip(submitted, results, strict=True):
                 if isinstance(result, UnknownTopic):
                     # the topic was deleted (and maybe created again) since we cached it
-                    self.router.forget(sources[0].outcome.route.topic)
+                    topic = sources[0].outcome.route.topic
+                    self.router.forget(topic)
                     if attempt:
-                        failure = failure or _topic_vanished(sources[0].outcome.route.topic)
+                        done.update((source.index, _topic_vanished(topic)) for source in sources)
                     else:
                         retry.extend(source.index for source in sources)
                     continue
                 if isinstance(result, BaseException):
-                    failure = failure or result
+                    done.update((source.index, result) for source in sources)
                     continue
                 for source in sources:
                     source.outcome.first_offset = result.first_offset + source.first_index
-                    outcomes[source.index] = source.outcome
+                    done[source.index] = source.outcome
             todo = sorted(retry)
             if not todo:
                 break
         created = [
             (outcome.route, sections[i][0].source_id)
-            for i, outcome in outcomes.items()
-            if outcome.new_source
+            for i, outcome in done.items()
+            if isinstance(outcome, WriteOutcome) and outcome.new_source
         ]
         if created:
             await asyncio.to_thread(self.router.confirm_pins, created)
-        if failure is not None:
-            raise failure
-        return [outcomes[i] for i in range(len(sections))]
+        return [done[i] for i in range(len(sections))]
 
     # -- sessions -------------------------------------------------------------------------
     def _handover_writer(self, meta: SourceMeta) -> EnvelopeWriter:

@@ -8,6 +8,7 @@ before committing, as when the request never arrived.  The broker is real Apache
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +23,13 @@ from log_store.errors import StoreUnavailable
 from log_store.kafka import partition_owner as owner_module
 from log_store.kafka.remote_transaction import PreparedTransaction, checked_transaction
 from session_dedup.envelope import EnvelopeWriter, decode
-from session_dedup.exactly_once import DUPLICATE, WRITTEN, ChunkBatch, ExactlyOnceWriter
+from session_dedup.exactly_once import (
+    DUPLICATE,
+    WRITTEN,
+    ChunkBatch,
+    ExactlyOnceWriter,
+    WriteOutcome,
+)
 from session_dedup.source import SourceMeta
 
 pytestmark = pytest.mark.kafka
@@ -170,3 +177,30 @@ def test_the_gateways_late_counter_counts_chunks_only_and_no_audit_topic() -> No
     count("dc1.app", [chunk.encode(1, created, 0, b"a\nb\n"), legacy.encode(2, created, 0, b"c\n")])
     count("dc1.logbroker-audit", [chunk.encode(3, created, 0, b"d\n")])
     assert counts.snapshot() == {("dc1.app", window_start(created)): (1, 2)}
+
+
+def test_a_request_failing_in_one_partition_says_what_the_others_wrote(
+    kafka_store: LogStore, faults: _Faults
+) -> None:
+    """``write_each_async``: the gateway counts what a failed request did write (its retry
+    is answered ``duplicate`` there), so the writer reports each section on its own."""
+    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=2)
+    metas = [SourceMeta(log_type="app", source_id=f"each-{i}") for i in range(8)]
+    first = asyncio.run(writer.write_each_async([(m, _batch([1])) for m in metas]))
+    assert all(isinstance(r, WriteOutcome) for r in first)
+    partitions = {r.route.partition for r in first if isinstance(r, WriteOutcome)}
+    assert partitions == {0, 1}, "the sources should cover both partitions"
+    faults.next = "fail_before"  # the next commit of either partition's owner fails
+    results = asyncio.run(writer.write_each_async([(m, _batch([2])) for m in metas]))
+    failed = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
+    written = [r for r in results if isinstance(r, WriteOutcome)]
+    assert failed and written, results
+    assert all(isinstance(results[i], StoreUnavailable) for i in failed)
+    assert {r.route.partition for r in written} != {
+        first[i].route.partition
+        for i in failed  # type: ignore[union-attr]
+    }
+    assert all(list(r.written) == [WRITTEN] for r in written)
+    with pytest.raises(StoreUnavailable):  # the all-or-error form raises the failure
+        faults.next = "fail_before"
+        asyncio.run(writer.write_many_async([(m, _batch([3])) for m in metas]))
