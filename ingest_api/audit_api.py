@@ -54,9 +54,10 @@ def count_written(
 
 
 def late_commit_counter(counts: WindowCounts) -> Callable[[str, Sequence[bytes]], None]:
-    """The hook that counts chunk writes found committed after their caller was answered
-    failed (see ``late_commit_hook``): their retries were answered ``duplicate``, so this
-    is the only place they are counted.  It runs in a store thread."""
+    """Counts the chunks of committed records that no answer to a client counts (see
+    ``late_commit_hook``): a commit answered as failed and found committed later, whose retry
+    is answered ``duplicate`` (in a store thread), and a write forwarded here by another
+    gateway, counted by the owner that commits it."""
 
     def count(topic: str, records: Sequence[bytes]) -> None:
         if is_audit_topic(topic):

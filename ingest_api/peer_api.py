@@ -74,7 +74,7 @@ class PeerApi:
     def __init__(self, ctx: GatewayContext, store: KafkaLogStore) -> None:
         self.ctx = ctx
         self.store = store
-        self.committed_late = late_commit_counter(gateway_counts(ctx))
+        self.count_committed = late_commit_counter(gateway_counts(ctx))
         """Counts the chunks of forwarded writes committed here (see ``_count``)."""
         self.batches = 0
         """Batches of forwarded transactions received (one request each)."""
@@ -126,7 +126,7 @@ class PeerApi:
         except (ValueError, KeyError, TypeError) as exc:
             raise ApiError(400, "bad_request", f"prepared transaction: {exc}") from None
         future = self.store.submit_local(
-            topic, partition, checked_transaction(prepared, self.committed_late)
+            topic, partition, checked_transaction(prepared, self.count_committed)
         )
         with contextlib.suppress(Exception):  # the outcome is read just below
             await asyncio.wrap_future(future)
@@ -142,7 +142,7 @@ class PeerApi:
         here, whether or not the answer reaches the gateway that forwarded it."""
         if answer.committed is not None and prepared.counted_at_owner:
             try:
-                self.committed_late(topic, prepared.records)
+                self.count_committed(topic, prepared.records)
             except Exception:  # a peer's record this version cannot read: the commit stands
                 log.exception("counting a forwarded write to %s for the audit failed", topic)
 
@@ -162,7 +162,7 @@ class PeerApi:
         self.batched_transactions += len(items)
         futures = [
             self.store.submit_local(
-                item.topic, item.partition, checked_transaction(item.prepared, self.committed_late)
+                item.topic, item.partition, checked_transaction(item.prepared, self.count_committed)
             )
             for item in items
         ]
