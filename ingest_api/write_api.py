@@ -257,13 +257,13 @@ class WriteApi:
                 headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
             )
         results = await self.writer.write_each_async([(s.meta, s.batch) for s in admitted])
+        # counted also when the request fails: its retry answers what was written `duplicate`
+        self._audit(admitted, results)
         failure = next((r for r in results if isinstance(r, BaseException)), None)
         if failure is not None:
-            self._count_written(admitted, results)
             raise failure
         outcomes = iter(cast(list[WriteOutcome], results))
         answer = _Answer()
-        audited = WrittenTally(self.audit)
         for s in sections:
             if s.error is not None:
                 answer.results.append(_refusal_json(s.meta.source_id, s.error))
@@ -275,9 +275,6 @@ class WriteApi:
                 answer.results.append(_limit_refusal_json(s.meta.source_id, outcome.refused))
             else:
                 answer.add(s, outcome)
-                if not outcome.counted_elsewhere:  # the owner gateway counted it
-                    audited.section(outcome.route.topic, s.meta.codec, s.batch, outcome.written)
-        audited.flush()
         for (topic, code), count in answer.tally.items():
             self.chunks.inc(count, (topic, CHUNK_STATUSES[code]))
         for topic, size in answer.written_bytes.items():
@@ -288,11 +285,9 @@ class WriteApi:
         self.ack_latency.observe(time.perf_counter() - started)
         return Response(payload, media_type="application/json", headers=self._forwarded(answer))
 
-    def _count_written(
-        self, sections: list[Section], results: list[WriteOutcome | BaseException]
-    ) -> None:
-        """The audit's count of the sections a failed request did write: the client sends
-        the request again, and their chunks are then answered ``duplicate``, not counted."""
+    def _audit(self, sections: list[Section], results: list[WriteOutcome | BaseException]) -> None:
+        """The gateway tier's count of what the sections wrote (not what another gateway, the
+        partition's owner, committed and counted)."""
         audited = WrittenTally(self.audit)
         for s, outcome in zip(sections, results, strict=True):
             if not isinstance(outcome, WriteOutcome):

@@ -70,6 +70,18 @@ _METADATA_LAG = {
 }
 
 
+_COORDINATOR_MOVING = {
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+}
+
+
+def is_coordinator_moving(error: KafkaError | None) -> bool:
+    """A group's coordinator being chosen or loaded (a group's first use, a broker restarted)."""
+    return error is not None and error.code() in _COORDINATOR_MOVING
+
+
 def is_unavailable(error: KafkaError | None) -> bool:
     """The cluster (or the way to it) is away: nothing to do but wait and try again."""
     return error is not None and error.code() in _UNAVAILABLE

@@ -61,6 +61,7 @@ from log_store.kafka.failures import (
     WriterFenced,
     as_commit_error,
     as_store_error,
+    is_coordinator_moving,
     is_fenced,
     kafka_error,
 )
@@ -179,7 +180,7 @@ class OwnerContext:
             except KafkaException as exc:
                 # the group's coordinator is still being chosen or loaded (a namespace's
                 # first takeover, a broker restarted): asked again until the timeout
-                if not _coordinator_moving(exc) or time.monotonic() > deadline:
+                if not is_coordinator_moving(kafka_error(exc)) or time.monotonic() > deadline:
                     raise as_store_error(exc, "reading the snapshot position") from exc
                 time.sleep(0.1)
         for tp in committed:
@@ -195,15 +196,6 @@ class OwnerContext:
             if self._snapshot_consumer is not None:
                 self._snapshot_consumer.close()
                 self._snapshot_consumer = None
-
-
-def _coordinator_moving(exc: KafkaException) -> bool:
-    error = kafka_error(exc)
-    return error is not None and error.code() in (
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-    )
 
 
 class _TxnState:
@@ -746,19 +738,16 @@ class PartitionOwner:
         values: list[bytes],
         outcomes: list[tuple[Pending, AppendResult | None, BaseException | None]],
     ) -> _Unanswered | None:
-        hooks = []
+        hooks: list[tuple[LateCommitHook, list[bytes]]] = []
+        probe: int | None = None  # the first audited record's offset
         for txn, result, error in outcomes:
             hook = late_commit_hook(txn.fn) if error is None else None
             if hook is not None and result is not None and result.count:
                 first = result.first_offset - base
                 hooks.append((hook, values[first : result.last_offset - base + 1]))
-        if not hooks:
+                probe = result.first_offset if probe is None else probe
+        if probe is None:
             return None
-        probe = next(
-            result.first_offset
-            for txn, result, error in outcomes
-            if error is None and result is not None and result.count and late_commit_hook(txn.fn)
-        )
         return _Unanswered(probe, values[probe - base], hooks)
 
     def _topic_gone(self) -> bool:
