@@ -7,9 +7,15 @@ the topic up again, or answer 503 and keep the data.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
 from confluent_kafka import KafkaError, KafkaException
 
 from log_store.errors import LogbrokerError, StoreUnavailable, UnknownTopic
+
+_T = TypeVar("_T")
 
 
 class WriterFenced(LogbrokerError):
@@ -142,3 +148,33 @@ def as_commit_error(exc: BaseException, what: str) -> LogbrokerError:
     if error is None or is_topic_gone(error) or is_unavailable(error):
         return as_store_error(exc, what)
     return WriterFenced(f"{what}: {error}")
+
+
+def ask_again(
+    ask: Callable[[float], _T],
+    *,
+    timeout_s: float,
+    retried_for: Callable[[Exception], float | None],
+    pause_s: float,
+    refresh: Callable[[], None] | None = None,
+) -> _T:
+    """``ask``'s answer, asked again while it fails with an error that may pass.
+
+    ``ask`` is given what is left of ``timeout_s`` (counted from the first attempt, so it
+    may be negative), for its own timeout.  ``retried_for(exc)`` says for how many seconds
+    from the first attempt an error like ``exc`` is asked again (``None``: not at all).
+    Between attempts ``refresh`` runs (to bring librdkafka's metadata up to date), then a
+    pause of ``pause_s``.  The error that ends the attempts is raised as it is: the caller
+    says what it means.
+    """
+    started = time.monotonic()
+    while True:
+        try:
+            return ask(started + timeout_s - time.monotonic())
+        except Exception as exc:
+            retried_s = retried_for(exc)
+            if retried_s is None or time.monotonic() > started + retried_s:
+                raise
+        if refresh is not None:
+            refresh()
+        time.sleep(pause_s)

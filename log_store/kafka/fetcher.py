@@ -22,6 +22,7 @@ from log_store.errors import OffsetOutOfRange, StoreUnavailable, UnknownTopic
 from log_store.interface import ReadResult, Record
 from log_store.kafka.failures import (
     as_store_error,
+    ask_again,
     is_metadata_lag,
     is_topic_gone,
     is_unavailable,
@@ -76,34 +77,50 @@ class Watermarks:
         Each attempt is short: a query sent to a leader that just died waits in that broker's
         queue, and only a metadata refresh (done between attempts) finds the new leader.
         """
-        deadline = time.monotonic() + self._settings.operation_timeout_s
-        gone_deadline = time.monotonic() + _NEW_TOPIC_S
-        while True:
-            remaining = deadline - time.monotonic()
+
+        def ask(remaining_s: float) -> tuple[int, int]:
             asked = time.time()
             try:
                 low, high = self._consumer.get_watermark_offsets(
                     TopicPartition(kafka_topic, partition),
-                    timeout=max(0.1, min(_ATTEMPT_S, remaining)),
+                    timeout=max(0.1, min(_ATTEMPT_S, remaining_s)),
                     cached=False,
                 )
-                self._answered(asked, True)
-                return int(low), int(high)
             except Exception as exc:
-                error = kafka_error(exc)
-                if is_unavailable(error):
+                if is_unavailable(kafka_error(exc)):
                     self._answered(asked, False)
-                now = time.monotonic()
-                retry = (is_metadata_lag(error) or is_unavailable(error)) and now < deadline
-                if is_topic_gone(error) and now < gone_deadline:
-                    retry = True
-                if not retry:
-                    raise as_store_error(exc, f"{what} of {kafka_topic}/{partition}") from exc
-                # librdkafka answers from its own metadata (leaders, partitions), which only a
-                # metadata request brings up to date
-                with contextlib.suppress(Exception):
-                    self._consumer.list_topics(kafka_topic, timeout=1.0)
-                time.sleep(0.05)
+                raise
+            self._answered(asked, True)
+            return int(low), int(high)
+
+        def refresh() -> None:
+            # librdkafka answers from its own metadata (leaders, partitions), which only a
+            # metadata request brings up to date
+            with contextlib.suppress(Exception):
+                self._consumer.list_topics(kafka_topic, timeout=1.0)
+
+        try:
+            return ask_again(
+                ask,
+                timeout_s=self._settings.operation_timeout_s,
+                retried_for=self._retried_for,
+                pause_s=0.05,
+                refresh=refresh,
+            )
+        except Exception as exc:
+            raise as_store_error(exc, f"{what} of {kafka_topic}/{partition}") from exc
+
+    def _retried_for(self, exc: Exception) -> float | None:
+        """How long a failure of ``get`` is asked again: a leader moving or away, for the
+        operation timeout; a topic or partition nobody knows, for as long as it may be just
+        created (``_UNKNOWN_PARTITION`` is both: the longer of the two)."""
+        error = kafka_error(exc)
+        spans = []
+        if is_metadata_lag(error) or is_unavailable(error):
+            spans.append(self._settings.operation_timeout_s)
+        if is_topic_gone(error):
+            spans.append(_NEW_TOPIC_S)
+        return max(spans, default=None)
 
     def close(self) -> None:
         if not self._closed:

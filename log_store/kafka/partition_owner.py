@@ -61,6 +61,7 @@ from log_store.kafka.failures import (
     WriterFenced,
     as_commit_error,
     as_store_error,
+    ask_again,
     is_coordinator_moving,
     is_fenced,
     kafka_error,
@@ -169,20 +170,23 @@ class OwnerContext:
         read_committed: an offset committed by a transaction still open is waited for.
         """
         timeout = self.settings.operation_timeout_s
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                committed = self._snapshots().committed(
-                    [TopicPartition(state_topic, partition)],
-                    timeout=max(0.1, deadline - time.monotonic()),
-                )
-                break
-            except KafkaException as exc:
-                # the group's coordinator is still being chosen or loaded (a namespace's
-                # first takeover, a broker restarted): asked again until the timeout
-                if not is_coordinator_moving(kafka_error(exc)) or time.monotonic() > deadline:
-                    raise as_store_error(exc, "reading the snapshot position") from exc
-                time.sleep(0.1)
+
+        def ask(remaining_s: float) -> list[TopicPartition]:
+            return self._snapshots().committed(
+                [TopicPartition(state_topic, partition)], timeout=max(0.1, remaining_s)
+            )
+
+        def retried_for(exc: Exception) -> float | None:
+            # the group's coordinator is still being chosen or loaded (a namespace's first
+            # takeover, a broker restarted): asked again until the timeout
+            if isinstance(exc, KafkaException) and is_coordinator_moving(kafka_error(exc)):
+                return timeout
+            return None
+
+        try:
+            committed = ask_again(ask, timeout_s=timeout, retried_for=retried_for, pause_s=0.1)
+        except KafkaException as exc:
+            raise as_store_error(exc, "reading the snapshot position") from exc
         for tp in committed:
             if tp.error is None and tp.offset >= 0:
                 return int(tp.offset)

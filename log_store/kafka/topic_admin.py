@@ -34,7 +34,13 @@ from confluent_kafka.admin import (
 from log_store.errors import BadRequest, StoreUnavailable, TopicExists, UnknownTopic
 from log_store.interface import PartitionInfo, TopicConfig
 from log_store.kafka import naming
-from log_store.kafka.failures import as_store_error, is_metadata_lag, kafka_error
+from log_store.kafka.failures import (
+    as_store_error,
+    ask_again,
+    is_metadata_lag,
+    is_topic_gone,
+    kafka_error,
+)
 from log_store.kafka.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -80,6 +86,14 @@ def check_config(config: TopicConfig) -> None:
         value = getattr(config, name)
         if value is not None and value < 0:
             raise BadRequest(f"{name} must not be negative")
+
+
+def _new_topic_unknown(exc: Exception) -> float | None:
+    """How long "unknown topic" is asked again: the topic may be just created, and the broker
+    asked not have heard of it yet."""
+    if isinstance(exc, KafkaException) and is_topic_gone(kafka_error(exc)):
+        return _NEW_TOPIC_S
+    return None
 
 
 class TopicAdmin:
@@ -150,19 +164,20 @@ class TopicAdmin:
         asked again for a few seconds before it is believed.
         """
         resource = ConfigResource(ConfigResource.Type.TOPIC, naming.data_topic(self.ns, name))
-        deadline = time.monotonic() + _NEW_TOPIC_S
-        while True:
+
+        def ask(_remaining_s: float) -> object:
             futures = self.client.describe_configs([resource], request_timeout=self._timeout)
-            try:
-                entries = self._wait(futures[resource], f"describing {name}'s configuration")
-                break
-            except KafkaException as exc:
-                error = as_store_error(exc, f"describing {name}")
-                if not isinstance(error, UnknownTopic):
-                    raise error from exc
-                if time.monotonic() > deadline:
-                    raise UnknownTopic(f"unknown topic {name!r}") from None
-                time.sleep(0.1)
+            return self._wait(futures[resource], f"describing {name}'s configuration")
+
+        try:
+            entries = ask_again(
+                ask, timeout_s=self._timeout, retried_for=_new_topic_unknown, pause_s=0.1
+            )
+        except KafkaException as exc:
+            error = as_store_error(exc, f"describing {name}")
+            if isinstance(error, UnknownTopic):
+                raise UnknownTopic(f"unknown topic {name!r}") from None
+            raise error from exc
         assert isinstance(entries, dict)
 
         def number(key: str) -> int | None:
@@ -182,25 +197,24 @@ class TopicAdmin:
     def partition_infos(self, topic: KafkaTopic) -> list[PartitionInfo]:
         """Start and end (last stable) offsets of every partition, in two requests."""
         parts = [TopicPartition(topic.kafka_name, p) for p in range(topic.partitions)]
-        started = time.monotonic()
-        while True:  # a topic just created may be unknown to the broker asked, for a moment
-            try:
-                earliest = self._list_offsets(
-                    {tp: OffsetSpec.earliest() for tp in parts}, topic.name
-                )
-                latest = self._list_offsets({tp: OffsetSpec.latest() for tp in parts}, topic.name)
-                break
-            except UnknownTopic:
-                if time.monotonic() > started + _NEW_TOPIC_S:
-                    raise
-            except StoreUnavailable as exc:
-                # a leader that moved (a cluster starting, a broker gone): asked again once
-                # librdkafka's metadata names the new one, within the operation timeout
-                if not is_metadata_lag(kafka_error(exc)) or (
-                    time.monotonic() > started + self._timeout
-                ):
-                    raise
-            time.sleep(0.1)
+
+        def ask(_remaining_s: float) -> tuple[dict[int, int], dict[int, int]]:
+            earliest = self._list_offsets({tp: OffsetSpec.earliest() for tp in parts}, topic.name)
+            latest = self._list_offsets({tp: OffsetSpec.latest() for tp in parts}, topic.name)
+            return earliest, latest
+
+        def retried_for(exc: Exception) -> float | None:
+            if isinstance(exc, UnknownTopic):  # a topic just created, unknown to the broker asked
+                return _NEW_TOPIC_S
+            # a leader that moved (a cluster starting, a broker gone): asked again once
+            # librdkafka's metadata names the new one, within the operation timeout
+            if isinstance(exc, StoreUnavailable) and is_metadata_lag(kafka_error(exc)):
+                return self._timeout
+            return None
+
+        earliest, latest = ask_again(
+            ask, timeout_s=self._timeout, retried_for=retried_for, pause_s=0.1
+        )
         return [
             PartitionInfo(p, earliest[p], max(earliest[p], latest[p]), None, None)
             for p in range(topic.partitions)
@@ -254,15 +268,15 @@ class TopicAdmin:
                     raise as_store_error(exc, f"creating {name}") from exc
                 time.sleep(0.2)
         # A topic just created may take a moment to show in the metadata brokers answer with.
-        deadline = time.monotonic() + self._timeout
-        while True:
-            try:
-                topic = self.describe(name)
-                break
-            except UnknownTopic:
-                if time.monotonic() > deadline:
-                    raise StoreUnavailable(f"created {name}, but Kafka does not show it") from None
-                time.sleep(0.05)
+        try:
+            topic = ask_again(
+                lambda _remaining_s: self.describe(name),
+                timeout_s=self._timeout,
+                retried_for=lambda exc: self._timeout if isinstance(exc, UnknownTopic) else None,
+                pause_s=0.05,
+            )
+        except UnknownTopic:
+            raise StoreUnavailable(f"created {name}, but Kafka does not show it") from None
         self.ensure_state_topic(topic)
         return topic
 
