@@ -115,6 +115,20 @@ def kafka_error(exc: BaseException) -> KafkaError | None:
     return None
 
 
+def known_offset(offset: int, what: str) -> int:
+    """``offset`` as Kafka answered it for ``what``; an unknown one raises as a leader not
+    available, so it is asked again like one.
+
+    While a broker shuts down, librdkafka's ListOffsets can answer -1001 (``OFFSET_INVALID``)
+    without an error.  Taken as a partition's end, it made the partition look empty.
+    """
+    if offset < 0:
+        raise KafkaException(
+            KafkaError(KafkaError.LEADER_NOT_AVAILABLE, f"Kafka answered no offset for {what}")
+        )
+    return offset
+
+
 def is_fenced(error: KafkaError | None) -> bool:
     return error is not None and error.code() in _FENCED
 

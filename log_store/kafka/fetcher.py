@@ -27,6 +27,7 @@ from log_store.kafka.failures import (
     is_topic_gone,
     is_unavailable,
     kafka_error,
+    known_offset,
 )
 from log_store.kafka.naming import reader_group
 from log_store.kafka.settings import KafkaSettings
@@ -86,12 +87,14 @@ class Watermarks:
                     timeout=max(0.1, min(_ATTEMPT_S, remaining_s)),
                     cached=False,
                 )
+                where = f"{kafka_topic}/{partition}"
+                low, high = known_offset(int(low), where), known_offset(int(high), where)
             except Exception as exc:
                 if is_unavailable(kafka_error(exc)):
                     self._answered(asked, False)
                 raise
             self._answered(asked, True)
-            return int(low), int(high)
+            return low, high
 
         def refresh() -> None:
             # librdkafka answers from its own metadata (leaders, partitions), which only a

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import (
     IsolationLevel,
@@ -40,6 +41,7 @@ from log_store.kafka.failures import (
     is_metadata_lag,
     is_topic_gone,
     kafka_error,
+    known_offset,
 )
 from log_store.kafka.settings import KafkaSettings
 
@@ -229,12 +231,13 @@ class TopicAdmin:
             request_timeout=self._timeout,
         )
         found: dict[int, int] = {}
+        what = f"offsets of {name}"
         for tp, future in futures.items():
             try:
-                result = self._wait(future, f"offsets of {name}")
+                result: Any = self._wait(future, what)
+                found[tp.partition] = known_offset(int(result.offset), what)
             except KafkaException as exc:
-                raise as_store_error(exc, f"offsets of {name}") from exc
-            found[tp.partition] = int(result.offset)  # type: ignore[attr-defined]
+                raise as_store_error(exc, what) from exc
         return found
 
     # -- changing -----------------------------------------------------------------------------
