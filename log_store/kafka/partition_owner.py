@@ -54,7 +54,13 @@ from log_store.errors import (
     UnknownPartition,
     UnknownTopic,
 )
-from log_store.interface import AppendResult, LateCommitHook, TransactionFn, late_commit_hook
+from log_store.interface import (
+    AppendResult,
+    LateCommitHook,
+    Record,
+    TransactionFn,
+    late_commit_hook,
+)
 from log_store.kafka import naming
 from log_store.kafka.failures import (
     OwnerGone,
@@ -126,27 +132,94 @@ class OwnerContext:
     _snapshot_consumer: Consumer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _unanswered: dict[tuple[str, int], _Unanswered] = field(default_factory=dict)
-    """Per partition, its last commit whose answer never came, until a takeover here reads
-    whether it went through (the owner that failed is often replaced before that)."""
+    """Per partition, its last commit whose answer never came, until it is read whether it
+    went through (the owner that failed is often replaced, or the partition moved, before)."""
+    _settler: threading.Thread | None = None
+    _closed: threading.Event = field(default_factory=threading.Event)
 
     def note_unanswered(self, topic: str, partition: int, unanswered: _Unanswered) -> None:
-        now = time.monotonic()
         with self._lock:
             self._unanswered[(topic, partition)] = unanswered
-            stale = [
-                k for k, u in self._unanswered.items() if now - u.noted_at > _UNANSWERED_KEPT_S
-            ]
-            for key in stale:
-                _left_unsettled(key, self._unanswered.pop(key), "not taken over here since")
+            if self._settler is None and not self._closed.is_set():
+                self._settler = threading.Thread(
+                    target=self._settle_waiting, name="logbroker-settler", daemon=True
+                )
+                self._settler.start()
 
     def unanswered(self, topic: str, partition: int) -> _Unanswered | None:
         with self._lock:
             return self._unanswered.get((topic, partition))
 
-    def settled(self, topic: str, partition: int, unanswered: _Unanswered) -> None:
-        with self._lock:
-            if self._unanswered.get((topic, partition)) is unanswered:
-                del self._unanswered[(topic, partition)]
+    def settle(self, topic: str, partition: int, unanswered: _Unanswered, *, final: bool) -> None:
+        """Read whether an unanswered commit went through, and tell its hooks if it did.
+
+        ``final``: the partition was just taken over here, which settled the commit in Kafka.
+        Otherwise it is read once readers see past it: Kafka completed or aborted it (the
+        transaction timeout), or another gateway took the partition over and wrote on.  Until
+        then (or while Kafka is away) it stays waiting.
+        """
+        what = f"{topic}/{partition} after an unanswered commit"
+        try:
+            if not final:
+                _low, end = self.watermarks.get(unanswered.kafka_topic, partition, what)
+                if end <= unanswered.probe_offset:
+                    return
+            found: list[Record] | None = self.fetchers.read(
+                unanswered.kafka_topic, partition, unanswered.probe_offset, 1, what=what
+            ).records
+        except OffsetOutOfRange:
+            found = None
+        except LogbrokerError as exc:
+            log.info("%s/%d: unanswered commit not settled yet: %s", topic, partition, exc)
+            return
+        with self._lock:  # the takeover here and the settler may both have read it
+            if self._unanswered.get((topic, partition)) is not unanswered:
+                return
+            del self._unanswered[(topic, partition)]
+        if found is None:
+            _left_unsettled((topic, partition), unanswered, "retention removed it")
+            return
+        if not (
+            found
+            and found[0].offset == unanswered.probe_offset
+            and found[0].value == unanswered.probe_value
+        ):
+            log.info(
+                "%s/%d: the unanswered commit of %d records did not go through",
+                topic,
+                partition,
+                unanswered.records,
+            )
+            return
+        log.info(
+            "%s/%d: the unanswered commit of %d records went through after all "
+            "(their writers' retries are answered as duplicates)",
+            topic,
+            partition,
+            unanswered.records,
+        )
+        for hook, values in unanswered.hooks:
+            try:
+                hook(topic, values)
+            except Exception:
+                log.exception("a late-commit hook of %s/%d failed", topic, partition)
+
+    def _settle_waiting(self) -> None:
+        """The settler: every few seconds, reads whether the waiting unanswered commits went
+        through; ends when none is left (the next one starts it again)."""
+        while not self._closed.wait(_SETTLE_EVERY_S):
+            now = time.monotonic()
+            with self._lock:
+                for key in [
+                    k for k, u in self._unanswered.items() if now - u.noted_at > _UNANSWERED_KEPT_S
+                ]:
+                    _left_unsettled(key, self._unanswered.pop(key), "undecided for 10 minutes")
+                waiting = list(self._unanswered.items())
+                if not waiting:
+                    self._settler = None
+                    return
+            for (topic, partition), unanswered in waiting:
+                self.settle(topic, partition, unanswered, final=False)
 
     def _snapshots(self) -> Consumer:
         # A consumer of the snapshot group that never joins it: it reads the group's offsets
@@ -193,6 +266,7 @@ class OwnerContext:
         return None
 
     def close(self) -> None:
+        self._closed.set()
         with self._lock:
             for key, unanswered in self._unanswered.items():
                 _left_unsettled(key, unanswered, "the store closed")
@@ -250,6 +324,7 @@ class _Unanswered:
     """A commit that ended without an answer (its callers were told it failed), and what to
     tell if a takeover finds it committed: see :func:`late_commit_hook`."""
 
+    kafka_topic: str
     probe_offset: int
     """Where its first audited record went, if it was committed."""
     probe_value: bytes
@@ -262,7 +337,9 @@ class _Unanswered:
 
 
 _UNANSWERED_KEPT_S = 600.0
-"""An unanswered commit of a partition not taken over here again within this is forgotten."""
+"""An unanswered commit not settled within this (Kafka did not complete or abort it, nobody
+wrote to its partition since) is forgotten."""
+_SETTLE_EVERY_S = 2.0
 
 
 def _left_unsettled(key: tuple[str, int], unanswered: _Unanswered, why: str) -> None:
@@ -526,54 +603,7 @@ class PartitionOwner:
         ctx.on_takeover(self.topic, self.partition, self.takeover_seconds, len(self._table))
         unanswered = ctx.unanswered(self.topic, self.partition)
         if unanswered is not None:
-            self._settle(unanswered)
-
-    def _settle(self, unanswered: _Unanswered) -> None:
-        """Read whether an unanswered commit went through, and tell its hooks if it did."""
-        assert self._kafka is not None
-        try:
-            found = self.ctx.fetchers.read(
-                self._kafka.kafka_name,
-                self.partition,
-                unanswered.probe_offset,
-                1,
-                what=f"{self.topic}/{self.partition} after an unanswered commit",
-            ).records
-        except OffsetOutOfRange:
-            found = None
-        except LogbrokerError as exc:  # Kafka away again: the next takeover reads it
-            log.info(
-                "%s/%d: unanswered commit not settled yet: %s", self.topic, self.partition, exc
-            )
-            return
-        self.ctx.settled(self.topic, self.partition, unanswered)
-        if found is None:
-            _left_unsettled((self.topic, self.partition), unanswered, "retention removed it")
-            return
-        if not (
-            found
-            and found[0].offset == unanswered.probe_offset
-            and found[0].value == unanswered.probe_value
-        ):
-            log.info(
-                "%s/%d: the unanswered commit of %d records did not go through",
-                self.topic,
-                self.partition,
-                unanswered.records,
-            )
-            return
-        log.info(
-            "%s/%d: the unanswered commit of %d records went through after all "
-            "(their writers' retries are answered as duplicates)",
-            self.topic,
-            self.partition,
-            unanswered.records,
-        )
-        for hook, values in unanswered.hooks:
-            try:
-                hook(self.topic, values)
-            except Exception:
-                log.exception("a late-commit hook of %s/%d failed", self.topic, self.partition)
+            ctx.settle(self.topic, self.partition, unanswered, final=True)
 
     def _on_client_error(self, error: KafkaError) -> None:
         """librdkafka's fatal errors (a fenced producer above all) arrive here, not raised."""
@@ -704,7 +734,8 @@ class PartitionOwner:
                     # The commit request went out: it may have gone through, even with a
                     # fenced error (a coordinator that had prepared the commit completes it
                     # when the next writer fences this one).  A takeover here reads it.
-                    unanswered = self._unanswered_of(base, values, outcomes)
+                    assert self._kafka is not None
+                    unanswered = self._unanswered_of(self._kafka.kafka_name, base, values, outcomes)
                     if unanswered is not None:
                         self.ctx.note_unanswered(self.topic, self.partition, unanswered)
                 for txn, _result, error in outcomes:
@@ -738,6 +769,7 @@ class PartitionOwner:
 
     @staticmethod
     def _unanswered_of(
+        kafka_topic: str,
         base: int,
         values: list[bytes],
         outcomes: list[tuple[Pending, AppendResult | None, BaseException | None]],
@@ -752,7 +784,7 @@ class PartitionOwner:
                 probe = result.first_offset if probe is None else probe
         if probe is None:
             return None
-        return _Unanswered(probe, values[probe - base], hooks)
+        return _Unanswered(kafka_topic, probe, values[probe - base], hooks)
 
     def _topic_gone(self) -> bool:
         """True if the topic this owner writes was deleted (or deleted and created again)."""

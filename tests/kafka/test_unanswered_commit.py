@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from audit.windows import WindowCounts, window_start
 from ingest_api.audit_api import late_commit_counter
 from log_store import LogStore
 from log_store.errors import StoreUnavailable
+from log_store.kafka import naming
 from log_store.kafka import partition_owner as owner_module
 from log_store.kafka.remote_transaction import PreparedTransaction, checked_transaction
 from session_dedup.envelope import EnvelopeWriter, decode
@@ -137,6 +139,61 @@ def test_an_owner_replaced_before_its_retry_still_settles_the_unanswered_commit(
     kafka_store.get_state("dc1.app", 0, "no-such-key")  # drops the broken owner
     assert list(_write_retrying(writer, [2, 3])) == [DUPLICATE] * 2
     assert heard.seqnos() == [[2, 3]]
+
+
+def _wait_for(check: Any, what: str, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.1)
+
+
+def test_a_commit_whose_answer_was_lost_is_told_with_no_retry_and_no_takeover_here(
+    kafka_store: LogStore, faults: _Faults
+) -> None:
+    """The client went elsewhere, or the partition moved to another gateway: nothing takes
+    the partition over here again, and the settler reads the commit once readers see past
+    it."""
+    heard = _Heard()
+    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=1, committed_late=heard)
+    assert list(writer.write(META, _batch([1])).written) == [WRITTEN]
+    faults.next = "lose_answer"
+    with pytest.raises(StoreUnavailable):
+        writer.write(META, _batch([2, 3]))
+    _wait_for(lambda: heard.calls, "the settler told the hook")
+    assert heard.seqnos() == [[2, 3]]
+    # the takeover the retry makes finds it settled: told once, not twice
+    assert list(_write_retrying(writer, [2, 3])) == [DUPLICATE] * 2
+    assert heard.seqnos() == [[2, 3]]
+
+
+def test_a_commit_that_never_arrived_is_dropped_once_another_writer_took_the_partition(
+    kafka_store: LogStore, kafka_cluster: Any, kafka_namespace: str, faults: _Faults
+) -> None:
+    """Another gateway's takeover (here a bare producer of the partition's transactional id)
+    aborts the open transaction; the settler then reads that it did not go through."""
+    heard = _Heard()
+    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=1, committed_late=heard)
+    assert list(writer.write(META, _batch([1])).written) == [WRITTEN]
+    faults.next = "fail_before"
+    with pytest.raises(StoreUnavailable):
+        writer.write(META, _batch([2, 3]))
+    ctx = kafka_store._ctx  # type: ignore[attr-defined]
+    assert ctx.unanswered("dc1.app", 0) is not None
+    time.sleep(3 * 2.0)  # the settler looks several times: the transaction is still open
+    assert ctx.unanswered("dc1.app", 0) is not None, "settled while Kafka had not decided"
+    other = Producer(
+        {
+            "bootstrap.servers": kafka_cluster.bootstrap,
+            "transactional.id": naming.transactional_id(kafka_namespace, "dc1.app", 0),
+        }
+    )
+    other.init_transactions(30)  # fences the owner and aborts its open transaction
+    other.begin_transaction()
+    other.produce(naming.data_topic(kafka_namespace, "dc1.app"), b"another writer", partition=0)
+    other.commit_transaction(30)
+    _wait_for(lambda: ctx.unanswered("dc1.app", 0) is None, "the settler read it")
+    assert heard.calls == []
 
 
 def test_a_commit_that_never_arrived_is_not_told_and_its_retry_is_written(
