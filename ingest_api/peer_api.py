@@ -139,8 +139,11 @@ class PeerApi:
 
     def _count(self, topic: str, prepared: PreparedTransaction, answer: CommitAnswer) -> None:
         """The audit counts a forwarded write where it is committed (see ``late_commit_hook``):
-        here, whether or not the answer reaches the gateway that forwarded it."""
+        here, whether or not the answer reaches the gateway that forwarded it.  The answer
+        says so, and the sender counts only what an answer does not say was counted (the
+        answers of an older owner, during an upgrade)."""
         if answer.committed is not None and prepared.counted_at_owner:
+            answer.counted = True
             try:
                 self.count_committed(topic, prepared.records)
             except Exception:  # a peer's record this version cannot read: the commit stands

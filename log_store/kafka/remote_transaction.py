@@ -156,14 +156,20 @@ class CommitAnswer:
     committed: AppendResult | None = None
     conflict_values: dict[str, bytes | None] = field(default_factory=dict)
     next_offset: int | None = None
+    counted: bool = False
+    """The owner counted the committed records for the audit (asked by ``counted_at_owner``,
+    and an owner of a version that does: an older one leaves the count to the sender)."""
 
     def to_json(self) -> dict[str, Any]:
         if self.committed is not None:
-            return {
+            doc: dict[str, Any] = {
                 "status": "committed",
                 "first_offset": self.committed.first_offset,
                 "last_offset": self.committed.last_offset,
             }
+            if self.counted:
+                doc["counted"] = True
+            return doc
         return {
             "status": "conflict",
             "values": {k: _b64(v) for k, v in self.conflict_values.items()},
@@ -173,7 +179,8 @@ class CommitAnswer:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> CommitAnswer:
         if doc.get("status") == "committed":
-            return cls(AppendResult(int(doc["first_offset"]), int(doc["last_offset"])))
+            committed = AppendResult(int(doc["first_offset"]), int(doc["last_offset"]))
+            return cls(committed, counted=doc.get("counted", False) is True)
         values = {str(k): _unb64(v) for k, v in (doc.get("values") or {}).items()}
         return cls(None, values, doc.get("next_offset"))
 
@@ -799,7 +806,7 @@ class RemoteTransactions:
             self._cache.put(topic, partition, {k: attempt.known.get(k) for k in attempt.read})
             self._cache.put(topic, partition, attempt.local)
             elsewhere = getattr(attempt.fn, "committed_elsewhere", None)
-            if elsewhere is not None and late_commit_hook(attempt.fn) is not None:
+            if elsewhere is not None and answer.counted:
                 elsewhere()  # audited: the owner counted it
             return True
         attempt.known.update(answer.conflict_values)
