@@ -352,6 +352,36 @@ def _left_unsettled(key: tuple[str, int], unanswered: _Unanswered, why: str) -> 
     )
 
 
+class _CommittedElsewhere(StoreUnavailable):
+    """A commit that went through with its records at other offsets than expected."""
+
+
+def _audited(
+    base: int,
+    values: list[bytes],
+    outcomes: list[tuple[Pending, AppendResult | None, BaseException | None]],
+) -> list[tuple[LateCommitHook, int, list[bytes]]]:
+    """(hook, first offset, records) of each audited transaction of a commit (see
+    :func:`late_commit_hook`) that wrote records."""
+    found = []
+    for txn, result, error in outcomes:
+        hook = late_commit_hook(txn.fn) if error is None else None
+        if hook is not None and result is not None and result.count:
+            records = values[result.first_offset - base : result.last_offset - base + 1]
+            found.append((hook, result.first_offset, records))
+    return found
+
+
+def _tell_committed(topic: str, audited: list[tuple[LateCommitHook, int, list[bytes]]]) -> None:
+    """Tell the audited transactions of a commit that went through although their callers
+    are answered failed."""
+    for hook, _first, records in audited:
+        try:
+            hook(topic, records)
+        except Exception:
+            log.exception("a late-commit hook of %s failed", topic)
+
+
 Retry = Callable[["PartitionOwner", Pending, BaseException], None]
 """What an owner does with a transaction it could not run because it lost the partition."""
 
@@ -730,7 +760,10 @@ class PartitionOwner:
                 self._failed_at = None
                 if not isinstance(failure, WriterFenced) and self._topic_gone():
                     failure = UnknownTopic(f"topic {self.topic!r} was deleted")
-                if values and self._commit_sent and not isinstance(failure, UnknownTopic):
+                if isinstance(failure, _CommittedElsewhere):
+                    # committed for certain: what no answer counts is counted now
+                    _tell_committed(self.topic, _audited(base, values, outcomes))
+                elif values and self._commit_sent and not isinstance(failure, UnknownTopic):
                     # The commit request went out: it may have gone through, even with a
                     # fenced error (a coordinator that had prepared the commit completes it
                     # when the next writer fences this one).  A takeover here reads it.
@@ -774,16 +807,11 @@ class PartitionOwner:
         values: list[bytes],
         outcomes: list[tuple[Pending, AppendResult | None, BaseException | None]],
     ) -> _Unanswered | None:
-        hooks: list[tuple[LateCommitHook, list[bytes]]] = []
-        probe: int | None = None  # the first audited record's offset
-        for txn, result, error in outcomes:
-            hook = late_commit_hook(txn.fn) if error is None else None
-            if hook is not None and result is not None and result.count:
-                first = result.first_offset - base
-                hooks.append((hook, values[first : result.last_offset - base + 1]))
-                probe = result.first_offset if probe is None else probe
-        if probe is None:
+        audited = _audited(base, values, outcomes)
+        if not audited:
             return None
+        probe = audited[0][1]  # the first audited record's offset
+        hooks = [(hook, records) for hook, _first, records in audited]
         return _Unanswered(kafka_topic, probe, values[probe - base], hooks)
 
     def _topic_gone(self) -> bool:
@@ -864,11 +892,13 @@ class PartitionOwner:
             first = offsets["first"]
             last_offset = offsets.get("last", first)
             if first != base or last_offset != base + len(values) - 1:
-                # impossible while this writer is the partition's only one (fencing): the
-                # records are committed where Kafka put them, so the callers must not be
-                # answered with the offsets we expected; they get 503 and their resend is
-                # answered ``duplicate`` after the next takeover reads the table back
-                raise StoreUnavailable(
+                # Seen after a broker restart under load (most likely the recovering
+                # transaction coordinator wrote a marker of the previous commit again;
+                # not reproduced on purpose).  The records are
+                # committed where Kafka put them, so the callers must not be answered with
+                # the offsets we expected; they get 503 and their resend is answered
+                # ``duplicate`` after the next takeover reads the table back.
+                raise _CommittedElsewhere(
                     f"{self.topic}/{self.partition}: records got offsets "
                     f"{first}..{last_offset}, expected {base}..{base + len(values) - 1}"
                 )

@@ -43,8 +43,15 @@ class _Faults:
 
     def __init__(self) -> None:
         self.next: str | None = None
+        self.extra_record = False
+        """The next record produced to the data topic gets another record before it."""
         self.injected = 0
         self.lock = threading.Lock()
+
+    def take_extra(self) -> bool:
+        with self.lock:
+            extra, self.extra_record = self.extra_record, False
+            return extra
 
     def take(self) -> str | None:
         with self.lock:
@@ -54,11 +61,24 @@ class _Faults:
             return fault
 
 
+def kwargs_of(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if k == "partition"}
+
+
 @pytest.fixture
 def faults(monkeypatch: pytest.MonkeyPatch) -> _Faults:
     faults = _Faults()
 
     class FaultyProducer(Producer):  # type: ignore[misc]
+        def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
+            if topic.endswith("dc1.app") and faults.take_extra():
+                # another record first, as a marker written twice takes an offset
+                intruder = EnvelopeWriter(
+                    source_id="intruder", server="h", file="/f", log_type="app"
+                )
+                super().produce(topic, intruder.encode(1, 1, 0, b"x\n"), **kwargs_of(kwargs))
+            super().produce(topic, *args, **kwargs)
+
         def commit_transaction(self, *args: Any) -> None:
             fault = faults.take()
             if fault == "fail_before":
@@ -194,6 +214,27 @@ def test_a_commit_that_never_arrived_is_dropped_once_another_writer_took_the_par
     other.commit_transaction(30)
     _wait_for(lambda: ctx.unanswered("dc1.app", 0) is None, "the settler read it")
     assert heard.calls == []
+
+
+def test_a_commit_that_went_through_at_other_offsets_is_told_at_once(
+    kafka_store: LogStore, faults: _Faults
+) -> None:
+    """Kafka put the records one offset further than expected (seen after a broker restart
+    under load; here another record is produced first): the callers get
+    503, the commit stands, and the audit counts it at once; the retry is a duplicate."""
+    heard = _Heard()
+    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=1, committed_late=heard)
+    assert list(writer.write(META, _batch([1])).written) == [WRITTEN]
+    faults.extra_record = True
+    with pytest.raises(StoreUnavailable, match="records got offsets"):
+        writer.write(META, _batch([2, 3]))
+    assert heard.seqnos() == [[2, 3]]
+    assert list(_write_retrying(writer, [2, 3])) == [DUPLICATE] * 2
+    assert list(writer.write(META, _batch([4])).written) == [WRITTEN]
+    assert heard.seqnos() == [[2, 3]]
+    records = kafka_store.read("dc1.app", 0, 0, 1000).records
+    envelopes = [decode(r.value) for r in records]
+    assert [e.seqno for e in envelopes if e.source_id == META.source_id] == [1, 2, 3, 4]
 
 
 def test_a_commit_that_never_arrived_is_not_told_and_its_retry_is_written(
