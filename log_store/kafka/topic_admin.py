@@ -266,6 +266,14 @@ class TopicAdmin:
                     raise StoreUnavailable(f"creating {name}: {error}") from None
                 if code in (KafkaError.INVALID_PARTITIONS, KafkaError.INVALID_CONFIG):
                     raise BadRequest(f"creating {name}: {error}") from None
+                if code == KafkaError.TOPIC_EXCEPTION:
+                    # a name Kafka refuses: above all one that collides with an existing
+                    # topic's, since Kafka's metrics take '.' and '_' for the same
+                    detail = error.str() if error is not None else str(exc)
+                    raise BadRequest(
+                        f"topic {name!r} cannot be made on Kafka: {detail} (Kafka takes "
+                        "'.' and '_' in topic names for the same); use another name"
+                    ) from None
                 # a topic of this name that is still being deleted: wait for it to go
                 if time.monotonic() > deadline or (error is not None and not error.retriable()):
                     raise as_store_error(exc, f"creating {name}") from exc

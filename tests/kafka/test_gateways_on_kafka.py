@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -271,3 +272,33 @@ def test_internal_routes_take_only_the_peer_token_and_gateways_forward_with_it(
     found = source_seqnos(kafka_store, "dc1.app")
     assert found[sources[0]][1] == [1, 2, 3]
     assert all(found[s][1] == [2, 3] for s in sources[1:])
+
+
+def test_a_topic_name_kafka_refuses_is_a_4xx_and_the_push_client_parks_its_file(
+    start_kafka_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """Kafka takes '.' and '_' in topic names for the same: once dc1.col.a exists, dc1.col_a
+    cannot be made.  That is the client's input, not an outage: 400, not 503 for ever."""
+    gateway = start_kafka_gateway()
+    ndjson = {"Content-Type": "application/x-ndjson"}
+    line = b'{"log_type":"%s","source_id":"m:1","seqno":1,"data":"x\\n"}'
+    first = httpx.post(f"{gateway.url}/v1/write", content=line % b"col.a", headers=ndjson)
+    assert first.status_code == 200, first.text
+    second = httpx.post(
+        f"{gateway.url}/v1/write", content=line % b"col_a", headers=ndjson, timeout=60
+    )
+    assert second.status_code == 400, second.text
+    assert "collides" in second.json()["reason"]
+    log = tmp_path / "col.log"
+    log.write_bytes(b"one\ntwo\n")
+    started = time.monotonic()
+    push = subprocess.run(
+        logbroker_cmd(
+            "push", "--server", gateway.url, "--log-type", "col_a", "--idle-exit", "3",
+            "--state-dir", str(tmp_path / "state"), str(log),
+        ),
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert time.monotonic() - started < 60, "the push-client retried a refusal"
+    assert push.returncode == 1, push.stderr
+    assert "collides" in push.stderr
