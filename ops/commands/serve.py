@@ -123,14 +123,15 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
     return flags
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """The gateway's listening socket, bound before anything says the gateway is up."""
+def _bind(host: str, port: int) -> socket.socket:
+    """The gateway's socket, bound before the store is opened: a gateway that cannot have its
+    port must not join the gateways' group on Kafka (and take partitions from the others)
+    before it finds out.  It listens once the gateway is ready to accept."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family=family)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(2048)
     except OSError:
         sock.close()
         raise
@@ -198,28 +199,29 @@ def run(args: argparse.Namespace) -> int:
         "ssl_keyfile": settings.ssl_keyfile,
     }
     try:
+        sock = _bind(settings.host, settings.port)
+    except OSError as exc:
+        print(
+            f"logbroker serve: cannot listen on {settings.host}:{settings.port}: {exc.strerror}",
+            file=sys.stderr,
+        )
+        return 1
+    try:
         ctx = open_context(settings)
-    except BadRequest as exc:
-        print(f"logbroker serve: {exc}", file=sys.stderr)
-        return 2
     except LogbrokerError as exc:
+        sock.close()
+        if isinstance(exc, BadRequest):
+            print(f"logbroker serve: {exc}", file=sys.stderr)
+            return 2
         print(f"logbroker serve: cannot open the log store: {exc}", file=sys.stderr)
         return 1
+    sock.listen(2048)
     config = uvicorn.Config(
         "ingest_api.app:create_app" if settings.workers > 1 else build_app(ctx, close_store=True),
         factory=settings.workers > 1,
         workers=settings.workers,
         **options,
     )
-    try:
-        sock = _listen(settings.host, settings.port)
-    except OSError as exc:
-        print(
-            f"logbroker serve: cannot listen on {settings.host}:{settings.port}: {exc.strerror}",
-            file=sys.stderr,
-        )
-        ctx.store.close()
-        return 1
     banner = (
         f"logbroker gateway on {'https' if settings.ssl_certfile else 'http'}://"
         f"{settings.host}:{settings.port} (dc {settings.dc}, store {settings.store}"

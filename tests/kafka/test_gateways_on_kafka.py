@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -302,3 +303,31 @@ def test_a_topic_name_kafka_refuses_is_a_4xx_and_the_push_client_parks_its_file(
     assert time.monotonic() - started < 60, "the push-client retried a refusal"
     assert push.returncode == 1, push.stderr
     assert "collides" in push.stderr
+
+
+def test_a_gateway_that_cannot_have_its_port_never_contacts_kafka(tmp_path: Path) -> None:
+    """A start on a port in use exits 1 before it opens the store.  It used to join the
+    gateways' group first, which took partitions from the running gateways for seconds."""
+    taken = socket.socket()
+    kafka = socket.socket()  # stands for the cluster: was it ever contacted?
+    try:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        kafka.bind(("127.0.0.1", 0))
+        kafka.listen(8)
+        kafka.settimeout(0.2)
+        port, bootstrap = taken.getsockname()[1], f"127.0.0.1:{kafka.getsockname()[1]}"
+        second = subprocess.run(
+            logbroker_cmd(
+                "serve", "--data-dir", str(tmp_path / "data"), "--port", str(port),
+                "--store", "kafka", "--kafka-bootstrap", bootstrap,
+            ),
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert second.returncode == 1, second.stderr
+        assert f"cannot listen on 127.0.0.1:{port}" in second.stderr
+        with pytest.raises(TimeoutError):
+            kafka.accept()[0].close()
+    finally:
+        taken.close()
+        kafka.close()
