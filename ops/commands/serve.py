@@ -21,20 +21,25 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
-from log_store.errors import BadRequest, LogbrokerError
+from log_store.errors import BadRequest, LogbrokerError, StoreUnavailable
 from ops import stop_signals
 from ops.graphite import add_graphite_options
 from ops.retention import DEFAULT_INTERVAL_S, RetentionWatchdog
 from ops.source_expiry import SourceExpiryWatchdog
 
+if TYPE_CHECKING:
+    from ingest_api.settings import GatewaySettings
+
 GRACEFUL_STOP_S = 30
 _EXIT_WAIT_S = 0.5
 """How long a stopped gateway waits for threads still inside a call before it exits anyway."""
+_KAFKA_WAIT_S = 5.0
+"""How long each look for a Kafka broker at start-up waits for an answer."""
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 HANDLES_STOP_SIGNALS = True
 
@@ -139,6 +144,32 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _wait_for_kafka(settings: GatewaySettings) -> bool:
+    """True once a broker of the cluster answers; False if a stop was asked for first.
+
+    A gateway started before its cluster (a host booting, the cluster restarting) waits for
+    it, saying so every few seconds, instead of giving up.  Its port does not listen yet.
+    """
+    from log_store.kafka.topic_admin import TopicAdmin
+
+    stopped = threading.Event()
+    stop_signals.on_stop(stopped.set)
+    admin = TopicAdmin(settings.kafka_settings())
+    while not stopped.is_set():
+        started = time.monotonic()
+        try:
+            admin.reachable(_KAFKA_WAIT_S)
+            return True
+        except StoreUnavailable as exc:
+            print(
+                f"logbroker serve: waiting for Kafka at {settings.kafka_bootstrap}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
+        stopped.wait(max(0.0, started + _KAFKA_WAIT_S - time.monotonic()))
+    return False
+
+
 class _GracefulServer(uvicorn.Server):
     """uvicorn's server, except that a graceful stop by SIGTERM exits with status 0.
 
@@ -206,6 +237,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    if settings.store == "kafka" and not _wait_for_kafka(settings):
+        sock.close()
+        return 0
     try:
         ctx = open_context(settings)
     except LogbrokerError as exc:

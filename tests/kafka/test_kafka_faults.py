@@ -281,3 +281,40 @@ def test_the_broker_stopped_and_started_again_loses_no_acked_chunk(
         assert acked <= set(seqnos)
     finally:
         local_kafka("stop")
+
+
+def test_a_gateway_started_before_kafka_waits_for_it_and_comes_up_with_it(
+    start_kafka_gateway: Callable[..., GatewayProcess], kafka_cluster: Any, tmp_path: Path
+) -> None:
+    """A host booting, or the cluster restarting: the gateway says it waits and comes up
+    when Kafka does, instead of giving up (it used to exit 1 after about 17 s)."""
+    node = kafka_cluster.nodes[0]
+    proxy = TcpProxy(node.proxied_advertised_port, node.proxied_port)  # Kafka away: not started
+    started: dict[str, Any] = {}
+
+    def start() -> None:
+        try:
+            started["gateway"] = start_kafka_gateway(bootstrap=kafka_cluster.proxied_bootstrap)
+        except Exception as exc:  # reported below
+            started["error"] = exc
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    try:
+        time.sleep(20)
+        assert "error" not in started, started.get("error")
+        assert "waiting for Kafka at" in (tmp_path / "gateway-0.log").read_text()
+        proxy.start()
+        thread.join(90)
+        assert "gateway" in started, started.get("error")
+        gateway = started["gateway"]
+        client = Client(gateway.url, timeout_s=90)
+        try:
+            response = client.write("late", [1, 2])
+            assert response.status_code == 200, response.text
+        finally:
+            client.close()
+        assert httpx.get(f"{gateway.url}/readyz", timeout=30).status_code == 200
+    finally:
+        proxy.close()
+        thread.join(90)

@@ -5,6 +5,7 @@ Kafka broker, the connection between them cut by a TCP proxy."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import time
 import tomllib
@@ -16,7 +17,7 @@ import pytest
 
 from audit.publisher import INTERVAL_ENV
 from log_store import LogStore
-from tests.conftest import GatewayProcess
+from tests.conftest import REPO, GatewayProcess, free_port, logbroker_cmd
 from tests.gateway.conftest import Client
 from tests.kafka.conftest import source_seqnos
 from tests.kafka.tcp_proxy import TcpProxy
@@ -77,3 +78,35 @@ def test_gateway_stopped_with_kafka_unreachable_exits_within_one_operation_timeo
     per_source = source_seqnos(kafka_store, "dc1.app")
     for source in sources:
         assert per_source[source][1] == [1, 2, 3], f"{source}: acknowledged chunks lost"
+
+
+def test_a_gateway_waiting_for_kafka_at_its_start_stops_at_once_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    """Started with its cluster away, the gateway waits for it (saying so); a stop asked for
+    meanwhile ends it within one look (5 s), with status 0."""
+    closed = socket.socket()  # a port where no broker will ever answer
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    proc = subprocess.Popen(
+        logbroker_cmd(
+            "serve", "--data-dir", str(tmp_path / "data"), "--port", str(free_port()),
+            "--store", "kafka", "--kafka-bootstrap", f"127.0.0.1:{port}",
+        ),
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 60
+        for line in proc.stderr:
+            if f"waiting for Kafka at 127.0.0.1:{port}" in line:
+                break
+            assert time.monotonic() < deadline, "it never said it waits"
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert time.monotonic() - stopped_at < 5 + STOP_GRACE_S
+    finally:
+        proc.kill()
+        proc.wait(30)
