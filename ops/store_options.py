@@ -1,9 +1,10 @@
 """The Kafka options of commands that open a log store directly (``topics``, ``audit``).
 
-``--data-dir DIR`` opens the embedded store; ``--store kafka --kafka-bootstrap HOST:PORT``
-(with ``--kafka-namespace`` and ``--kafka-property KEY=VALUE`` for TLS/SASL) opens the Kafka
-backend.  A command opening Kafka this way writes nothing unless asked to (``audit`` and
-``topics list``/``describe`` only read: they replay changelogs, so they never fence a gateway).
+``--data-dir DIR`` opens the embedded store; ``--kafka-bootstrap HOST:PORT`` (``--store kafka``
+may be said too; with ``--kafka-namespace`` and ``--kafka-property KEY=VALUE`` for TLS/SASL)
+opens the Kafka backend.  A command opening Kafka this way writes nothing unless asked to
+(``audit`` and ``topics list``/``describe`` only read: they replay changelogs, so they never
+fence a gateway).
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ def add_kafka_arguments(parser: argparse.ArgumentParser, *, suppress: bool = Fal
     def default(value: Any) -> Any:
         return argparse.SUPPRESS if suppress else value
 
-    parser.add_argument("--store", choices=("sqlite", "kafka"), default=default("sqlite"))
+    parser.add_argument(
+        "--store",
+        choices=("sqlite", "kafka"),
+        default=default(None),
+        help="the backend: sqlite (with --data-dir) or kafka (implied by --kafka-bootstrap)",
+    )
     parser.add_argument(
         "--kafka-bootstrap", metavar="HOST:PORT", default=default(None), help="Kafka servers"
     )
@@ -38,12 +44,21 @@ def add_kafka_arguments(parser: argparse.ArgumentParser, *, suppress: bool = Fal
     )
 
 
+def store_kind(args: argparse.Namespace) -> str:
+    """``kafka`` or ``sqlite``: ``--store``, or ``kafka`` when only ``--kafka-bootstrap`` is
+    given."""
+    store = getattr(args, "store", None)
+    return store or ("kafka" if getattr(args, "kafka_bootstrap", None) else "sqlite")
+
+
 def open_store_from_args(args: argparse.Namespace, *, create: bool = False) -> LogStore:
     """The store the arguments name; ``BadRequest`` if they name none.
 
     ``create`` lets the embedded store be made where there is none (``topics create``).
     """
-    if args.store == "kafka":
+    if getattr(args, "store", None) == "sqlite" and args.kafka_bootstrap:
+        raise BadRequest("--kafka-bootstrap goes with --store kafka, not --store sqlite")
+    if store_kind(args) == "kafka":
         from log_store.kafka import KafkaSettings, open_kafka_store
 
         if not args.kafka_bootstrap:

@@ -26,7 +26,7 @@ from audit.reconcile import WindowRow, reconcile, row_from_json
 from log_store import LogbrokerError, open_store
 from ops.audit import audit_store
 from ops.audit_windows import DEFAULT_GRACE_S, format_table, overdue, save_rows
-from ops.store_options import add_kafka_arguments, open_store_from_args
+from ops.store_options import add_kafka_arguments, open_store_from_args, store_kind
 from ops.token_options import add_token_options, token_from
 
 
@@ -102,9 +102,9 @@ def _run_windows(args: argparse.Namespace) -> int:
         return _usage("--windows takes one --topic glob")
     if args.since < 0 or args.grace < 0:
         return _usage("--since and --grace must not be negative")
-    if args.server and (args.data_dir or args.store == "kafka"):
+    if args.server and (args.data_dir or store_kind(args) == "kafka"):
         return _usage("give --server or a store (--data-dir, --store kafka), not both")
-    if not args.server and not args.data_dir and args.store != "kafka":
+    if not args.server and not args.data_dir and store_kind(args) != "kafka":
         return _usage("--windows needs --server URL, --data-dir DIR or --store kafka")
     if args.db.is_dir():
         return _usage(f"--db {args.db} is a directory")
@@ -136,7 +136,7 @@ def _rows_from_store(args: argparse.Namespace, glob: str) -> list[WindowRow]:
     """Every store's audit topics in one ledger: a record read in two DCs (the source's, and
     its mirrored copy) is the same key, so it counts once."""
     ledger = AuditLedger()
-    if args.store == "kafka":
+    if store_kind(args) == "kafka":
         with contextlib.closing(open_store_from_args(args)) as store:
             ledger.refresh(store)
     for data_dir in args.data_dir or []:

@@ -15,7 +15,7 @@ from typing import Any
 from delivery.internal_state import is_internal
 from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
 from log_store import LogbrokerError, TopicConfig, TopicInfo
-from ops.store_options import add_kafka_arguments, open_store_from_args
+from ops.store_options import add_kafka_arguments, open_store_from_args, store_kind
 from ops.token_options import add_token_options, token_from
 
 
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.server is not None:
         return _run_on_gateway(args)
-    if args.data_dir is None and args.store != "kafka":
+    if args.data_dir is None and store_kind(args) != "kafka":
         print(
             "logbroker topics: give --data-dir DIR (or --server URL, or --store kafka "
             "--kafka-bootstrap HOST:PORT)",

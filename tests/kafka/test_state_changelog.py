@@ -82,11 +82,18 @@ def test_audit_and_topics_commands_read_a_kafka_namespace_without_fencing_it(
         )
         assert listed.returncode == 0, listed.stderr
         assert "dc1.cli" in listed.stdout
+        # --kafka-bootstrap alone says the store is Kafka
         audit = subprocess.run(
-            logbroker_cmd("audit", *flags), capture_output=True, text=True, cwd=REPO
+            logbroker_cmd("audit", *flags[2:]), capture_output=True, text=True, cwd=REPO
         )
         assert audit.returncode == 1, audit.stdout + audit.stderr
         assert "not an envelope" in audit.stdout
+        mixed = subprocess.run(
+            logbroker_cmd("topics", "--store", "sqlite", *flags[2:], "list"),
+            capture_output=True, text=True, cwd=REPO,
+        )  # fmt: skip
+        assert mixed.returncode == 2, mixed.stderr
+        assert "--store kafka --kafka-bootstrap" in mixed.stderr or "goes with" in mixed.stderr
         # the store that wrote is still the partition's writer: nobody fenced it
         assert store.append("dc1.cli", 0, [b"again"]).count == 1
         assert len(store.takeovers) == 1
