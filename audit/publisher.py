@@ -73,6 +73,8 @@ class AuditPublisher:
         self._thread: threading.Thread | None = None
         self._failed_at = float("-inf")
         """When a publish last failed (``time.monotonic()``)."""
+        self._failure = ""
+        """Why it failed."""
         self.disabled = ""
         """Why publishing stopped for good (the token may not write the audit log type)."""
 
@@ -112,7 +114,7 @@ class AuditPublisher:
         while not self._stop.wait(self.interval_s):
             self._publish_logged()
 
-    def _publish_logged(self) -> None:
+    def _publish_logged(self, *, last: bool = False) -> None:
         if self.disabled:
             return
         try:
@@ -122,9 +124,22 @@ class AuditPublisher:
             _log.warning("audit: the %s counts are not published: %s", self.tier, exc)
         except Exception as exc:
             self._failed_at = time.monotonic()
-            _log.warning(
-                "audit: publishing the %s counts failed (retried later): %s", self.tier, exc
-            )
+            self._failure = str(exc)
+            if last:
+                _log.warning("%s: %s", self._not_published(), exc)
+            elif not self._stop.is_set():
+                _log.warning(
+                    "audit: publishing the %s counts failed (retried later): %s", self.tier, exc
+                )
+            # else: a stop is waiting for this publish, and says that it failed
+
+    def _not_published(self) -> str:
+        """The start of the one line that says the last publish did not happen: what the
+        stop loses is what was counted since the last publication that got through."""
+        return (
+            f"audit: the last {self.tier} counts are not published (not retried: stopping); "
+            f"what this instance counted since its last publication is missing from the audit"
+        )
 
     def start(self) -> AuditPublisher:
         self._thread = threading.Thread(target=self._loop, name=f"audit-{self.tier}", daemon=True)
@@ -136,8 +151,9 @@ class AuditPublisher:
         default ``stop_timeout_s``).
 
         A gateway that hangs must not hold a stopping daemon past its own shutdown deadline:
-        the last publish is given what is left of ``timeout_s`` and then left to itself (its
-        counts are cumulative, so the next incarnation's records make up for it).  Nor does a
+        the last publish is given what is left of ``timeout_s`` and then left to itself (what
+        it would have added is then missing from the audit, logged in one line: the next
+        incarnation is a new instance counting from zero).  Nor does a
         log that cannot be reached hold it twice: if the flusher's publish under way when the
         stop came failed, or has not finished within ``timeout_s``, the stop does not try
         again.
@@ -149,24 +165,31 @@ class AuditPublisher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
-            if self._thread.is_alive() or self._failed_at >= asked:
+            if self._thread.is_alive():
                 _log.warning(
-                    "audit: the last %s counts are not published: the log did not take the "
-                    "publish under way at the stop",
-                    self.tier,
+                    "%s: the publish under way at the stop did not end within %g s",
+                    self._not_published(),
+                    timeout_s,
+                )
+                return
+            if self._failed_at >= asked:
+                _log.warning(
+                    "%s: the publish under way at the stop failed: %s",
+                    self._not_published(),
+                    self._failure,
                 )
                 return
         last = threading.Thread(
-            target=self._publish_logged, name=f"audit-{self.tier}-last", daemon=True
+            target=self._publish_logged,
+            kwargs={"last": True},
+            name=f"audit-{self.tier}-last",
+            daemon=True,
         )
         last.start()
         last.join(timeout=max(0.0, deadline - time.monotonic()))
         if last.is_alive():
             _log.warning(
-                "audit: the last %s counts are not published: the log did not take them "
-                "within %g s",
-                self.tier,
-                timeout_s,
+                "%s: the log did not take them within %g s", self._not_published(), timeout_s
             )
 
 

@@ -26,9 +26,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from audit.publisher import AuditPublisher
-from audit.sinks import start_http_publisher
 from log_store.errors import LogbrokerError
+from push_client.audit_publishing import PushAuditPublishers
 from push_client.config import PushConfig
 from push_client.discovery import ChangeWatcher, expand, watch_root
 from push_client.files import Counters, FileSet
@@ -141,7 +140,7 @@ class PushDaemon:
         self._lag_report: LagReporter | None = None
         self.started_at = time.time()
         self._status_document = b"{}"
-        self._audit: AuditPublisher | None = None
+        self._audit: PushAuditPublishers | None = None
 
     # -- public ---------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -229,12 +228,12 @@ class PushDaemon:
             census_all(found, names, deadline)
         self._state.clean = False
         self._shipper.open_pending_sessions(time.monotonic())
-        self._audit = start_http_publisher(
-            "push-client",
+        self._audit = PushAuditPublishers(
             self._shipper.audit,
-            self._installations.current().spec.servers[0],
+            self._installations,
+            self._clients,
             auth_headers=self._token.headers,
-        )
+        ).start()
 
     def _warn_of_empty_entries(self) -> None:
         """Say which entries match no file at the start: a mistyped path would otherwise
@@ -270,7 +269,7 @@ class PushDaemon:
             self._publish_status(running=False)
             if self._audit is not None:
                 # after the positions are safe; a hung gateway costs at most this long
-                self._audit.stop(timeout_s=AUDIT_STOP_S)
+                self._audit.stop(AUDIT_STOP_S)
         finally:
             self._installations.close()
             self._shipper.close()

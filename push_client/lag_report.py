@@ -64,7 +64,10 @@ class LagReporter:
         self._lock = threading.Lock()
         self._latest: tuple[str, list[dict[str, Any]]] | None = None
         self._stop = threading.Event()
-        self._refused_once = False
+        self._failing = False
+        """The last report did not get through (logged once per outage)."""
+        self._refusals_logged: set[int] = set()
+        """The statuses of lasting refusals (4xx) logged so far: each is logged once."""
         self._http = httpx.Client(
             headers={"User-Agent": "logbroker-push/1"}, timeout=httpx.Timeout(_TIMEOUT_S)
         )
@@ -96,14 +99,47 @@ class LagReporter:
                 server + "/v1/clients/status", content=orjson.dumps(body), headers=headers
             )
         except httpx.HTTPError as exc:
-            log.debug("lag report to %s failed: %s", server, exc)
+            self._failed(server, f"{type(exc).__name__}: {exc}")
             return
-        if response.status_code != 200 and not self._refused_once:
-            # an older gateway (404) or a token without write permission (403): say it once
-            self._refused_once = True
-            log.info(
-                "the gateway %s refused the lag report (HTTP %d); the dashboard will not "
-                "show this client's lag",
+        status = response.status_code
+        if status == 200:
+            if self._failing:
+                log.info("lag reports reach %s again", server)
+            self._failing = False
+            return
+        if status >= 500 or status in (408, 429):
+            self._failed(server, f"HTTP {status}")
+            return
+        if status not in self._refusals_logged:
+            # A lasting answer (an older gateway: 404; a token without write permission: 403)
+            # that the next reports will get too: said once per status, however many come.
+            self._refusals_logged.add(status)
+            log.warning(
+                "the gateway %s refuses the lag report (HTTP %d%s); the dashboard does not "
+                "show this client's lag while it does",
                 server,
-                response.status_code,
+                status,
+                _reason(response),
             )
+
+    def _failed(self, server: str, what: str) -> None:
+        """A report that did not get through (gateway down, overloaded, restarting): the next
+        one goes in ``interval_s``; said once until a report gets through again."""
+        if self._failing:
+            log.debug("lag report to %s failed: %s", server, what)
+            return
+        self._failing = True
+        log.info(
+            "lag report to %s failed (%s); reports go on every %g s", server, what, self._interval_s
+        )
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        body = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        body = None
+    if isinstance(body, dict) and body.get("reason"):
+        return f": {str(body['reason'])[:200]}"
+    text = response.text.strip()[:200]
+    return f": {text}" if text else ""

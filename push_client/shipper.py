@@ -112,8 +112,9 @@ class Shipper:
         self.session_jobs = 0
         self.state_dirty = False
         self._seen_version = installations.version
-        self.audit = WindowCounts()
-        """Lines acknowledged, per topic and window of their create time (tier push-client)."""
+        self.audit = {name: WindowCounts() for name in installations.names}
+        """Per installation, the lines it acknowledged, per topic and window of their create
+        time (tier push-client, see :mod:`push_client.audit_publishing`)."""
         self.owner_routes: dict[str, OwnerRoutes] = {}
         """Per installation, the partitions' owners (only with ``direct_to_owner``)."""
         self.configure_owners()
@@ -570,6 +571,7 @@ class Shipper:
         by_source = {r.get("source_id"): r for r in results}
         now = time.monotonic()
         counters = self.counters
+        audit = self.audit[job.installation.name]
         for index, (tailed, chunks) in enumerate(job.sections):
             tailed.finished(chunks)
             result = results[index] if index < len(results) else {}
@@ -602,7 +604,7 @@ class Shipper:
                     unacked.append(chunk)
                     continue
                 tailed.on_acked(chunk.seqno)
-                self.audit.add_chunk(tailed.topic, chunk.create_time_ms, "raw", chunk.data)
+                audit.add_chunk(tailed.topic, chunk.create_time_ms, "raw", chunk.data)
                 counters.buffered -= len(chunk.data)
                 counters.acked_bytes += len(chunk.data)
                 counters.acked_chunks += 1

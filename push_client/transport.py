@@ -171,13 +171,24 @@ class GatewayClient:
             index = (self._preferred + attempt_offset) % len(self.servers)
         return index, self.servers[index]
 
-    def _prefer(self, index: int) -> None:
+    def _prefer(self, index: int, failed_at: int | None) -> None:
+        """A request answered at ``index`` after failing at the gateway preferred then
+        (``failed_at``; None: it did not fail): requests go to ``index`` first from now on.
+
+        Only a request that saw the preferred gateway fail moves the preference, and only
+        from that gateway: requests in flight when a gateway dies or restarts are answered in
+        any order, and a late 200 from the old gateway, or a second request's move to the
+        same gateway, would otherwise flip it back and forth (and log each flip).
+        """
+        if failed_at is None or index == failed_at:
+            return
         with self._lock:
-            if self._preferred != index:
-                with self.stats.lock:
-                    self.stats.failovers += 1
-                log.info("now sending to %s", self.servers[index])
+            if self._preferred != failed_at:
+                return
             self._preferred = index
+        with self.stats.lock:
+            self.stats.failovers += 1
+        log.info("now sending to %s", self.servers[index])
 
     def post(
         self, path: str, body: bytes, content_type: str, *, flush: bool = False
@@ -194,6 +205,8 @@ class GatewayClient:
         offset = 0
         failing_since: float | None = None
         maybe_written = False
+        failed_at: int | None = None
+        """The preferred gateway when this request first failed (see :meth:`_prefer`)."""
         while True:
             if self._stop.is_set() and (not flush or time.monotonic() >= self.stop_deadline):
                 raise Stopped("stopping before the gateway answered")
@@ -213,7 +226,7 @@ class GatewayClient:
             else:
                 if response.status_code == 200:
                     self.stats.count("ok")
-                    self._prefer(index)
+                    self._prefer(index, failed_at)
                     parsed: dict[str, Any] = orjson.loads(response.content)
                     return parsed
                 outcome = f"{server}: HTTP {response.status_code}: {response.text[:300]}"
@@ -228,6 +241,8 @@ class GatewayClient:
                     wait_at_least = min(float(retry_after), 30.0)
             self.stats.error(outcome)
             log.warning("request failed, retrying: %s", outcome)
+            if failed_at is None:
+                failed_at = index
             now = time.monotonic()
             failing_since = failing_since if failing_since is not None else now
             # Move on to the next gateway at once; back off once every gateway was tried.

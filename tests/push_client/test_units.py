@@ -302,6 +302,7 @@ def test_a_request_that_overtook_its_predecessor_is_sent_again_not_taken_for_a_l
     the first one's acknowledgement.  The second goes back to be sent again; the file keeps
     its session (no 'the log holds less than it acknowledged', no resume from the gateway)."""
     from push_client.files import Counters
+    from push_client.installations import Installation
     from push_client.shipper import Shipper, _WriteJob
 
     path = tmp_path / "a.log"
@@ -310,8 +311,9 @@ def test_a_request_that_overtook_its_predecessor_is_sent_again_not_taken_for_a_l
     tailed.read(1 << 30, now=0.0)
     first = tailed.take(4096)
     second = tailed.take(4096)
-    first_job = _WriteJob(None, [(tailed, first)])  # type: ignore[arg-type]
-    second_job = _WriteJob(None, [(tailed, second)])  # type: ignore[arg-type]
+    installation = Installation(InstallationSpec("default", ("http://127.0.0.1:1",)))
+    first_job = _WriteJob(installation, [(tailed, first)])
+    second_job = _WriteJob(installation, [(tailed, second)])
     shipper = Shipper.__new__(Shipper)
     shipper.counters = Counters()
 
@@ -325,7 +327,7 @@ def test_a_request_that_overtook_its_predecessor_is_sent_again_not_taken_for_a_l
             self.chunks.append(bytes(data))
 
     audit = _Audit()
-    shipper.audit = audit  # type: ignore[assignment]
+    shipper.audit = {"default": audit}  # type: ignore[dict-item]
     shipper._on_write(first_job, _answer(tailed, first, "written"))
     shipper._on_write(second_job, _answer(tailed, second, "out_of_order"))
     assert audit.chunks == [bytes(c.data) for c in first]  # the refused one is not counted
@@ -337,7 +339,7 @@ def test_a_request_that_overtook_its_predecessor_is_sent_again_not_taken_for_a_l
     # the same answer to a request sent after its predecessor was acknowledged is a loss:
     # the log holds less than it acknowledged, so the file resumes from the gateway's word
     second_again = tailed.take(4096)
-    again_job = _WriteJob(None, [(tailed, second_again)])  # type: ignore[arg-type]
+    again_job = _WriteJob(installation, [(tailed, second_again)])
     shipper._on_write(again_job, _answer(tailed, second_again, "out_of_order"))
     assert not tailed.session_ready
     tailed.close()
