@@ -71,7 +71,10 @@ class GatewayGroup:
         self.url = url
         self.directory = OwnerDirectory(settings, self_url=url)
         self.remote_transactions = RemoteTransactions(
-            self.directory, link, timeout_s=settings.operation_timeout_s
+            self.directory,
+            link,
+            timeout_s=settings.operation_timeout_s,
+            partition_check=self._check_partition,
         )
         self._assigned: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
@@ -87,6 +90,10 @@ class GatewayGroup:
 
     def remote(self) -> RemoteTransactions:
         return self.remote_transactions
+
+    def _check_partition(self, topic: str, partition: int) -> None:
+        if self._store is not None:
+            self._store.check_partition(topic, partition)
 
     def assigned(self) -> set[tuple[str, int]]:
         with self._lock:

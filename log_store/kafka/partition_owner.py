@@ -73,6 +73,7 @@ from log_store.kafka.failures import (
     kafka_error,
 )
 from log_store.kafka.fetcher import FetcherPool, Watermarks
+from log_store.kafka.remote_transaction import start_future
 from log_store.kafka.settings import KafkaSettings
 from log_store.kafka.state_changelog import (
     ReplayedState,
@@ -159,6 +160,7 @@ class OwnerContext:
         then (or while Kafka is away) it stays waiting.
         """
         what = f"{topic}/{partition} after an unanswered commit"
+        lost = ""  # why the records cannot be read, if they cannot
         try:
             if not final:
                 _low, end = self.watermarks.get(unanswered.kafka_topic, partition, what)
@@ -168,7 +170,9 @@ class OwnerContext:
                 unanswered.kafka_topic, partition, unanswered.probe_offset, 1, what=what
             ).records
         except OffsetOutOfRange:
-            found = None
+            found, lost = None, "retention removed it"
+        except UnknownTopic:
+            found, lost = None, "its topic was deleted"
         except LogbrokerError as exc:
             log.info("%s/%d: unanswered commit not settled yet: %s", topic, partition, exc)
             return
@@ -177,7 +181,7 @@ class OwnerContext:
                 return
             del self._unanswered[(topic, partition)]
         if found is None:
-            _left_unsettled((topic, partition), unanswered, "retention removed it")
+            _left_unsettled((topic, partition), unanswered, lost)
             return
         if not (
             found
@@ -316,7 +320,7 @@ class Pending:
 
     def start(self) -> bool:
         """False if the caller cancelled it before it ran (then it never runs)."""
-        return self.future.running() or self.future.set_running_or_notify_cancel()
+        return start_future(self.future)
 
 
 @dataclass

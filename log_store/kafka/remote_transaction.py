@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from log_store.errors import LogbrokerError, StoreUnavailable, UnknownTopic
+from log_store.errors import LogbrokerError, StoreUnavailable, UnknownPartition, UnknownTopic
 from log_store.interface import (
     AppendResult,
     LateCommitHook,
@@ -61,6 +61,22 @@ def _b64(value: bytes | None) -> str | None:
 
 def _unb64(value: str | None) -> bytes | None:
     return None if value is None else base64.b64decode(value)
+
+
+_START_LOCK = threading.Lock()
+
+
+def start_future(future: concurrent.futures.Future[AppendResult]) -> bool:
+    """Whether a transaction may run now, marking its future running: True if it was waiting
+    or runs already (a transaction passed on to another owner after its first owner began
+    it: fenced, or the partition moved); False if its caller cancelled it or it has its
+    answer.  Two owners or paths may ask at once."""
+    with _START_LOCK:
+        if future.running():
+            return True
+        if future.done() and not future.cancelled():
+            return False
+        return future.set_running_or_notify_cancel()
 
 
 class NotOwner(LogbrokerError):
@@ -557,9 +573,13 @@ class RemoteTransactions:
         workers: int = 32,
         in_flight_per_owner: int = 4,
         batch_bytes: int = BATCH_BYTES,
+        partition_check: Callable[[str, int], None] | None = None,
     ) -> None:
         self._directory = directory
         self._link = link
+        self._partition_check = partition_check
+        """Raises ``UnknownTopic`` (or ``UnknownPartition``) if Kafka no longer has the
+        partition: asked when nobody owns it, since a deleted topic's owner never comes."""
         self._timeout_s = timeout_s
         self._cache = _ValueCache()
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -605,14 +625,14 @@ class RemoteTransactions:
         attempts = [_Attempt(t, p, fn, future) for t, p, fn, future in items]
 
         def run() -> None:
-            started = [a for a in attempts if a.future.set_running_or_notify_cancel()]
+            started = [a for a in attempts if start_future(a.future)]
             self._run_together(started)
 
         try:
             self._pool.submit(run)
         except RuntimeError:  # the pool is shut down: the store is closing
             for attempt in attempts:
-                if attempt.future.set_running_or_notify_cancel():
+                if start_future(attempt.future):
                     attempt.future.set_exception(StoreUnavailable("log store is closed"))
 
     def _run_together(self, attempts: list[_Attempt]) -> None:
@@ -675,6 +695,7 @@ class RemoteTransactions:
         deadline = time.monotonic() + self._timeout_s
         suspect: str | None = None
         last_error: Exception | None = None
+        checked = False
         while True:
             remaining = deadline - time.monotonic()
             url = self._directory.owner(
@@ -683,6 +704,14 @@ class RemoteTransactions:
             if url is None and suspect is not None:
                 url = suspect  # nobody else claimed it: it may be back
             if url is None:
+                if not checked and self._partition_check is not None:
+                    checked = True
+                    try:
+                        self._partition_check(topic, partition)
+                    except (UnknownTopic, UnknownPartition):
+                        raise  # deleted: the writer makes the topic again
+                    except LogbrokerError:
+                        pass  # Kafka away: wait for an owner as before
                 if remaining <= 0:
                     raise StoreUnavailable(
                         f"no gateway owns {topic}/{partition} right now ({last_error or 'none'})"

@@ -140,6 +140,19 @@ class KafkaLogStore:
                 )
         return topic
 
+    def check_partition(self, name: str, partition: int) -> None:
+        """Raise ``UnknownTopic`` or ``UnknownPartition`` unless Kafka has the partition now
+        (asked afresh); a topic found deleted is forgotten here."""
+        try:
+            topic = self._topic(name, fresh=True)
+        except UnknownTopic:
+            self._forget_topic(name)
+            raise
+        if partition >= topic.partitions:
+            raise UnknownPartition(
+                f"topic {name!r} has partitions 0..{topic.partitions - 1}, not {partition}"
+            )
+
     def _info(self, topic: KafkaTopic, *, with_partitions: bool) -> TopicInfo:
         config = self._admin.config(topic.name)
         config = TopicConfig(

@@ -21,6 +21,7 @@ from log_store.kafka.remote_transaction import (
     CommitAnswer,
     ForwardedTransaction,
     RemoteTransactions,
+    start_future,
 )
 
 
@@ -106,3 +107,24 @@ def test_an_answer_says_counted_only_when_it_committed_and_counted() -> None:
     assert "counted" not in CommitAnswer(committed).to_json()  # as an older owner answers
     assert CommitAnswer.from_json(CommitAnswer(committed).to_json()).counted is False
     assert CommitAnswer.from_json(CommitAnswer(committed, counted=True).to_json()).counted
+
+
+def test_a_transaction_an_owner_began_before_it_lost_the_partition_is_forwarded() -> None:
+    """Fenced or moved after its first owner began it, a transaction is passed on with its
+    future running already: it is forwarded all the same (it used to fail to start there,
+    and its caller waited for ever)."""
+    owner = _Owner(counts=True)
+    remote = RemoteTransactions(_Directory(), owner, timeout_s=5.0)
+    try:
+        future: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
+        assert future.set_running_or_notify_cancel()  # its first owner began it
+        remote.submit("app", 0, _Write(audited=False), future)
+        assert future.result(timeout=10) == AppendResult(10, 11)
+        answered: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
+        answered.set_result(AppendResult(1, 1))
+        assert not start_future(answered)
+        cancelled: concurrent.futures.Future[AppendResult] = concurrent.futures.Future()
+        cancelled.cancel()
+        assert not start_future(cancelled)
+    finally:
+        remote.close()

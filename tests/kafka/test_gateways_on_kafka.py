@@ -331,3 +331,35 @@ def test_a_gateway_that_cannot_have_its_port_never_contacts_kafka(tmp_path: Path
     finally:
         taken.close()
         kafka.close()
+
+
+def test_a_topic_deleted_under_a_running_gateway_is_made_again_by_the_next_write(
+    start_kafka_gateway: Callable[..., GatewayProcess], kafka_store: LogStore
+) -> None:
+    """Deleted by another process (`logbroker topics delete`): the gateway's next writes of
+    that log type make the topic again at once.  They used to wait for an owner of the
+    deleted topic's partitions that never came (503 for minutes, one request hung)."""
+    gateway = start_kafka_gateway()
+    client = Client(gateway.url, timeout_s=60)
+    sources = [f"del-{n}" for n in range(8)]
+    try:
+        for source in sources:
+            assert written(client.write(source, [1])) == [1]
+        owned = metric(gateway.url, "logbroker_kafka_owned_partitions") or 0
+        kafka_store.delete_topic("dc1.app")
+        # the group takes the deleted topic's partitions back from the gateway
+        wait_until(
+            lambda: (metric(gateway.url, "logbroker_kafka_owned_partitions") or 0) <= owned - 4,
+            60,
+            "the gateway gives the deleted topic's partitions up",
+        )
+        started = time.monotonic()
+        for source in sources:
+            response = client.write(source, [2])
+            assert response.status_code == 200, response.text
+        assert time.monotonic() - started < 30, "the writes waited for the deleted topic"
+    finally:
+        client.close()
+    seqnos = source_seqnos(kafka_store, "dc1.app")
+    assert sorted(seqnos) == sorted(sources)
+    assert all(s == [2] for _partitions, s in seqnos.values()), seqnos
