@@ -35,10 +35,6 @@ class CorruptChunk(LogbrokerError):
 class ChunkExpandsTooFar(CorruptChunk):
     """A compressed chunk that decompresses to more than the limit (a zip bomb, perhaps)."""
 
-    def __init__(self, message: str, maximum: int) -> None:
-        super().__init__(message)
-        self.maximum = maximum
-
 
 def decompress(
     codec: str, data: bytes | memoryview, max_bytes: int = MAX_DECOMPRESSED_BYTES
@@ -81,8 +77,7 @@ def _blocks(codec: str, data: bytes | memoryview, max_bytes: int) -> Iterator[by
             if produced > max_bytes:
                 raise ChunkExpandsTooFar(
                     f"{codec} chunk of {len(data)} bytes decompresses to more than "
-                    f"{max_bytes} bytes",
-                    max_bytes,
+                    f"{max_bytes} bytes"
                 )
             yield block
     except (zlib.error, zstandard.ZstdError) as exc:
@@ -120,8 +115,7 @@ def _zstd_blocks(data: bytes | memoryview, max_bytes: int) -> Iterator[bytes]:
             if size > max_bytes:
                 raise ChunkExpandsTooFar(
                     f"zstd chunk of {len(data)} bytes declares a frame of {size} bytes, more "
-                    f"than {max_bytes}",
-                    max_bytes,
+                    f"than {max_bytes}"
                 )
             yield frame.decompress(rest)
         else:
