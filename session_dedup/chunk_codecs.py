@@ -107,24 +107,34 @@ def _zstd_blocks(data: bytes | memoryview, max_bytes: int) -> Iterator[bytes]:
     """zstd frames one after another; a frame must end where its input does."""
     dctx = zstandard.ZstdDecompressor()
     rest: bytes | memoryview = data
+    produced = 0
     while rest:
-        frame = dctx.decompressobj(write_size=_BLOCK)
         size = zstandard.get_frame_parameters(bytes(rest[:18])).content_size
         if 0 < size < zstandard.CONTENTSIZE_UNKNOWN:
             # the header says how much comes out, and zstd holds the frame to it
-            if size > max_bytes:
+            if size > max_bytes - produced:
                 raise ChunkExpandsTooFar(
-                    f"zstd chunk of {len(data)} bytes declares a frame of {size} bytes, more "
+                    f"zstd chunk of {len(data)} bytes declares {produced + size} bytes, more "
                     f"than {max_bytes}"
                 )
-            yield frame.decompress(rest)
+            frame = dctx.decompressobj(write_size=_BLOCK)
+            block = frame.decompress(rest)
+            produced += len(block)
+            yield block
         else:
-            # no size declared: feed pieces small enough that none can overshoot the budget
-            piece = max(64, max_bytes // _ZSTD_MAX_RATIO)
+            # No size declared: input is fed in pieces, each small enough that its output
+            # is at most a block, or at most what is left of the budget; a piece grows while
+            # the data expands less than that.
+            frame = dctx.decompressobj()
+            piece = _BLOCK // _ZSTD_MAX_RATIO
             pos = 0
             while pos < len(rest) and not frame.eof:
-                yield frame.decompress(rest[pos : pos + piece])
+                block = frame.decompress(rest[pos : pos + piece])
                 pos += piece
+                produced += len(block)
+                yield block
+                cap = max(_BLOCK, max_bytes - produced) // _ZSTD_MAX_RATIO
+                piece = min(piece * 2, cap) if len(block) < _BLOCK // 2 else piece
             if frame.eof:
                 rest = bytes(frame.unused_data) + bytes(rest[pos:])
                 continue
