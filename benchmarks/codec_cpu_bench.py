@@ -1,7 +1,7 @@
 """The gateway's CPU per MB of compressed chunks: what checking each chunk's codec costs.
 
     python benchmarks/codec_cpu_bench.py [--codec zstd] [--mb 200] [--runs 5]
-        [--repo PATH ...]
+        [--repo PATH ...] [--json PATH]
 
 For each ``--repo`` (a checkout of this project; default: this one), alternating, ``--runs``
 times: a fresh ``logbroker serve`` takes ``--mb`` MB of log lines (decompressed) as 64 KiB
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mb", type=int, default=200, help="MB of decompressed lines per run")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--repo", type=Path, action="append", help="checkouts to compare")
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args(argv)
     repos = args.repo or [REPO]
     bodies, raw_bytes = _bodies(args.codec, args.mb)
@@ -157,6 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     for repo, values in per_mb.items():
         runs = " ".join(f"{v:.2f}" for v in values)
         print(f"{repo!s:<40} {statistics.median(values):>18.2f} {runs:>30}")
+    if args.json is not None:
+        from benchmark_results import Figure, write
+
+        first = repos[0]
+        figure = Figure.of_runs(f"gateway CPU per MB of {args.codec} lines", per_mb[first], "ms")
+        for other in repos[1:]:
+            ratios = [a / b for a, b in zip(per_mb[first], per_mb[other], strict=True)]
+            figure.compared(str(other), ratios)
+        write(args.json, "codec_cpu", args, [figure])
     return 0
 
 
