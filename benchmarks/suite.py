@@ -81,6 +81,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("--chunks", "200"),
     ),
     Benchmark(
+        "codec_cpu",
+        "the gateway's CPU per MB of zstd chunks (each checked, and counted, once)",
+        "-",
+        ("--mb", "20"),
+    ),
+    Benchmark(
         "metrics",
         "what the gateway's metrics cost one write request; the gateway's CPU per request",
         "a hand-written dict registry (the design before prometheus_client)",

@@ -8,15 +8,28 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import orjson
 
+from delivery.consumer_group import validate_group
 from delivery.envelope_view import EnvelopeView, NotAnEnvelope, view
 from delivery.filters import MessageFilter
 from delivery.framing import BINARY_MEDIA_TYPE, BinarySection, decode_binary_stream
 from log_store.errors import BadRequest, LogbrokerError
-from session_dedup.chunk_codecs import decompress
+from session_dedup.chunk_codecs import CorruptChunk, decompress
+
+
+def _part(value: str) -> str:
+    """``value`` as one path segment: a ``?`` or ``#`` in it cannot end the path."""
+    return quote(value, safe="")
+
+
+def _group(name: str) -> str:
+    """A group name as a path segment; refused here (BadRequest) if the gateway would refuse
+    it, since a gateway decodes ``%2F`` back into ``/`` before it routes."""
+    return _part(validate_group(name))
 
 
 class RequestRefused(BadRequest):
@@ -42,8 +55,15 @@ class ReadMessage:
     envelope: EnvelopeView
 
     def text_data(self) -> bytes:
-        """The data with its codec undone (gzip/zstd), as the source wrote it."""
-        return decompress(self.envelope.codec, self.envelope.data)
+        """The data with its codec undone (gzip/zstd), as the source wrote it.
+
+        Raises :class:`CorruptChunk` naming the message (topic, partition, offset) if the data
+        does not decompress: a chunk written before gateways checked codecs, or mirrored.
+        """
+        try:
+            return decompress(self.envelope.codec, self.envelope.data)
+        except CorruptChunk as exc:
+            raise type(exc)(f"{self.topic}/{self.partition} offset {self.offset}: {exc}") from exc
 
     def text_view(self) -> bytes | memoryview:
         """``text_data`` without copying raw data out of the stored value: a view of it."""
@@ -121,7 +141,7 @@ class PullClient:
         return [t["name"] for t in body["topics"]]
 
     def describe(self, topic: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/v1/topics/{topic}")
+        result: dict[str, Any] = self._json("GET", f"/v1/topics/{_part(topic)}")
         return result
 
     # -- reads ----------------------------------------------------------------------------------
@@ -221,7 +241,7 @@ class PullClient:
         }
         if prefix is not None:
             body["prefix"] = prefix
-        result: dict[str, Any] = self._json("POST", f"/v1/groups/{group}/members", body)
+        result: dict[str, Any] = self._json("POST", f"/v1/groups/{_group(group)}/members", body)
         return result
 
     def heartbeat(
@@ -229,7 +249,7 @@ class PullClient:
     ) -> dict[str, Any]:
         body = {"release": [{"topic": t, "partition": p} for t, p in release]}
         result: dict[str, Any] = self._json(
-            "POST", f"/v1/groups/{group}/members/{member_id}/heartbeat", body
+            "POST", f"/v1/groups/{_group(group)}/members/{_part(member_id)}/heartbeat", body
         )
         return result
 
@@ -250,11 +270,11 @@ class PullClient:
                 item["topic_id"] = ids[t]
             items.append(item)
         body = {"member_id": member_id, "offsets": items}
-        self._json("POST", f"/v1/groups/{group}/offsets", body)
+        self._json("POST", f"/v1/groups/{_group(group)}/offsets", body)
 
     def leave(self, group: str, member_id: str) -> None:
-        self._json("DELETE", f"/v1/groups/{group}/members/{member_id}")
+        self._json("DELETE", f"/v1/groups/{_group(group)}/members/{_part(member_id)}")
 
     def describe_group(self, group: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/v1/groups/{group}")
+        result: dict[str, Any] = self._json("GET", f"/v1/groups/{_group(group)}")
         return result

@@ -89,11 +89,22 @@ class WrittenTally:
         self._counts = counts
         self._raw: dict[tuple[str, int], list[int]] = {}
 
-    def section(self, topic: str, codec: str, batch: ChunkBatch, written: bytearray) -> None:
-        """Count the written chunks of one section."""
+    def section(
+        self,
+        topic: str,
+        codec: str,
+        batch: ChunkBatch,
+        written: bytearray,
+        lines: list[int] | None = None,
+    ) -> None:
+        """Count the written chunks of one section; ``lines``: each chunk's lines, when the
+        write path already decompressed a compressed section (else they are counted later)."""
         if is_audit_topic(topic):
             return
         every = written.count(WRITTEN) == len(written)
+        if lines is not None:
+            self._add_counted(topic, batch, written, lines, every)
+            return
         if codec != "raw":
             for i, create_time in enumerate(batch.create_times):
                 if every or written[i] == WRITTEN:
@@ -103,13 +114,26 @@ class WrittenTally:
         for i, create_time in enumerate(batch.create_times):
             if every or written[i] == WRITTEN:
                 data = batch.datas[i]
-                lines = (bytes(data) if isinstance(data, memoryview) else data).count(b"\n")
+                found = (bytes(data) if isinstance(data, memoryview) else data).count(b"\n")
                 tally = raw.get((topic, create_time))
                 if tally is None:
-                    raw[(topic, create_time)] = [1, lines]
+                    raw[(topic, create_time)] = [1, found]
                 else:
                     tally[0] += 1
-                    tally[1] += lines
+                    tally[1] += found
+
+    def _add_counted(
+        self, topic: str, batch: ChunkBatch, written: bytearray, lines: list[int], every: bool
+    ) -> None:
+        raw = self._raw
+        for i, create_time in enumerate(batch.create_times):
+            if every or written[i] == WRITTEN:
+                tally = raw.get((topic, create_time))
+                if tally is None:
+                    raw[(topic, create_time)] = [1, lines[i]]
+                else:
+                    tally[0] += 1
+                    tally[1] += lines[i]
 
     def flush(self) -> None:
         """Add what was counted to the window counts."""

@@ -17,6 +17,7 @@ import math
 import time
 from typing import Any, cast
 
+import anyio.to_thread
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -30,6 +31,8 @@ from ingest_api.framing import (
     BINARY_MEDIA_TYPE,
     NDJSON_MEDIA_TYPE,
     Section,
+    check_codecs,
+    compressed_bytes,
     meta_from_json,
     parse_binary,
     parse_ndjson,
@@ -60,6 +63,8 @@ from session_dedup.source import (
 ACTIVE_SOURCE_WINDOW_S = 300.0
 MAX_ACTIVE_SOURCES_COUNTED = 1_000_000
 _WRITTEN = "written"
+_CHECK_INLINE_BYTES = 256 * 1024
+"""Compressed data a request may hold and still be checked on the event loop (about 1 ms)."""
 
 
 def _media_type(request: Request) -> str:
@@ -241,6 +246,12 @@ class WriteApi:
                 if log_type not in forbidden:
                     forbidden[log_type] = self._forbidden(grant, log_type)
                 section.error = forbidden[log_type]
+        # Compressed chunks are decompressed once, here: refused if corrupt, counted if not.
+        compressed = compressed_bytes(sections)
+        if compressed > _CHECK_INLINE_BYTES:
+            await anyio.to_thread.run_sync(check_codecs, sections)
+        elif compressed:
+            check_codecs(sections)
         structured = self.ctx.extensions.get(STRUCTURED_WRITES)
         if structured is not None:  # records of structured log types: checked and stamped
             await structured.check(sections)
@@ -293,7 +304,9 @@ class WriteApi:
             if not isinstance(outcome, WriteOutcome):
                 continue
             if outcome.refused is None and not outcome.counted_elsewhere:
-                audited.section(outcome.route.topic, s.meta.codec, s.batch, outcome.written)
+                audited.section(
+                    outcome.route.topic, s.meta.codec, s.batch, outcome.written, s.lines
+                )
         audited.flush()
 
     def _forwarded(self, answer: _Answer) -> dict[str, str] | None:

@@ -1,34 +1,143 @@
 """Undoing a chunk's codec: every chunk is stored as its client compressed it.
 
-The one decompression every reader uses (pull clients, the loader, tests); writers compress
-with whatever produces standard gzip or zstd frames.
+The one decompression every reader uses (pull clients, the loader, tests) and the one check
+the gateway makes of a compressed chunk before writing it (:func:`count_lines`); writers
+compress with whatever produces standard gzip or zstd frames.
+
+Decompression is bounded: a chunk that would expand past ``max_bytes`` (a zip bomb, or data
+no reader could hold) is :class:`ChunkExpandsTooFar`, found after producing at most
+``max_bytes`` plus one block of output, never after allocating what the chunk claims.
 """
 
 from __future__ import annotations
 
-import gzip
+import zlib
+from collections.abc import Iterator
 
 import zstandard
 
 from log_store.errors import LogbrokerError
+
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+"""The most one chunk may decompress to (a client's chunk is a few MiB of lines at most)."""
+_BLOCK = 1024 * 1024
+"""Output produced per step: what a line count holds in memory at once."""
+_ZSTD_MAX_RATIO = 1 << 15
+"""A zstd block of 3 header bytes and 1 RLE byte expands to 128 KiB: no input byte can give
+more output than this, so input fed in pieces of ``budget // ratio`` cannot overshoot."""
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
 
 
 class CorruptChunk(LogbrokerError):
     """A chunk whose data does not decompress with its declared codec."""
 
 
-def decompress(codec: str, data: bytes) -> bytes:
-    """The chunk's raw bytes (whole lines) for a stored ``codec`` and ``data``."""
+class ChunkExpandsTooFar(CorruptChunk):
+    """A compressed chunk that decompresses to more than the limit (a zip bomb, perhaps)."""
+
+
+def decompress(
+    codec: str, data: bytes | memoryview, max_bytes: int = MAX_DECOMPRESSED_BYTES
+) -> bytes:
+    """The chunk's raw bytes (whole lines) for a stored ``codec`` and ``data``.
+
+    Raises :class:`CorruptChunk` if the data is not whole frames of the codec, and
+    :class:`ChunkExpandsTooFar` past ``max_bytes`` of output.
+    """
     if codec == "raw":
-        return data
+        return bytes(data)
+    return b"".join(_blocks(codec, data, max_bytes))
+
+
+def count_lines(
+    codec: str, data: bytes | memoryview, max_bytes: int = MAX_DECOMPRESSED_BYTES
+) -> int:
+    """The lines of a chunk, decompressing it block by block (the gateway's one check of a
+    compressed chunk: it is whole frames of its codec, and not a bomb).
+
+    Raises like :func:`decompress`; holds one block (a zstd frame that declares its size: that
+    frame) of output at a time.
+    """
+    if codec == "raw":
+        return data.count(b"\n") if isinstance(data, bytes) else bytes(data).count(b"\n")
+    return sum(block.count(b"\n") for block in _blocks(codec, data, max_bytes))
+
+
+def _blocks(codec: str, data: bytes | memoryview, max_bytes: int) -> Iterator[bytes]:
+    if codec == "gzip":
+        blocks = _gzip_blocks(data)
+    elif codec == "zstd":
+        blocks = _zstd_blocks(data, max_bytes)
+    else:
+        raise CorruptChunk(f"unknown codec {codec!r}")
+    produced = 0
     try:
-        if codec == "gzip":
-            return gzip.decompress(data)
-        if codec == "zstd":
-            # Streaming frames carry no content size and a chunk may hold several frames, so the
-            # one-shot decompress() would refuse or stop early.
-            dctx = zstandard.ZstdDecompressor()
-            return dctx.decompressobj(read_across_frames=True).decompress(data)
-    except (OSError, EOFError, zstandard.ZstdError) as exc:
+        for block in blocks:
+            produced += len(block)
+            if produced > max_bytes:
+                raise ChunkExpandsTooFar(
+                    f"{codec} chunk of {len(data)} bytes decompresses to more than "
+                    f"{max_bytes} bytes"
+                )
+            yield block
+    except (zlib.error, zstandard.ZstdError) as exc:
         raise CorruptChunk(f"{codec} chunk does not decompress: {exc}") from exc
-    raise CorruptChunk(f"unknown codec {codec!r}")
+
+
+def _gzip_blocks(data: bytes | memoryview) -> Iterator[bytes]:
+    """gzip members one after another, as ``gzip.decompress`` reads them (zero padding
+    between and after members allowed)."""
+    rest: bytes | memoryview = data
+    while rest:
+        member = zlib.decompressobj(_GZIP_WBITS)
+        block = member.decompress(rest, _BLOCK)
+        while True:
+            if block:
+                yield block
+            if member.eof or not member.unconsumed_tail:
+                break
+            block = member.decompress(member.unconsumed_tail, _BLOCK)
+        if not member.eof:
+            # the input ended inside the member: whatever came out is not the chunk
+            raise zlib.error("truncated gzip member")
+        rest = member.unused_data.lstrip(b"\x00")
+
+
+def _zstd_blocks(data: bytes | memoryview, max_bytes: int) -> Iterator[bytes]:
+    """zstd frames one after another; a frame must end where its input does."""
+    dctx = zstandard.ZstdDecompressor()
+    rest: bytes | memoryview = data
+    produced = 0
+    while rest:
+        size = zstandard.get_frame_parameters(bytes(rest[:18])).content_size
+        if 0 < size < zstandard.CONTENTSIZE_UNKNOWN:
+            # the header says how much comes out, and zstd holds the frame to it
+            if size > max_bytes - produced:
+                raise ChunkExpandsTooFar(
+                    f"zstd chunk of {len(data)} bytes declares {produced + size} bytes, more "
+                    f"than {max_bytes}"
+                )
+            frame = dctx.decompressobj(write_size=_BLOCK)
+            block = frame.decompress(rest)
+            produced += len(block)
+            yield block
+        else:
+            # No size declared: input is fed in pieces, each small enough that its output
+            # is at most a block, or at most what is left of the budget; a piece grows while
+            # the data expands less than that.
+            frame = dctx.decompressobj()
+            piece = _BLOCK // _ZSTD_MAX_RATIO
+            pos = 0
+            while pos < len(rest) and not frame.eof:
+                block = frame.decompress(rest[pos : pos + piece])
+                pos += piece
+                produced += len(block)
+                yield block
+                cap = max(_BLOCK, max_bytes - produced) // _ZSTD_MAX_RATIO
+                piece = min(piece * 2, cap) if len(block) < _BLOCK // 2 else piece
+            if frame.eof:
+                rest = bytes(frame.unused_data) + bytes(rest[pos:])
+                continue
+        if not frame.eof:
+            raise zstandard.ZstdError("truncated zstd frame")
+        rest = frame.unused_data

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from session_dedup.chunk_codecs import decompress
+from session_dedup.chunk_codecs import CorruptChunk, decompress
 from session_dedup.envelope import Envelope
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -73,8 +73,19 @@ class LineBatchBuilder:
         return len(self._lines)
 
     def add(self, offset: int, envelope: Envelope) -> int:
-        """Add the lines of one message; returns how many lines it had."""
-        raw = decompress(envelope.codec, envelope.data)
+        """Add the lines of one message; returns how many lines it had.
+
+        A message whose data does not decompress stops the load with :class:`CorruptChunk`
+        naming its offset: a load that left it out would count as complete and never be
+        done again, so an operator decides (see docs/loader.md).
+        """
+        try:
+            raw = decompress(envelope.codec, envelope.data)
+        except CorruptChunk as exc:
+            raise type(exc)(
+                f"{self.topic}/{self.partition} offset {offset}: {exc}; the load stops here "
+                "rather than leave the message out"
+            ) from exc
         lines = split_lines(raw)
         if not lines:
             return 0

@@ -18,12 +18,14 @@ from typing import BinaryIO
 import orjson
 
 from delivery.consumer import Consumer
+from delivery.consumer_group import validate_group
 from delivery.filters import BadFilter, MessageFilter, parse_filter
 from delivery.pull_client import GatewayUnavailable, PullClient, ReadMessage, RequestRefused
 from log_store.errors import BadRequest, InvalidTopicName
 from log_store.topic_names import validate_log_type, validate_topic_name
 from ops import stop_grace, stop_signals
 from ops.token_options import add_token_options, token_from
+from session_dedup.chunk_codecs import CorruptChunk
 
 _POLL_WAIT_MS = 1000
 _STOP_GRACE_S = 5.0
@@ -145,16 +147,32 @@ def _jsonl_chunk(message: ReadMessage) -> bytes:
 
 
 def _write(out: BinaryIO, messages: list[ReadMessage], fmt: str) -> None:
+    """Print the messages; a message whose data does not decompress is skipped with a warning
+    (one bad chunk in a log must not stop every reader of it, nor a group at its offset)."""
     if fmt == "lines":
         for message in messages:
-            data = message.text_view()
+            try:
+                data = message.text_view()
+            except CorruptChunk as exc:
+                _skip(exc)
+                continue
             out.write(data)
             if data and data[-1] != 0x0A:
                 out.write(b"\n")
     else:
         encode = _jsonl_lines if fmt == "jsonl" else _jsonl_chunk
-        out.write(b"".join(encode(m) for m in messages))
+        encoded = []
+        for message in messages:
+            try:
+                encoded.append(encode(message))
+            except CorruptChunk as exc:
+                _skip(exc)
+        out.write(b"".join(encoded))
     out.flush()
+
+
+def _skip(exc: CorruptChunk) -> None:
+    print(f"logbroker read: skipping a corrupt message: {exc}", file=sys.stderr, flush=True)
 
 
 def _topic_hint(topic: str, names: list[str]) -> str:
@@ -214,6 +232,12 @@ def run(args: argparse.Namespace) -> int:
     except InvalidTopicName as exc:
         print(f"logbroker read: {exc}", file=sys.stderr)
         return 2
+    if args.group is not None:
+        try:
+            validate_group(args.group)
+        except BadRequest as exc:
+            print(f"logbroker read: --group {args.group!r}: {exc}", file=sys.stderr)
+            return 2
     topics = () if prefix is not None else (args.topic,)
     stop = {"requested": False}
     out = sys.stdout.buffer
