@@ -63,6 +63,7 @@ def build_parser(
     modules: dict[str, ModuleType | None] = {}
     for name, help_text in SUBCOMMANDS.items():
         sub = subs.add_parser(name, help=help_text, description=help_text)
+        parser.set_defaults(**{f"_parser_{name}": sub})
         if command is not None and name != command:
             continue
         module = _load(name)
@@ -78,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     # the command is the first word (the top-level parser has no options but --help)
     command = args_in[0] if args_in and args_in[0] in SUBCOMMANDS else None
     parser, modules = build_parser(command)
-    args = parser.parse_args(args_in)
+    args, unknown = parser.parse_known_args(args_in)
+    if unknown:
+        # said by the command's own parser, with its usage (not the top-level one)
+        own = getattr(args, f"_parser_{args.command}", None) if args.command else None
+        (own or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

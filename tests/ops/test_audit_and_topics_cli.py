@@ -138,3 +138,13 @@ def test_topics_takes_its_options_before_or_after_the_action(tmp_path: Path) -> 
     described = logbroker("topics", "describe", "dc1.access", "--data-dir", str(tmp_path))
     assert described.returncode == 0, described.stderr
     assert "partitions=2" in described.stdout
+
+
+def test_a_misspelt_flag_is_refused_with_the_commands_own_usage() -> None:
+    refused = logbroker("serve", "--kafka-bootstap", "k:9092")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("usage: logbroker serve"), refused.stderr
+    assert "unrecognized arguments: --kafka-bootstap k:9092" in refused.stderr
+    unknown = logbroker("--bogus")
+    assert unknown.returncode == 2
+    assert unknown.stderr.startswith("usage: logbroker [-h] COMMAND")
