@@ -121,15 +121,24 @@ def _write_retrying(writer: ExactlyOnceWriter, seqnos: list[int]) -> bytearray:
     raise AssertionError("the write never succeeded")
 
 
+def _failed_write(
+    kafka_store: LogStore, faults: _Faults, fault: str, first: list[int], failed: list[int]
+) -> tuple[_Heard, ExactlyOnceWriter]:
+    """Seqnos ``first`` written, then ``failed`` answered failed by ``fault``: the hook that
+    hears of late commits, and the writer."""
+    heard = _Heard()
+    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=1, committed_late=heard)
+    assert list(writer.write(META, _batch(first)).written) == [WRITTEN] * len(first)
+    faults.next = fault
+    with pytest.raises(StoreUnavailable):
+        writer.write(META, _batch(failed))
+    return heard, writer
+
+
 def test_a_commit_whose_answer_was_lost_is_told_late_and_its_retry_is_a_duplicate(
     kafka_store: LogStore, faults: _Faults
 ) -> None:
-    heard = _Heard()
-    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=1, committed_late=heard)
-    assert list(writer.write(META, _batch([1, 2, 3])).written) == [WRITTEN] * 3
-    faults.next = "lose_answer"
-    with pytest.raises(StoreUnavailable):
-        writer.write(META, _batch([4, 5, 6]))
+    heard, writer = _failed_write(kafka_store, faults, "lose_answer", [1, 2, 3], [4, 5, 6])
     assert faults.injected == 1
     assert heard.calls == [], "told before the outcome was known"
     # the client retries: the owner takes the partition over again, finds the commit in the
@@ -150,12 +159,7 @@ def test_an_owner_replaced_before_its_retry_still_settles_the_unanswered_commit(
 ) -> None:
     """A state read finds the failed owner broken and replaces it: the new owner's takeover
     settles what the old one left unanswered."""
-    heard = _Heard()
-    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=1, committed_late=heard)
-    assert list(writer.write(META, _batch([1])).written) == [WRITTEN]
-    faults.next = "lose_answer"
-    with pytest.raises(StoreUnavailable):
-        writer.write(META, _batch([2, 3]))
+    heard, writer = _failed_write(kafka_store, faults, "lose_answer", [1], [2, 3])
     kafka_store.get_state("dc1.app", 0, "no-such-key")  # drops the broken owner
     assert list(_write_retrying(writer, [2, 3])) == [DUPLICATE] * 2
     assert heard.seqnos() == [[2, 3]]
@@ -174,12 +178,7 @@ def test_a_commit_whose_answer_was_lost_is_told_with_no_retry_and_no_takeover_he
     """The client went elsewhere, or the partition moved to another gateway: nothing takes
     the partition over here again, and the settler reads the commit once readers see past
     it."""
-    heard = _Heard()
-    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=1, committed_late=heard)
-    assert list(writer.write(META, _batch([1])).written) == [WRITTEN]
-    faults.next = "lose_answer"
-    with pytest.raises(StoreUnavailable):
-        writer.write(META, _batch([2, 3]))
+    heard, writer = _failed_write(kafka_store, faults, "lose_answer", [1], [2, 3])
     _wait_for(lambda: heard.calls, "the settler told the hook")
     assert heard.seqnos() == [[2, 3]]
     # the takeover the retry makes finds it settled: told once, not twice
@@ -192,12 +191,7 @@ def test_a_commit_that_never_arrived_is_dropped_once_another_writer_took_the_par
 ) -> None:
     """Another gateway's takeover (here a bare producer of the partition's transactional id)
     aborts the open transaction; the settler then reads that it did not go through."""
-    heard = _Heard()
-    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=1, committed_late=heard)
-    assert list(writer.write(META, _batch([1])).written) == [WRITTEN]
-    faults.next = "fail_before"
-    with pytest.raises(StoreUnavailable):
-        writer.write(META, _batch([2, 3]))
+    heard, _writer = _failed_write(kafka_store, faults, "fail_before", [1], [2, 3])
     ctx = kafka_store._ctx  # type: ignore[attr-defined]
     assert ctx.unanswered("dc1.app", 0) is not None
     time.sleep(3 * 2.0)  # the settler looks several times: the transaction is still open
@@ -240,12 +234,7 @@ def test_a_commit_that_went_through_at_other_offsets_is_told_at_once(
 def test_a_commit_that_never_arrived_is_not_told_and_its_retry_is_written(
     kafka_store: LogStore, faults: _Faults
 ) -> None:
-    heard = _Heard()
-    writer = ExactlyOnceWriter(kafka_store, dc="dc1", partitions=1, committed_late=heard)
-    assert list(writer.write(META, _batch([1, 2])).written) == [WRITTEN] * 2
-    faults.next = "fail_before"
-    with pytest.raises(StoreUnavailable):
-        writer.write(META, _batch([3, 4]))
+    heard, writer = _failed_write(kafka_store, faults, "fail_before", [1, 2], [3, 4])
     assert faults.injected == 1
     assert list(_write_retrying(writer, [3, 4])) == [WRITTEN] * 2
     assert heard.calls == []
