@@ -102,10 +102,7 @@ class WrittenTally:
         if is_audit_topic(topic):
             return
         every = written.count(WRITTEN) == len(written)
-        if lines is not None:
-            self._add_counted(topic, batch, written, lines, every)
-            return
-        if codec != "raw":
+        if lines is None and codec != "raw":
             for i, create_time in enumerate(batch.create_times):
                 if every or written[i] == WRITTEN:
                     self._counts.add_chunk(topic, create_time, codec, batch.datas[i])
@@ -113,27 +110,17 @@ class WrittenTally:
         raw = self._raw
         for i, create_time in enumerate(batch.create_times):
             if every or written[i] == WRITTEN:
-                data = batch.datas[i]
-                found = (bytes(data) if isinstance(data, memoryview) else data).count(b"\n")
+                if lines is not None:
+                    found = lines[i]
+                else:
+                    data = batch.datas[i]
+                    found = (bytes(data) if isinstance(data, memoryview) else data).count(b"\n")
                 tally = raw.get((topic, create_time))
                 if tally is None:
                     raw[(topic, create_time)] = [1, found]
                 else:
                     tally[0] += 1
                     tally[1] += found
-
-    def _add_counted(
-        self, topic: str, batch: ChunkBatch, written: bytearray, lines: list[int], every: bool
-    ) -> None:
-        raw = self._raw
-        for i, create_time in enumerate(batch.create_times):
-            if every or written[i] == WRITTEN:
-                tally = raw.get((topic, create_time))
-                if tally is None:
-                    raw[(topic, create_time)] = [1, lines[i]]
-                else:
-                    tally[0] += 1
-                    tally[1] += lines[i]
 
     def flush(self) -> None:
         """Add what was counted to the window counts."""

@@ -202,11 +202,7 @@ class OwnerContext:
             partition,
             unanswered.records,
         )
-        for hook, values in unanswered.hooks:
-            try:
-                hook(topic, values)
-            except Exception:
-                log.exception("a late-commit hook of %s/%d failed", topic, partition)
+        _tell_committed(topic, unanswered.audited)
 
     def _settle_waiting(self) -> None:
         """The settler: every few seconds, reads whether the waiting unanswered commits went
@@ -329,15 +325,22 @@ class _Unanswered:
     tell if a takeover finds it committed: see :func:`late_commit_hook`."""
 
     kafka_topic: str
-    probe_offset: int
-    """Where its first audited record went, if it was committed."""
-    probe_value: bytes
-    hooks: list[tuple[LateCommitHook, list[bytes]]]
+    audited: list[tuple[LateCommitHook, int, list[bytes]]]
+    """What :func:`_audited` found in it (not empty)."""
     noted_at: float = field(default_factory=time.monotonic)
 
     @property
+    def probe_offset(self) -> int:
+        """Where its first audited record went, if it was committed."""
+        return self.audited[0][1]
+
+    @property
+    def probe_value(self) -> bytes:
+        return self.audited[0][2][0]
+
+    @property
     def records(self) -> int:
-        return sum(len(values) for _hook, values in self.hooks)
+        return sum(len(records) for _hook, _first, records in self.audited)
 
 
 _UNANSWERED_KEPT_S = 600.0
@@ -356,7 +359,7 @@ def _left_unsettled(key: tuple[str, int], unanswered: _Unanswered, why: str) -> 
     )
 
 
-class _CommittedElsewhere(StoreUnavailable):
+class _CommittedAtOtherOffsets(StoreUnavailable):
     """A commit that went through with its records at other offsets than expected."""
 
 
@@ -764,7 +767,7 @@ class PartitionOwner:
                 self._failed_at = None
                 if not isinstance(failure, WriterFenced) and self._topic_gone():
                     failure = UnknownTopic(f"topic {self.topic!r} was deleted")
-                if isinstance(failure, _CommittedElsewhere):
+                if isinstance(failure, _CommittedAtOtherOffsets):
                     # committed for certain: what no answer counts is counted now
                     _tell_committed(self.topic, _audited(base, values, outcomes))
                 elif values and self._commit_sent and not isinstance(failure, UnknownTopic):
@@ -772,8 +775,9 @@ class PartitionOwner:
                     # fenced error (a coordinator that had prepared the commit completes it
                     # when the next writer fences this one).  A takeover here reads it.
                     assert self._kafka is not None
-                    unanswered = self._unanswered_of(self._kafka.kafka_name, base, values, outcomes)
-                    if unanswered is not None:
+                    audited = _audited(base, values, outcomes)
+                    if audited:
+                        unanswered = _Unanswered(self._kafka.kafka_name, audited)
                         self.ctx.note_unanswered(self.topic, self.partition, unanswered)
                 for txn, _result, error in outcomes:
                     if error is not None:
@@ -803,20 +807,6 @@ class PartitionOwner:
         else:
             self._acks.put((outcomes, None, 0))
         self._maybe_snapshot()
-
-    @staticmethod
-    def _unanswered_of(
-        kafka_topic: str,
-        base: int,
-        values: list[bytes],
-        outcomes: list[tuple[Pending, AppendResult | None, BaseException | None]],
-    ) -> _Unanswered | None:
-        audited = _audited(base, values, outcomes)
-        if not audited:
-            return None
-        probe = audited[0][1]  # the first audited record's offset
-        hooks = [(hook, records) for hook, _first, records in audited]
-        return _Unanswered(kafka_topic, probe, values[probe - base], hooks)
 
     def _topic_gone(self) -> bool:
         """True if the topic this owner writes was deleted (or deleted and created again)."""
@@ -902,7 +892,7 @@ class PartitionOwner:
                 # committed where Kafka put them, so the callers must not be answered with
                 # the offsets we expected; they get 503 and their resend is answered
                 # ``duplicate`` after the next takeover reads the table back.
-                raise _CommittedElsewhere(
+                raise _CommittedAtOtherOffsets(
                     f"{self.topic}/{self.partition}: records got offsets "
                     f"{first}..{last_offset}, expected {base}..{base + len(values) - 1}"
                 )

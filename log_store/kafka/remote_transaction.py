@@ -708,10 +708,11 @@ class RemoteTransactions:
                     checked = True
                     try:
                         self._partition_check(topic, partition)
-                    except (UnknownTopic, UnknownPartition):
-                        raise  # deleted: the writer makes the topic again
-                    except LogbrokerError:
-                        pass  # Kafka away: wait for an owner as before
+                    except LogbrokerError as exc:
+                        # deleted: the writer makes the topic again; Kafka away (any other
+                        # error): wait for an owner as before
+                        if isinstance(exc, UnknownTopic | UnknownPartition):
+                            raise
                 if remaining <= 0:
                     raise StoreUnavailable(
                         f"no gateway owns {topic}/{partition} right now ({last_error or 'none'})"
