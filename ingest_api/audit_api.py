@@ -8,7 +8,7 @@ reconciled windows (see :mod:`audit.reconcile`) of the topics the token may read
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import anyio.to_thread
@@ -53,26 +53,36 @@ def count_written(
     tally.flush()
 
 
-def late_commit_counter(counts: WindowCounts) -> Callable[[str, Sequence[bytes]], None]:
+class CommittedCounter:
     """Counts the chunks of committed records that no answer to a client counts (see
     ``late_commit_hook``): a commit answered as failed and found committed later, whose retry
     is answered ``duplicate`` (in a store thread), and a write forwarded here by another
     gateway, counted by the owner that commits it."""
 
-    def count(topic: str, records: Sequence[bytes]) -> None:
+    __slots__ = ("_counts",)
+
+    def __init__(self, counts: WindowCounts) -> None:
+        self._counts = counts
+
+    def __call__(
+        self, topic: str, records: Sequence[bytes], lines: Sequence[int] | None = None
+    ) -> None:
+        """Count ``records``; ``lines``, if given, holds each record's line count where the
+        gateway that wrote it counted them (-1 where not): a compressed chunk is then not
+        decompressed a second time."""
         if is_audit_topic(topic):
             return
-        for value in records:
+        counts = self._counts
+        for i, value in enumerate(records):
             envelope = view(value)  # the fields only: a raw chunk's lines are counted in place
             if envelope.kind != "chunk":
                 continue
             if envelope.codec == "raw":
-                lines = value.count(b"\n", envelope.data_start)
-                counts.add(topic, envelope.create_time, 1, lines)
+                counts.add(topic, envelope.create_time, 1, value.count(b"\n", envelope.data_start))
+            elif lines is not None and lines[i] >= 0:
+                counts.add(topic, envelope.create_time, 1, lines[i])
             else:
                 counts.add_chunk(topic, envelope.create_time, envelope.codec, envelope.data)
-
-    return count
 
 
 class WrittenTally:
@@ -89,19 +99,13 @@ class WrittenTally:
         self._counts = counts
         self._raw: dict[tuple[str, int], list[int]] = {}
 
-    def section(
-        self,
-        topic: str,
-        codec: str,
-        batch: ChunkBatch,
-        written: bytearray,
-        lines: list[int] | None = None,
-    ) -> None:
-        """Count the written chunks of one section; ``lines``: each chunk's lines, when the
-        write path already decompressed a compressed section (else they are counted later)."""
+    def section(self, topic: str, codec: str, batch: ChunkBatch, written: bytearray) -> None:
+        """Count the written chunks of one section: a compressed one by the line counts the
+        write path kept (:attr:`ChunkBatch.lines`), if it kept them, else later, decompressed."""
         if is_audit_topic(topic):
             return
         every = written.count(WRITTEN) == len(written)
+        lines = batch.lines
         if lines is None and codec != "raw":
             for i, create_time in enumerate(batch.create_times):
                 if every or written[i] == WRITTEN:

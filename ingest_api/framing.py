@@ -56,14 +56,12 @@ class Section:
     """The chunks of one source in a request, in request order.
 
     ``error`` is set when the section is refused (nothing of it is written); its ``meta`` may
-    then be a placeholder carrying only the source id the client sent, if any.  ``lines``
-    holds each chunk's line count once :func:`check_codecs` decompressed a compressed section.
+    then be a placeholder carrying only the source id the client sent, if any.
     """
 
     meta: SourceMeta
     batch: ChunkBatch
     error: ApiError | None = None
-    lines: list[int] | None = None
 
     @classmethod
     def refused(cls, raw_meta: object, error: ApiError) -> Section:
@@ -99,7 +97,7 @@ def check_codecs(sections: list[Section]) -> None:
     ``bad_chunk``) or expands past ``MAX_DECOMPRESSED_BYTES`` (413 ``chunk_too_large``).
 
     Each chunk is decompressed once, block by block, and its lines are kept in
-    :attr:`Section.lines` for the audit, which then needs no decompression of its own.
+    :attr:`ChunkBatch.lines` for the audit, which then needs no decompression of its own.
     """
     refused = False
     for section in sections:
@@ -117,7 +115,7 @@ def check_codecs(sections: list[Section]) -> None:
                 section.error = ApiError(400, "bad_chunk", _chunk_where(section, seqno, exc))
                 break
         if section.error is None:
-            section.lines = lines
+            section.batch.lines = lines
         else:
             refused = True
     if refused:

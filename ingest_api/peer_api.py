@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ingest_api.access import PEER, RouteDeclaration, route
-from ingest_api.audit_api import gateway_counts, late_commit_counter
+from ingest_api.audit_api import CommittedCounter, gateway_counts
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
@@ -74,7 +74,7 @@ class PeerApi:
     def __init__(self, ctx: GatewayContext, store: KafkaLogStore) -> None:
         self.ctx = ctx
         self.store = store
-        self.count_committed = late_commit_counter(gateway_counts(ctx))
+        self.count_committed = CommittedCounter(gateway_counts(ctx))
         """Counts the chunks of forwarded writes committed here (see ``_count``)."""
         self.batches = 0
         """Batches of forwarded transactions received (one request each)."""
@@ -145,7 +145,7 @@ class PeerApi:
         if answer.committed is not None and prepared.counted_at_owner:
             answer.counted = True
             try:
-                self.count_committed(topic, prepared.records)
+                self.count_committed(topic, prepared.records, prepared.record_lines)
             except Exception:  # a peer's record this version cannot read: the commit stands
                 log.exception("counting a forwarded write to %s for the audit failed", topic)
 

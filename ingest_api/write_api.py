@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ingest_api.access import RouteDeclaration, route, write
-from ingest_api.audit_api import WrittenTally, gateway_counts, late_commit_counter
+from ingest_api.audit_api import CommittedCounter, WrittenTally, gateway_counts
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
@@ -121,7 +121,7 @@ class WriteApi:
             partitions=ctx.settings.partitions,
             quota=ctx.topic_quota,
             max_sources_per_partition=self.limits.max_sources_per_partition,
-            committed_late=late_commit_counter(self.audit),
+            committed_late=CommittedCounter(self.audit),
         )
         self.rates = SourceRateLimiter(
             self.limits.source_chunks_per_second, self.limits.source_burst_chunks
@@ -304,9 +304,7 @@ class WriteApi:
             if not isinstance(outcome, WriteOutcome):
                 continue
             if outcome.refused is None and not outcome.counted_elsewhere:
-                audited.section(
-                    outcome.route.topic, s.meta.codec, s.batch, outcome.written, s.lines
-                )
+                audited.section(outcome.route.topic, s.meta.codec, s.batch, outcome.written)
         audited.flush()
 
     def _forwarded(self, answer: _Answer) -> dict[str, str] | None:

@@ -181,6 +181,18 @@ def late_commit_hook(fn: TransactionFn) -> LateCommitHook | None:
     return hook if callable(hook) else None
 
 
+def known_record_lines(fn: TransactionFn, records: Sequence[bytes]) -> list[int] | None:
+    """The line count of each of ``records`` (the result of the last run of ``fn``) as far
+    as an audited function knows them (``record_lines()``; -1 for a record it did not
+    count), or None.  A store that has another process commit the records gives these to
+    that process, whose hook then needs no decompression of its own."""
+    counted = getattr(fn, "record_lines", None)
+    lines = counted() if callable(counted) else None
+    if not isinstance(lines, list) or len(lines) != len(records):
+        return None
+    return lines
+
+
 class LogStore(Protocol):
     """The partitioned log.  Thread-safe; several processes may open one store."""
 

@@ -108,6 +108,10 @@ class ChunkBatch:
     datas: list[bytes | memoryview]
     epoch: int | None = None
     prev_seqno: int | None = None
+    lines: list[int] | None = None
+    """Each chunk's line count, when the write path decompressed a compressed batch to check
+    it: the audit counts these, here and at a partition's owner, with no decompression of
+    its own."""
 
     def __len__(self) -> int:
         return len(self.seqnos)
@@ -531,6 +535,21 @@ class _ChunkTransaction:
         """The partition's owner in another process committed it (and counted it)."""
         for source in self.sources:
             source.outcome.counted_elsewhere = True
+
+    def record_lines(self) -> list[int] | None:
+        """Each record of the last run's result: its line count where the write path
+        counted it (a checked compressed chunk, see :attr:`ChunkBatch.lines`), else -1;
+        None if no record's count is known (raw chunks are counted in place, cheaply)."""
+        known = False
+        lines: list[int] = []
+        for source in self.sources:
+            counted = source.batch.lines
+            if counted is not None:
+                known = True
+            for i, code in enumerate(source.outcome.written):
+                if code == WRITTEN:
+                    lines.append(-1 if counted is None else counted[i])
+        return lines if known else None
 
     def __call__(self, state: PartitionState) -> Sequence[bytes]:
         values: list[bytes] = []

@@ -36,6 +36,7 @@ from log_store.interface import (
     LateCommitHook,
     PartitionState,
     TransactionFn,
+    known_record_lines,
     late_commit_hook,
 )
 
@@ -100,6 +101,9 @@ class PreparedTransaction:
     counted_at_owner: bool = False
     """The function is audited (see ``late_commit_hook``): the owner counts the records with
     its own hook when it commits them (or finds them committed late); the sender does not."""
+    record_lines: list[int] | None = None
+    """Each record's line count where the sender counted it, -1 where not (see
+    ``known_record_lines``): the owner counts these rather than decompressing."""
 
     def header(self) -> dict[str, Any]:
         """Everything but the records' bytes (those follow the JSON header on the wire)."""
@@ -111,6 +115,8 @@ class PreparedTransaction:
         }
         if self.counted_at_owner:
             header["counted_at_owner"] = True
+        if self.record_lines is not None:
+            header["record_lines"] = self.record_lines
         return header
 
     @classmethod
@@ -125,12 +131,20 @@ class PreparedTransaction:
         puts = header.get("puts")
         if not isinstance(puts, dict):
             raise ValueError("puts must be an object")
+        lines = header.get("record_lines")
+        if lines is not None and (
+            not isinstance(lines, list)
+            or len(lines) != len(records)
+            or not all(type(n) is int and n >= -1 for n in lines)
+        ):
+            raise ValueError("record_lines must hold an integer >= -1 for each record")
         return cls(
             {str(k): str(v) for k, v in expect.items()},
             next_offset,
             {str(k): _unb64(v) or b"" for k, v in puts.items()},
             records,
             header.get("counted_at_owner", False) is True,
+            lines,
         )
 
     def encode(self) -> bytes:
@@ -820,12 +834,14 @@ class RemoteTransactions:
                 return AppendResult(next_offset or 0, (next_offset or 0) - 1)
             attempt.read = list(state.read)
             attempt.local = dict(state.local)
+            audited = late_commit_hook(attempt.fn) is not None
             return PreparedTransaction(
                 expect={k: digest(known.get(k)) for k in state.read},
                 expect_next_offset=next_offset if state.asked_next else None,
                 puts=dict(state.local),
                 records=records,
-                counted_at_owner=late_commit_hook(attempt.fn) is not None,
+                counted_at_owner=audited,
+                record_lines=known_record_lines(attempt.fn, records) if audited else None,
             )
 
     def _absorb(self, attempt: _Attempt, answer: CommitAnswer) -> bool:

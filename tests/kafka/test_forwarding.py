@@ -13,11 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
+import zstandard
 
 from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
 from log_store import LogStore, TopicConfig
 from log_store.kafka import KafkaSettings
 from log_store.kafka.owner_directory import OwnerDirectory
+from session_dedup.chunk_codecs import decompress
 from session_dedup.pinning import stable_partition
 from tests.conftest import GatewayProcess, free_port
 from tests.gateway.conftest import Client, chunk_data, meta
@@ -299,3 +301,49 @@ def test_a_forwarded_write_is_counted_once_by_the_audit_when_the_owners_answer_i
         assert gateway_lines() == in_log
     finally:
         proxy.close()
+
+
+def test_compressed_writes_forwarded_to_their_owner_are_counted_once_by_the_audit(
+    start_kafka_gateway: Callable[..., GatewayProcess],
+    kafka_store: LogStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """zstd chunks written through one gateway, half of them committed by the other: the owner
+    counts each forwarded chunk by the lines the first gateway counted when it checked the
+    chunk (``record_lines``), and the audit's gateway lines equal the lines in the log."""
+    monkeypatch.setenv("LOGBROKER_AUDIT_INTERVAL_S", "1")
+    kafka_store.create_topic("dc1.app", TopicConfig(partitions=8))
+    first = start_kafka_gateway()
+    second = start_kafka_gateway()
+    client = Client(first.url)
+    compress = zstandard.ZstdCompressor().compress
+    sources = [f"zstd-{i}" for i in range(16)]
+    try:
+        wait_until(lambda: _both_own_partitions([first, second]), 60, "both to own partitions")
+        for seqno in range(1, 4):
+            chunk = compress(b"".join(b"line %d of %d\n" % (i, seqno) for i in range(seqno * 5)))
+            body = encode_binary([(meta(s, codec="zstd"), [(seqno, 0, chunk)]) for s in sources])
+            deadline = time.monotonic() + 90
+            while not _acked(response := client.post_binary(body)):  # resent until acked
+                assert time.monotonic() < deadline, response.text
+                time.sleep(0.1)
+    finally:
+        client.close()
+    assert (metric(second.url, "logbroker_kafka_peer_batched_transactions") or 0) > 0
+    in_log = sum(
+        len(decompress(envelope.codec, envelope.data).splitlines())
+        for records in envelopes(kafka_store, "dc1.app").values()
+        for _offset, envelope in records
+    )
+    assert in_log == (5 + 10 + 15) * len(sources)
+
+    def gateway_lines() -> int:
+        answer = httpx.get(
+            f"{first.url}/v1/audit/windows", params={"topic": "dc1.app", "since": "0"}, timeout=30
+        )
+        assert answer.status_code == 200, answer.text
+        return sum(w["tiers"].get("gateway", {}).get("lines", 0) for w in answer.json()["windows"])
+
+    wait_until(lambda: gateway_lines() >= in_log, 60, "the gateways' counts published")
+    time.sleep(2.5)  # two more publications: a count above the log's would show now
+    assert gateway_lines() == in_log

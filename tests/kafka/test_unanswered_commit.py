@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from audit.windows import WindowCounts, window_start
-from ingest_api.audit_api import late_commit_counter
+from ingest_api.audit_api import CommittedCounter
 from log_store import LogStore
 from log_store.errors import StoreUnavailable
 from log_store.kafka import naming
@@ -255,7 +255,7 @@ def test_a_forwarded_transaction_keeps_the_owners_hook_only_if_its_sender_asked(
 
 def test_the_gateways_late_counter_counts_chunks_only_and_no_audit_topic() -> None:
     counts = WindowCounts()
-    count = late_commit_counter(counts)
+    count = CommittedCounter(counts)
     chunk = EnvelopeWriter(source_id="s", server="h", file="/f", log_type="app")
     legacy = EnvelopeWriter(
         source_id="s", server="h", file="/f", log_type="app", kind="legacy_data"
