@@ -28,10 +28,14 @@ split); executors read them in parallel.  Options:
 ``fail_on_data_loss``
     ``true`` (default): a range that retention dropped before it was read fails the query
     (the data would otherwise be silently missing); ``false`` skips what is gone.
+``skip_corrupt``
+    ``false`` (default): a message whose data does not decompress fails the query, naming its
+    offset; ``true`` leaves it out, with a warning naming it in the executor's log.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +60,9 @@ from yt_loader.offset_ranges import (
     split_range,
     topic_patterns,
 )
-from yt_loader.range_reader import read_range
+from yt_loader.range_reader import RangeReadStats, read_range
+
+log = logging.getLogger(__name__)
 
 FORMAT_NAME = "logbroker"
 
@@ -71,6 +77,7 @@ class ReaderOptions:
     max_range_bytes: int = DEFAULT_MAX_RANGE_BYTES
     starting_offsets: str = "earliest"
     fail_on_data_loss: bool = True
+    skip_corrupt: bool = False
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> ReaderOptions:
@@ -85,6 +92,7 @@ class ReaderOptions:
             max_range_bytes=_positive_int(options, "max_range_bytes", DEFAULT_MAX_RANGE_BYTES),
             starting_offsets=starting,
             fail_on_data_loss=_bool(options, "fail_on_data_loss", True),
+            skip_corrupt=_bool(options, "skip_corrupt", False),
         )
 
 
@@ -126,11 +134,27 @@ class RangePartition(InputPartition):
 def _read_partition(options: ReaderOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, RangePartition) or partition.rng is None:
         return
+    rng = partition.rng
     source = options.spec.open()
+    stats = RangeReadStats()
     try:
-        yield from read_range(source, partition.rng, fail_on_data_loss=options.fail_on_data_loss)
+        yield from read_range(
+            source,
+            rng,
+            stats=stats,
+            fail_on_data_loss=options.fail_on_data_loss,
+            skip_corrupt=options.skip_corrupt,
+        )
     finally:
         source.close()
+        for offset, why in stats.corrupt:
+            log.warning(
+                "skipping a corrupt message: %s/%d offset %d: %s",
+                rng.topic,
+                rng.partition,
+                offset,
+                why,
+            )
 
 
 class LogbrokerBatchReader(DataSourceReader):

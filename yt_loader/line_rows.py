@@ -75,16 +75,18 @@ class LineBatchBuilder:
     def add(self, offset: int, envelope: Envelope) -> int:
         """Add the lines of one message; returns how many lines it had.
 
-        A message whose data does not decompress stops the load with :class:`CorruptChunk`
-        naming its offset: a load that left it out would count as complete and never be
-        done again, so an operator decides (see docs/loader.md).
+        A message whose data does not decompress raises :class:`CorruptChunk` naming its
+        offset, and adds nothing: a load that left it out silently would count as complete
+        and never be done again, so an operator decides (``logbroker load --skip-corrupt``
+        leaves such messages out and records them as lost; see docs/loader.md).
         """
         try:
             raw = decompress(envelope.codec, envelope.data)
         except CorruptChunk as exc:
             raise type(exc)(
                 f"{self.topic}/{self.partition} offset {offset}: {exc}; the load stops here "
-                "rather than leave the message out"
+                "rather than leave the message out (--skip-corrupt loads past it, recording it "
+                "as lost)"
             ) from exc
         lines = split_lines(raw)
         if not lines:

@@ -53,6 +53,9 @@ class LoadConfig:
     crash_at: str | None = None
     progress_interval_s: float = 10.0
     table_format: TableFormat = "delta"
+    skip_corrupt: bool = False
+    """Leave out a message that does not decompress, recording it as lost (a :class:`LoadGap`
+    of one offset), rather than stop the load there."""
 
 
 @dataclass
@@ -180,15 +183,27 @@ def _batches(plan: _Plan, max_batch_bytes: int) -> list[list[OffsetRange]]:
     return batches
 
 
-_TASK_ERROR = re.compile(r"(?:yt_loader|log_store|delivery)\.[\w.]*?(\w+): ([^\n]+)")
+_TASK_ERROR = re.compile(r"(?:yt_loader|log_store|delivery|session_dedup)\.[\w.]*?(\w+): ([^\n]+)")
+
+
+def _corrupt_gaps(written: list[WrittenRange]) -> list[LoadGap]:
+    """The messages the tasks left out because they do not decompress (``skip_corrupt``),
+    one gap each, in offset order."""
+    gaps = []
+    for w in sorted(written, key=lambda w: (w.rng.topic, w.rng.partition, w.rng.start)):
+        for offset, why in w.corrupt:
+            reason = f"the message does not decompress ({why}); left out by --skip-corrupt"
+            gaps.append(LoadGap(w.rng.topic, w.rng.partition, offset, offset + 1, reason))
+    return gaps
 
 
 def _task_failure(batch: int, exc: Exception) -> LogbrokerError:
-    """The first logbroker error inside a Spark job failure, as that error again."""
-    match = _TASK_ERROR.search(str(exc))
-    if match is None:
+    """The logbroker error a Spark task failed with, as that error again: the last one named
+    in the failure's text (a Python traceback names an error's cause before the error)."""
+    found = _TASK_ERROR.findall(str(exc))
+    if not found:
         return LoadFailed(f"batch {batch} failed in Spark: {str(exc).strip()[:2000]}")
-    name, message = match.groups()
+    name, message = found[-1]
     if name == "DataLost":
         return DataLost(f"{message} (batch {batch} was not committed; run the load again)")
     return LoadFailed(f"batch {batch} failed: {name}: {message}")
@@ -213,9 +228,12 @@ def _load_task(
     crash_at: str | None,
     topic_ids: dict[str, str],
     typed: dict[str, TopicSchemas],
+    skip_corrupt: bool,
     rng: OffsetRange,
 ) -> WrittenRange:
-    written = write_range(spec, layout, crash_at, topic_ids, rng, typed.get(rng.topic))
+    written = write_range(
+        spec, layout, crash_at, topic_ids, rng, typed.get(rng.topic), skip_corrupt=skip_corrupt
+    )
     done.add({rng.topic: rng.count})
     return written
 
@@ -248,7 +266,14 @@ def _run_tasks(
     done = sc.accumulator({}, _OffsetsDone())
     topic_ids = {t: o.topic_id for t, o in plan.offsets.items()}
     task = functools.partial(
-        _load_task, done, config.spec, layout, config.crash_at, topic_ids, plan.typed
+        _load_task,
+        done,
+        config.spec,
+        layout,
+        config.crash_at,
+        topic_ids,
+        plan.typed,
+        config.skip_corrupt,
     )
     stop = threading.Event()
     reporter = threading.Thread(
@@ -324,6 +349,11 @@ def run_load(
                 _run_tasks(spark, config, batch, layout, pieces, plan, progress) if pieces else []
             )
             reach("after-files", config.crash_at)
+            corrupt = _corrupt_gaps(written)
+            for gap in corrupt:
+                progress(f"DATA LOST: {gap.message()}")
+            report.gaps.extend(corrupt)
+            gaps = (plan.gaps if not report.batches else []) + corrupt
             for w in written:
                 topic_offsets = offsets[w.rng.topic].partitions
                 topic_offsets[w.rng.partition] = max(
@@ -333,7 +363,7 @@ def run_load(
                 batch,
                 written,
                 _copy(offsets),
-                plan.gaps if not report.batches else [],
+                gaps,
                 config.crash_at,
             )
             report.batches.append(batch)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from log_store.errors import OffsetOutOfRange
+from session_dedup.chunk_codecs import CorruptChunk
 from yt_loader.errors import DataLost, WarehouseCorrupt
 from yt_loader.line_rows import LineBatchBuilder
 from yt_loader.log_source import DEFAULT_READ_BYTES, LogSource
@@ -24,6 +25,9 @@ class RangeReadStats:
     lines: int = 0
     data_bytes: int = 0
     skipped_by_retention: int = 0
+    corrupt: list[tuple[int, str]] = field(default_factory=list)
+    """(offset, why) of each message left out because its data does not decompress (only
+    with ``skip_corrupt``)."""
 
 
 def read_range(
@@ -35,6 +39,7 @@ def read_range(
     read_bytes: int = DEFAULT_READ_BYTES,
     fail_on_data_loss: bool = True,
     with_schema_ids: bool = False,
+    skip_corrupt: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """The lines of ``rng`` as batches of :data:`~yt_loader.line_rows.LINE_SCHEMA` rows.
 
@@ -43,6 +48,8 @@ def read_range(
     If retention dropped part of the range, raises :class:`DataLost`, or with
     ``fail_on_data_loss=False`` skips what is gone.  ``with_schema_ids``: each batch also has
     a ``_schema_id`` column (the stamp of each line's chunk, see ``yt_loader.typed_columns``).
+    A message whose data does not decompress raises :class:`CorruptChunk`, or with
+    ``skip_corrupt`` is left out and named in ``stats.corrupt``.
     """
     stats = stats if stats is not None else RangeReadStats()
     builder = LineBatchBuilder(rng.topic, rng.partition, with_schema_ids=with_schema_ids)
@@ -69,7 +76,13 @@ def read_range(
                 break
             stats.messages += 1
             before = builder.data_bytes
-            stats.lines += builder.add(message.offset, message.envelope)
+            try:
+                stats.lines += builder.add(message.offset, message.envelope)
+            except CorruptChunk as exc:
+                if not skip_corrupt:
+                    raise
+                stats.corrupt.append((message.offset, str(exc.__cause__ or exc)))
+                continue
             stats.data_bytes += builder.data_bytes - before
             if builder.line_count >= batch_lines:
                 yield builder.build()

@@ -7,7 +7,7 @@ attempt's file; the driver commits only the files of the attempt whose result Sp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -74,6 +74,8 @@ class WrittenRange:
     files: list[WrittenFile]
     lines: int
     data_bytes: int
+    corrupt: list[tuple[int, str]] = field(default_factory=list)
+    """(offset, why) of the messages left out because they do not decompress."""
 
 
 def _attempt_id(run: str) -> str:
@@ -133,10 +135,14 @@ def write_range(
     topic_ids: dict[str, str],
     rng: OffsetRange,
     typed: TopicSchemas | None = None,
+    *,
+    skip_corrupt: bool = False,
 ) -> WrittenRange:
     """Write ``rng``'s lines into this attempt's own files, fsynced; return what was written.
 
     ``typed``: the topic is structured; its files get the records' struct column too.
+    ``skip_corrupt``: a message that does not decompress is left out (and named in the
+    result) rather than failing the range.
     """
     attempt = _attempt_id(layout.run)
     root = Path(layout.root)
@@ -150,7 +156,9 @@ def write_range(
         file_schema = file_schema.append(pa.field(typed.column, typer.arrow))
     source = spec.open()
     try:
-        for batch in read_range(source, rng, stats=stats, with_schema_ids=typer is not None):
+        for batch in read_range(
+            source, rng, stats=stats, with_schema_ids=typer is not None, skip_corrupt=skip_corrupt
+        ):
             hours = pc.divide(batch.column("write_time").cast(pa.int64()), _US_PER_HOUR)
             rows = pa.Table.from_batches([batch]).select(FILE_COLUMNS)
             if typer is not None and typed is not None:
@@ -183,4 +191,5 @@ def write_range(
         files=[out.done() for out in sorted(files.values(), key=lambda f: f.rel)],
         lines=stats.lines,
         data_bytes=stats.data_bytes,
+        corrupt=stats.corrupt,
     )

@@ -80,7 +80,8 @@ class LoadedRange:
 
 @dataclass(frozen=True)
 class LoadGap:
-    """Offsets the warehouse will never have: dropped by retention before they were loaded."""
+    """Offsets the warehouse will never have: dropped by retention before they were loaded,
+    or a message left out because it does not decompress (``--skip-corrupt``)."""
 
     topic: str
     partition: int
@@ -91,6 +92,11 @@ class LoadGap:
     def message(self) -> str:
         if self.end <= self.start:
             return f"{self.topic} partition {self.partition}: {self.reason}"
+        if self.end == self.start + 1:
+            return (
+                f"{self.topic} partition {self.partition}: offset {self.start} was never "
+                f"loaded: {self.reason}"
+            )
         return (
             f"{self.topic} partition {self.partition}: offsets {self.start}..{self.end - 1} "
             f"({self.end - self.start} messages) were never loaded: {self.reason}"

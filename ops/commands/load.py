@@ -4,7 +4,8 @@ exactly once.
 Progress goes to stderr while it runs; the summary (or ``--format json``) to stdout.
 SIGTERM lets the batch in hand commit and then stops (the next run continues).  Exit
 codes: 0 loaded (or nothing new), 2 bad usage, 3 loaded but some offsets were lost to
-retention before they could be loaded (named on stderr), 1 any other failure.
+retention before they could be loaded, or left out by ``--skip-corrupt`` (named on stderr),
+1 any other failure (a message that does not decompress, without ``--skip-corrupt``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=512.0,
         help="log data per committed batch (default 512)",
+    )
+    parser.add_argument(
+        "--skip-corrupt",
+        action="store_true",
+        help="leave out a message that does not decompress, naming it as lost (exit 3), "
+        "rather than stop the load at it",
     )
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument(
@@ -155,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
             max_batch_bytes=max(1, int(args.max_batch_mb * 1024 * 1024)),
             crash_at=armed_point(),
             table_format=args.table_format,
+            skip_corrupt=args.skip_corrupt,
         )
     except BadRequest as exc:
         print(f"logbroker load: {exc}", file=sys.stderr)

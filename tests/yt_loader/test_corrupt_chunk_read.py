@@ -1,5 +1,6 @@
 """A chunk in the log that does not decompress stops a load's range read, naming its offset:
-a load that left it out would be complete and never be done again."""
+a load that left it out would be complete and never be done again.  With ``skip_corrupt`` it
+is left out and named, for the load to record as lost."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 from log_store import open_store
 from session_dedup.chunk_codecs import CorruptChunk
 from session_dedup.envelope import Envelope, encode
+from yt_loader.errors import DataLost
+from yt_loader.load_job import LoadFailed, _task_failure
 from yt_loader.log_source import StoreLogSource
 from yt_loader.offset_ranges import OffsetRange
-from yt_loader.range_reader import read_range
+from yt_loader.range_reader import RangeReadStats, read_range
 
 
 def test_a_range_with_a_corrupt_chunk_fails_naming_its_offset(tmp_path: Path) -> None:
@@ -32,3 +35,69 @@ def test_a_range_with_a_corrupt_chunk_fails_naming_its_offset(tmp_path: Path) ->
         assert batch.column("line").to_pylist() == ["good"]
     finally:
         store.close()
+
+
+def test_a_range_read_with_skip_corrupt_leaves_the_message_out_and_names_it(
+    tmp_path: Path,
+) -> None:
+    store = open_store(tmp_path / "data")
+    try:
+        store.create_topic("dc1.app", exist_ok=True)
+        values = [
+            encode(Envelope("s", "h", "/f", "app", "raw", 1, 0, 0, b"one\n")),
+            encode(Envelope("s", "h", "/f", "app", "zstd", 2, 0, 0, b"notzstd")),
+            encode(Envelope("s", "h", "/f", "app", "raw", 3, 0, 0, b"three\n")),
+        ]
+        store.append("dc1.app", 0, values)
+        stats = RangeReadStats()
+        batches = list(
+            read_range(
+                StoreLogSource(store),
+                OffsetRange("dc1.app", 0, 0, 3),
+                stats=stats,
+                skip_corrupt=True,
+            )
+        )
+        assert [line for b in batches for line in b.column("line").to_pylist()] == ["one", "three"]
+        ((offset, why),) = stats.corrupt
+        assert offset == 1 and why.startswith("zstd chunk does not decompress")
+        assert (stats.messages, stats.lines) == (3, 2)
+    finally:
+        store.close()
+
+
+_CHAINED = """org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 1.0
+failed 1 times: org.apache.spark.api.python.PythonException: Traceback (most recent call last):
+  File "/opt/logbroker/yt_loader/range_reader.py", line 60, in read_range
+{cause}
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/opt/logbroker/yt_loader/load_job.py", line 240, in _load_task
+{error}
+\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException
+Driver stacktrace:
+\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages
+"""
+
+
+def test_a_task_failure_is_reported_as_the_error_raised_not_as_its_cause() -> None:
+    """Python prints an error's cause first: the load reports the error the task raised
+    (a corrupt chunk named with its offset; a range lost to retention as DATA LOST, exit 3)."""
+    corrupt = _CHAINED.format(
+        cause="session_dedup.chunk_codecs.CorruptChunk: gzip chunk does not decompress: x",
+        error="session_dedup.chunk_codecs.CorruptChunk: dc1.app/0 offset 5: gzip chunk does "
+        "not decompress: x; the load stops here",
+    )
+    failure = _task_failure(7, Exception(corrupt))
+    assert isinstance(failure, LoadFailed)
+    assert str(failure).startswith("batch 7 failed: CorruptChunk: dc1.app/0 offset 5: gzip")
+    lost = _CHAINED.format(
+        cause="log_store.errors.OffsetOutOfRange: offset 3 is below the log start 9",
+        error="yt_loader.errors.DataLost: dc1.app partition 0: offsets 3..8 were dropped",
+    )
+    failure = _task_failure(7, Exception(lost))
+    assert isinstance(failure, DataLost)
+    assert "offsets 3..8 were dropped" in str(failure)
+    assert isinstance(_task_failure(7, Exception("java.lang.OutOfMemoryError")), LoadFailed)

@@ -9,6 +9,7 @@ import pytest
 from delivery.legacy_txn import StagedData, write_commit, write_data
 from log_store import open_store
 from log_store.interface import TopicConfig
+from session_dedup.envelope import Envelope, encode
 from tests.yt_loader.conftest import append_lines, assert_exactly_once
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -154,3 +155,17 @@ def test_bad_options_fail_with_a_clear_reason(
 ) -> None:
     with pytest.raises(Exception, match=reason):
         _read(spark, **options).collect()  # type: ignore[attr-defined]
+
+
+def test_a_message_that_does_not_decompress_fails_the_read_unless_skip_corrupt(
+    spark: object, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    expected = append_lines(data_dir, "dc1.app", "x", partitions=1, chunks=3)
+    with open_store(data_dir) as store:
+        bad = Envelope("s", "h", "/f", "app", "zstd", 9, 0, 0, b"notzstd")
+        store.append("dc1.app", 0, [encode(bad)])
+    with pytest.raises(Exception, match=r"dc1\.app/0 offset 3: zstd chunk does not decompress"):
+        _read(spark, data_dir=str(data_dir)).collect()  # type: ignore[attr-defined]
+    rows = _read(spark, data_dir=str(data_dir), skip_corrupt="true").collect()  # type: ignore[attr-defined]
+    assert_exactly_once([r["line"] for r in rows], expected)

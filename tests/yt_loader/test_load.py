@@ -9,6 +9,7 @@ import pytest
 
 from log_store import open_store
 from log_store.interface import TopicConfig
+from session_dedup.envelope import Envelope, encode
 from tests.conftest import free_port
 from tests.yt_loader.conftest import (
     ChildProcess,
@@ -247,6 +248,49 @@ def test_offsets_dropped_by_retention_before_loading_are_reported_with_exit_code
     history = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect()  # type: ignore[attr-defined]
     recorded = [json.loads(r["userMetadata"]) for r in history if r["operation"] == "WRITE"]
     assert any(f"offsets 0..{new_start - 1}" in gap for m in recorded for gap in m["gaps"])
+
+
+def test_a_message_that_does_not_decompress_stops_the_load_unless_skip_corrupt(
+    spark: object, tmp_path: Path
+) -> None:
+    """Without ``--skip-corrupt`` the load stops at the message, naming it, and commits
+    nothing of its batch; with it, the message is left out and recorded as lost (exit 3,
+    the table's commit names it), and the next run reports it no more."""
+    data_dir, table = tmp_path / "data", tmp_path / "table"
+    before = append_lines(data_dir, "dc1.app", "before", partitions=1, chunks=5)
+    with open_store(data_dir) as store:
+        corrupt = store.end_offset("dc1.app", 0)
+        bad = Envelope("s", "h", "/f", "app", "gzip", 99, 0, 0, b"notgzip")
+        store.append("dc1.app", 0, [encode(bad)])
+    after = append_lines(data_dir, "dc1.app", "after", partitions=1, chunks=5)
+
+    def load(*extra: str) -> tuple[int, str]:
+        args = ["-m", "ops", "load", "--data-dir", str(data_dir), "--warehouse", str(table)]
+        child = ChildProcess([*args, "--master", "local[1]", *extra], tmp_path / "load.log")
+        return child.wait(240), child.output()
+
+    code, output = load()
+    assert code == 1, output[-3000:]
+    assert (
+        f"logbroker load: batch 1 failed: CorruptChunk: dc1.app/0 offset {corrupt}: gzip chunk "
+        "does not decompress"
+    ) in output
+    assert "--skip-corrupt" in output
+    assert table_lines(spark, table) == []
+
+    code, output = load("--skip-corrupt", "--format", "json")
+    assert code == 3, output[-3000:]
+    assert f"DATA LOST: dc1.app partition 0: offset {corrupt} was never loaded" in output
+    report, _ = json.JSONDecoder().raw_decode(output, output.index('{\n "batches"'))
+    assert [(g["start"], g["end"]) for g in report["gaps"]] == [(corrupt, corrupt + 1)]
+    assert_exactly_once(table_lines(spark, table), before + after)
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect()  # type: ignore[attr-defined]
+    recorded = [json.loads(r["userMetadata"]) for r in history if r["operation"] == "WRITE"]
+    assert any(f"offset {corrupt} was never loaded" in g for m in recorded for g in m["gaps"])
+
+    code, output = load()
+    assert code == 0, output[-3000:]
+    assert "DATA LOST" not in output
 
 
 def test_bad_usage_exits_2_before_starting_spark(tmp_path: Path) -> None:
