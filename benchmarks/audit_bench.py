@@ -6,6 +6,12 @@ after the fsync) and, as the peer measured in the same run, encoding the same ch
 several runs and the ratio; never fails on speed.
 
     python benchmarks/audit_bench.py [--chunks 1000] [--chunk-bytes 4096] [--runs 7] [--json F]
+    python benchmarks/audit_bench.py --forwarded [--chunk-bytes 65536] [--runs 7]
+
+``--forwarded`` times instead what a partition's owner spends counting a forwarded write of
+zstd chunks (access-log-like lines of about 200 B): with the line counts the sending gateway
+made when it checked the chunks (``record_lines``), against decompressing each chunk (what an
+owner does for a sender that sends none).
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from audit.windows import WindowCounts
-from ingest_api.audit_api import count_written
+from ingest_api.audit_api import CommittedCounter, count_written
+from session_dedup.chunk_codecs import count_lines
 from session_dedup.envelope import EnvelopeWriter
 from session_dedup.exactly_once import WRITTEN, ChunkBatch
 
@@ -29,13 +36,67 @@ def _run_s(fn: Callable[[], None], repeat: int) -> float:
     return (time.perf_counter() - started) / repeat
 
 
+def forwarded(args: argparse.Namespace) -> None:
+    import random
+
+    import zstandard
+
+    rng = random.Random(1)
+    text = b"".join(
+        b"2026-11-26T09:00:%02d host%d GET /api/v1/items/%d HTTP/1.1 200 %d %dms trace=%016x\n"
+        % (
+            i % 60,
+            i % 50,
+            rng.randrange(10**6),
+            rng.randrange(10**5),
+            rng.randrange(999),
+            rng.getrandbits(64),
+        )
+        for i in range(args.chunk_bytes // 80)
+    )[: args.chunk_bytes]
+    text = text[: text.rindex(b"\n") + 1]
+    compress = zstandard.ZstdCompressor().compress
+    now_ms = int(time.time() * 1000)
+    writer = EnvelopeWriter(source_id="b", server="h", file="/f", log_type="app", codec="zstd")
+    chunks = [compress(text + b"%d\n" % i) for i in range(args.chunks)]
+    records = [writer.encode(i + 1, now_ms, now_ms, c) for i, c in enumerate(chunks)]
+    lines = [count_lines("zstd", c) for c in chunks]
+    compressed_mb = sum(len(c) for c in chunks) / 1e6
+    counts = WindowCounts()
+    count = CommittedCounter(counts)
+
+    def with_lines() -> None:
+        count("dc1.app", records, lines)
+        counts.snapshot()
+
+    def decompressing() -> None:
+        count("dc1.app", records)
+        counts.snapshot()  # a compressed chunk's lines are counted here
+
+    given_runs, decompress_runs = [], []
+    for _ in range(args.runs):
+        given_runs.append(_run_s(with_lines, 3))
+        decompress_runs.append(_run_s(decompressing, 3))
+    given, decompressed = statistics.median(given_runs), statistics.median(decompress_runs)
+    print(
+        f"{args.chunks} zstd chunks of {len(text)} B of lines ({compressed_mb:.1f} MB compressed), "
+        f"medians of {args.runs} runs"
+    )
+    print(f"{'owner counts':<34} {'per chunk':>10} {'per MB compressed':>18}")
+    for what, t in (("with the sender's line counts", given), ("decompressing", decompressed)):
+        print(f"{what:<34} {t * 1e6 / args.chunks:>7.1f} us {t * 1e3 / compressed_mb:>15.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--chunks", type=int, default=1000)
     parser.add_argument("--chunk-bytes", type=int, default=4096)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    parser.add_argument("--forwarded", action="store_true", help="see the module's docstring")
     args = parser.parse_args()
+    if args.forwarded:
+        return forwarded(args)
     line = b"x" * 99 + b"\n"
     data = line * max(1, args.chunk_bytes // len(line))
     now_ms = int(time.time() * 1000)
