@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from audit.records import in_prefix
-from delivery.filters import MessageFilter, filter_from_json, parse_filter
+from delivery.filters import FILTER_FIELDS, MessageFilter, filter_from_json, parse_filter
 from delivery.framing import (
     BINARY_MEDIA_TYPE,
     binary_pieces,
@@ -55,6 +55,39 @@ _AnswerKey = tuple[tuple[Position, ...], int, MessageFilter, bool, int]
 
 
 _SEND_BLOCK = 256 * 1024
+
+# Every option a read names: anything else is a typo (``servr=``) that would otherwise widen
+# a filtered read to everything, so it is refused.
+_READ_QUERY = frozenset(
+    ("offset", "max_bytes", "wait_ms", "format", "txn_window_ms", "raw", *FILTER_FIELDS)
+)
+_FETCH_FIELDS = frozenset(
+    ("partitions", "max_bytes", "wait_ms", "format", "filter", "raw", "txn_window_ms")
+)
+_POSITION_FIELDS = frozenset(("topic", "partition", "offset"))
+_FLAGS = {"0": False, "false": False, "1": True, "true": True}
+
+
+def _refuse_unknown(names: Any, known: frozenset[str], where: str) -> None:
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ApiError(
+            400,
+            "bad_request",
+            f"unknown {where}: {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}",
+        )
+
+
+def _max_bytes_query(params: Any) -> int:
+    """The ``max_bytes`` query parameter, refused as out of range however large it is."""
+    raw = params.get("max_bytes")
+    if raw is None:
+        return DEFAULT_MAX_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "bad_request", f"max_bytes must be an integer, got {raw!r}") from None
+    return max_bytes_param(value)
 
 
 class BinaryAnswer(Response):
@@ -205,15 +238,16 @@ class ReadApi:
     async def read_partition(self, request: Request) -> Response:
         """``GET /v1/topics/{topic}/partitions/{partition}/messages``: one partition, long-poll."""
         params = request.query_params
+        _refuse_unknown(params.keys(), _READ_QUERY, "query parameters")
         topic = readable_topic(request, request.path_params["topic"])
         partition: int = request.path_params["partition"]
         offset = int_param(params, "offset", None, 0, 2**63 - 1)
-        max_bytes = max_bytes_param(
-            int_param(params, "max_bytes", DEFAULT_MAX_BYTES, -(2**63), 2**63)
-        )
+        max_bytes = _max_bytes_query(params)
         wait_ms = int_param(params, "wait_ms", 0, 0, MAX_WAIT_MS)
         window = int_param(params, "txn_window_ms", self.reader.txn_window_ms, 0, 86_400_000)
-        raw = params.get("raw", "0") in ("1", "true")
+        raw = _FLAGS.get(params.get("raw", "0"))
+        if raw is None:
+            raise ApiError(400, "bad_request", "raw must be 1, 0, true or false")
         binary = wants_binary(request, params.get("format"))
         filt = parse_filter({k: params.getlist(k) for k in params})
         batches = await self._fetch(
@@ -227,6 +261,7 @@ class ReadApi:
     async def fetch(self, request: Request) -> Response:
         """``POST /v1/fetch``: several partitions at once, each from its own offset."""
         body = await json_body(request, self.ctx.settings.limits)
+        _refuse_unknown(body, _FETCH_FIELDS, "fields")
         parts = body.get("partitions")
         if not isinstance(parts, list) or not parts:
             raise ApiError(400, "bad_request", "partitions must be a non-empty list")
@@ -240,6 +275,7 @@ class ReadApi:
         for item in parts:
             if not isinstance(item, dict):
                 raise ApiError(400, "bad_request", "each partition is {topic, partition, offset}")
+            _refuse_unknown(item, _POSITION_FIELDS, "fields of a partition")
             topic = readable_topic(request, str_field(item, "topic"))
             partition = json_int(item, "partition", -1, 0, 1_000_000)
             offset = json_int(item, "offset", -1, 0, 2**63 - 1)
@@ -250,7 +286,9 @@ class ReadApi:
         max_bytes_param(max_bytes)
         wait_ms = json_int(body, "wait_ms", 0, 0, MAX_WAIT_MS)
         window = json_int(body, "txn_window_ms", self.reader.txn_window_ms, 0, 86_400_000)
-        raw = body.get("raw", False) is True
+        raw = body.get("raw", False)
+        if not isinstance(raw, bool):
+            raise ApiError(400, "bad_request", "raw must be true or false")
         filt = filter_from_json(body.get("filter"))
         binary = wants_binary(request, body.get("format"))
         batches = await self._fetch(positions, max_bytes, wait_ms, filt, raw, window)
@@ -388,7 +426,12 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                     query_param("wait_ms"),
                     query_param("txn_window_ms"),
                     query_param("format", "string"),
-                    query_param("raw", "string"),
+                    {
+                        "name": "raw",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": sorted(_FLAGS)},
+                    },
                     *filters,
                 ],
                 ok_media=read_media,
@@ -402,8 +445,21 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                 body={
                     "type": "object",
                     "required": ["partitions"],
+                    "additionalProperties": False,
                     "properties": {
-                        "partitions": {"type": "array", "items": OBJECT},
+                        "partitions": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": sorted(_POSITION_FIELDS),
+                                "additionalProperties": False,
+                                "properties": {
+                                    "topic": {"type": "string"},
+                                    "partition": {"type": "integer"},
+                                    "offset": {"type": "integer"},
+                                },
+                            },
+                        },
                         "max_bytes": {"type": "integer"},
                         "wait_ms": {"type": "integer"},
                         "format": {"type": "string", "enum": ["json", "binary"]},

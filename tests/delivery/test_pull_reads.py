@@ -387,6 +387,47 @@ def test_huge_or_zero_max_bytes_and_huge_wait_are_refused(filled: Any) -> None:
     _error(httpx.get(base + "&format=xml"), 400, "bad_request")
 
 
+def test_a_max_bytes_past_64_bits_is_refused_as_out_of_range(filled: Any) -> None:
+    base = f"{filled.url}/v1/topics/dc1.app/partitions/0/messages?offset=0"
+    body = _error(httpx.get(base + "&max_bytes=" + "9" * 30), 400, "max_bytes_out_of_range")
+    assert "1..67108864" in body["reason"]
+
+
+def test_a_misspelt_or_unknown_read_option_is_refused_not_ignored(filled: Any) -> None:
+    """A typo in a filter's name must not turn a filtered read into a read of everything."""
+    base = f"{filled.url}/v1/topics/dc1.app/partitions/0/messages?offset=0"
+    body = _error(httpx.get(base + "&servr=host9"), 400, "bad_request")
+    assert "servr" in body["reason"]
+    _error(httpx.get(base + "&raw=yes"), 400, "bad_request")
+    fetch = f"{filled.url}/v1/fetch"
+    position = {"topic": "dc1.app", "partition": 0, "offset": 0}
+    body = _error(
+        httpx.post(fetch, json={"partitions": [position], "fliter": {}}), 400, "bad_request"
+    )
+    assert "fliter" in body["reason"]
+    extra = {**position, "ofset": 3}
+    _error(httpx.post(fetch, json={"partitions": [extra]}), 400, "bad_request")
+    _error(httpx.post(fetch, json={"partitions": [position], "raw": "true"}), 400, "bad_request")
+    # what the docs name is still accepted
+    ok = httpx.get(base + "&raw=1&format=json&wait_ms=0&txn_window_ms=1000&max_bytes=100")
+    assert ok.status_code == 200, ok.text
+    ok = httpx.get(base + "&raw=false&server=host1&file=/var/*&hash_mod=2&hash_rem=0&hash_key=file")
+    assert ok.status_code == 200, ok.text
+    answer = httpx.post(
+        fetch,
+        json={
+            "partitions": [position],
+            "max_bytes": 100,
+            "wait_ms": 0,
+            "format": "json",
+            "filter": {"server": ["host1"]},
+            "raw": False,
+            "txn_window_ms": 1000,
+        },
+    )
+    assert answer.status_code == 200, answer.text
+
+
 def test_bad_filters_are_refused_with_the_reason(filled: Any) -> None:
     base = f"{filled.url}/v1/topics/dc1.app/partitions/0/messages?offset=0"
     _error(httpx.get(base + "&hash_mod=0&hash_rem=0"), 400, "bad_filter")
