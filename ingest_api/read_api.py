@@ -68,7 +68,9 @@ _POSITION_FIELDS = frozenset(("topic", "partition", "offset"))
 _FLAGS = {"0": False, "false": False, "1": True, "true": True}
 
 
-def _refuse_unknown(names: Any, known: frozenset[str], where: str) -> None:
+def refuse_unknown(names: Any, known: frozenset[str], where: str) -> None:
+    """400 naming every one of ``names`` not in ``known``: a misspelt option is never
+    silently dropped (it would change what the request does)."""
     unknown = sorted(set(names) - known)
     if unknown:
         raise ApiError(
@@ -238,7 +240,7 @@ class ReadApi:
     async def read_partition(self, request: Request) -> Response:
         """``GET /v1/topics/{topic}/partitions/{partition}/messages``: one partition, long-poll."""
         params = request.query_params
-        _refuse_unknown(params.keys(), _READ_QUERY, "query parameters")
+        refuse_unknown(params.keys(), _READ_QUERY, "query parameters")
         topic = readable_topic(request, request.path_params["topic"])
         partition: int = request.path_params["partition"]
         offset = int_param(params, "offset", None, 0, 2**63 - 1)
@@ -261,7 +263,7 @@ class ReadApi:
     async def fetch(self, request: Request) -> Response:
         """``POST /v1/fetch``: several partitions at once, each from its own offset."""
         body = await json_body(request, self.ctx.settings.limits)
-        _refuse_unknown(body, _FETCH_FIELDS, "fields")
+        refuse_unknown(body, _FETCH_FIELDS, "fields")
         parts = body.get("partitions")
         if not isinstance(parts, list) or not parts:
             raise ApiError(400, "bad_request", "partitions must be a non-empty list")
@@ -275,7 +277,7 @@ class ReadApi:
         for item in parts:
             if not isinstance(item, dict):
                 raise ApiError(400, "bad_request", "each partition is {topic, partition, offset}")
-            _refuse_unknown(item, _POSITION_FIELDS, "fields of a partition")
+            refuse_unknown(item, _POSITION_FIELDS, "fields of a partition")
             topic = readable_topic(request, str_field(item, "topic"))
             partition = json_int(item, "partition", -1, 0, 1_000_000)
             offset = json_int(item, "offset", -1, 0, 2**63 - 1)
