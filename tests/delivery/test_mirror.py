@@ -151,6 +151,21 @@ def test_replica_append_refuses_a_gap_with_the_expected_offset(gateway: Any) -> 
     assert described["partitions"][0]["end_offset"] == 2
 
 
+def test_a_replica_source_that_is_too_long_or_has_control_characters_is_refused_by_name(
+    gateway: Any,
+) -> None:
+    url = f"{gateway.url}/v1/replica/dc1.app/partitions/0"
+    for source in ("a" * 201, "a\x00b", "a\nb"):
+        for call in (
+            httpx.get(url, params={"source": source}),
+            httpx.post(url + "/dropped", params={"source": source, "partitions": 1, "to": 3}),
+        ):
+            assert call.status_code == 400, call.text
+            assert call.json()["error"] == "bad_request"
+            assert "1-200" in call.json()["reason"]
+    assert httpx.get(f"{gateway.url}/v1/topics").json()["topics"] == []
+
+
 def _topics(data_dir: Any, *args: str) -> None:
     done = subprocess.run(
         logbroker_cmd("topics", "--data-dir", str(data_dir), *args),
