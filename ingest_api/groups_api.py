@@ -17,7 +17,7 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response
 
-from delivery.consumer_group import Subscription
+from delivery.consumer_group import Subscription, check_subscribed_topics
 from ingest_api.access import (
     Owned,
     RouteDeclaration,
@@ -30,8 +30,8 @@ from ingest_api.context import GatewayContext
 from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
 from ingest_api.openapi import OBJECT, operation, path_param
-from ingest_api.params import json_body, json_int, json_response, str_field
-from ingest_api.read_api import readable_topic, refuse_unknown
+from ingest_api.params import json_int, json_response, str_field
+from ingest_api.read_api import json_request, readable_topic, refuse_unknown
 
 _JOIN_FIELDS = frozenset(("topics", "prefix", "reset", "session_timeout_ms"))
 _HEARTBEAT_FIELDS = frozenset(("release",))
@@ -65,7 +65,7 @@ class GroupsApi:
     async def join(self, request: Request) -> Response:
         group = request.path_params["group"]
         access = access_of(request)
-        body = await json_body(request, self.ctx.settings.limits)
+        body = await json_request(request, self.ctx.settings.limits)
         refuse_unknown(body, _JOIN_FIELDS, "fields")
         topics = body.get("topics") or []
         prefix = body.get("prefix")
@@ -73,6 +73,7 @@ class GroupsApi:
             raise ApiError(400, "bad_request", "topics must be a list of topic names")
         if prefix is not None and not isinstance(prefix, str):
             raise ApiError(400, "bad_request", "prefix must be a string")
+        check_subscribed_topics(topics)
         for topic in topics:
             readable_topic(request, topic)
         subscription = Subscription(tuple(topics), prefix)
@@ -97,7 +98,7 @@ class GroupsApi:
     async def heartbeat(self, request: Request) -> Response:
         group = request.path_params["group"]
         member_id = request.path_params["member"]
-        body = await json_body(request, self.ctx.settings.limits)
+        body = await json_request(request, self.ctx.settings.limits)
         refuse_unknown(body, _HEARTBEAT_FIELDS, "fields")
         release = []
         for item in body.get("release") or []:
@@ -116,7 +117,7 @@ class GroupsApi:
     async def commit(self, request: Request) -> Response:
         group = request.path_params["group"]
         access = access_of(request)
-        body = await json_body(request, self.ctx.settings.limits)
+        body = await json_request(request, self.ctx.settings.limits)
         refuse_unknown(body, _COMMIT_FIELDS, "fields")
         member_id = body.get("member_id")
         if member_id is not None and not isinstance(member_id, str):

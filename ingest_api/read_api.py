@@ -45,6 +45,7 @@ from ingest_api.params import (
     str_field,
     wants_binary,
 )
+from ingest_api.settings import Limits
 from log_store.errors import LimitReached, UnknownTopic
 from log_store.topic_names import validate_topic_name
 
@@ -78,6 +79,21 @@ def refuse_unknown(names: Any, known: frozenset[str], where: str) -> None:
             "bad_request",
             f"unknown {where}: {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}",
         )
+
+
+async def json_request(request: Request, limits: Limits) -> dict[str, Any]:
+    """The request's JSON object body; 415 if it is declared anything but JSON (a form sent
+    by ``curl -d``), as on the write routes.  A body without a type is read as JSON."""
+    declared = request.headers.get("content-type")
+    if declared is not None:
+        media = declared.split(";", 1)[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                f"{request.url.path} takes application/json, not {declared!r}",
+            )
+    return await json_body(request, limits)
 
 
 def _max_bytes_query(params: Any) -> int:
@@ -262,7 +278,7 @@ class ReadApi:
 
     async def fetch(self, request: Request) -> Response:
         """``POST /v1/fetch``: several partitions at once, each from its own offset."""
-        body = await json_body(request, self.ctx.settings.limits)
+        body = await json_request(request, self.ctx.settings.limits)
         refuse_unknown(body, _FETCH_FIELDS, "fields")
         parts = body.get("partitions")
         if not isinstance(parts, list) or not parts:

@@ -317,3 +317,18 @@ def test_a_misspelt_field_of_a_join_heartbeat_or_commit_is_refused_and_changes_n
     assert {p["committed"] for p in described["partitions"]} == {0}
     assert described["generation"] == member["generation"]
     http.close()
+
+
+def test_a_join_naming_a_topic_twice_or_too_many_topics_is_refused(gateway: Any) -> None:
+    http = httpx.Client(base_url=gateway.url)
+    twice = http.post("/v1/groups/dup/members", json={"topics": ["dc1.app"] * 3})
+    assert twice.status_code == 400, twice.text
+    assert "dc1.app" in twice.json()["reason"]
+    many = [f"dc1.t{i}" for i in range(1001)]
+    too_many = http.post("/v1/groups/dup/members", json={"topics": many})
+    assert too_many.status_code == 400, too_many.text
+    assert http.get("/v1/groups/dup").status_code == 404
+    joined = http.post("/v1/groups/dup/members", json={"topics": many[:1000]})
+    assert joined.status_code == 200, joined.text
+    assert len(joined.json()["missing_topics"]) == 1000
+    http.close()

@@ -428,6 +428,29 @@ def test_a_misspelt_or_unknown_read_option_is_refused_not_ignored(filled: Any) -
     assert answer.status_code == 200, answer.text
 
 
+def test_a_json_route_given_another_content_type_is_415_and_changes_nothing(filled: Any) -> None:
+    """As the write routes: ``curl -d`` sends a form, not JSON."""
+    url = filled.url
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    join = b'{"topics": ["dc1.app"]}'
+    for path, body in (
+        ("/v1/fetch", b'{"partitions": [{"topic": "dc1.app", "partition": 0, "offset": 0}]}'),
+        ("/v1/groups/ct/members", join),
+        ("/v1/groups/ct/members/abc/heartbeat", b"{}"),
+        ("/v1/groups/ct/offsets", b'{"offsets": []}'),
+        ("/v1/subscriptions", b'{"name": "ct", "endpoint": "http://127.0.0.1:9/", "topics": []}'),
+    ):
+        body_of = _error(
+            httpx.post(url + path, content=body, headers=form), 415, "unsupported_media_type"
+        )
+        assert "application/json" in body_of["reason"]
+    assert httpx.get(f"{url}/v1/groups/ct").status_code == 404
+    assert httpx.get(f"{url}/v1/subscriptions").json() == {"subscriptions": []}
+    # JSON with a charset, and a body-less heartbeat without any type, are fine
+    typed = {"content-type": "application/json; charset=utf-8"}
+    assert httpx.post(f"{url}/v1/groups/ct/members", content=join, headers=typed).status_code == 200
+
+
 def test_bad_filters_are_refused_with_the_reason(filled: Any) -> None:
     base = f"{filled.url}/v1/topics/dc1.app/partitions/0/messages?offset=0"
     _error(httpx.get(base + "&hash_mod=0&hash_rem=0"), 400, "bad_filter")
