@@ -66,6 +66,7 @@ _FETCH_FIELDS = frozenset(
     ("partitions", "max_bytes", "wait_ms", "format", "filter", "raw", "txn_window_ms")
 )
 _POSITION_FIELDS = frozenset(("topic", "partition", "offset"))
+_LIST_QUERY = frozenset(("prefix", "include_audit"))
 _FLAGS = {"0": False, "false": False, "1": True, "true": True}
 
 
@@ -220,9 +221,12 @@ class ReadApi:
 
     async def list_topics(self, request: Request) -> Response:
         """``GET /v1/topics``: the topics this token may read."""
+        refuse_unknown(request.query_params.keys(), _LIST_QUERY, "query parameters")
         prefix = request.query_params.get("prefix", "")
         # a mirror copies the audit topics too; readers of a prefix see them only by name
-        audit = request.query_params.get("include_audit") == "true"
+        audit = _FLAGS.get(request.query_params.get("include_audit", "false"))
+        if audit is None:
+            raise ApiError(400, "bad_request", "include_audit must be 1, 0, true or false")
         access = access_of(request)
         infos = await self._run(self.store.list_topics)
         topics = [
@@ -425,7 +429,15 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
             "get": operation(
                 "list_topics",
                 "Topics this token may read, optionally by DC prefix",
-                params=[query_param("prefix", "string"), query_param("include_audit", "string")],
+                params=[
+                    query_param("prefix", "string"),
+                    {
+                        "name": "include_audit",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": sorted(_FLAGS)},
+                    },
+                ],
                 errors=(),
             )
         },

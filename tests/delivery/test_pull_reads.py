@@ -154,6 +154,12 @@ def test_reading_by_prefix_lists_only_that_dcs_topics(
     assert names == ["dc1.app", "dc2.app"]
     only = httpx.get(f"{gateway.url}/v1/topics", params={"prefix": "dc1."}).json()["topics"]
     assert [t["name"] for t in only] == ["dc1.app"]
+    # a misspelt prefix is not a list of everything
+    typo = httpx.get(f"{gateway.url}/v1/topics", params={"prefx": "dc1."})
+    assert typo.status_code == 400, typo.text
+    assert "prefx" in typo.json()["reason"]
+    flag = httpx.get(f"{gateway.url}/v1/topics", params={"include_audit": "yes"})
+    assert flag.status_code == 400, flag.text
 
 
 def test_jsonl_reader_prints_fields_and_undoes_gzip_and_zstd(
