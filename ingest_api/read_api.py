@@ -261,6 +261,9 @@ class ReadApi:
         """``GET /v1/topics/{topic}/partitions/{partition}/messages``: one partition, long-poll."""
         params = request.query_params
         refuse_unknown(params.keys(), _READ_QUERY, "query parameters")
+        for name in _READ_QUERY - set(FILTER_FIELDS):  # filters take alternatives
+            if len(params.getlist(name)) > 1:
+                raise ApiError(400, "bad_request", f"query parameter {name} is given twice")
         topic = readable_topic(request, request.path_params["topic"])
         partition: int = request.path_params["partition"]
         offset = int_param(params, "offset", None, 0, 2**63 - 1)

@@ -405,6 +405,8 @@ def test_a_misspelt_or_unknown_read_option_is_refused_not_ignored(filled: Any) -
     body = _error(httpx.get(base + "&servr=host9"), 400, "bad_request")
     assert "servr" in body["reason"]
     _error(httpx.get(base + "&raw=yes"), 400, "bad_request")
+    twice = _error(httpx.get(base + "&offset=5"), 400, "bad_request")  # which one is meant?
+    assert "offset" in twice["reason"]
     fetch = f"{filled.url}/v1/fetch"
     position = {"topic": "dc1.app", "partition": 0, "offset": 0}
     body = _error(
