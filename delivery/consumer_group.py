@@ -80,6 +80,25 @@ class TopicRecreated(BadRequest):
     """A commit for an older topic of the same name: the topic was deleted and created again."""
 
 
+MAX_SUBSCRIBED_TOPICS = 1_000
+"""Topics one group or push subscription may name (a prefix reads any number)."""
+
+
+def check_subscribed_topics(topics: Sequence[str]) -> None:
+    """Refuse a list of topics a client asks for that names one twice or too many: every look
+    at the subscription's partitions, and every status answer, costs as much as the list."""
+    if len(topics) > MAX_SUBSCRIBED_TOPICS:
+        raise BadRequest(
+            f"a subscription names at most {MAX_SUBSCRIBED_TOPICS} topics, this one "
+            f"{len(topics)}; subscribe to a prefix instead"
+        )
+    seen: set[str] = set()
+    for topic in topics:
+        if topic in seen:
+            raise BadRequest(f"topic {topic!r} is named twice")
+        seen.add(topic)
+
+
 @dataclass(frozen=True)
 class Subscription:
     """What a group reads: named topics, or every topic whose name starts with a prefix."""

@@ -45,6 +45,11 @@ class UnknownStagedData(BadRequest):
     """A ``/commit_request`` for a store id that is not (or no longer) staged."""
 
 
+class TxnIdTaken(BadRequest):
+    """A ``/commit_request`` naming a transaction id that another store id's data was written
+    under: answering it as written would tell the client its data is in the log."""
+
+
 class WindowExpired(BadRequest):
     """A ``/commit`` that came later than the window after its data: it is never delivered,
     so it is refused rather than answered as committed."""
@@ -230,6 +235,13 @@ def write_data(
 
     def fn(state: PartitionState) -> list[bytes]:
         doc = _load(state, txn_id)
+        # Transactions written before the store id was kept have none: answered as before.
+        owner = None if doc is None else doc.get("store_id")
+        if owner is not None and owner != staged.store_id:
+            raise TxnIdTaken(
+                f"txn_id {txn_id!r} holds the data of another store_id; the data of store_id "
+                f"{staged.store_id} was not written: request it under another txn_id"
+            )
         if doc is not None and doc.get("data_offset") is not None:
             outcome["data_offset"] = doc["data_offset"]
             return []
@@ -240,7 +252,16 @@ def write_data(
         # No offset recorded: a first request, or one whose second step a crash cut off.  A
         # record written by such an attempt is never named by a marker, so it is never read.
         attempt = 1 if doc is None else int(doc["attempt"]) + 1
-        _save(state, txn_id, {"attempt": attempt, "data_offset": None, "write_time": now_ms})
+        _save(
+            state,
+            txn_id,
+            {
+                "attempt": attempt,
+                "data_offset": None,
+                "write_time": now_ms,
+                "store_id": staged.store_id,
+            },
+        )
         outcome["attempt"] = attempt
         return [writer.encode(attempt, now_ms, now_ms, staged.data)]
 

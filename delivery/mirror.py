@@ -315,10 +315,13 @@ def decode_replica_body(body: bytes) -> ReplicaRecords:
         setattr(records, name, value)
     audit = meta.get("audit")
     if audit is not None:
+        # A window may start before 1970: a chunk's create time is any signed integer.
         if not isinstance(audit, list) or not all(
             isinstance(a, list)
             and len(a) == 3
-            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in a)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in a)
+            and a[1] >= 0
+            and a[2] >= 0
             for a in audit
         ):
             raise BadRequest("audit must be a list of [window_start, messages, lines]")

@@ -17,7 +17,7 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response
 
-from delivery.consumer_group import Subscription
+from delivery.consumer_group import Subscription, check_subscribed_topics
 from ingest_api.access import (
     Owned,
     RouteDeclaration,
@@ -30,8 +30,13 @@ from ingest_api.context import GatewayContext
 from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
 from ingest_api.openapi import OBJECT, operation, path_param
-from ingest_api.params import json_body, json_int, json_response, str_field
-from ingest_api.read_api import readable_topic
+from ingest_api.params import json_int, json_response, str_field
+from ingest_api.read_api import json_request, readable_topic, refuse_unknown
+
+_JOIN_FIELDS = frozenset(("topics", "prefix", "reset", "session_timeout_ms"))
+_HEARTBEAT_FIELDS = frozenset(("release",))
+_COMMIT_FIELDS = frozenset(("member_id", "offsets"))
+_OFFSET_FIELDS = frozenset(("topic", "partition", "offset", "topic_id"))
 
 
 def require_prefix(request: Request, prefix: str | None) -> None:
@@ -60,13 +65,15 @@ class GroupsApi:
     async def join(self, request: Request) -> Response:
         group = request.path_params["group"]
         access = access_of(request)
-        body = await json_body(request, self.ctx.settings.limits)
+        body = await json_request(request, self.ctx.settings.limits)
+        refuse_unknown(body, _JOIN_FIELDS, "fields")
         topics = body.get("topics") or []
         prefix = body.get("prefix")
         if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
             raise ApiError(400, "bad_request", "topics must be a list of topic names")
         if prefix is not None and not isinstance(prefix, str):
             raise ApiError(400, "bad_request", "prefix must be a string")
+        check_subscribed_topics(topics)
         for topic in topics:
             readable_topic(request, topic)
         subscription = Subscription(tuple(topics), prefix)
@@ -91,12 +98,13 @@ class GroupsApi:
     async def heartbeat(self, request: Request) -> Response:
         group = request.path_params["group"]
         member_id = request.path_params["member"]
-        body = await json_body(request, self.ctx.settings.limits)
+        body = await json_request(request, self.ctx.settings.limits)
+        refuse_unknown(body, _HEARTBEAT_FIELDS, "fields")
         release = []
         for item in body.get("release") or []:
             if not isinstance(item, dict):
                 raise ApiError(400, "bad_request", "release is a list of {topic, partition}")
-            release.append((str(item.get("topic")), json_int(item, "partition", -1, 0, 2**31)))
+            release.append((str_field(item, "topic"), json_int(item, "partition", -1, 0, 2**31)))
         member = await self._run(self.groups.heartbeat, group, member_id, release)
         return json_response(member.to_json())
 
@@ -109,7 +117,8 @@ class GroupsApi:
     async def commit(self, request: Request) -> Response:
         group = request.path_params["group"]
         access = access_of(request)
-        body = await json_body(request, self.ctx.settings.limits)
+        body = await json_request(request, self.ctx.settings.limits)
+        refuse_unknown(body, _COMMIT_FIELDS, "fields")
         member_id = body.get("member_id")
         if member_id is not None and not isinstance(member_id, str):
             raise ApiError(400, "bad_request", "member_id must be a string")
@@ -121,6 +130,7 @@ class GroupsApi:
         for item in items:
             if not isinstance(item, dict):
                 raise ApiError(400, "bad_request", "each offset is {topic, partition, offset}")
+            refuse_unknown(item, _OFFSET_FIELDS, "fields of an offset")
             topic = readable_topic(request, str_field(item, "topic"))
             if item.get("topic_id") is not None:
                 topic_ids[topic] = str_field(item, "topic_id")

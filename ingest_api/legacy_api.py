@@ -32,6 +32,7 @@ from starlette.responses import Response
 from delivery.legacy_txn import (
     LegacyStaging,
     StagedData,
+    TxnIdTaken,
     UnknownStagedData,
     UnknownTransaction,
     find_txn_partition,
@@ -121,11 +122,18 @@ class LegacyApi:
         store_id = request.query_params.get("store_id")
         if not store_id:
             raise ApiError(400, "bad_request", "query parameter store_id is required")
+        try:
+            validate_store_id(store_id)
+        except UnknownStagedData as exc:
+            raise ApiError(400, "bad_request", str(exc)) from None
         txn_id = validate_txn_id(request.query_params.get("txn_id", store_id))
         staged, holder = await anyio.to_thread.run_sync(self._staged, store_id)
         access_of(request).require_write(staged.log_type)
         topic = self.ctx.topic_for(staged.log_type)
-        written = await anyio.to_thread.run_sync(self._write_data, topic, txn_id, staged)
+        try:
+            written = await anyio.to_thread.run_sync(self._write_data, topic, txn_id, staged)
+        except TxnIdTaken as exc:
+            raise ApiError(409, "txn_id_taken", str(exc)) from None
         if not staged.written:
             if holder is None:
                 await anyio.to_thread.run_sync(self.staging.mark_written, staged)
@@ -291,6 +299,10 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                 },
                 "400": {"description": "bad or missing parameters", "content": error},
                 "404": {"description": "unknown store_id or transaction", "content": error},
+                "409": {
+                    "description": "txn_id taken by other data, or a commit past its window",
+                    "content": error,
+                },
                 "413": {"description": "data over the limit", "content": error},
             },
         }

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from audit.records import in_prefix
-from delivery.filters import MessageFilter, filter_from_json, parse_filter
+from delivery.filters import FILTER_FIELDS, MessageFilter, filter_from_json, parse_filter
 from delivery.framing import (
     BINARY_MEDIA_TYPE,
     binary_pieces,
@@ -45,6 +45,7 @@ from ingest_api.params import (
     str_field,
     wants_binary,
 )
+from ingest_api.settings import Limits
 from log_store.errors import LimitReached, UnknownTopic
 from log_store.topic_names import validate_topic_name
 
@@ -55,6 +56,57 @@ _AnswerKey = tuple[tuple[Position, ...], int, MessageFilter, bool, int]
 
 
 _SEND_BLOCK = 256 * 1024
+
+# Every option a read names: anything else is a typo (``servr=``) that would otherwise widen
+# a filtered read to everything, so it is refused.
+_READ_QUERY = frozenset(
+    ("offset", "max_bytes", "wait_ms", "format", "txn_window_ms", "raw", *FILTER_FIELDS)
+)
+_FETCH_FIELDS = frozenset(
+    ("partitions", "max_bytes", "wait_ms", "format", "filter", "raw", "txn_window_ms")
+)
+_POSITION_FIELDS = frozenset(("topic", "partition", "offset"))
+_LIST_QUERY = frozenset(("prefix", "include_audit"))
+_FLAGS = {"0": False, "false": False, "1": True, "true": True}
+
+
+def refuse_unknown(names: Any, known: frozenset[str], where: str) -> None:
+    """400 naming every one of ``names`` not in ``known``: a misspelt option is never
+    silently dropped (it would change what the request does)."""
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ApiError(
+            400,
+            "bad_request",
+            f"unknown {where}: {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}",
+        )
+
+
+async def json_request(request: Request, limits: Limits) -> dict[str, Any]:
+    """The request's JSON object body; 415 if it is declared anything but JSON (a form sent
+    by ``curl -d``), as on the write routes.  A body without a type is read as JSON."""
+    declared = request.headers.get("content-type")
+    if declared is not None:
+        media = declared.split(";", 1)[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                f"{request.url.path} takes application/json, not {declared!r}",
+            )
+    return await json_body(request, limits)
+
+
+def _max_bytes_query(params: Any) -> int:
+    """The ``max_bytes`` query parameter, refused as out of range however large it is."""
+    raw = params.get("max_bytes")
+    if raw is None:
+        return DEFAULT_MAX_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "bad_request", f"max_bytes must be an integer, got {raw!r}") from None
+    return max_bytes_param(value)
 
 
 class BinaryAnswer(Response):
@@ -169,9 +221,12 @@ class ReadApi:
 
     async def list_topics(self, request: Request) -> Response:
         """``GET /v1/topics``: the topics this token may read."""
+        refuse_unknown(request.query_params.keys(), _LIST_QUERY, "query parameters")
         prefix = request.query_params.get("prefix", "")
         # a mirror copies the audit topics too; readers of a prefix see them only by name
-        audit = request.query_params.get("include_audit") == "true"
+        audit = _FLAGS.get(request.query_params.get("include_audit", "false"))
+        if audit is None:
+            raise ApiError(400, "bad_request", "include_audit must be 1, 0, true or false")
         access = access_of(request)
         infos = await self._run(self.store.list_topics)
         topics = [
@@ -205,15 +260,19 @@ class ReadApi:
     async def read_partition(self, request: Request) -> Response:
         """``GET /v1/topics/{topic}/partitions/{partition}/messages``: one partition, long-poll."""
         params = request.query_params
+        refuse_unknown(params.keys(), _READ_QUERY, "query parameters")
+        for name in _READ_QUERY - set(FILTER_FIELDS):  # filters take alternatives
+            if len(params.getlist(name)) > 1:
+                raise ApiError(400, "bad_request", f"query parameter {name} is given twice")
         topic = readable_topic(request, request.path_params["topic"])
         partition: int = request.path_params["partition"]
         offset = int_param(params, "offset", None, 0, 2**63 - 1)
-        max_bytes = max_bytes_param(
-            int_param(params, "max_bytes", DEFAULT_MAX_BYTES, -(2**63), 2**63)
-        )
+        max_bytes = _max_bytes_query(params)
         wait_ms = int_param(params, "wait_ms", 0, 0, MAX_WAIT_MS)
         window = int_param(params, "txn_window_ms", self.reader.txn_window_ms, 0, 86_400_000)
-        raw = params.get("raw", "0") in ("1", "true")
+        raw = _FLAGS.get(params.get("raw", "0"))
+        if raw is None:
+            raise ApiError(400, "bad_request", "raw must be 1, 0, true or false")
         binary = wants_binary(request, params.get("format"))
         filt = parse_filter({k: params.getlist(k) for k in params})
         batches = await self._fetch(
@@ -226,7 +285,8 @@ class ReadApi:
 
     async def fetch(self, request: Request) -> Response:
         """``POST /v1/fetch``: several partitions at once, each from its own offset."""
-        body = await json_body(request, self.ctx.settings.limits)
+        body = await json_request(request, self.ctx.settings.limits)
+        refuse_unknown(body, _FETCH_FIELDS, "fields")
         parts = body.get("partitions")
         if not isinstance(parts, list) or not parts:
             raise ApiError(400, "bad_request", "partitions must be a non-empty list")
@@ -240,6 +300,7 @@ class ReadApi:
         for item in parts:
             if not isinstance(item, dict):
                 raise ApiError(400, "bad_request", "each partition is {topic, partition, offset}")
+            refuse_unknown(item, _POSITION_FIELDS, "fields of a partition")
             topic = readable_topic(request, str_field(item, "topic"))
             partition = json_int(item, "partition", -1, 0, 1_000_000)
             offset = json_int(item, "offset", -1, 0, 2**63 - 1)
@@ -250,7 +311,9 @@ class ReadApi:
         max_bytes_param(max_bytes)
         wait_ms = json_int(body, "wait_ms", 0, 0, MAX_WAIT_MS)
         window = json_int(body, "txn_window_ms", self.reader.txn_window_ms, 0, 86_400_000)
-        raw = body.get("raw", False) is True
+        raw = body.get("raw", False)
+        if not isinstance(raw, bool):
+            raise ApiError(400, "bad_request", "raw must be true or false")
         filt = filter_from_json(body.get("filter"))
         binary = wants_binary(request, body.get("format"))
         batches = await self._fetch(positions, max_bytes, wait_ms, filt, raw, window)
@@ -369,7 +432,15 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
             "get": operation(
                 "list_topics",
                 "Topics this token may read, optionally by DC prefix",
-                params=[query_param("prefix", "string"), query_param("include_audit", "string")],
+                params=[
+                    query_param("prefix", "string"),
+                    {
+                        "name": "include_audit",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": sorted(_FLAGS)},
+                    },
+                ],
                 errors=(),
             )
         },
@@ -388,7 +459,12 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                     query_param("wait_ms"),
                     query_param("txn_window_ms"),
                     query_param("format", "string"),
-                    query_param("raw", "string"),
+                    {
+                        "name": "raw",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": sorted(_FLAGS)},
+                    },
                     *filters,
                 ],
                 ok_media=read_media,
@@ -402,8 +478,21 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                 body={
                     "type": "object",
                     "required": ["partitions"],
+                    "additionalProperties": False,
                     "properties": {
-                        "partitions": {"type": "array", "items": OBJECT},
+                        "partitions": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": sorted(_POSITION_FIELDS),
+                                "additionalProperties": False,
+                                "properties": {
+                                    "topic": {"type": "string"},
+                                    "partition": {"type": "integer"},
+                                    "offset": {"type": "integer"},
+                                },
+                            },
+                        },
                         "max_bytes": {"type": "integer"},
                         "wait_ms": {"type": "integer"},
                         "format": {"type": "string", "enum": ["json", "binary"]},

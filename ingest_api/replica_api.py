@@ -70,8 +70,13 @@ class ReplicaApi:
         if is_internal(topic):
             raise ApiError(400, "bad_request", "internal topics are not mirrored")
         source = request.query_params.get("source", "")
-        if not source or len(source) > 200:
+        if not source:
             raise ApiError(400, "bad_request", "source (the source topic's id) is required")
+        # It is a state key and named in the gateway's log: no control characters.
+        if len(source) > 200 or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in source):
+            raise ApiError(
+                400, "bad_request", "source must be 1-200 characters, no control characters"
+            )
         return topic, request.path_params["partition"], source
 
     def _partitions(self, params: Mapping[str, str], partition: int) -> int:

@@ -16,6 +16,7 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response
 
+from delivery.consumer_group import check_subscribed_topics
 from delivery.push import PushSubscription
 from delivery.push_targets import TargetRefused
 from ingest_api.access import (
@@ -31,8 +32,8 @@ from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
 from ingest_api.groups_api import require_prefix
 from ingest_api.openapi import OBJECT, operation, path_param
-from ingest_api.params import json_body, json_response
-from ingest_api.read_api import readable_topic
+from ingest_api.params import json_response
+from ingest_api.read_api import json_request, readable_topic
 
 
 class SubscriptionsApi:
@@ -55,8 +56,9 @@ class SubscriptionsApi:
 
     async def create_subscription(self, request: Request) -> Response:
         access = access_of(request)
-        body = await json_body(request, self.ctx.settings.limits)
+        body = await json_request(request, self.ctx.settings.limits)
         sub = PushSubscription.from_json(body)
+        check_subscribed_topics(sub.topics)
         for topic in sub.topics:
             readable_topic(request, topic)
         require_prefix(request, sub.prefix)

@@ -279,3 +279,56 @@ def test_commit_for_an_older_topic_of_the_same_name_is_refused(
     fresh = httpx.post(f"{gateway.url}/v1/groups/manual/offsets", json={"offsets": [item]})
     assert fresh.status_code == 200, fresh.text
     assert _committed(gateway.url, "manual") == [2]
+
+
+def test_a_misspelt_field_of_a_join_heartbeat_or_commit_is_refused_and_changes_nothing(
+    gateway: Any, writer_for: Any
+) -> None:
+    """A typo must not quietly change what a group does (``rest`` for ``reset`` would start a
+    new group at the end and skip everything written before)."""
+    writer_for(gateway.url).write("src0", [1, 2])
+    http = httpx.Client(base_url=gateway.url)
+    typo = http.post("/v1/groups/typo/members", json={"topics": ["dc1.app"], "rest": "earliest"})
+    assert typo.status_code == 400, typo.text
+    assert typo.json()["error"] == "bad_request"
+    assert "rest" in typo.json()["reason"]
+    assert http.get("/v1/groups/typo").status_code == 404  # no group was made
+    member = http.post(
+        "/v1/groups/typo/members", json={"topics": ["dc1.app"], "reset": "earliest"}
+    ).json()
+    beat = f"/v1/groups/typo/members/{member['member_id']}/heartbeat"
+    refused = http.post(beat, json={"relase": [{"topic": "dc1.app", "partition": 0}]})
+    assert refused.status_code == 400, refused.text
+    no_topic = http.post(beat, json={"release": [{"partition": 0}]})
+    assert no_topic.status_code == 400, no_topic.text
+    target = member["assignment"][0]
+    commit = http.post(
+        "/v1/groups/typo/offsets",
+        json={"memberid": member["member_id"], "offsets": [{**target, "offset": 0}]},
+    )
+    assert commit.status_code == 400, commit.text
+    assert "memberid" in commit.json()["reason"]
+    commit = http.post(
+        "/v1/groups/typo/offsets",
+        json={"member_id": member["member_id"], "offsets": [{**target, "ofset": 1}]},
+    )
+    assert commit.status_code == 400, commit.text
+    described = http.get("/v1/groups/typo").json()
+    assert {p["committed"] for p in described["partitions"]} == {0}
+    assert described["generation"] == member["generation"]
+    http.close()
+
+
+def test_a_join_naming_a_topic_twice_or_too_many_topics_is_refused(gateway: Any) -> None:
+    http = httpx.Client(base_url=gateway.url)
+    twice = http.post("/v1/groups/dup/members", json={"topics": ["dc1.app"] * 3})
+    assert twice.status_code == 400, twice.text
+    assert "dc1.app" in twice.json()["reason"]
+    many = [f"dc1.t{i}" for i in range(1001)]
+    too_many = http.post("/v1/groups/dup/members", json={"topics": many})
+    assert too_many.status_code == 400, too_many.text
+    assert http.get("/v1/groups/dup").status_code == 404
+    joined = http.post("/v1/groups/dup/members", json={"topics": many[:1000]})
+    assert joined.status_code == 200, joined.text
+    assert len(joined.json()["missing_topics"]) == 1000
+    http.close()

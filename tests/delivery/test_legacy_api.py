@@ -234,3 +234,35 @@ def test_a_repeated_commit_request_after_the_topic_grew_writes_the_data_once(
             params={"offset": 0, "raw": 1},
         ).json()["messages"]
     assert sorted(m["kind"] for m in raw) == ["legacy_commit", "legacy_data"]
+
+
+def test_a_txn_id_already_used_by_other_data_is_refused_and_that_data_stays_staged(
+    gateway: Any,
+) -> None:
+    archive = Archive(gateway.url)
+    first, second = archive.store(b"first\n"), archive.store(b"second\n")
+    taken = archive.http.post("/commit_request", params={"store_id": first, "txn_id": "T1"})
+    assert taken.status_code == 200, taken.text
+    # Another piece under the same id: a 200 here would tell the client its data is in the
+    # log, and the commit would then release the first piece, never the second.
+    refused = archive.http.post("/commit_request", params={"store_id": second, "txn_id": "T1"})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"] == "txn_id_taken"
+    assert second in refused.json()["reason"]
+    # the same request of the first piece is still answered the same
+    again = archive.http.post("/commit_request", params={"store_id": first, "txn_id": "T1"})
+    assert again.json() == taken.json()
+    # nothing was written for the refused piece, which can still go under an id of its own
+    archive.commit("T1")
+    archive.commit(archive.commit_request(second)["txn_id"])
+    assert sorted(m["data"] for m in _read_all(gateway.url)) == ["first\n", "second\n"]
+    assert len(_read_all(gateway.url, raw=1)) == 4
+
+
+def test_a_malformed_store_id_is_named_in_the_refusal(gateway: Any) -> None:
+    http = httpx.Client(base_url=gateway.url)
+    bad = http.post("/commit_request", params={"store_id": "../../etc/passwd"})
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["error"] == "bad_request"
+    assert "store_id" in bad.json()["reason"]
+    http.close()

@@ -151,6 +151,49 @@ def test_replica_append_refuses_a_gap_with_the_expected_offset(gateway: Any) -> 
     assert described["partitions"][0]["end_offset"] == 2
 
 
+def test_a_replica_source_that_is_too_long_or_has_control_characters_is_refused_by_name(
+    gateway: Any,
+) -> None:
+    url = f"{gateway.url}/v1/replica/dc1.app/partitions/0"
+    for source in ("a" * 201, "a\x00b", "a\nb"):
+        for call in (
+            httpx.get(url, params={"source": source}),
+            httpx.post(url + "/dropped", params={"source": source, "partitions": 1, "to": 3}),
+        ):
+            assert call.status_code == 400, call.text
+            assert call.json()["error"] == "bad_request"
+            assert "1-200" in call.json()["reason"]
+    assert httpx.get(f"{gateway.url}/v1/topics").json()["topics"] == []
+
+
+def test_a_message_created_before_1970_is_mirrored_and_does_not_stop_the_mirror(
+    start_gateway: Any, writer_for: Any, tmp_path: Any
+) -> None:
+    """The write protocol takes any signed ``create_time``; the mirror's audit counted such a
+    message in a window before 1970, which the destination refused (400): the mirror exited
+    and every later run stopped at the same message."""
+    dc1 = start_gateway(tmp_path / "dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "dc2", "--dc", "dc2")
+    lines = [
+        {"log_type": "app", "source_id": "old", "seqno": n, "data": f"{n}\n", "create_time": t}
+        for n, t in ((1, -1), (2, -86_400_000), (3, 1_700_000_000_000))
+    ]
+    written = httpx.post(
+        f"{dc1.url}/v1/write",
+        content="\n".join(json.dumps(line) for line in lines).encode(),
+        headers={"content-type": "application/x-ndjson"},
+    )
+    assert written.status_code == 200, written.text
+    mirror = _mirror(dc1.url, dc2.url, "--idle-exit", "2")
+    assert mirror.wait(60) == 0, mirror.stderr.read() if mirror.stderr else ""
+    assert _raw_partitions(dc2.url, "dc1.app") == _raw_partitions(dc1.url, "dc1.app")
+    assert sorted(seqno for _, seqno, _ in _raw_flat(dc2.url)) == [1, 2, 3]
+
+
+def _raw_flat(url: str) -> list[tuple[str, int, str]]:
+    return [r for records in _raw_partitions(url, "dc1.app").values() for r in records]
+
+
 def _topics(data_dir: Any, *args: str) -> None:
     done = subprocess.run(
         logbroker_cmd("topics", "--data-dir", str(data_dir), *args),

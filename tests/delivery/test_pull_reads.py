@@ -154,6 +154,12 @@ def test_reading_by_prefix_lists_only_that_dcs_topics(
     assert names == ["dc1.app", "dc2.app"]
     only = httpx.get(f"{gateway.url}/v1/topics", params={"prefix": "dc1."}).json()["topics"]
     assert [t["name"] for t in only] == ["dc1.app"]
+    # a misspelt prefix is not a list of everything
+    typo = httpx.get(f"{gateway.url}/v1/topics", params={"prefx": "dc1."})
+    assert typo.status_code == 400, typo.text
+    assert "prefx" in typo.json()["reason"]
+    flag = httpx.get(f"{gateway.url}/v1/topics", params={"include_audit": "yes"})
+    assert flag.status_code == 400, flag.text
 
 
 def test_jsonl_reader_prints_fields_and_undoes_gzip_and_zstd(
@@ -385,6 +391,72 @@ def test_huge_or_zero_max_bytes_and_huge_wait_are_refused(filled: Any) -> None:
     _error(httpx.get(base + "&max_bytes=0"), 400, "max_bytes_out_of_range")
     _error(httpx.get(base + "&wait_ms=99999999"), 400, "bad_request")
     _error(httpx.get(base + "&format=xml"), 400, "bad_request")
+
+
+def test_a_max_bytes_past_64_bits_is_refused_as_out_of_range(filled: Any) -> None:
+    base = f"{filled.url}/v1/topics/dc1.app/partitions/0/messages?offset=0"
+    body = _error(httpx.get(base + "&max_bytes=" + "9" * 30), 400, "max_bytes_out_of_range")
+    assert "1..67108864" in body["reason"]
+
+
+def test_a_misspelt_or_unknown_read_option_is_refused_not_ignored(filled: Any) -> None:
+    """A typo in a filter's name must not turn a filtered read into a read of everything."""
+    base = f"{filled.url}/v1/topics/dc1.app/partitions/0/messages?offset=0"
+    body = _error(httpx.get(base + "&servr=host9"), 400, "bad_request")
+    assert "servr" in body["reason"]
+    _error(httpx.get(base + "&raw=yes"), 400, "bad_request")
+    twice = _error(httpx.get(base + "&offset=5"), 400, "bad_request")  # which one is meant?
+    assert "offset" in twice["reason"]
+    fetch = f"{filled.url}/v1/fetch"
+    position = {"topic": "dc1.app", "partition": 0, "offset": 0}
+    body = _error(
+        httpx.post(fetch, json={"partitions": [position], "fliter": {}}), 400, "bad_request"
+    )
+    assert "fliter" in body["reason"]
+    extra = {**position, "ofset": 3}
+    _error(httpx.post(fetch, json={"partitions": [extra]}), 400, "bad_request")
+    _error(httpx.post(fetch, json={"partitions": [position], "raw": "true"}), 400, "bad_request")
+    # what the docs name is still accepted
+    ok = httpx.get(base + "&raw=1&format=json&wait_ms=0&txn_window_ms=1000&max_bytes=100")
+    assert ok.status_code == 200, ok.text
+    ok = httpx.get(base + "&raw=false&server=host1&file=/var/*&hash_mod=2&hash_rem=0&hash_key=file")
+    assert ok.status_code == 200, ok.text
+    answer = httpx.post(
+        fetch,
+        json={
+            "partitions": [position],
+            "max_bytes": 100,
+            "wait_ms": 0,
+            "format": "json",
+            "filter": {"server": ["host1"]},
+            "raw": False,
+            "txn_window_ms": 1000,
+        },
+    )
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_json_route_given_another_content_type_is_415_and_changes_nothing(filled: Any) -> None:
+    """As the write routes: ``curl -d`` sends a form, not JSON."""
+    url = filled.url
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    join = b'{"topics": ["dc1.app"]}'
+    for path, body in (
+        ("/v1/fetch", b'{"partitions": [{"topic": "dc1.app", "partition": 0, "offset": 0}]}'),
+        ("/v1/groups/ct/members", join),
+        ("/v1/groups/ct/members/abc/heartbeat", b"{}"),
+        ("/v1/groups/ct/offsets", b'{"offsets": []}'),
+        ("/v1/subscriptions", b'{"name": "ct", "endpoint": "http://127.0.0.1:9/", "topics": []}'),
+    ):
+        body_of = _error(
+            httpx.post(url + path, content=body, headers=form), 415, "unsupported_media_type"
+        )
+        assert "application/json" in body_of["reason"]
+    assert httpx.get(f"{url}/v1/groups/ct").status_code == 404
+    assert httpx.get(f"{url}/v1/subscriptions").json() == {"subscriptions": []}
+    # JSON with a charset, and a body-less heartbeat without any type, are fine
+    typed = {"content-type": "application/json; charset=utf-8"}
+    assert httpx.post(f"{url}/v1/groups/ct/members", content=join, headers=typed).status_code == 200
 
 
 def test_bad_filters_are_refused_with_the_reason(filled: Any) -> None:

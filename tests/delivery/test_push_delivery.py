@@ -146,6 +146,24 @@ def test_bad_subscriptions_are_refused_and_change_nothing(gateway: Any, writer_f
     assert httpx.get(f"{url}/s").status_code == 404
 
 
+def test_a_subscription_naming_a_topic_twice_or_too_many_topics_is_refused(
+    gateway: Any,
+) -> None:
+    """A list of one topic repeated 400,000 times (4 MB) made a subscription whose status
+    answered 143 MB and kept the gateway busy for every look at its partitions."""
+    url = f"{gateway.url}/v1/subscriptions"
+    good = {"name": "s", "endpoint": "http://127.0.0.1:9/x"}
+    twice = httpx.post(url, json={**good, "topics": ["dc1.app", "dc1.web", "dc1.app"]})
+    assert twice.status_code == 400, twice.text
+    assert "dc1.app" in twice.json()["reason"]
+    many = [f"dc1.t{i}" for i in range(1001)]
+    too_many = httpx.post(url, json={**good, "topics": many})
+    assert too_many.status_code == 400, too_many.text
+    assert "1000" in too_many.json()["reason"]
+    assert httpx.get(url).json() == {"subscriptions": []}
+    assert httpx.post(url, json={**good, "topics": many[:1000]}).status_code == 201
+
+
 @pytest.mark.slow
 def test_two_gateway_workers_deliver_each_batch_once(
     start_gateway: Any, writer_for: Any, push_endpoint: Any
