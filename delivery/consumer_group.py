@@ -612,8 +612,12 @@ class GroupCoordinator:
         wanted = set(keys)
         owners: dict[str, str] = {k: m for k, m in doc["owners"].items() if k in wanted}
         # A group's first placement; partitions found later (a topic created after the
-        # group, or under its prefix) are read from their start.
-        first_time = not doc.get("placed") and not doc["offsets"]
+        # group, or under its prefix) are read from their start.  A group made by a commit
+        # before any join has offsets but was never placed: its other partitions follow the
+        # join's reset.  (Groups of earlier versions did not say "placed": one with offsets
+        # was placed before.)
+        placed = doc.get("placed")
+        first_time = placed is False or (placed is None and not doc["offsets"])
         doc["placed"] = True
         _adopt_topic_ids(doc, bounds)
         for key in keys:
@@ -698,7 +702,14 @@ def _adopt_topic_ids(doc: Doc, bounds: _Bounds) -> None:
 
 
 def _new_doc() -> Doc:
-    return {"members": {}, "owners": {}, "offsets": {}, "generation": 0, "subscription": None}
+    return {
+        "members": {},
+        "owners": {},
+        "offsets": {},
+        "generation": 0,
+        "subscription": None,
+        "placed": False,
+    }
 
 
 def _owned_doc(group: str, doc: Doc | None, owner: str | None, check_owner: bool) -> Doc:

@@ -258,3 +258,27 @@ def test_internal_state_finds_a_key_in_every_process_after_its_topic_grew(
         described = httpx.get(f"{gw.url}/v1/groups/{group}")
         assert described.status_code == 200, described.text
         assert [p["committed"] for p in described.json()["partitions"]] == [0]
+
+
+def test_a_group_made_by_a_commit_follows_the_joins_reset_for_its_other_partitions(
+    tmp_path: Path,
+) -> None:
+    """A group whose first act was a commit (no member yet) resumes the committed partition
+    there; a first join asking for ``latest`` starts the others at their end, not at 0."""
+    store = open_store(tmp_path / "data")
+    store.create_topic("dc1.app", TopicConfig(partitions=2))
+    for partition in (0, 1):
+        store.append("dc1.app", partition, [b"old"] * 5)
+    coordinator = GroupCoordinator(store, InternalState(store), Clock())
+    coordinator.commit("g", None, [("dc1.app", 0, 2)])
+    member = coordinator.join("g", Subscription(("dc1.app",)), session_timeout_ms=1000)
+    assert {a.partition: a.offset for a in member.assignment} == {0: 2, 1: 5}
+    # a group of an earlier version, which did not say "placed", keeps reading from the start
+    # of partitions it finds after its first placement
+    coordinator.commit("h", None, [("dc1.app", 0, 2)])
+    coordinator._state.update(
+        "group/h", lambda doc: ({k: v for k, v in doc.items() if k != "placed"}, None)
+    )
+    old = coordinator.join("h", Subscription(("dc1.app",)), session_timeout_ms=1000)
+    assert {a.partition: a.offset for a in old.assignment} == {0: 2, 1: 0}
+    store.close()
