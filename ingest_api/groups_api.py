@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from delivery.consumer_group import Subscription, check_subscribed_topics
+from delivery.internal_state import is_internal
 from ingest_api.access import (
     Owned,
     RouteDeclaration,
@@ -46,6 +47,12 @@ def require_prefix(request: Request, prefix: str | None) -> None:
     every name starting with ``prefix`` (``dc1.*`` covers ``dc1.``; ``dc1.nginx-*`` does not).
     """
     if prefix is not None:
+        if is_internal(prefix):
+            raise ApiError(
+                400,
+                "bad_request",
+                f"prefix {prefix!r} names only the gateways' internal topics, which no one reads",
+            )
         access_of(request).require_read(prefix + "*")
 
 

@@ -164,6 +164,17 @@ def test_a_subscription_naming_a_topic_twice_or_too_many_topics_is_refused(
     assert httpx.post(url, json={**good, "topics": many[:1000]}).status_code == 201
 
 
+def test_a_subscription_or_group_under_the_internal_prefix_is_refused(gateway: Any) -> None:
+    """Internal topics are never read: a prefix under theirs would wait for ever."""
+    sub = {"name": "i", "endpoint": "http://127.0.0.1:9/x", "prefix": "logbroker-internal."}
+    refused = httpx.post(f"{gateway.url}/v1/subscriptions", json=sub)
+    assert refused.status_code == 400 and "internal" in refused.json()["reason"], refused.text
+    join = {"prefix": "logbroker-internal.deliv"}
+    refused = httpx.post(f"{gateway.url}/v1/groups/g/members", json=join)
+    assert refused.status_code == 400 and "internal" in refused.json()["reason"], refused.text
+    assert httpx.get(f"{gateway.url}/v1/subscriptions").json() == {"subscriptions": []}
+
+
 @pytest.mark.slow
 def test_two_gateway_workers_deliver_each_batch_once(
     start_gateway: Any, writer_for: Any, push_endpoint: Any
