@@ -143,12 +143,12 @@ class ClientReports:
         self, kind: ClientKind, client: object, host: object, owner: str | None, rows: list[Doc]
     ) -> None:
         """Keep ``rows`` as the last report of the client named ``client`` (a non-empty
-        string, else :class:`BadRequest`), replacing the one before."""
+        string, else :class:`BadRequest`) of ``owner``, replacing that owner's one before."""
         name = _text(client, "client")
         host_name = _text(host, "host", required=False)
         now_ms = int(self._clock() * 1000)
         report = ClientReport(kind, name, host_name, now_ms, owner, rows)
-        key = _client_key(kind, name)
+        key = _client_key(kind, owner, name)
         self._state.update(key, lambda _old: (report.to_json(), None))
         index = self._state.get(_INDEX_KEY) or {}
         seen = index.get("clients", {}).get(key)
@@ -181,7 +181,10 @@ class ClientReports:
         return out
 
 
-def _client_key(kind: ClientKind, client: str) -> str:
-    # a client name is free text: hashed into the key, kept readable in the document
-    digest = hashlib.sha256(client.encode("utf-8")).hexdigest()[:32]
+def _client_key(kind: ClientKind, owner: str | None, client: str) -> str:
+    # A client name is free text: hashed into the key, kept readable in the document.  The
+    # owner is part of the key, so a token reporting under another tenant's client name adds
+    # a report of its own instead of replacing that tenant's.
+    named = f"{owner or ''}\0{client}"
+    digest = hashlib.sha256(named.encode("utf-8")).hexdigest()[:32]
     return f"client-status/{kind}/{digest}"

@@ -195,6 +195,52 @@ def test_a_report_keeps_only_files_of_log_types_the_token_writes(tmp_path: Path)
         gateway.kill()
 
 
+def test_another_tenant_reporting_under_a_clients_name_does_not_replace_its_report(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[tokens.a-secret]\nname = "tenant-a"\nwrite = ["app"]\nread = ["dc1.app"]\n'
+        '[tokens.b-secret]\nname = "tenant-b"\nwrite = ["other"]\nread = ["dc1.other"]\n'
+        '[tokens.admin-secret]\nname = "ops"\nadmin = true\n'
+    )
+    gateway = GatewayProcess(tmp_path / "data", ["--config", str(config)], tmp_path / "gw.log")
+
+    def report(token: str, host: str, path: str, log_type: str) -> None:
+        row = {"path": path, "log_type": log_type, "size": 90, "acked": 10, "lag_bytes": 80}
+        answer = httpx.post(
+            gateway.url + "/v1/clients/status",
+            json={"client": "web1 push", "host": host, "files": [row]},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+
+    def seen_by(token: str) -> list[tuple[str, list[str]]]:
+        answer = httpx.get(
+            gateway.url + "/v1/ui/overview",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        clients = answer.json()["push_clients"]
+        return sorted((c["host"], [f["path"] for f in c["files"]]) for c in clients)
+
+    try:
+        gateway.start()
+        report("a-secret", "web1", "/var/log/app.log", "app")
+        report("b-secret", "intruder", "/tmp/x.log", "other")  # A's client name, B's token
+        assert seen_by("a-secret") == [("web1", ["/var/log/app.log"])]
+        assert seen_by("admin-secret") == [
+            ("intruder", ["/tmp/x.log"]),
+            ("web1", ["/var/log/app.log"]),
+        ]
+        report("a-secret", "web1", "/var/log/app2.log", "app")  # A's next report replaces A's
+        assert seen_by("a-secret") == [("web1", ["/var/log/app2.log"])]
+    finally:
+        gateway.kill()
+
+
 def test_a_push_client_report_puts_the_files_most_behind_first() -> None:
     def status_row(path: str, size: int, acked: int, pending_since: float | None) -> dict[str, Any]:
         return {
