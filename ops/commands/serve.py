@@ -209,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     from ingest_api.app import SETTINGS_ENV, SUPERVISOR_PID_ENV, build_app
     from ingest_api.context import open_context
+    from ingest_api.request_head import bounded_head_protocol
     from ingest_api.settings import load_settings
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
@@ -220,7 +221,8 @@ def run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
-        "http": "httptools",
+        # httptools, with a bound on each request's head (size and time): see request_head
+        "http": bounded_head_protocol(settings.limits.request_timeout_s),
         "loop": "uvloop",
         "access_log": False,
         "log_level": args.log_level,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
@@ -178,6 +179,95 @@ def test_a_stalled_client_gets_408_and_the_worker_keeps_serving(
     client = client_for(gw.url, "writer-token")
     assert client.session("slow")["last_seqno"] == 0
     assert httpx.get(gw.url + "/healthz").status_code == 200
+
+
+def _answer_of(sock: socket.socket) -> bytes:
+    """What the gateway sends until it closes the connection (or 10 s pass)."""
+    sock.settimeout(10)
+    answer = b""
+    while True:
+        try:
+            piece = sock.recv(65536)
+        except ConnectionResetError:  # it closed with the rest of our head unread
+            break
+        if not piece:
+            break
+        answer += piece
+    return answer
+
+
+def _resident_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0])
+
+
+def test_a_head_over_64_kib_gets_431_without_a_token_and_is_not_held_in_memory(
+    start_gateway: Any, tmp_path: Path, client_for: Any
+) -> None:
+    gw = start_configured(start_gateway, tmp_path)
+    assert gw.proc is not None
+    before = _resident_kib(gw.proc.pid)
+    header_flood = b"".join(b"X-Flood-%d: %s\r\n" % (i, b"a" * 100) for i in range(1000))
+    with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + header_flood + b"\r\n")
+        answer = _answer_of(sock)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert answer.split(b"\r\n\r\n", 1)[1].startswith(b'{"error": "headers_too_large"')
+    # four connections each sending one 32 MiB header line: each is cut off at 64 KiB
+    socks = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(4)]
+    try:
+        for sock in socks:
+            sock.sendall(b"POST /v1/write HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        piece = b"a" * (1 << 20)
+        for sock in socks:
+            with contextlib.suppress(OSError):  # refused and closed part way
+                for _ in range(32):
+                    sock.sendall(piece)
+        assert _resident_kib(gw.proc.pid) - before < 64 * 1024
+    finally:
+        for sock in socks:
+            sock.close()
+    assert client_for(gw.url, "writer-token").write("after-flood", [1]).status_code == 200
+
+
+def test_a_connection_that_sends_no_head_in_time_is_closed_with_408(
+    start_gateway: Any, tmp_path: Path, client_for: Any
+) -> None:
+    gw = start_configured(start_gateway, tmp_path)  # request_timeout_s = 1.0
+    with (
+        socket.create_connection(("127.0.0.1", gw.port)) as silent,
+        socket.create_connection(("127.0.0.1", gw.port)) as trickling,
+    ):
+        trickling.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never ends its head
+        started = time.monotonic()
+        assert client_for(gw.url, "writer-token").write("meanwhile", [1]).status_code == 200
+        for sock in (silent, trickling):
+            answer = _answer_of(sock)
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+            assert b'"request_timeout"' in answer
+        assert time.monotonic() - started < 5
+    # a kept-alive connection: its second request's head is timed as well
+    with socket.create_connection(("127.0.0.1", gw.port)) as kept:
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\n")
+        answer = _answer_of(kept)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b"HTTP/1.1 408" in answer
+
+
+def test_a_request_the_http_parser_cannot_read_gets_a_json_400(
+    start_gateway: Any, tmp_path: Path
+) -> None:
+    gw = start_configured(start_gateway, tmp_path)
+    with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+        sock.sendall(
+            b"POST /v1/write HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer writer-token\r\n"
+            b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        )
+        answer = _answer_of(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"application/json" in answer
+    assert b'"bad_http"' in answer
+    assert written(gw.data_dir) == {}
 
 
 def test_serve_with_the_kafka_store_and_several_workers_is_refused_with_exit_2(
