@@ -405,10 +405,19 @@ def _tokens(raw: Any) -> Mapping[str, TokenGrant]:
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise ConfigError("token name must be a non-empty string")
         owner = token_owner(token, name)
-        if owner in owners:
-            raise ConfigError(f"two tokens have the name {owner!r}; each token needs its own")
+        grant = TokenGrant(**globs, **flags, owner=owner, name=name)
+        # Two tokens of one name are one client's old and new token while it is rotated
+        # (docs/operations.md): they must grant the same, or the name would be shared by two
+        # clients with different rights over the same groups and subscriptions.
+        twin = owners.get(owner)
+        if twin is not None and grants[twin] != grant:
+            raise ConfigError(
+                f"two tokens have the name {owner!r} but grant different things; give each "
+                "client its own name (two tokens may share a name, while one is rotated, only "
+                "with the same write, read, replicate, metrics and admin)"
+            )
         owners[owner] = token
-        grants[token] = TokenGrant(**globs, **flags, owner=owner, name=name)
+        grants[token] = grant
     return MappingProxyType(grants)
 
 
