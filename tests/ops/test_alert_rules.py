@@ -190,8 +190,7 @@ def test_every_metric_an_alert_names_is_exported_by_a_daemon(
         )
         exported |= _names(prom.read_text())
         missing = {
-            alert: sorted(set(_METRIC.findall(expr)) - exported)
-            for alert, expr in _expressions()
+            alert: sorted(set(_METRIC.findall(expr)) - exported) for alert, expr in _expressions()
         }
         assert {alert: names for alert, names in missing.items() if names} == {}
         assert len(missing) >= 10
