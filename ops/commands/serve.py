@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
@@ -213,6 +214,13 @@ def run(args: argparse.Namespace) -> int:
     from ingest_api.settings import load_settings
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if not 0 <= args.retention_check_seconds < math.inf:
+        print(
+            "logbroker serve: --retention-check-seconds must be a number of seconds, 0 or more "
+            f"(0 turns retention off), not {args.retention_check_seconds:g}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         settings = load_settings(config_file=args.config, flags=_flags(args))
     except LogbrokerError as exc:
