@@ -18,16 +18,19 @@ from starlette.responses import Response
 from audit.ledger import AuditLedger
 from audit.publisher import AuditPublisher, interval_from_env
 from audit.reconcile import reconcile
-from audit.records import is_audit_topic
+from audit.records import decode_records, is_audit_topic
 from audit.sinks import StoreAuditSink, incarnation_id
 from audit.windows import WindowCounts
 from delivery.envelope_view import view
 from ingest_api.access import RouteDeclaration, access_of, read, route
+from ingest_api.auth import Authorizer
 from ingest_api.context import GatewayContext
 from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
+from ingest_api.framing import Section
 from ingest_api.openapi import operation, query_param
 from ingest_api.params import int_param, json_response
+from ingest_api.settings import TokenGrant
 from session_dedup.exactly_once import WRITTEN, ChunkBatch, ExactlyOnceWriter
 
 _COUNTS = "audit.gateway_counts"
@@ -127,6 +130,52 @@ class WrittenTally:
         for (topic, create_time), (messages, lines) in self._raw.items():
             self._counts.add(topic, create_time, messages, lines)
         self._raw.clear()
+
+
+_CLIENT_TIERS = ("push-client", "mirror", "loader")
+"""The tiers that publish over ``POST /v1/write``; the gateway and push delivery publish
+inside the gateway, never through a client's token."""
+
+
+def audit_write_refusal(
+    auth: Authorizer, grant: TokenGrant | None, dc: str, section: Section
+) -> ApiError | None:
+    """Why a client may not write this section of the audit log type, or None if it may.
+
+    A token that writes the audit log type (every push-client's must) may publish only the
+    counts of its own tier of topics it has that tier's right over: a push-client's of the
+    log types it writes here, a mirror's of the topics it replicates into, a loader's of the
+    topics it reads.  Otherwise any push-client could publish counts as the gateway, or of
+    another tenant's topic, and make the audit show loss or duplication that did not happen
+    (or hide what did).  Admin tokens, and a gateway without tokens, may publish anything.
+    """
+    if not auth.enabled or grant is None or grant.admin:
+        return None
+    if section.meta.codec != "raw":
+        return ApiError(
+            403, "forbidden", f"audit records are written raw, not {section.meta.codec}"
+        )
+    for data in section.batch.datas:
+        for record in decode_records(bytes(data)):
+            if not _may_publish(auth, grant, dc, record.tier, record.topic):
+                return ApiError(
+                    403,
+                    "forbidden",
+                    f"this token may not publish {record.tier[:40]!r} audit counts of topic "
+                    f"{record.topic[:210]!r}",
+                )
+    return None
+
+
+def _may_publish(auth: Authorizer, grant: TokenGrant, dc: str, tier: str, topic: str) -> bool:
+    if tier == "push-client":
+        prefix = dc + "."
+        return topic.startswith(prefix) and auth.may_write(grant, topic[len(prefix) :])
+    if tier == "mirror":
+        return auth.may_replicate(grant, topic)
+    if tier == "loader":
+        return auth.may_read(grant, topic)
+    return False
 
 
 class AuditApi:

@@ -22,8 +22,14 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from audit.records import AUDIT_LOG_TYPE
 from ingest_api.access import RouteDeclaration, route, write
-from ingest_api.audit_api import WrittenTally, gateway_counts, late_commit_counter
+from ingest_api.audit_api import (
+    WrittenTally,
+    audit_write_refusal,
+    gateway_counts,
+    late_commit_counter,
+)
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
@@ -246,6 +252,10 @@ class WriteApi:
                 if log_type not in forbidden:
                     forbidden[log_type] = self._forbidden(grant, log_type)
                 section.error = forbidden[log_type]
+                if section.error is None and log_type == AUDIT_LOG_TYPE:
+                    section.error = audit_write_refusal(
+                        self.ctx.auth, grant, self.ctx.settings.dc, section
+                    )
         # Compressed chunks are decompressed once, here: refused if corrupt, counted if not.
         compressed = compressed_bytes(sections)
         if compressed > _CHECK_INLINE_BYTES:

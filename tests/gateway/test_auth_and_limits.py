@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
-from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
+from ingest_api.framing import BINARY_MEDIA_TYPE, NDJSON_MEDIA_TYPE, encode_binary
+from log_store import open_store
 from tests.conftest import logbroker_cmd
 from tests.gateway.conftest import end_offsets, meta
 
@@ -179,6 +181,88 @@ def test_a_stalled_client_gets_408_and_the_worker_keeps_serving(
     client = client_for(gw.url, "writer-token")
     assert client.session("slow")["last_seqno"] == 0
     assert httpx.get(gw.url + "/healthz").status_code == 200
+
+
+AUDIT_TOKENS = """
+[tokens.shipper-token]
+write = ["app", "logbroker-audit"]
+
+[tokens.mirror-token]
+write = ["logbroker-audit"]
+replicate = ["dc9.*"]
+
+[tokens.loader-token]
+write = ["logbroker-audit"]
+read = ["dc1.db"]
+"""
+
+
+def test_a_token_publishes_audit_counts_only_of_its_tier_and_topics(
+    start_gateway: Any, tmp_path: Path
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(AUDIT_TOKENS)
+    gw = start_gateway(tmp_path / "data", "--config", str(config))
+    seqnos = iter(range(1, 1000))
+
+    def publish(token: str, *counts: tuple[str, str]) -> list[dict[str, Any]]:
+        """One section per (tier, topic), each of its own source; the per-section results."""
+        lines = []
+        for tier, topic in counts:
+            record = {
+                "tier": tier,
+                "instance": "i-1",
+                "topic": topic,
+                "window_start": 1_700_000_400,
+                "messages": 1,
+                "lines": 5,
+                "published_ms": 1,
+            }
+            chunk = {
+                "log_type": "logbroker-audit",
+                "source_id": f"audit:{tier}:{topic}:{token}",
+                "seqno": next(seqnos),
+                "data": orjson.dumps(record).decode() + "\n",
+            }
+            lines.append(orjson.dumps(chunk))
+        answer = httpx.post(
+            gw.url + "/v1/write",
+            content=b"\n".join(lines) + b"\n",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": NDJSON_MEDIA_TYPE},
+            timeout=30,
+        )
+        assert answer.status_code in (200, 403), answer.text
+        results: list[dict[str, Any]] = (
+            answer.json()["results"] if answer.status_code == 200 else [answer.json()]
+        )
+        return results
+
+    def refused(result: dict[str, Any]) -> bool:
+        return result.get("error") == "forbidden"
+
+    allowed = publish(
+        "shipper-token",
+        ("push-client", "dc1.app"),  # its own tier, a log type it writes
+        ("gateway", "dc1.app"),  # the gateway's tier: only the gateway publishes it
+        ("push-client", "dc1.db"),  # another tenant's topic
+    )
+    assert [refused(r) for r in allowed] == [False, True, True], allowed
+    assert all(refused(r) for r in publish("shipper-token", ("push", "dc1.app")))
+    assert [refused(r) for r in publish("mirror-token", ("mirror", "dc9.app"))] == [False]
+    assert all(refused(r) for r in publish("mirror-token", ("mirror", "dc1.app")))
+    assert [refused(r) for r in publish("loader-token", ("loader", "dc1.db"))] == [False]
+    assert all(refused(r) for r in publish("loader-token", ("loader", "dc1.app")))
+    legacy = httpx.post(
+        gw.url + "/store",
+        params={"log_type": "logbroker-audit"},
+        content=b'{"tier": "gateway"}\n',
+        headers={"Authorization": "Bearer shipper-token"},
+        timeout=30,
+    )
+    assert legacy.status_code == 400, legacy.text
+    with contextlib.closing(open_store(gw.data_dir)) as store:
+        audit_topic = store.describe_topic("dc1.logbroker-audit")
+    assert sum(p.end_offset for p in audit_topic.partitions) == 3  # the three allowed records
 
 
 def _answer_of(sock: socket.socket) -> bytes:
