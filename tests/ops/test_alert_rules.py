@@ -74,7 +74,7 @@ def _lag(url: str, name: str, **labels: str) -> float | None:
     return sample(httpx.get(f"{url}/metrics", timeout=30).text, name, **labels)
 
 
-def test_every_metric_an_alert_names_is_exported_by_a_daemon(
+def test_every_metric_an_alert_names_is_exported_by_a_daemon_and_every_one_is_documented(
     start_gateway: Any, tmp_path: Path
 ) -> None:
     dc1 = start_gateway(tmp_path / "dc1", "--dc", "dc1", "--push-allow", "127.0.0.1")
@@ -189,6 +189,15 @@ def test_every_metric_an_alert_names_is_exported_by_a_daemon(
             timeout=60,
         )
         exported |= _names(prom.read_text())
+        documented = (REPO / "docs" / "metrics.md").read_text()
+        undocumented = {
+            name
+            for name in exported
+            if name.startswith("logbroker_")
+            and not name.endswith(("_bucket", "_count", "_sum", "_created"))
+            and not re.search(f"`{name.removesuffix('_total')}(_total)?[`{{]", documented)
+        }
+        assert undocumented == set(), "exported, not in docs/metrics.md"
         missing = {
             alert: sorted(set(_METRIC.findall(expr)) - exported) for alert, expr in _expressions()
         }
