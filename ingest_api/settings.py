@@ -54,6 +54,7 @@ import dataclasses
 import hashlib
 import ipaddress
 import json
+import math
 import os
 import re
 import tomllib
@@ -347,7 +348,15 @@ _GRANT_FLAGS = ("metrics", "admin")
 
 
 def _coerce(name: str, value: Any, kind: type) -> Any:
-    """Values from TOML keep their type; values from env arrive as text."""
+    """Values from TOML keep their type; values from env arrive as text.  A float is finite:
+    ``inf`` and ``nan`` are refused (an endless timeout or expiry is a typo, not a setting)."""
+    found = _coerced(name, value, kind)
+    if kind is float and not math.isfinite(found):
+        raise ConfigError(f"{name}: expected a finite number, got {value!r}")
+    return found
+
+
+def _coerced(name: str, value: Any, kind: type) -> Any:
     if isinstance(value, str) and kind is not str:
         try:
             if kind is bool:

@@ -123,6 +123,21 @@ def test_bad_config_file_exits_2_with_a_reason(tmp_path: Path) -> None:
     assert "max_body_bytes" in result.stderr
 
 
+def test_an_endless_expiry_exits_2_and_creates_no_data_dir(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[limits]\nsource_idle_expiry_s = inf\n")
+    data_dir = tmp_path / "d"
+    result = subprocess.run(
+        logbroker_cmd("serve", "--data-dir", str(data_dir), "--config", str(config)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "source_idle_expiry_s" in result.stderr and "Traceback" not in result.stderr
+    assert not data_dir.exists()
+
+
 def test_limits_answer_413_and_write_nothing(
     start_gateway: Any, tmp_path: Path, client_for: Any
 ) -> None:

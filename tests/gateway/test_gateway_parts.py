@@ -64,6 +64,9 @@ def test_settings_come_from_file_then_env_then_flags(tmp_path: Path) -> None:
         ("push_allow = ['not-a-network']", "push_allow"),
         ("partitions = 65", "max_partitions_per_topic"),
         ("[limits]\nmax_topics = 0", "max_topics"),
+        ("[limits]\nsource_idle_expiry_s = inf", "source_idle_expiry_s"),
+        ("[limits]\nrequest_timeout_s = inf", "request_timeout_s"),
+        ("graphite_interval_s = nan", "graphite_interval_s"),
     ],
 )
 def test_invalid_settings_are_refused_with_a_reason(tmp_path: Path, text: str, named: str) -> None:
