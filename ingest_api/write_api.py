@@ -276,6 +276,10 @@ class WriteApi:
                 "rate_limited",
                 f"a source is over {self.limits.source_chunks_per_second:g} chunks/s",
                 headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+                extra={
+                    "limit": "source_chunks_per_second",
+                    "max": self.limits.source_chunks_per_second,
+                },
             )
         results = await self.writer.write_each_async([(s.meta, s.batch) for s in admitted])
         # counted also when the request fails: its retry answers what was written `duplicate`

@@ -162,6 +162,9 @@ def test_a_source_over_its_rate_gets_429_with_retry_after_and_nothing_written(
     limited = client.write("fast", list(range(31, 41)))
     assert limited.status_code == 429
     assert int(limited.headers["retry-after"]) >= 1
+    # as every 429 (docs/configuration.md, [limits]): the limit and its value
+    assert limited.json()["limit"] == "source_chunks_per_second"
+    assert limited.json()["max"] == 20
     # another source has its own bucket
     assert client.write("other", [1, 2, 3]).status_code == 200
     time.sleep(0.6)
