@@ -205,6 +205,24 @@ class _GracefulServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def _warn_if_others_may_read_tokens(config: str | Path | None, settings: GatewaySettings) -> None:
+    """Say so when the configuration holds bearer tokens and other users may read it: the
+    client commands refuse such a token file; the gateway starts, since it owns no file."""
+    if config is None or not settings.tokens:
+        return
+    path = Path(config)
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if mode & 0o077:
+        print(
+            f"logbroker serve: warning: {path} holds bearer tokens and may be read by other "
+            f"users (mode {mode & 0o777:o}); run: chmod 600 {path}",
+            file=sys.stderr,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     # prometheus_client reads it once, on import: set below for this run's workers only
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
@@ -226,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
     except LogbrokerError as exc:
         print(f"logbroker serve: {exc}", file=sys.stderr)
         return 2
+    _warn_if_others_may_read_tokens(args.config or os.environ.get("LOGBROKER_CONFIG"), settings)
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
