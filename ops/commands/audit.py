@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 import time
 from pathlib import Path
@@ -118,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_windows(args: argparse.Namespace) -> int:
     if args.topic and len(args.topic) > 1:
         return _usage("--windows takes one --topic glob")
-    if args.since < 0 or args.grace < 0:
-        return _usage("--since and --grace must not be negative")
+    if args.since < 0 or not 0 <= args.grace < math.inf:
+        return _usage("--since and --grace must not be negative (and --grace is finite)")
     if args.server and (args.data_dir or store_kind(args) == "kafka"):
         return _usage("give --server or a store (--data-dir, --store kafka), not both")
     if not args.server and not args.data_dir and store_kind(args) != "kafka":
