@@ -15,6 +15,7 @@ dropped from the index.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -154,17 +155,24 @@ class ClientReports:
         seen = index.get("clients", {}).get(key)
         # the index is rewritten only for a new client or a stale entry: one write per report
         if seen is None or now_ms - int(seen) > FORGET_AFTER_S * 1000 / 4:
-            self._state.update(_INDEX_KEY, lambda doc: (self._indexed(doc, key, now_ms), None))
+            dropped = self._state.update(_INDEX_KEY, lambda doc: self._indexed(doc, key, now_ms))
+            # A client the index forgets is deleted too: otherwise every client name ever
+            # reported would keep its document (up to MAX_ROWS rows) in the store for good.
+            for gone, indexed_ms in dropped.items():
+                self._state.update(gone, functools.partial(_unless_newer, indexed_ms))
 
-    def _indexed(self, doc: Doc | None, key: str, now_ms: int) -> Doc:
-        clients: dict[str, int] = dict((doc or {}).get("clients", {}))
-        clients[key] = now_ms
+    def _indexed(self, doc: Doc | None, key: str, now_ms: int) -> tuple[Doc, dict[str, int]]:
+        """The index with ``key`` reported at ``now_ms``, and the clients it forgot (by the
+        time of their last report it had)."""
+        before: dict[str, int] = dict((doc or {}).get("clients", {}))
+        clients = {**before, key: now_ms}
         oldest_kept = now_ms - int(FORGET_AFTER_S * 1000)
         clients = {k: t for k, t in clients.items() if t >= oldest_kept}
         if len(clients) > MAX_CLIENTS:
             newest = sorted(clients.items(), key=lambda kv: kv[1], reverse=True)[:MAX_CLIENTS]
             clients = dict(newest)
-        return {"clients": clients}
+        dropped = {k: t for k, t in before.items() if k not in clients}
+        return {"clients": clients}, dropped
 
     def reports(self, kind: ClientKind) -> list[ClientReport]:
         """The last report of every client of ``kind`` heard from recently, by client name."""
@@ -179,6 +187,13 @@ class ClientReports:
             if raw is not None and raw["reported_ms"] >= oldest_kept:
                 out.append(ClientReport.from_json(raw))
         return out
+
+
+def _unless_newer(indexed_ms: int, doc: Doc | None) -> tuple[Doc | None, None]:
+    """Delete a forgotten client's report, unless it reported again since it was forgotten."""
+    if doc is not None and int(doc.get("reported_ms", 0)) > indexed_ms:
+        return doc, None
+    return None, None
 
 
 def _client_key(kind: ClientKind, owner: str | None, client: str) -> str:

@@ -13,8 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
+from delivery.internal_state import InternalState
+from ingest_api import client_status
+from ingest_api.client_status import ClientReports
 from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
 from ingest_api.overview import RateWindow, TopicTotals
+from log_store import open_store
 from push_client.lag_report import report_rows
 from tests.conftest import REPO, GatewayProcess, kill_process_group, logbroker_cmd
 from tests.gateway.conftest import meta
@@ -239,6 +243,30 @@ def test_another_tenant_reporting_under_a_clients_name_does_not_replace_its_repo
         assert seen_by("a-secret") == [("web1", ["/var/log/app2.log"])]
     finally:
         gateway.kill()
+
+
+def test_a_forgotten_client_report_is_deleted_from_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_status, "MAX_CLIENTS", 3)
+    now = [1_000_000.0]
+    row = {"path": "/var/log/a", "log_type": "app", "size": 2, "acked": 1, "lag_bytes": 1}
+    with open_store(tmp_path / "data") as store:
+        state = InternalState(store)
+        reports = ClientReports(state, clock=lambda: now[0])
+
+        def stored() -> set[str]:
+            names = (f"c{i}" for i in range(10))
+            return {n for n in names if state.get(client_status._client_key("push", "t", n))}
+
+        for i in range(5):  # five names, three kept: the two oldest are deleted
+            reports.record("push", f"c{i}", "h", "t", [row])
+            now[0] += 1
+        assert {r.client for r in reports.reports("push")} == {"c2", "c3", "c4"}
+        assert stored() == {"c2", "c3", "c4"}
+        now[0] += client_status.FORGET_AFTER_S + 1  # silent past the limit: forgotten
+        reports.record("push", "c5", "h", "t", [row])
+        assert stored() == {"c5"}
 
 
 def test_a_push_client_report_puts_the_files_most_behind_first() -> None:
