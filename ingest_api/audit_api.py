@@ -38,11 +38,19 @@ _PUBLISHER = "audit.gateway_publisher"
 MAX_GLOB_CHARS = 200
 
 
+GATEWAY_MAX_AGE_S = 7 * 24 * 3600.0
+"""A chunk's create time is the client's: the gateway counts one older than this (or more
+than an hour ahead) at that bound, so a client naming a new window in every chunk cannot make
+it hold (and publish) a count per window; and it forgets windows older than that, plus
+:data:`_FORGET_MARGIN_S` for the clock, once their totals are published."""
+_FORGET_MARGIN_S = 3600.0
+
+
 def gateway_counts(ctx: GatewayContext) -> WindowCounts:
     """The gateway tier's counts in this worker (made on first use)."""
     counts = ctx.extensions.get(_COUNTS)
     if counts is None:
-        counts = ctx.extensions[_COUNTS] = WindowCounts()
+        counts = ctx.extensions[_COUNTS] = WindowCounts(max_age_s=GATEWAY_MAX_AGE_S)
     assert isinstance(counts, WindowCounts)
     return counts
 
@@ -217,6 +225,7 @@ async def on_startup(ctx: GatewayContext) -> None:
         gateway_counts(ctx),
         StoreAuditSink(writer),
         interval_s=interval_from_env(),
+        forget_after_s=GATEWAY_MAX_AGE_S + _FORGET_MARGIN_S,
         more_tiers=lambda: {f"push:{name}": c for name, c in list(push.audit.items())},
     ).start()
 
