@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from audit.records import CountRecord, audit_source_id, encode_records
-from audit.windows import Key, WindowCounts
+from audit.windows import Key, WindowCounts, window_start
 
 _log = logging.getLogger("logbroker.audit")
 
@@ -55,8 +55,12 @@ class AuditPublisher:
         before_publish: Callable[[], None] | None = None,
         more_tiers: Callable[[], dict[str, WindowCounts]] | None = None,
         stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
+        forget_after_s: float | None = None,
     ) -> None:
         self.tier = tier
+        self.forget_after_s = forget_after_s
+        """Windows of ``counts`` that started this long ago are dropped once published: the
+        counts must take no create time that old (``WindowCounts(max_age_s=...)`` below it)."""
         self.instance = instance
         self.counts = counts
         self.sink = sink
@@ -108,6 +112,10 @@ class AuditPublisher:
                     if not written:
                         raise RuntimeError(f"audit records of {self._source_id} not written")
                 self._published.update(part)
+            if self.forget_after_s is not None:
+                oldest = window_start(now_ms - int(self.forget_after_s * 1000))
+                for key in self.counts.forget_before(oldest):
+                    self._published.pop((self.tier, key), None)
             return len(changed)
 
     def _loop(self) -> None:

@@ -10,12 +10,17 @@ once).
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 from session_dedup import chunk_codecs
 
 WINDOW_S = 600
 """The audit's window: 10 minutes of create time."""
 MAX_DEFERRED_BYTES = 64 << 20
+MAX_AHEAD_S = 24 * 3600
+"""With ``max_age_s``: how far past the clock a create time is taken as it is (a day: a
+host whose clock is set to its local time zone, hours ahead, still counts in its windows)."""
 
 Key = tuple[str, int]
 """(topic, window start in unix seconds)."""
@@ -38,16 +43,32 @@ class WindowCounts:
     """Messages and lines per (topic, window), cumulative since this object was made.
 
     Thread-safe: hooks add from request threads, the publisher snapshots from its own.
+
+    ``max_age_s`` (for counts of create times a client chose, the gateway's): a create time
+    older than that, or over :data:`MAX_AHEAD_S` ahead of ``clock``, is counted at that
+    bound, so a client cannot make the counts hold one key per window it names, and windows
+    older than the bound are final (:meth:`forget_before` may drop them once published).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, max_age_s: float | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self._lock = threading.Lock()
         self._counts: dict[Key, list[int]] = {}
         self._deferred: list[tuple[Key, str, bytes | memoryview]] = []
         self._deferred_bytes = 0
+        self.max_age_s = max_age_s
+        self._clock = clock
+
+    def _key(self, topic: str, create_time_ms: int) -> Key:
+        if self.max_age_s is not None:
+            now_ms = int(self._clock() * 1000)
+            oldest_ms = now_ms - int(self.max_age_s * 1000)
+            create_time_ms = min(max(create_time_ms, oldest_ms), now_ms + MAX_AHEAD_S * 1000)
+        return (topic, window_start(create_time_ms))
 
     def add(self, topic: str, create_time_ms: int, messages: int, lines: int) -> None:
-        key = (topic, window_start(create_time_ms))
+        key = self._key(topic, create_time_ms)
         with self._lock:
             counts = self._counts.get(key)
             if counts is None:
@@ -63,7 +84,7 @@ class WindowCounts:
         if codec == "raw" or self._deferred_bytes + len(data) > MAX_DEFERRED_BYTES:
             self.add(topic, create_time_ms, 1, count_lines(codec, data))
             return
-        key = (topic, window_start(create_time_ms))
+        key = self._key(topic, create_time_ms)
         with self._lock:
             self._deferred.append((key, codec, data))
             self._deferred_bytes += len(data)
@@ -84,3 +105,11 @@ class WindowCounts:
                 counts[0] += 1
                 counts[1] += lines
             return {key: (c[0], c[1]) for key, c in self._counts.items()}
+
+    def forget_before(self, window: int) -> list[Key]:
+        """Drop the keys of windows starting before ``window``; the keys dropped."""
+        with self._lock:
+            gone = [key for key in self._counts if key[1] < window]
+            for key in gone:
+                del self._counts[key]
+            return gone

@@ -18,16 +18,19 @@ from starlette.responses import Response
 from audit.ledger import AuditLedger
 from audit.publisher import AuditPublisher, interval_from_env
 from audit.reconcile import reconcile
-from audit.records import is_audit_topic
+from audit.records import decode_records, is_audit_topic
 from audit.sinks import StoreAuditSink, incarnation_id
 from audit.windows import WindowCounts
 from delivery.envelope_view import view
 from ingest_api.access import RouteDeclaration, access_of, read, route
+from ingest_api.auth import Authorizer
 from ingest_api.context import GatewayContext
 from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
+from ingest_api.framing import Section
 from ingest_api.openapi import operation, query_param
 from ingest_api.params import int_param, json_response
+from ingest_api.settings import TokenGrant
 from session_dedup.exactly_once import WRITTEN, ChunkBatch, ExactlyOnceWriter
 
 _COUNTS = "audit.gateway_counts"
@@ -35,11 +38,20 @@ _PUBLISHER = "audit.gateway_publisher"
 MAX_GLOB_CHARS = 200
 
 
+GATEWAY_MAX_AGE_S = 7 * 24 * 3600.0
+"""A chunk's create time is the client's: the gateway counts one older than this (or more
+than a day ahead, :data:`~audit.windows.MAX_AHEAD_S`) at that bound, so a client naming a new
+window in every chunk cannot make it hold (and publish) a count per window; and it forgets
+windows older than that, plus :data:`_FORGET_MARGIN_S` for the clock, once their totals are
+published."""
+_FORGET_MARGIN_S = 3600.0
+
+
 def gateway_counts(ctx: GatewayContext) -> WindowCounts:
     """The gateway tier's counts in this worker (made on first use)."""
     counts = ctx.extensions.get(_COUNTS)
     if counts is None:
-        counts = ctx.extensions[_COUNTS] = WindowCounts()
+        counts = ctx.extensions[_COUNTS] = WindowCounts(max_age_s=GATEWAY_MAX_AGE_S)
     assert isinstance(counts, WindowCounts)
     return counts
 
@@ -133,6 +145,52 @@ class WrittenTally:
         self._raw.clear()
 
 
+_CLIENT_TIERS = ("push-client", "mirror", "loader")
+"""The tiers that publish over ``POST /v1/write``; the gateway and push delivery publish
+inside the gateway, never through a client's token."""
+
+
+def audit_write_refusal(
+    auth: Authorizer, grant: TokenGrant | None, dc: str, section: Section
+) -> ApiError | None:
+    """Why a client may not write this section of the audit log type, or None if it may.
+
+    A token that writes the audit log type (every push-client's must) may publish only the
+    counts of its own tier of topics it has that tier's right over: a push-client's of the
+    log types it writes here, a mirror's of the topics it replicates into, a loader's of the
+    topics it reads.  Otherwise any push-client could publish counts as the gateway, or of
+    another tenant's topic, and make the audit show loss or duplication that did not happen
+    (or hide what did).  Admin tokens, and a gateway without tokens, may publish anything.
+    """
+    if not auth.enabled or grant is None or grant.admin:
+        return None
+    if section.meta.codec != "raw":
+        return ApiError(
+            403, "forbidden", f"audit records are written raw, not {section.meta.codec}"
+        )
+    for data in section.batch.datas:
+        for record in decode_records(bytes(data)):
+            if not _may_publish(auth, grant, dc, record.tier, record.topic):
+                return ApiError(
+                    403,
+                    "forbidden",
+                    f"this token may not publish {record.tier[:40]!r} audit counts of topic "
+                    f"{record.topic[:210]!r}",
+                )
+    return None
+
+
+def _may_publish(auth: Authorizer, grant: TokenGrant, dc: str, tier: str, topic: str) -> bool:
+    if tier == "push-client":
+        prefix = dc + "."
+        return topic.startswith(prefix) and auth.may_write(grant, topic[len(prefix) :])
+    if tier == "mirror":
+        return auth.may_replicate(grant, topic)
+    if tier == "loader":
+        return auth.may_read(grant, topic)
+    return False
+
+
 class AuditApi:
     def __init__(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
@@ -172,6 +230,7 @@ async def on_startup(ctx: GatewayContext) -> None:
         gateway_counts(ctx),
         StoreAuditSink(writer),
         interval_s=interval_from_env(),
+        forget_after_s=GATEWAY_MAX_AGE_S + _FORGET_MARGIN_S,
         more_tiers=lambda: {f"push:{name}": c for name, c in list(push.audit.items())},
     ).start()
 

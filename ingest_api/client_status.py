@@ -15,6 +15,7 @@ dropped from the index.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -143,28 +144,35 @@ class ClientReports:
         self, kind: ClientKind, client: object, host: object, owner: str | None, rows: list[Doc]
     ) -> None:
         """Keep ``rows`` as the last report of the client named ``client`` (a non-empty
-        string, else :class:`BadRequest`), replacing the one before."""
+        string, else :class:`BadRequest`) of ``owner``, replacing that owner's one before."""
         name = _text(client, "client")
         host_name = _text(host, "host", required=False)
         now_ms = int(self._clock() * 1000)
         report = ClientReport(kind, name, host_name, now_ms, owner, rows)
-        key = _client_key(kind, name)
+        key = _client_key(kind, owner, name)
         self._state.update(key, lambda _old: (report.to_json(), None))
         index = self._state.get(_INDEX_KEY) or {}
         seen = index.get("clients", {}).get(key)
         # the index is rewritten only for a new client or a stale entry: one write per report
         if seen is None or now_ms - int(seen) > FORGET_AFTER_S * 1000 / 4:
-            self._state.update(_INDEX_KEY, lambda doc: (self._indexed(doc, key, now_ms), None))
+            dropped = self._state.update(_INDEX_KEY, lambda doc: self._indexed(doc, key, now_ms))
+            # A client the index forgets is deleted too: otherwise every client name ever
+            # reported would keep its document (up to MAX_ROWS rows) in the store for good.
+            for gone, indexed_ms in dropped.items():
+                self._state.update(gone, functools.partial(_unless_newer, indexed_ms))
 
-    def _indexed(self, doc: Doc | None, key: str, now_ms: int) -> Doc:
-        clients: dict[str, int] = dict((doc or {}).get("clients", {}))
-        clients[key] = now_ms
+    def _indexed(self, doc: Doc | None, key: str, now_ms: int) -> tuple[Doc, dict[str, int]]:
+        """The index with ``key`` reported at ``now_ms``, and the clients it forgot (by the
+        time of their last report it had)."""
+        before: dict[str, int] = dict((doc or {}).get("clients", {}))
+        clients = {**before, key: now_ms}
         oldest_kept = now_ms - int(FORGET_AFTER_S * 1000)
         clients = {k: t for k, t in clients.items() if t >= oldest_kept}
         if len(clients) > MAX_CLIENTS:
             newest = sorted(clients.items(), key=lambda kv: kv[1], reverse=True)[:MAX_CLIENTS]
             clients = dict(newest)
-        return {"clients": clients}
+        dropped = {k: t for k, t in before.items() if k not in clients}
+        return {"clients": clients}, dropped
 
     def reports(self, kind: ClientKind) -> list[ClientReport]:
         """The last report of every client of ``kind`` heard from recently, by client name."""
@@ -181,7 +189,17 @@ class ClientReports:
         return out
 
 
-def _client_key(kind: ClientKind, client: str) -> str:
-    # a client name is free text: hashed into the key, kept readable in the document
-    digest = hashlib.sha256(client.encode("utf-8")).hexdigest()[:32]
+def _unless_newer(indexed_ms: int, doc: Doc | None) -> tuple[Doc | None, None]:
+    """Delete a forgotten client's report, unless it reported again since it was forgotten."""
+    if doc is not None and int(doc.get("reported_ms", 0)) > indexed_ms:
+        return doc, None
+    return None, None
+
+
+def _client_key(kind: ClientKind, owner: str | None, client: str) -> str:
+    # A client name is free text: hashed into the key, kept readable in the document.  The
+    # owner is part of the key, so a token reporting under another tenant's client name adds
+    # a report of its own instead of replacing that tenant's.
+    named = f"{owner or ''}\0{client}"
+    digest = hashlib.sha256(named.encode("utf-8")).hexdigest()[:32]
     return f"client-status/{kind}/{digest}"

@@ -29,6 +29,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from audit.records import AUDIT_LOG_TYPE
 from delivery.legacy_txn import (
     LegacyStaging,
     StagedData,
@@ -67,6 +68,8 @@ def _log_type(request: Request) -> str:
         raise ApiError(400, "bad_request", "query parameter log_type is required")
     if not is_valid_log_type(log_type):
         raise ApiError(400, "bad_log_type", f"log_type must be {LOG_TYPE_RULE}")
+    if log_type == AUDIT_LOG_TYPE:  # its records are checked on POST /v1/write only
+        raise ApiError(400, "bad_log_type", f"{AUDIT_LOG_TYPE} is not written by the legacy API")
     return log_type
 
 

@@ -79,7 +79,13 @@ def max_bytes_param(value: int) -> int:
 
 
 async def json_body(request: Request, limits: Limits) -> dict[str, Any]:
-    """The request's JSON object body ({} if empty), at most :data:`JSON_BODY_LIMIT` bytes."""
+    """The request's JSON object body ({} if empty), at most :data:`JSON_BODY_LIMIT` bytes.
+
+    A body must be sent as ``application/json`` (else 415): a browser sends ``text/plain``
+    or a form from any web page without asking first, so a gateway without tokens on
+    loopback would otherwise take a push subscription to anywhere from a page its user
+    opened; ``application/json`` from another origin needs a CORS preflight it never passes.
+    """
     raw = await read_body(request, limits, max_bytes=JSON_BODY_LIMIT)
     try:
         body = orjson.loads(raw) if raw else {}
@@ -87,4 +93,9 @@ async def json_body(request: Request, limits: Limits) -> dict[str, Any]:
         raise ApiError(400, "bad_json", f"the body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "bad_json", "the body must be a JSON object")
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if raw and media != "application/json":
+        raise ApiError(
+            415, "unsupported_media_type", f"this endpoint takes application/json, not {media!r}"
+        )
     return body

@@ -54,6 +54,7 @@ import dataclasses
 import hashlib
 import ipaddress
 import json
+import math
 import os
 import re
 import tomllib
@@ -347,7 +348,15 @@ _GRANT_FLAGS = ("metrics", "admin")
 
 
 def _coerce(name: str, value: Any, kind: type) -> Any:
-    """Values from TOML keep their type; values from env arrive as text."""
+    """Values from TOML keep their type; values from env arrive as text.  A float is finite:
+    ``inf`` and ``nan`` are refused (an endless timeout or expiry is a typo, not a setting)."""
+    found = _coerced(name, value, kind)
+    if kind is float and not math.isfinite(found):
+        raise ConfigError(f"{name}: expected a finite number, got {value!r}")
+    return found
+
+
+def _coerced(name: str, value: Any, kind: type) -> Any:
     if isinstance(value, str) and kind is not str:
         try:
             if kind is bool:
@@ -405,10 +414,19 @@ def _tokens(raw: Any) -> Mapping[str, TokenGrant]:
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise ConfigError("token name must be a non-empty string")
         owner = token_owner(token, name)
-        if owner in owners:
-            raise ConfigError(f"two tokens have the name {owner!r}; each token needs its own")
+        grant = TokenGrant(**globs, **flags, owner=owner, name=name)
+        # Two tokens of one name are one client's old and new token while it is rotated
+        # (docs/operations.md): they must grant the same, or the name would be shared by two
+        # clients with different rights over the same groups and subscriptions.
+        twin = owners.get(owner)
+        if twin is not None and grants[twin] != grant:
+            raise ConfigError(
+                f"two tokens have the name {owner!r} but grant different things; give each "
+                "client its own name (two tokens may share a name, while one is rotated, only "
+                "with the same write, read, replicate, metrics and admin)"
+            )
         owners[owner] = token
-        grants[token] = TokenGrant(**globs, **flags, owner=owner, name=name)
+        grants[token] = grant
     return MappingProxyType(grants)
 
 

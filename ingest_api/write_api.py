@@ -22,8 +22,14 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from audit.records import AUDIT_LOG_TYPE
 from ingest_api.access import RouteDeclaration, route, write
-from ingest_api.audit_api import CommittedCounter, WrittenTally, gateway_counts
+from ingest_api.audit_api import (
+    CommittedCounter,
+    WrittenTally,
+    audit_write_refusal,
+    gateway_counts,
+)
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
@@ -246,6 +252,10 @@ class WriteApi:
                 if log_type not in forbidden:
                     forbidden[log_type] = self._forbidden(grant, log_type)
                 section.error = forbidden[log_type]
+                if section.error is None and log_type == AUDIT_LOG_TYPE:
+                    section.error = audit_write_refusal(
+                        self.ctx.auth, grant, self.ctx.settings.dc, section
+                    )
         # Compressed chunks are decompressed once, here: refused if corrupt, counted if not.
         compressed = compressed_bytes(sections)
         if compressed > _CHECK_INLINE_BYTES:
@@ -266,6 +276,10 @@ class WriteApi:
                 "rate_limited",
                 f"a source is over {self.limits.source_chunks_per_second:g} chunks/s",
                 headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+                extra={
+                    "limit": "source_chunks_per_second",
+                    "max": self.limits.source_chunks_per_second,
+                },
             )
         results = await self.writer.write_each_async([(s.meta, s.batch) for s in admitted])
         # counted also when the request fails: its retry answers what was written `duplicate`

@@ -4,10 +4,15 @@ The database is built with sqlite-utils, so users query it with the ``sqlite-uti
 Datasette): table ``windows`` has one row per (topic, window_start) and table ``tiers`` one
 row per (topic, window_start, tier); both are upserted on every run, so the database always
 holds each window's latest reconciliation.
+
+With ``--metrics-file`` the run also leaves its verdict as Prometheus text for
+node_exporter's textfile collector (:func:`write_metrics_file`): the alert
+``LogbrokerAuditIncomplete`` reads ``logbroker_audit_window_incomplete`` from it.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -106,6 +111,34 @@ def overdue(rows: Sequence[WindowRow], grace_s: float, now: float | None = None)
     """Closed windows still incomplete ``grace_s`` after their end."""
     now = time.time() if now is None else now
     return [r for r in rows if not r.complete and r.window_start + WINDOW_S + grace_s <= now]
+
+
+def metrics_text(rows: Sequence[WindowRow], late: Sequence[WindowRow], now: float) -> str:
+    """Prometheus text: per topic reconciled, its closed windows incomplete past the grace
+    (0 for a topic whose windows are fine), and when this run happened."""
+    incomplete = dict.fromkeys(sorted({r.topic for r in rows}), 0)
+    for row in late:
+        incomplete[row.topic] += 1
+    lines = [
+        "# HELP logbroker_audit_window_incomplete closed audit windows of the topic still "
+        "incomplete past the grace",
+        "# TYPE logbroker_audit_window_incomplete gauge",
+        *(
+            f'logbroker_audit_window_incomplete{{topic="{topic}"}} {count}'
+            for topic, count in incomplete.items()
+        ),
+        "# HELP logbroker_audit_last_run_timestamp_seconds when logbroker audit --windows ran",
+        "# TYPE logbroker_audit_last_run_timestamp_seconds gauge",
+        f"logbroker_audit_last_run_timestamp_seconds {now:.3f}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_metrics_file(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` at once: a collector reading it sees the old or the new."""
+    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staged.write_text(text)
+    os.replace(staged, path)
 
 
 def _seconds(value: float | None) -> str:

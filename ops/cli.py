@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -98,7 +100,14 @@ def main(argv: list[str] | None = None) -> int:
         stop_signals.restore_default()
     elif not getattr(module, "HANDLES_RELOAD", False):
         stop_signals.restore_default_reload()
-    result: int = module.run(args)
+    try:
+        result: int = module.run(args)
+        sys.stdout.flush()  # here, where a reader that went away can still be told apart
+    except BrokenPipeError:
+        # `logbroker topics list | head`: the reader has what it wanted; no traceback, and
+        # nothing more written (the interpreter's last flush would fail the same way)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return result
 
 

@@ -4,9 +4,12 @@
 checks the exactly-once invariants (see ``ops/audit.py``): exit 1 when a problem was found.
 
 ``logbroker audit --windows (--data-dir DIR | --store kafka ... | --server URL) [--db FILE]
-[--topic GLOB] [--since UNIX_S] [--grace SECONDS]`` reconciles the tiers' counts per 10-minute
-window (see ``docs/audit.md``), upserts them into the SQLite database ``--db`` and prints them:
-exit 1 when a closed window is still incomplete ``--grace`` seconds after its end.
+[--topic GLOB] [--since UNIX_S] [--grace SECONDS] [--metrics-file FILE]`` reconciles the
+tiers' counts per 10-minute window (see ``docs/audit.md``), upserts them into the SQLite
+database ``--db`` and prints them: exit 1 when a closed window is still incomplete
+``--grace`` seconds after its end.  ``--metrics-file`` also writes
+``logbroker_audit_window_incomplete`` per topic there, for node_exporter's textfile collector
+(the alert ``LogbrokerAuditIncomplete``).
 
 Bad usage: a message and exit code 2.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 import time
 from pathlib import Path
@@ -25,7 +29,14 @@ from audit.ledger import AuditLedger
 from audit.reconcile import WindowRow, reconcile, row_from_json
 from log_store import LogbrokerError, open_store
 from ops.audit import audit_store
-from ops.audit_windows import DEFAULT_GRACE_S, format_table, overdue, save_rows
+from ops.audit_windows import (
+    DEFAULT_GRACE_S,
+    format_table,
+    metrics_text,
+    overdue,
+    save_rows,
+    write_metrics_file,
+)
 from ops.store_options import add_kafka_arguments, open_store_from_args, store_kind
 from ops.token_options import add_token_options, token_from
 
@@ -59,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="with --windows: how long after its end a window may be incomplete",
     )
+    parser.add_argument(
+        "--metrics-file",
+        type=Path,
+        metavar="FILE",
+        help="with --windows: also write the verdict as Prometheus text (textfile collector)",
+    )
     add_token_options(parser)
 
 
@@ -72,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_windows(args)
     if args.server:
         return _usage("--server is for --windows; the invariant audit reads a store")
+    if args.metrics_file is not None:
+        return _usage("--metrics-file is for --windows")
     if args.data_dir and len(args.data_dir) > 1:
         return _usage("the invariant audit reads one --data-dir")
     args.data_dir = args.data_dir[0] if args.data_dir else None
@@ -100,14 +119,18 @@ def run(args: argparse.Namespace) -> int:
 def _run_windows(args: argparse.Namespace) -> int:
     if args.topic and len(args.topic) > 1:
         return _usage("--windows takes one --topic glob")
-    if args.since < 0 or args.grace < 0:
-        return _usage("--since and --grace must not be negative")
+    if args.since < 0 or not 0 <= args.grace < math.inf:
+        return _usage("--since and --grace must not be negative (and --grace is finite)")
     if args.server and (args.data_dir or store_kind(args) == "kafka"):
         return _usage("give --server or a store (--data-dir, --store kafka), not both")
     if not args.server and not args.data_dir and store_kind(args) != "kafka":
         return _usage("--windows needs --server URL, --data-dir DIR or --store kafka")
     if args.db.is_dir():
         return _usage(f"--db {args.db} is a directory")
+    if args.metrics_file is not None and not args.metrics_file.parent.is_dir():
+        return _usage(
+            f"--metrics-file {args.metrics_file}: no directory {args.metrics_file.parent}"
+        )
     glob = args.topic[0] if args.topic else "*"
     try:
         rows = _rows_from_server(args, glob) if args.server else _rows_from_store(args, glob)
@@ -120,6 +143,8 @@ def _run_windows(args: argparse.Namespace) -> int:
     save_rows(args.db, rows, now)
     print(format_table(rows))
     late = overdue(rows, args.grace, now)
+    if args.metrics_file is not None:
+        write_metrics_file(args.metrics_file, metrics_text(rows, late, now))
     for row in late:
         missing = ", ".join(
             f"{t.tier} lost {t.lost_lines} dup {t.duplicated_lines}"

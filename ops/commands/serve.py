@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
@@ -204,23 +205,51 @@ class _GracefulServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def _warn_if_others_may_read_tokens(config: str | Path | None, settings: GatewaySettings) -> None:
+    """Say so when the configuration holds bearer tokens and other users may read it: the
+    client commands refuse such a token file; the gateway starts, since it owns no file."""
+    if config is None or not settings.tokens:
+        return
+    path = Path(config)
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if mode & 0o077:
+        print(
+            f"logbroker serve: warning: {path} holds bearer tokens and may be read by other "
+            f"users (mode {mode & 0o777:o}); run: chmod 600 {path}",
+            file=sys.stderr,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     # prometheus_client reads it once, on import: set below for this run's workers only
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     from ingest_api.app import SETTINGS_ENV, SUPERVISOR_PID_ENV, build_app
     from ingest_api.context import open_context
+    from ingest_api.request_head import bounded_head_protocol
     from ingest_api.settings import load_settings
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if not 0 <= args.retention_check_seconds < math.inf:
+        print(
+            "logbroker serve: --retention-check-seconds must be a number of seconds, 0 or more "
+            f"(0 turns retention off), not {args.retention_check_seconds:g}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         settings = load_settings(config_file=args.config, flags=_flags(args))
     except LogbrokerError as exc:
         print(f"logbroker serve: {exc}", file=sys.stderr)
         return 2
+    _warn_if_others_may_read_tokens(args.config or os.environ.get("LOGBROKER_CONFIG"), settings)
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
-        "http": "httptools",
+        # httptools, with a bound on each request's head (size and time): see request_head
+        "http": bounded_head_protocol(settings.limits.request_timeout_s),
         "loop": "uvloop",
         "access_log": False,
         "log_level": args.log_level,

@@ -14,6 +14,7 @@ from audit.windows import WINDOW_S, WindowCounts
 from log_store import open_store
 from session_dedup.exactly_once import ExactlyOnceWriter
 from tests.conftest import REPO, logbroker_cmd
+from tests.metrics_text import sample
 
 OLD_WINDOW = 1_700_000_400  # long closed
 TOPIC = "dc1.web"
@@ -82,16 +83,37 @@ def test_a_window_within_its_grace_does_not_fail(tmp_path: Path) -> None:
     assert "0 of 1 window(s) complete" in done.stdout
 
 
+def test_the_verdict_is_left_for_the_alert_as_a_metrics_file(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    prom = tmp_path / "textfile" / "logbroker-audit.prom"
+    prom.parent.mkdir()
+    publish(data, "push-client", "host-a", 1000)
+    publish(data, "gateway", "gw-1", 990)
+    args = ["--data-dir", str(data), "--db", str(tmp_path / "a.db"), "--metrics-file", str(prom)]
+    done = audit(*args)
+    assert done.returncode == 1, done.stdout + done.stderr
+    text = prom.read_text()
+    assert sample(text, "logbroker_audit_window_incomplete", topic=TOPIC) == 1.0
+    assert sample(text, "logbroker_audit_last_run_timestamp_seconds") is not None
+    publish(data, "gateway", "gw-1", 1000)  # the gateway's later total completes the window
+    done = audit(*args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sample(prom.read_text(), "logbroker_audit_window_incomplete", topic=TOPIC) == 0.0
+    assert [p.name for p in prom.parent.iterdir()] == [prom.name]  # no staged file left
+
+
 def test_bad_usage_exits_2_with_a_message(tmp_path: Path) -> None:
     data = tmp_path / "data"
     publish(data, "push-client", "host-a", 100)
     cases = [
         ([], "--windows needs --server URL, --data-dir DIR or --store kafka"),
         (["--data-dir", str(data), "--since", "-5"], "must not be negative"),
+        (["--data-dir", str(data), "--grace", "nan"], "must not be negative"),  # never late
         (["--data-dir", str(data), "--server", "http://127.0.0.1:9"], "not both"),
         (["--data-dir", str(data), "--db", str(tmp_path)], "is a directory"),
         (["--data-dir", str(tmp_path / "typo")], "no data directory"),
         (["--data-dir", str(data), "--topic", "a", "--topic", "b"], "one --topic glob"),
+        (["--data-dir", str(data), "--metrics-file", str(tmp_path / "no" / "a.prom")], "no dir"),
     ]
     for args, message in cases:
         done = audit(*args)

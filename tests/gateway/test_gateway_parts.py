@@ -59,11 +59,14 @@ def test_settings_come_from_file_then_env_then_flags(tmp_path: Path) -> None:
         ("[limits]\nmax_body_bytes = -1", "max_body_bytes"),
         ("[tokens.t]\nwrite = 'app'", "write"),
         ("host = '0.0.0.0'", "loopback"),
-        ("[tokens.t1]\nname = 'same'\n[tokens.t2]\nname = 'same'", "same"),
+        ("[tokens.t1]\nname = 'same'\nread = ['*']\n[tokens.t2]\nname = 'same'", "same"),
         ("[tokens.t]\nadmin = 'yes'", "admin"),
         ("push_allow = ['not-a-network']", "push_allow"),
         ("partitions = 65", "max_partitions_per_topic"),
         ("[limits]\nmax_topics = 0", "max_topics"),
+        ("[limits]\nsource_idle_expiry_s = inf", "source_idle_expiry_s"),
+        ("[limits]\nrequest_timeout_s = inf", "request_timeout_s"),
+        ("graphite_interval_s = nan", "graphite_interval_s"),
     ],
 )
 def test_invalid_settings_are_refused_with_a_reason(tmp_path: Path, text: str, named: str) -> None:
@@ -82,6 +85,20 @@ def test_a_token_without_a_name_is_owned_by_a_digest_that_does_not_reveal_it(
     unnamed, named = settings.tokens["s3cr3t-token"], settings.tokens["other"]
     assert unnamed.owner.startswith("token-") and "s3cr3t" not in unnamed.owner
     assert named.owner == "ops"
+    assert GatewaySettings.from_json(settings.to_json()) == settings
+
+
+def test_a_token_being_rotated_shares_its_name_with_the_new_one_granting_the_same(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "g.toml"
+    config.write_text(
+        "[tokens.old-token]\nname = 'web-hosts'\nwrite = ['app']\nread = ['dc1.app']\n"
+        "[tokens.new-token]\nname = 'web-hosts'\nwrite = ['app']\nread = ['dc1.app']\n"
+    )
+    settings = load_settings(config_file=config, env={}, flags={"data_dir": "/d"})
+    old, new = settings.tokens["old-token"], settings.tokens["new-token"]
+    assert old.owner == new.owner == "web-hosts"  # groups and subscriptions stay usable
     assert GatewaySettings.from_json(settings.to_json()) == settings
 
 

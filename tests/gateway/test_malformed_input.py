@@ -185,6 +185,45 @@ def test_wrong_content_type_is_415(shared_gateway: Any, path: str, content_type:
     assert_rejected(response, shared_gateway.data_dir)
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/subscriptions",
+            {"name": "exfil-{tag}", "endpoint": "http://93.184.216.34/c", "prefix": "dc1."},
+        ),
+        ("/v1/groups/csrf-{tag}/members", {"topics": ["dc1.app"]}),
+        ("/v1/clients/status", {"client": "csrf-{tag}", "files": []}),
+        ("/v1/fetch", {"partitions": [{"topic": "dc1.app", "partition": 0, "offset": 0}]}),
+    ],
+)
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
+def test_a_json_body_a_web_page_could_send_without_asking_is_415_and_changes_nothing(
+    shared_gateway: Any, path: str, body: dict[str, Any], content_type: str
+) -> None:
+    # What any web page can make a browser POST to a gateway on loopback without tokens,
+    # with no CORS preflight: nothing of it may be taken.
+    tag = "form" if "form" in content_type else "text"
+    path = path.replace("{tag}", tag)
+    content = orjson.dumps(body).replace(b"{tag}", tag.encode())
+    response = httpx.post(
+        shared_gateway.url + path,
+        content=content,
+        headers={"content-type": content_type, "origin": "http://attacker.example"},
+    )
+    assert (response.status_code, response.json()["error"]) == (415, "unsupported_media_type")
+    listed = httpx.get(shared_gateway.url + "/v1/subscriptions").json()["subscriptions"]
+    assert f"exfil-{tag}" not in [s["name"] for s in listed]
+    if "/groups/" in path:
+        assert httpx.get(shared_gateway.url + f"/v1/groups/csrf-{tag}").status_code == 404
+    # the same body sent as application/json is read
+    taken = httpx.post(
+        shared_gateway.url + path, content=content, headers={"content-type": "application/json"}
+    )
+    assert taken.status_code != 415, taken.text
+    httpx.delete(shared_gateway.url + f"/v1/subscriptions/exfil-{tag}")
+
+
 def test_wrong_method_and_unknown_path_answer_json_errors(shared_gateway: Any) -> None:
     wrong_method = httpx.get(shared_gateway.url + "/v1/write")
     assert_rejected(wrong_method, shared_gateway.data_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -148,3 +149,21 @@ def test_a_misspelt_flag_is_refused_with_the_commands_own_usage() -> None:
     unknown = logbroker("--bogus")
     assert unknown.returncode == 2
     assert unknown.stderr.startswith("usage: logbroker [-h] COMMAND")
+
+
+def test_a_reader_that_stops_reading_the_output_gets_no_traceback(tmp_path: Path) -> None:
+    write_admitted(tmp_path, "host1:/var/log/a", [1, 2])
+    for args in (("topics", "--data-dir", str(tmp_path), "describe", "dc1.access"),
+                 ("audit", "--data-dir", str(tmp_path))):  # fmt: skip
+        # `logbroker topics ... | head -1`: the reader is gone before the command writes
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ops", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        stderr = proc.stderr.read().decode()
+        assert proc.wait(60) == 128 + signal.SIGPIPE, stderr
+        assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr

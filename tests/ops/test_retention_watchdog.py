@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from log_store import TopicConfig, open_store
+from tests.conftest import REPO, free_port, logbroker_cmd
 
 
 def test_serve_drops_old_segments_while_running(start_gateway: Any, tmp_path: Path) -> None:
@@ -28,3 +30,27 @@ def test_serve_drops_old_segments_while_running(start_gateway: Any, tmp_path: Pa
         assert info.start_offset > 30
         assert info.end_offset == 50
         assert store.read("dc1.web", 0, info.start_offset).records
+
+
+def test_a_negative_or_endless_retention_interval_exits_2_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    for value in ("-5", "nan", "inf"):
+        result = subprocess.run(
+            logbroker_cmd(
+                "serve",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--port",
+                str(free_port()),
+                "--retention-check-seconds",
+                value,
+            ),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=20,
+        )
+        assert result.returncode == 2, (value, result.stderr)
+        assert "--retention-check-seconds" in result.stderr
+        assert not (tmp_path / "data").exists()

@@ -46,3 +46,17 @@ def test_read_takes_its_token_from_a_file_and_refuses_one_others_may_read(
     assert "chmod 600" in refused.stderr and refused.stdout == ""
     both = _read(gw.url, "--token", "reader-secret", "--token-file", str(private))
     assert both.returncode == 2
+
+
+def test_serve_warns_when_its_tokens_may_be_read_by_other_users(
+    start_gateway: Any, tmp_path: Path
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text('[tokens.s3cr3t]\nread = ["dc1.*"]\n')
+    config.chmod(0o644)
+    shared = start_gateway(tmp_path / "a", "--config", str(config))
+    assert f"{config} holds bearer tokens and may be read by other users" in shared.log()
+    assert f"chmod 600 {config}" in shared.log()
+    config.chmod(0o600)
+    kept = start_gateway(tmp_path / "b", "--config", str(config))
+    assert "may be read by other users" not in kept.log()

@@ -14,6 +14,9 @@ import httpx
 import pytest
 
 from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
+from log_store import open_store
+from schema_registry.avro_schema import parse
+from schema_registry.registry import SchemaRegistry
 from tests.conftest import GatewayProcess, logbroker_cmd
 from tests.gateway.conftest import end_offsets, meta, topic_envelopes
 from tests.schemas.conftest import ORDER_BROKEN, ORDER_V1, ORDER_V2
@@ -188,3 +191,36 @@ def test_the_registry_survives_a_sigkill_of_the_gateway(start_gateway: Any, tmp_
         assert register(http, "orders", ORDER_BROKEN).status_code == 409
         refused = write(http, [(meta("s", "orders"), [(1, b'{"id": 1}\n')])])
         assert refused.status_code == 400 and refused.json()["error"] == "bad_record"
+
+
+def test_the_audit_log_type_takes_no_schema_and_its_records_are_written_as_ever(
+    start_gateway: Any, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    with open_store(data_dir) as store:  # registered by a gateway that did not refuse it yet
+        SchemaRegistry(store).register("logbroker-audit", parse(ORDER_V1))
+    gateway = start_gateway(data_dir)
+    with httpx.Client(base_url=gateway.url, timeout=30) as http:
+        refused = register(http, "logbroker-audit", ORDER_V1)
+        assert refused.status_code == 400, refused.text
+        assert "audit" in refused.json()["reason"]
+        record = {
+            "tier": "push-client",
+            "instance": "host-a",
+            "topic": "dc1.app",
+            "window_start": 1_700_000_400,
+            "messages": 1,
+            "lines": 2,
+            "published_ms": 1,
+        }
+        written = write(
+            http,
+            [
+                (
+                    meta("audit:push-client:host-a", "logbroker-audit"),
+                    [(1, json.dumps(record).encode() + b"\n")],
+                )
+            ],
+        )
+        assert written.status_code == 200, written.text
+        assert written.json()["results"][0]["acks"][0]["status"] == "written"

@@ -13,8 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
+from delivery.internal_state import InternalState
+from ingest_api import client_status
+from ingest_api.client_status import ClientReports
 from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
 from ingest_api.overview import RateWindow, TopicTotals
+from log_store import open_store
 from push_client.lag_report import report_rows
 from tests.conftest import REPO, GatewayProcess, kill_process_group, logbroker_cmd
 from tests.gateway.conftest import meta
@@ -193,6 +197,76 @@ def test_a_report_keeps_only_files_of_log_types_the_token_writes(tmp_path: Path)
         assert [f["path"] for f in client["files"]] == ["/var/log/app.log"]
     finally:
         gateway.kill()
+
+
+def test_another_tenant_reporting_under_a_clients_name_does_not_replace_its_report(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[tokens.a-secret]\nname = "tenant-a"\nwrite = ["app"]\nread = ["dc1.app"]\n'
+        '[tokens.b-secret]\nname = "tenant-b"\nwrite = ["other"]\nread = ["dc1.other"]\n'
+        '[tokens.admin-secret]\nname = "ops"\nadmin = true\n'
+    )
+    gateway = GatewayProcess(tmp_path / "data", ["--config", str(config)], tmp_path / "gw.log")
+
+    def report(token: str, host: str, path: str, log_type: str) -> None:
+        row = {"path": path, "log_type": log_type, "size": 90, "acked": 10, "lag_bytes": 80}
+        answer = httpx.post(
+            gateway.url + "/v1/clients/status",
+            json={"client": "web1 push", "host": host, "files": [row]},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+
+    def seen_by(token: str) -> list[tuple[str, list[str]]]:
+        answer = httpx.get(
+            gateway.url + "/v1/ui/overview",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        clients = answer.json()["push_clients"]
+        return sorted((c["host"], [f["path"] for f in c["files"]]) for c in clients)
+
+    try:
+        gateway.start()
+        report("a-secret", "web1", "/var/log/app.log", "app")
+        report("b-secret", "intruder", "/tmp/x.log", "other")  # A's client name, B's token
+        assert seen_by("a-secret") == [("web1", ["/var/log/app.log"])]
+        assert seen_by("admin-secret") == [
+            ("intruder", ["/tmp/x.log"]),
+            ("web1", ["/var/log/app.log"]),
+        ]
+        report("a-secret", "web1", "/var/log/app2.log", "app")  # A's next report replaces A's
+        assert seen_by("a-secret") == [("web1", ["/var/log/app2.log"])]
+    finally:
+        gateway.kill()
+
+
+def test_a_forgotten_client_report_is_deleted_from_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_status, "MAX_CLIENTS", 3)
+    now = [1_000_000.0]
+    row = {"path": "/var/log/a", "log_type": "app", "size": 2, "acked": 1, "lag_bytes": 1}
+    with open_store(tmp_path / "data") as store:
+        state = InternalState(store)
+        reports = ClientReports(state, clock=lambda: now[0])
+
+        def stored() -> set[str]:
+            names = (f"c{i}" for i in range(10))
+            return {n for n in names if state.get(client_status._client_key("push", "t", n))}
+
+        for i in range(5):  # five names, three kept: the two oldest are deleted
+            reports.record("push", f"c{i}", "h", "t", [row])
+            now[0] += 1
+        assert {r.client for r in reports.reports("push")} == {"c2", "c3", "c4"}
+        assert stored() == {"c2", "c3", "c4"}
+        now[0] += client_status.FORGET_AFTER_S + 1  # silent past the limit: forgotten
+        reports.record("push", "c5", "h", "t", [row])
+        assert stored() == {"c5"}
 
 
 def test_a_push_client_report_puts_the_files_most_behind_first() -> None:
