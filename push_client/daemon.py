@@ -31,6 +31,7 @@ from push_client.audit_publishing import PushAuditPublishers
 from push_client.config import PushConfig
 from push_client.discovery import ChangeWatcher, expand, watch_root
 from push_client.files import Counters, FileSet
+from push_client.identity import display_path
 from push_client.installations import InstallationSet
 from push_client.lag_report import LagReporter
 from push_client.metrics import MetricsServer, PushCollector, PushMetrics
@@ -206,7 +207,9 @@ class PushDaemon:
             self._metrics_server = MetricsServer(
                 self.config.metrics_port, self._render_metrics, self._last_status
             )
-        self._lag_report = LagReporter(f"{socket.gethostname()}:{self.state_dir}", self._token)
+        self._lag_report = LagReporter(
+            f"{socket.gethostname()}:{display_path(str(self.state_dir))}", self._token
+        )
         for entry in self.config.entries:
             self._watcher.watch(watch_root(entry.path))
         names = self._installations.names

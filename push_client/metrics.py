@@ -15,6 +15,8 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from push_client.identity import display_path
+
 if TYPE_CHECKING:
     from push_client.installations import InstallationSet
     from push_client.tailer import TailedFile
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 def _file_labels(tailed: TailedFile, **extra: str) -> dict[str, str]:
     # source as well as file: a rotated file and its successor may share a path for a while
-    return {"file": tailed.path, "source": tailed.source_id, **extra}
+    return {"file": display_path(tailed.path), "source": tailed.source_id, **extra}
 
 
 class _Families:

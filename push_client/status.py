@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
+from push_client.identity import display_path
+
 if TYPE_CHECKING:
     from push_client.installations import InstallationSet
     from push_client.tailer import TailedFile
@@ -33,7 +35,9 @@ def file_row(tailed: TailedFile) -> dict[str, Any]:
     parked = tailed.parked
     plan = tailed.handover
     return {
-        "path": tailed.path,
+        # printable text: JSON holds no undecodable bytes (a Latin-1 name), and a name with
+        # a newline would break the table of --status
+        "path": display_path(tailed.path),
         "source_id": tailed.source_id,
         "log_type": tailed.entry.log_type,
         "topic": tailed.topic,
