@@ -110,6 +110,8 @@ class PushDaemon:
         self._watcher = ChangeWatcher(config.inotify)
         self._state = PushState()
         self._state_file = StateFile(self.state_dir)
+        self._state_dir_errors: dict[str, str] = {}
+        """What could not be written to the state dir ("positions", "status"): the error."""
         self._counters = Counters()
         self.metrics = PushMetrics()
         self._files = FileSet(
@@ -268,7 +270,7 @@ class PushDaemon:
             self._shipper.give_up_in_flight()
             self._files.sync_state_positions()
             self._state.clean = True
-            self._state_file.save(self._state)
+            self._save_state()
             self._publish_status(running=False)
             if self._audit is not None:
                 # after the positions are safe; a hung gateway costs at most this long
@@ -458,8 +460,50 @@ class PushDaemon:
     def _save_state(self) -> None:
         self._files.sync_state_positions()
         self._files.prune_retired()
-        self._state_file.save(self._state)
+        try:
+            self._state_file.save(self._state)
+        except OSError as exc:
+            # A full or broken state dir costs positions, not shipping: the gateway's last
+            # seqnos are the truth.  The state stays dirty, so the next save tries again.
+            self.metrics.state_save_failures += 1
+            if self._state_dir_trouble("positions", exc) and self._installations.multi:
+                self._drop_stale_state()
+            return
+        self._state_dir_recovered("positions", "positions saved again")
         self._shipper.state_dirty = False
+
+    def _state_dir_trouble(self, what: str, exc: OSError) -> bool:
+        """Log a failure to write ``what`` once per distinct error; True if it is new."""
+        text = f"{exc.strerror or exc}"
+        if self._state_dir_errors.get(what) == text:
+            return False
+        self._state_dir_errors[what] = text
+        if what == "positions":
+            log.error(
+                "cannot save positions in %s: %s; shipping goes on (a restart resumes from "
+                "the gateways' last seqnos), saving is tried again every %.1f s",
+                self.state_dir,
+                text,
+                _STATE_SAVE_INTERVAL_S,
+            )
+        else:
+            log.warning("cannot write status in %s: %s", self.state_dir, text)
+        return True
+
+    def _state_dir_recovered(self, what: str, message: str) -> None:
+        if self._state_dir_errors.pop(what, None) is not None:
+            log.info("%s in %s", message, self.state_dir)
+
+    def _drop_stale_state(self) -> None:
+        """With several installations, positions older than the acks are worse than none
+        (a restart would trust where they say each file went): remove them, so that a
+        restart asks every installation instead (see "When the client's positions are lost
+        too" in docs/push-client.md)."""
+        with contextlib.suppress(OSError):
+            self._state_file.path.unlink()
+            log.warning(
+                "removed the stale %s until positions can be saved again", self._state_file.path
+            )
 
     def _last_status(self) -> bytes:
         """The status document as last published (read from the metrics server's thread)."""
@@ -488,7 +532,9 @@ class PushDaemon:
                 self.state_dir / "metrics.prom", self._render_metrics().encode(), durable=False
             )
         except OSError as exc:
-            log.warning("cannot write status: %s", exc)
+            self._state_dir_trouble("status", exc)
+        else:
+            self._state_dir_recovered("status", "status written again")
         if self._progress is not None and running:
             backlog = sum(t.lag_bytes for t in self._files.live())
             self._progress.update(self._counters.acked_bytes, backlog)

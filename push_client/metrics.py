@@ -79,6 +79,7 @@ class PushMetrics:
         self.request_bytes_total = 0
         self.requests_sent = 0
         self.state_corruptions = 0
+        self.state_save_failures = 0
 
     def observe_request_bytes(self, size: int) -> None:
         with self._lock:
@@ -226,6 +227,12 @@ class PushMetrics:
             "counter",
             "State files found corrupt at start.",
             [(none, self.state_corruptions)],
+        )
+        metric(
+            "logbroker_push_state_save_failures_total",
+            "counter",
+            "Saves of the positions that failed (state dir full or broken); shipping goes on.",
+            [(none, self.state_save_failures)],
         )
         metric(
             "logbroker_push_buffered_bytes",
