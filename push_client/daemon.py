@@ -54,7 +54,12 @@ _TOKEN_CHECK_INTERVAL_S = 1.0
 _MIN_RESCAN_GAP_S = 0.02
 
 
-class StateDirBusy(LogbrokerError):
+class CannotStart(LogbrokerError):
+    """The client cannot run with this configuration on this host: its state directory or
+    its metrics port cannot be used.  Nothing was shipped, nothing was written."""
+
+
+class StateDirBusy(CannotStart):
     """Another push-client holds the state directory."""
 
 
@@ -166,8 +171,12 @@ class PushDaemon:
         return any(t.name.startswith("push-send") and t.is_alive() for t in threading.enumerate())
 
     def run(self) -> int:
-        """Run until stopped (or idle, with ``idle_exit_s``); return the exit code."""
-        self._take_lock()
+        """Run until stopped (or idle, with ``idle_exit_s``); return the exit code.
+
+        Raises :class:`CannotStart` (before anything is read or sent) when the state dir or
+        the metrics port cannot be used.
+        """
+        self._prepare()
         in_main = threading.current_thread() is threading.main_thread()
         previous: dict[signal.Signals, Any] = {}
         if in_main:
@@ -186,6 +195,33 @@ class PushDaemon:
         return self._exit_code
 
     # -- start and stop -------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Take the state dir, load the positions and open the metrics port, or raise
+        :class:`CannotStart` with the reason (a traceback told an operator nothing)."""
+        try:
+            self._take_lock()
+            loaded = self._state_file.load()
+        except OSError as exc:
+            self._release_lock()
+            raise CannotStart(
+                f"cannot use state dir {display_path(str(self.state_dir))}: "
+                f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}"
+            ) from exc
+        self._state.sources, self._state.retired = loaded.sources, loaded.retired
+        self._state.clean = loaded.clean
+        self.metrics.state_corruptions = self._state_file.corruptions
+        if self.config.metrics_port is not None:
+            try:
+                self._metrics_server = MetricsServer(
+                    self.config.metrics_port, self._render_metrics, self._last_status
+                )
+            except OSError as exc:
+                self._release_lock()
+                raise CannotStart(
+                    f"cannot serve metrics on 127.0.0.1:{self.config.metrics_port}: "
+                    f"{exc.strerror or exc}"
+                ) from exc
+
     def _take_lock(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.state_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -200,15 +236,12 @@ class PushDaemon:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
 
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
     def _start(self) -> None:
-        loaded = self._state_file.load()
-        self._state.sources, self._state.retired = loaded.sources, loaded.retired
-        self._state.clean = loaded.clean
-        self.metrics.state_corruptions = self._state_file.corruptions
-        if self.config.metrics_port is not None:
-            self._metrics_server = MetricsServer(
-                self.config.metrics_port, self._render_metrics, self._last_status
-            )
         self._lag_report = LagReporter(
             f"{socket.gethostname()}:{display_path(str(self.state_dir))}", self._token
         )

@@ -12,7 +12,7 @@ from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
 from ops.graphite import add_graphite_options, graphite_from
 from push_client.config import CODECS, ConfigError, PushConfig, build_config
-from push_client.daemon import PushDaemon, StateDirBusy
+from push_client.daemon import CannotStart, PushDaemon
 from push_client.status import print_status, read_status
 
 HANDLES_STOP_SIGNALS = True
@@ -129,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"logbroker push: {exc}", file=sys.stderr)
         return 2
+    if args.idle_exit is not None and args.idle_exit < 0:
+        print("logbroker push: --idle-exit must be >= 0 seconds", file=sys.stderr)
+        return 2
     daemon = PushDaemon(
         config,
         idle_exit_s=args.idle_exit,
@@ -146,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     stop_signals.on_reload(daemon.request_reload)
     try:
         code = daemon.run()
-    except StateDirBusy as exc:
+    except CannotStart as exc:
         print(f"logbroker push: {exc}", file=sys.stderr)
         return 2
     except LogbrokerError as exc:

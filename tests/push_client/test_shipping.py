@@ -235,6 +235,34 @@ def test_status_without_a_client_says_so(tmp_path: Path) -> None:
             ],
             "multiline",
         ),
+        (
+            [
+                "--server",
+                "http://h:1",
+                "--log-type",
+                "a",
+                "--state-dir",
+                "S",
+                "--idle-exit",
+                "-1",
+                "x",
+            ],
+            "idle-exit",
+        ),
+        (
+            [
+                "--server",
+                "http://h:1",
+                "--log-type",
+                "a",
+                "--state-dir",
+                "S",
+                "--metrics-port",
+                "70000",
+                "x",
+            ],
+            "metrics_port",
+        ),
     ],
 )
 def test_bad_usage_exits_2_with_a_message(tmp_path: Path, args: list[str], message: str) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from push_client.state_file import decode_state
+from tests.conftest import REPO, logbroker_cmd
 from tests.metrics_text import sample
 from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
 
@@ -63,3 +66,57 @@ def test_a_full_state_dir_costs_positions_not_shipping(
     saved = decode_state((state / "state.json").read_bytes())
     assert [s.acked for s in saved.sources.values()] == [log.stat().st_size]
     assert_exactly_once(delivered, writer)
+
+
+def _push_once(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    log = tmp_path / "app.log"
+    LineWriter("once").append(log, 10)
+    return subprocess.run(
+        logbroker_cmd(
+            "push",
+            "--server",
+            "http://127.0.0.1:9",
+            "--log-type",
+            "app",
+            *args,
+            "--idle-exit",
+            "1",
+            str(log),
+        ),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+
+
+def test_a_state_dir_that_is_a_file_exits_2_naming_it(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.write_text("not a directory\n")
+    out = _push_once(tmp_path, "--state-dir", str(state))
+    assert out.returncode == 2, out.stderr
+    assert f"cannot use state dir {state}" in out.stderr and "Traceback" not in out.stderr
+    assert state.read_text() == "not a directory\n"
+
+
+def test_a_state_file_that_cannot_be_read_exits_2_naming_it(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    (state / "state.json").mkdir(parents=True)
+    out = _push_once(tmp_path, "--state-dir", str(state))
+    assert out.returncode == 2, out.stderr
+    assert "cannot use state dir" in out.stderr and "state.json" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert sorted(p.name for p in state.iterdir()) == ["lock", "state.json"]
+
+
+def test_a_metrics_port_in_use_exits_2_before_anything_is_shipped(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        state = tmp_path / "state"
+        out = _push_once(tmp_path, "--state-dir", str(state), "--metrics-port", str(port))
+    assert out.returncode == 2, out.stderr
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (state / "state.json").exists() and not (state / "status.json").exists()

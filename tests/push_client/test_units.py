@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from push_client.state_file import (
 from push_client.tailer import TailedFile
 from push_client.transport import Backoff
 from push_client.wire import SourceMeta, WireChunk, encode_write_body
+from tests.conftest import REPO
 
 
 def _tailed(path: Path, entry: Entry | None = None, chunk_bytes: int = 4096) -> TailedFile:
@@ -365,3 +367,59 @@ def test_a_failed_over_installation_is_taken_back_once_ready_not_merely_alive() 
     assert not _healthy(gateway(503), ["http://gw1:8080"])
     assert _healthy(gateway(200), ["http://gw1:8080"])
     assert _healthy(gateway(None), ["http://gw1:8080"])
+
+
+_GOOD_PUSH = '[push]\nservers = ["http://gw:1"]\nstate_dir = "/s"\n'
+_GOOD_ENTRY = '[[entry]]\npath = "/a/*.log"\nlog_type = "web"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (_GOOD_PUSH + "shutdown_timeout_s = -5\n" + _GOOD_ENTRY, "shutdown_timeout_s"),
+        (_GOOD_PUSH + "graphite_interval_s = 0\n" + _GOOD_ENTRY, "graphite_interval_s"),
+        (_GOOD_PUSH + "max_backoff_s = 0\n" + _GOOD_ENTRY, "max_backoff_s"),
+        (_GOOD_PUSH + "rescan_interval_s = 0\n" + _GOOD_ENTRY, "rescan_interval_s"),
+        (_GOOD_PUSH + "multiline_timeout_s = -1\n" + _GOOD_ENTRY, "multiline_timeout_s"),
+        (_GOOD_PUSH + "metrics_port = 70000\n" + _GOOD_ENTRY, "metrics_port"),
+        (_GOOD_PUSH + "metrics_port = 0\n" + _GOOD_ENTRY, "metrics_port"),
+        (_GOOD_PUSH + "max_line_bytes = 10\n" + _GOOD_ENTRY, "max_line_bytes must"),
+        ("push = 5\n" + _GOOD_ENTRY, "[push]"),
+        (_GOOD_PUSH + "entry = 5\n", "entry"),
+        (_GOOD_PUSH + "entry = [5]\n", "entry"),
+        ('[push]\nservers = ["http://gw:1"]\nstate_dir = ""\n' + _GOOD_ENTRY, "state_dir"),
+        ('[push]\nservers = ["http://gw:1"]\nstate_dir = 5\n' + _GOOD_ENTRY, "state_dir"),
+        ('[push]\nservers = [5]\nstate_dir = "/s"\n' + _GOOD_ENTRY, "servers"),
+        (_GOOD_PUSH + '[[entry]]\npath = 5\nlog_type = "web"\n', "path"),
+        (_GOOD_PUSH + '[[entry]]\npath = "/a"\nlog_type = 5\n', "log_type"),
+        (_GOOD_PUSH + '[[entry]]\npath = "/a"\nlog_type = "w"\nmultiline = [1]\n', "multiline"),
+    ],
+)
+def test_every_bad_setting_is_a_config_error_naming_it(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """Values the client cannot use are refused by name, never taken as something else
+    (``state_dir = ""`` once put the state in the working directory) nor left to crash it
+    later (``push = 5`` was a traceback, ``metrics_port = 70000`` one at start)."""
+    config = tmp_path / "push.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_config(file=config)
+
+
+def test_every_documented_push_key_is_accepted(tmp_path: Path) -> None:
+    """docs/configuration.md lists the ``[push]`` keys; the client takes each of them."""
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    section = doc.split("### `[push]`", 1)[1].split("###", 1)[0]
+    keys = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE)
+    assert "max_line_bytes" in keys and len(keys) > 20
+    config = tmp_path / "push.toml"
+    for key in keys:
+        if key in ("servers", "state_dir"):
+            continue
+        config.write_text(_GOOD_PUSH + f"{key} = {{}}\n" + _GOOD_ENTRY)
+        with pytest.raises(ConfigError) as refused:  # a table is no value for any key
+            build_config(file=config)
+        assert "unknown" not in str(refused.value), key
+    config.write_text(_GOOD_PUSH + "max_line_bytes = 1048576\n" + _GOOD_ENTRY)
+    assert build_config(file=config).max_line_bytes == 1048576
