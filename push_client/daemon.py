@@ -393,7 +393,7 @@ class PushDaemon:
                 next_status = now + _STATUS_INTERVAL_S
             if self._idle_done(now):
                 parked = [t for t in files.live() if t.parked is not None]
-                if parked:
+                if parked or files.unreadable:
                     self._exit_code = 1
                     for tailed in parked:
                         assert tailed.parked is not None
@@ -402,11 +402,17 @@ class PushDaemon:
                             tailed.path,
                             tailed.parked.refusal,
                         )
+                    for path, (error, _since) in sorted(files.unreadable.items()):
+                        log.error(
+                            "%s was not shipped: cannot read it: %s", display_path(path), error
+                        )
                     log.error(
-                        "idle for %.1f s with %d of %d files parked; exiting with status 1",
+                        "idle for %.1f s with %d of %d files parked and %d unreadable; "
+                        "exiting with status 1",
                         self.idle_exit_s,
                         len(parked),
                         len(files.live()),
+                        len(files.unreadable),
                     )
                 else:
                     log.info(
@@ -554,6 +560,10 @@ class PushDaemon:
             last_error=stats.last_error,
             last_error_at=stats.last_error_at,
             files=rows,
+            unreadable=[
+                {"path": display_path(path), "error": error, "since": since}
+                for path, (error, since) in sorted(self._files.unreadable.items())
+            ],
         )
         self._status_document = document
         if self._lag_report is not None and running:
@@ -589,4 +599,5 @@ class PushDaemon:
             installations=self._installations,
             parked_total=self._parking.parked_total,
             abandoned_bytes=self._files.abandoned.total,
+            unreadable_files=len(self._files.unreadable),
         )

@@ -13,6 +13,7 @@ Only the daemon's loop thread touches this object.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import fnmatch
 import logging
 import os
@@ -24,7 +25,7 @@ from push_client.codec import compress
 from push_client.config import Entry, PushConfig
 from push_client.discovery import ChangeWatcher, expand, find_inode
 from push_client.handover import Doubt
-from push_client.identity import FileIdentity, make_source_id, read_fingerprint
+from push_client.identity import FileIdentity, display_path, make_source_id, read_fingerprint
 from push_client.rotation import AbandonedBytes, LetGoPolicy
 from push_client.state_file import PushState, RetiredSource, SourcePosition
 from push_client.tailer import Phase, TailedFile
@@ -81,6 +82,9 @@ class FileSet:
         self.files: dict[str, TailedFile] = {}
         self.by_inode: dict[tuple[int, int], TailedFile] = {}
         self.waiting_paths: set[str] = set()
+        self.unreadable: dict[str, tuple[str, float]] = {}
+        """Matched files that cannot be opened (no permission, say): path -> (error, since).
+        They are named in the log, the status and the metrics, and tried at every rescan."""
         self.let_go = LetGoPolicy(config.rotate_wait_s, config.rotated_grace_s)
         self.abandoned = AbandonedBytes()
         self.multi = False
@@ -182,13 +186,16 @@ class FileSet:
         """Pick up files matching the entries that are not tailed yet; return them."""
         found: list[TailedFile] = []
         self.waiting_paths.clear()
+        unreadable: dict[str, tuple[str, float]] = {}
         for cand in expand(self.config.entries):
             if (cand.dev, cand.ino) in self.by_inode:
                 continue
             self.watcher.watch(os.path.dirname(cand.path))
             try:
                 fd = os.open(cand.path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:  # gone since it was matched: nothing to say
+                    unreadable[cand.path] = self._unreadable(cand.path, exc)
                 continue
             st = os.fstat(fd)
             fingerprint = read_fingerprint(fd)
@@ -203,7 +210,23 @@ class FileSet:
                 continue
             tailed = self._found(cand.entry, fd, cand.path, cand.path, identity, known)
             found.append(tailed)
+        self.unreadable = unreadable
         return found
+
+    def _unreadable(self, path: str, exc: OSError) -> tuple[str, float]:
+        """A matched file that cannot be opened: said once per error, never skipped silently
+        (a file the client has no permission on would otherwise never be shipped, unseen)."""
+        error = exc.strerror or str(exc)
+        known = self.unreadable.get(path)
+        if known is not None and known[0] == error:
+            return known
+        log.warning(
+            "cannot read %s: %s; it is not shipped until it can be read (tried again every %.0f s)",
+            display_path(path),
+            error,
+            self.config.rescan_interval_s,
+        )
+        return (error, time.time())
 
     def follow_renames(self, moves: list[tuple[str, str]], now: float) -> None:
         """Files renamed away from a matched path that we had not picked up yet (rotated

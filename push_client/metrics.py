@@ -101,6 +101,7 @@ class PushMetrics:
         installations: InstallationSet,
         parked_total: int,
         abandoned_bytes: int,
+        unreadable_files: int = 0,
     ) -> list[Metric]:
         out = _Families()
         metric = out.add
@@ -233,6 +234,12 @@ class PushMetrics:
             "counter",
             "Saves of the positions that failed (state dir full or broken); shipping goes on.",
             [(none, self.state_save_failures)],
+        )
+        metric(
+            "logbroker_push_unreadable_files",
+            "gauge",
+            "Files an entry matches that cannot be opened (no permission, say): not shipped.",
+            [(none, unreadable_files)],
         )
         metric(
             "logbroker_push_buffered_bytes",

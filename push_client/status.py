@@ -86,6 +86,7 @@ def status_document(
     last_error: str,
     last_error_at: float,
     files: list[dict[str, Any]],
+    unreadable: list[dict[str, Any]] | None = None,
 ) -> bytes:
     return orjson.dumps(
         {
@@ -98,6 +99,7 @@ def status_document(
             "last_error": last_error,
             "last_error_at": last_error_at,
             "files": files,
+            "unreadable": unreadable or [],
         }
     )
 
@@ -153,6 +155,9 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
     if doc.get("last_error"):
         when = time.strftime("%H:%M:%S", time.localtime(doc["last_error_at"]))
         out.write(f"last error ({when}): {doc['last_error'][:200]}\n")
+    for r in doc.get("unreadable", []):
+        when = time.strftime("%H:%M:%S", time.localtime(r["since"]))
+        out.write(f"UNREADABLE {r['path']} since {when}: {r['error']} (not shipped)\n")
     files = doc["files"]
     total = sum(r["lag_bytes"] for r in files)
     out.write(f"{len(files)} files, total lag {total} bytes\n")

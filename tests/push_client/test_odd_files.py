@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, logbroker_cmd
-from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+from tests.metrics_text import sample
+from tests.push_client.conftest import (
+    FAST_FLAGS,
+    LineWriter,
+    assert_exactly_once,
+    read_delivered,
+    wait_for_lines,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -48,3 +56,55 @@ def test_a_file_whose_name_is_not_utf8_ships_once_beside_the_others(
     assert_exactly_once(delivered, plain, odd)
     assert "corrupt" not in second.log()
     assert not list(state.glob("state.json.corrupt-*"))
+
+
+def _push_without_root_rights(*args: str) -> subprocess.CompletedProcess[str]:
+    """``logbroker push`` as root without the rights to read any file (as the packaged unit's
+    ``logbroker`` user meets a log it has no permission on)."""
+    drop = "-dac_override,-dac_read_search"
+    return subprocess.run(
+        ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", *logbroker_cmd("push", *args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_a_file_the_client_may_not_read_is_named_and_a_one_shot_run_exits_1(
+    tmp_path: Path, gateway
+) -> None:
+    """A matched file that cannot be opened was skipped without a word: not in the log, not
+    in --status, and a one-shot run exited 0 as if everything had been shipped."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    readable, secret = LineWriter("readable"), LineWriter("secret")
+    readable.append(logs / "readable.log", 300)
+    secret.append(logs / "secret.log", 300)
+    (logs / "secret.log").chmod(0)
+    state = tmp_path / "state"
+    args = ["--server", gateway.url, "--log-type", "app", "--state-dir", str(state)]
+    args += [*FAST_FLAGS, "--idle-exit", "1", str(logs / "*.log")]
+    first = _push_without_root_rights(*args)
+    assert first.returncode == 1, first.stderr
+    assert f"cannot read {logs / 'secret.log'}: Permission denied" in first.stderr
+    assert f"{logs / 'secret.log'} was not shipped: cannot read it" in first.stderr
+    status = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(state)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert f"UNREADABLE {logs / 'secret.log'}" in status.stdout, status.stdout
+    metrics = (state / "metrics.prom").read_text()
+    assert sample(metrics, "logbroker_push_unreadable_files") == 1
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), readable)
+
+    (logs / "secret.log").chmod(0o644)
+    second = _push_without_root_rights(*args)
+    assert second.returncode == 0, second.stderr
+    assert_exactly_once(wait_for_lines(gateway.data_dir, "app", 600), readable, secret)
