@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import struct
@@ -23,6 +24,7 @@ from push_client.state_file import (
     encode_state,
 )
 from push_client.tailer import TailedFile
+from push_client.token import BearerToken
 from push_client.transport import Backoff
 from push_client.wire import SourceMeta, WireChunk, encode_write_body
 from tests.conftest import REPO
@@ -423,3 +425,26 @@ def test_every_documented_push_key_is_accepted(tmp_path: Path) -> None:
         assert "unknown" not in str(refused.value), key
     config.write_text(_GOOD_PUSH + "max_line_bytes = 1048576\n" + _GOOD_ENTRY)
     assert build_config(file=config).max_line_bytes == 1048576
+
+
+def test_a_token_file_missing_from_the_start_is_said_once_and_read_once_it_appears(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mistyped token_file was silent: the client sent no token, and the only sign was
+    files parked for a 401 with no word about the file."""
+    caplog.set_level(logging.INFO, logger="logbroker.push")
+    path = tmp_path / "token"
+    token = BearerToken(None, path)
+    assert token.value is None and not token.refresh() and not token.refresh()
+    said = [
+        r.getMessage() for r in caplog.records if "cannot read the token file" in r.getMessage()
+    ]
+    assert len(said) == 1 and str(path) in said[0] and "without a token" in said[0]
+    path.write_text("s3cr3t\n")
+    assert token.refresh() and token.headers() == {"Authorization": "Bearer s3cr3t"}
+    path.unlink()
+    assert not token.refresh() and not token.refresh()
+    said = [
+        r.getMessage() for r in caplog.records if "cannot read the token file" in r.getMessage()
+    ]
+    assert len(said) == 2 and "with the token read last" in said[1]
