@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
+from log_store.errors import LogbrokerError
 from push_client.identity import display_path
 
 if TYPE_CHECKING:
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
     from push_client.tailer import TailedFile
 
 STATUS_NAME = "status.json"
+
+
+class NoStatus(LogbrokerError):
+    """The state directory holds no status document that can be read."""
 
 
 def _phase(tailed: TailedFile) -> str:
@@ -132,8 +137,21 @@ def current_lag(row: dict[str, Any], now: float) -> tuple[int, int, float]:
 
 
 def read_status(state_dir: Path) -> dict[str, Any]:
-    """The last status the daemon published, with lags measured now."""
-    doc: dict[str, Any] = orjson.loads((state_dir / STATUS_NAME).read_bytes())
+    """The last status the daemon published, with lags measured now.
+
+    Raises :class:`NoStatus` when there is none or it cannot be read.
+    """
+    path = state_dir / STATUS_NAME
+    try:
+        doc: dict[str, Any] = orjson.loads(path.read_bytes())
+    except FileNotFoundError as exc:
+        raise NoStatus(f"no status in {state_dir} (has the client run there?)") from exc
+    except OSError as exc:
+        raise NoStatus(f"cannot read {path}: {exc.strerror}") from exc
+    except orjson.JSONDecodeError as exc:
+        raise NoStatus(f"{path} is damaged ({exc}); the client rewrites it every second") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):
+        raise NoStatus(f"{path} is not a status document")
     now = time.time()
     doc["running"] = bool(doc.get("running")) and _alive(int(doc.get("pid", 0)))
     for row in doc["files"]:

@@ -13,7 +13,7 @@ from ops import stop_signals
 from ops.graphite import add_graphite_options, graphite_from
 from push_client.config import CODECS, ConfigError, PushConfig, build_config
 from push_client.daemon import CannotStart, PushDaemon
-from push_client.status import print_status, read_status
+from push_client.status import NoStatus, print_status, read_status
 
 HANDLES_STOP_SIGNALS = True
 HANDLES_RELOAD = True  # SIGHUP reloads the configuration
@@ -221,11 +221,8 @@ def _print_status(args: argparse.Namespace) -> int:
         return 2
     try:
         doc = read_status(Path(state_dir))
-    except FileNotFoundError:
-        print(
-            f"logbroker push --status: no status in {state_dir} (has the client run there?)",
-            file=sys.stderr,
-        )
+    except NoStatus as exc:
+        print(f"logbroker push --status: {exc}", file=sys.stderr)
         return 1
     print_status(doc, sys.stdout)
     return 0

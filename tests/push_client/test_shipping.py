@@ -214,6 +214,35 @@ def test_status_without_a_client_says_so(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        pytest.param(
+            lambda state: (state / "status.json").write_text("{torn"), "damaged", id="torn"
+        ),
+        pytest.param(
+            lambda state: (state / "status.json").write_text("[]"), "not a status", id="list"
+        ),
+        pytest.param(lambda state: (state / "status.json").mkdir(), "cannot read", id="directory"),
+    ],
+)
+def test_status_that_cannot_be_read_says_why_without_a_traceback(
+    tmp_path: Path, damage, message: str
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    damage(state)
+    out = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(state)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert out.returncode == 1
+    assert message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--log-type", "app", "--state-dir", "S", "x.log"], "no gateway"),
