@@ -448,3 +448,37 @@ def test_a_token_file_missing_from_the_start_is_said_once_and_read_once_it_appea
         r.getMessage() for r in caplog.records if "cannot read the token file" in r.getMessage()
     ]
     assert len(said) == 2 and "with the token read last" in said[1]
+
+
+def test_lag_seconds_of_a_file_written_without_pause_stay_as_small_as_the_lag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy log always has a few bytes not acknowledged yet; its lag in seconds once counted
+    from the last moment it had none, and grew for as long as the application wrote."""
+    path = tmp_path / "a.log"
+    path.write_bytes(b"first line\n")
+    tailed = _tailed(path)
+    clock = [1000.0]
+    monkeypatch.setattr("push_client.tailer.time.time", lambda: clock[0])
+    for second in range(60):
+        clock[0] = 1000.0 + second
+        with open(path, "ab") as f:
+            f.write(b"x" * 99 + b"\n")
+        tailed.refresh(now=float(second))
+        assert tailed.pending_since is not None
+        assert clock[0] - tailed.pending_since <= 1.0, f"lag of {second} s reported"
+        tailed.on_acked(tailed.size)  # shipped within the second
+    tailed.refresh(now=61.0)
+    assert tailed.pending_since is None
+    # An outage: nothing is acknowledged for an hour; the lag is the hour, in bounded memory.
+    for second in range(3600):
+        clock[0] = 2000.0 + second
+        with open(path, "ab") as f:
+            f.write(b"y\n")
+        tailed.refresh(now=100.0 + second)
+    assert tailed.pending_since == 2000.0
+    assert len(tailed._unacked._seen) <= tailed._unacked.max_entries
+    tailed.on_acked(tailed.size - 2 * 600)  # caught up to ten minutes ago
+    tailed.refresh(now=5000.0)
+    assert 2000.0 + 3600 - 600 - 60 <= tailed.pending_since <= 2000.0 + 3600 - 600
+    tailed.close()
