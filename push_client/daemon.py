@@ -366,10 +366,12 @@ class PushDaemon:
                 changed = changes.any
                 if changes.moves:
                     files.follow_renames(changes.moves, now)
-                if now >= next_rescan or (
-                    (changes.structural or (changed and bool(files.waiting_paths)))
-                    and now - last_rescan >= _MIN_RESCAN_GAP_S
-                ):
+                if changes.structural or (changed and bool(files.waiting_paths)):
+                    # A change right after a rescan is not dropped, only put off for the gap:
+                    # a rotated log is re-created empty and written a moment later, and the
+                    # write's event was the last one (its lines waited a whole rescan).
+                    next_rescan = min(next_rescan, last_rescan + _MIN_RESCAN_GAP_S)
+                if now >= next_rescan:
                     files.discover()
                     last_rescan = now
                     next_rescan = now + self.config.rescan_interval_s
@@ -422,6 +424,7 @@ class PushDaemon:
                 continue
             timeout = min(
                 max(0.0, next_poll - now),
+                max(0.0, next_rescan - now),
                 linger_wait,
                 max(0.0, next_status - now),
                 max(0.0, next_save - now) if dirty else 1.0,
