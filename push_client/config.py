@@ -206,8 +206,9 @@ class PushConfig:
         for name in ("multiline_timeout_s", "shutdown_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
-        if self.max_line_bytes < 4096 or self.max_line_bytes > 64 * 1024 * 1024:
-            raise ConfigError("max_line_bytes must be between 4096 and 67108864")
+        # a line cut at max_line_bytes is one chunk: the protocol's largest is 8 MiB
+        if self.max_line_bytes < 4096 or self.max_line_bytes > 8 * 1024 * 1024:
+            raise ConfigError("max_line_bytes must be between 4096 and 8388608")
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be a TCP port (1-65535), not {self.metrics_port}")
         for glob in self.direct_to_owner:

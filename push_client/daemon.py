@@ -408,13 +408,15 @@ class PushDaemon:
                         log.error(
                             "%s was not shipped: cannot read it: %s", display_path(path), error
                         )
+                    unreadable = (
+                        f" and {len(files.unreadable)} unreadable" if files.unreadable else ""
+                    )
                     log.error(
-                        "idle for %.1f s with %d of %d files parked and %d unreadable; "
-                        "exiting with status 1",
+                        "idle for %.1f s with %d of %d files parked%s; exiting with status 1",
                         self.idle_exit_s,
                         len(parked),
                         len(files.live()),
-                        len(files.unreadable),
+                        unreadable,
                     )
                 else:
                     log.info(
