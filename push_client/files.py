@@ -60,6 +60,10 @@ def _matches(entry: Entry, path: str) -> bool:
     return fnmatch.fnmatchcase(path, os.path.abspath(entry.path))
 
 
+def _no_census(tailed: TailedFile, installation: str) -> None:
+    return None
+
+
 class FileSet:
     """Every tailed file, by source id and by inode."""
 
@@ -82,6 +86,11 @@ class FileSet:
         self.files: dict[str, TailedFile] = {}
         self.by_inode: dict[tuple[int, int], TailedFile] = {}
         self.waiting_paths: set[str] = set()
+        self.on_hold: dict[tuple[int, int], SourcePosition] = {}
+        """Sources of the state file whose file exists but cannot be opened now (no
+        permission, no descriptor left): kept, and resumed where they were once it can be.
+        Taking them for gone would ship them again from their start as new sources."""
+        self._resume_with: tuple[list[str], Callable[[TailedFile, str], None]] = ([], _no_census)
         self.unreadable: dict[str, tuple[str, float]] = {}
         """Matched files that cannot be opened (no permission, say): path -> (error, since).
         They are named in the log, the status and the metrics, and tried at every rescan."""
@@ -112,68 +121,96 @@ class FileSet:
         further along at ``installation`` than the state says (the previous run did not
         stop cleanly).
         """
+        self._resume_with = (installations, census)
         for pos in list(self.state.sources.values()):
-            entry = self._entry_for(pos.entry_path)
-            identity = FileIdentity(pos.dev, pos.ino, pos.fingerprint)
-            found = self._open_identity(pos.path, identity)
+            self._resume(pos)
+
+    def _resume(self, pos: SourcePosition) -> TailedFile | None:
+        """Reopen one source of the state file; None if it is gone, or held (``on_hold``)."""
+        installations, census = self._resume_with
+        entry = self._entry_for(pos.entry_path)
+        identity = FileIdentity(pos.dev, pos.ino, pos.fingerprint)
+        try:
+            found = self._open_identity(pos.path, identity) if entry is not None else None
             draining = pos.draining
-            if found is None:
-                moved = find_inode(os.path.dirname(pos.path), pos.dev, pos.ino)
+            if found is None and entry is not None:
+                moved = find_inode(os.path.dirname(pos.path), pos.dev, pos.ino, strict=True)
                 if moved is not None:
                     found = self._open_identity(moved, identity)
                     draining = True
-            if found is None or entry is None:
-                reason = "gone" if found is None else "unconfigured"
-                if found is not None:
-                    os.close(found[0])
+        except OSError as exc:
+            error = exc.strerror or str(exc)
+            if (pos.dev, pos.ino) not in self.on_hold:
                 log.warning(
-                    "source %s is %s since the last run; positions up to %d were acked",
+                    "cannot open %s to resume source %s (%s); its position (%d) is kept and "
+                    "it is resumed there once it can be read",
+                    display_path(pos.path),
                     pos.source_id,
-                    reason,
+                    error,
                     pos.acked,
                 )
-                if pos.doubts:
-                    log.error(
-                        "source %s: bytes %s were in flight to installations that went down "
-                        "and can no longer be checked: they may be lost",
-                        pos.source_id,
-                        ", ".join(f"{s}..{e} ({n})" for n, s, e in pos.doubts),
-                    )
-                self._retire_position(pos, reason, pos.size, pos.path)
-                continue
-            fd, path = found
-            tailed = self.new_file(
-                entry, fd, path, pos.first_path, identity, pos.generation, pos.source_id
+            self.on_hold[(pos.dev, pos.ino)] = pos
+            known = self.unreadable.get(pos.path)
+            self.unreadable[pos.path] = (
+                known if known and known[0] == error else (error, time.time())
             )
-            if draining:
-                tailed.phase = Phase.DRAINING
-                tailed.rotated_at = time.monotonic()
-                self.counters.rotations += 1
-            if not self.multi:
-                continue
-            plan = tailed.handover
-            plan.frontier = pos.acked
-            plan.installation = pos.installation
-            for raw in pos.doubts:
-                doubt = Doubt.from_list(raw)
-                if doubt.installation in installations:
-                    plan.add_doubt(doubt)
-                else:
-                    log.error(
-                        "source %s: bytes %d..%d were in flight to installation %s, which is "
-                        "no longer configured: they may be lost",
-                        pos.source_id,
-                        doubt.start,
-                        doubt.end,
-                        doubt.installation,
-                    )
-            if pos.installation in installations and not self.state.clean:
-                census(tailed, pos.installation)
+            return None
+        self.on_hold.pop((pos.dev, pos.ino), None)
+        if found is None or entry is None:
+            reason = "gone" if found is None else "unconfigured"
+            if found is not None:
+                os.close(found[0])
+            log.warning(
+                "source %s is %s since the last run; positions up to %d were acked",
+                pos.source_id,
+                reason,
+                pos.acked,
+            )
+            if pos.doubts:
+                log.error(
+                    "source %s: bytes %s were in flight to installations that went down "
+                    "and can no longer be checked: they may be lost",
+                    pos.source_id,
+                    ", ".join(f"{s}..{e} ({n})" for n, s, e in pos.doubts),
+                )
+            self._retire_position(pos, reason, pos.size, pos.path)
+            return None
+        fd, path = found
+        tailed = self.new_file(
+            entry, fd, path, pos.first_path, identity, pos.generation, pos.source_id
+        )
+        if draining:
+            tailed.phase = Phase.DRAINING
+            tailed.rotated_at = time.monotonic()
+            self.counters.rotations += 1
+        if not self.multi:
+            return tailed
+        plan = tailed.handover
+        plan.frontier = pos.acked
+        plan.installation = pos.installation
+        for raw in pos.doubts:
+            doubt = Doubt.from_list(raw)
+            if doubt.installation in installations:
+                plan.add_doubt(doubt)
+            else:
+                log.error(
+                    "source %s: bytes %d..%d were in flight to installation %s, which is "
+                    "no longer configured: they may be lost",
+                    pos.source_id,
+                    doubt.start,
+                    doubt.end,
+                    doubt.installation,
+                )
+        if pos.installation in installations and not self.state.clean:
+            census(tailed, pos.installation)
+        return tailed
 
     def _open_identity(self, path: str, identity: FileIdentity) -> tuple[int, str] | None:
+        """The file at ``path`` if it is this one; raises OSError if it exists but cannot
+        be opened (then whether it is this one is not known)."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         st = os.fstat(fd)
         same_inode = (st.st_dev, st.st_ino) == (identity.dev, identity.ino)
@@ -186,9 +223,14 @@ class FileSet:
         """Pick up files matching the entries that are not tailed yet; return them."""
         found: list[TailedFile] = []
         self.waiting_paths.clear()
-        unreadable: dict[str, tuple[str, float]] = {}
+        self.unreadable = {p: u for p, u in self.unreadable.items() if self._held_at(p)}
+        for pos in list(self.on_hold.values()):
+            resumed = self._resume(pos)
+            if resumed is not None:
+                found.append(resumed)
+        unreadable = {p: u for p, u in self.unreadable.items() if self._held_at(p)}
         for cand in expand(self.config.entries):
-            if (cand.dev, cand.ino) in self.by_inode:
+            if (cand.dev, cand.ino) in self.by_inode or (cand.dev, cand.ino) in self.on_hold:
                 continue
             self.watcher.watch(os.path.dirname(cand.path))
             try:
@@ -212,6 +254,9 @@ class FileSet:
             found.append(tailed)
         self.unreadable = unreadable
         return found
+
+    def _held_at(self, path: str) -> bool:
+        return any(pos.path == path for pos in self.on_hold.values())
 
     def _unreadable(self, path: str, exc: OSError) -> tuple[str, float]:
         """A matched file that cannot be opened: said once per error, never skipped silently

@@ -14,6 +14,7 @@ from tests.metrics_text import sample
 from tests.push_client.conftest import (
     FAST_FLAGS,
     LineWriter,
+    PushProcess,
     assert_exactly_once,
     read_delivered,
     wait_for_lines,
@@ -58,12 +59,19 @@ def test_a_file_whose_name_is_not_utf8_ships_once_beside_the_others(
     assert not list(state.glob("state.json.corrupt-*"))
 
 
+_DROP = "-dac_override,-dac_read_search"
+_WITHOUT_ROOT_RIGHTS = ["setpriv", f"--inh-caps={_DROP}", f"--bounding-set={_DROP}"]
+"""Run as root without the rights to read any file (as the packaged unit's ``logbroker``
+user meets a log it has no permission on)."""
+
+needs_setpriv = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+
+
 def _push_without_root_rights(*args: str) -> subprocess.CompletedProcess[str]:
-    """``logbroker push`` as root without the rights to read any file (as the packaged unit's
-    ``logbroker`` user meets a log it has no permission on)."""
-    drop = "-dac_override,-dac_read_search"
     return subprocess.run(
-        ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", *logbroker_cmd("push", *args)],
+        [*_WITHOUT_ROOT_RIGHTS, *logbroker_cmd("push", *args)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -71,9 +79,7 @@ def _push_without_root_rights(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
-)
+@needs_setpriv
 def test_a_file_the_client_may_not_read_is_named_and_a_one_shot_run_exits_1(
     tmp_path: Path, gateway
 ) -> None:
@@ -108,3 +114,47 @@ def test_a_file_the_client_may_not_read_is_named_and_a_one_shot_run_exits_1(
     second = _push_without_root_rights(*args)
     assert second.returncode == 0, second.stderr
     assert_exactly_once(wait_for_lines(gateway.data_dir, "app", 600), readable, secret)
+
+
+@needs_setpriv
+def test_a_file_unreadable_at_a_restart_is_resumed_where_it_was_not_shipped_again(
+    tmp_path: Path, gateway
+) -> None:
+    """A file of the state that could not be opened at a restart was taken for gone: its
+    position retired, and once readable again it was a new source (``#g1``) shipped again
+    from its start, every line twice."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / "app.log"
+    writer = LineWriter("held")
+    writer.append(log, 300)
+    state = tmp_path / "state"
+    args = ["--server", gateway.url, "--log-type", "app", "--state-dir", str(state), *FAST_FLAGS]
+    assert _push_without_root_rights(*args, "--idle-exit", "1", str(logs / "*.log")).returncode == 0
+    log.chmod(0)
+    held = _push_without_root_rights(*args, "--idle-exit", "1", str(logs / "*.log"))
+    assert held.returncode == 1, held.stderr
+    assert "its position (" in held.stderr and "is kept" in held.stderr, held.stderr
+    assert "gone since the last run" not in held.stderr
+    # A daemon that starts while the file cannot be read, and it becomes readable meanwhile.
+    daemon = PushProcess([], tmp_path / "push.log")
+    daemon.proc = subprocess.Popen(
+        [*_WITHOUT_ROOT_RIGHTS, *logbroker_cmd("push", *args, str(logs / "*.log"))],
+        stdout=open(daemon.log_path, "ab"),  # noqa: SIM115 - the child's log
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    try:
+        daemon.wait_started(state)
+        writer.append(log, 200)
+        log.chmod(0o644)
+        delivered = wait_for_lines(gateway.data_dir, "app", 500)
+        assert daemon.stop() == 0, daemon.log()
+    finally:
+        daemon.kill()
+    assert "#g1" not in daemon.log()
+    assert_exactly_once(delivered, writer)
+    writer.append(log, 100)
+    last = _push_without_root_rights(*args, "--idle-exit", "1", str(logs / "*.log"))
+    assert last.returncode == 0, last.stderr
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
