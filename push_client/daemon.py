@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import resource
 import select
 import signal
 import socket
@@ -52,6 +53,16 @@ _STATE_SAVE_INTERVAL_S = 0.5
 _STATUS_INTERVAL_S = 1.0
 _TOKEN_CHECK_INTERVAL_S = 1.0
 _MIN_RESCAN_GAP_S = 0.02
+
+
+def _raise_open_files_limit() -> None:
+    """Take the hard limit of open descriptors as the soft one: each tailed file holds one,
+    and a host with more logs than the usual soft limit (1024) would otherwise leave some
+    unread (they are named as such, see ``FileSet.discover``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 class CannotStart(LogbrokerError):
@@ -198,6 +209,7 @@ class PushDaemon:
     def _prepare(self) -> None:
         """Take the state dir, load the positions and open the metrics port, or raise
         :class:`CannotStart` with the reason (a traceback told an operator nothing)."""
+        _raise_open_files_limit()
         try:
             self._take_lock()
             loaded = self._state_file.load()

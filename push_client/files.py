@@ -17,6 +17,7 @@ import errno
 import fnmatch
 import logging
 import os
+import resource
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -229,11 +230,20 @@ class FileSet:
             if resumed is not None:
                 found.append(resumed)
         unreadable = {p: u for p, u in self.unreadable.items() if self._held_at(p)}
+        open_files, budget = self._descriptors()
         for cand in expand(self.config.entries):
             if (cand.dev, cand.ino) in self.by_inode or (cand.dev, cand.ino) in self.on_hold:
                 continue
             self.watcher.watch(os.path.dirname(cand.path))
             try:
+                if open_files >= budget:
+                    # Every file tailed holds a descriptor; taking the last ones would leave
+                    # none for the gateways' connections, and nothing would ship at all.
+                    raise OSError(
+                        errno.EMFILE,
+                        f"{open_files} files are open, the most this process may hold beside "
+                        f"its connections (raise ulimit -n, LimitNOFILE in the unit)",
+                    )
                 fd = os.open(cand.path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
                 if exc.errno != errno.ENOENT:  # gone since it was matched: nothing to say
@@ -252,8 +262,18 @@ class FileSet:
                 continue
             tailed = self._found(cand.entry, fd, cand.path, cand.path, identity, known)
             found.append(tailed)
+            open_files += 1
         self.unreadable = unreadable
         return found
+
+    def _descriptors(self) -> tuple[int, int]:
+        """(files open now, how many files may be open): the limit of open descriptors less
+        a reserve for connections, the state and status files, inotify and the like."""
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+        reserve = min(max(64, soft // 8), soft // 2)
+        return sum(1 for t in self.files.values() if t.fd >= 0), soft - reserve
 
     def _held_at(self, path: str) -> bool:
         return any(pos.path == path for pos in self.on_hold.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 from pathlib import Path
@@ -158,3 +159,37 @@ def test_a_file_unreadable_at_a_restart_is_resumed_where_it_was_not_shipped_agai
     last = _push_without_root_rights(*args, "--idle-exit", "1", str(logs / "*.log"))
     assert last.returncode == 0, last.stderr
     assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
+
+
+def test_more_files_than_descriptors_ships_those_it_can_open_and_names_the_rest(
+    tmp_path: Path, gateway
+) -> None:
+    """With more matched files than open descriptors, the client opened files until none was
+    left for its own connections: every request failed (Too many open files) and nothing at
+    all was shipped, forever."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writers = [LineWriter(f"f{i:03d}") for i in range(120)]
+    for i, writer in enumerate(writers):
+        writer.append(logs / f"{i:03d}.log", 5)
+    state = tmp_path / "state"
+
+    def limit_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    args = ["--server", gateway.url, "--log-type", "app", "--state-dir", str(state), *FAST_FLAGS]
+    out = subprocess.run(
+        logbroker_cmd("push", *args, "--idle-exit", "2", str(logs / "*.log")),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        preexec_fn=limit_descriptors,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "Too many open files" not in out.stderr, out.stderr[-3000:]
+    assert "the most this process may hold" in out.stderr
+    delivered = read_delivered(gateway.data_dir, "app")
+    shipped = {line_id.split(":")[0] for line_id in delivered.ids()}
+    assert len(shipped) >= 50, f"only {len(shipped)} files shipped"
+    assert_exactly_once(delivered, *[w for w in writers if w.tag in shipped])
