@@ -55,6 +55,28 @@ _TOKEN_CHECK_INTERVAL_S = 1.0
 _MIN_RESCAN_GAP_S = 0.02
 
 
+_RESTART_ONLY = (
+    "failover_after_s",
+    "graphite",
+    "graphite_interval_s",
+    "graphite_prefix",
+    "inotify",
+    "max_backoff_s",
+    "max_in_flight",
+    "metrics_port",
+    "position_wait_s",
+    "probe_interval_s",
+    "servers",
+    "state_dir",
+)
+"""Settings the running parts took at start (connections, watchers, the metrics port): a
+reload keeps them, and says so."""
+
+
+def _shown(value: Any) -> str:
+    return ", ".join(value) if isinstance(value, tuple) else str(value)
+
+
 def _raise_open_files_limit() -> None:
     """Take the hard limit of open descriptors as the soft one: each tailed file holds one,
     and a host with more logs than the usual soft limit (1024) would otherwise leave some
@@ -489,13 +511,14 @@ class PushDaemon:
             log.error("SIGHUP: the configuration is invalid, keeping the running one: %s", exc)
             return
         old = self.config
-        if new.servers != old.servers or new.state_dir != old.state_dir:
+        kept = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
+        if kept:
             log.warning(
-                "SIGHUP: servers and state_dir change only with a restart; keeping %s and %s",
-                ", ".join(old.servers),
-                old.state_dir,
+                "SIGHUP: %s change only with a restart; keeping the running %s",
+                ", ".join(kept),
+                "; ".join(f"{key} = {_shown(getattr(old, key))}" for key in kept),
             )
-            new = replace(new, servers=old.servers, state_dir=old.state_dir)
+            new = replace(new, **{key: getattr(old, key) for key in kept})
         self.config = new
         self._shipper.config = new
         if (new.direct_to_owner, new.owner_refresh_s) != (

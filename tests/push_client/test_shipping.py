@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -13,7 +14,9 @@ from log_store import open_store
 from tests.conftest import REPO, free_port, logbroker_cmd
 from tests.metrics_text import samples
 from tests.push_client.conftest import (
+    FAST_FLAGS,
     LineWriter,
+    PushProcess,
     assert_exactly_once,
     read_delivered,
     wait_for_lines,
@@ -457,4 +460,42 @@ def test_refused_requests_keep_the_data_and_say_why(
     right = start_push(gateway.url, state, log, extra=["--token", "right-token"])
     delivered = wait_for_lines(gateway.data_dir, "app", 2_000)
     assert right.stop() == 0
+    assert_exactly_once(delivered, writer)
+
+
+def test_sighup_names_the_settings_that_change_only_with_a_restart(tmp_path: Path, gateway) -> None:
+    """A reload took a new metrics_port (or max_in_flight, inotify, graphite, ...) without a
+    word and went on with the old one: the operator's change was silently not applied."""
+    state = tmp_path / "state"
+    log = tmp_path / "app.log"
+    writer = LineWriter("hup")
+    writer.append(log, 100)
+    config = tmp_path / "push.toml"
+    first_port, second_port = free_port(), free_port()
+
+    def write_config(metrics_port: int, max_in_flight: int) -> None:
+        config.write_text(
+            f'[push]\nservers = ["{gateway.url}"]\nstate_dir = "{state}"\n'
+            f"metrics_port = {metrics_port}\nmax_in_flight = {max_in_flight}\n"
+            f'[[entry]]\npath = "{log}"\nlog_type = "app"\n'
+        )
+
+    write_config(first_port, 4)
+    push = PushProcess(["--config", str(config), *FAST_FLAGS], tmp_path / "push.log").start()
+    try:
+        push.wait_started(state)
+        wait_for_lines(gateway.data_dir, "app", 100)
+        write_config(second_port, 8)
+        assert push.proc is not None
+        push.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while "configuration reloaded" not in push.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "SIGHUP: max_in_flight, metrics_port change only with a restart" in push.log()
+        assert httpx.get(f"http://127.0.0.1:{first_port}/metrics", timeout=5).status_code == 200
+        writer.append(log, 100)
+        delivered = wait_for_lines(gateway.data_dir, "app", 200)
+        assert push.stop() == 0
+    finally:
+        push.kill()
     assert_exactly_once(delivered, writer)
