@@ -12,7 +12,13 @@ import pytest
 from push_client.state_file import decode_state
 from tests.conftest import REPO, logbroker_cmd
 from tests.metrics_text import sample
-from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+from tests.push_client.conftest import (
+    FAST_FLAGS,
+    LineWriter,
+    assert_exactly_once,
+    read_delivered,
+    wait_for_lines,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
@@ -120,3 +126,45 @@ def test_a_metrics_port_in_use_exits_2_before_anything_is_shipped(tmp_path: Path
     assert f"cannot serve metrics on 127.0.0.1:{port}" in out.stderr
     assert "Traceback" not in out.stderr
     assert not (state / "state.json").exists() and not (state / "status.json").exists()
+
+
+def test_a_client_started_on_a_full_state_dir_ships(
+    tmp_path: Path, gateway, small_filesystem: Path
+) -> None:
+    """A restart on a full state file system must ship as a running client does (the lock
+    file's pid could not be written and the client refused to start: under systemd, a
+    restart loop that shipped nothing)."""
+    log = tmp_path / "app.log"
+    state = small_filesystem / "state"
+    writer = LineWriter("fullstart")
+    writer.append(log, 200)
+    assert _push_once_to(gateway.url, log, state).returncode == 0
+    filler = _fill(small_filesystem)
+    writer.append(log, 200)
+    out = _push_once_to(gateway.url, log, state)
+    assert out.returncode == 0, out.stderr
+    assert "cannot save positions" in out.stderr
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
+    filler.unlink()
+
+
+def _push_once_to(server: str, log: Path, state: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        logbroker_cmd(
+            "push",
+            "--server",
+            server,
+            "--log-type",
+            "app",
+            "--state-dir",
+            str(state),
+            *FAST_FLAGS,
+            "--idle-exit",
+            "1",
+            str(log),
+        ),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
