@@ -428,6 +428,7 @@ class PushDaemon:
                 self._publish_status(running=True)
                 next_status = now + _STATUS_INTERVAL_S
             if self._idle_done(now):
+                self._say_unsent_tails()
                 parked = [t for t in files.live() if t.parked is not None]
                 if parked or files.unreadable:
                     self._exit_code = 1
@@ -466,6 +467,27 @@ class PushDaemon:
                 max(0.0, next_save - now) if dirty else 1.0,
             )
             self._wait(timeout)
+
+    def _say_unsent_tails(self) -> None:
+        """A one-shot run ends: name the bytes it leaves in files because their last line has
+        no newline yet (a later run sends them once it has), instead of exiting in silence."""
+        for tailed in self._files.live():
+            if tailed.parked is None and tailed.size > tailed.settled:
+                log.warning(
+                    "%s: its last %d bytes were not sent: a line without its newline yet (sent "
+                    "by a later run once the line is complete)",
+                    display_path(tailed.path),
+                    tailed.size - tailed.settled,
+                )
+        for path in sorted(self._files.waiting_paths):
+            with contextlib.suppress(OSError):
+                size = os.stat(path).st_size
+                if size:
+                    log.warning(
+                        "%s: not sent: its first line has no newline yet (%d bytes)",
+                        display_path(path),
+                        size,
+                    )
 
     def _wait(self, timeout: float) -> None:
         fds = [self._wake_r]

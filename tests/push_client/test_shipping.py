@@ -499,3 +499,36 @@ def test_sighup_names_the_settings_that_change_only_with_a_restart(tmp_path: Pat
     finally:
         push.kill()
     assert_exactly_once(delivered, writer)
+
+
+def test_a_one_shot_run_names_the_incomplete_lines_it_leaves(tmp_path: Path, gateway) -> None:
+    """A one-shot run left a last line without newline (and a file whose only line has none)
+    unsent and exited 0 without a word: a batch job thought the files were shipped."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "tail.log").write_bytes(b"one\ntwo\nthree without newline")
+    (logs / "head.log").write_bytes(b"a first line without newline")
+    (logs / "empty.log").write_bytes(b"")
+    out = subprocess.run(
+        logbroker_cmd(
+            "push",
+            "--server",
+            gateway.url,
+            "--log-type",
+            "app",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--idle-exit",
+            "1",
+            str(logs / "*.log"),
+        ),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"{logs / 'tail.log'}: its last 21 bytes were not sent" in out.stderr, out.stderr
+    assert f"{logs / 'head.log'}: not sent: its first line has no newline yet" in out.stderr
+    assert "empty.log" not in out.stderr.split("exiting")[-1]
+    assert sorted(read_delivered(gateway.data_dir, "app").lines.popitem()[1]) == [b"one", b"two"]
