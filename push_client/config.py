@@ -249,7 +249,7 @@ def load_file(path: Path) -> tuple[dict[str, Any], list[Entry]]:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
     unknown_top = set(doc) - {"push", "entry"}
     if unknown_top:

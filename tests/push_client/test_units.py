@@ -214,6 +214,9 @@ def test_config_file_is_validated_with_clear_messages(tmp_path: Path) -> None:
     config.write_text("not = [toml")
     with pytest.raises(ConfigError, match="TOML"):
         build_config(file=config)
+    config.write_bytes(b'[push]\nhost = "caf\xe9"\n')  # Latin-1: TOML is UTF-8
+    with pytest.raises(ConfigError, match="TOML"):
+        build_config(file=config)
 
 
 def test_progress_bar_shows_while_a_backlog_is_caught_up_and_then_clears() -> None:
