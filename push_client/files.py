@@ -124,10 +124,13 @@ class FileSet:
         """
         self._resume_with = (installations, census)
         for pos in list(self.state.sources.values()):
-            self._resume(pos)
+            self._resume(pos, self.unreadable)
 
-    def _resume(self, pos: SourcePosition) -> TailedFile | None:
-        """Reopen one source of the state file; None if it is gone, or held (``on_hold``)."""
+    def _resume(
+        self, pos: SourcePosition, unreadable: dict[str, tuple[str, float]]
+    ) -> TailedFile | None:
+        """Reopen one source of the state file; None if it is gone, or held (``on_hold``,
+        and its path in ``unreadable``)."""
         installations, census = self._resume_with
         entry = self._entry_for(pos.entry_path)
         identity = FileIdentity(pos.dev, pos.ino, pos.fingerprint)
@@ -152,9 +155,7 @@ class FileSet:
                 )
             self.on_hold[(pos.dev, pos.ino)] = pos
             known = self.unreadable.get(pos.path)
-            self.unreadable[pos.path] = (
-                known if known and known[0] == error else (error, time.time())
-            )
+            unreadable[pos.path] = known if known and known[0] == error else (error, time.time())
             return None
         self.on_hold.pop((pos.dev, pos.ino), None)
         if found is None or entry is None:
@@ -224,12 +225,13 @@ class FileSet:
         """Pick up files matching the entries that are not tailed yet; return them."""
         found: list[TailedFile] = []
         self.waiting_paths.clear()
-        self.unreadable = {p: u for p, u in self.unreadable.items() if self._held_at(p)}
+        # Rebuilt by each rescan; self.unreadable keeps the last one's until the end, so
+        # that an error already said is not said again.
+        unreadable: dict[str, tuple[str, float]] = {}
         for pos in list(self.on_hold.values()):
-            resumed = self._resume(pos)
+            resumed = self._resume(pos, unreadable)
             if resumed is not None:
                 found.append(resumed)
-        unreadable = {p: u for p, u in self.unreadable.items() if self._held_at(p)}
         open_files, budget = self._descriptors()
         for cand in expand(self.config.entries):
             if (cand.dev, cand.ino) in self.by_inode or (cand.dev, cand.ino) in self.on_hold:
@@ -274,9 +276,6 @@ class FileSet:
             soft = 1 << 20
         reserve = min(max(64, soft // 8), soft // 2)
         return sum(1 for t in self.files.values() if t.fd >= 0), soft - reserve
-
-    def _held_at(self, path: str) -> bool:
-        return any(pos.path == path for pos in self.on_hold.values())
 
     def _unreadable(self, path: str, exc: OSError) -> tuple[str, float]:
         """A matched file that cannot be opened: said once per error, never skipped silently
