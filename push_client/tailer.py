@@ -20,6 +20,7 @@ from push_client.config import Entry
 from push_client.handover import SourceHandover
 from push_client.identity import FileIdentity, display_path, read_fingerprint
 from push_client.parking import Parked
+from push_client.transport import Backoff
 from push_client.wire import SourceMeta
 
 
@@ -146,6 +147,11 @@ class TailedFile:
         """Sent in requests of its own, to find which file a refused request is due to."""
         self.session_asked = False
         """A session request for this file is out."""
+        self.session_retry_at = 0.0
+        """Monotonic time before which no session is asked for (a refusal that may pass)."""
+        self.session_backoff: Backoff | None = None
+        self.session_refusal = ""
+        """The last refusal that may pass (a 429, say), as said in the log; "" when none."""
         self.session_installation = ""
         """The installation the file's session is open at (where its writes go)."""
 
