@@ -63,6 +63,7 @@ def file_row(tailed: TailedFile) -> dict[str, Any]:
             "since": parked.since,
         },
         "doubts": [d.as_list() for d in plan.doubts],
+        "retrying": tailed.session_refusal or None,
         "waiting_for": sorted(plan.census),
     }
 
@@ -204,6 +205,8 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
                 f"IN DOUBT {r['path']}: bytes {start}..{end} sent to {name}, which went down "
                 "before answering; held until it is back\n"
             )
+        if r.get("retrying"):
+            out.write(f"RETRYING {r['path']}: the gateway cannot take it now: {r['retrying']}\n")
         if r.get("waiting_for"):
             out.write(
                 f"WAITING {r['path']}: for {', '.join(r['waiting_for'])} to say how far it "

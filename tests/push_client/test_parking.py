@@ -286,6 +286,14 @@ def test_a_file_the_gateway_cannot_take_yet_is_asked_for_with_backoff_and_named(
         )
         assert requests < 100, f"{requests} requests in about 6 s"
         assert push.log().count("limit_reached") == 1, push.log()
+        status = subprocess.run(
+            logbroker_cmd("push", "--status", "--state-dir", str(state)),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=30,
+        )
+        assert "RETRYING" in status.stdout and "limit_reached" in status.stdout, status.stdout
         assert push.stop() == 0
     finally:
         push.kill()
