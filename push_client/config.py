@@ -76,6 +76,7 @@ _PUSH_KEYS = {
     "inotify",
     "shutdown_timeout_s",
     "max_backoff_s",
+    "max_line_bytes",
     "graphite",
     "graphite_prefix",
     "graphite_interval_s",
@@ -199,6 +200,17 @@ class PushConfig:
                 raise ConfigError(f"{name} must be positive")
         if self.position_wait_s < 0:
             raise ConfigError("position_wait_s must be >= 0")
+        for name in ("rescan_interval_s", "max_backoff_s", "graphite_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        for name in ("multiline_timeout_s", "shutdown_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0")
+        # a line cut at max_line_bytes is one chunk: the protocol's largest is 8 MiB
+        if self.max_line_bytes < 4096 or self.max_line_bytes > 8 * 1024 * 1024:
+            raise ConfigError("max_line_bytes must be between 4096 and 8388608")
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be a TCP port (1-65535), not {self.metrics_port}")
         for glob in self.direct_to_owner:
             if not re.fullmatch(r"https?://[^\s/?#@]+", glob):
                 raise ConfigError(
@@ -212,17 +224,22 @@ class PushConfig:
         return self
 
 
-def _entry_from_table(table: dict[str, Any], where: str) -> Entry:
+def _entry_from_table(table: Any, where: str) -> Entry:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table ([[entry]]), not {table!r}")
     unknown = set(table) - _ENTRY_KEYS
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
     if "path" not in table or "log_type" not in table:
         raise ConfigError(f"{where}: needs 'path' and 'log_type'")
+    for key, value in table.items():
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: {key} must be a string, not {value!r}")
     return Entry(
-        path=str(table["path"]),
-        log_type=str(table["log_type"]),
-        codec=str(table.get("codec", "raw")),
-        multiline=None if table.get("multiline") is None else str(table["multiline"]),
+        path=table["path"],
+        log_type=table["log_type"],
+        codec=table.get("codec", "raw"),
+        multiline=table.get("multiline"),
     )
 
 
@@ -232,20 +249,24 @@ def load_file(path: Path) -> tuple[dict[str, Any], list[Entry]]:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
     unknown_top = set(doc) - {"push", "entry"}
     if unknown_top:
         raise ConfigError(f"config {path}: unknown tables {sorted(unknown_top)}")
-    push = dict(doc.get("push", {}))
+    push = doc.get("push", {})
+    if not isinstance(push, dict):
+        raise ConfigError(f"config {path}: [push] must be a table, not {push!r}")
     unknown = set(push) - _PUSH_KEYS
     if unknown:
         raise ConfigError(f"config {path}: unknown keys in [push]: {sorted(unknown)}")
+    tables = doc.get("entry", [])
+    if not isinstance(tables, list):
+        raise ConfigError(f"config {path}: entry must be [[entry]] tables, not {tables!r}")
     entries = [
-        _entry_from_table(t, f"config {path} [[entry]] #{i + 1}")
-        for i, t in enumerate(doc.get("entry", []))
+        _entry_from_table(t, f"config {path} [[entry]] #{i + 1}") for i, t in enumerate(tables)
     ]
-    return push, entries
+    return dict(push), entries
 
 
 _INT_KEYS = {
@@ -334,14 +355,23 @@ def build_config(
     raw_servers = settings.pop("servers", [])
     if isinstance(raw_servers, str):
         raw_servers = [raw_servers]
-    state = Path(str(settings.pop("state_dir"))).expanduser()
+    if not isinstance(raw_servers, list) or not all(isinstance(u, str) for u in raw_servers):
+        raise ConfigError(f"servers must be a list of URL strings, not {raw_servers!r}")
+    state_dir_value = settings.pop("state_dir")
+    if not isinstance(state_dir_value, str) or not state_dir_value.strip():
+        # "" would be the working directory: positions kept wherever the client was started
+        raise ConfigError(f"state_dir must be a directory path, not {state_dir_value!r}")
+    state = Path(state_dir_value).expanduser()
     if settings.get("token_file") is not None:
-        settings["token_file"] = Path(str(settings["token_file"])).expanduser()
+        token_file = _typed("token_file", settings["token_file"])
+        if not str(token_file).strip():
+            raise ConfigError("token_file must be a file path, not ''")
+        settings["token_file"] = Path(token_file).expanduser()
     for key, value in settings.items():
         settings[key] = _typed(key, value)
     try:
         config = PushConfig(
-            servers=_normalized_servers([str(u) for u in raw_servers]),
+            servers=_normalized_servers(raw_servers),
             state_dir=state,
             entries=tuple(entries),
             **settings,

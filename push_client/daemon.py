@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import resource
 import select
 import signal
 import socket
@@ -31,6 +32,7 @@ from push_client.audit_publishing import PushAuditPublishers
 from push_client.config import PushConfig
 from push_client.discovery import ChangeWatcher, expand, watch_root
 from push_client.files import Counters, FileSet
+from push_client.identity import display_path
 from push_client.installations import InstallationSet
 from push_client.lag_report import LagReporter
 from push_client.metrics import MetricsServer, PushCollector, PushMetrics
@@ -53,7 +55,44 @@ _TOKEN_CHECK_INTERVAL_S = 1.0
 _MIN_RESCAN_GAP_S = 0.02
 
 
-class StateDirBusy(LogbrokerError):
+_RESTART_ONLY = (
+    "failover_after_s",
+    "graphite",
+    "graphite_interval_s",
+    "graphite_prefix",
+    "inotify",
+    "max_backoff_s",
+    "max_in_flight",
+    "metrics_port",
+    "position_wait_s",
+    "probe_interval_s",
+    "servers",
+    "state_dir",
+)
+"""Settings the running parts took at start (connections, watchers, the metrics port): a
+reload keeps them, and says so."""
+
+
+def _shown(value: Any) -> str:
+    return ", ".join(value) if isinstance(value, tuple) else str(value)
+
+
+def _raise_open_files_limit() -> None:
+    """Take the hard limit of open descriptors as the soft one: each tailed file holds one,
+    and a host with more logs than the usual soft limit (1024) would otherwise leave some
+    unread (they are named as such, see ``FileSet.discover``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class CannotStart(LogbrokerError):
+    """The client cannot run with this configuration on this host: its state directory or
+    its metrics port cannot be used.  Nothing was shipped, nothing was written."""
+
+
+class StateDirBusy(CannotStart):
     """Another push-client holds the state directory."""
 
 
@@ -109,6 +148,8 @@ class PushDaemon:
         self._watcher = ChangeWatcher(config.inotify)
         self._state = PushState()
         self._state_file = StateFile(self.state_dir)
+        self._state_dir_errors: dict[str, str] = {}
+        """What could not be written to the state dir ("positions", "status"): the error."""
         self._counters = Counters()
         self.metrics = PushMetrics()
         self._files = FileSet(
@@ -163,8 +204,12 @@ class PushDaemon:
         return any(t.name.startswith("push-send") and t.is_alive() for t in threading.enumerate())
 
     def run(self) -> int:
-        """Run until stopped (or idle, with ``idle_exit_s``); return the exit code."""
-        self._take_lock()
+        """Run until stopped (or idle, with ``idle_exit_s``); return the exit code.
+
+        Raises :class:`CannotStart` (before anything is read or sent) when the state dir or
+        the metrics port cannot be used.
+        """
+        self._prepare()
         in_main = threading.current_thread() is threading.main_thread()
         previous: dict[signal.Signals, Any] = {}
         if in_main:
@@ -183,6 +228,34 @@ class PushDaemon:
         return self._exit_code
 
     # -- start and stop -------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Take the state dir, load the positions and open the metrics port, or raise
+        :class:`CannotStart` with the reason (a traceback told an operator nothing)."""
+        _raise_open_files_limit()
+        try:
+            self._take_lock()
+            loaded = self._state_file.load()
+        except OSError as exc:
+            self._release_lock()
+            raise CannotStart(
+                f"cannot use state dir {display_path(str(self.state_dir))}: "
+                f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}"
+            ) from exc
+        self._state.sources, self._state.retired = loaded.sources, loaded.retired
+        self._state.clean = loaded.clean
+        self.metrics.state_corruptions = self._state_file.corruptions
+        if self.config.metrics_port is not None:
+            try:
+                self._metrics_server = MetricsServer(
+                    self.config.metrics_port, self._render_metrics, self._last_status
+                )
+            except OSError as exc:
+                self._release_lock()
+                raise CannotStart(
+                    f"cannot serve metrics on 127.0.0.1:{self.config.metrics_port}: "
+                    f"{exc.strerror or exc}"
+                ) from exc
+
     def _take_lock(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.state_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -197,16 +270,15 @@ class PushDaemon:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
 
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
     def _start(self) -> None:
-        loaded = self._state_file.load()
-        self._state.sources, self._state.retired = loaded.sources, loaded.retired
-        self._state.clean = loaded.clean
-        self.metrics.state_corruptions = self._state_file.corruptions
-        if self.config.metrics_port is not None:
-            self._metrics_server = MetricsServer(
-                self.config.metrics_port, self._render_metrics, self._last_status
-            )
-        self._lag_report = LagReporter(f"{socket.gethostname()}:{self.state_dir}", self._token)
+        self._lag_report = LagReporter(
+            f"{socket.gethostname()}:{display_path(str(self.state_dir))}", self._token
+        )
         for entry in self.config.entries:
             self._watcher.watch(watch_root(entry.path))
         names = self._installations.names
@@ -265,7 +337,7 @@ class PushDaemon:
             self._shipper.give_up_in_flight()
             self._files.sync_state_positions()
             self._state.clean = True
-            self._state_file.save(self._state)
+            self._save_state()
             self._publish_status(running=False)
             if self._audit is not None:
                 # after the positions are safe; a hung gateway costs at most this long
@@ -328,10 +400,12 @@ class PushDaemon:
                 changed = changes.any
                 if changes.moves:
                     files.follow_renames(changes.moves, now)
-                if now >= next_rescan or (
-                    (changes.structural or (changed and bool(files.waiting_paths)))
-                    and now - last_rescan >= _MIN_RESCAN_GAP_S
-                ):
+                if changes.structural or (changed and bool(files.waiting_paths)):
+                    # A change right after a rescan is not dropped, only put off for the gap:
+                    # a rotated log is re-created empty and written a moment later, and the
+                    # write's event was the last one (its lines waited a whole rescan).
+                    next_rescan = min(next_rescan, last_rescan + _MIN_RESCAN_GAP_S)
+                if now >= next_rescan:
                     files.discover()
                     last_rescan = now
                     next_rescan = now + self.config.rescan_interval_s
@@ -354,8 +428,9 @@ class PushDaemon:
                 self._publish_status(running=True)
                 next_status = now + _STATUS_INTERVAL_S
             if self._idle_done(now):
+                self._say_unsent_tails()
                 parked = [t for t in files.live() if t.parked is not None]
-                if parked:
+                if parked or files.unreadable:
                     self._exit_code = 1
                     for tailed in parked:
                         assert tailed.parked is not None
@@ -364,11 +439,19 @@ class PushDaemon:
                             tailed.path,
                             tailed.parked.refusal,
                         )
+                    for path, (error, _since) in sorted(files.unreadable.items()):
+                        log.error(
+                            "%s was not shipped: cannot read it: %s", display_path(path), error
+                        )
+                    unreadable = (
+                        f" and {len(files.unreadable)} unreadable" if files.unreadable else ""
+                    )
                     log.error(
-                        "idle for %.1f s with %d of %d files parked; exiting with status 1",
+                        "idle for %.1f s with %d of %d files parked%s; exiting with status 1",
                         self.idle_exit_s,
                         len(parked),
                         len(files.live()),
+                        unreadable,
                     )
                 else:
                     log.info(
@@ -378,11 +461,33 @@ class PushDaemon:
                 continue
             timeout = min(
                 max(0.0, next_poll - now),
+                max(0.0, next_rescan - now),
                 linger_wait,
                 max(0.0, next_status - now),
                 max(0.0, next_save - now) if dirty else 1.0,
             )
             self._wait(timeout)
+
+    def _say_unsent_tails(self) -> None:
+        """A one-shot run ends: name the bytes it leaves in files because their last line has
+        no newline yet (a later run sends them once it has), instead of exiting in silence."""
+        for tailed in self._files.live():
+            if tailed.parked is None and tailed.size > tailed.settled:
+                log.warning(
+                    "%s: its last %d bytes were not sent: a line without its newline yet (sent "
+                    "by a later run once the line is complete)",
+                    display_path(tailed.path),
+                    tailed.size - tailed.settled,
+                )
+        for path in sorted(self._files.waiting_paths):
+            with contextlib.suppress(OSError):
+                size = os.stat(path).st_size
+                if size:
+                    log.warning(
+                        "%s: not sent: its first line has no newline yet (%d bytes)",
+                        display_path(path),
+                        size,
+                    )
 
     def _wait(self, timeout: float) -> None:
         fds = [self._wake_r]
@@ -428,13 +533,14 @@ class PushDaemon:
             log.error("SIGHUP: the configuration is invalid, keeping the running one: %s", exc)
             return
         old = self.config
-        if new.servers != old.servers or new.state_dir != old.state_dir:
+        kept = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
+        if kept:
             log.warning(
-                "SIGHUP: servers and state_dir change only with a restart; keeping %s and %s",
-                ", ".join(old.servers),
-                old.state_dir,
+                "SIGHUP: %s change only with a restart; keeping the running %s",
+                ", ".join(kept),
+                "; ".join(f"{key} = {_shown(getattr(old, key))}" for key in kept),
             )
-            new = replace(new, servers=old.servers, state_dir=old.state_dir)
+            new = replace(new, **{key: getattr(old, key) for key in kept})
         self.config = new
         self._shipper.config = new
         if (new.direct_to_owner, new.owner_refresh_s) != (
@@ -455,8 +561,50 @@ class PushDaemon:
     def _save_state(self) -> None:
         self._files.sync_state_positions()
         self._files.prune_retired()
-        self._state_file.save(self._state)
+        try:
+            self._state_file.save(self._state)
+        except OSError as exc:
+            # A full or broken state dir costs positions, not shipping: the gateway's last
+            # seqnos are the truth.  The state stays dirty, so the next save tries again.
+            self.metrics.state_save_failures += 1
+            if self._state_dir_trouble("positions", exc) and self._installations.multi:
+                self._drop_stale_state()
+            return
+        self._state_dir_recovered("positions", "positions saved again")
         self._shipper.state_dirty = False
+
+    def _state_dir_trouble(self, what: str, exc: OSError) -> bool:
+        """Log a failure to write ``what`` once per distinct error; True if it is new."""
+        text = f"{exc.strerror or exc}"
+        if self._state_dir_errors.get(what) == text:
+            return False
+        self._state_dir_errors[what] = text
+        if what == "positions":
+            log.error(
+                "cannot save positions in %s: %s; shipping goes on (a restart resumes from "
+                "the gateways' last seqnos), saving is tried again every %.1f s",
+                self.state_dir,
+                text,
+                _STATE_SAVE_INTERVAL_S,
+            )
+        else:
+            log.warning("cannot write status in %s: %s", self.state_dir, text)
+        return True
+
+    def _state_dir_recovered(self, what: str, message: str) -> None:
+        if self._state_dir_errors.pop(what, None) is not None:
+            log.info("%s in %s", message, self.state_dir)
+
+    def _drop_stale_state(self) -> None:
+        """With several installations, positions older than the acks are worse than none
+        (a restart would trust where they say each file went): remove them, so that a
+        restart asks every installation instead (see "When the client's positions are lost
+        too" in docs/push-client.md)."""
+        with contextlib.suppress(OSError):
+            self._state_file.path.unlink()
+            log.warning(
+                "removed the stale %s until positions can be saved again", self._state_file.path
+            )
 
     def _last_status(self) -> bytes:
         """The status document as last published (read from the metrics server's thread)."""
@@ -474,6 +622,10 @@ class PushDaemon:
             last_error=stats.last_error,
             last_error_at=stats.last_error_at,
             files=rows,
+            unreadable=[
+                {"path": display_path(path), "error": error, "since": since}
+                for path, (error, since) in sorted(self._files.unreadable.items())
+            ],
         )
         self._status_document = document
         if self._lag_report is not None and running:
@@ -485,7 +637,9 @@ class PushDaemon:
                 self.state_dir / "metrics.prom", self._render_metrics().encode(), durable=False
             )
         except OSError as exc:
-            log.warning("cannot write status: %s", exc)
+            self._state_dir_trouble("status", exc)
+        else:
+            self._state_dir_recovered("status", "status written again")
         if self._progress is not None and running:
             backlog = sum(t.lag_bytes for t in self._files.live())
             self._progress.update(self._counters.acked_bytes, backlog)
@@ -507,4 +661,5 @@ class PushDaemon:
             installations=self._installations,
             parked_total=self._parking.parked_total,
             abandoned_bytes=self._files.abandoned.total,
+            unreadable_files=len(self._files.unreadable),
         )

@@ -64,8 +64,12 @@ def watch_root(pattern: str) -> str:
     return os.sep.join(fixed) or os.sep
 
 
-def find_inode(directory: str, dev: int, ino: int) -> str | None:
-    """The path of the file with this identity in ``directory`` (a rotated file), if any."""
+def find_inode(directory: str, dev: int, ino: int, *, strict: bool = False) -> str | None:
+    """The path of the file with this identity in ``directory`` (a rotated file), if any.
+
+    ``strict``: a directory that exists but cannot be read raises (OSError) rather than
+    answering "not there", which it cannot know.
+    """
     try:
         with os.scandir(directory) as it:
             for item in it:
@@ -73,7 +77,11 @@ def find_inode(directory: str, dev: int, ino: int) -> str | None:
                     continue
                 if item.stat(follow_symlinks=False).st_dev == dev:
                     return item.path
+    except FileNotFoundError:
+        return None
     except OSError:
+        if strict:
+            raise
         return None
     return None
 

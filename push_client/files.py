@@ -13,9 +13,11 @@ Only the daemon's loop thread touches this object.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import fnmatch
 import logging
 import os
+import resource
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from push_client.codec import compress
 from push_client.config import Entry, PushConfig
 from push_client.discovery import ChangeWatcher, expand, find_inode
 from push_client.handover import Doubt
-from push_client.identity import FileIdentity, make_source_id, read_fingerprint
+from push_client.identity import FileIdentity, display_path, make_source_id, read_fingerprint
 from push_client.rotation import AbandonedBytes, LetGoPolicy
 from push_client.state_file import PushState, RetiredSource, SourcePosition
 from push_client.tailer import Phase, TailedFile
@@ -59,6 +61,10 @@ def _matches(entry: Entry, path: str) -> bool:
     return fnmatch.fnmatchcase(path, os.path.abspath(entry.path))
 
 
+def _no_census(tailed: TailedFile, installation: str) -> None:
+    return None
+
+
 class FileSet:
     """Every tailed file, by source id and by inode."""
 
@@ -81,6 +87,14 @@ class FileSet:
         self.files: dict[str, TailedFile] = {}
         self.by_inode: dict[tuple[int, int], TailedFile] = {}
         self.waiting_paths: set[str] = set()
+        self.on_hold: dict[tuple[int, int], SourcePosition] = {}
+        """Sources of the state file whose file exists but cannot be opened now (no
+        permission, no descriptor left): kept, and resumed where they were once it can be.
+        Taking them for gone would ship them again from their start as new sources."""
+        self._resume_with: tuple[list[str], Callable[[TailedFile, str], None]] = ([], _no_census)
+        self.unreadable: dict[str, tuple[str, float]] = {}
+        """Matched files that cannot be opened (no permission, say): path -> (error, since).
+        They are named in the log, the status and the metrics, and tried at every rescan."""
         self.let_go = LetGoPolicy(config.rotate_wait_s, config.rotated_grace_s)
         self.abandoned = AbandonedBytes()
         self.multi = False
@@ -108,68 +122,97 @@ class FileSet:
         further along at ``installation`` than the state says (the previous run did not
         stop cleanly).
         """
+        self._resume_with = (installations, census)
         for pos in list(self.state.sources.values()):
-            entry = self._entry_for(pos.entry_path)
-            identity = FileIdentity(pos.dev, pos.ino, pos.fingerprint)
-            found = self._open_identity(pos.path, identity)
+            self._resume(pos, self.unreadable)
+
+    def _resume(
+        self, pos: SourcePosition, unreadable: dict[str, tuple[str, float]]
+    ) -> TailedFile | None:
+        """Reopen one source of the state file; None if it is gone, or held (``on_hold``,
+        and its path in ``unreadable``)."""
+        installations, census = self._resume_with
+        entry = self._entry_for(pos.entry_path)
+        identity = FileIdentity(pos.dev, pos.ino, pos.fingerprint)
+        try:
+            found = self._open_identity(pos.path, identity) if entry is not None else None
             draining = pos.draining
-            if found is None:
-                moved = find_inode(os.path.dirname(pos.path), pos.dev, pos.ino)
+            if found is None and entry is not None:
+                moved = find_inode(os.path.dirname(pos.path), pos.dev, pos.ino, strict=True)
                 if moved is not None:
                     found = self._open_identity(moved, identity)
                     draining = True
-            if found is None or entry is None:
-                reason = "gone" if found is None else "unconfigured"
-                if found is not None:
-                    os.close(found[0])
+        except OSError as exc:
+            error = exc.strerror or str(exc)
+            if (pos.dev, pos.ino) not in self.on_hold:
                 log.warning(
-                    "source %s is %s since the last run; positions up to %d were acked",
+                    "cannot open %s to resume source %s (%s); its position (%d) is kept and "
+                    "it is resumed there once it can be read",
+                    display_path(pos.path),
                     pos.source_id,
-                    reason,
+                    error,
                     pos.acked,
                 )
-                if pos.doubts:
-                    log.error(
-                        "source %s: bytes %s were in flight to installations that went down "
-                        "and can no longer be checked: they may be lost",
-                        pos.source_id,
-                        ", ".join(f"{s}..{e} ({n})" for n, s, e in pos.doubts),
-                    )
-                self._retire_position(pos, reason, pos.size, pos.path)
-                continue
-            fd, path = found
-            tailed = self.new_file(
-                entry, fd, path, pos.first_path, identity, pos.generation, pos.source_id
+            self.on_hold[(pos.dev, pos.ino)] = pos
+            known = self.unreadable.get(pos.path)
+            unreadable[pos.path] = known if known and known[0] == error else (error, time.time())
+            return None
+        self.on_hold.pop((pos.dev, pos.ino), None)
+        if found is None or entry is None:
+            reason = "gone" if found is None else "unconfigured"
+            if found is not None:
+                os.close(found[0])
+            log.warning(
+                "source %s is %s since the last run; positions up to %d were acked",
+                pos.source_id,
+                reason,
+                pos.acked,
             )
-            if draining:
-                tailed.phase = Phase.DRAINING
-                tailed.rotated_at = time.monotonic()
-                self.counters.rotations += 1
-            if not self.multi:
-                continue
-            plan = tailed.handover
-            plan.frontier = pos.acked
-            plan.installation = pos.installation
-            for raw in pos.doubts:
-                doubt = Doubt.from_list(raw)
-                if doubt.installation in installations:
-                    plan.add_doubt(doubt)
-                else:
-                    log.error(
-                        "source %s: bytes %d..%d were in flight to installation %s, which is "
-                        "no longer configured: they may be lost",
-                        pos.source_id,
-                        doubt.start,
-                        doubt.end,
-                        doubt.installation,
-                    )
-            if pos.installation in installations and not self.state.clean:
-                census(tailed, pos.installation)
+            if pos.doubts:
+                log.error(
+                    "source %s: bytes %s were in flight to installations that went down "
+                    "and can no longer be checked: they may be lost",
+                    pos.source_id,
+                    ", ".join(f"{s}..{e} ({n})" for n, s, e in pos.doubts),
+                )
+            self._retire_position(pos, reason, pos.size, pos.path)
+            return None
+        fd, path = found
+        tailed = self.new_file(
+            entry, fd, path, pos.first_path, identity, pos.generation, pos.source_id
+        )
+        if draining:
+            tailed.phase = Phase.DRAINING
+            tailed.rotated_at = time.monotonic()
+            self.counters.rotations += 1
+        if not self.multi:
+            return tailed
+        plan = tailed.handover
+        plan.frontier = pos.acked
+        plan.installation = pos.installation
+        for raw in pos.doubts:
+            doubt = Doubt.from_list(raw)
+            if doubt.installation in installations:
+                plan.add_doubt(doubt)
+            else:
+                log.error(
+                    "source %s: bytes %d..%d were in flight to installation %s, which is "
+                    "no longer configured: they may be lost",
+                    pos.source_id,
+                    doubt.start,
+                    doubt.end,
+                    doubt.installation,
+                )
+        if pos.installation in installations and not self.state.clean:
+            census(tailed, pos.installation)
+        return tailed
 
     def _open_identity(self, path: str, identity: FileIdentity) -> tuple[int, str] | None:
+        """The file at ``path`` if it is this one; raises OSError if it exists but cannot
+        be opened (then whether it is this one is not known)."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         st = os.fstat(fd)
         same_inode = (st.st_dev, st.st_ino) == (identity.dev, identity.ino)
@@ -182,13 +225,31 @@ class FileSet:
         """Pick up files matching the entries that are not tailed yet; return them."""
         found: list[TailedFile] = []
         self.waiting_paths.clear()
+        # Rebuilt by each rescan; self.unreadable keeps the last one's until the end, so
+        # that an error already said is not said again.
+        unreadable: dict[str, tuple[str, float]] = {}
+        for pos in list(self.on_hold.values()):
+            resumed = self._resume(pos, unreadable)
+            if resumed is not None:
+                found.append(resumed)
+        open_files, budget = self._descriptors()
         for cand in expand(self.config.entries):
-            if (cand.dev, cand.ino) in self.by_inode:
+            if (cand.dev, cand.ino) in self.by_inode or (cand.dev, cand.ino) in self.on_hold:
                 continue
             self.watcher.watch(os.path.dirname(cand.path))
             try:
+                if open_files >= budget:
+                    # Every file tailed holds a descriptor; taking the last ones would leave
+                    # none for the gateways' connections, and nothing would ship at all.
+                    raise OSError(
+                        errno.EMFILE,
+                        f"{open_files} files are open, the most this process may hold beside "
+                        f"its connections (raise ulimit -n, LimitNOFILE in the unit)",
+                    )
                 fd = os.open(cand.path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:  # gone since it was matched: nothing to say
+                    unreadable[cand.path] = self._unreadable(cand.path, exc)
                 continue
             st = os.fstat(fd)
             fingerprint = read_fingerprint(fd)
@@ -203,7 +264,33 @@ class FileSet:
                 continue
             tailed = self._found(cand.entry, fd, cand.path, cand.path, identity, known)
             found.append(tailed)
+            open_files += 1
+        self.unreadable = unreadable
         return found
+
+    def _descriptors(self) -> tuple[int, int]:
+        """(files open now, how many files may be open): the limit of open descriptors less
+        a reserve for connections, the state and status files, inotify and the like."""
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+        reserve = min(max(64, soft // 8), soft // 2)
+        return sum(1 for t in self.files.values() if t.fd >= 0), soft - reserve
+
+    def _unreadable(self, path: str, exc: OSError) -> tuple[str, float]:
+        """A matched file that cannot be opened: said once per error, never skipped silently
+        (a file the client has no permission on would otherwise never be shipped, unseen)."""
+        error = exc.strerror or str(exc)
+        known = self.unreadable.get(path)
+        if known is not None and known[0] == error:
+            return known
+        log.warning(
+            "cannot read %s: %s; it is not shipped until it can be read (tried again every %.0f s)",
+            display_path(path),
+            error,
+            self.config.rescan_interval_s,
+        )
+        return (error, time.time())
 
     def follow_renames(self, moves: list[tuple[str, str]], now: float) -> None:
         """Files renamed away from a matched path that we had not picked up yet (rotated

@@ -15,6 +15,8 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from push_client.identity import display_path
+
 if TYPE_CHECKING:
     from push_client.installations import InstallationSet
     from push_client.tailer import TailedFile
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 def _file_labels(tailed: TailedFile, **extra: str) -> dict[str, str]:
     # source as well as file: a rotated file and its successor may share a path for a while
-    return {"file": tailed.path, "source": tailed.source_id, **extra}
+    return {"file": display_path(tailed.path), "source": tailed.source_id, **extra}
 
 
 class _Families:
@@ -77,6 +79,7 @@ class PushMetrics:
         self.request_bytes_total = 0
         self.requests_sent = 0
         self.state_corruptions = 0
+        self.state_save_failures = 0
 
     def observe_request_bytes(self, size: int) -> None:
         with self._lock:
@@ -98,6 +101,7 @@ class PushMetrics:
         installations: InstallationSet,
         parked_total: int,
         abandoned_bytes: int,
+        unreadable_files: int = 0,
     ) -> list[Metric]:
         out = _Families()
         metric = out.add
@@ -224,6 +228,18 @@ class PushMetrics:
             "counter",
             "State files found corrupt at start.",
             [(none, self.state_corruptions)],
+        )
+        metric(
+            "logbroker_push_state_save_failures_total",
+            "counter",
+            "Saves of the positions that failed (state dir full or broken); shipping goes on.",
+            [(none, self.state_save_failures)],
+        )
+        metric(
+            "logbroker_push_unreadable_files",
+            "gauge",
+            "Files an entry matches that cannot be opened (no permission, say): not shipped.",
+            [(none, unreadable_files)],
         )
         metric(
             "logbroker_push_buffered_bytes",

@@ -39,7 +39,13 @@ from push_client.metrics import PushMetrics
 from push_client.owner_routes import OwnerPolicy, OwnerRoutes
 from push_client.parking import ParkingLot, Refusal
 from push_client.tailer import Chunk, Phase, TailedFile
-from push_client.transport import GatewayClient, InstallationUnavailable, Refused, Stopped
+from push_client.transport import (
+    Backoff,
+    GatewayClient,
+    InstallationUnavailable,
+    Refused,
+    Stopped,
+)
 from push_client.wire import WireChunk, encode_write_body
 
 log = logging.getLogger("logbroker.push")
@@ -161,6 +167,7 @@ class Shipper:
             if (
                 tailed.session_ready
                 or tailed.session_asked
+                or tailed.session_retry_at > now
                 or tailed.phase is Phase.DONE
                 or tailed.in_flight
                 or tailed.parked is not None
@@ -261,6 +268,9 @@ class Shipper:
             self.counters.buffered -= tailed.drop_pending()
             tailed.resume_at(step.resume_at, epoch)
             tailed.session_installation = name
+            if tailed.session_refusal:
+                log.info("%s: the gateway takes it again", tailed.path)
+            tailed.session_refusal, tailed.session_backoff = "", None
             tailed.size = size
             if step.until is not None:
                 log.info(
@@ -562,8 +572,24 @@ class Shipper:
                 tailed, refusal, time.monotonic(), time.time()
             )
         else:
+            # It may pass (a 429 limit_reached, a 408, a 5xx for this file alone): ask again
+            # after a backoff, not at once (that was hundreds of requests a second), and say
+            # so once per refusal.
             tailed.session_ready = False
             self.counters.buffered -= tailed.drop_pending()
+            if tailed.session_backoff is None:
+                tailed.session_backoff = Backoff(base_s=0.5, cap_s=self.config.max_backoff_s)
+            delay = tailed.session_backoff.next_delay()
+            tailed.session_retry_at = time.monotonic() + delay
+            said = str(refusal)
+            if said != tailed.session_refusal:
+                tailed.session_refusal = said
+                log.warning(
+                    "%s: the gateway cannot take it now (%s); asking again every %.0f s at most",
+                    tailed.path,
+                    said,
+                    self.config.max_backoff_s,
+                )
 
     def _on_write(self, job: _WriteJob, answer: dict[str, Any]) -> None:
         raw = answer.get("results", [])

@@ -10,6 +10,7 @@ lag the log (then the gateway's answer moves it forward) but never lead it.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
@@ -92,11 +93,20 @@ class PushState:
             "sources": [asdict(s) for s in self.sources.values()],
             "retired": [asdict(r) for r in self.retired],
         }
-        return orjson.dumps(payload)
+        try:
+            return orjson.dumps(payload)
+        except TypeError:
+            # A path that is not UTF-8 (a Latin-1 file name) is a str with surrogate escapes,
+            # which orjson refuses; the standard library writes them as \udcXX escapes,
+            # which it reads back to the same path.
+            return json.dumps(payload, separators=(",", ":")).encode("ascii")
 
     @classmethod
     def from_json(cls, body: bytes) -> PushState:
-        payload = orjson.loads(body)
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            payload = json.loads(body)  # the escapes of :meth:`to_json`'s fallback
         if not isinstance(payload, dict) or payload.get("version") not in READABLE_VERSIONS:
             raise CorruptStateFile("state file has an unknown version")
         try:
@@ -123,7 +133,7 @@ def decode_state(raw: bytes) -> PushState:
         raise CorruptStateFile("state file checksum does not match its contents")
     try:
         return PushState.from_json(body)
-    except orjson.JSONDecodeError as exc:
+    except (ValueError, UnicodeDecodeError) as exc:
         raise CorruptStateFile(f"state file is not JSON: {exc}") from exc
 
 

@@ -14,11 +14,18 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
+from log_store.errors import LogbrokerError
+from push_client.identity import display_path
+
 if TYPE_CHECKING:
     from push_client.installations import InstallationSet
     from push_client.tailer import TailedFile
 
 STATUS_NAME = "status.json"
+
+
+class NoStatus(LogbrokerError):
+    """The state directory holds no status document that can be read."""
 
 
 def _phase(tailed: TailedFile) -> str:
@@ -33,7 +40,9 @@ def file_row(tailed: TailedFile) -> dict[str, Any]:
     parked = tailed.parked
     plan = tailed.handover
     return {
-        "path": tailed.path,
+        # printable text: JSON holds no undecodable bytes (a Latin-1 name), and a name with
+        # a newline would break the table of --status
+        "path": display_path(tailed.path),
         "source_id": tailed.source_id,
         "log_type": tailed.entry.log_type,
         "topic": tailed.topic,
@@ -54,6 +63,7 @@ def file_row(tailed: TailedFile) -> dict[str, Any]:
             "since": parked.since,
         },
         "doubts": [d.as_list() for d in plan.doubts],
+        "retrying": tailed.session_refusal or None,
         "waiting_for": sorted(plan.census),
     }
 
@@ -82,6 +92,7 @@ def status_document(
     last_error: str,
     last_error_at: float,
     files: list[dict[str, Any]],
+    unreadable: list[dict[str, Any]] | None = None,
 ) -> bytes:
     return orjson.dumps(
         {
@@ -94,6 +105,7 @@ def status_document(
             "last_error": last_error,
             "last_error_at": last_error_at,
             "files": files,
+            "unreadable": unreadable or [],
         }
     )
 
@@ -126,8 +138,21 @@ def current_lag(row: dict[str, Any], now: float) -> tuple[int, int, float]:
 
 
 def read_status(state_dir: Path) -> dict[str, Any]:
-    """The last status the daemon published, with lags measured now."""
-    doc: dict[str, Any] = orjson.loads((state_dir / STATUS_NAME).read_bytes())
+    """The last status the daemon published, with lags measured now.
+
+    Raises :class:`NoStatus` when there is none or it cannot be read.
+    """
+    path = state_dir / STATUS_NAME
+    try:
+        doc: dict[str, Any] = orjson.loads(path.read_bytes())
+    except FileNotFoundError as exc:
+        raise NoStatus(f"no status in {state_dir} (has the client run there?)") from exc
+    except OSError as exc:
+        raise NoStatus(f"cannot read {path}: {exc.strerror}") from exc
+    except orjson.JSONDecodeError as exc:
+        raise NoStatus(f"{path} is damaged ({exc}); the client rewrites it every second") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):
+        raise NoStatus(f"{path} is not a status document")
     now = time.time()
     doc["running"] = bool(doc.get("running")) and _alive(int(doc.get("pid", 0)))
     for row in doc["files"]:
@@ -149,6 +174,9 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
     if doc.get("last_error"):
         when = time.strftime("%H:%M:%S", time.localtime(doc["last_error_at"]))
         out.write(f"last error ({when}): {doc['last_error'][:200]}\n")
+    for r in doc.get("unreadable", []):
+        when = time.strftime("%H:%M:%S", time.localtime(r["since"]))
+        out.write(f"UNREADABLE {r['path']} since {when}: {r['error']} (not shipped)\n")
     files = doc["files"]
     total = sum(r["lag_bytes"] for r in files)
     out.write(f"{len(files)} files, total lag {total} bytes\n")
@@ -177,6 +205,8 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
                 f"IN DOUBT {r['path']}: bytes {start}..{end} sent to {name}, which went down "
                 "before answering; held until it is back\n"
             )
+        if r.get("retrying"):
+            out.write(f"RETRYING {r['path']}: the gateway cannot take it now: {r['retrying']}\n")
         if r.get("waiting_for"):
             out.write(
                 f"WAITING {r['path']}: for {', '.join(r['waiting_for'])} to say how far it "

@@ -20,6 +20,7 @@ from push_client.config import Entry
 from push_client.handover import SourceHandover
 from push_client.identity import FileIdentity, display_path, read_fingerprint
 from push_client.parking import Parked
+from push_client.transport import Backoff
 from push_client.wire import SourceMeta
 
 
@@ -44,6 +45,45 @@ class Chunk:
     create_time_ms: int
     encoded: concurrent.futures.Future[bytes | memoryview] | None = None
     """The data compressed by the entry's codec, started as soon as the chunk was cut."""
+
+
+class UnackedSince:
+    """When the oldest byte not yet acknowledged was first seen: what lag in seconds means.
+
+    A log written to without pause always has a few bytes not acknowledged yet, so "since
+    when has the file had unacknowledged bytes" grows without bound while shipping keeps up
+    (it did: --status and the dashboard showed minutes of lag for files milliseconds behind).
+    Each growth seen is remembered with its time, and acknowledgements drop what they cover.
+    At most one entry per ``resolution_s`` and ``max_entries`` in all (pairs merge, keeping the
+    earlier time): an outage of days costs bounded memory and errs towards more lag, never less.
+    """
+
+    def __init__(self, resolution_s: float = 0.1, max_entries: int = 1024) -> None:
+        self.resolution_s = resolution_s
+        self.max_entries = max_entries
+        self._seen: deque[tuple[int, float]] = deque()
+        """(size seen, wall time it was first seen), sizes increasing."""
+
+    def update(self, size: int, acked: int, now: float) -> float | None:
+        """Note ``size`` seen at ``now``; return when byte ``acked`` was first seen (or None
+        when nothing is unacknowledged)."""
+        seen = self._seen
+        while seen and seen[0][0] <= acked:
+            seen.popleft()
+        if size <= acked:
+            seen.clear()
+            return None
+        if seen and now - seen[-1][1] < self.resolution_s:
+            seen[-1] = (max(size, seen[-1][0]), seen[-1][1])
+        elif not seen or size > seen[-1][0]:
+            seen.append((size, now))
+        if len(seen) > self.max_entries:
+            pairs = list(seen)
+            merged = [(pairs[i + 1][0], pairs[i][1]) for i in range(0, len(pairs) - 1, 2)]
+            if len(pairs) % 2:
+                merged.append(pairs[-1])
+            self._seen = deque(merged)
+        return self._seen[0][1]
 
 
 class TailedFile:
@@ -97,6 +137,8 @@ class TailedFile:
         self.last_growth = time.monotonic()
         self.held_since: float | None = None
         self.pending_since: float | None = None
+        """When the oldest byte not yet acknowledged was first seen (wall clock), or None."""
+        self._unacked = UnackedSince()
         self.retire_reason = ""
         self.handover = SourceHandover()
         self.parked: Parked | None = None
@@ -105,6 +147,11 @@ class TailedFile:
         """Sent in requests of its own, to find which file a refused request is due to."""
         self.session_asked = False
         """A session request for this file is out."""
+        self.session_retry_at = 0.0
+        """Monotonic time before which no session is asked for (a refusal that may pass)."""
+        self.session_backoff: Backoff | None = None
+        self.session_refusal = ""
+        """The last refusal that may pass (a 429, say), as said in the log; "" when none."""
         self.session_installation = ""
         """The installation the file's session is open at (where its writes go)."""
 
@@ -175,11 +222,7 @@ class TailedFile:
                 return "truncated"
             self.size = st.st_size
             self.last_growth = now
-        if self.size > self.acked:
-            if self.pending_since is None:
-                self.pending_since = time.time()
-        else:
-            self.pending_since = None
+        self.pending_since = self._unacked.update(self.size, self.settled, time.time())
         if self.phase is Phase.ACTIVE:
             try:
                 at_path = os.stat(self.path)

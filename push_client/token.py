@@ -21,6 +21,7 @@ class BearerToken:
         self.value = token
         self.file = token_file
         self._seen: tuple[int, int, int] | None = None
+        self._missing_said = False
         if token_file is not None:
             self.refresh()
 
@@ -29,6 +30,7 @@ class BearerToken:
         before = self.value
         self.file = token_file
         self._seen = None
+        self._missing_said = False
         self.value = token
         if token_file is not None:
             self.refresh()
@@ -41,10 +43,19 @@ class BearerToken:
         try:
             st = os.stat(self.file)
         except OSError as exc:
-            if self._seen is not None:
-                log.error("cannot read the token file %s: %s", self.file, exc.strerror)
+            # Said once, also when it is missing from the start (a mistyped path would
+            # otherwise show only as files parked for a 401), and again after it came back.
+            if self._seen is not None or not self._missing_said:
+                log.error(
+                    "cannot read the token file %s: %s; requests go %s until it can be read",
+                    self.file,
+                    exc.strerror,
+                    "with the token read last" if self.value else "without a token",
+                )
                 self._seen = None
+                self._missing_said = True
             return False
+        self._missing_said = False
         seen = (st.st_ino, st.st_size, st.st_mtime_ns)
         if seen == self._seen:
             return False

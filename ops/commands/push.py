@@ -12,8 +12,8 @@ from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
 from ops.graphite import add_graphite_options, graphite_from
 from push_client.config import CODECS, ConfigError, PushConfig, build_config
-from push_client.daemon import PushDaemon, StateDirBusy
-from push_client.status import print_status, read_status
+from push_client.daemon import CannotStart, PushDaemon
+from push_client.status import NoStatus, print_status, read_status
 
 HANDLES_STOP_SIGNALS = True
 HANDLES_RELOAD = True  # SIGHUP reloads the configuration
@@ -129,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"logbroker push: {exc}", file=sys.stderr)
         return 2
+    if args.idle_exit is not None and args.idle_exit < 0:
+        print("logbroker push: --idle-exit must be >= 0 seconds", file=sys.stderr)
+        return 2
     daemon = PushDaemon(
         config,
         idle_exit_s=args.idle_exit,
@@ -146,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     stop_signals.on_reload(daemon.request_reload)
     try:
         code = daemon.run()
-    except StateDirBusy as exc:
+    except CannotStart as exc:
         print(f"logbroker push: {exc}", file=sys.stderr)
         return 2
     except LogbrokerError as exc:
@@ -218,11 +221,8 @@ def _print_status(args: argparse.Namespace) -> int:
         return 2
     try:
         doc = read_status(Path(state_dir))
-    except FileNotFoundError:
-        print(
-            f"logbroker push --status: no status in {state_dir} (has the client run there?)",
-            file=sys.stderr,
-        )
+    except NoStatus as exc:
+        print(f"logbroker push --status: {exc}", file=sys.stderr)
         return 1
     print_status(doc, sys.stdout)
     return 0

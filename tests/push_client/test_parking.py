@@ -244,3 +244,59 @@ log_type = "secret"
     assert done.returncode == 0, done.stderr[-2000:]
     assert_exactly_once(read_delivered(gateway.data_dir, "secret"), secret)
     assert_exactly_once(read_delivered(gateway.data_dir, "app"), app)
+
+
+def test_a_file_the_gateway_cannot_take_yet_is_asked_for_with_backoff_and_named(
+    tmp_path: Path, start_gateway
+) -> None:
+    """A session refused with a 429 inside the batch answer (``limit_reached``: the partition
+    holds as many sources as it may) is not a parking matter, it may pass. The client asked
+    again at once, hundreds of times a second, forever, and said nothing at all."""
+    config = tmp_path / "gateway.toml"
+    config.write_text("[limits]\nmax_sources_per_partition = 2\n")
+    gateway = start_gateway(tmp_path / "data", "--partitions", "1", "--config", str(config))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writers = [LineWriter(f"lim{i}") for i in range(3)]
+    for i, writer in enumerate(writers):
+        writer.append(logs / f"{i}.log", 10)
+    state = tmp_path / "state"
+    push = PushProcess(
+        [
+            "--server",
+            gateway.url,
+            "--log-type",
+            "app",
+            "--state-dir",
+            str(state),
+            *FAST_FLAGS,
+            str(logs / "*.log"),
+        ],
+        tmp_path / "push.log",
+    ).start()
+    try:
+        push.wait_started(state)
+        wait_for_lines(gateway.data_dir, "app", 20)
+        time.sleep(5)
+        metrics = (state / "metrics.prom").read_text()
+        requests = sum(
+            value
+            for (name, _), value in samples(metrics).items()
+            if name == "logbroker_push_requests_total"
+        )
+        assert requests < 100, f"{requests} requests in about 6 s"
+        assert push.log().count("limit_reached") == 1, push.log()
+        status = subprocess.run(
+            logbroker_cmd("push", "--status", "--state-dir", str(state)),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=30,
+        )
+        assert "RETRYING" in status.stdout and "limit_reached" in status.stdout, status.stdout
+        assert push.stop() == 0
+    finally:
+        push.kill()
+    delivered = read_delivered(gateway.data_dir, "app")
+    assert delivered.count() == 20
+    assert_exactly_once(delivered, *[w for w in writers if w.ids[0] in delivered.ids()])

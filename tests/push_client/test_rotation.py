@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.push_client.conftest import (
+    FAST_FLAGS,
     LineWriter,
+    PushProcess,
     assert_exactly_once,
     delete_keeping_inode,
     read_delivered,
@@ -200,3 +202,36 @@ def test_fifty_files_rotating_at_once(tmp_path: Path, gateway, start_push) -> No
     delivered = read_delivered(gateway.data_dir, "app")
     assert_exactly_once(delivered, *writers)
     assert len(delivered.lines) == 200
+
+
+def test_a_log_recreated_empty_and_written_a_moment_later_is_picked_up_at_once(
+    tmp_path: Path, gateway
+) -> None:
+    """Rotation re-creates the log empty and the application writes to it a moment later. The
+    write's inotify event came within the rescan gap of the creation's and was dropped, so the
+    new file's lines waited for the next periodic rescan (1 s by default; 60 s here)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    state = tmp_path / "state"
+    config = tmp_path / "push.toml"
+    config.write_text(
+        f'[push]\nservers = ["{gateway.url}"]\nstate_dir = "{state}"\nrescan_interval_s = 60\n'
+        f'[[entry]]\npath = "{logs / "*.log"}"\nlog_type = "app"\n'
+    )
+    writer = LineWriter("re")
+    writer.append(logs / "app.log", 10)
+    push = PushProcess(["--config", str(config), *FAST_FLAGS], tmp_path / "push.log").start()
+    try:
+        push.wait_started(state)
+        wait_for_lines(gateway.data_dir, "app", 10)
+        for round_ in range(3):
+            os.rename(logs / "app.log", logs / f"app.log.{round_ + 1}")
+            with open(logs / "app.log", "wb") as f:
+                time.sleep(0.005)
+                f.write(writer.lines(5))
+            delivered = wait_for_lines(gateway.data_dir, "app", len(writer.ids), timeout_s=15)
+            assert delivered.count() == len(writer.ids), push.log()
+        assert push.stop() == 0
+    finally:
+        push.kill()
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)

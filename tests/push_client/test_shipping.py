@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -13,7 +14,9 @@ from log_store import open_store
 from tests.conftest import REPO, free_port, logbroker_cmd
 from tests.metrics_text import samples
 from tests.push_client.conftest import (
+    FAST_FLAGS,
     LineWriter,
+    PushProcess,
     assert_exactly_once,
     read_delivered,
     wait_for_lines,
@@ -214,6 +217,35 @@ def test_status_without_a_client_says_so(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        pytest.param(
+            lambda state: (state / "status.json").write_text("{torn"), "damaged", id="torn"
+        ),
+        pytest.param(
+            lambda state: (state / "status.json").write_text("[]"), "not a status", id="list"
+        ),
+        pytest.param(lambda state: (state / "status.json").mkdir(), "cannot read", id="directory"),
+    ],
+)
+def test_status_that_cannot_be_read_says_why_without_a_traceback(
+    tmp_path: Path, damage, message: str
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    damage(state)
+    out = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(state)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert out.returncode == 1
+    assert message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--log-type", "app", "--state-dir", "S", "x.log"], "no gateway"),
@@ -234,6 +266,34 @@ def test_status_without_a_client_says_so(tmp_path: Path) -> None:
                 "x",
             ],
             "multiline",
+        ),
+        (
+            [
+                "--server",
+                "http://h:1",
+                "--log-type",
+                "a",
+                "--state-dir",
+                "S",
+                "--idle-exit",
+                "-1",
+                "x",
+            ],
+            "idle-exit",
+        ),
+        (
+            [
+                "--server",
+                "http://h:1",
+                "--log-type",
+                "a",
+                "--state-dir",
+                "S",
+                "--metrics-port",
+                "70000",
+                "x",
+            ],
+            "metrics_port",
         ),
     ],
 )
@@ -401,3 +461,74 @@ def test_refused_requests_keep_the_data_and_say_why(
     delivered = wait_for_lines(gateway.data_dir, "app", 2_000)
     assert right.stop() == 0
     assert_exactly_once(delivered, writer)
+
+
+def test_sighup_names_the_settings_that_change_only_with_a_restart(tmp_path: Path, gateway) -> None:
+    """A reload took a new metrics_port (or max_in_flight, inotify, graphite, ...) without a
+    word and went on with the old one: the operator's change was silently not applied."""
+    state = tmp_path / "state"
+    log = tmp_path / "app.log"
+    writer = LineWriter("hup")
+    writer.append(log, 100)
+    config = tmp_path / "push.toml"
+    first_port, second_port = free_port(), free_port()
+
+    def write_config(metrics_port: int, max_in_flight: int) -> None:
+        config.write_text(
+            f'[push]\nservers = ["{gateway.url}"]\nstate_dir = "{state}"\n'
+            f"metrics_port = {metrics_port}\nmax_in_flight = {max_in_flight}\n"
+            f'[[entry]]\npath = "{log}"\nlog_type = "app"\n'
+        )
+
+    write_config(first_port, 4)
+    push = PushProcess(["--config", str(config), *FAST_FLAGS], tmp_path / "push.log").start()
+    try:
+        push.wait_started(state)
+        wait_for_lines(gateway.data_dir, "app", 100)
+        write_config(second_port, 8)
+        assert push.proc is not None
+        push.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while "configuration reloaded" not in push.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "SIGHUP: max_in_flight, metrics_port change only with a restart" in push.log()
+        assert httpx.get(f"http://127.0.0.1:{first_port}/metrics", timeout=5).status_code == 200
+        writer.append(log, 100)
+        delivered = wait_for_lines(gateway.data_dir, "app", 200)
+        assert push.stop() == 0
+    finally:
+        push.kill()
+    assert_exactly_once(delivered, writer)
+
+
+def test_a_one_shot_run_names_the_incomplete_lines_it_leaves(tmp_path: Path, gateway) -> None:
+    """A one-shot run left a last line without newline (and a file whose only line has none)
+    unsent and exited 0 without a word: a batch job thought the files were shipped."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "tail.log").write_bytes(b"one\ntwo\nthree without newline")
+    (logs / "head.log").write_bytes(b"a first line without newline")
+    (logs / "empty.log").write_bytes(b"")
+    out = subprocess.run(
+        logbroker_cmd(
+            "push",
+            "--server",
+            gateway.url,
+            "--log-type",
+            "app",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--idle-exit",
+            "1",
+            str(logs / "*.log"),
+        ),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"{logs / 'tail.log'}: its last 21 bytes were not sent" in out.stderr, out.stderr
+    assert f"{logs / 'head.log'}: not sent: its first line has no newline yet" in out.stderr
+    assert "empty.log" not in out.stderr.split("exiting")[-1]
+    assert sorted(read_delivered(gateway.data_dir, "app").lines.popitem()[1]) == [b"one", b"two"]

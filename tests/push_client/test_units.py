@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -22,8 +24,10 @@ from push_client.state_file import (
     encode_state,
 )
 from push_client.tailer import TailedFile
+from push_client.token import BearerToken
 from push_client.transport import Backoff
 from push_client.wire import SourceMeta, WireChunk, encode_write_body
+from tests.conftest import REPO
 
 
 def _tailed(path: Path, entry: Entry | None = None, chunk_bytes: int = 4096) -> TailedFile:
@@ -210,6 +214,9 @@ def test_config_file_is_validated_with_clear_messages(tmp_path: Path) -> None:
     config.write_text("not = [toml")
     with pytest.raises(ConfigError, match="TOML"):
         build_config(file=config)
+    config.write_bytes(b'[push]\nhost = "caf\xe9"\n')  # Latin-1: TOML is UTF-8
+    with pytest.raises(ConfigError, match="TOML"):
+        build_config(file=config)
 
 
 def test_progress_bar_shows_while_a_backlog_is_caught_up_and_then_clears() -> None:
@@ -365,3 +372,116 @@ def test_a_failed_over_installation_is_taken_back_once_ready_not_merely_alive() 
     assert not _healthy(gateway(503), ["http://gw1:8080"])
     assert _healthy(gateway(200), ["http://gw1:8080"])
     assert _healthy(gateway(None), ["http://gw1:8080"])
+
+
+_GOOD_PUSH = '[push]\nservers = ["http://gw:1"]\nstate_dir = "/s"\n'
+_GOOD_ENTRY = '[[entry]]\npath = "/a/*.log"\nlog_type = "web"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (_GOOD_PUSH + "shutdown_timeout_s = -5\n" + _GOOD_ENTRY, "shutdown_timeout_s"),
+        (_GOOD_PUSH + "graphite_interval_s = 0\n" + _GOOD_ENTRY, "graphite_interval_s"),
+        (_GOOD_PUSH + "max_backoff_s = 0\n" + _GOOD_ENTRY, "max_backoff_s"),
+        (_GOOD_PUSH + "rescan_interval_s = 0\n" + _GOOD_ENTRY, "rescan_interval_s"),
+        (_GOOD_PUSH + "multiline_timeout_s = -1\n" + _GOOD_ENTRY, "multiline_timeout_s"),
+        (_GOOD_PUSH + "metrics_port = 70000\n" + _GOOD_ENTRY, "metrics_port"),
+        (_GOOD_PUSH + "metrics_port = 0\n" + _GOOD_ENTRY, "metrics_port"),
+        (_GOOD_PUSH + "max_line_bytes = 10\n" + _GOOD_ENTRY, "max_line_bytes must"),
+        ("push = 5\n" + _GOOD_ENTRY, "[push]"),
+        (_GOOD_PUSH + "entry = 5\n", "entry"),
+        (_GOOD_PUSH + "entry = [5]\n", "entry"),
+        ('[push]\nservers = ["http://gw:1"]\nstate_dir = ""\n' + _GOOD_ENTRY, "state_dir"),
+        ('[push]\nservers = ["http://gw:1"]\nstate_dir = 5\n' + _GOOD_ENTRY, "state_dir"),
+        ('[push]\nservers = [5]\nstate_dir = "/s"\n' + _GOOD_ENTRY, "servers"),
+        (_GOOD_PUSH + '[[entry]]\npath = 5\nlog_type = "web"\n', "path"),
+        (_GOOD_PUSH + '[[entry]]\npath = "/a"\nlog_type = 5\n', "log_type"),
+        (_GOOD_PUSH + '[[entry]]\npath = "/a"\nlog_type = "w"\nmultiline = [1]\n', "multiline"),
+    ],
+)
+def test_every_bad_setting_is_a_config_error_naming_it(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """Values the client cannot use are refused by name, never taken as something else
+    (``state_dir = ""`` once put the state in the working directory) nor left to crash it
+    later (``push = 5`` was a traceback, ``metrics_port = 70000`` one at start)."""
+    config = tmp_path / "push.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_config(file=config)
+
+
+def test_every_documented_push_key_is_accepted(tmp_path: Path) -> None:
+    """docs/configuration.md lists the ``[push]`` keys; the client takes each of them."""
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    section = doc.split("### `[push]`", 1)[1].split("###", 1)[0]
+    keys = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE)
+    assert "max_line_bytes" in keys and len(keys) > 20
+    config = tmp_path / "push.toml"
+    for key in keys:
+        if key in ("servers", "state_dir"):
+            continue
+        config.write_text(_GOOD_PUSH + f"{key} = {{}}\n" + _GOOD_ENTRY)
+        with pytest.raises(ConfigError) as refused:  # a table is no value for any key
+            build_config(file=config)
+        assert "unknown" not in str(refused.value), key
+    config.write_text(_GOOD_PUSH + "max_line_bytes = 1048576\n" + _GOOD_ENTRY)
+    assert build_config(file=config).max_line_bytes == 1048576
+
+
+def test_a_token_file_missing_from_the_start_is_said_once_and_read_once_it_appears(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mistyped token_file was silent: the client sent no token, and the only sign was
+    files parked for a 401 with no word about the file."""
+    caplog.set_level(logging.INFO, logger="logbroker.push")
+    path = tmp_path / "token"
+    token = BearerToken(None, path)
+    assert token.value is None and not token.refresh() and not token.refresh()
+    said = [
+        r.getMessage() for r in caplog.records if "cannot read the token file" in r.getMessage()
+    ]
+    assert len(said) == 1 and str(path) in said[0] and "without a token" in said[0]
+    path.write_text("s3cr3t\n")
+    assert token.refresh() and token.headers() == {"Authorization": "Bearer s3cr3t"}
+    path.unlink()
+    assert not token.refresh() and not token.refresh()
+    said = [
+        r.getMessage() for r in caplog.records if "cannot read the token file" in r.getMessage()
+    ]
+    assert len(said) == 2 and "with the token read last" in said[1]
+
+
+def test_lag_seconds_of_a_file_written_without_pause_stay_as_small_as_the_lag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy log always has a few bytes not acknowledged yet; its lag in seconds once counted
+    from the last moment it had none, and grew for as long as the application wrote."""
+    path = tmp_path / "a.log"
+    path.write_bytes(b"first line\n")
+    tailed = _tailed(path)
+    clock = [1000.0]
+    monkeypatch.setattr("push_client.tailer.time.time", lambda: clock[0])
+    for second in range(60):
+        clock[0] = 1000.0 + second
+        with open(path, "ab") as f:
+            f.write(b"x" * 99 + b"\n")
+        tailed.refresh(now=float(second))
+        assert tailed.pending_since is not None
+        assert clock[0] - tailed.pending_since <= 1.0, f"lag of {second} s reported"
+        tailed.on_acked(tailed.size)  # shipped within the second
+    tailed.refresh(now=61.0)
+    assert tailed.pending_since is None
+    # An outage: nothing is acknowledged for an hour; the lag is the hour, in bounded memory.
+    for second in range(3600):
+        clock[0] = 2000.0 + second
+        with open(path, "ab") as f:
+            f.write(b"y\n")
+        tailed.refresh(now=100.0 + second)
+    assert tailed.pending_since == 2000.0
+    assert len(tailed._unacked._seen) <= tailed._unacked.max_entries
+    tailed.on_acked(tailed.size - 2 * 600)  # caught up to ten minutes ago
+    tailed.refresh(now=5000.0)
+    assert 2000.0 + 3600 - 600 - 60 <= tailed.pending_since <= 2000.0 + 3600 - 600
+    tailed.close()

@@ -1,0 +1,196 @@
+"""Files a real host has beside its logs: names that are not UTF-8, and the like."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, logbroker_cmd
+from tests.metrics_text import sample
+from tests.push_client.conftest import (
+    FAST_FLAGS,
+    LineWriter,
+    PushProcess,
+    assert_exactly_once,
+    read_delivered,
+    wait_for_lines,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_file_whose_name_is_not_utf8_ships_once_beside_the_others(
+    tmp_path: Path, gateway, start_push
+) -> None:
+    """A Latin-1 file name in the glob's directory must not stop the client: it once died
+    writing its status (JSON holds no undecodable bytes), and nothing at all was shipped."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    plain, odd = LineWriter("plain"), LineWriter("odd")
+    plain.append(logs / "plain.log", 500)
+    odd_path = Path(os.fsdecode(bytes(logs) + b"/caf\xe9.log"))
+    odd.append(odd_path, 500)
+    state = tmp_path / "state"
+    first = start_push(gateway.url, state, logs / "*.log").wait_started(state)
+    wait_for_lines(gateway.data_dir, "app", 1_000)
+    status = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(state)),
+        capture_output=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert status.returncode == 0, status.stderr
+    assert b"caf\\xe9.log" in status.stdout
+    assert b"caf\\\\xe9.log" in (state / "metrics.prom").read_bytes()
+    assert first.stop() == 0, first.log()
+    plain.append(logs / "plain.log", 300)
+    odd.append(odd_path, 300)
+    # The positions of the odd file survive the restart: nothing is asked of the gateway
+    # twice, and the state file is not taken for corrupt.
+    second = start_push(gateway.url, state, logs / "*.log")
+    delivered = wait_for_lines(gateway.data_dir, "app", 1_600)
+    assert second.stop() == 0, second.log()
+    assert_exactly_once(delivered, plain, odd)
+    assert "corrupt" not in second.log()
+    assert not list(state.glob("state.json.corrupt-*"))
+
+
+_DROP = "-dac_override,-dac_read_search"
+_WITHOUT_ROOT_RIGHTS = ["setpriv", f"--inh-caps={_DROP}", f"--bounding-set={_DROP}"]
+"""Run as root without the rights to read any file (as the packaged unit's ``logbroker``
+user meets a log it has no permission on)."""
+
+needs_setpriv = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+
+
+def _push_without_root_rights(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*_WITHOUT_ROOT_RIGHTS, *logbroker_cmd("push", *args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+@needs_setpriv
+def test_a_file_the_client_may_not_read_is_named_and_a_one_shot_run_exits_1(
+    tmp_path: Path, gateway
+) -> None:
+    """A matched file that cannot be opened was skipped without a word: not in the log, not
+    in --status, and a one-shot run exited 0 as if everything had been shipped."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    readable, secret = LineWriter("readable"), LineWriter("secret")
+    readable.append(logs / "readable.log", 300)
+    secret.append(logs / "secret.log", 300)
+    (logs / "secret.log").chmod(0)
+    state = tmp_path / "state"
+    args = ["--server", gateway.url, "--log-type", "app", "--state-dir", str(state)]
+    args += [*FAST_FLAGS, "--idle-exit", "3", str(logs / "*.log")]
+    first = _push_without_root_rights(*args)
+    assert first.returncode == 1, first.stderr
+    # said once, not at every rescan (one a second)
+    assert first.stderr.count(f"cannot read {logs / 'secret.log'}: Permission denied") == 1
+    assert f"{logs / 'secret.log'} was not shipped: cannot read it" in first.stderr
+    status = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(state)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert f"UNREADABLE {logs / 'secret.log'}" in status.stdout, status.stdout
+    metrics = (state / "metrics.prom").read_text()
+    assert sample(metrics, "logbroker_push_unreadable_files") == 1
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), readable)
+
+    (logs / "secret.log").chmod(0o644)
+    second = _push_without_root_rights(*args)
+    assert second.returncode == 0, second.stderr
+    assert_exactly_once(wait_for_lines(gateway.data_dir, "app", 600), readable, secret)
+
+
+@needs_setpriv
+def test_a_file_unreadable_at_a_restart_is_resumed_where_it_was_not_shipped_again(
+    tmp_path: Path, gateway
+) -> None:
+    """A file of the state that could not be opened at a restart was taken for gone: its
+    position retired, and once readable again it was a new source (``#g1``) shipped again
+    from its start, every line twice."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / "app.log"
+    writer = LineWriter("held")
+    writer.append(log, 300)
+    state = tmp_path / "state"
+    args = ["--server", gateway.url, "--log-type", "app", "--state-dir", str(state), *FAST_FLAGS]
+    assert _push_without_root_rights(*args, "--idle-exit", "1", str(logs / "*.log")).returncode == 0
+    log.chmod(0)
+    held = _push_without_root_rights(*args, "--idle-exit", "1", str(logs / "*.log"))
+    assert held.returncode == 1, held.stderr
+    assert "its position (" in held.stderr and "is kept" in held.stderr, held.stderr
+    assert "gone since the last run" not in held.stderr
+    # A daemon that starts while the file cannot be read, and it becomes readable meanwhile.
+    daemon = PushProcess([], tmp_path / "push.log")
+    daemon.proc = subprocess.Popen(
+        [*_WITHOUT_ROOT_RIGHTS, *logbroker_cmd("push", *args, str(logs / "*.log"))],
+        stdout=open(daemon.log_path, "ab"),  # noqa: SIM115 - the child's log
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    try:
+        daemon.wait_started(state)
+        writer.append(log, 200)
+        log.chmod(0o644)
+        delivered = wait_for_lines(gateway.data_dir, "app", 500)
+        assert daemon.stop() == 0, daemon.log()
+    finally:
+        daemon.kill()
+    assert "#g1" not in daemon.log()
+    assert_exactly_once(delivered, writer)
+    writer.append(log, 100)
+    last = _push_without_root_rights(*args, "--idle-exit", "1", str(logs / "*.log"))
+    assert last.returncode == 0, last.stderr
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
+
+
+def test_more_files_than_descriptors_ships_those_it_can_open_and_names_the_rest(
+    tmp_path: Path, gateway
+) -> None:
+    """With more matched files than open descriptors, the client opened files until none was
+    left for its own connections: every request failed (Too many open files) and nothing at
+    all was shipped, forever."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writers = [LineWriter(f"f{i:03d}") for i in range(120)]
+    for i, writer in enumerate(writers):
+        writer.append(logs / f"{i:03d}.log", 5)
+    state = tmp_path / "state"
+
+    def limit_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    args = ["--server", gateway.url, "--log-type", "app", "--state-dir", str(state), *FAST_FLAGS]
+    out = subprocess.run(
+        logbroker_cmd("push", *args, "--idle-exit", "2", str(logs / "*.log")),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        preexec_fn=limit_descriptors,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "Too many open files" not in out.stderr, out.stderr[-3000:]
+    assert "the most this process may hold" in out.stderr
+    delivered = read_delivered(gateway.data_dir, "app")
+    shipped = {line_id.split(":")[0] for line_id in delivered.ids()}
+    assert len(shipped) >= 50, f"only {len(shipped)} files shipped"
+    assert_exactly_once(delivered, *[w for w in writers if w.tag in shipped])
