@@ -27,6 +27,7 @@ _ERROR_TEXTS = {
     "404": "unknown topic, partition, group, member or subscription",
     "409": "conflict (not the owner, another subscription, a mirror gap)",
     "413": "body over the limit",
+    "415": "the body is declared as something else than its route takes (JSON: application/json)",
     "416": "offset out of range; the body has start_offset and end_offset",
     "429": "a limit is reached (the body names it: limit, max)",
     "503": "the log store is unavailable",
@@ -47,7 +48,10 @@ def operation(
     ok_media: dict[str, Any] | None = None,
     errors: tuple[str, ...] = ("400", "404"),
 ) -> dict[str, Any]:
-    """An operation answering JSON (or ``ok_media``), with the given error statuses."""
+    """An operation answering JSON (or ``ok_media``), with the given error statuses (and 415,
+    if it takes a JSON body: a body declared as anything else is refused)."""
+    if body is not None and "415" not in errors:
+        errors = (*errors, "415")
     op: dict[str, Any] = {
         "operationId": op_id,
         "summary": summary,

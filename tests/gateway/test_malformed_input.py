@@ -224,6 +224,25 @@ def test_a_json_body_a_web_page_could_send_without_asking_is_415_and_changes_not
     httpx.delete(shared_gateway.url + f"/v1/subscriptions/exfil-{tag}")
 
 
+def test_every_operation_taking_json_documents_415_and_answers_it(shared_gateway: Any) -> None:
+    """Walked from /openapi.json, so a JSON route added later is checked too."""
+    doc = httpx.get(shared_gateway.url + "/openapi.json").json()
+    values = {"group": "g415", "member": "m415", "log_type": "app", "topic": "dc1.app"}
+    walked = []
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            if "application/json" not in op.get("requestBody", {}).get("content", {}):
+                continue
+            assert "415" in op["responses"], (method, path)
+            url = shared_gateway.url + path.format(partition=0, **values)
+            answer = httpx.request(
+                method, url, content=b"{}", headers={"content-type": "text/plain"}
+            )
+            assert answer.status_code == 415, (method, path, answer.text)
+            walked.append(path)
+    assert "/v1/fetch" in walked and "/v1/sessions" in walked
+
+
 def test_wrong_method_and_unknown_path_answer_json_errors(shared_gateway: Any) -> None:
     wrong_method = httpx.get(shared_gateway.url + "/v1/write")
     assert_rejected(wrong_method, shared_gateway.data_dir)
