@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import logging
 import sys
 import threading
 import time
@@ -209,6 +210,9 @@ def _wait_for_gateway(client: PullClient, stop: dict[str, bool], until: float | 
 
 
 def run(args: argparse.Namespace) -> int:
+    # the reader's own warnings (a group rebalanced, a topic created again) name the command,
+    # as every other line it writes to stderr does
+    logging.basicConfig(level=logging.WARNING, format="logbroker read: %(message)s")
     try:
         message_filter = _filter(args)
         token = token_from(args)

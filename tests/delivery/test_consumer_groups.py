@@ -252,6 +252,8 @@ def test_group_reads_a_topic_created_again_from_its_start(
     expected = [("old", n) for n in range(1, 6)] + [("new", n) for n in range(1, 9)]
     assert _keys(reader.records()) == expected
     wait_until(lambda: _committed(gateway.url, "again") == [8], 10, "the group to commit offset 8")
+    # the reader says so on stderr, naming itself as every line it writes there does
+    assert "logbroker read: dc1.app was created again" in reader.stderr(), reader.stderr()
 
 
 def _committed(url: str, group: str) -> list[int | None]:
