@@ -28,6 +28,7 @@ and add one entry for the paths given on the command line::
     direct_to_owner = ["http://gw*.example:8080"]   # send each source to its partition's owner
     owner_refresh_s = 30.0       # how often the owners' map is asked for again
     owner_timeout_s = 10.0       # an owner silent this long: the request goes to the gateways
+    request_timeout_s = 60.0     # a gateway silent this long: the request is tried again
 
     [[entry]]
     path = "/var/log/nginx/*.log"
@@ -83,6 +84,7 @@ _PUSH_KEYS = {
     "direct_to_owner",
     "owner_refresh_s",
     "owner_timeout_s",
+    "request_timeout_s",
 }
 _ENTRY_KEYS = {"path", "log_type", "codec", "multiline"}
 
@@ -149,6 +151,11 @@ class PushConfig:
     """How long a write at a partition's owner may wait for its answer before the same body
     goes to the configured gateways (an owner that accepts and never answers, e.g. frozen or
     unreachable past a proxy, would otherwise hold its sources for the full request timeout)."""
+    request_timeout_s: float = 60.0
+    """How long a request to a gateway may wait for its answer (connecting: at most 2 s)
+    before it is tried again at the next gateway; with several installations, a gateway that
+    accepts and never answers (frozen) is left after this plus ``failover_after_s``.  A
+    gateway answers 503 by itself after its own ``limits.request_timeout_s`` (30 s)."""
 
     @property
     def installations(self) -> tuple[InstallationSpec, ...]:
@@ -221,6 +228,8 @@ class PushConfig:
             raise ConfigError("owner_refresh_s must be positive")
         if self.owner_timeout_s <= 0:
             raise ConfigError("owner_timeout_s must be positive")
+        if not 1 <= self.request_timeout_s < float("inf"):
+            raise ConfigError("request_timeout_s must be a number of seconds, at least 1")
         return self
 
 

@@ -66,6 +66,7 @@ _RESTART_ONLY = (
     "metrics_port",
     "position_wait_s",
     "probe_interval_s",
+    "request_timeout_s",
     "servers",
     "state_dir",
 )
@@ -139,6 +140,7 @@ class PushDaemon:
                 pool_size=config.max_in_flight + 2,
                 failover_after_s=config.failover_after_s if multi else None,
                 is_down=member.is_down,
+                request_timeout_s=config.request_timeout_s,
             )
             for member in self._installations.members
         }

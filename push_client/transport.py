@@ -141,6 +141,7 @@ class GatewayClient:
         pool_size: int = 8,
         failover_after_s: float | None = None,
         is_down: Callable[[], bool] | None = None,
+        request_timeout_s: float = 60.0,
     ) -> None:
         self.servers = servers
         self._preferred = 0
@@ -154,7 +155,7 @@ class GatewayClient:
         self._is_down = is_down or (lambda: False)
         self._http = httpx.Client(
             headers={"User-Agent": "logbroker-push/1"},
-            timeout=httpx.Timeout(60.0, connect=2.0),
+            timeout=httpx.Timeout(request_timeout_s, connect=min(2.0, request_timeout_s)),
             limits=httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size),
         )
 

@@ -89,6 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a write waits for a partition owner's answer before it goes to the "
         "configured gateways (10)",
     )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        help="seconds a request waits for a gateway's answer before it is tried again, at the "
+        "next gateway (60)",
+    )
     parser.add_argument("--poll-interval", type=float, help="polling period in seconds (0.25)")
     parser.add_argument("--no-inotify", action="store_true", help="poll instead of inotify")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT")
@@ -198,6 +204,7 @@ def _config(args: argparse.Namespace) -> PushConfig:
             "direct_to_owner": args.direct_to_owner,
             "owner_refresh_s": args.owner_refresh,
             "owner_timeout_s": args.owner_timeout,
+            "request_timeout_s": args.request_timeout,
             "inotify": False if args.no_inotify else None,
             "metrics_port": args.metrics_port,
             "graphite": args.graphite,

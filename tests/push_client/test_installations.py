@@ -4,6 +4,7 @@ exactly one of them, and new data goes back to the preferred one when it returns
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -110,3 +111,39 @@ def test_lost_state_and_a_down_installation_wait_for_its_position_then_ship_once
     _wait(lambda: sum(d.count() for d in _both(dc1, dc2)) >= 1_500, "every line")
     assert again.stop() == 0, again.log()
     assert_exactly_once_across(list(_both(dc1, dc2)), writer)
+
+
+def test_a_frozen_installation_is_left_after_request_timeout_s(
+    tmp_path: Path, start_gateway, start_push
+) -> None:
+    """A gateway that takes connections and never answers fails a request only when it times
+    out: with ``--request-timeout 2`` the client leaves it within seconds, not after the 60 s
+    default.  (What the frozen one may have written decides nothing here: its positions are
+    waited for ``--position-wait`` 1 s, then given up.)"""
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(64)  # the kernel completes the handshakes; nobody ever reads or answers
+    dc2 = start_gateway(tmp_path / "data-dc2", "--dc", "dc2")
+    path = tmp_path / "app.log"
+    writer = LineWriter("f")
+    writer.append(path, 200)
+    state = tmp_path / "state"
+    push = start_push(
+        f"dc1=http://127.0.0.1:{frozen.getsockname()[1]}",
+        state,
+        path,
+        extra=[
+            *("--server", f"dc2={dc2.url}", "--request-timeout", "2", "--position-wait", "1"),
+            *FAILOVER_FLAGS,
+        ],
+    )
+    try:
+        push.wait_started(state)
+        started = time.monotonic()
+        _wait(lambda: read_delivered(dc2.data_dir, "app", "dc2").count() == 200, "dc2", 40)
+        assert time.monotonic() - started < 30, push.log()
+        assert "installation dc1 is down" in push.log()
+    finally:
+        push.kill()
+        frozen.close()
+    assert_exactly_once_across([read_delivered(dc2.data_dir, "app", "dc2")], writer)
