@@ -124,8 +124,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         from yt_loader.crash_points import armed_point
         from yt_loader.load_job import LoadConfig, run_load
+        from yt_loader.load_target import check_table_format
         from yt_loader.log_source import SourceSpec
-        from yt_loader.spark_session import build_session
+        from yt_loader.offset_ranges import topic_patterns
+        from yt_loader.spark_session import build_session, check_master
     except ModuleNotFoundError as exc:
         print(
             f"logbroker load: needs {exc.name}; install it with: pip install 'logbroker[spark]'",
@@ -137,9 +139,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.max_range_mb <= 0 or args.max_batch_mb <= 0:
             raise BadRequest("--max-range-mb and --max-batch-mb must be positive")
+        if not args.warehouse.strip():
+            raise BadRequest("--warehouse must name the table's directory")
         warehouse = Path(args.warehouse)
         if warehouse.exists() and not warehouse.is_dir():
             raise BadRequest(f"--warehouse {warehouse} exists and is not a directory")
+        check_table_format(warehouse, args.table_format)
+        topic_patterns(args.topics)
+        if args.master is not None:
+            check_master(args.master)
         token = token_from(args) if args.server else None
         spec = SourceSpec(
             data_dir=args.data_dir,
