@@ -248,7 +248,16 @@ class DeltaTarget:
         for column in TABLE_SCHEMA_DDL.split(", "):
             name, data_type = column.split(" ")
             builder = builder.addColumn(name, data_type)
-        builder.partitionedBy(*PARTITION_COLUMNS).execute()
+        builder = builder.partitionedBy(*PARTITION_COLUMNS)
+        try:
+            builder.execute()
+        except Exception as exc:
+            # Another loader (two scheduled runs starting together) created the table first:
+            # Delta refuses the second creation.  The table is there now; use it.  Which of
+            # the two loads a batch is then decided by the batches' own transactions.
+            if not any(name in str(exc) for name in _CONCURRENT_COMMIT_ERRORS):
+                raise
+            builder.execute()
 
     def _begin(self) -> _Transaction:
         txn = _Transaction(self._jvm, self._jvm.delta_log(self.path))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -194,6 +195,33 @@ def test_a_batch_planned_before_another_loader_committed_is_refused(
 
     assert_exactly_once(table_lines(spark, table), expected)
     assert _app_transactions(spark, table)[BATCH_APP_ID] == 1
+
+
+def test_two_loaders_starting_on_a_new_table_at_once_both_open_it(
+    spark: object, tmp_path: Path
+) -> None:
+    """Two scheduled loads that start together on a new table both create it; the loser of
+    that race finds the table the winner created, rather than failing with Delta's error."""
+    errors: list[BaseException] = []
+    for attempt in range(3):
+        table = tmp_path / f"table{attempt}"
+        barrier = threading.Barrier(2)
+
+        def open_table(table: Path = table, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                with DeltaTarget(spark, table).opened(lambda _line: None) as state:  # type: ignore[arg-type]
+                    assert state.batch == 0
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_table) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors, errors[0]
+        assert table_version(spark, table) == 0
 
 
 def test_load_through_a_gateway_matches_the_store(
