@@ -53,7 +53,7 @@ from pyspark.sql.types import StructType
 
 from yt_loader.errors import BadSourceOptions
 from yt_loader.line_rows import SPARK_SCHEMA_DDL
-from yt_loader.log_source import SourceSpec, TopicBounds, current_bounds
+from yt_loader.log_source import KAFKA_OPTION_PREFIX, SourceSpec, TopicBounds, current_bounds
 from yt_loader.offset_ranges import (
     DEFAULT_MAX_RANGE_BYTES,
     OffsetRange,
@@ -70,6 +70,32 @@ StreamOffsets = dict[str, dict[str, int]]
 """A stream position: topic -> partition (as a string, JSON keys are strings) -> next offset."""
 
 
+OPTIONS = (
+    "data_dir",
+    "server",
+    "token",
+    "kafka_bootstrap",
+    "kafka_namespace",
+    "topics",
+    "max_range_bytes",
+    "starting_offsets",
+    "fail_on_data_loss",
+    "skip_corrupt",
+)
+"""Every option the source takes, besides ``kafka.<property>``."""
+
+
+def _check_names(options: Mapping[str, str]) -> None:
+    """Refuse an option the source does not know: a misspelt one (``startingOffsets``, as
+    Spark's Kafka source spells it) would otherwise be ignored and its default used."""
+    for name in options:
+        if name.lower() not in OPTIONS and not name.lower().startswith(KAFKA_OPTION_PREFIX):
+            raise BadSourceOptions(
+                f"the logbroker source has no option {name!r}; its options: "
+                f"{', '.join(OPTIONS)}, kafka.<librdkafka property>"
+            )
+
+
 @dataclass(frozen=True)
 class ReaderOptions:
     spec: SourceSpec
@@ -81,6 +107,7 @@ class ReaderOptions:
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> ReaderOptions:
+        _check_names(options)
         topics = options.get("topics", "*")
         topic_patterns(topics)
         starting = options.get("starting_offsets", "earliest").lower()
