@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -14,6 +15,7 @@ from log_store.interface import TopicConfig
 from session_dedup.envelope import Envelope, encode
 from tests.conftest import free_port
 from tests.yt_loader.conftest import (
+    REPO,
     ChildProcess,
     append_lines,
     assert_exactly_once,
@@ -222,6 +224,25 @@ def test_two_loaders_starting_on_a_new_table_at_once_both_open_it(
             thread.join(120)
         assert not errors, errors[0]
         assert table_version(spark, table) == 0
+
+
+def test_relative_paths_name_the_same_directories_on_the_driver_and_the_executors(
+    spark: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An executor's working directory is not the driver's (on a cluster it is the worker's
+    work directory): relative paths are made absolute where they are given, or the tasks
+    would write the files somewhere the table's commit does not point."""
+    data_dir = tmp_path / "data"
+    expected = append_lines(data_dir, "dc1.app", "r", partitions=2, chunks=4)
+    stray = REPO / tmp_path.name  # where the executors' working directory would put them
+    monkeypatch.chdir(tmp_path)  # the driver's; this session's executors keep theirs
+    try:
+        config = LoadConfig(SourceSpec(data_dir="data"), Path(tmp_path.name))
+        run_load(spark, config, lambda _line: None)  # type: ignore[arg-type]
+        assert not stray.exists()
+    finally:
+        shutil.rmtree(stray, ignore_errors=True)
+    assert_exactly_once(table_lines(spark, tmp_path / tmp_path.name), expected)
 
 
 def test_load_through_a_gateway_matches_the_store(
