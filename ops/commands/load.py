@@ -89,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument(
         "--audit-server",
-        help="with --data-dir: the gateway to publish the table's audit counts to",
+        help="with --data-dir or --kafka-bootstrap: the gateway to publish the table's audit "
+        "counts to (with --server they go to that gateway)",
     )
     audit = parser.add_mutually_exclusive_group()
     audit.add_argument(
@@ -114,6 +115,22 @@ def _kafka_properties(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
             raise BadRequest(f"--kafka-property {item!r} is not KEY=VALUE")
         properties.append((key, value))
     return tuple(properties)
+
+
+def _check_audit_flags(args: argparse.Namespace) -> None:
+    if args.audit_server is None:
+        return
+    if args.server is not None:
+        raise BadRequest(
+            "--audit-server goes with --data-dir or --kafka-bootstrap: with --server the "
+            "counts are published to that gateway"
+        )
+    if args.no_audit:
+        raise BadRequest("--audit-server and --no-audit contradict each other")
+    if not args.audit_server.startswith(("http://", "https://")):
+        raise BadRequest(
+            f"--audit-server must be an http:// or https:// URL: {args.audit_server!r}"
+        )
 
 
 def _progress(line: str) -> None:
@@ -145,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         if warehouse.exists() and not warehouse.is_dir():
             raise BadRequest(f"--warehouse {warehouse} exists and is not a directory")
         check_table_format(warehouse, args.table_format)
+        _check_audit_flags(args)
         topic_patterns(args.topics)
         if args.master is not None:
             check_master(args.master)

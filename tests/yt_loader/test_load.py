@@ -369,6 +369,8 @@ def _parquet_warehouse(path: Path) -> Path:
         (["--warehouse", ""], "--warehouse must name the table's directory"),
         (["--table-format", "parquet"], "is a Delta table"),
         (["--warehouse", "PARQUET"], "is a Parquet warehouse"),
+        (["--audit-server", "gw:8080"], "--audit-server must be an http:// or https:// URL"),
+        (["--audit-server", "http://gw:8080", "--no-audit"], "contradict each other"),
     ],
 )
 def test_bad_flags_exit_2_before_starting_spark_and_change_nothing(
