@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import threading
 from pathlib import Path
@@ -154,8 +155,9 @@ def run(args: argparse.Namespace) -> int:
     from yt_loader.errors import DataLost
 
     try:
-        if args.max_range_mb <= 0 or args.max_batch_mb <= 0:
-            raise BadRequest("--max-range-mb and --max-batch-mb must be positive")
+        sizes = (args.max_range_mb, args.max_batch_mb)
+        if not all(math.isfinite(mb) and mb > 0 for mb in sizes):
+            raise BadRequest("--max-range-mb and --max-batch-mb must be positive numbers")
         if not args.warehouse.strip():
             raise BadRequest("--warehouse must name the table's directory")
         warehouse = Path(args.warehouse)

@@ -364,6 +364,8 @@ def _parquet_warehouse(path: Path) -> Path:
     ("flags", "message"),
     [
         (["--topics", " , "], "topics must name at least one topic"),
+        (["--max-range-mb", "nan"], "must be positive numbers"),
+        (["--max-batch-mb", "inf"], "must be positive numbers"),
         (["--master", "bogus"], "--master 'bogus' is not a Spark master"),
         (["--master", "local[0]"], "is not a Spark master"),
         (["--warehouse", ""], "--warehouse must name the table's directory"),
