@@ -69,11 +69,16 @@ def build_session(
         if with_delta:
             for key, value in session_conf().items():
                 builder = builder.config(key, value)
-        builder = builder.config("spark.pyspark.python", sys.executable)
+        python = (conf or {}).get("spark.pyspark.python", sys.executable)
+        builder = builder.config("spark.pyspark.python", python)
+        # PySpark gives its Python functions the interpreter PYSPARK_PYTHON names ("python3"
+        # when unset), and executors run that one whatever spark.pyspark.python says (only
+        # spark-submit turns the setting into the variable): on a cluster "python3" is
+        # whatever the worker's PATH finds, without logbroker.
+        os.environ.setdefault("PYSPARK_PYTHON", python)
     if master is not None:
         builder = builder.master(master)
         if master.startswith("local"):
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
             builder = (
                 builder.config("spark.ui.enabled", "false")
