@@ -119,6 +119,11 @@ def _kafka_properties(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
 
 
 def _check_audit_flags(args: argparse.Namespace) -> None:
+    if args.server is None and args.audit_server is None and (args.token or args.token_file):
+        raise BadRequest(
+            "--token and --token-file go with --server or --audit-server (a gateway to send "
+            "them to); reading a data dir or Kafka needs none"
+        )
     if args.audit_server is None:
         return
     if args.server is not None:

@@ -373,6 +373,7 @@ def _parquet_warehouse(path: Path) -> Path:
         (["--warehouse", "PARQUET"], "is a Parquet warehouse"),
         (["--audit-server", "gw:8080"], "--audit-server must be an http:// or https:// URL"),
         (["--audit-server", "http://gw:8080", "--no-audit"], "contradict each other"),
+        (["--token", "secret"], "--token and --token-file go with --server or --audit-server"),
     ],
 )
 def test_bad_flags_exit_2_before_starting_spark_and_change_nothing(
