@@ -26,8 +26,9 @@ split); executors read them in parallel.  Options:
     streaming only: ``earliest`` (default) or ``latest``, for topics the checkpoint does not
     know yet at the first batch.  Topics that appear later are read from their start.
 ``fail_on_data_loss``
-    ``true`` (default): a range that retention dropped before it was read fails the query
-    (the data would otherwise be silently missing); ``false`` skips what is gone.
+    ``true`` (default): a range that retention dropped before it was read, or a topic
+    deleted and created again, fails the query (the data would otherwise be silently
+    missing); ``false`` skips what is gone and reads a new topic from its start.
 ``skip_corrupt``
     ``false`` (default): a message whose data does not decompress fails the query, naming its
     offset; ``true`` leaves it out, with a warning naming it in the executor's log.
@@ -51,9 +52,9 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from yt_loader.errors import BadSourceOptions
+from yt_loader.errors import BadSourceOptions, DataLost
 from yt_loader.line_rows import SPARK_SCHEMA_DDL
-from yt_loader.log_source import SourceSpec, TopicBounds, current_bounds
+from yt_loader.log_source import KAFKA_OPTION_PREFIX, SourceSpec, TopicBounds, current_bounds
 from yt_loader.offset_ranges import (
     DEFAULT_MAX_RANGE_BYTES,
     OffsetRange,
@@ -66,8 +67,50 @@ log = logging.getLogger(__name__)
 
 FORMAT_NAME = "logbroker"
 
-StreamOffsets = dict[str, dict[str, int]]
-"""A stream position: topic -> partition (as a string, JSON keys are strings) -> next offset."""
+StreamOffsets = dict[str, dict[str, Any]]
+"""A stream position: topic -> partition (as a string, JSON keys are strings) -> next offset,
+and under ``topic_id`` the identity of the topic those offsets are of (absent in positions
+written before it was recorded)."""
+
+TOPIC_ID_KEY = "topic_id"
+
+
+def _partition_offsets(parts: Mapping[str, Any]) -> dict[str, int]:
+    """The partitions of one topic's position, without its identity."""
+    return {p: int(offset) for p, offset in parts.items() if p != TOPIC_ID_KEY}
+
+
+def _recreated(start: Mapping[str, Any], end: Mapping[str, Any]) -> bool:
+    """True if ``start`` and ``end`` are positions in two topics of the same name (the topic
+    was deleted and created again between them)."""
+    before, now = start.get(TOPIC_ID_KEY), end.get(TOPIC_ID_KEY)
+    return before is not None and now is not None and before != now
+
+
+OPTIONS = (
+    "data_dir",
+    "server",
+    "token",
+    "kafka_bootstrap",
+    "kafka_namespace",
+    "topics",
+    "max_range_bytes",
+    "starting_offsets",
+    "fail_on_data_loss",
+    "skip_corrupt",
+)
+"""Every option the source takes, besides ``kafka.<property>``."""
+
+
+def _check_names(options: Mapping[str, str]) -> None:
+    """Refuse an option the source does not know: a misspelt one (``startingOffsets``, as
+    Spark's Kafka source spells it) would otherwise be ignored and its default used."""
+    for name in options:
+        if name.lower() not in OPTIONS and not name.lower().startswith(KAFKA_OPTION_PREFIX):
+            raise BadSourceOptions(
+                f"the logbroker source has no option {name!r}; its options: "
+                f"{', '.join(OPTIONS)}, kafka.<librdkafka property>"
+            )
 
 
 @dataclass(frozen=True)
@@ -81,6 +124,7 @@ class ReaderOptions:
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> ReaderOptions:
+        _check_names(options)
         topics = options.get("topics", "*")
         topic_patterns(topics)
         starting = options.get("starting_offsets", "earliest").lower()
@@ -205,15 +249,16 @@ class LogbrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def _ends(self) -> StreamOffsets:
         return {
-            t.name: {str(p.partition): p.end_offset for p in t.partitions} for t in self._bounds()
+            t.name: {TOPIC_ID_KEY: t.topic_id}
+            | {str(p.partition): p.end_offset for p in t.partitions}
+            for t in self._bounds()
         }
 
     def initialOffset(self) -> dict[str, Any]:
         latest = self.options.starting_offsets == "latest"
         return {
-            t.name: {
-                str(p.partition): p.end_offset if latest else p.start_offset for p in t.partitions
-            }
+            t.name: {TOPIC_ID_KEY: t.topic_id}
+            | {str(p.partition): p.end_offset if latest else p.start_offset for p in t.partitions}
             for t in self._bounds()
         }
 
@@ -222,8 +267,14 @@ class LogbrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         merged: StreamOffsets = {t: dict(parts) for t, parts in start.items()}
         for topic, parts in ends.items():
             known = merged.setdefault(topic, {})
-            for partition, end in parts.items():
-                # Never behind the start: a deleted topic or a lagging gateway must not rewind.
+            if _recreated(known, parts):
+                # A new topic of the same name: its offsets start again; ``partitions``
+                # reads it from its start (or fails, as for retention, on the old one's loss).
+                merged[topic] = dict(parts)
+                continue
+            known[TOPIC_ID_KEY] = parts[TOPIC_ID_KEY]
+            for partition, end in _partition_offsets(parts).items():
+                # Never behind the start: a lagging gateway must not rewind.
                 known[partition] = max(end, int(known.get(partition, 0)))
         return merged
 
@@ -231,11 +282,23 @@ class LogbrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._target = self._ends()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        wanted = {
-            (topic, int(p)): (int(start.get(topic, {}).get(p, 0)), int(e))
-            for topic, parts in end.items()
-            for p, e in parts.items()
-        }
+        wanted = {}
+        for topic, parts in end.items():
+            before = start.get(topic, {})
+            if _recreated(before, parts):
+                lost = ", ".join(
+                    f"{p} from offset {o}" for p, o in _partition_offsets(before).items()
+                )
+                message = (
+                    f"{topic} was deleted and created again: whatever the old topic held "
+                    f"past the offsets read (partition {lost}) was never read"
+                )
+                if self.options.fail_on_data_loss:
+                    raise DataLost(f"{message} (set fail_on_data_loss=false to go on)")
+                log.warning("%s; reading the new topic from its start", message)
+                before = {}
+            for p, e in _partition_offsets(parts).items():
+                wanted[(topic, int(p))] = (int(before.get(p, 0)), e)
         if not any(e > s for s, e in wanted.values()):
             return []
         per_offset = {

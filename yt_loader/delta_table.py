@@ -40,7 +40,7 @@ from pyspark.sql import functions as F
 from log_store.errors import BadRequest
 from yt_loader.crash_points import reach
 from yt_loader.errors import WarehouseBusy, WarehouseCorrupt
-from yt_loader.load_target import LoadState, Progress
+from yt_loader.load_target import DELTA_LOG_DIR, LoadState, Progress, check_table_format
 from yt_loader.range_writer import PARTITION_COLUMNS, OutputLayout, WrittenFile, WrittenRange
 from yt_loader.typed_columns import TopicSchemas, evolved_table_schema
 from yt_loader.warehouse import LOADER_DIR, LoadGap, Recovery, TopicOffsets, Warehouse
@@ -239,20 +239,25 @@ class DeltaTarget:
         return Recovery(0, [])
 
     def _create_if_absent(self) -> None:
-        if (self.path / "_delta_log").is_dir():
+        if (self.path / DELTA_LOG_DIR).is_dir():
             return
-        if Warehouse(self.path).latest_commit() is not None:
-            raise BadRequest(
-                f"{self.path} is a Parquet warehouse: load it with --table-format parquet, or "
-                "convert it to Delta first (docs/loader.md, 'Migrating a Parquet warehouse')"
-            )
+        check_table_format(self.path, "delta")
         from delta.tables import DeltaTable
 
         builder = DeltaTable.createIfNotExists(self.spark).location(str(self.path))
         for column in TABLE_SCHEMA_DDL.split(", "):
             name, data_type = column.split(" ")
             builder = builder.addColumn(name, data_type)
-        builder.partitionedBy(*PARTITION_COLUMNS).execute()
+        builder = builder.partitionedBy(*PARTITION_COLUMNS)
+        try:
+            builder.execute()
+        except Exception as exc:
+            # Another loader (two scheduled runs starting together) created the table first:
+            # Delta refuses the second creation.  The table is there now; use it.  Which of
+            # the two loads a batch is then decided by the batches' own transactions.
+            if not any(name in str(exc) for name in _CONCURRENT_COMMIT_ERRORS):
+                raise
+            builder.execute()
 
     def _begin(self) -> _Transaction:
         txn = _Transaction(self._jvm, self._jvm.delta_log(self.path))

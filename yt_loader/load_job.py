@@ -57,6 +57,11 @@ class LoadConfig:
     """Leave out a message that does not decompress, recording it as lost (a :class:`LoadGap`
     of one offset), rather than stop the load there."""
 
+    def __post_init__(self) -> None:
+        # The tasks resolve paths in their executor's working directory (on a cluster, the
+        # worker's work directory): a relative path must mean what it means here.
+        object.__setattr__(self, "warehouse", Path(self.warehouse).absolute())
+
 
 @dataclass
 class TopicProgress:

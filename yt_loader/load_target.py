@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from log_store.errors import BadRequest
 from yt_loader.crash_points import reach
 from yt_loader.range_writer import OutputLayout, WrittenRange
 from yt_loader.typed_columns import TopicSchemas
@@ -32,6 +33,28 @@ TableFormat = Literal["delta", "parquet"]
 TABLE_FORMATS: tuple[TableFormat, ...] = ("delta", "parquet")
 
 Progress = Callable[[str], None]
+
+DELTA_LOG_DIR = "_delta_log"
+
+
+def check_table_format(path: Path, table_format: TableFormat) -> None:
+    """Refuse (``BadRequest``, before anything is written) a table of the other format at
+    ``path``: a Parquet load into a Delta table would leave files and a commit log of its own
+    beside the table's, and the reverse would hide a warehouse's files from its readers."""
+    if table_format == "parquet" and (path / DELTA_LOG_DIR).is_dir():
+        raise BadRequest(
+            f"{path} is a Delta table: load it without --table-format parquet (Delta is the "
+            "default), or give the Parquet warehouse another path"
+        )
+    if (
+        table_format == "delta"
+        and not (path / DELTA_LOG_DIR).is_dir()
+        and Warehouse(path).latest_commit() is not None
+    ):
+        raise BadRequest(
+            f"{path} is a Parquet warehouse: load it with --table-format parquet, or "
+            "convert it to Delta first (docs/loader.md, 'Migrating a Parquet warehouse')"
+        )
 
 
 @dataclass(frozen=True)
@@ -87,6 +110,7 @@ class ParquetTarget:
 
     @contextlib.contextmanager
     def opened(self, progress: Progress) -> Iterator[LoadState]:
+        check_table_format(self.warehouse.root, "parquet")
         with self.warehouse.locked():
             self._recovery = self.warehouse.recover()
             if self._recovery.published_files:

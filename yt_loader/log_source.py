@@ -252,6 +252,10 @@ class SourceSpec:
                 "give exactly one of data_dir (a store directory), server (a gateway URL) "
                 "or kafka_bootstrap (the Kafka servers of a Kafka-backed log)"
             )
+        if self.data_dir is not None:
+            # Executors open it from their own working directory (on a cluster, the worker's
+            # work directory): a relative path must mean what it means where it was given.
+            object.__setattr__(self, "data_dir", str(Path(self.data_dir).absolute()))
         if self.server is not None and not self.server.startswith(("http://", "https://")):
             raise BadSourceOptions(f"server must be an http:// or https:// URL: {self.server!r}")
         if self.kafka_bootstrap is None and (self.kafka_namespace or self.kafka_properties):

@@ -7,6 +7,7 @@ Every session it builds has Delta Lake loaded (see :mod:`yt_loader.delta_connect
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from pyspark.sql import SparkSession
@@ -22,6 +23,22 @@ DELTA_STATE_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 """Spark partitions Delta uses to rebuild a table's state from its log: 50 unless set, which
 costs seconds of task start-up per commit on a small cluster for a log table's files; the
 loader uses the cluster's cores instead unless the user set it."""
+
+
+_MASTER = re.compile(
+    r"local(\[(\*|[1-9]\d*)(,\s*[1-9]\d*)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]"
+    r"|yarn|(spark|k8s)://\S+"
+)
+
+
+def check_master(master: str) -> None:
+    """Refuse (``BadSourceOptions``) a master URL Spark would not take, before a JVM starts
+    for it: Spark's own answer is a stack trace from a JVM that exited."""
+    if not _MASTER.fullmatch(master):
+        raise BadSourceOptions(
+            f"--master {master!r} is not a Spark master: give local, local[N], local[*], "
+            "spark://HOST:PORT, yarn or k8s://URL"
+        )
 
 
 def launched_by_spark_submit() -> bool:
@@ -52,11 +69,16 @@ def build_session(
         if with_delta:
             for key, value in session_conf().items():
                 builder = builder.config(key, value)
-        builder = builder.config("spark.pyspark.python", sys.executable)
+        python = (conf or {}).get("spark.pyspark.python", sys.executable)
+        builder = builder.config("spark.pyspark.python", python)
+        # PySpark gives its Python functions the interpreter PYSPARK_PYTHON names ("python3"
+        # when unset), and executors run that one whatever spark.pyspark.python says (only
+        # spark-submit turns the setting into the variable): on a cluster "python3" is
+        # whatever the worker's PATH finds, without logbroker.
+        os.environ.setdefault("PYSPARK_PYTHON", python)
     if master is not None:
         builder = builder.master(master)
         if master.startswith("local"):
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
             builder = (
                 builder.config("spark.ui.enabled", "false")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import threading
 from pathlib import Path
@@ -89,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument(
         "--audit-server",
-        help="with --data-dir: the gateway to publish the table's audit counts to",
+        help="with --data-dir or --kafka-bootstrap: the gateway to publish the table's audit "
+        "counts to (with --server they go to that gateway)",
     )
     audit = parser.add_mutually_exclusive_group()
     audit.add_argument(
@@ -116,6 +118,27 @@ def _kafka_properties(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return tuple(properties)
 
 
+def _check_audit_flags(args: argparse.Namespace) -> None:
+    if args.server is None and args.audit_server is None and (args.token or args.token_file):
+        raise BadRequest(
+            "--token and --token-file go with --server or --audit-server (a gateway to send "
+            "them to); reading a data dir or Kafka needs none"
+        )
+    if args.audit_server is None:
+        return
+    if args.server is not None:
+        raise BadRequest(
+            "--audit-server goes with --data-dir or --kafka-bootstrap: with --server the "
+            "counts are published to that gateway"
+        )
+    if args.no_audit:
+        raise BadRequest("--audit-server and --no-audit contradict each other")
+    if not args.audit_server.startswith(("http://", "https://")):
+        raise BadRequest(
+            f"--audit-server must be an http:// or https:// URL: {args.audit_server!r}"
+        )
+
+
 def _progress(line: str) -> None:
     print(f"logbroker load: {line}", file=sys.stderr, flush=True)
 
@@ -124,8 +147,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         from yt_loader.crash_points import armed_point
         from yt_loader.load_job import LoadConfig, run_load
+        from yt_loader.load_target import check_table_format
         from yt_loader.log_source import SourceSpec
-        from yt_loader.spark_session import build_session
+        from yt_loader.offset_ranges import topic_patterns
+        from yt_loader.spark_session import build_session, check_master
     except ModuleNotFoundError as exc:
         print(
             f"logbroker load: needs {exc.name}; install it with: pip install 'logbroker[spark]'",
@@ -135,11 +160,19 @@ def run(args: argparse.Namespace) -> int:
     from yt_loader.errors import DataLost
 
     try:
-        if args.max_range_mb <= 0 or args.max_batch_mb <= 0:
-            raise BadRequest("--max-range-mb and --max-batch-mb must be positive")
+        sizes = (args.max_range_mb, args.max_batch_mb)
+        if not all(math.isfinite(mb) and mb > 0 for mb in sizes):
+            raise BadRequest("--max-range-mb and --max-batch-mb must be positive numbers")
+        if not args.warehouse.strip():
+            raise BadRequest("--warehouse must name the table's directory")
         warehouse = Path(args.warehouse)
         if warehouse.exists() and not warehouse.is_dir():
             raise BadRequest(f"--warehouse {warehouse} exists and is not a directory")
+        check_table_format(warehouse, args.table_format)
+        _check_audit_flags(args)
+        topic_patterns(args.topics)
+        if args.master is not None:
+            check_master(args.master)
         token = token_from(args) if args.server else None
         spec = SourceSpec(
             data_dir=args.data_dir,

@@ -212,3 +212,31 @@ def test_worker_killed_mid_load_then_a_rerun_loads_each_line_exactly_once(
     run_load(spark, config, lambda _line: None)  # type: ignore[arg-type]
 
     assert_exactly_once(_table_lines(spark, table), expected)
+
+
+def test_load_with_a_spark_master_url_and_no_spark_submit_runs_logbroker_on_the_executors(
+    spark: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``logbroker load --master spark://...`` straight from the installed command: the
+    executors run the driver's interpreter, not whatever ``python3`` the workers' PATH finds
+    (here the system's, without logbroker's packages, as on a node where the install is not
+    on PATH)."""
+    data_dir, table = tmp_path / "data", tmp_path / "table"
+    expected = append_lines(data_dir, "dc1.app", "m", partitions=2, chunks=3)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    with StandaloneCluster(tmp_path / "spark", workers=1, cores=1, memory="1g") as bare:
+        child = ChildProcess(
+            [
+                *("-m", "ops", "load", "--data-dir", str(data_dir), "--warehouse", str(table)),
+                *("--master", bare.master_url, "--no-audit"),
+            ],
+            tmp_path / "load.log",
+        )
+        try:
+            assert child.wait(300) == 0, child.output()[-3000:]
+        finally:
+            if child.proc.poll() is None:
+                child.kill()
+    assert f"loaded {len(expected)} lines" in child.output()
+    assert_exactly_once(_table_lines(spark, table), expected)

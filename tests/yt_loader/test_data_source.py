@@ -148,6 +148,8 @@ def test_no_matching_topic_reads_as_an_empty_frame(spark: object, tmp_path: Path
         ({"server": "ftp://gw"}, "server must be an http"),
         ({"data_dir": "/nonexistent/dir"}, "is not a logbroker data directory"),
         ({"data_dir": "/tmp", "max_range_bytes": "lots"}, "max_range_bytes must be an integer"),
+        ({"data_dir": "/tmp", "startingOffsets": "latest"}, "has no option 'startingoffsets'"),
+        ({"data_dir": "/tmp", "failOnDataLoss": "false"}, "has no option 'failondataloss'"),
     ],
 )
 def test_bad_options_fail_with_a_clear_reason(

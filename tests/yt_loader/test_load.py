@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from log_store.interface import TopicConfig
 from session_dedup.envelope import Envelope, encode
 from tests.conftest import free_port
 from tests.yt_loader.conftest import (
+    REPO,
     ChildProcess,
     append_lines,
     assert_exactly_once,
@@ -22,6 +26,7 @@ from yt_loader.delta_table import BATCH_APP_ID, DeltaTarget, partition_app_id
 from yt_loader.errors import WarehouseBusy
 from yt_loader.load_job import LoadConfig, run_load
 from yt_loader.log_source import SourceSpec
+from yt_loader.warehouse import CommitRecord, Warehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -194,6 +199,52 @@ def test_a_batch_planned_before_another_loader_committed_is_refused(
     assert _app_transactions(spark, table)[BATCH_APP_ID] == 1
 
 
+def test_two_loaders_starting_on_a_new_table_at_once_both_open_it(
+    spark: object, tmp_path: Path
+) -> None:
+    """Two scheduled loads that start together on a new table both create it; the loser of
+    that race finds the table the winner created, rather than failing with Delta's error."""
+    errors: list[BaseException] = []
+    for attempt in range(3):
+        table = tmp_path / f"table{attempt}"
+        barrier = threading.Barrier(2)
+
+        def open_table(table: Path = table, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                with DeltaTarget(spark, table).opened(lambda _line: None) as state:  # type: ignore[arg-type]
+                    assert state.batch == 0
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_table) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors, errors[0]
+        assert table_version(spark, table) == 0
+
+
+def test_relative_paths_name_the_same_directories_on_the_driver_and_the_executors(
+    spark: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An executor's working directory is not the driver's (on a cluster it is the worker's
+    work directory): relative paths are made absolute where they are given, or the tasks
+    would write the files somewhere the table's commit does not point."""
+    data_dir = tmp_path / "data"
+    expected = append_lines(data_dir, "dc1.app", "r", partitions=2, chunks=4)
+    stray = REPO / tmp_path.name  # where the executors' working directory would put them
+    monkeypatch.chdir(tmp_path)  # the driver's; this session's executors keep theirs
+    try:
+        config = LoadConfig(SourceSpec(data_dir="data"), Path(tmp_path.name))
+        run_load(spark, config, lambda _line: None)  # type: ignore[arg-type]
+        assert not stray.exists()
+    finally:
+        shutil.rmtree(stray, ignore_errors=True)
+    assert_exactly_once(table_lines(spark, tmp_path / tmp_path.name), expected)
+
+
 def test_load_through_a_gateway_matches_the_store(
     spark: object, tmp_path: Path, start_gateway: object
 ) -> None:
@@ -300,6 +351,58 @@ def test_bad_usage_exits_2_before_starting_spark(tmp_path: Path) -> None:
     assert child.wait(30) == 2
     assert "is not a logbroker data directory" in child.output()
     assert not (tmp_path / "nope").exists()
+
+
+def _parquet_warehouse(path: Path) -> Path:
+    """A Parquet warehouse with one (empty) committed batch."""
+    (path / "_loader" / "commits").mkdir(parents=True)
+    Warehouse(path).commit(CommitRecord(batch=1, committed_ms=0, offsets={}, ranges=[], gaps=[]))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--topics", " , "], "topics must name at least one topic"),
+        (["--max-range-mb", "nan"], "must be positive numbers"),
+        (["--max-batch-mb", "inf"], "must be positive numbers"),
+        (["--master", "bogus"], "--master 'bogus' is not a Spark master"),
+        (["--master", "local[0]"], "is not a Spark master"),
+        (["--warehouse", ""], "--warehouse must name the table's directory"),
+        (["--table-format", "parquet"], "is a Delta table"),
+        (["--warehouse", "PARQUET"], "is a Parquet warehouse"),
+        (["--audit-server", "gw:8080"], "--audit-server must be an http:// or https:// URL"),
+        (["--audit-server", "http://gw:8080", "--no-audit"], "contradict each other"),
+        (["--token", "secret"], "--token and --token-file go with --server or --audit-server"),
+    ],
+)
+def test_bad_flags_exit_2_before_starting_spark_and_change_nothing(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    data_dir = tmp_path / "data"
+    append_lines(data_dir, "dc1.app", "a", partitions=1, chunks=1)
+    delta_table = tmp_path / "delta"
+    (delta_table / "_delta_log").mkdir(parents=True)
+    parquet = _parquet_warehouse(tmp_path / "parquet")
+    flags = [str(parquet) if f == "PARQUET" else f for f in flags]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    child = ChildProcess(
+        ["-m", "ops", "load", "--data-dir", str(data_dir), "--warehouse", str(delta_table), *flags],
+        tmp_path / "bad.log",
+    )
+    try:
+        code = child.wait(30)
+    except subprocess.TimeoutExpired:
+        child.kill()  # it started Spark: the bug this test is about
+        raise
+    assert code == 2, child.output()
+    assert message in child.output()
+    assert "Traceback" not in child.output()
+    assert "Ivy" not in child.output()  # Spark's package resolution never began
+    assert (
+        sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.name != "bad.log")
+        == before
+    )
 
 
 def test_unreachable_gateway_exits_1_with_the_reason(tmp_path: Path) -> None:

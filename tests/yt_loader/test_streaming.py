@@ -135,3 +135,27 @@ def test_streaming_read_of_offsets_lost_to_retention_fails_unless_allowed(
     assert set(kept) <= set(lines)
     lost_and_found = [line for line in lines if line.startswith("lost")]
     assert len(lost_and_found) < 6 * 20 * 3
+
+
+def test_a_topic_deleted_and_created_again_is_not_read_from_the_old_topics_offsets(
+    spark: object, tmp_path: Path
+) -> None:
+    data_dir, checkpoint, out = tmp_path / "data", tmp_path / "ck", tmp_path / "out"
+    expected = append_lines(data_dir, "dc1.app", "old", partitions=1, chunks=4)
+    _stream(spark, data_dir, checkpoint, out).awaitTermination(120)  # type: ignore[attr-defined]
+    store = open_store(data_dir)
+    try:
+        store.delete_topic("dc1.app")
+    finally:
+        store.close()
+    # The new topic grows past the old one's offsets: they must not hide its first messages.
+    expected += append_lines(data_dir, "dc1.app", "new", partitions=1, chunks=8)
+
+    failing = _stream(spark, data_dir, checkpoint, out)
+    with pytest.raises(Exception, match="was deleted and created again"):
+        failing.awaitTermination(120)  # type: ignore[attr-defined]
+
+    tolerant = _stream(spark, data_dir, checkpoint, out, fail_on_data_loss="false")
+    tolerant.awaitTermination(120)  # type: ignore[attr-defined]
+    lines = [r["line"] for r in spark.read.parquet(str(out)).collect()]  # type: ignore[attr-defined]
+    assert_exactly_once(lines, expected)
