@@ -6,9 +6,12 @@ Every session it builds has Delta Lake loaded (see :mod:`yt_loader.delta_connect
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import sys
+import tempfile
 
 from pyspark.sql import SparkSession
 
@@ -76,6 +79,10 @@ def build_session(
         # spark-submit turns the setting into the variable): on a cluster "python3" is
         # whatever the worker's PATH finds, without logbroker.
         os.environ.setdefault("PYSPARK_PYTHON", python)
+        if "spark.sql.warehouse.dir" not in (conf or {}):
+            # Spark makes its catalog's warehouse, ./spark-warehouse, in the directory it was
+            # started from; logbroker keeps no table there (tables are paths), so none is left
+            builder = builder.config("spark.sql.warehouse.dir", _scratch_warehouse())
     if master is not None:
         builder = builder.master(master)
         if master.startswith("local"):
@@ -96,6 +103,13 @@ def build_session(
             spark.conf.set(DELTA_STATE_PARTITIONS, str(cores))
     register(spark)
     return spark
+
+
+def _scratch_warehouse() -> str:
+    """An empty directory for Spark's default catalog, removed when this process exits."""
+    path = tempfile.mkdtemp(prefix="logbroker-spark-warehouse-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def _check_delta_loaded(spark: SparkSession) -> None:

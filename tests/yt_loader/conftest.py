@@ -162,6 +162,7 @@ class ChildProcess:
         log_path: Path,
         env: dict[str, str] | None = None,
         program: str = sys.executable,
+        cwd: Path = REPO,
     ):
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
@@ -169,7 +170,7 @@ class ChildProcess:
             [program, *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            cwd=REPO,
+            cwd=cwd,
             env={**os.environ, **(env or {})},
             start_new_session=True,
         )

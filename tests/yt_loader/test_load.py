@@ -315,9 +315,13 @@ def test_a_message_that_does_not_decompress_stops_the_load_unless_skip_corrupt(
         store.append("dc1.app", 0, [encode(bad)])
     after = append_lines(data_dir, "dc1.app", "after", partitions=1, chunks=5)
 
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+
     def load(*extra: str) -> tuple[int, str]:
         args = ["-m", "ops", "load", "--data-dir", str(data_dir), "--warehouse", str(table)]
-        child = ChildProcess([*args, "--master", "local[1]", *extra], tmp_path / "load.log")
+        args += ["--master", "local[1]", *extra]
+        child = ChildProcess(args, tmp_path / "load.log", cwd=cwd)
         return child.wait(240), child.output()
 
     code, output = load()
@@ -339,6 +343,7 @@ def test_a_message_that_does_not_decompress_stops_the_load_unless_skip_corrupt(
     recorded = [json.loads(r["userMetadata"]) for r in history if r["operation"] == "WRITE"]
     assert any(f"offset {corrupt} was never loaded" in g for m in recorded for g in m["gaps"])
 
+    assert list(cwd.iterdir()) == []  # no ./spark-warehouse left where it was run
     again = _load(spark, data_dir, table)
     assert again.gaps == [] and again.batches == []  # type: ignore[attr-defined]
 
