@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -47,6 +48,26 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _port_left_unbound() -> int:
+    """A free port for a listener that starts much later (a test's TCP proxy in front of the
+    broker): outside the kernel's ephemeral range, which outgoing connections and every
+    ``bind(0)`` draw from, so none of them takes it meanwhile."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _free_port()
+    for _ in range(100):
+        port = random.randrange(max(1024, low - 12_000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return _free_port()
 
 
 def cache_dir() -> Path:
@@ -190,7 +211,7 @@ class LocalKafka:
                 port=_free_port(),
                 controller_port=_free_port(),
                 proxied_port=_free_port(),
-                proxied_advertised_port=_free_port(),
+                proxied_advertised_port=_port_left_unbound(),
             )
             for i in range(self.nodes_count)
         ]
