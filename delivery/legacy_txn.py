@@ -50,6 +50,11 @@ class TxnIdTaken(BadRequest):
     under: answering it as written would tell the client its data is in the log."""
 
 
+class StoreIdWritten(BadRequest):
+    """A ``/commit_request`` of a store id whose data was written under another transaction
+    id: it is in the log once, under that id, and is not written again."""
+
+
 class WindowExpired(BadRequest):
     """A ``/commit`` that came later than the window after its data: it is never delivered,
     so it is refused rather than answered as committed."""
@@ -246,8 +251,9 @@ def write_data(
             outcome["data_offset"] = doc["data_offset"]
             return []
         if staged.written:
-            raise UnknownStagedData(
-                f"the data of store_id {staged.store_id} was written under another txn_id"
+            raise StoreIdWritten(
+                f"the data of store_id {staged.store_id} was written under another txn_id; "
+                "it is not written again (request it under that txn_id)"
             )
         # No offset recorded: a first request, or one whose second step a crash cut off.  A
         # record written by such an attempt is never named by a marker, so it is never read.

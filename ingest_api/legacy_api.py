@@ -33,6 +33,7 @@ from audit.records import AUDIT_LOG_TYPE
 from delivery.legacy_txn import (
     LegacyStaging,
     StagedData,
+    StoreIdWritten,
     TxnIdTaken,
     UnknownStagedData,
     UnknownTransaction,
@@ -137,6 +138,8 @@ class LegacyApi:
             written = await anyio.to_thread.run_sync(self._write_data, topic, txn_id, staged)
         except TxnIdTaken as exc:
             raise ApiError(409, "txn_id_taken", str(exc)) from None
+        except StoreIdWritten as exc:
+            raise ApiError(409, "store_id_written", str(exc)) from None
         if not staged.written:
             if holder is None:
                 await anyio.to_thread.run_sync(self.staging.mark_written, staged)

@@ -257,6 +257,11 @@ def test_a_txn_id_already_used_by_other_data_is_refused_and_that_data_stays_stag
     archive.commit(archive.commit_request(second)["txn_id"])
     assert sorted(m["data"] for m in _read_all(gateway.url)) == ["first\n", "second\n"]
     assert len(_read_all(gateway.url, raw=1)) == 4
+    # the first piece again under a new id: it is in the log once, under T1, and stays so
+    renamed = archive.http.post("/commit_request", params={"store_id": first, "txn_id": "T9"})
+    assert renamed.status_code == 409, renamed.text
+    assert renamed.json()["error"] == "store_id_written"
+    assert len(_read_all(gateway.url, raw=1)) == 4
 
 
 def test_a_malformed_store_id_is_named_in_the_refusal(gateway: Any) -> None:
