@@ -79,7 +79,7 @@ def test_commit_request_at_another_gateway_writes_the_piece_once_even_with_its_h
     assert _post(a.url, "/commit_request", store_id=first_id).json() == first.json()
     assert _post(b.url, "/commit_request", store_id=first_id).json() == first.json()
     other = _post(b.url, "/commit_request", store_id=first_id, txn_id="other")
-    assert other.status_code == 404 and other.json()["error"] == "unknown_store_id", other.text
+    assert other.status_code == 409 and other.json()["error"] == "store_id_written", other.text
     committed = _post(a.url, "/commit", txn_id=first.json()["txn_id"], log_type="app")
     assert committed.status_code == 200, committed.text
     unknown = _post(b.url, "/commit_request", store_id="0" * 32)
