@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
@@ -26,13 +27,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.fault]
 def _fill(directory: Path) -> Path:
     """Write a file in ``directory`` until its file system has no byte left."""
     filler = directory / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
+    with open(filler, "wb") as f, contextlib.suppress(OSError):  # ENOSPC ends it
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
     return filler
 
 
