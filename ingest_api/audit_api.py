@@ -85,16 +85,23 @@ class CommittedCounter:
         if is_audit_topic(topic):
             return
         counts = self._counts
+        known: dict[int, list[int]] = {}  # create time -> [messages, lines], added once each
         for i, value in enumerate(records):
             envelope = view(value)  # the fields only: a raw chunk's lines are counted in place
             if envelope.kind != "chunk":
                 continue
             if envelope.codec == "raw":
-                counts.add(topic, envelope.create_time, 1, value.count(b"\n", envelope.data_start))
+                found = value.count(b"\n", envelope.data_start)
             elif lines is not None and lines[i] >= 0:
-                counts.add(topic, envelope.create_time, 1, lines[i])
+                found = lines[i]
             else:
                 counts.add_chunk(topic, envelope.create_time, envelope.codec, envelope.data)
+                continue
+            tally = known.setdefault(envelope.create_time, [0, 0])
+            tally[0] += 1
+            tally[1] += found
+        for create_time, (messages, found) in known.items():
+            counts.add(topic, create_time, messages, found)
 
 
 class WrittenTally:
