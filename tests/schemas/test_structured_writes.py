@@ -224,3 +224,26 @@ def test_the_audit_log_type_takes_no_schema_and_its_records_are_written_as_ever(
         )
         assert written.status_code == 200, written.text
         assert written.json()["results"][0]["acks"][0]["status"] == "written"
+
+
+def test_a_bad_record_refuses_every_section_of_its_source_in_the_request(
+    gateway: GatewayProcess, http: httpx.Client
+) -> None:
+    """A later good section of the same source is not written over the gap the refused one
+    leaves: the refused chunks, sent again once mended, would be answered ``duplicate``."""
+    register(http, "orders", ORDER_V1)
+    bad_chunk = orders({"id": "3", "amount": 1, "city": "Oslo"})
+    answer = write(
+        http,
+        [
+            (meta("mixed", "orders"), [(10, bad_chunk)]),
+            (meta("other", "orders"), [(10, GOOD)]),
+            (meta("mixed", "orders"), [(20, GOOD)]),
+        ],
+    )
+    assert answer.status_code == 200, answer.text
+    first, other, second = answer.json()["results"]
+    assert first["error"] == "bad_record" and second["error"] == "bad_record"
+    assert [a["status"] for a in other["acks"]] == ["written"]
+    mended = write(http, [(meta("mixed", "orders"), [(10, GOOD), (20, GOOD)])])
+    assert [a["status"] for a in mended.json()["results"][0]["acks"]] == ["written", "written"]
