@@ -15,9 +15,9 @@ of the topic (a loader or consumer that reads a structured topic needs its schem
 :class:`StructuredWrites` is the write path's hook: a section of ``/v1/write`` whose log type
 has a schema is checked line by line against the newest version; the first line that is not a
 record of it refuses that section (400 ``bad_record`` naming the chunk's seqno, the line and
-the field) and every other section of its source in the request, as any refusal does (see
-:func:`~ingest_api.framing.refuse_whole_sources`), and a section that passes is written with the
-schema's id in its envelopes.
+the field) and, in the write path, every other section of its source in the request, as any
+refusal does (see :func:`~ingest_api.framing.refuse_whole_sources`), and a section that
+passes is written with the schema's id in its envelopes.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from ingest_api.access import RouteDeclaration, access_of, read, route, write
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
-from ingest_api.framing import Section, refuse_whole_sources
+from ingest_api.framing import Section
 from ingest_api.openapi import OBJECT, error_responses, path_param
 from log_store.topic_names import is_valid_log_type, validate_topic_name
 from schema_registry import (
@@ -118,7 +118,6 @@ class StructuredWrites:
             section.error = _first_bad_record(latest, section)
             if section.error is None:
                 section.meta = dataclasses.replace(section.meta, schema_id=latest.schema_id)
-        refuse_whole_sources(list(sections))
 
     async def check(self, sections: Sequence[Section]) -> None:
         """Refuse the sections with a bad record; stamp the others of structured log types.

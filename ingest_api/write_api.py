@@ -42,6 +42,7 @@ from ingest_api.framing import (
     meta_from_json,
     parse_binary,
     parse_ndjson,
+    refuse_whole_sources,
 )
 from ingest_api.owners_api import FORWARDED_HEADER, owned_here
 from ingest_api.rate_limit import SourceRateLimiter
@@ -265,6 +266,8 @@ class WriteApi:
         structured = self.ctx.extensions.get(STRUCTURED_WRITES)
         if structured is not None:  # records of structured log types: checked and stamped
             await structured.check(sections)
+        # A source is written or refused as a whole, whatever refused one of its sections.
+        refuse_whole_sources(sections)
         self._refuse_unless_all_refused([s.error for s in sections])
         admitted = [s for s in sections if s.error is None]
         wait_s = self.rates.admit(
