@@ -17,6 +17,8 @@ A TOML file looks like this (every key optional)::
     allow_public_without_tokens = false
     metrics_require_token = false   # true: /metrics needs a token with metrics = true
     push_allow = ["10.1.2.0/24"]    # networks push subscriptions may POST to besides public ones
+    allowed_hosts = ["gw1.example"] # without tokens: Host names answered besides addresses,
+                                    # localhost, host and advertised_url's (DNS rebinding)
     graphite = "graphite1:2003"     # also send the metrics to Graphite (plaintext protocol)
     graphite_prefix = "logbroker.dc1.gw1"
     graphite_interval_s = 60.0
@@ -82,6 +84,7 @@ _KAFKA_KEYS: dict[str, type] = {
     "transaction_timeout_ms": int,
     "properties": dict,
 }
+_ALLOWED_HOST = re.compile(r"\*|\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
 _DC_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
@@ -171,6 +174,10 @@ class GatewaySettings:
     push_allow: tuple[str, ...] = ()
     """Networks (CIDR or single addresses) push delivery may connect to besides public
     addresses; see :mod:`delivery.push_targets`."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Without tokens: names (``gw1.example``, ``.example`` for every name under it, ``*``) a
+    request's ``Host`` may give besides IP addresses, ``localhost``, ``host`` and the
+    ``advertised_url``'s host; see :mod:`ingest_api.host_check`."""
     graphite: str | None = None
     """``HOST:PORT`` of a Graphite (carbon) plaintext listener the metrics are sent to."""
     graphite_prefix: str = "logbroker"
@@ -235,6 +242,11 @@ class GatewaySettings:
                 raise ConfigError(
                     f"push_allow: {network!r} is not an IP network (e.g. 10.1.2.0/24 or 127.0.0.1)"
                 ) from None
+        for name in self.allowed_hosts:
+            _check(
+                _ALLOWED_HOST.fullmatch(name) is not None,
+                f"allowed_hosts: {name!r} is not a host name (e.g. gw1.example, .example or *)",
+            )
         if self.graphite is not None:
             host, _, port = self.graphite.rpartition(":")
             _check(
@@ -289,6 +301,7 @@ class GatewaySettings:
         raw["limits"] = dataclasses.asdict(self.limits)
         raw["kafka"] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in self.kafka.items()}
         raw["push_allow"] = list(self.push_allow)
+        raw["allowed_hosts"] = list(self.allowed_hosts)
         raw["tokens"] = {token: _grant_json(g) for token, g in self.tokens.items()}
         return json.dumps(raw)
 
@@ -431,7 +444,9 @@ def _tokens(raw: Any) -> Mapping[str, TokenGrant]:
 
 
 def _from_mapping(raw: Mapping[str, Any]) -> GatewaySettings:
-    unknown = set(raw) - set(_SCALARS) - {"limits", "tokens", "push_allow", "kafka"}
+    unknown = (
+        set(raw) - set(_SCALARS) - {"limits", "tokens", "push_allow", "allowed_hosts", "kafka"}
+    )
     if unknown:
         raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
     kwargs: dict[str, Any] = {}
@@ -455,18 +470,21 @@ def _from_mapping(raw: Mapping[str, Any]) -> GatewaySettings:
     if not isinstance(kafka_raw, dict):
         raise ConfigError("kafka must be a table")
     kwargs["kafka"] = MappingProxyType(dict(kafka_raw))
-    kwargs["push_allow"] = _push_allow(raw.get("push_allow"))
+    kwargs["push_allow"] = _name_list("push_allow", raw.get("push_allow"), "['10.1.2.0/24']")
+    kwargs["allowed_hosts"] = _name_list(
+        "allowed_hosts", raw.get("allowed_hosts"), "['gw1.example']"
+    )
     return GatewaySettings(**kwargs)
 
 
-def _push_allow(raw: Any) -> tuple[str, ...]:
+def _name_list(key: str, raw: Any, example: str) -> tuple[str, ...]:
     """A list from TOML or JSON, a comma-separated string from the environment or a flag."""
     if raw is None:
         return ()
     if isinstance(raw, str):
         return tuple(part.strip() for part in raw.split(",") if part.strip())
     if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
-        raise ConfigError("push_allow must be a list of networks, e.g. ['10.1.2.0/24']")
+        raise ConfigError(f"{key} must be a list of strings, e.g. {example}")
     return tuple(raw)
 
 
@@ -494,8 +512,9 @@ def load_settings(
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     limits = dict(merged.get("limits") or {})
-    if environ.get("LOGBROKER_PUSH_ALLOW") is not None:
-        merged["push_allow"] = environ["LOGBROKER_PUSH_ALLOW"]
+    for name in ("push_allow", "allowed_hosts"):
+        if environ.get(f"LOGBROKER_{name.upper()}") is not None:
+            merged[name] = environ[f"LOGBROKER_{name.upper()}"]
     for name in _SCALARS:
         value = environ.get(f"LOGBROKER_{name.upper()}")
         if value is not None:

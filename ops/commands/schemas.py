@@ -29,7 +29,6 @@ from log_store.topic_names import validate_log_type
 from ops.token_options import add_token_options, token_from
 from schema_registry import MODES, InvalidSchema, parse
 
-
 _USAGE_STATUSES = frozenset({400, 401, 403, 413, 415})
 """Answers that say the command line or its token is wrong (exit 2), not the registry's state."""
 
