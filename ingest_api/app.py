@@ -51,6 +51,7 @@ ROUTE_MODULES: tuple[str, ...] = (
     "ingest_api.write_api",
     "ingest_api.schemas_api",
     "ingest_api.read_api",
+    "ingest_api.topic_admin_api",
     "ingest_api.owners_api",
     "ingest_api.groups_api",
     "ingest_api.subscriptions_api",

@@ -500,18 +500,8 @@ def load_settings(
     Raises :class:`ConfigError` with a reason on anything invalid.
     """
     environ = os.environ if env is None else env
-    merged: dict[str, Any] = {}
-    path = config_file or (
-        Path(environ["LOGBROKER_CONFIG"]) if "LOGBROKER_CONFIG" in environ else None
-    )
-    if path is not None:
-        try:
-            merged.update(tomllib.loads(path.read_text()))
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    limits = dict(merged.get("limits") or {})
+    merged = _config_file(config_file, environ)
+    limits = _env_limits(merged, environ)
     for name in ("push_allow", "allowed_hosts"):
         if environ.get(f"LOGBROKER_{name.upper()}") is not None:
             merged[name] = environ[f"LOGBROKER_{name.upper()}"]
@@ -519,10 +509,6 @@ def load_settings(
         value = environ.get(f"LOGBROKER_{name.upper()}")
         if value is not None:
             merged[name] = value
-    for name in _LIMIT_TYPES:
-        value = environ.get(f"LOGBROKER_LIMITS_{name.upper()}")
-        if value is not None:
-            limits[name] = value
     for name, value in (flags or {}).items():
         if value is None:
             continue
@@ -532,3 +518,42 @@ def load_settings(
             merged[name] = value
     merged["limits"] = limits
     return _from_mapping(merged)
+
+
+def load_limits(*, config_file: Path | None = None, env: Mapping[str, str] | None = None) -> Limits:
+    """The gateway's ``[limits]`` (the TOML file, then ``LOGBROKER_LIMITS_*``), for the tools
+    that change a store the gateway serves (``logbroker topics``) within the same limits."""
+    environ = os.environ if env is None else env
+    raw = _env_limits(_config_file(config_file, environ), environ)
+    unknown = set(raw) - set(_LIMIT_TYPES)
+    if unknown:
+        raise ConfigError(f"unknown limits: {', '.join(sorted(unknown))}")
+    return Limits(**{k: _coerce(f"limits.{k}", v, _LIMIT_TYPES[k]) for k, v in raw.items()})
+
+
+def _config_file(config_file: Path | None, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The TOML file ``config_file`` or ``$LOGBROKER_CONFIG`` ({} without either)."""
+    path = config_file or (
+        Path(environ["LOGBROKER_CONFIG"]) if "LOGBROKER_CONFIG" in environ else None
+    )
+    if path is None:
+        return {}
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _env_limits(merged: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The file's ``[limits]`` with ``LOGBROKER_LIMITS_<NAME>`` over them."""
+    limits = merged.get("limits") or {}
+    if not isinstance(limits, dict):
+        raise ConfigError("limits must be a table")
+    limits = dict(limits)
+    for name in _LIMIT_TYPES:
+        value = environ.get(f"LOGBROKER_LIMITS_{name.upper()}")
+        if value is not None:
+            limits[name] = value
+    return limits
