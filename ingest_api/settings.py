@@ -40,6 +40,7 @@ A TOML file looks like this (every key optional)::
     max_fetch_positions = 1000      # partitions one /v1/fetch may name
     auth_cache_entries = 100000     # remembered (token, log type or topic) decisions
     max_staged_bytes = 1073741824   # legacy /store data not yet committed
+    max_connections_per_client = 0  # open connections from one address per worker (0: any)
 
     [tokens.s3cr3t-token]
     name = "tenant-a"               # who owns the groups and subscriptions it creates
@@ -139,6 +140,9 @@ class Limits:
     max_fetch_positions: int = 1000
     auth_cache_entries: int = 100_000
     max_staged_bytes: int = 1024**3
+    max_connections_per_client: int = 0
+    """Open connections one peer address may hold to a worker (0: no limit; behind a balancer
+    every client has the balancer's address)."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,10 @@ class GatewaySettings:
         _check(lim.source_chunks_per_second >= 0, "limits.source_chunks_per_second must be >= 0")
         _check(lim.request_timeout_s > 0, "limits.request_timeout_s must be positive")
         _check(lim.source_idle_expiry_s > 0, "limits.source_idle_expiry_s must be positive")
+        _check(
+            lim.max_connections_per_client >= 0,
+            "limits.max_connections_per_client must be >= 0 (0: no limit)",
+        )
         for name in (
             "max_topics",
             "max_partitions_per_topic",
@@ -355,6 +363,7 @@ _LIMIT_TYPES: dict[str, type] = {
     "max_fetch_positions": int,
     "auth_cache_entries": int,
     "max_staged_bytes": int,
+    "max_connections_per_client": int,
 }
 _GRANT_GLOBS = {"write": "write_log_types", "read": "read_topics", "replicate": "replicate_topics"}
 _GRANT_FLAGS = ("metrics", "admin")

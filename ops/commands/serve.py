@@ -258,7 +258,9 @@ def run(args: argparse.Namespace) -> int:
         "host": settings.host,
         "port": settings.port,
         # httptools, with a bound on each request's head (size and time): see request_head
-        "http": bounded_head_protocol(settings.limits.request_timeout_s),
+        "http": bounded_head_protocol(
+            settings.limits.request_timeout_s, settings.limits.max_connections_per_client
+        ),
         "loop": "uvloop",
         "access_log": False,
         "log_level": args.log_level,
