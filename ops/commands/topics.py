@@ -27,6 +27,7 @@ from delivery.internal_state import is_internal
 from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
 from ingest_api.settings import load_limits
 from log_store import UNLIMITED, LogbrokerError, TopicConfig, TopicInfo
+from log_store.topic_names import validate_topic_name
 from log_store.topic_quota import TopicChange, TopicLimits, TopicQuota
 from ops.store_options import add_kafka_arguments, open_store_from_args, store_kind
 from ops.token_options import add_token_options, token_from
@@ -134,8 +135,9 @@ def _count(text: str) -> int:
 
 
 def _retention_ms(hours: float | None) -> int | None:
+    """``--retention-hours`` in milliseconds: None (not given) and UNLIMITED stay as they are."""
     if hours is None or hours == UNLIMITED:
-        return None if hours is None else UNLIMITED  # unchanged, or no limit
+        return None if hours is None else UNLIMITED
     return int(hours * 3600 * 1000)
 
 
@@ -300,6 +302,11 @@ def _print_remote(doc: dict[str, Any], as_json: bool) -> None:
 
 def _alter_on_gateway(args: argparse.Namespace, token: str | None) -> int:
     """``PATCH /v1/topics/{topic}``: the gateway applies its own limits."""
+    try:
+        topic = validate_topic_name(args.topic)  # never a path of another route
+    except LogbrokerError as exc:
+        print(f"logbroker topics: {exc}", file=sys.stderr)
+        return 2
     change = _change(args)
     body = {
         name: None if value == UNLIMITED else value
@@ -309,7 +316,7 @@ def _alter_on_gateway(args: argparse.Namespace, token: str | None) -> int:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         response = httpx.patch(
-            f"{args.server.rstrip('/')}/v1/topics/{args.topic}",
+            f"{args.server.rstrip('/')}/v1/topics/{topic}",
             json=body,
             headers=headers,
             timeout=60,
