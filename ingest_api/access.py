@@ -26,6 +26,8 @@ anything reads the request's body:
     a token whose ``replicate`` globs cover the topic in the path (a mirror's destination).
 ``METRICS``
     anyone, or, with ``metrics_require_token``, a token with ``metrics = true``.
+``ADMIN``
+    an ``admin`` token: operators' changes (``PATCH /v1/topics/{topic}``).
 ``PEER``
     another gateway of the same cluster (the Kafka backend's internal calls): the
     ``peer_token`` as bearer.  No client token passes, not even an admin's; with no
@@ -55,7 +57,7 @@ from log_store.errors import LimitReached
 from log_store.topic_names import TOPIC_NAME_PATTERN
 
 Handler = Callable[[Request], Awaitable[Response]]
-Kind = Literal["public", "read", "write", "replicate", "metrics", "peer"]
+Kind = Literal["public", "read", "write", "replicate", "metrics", "admin", "peer"]
 _SCOPE_KEY = "logbroker.access"
 _OWNER_LOOKUPS = "ingest_api.access.owner_lookups"
 
@@ -85,7 +87,7 @@ class Permission:
 
     def describe(self) -> str:
         """How the route table reads, e.g. ``read(topic)`` or ``write(log_type per section)``."""
-        if self.kind in ("public", "metrics", "replicate", "peer"):
+        if self.kind in ("public", "metrics", "replicate", "admin", "peer"):
             return self.kind
         parts = []
         if self.topic_param:
@@ -104,6 +106,7 @@ class Permission:
 PUBLIC = Permission("public")
 METRICS = Permission("metrics")
 PEER = Permission("peer")
+ADMIN = Permission("admin")
 REPLICATE = Permission("replicate", topic_param="topic")
 
 
@@ -285,6 +288,8 @@ async def _authorize(
     if grant is None or grant.admin:
         return access
     kind = permission.kind
+    if kind == "admin":
+        raise forbidden("only an admin token may do this (admin = true)")
     if kind == "metrics" and not grant.metrics:
         raise forbidden("this token may not read /metrics (give it metrics = true)")
     if kind == "read":

@@ -44,12 +44,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ingest_api.access import GuardedRoute, UndeclaredRoute, guarded_routes
 from ingest_api.context import GatewayContext, open_context
 from ingest_api.errors import exception_handlers
+from ingest_api.host_check import HostCheck, HostNames
 from ingest_api.settings import GatewaySettings
 
 ROUTE_MODULES: tuple[str, ...] = (
     "ingest_api.write_api",
     "ingest_api.schemas_api",
     "ingest_api.read_api",
+    "ingest_api.topic_admin_api",
     "ingest_api.owners_api",
     "ingest_api.groups_api",
     "ingest_api.subscriptions_api",
@@ -173,6 +175,9 @@ def build_app(
         lifespan=lifespan,
     )
     app.state.ctx = ctx
+    if not settings.auth_enabled:
+        # every request may do everything: a web page must not reach it by DNS rebinding
+        app.add_middleware(HostCheck, names=HostNames.of(settings))
     app.add_middleware(_RequestMetrics, ctx=ctx)
     unguarded = [r for r in app.router.routes if not isinstance(r, GuardedRoute)]
     if unguarded:

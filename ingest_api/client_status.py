@@ -8,9 +8,11 @@ index), so every worker and every gateway over the same store shows the same rep
 report is a view for operators, never a position: nothing is delivered or skipped because of
 it.
 
-Bounded: at most :data:`MAX_CLIENTS` clients (the least recently reporting one is forgotten
-first), :data:`MAX_ROWS` rows per report, and a client silent for :data:`FORGET_AFTER_S` is
-dropped from the index.
+Bounded: at most :data:`MAX_CLIENTS` clients, :data:`MAX_ROWS` rows per report, and a client
+silent for :data:`FORGET_AFTER_S` is dropped from the index.  Over :data:`MAX_CLIENTS`, the
+least recently reporting client of the owner (token) with the most clients is forgotten: a
+token reporting under ever new client names pushes out its own reports, never another
+tenant's (a tenant's hosts share its token, so a cap per token would hide a large fleet).
 """
 
 from __future__ import annotations
@@ -155,24 +157,30 @@ class ClientReports:
         seen = index.get("clients", {}).get(key)
         # the index is rewritten only for a new client or a stale entry: one write per report
         if seen is None or now_ms - int(seen) > FORGET_AFTER_S * 1000 / 4:
-            dropped = self._state.update(_INDEX_KEY, lambda doc: self._indexed(doc, key, now_ms))
+            dropped = self._state.update(
+                _INDEX_KEY, lambda doc: self._indexed(doc, key, owner or "", now_ms)
+            )
             # A client the index forgets is deleted too: otherwise every client name ever
             # reported would keep its document (up to MAX_ROWS rows) in the store for good.
             for gone, indexed_ms in dropped.items():
                 self._state.update(gone, functools.partial(_unless_newer, indexed_ms))
 
-    def _indexed(self, doc: Doc | None, key: str, now_ms: int) -> tuple[Doc, dict[str, int]]:
+    def _indexed(
+        self, doc: Doc | None, key: str, owner: str, now_ms: int
+    ) -> tuple[Doc, dict[str, int]]:
         """The index with ``key`` reported at ``now_ms``, and the clients it forgot (by the
         time of their last report it had)."""
         before: dict[str, int] = dict((doc or {}).get("clients", {}))
+        # an index written before owners were kept in it: its clients count as one owner's
+        owners: dict[str, str] = {**(doc or {}).get("owners", {}), key: owner}
         clients = {**before, key: now_ms}
         oldest_kept = now_ms - int(FORGET_AFTER_S * 1000)
         clients = {k: t for k, t in clients.items() if t >= oldest_kept}
         if len(clients) > MAX_CLIENTS:
-            newest = sorted(clients.items(), key=lambda kv: kv[1], reverse=True)[:MAX_CLIENTS]
-            clients = dict(newest)
+            clients = _fair_share(clients, owners, MAX_CLIENTS)
         dropped = {k: t for k, t in before.items() if k not in clients}
-        return {"clients": clients}, dropped
+        kept_owners = {k: owners.get(k, "") for k in clients}
+        return {"clients": clients, "owners": kept_owners}, dropped
 
     def reports(self, kind: ClientKind) -> list[ClientReport]:
         """The last report of every client of ``kind`` heard from recently, by client name."""
@@ -187,6 +195,19 @@ class ClientReports:
             if raw is not None and raw["reported_ms"] >= oldest_kept:
                 out.append(ClientReport.from_json(raw))
         return out
+
+
+def _fair_share(clients: dict[str, int], owners: dict[str, str], limit: int) -> dict[str, int]:
+    """``clients`` (key -> last report) cut to ``limit``: each time, the least recently
+    reporting client of the owner that holds the most is dropped."""
+    by_owner: dict[str, list[str]] = {}
+    for key in sorted(clients, key=clients.__getitem__, reverse=True):  # newest first
+        by_owner.setdefault(owners.get(key, ""), []).append(key)
+    kept = dict(clients)
+    while len(kept) > limit:
+        largest = max(by_owner.values(), key=len)
+        kept.pop(largest.pop())
+    return kept
 
 
 def _unless_newer(indexed_ms: int, doc: Doc | None) -> tuple[Doc | None, None]:

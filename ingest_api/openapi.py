@@ -123,7 +123,9 @@ def build_openapi(
     for module in modules:
         paths_of = getattr(module, "openapi_paths", None)
         if paths_of is not None:
-            paths.update(paths_of(ctx))
+            # two modules may document two methods of one path (GET and PATCH of a topic)
+            for path, item in paths_of(ctx).items():
+                paths.setdefault(path, {}).update(item)
         schemas_of = getattr(module, "openapi_schemas", None)
         if schemas_of is not None:
             schemas.update(schemas_of(ctx))

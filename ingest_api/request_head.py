@@ -9,6 +9,12 @@ answered 431 and one that has not arrived ``head_timeout_s`` after the connectio
 parser cannot parse (a ``Content-Length`` beside chunked encoding, a negative one) 400, each
 with the usual ``{"error", "reason"}`` and the connection closed.  Bodies keep their own limits
 (:mod:`ingest_api.body`).
+
+With ``limits.max_connections_per_client`` set, a worker holds at most that many connections
+from one peer address at once: one more is answered 429 ``too_many_connections`` and closed
+before anything of it is read, so one client cannot take every file descriptor of the
+process.  It is off (0) by default: behind a balancer or a NAT every client has the same
+address.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+from collections import Counter
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -26,13 +33,23 @@ MAX_HEAD_BYTES = 64 * 1024
 _ERRORS = {
     400: (b"Bad Request", "bad_http"),
     408: (b"Request Timeout", "request_timeout"),
+    429: (b"Too Many Requests", "too_many_connections"),
     431: (b"Request Header Fields Too Large", "headers_too_large"),
 }
 
+_open_connections: Counter[str] = Counter()
+"""This process's open connections by peer address (only with a per-client limit)."""
 
-def bounded_head_protocol(head_timeout_s: float) -> functools.partial[BoundedHeadProtocol]:
-    """uvicorn's ``http`` setting: the protocol with this time limit (picklable, for workers)."""
-    return functools.partial(BoundedHeadProtocol, head_timeout_s=head_timeout_s)
+
+def bounded_head_protocol(
+    head_timeout_s: float, max_connections_per_client: int = 0
+) -> functools.partial[BoundedHeadProtocol]:
+    """uvicorn's ``http`` setting: the protocol with these limits (picklable, for workers)."""
+    return functools.partial(
+        BoundedHeadProtocol,
+        head_timeout_s=head_timeout_s,
+        max_connections_per_client=max_connections_per_client,
+    )
 
 
 class BoundedHeadProtocol(HttpToolsProtocol):
@@ -43,11 +60,15 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         *args: Any,
         head_timeout_s: float,
         max_head_bytes: int = MAX_HEAD_BYTES,
+        max_connections_per_client: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._head_timeout_s = head_timeout_s
         self._max_head_bytes = max_head_bytes
+        self._max_per_client = max_connections_per_client
+        self._peer: str | None = None
+        """The address this connection is counted under, while it is."""
         self._head_bytes: int | None = 0
         """Bytes of the head being received; None while a body or nothing is due."""
         self._head_timer: asyncio.TimerHandle | None = None
@@ -55,10 +76,28 @@ class BoundedHeadProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
+        if self._max_per_client > 0:
+            peer = transport.get_extra_info("peername")
+            address = peer[0] if isinstance(peer, tuple) and peer else None
+            if address is not None:
+                if _open_connections[address] >= self._max_per_client:
+                    self._refuse(
+                        429,
+                        f"{address} holds {self._max_per_client} connections to this gateway "
+                        "already (limits.max_connections_per_client); reuse one",
+                    )
+                    return
+                _open_connections[address] += 1
+                self._peer = address
         self._head_timer = self.loop.call_later(self._head_timeout_s, self._head_too_slow)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        if self._peer is not None:
+            _open_connections[self._peer] -= 1
+            if _open_connections[self._peer] <= 0:
+                del _open_connections[self._peer]
+            self._peer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

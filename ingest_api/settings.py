@@ -17,6 +17,8 @@ A TOML file looks like this (every key optional)::
     allow_public_without_tokens = false
     metrics_require_token = false   # true: /metrics needs a token with metrics = true
     push_allow = ["10.1.2.0/24"]    # networks push subscriptions may POST to besides public ones
+    allowed_hosts = ["gw1.example"] # without tokens: Host names answered besides addresses,
+                                    # localhost, host and advertised_url's (DNS rebinding)
     graphite = "graphite1:2003"     # also send the metrics to Graphite (plaintext protocol)
     graphite_prefix = "logbroker.dc1.gw1"
     graphite_interval_s = 60.0
@@ -38,6 +40,7 @@ A TOML file looks like this (every key optional)::
     max_fetch_positions = 1000      # partitions one /v1/fetch may name
     auth_cache_entries = 100000     # remembered (token, log type or topic) decisions
     max_staged_bytes = 1073741824   # legacy /store data not yet committed
+    max_connections_per_client = 0  # open connections from one address per worker (0: any)
 
     [tokens.s3cr3t-token]
     name = "tenant-a"               # who owns the groups and subscriptions it creates
@@ -82,6 +85,7 @@ _KAFKA_KEYS: dict[str, type] = {
     "transaction_timeout_ms": int,
     "properties": dict,
 }
+_ALLOWED_HOST = re.compile(r"\*|\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
 _DC_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
@@ -136,6 +140,9 @@ class Limits:
     max_fetch_positions: int = 1000
     auth_cache_entries: int = 100_000
     max_staged_bytes: int = 1024**3
+    max_connections_per_client: int = 0
+    """Open connections one peer address may hold to a worker (0: no limit; behind a balancer
+    every client has the balancer's address)."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +178,10 @@ class GatewaySettings:
     push_allow: tuple[str, ...] = ()
     """Networks (CIDR or single addresses) push delivery may connect to besides public
     addresses; see :mod:`delivery.push_targets`."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Without tokens: names (``gw1.example``, ``.example`` for every name under it, ``*``) a
+    request's ``Host`` may give besides IP addresses, ``localhost``, ``host`` and the
+    ``advertised_url``'s host; see :mod:`ingest_api.host_check`."""
     graphite: str | None = None
     """``HOST:PORT`` of a Graphite (carbon) plaintext listener the metrics are sent to."""
     graphite_prefix: str = "logbroker"
@@ -211,6 +222,10 @@ class GatewaySettings:
         _check(lim.source_chunks_per_second >= 0, "limits.source_chunks_per_second must be >= 0")
         _check(lim.request_timeout_s > 0, "limits.request_timeout_s must be positive")
         _check(lim.source_idle_expiry_s > 0, "limits.source_idle_expiry_s must be positive")
+        _check(
+            lim.max_connections_per_client >= 0,
+            "limits.max_connections_per_client must be >= 0 (0: no limit)",
+        )
         for name in (
             "max_topics",
             "max_partitions_per_topic",
@@ -235,6 +250,11 @@ class GatewaySettings:
                 raise ConfigError(
                     f"push_allow: {network!r} is not an IP network (e.g. 10.1.2.0/24 or 127.0.0.1)"
                 ) from None
+        for name in self.allowed_hosts:
+            _check(
+                _ALLOWED_HOST.fullmatch(name) is not None,
+                f"allowed_hosts: {name!r} is not a host name (e.g. gw1.example, .example or *)",
+            )
         if self.graphite is not None:
             host, _, port = self.graphite.rpartition(":")
             _check(
@@ -289,6 +309,7 @@ class GatewaySettings:
         raw["limits"] = dataclasses.asdict(self.limits)
         raw["kafka"] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in self.kafka.items()}
         raw["push_allow"] = list(self.push_allow)
+        raw["allowed_hosts"] = list(self.allowed_hosts)
         raw["tokens"] = {token: _grant_json(g) for token, g in self.tokens.items()}
         return json.dumps(raw)
 
@@ -342,6 +363,7 @@ _LIMIT_TYPES: dict[str, type] = {
     "max_fetch_positions": int,
     "auth_cache_entries": int,
     "max_staged_bytes": int,
+    "max_connections_per_client": int,
 }
 _GRANT_GLOBS = {"write": "write_log_types", "read": "read_topics", "replicate": "replicate_topics"}
 _GRANT_FLAGS = ("metrics", "admin")
@@ -431,7 +453,9 @@ def _tokens(raw: Any) -> Mapping[str, TokenGrant]:
 
 
 def _from_mapping(raw: Mapping[str, Any]) -> GatewaySettings:
-    unknown = set(raw) - set(_SCALARS) - {"limits", "tokens", "push_allow", "kafka"}
+    unknown = (
+        set(raw) - set(_SCALARS) - {"limits", "tokens", "push_allow", "allowed_hosts", "kafka"}
+    )
     if unknown:
         raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
     kwargs: dict[str, Any] = {}
@@ -455,18 +479,21 @@ def _from_mapping(raw: Mapping[str, Any]) -> GatewaySettings:
     if not isinstance(kafka_raw, dict):
         raise ConfigError("kafka must be a table")
     kwargs["kafka"] = MappingProxyType(dict(kafka_raw))
-    kwargs["push_allow"] = _push_allow(raw.get("push_allow"))
+    kwargs["push_allow"] = _name_list("push_allow", raw.get("push_allow"), "['10.1.2.0/24']")
+    kwargs["allowed_hosts"] = _name_list(
+        "allowed_hosts", raw.get("allowed_hosts"), "['gw1.example']"
+    )
     return GatewaySettings(**kwargs)
 
 
-def _push_allow(raw: Any) -> tuple[str, ...]:
+def _name_list(key: str, raw: Any, example: str) -> tuple[str, ...]:
     """A list from TOML or JSON, a comma-separated string from the environment or a flag."""
     if raw is None:
         return ()
     if isinstance(raw, str):
         return tuple(part.strip() for part in raw.split(",") if part.strip())
     if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
-        raise ConfigError("push_allow must be a list of networks, e.g. ['10.1.2.0/24']")
+        raise ConfigError(f"{key} must be a list of strings, e.g. {example}")
     return tuple(raw)
 
 
@@ -482,28 +509,15 @@ def load_settings(
     Raises :class:`ConfigError` with a reason on anything invalid.
     """
     environ = os.environ if env is None else env
-    merged: dict[str, Any] = {}
-    path = config_file or (
-        Path(environ["LOGBROKER_CONFIG"]) if "LOGBROKER_CONFIG" in environ else None
-    )
-    if path is not None:
-        try:
-            merged.update(tomllib.loads(path.read_text()))
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    limits = dict(merged.get("limits") or {})
-    if environ.get("LOGBROKER_PUSH_ALLOW") is not None:
-        merged["push_allow"] = environ["LOGBROKER_PUSH_ALLOW"]
+    merged = _config_file(config_file, environ)
+    limits = _env_limits(merged, environ)
+    for name in ("push_allow", "allowed_hosts"):
+        if environ.get(f"LOGBROKER_{name.upper()}") is not None:
+            merged[name] = environ[f"LOGBROKER_{name.upper()}"]
     for name in _SCALARS:
         value = environ.get(f"LOGBROKER_{name.upper()}")
         if value is not None:
             merged[name] = value
-    for name in _LIMIT_TYPES:
-        value = environ.get(f"LOGBROKER_LIMITS_{name.upper()}")
-        if value is not None:
-            limits[name] = value
     for name, value in (flags or {}).items():
         if value is None:
             continue
@@ -513,3 +527,42 @@ def load_settings(
             merged[name] = value
     merged["limits"] = limits
     return _from_mapping(merged)
+
+
+def load_limits(*, config_file: Path | None = None, env: Mapping[str, str] | None = None) -> Limits:
+    """The gateway's ``[limits]`` (the TOML file, then ``LOGBROKER_LIMITS_*``), for the tools
+    that change a store the gateway serves (``logbroker topics``) within the same limits."""
+    environ = os.environ if env is None else env
+    raw = _env_limits(_config_file(config_file, environ), environ)
+    unknown = set(raw) - set(_LIMIT_TYPES)
+    if unknown:
+        raise ConfigError(f"unknown limits: {', '.join(sorted(unknown))}")
+    return Limits(**{k: _coerce(f"limits.{k}", v, _LIMIT_TYPES[k]) for k, v in raw.items()})
+
+
+def _config_file(config_file: Path | None, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The TOML file ``config_file`` or ``$LOGBROKER_CONFIG`` ({} without either)."""
+    path = config_file or (
+        Path(environ["LOGBROKER_CONFIG"]) if "LOGBROKER_CONFIG" in environ else None
+    )
+    if path is None:
+        return {}
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _env_limits(merged: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The file's ``[limits]`` with ``LOGBROKER_LIMITS_<NAME>`` over them."""
+    limits = merged.get("limits") or {}
+    if not isinstance(limits, dict):
+        raise ConfigError("limits must be a table")
+    limits = dict(limits)
+    for name in _LIMIT_TYPES:
+        value = environ.get(f"LOGBROKER_LIMITS_{name.upper()}")
+        if value is not None:
+            limits[name] = value
+    return limits

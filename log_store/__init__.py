@@ -22,6 +22,7 @@ from log_store.errors import (
     UnknownTopic,
 )
 from log_store.interface import (
+    UNLIMITED,
     AppendResult,
     LogStore,
     PartitionInfo,
@@ -66,6 +67,7 @@ def open_store(
 
 
 __all__ = [
+    "UNLIMITED",
     "AppendResult",
     "BadRequest",
     "InvalidTopicName",

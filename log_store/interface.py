@@ -20,6 +20,9 @@ from typing import Protocol, runtime_checkable
 
 DEFAULT_PARTITIONS = 4
 DEFAULT_SEGMENT_BYTES = 256 * 1024 * 1024
+UNLIMITED = -1
+"""A ``retention_ms`` or ``retention_bytes`` given to :meth:`LogStore.alter_topic` that removes
+the limit (Kafka's ``retention.ms = -1``); ``None`` there leaves the setting as it is."""
 
 
 @dataclass(frozen=True)
@@ -227,7 +230,10 @@ class LogStore(Protocol):
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         segment_bytes: int | None = None,
-    ) -> TopicInfo: ...
+    ) -> TopicInfo:
+        """Change the settings given (``None``: as they are); :data:`UNLIMITED` as a retention
+        removes that limit."""
+        ...
 
     def list_topics(self) -> list[TopicInfo]: ...
 

@@ -4,7 +4,10 @@ Topics are created on first use (a write of a new log type, a legacy commit, a m
 copy of a topic).  Every such creation goes through one :class:`TopicQuota`, which refuses a
 new topic beyond ``max_topics`` and a partition count beyond ``max_partitions_per_topic`` with
 :class:`~log_store.errors.LimitReached`, so a client holding a token cannot fill the catalog
-or the file system with topics.  Operators' tools (``logbroker topics``) are not limited.
+or the file system with topics.  A topic altered by an operator (``PATCH /v1/topics/{topic}``,
+``logbroker topics create|alter``) is held to the same ``max_partitions_per_topic``
+(:meth:`TopicQuota.alter`): a topic grown past it would be refused by every replica call
+naming its partition count, and the limit is raised in the configuration, not around it.
 
 The topic count is read from the catalog at most once per ``count_ttl_s`` (and after each
 creation), so a refusal at the limit costs no catalog scan; several processes creating topics
@@ -18,8 +21,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from log_store.errors import LimitReached, TopicExists, UnknownTopic
-from log_store.interface import LogStore, TopicConfig, TopicInfo
+from log_store.errors import BadRequest, LimitReached, TopicExists, UnknownTopic
+from log_store.interface import UNLIMITED, LogStore, TopicConfig, TopicInfo
 
 DEFAULT_MAX_TOPICS = 10_000
 DEFAULT_MAX_PARTITIONS_PER_TOPIC = 64
@@ -30,6 +33,17 @@ class TopicLimits:
     max_topics: int = DEFAULT_MAX_TOPICS
     """Topics in the store, logbroker's internal topic included."""
     max_partitions_per_topic: int = DEFAULT_MAX_PARTITIONS_PER_TOPIC
+
+
+@dataclass(frozen=True)
+class TopicChange:
+    """What :meth:`TopicQuota.alter` changes: ``None`` leaves a setting as it is, and
+    :data:`~log_store.interface.UNLIMITED` removes a retention limit."""
+
+    partitions: int | None = None
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    segment_bytes: int | None = None
 
 
 class TopicQuota:
@@ -57,7 +71,8 @@ class TopicQuota:
         maximum = self.limits.max_partitions_per_topic
         if partitions > maximum:
             raise LimitReached(
-                f"a topic may have at most {maximum} partitions, {partitions} were asked for",
+                f"a topic may have at most {maximum} partitions (limits.max_partitions_per_topic "
+                f"in the gateway's configuration), {partitions} were asked for",
                 "max_partitions_per_topic",
                 maximum,
             )
@@ -90,3 +105,36 @@ class TopicQuota:
             self._store.set_partitions(name, partitions)
             info = self._store.describe_topic(name)
         return info
+
+    def alter(self, name: str, change: TopicChange) -> TopicInfo:
+        """Grow ``name`` and change its retention within the limits; the topic as it is now.
+
+        Everything is checked before anything is changed: a partition count over
+        ``max_partitions_per_topic`` (:class:`LimitReached`), one below the topic's (partitions
+        never shrink), a negative retention or too small a segment (:class:`BadRequest`) leave
+        the topic as it was.
+        """
+        info = self._store.describe_topic(name)
+        grow = change.partitions is not None and change.partitions != info.config.partitions
+        if change.partitions is not None and grow:
+            if change.partitions < info.config.partitions:
+                raise BadRequest(
+                    f"topic {name!r} has {info.config.partitions} partitions; partitions never "
+                    f"shrink ({change.partitions} were asked for)"
+                )
+            self.check_partitions(change.partitions)
+        for setting in ("retention_ms", "retention_bytes"):
+            value = getattr(change, setting)
+            if value is not None and value < 0 and value != UNLIMITED:
+                raise BadRequest(f"{setting} must not be negative (or unlimited), got {value}")
+        if (change.retention_ms, change.retention_bytes, change.segment_bytes) != (None,) * 3:
+            # the store checks the segment size: refused here, nothing was grown yet
+            info = self._store.alter_topic(
+                name,
+                retention_ms=change.retention_ms,
+                retention_bytes=change.retention_bytes,
+                segment_bytes=change.segment_bytes,
+            )
+        if grow and change.partitions is not None:
+            self._store.set_partitions(name, change.partitions)
+        return self._store.describe_topic(name)

@@ -11,7 +11,8 @@ database ``--db`` and prints them: exit 1 when a closed window is still incomple
 ``logbroker_audit_window_incomplete`` per topic there, for node_exporter's textfile collector
 (the alert ``LogbrokerAuditIncomplete``).
 
-Bad usage: a message and exit code 2.
+Bad usage, and a token the gateway refuses (401, 403), or a token file that cannot be used: a
+message and exit code 2.  A gateway that cannot be reached or fails (5xx): exit code 1.
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_token_options(parser)
 
 
+class _GatewayFailed(LogbrokerError):
+    """The gateway answered 5xx: not the command's fault; running it again later may do."""
+
+
 def _usage(message: str) -> int:
     print(f"logbroker audit: {message}", file=sys.stderr)
     return 2
@@ -134,6 +139,9 @@ def _run_windows(args: argparse.Namespace) -> int:
     glob = args.topic[0] if args.topic else "*"
     try:
         rows = _rows_from_server(args, glob) if args.server else _rows_from_store(args, glob)
+    except _GatewayFailed as exc:
+        print(f"logbroker audit: {exc}", file=sys.stderr)
+        return 1
     except LogbrokerError as exc:
         return _usage(str(exc))
     except httpx.HTTPError as exc:
@@ -181,5 +189,11 @@ def _rows_from_server(args: argparse.Namespace, glob: str) -> list[WindowRow]:
         timeout=60,
     )
     if response.status_code >= 400:
-        raise LogbrokerError(f"{args.server} answered {response.status_code}: {response.text}")
+        try:
+            reason = f"{response.json()['error']}: {response.json()['reason']}"
+        except (ValueError, KeyError, TypeError):
+            reason = response.text[:300]
+        text = f"{args.server} answered {response.status_code} {reason}"
+        # 4xx: the command line or its token is wrong (exit 2); 5xx: try again later (exit 1)
+        raise (_GatewayFailed if response.status_code >= 500 else LogbrokerError)(text)
     return [row_from_json(doc) for doc in response.json()["windows"]]

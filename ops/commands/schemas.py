@@ -7,8 +7,10 @@
     logbroker schemas show     --server URL LOG_TYPE [VERSION]     # the schema (default latest)
     logbroker schemas compat   --server URL LOG_TYPE [MODE]        # show or set the mode
 
-Exit 0 on success, 1 when the gateway refuses (an incompatible schema, an unknown log type),
-2 for bad usage or a file that is not a schema; the gateway's reason is printed on stderr.
+Exit 0 on success, 1 when the gateway refuses the request (an incompatible schema, an unknown
+log type) or cannot be reached, 2 for bad usage, a file that is not a schema or a token the
+gateway refuses (401, 403: a configuration error, as for ``read``, ``mirror``, ``topics`` and
+``audit``); the gateway's reason is printed on stderr.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from log_store.errors import LogbrokerError
 from log_store.topic_names import validate_log_type
 from ops.token_options import add_token_options, token_from
 from schema_registry import MODES, InvalidSchema, parse
+
+_USAGE_STATUSES = frozenset({400, 401, 403, 413, 415})
+"""Answers that say the command line or its token is wrong (exit 2), not the registry's state."""
 
 
 class _Refused(Exception):
@@ -132,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except _Refused as exc:
         print(f"logbroker schemas: the gateway refused: {exc}", file=sys.stderr)
-        return 2 if exc.status in (400, 413, 415) else 1
+        return 2 if exc.status in _USAGE_STATUSES else 1
     except httpx.HTTPError as exc:
         print(f"logbroker schemas: cannot reach {args.server}: {exc}", file=sys.stderr)
         return 1

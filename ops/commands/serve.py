@@ -84,6 +84,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "public addresses; repeat for more",
     )
     parser.add_argument(
+        "--allowed-host",
+        action="append",
+        dest="allowed_hosts",
+        metavar="NAME",
+        help="without tokens: a name (gw1.example, .example, *) requests may address this "
+        "gateway by besides addresses, localhost and its host; repeat for more",
+    )
+    parser.add_argument(
         "--metrics-require-token",
         action="store_true",
         default=None,
@@ -118,6 +126,7 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
         "ssl_keyfile",
         "allow_public_without_tokens",
         "push_allow",
+        "allowed_hosts",
         "metrics_require_token",
         "graphite",
         "graphite_prefix",
@@ -249,7 +258,9 @@ def run(args: argparse.Namespace) -> int:
         "host": settings.host,
         "port": settings.port,
         # httptools, with a bound on each request's head (size and time): see request_head
-        "http": bounded_head_protocol(settings.limits.request_timeout_s),
+        "http": bounded_head_protocol(
+            settings.limits.request_timeout_s, settings.limits.max_connections_per_client
+        ),
         "loop": "uvloop",
         "access_log": False,
         "log_level": args.log_level,

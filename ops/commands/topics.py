@@ -1,7 +1,15 @@
 """``logbroker topics``: list, describe, create, alter, delete; retention and forced deletion.
 
 Works on a data dir of the embedded store directly (safe while a gateway runs on it); ``list``
-and ``describe`` also work through a gateway (``--server URL``).
+and ``describe`` also work through a gateway (``--server URL``), and ``alter`` through a
+gateway with an admin token (``PATCH /v1/topics/{topic}``).
+
+``create`` and ``alter`` keep a topic within the gateway's ``max_partitions_per_topic`` (read
+from ``--config``, ``LOGBROKER_CONFIG`` or ``LOGBROKER_LIMITS_MAX_PARTITIONS_PER_TOPIC``, as
+``serve`` reads it): over it they exit 2 and change nothing.  ``--retention-hours unlimited``
+and ``--retention-bytes unlimited`` remove a retention limit.  Exit 2 for bad usage, a
+refusal (the store's, or the gateway's 4xx, a refused token included), 1 for a gateway that
+cannot be reached or fails.
 """
 
 from __future__ import annotations
@@ -10,11 +18,17 @@ import argparse
 import contextlib
 import json
 import sys
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 from delivery.internal_state import is_internal
 from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
-from log_store import LogbrokerError, TopicConfig, TopicInfo
+from ingest_api.settings import load_limits
+from log_store import UNLIMITED, LogbrokerError, TopicConfig, TopicInfo
+from log_store.topic_names import validate_topic_name
+from log_store.topic_quota import TopicChange, TopicLimits, TopicQuota
 from ops.store_options import add_kafka_arguments, open_store_from_args, store_kind
 from ops.token_options import add_token_options, token_from
 
@@ -26,7 +40,13 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--data-dir", default=default, help="data dir of the embedded store")
     where.add_argument(
-        "--server", default=default, help="gateway URL (list and describe only, read-only)"
+        "--server", default=default, help="gateway URL (list, describe; alter: admin token)"
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=default,
+        help="the gateway's TOML configuration: its [limits] bound create and alter",
     )
     add_token_options(parser, default=default)
     add_kafka_arguments(parser, suppress=suppress)
@@ -73,13 +93,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _retention_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--retention-hours", type=float, help="drop segments older than this")
-    parser.add_argument("--retention-bytes", type=int, help="per-partition size to keep")
+    parser.add_argument(
+        "--retention-hours",
+        type=_hours,
+        help="drop segments older than this; 'unlimited' removes the limit",
+    )
+    parser.add_argument(
+        "--retention-bytes",
+        type=_count,
+        help="per-partition size to keep; 'unlimited' removes the limit",
+    )
     parser.add_argument("--segment-bytes", type=int, help="roll segments at this size")
 
 
+def _hours(text: str) -> float:
+    if text == "unlimited":
+        return UNLIMITED
+    try:
+        hours = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of hours or 'unlimited'"
+        ) from None
+    if not 0 <= hours < 2**63 / 3_600_000:  # nan and inf too
+        raise argparse.ArgumentTypeError(f"{text!r}: hours must be 0 or more, or 'unlimited'")
+    return hours
+
+
+def _count(text: str) -> int:
+    if text == "unlimited":
+        return UNLIMITED
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of bytes or 'unlimited'"
+        ) from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: bytes must be 0 or more, or 'unlimited'")
+    return count
+
+
 def _retention_ms(hours: float | None) -> int | None:
-    return None if hours is None else int(hours * 3600 * 1000)
+    """``--retention-hours`` in milliseconds: None (not given) and UNLIMITED stay as they are."""
+    if hours is None or hours == UNLIMITED:
+        return None if hours is None else UNLIMITED
+    return int(hours * 3600 * 1000)
+
+
+def _unlimited_is_none(value: int | None) -> int | None:
+    """``create``: a topic without retention is what ``unlimited`` asks for."""
+    return None if value == UNLIMITED else value
 
 
 def _topic_dict(info: TopicInfo) -> dict[str, Any]:
@@ -147,23 +211,16 @@ def run(args: argparse.Namespace) -> int:
             elif args.action == "describe":
                 _print_topic(store.describe_topic(args.topic), args.json)
             elif args.action == "create":
+                _quota(store, args).check_partitions(args.partitions)
                 config = TopicConfig(
                     partitions=args.partitions,
-                    retention_ms=_retention_ms(args.retention_hours),
-                    retention_bytes=args.retention_bytes,
+                    retention_ms=_unlimited_is_none(_retention_ms(args.retention_hours)),
+                    retention_bytes=_unlimited_is_none(args.retention_bytes),
                     segment_bytes=args.segment_bytes or TopicConfig().segment_bytes,
                 )
                 _print_topic(store.create_topic(args.topic, config), args.json)
             elif args.action == "alter":
-                if args.partitions is not None:
-                    store.set_partitions(args.topic, args.partitions)
-                info = store.alter_topic(
-                    args.topic,
-                    retention_ms=_retention_ms(args.retention_hours),
-                    retention_bytes=args.retention_bytes,
-                    segment_bytes=args.segment_bytes,
-                )
-                _print_topic(info, args.json)
+                _print_topic(_quota(store, args).alter(args.topic, _change(args)), args.json)
             elif args.action == "delete":
                 store.delete_topic(args.topic)
                 print(f"deleted {args.topic}")
@@ -179,11 +236,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quota(store: Any, args: argparse.Namespace) -> TopicQuota:
+    """The gateway's limits over ``store``, as ``serve`` would read them."""
+    limits = load_limits(config_file=args.config)
+    return TopicQuota(store, TopicLimits(limits.max_topics, limits.max_partitions_per_topic))
+
+
+def _change(args: argparse.Namespace) -> TopicChange:
+    return TopicChange(
+        partitions=args.partitions,
+        retention_ms=_retention_ms(args.retention_hours),
+        retention_bytes=args.retention_bytes,
+        segment_bytes=args.segment_bytes,
+    )
+
+
 def _run_on_gateway(args: argparse.Namespace) -> int:
-    """``list`` and ``describe`` through a gateway's read API (what a reader may see)."""
-    if args.action not in ("list", "describe"):
+    """``list`` and ``describe`` through a gateway's read API (what a reader may see);
+    ``alter`` through its admin API."""
+    if args.action not in ("list", "describe", "alter"):
         print(
-            f"logbroker topics: {args.action} needs --data-dir (a gateway's API only reads)",
+            f"logbroker topics: {args.action} needs --data-dir (a gateway's API only reads "
+            "and alters)",
             file=sys.stderr,
         )
         return 2
@@ -192,6 +266,8 @@ def _run_on_gateway(args: argparse.Namespace) -> int:
     except LogbrokerError as exc:
         print(f"logbroker topics: {exc}", file=sys.stderr)
         return 2
+    if args.action == "alter":
+        return _alter_on_gateway(args, token)
     client = PullClient(args.server, token=token)
     try:
         if args.action == "list":
@@ -222,3 +298,47 @@ def _print_remote(doc: dict[str, Any], as_json: bool) -> None:
             f"  {p['partition']:>9} {p['start_offset']:>12} {p['end_offset']:>12} "
             f"{_shown(p['size_bytes']):>14}"
         )
+
+
+def _alter_on_gateway(args: argparse.Namespace, token: str | None) -> int:
+    """``PATCH /v1/topics/{topic}``: the gateway applies its own limits."""
+    try:
+        topic = validate_topic_name(args.topic)  # never a path of another route
+    except LogbrokerError as exc:
+        print(f"logbroker topics: {exc}", file=sys.stderr)
+        return 2
+    change = _change(args)
+    body = {
+        name: None if value == UNLIMITED else value
+        for name, value in vars(change).items()
+        if value is not None
+    }
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.patch(
+            f"{args.server.rstrip('/')}/v1/topics/{topic}",
+            json=body,
+            headers=headers,
+            timeout=60,
+        )
+    except httpx.HTTPError as exc:
+        print(f"logbroker topics: cannot reach {args.server}: {exc}", file=sys.stderr)
+        return 1
+    if response.status_code >= 400:
+        try:
+            reason = (
+                f"{response.json()['reason']} ({response.status_code} {response.json()['error']})"
+            )
+        except (ValueError, KeyError, TypeError):
+            reason = f"{response.status_code} {response.text[:300]}"
+        print(f"logbroker topics: {reason}", file=sys.stderr)
+        return 2 if response.status_code < 500 else 1
+    doc = response.json()
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print(
+            f"{doc['name']}  id={doc['topic_id']}  partitions={doc['partitions']}  "
+            f"retention_ms={doc['retention_ms']}  retention_bytes={doc['retention_bytes']}"
+        )
+    return 0

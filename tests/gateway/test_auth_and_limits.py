@@ -394,3 +394,37 @@ def test_serve_with_the_kafka_store_and_several_workers_is_refused_with_exit_2(
     assert result.returncode == 2
     assert "one worker per gateway" in result.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_one_address_holds_at_most_max_connections_per_client(
+    start_gateway: Any, tmp_path: Path
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text("[limits]\nmax_connections_per_client = 3\n")
+    gw = start_gateway(tmp_path / "data", "--config", str(config))
+    held = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(3)]
+    try:
+        with socket.create_connection(("127.0.0.1", gw.port)) as one_more:
+            started = time.monotonic()
+            answer = _answer_of(one_more)
+            assert answer.startswith(b"HTTP/1.1 429"), answer[:200]
+            assert b'"too_many_connections"' in answer
+            assert b"max_connections_per_client" in answer
+            assert time.monotonic() - started < 5  # at once, not at the head's timeout
+        # another address is another client
+        with socket.socket() as other:
+            other.bind(("127.0.0.2", 0))
+            other.connect(("127.0.0.1", gw.port))
+            other.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            assert _answer_of(other).startswith(b"HTTP/1.1 200")
+        held.pop().close()  # a connection closed frees its place
+        deadline = time.monotonic() + 5
+        status = 0
+        while status != 200 and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):  # answered before its request
+                status = httpx.get(gw.url + "/healthz", timeout=5).status_code
+            time.sleep(0.05)
+        assert status == 200
+    finally:
+        for sock in held:
+            sock.close()

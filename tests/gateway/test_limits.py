@@ -13,11 +13,13 @@ import pytest
 
 from delivery.mirror import encode_replica_body
 from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
+from log_store import open_store
 from session_dedup.envelope import EnvelopeWriter
 from tests.conftest import GatewayProcess, logbroker_cmd
 from tests.gateway.conftest import end_offsets, meta
 
 TOKEN = "limited-token"
+ADMIN = "limited-admin"
 CONFIG = f"""
 partitions = 1
 push_allow = ["127.0.0.1"]
@@ -37,6 +39,8 @@ write = ["*"]
 read = ["*"]
 replicate = ["*"]
 metrics = true
+[tokens.{ADMIN}]
+admin = true
 """
 
 
@@ -167,6 +171,45 @@ def test_a_replica_topic_over_the_partition_limit(limited: Any) -> None:
     _assert_limit(response, "max_partitions_per_topic", 2)
     assert ("dc9.app", 0) not in end_offsets(gateway.data_dir)
     assert _refusals(http, "max_partitions_per_topic") == 1
+
+
+def _settings(data_dir: Path, topic: str) -> tuple[int, int | None, int | None]:
+    with open_store(data_dir) as store:
+        config = store.describe_topic(topic).config
+    return config.partitions, config.retention_ms, config.retention_bytes
+
+
+def test_an_operator_cannot_grow_a_topic_over_the_partition_limit(limited: Any) -> None:
+    gateway, http = limited
+    assert _write(http, [(meta("g", "grown"), [1])]).status_code == 200  # 1 partition
+    admin = httpx.Client(
+        base_url=gateway.url, timeout=30, headers={"Authorization": f"Bearer {ADMIN}"}
+    )
+    before = _refusals(http, "max_partitions_per_topic")
+    assert http.patch("/v1/topics/dc1.grown", json={"partitions": 2}).status_code == 403
+    _assert_limit(
+        admin.patch("/v1/topics/dc1.grown", json={"partitions": 3, "retention_ms": 1000}),
+        "max_partitions_per_topic",
+        2,
+    )
+    assert _settings(gateway.data_dir, "dc1.grown") == (1, None, None)  # nothing changed
+    cli = subprocess.run(
+        logbroker_cmd(
+            "topics", "alter", "dc1.grown", "--server", gateway.url, "--token", ADMIN,
+            "--partitions", "3", "--retention-hours", "1",
+        ),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert cli.returncode == 2, cli.stderr
+    assert "max_partitions_per_topic" in cli.stderr and "429 limit_reached" in cli.stderr
+    assert _settings(gateway.data_dir, "dc1.grown") == (1, None, None)
+    assert _refusals(http, "max_partitions_per_topic") == before + 2
+    grown = admin.patch("/v1/topics/dc1.grown", json={"partitions": 2})
+    assert grown.status_code == 200, grown.text
+    assert grown.json()["partitions"] == 2
+    shrunk = admin.patch("/v1/topics/dc1.grown", json={"partitions": 1})
+    assert shrunk.status_code == 400 and "never shrink" in shrunk.json()["reason"]
+    admin.close()
 
 
 def test_legacy_uploads_stop_at_the_staging_limit(limited: Any) -> None:

@@ -28,6 +28,7 @@ from tests.gateway.conftest import end_offsets, meta
 
 A_TOKEN = "tenant-a-secret"
 B_TOKEN = "tenant-b-secret"
+ADMIN_TOKEN = "operator-secret"
 CONFIG = f"""
 metrics_require_token = true
 push_allow = ["127.0.0.1"]
@@ -44,6 +45,10 @@ name = "tenant-b"
 write = ["b-*"]
 read = ["dc1.b-*"]
 replicate = ["dc9.b-*"]
+
+[tokens.{ADMIN_TOKEN}]
+name = "operator"
+admin = true
 """
 
 Call = tuple[str, dict[str, Any]]  # (url path, httpx request keyword arguments)
@@ -96,6 +101,7 @@ def examples(a: TenantA) -> dict[tuple[str, str], Call]:
         ("GET", "/v1/topics"): ("/v1/topics", {}),
         ("GET", "/v1/topics/{topic}"): ("/v1/topics/dc1.app", {}),
         ("GET", "/v1/topics/{topic}/owners"): ("/v1/topics/dc1.app/owners", {}),
+        ("PATCH", "/v1/topics/{topic}"): ("/v1/topics/dc1.app", {"json": {"retention_ms": None}}),
         ("GET", "/v1/owners"): ("/v1/owners", {"params": {"log_type": "app"}}),
         ("GET", "/v1/topics/{topic}/partitions/{partition}/messages"): (
             f"/v1/topics/dc1.app/partitions/{p}/messages",
@@ -188,7 +194,7 @@ def tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             timeout=30,
             headers={"Authorization": f"Bearer {token}"} if token else {},
         )
-        for token in (None, A_TOKEN, B_TOKEN)
+        for token in (None, A_TOKEN, B_TOKEN, ADMIN_TOKEN)
     }
     try:
         yield gateway, config, clients, TenantA(clients[A_TOKEN])
@@ -246,7 +252,13 @@ def test_every_route_refuses_a_missing_token_and_another_tenants_token(
         else:
             assert other.status_code == 403, (what, other.text)
             assert other.json()["error"] == "forbidden", what
-        owner = clients[A_TOKEN].request(method, url, **kwargs)
+        if route.permission.kind == "admin":
+            # tenant A's own topic, but an operator's change: only an admin token may
+            refused = clients[A_TOKEN].request(method, url, **kwargs)
+            assert refused.status_code == 403, (what, refused.text)
+            owner = clients[ADMIN_TOKEN].request(method, url, **kwargs)
+        else:
+            owner = clients[A_TOKEN].request(method, url, **kwargs)
         assert owner.status_code not in (401, 403), (what, owner.text)
 
 

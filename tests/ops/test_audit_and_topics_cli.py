@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -167,3 +168,73 @@ def test_a_reader_that_stops_reading_the_output_gets_no_traceback(tmp_path: Path
         stderr = proc.stderr.read().decode()
         assert proc.wait(60) == 128 + signal.SIGPIPE, stderr
         assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+
+
+def test_topics_create_and_alter_stay_within_the_gateways_partition_limit(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    assert logbroker("topics", "--data-dir", data, "create", "dc1.web").returncode == 0
+
+    def settings() -> tuple[int, int | None]:
+        with open_store(data) as store:
+            config = store.describe_topic("dc1.web").config
+        return config.partitions, config.retention_ms
+
+    # the default limit (64), as a gateway without a configuration would apply it
+    over = logbroker(
+        "topics", "--data-dir", data, "alter", "dc1.web", "--partitions", "65",
+        "--retention-hours", "1",
+    )  # fmt: skip
+    assert over.returncode == 2
+    assert "at most 64 partitions (limits.max_partitions_per_topic" in over.stderr
+    assert settings() == (4, None)  # the retention was not changed either
+    created = logbroker("topics", "--data-dir", data, "create", "dc1.big", "--partitions", "65")
+    assert created.returncode == 2 and "max_partitions_per_topic" in created.stderr
+    with open_store(data) as store:
+        assert "dc1.big" not in [t.name for t in store.list_topics()]
+    shrunk = logbroker("topics", "--data-dir", data, "alter", "dc1.web", "--partitions", "2")
+    assert shrunk.returncode == 2 and "never shrink" in shrunk.stderr
+    # the limit the gateway is configured with: in its file, or its environment
+    config = tmp_path / "gateway.toml"
+    config.write_text("[limits]\nmax_partitions_per_topic = 100\n")
+    raised = logbroker(
+        "topics", "--data-dir", data, "alter", "dc1.web", "--partitions", "65",
+        "--config", str(config),
+    )  # fmt: skip
+    assert raised.returncode == 0, raised.stderr
+    assert settings() == (65, None)
+    lowered = subprocess.run(
+        [sys.executable, "-m", "ops", "topics", "--data-dir", data, "alter", "dc1.web",
+         "--partitions", "70", "--config", str(config)],
+        capture_output=True, text=True, cwd=REPO, timeout=60,
+        env={**os.environ, "LOGBROKER_LIMITS_MAX_PARTITIONS_PER_TOPIC": "66"},
+    )  # fmt: skip
+    assert lowered.returncode == 2 and "at most 66 partitions" in lowered.stderr
+    assert settings() == (65, None)
+
+
+def test_a_topics_retention_can_be_set_back_to_unlimited(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    created = logbroker(
+        "topics", "--data-dir", data, "create", "dc1.kept", "--retention-hours", "2",
+        "--retention-bytes", "100000",
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+
+    def retention() -> tuple[int | None, int | None]:
+        with open_store(data) as store:
+            config = store.describe_topic("dc1.kept").config
+        return config.retention_ms, config.retention_bytes
+
+    assert retention() == (7_200_000, 100_000)
+    alter = ("topics", "--data-dir", data, "alter", "dc1.kept")
+    assert logbroker(*alter, "--retention-hours", "unlimited").returncode == 0
+    assert retention() == (None, 100_000)
+    assert logbroker(*alter, "--retention-bytes", "unlimited").returncode == 0
+    assert retention() == (None, None)
+    assert logbroker(*alter, "--retention-hours", "1").returncode == 0
+    assert retention() == (3_600_000, None)
+    for bad in (("--retention-hours", "-1"), ("--retention-bytes", "nan")):
+        refused = logbroker(*alter, *bad)
+        assert refused.returncode == 2, bad
+        assert "unlimited" in refused.stderr
+    assert retention() == (3_600_000, None)
