@@ -25,6 +25,14 @@ UNLIMITED = -1
 the limit (Kafka's ``retention.ms = -1``); ``None`` there leaves the setting as it is."""
 
 
+def retention_after(given: int | None, current: int | None) -> int | None:
+    """A retention setting after ``alter_topic(given)``: ``None`` keeps ``current``,
+    :data:`UNLIMITED` removes the limit (``None``), anything else replaces it."""
+    if given is None:
+        return current
+    return None if given == UNLIMITED else given
+
+
 @dataclass(frozen=True)
 class StoreCapabilities:
     """Where a backend legitimately differs; callers and the contract suite ask, never guess."""

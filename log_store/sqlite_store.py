@@ -39,7 +39,6 @@ from log_store.errors import (
 )
 from log_store.failures import as_store_unavailable
 from log_store.interface import (
-    UNLIMITED,
     AppendResult,
     PartitionState,
     ReadResult,
@@ -47,6 +46,7 @@ from log_store.interface import (
     TopicConfig,
     TopicInfo,
     TransactionFn,
+    retention_after,
 )
 from log_store.partition_handles import DEFAULT_MAX_OPEN_PARTITIONS, PartitionHandles
 from log_store.sqlite_partition import PartitionLog, connect, connect_read_only, now_ms
@@ -89,13 +89,6 @@ def _check_config(config: TopicConfig) -> None:
         value = getattr(config, name)
         if value is not None and value < 0:
             raise BadRequest(f"{name} must not be negative")
-
-
-def _retention(given: int | None, current: int | None) -> int | None:
-    """A retention setting after ``alter_topic(given)``: None keeps it, UNLIMITED removes it."""
-    if given is None:
-        return current
-    return None if given == UNLIMITED else given
 
 
 def _never_opened() -> PartitionLog:
@@ -396,8 +389,8 @@ class SqliteLogStore:
         info = self._load_topic(validate_topic_name(name))
         config = TopicConfig(
             partitions=info.config.partitions,
-            retention_ms=_retention(retention_ms, info.config.retention_ms),
-            retention_bytes=_retention(retention_bytes, info.config.retention_bytes),
+            retention_ms=retention_after(retention_ms, info.config.retention_ms),
+            retention_bytes=retention_after(retention_bytes, info.config.retention_bytes),
             segment_bytes=segment_bytes or info.config.segment_bytes,
         )
         _check_config(config)

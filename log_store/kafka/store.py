@@ -47,6 +47,7 @@ from log_store.interface import (
     TopicConfig,
     TopicInfo,
     TransactionFn,
+    retention_after,
 )
 from log_store.kafka import naming
 from log_store.kafka.failures import OwnerGone, WriterFenced, as_store_error
@@ -234,10 +235,8 @@ class KafkaLogStore:
         current = self._admin.config(name)
         config = TopicConfig(
             partitions=topic.partitions,
-            retention_ms=retention_ms if retention_ms is not None else current.retention_ms,
-            retention_bytes=(
-                retention_bytes if retention_bytes is not None else current.retention_bytes
-            ),
+            retention_ms=retention_after(retention_ms, current.retention_ms),
+            retention_bytes=retention_after(retention_bytes, current.retention_bytes),
             segment_bytes=segment_bytes or current.segment_bytes,
         )
         check_config(config)

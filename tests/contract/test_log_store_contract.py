@@ -30,7 +30,7 @@ from log_store import (
     UnknownTopic,
     open_store,
 )
-from log_store.interface import PrefetchingState
+from log_store.interface import UNLIMITED, PrefetchingState
 from tests.contract.backends import open_spec
 
 APPENDER = Path(__file__).with_name("appender.py")
@@ -262,6 +262,24 @@ def test_concurrent_threads_share_commits_and_lose_nothing(store: LogStore) -> N
 
 
 # -- segments and retention ---------------------------------------------------------------
+
+
+def test_retention_is_altered_kept_and_set_back_to_unlimited(store: LogStore) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1, retention_ms=3_600_000))
+    store.alter_topic("dc1.t", retention_bytes=1 << 30)
+
+    def retention() -> tuple[int | None, int | None]:
+        config = store.describe_topic("dc1.t").config
+        return config.retention_ms, config.retention_bytes
+
+    assert retention() == (3_600_000, 1 << 30)  # a setting not given is kept
+    store.alter_topic("dc1.t", retention_ms=UNLIMITED)
+    assert retention() == (None, 1 << 30)
+    store.alter_topic("dc1.t", retention_bytes=UNLIMITED)
+    assert retention() == (None, None)
+    with pytest.raises(BadRequest):
+        store.alter_topic("dc1.t", retention_ms=-5)
+    assert retention() == (None, None)
 
 
 def test_reads_cross_segment_boundaries(store: LogStore) -> None:
