@@ -5,6 +5,7 @@ names are under ``.invalid``, which no resolver knows (RFC 6761)."""
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,16 @@ def test_bootstrap_servers_are_read_as_librdkafka_reads_them() -> None:
         BootstrapServer("k2", 9092),
         BootstrapServer("::1", 9094),
     ]
+
+
+def test_the_offline_commands_refuse_an_unknown_bootstrap_host_at_once() -> None:
+    """``topics`` (like ``audit``) opens the store on Kafka itself: it said "Broker transport
+    failure" after waiting 15 s."""
+    started = time.monotonic()
+    done = subprocess.run(
+        logbroker_cmd("topics", "--kafka-bootstrap", "kafka1.invalid:9092", "list"),
+        cwd=REPO, capture_output=True, text=True, timeout=QUICK_S,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "no such host: kafka1.invalid" in done.stderr, done.stderr
+    assert time.monotonic() - started < 10
