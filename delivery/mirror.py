@@ -47,8 +47,9 @@ from delivery.envelope_view import NotAnEnvelope, view
 from delivery.framing import MAGIC, decode_binary
 from delivery.legacy_txn import validate_txn_id
 from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
-from log_store.errors import BadRequest, LogbrokerError
+from log_store.errors import BadRequest, InvalidTopicName, LogbrokerError
 from log_store.interface import LogStore, PartitionState
+from log_store.topic_names import validate_topic_name
 from session_dedup.envelope import EnvelopeWriter
 from session_dedup.source import MAX_SEQNO, source_meta
 
@@ -404,6 +405,31 @@ class MirrorStuck(LogbrokerError):
     """The destination keeps refusing appends at the offset it asks for itself."""
 
 
+class DestinationRefused(RequestRefused):
+    """The destination gateway answered 4xx (a :class:`RequestRefused` of the source's
+    gateway is the source's)."""
+
+
+def check_gateway_url(option: str, url: str) -> None:
+    """BadRequest naming ``option`` unless ``url`` is an http:// or https:// URL with a host."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadRequest(f"{option} {url!r} is not an http:// or https:// URL of a gateway")
+
+
+def check_prefix(prefix: str) -> None:
+    """BadRequest unless some topic name can start with ``prefix``."""
+    if not prefix:
+        raise BadRequest("prefix must not be empty (e.g. dc1.)")
+    try:
+        validate_topic_name(prefix + "x")
+    except InvalidTopicName:
+        raise BadRequest(
+            f"no topic can start with prefix {prefix!r}: topic names are <dc>.<log_type> of "
+            "[a-z0-9._-], starting with a letter or digit (e.g. dc1.)"
+        ) from None
+
+
 # A destination that answers the same expected offset this many times in a row, although the
 # mirror moved there each time, is not racing another mirror: it is a loop.
 _MAX_SAME_REFUSALS = 3
@@ -422,8 +448,9 @@ class Mirror:
         max_bytes: int = 4 * 1024 * 1024,
         token: str | None = None,
     ) -> None:
-        if not prefix:
-            raise BadRequest("prefix must not be empty (e.g. dc1.)")
+        check_prefix(prefix)
+        check_gateway_url("source", source_url)
+        check_gateway_url("destination", dest_url)
         self._source = PullClient(source_url, token=token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._dest = httpx.Client(
@@ -452,9 +479,23 @@ class Mirror:
         self._dest_url = dest_url
         self._token = token
         self._source_name = urlsplit(source_url).netloc or source_url
+        self._source_url = source_url
         self.audit = WindowCounts()
         """The mirror tier's counts: the destination's totals, which commit with the data."""
         self._audit_totals: dict[tuple[str, int], dict[str, list[int]]] = {}
+        self.found_topics = False
+        """Whether the source has had a topic of the prefix (that the token may read)."""
+        self._said_no_topics = False
+
+    def no_topics_reason(self) -> str:
+        """What the source has instead of a topic of the prefix (for a user who mistyped)."""
+        try:
+            names = self._source.list_topics()
+        except (GatewayUnavailable, RequestRefused):
+            names = []
+        shown = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
+        there = f"topics there: {shown}" if names else "it has no topic this token may read"
+        return f"no topic at the source {self._source_url} starts with {self._prefix!r} ({there})"
 
     def close(self) -> None:
         self._source.close()
@@ -462,6 +503,11 @@ class Mirror:
 
     def _discover(self) -> None:
         topics = set(self._source.list_topics(self._prefix, include_audit=True))
+        if topics:
+            self.found_topics = True
+        elif not self.found_topics and not self._said_no_topics:
+            self._said_no_topics = True
+            _log.warning("mirror: %s; waiting for one", self.no_topics_reason())
         for gone in set(self._topic_ids) - topics:
             self._forget(gone)
         for topic in sorted(topics):
@@ -519,14 +565,14 @@ class Mirror:
         return response
 
     @staticmethod
-    def _refused(response: httpx.Response) -> RequestRefused:
+    def _refused(response: httpx.Response) -> DestinationRefused:
         try:
             body = response.json() if response.content else {}
         except ValueError:
             body = {}
         if not isinstance(body, dict):
             body = {}
-        return RequestRefused(
+        return DestinationRefused(
             response.status_code,
             str(body.get("error", "http_error")),
             str(body.get("reason", response.text[:200])),
@@ -842,6 +888,10 @@ class Mirror:
             try:
                 copied = self.step()
             except GatewayUnavailable as exc:
+                if idle_exit_s is not None and time.monotonic() - last_new >= idle_exit_s:
+                    raise GatewayUnavailable(
+                        f"{exc}; still unavailable after {idle_exit_s:g} s without new data"
+                    ) from None
                 _log.warning("mirror: %s; retrying", exc)
                 time.sleep(1.0)
                 continue

@@ -51,9 +51,11 @@ def _free_port() -> int:
 
 
 def _port_left_unbound() -> int:
-    """A free port for a listener that starts much later (a test's TCP proxy in front of the
-    broker): outside the kernel's ephemeral range, which outgoing connections and every
-    ``bind(0)`` draw from, so none of them takes it meanwhile."""
+    """A free port for a listener that starts much later or again (a test's TCP proxy in front
+    of the broker, a node's listeners after a restart): outside the kernel's ephemeral range,
+    which outgoing connections and every ``bind(0)`` draw from, so none of them takes it
+    meanwhile.  (A node on ephemeral ports failed to restart: while it was down, an outgoing
+    connection's local port was its controller port, "Address already in use".)"""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low = int(f.read().split()[0])
@@ -204,14 +206,20 @@ class LocalKafka:
     # -- set-up -------------------------------------------------------------------------------
     def _plan(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        # every listener is bound again on the same port when a node restarts
+        ports: list[int] = []
+        while len(ports) < 4 * self.nodes_count:
+            port = _port_left_unbound()
+            if port not in ports:
+                ports.append(port)
         self.nodes = [
             KafkaNode(
                 node_id=i + 1,
                 directory=self.base_dir / f"node{i + 1}",
-                port=_free_port(),
-                controller_port=_free_port(),
-                proxied_port=_free_port(),
-                proxied_advertised_port=_port_left_unbound(),
+                port=ports[4 * i],
+                controller_port=ports[4 * i + 1],
+                proxied_port=ports[4 * i + 2],
+                proxied_advertised_port=ports[4 * i + 3],
             )
             for i in range(self.nodes_count)
         ]
@@ -472,7 +480,13 @@ def restart_by_state(base_dir: Path, timeout_s: float = 180.0) -> LocalKafka:
         KafkaNode(**{**node, "directory": Path(node["directory"])}) for node in state["nodes"]
     ]
     cluster._libs = kafka_libs(cluster.version)
-    return cluster._run(timeout_s)
+    try:
+        return cluster._run(timeout_s)
+    except BaseException:
+        # The storage and the ports are still this cluster's: once the cause is mended,
+        # ``restart`` can be asked again (without the file it said "no cluster runs").
+        path.write_text(json.dumps({**state, "pgids": []}))
+        raise
 
 
 def stop_by_state(base_dir: Path) -> bool:

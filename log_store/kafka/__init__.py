@@ -15,6 +15,7 @@ One module per part, named after Kafka Streams' exactly-once design:
 
 from __future__ import annotations
 
+from log_store.kafka.bootstrap import check_bootstrap_names
 from log_store.kafka.placement import OnDemand, Placement
 from log_store.kafka.settings import KafkaSettings
 from log_store.kafka.store import KafkaLogStore
@@ -23,7 +24,12 @@ from log_store.kafka.store import KafkaLogStore
 def open_kafka_store(
     settings: KafkaSettings, *, placement: Placement | None = None
 ) -> KafkaLogStore:
-    """Open the log store on the Kafka cluster ``settings.bootstrap`` names."""
+    """Open the log store on the Kafka cluster ``settings.bootstrap`` names.
+
+    BadRequest at once if no bootstrap host's name exists: librdkafka would wait for such a
+    cluster as for one that is down.
+    """
+    check_bootstrap_names(settings.bootstrap)
     return KafkaLogStore(settings, placement=placement)
 
 

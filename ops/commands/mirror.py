@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from delivery.mirror import Mirror, MirrorStuck
+from delivery.mirror import DestinationRefused, Mirror, MirrorStuck, check_gateway_url
 from delivery.mirror_metrics import MirrorCollector
 from delivery.pull_client import GatewayUnavailable, RequestRefused
 from log_store.errors import BadRequest
@@ -52,18 +54,30 @@ def run(args: argparse.Namespace) -> int:
     if args.source.rstrip("/") == args.dest.rstrip("/"):
         print("logbroker mirror: --from and --to are the same installation", file=sys.stderr)
         return 2
+    if args.idle_exit is not None and args.idle_exit < 0:
+        print("logbroker mirror: --idle-exit must be >= 0", file=sys.stderr)
+        return 2
     try:
+        check_gateway_url("--from", args.source)
+        check_gateway_url("--to", args.dest)
+        token = token_from(args)
         mirror = Mirror(
             args.source,
             args.dest,
             args.prefix,
             state_dir=args.state_dir,
             max_bytes=args.max_bytes,
-            token=token_from(args),
+            token=token,
         )
     except BadRequest as exc:
         print(f"logbroker mirror: {exc}", file=sys.stderr)
         return 2
+    for option, url in (("--from", args.source), ("--to", args.dest)):
+        host = urlsplit(url).hostname or ""
+        if _no_such_host(host):
+            print(f"logbroker mirror: {option} {url}: no such host: {host}", file=sys.stderr)
+            mirror.close()
+            return 2
     collector = MirrorCollector(mirror)
     try:
         exporter = _serve_metrics(args.metrics_port, collector)
@@ -83,8 +97,17 @@ def run(args: argparse.Namespace) -> int:
     stop_signals.on_stop(stop.set)
     try:
         mirror.run(stop, idle_exit_s=args.idle_exit)
+        # --idle-exit ran out without a topic to copy: most likely a mistyped prefix
+        nothing = None if mirror.found_topics or stop.is_set() else mirror.no_topics_reason()
     except RequestRefused as exc:
-        print(f"logbroker mirror: {exc.reason}", file=sys.stderr)
+        side, url = (
+            ("destination", args.dest)
+            if isinstance(exc, DestinationRefused)
+            else ("source", args.source)
+        )
+        missing = exc.status == 401 and token is None
+        hint = " (give the mirror's token with --token-file FILE)" if missing else ""
+        print(f"logbroker mirror: the {side} {url} refused: {exc.reason}{hint}", file=sys.stderr)
         return 2
     except (GatewayUnavailable, MirrorStuck) as exc:
         print(f"logbroker mirror: {exc}", file=sys.stderr)
@@ -96,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
             exporter.shutdown()
             exporter.server_close()
         mirror.close()
+    if nothing is not None:
+        print(f"logbroker mirror: {nothing}", file=sys.stderr)
+        return 2
     stats = mirror.stats
     print(f"logbroker mirror: copied {stats.copied_messages} messages", file=sys.stderr)
     if stats.dropped_offsets:
@@ -105,6 +131,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _no_such_host(host: str) -> bool:
+    """Whether the resolver says ``host`` does not exist; a resolver that cannot answer now
+    (no network yet) is an outage, which the mirror waits through like a gateway that is down."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME))
+    except UnicodeError:
+        return True
+    return False
 
 
 def _serve_metrics(port: int | None, collector: MirrorCollector) -> WSGIServer | None:

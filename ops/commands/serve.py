@@ -269,6 +269,16 @@ def run(args: argparse.Namespace) -> int:
         "ssl_certfile": settings.ssl_certfile,
         "ssl_keyfile": settings.ssl_keyfile,
     }
+    if settings.store == "kafka":
+        from log_store.kafka.bootstrap import check_bootstrap_names
+
+        try:
+            unknown = check_bootstrap_names(settings.kafka_bootstrap or "")
+        except BadRequest as exc:
+            print(f"logbroker serve: {exc}", file=sys.stderr)
+            return 2
+        if unknown:
+            print(f"logbroker serve: warning: no such host: {', '.join(unknown)}", file=sys.stderr)
     try:
         sock = _bind(settings.host, settings.port)
     except OSError as exc:
