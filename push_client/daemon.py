@@ -40,7 +40,13 @@ from push_client.parking import ParkingLot
 from push_client.progress import ProgressBar
 from push_client.shipper import Shipper, census_all
 from push_client.state_file import PushState, StateFile, write_atomically
-from push_client.status import STATUS_NAME, file_row, installation_rows, status_document
+from push_client.status import (
+    STATUS_NAME,
+    file_row,
+    installation_rows,
+    status_document,
+    unreadable_row,
+)
 from push_client.tailer import Phase, TailedFile
 from push_client.token import BearerToken
 from push_client.transport import GatewayClient, TransportStats
@@ -441,9 +447,9 @@ class PushDaemon:
                             tailed.path,
                             tailed.parked.refusal,
                         )
-                    for path, (error, _since) in sorted(files.unreadable.items()):
+                    for path, miss in sorted(files.unreadable.items()):
                         log.error(
-                            "%s was not shipped: cannot read it: %s", display_path(path), error
+                            "%s was not shipped: cannot read it: %s", display_path(path), miss.error
                         )
                     unreadable = (
                         f" and {len(files.unreadable)} unreadable" if files.unreadable else ""
@@ -614,6 +620,7 @@ class PushDaemon:
 
     def _publish_status(self, *, running: bool) -> None:
         rows = [file_row(t) for t in self._files.live()]
+        unreadable = [unreadable_row(m) for _, m in sorted(self._files.unreadable.items())]
         stats = self._stats
         document = status_document(
             pid=os.getpid(),
@@ -624,15 +631,12 @@ class PushDaemon:
             last_error=stats.last_error,
             last_error_at=stats.last_error_at,
             files=rows,
-            unreadable=[
-                {"path": display_path(path), "error": error, "since": since}
-                for path, (error, since) in sorted(self._files.unreadable.items())
-            ],
+            unreadable=unreadable,
         )
         self._status_document = document
         if self._lag_report is not None and running:
             current = self._clients[self._installations.current().name]
-            self._lag_report.offer(current.current_server, rows)
+            self._lag_report.offer(current.current_server, rows + unreadable)
         try:
             write_atomically(self.state_dir / STATUS_NAME, document, durable=False)
             write_atomically(
@@ -663,5 +667,5 @@ class PushDaemon:
             installations=self._installations,
             parked_total=self._parking.parked_total,
             abandoned_bytes=self._files.abandoned.total,
-            unreadable_files=len(self._files.unreadable),
+            unreadable=list(self._files.unreadable.values()),
         )

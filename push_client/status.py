@@ -18,6 +18,7 @@ from log_store.errors import LogbrokerError
 from push_client.identity import display_path
 
 if TYPE_CHECKING:
+    from push_client.files import Unreadable
     from push_client.installations import InstallationSet
     from push_client.tailer import TailedFile
 
@@ -65,6 +66,26 @@ def file_row(tailed: TailedFile) -> dict[str, Any]:
         "doubts": [d.as_list() for d in plan.doubts],
         "retrying": tailed.session_refusal or None,
         "waiting_for": sorted(plan.census),
+        "path_error": None
+        if tailed.path_error is None
+        else {"error": tailed.path_error[0], "since": tailed.path_error[1]},
+    }
+
+
+def unreadable_row(miss: Unreadable) -> dict[str, Any]:
+    """A file (or a directory of an entry) that cannot be read: what ``status.json`` lists
+    under ``unreadable``; ``size`` and ``lag_bytes`` are None when it cannot be looked at."""
+    lag_bytes = miss.lag_bytes
+    return {
+        "path": display_path(miss.path),
+        "log_type": miss.log_type,
+        "phase": "unreadable",
+        "error": miss.error,
+        "since": miss.since,
+        "acked": miss.acked,
+        "size": miss.size,
+        "lag_bytes": lag_bytes,
+        "pending_since": miss.since if lag_bytes else None,
     }
 
 
@@ -176,7 +197,9 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
         out.write(f"last error ({when}): {doc['last_error'][:200]}\n")
     for r in doc.get("unreadable", []):
         when = time.strftime("%H:%M:%S", time.localtime(r["since"]))
-        out.write(f"UNREADABLE {r['path']} since {when}: {r['error']} (not shipped)\n")
+        lag = r.get("lag_bytes")
+        behind = "; size unknown" if lag is None else f"; {lag} bytes behind"
+        out.write(f"UNREADABLE {r['path']} since {when}: {r['error']} (not shipped{behind})\n")
     files = doc["files"]
     total = sum(r["lag_bytes"] for r in files)
     out.write(f"{len(files)} files, total lag {total} bytes\n")
@@ -204,6 +227,12 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             out.write(
                 f"IN DOUBT {r['path']}: bytes {start}..{end} sent to {name}, which went down "
                 "before answering; held until it is back\n"
+            )
+        if r.get("path_error"):
+            when = time.strftime("%H:%M:%S", time.localtime(r["path_error"]["since"]))
+            out.write(
+                f"CANNOT STAT {r['path']} since {when}: {r['path_error']['error']} (read on "
+                "through its open descriptor; a rotation is not noticed until it can be)\n"
             )
         if r.get("retrying"):
             out.write(f"RETRYING {r['path']}: the gateway cannot take it now: {r['retrying']}\n")
