@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -168,6 +169,66 @@ def test_corrupt_state_file_is_moved_aside_and_an_empty_state_used(tmp_path: Pat
     assert state_file.corruptions == 1
     assert len(list(tmp_path.glob("state.json.corrupt-*"))) == 1
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def _signed(payload: object) -> bytes:
+    """A state file with ``payload`` and a checksum that matches it (written by a bug or by
+    hand, not torn): only its contents can tell it is wrong."""
+    body = orjson.dumps(payload)
+    return body + b"\nsha256:" + hashlib.sha256(body).hexdigest().encode() + b"\n"
+
+
+def _payload(**source_fields: object) -> dict[str, object]:
+    payload = orjson.loads(_state().to_json())
+    payload["sources"][0].update(source_fields)
+    payload["retired"] = [
+        {"source_id": "r", "dev": 1, "ino": 3, "fingerprint": "fp", "generation": 0,
+         "reason": "rotated", "retired_at": 1.0e9, "size": 10, "path": "/l/b", "acked": 10}
+    ]  # fmt: skip
+    return payload
+
+
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [
+        (_payload(acked="42"), "sources[0].acked must be a non-negative integer, not '42'"),
+        (_payload(acked=-1), "sources[0].acked must be a non-negative integer, not -1"),
+        (_payload(acked=42.5), "sources[0].acked must be a non-negative integer, not 42.5"),
+        (_payload(acked=True), "sources[0].acked must be a non-negative integer, not True"),
+        (_payload(generation=1.0), "sources[0].generation must be a non-negative integer"),
+        (_payload(path=["/l/a"]), "sources[0].path must be a string, not ['/l/a']"),
+        (_payload(draining="no"), "sources[0].draining must be true or false"),
+        (_payload(pending_since="now"), "sources[0].pending_since must be a number of seconds"),
+        (_payload(doubts=[["dc2", 50, 10]]), "sources[0].doubts must be a list of"),
+        (_payload(doubts={"dc2": [0, 10]}), "sources[0].doubts must be a list of"),
+        ({**_payload(), "sources": {"s": {}}}, "sources must be a list of records"),
+        ({**_payload(), "sources": [["s", 42]]}, "sources[0] must be a record, not ['s', 42]"),
+        ({**_payload(), "clean": "false"}, "clean must be true or false, not 'false'"),
+        (
+            {**_payload(), "retired": [{"source_id": "r"}]},
+            "retired[0] lacks dev, fingerprint, generation, ino, reason, retired_at",
+        ),
+        (_payload(surplus=1), "sources[0] has an unknown field 'surplus'"),
+    ],
+)
+def test_a_state_file_with_a_field_of_the_wrong_type_is_corrupt_and_named(
+    tmp_path: Path, payload: dict[str, object], named: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Such a file matched its checksum and was taken: an offset that is a string crashed
+    the loop at its first comparison, a float seqno went on the wire, ``"clean": "false"``
+    read as true.  It is corrupt like a torn file: set aside, and the gateways' last seqnos
+    (the lost-state path, exactly-once) are used instead."""
+    assert decode_state(_signed(_payload())).sources["s"].acked == 42
+    with pytest.raises(CorruptStateFile, match=re.escape(named)):
+        decode_state(_signed(payload))
+    state_file = StateFile(tmp_path)
+    state_file.path.write_bytes(_signed(payload))
+    with caplog.at_level(logging.WARNING, logger="logbroker.push"):
+        assert state_file.load().sources == {}
+    assert state_file.corruptions == 1 and not state_file.found
+    assert len(list(tmp_path.glob("state.json.corrupt-*"))) == 1
+    assert f"state file {state_file.path} is corrupt" in caplog.text
+    assert named in caplog.text
 
 
 def test_write_body_follows_the_binary_framing() -> None:
