@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import struct
+import subprocess
 from pathlib import Path
 
 import orjson
@@ -28,7 +29,7 @@ from push_client.tailer import TailedFile
 from push_client.token import BearerToken
 from push_client.transport import Backoff
 from push_client.wire import SourceMeta, WireChunk, encode_write_body
-from tests.conftest import REPO
+from tests.conftest import REPO, logbroker_cmd
 
 
 def _tailed(path: Path, entry: Entry | None = None, chunk_bytes: int = 4096) -> TailedFile:
@@ -546,3 +547,56 @@ def test_lag_seconds_of_a_file_written_without_pause_stay_as_small_as_the_lag(
     tailed.refresh(now=5000.0)
     assert 2000.0 + 3600 - 600 - 60 <= tailed.pending_since <= 2000.0 + 3600 - 600
     tailed.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ({"codec": "zstd"}, "--codec applies only to PATH_OR_GLOB arguments"),
+        ({"log_type": "other"}, "--log-type applies only to PATH_OR_GLOB arguments"),
+        ({"multiline": "^x"}, "--multiline applies only"),
+        ({"log_type": "other", "codec": "gzip"}, "--log-type and --codec applies only"),
+    ],
+)
+def test_entry_flags_with_a_config_file_and_no_paths_are_refused_not_ignored(
+    tmp_path: Path, flags: dict[str, str], named: str
+) -> None:
+    """``--config push.toml --codec zstd`` shipped the file's entries raw, without a word:
+    the entry flags describe the entry the PATH_OR_GLOB arguments add, and there was none."""
+    config = tmp_path / "push.toml"
+    config.write_text(
+        '[push]\nservers = ["http://gw:1"]\nstate_dir = "/s"\n'
+        '[[entry]]\npath = "/a/*.log"\nlog_type = "web"\n'
+    )
+    with pytest.raises(ConfigError, match=re.escape(named)) as refused:
+        build_config(file=config, **flags)
+    assert "in its [[entry]] tables" in str(refused.value) and str(config) in str(refused.value)
+    # With paths they describe the paths' entry, and the file's entries keep their own.
+    built = build_config(file=config, paths=["/b.log"], **{"log_type": "other", **flags})
+    assert built.entries[0] == Entry("/a/*.log", "web")
+    assert built.entries[1].path == "/b.log" and built.entries[1].log_type == "other"
+    assert built.entries[1].codec == flags.get("codec", "raw")
+
+
+def test_push_with_a_config_file_and_codec_but_no_paths_exits_2_naming_the_flag(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "push.toml"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.log").write_text("a line\n")
+    config.write_text(
+        f'[push]\nservers = ["http://127.0.0.1:9"]\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[[entry]]\npath = "{logs}/*.log"\nlog_type = "web"\n'
+    )
+    out = subprocess.run(
+        logbroker_cmd("push", "--config", str(config), "--codec", "zstd", "--idle-exit", "1"),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "--codec applies only to PATH_OR_GLOB arguments" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "state").exists(), "started before refusing"
