@@ -375,6 +375,7 @@ class PushDaemon:
         shipper = self._shipper
         next_rescan = time.monotonic() + self.config.rescan_interval_s
         next_poll = 0.0
+        next_full_poll = 0.0
         last_rescan = 0.0
         next_save = 0.0
         next_status = 0.0
@@ -417,9 +418,17 @@ class PushDaemon:
                     files.discover()
                     last_rescan = now
                     next_rescan = now + self.config.rescan_interval_s
-                if changed or now >= next_poll or not self._watcher.active:
+                poll_s = self.config.poll_interval_s
+                if changed or now >= next_full_poll or not self._watcher.active:
                     files.refresh_all(now)
-                    next_poll = now + self.config.poll_interval_s
+                    next_poll = now + poll_s
+                    next_full_poll = now + max(poll_s, self.config.rescan_interval_s)
+                elif now >= next_poll:
+                    # The files inotify watches are looked at on their events (and all of
+                    # them at the full poll, in case one was missed); an idle client with a
+                    # thousand files does not stat each of them four times a second.
+                    files.refresh_all(now, watched_too=False)
+                    next_poll = now + poll_s
                 files.read_all(now)
                 files.let_go_of_quiet_files(now)
                 files.check_abandoned(now)

@@ -154,6 +154,10 @@ class ChangeWatcher:
     def fileno(self) -> int | None:
         return self._inotify.fileno() if self._inotify is not None else None
 
+    def watching(self, directory: str) -> bool:
+        """Whether events of ``directory`` (its files' writes, renames, deletions) arrive."""
+        return directory in self._watched
+
     def watch(self, directory: str) -> None:
         if self._inotify is None or directory in self._watched:
             return

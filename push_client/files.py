@@ -461,9 +461,23 @@ class FileSet:
         return tailed
 
     # -- watching -------------------------------------------------------------------------------
-    def refresh_all(self, now: float) -> None:
+    def refresh_all(self, now: float, *, watched_too: bool = True) -> None:
+        """Look at every file again (see ``TailedFile.refresh``) and act on what changed.
+
+        ``watched_too=False``: only the files whose changes inotify may not report: those
+        renamed away (the writer may go on writing them in a directory not watched) and
+        those whose directory is not watched.  The others are looked at on their events.
+        """
+        watcher = self.watcher
         for tailed in list(self.files.values()):
             if tailed.phase in (Phase.CLOSING, Phase.DONE):
+                continue
+            if (
+                not watched_too
+                and tailed.phase is Phase.ACTIVE
+                and tailed.path_error is None
+                and watcher.watching(os.path.dirname(tailed.path))
+            ):
                 continue
             try:
                 change = tailed.refresh(now)

@@ -600,3 +600,60 @@ def test_push_with_a_config_file_and_codec_but_no_paths_exits_2_naming_the_flag(
     assert "--codec applies only to PATH_OR_GLOB arguments" in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "state").exists(), "started before refusing"
+
+
+def test_an_idle_poll_looks_only_at_files_inotify_may_not_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle client stat'ed every file four times a second although inotify reports each
+    change of a watched directory: with a thousand files, most of its idle CPU.  Between
+    full polls only the files whose changes inotify may miss are looked at: one renamed
+    away (its writer may go on in a directory not watched) and one whose directory is not
+    watched (the watch table was full)."""
+    import concurrent.futures
+
+    from push_client.discovery import ChangeWatcher
+    from push_client.files import Counters, FileSet
+    from push_client.state_file import PushState
+    from push_client.tailer import Phase
+
+    watched, unwatched = tmp_path / "watched", tmp_path / "unwatched"
+    for directory in (watched, unwatched):
+        directory.mkdir()
+        for name in ("a.log", "b.log"):
+            (directory / name).write_text(f"{name}\n")
+    config = build_config(
+        servers=["http://gw:1"],
+        state_dir=str(tmp_path / "state"),
+        log_type="app",
+        paths=[str(watched / "*.log"), str(unwatched / "*.log")],
+    )
+    watcher = ChangeWatcher(True)
+    if not watcher.active:
+        pytest.skip("no inotify here")
+    real_watch = watcher.watch
+    monkeypatch.setattr(watcher, "watch", lambda d: None if d == str(unwatched) else real_watch(d))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        files = FileSet(config, PushState(), Counters(), watcher, pool, on_retired=lambda: None)
+        try:
+            found = {t.path: t for t in files.discover()}
+            assert len(found) == 4
+            found[str(watched / "b.log")].phase = Phase.DRAINING
+            looked_at: list[str] = []
+            for tailed in found.values():
+                real_refresh = tailed.refresh
+                monkeypatch.setattr(
+                    tailed,
+                    "refresh",
+                    lambda now, t=tailed, r=real_refresh: looked_at.append(t.path) or r(now),
+                )
+            files.refresh_all(1.0, watched_too=False)
+            assert sorted(looked_at) == sorted(
+                [str(watched / "b.log"), str(unwatched / "a.log"), str(unwatched / "b.log")]
+            )
+            looked_at.clear()
+            files.refresh_all(2.0)
+            assert len(looked_at) == 4
+        finally:
+            files.close()
+            watcher.close()
