@@ -100,6 +100,12 @@ def test_gateway_down_for_seconds_then_back_resumes_without_loss(
     time.sleep(0.5)
     assert push.stop() == 0
     assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
+    # The outage is said when it starts (again only if the failure changes: a reset
+    # connection, then refused ones) and when it ends, not at every retry of every request.
+    text = push.log()
+    said = text.count("request failed, retrying")
+    assert 1 <= said <= 3, text
+    assert text.count(f"{gateway.url} answers again, after ") == 1, text
 
 
 def test_two_servers_with_one_dying_fails_over_without_loss(
