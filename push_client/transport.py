@@ -259,7 +259,14 @@ class GatewayClient:
             ):
                 raise InstallationUnavailable(outcome, maybe_written=maybe_written)
             if offset % len(self.servers) == 0 or wait_at_least:
-                self._sleep(backoff.next_delay(wait_at_least), flush)
+                delay = backoff.next_delay(wait_at_least)
+                if self.failover_after_s is not None:
+                    # Wake when the installation may be given up, not a backoff later: a
+                    # dead installation was left up to max_backoff_s after failover_after_s.
+                    until_failover = failing_since + self.failover_after_s - now
+                    if until_failover > 0:
+                        delay = min(delay, until_failover)
+                self._sleep(delay, flush)
 
     def _failed(self, server: str, outcome: str) -> None:
         """A request to ``server`` failed: said when it starts failing, or fails otherwise
