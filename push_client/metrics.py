@@ -103,6 +103,7 @@ class PushMetrics:
         parked_total: int,
         abandoned_bytes: int,
         unreadable: Sequence[Unreadable] = (),
+        failing_gateways: dict[str, list[dict[str, Any]]] | None = None,
     ) -> list[Metric]:
         out = _Families()
         metric = out.add
@@ -205,6 +206,17 @@ class PushMetrics:
             "gauge",
             "The installation new data goes to (1).",
             [({"installation": m.name}, int(m is current)) for m in installations.members],
+        )
+        metric(
+            "logbroker_push_gateway_failing",
+            "gauge",
+            "A gateway whose last request failed (1), until one it is sent succeeds; "
+            "error: the kind of failure.",
+            [
+                ({"installation": name, "gateway": gw["server"], "error": gw["error"]}, 1)
+                for name, gateways in sorted((failing_gateways or {}).items())
+                for gw in gateways
+            ],
         )
         metric(
             "logbroker_push_installation_failovers_total",

@@ -89,7 +89,10 @@ def unreadable_row(miss: Unreadable) -> dict[str, Any]:
     }
 
 
-def installation_rows(installations: InstallationSet) -> list[dict[str, Any]]:
+def installation_rows(
+    installations: InstallationSet, failing: dict[str, list[dict[str, Any]]] | None = None
+) -> list[dict[str, Any]]:
+    """The installations, each with its gateways that fail now (``failing``, by name)."""
     current = installations.current()
     return [
         {
@@ -98,6 +101,7 @@ def installation_rows(installations: InstallationSet) -> list[dict[str, Any]]:
             "up": m.up,
             "current": m is current,
             "last_error": m.last_error,
+            "failing_gateways": (failing or {}).get(m.name, []),
         }
         for m in installations.members
     ]
@@ -192,6 +196,19 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             state = "up" if inst["up"] else f"DOWN ({inst.get('last_error', '')[:120]})"
             mark = " <- writing here" if inst["current"] else ""
             out.write(f"installation {inst['name']}: {state}{mark}\n")
+    for inst in installations:
+        for gw in inst.get("failing_gateways", []):
+            when = time.strftime("%H:%M:%S", time.localtime(gw["since"]))
+            where = f" of {inst['name']}" if len(installations) > 1 else ""
+            tried = (
+                "retrying"
+                if gw["current"]
+                else "not tried again while another gateway of it answers"
+            )
+            out.write(
+                f"GATEWAY FAILING {gw['server']}{where} since {when}: {gw['error']} "
+                f"({gw['retries']} failures; {tried})\n"
+            )
     if doc.get("last_error"):
         when = time.strftime("%H:%M:%S", time.localtime(doc["last_error_at"]))
         out.write(f"last error ({when}): {doc['last_error'][:200]}\n")

@@ -153,8 +153,9 @@ class GatewayClient:
         self._token = token
         self.failover_after_s = failover_after_s
         self._is_down = is_down or (lambda: False)
-        self._failing: dict[str, tuple[str, float, int]] = {}
-        """Gateways failing now: server -> (kind of failure, since (monotonic), retries)."""
+        self._failing: dict[str, tuple[str, float, int, float]] = {}
+        """Gateways failing now: server -> (kind of failure, since (monotonic), retries,
+        since (wall clock))."""
         self._http = httpx.Client(
             headers={"User-Agent": "logbroker-push/1"},
             timeout=httpx.Timeout(request_timeout_s, connect=min(2.0, request_timeout_s)),
@@ -275,8 +276,10 @@ class GatewayClient:
         kind = outcome.removeprefix(f"{server}: ").split(":", 1)[0]
         with self._lock:
             known = self._failing.get(server)
-            since = known[1] if known is not None else time.monotonic()
-            self._failing[server] = (kind, since, (known[2] if known else 0) + 1)
+            if known is None:
+                self._failing[server] = (kind, time.monotonic(), 1, time.time())
+            else:
+                self._failing[server] = (kind, known[1], known[2] + 1, known[3])
         if known is not None and known[0] == kind:
             log.debug("request failed, retrying: %s", outcome)
             return
@@ -284,6 +287,24 @@ class GatewayClient:
             "request failed, retrying: %s (said again when it answers or fails otherwise)",
             outcome,
         )
+
+    def failing(self) -> list[dict[str, Any]]:
+        """The gateways whose last request failed: ``server``, ``error`` (its kind),
+        ``since`` (wall clock), ``retries``, and ``current`` (whether requests go there
+        first now; one that is not is tried again only when the current one fails)."""
+        current = self.current_server
+        with self._lock:
+            failing = sorted(self._failing.items())
+        return [
+            {
+                "server": server,
+                "error": kind,
+                "since": since,
+                "retries": retries,
+                "current": server == current,
+            }
+            for server, (kind, _, retries, since) in failing
+        ]
 
     def _answered(self, server: str) -> None:
         with self._lock:
