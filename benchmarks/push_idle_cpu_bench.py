@@ -46,8 +46,16 @@ def _cpu_s(pid: int) -> float:
 def _start_gateway(work: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = _port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ops", "serve", "--data-dir", str(work / "data")]
-        + ["--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "ops",
+            "serve",
+            "--data-dir",
+            str(work / "data"),
+            "--port",
+            str(port),
+        ],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,
@@ -72,8 +80,10 @@ def _idle_share(repo: Path, url: str, work: Path, files: int, seconds: float) ->
         (logs / f"{i:05d}.log").write_bytes(f"{logs.name} {i} one line\n".encode())
     state = logs.with_name(logs.name + "-state")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ops", "push", "--server", url, "--log-type", "idle"]
-        + ["--state-dir", str(state), "--no-progress", str(logs / "*.log")],
+        [
+            *(sys.executable, "-m", "ops", "push", "--server", url, "--log-type", "idle"),
+            *("--state-dir", str(state), "--no-progress", str(logs / "*.log")),
+        ],
         cwd=repo,
         env={**os.environ, "PYTHONPATH": str(repo)},
         stdout=subprocess.DEVNULL,

@@ -305,7 +305,11 @@ class FileSet:
             tailed = self._found(cand.entry, fd, cand.path, cand.path, identity, known)
             found.append(tailed)
             open_files += 1
-        tailed_paths = {t.path for t in self.files.values() if t.phase is not Phase.DONE}
+        tailed_paths = (
+            {t.path for t in self.files.values() if t.phase is not Phase.DONE}
+            if unreachable
+            else set()
+        )
         for miss in unreachable:
             if miss.path in tailed_paths:
                 continue  # read through its descriptor; named by refresh_all (path_error)
