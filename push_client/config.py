@@ -1,7 +1,8 @@
 """The push-client's configuration: one typed, frozen object built once (file, env, flags).
 
 A TOML file describes many entries; flags of ``logbroker push`` override the ``[push]`` table
-and add one entry for the paths given on the command line::
+and add one entry for the paths given on the command line (``--log-type``, ``--codec`` and
+``--multiline`` describe that entry only: without paths they are refused, never ignored)::
 
     [push]
     servers = ["http://gw1:8080", "http://gw2:8080"]   # one installation, several gateways
@@ -327,6 +328,25 @@ def _normalized_servers(values: list[str]) -> tuple[str, ...]:
     return tuple(f"{spec.name}={','.join(spec.servers)}" for spec in specs)
 
 
+def _refuse_entry_flags_without_paths(file: Path | None, **flags: str | None) -> None:
+    """``--log-type``, ``--codec`` and ``--multiline`` describe the entry that the
+    PATH_OR_GLOB arguments add: without paths they describe nothing.  With ``--config`` they
+    were ignored in silence (a user who asked for ``--codec zstd`` shipped raw): refused,
+    naming the flag and where the setting goes instead."""
+    given = [f"--{name.replace('_', '-')}" for name, value in flags.items() if value]
+    if not given:
+        return
+    what = " and ".join(given)
+    if file is None:
+        raise ConfigError(f"give at least one PATH_OR_GLOB to tail ({what} applies to them)")
+    keys = ", ".join(name for name, value in flags.items() if value)
+    raise ConfigError(
+        f"{what} applies only to PATH_OR_GLOB arguments, and none is given: the entries of "
+        f"{file} keep their own settings; set {keys} in its [[entry]] tables, or give the "
+        "paths on the command line"
+    )
+
+
 def build_config(
     *,
     file: Path | None = None,
@@ -357,8 +377,8 @@ def build_config(
             raise ConfigError("--log-type is required with PATH_OR_GLOB arguments")
         for p in paths:
             entries.append(Entry(p, log_type, codec or "raw", multiline))
-    elif log_type and file is None:
-        raise ConfigError("give at least one PATH_OR_GLOB to tail")
+    else:
+        _refuse_entry_flags_without_paths(file, log_type=log_type, codec=codec, multiline=multiline)
     if "state_dir" not in settings:
         raise ConfigError("no state directory: use --state-dir DIR or push.state_dir")
     raw_servers = settings.pop("servers", [])

@@ -40,7 +40,13 @@ from push_client.parking import ParkingLot
 from push_client.progress import ProgressBar
 from push_client.shipper import Shipper, census_all
 from push_client.state_file import PushState, StateFile, write_atomically
-from push_client.status import STATUS_NAME, file_row, installation_rows, status_document
+from push_client.status import (
+    STATUS_NAME,
+    file_row,
+    installation_rows,
+    status_document,
+    unreadable_row,
+)
 from push_client.tailer import Phase, TailedFile
 from push_client.token import BearerToken
 from push_client.transport import GatewayClient, TransportStats
@@ -369,6 +375,7 @@ class PushDaemon:
         shipper = self._shipper
         next_rescan = time.monotonic() + self.config.rescan_interval_s
         next_poll = 0.0
+        next_full_poll = 0.0
         last_rescan = 0.0
         next_save = 0.0
         next_status = 0.0
@@ -411,9 +418,17 @@ class PushDaemon:
                     files.discover()
                     last_rescan = now
                     next_rescan = now + self.config.rescan_interval_s
-                if changed or now >= next_poll or not self._watcher.active:
+                poll_s = self.config.poll_interval_s
+                if changed or now >= next_full_poll or not self._watcher.active:
                     files.refresh_all(now)
-                    next_poll = now + self.config.poll_interval_s
+                    next_poll = now + poll_s
+                    next_full_poll = now + max(poll_s, self.config.rescan_interval_s)
+                elif now >= next_poll:
+                    # The files inotify watches are looked at on their events (and all of
+                    # them at the full poll, in case one was missed); an idle client with a
+                    # thousand files does not stat each of them four times a second.
+                    files.refresh_all(now, watched_too=False)
+                    next_poll = now + poll_s
                 files.read_all(now)
                 files.let_go_of_quiet_files(now)
                 files.check_abandoned(now)
@@ -441,9 +456,9 @@ class PushDaemon:
                             tailed.path,
                             tailed.parked.refusal,
                         )
-                    for path, (error, _since) in sorted(files.unreadable.items()):
+                    for path, miss in sorted(files.unreadable.items()):
                         log.error(
-                            "%s was not shipped: cannot read it: %s", display_path(path), error
+                            "%s was not shipped: cannot read it: %s", display_path(path), miss.error
                         )
                     unreadable = (
                         f" and {len(files.unreadable)} unreadable" if files.unreadable else ""
@@ -614,25 +629,26 @@ class PushDaemon:
 
     def _publish_status(self, *, running: bool) -> None:
         rows = [file_row(t) for t in self._files.live()]
+        unreadable = [unreadable_row(m) for _, m in sorted(self._files.unreadable.items())]
         stats = self._stats
         document = status_document(
             pid=os.getpid(),
             running=running,
             started_at=self.started_at,
             servers=list(self.config.servers),
-            installations=installation_rows(self._installations),
+            installations=installation_rows(
+                self._installations,
+                {name: client.failing() for name, client in self._clients.items()},
+            ),
             last_error=stats.last_error,
             last_error_at=stats.last_error_at,
             files=rows,
-            unreadable=[
-                {"path": display_path(path), "error": error, "since": since}
-                for path, (error, since) in sorted(self._files.unreadable.items())
-            ],
+            unreadable=unreadable,
         )
         self._status_document = document
         if self._lag_report is not None and running:
             current = self._clients[self._installations.current().name]
-            self._lag_report.offer(current.current_server, rows)
+            self._lag_report.offer(current.current_server, rows + unreadable)
         try:
             write_atomically(self.state_dir / STATUS_NAME, document, durable=False)
             write_atomically(
@@ -661,7 +677,8 @@ class PushDaemon:
             buffered=self._counters.buffered,
             in_flight=self._shipper.writes_in_flight,
             installations=self._installations,
+            failing_gateways={name: client.failing() for name, client in self._clients.items()},
             parked_total=self._parking.parked_total,
             abandoned_bytes=self._files.abandoned.total,
-            unreadable_files=len(self._files.unreadable),
+            unreadable=list(self._files.unreadable.values()),
         )

@@ -7,6 +7,7 @@ missing or its watch limit is reached, the loop's poll interval does the same jo
 
 from __future__ import annotations
 
+import errno
 import glob
 import logging
 import os
@@ -35,22 +36,52 @@ class Candidate:
     path: str
     dev: int
     ino: int
+    size: int = 0
 
 
-def expand(entries: Iterable[Entry]) -> Iterator[Candidate]:
-    """Regular files matching each entry now; a file matched by two entries goes to the first."""
+@dataclass(frozen=True)
+class Unreachable:
+    """A path an entry names, or a directory its glob lists, that cannot be looked at (a
+    directory without search or read permission): its files cannot even be matched."""
+
+    entry: Entry
+    path: str
+    error: OSError
+
+
+def expand(
+    entries: Iterable[Entry], unreachable: list[Unreachable] | None = None
+) -> Iterator[Candidate]:
+    """Regular files matching each entry now; a file matched by two entries goes to the first.
+
+    Paths that exist but cannot be looked at are appended to ``unreachable`` (when given)
+    instead of being passed over in silence.
+    """
     seen: set[tuple[int, int]] = set()
     for entry in entries:
-        paths = sorted(glob.glob(entry.path)) if glob.has_magic(entry.path) else [entry.path]
+        magic = glob.has_magic(entry.path)
+        paths = sorted(glob.glob(entry.path)) if magic else [entry.path]
+        if magic and not paths and unreachable is not None:
+            # glob says nothing of a directory it may not list: ask the directory itself.
+            directory = os.path.dirname(entry.path)
+            if directory and not glob.has_magic(directory):
+                try:
+                    os.scandir(directory).close()
+                except (FileNotFoundError, NotADirectoryError):
+                    pass
+                except OSError as exc:
+                    unreachable.append(Unreachable(entry, os.path.abspath(directory), exc))
         for path in paths:
             try:
                 st = os.stat(path)
-            except OSError:
+            except OSError as exc:
+                if unreachable is not None and exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    unreachable.append(Unreachable(entry, os.path.abspath(path), exc))
                 continue
             if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in seen:
                 continue
             seen.add((st.st_dev, st.st_ino))
-            yield Candidate(entry, os.path.abspath(path), st.st_dev, st.st_ino)
+            yield Candidate(entry, os.path.abspath(path), st.st_dev, st.st_ino, st.st_size)
 
 
 def watch_root(pattern: str) -> str:
@@ -122,6 +153,10 @@ class ChangeWatcher:
 
     def fileno(self) -> int | None:
         return self._inotify.fileno() if self._inotify is not None else None
+
+    def watching(self, directory: str) -> bool:
+        """Whether events of ``directory`` (its files' writes, renames, deletions) arrive."""
+        return directory in self._watched
 
     def watch(self, directory: str) -> None:
         if self._inotify is None or directory in self._watched:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from push_client.codec import compress
 from push_client.config import Entry, PushConfig
-from push_client.discovery import ChangeWatcher, expand, find_inode
+from push_client.discovery import ChangeWatcher, Unreachable, expand, find_inode
 from push_client.handover import Doubt
 from push_client.identity import FileIdentity, display_path, make_source_id, read_fingerprint
 from push_client.rotation import AbandonedBytes, LetGoPolicy
@@ -57,8 +57,37 @@ class Counters:
     last_activity: float = field(default_factory=time.monotonic)
 
 
+@dataclass
+class Unreadable:
+    """A file that should be shipped but cannot be opened now (no permission, no descriptor
+    left, a directory without search permission): named in the log, the status, the lag
+    report and the metrics until it can be read."""
+
+    path: str
+    log_type: str
+    error: str
+    since: float
+    acked: int = 0
+    """Where its source's acknowledged data ends (0 for a file never shipped)."""
+    size: int | None = None
+    """Its size when last seen; None when it cannot even be looked at."""
+
+    @property
+    def lag_bytes(self) -> int | None:
+        return None if self.size is None else max(0, self.size - self.acked)
+
+
 def _matches(entry: Entry, path: str) -> bool:
     return fnmatch.fnmatchcase(path, os.path.abspath(entry.path))
+
+
+def _size_of(path: str, dev: int, ino: int, last_seen: int) -> int:
+    """The size of the file at ``path`` if it is still this one, else as last seen."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return last_seen
+    return st.st_size if (st.st_dev, st.st_ino) == (dev, ino) else last_seen
 
 
 def _no_census(tailed: TailedFile, installation: str) -> None:
@@ -92,9 +121,10 @@ class FileSet:
         permission, no descriptor left): kept, and resumed where they were once it can be.
         Taking them for gone would ship them again from their start as new sources."""
         self._resume_with: tuple[list[str], Callable[[TailedFile, str], None]] = ([], _no_census)
-        self.unreadable: dict[str, tuple[str, float]] = {}
-        """Matched files that cannot be opened (no permission, say): path -> (error, since).
-        They are named in the log, the status and the metrics, and tried at every rescan."""
+        self.unreadable: dict[str, Unreadable] = {}
+        """Matched files that cannot be opened (no permission, say), and directories of the
+        entries that cannot be looked at, by path.  They are named in the log, the status,
+        the lag report and the metrics, and tried at every rescan."""
         self.let_go = LetGoPolicy(config.rotate_wait_s, config.rotated_grace_s)
         self.abandoned = AbandonedBytes()
         self.multi = False
@@ -126,9 +156,7 @@ class FileSet:
         for pos in list(self.state.sources.values()):
             self._resume(pos, self.unreadable)
 
-    def _resume(
-        self, pos: SourcePosition, unreadable: dict[str, tuple[str, float]]
-    ) -> TailedFile | None:
+    def _resume(self, pos: SourcePosition, unreadable: dict[str, Unreadable]) -> TailedFile | None:
         """Reopen one source of the state file; None if it is gone, or held (``on_hold``,
         and its path in ``unreadable``)."""
         installations, census = self._resume_with
@@ -154,8 +182,13 @@ class FileSet:
                     pos.acked,
                 )
             self.on_hold[(pos.dev, pos.ino)] = pos
-            known = self.unreadable.get(pos.path)
-            unreadable[pos.path] = known if known and known[0] == error else (error, time.time())
+            unreadable[pos.path] = self._still_unreadable(
+                pos.path,
+                pos.log_type,
+                error,
+                pos.acked,
+                _size_of(pos.path, pos.dev, pos.ino, pos.size),
+            )
             return None
         self.on_hold.pop((pos.dev, pos.ino), None)
         if found is None or entry is None:
@@ -227,13 +260,15 @@ class FileSet:
         self.waiting_paths.clear()
         # Rebuilt by each rescan; self.unreadable keeps the last one's until the end, so
         # that an error already said is not said again.
-        unreadable: dict[str, tuple[str, float]] = {}
+        unreadable: dict[str, Unreadable] = {}
         for pos in list(self.on_hold.values()):
             resumed = self._resume(pos, unreadable)
             if resumed is not None:
                 found.append(resumed)
         open_files, budget = self._descriptors()
-        for cand in expand(self.config.entries):
+        unreachable: list[Unreachable] = []
+        shipped_before: dict[tuple[int, int], int] | None = None
+        for cand in expand(self.config.entries, unreachable):
             if (cand.dev, cand.ino) in self.by_inode or (cand.dev, cand.ino) in self.on_hold:
                 continue
             self.watcher.watch(os.path.dirname(cand.path))
@@ -249,7 +284,12 @@ class FileSet:
                 fd = os.open(cand.path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
                 if exc.errno != errno.ENOENT:  # gone since it was matched: nothing to say
-                    unreadable[cand.path] = self._unreadable(cand.path, exc)
+                    if shipped_before is None:
+                        shipped_before = self._retired_acked()
+                    acked = shipped_before.get((cand.dev, cand.ino), 0)
+                    unreadable[cand.path] = self._unreadable(
+                        cand.path, cand.entry.log_type, exc, acked, cand.size
+                    )
                 continue
             st = os.fstat(fd)
             fingerprint = read_fingerprint(fd)
@@ -265,8 +305,24 @@ class FileSet:
             tailed = self._found(cand.entry, fd, cand.path, cand.path, identity, known)
             found.append(tailed)
             open_files += 1
+        tailed_paths = (
+            {t.path for t in self.files.values() if t.phase is not Phase.DONE}
+            if unreachable
+            else set()
+        )
+        for miss in unreachable:
+            if miss.path in tailed_paths:
+                continue  # read through its descriptor; named by refresh_all (path_error)
+            unreadable.setdefault(
+                miss.path, self._unreadable(miss.path, miss.entry.log_type, miss.error, 0, None)
+            )
         self.unreadable = unreadable
         return found
+
+    def _retired_acked(self) -> dict[tuple[int, int], int]:
+        """Where each retired source's acknowledged data ended, by (dev, inode): what a
+        rotated file that became unreadable still owes is its size less this."""
+        return {(r.dev, r.ino): r.acked for r in self.state.retired}
 
     def _descriptors(self) -> tuple[int, int]:
         """(files open now, how many files may be open): the limit of open descriptors less
@@ -277,20 +333,30 @@ class FileSet:
         reserve = min(max(64, soft // 8), soft // 2)
         return sum(1 for t in self.files.values() if t.fd >= 0), soft - reserve
 
-    def _unreadable(self, path: str, exc: OSError) -> tuple[str, float]:
+    def _unreadable(
+        self, path: str, log_type: str, exc: OSError, acked: int, size: int | None
+    ) -> Unreadable:
         """A matched file that cannot be opened: said once per error, never skipped silently
         (a file the client has no permission on would otherwise never be shipped, unseen)."""
         error = exc.strerror or str(exc)
         known = self.unreadable.get(path)
-        if known is not None and known[0] == error:
-            return known
-        log.warning(
-            "cannot read %s: %s; it is not shipped until it can be read (tried again every %.0f s)",
-            display_path(path),
-            error,
-            self.config.rescan_interval_s,
-        )
-        return (error, time.time())
+        if known is None or known.error != error:
+            log.warning(
+                "cannot read %s: %s; it is not shipped until it can be read (tried again every "
+                "%.0f s)",
+                display_path(path),
+                error,
+                self.config.rescan_interval_s,
+            )
+        return self._still_unreadable(path, log_type, error, acked, size)
+
+    def _still_unreadable(
+        self, path: str, log_type: str, error: str, acked: int, size: int | None
+    ) -> Unreadable:
+        """``path``'s entry of :attr:`unreadable`, keeping since when if the error is the same."""
+        known = self.unreadable.get(path)
+        since = known.since if known is not None and known.error == error else time.time()
+        return Unreadable(path, log_type, error, since, acked, size)
 
     def follow_renames(self, moves: list[tuple[str, str]], now: float) -> None:
         """Files renamed away from a matched path that we had not picked up yet (rotated
@@ -399,15 +465,32 @@ class FileSet:
         return tailed
 
     # -- watching -------------------------------------------------------------------------------
-    def refresh_all(self, now: float) -> None:
+    def refresh_all(self, now: float, *, watched_too: bool = True) -> None:
+        """Look at every file again (see ``TailedFile.refresh``) and act on what changed.
+
+        ``watched_too=False``: only the files whose changes inotify may not report: those
+        renamed away (the writer may go on writing them in a directory not watched) and
+        those whose directory is not watched.  The others are looked at on their events.
+        """
+        watcher = self.watcher
         for tailed in list(self.files.values()):
             if tailed.phase in (Phase.CLOSING, Phase.DONE):
+                continue
+            if (
+                not watched_too
+                and tailed.phase is Phase.ACTIVE
+                and tailed.path_error is None
+                and watcher.watching(os.path.dirname(tailed.path))
+            ):
                 continue
             try:
                 change = tailed.refresh(now)
             except OSError as exc:
-                log.warning("cannot stat %s: %s", tailed.path, exc)
+                self._cannot_look_at(tailed, exc)
                 continue
+            if tailed.path_error is not None:
+                log.info("%s can be looked at again; its rotation is noticed again", tailed.path)
+                tailed.path_error = None
             if change == "rotated":
                 tailed.phase = Phase.DRAINING
                 tailed.rotated_at = now
@@ -427,6 +510,22 @@ class FileSet:
                 self.discover()
             elif change == "truncated":
                 self.on_truncated(tailed)
+
+    def _cannot_look_at(self, tailed: TailedFile, exc: OSError) -> None:
+        """Its path cannot be looked at (its directory lost search permission): said once
+        when it starts, once when it ends, and shown until then (status, lag report,
+        metrics).  Its open descriptor is still read, and a truncation still noticed; a
+        rotation is not, until the path can be looked at again."""
+        error = exc.strerror or str(exc)
+        if tailed.path_error is not None and tailed.path_error[0] == error:
+            return
+        tailed.path_error = (error, time.time())
+        log.warning(
+            "cannot stat %s: %s; reading on through its open descriptor, but a rotation is "
+            "not noticed until it can be looked at again",
+            tailed.path,
+            error,
+        )
 
     def on_truncated(self, tailed: TailedFile) -> None:
         """The bytes after our position are not the ones we were reading: a new source.

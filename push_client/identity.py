@@ -50,6 +50,8 @@ def read_fingerprint(fd: int, *, final: bool = False) -> str | None:
 
 def display_path(path: str) -> str:
     """``path`` as printable UTF-8 text (undecodable bytes and control characters escaped)."""
+    if path.isascii() and path.isprintable():
+        return path  # the usual case, at C speed: the status names every file every second
     text = os.fsencode(path).decode("utf-8", "backslashreplace")
     return "".join(c if ord(c) >= 32 and c != "\x7f" else f"\\x{ord(c):02x}" for c in text)
 

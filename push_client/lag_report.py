@@ -29,13 +29,25 @@ MAX_FILES_REPORTED = 500
 
 
 def report_rows(rows: Sequence[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """The files of a status document as the gateway takes them, the most behind first."""
+    """The files of a status document (and its unreadable ones) as the gateway takes them,
+    the most behind first.
+
+    The gateway keeps only these fields, so what is wrong with a file goes into its phase:
+    ``unreadable: Permission denied`` (its size, when it cannot be looked at, as its acked
+    position: nothing known to be behind), ``active; cannot stat its path: ...``.
+    """
     out = []
     for row in rows:
-        size, acked = int(row["size"]), int(row["acked"])
+        acked = int(row["acked"])
+        size = acked if row["size"] is None else int(row["size"])
         lag_bytes = max(0, size - acked)
         since = row.get("pending_since")
         lag_s = max(0.0, now - since) if lag_bytes and since is not None else 0.0
+        phase = row["phase"]
+        if row.get("error"):
+            phase = f"{phase}: {row['error']}"
+        if row.get("path_error"):
+            phase = f"{phase}; cannot stat its path: {row['path_error']['error']}"
         out.append(
             {
                 "path": row["path"],
@@ -44,7 +56,7 @@ def report_rows(rows: Sequence[dict[str, Any]], now: float) -> list[dict[str, An
                 "acked": acked,
                 "lag_bytes": lag_bytes,
                 "lag_s": round(lag_s, 3),
-                "phase": row["phase"],
+                "phase": phase,
             }
         )
     out.sort(key=lambda r: (-r["lag_bytes"], r["path"]))

@@ -7,7 +7,7 @@ serves the same text at ``http://127.0.0.1:PORT/metrics`` for a direct scrape.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from push_client.identity import display_path
 
 if TYPE_CHECKING:
+    from push_client.files import Unreadable
     from push_client.installations import InstallationSet
     from push_client.tailer import TailedFile
     from push_client.transport import TransportStats
@@ -101,7 +102,8 @@ class PushMetrics:
         installations: InstallationSet,
         parked_total: int,
         abandoned_bytes: int,
-        unreadable_files: int = 0,
+        unreadable: Sequence[Unreadable] = (),
+        failing_gateways: dict[str, list[dict[str, Any]]] | None = None,
     ) -> list[Metric]:
         out = _Families()
         metric = out.add
@@ -206,6 +208,17 @@ class PushMetrics:
             [({"installation": m.name}, int(m is current)) for m in installations.members],
         )
         metric(
+            "logbroker_push_gateway_failing",
+            "gauge",
+            "A gateway whose last request failed (1), until one it is sent succeeds; "
+            "error: the kind of failure.",
+            [
+                ({"installation": name, "gateway": gw["server"], "error": gw["error"]}, 1)
+                for name, gateways in sorted((failing_gateways or {}).items())
+                for gw in gateways
+            ],
+        )
+        metric(
             "logbroker_push_installation_failovers_total",
             "counter",
             "Switches of the installation new data goes to.",
@@ -238,8 +251,9 @@ class PushMetrics:
         metric(
             "logbroker_push_unreadable_files",
             "gauge",
-            "Files an entry matches that cannot be opened (no permission, say): not shipped.",
-            [(none, unreadable_files)],
+            "Files an entry matches that cannot be opened (no permission, say), and directories "
+            "of entries that cannot be looked at: not shipped.",
+            [(none, len(unreadable))],
         )
         metric(
             "logbroker_push_buffered_bytes",
@@ -258,8 +272,37 @@ class PushMetrics:
         metric(
             "logbroker_push_lag_bytes",
             "gauge",
-            "Bytes of a file not yet acknowledged.",
-            [(_file_labels(t), t.lag_bytes) for t in rows],
+            "Bytes of a file not yet acknowledged (of an unreadable file: as last seen).",
+            [(_file_labels(t), t.lag_bytes) for t in rows]
+            + [
+                ({"file": display_path(m.path), "source": ""}, m.lag_bytes)
+                for m in unreadable
+                if m.lag_bytes is not None
+            ],
+        )
+        metric(
+            "logbroker_push_file_unreadable",
+            "gauge",
+            "A file that cannot be opened (unreadable: not shipped), or a tailed file whose "
+            "path cannot be looked at (stat: shipped, but its rotation is not noticed), and "
+            "the error.",
+            [
+                (
+                    {
+                        "file": display_path(m.path),
+                        "source": "",
+                        "what": "unreadable",
+                        "error": m.error,
+                    },
+                    1,
+                )
+                for m in unreadable
+            ]
+            + [
+                (_file_labels(t, what="stat", error=t.path_error[0]), 1)
+                for t in rows
+                if t.path_error is not None
+            ],
         )
         parked = [t for t in rows if t.parked is not None]
         metric(

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,8 @@ STATE_NAME = "state.json"
 
 
 class CorruptStateFile(LogbrokerError):
-    """The state file exists but is empty, torn or does not match its checksum."""
+    """The state file exists but is empty, torn, does not match its checksum, or holds a
+    field of the wrong type (an offset that is a string, a negative seqno)."""
 
 
 @dataclass
@@ -109,12 +110,121 @@ class PushState:
             payload = json.loads(body)  # the escapes of :meth:`to_json`'s fallback
         if not isinstance(payload, dict) or payload.get("version") not in READABLE_VERSIONS:
             raise CorruptStateFile("state file has an unknown version")
-        try:
-            sources = [SourcePosition(**s) for s in payload["sources"]]
-            retired = [RetiredSource(**r) for r in payload["retired"]]
-        except (KeyError, TypeError) as exc:
-            raise CorruptStateFile(f"state file has a bad record: {exc}") from exc
-        return cls({s.source_id: s for s in sources}, retired, bool(payload.get("clean")))
+        clean = payload.get("clean", False)
+        if not isinstance(clean, bool):
+            raise CorruptStateFile(f"clean must be true or false, not {_shown(clean)}")
+        sources = [
+            SourcePosition(**_checked(raw, f"sources[{i}]", _SOURCE_FIELDS, SourcePosition))
+            for i, raw in enumerate(_records(payload, "sources"))
+        ]
+        retired = [
+            RetiredSource(**_checked(raw, f"retired[{i}]", _RETIRED_FIELDS, RetiredSource))
+            for i, raw in enumerate(_records(payload, "retired"))
+        ]
+        return cls({s.source_id: s for s in sources}, retired, clean)
+
+
+_TEXT = "a string"
+_COUNT = "a non-negative integer"
+_OPTIONAL_TIME = "a number of seconds or null"
+_TIME = "a number of seconds"
+_FLAG = "true or false"
+_DOUBTS = "a list of [installation, start, end] with 0 <= start <= end"
+_SOURCE_FIELDS = {
+    "source_id": _TEXT,
+    "entry_path": _TEXT,
+    "first_path": _TEXT,
+    "path": _TEXT,
+    "dev": _COUNT,
+    "ino": _COUNT,
+    "fingerprint": _TEXT,
+    "generation": _COUNT,
+    "log_type": _TEXT,
+    "codec": _TEXT,
+    "acked": _COUNT,
+    "size": _COUNT,
+    "pending_since": _OPTIONAL_TIME,
+    "draining": _FLAG,
+    "installation": _TEXT,
+    "doubts": _DOUBTS,
+}
+_RETIRED_FIELDS = {
+    "source_id": _TEXT,
+    "dev": _COUNT,
+    "ino": _COUNT,
+    "fingerprint": _TEXT,
+    "generation": _COUNT,
+    "reason": _TEXT,
+    "retired_at": _TIME,
+    "size": _COUNT,
+    "path": _TEXT,
+    "acked": _COUNT,
+}
+
+
+def _shown(value: Any) -> str:
+    return repr(value)[:80]
+
+
+def _records(payload: dict[str, Any], name: str) -> list[Any]:
+    records = payload.get(name)
+    if not isinstance(records, list):
+        raise CorruptStateFile(f"{name} must be a list of records, not {_shown(records)}")
+    return records
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e12
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if kind == _TEXT:
+        return isinstance(value, str)
+    if kind == _COUNT:
+        return _is_count(value)
+    if kind == _TIME:
+        return _is_seconds(value)
+    if kind == _OPTIONAL_TIME:
+        return value is None or _is_seconds(value)
+    if kind == _FLAG:
+        return isinstance(value, bool)
+    return isinstance(value, list) and all(
+        isinstance(d, list)
+        and len(d) == 3
+        and isinstance(d[0], str)
+        and _is_count(d[1])
+        and _is_count(d[2])
+        and d[1] <= d[2]
+        for d in value
+    )
+
+
+def _required(record_type: type) -> set[str]:
+    return {
+        f.name for f in fields(record_type) if f.default is MISSING and f.default_factory is MISSING
+    }
+
+
+def _checked(raw: Any, where: str, kinds: dict[str, str], record_type: type) -> dict[str, Any]:
+    """``raw`` if it is a record with every field of the type it needs (a position read back
+    as a string or a negative number would crash the loop or send wrong seqnos later: the
+    file is corrupt, like a torn one), else raise :class:`CorruptStateFile` naming the field."""
+    if not isinstance(raw, dict):
+        raise CorruptStateFile(f"{where} must be a record, not {_shown(raw)}")
+    missing = sorted(_required(record_type) - set(raw))
+    if missing:
+        raise CorruptStateFile(f"{where} lacks {', '.join(missing)}")
+    for name, value in raw.items():
+        kind = kinds.get(name)
+        if kind is None:
+            raise CorruptStateFile(f"{where} has an unknown field {name!r}")
+        if not _fits(value, kind):
+            raise CorruptStateFile(f"{where}.{name} must be {kind}, not {_shown(value)}")
+    return raw
 
 
 def encode_state(state: PushState) -> bytes:

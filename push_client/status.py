@@ -18,6 +18,7 @@ from log_store.errors import LogbrokerError
 from push_client.identity import display_path
 
 if TYPE_CHECKING:
+    from push_client.files import Unreadable
     from push_client.installations import InstallationSet
     from push_client.tailer import TailedFile
 
@@ -65,10 +66,33 @@ def file_row(tailed: TailedFile) -> dict[str, Any]:
         "doubts": [d.as_list() for d in plan.doubts],
         "retrying": tailed.session_refusal or None,
         "waiting_for": sorted(plan.census),
+        "path_error": None
+        if tailed.path_error is None
+        else {"error": tailed.path_error[0], "since": tailed.path_error[1]},
     }
 
 
-def installation_rows(installations: InstallationSet) -> list[dict[str, Any]]:
+def unreadable_row(miss: Unreadable) -> dict[str, Any]:
+    """A file (or a directory of an entry) that cannot be read: what ``status.json`` lists
+    under ``unreadable``; ``size`` and ``lag_bytes`` are None when it cannot be looked at."""
+    lag_bytes = miss.lag_bytes
+    return {
+        "path": display_path(miss.path),
+        "log_type": miss.log_type,
+        "phase": "unreadable",
+        "error": miss.error,
+        "since": miss.since,
+        "acked": miss.acked,
+        "size": miss.size,
+        "lag_bytes": lag_bytes,
+        "pending_since": miss.since if lag_bytes else None,
+    }
+
+
+def installation_rows(
+    installations: InstallationSet, failing: dict[str, list[dict[str, Any]]] | None = None
+) -> list[dict[str, Any]]:
+    """The installations, each with its gateways that fail now (``failing``, by name)."""
     current = installations.current()
     return [
         {
@@ -77,6 +101,7 @@ def installation_rows(installations: InstallationSet) -> list[dict[str, Any]]:
             "up": m.up,
             "current": m is current,
             "last_error": m.last_error,
+            "failing_gateways": (failing or {}).get(m.name, []),
         }
         for m in installations.members
     ]
@@ -171,12 +196,27 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             state = "up" if inst["up"] else f"DOWN ({inst.get('last_error', '')[:120]})"
             mark = " <- writing here" if inst["current"] else ""
             out.write(f"installation {inst['name']}: {state}{mark}\n")
+    for inst in installations:
+        for gw in inst.get("failing_gateways", []):
+            when = time.strftime("%H:%M:%S", time.localtime(gw["since"]))
+            where = f" of {inst['name']}" if len(installations) > 1 else ""
+            tried = (
+                "retrying"
+                if gw["current"]
+                else "not tried again while another gateway of it answers"
+            )
+            out.write(
+                f"GATEWAY FAILING {gw['server']}{where} since {when}: {gw['error']} "
+                f"({gw['retries']} failures; {tried})\n"
+            )
     if doc.get("last_error"):
         when = time.strftime("%H:%M:%S", time.localtime(doc["last_error_at"]))
         out.write(f"last error ({when}): {doc['last_error'][:200]}\n")
     for r in doc.get("unreadable", []):
         when = time.strftime("%H:%M:%S", time.localtime(r["since"]))
-        out.write(f"UNREADABLE {r['path']} since {when}: {r['error']} (not shipped)\n")
+        lag = r.get("lag_bytes")
+        behind = "; size unknown" if lag is None else f"; {lag} bytes behind"
+        out.write(f"UNREADABLE {r['path']} since {when}: {r['error']} (not shipped{behind})\n")
     files = doc["files"]
     total = sum(r["lag_bytes"] for r in files)
     out.write(f"{len(files)} files, total lag {total} bytes\n")
@@ -204,6 +244,12 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             out.write(
                 f"IN DOUBT {r['path']}: bytes {start}..{end} sent to {name}, which went down "
                 "before answering; held until it is back\n"
+            )
+        if r.get("path_error"):
+            when = time.strftime("%H:%M:%S", time.localtime(r["path_error"]["since"]))
+            out.write(
+                f"CANNOT STAT {r['path']} since {when}: {r['path_error']['error']} (read on "
+                "through its open descriptor; a rotation is not noticed until it can be)\n"
             )
         if r.get("retrying"):
             out.write(f"RETRYING {r['path']}: the gateway cannot take it now: {r['retrying']}\n")

@@ -154,6 +154,8 @@ class TailedFile:
         """The last refusal that may pass (a 429, say), as said in the log; "" when none."""
         self.session_installation = ""
         """The installation the file's session is open at (where its writes go)."""
+        self.path_error: tuple[str, float] | None = None
+        """(error, since) while its path cannot be looked at (see ``FileSet.refresh_all``)."""
 
     # -- positions ------------------------------------------------------------------------------
     def resume_at(self, last_seqno: int, epoch: int | None = None) -> None:

@@ -153,6 +153,9 @@ class GatewayClient:
         self._token = token
         self.failover_after_s = failover_after_s
         self._is_down = is_down or (lambda: False)
+        self._failing: dict[str, tuple[str, float, int, float]] = {}
+        """Gateways failing now: server -> (kind of failure, since (monotonic), retries,
+        since (wall clock))."""
         self._http = httpx.Client(
             headers={"User-Agent": "logbroker-push/1"},
             timeout=httpx.Timeout(request_timeout_s, connect=min(2.0, request_timeout_s)),
@@ -227,6 +230,8 @@ class GatewayClient:
             else:
                 if response.status_code == 200:
                     self.stats.count("ok")
+                    if self._failing:
+                        self._answered(server)
                     self._prefer(index, failed_at)
                     parsed: dict[str, Any] = orjson.loads(response.content)
                     return parsed
@@ -241,7 +246,7 @@ class GatewayClient:
                 if retry_after.replace(".", "", 1).isdigit():
                     wait_at_least = min(float(retry_after), 30.0)
             self.stats.error(outcome)
-            log.warning("request failed, retrying: %s", outcome)
+            self._failed(server, outcome)
             if failed_at is None:
                 failed_at = index
             now = time.monotonic()
@@ -255,7 +260,62 @@ class GatewayClient:
             ):
                 raise InstallationUnavailable(outcome, maybe_written=maybe_written)
             if offset % len(self.servers) == 0 or wait_at_least:
-                self._sleep(backoff.next_delay(wait_at_least), flush)
+                delay = backoff.next_delay(wait_at_least)
+                if self.failover_after_s is not None:
+                    # Wake when the installation may be given up, not a backoff later: a
+                    # dead installation was left up to max_backoff_s after failover_after_s.
+                    until_failover = failing_since + self.failover_after_s - now
+                    if until_failover > 0:
+                        delay = min(delay, until_failover)
+                self._sleep(delay, flush)
+
+    def _failed(self, server: str, outcome: str) -> None:
+        """A request to ``server`` failed: said when it starts failing, or fails otherwise
+        (another HTTP status, another error), not at every retry of every request in flight
+        (with the gateway down for an hour, a line a second said nothing new)."""
+        kind = outcome.removeprefix(f"{server}: ").split(":", 1)[0]
+        with self._lock:
+            known = self._failing.get(server)
+            if known is None:
+                self._failing[server] = (kind, time.monotonic(), 1, time.time())
+            else:
+                self._failing[server] = (kind, known[1], known[2] + 1, known[3])
+        if known is not None and known[0] == kind:
+            log.debug("request failed, retrying: %s", outcome)
+            return
+        log.warning(
+            "request failed, retrying: %s (said again when it answers or fails otherwise)",
+            outcome,
+        )
+
+    def failing(self) -> list[dict[str, Any]]:
+        """The gateways whose last request failed: ``server``, ``error`` (its kind),
+        ``since`` (wall clock), ``retries``, and ``current`` (whether requests go there
+        first now; one that is not is tried again only when the current one fails)."""
+        current = self.current_server
+        with self._lock:
+            failing = sorted(self._failing.items())
+        return [
+            {
+                "server": server,
+                "error": kind,
+                "since": since,
+                "retries": retries,
+                "current": server == current,
+            }
+            for server, (kind, _, retries, since) in failing
+        ]
+
+    def _answered(self, server: str) -> None:
+        with self._lock:
+            known = self._failing.pop(server, None)
+        if known is not None:
+            log.info(
+                "%s answers again, after %.1f s of failures (%d retries)",
+                server,
+                time.monotonic() - known[1],
+                known[2],
+            )
 
     def _sleep(self, delay_s: float, flush: bool) -> None:
         if not self._stop.is_set():

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import random
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO, logbroker_cmd
+from tests.metrics_text import samples
 from tests.push_client.conftest import (
     BackgroundWriter,
     LineWriter,
@@ -100,6 +103,12 @@ def test_gateway_down_for_seconds_then_back_resumes_without_loss(
     time.sleep(0.5)
     assert push.stop() == 0
     assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
+    # The outage is said when it starts (again only if the failure changes: a reset
+    # connection, then refused ones) and when it ends, not at every retry of every request.
+    text = push.log()
+    said = text.count("request failed, retrying")
+    assert 1 <= said <= 3, text
+    assert text.count(f"{gateway.url} answers again, after ") == 1, text
 
 
 def test_two_servers_with_one_dying_fails_over_without_loss(
@@ -118,7 +127,24 @@ def test_two_servers_with_one_dying_fails_over_without_loss(
         first.kill()
         time.sleep(2.0)
     wait_for_lines(data, "app", len(writer.ids), timeout_s=60)
-    time.sleep(0.5)
+    time.sleep(1.5)  # a status written since
+    # The dead gateway is not tried again while the other answers: --status and the metrics
+    # name it (it was only an old "last error" line, an operator could not tell it was down).
+    status = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(tmp_path / "state")),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    ).stdout
+    assert f"GATEWAY FAILING {first.url} since " in status, status
+    assert "not tried again while another gateway of it answers" in status, status
+    assert f"GATEWAY FAILING {second.url}" not in status, status
+    metrics = (tmp_path / "state" / "metrics.prom").read_text()
+    failing = [
+        s for (name, _), s in samples(metrics).items() if name == "logbroker_push_gateway_failing"
+    ]
+    assert failing == [1.0], metrics
     assert push.stop() == 0
     assert_exactly_once(read_delivered(data, "app"), writer)
     assert "now sending to " + second.url in push.log()

@@ -3,6 +3,8 @@ exactly one of them, and new data goes back to the preferred one when it returns
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import socket
 import subprocess
@@ -147,3 +149,80 @@ def test_a_frozen_installation_is_left_after_request_timeout_s(
         push.kill()
         frozen.close()
     assert_exactly_once_across([read_delivered(dc2.data_dir, "app", "dc2")], writer)
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [("64000", "'64000'"), (640.5, "640.5")],
+    ids=["offset-string", "offset-float"],
+)
+def test_a_state_file_with_an_offset_of_the_wrong_type_is_lost_state_not_trusted(
+    tmp_path: Path, start_gateway, start_push, value: object, named: str
+) -> None:
+    """With several installations the state's positions are trusted (no gateway knows where
+    a file went): an offset read back as a string or a float was taken as it was, and
+    the client crashed, or sent seqnos that are not byte offsets.  Such a file is corrupt:
+    set aside with the field named, and every installation is asked instead (the
+    lost-state path), so each line still lands once."""
+    dc1 = start_gateway(tmp_path / "data-dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "data-dc2", "--dc", "dc2")
+    path = tmp_path / "app.log"
+    writer = LineWriter("t")
+    writer.append(path, 1_000)
+    state = tmp_path / "state"
+    extra = ["--server", f"dc2={dc2.url}", *FAILOVER_FLAGS]
+    push = start_push(f"dc1={dc1.url}", state, path, extra=extra).wait_started(state)
+    _wait(lambda: _both(dc1, dc2)[0].count() == 1_000, "the file in dc1")
+    assert push.stop() == 0, push.log()
+    body = (state / "state.json").read_bytes().split(b"\nsha256:")[0]
+    payload = json.loads(body)
+    payload["sources"][0]["acked"] = value
+    body = json.dumps(payload).encode()
+    digest = hashlib.sha256(body).hexdigest().encode()
+    (state / "state.json").write_bytes(body + b"\nsha256:" + digest + b"\n")
+    writer.append(path, 500)
+    again = start_push(f"dc1={dc1.url}", state, path, extra=extra).wait_started(state)
+    _wait(lambda: sum(d.count() for d in _both(dc1, dc2)) >= 1_500, "every line", 20)
+    time.sleep(0.5)
+    assert again.stop() == 0, again.log()
+    assert_exactly_once_across(list(_both(dc1, dc2)), writer)
+    assert list(state.glob("state.json.corrupt-*")), "the wrong file was not set aside"
+    assert f"sources[0].acked must be a non-negative integer, not {named}" in again.log()
+
+
+def _log_time(line: str) -> float:
+    stamp = line[:23]  # 2026-11-26 13:16:23,363
+    clock = time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")
+    return time.mktime(clock) + int(stamp[20:23]) / 1000
+
+
+def test_a_dead_installation_is_left_failover_after_s_after_it_failed_not_a_backoff_later(
+    tmp_path: Path, start_gateway, start_push
+) -> None:
+    """The docs say an installation failing for ``failover_after_s`` is left for the next; a
+    request asleep in its backoff (up to ``max_backoff_s``, 5 s) noticed only when it woke,
+    so with the default 5 s a dead DC was left after 6 to 10 s, its lines waiting."""
+    dc1 = start_gateway(tmp_path / "data-dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "data-dc2", "--dc", "dc2")
+    path = tmp_path / "app.log"
+    writer = LineWriter("t")
+    writer.append(path, 100)
+    state = tmp_path / "state"
+    extra = ["--server", f"dc2={dc2.url}", "--failover-after", "3", "--probe-interval", "0.3"]
+    push = start_push(f"dc1={dc1.url}", state, path, extra=extra).wait_started(state)
+    _wait(lambda: _both(dc1, dc2)[0].count() == 100, "the file in dc1")
+    with BackgroundWriter(path, writer, lines_per_tick=5):
+        dc1.kill()
+        _wait(lambda: "installation dc1 is down" in push.log(), "dc1 to be left", 20)
+    assert push.stop() == 0, push.log()
+    lines = (tmp_path / "push-0.log").read_text().splitlines()
+    failed = next(line for line in lines if f"request failed, retrying: {dc1.url}" in line)
+    down = next(line for line in lines if "installation dc1 is down" in line)
+    took = _log_time(down) - _log_time(failed)
+    assert 2.9 <= took <= 3.8, f"dc1 was left {took:.2f} s after it failed"
+    # what was in flight to dc1 is in doubt until it is back: then every line is in one
+    dc1.start()
+    again = start_push(f"dc1={dc1.url}", state, path, extra=extra).wait_started(state)
+    _wait(lambda: sum(d.count() for d in _both(dc1, dc2)) >= len(writer.ids), "every line")
+    assert again.stop() == 0, again.log()
+    assert_exactly_once_across(list(_both(dc1, dc2)), writer)

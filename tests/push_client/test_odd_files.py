@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import resource
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from tests.conftest import REPO, logbroker_cmd
@@ -190,3 +193,130 @@ def test_more_files_than_descriptors_ships_those_it_can_open_and_names_the_rest(
     shipped = {line_id.split(":")[0] for line_id in delivered.ids()}
     assert len(shipped) >= 50, f"only {len(shipped)} files shipped"
     assert_exactly_once(delivered, *[w for w in writers if w.tag in shipped])
+
+
+def _start_without_root_rights(args: list[str], log_path: Path) -> PushProcess:
+    daemon = PushProcess(args, log_path)
+    daemon.proc = subprocess.Popen(
+        [*_WITHOUT_ROOT_RIGHTS, *logbroker_cmd("push", *args)],
+        stdout=open(log_path, "ab"),  # noqa: SIM115 - the child's log
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    return daemon
+
+
+def _push_status(state: Path) -> str:
+    out = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(state)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _reported_files(
+    gateway: Any, path_prefix: str, timeout_s: float = 20.0
+) -> dict[str, dict[str, Any]]:
+    """The files of this client's last lag report as the gateway's dashboard shows them,
+    once it names a file under ``path_prefix`` as not being shipped normally."""
+    deadline = time.monotonic() + timeout_s
+    rows: dict[str, dict[str, Any]] = {}
+    while time.monotonic() < deadline:
+        doc = httpx.get(gateway.url + "/v1/ui/overview", timeout=30).json()
+        rows = {
+            f["path"]: f
+            for c in doc["push_clients"]
+            for f in c["files"]
+            if f["path"].startswith(path_prefix)
+        }
+        if any(f["phase"] != "active" for f in rows.values()):
+            return rows
+        time.sleep(0.5)
+    return rows
+
+
+def test_an_unreadable_file_is_in_the_lag_report_status_and_metrics_with_its_bytes_behind(
+    tmp_path: Path, gateway
+) -> None:
+    """A file the client may not open was only a line of --status and a count: the gateway's
+    dashboard (the lag report) did not list it at all, and nothing said how much of it was
+    waiting, so an operator watching lag saw every host caught up."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    readable, secret = LineWriter("readable"), LineWriter("secret")
+    readable.append(logs / "readable.log", 100)
+    secret.append(logs / "secret.log", 100)
+    secret_size = (logs / "secret.log").stat().st_size
+    (logs / "secret.log").chmod(0)
+    state = tmp_path / "state"
+    args = ["--server", gateway.url, "--log-type", "app", "--state-dir", str(state), *FAST_FLAGS]
+    daemon = _start_without_root_rights([*args, str(logs / "*.log")], tmp_path / "push.log")
+    try:
+        daemon.wait_started(state)
+        wait_for_lines(gateway.data_dir, "app", 100)
+        reported = _reported_files(gateway, str(logs))
+        row = reported.get(str(logs / "secret.log"))
+        assert row is not None, reported
+        assert row["phase"] == "unreadable: Permission denied", row
+        assert (row["acked"], row["size"], row["lag_bytes"]) == (0, secret_size, secret_size)
+        assert reported[str(logs / "readable.log")]["phase"] == "active"
+        status = _push_status(state)
+        assert f"UNREADABLE {logs / 'secret.log'} since " in status, status
+        assert f"(not shipped; {secret_size} bytes behind)" in status, status
+        metrics = (state / "metrics.prom").read_text()
+        labels = {"file": str(logs / "secret.log"), "source": ""}
+        assert sample(metrics, "logbroker_push_lag_bytes", **labels) == secret_size
+        unreadable = {**labels, "what": "unreadable", "error": "Permission denied"}
+        assert sample(metrics, "logbroker_push_file_unreadable", **unreadable) == 1
+        assert daemon.stop() == 0, daemon.log()
+    finally:
+        daemon.kill()
+
+
+def test_a_directory_that_loses_search_permission_is_shown_and_said_once_each_way(
+    tmp_path: Path, gateway
+) -> None:
+    """A directory that lost its search permission (x) under a running client: "cannot
+    stat" was logged at every poll (ten lines a second) for each tailed file in it, --status
+    and the lag report showed the file as an ordinary active one, and a file created in it
+    meanwhile was in none of them (it cannot even be stat'ed to be matched)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    old, new = LineWriter("old"), LineWriter("new")
+    old.append(logs / "app.log", 100)
+    state = tmp_path / "state"
+    args = ["--server", gateway.url, "--log-type", "app", "--state-dir", str(state), *FAST_FLAGS]
+    daemon = _start_without_root_rights([*args, str(logs / "*.log")], tmp_path / "push.log")
+    try:
+        daemon.wait_started(state)
+        wait_for_lines(gateway.data_dir, "app", 100)
+        logs.chmod(0o644)  # listed, but no file in it can be looked at
+        new.append(logs / "new.log", 50)
+        old.append(logs / "app.log", 100)  # read through the descriptor the client holds
+        assert wait_for_lines(gateway.data_dir, "app", 200).count() == 200
+        reported = _reported_files(gateway, str(logs))
+        assert reported[str(logs / "app.log")]["phase"] == (
+            "active; cannot stat its path: Permission denied"
+        ), reported
+        assert reported[str(logs / "new.log")]["phase"] == "unreadable: Permission denied"
+        status = _push_status(state)
+        assert f"CANNOT STAT {logs / 'app.log'} since " in status, status
+        assert f"UNREADABLE {logs / 'new.log'} since " in status, status
+        assert "(not shipped; size unknown)" in status, status
+        metrics = (state / "metrics.prom").read_text()
+        assert sample(metrics, "logbroker_push_unreadable_files") == 1
+        logs.chmod(0o755)
+        delivered = wait_for_lines(gateway.data_dir, "app", 250)
+        assert daemon.stop() == 0, daemon.log()
+    finally:
+        logs.chmod(0o755)
+        daemon.kill()
+    assert_exactly_once(delivered, old, new)
+    text = (tmp_path / "push.log").read_text()
+    assert text.count(f"cannot stat {logs / 'app.log'}") == 1, text[-3000:]
+    assert text.count(f"{logs / 'app.log'} can be looked at again") == 1, text[-3000:]
+    assert text.count(f"cannot read {logs / 'new.log'}") == 1, text[-3000:]

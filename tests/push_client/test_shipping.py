@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import signal
 import subprocess
 import time
@@ -106,6 +108,41 @@ def test_damaged_state_file_is_detected_and_costs_nothing(
     assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
     assert list(state.glob("state.json.corrupt-*")), "the damaged file was not set aside"
     assert "corrupt" in second.log()
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("acked", "480000"), ("acked", 5.5), ("generation", -1)],
+    ids=["offset-string", "offset-float", "generation-negative"],
+)
+def test_a_state_file_with_a_wrong_field_type_is_set_aside_and_costs_nothing(
+    tmp_path: Path, gateway, start_push, field: str, value: object
+) -> None:
+    """A state file whose checksum matches but whose fields have the wrong types (written by
+    hand, or by a bug) was taken as it was: it is corrupt, set aside with the field named,
+    and the client resumes from the gateway's last seqnos."""
+    log = tmp_path / "app.log"
+    state = tmp_path / "state"
+    writer = LineWriter("w")
+    writer.append(log, 6_000)
+    first = start_push(gateway.url, state, log)
+    wait_for_lines(gateway.data_dir, "app", 6_000)
+    assert first.stop() == 0
+    state_file = state / "state.json"
+    body = state_file.read_bytes().split(b"\nsha256:")[0]
+    payload = json.loads(body)
+    payload["sources"][0][field] = value
+    body = json.dumps(payload).encode()
+    state_file.write_bytes(body + b"\nsha256:" + hashlib.sha256(body).hexdigest().encode() + b"\n")
+    writer.append(log, 2_000)
+    second = start_push(gateway.url, state, log)
+    wait_for_lines(gateway.data_dir, "app", 8_000)
+    time.sleep(0.5)
+    assert second.stop() == 0, second.log()
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
+    assert list(state.glob("state.json.corrupt-*")), "the wrong file was not set aside"
+    assert f"sources[0].{field} must be" in second.log(), second.log()
 
 
 def test_partial_last_line_is_held_across_shutdown(tmp_path: Path, gateway, start_push) -> None:

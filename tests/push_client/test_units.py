@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
 import struct
+import subprocess
 from pathlib import Path
 
 import orjson
@@ -27,7 +29,7 @@ from push_client.tailer import TailedFile
 from push_client.token import BearerToken
 from push_client.transport import Backoff
 from push_client.wire import SourceMeta, WireChunk, encode_write_body
-from tests.conftest import REPO
+from tests.conftest import REPO, logbroker_cmd
 
 
 def _tailed(path: Path, entry: Entry | None = None, chunk_bytes: int = 4096) -> TailedFile:
@@ -168,6 +170,66 @@ def test_corrupt_state_file_is_moved_aside_and_an_empty_state_used(tmp_path: Pat
     assert state_file.corruptions == 1
     assert len(list(tmp_path.glob("state.json.corrupt-*"))) == 1
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def _signed(payload: object) -> bytes:
+    """A state file with ``payload`` and a checksum that matches it (written by a bug or by
+    hand, not torn): only its contents can tell it is wrong."""
+    body = orjson.dumps(payload)
+    return body + b"\nsha256:" + hashlib.sha256(body).hexdigest().encode() + b"\n"
+
+
+def _payload(**source_fields: object) -> dict[str, object]:
+    payload = orjson.loads(_state().to_json())
+    payload["sources"][0].update(source_fields)
+    payload["retired"] = [
+        {"source_id": "r", "dev": 1, "ino": 3, "fingerprint": "fp", "generation": 0,
+         "reason": "rotated", "retired_at": 1.0e9, "size": 10, "path": "/l/b", "acked": 10}
+    ]  # fmt: skip
+    return payload
+
+
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [
+        (_payload(acked="42"), "sources[0].acked must be a non-negative integer, not '42'"),
+        (_payload(acked=-1), "sources[0].acked must be a non-negative integer, not -1"),
+        (_payload(acked=42.5), "sources[0].acked must be a non-negative integer, not 42.5"),
+        (_payload(acked=True), "sources[0].acked must be a non-negative integer, not True"),
+        (_payload(generation=1.0), "sources[0].generation must be a non-negative integer"),
+        (_payload(path=["/l/a"]), "sources[0].path must be a string, not ['/l/a']"),
+        (_payload(draining="no"), "sources[0].draining must be true or false"),
+        (_payload(pending_since="now"), "sources[0].pending_since must be a number of seconds"),
+        (_payload(doubts=[["dc2", 50, 10]]), "sources[0].doubts must be a list of"),
+        (_payload(doubts={"dc2": [0, 10]}), "sources[0].doubts must be a list of"),
+        ({**_payload(), "sources": {"s": {}}}, "sources must be a list of records"),
+        ({**_payload(), "sources": [["s", 42]]}, "sources[0] must be a record, not ['s', 42]"),
+        ({**_payload(), "clean": "false"}, "clean must be true or false, not 'false'"),
+        (
+            {**_payload(), "retired": [{"source_id": "r"}]},
+            "retired[0] lacks dev, fingerprint, generation, ino, reason, retired_at",
+        ),
+        (_payload(surplus=1), "sources[0] has an unknown field 'surplus'"),
+    ],
+)
+def test_a_state_file_with_a_field_of_the_wrong_type_is_corrupt_and_named(
+    tmp_path: Path, payload: dict[str, object], named: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Such a file matched its checksum and was taken: an offset that is a string crashed
+    the loop at its first comparison, a float seqno went on the wire, ``"clean": "false"``
+    read as true.  It is corrupt like a torn file: set aside, and the gateways' last seqnos
+    (the lost-state path, exactly-once) are used instead."""
+    assert decode_state(_signed(_payload())).sources["s"].acked == 42
+    with pytest.raises(CorruptStateFile, match=re.escape(named)):
+        decode_state(_signed(payload))
+    state_file = StateFile(tmp_path)
+    state_file.path.write_bytes(_signed(payload))
+    with caplog.at_level(logging.WARNING, logger="logbroker.push"):
+        assert state_file.load().sources == {}
+    assert state_file.corruptions == 1 and not state_file.found
+    assert len(list(tmp_path.glob("state.json.corrupt-*"))) == 1
+    assert f"state file {state_file.path} is corrupt" in caplog.text
+    assert named in caplog.text
 
 
 def test_write_body_follows_the_binary_framing() -> None:
@@ -485,3 +547,113 @@ def test_lag_seconds_of_a_file_written_without_pause_stay_as_small_as_the_lag(
     tailed.refresh(now=5000.0)
     assert 2000.0 + 3600 - 600 - 60 <= tailed.pending_since <= 2000.0 + 3600 - 600
     tailed.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ({"codec": "zstd"}, "--codec applies only to PATH_OR_GLOB arguments"),
+        ({"log_type": "other"}, "--log-type applies only to PATH_OR_GLOB arguments"),
+        ({"multiline": "^x"}, "--multiline applies only"),
+        ({"log_type": "other", "codec": "gzip"}, "--log-type and --codec applies only"),
+    ],
+)
+def test_entry_flags_with_a_config_file_and_no_paths_are_refused_not_ignored(
+    tmp_path: Path, flags: dict[str, str], named: str
+) -> None:
+    """``--config push.toml --codec zstd`` shipped the file's entries raw, without a word:
+    the entry flags describe the entry the PATH_OR_GLOB arguments add, and there was none."""
+    config = tmp_path / "push.toml"
+    config.write_text(
+        '[push]\nservers = ["http://gw:1"]\nstate_dir = "/s"\n'
+        '[[entry]]\npath = "/a/*.log"\nlog_type = "web"\n'
+    )
+    with pytest.raises(ConfigError, match=re.escape(named)) as refused:
+        build_config(file=config, **flags)
+    assert "in its [[entry]] tables" in str(refused.value) and str(config) in str(refused.value)
+    # With paths they describe the paths' entry, and the file's entries keep their own.
+    built = build_config(file=config, paths=["/b.log"], **{"log_type": "other", **flags})
+    assert built.entries[0] == Entry("/a/*.log", "web")
+    assert built.entries[1].path == "/b.log" and built.entries[1].log_type == "other"
+    assert built.entries[1].codec == flags.get("codec", "raw")
+
+
+def test_push_with_a_config_file_and_codec_but_no_paths_exits_2_naming_the_flag(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "push.toml"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.log").write_text("a line\n")
+    config.write_text(
+        f'[push]\nservers = ["http://127.0.0.1:9"]\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[[entry]]\npath = "{logs}/*.log"\nlog_type = "web"\n'
+    )
+    out = subprocess.run(
+        logbroker_cmd("push", "--config", str(config), "--codec", "zstd", "--idle-exit", "1"),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "--codec applies only to PATH_OR_GLOB arguments" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "state").exists(), "started before refusing"
+
+
+def test_an_idle_poll_looks_only_at_files_inotify_may_not_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle client stat'ed every file four times a second although inotify reports each
+    change of a watched directory: with a thousand files, most of its idle CPU.  Between
+    full polls only the files whose changes inotify may miss are looked at: one renamed
+    away (its writer may go on in a directory not watched) and one whose directory is not
+    watched (the watch table was full)."""
+    import concurrent.futures
+
+    from push_client.discovery import ChangeWatcher
+    from push_client.files import Counters, FileSet
+    from push_client.state_file import PushState
+    from push_client.tailer import Phase
+
+    watched, unwatched = tmp_path / "watched", tmp_path / "unwatched"
+    for directory in (watched, unwatched):
+        directory.mkdir()
+        for name in ("a.log", "b.log"):
+            (directory / name).write_text(f"{name}\n")
+    config = build_config(
+        servers=["http://gw:1"],
+        state_dir=str(tmp_path / "state"),
+        log_type="app",
+        paths=[str(watched / "*.log"), str(unwatched / "*.log")],
+    )
+    watcher = ChangeWatcher(True)
+    if not watcher.active:
+        pytest.skip("no inotify here")
+    real_watch = watcher.watch
+    monkeypatch.setattr(watcher, "watch", lambda d: None if d == str(unwatched) else real_watch(d))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        files = FileSet(config, PushState(), Counters(), watcher, pool, on_retired=lambda: None)
+        try:
+            found = {t.path: t for t in files.discover()}
+            assert len(found) == 4
+            found[str(watched / "b.log")].phase = Phase.DRAINING
+            looked_at: list[str] = []
+            for tailed in found.values():
+                real_refresh = tailed.refresh
+                monkeypatch.setattr(
+                    tailed,
+                    "refresh",
+                    lambda now, t=tailed, r=real_refresh: looked_at.append(t.path) or r(now),
+                )
+            files.refresh_all(1.0, watched_too=False)
+            assert sorted(looked_at) == sorted(
+                [str(watched / "b.log"), str(unwatched / "a.log"), str(unwatched / "b.log")]
+            )
+            looked_at.clear()
+            files.refresh_all(2.0)
+            assert len(looked_at) == 4
+        finally:
+            files.close()
+            watcher.close()
