@@ -1,6 +1,6 @@
 """CPU an idle push-client costs: ``logbroker push`` watching many files that do not change.
 
-    python benchmarks/push_idle_cpu_bench.py [--files 1000] [--seconds 30] [--runs 3]
+    python benchmarks/push_idle_cpu.py [--files 1000] [--seconds 30] [--runs 3]
         [--repo PATH ...]
 
 One gateway (of this checkout) runs throughout.  For each ``--repo`` (a checkout of this
