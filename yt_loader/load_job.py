@@ -192,12 +192,12 @@ _TASK_ERROR = re.compile(r"(?:yt_loader|log_store|delivery|session_dedup)\.[\w.]
 
 
 def _corrupt_gaps(written: list[WrittenRange]) -> list[LoadGap]:
-    """The messages the tasks left out because they do not decompress (``skip_corrupt``),
-    one gap each, in offset order."""
+    """The messages the tasks left out because they do not decompress or are no envelope
+    at all (``skip_corrupt``), one gap each, in offset order."""
     gaps = []
     for w in sorted(written, key=lambda w: (w.rng.topic, w.rng.partition, w.rng.start)):
         for offset, why in w.corrupt:
-            reason = f"the message does not decompress ({why}); left out by --skip-corrupt"
+            reason = f"the message {why}; left out by --skip-corrupt"
             gaps.append(LoadGap(w.rng.topic, w.rng.partition, offset, offset + 1, reason))
     return gaps
 
