@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from yt_loader.delta_table import BATCH_APP_ID, DeltaTarget, partition_app_id
 from yt_loader.errors import WarehouseBusy
 from yt_loader.load_job import LoadConfig, run_load
 from yt_loader.log_source import SourceSpec
+from yt_loader.table_counts import delta_table_counts
 from yt_loader.warehouse import CommitRecord, Warehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -166,11 +168,12 @@ def test_a_topic_deleted_and_created_again_is_reported_once_and_keeps_its_old_ro
     spark: object, tmp_path: Path
 ) -> None:
     data_dir, table = tmp_path / "data", tmp_path / "table"
-    old = append_lines(data_dir, "dc1.app", "old", partitions=1)
+    at = int(time.time() * 1000)  # both topics' chunks in one audit window
+    old = append_lines(data_dir, "dc1.app", "old", partitions=1, write_time_ms=at)
     _load(spark, data_dir, table)
     with open_store(data_dir) as store:
         store.delete_topic("dc1.app")
-    new = append_lines(data_dir, "dc1.app", "new", partitions=1)  # the same offsets again
+    new = append_lines(data_dir, "dc1.app", "new", partitions=1, write_time_ms=at)
 
     report = _load(spark, data_dir, table)
     again = _load(spark, data_dir, table)
@@ -181,6 +184,48 @@ def test_a_topic_deleted_and_created_again_is_reported_once_and_keeps_its_old_ro
     ]
     assert again.gaps == [] and again.batches == []  # type: ignore[attr-defined]
     assert_exactly_once(table_lines(spark, table), old + new)
+    # The audit's loader tier counts the new topic's messages apart from the old one's at
+    # the same offsets, as the gateway counted them: 20 + 20 messages, not 20.
+    counts = delta_table_counts(spark, table)
+    assert list(counts.values()) == [(40, 120)], counts
+
+
+def test_a_topic_deleted_is_reported_once_naming_its_loaded_offsets_and_keeps_its_rows(
+    spark: object, tmp_path: Path
+) -> None:
+    """A topic named by the load (here by list; a glob is the same) that is deleted from the
+    log: the next load says so, naming every partition's loaded offset, records it in the
+    table (exit 3 from the command) and does not say it again; a topic of that name created
+    later is a new topic, loaded from its start."""
+    data_dir, table = tmp_path / "data", tmp_path / "table"
+    kept = append_lines(data_dir, "dc1.app", "a", partitions=1, chunks=4)
+    gone = append_lines(data_dir, "dc1.gone", "a", partitions=2, chunks=5)
+    _load(spark, data_dir, table, topics="dc1.app,dc1.gone")
+    with open_store(data_dir) as store:
+        store.delete_topic("dc1.gone")
+    kept += append_lines(data_dir, "dc1.app", "b", partitions=1, chunks=4)
+
+    progress: list[str] = []
+    report = _load(spark, data_dir, table, topics="dc1.app,dc1.gone", progress=progress)
+    again = _load(spark, data_dir, table, topics="dc1.app,dc1.gone")
+
+    lost = [line for line in progress if line.startswith("DATA LOST: dc1.gone")]
+    assert lost == [
+        f"DATA LOST: dc1.gone partition {p}: the topic was deleted; loaded up to offset 5, "
+        "whatever it held from offset 5 on was never loaded"
+        for p in (0, 1)
+    ], progress
+    assert [(g.topic, g.partition) for g in report.gaps] == [("dc1.gone", 0), ("dc1.gone", 1)]  # type: ignore[attr-defined]
+    assert again.gaps == [] and again.batches == []  # type: ignore[attr-defined]
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{table}` LIMIT 1").collect()  # type: ignore[attr-defined]
+    assert len(json.loads(history[0]["userMetadata"])["gaps"]) == 2
+    assert_exactly_once(table_lines(spark, table), kept + gone)
+    assert sum(m for m, _ in delta_table_counts(spark, table).values()) == 4 + 4 + 10
+
+    created = append_lines(data_dir, "dc1.gone", "new", partitions=1, chunks=2)
+    later = _load(spark, data_dir, table, topics="dc1.*")
+    assert later.gaps == [] and later.lines == len(created)  # type: ignore[attr-defined]
+    assert_exactly_once(table_lines(spark, table), kept + gone + created)
 
 
 def test_a_batch_planned_before_another_loader_committed_is_refused(
