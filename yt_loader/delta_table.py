@@ -43,7 +43,7 @@ from yt_loader.crash_points import reach
 from yt_loader.errors import WarehouseBusy, WarehouseCorrupt
 from yt_loader.load_target import DELTA_LOG_DIR, LoadState, Progress, check_table_format
 from yt_loader.range_writer import PARTITION_COLUMNS, OutputLayout, WrittenFile, WrittenRange
-from yt_loader.typed_columns import TopicSchemas, evolved_table_schema
+from yt_loader.typed_columns import TopicSchemas, evolved_table_schema, usable_columns
 from yt_loader.warehouse import LOADER_DIR, LoadGap, Recovery, TopicOffsets, Warehouse
 
 BATCH_APP_ID = "logbroker-load"
@@ -336,15 +336,19 @@ class DeltaTarget:
     def layout(self, batch: int, run: str) -> OutputLayout:
         return OutputLayout(str(self.path), run, "file_name")
 
-    def evolve_schema(self, typed: dict[str, TopicSchemas]) -> None:
+    def evolve_schema(self, typed: dict[str, TopicSchemas]) -> dict[str, str]:
         """The next commit also changes the table's schema to hold ``typed``'s columns, the way
-        ``mergeSchema`` does: one ``metaData`` action in the same transaction as the rows."""
+        ``mergeSchema`` does: one ``metaData`` action in the same transaction as the rows.
+        Returns the topics whose columns the table cannot get, with why."""
         txn = self._txn if self._txn is not None else self._begin()
         metadata = json.loads(str(txn.txn.metadata().json()))["metaData"]
-        wider = evolved_table_schema(json.loads(metadata["schemaString"]), typed)
+        table_schema = json.loads(metadata["schemaString"])
+        usable, refused = usable_columns(table_schema, typed)
+        wider = evolved_table_schema(table_schema, usable)
         self._evolved = None
         if wider is not None:
             self._evolved = {**metadata, "schemaString": json.dumps(wider, separators=(",", ":"))}
+        return refused
 
     def commit(
         self,

@@ -101,6 +101,10 @@ class LoadReport:
     topics: dict[str, TopicProgress] = field(default_factory=dict)
     elapsed_s: float = 0.0
     stopped: bool = False
+    held_back: dict[str, str] = field(default_factory=dict)
+    """Topics not loaded, with why: their log type's schema cannot become a column of the
+    table (see :func:`yt_loader.typed_columns.usable_columns`).  Their offsets stay where they
+    were; every other topic is loaded."""
 
 
 @dataclass
@@ -210,6 +214,20 @@ def _plan(
         offsets[topic.name] = TopicOffsets(topic.topic_id, loaded)
         plan.topics[topic.name] = progress
     return plan
+
+
+def _hold_back(plan: _Plan, state: LoadState, refused: dict[str, str]) -> None:
+    """Leave ``refused`` topics out of ``plan``, as if the load had not looked at them."""
+    plan.pieces = [r for r in plan.pieces if r.topic not in refused]
+    plan.gaps = [g for g in plan.gaps if g.topic not in refused]
+    for topic in refused:
+        plan.typed.pop(topic, None)
+        plan.topics.pop(topic, None)
+        before = state.offsets.get(topic)
+        if before is None:
+            plan.offsets.pop(topic, None)
+        else:
+            plan.offsets[topic] = before
 
 
 def _batches(plan: _Plan, max_batch_bytes: int) -> list[list[OffsetRange]]:
@@ -382,7 +400,11 @@ def run_load(
             source.close()
         plan = _plan(bounds, state, config, gone)
         plan.typed = schemas_for(config.spec, sorted(plan.topics))
-        target.evolve_schema(plan.typed)  # refuses a column type change before any writing
+        # A schema that cannot be a column holds back its own topics only, before any writing.
+        report.held_back = target.evolve_schema(plan.typed)
+        _hold_back(plan, state, report.held_back)
+        for topic, why in sorted(report.held_back.items()):
+            progress(f"NOT LOADED: {topic}: {why}")
         report.topics = plan.topics
         report.gaps = list(plan.gaps)
         for gap in plan.gaps:
