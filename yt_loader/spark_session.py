@@ -118,7 +118,11 @@ def build_session(
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if log_level is not None or spark.conf.get(LOG_LEVEL_CONF, None) is None:
-        # spark-submit's driver (or a session made before) has its SparkContext already
+        # spark-submit's driver (or a session made before) has its SparkContext already.
+        # Spark skips a level equal to its root logger's, and a PySpark driver's root logger
+        # is at INFO already while a console filter shows it WARN and up: another level
+        # first makes the wanted one take effect (and lifts that filter).
+        spark.sparkContext.setLogLevel("OFF" if level != "OFF" else "ALL")
         spark.sparkContext.setLogLevel(level)
     if with_delta:
         _check_delta_loaded(spark)
