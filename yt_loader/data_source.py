@@ -30,8 +30,9 @@ split); executors read them in parallel.  Options:
     deleted and created again, fails the query (the data would otherwise be silently
     missing); ``false`` skips what is gone and reads a new topic from its start.
 ``skip_corrupt``
-    ``false`` (default): a message whose data does not decompress fails the query, naming its
-    offset; ``true`` leaves it out, with a warning naming it in the executor's log.
+    ``false`` (default): a message whose data does not decompress, or a record that is not an
+    envelope at all, fails the query, naming its offset; ``true`` leaves it out, with a
+    warning naming it in the executor's log.
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ def _read_partition(options: ReaderOptions, partition: InputPartition) -> Iterat
         source.close()
         for offset, why in stats.corrupt:
             log.warning(
-                "skipping a corrupt message: %s/%d offset %d: %s",
+                "skipping a corrupt message: %s/%d offset %d: the message %s",
                 rng.topic,
                 rng.partition,
                 offset,

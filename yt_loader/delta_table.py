@@ -14,7 +14,8 @@ One batch, one Delta transaction, committed by the driver, holding:
   sees them; ``VACUUM`` removes them);
 - the application transaction ``logbroker-load`` at version ``batch``, and one
   ``logbroker-load/<topic>/<topic id>/<partition>`` at the partition's loaded end offset for
-  every partition the batch moved.
+  every partition the batch moved; ``logbroker-load/<topic>/<topic id>/deleted`` once a load
+  found that topic gone from the log and reported it.
 
 Application transactions (``txn`` actions, ``txnAppId``/``txnVersion`` in Delta's writer) are
 what Delta's own streaming sink uses to make a micro-batch idempotent.  Here they also carry
@@ -42,7 +43,7 @@ from yt_loader.crash_points import reach
 from yt_loader.errors import WarehouseBusy, WarehouseCorrupt
 from yt_loader.load_target import DELTA_LOG_DIR, LoadState, Progress, check_table_format
 from yt_loader.range_writer import PARTITION_COLUMNS, OutputLayout, WrittenFile, WrittenRange
-from yt_loader.typed_columns import TopicSchemas, evolved_table_schema
+from yt_loader.typed_columns import TopicSchemas, evolved_table_schema, usable_columns
 from yt_loader.warehouse import LOADER_DIR, LoadGap, Recovery, TopicOffsets, Warehouse
 
 BATCH_APP_ID = "logbroker-load"
@@ -62,8 +63,12 @@ _CONCURRENT_COMMIT_ERRORS = (
 )
 
 
-def partition_app_id(topic: str, topic_id: str, partition: int) -> str:
-    """The application transaction whose version is ``partition``'s loaded end offset."""
+DELETED = "deleted"
+
+
+def partition_app_id(topic: str, topic_id: str, partition: int | str) -> str:
+    """The application transaction whose version is ``partition``'s loaded end offset
+    (``partition`` :data:`DELETED`: the mark of a topic a load found deleted)."""
     return f"{BATCH_APP_ID}/{topic}/{topic_id}/{partition}"
 
 
@@ -86,12 +91,17 @@ class _Entry:
     updated_ms: int
 
 
-def _parse_app_id(app_id: str) -> tuple[str, str, int] | None:
+def _parse_app_id(app_id: str) -> tuple[str, str, int | str] | None:
+    """(topic, topic id, partition or :data:`DELETED`) of a loader's application transaction."""
     prefix = BATCH_APP_ID + "/"
     if not app_id.startswith(prefix):
         return None
     parts = app_id[len(prefix) :].split("/")
-    if len(parts) != 3 or not parts[2].isdigit():
+    if len(parts) != 3:
+        return None
+    if parts[2] == DELETED:
+        return parts[0], parts[1], DELETED
+    if not parts[2].isdigit():
         return None
     return parts[0], parts[1], int(parts[2])
 
@@ -163,6 +173,8 @@ class _Transaction:
         self.batch = max(0, int(self.txn.txnVersion(BATCH_APP_ID)))
         snapshot = self.txn.snapshot()
         self.entries: dict[tuple[str, str, int], _Entry] = {}
+        self.deleted: dict[tuple[str, str], int] = {}
+        """(topic, topic id) a load found deleted -> when it recorded that (ms)."""
         for txn in jvm.to_list(snapshot.setTransactions()):
             parsed = _parse_app_id(str(txn.appId()))
             if parsed is None:
@@ -170,20 +182,38 @@ class _Transaction:
             updated = txn.lastUpdated()
             updated_ms = int(updated.get()) if updated.isDefined() else 0
             topic, topic_id, partition = parsed
-            self.entries[parsed] = _Entry(
+            if isinstance(partition, str):
+                self.deleted[(topic, topic_id)] = updated_ms
+                continue
+            self.entries[(topic, topic_id, partition)] = _Entry(
                 topic, topic_id, partition, int(txn.version()), updated_ms
             )
         self.retention = jvm.map_get(snapshot.metadata().configuration(), RETENTION_PROPERTY)
 
+    def is_deleted(self, topic: str, topic_id: str) -> bool:
+        """True if a load recorded the topic deleted and loaded nothing of it since."""
+        marked = self.deleted.get((topic, topic_id))
+        if marked is None:
+            return False
+        loaded = [
+            e.updated_ms
+            for e in self.entries.values()
+            if e.topic == topic and e.topic_id == topic_id
+        ]
+        return marked >= max(loaded, default=0)
+
     def offsets(self) -> dict[str, TopicOffsets]:
         """Per topic name, the partitions of its newest topic identity."""
         newest: dict[str, tuple[int, str]] = {}
-        for entry in self.entries.values():
-            known = newest.get(entry.topic)
-            if known is None or entry.updated_ms > known[0]:
-                newest[entry.topic] = (entry.updated_ms, entry.topic_id)
+        updates = [(e.topic, e.topic_id, e.updated_ms) for e in self.entries.values()]
+        updates += [(topic, topic_id, ms) for (topic, topic_id), ms in self.deleted.items()]
+        for topic, topic_id, updated_ms in updates:
+            known = newest.get(topic)
+            if known is None or updated_ms > known[0]:
+                newest[topic] = (updated_ms, topic_id)
         offsets: dict[str, TopicOffsets] = {
-            topic: TopicOffsets(topic_id) for topic, (_, topic_id) in newest.items()
+            topic: TopicOffsets(topic_id, deleted=self.is_deleted(topic, topic_id))
+            for topic, (_, topic_id) in newest.items()
         }
         for entry in self.entries.values():
             if offsets[entry.topic].topic_id == entry.topic_id:
@@ -298,20 +328,27 @@ class DeltaTarget:
             f"continuing from the Parquet warehouse's commit log (batch {latest.batch}): "
             "this first Delta commit records its offsets in the table"
         )
-        return {t: TopicOffsets(o.topic_id, dict(o.partitions)) for t, o in latest.offsets.items()}
+        return {
+            t: TopicOffsets(o.topic_id, dict(o.partitions), o.deleted)
+            for t, o in latest.offsets.items()
+        }
 
     def layout(self, batch: int, run: str) -> OutputLayout:
         return OutputLayout(str(self.path), run, "file_name")
 
-    def evolve_schema(self, typed: dict[str, TopicSchemas]) -> None:
+    def evolve_schema(self, typed: dict[str, TopicSchemas]) -> dict[str, str]:
         """The next commit also changes the table's schema to hold ``typed``'s columns, the way
-        ``mergeSchema`` does: one ``metaData`` action in the same transaction as the rows."""
+        ``mergeSchema`` does: one ``metaData`` action in the same transaction as the rows.
+        Returns the topics whose columns the table cannot get, with why."""
         txn = self._txn if self._txn is not None else self._begin()
         metadata = json.loads(str(txn.txn.metadata().json()))["metaData"]
-        wider = evolved_table_schema(json.loads(metadata["schemaString"]), typed)
+        table_schema = json.loads(metadata["schemaString"])
+        usable, refused = usable_columns(table_schema, typed)
+        wider = evolved_table_schema(table_schema, usable)
         self._evolved = None
         if wider is not None:
             self._evolved = {**metadata, "schemaString": json.dumps(wider, separators=(",", ":"))}
+        return refused
 
     def commit(
         self,
@@ -350,6 +387,11 @@ class DeltaTarget:
             jvm.action({"txn": {"appId": BATCH_APP_ID, "version": batch, "lastUpdated": now}})
         )
         for topic, topic_offsets in sorted(offsets.items()):
+            if topic_offsets.deleted and not txn.is_deleted(topic, topic_offsets.topic_id):
+                app_id = partition_app_id(topic, topic_offsets.topic_id, DELETED)
+                actions.append(
+                    jvm.action({"txn": {"appId": app_id, "version": 1, "lastUpdated": now}})
+                )
             for partition, end in sorted(topic_offsets.partitions.items()):
                 key = (topic, topic_offsets.topic_id, partition)
                 known = txn.entries.get(key)

@@ -10,7 +10,9 @@ job balanced Kafka partitions over its tasks); the driver then commits the files
 attempts Spark accepted, with the offsets, in one commit of the target.
 
 A partition whose log start moved past the loaded offset lost data to retention before it
-was loaded: the run records the gap in the commit log, reports it, and exits non-zero.
+was loaded: the run records the gap in the commit log, reports it, and exits non-zero.  So
+does a topic the table has offsets of that is gone from the log (deleted, or deleted and
+created again): what it held past the loaded offsets was never loaded.
 """
 
 from __future__ import annotations
@@ -20,18 +22,24 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import SparkSession
 
-from log_store.errors import LogbrokerError
+from log_store.errors import LogbrokerError, UnknownTopic
 from yt_loader.crash_points import reach
 from yt_loader.errors import DataLost, WarehouseCorrupt
 from yt_loader.load_target import LoadState, LoadTarget, ParquetTarget, Progress, TableFormat
-from yt_loader.log_source import SourceSpec, TopicBounds, current_bounds
-from yt_loader.offset_ranges import DEFAULT_MAX_RANGE_BYTES, OffsetRange, split_range
+from yt_loader.log_source import LogSource, SourceSpec, TopicBounds, current_bounds
+from yt_loader.offset_ranges import (
+    DEFAULT_MAX_RANGE_BYTES,
+    OffsetRange,
+    matching_topics,
+    split_range,
+)
 from yt_loader.range_writer import OutputLayout, WrittenRange, write_range
 from yt_loader.typed_columns import TopicSchemas, schemas_for
 from yt_loader.warehouse import LoadGap, Recovery, TopicOffsets
@@ -93,6 +101,10 @@ class LoadReport:
     topics: dict[str, TopicProgress] = field(default_factory=dict)
     elapsed_s: float = 0.0
     stopped: bool = False
+    held_back: dict[str, str] = field(default_factory=dict)
+    """Topics not loaded, with why: their log type's schema cannot become a column of the
+    table (see :func:`yt_loader.typed_columns.usable_columns`).  Their offsets stay where they
+    were; every other topic is loaded."""
 
 
 @dataclass
@@ -106,14 +118,55 @@ class _Plan:
     """The structured topics: their lines get typed columns (see ``typed_columns``)."""
 
 
-def _plan(bounds: list[TopicBounds], state: LoadState, config: LoadConfig) -> _Plan:
+def _bounds(
+    source: LogSource, state: LoadState, topics: str
+) -> tuple[list[TopicBounds], list[str]]:
+    """The bounds of every topic matching ``topics`` now, and the topics the table has
+    offsets of that the log no longer has (asked for by name: a listing may lag)."""
+    bounds = current_bounds(source, topics)
+    listed = {t.name for t in bounds}
+    gone = []
+    known = [t for t, o in state.offsets.items() if not o.deleted and t not in listed]
+    for name in matching_topics(known, topics):
+        try:
+            bounds.append(source.topic_bounds(name))
+        except UnknownTopic:
+            gone.append(name)
+    return bounds, gone
+
+
+def _deleted_gaps(topic: str, before: TopicOffsets) -> list[LoadGap]:
+    if not before.partitions:
+        return [LoadGap(topic, 0, 0, 0, "the topic was deleted before anything of it was loaded")]
+    return [
+        LoadGap(
+            topic,
+            partition,
+            offset,
+            offset,
+            f"the topic was deleted; loaded up to offset {offset}, whatever it held from "
+            f"offset {offset} on was never loaded",
+        )
+        for partition, offset in sorted(before.partitions.items())
+    ]
+
+
+def _plan(
+    bounds: list[TopicBounds], state: LoadState, config: LoadConfig, gone: Sequence[str] = ()
+) -> _Plan:
     offsets = dict(state.offsets)
     plan = _Plan(offsets, [], {}, [], {})
+    for name in gone:
+        old = offsets[name]
+        plan.gaps.extend(_deleted_gaps(name, old))
+        offsets[name] = TopicOffsets(old.topic_id, dict(old.partitions), deleted=True)
     for topic in bounds:
         before = offsets.get(topic.name)
         loaded: dict[int, int] = {}
         if before is not None and before.topic_id == topic.topic_id:
-            loaded = dict(before.partitions)
+            loaded = dict(before.partitions)  # also of one marked deleted: it is back
+        elif before is not None and before.deleted:
+            pass  # reported when it was found deleted: the new topic is loaded from its start
         elif before is not None:
             for partition, offset in sorted(before.partitions.items()):
                 plan.gaps.append(
@@ -163,6 +216,20 @@ def _plan(bounds: list[TopicBounds], state: LoadState, config: LoadConfig) -> _P
     return plan
 
 
+def _hold_back(plan: _Plan, state: LoadState, refused: dict[str, str]) -> None:
+    """Leave ``refused`` topics out of ``plan``, as if the load had not looked at them."""
+    plan.pieces = [r for r in plan.pieces if r.topic not in refused]
+    plan.gaps = [g for g in plan.gaps if g.topic not in refused]
+    for topic in refused:
+        plan.typed.pop(topic, None)
+        plan.topics.pop(topic, None)
+        before = state.offsets.get(topic)
+        if before is None:
+            plan.offsets.pop(topic, None)
+        else:
+            plan.offsets[topic] = before
+
+
 def _batches(plan: _Plan, max_batch_bytes: int) -> list[list[OffsetRange]]:
     """Pieces in batches of about ``max_batch_bytes``, each spread over many partitions.
 
@@ -192,12 +259,12 @@ _TASK_ERROR = re.compile(r"(?:yt_loader|log_store|delivery|session_dedup)\.[\w.]
 
 
 def _corrupt_gaps(written: list[WrittenRange]) -> list[LoadGap]:
-    """The messages the tasks left out because they do not decompress (``skip_corrupt``),
-    one gap each, in offset order."""
+    """The messages the tasks left out because they do not decompress or are no envelope
+    at all (``skip_corrupt``), one gap each, in offset order."""
     gaps = []
     for w in sorted(written, key=lambda w: (w.rng.topic, w.rng.partition, w.rng.start)):
         for offset, why in w.corrupt:
-            reason = f"the message does not decompress ({why}); left out by --skip-corrupt"
+            reason = f"the message {why}; left out by --skip-corrupt"
             gaps.append(LoadGap(w.rng.topic, w.rng.partition, offset, offset + 1, reason))
     return gaps
 
@@ -299,7 +366,7 @@ def _run_tasks(
 
 
 def _copy(offsets: dict[str, TopicOffsets]) -> dict[str, TopicOffsets]:
-    return {t: TopicOffsets(o.topic_id, dict(o.partitions)) for t, o in offsets.items()}
+    return {t: TopicOffsets(o.topic_id, dict(o.partitions), o.deleted) for t, o in offsets.items()}
 
 
 def open_target(spark: SparkSession, config: LoadConfig) -> LoadTarget:
@@ -328,12 +395,16 @@ def run_load(
         report = LoadReport(target.recovery)
         source = config.spec.open()
         try:
-            bounds = current_bounds(source, config.topics)
+            bounds, gone = _bounds(source, state, config.topics)
         finally:
             source.close()
-        plan = _plan(bounds, state, config)
+        plan = _plan(bounds, state, config, gone)
         plan.typed = schemas_for(config.spec, sorted(plan.topics))
-        target.evolve_schema(plan.typed)  # refuses a column type change before any writing
+        # A schema that cannot be a column holds back its own topics only, before any writing.
+        report.held_back = target.evolve_schema(plan.typed)
+        _hold_back(plan, state, report.held_back)
+        for topic, why in sorted(report.held_back.items()):
+            progress(f"NOT LOADED: {topic}: {why}")
         report.topics = plan.topics
         report.gaps = list(plan.gaps)
         for gap in plan.gaps:

@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 from log_store.errors import BadRequest
 from yt_loader.crash_points import reach
 from yt_loader.range_writer import OutputLayout, WrittenRange
-from yt_loader.typed_columns import TopicSchemas
+from yt_loader.typed_columns import TopicSchemas, usable_columns
 from yt_loader.warehouse import (
     CommitRecord,
     LoadedRange,
@@ -77,11 +77,12 @@ class LoadTarget(Protocol):
         """Where the tasks of ``batch`` write their files."""
         ...
 
-    def evolve_schema(self, typed: dict[str, TopicSchemas]) -> None:
+    def evolve_schema(self, typed: dict[str, TopicSchemas]) -> dict[str, str]:
         """Make the next commit widen the table by the structured topics' typed columns.
 
-        Raises :class:`~yt_loader.typed_columns.TypedColumnConflict` (before anything is
-        written) if a column would change type.
+        Returns the topics whose columns the table cannot get (a column would change type,
+        a schema has no column type: see :func:`~yt_loader.typed_columns.usable_columns`),
+        with why; the others' columns are made.  Nothing is written yet.
         """
         ...
 
@@ -126,9 +127,11 @@ class ParquetTarget:
             else:
                 yield LoadState(latest.batch, latest.offsets)
 
-    def evolve_schema(self, typed: dict[str, TopicSchemas]) -> None:
-        """Parquet files carry their own schema (readers merge them): nothing to record here."""
-        del typed
+    def evolve_schema(self, typed: dict[str, TopicSchemas]) -> dict[str, str]:
+        """Parquet files carry their own schema (readers merge them): nothing to record here,
+        but a column Parquet or Spark cannot hold is refused all the same."""
+        _, refused = usable_columns({"type": "struct", "fields": []}, typed)
+        return refused
 
     def layout(self, batch: int, run: str) -> OutputLayout:
         staging = self.warehouse.staging_dir(batch)

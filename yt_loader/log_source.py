@@ -18,11 +18,11 @@ import httpx
 
 from delivery.framing import decode_binary
 from delivery.internal_state import is_internal
+from delivery.legacy_txn import resolve_commit
 from delivery.partition_reader import MAX_MAX_BYTES, PartitionReader
 from log_store import open_store
 from log_store.errors import OffsetOutOfRange, UnknownTopic
 from log_store.interface import LogStore
-from session_dedup.chunk_codecs import CorruptChunk
 from session_dedup.envelope import Envelope, decode
 from yt_loader.errors import BadSourceOptions, SourceUnavailable
 from yt_loader.offset_ranges import matching_topics
@@ -41,6 +41,15 @@ class LogMessage:
 
     offset: int
     envelope: Envelope
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignRecord:
+    """A record of a partition that is not an envelope at all (e.g. written to a Kafka topic
+    by another producer): the reader decides whether it stops the read or is left out."""
+
+    offset: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,7 @@ class MessageBatch:
     ``messages`` is empty.
     """
 
-    messages: list[LogMessage]
+    messages: list[LogMessage | ForeignRecord]
     start_offset: int
     end_offset: int
     next_offset: int
@@ -95,20 +104,21 @@ class LogSource(Protocol):
     def close(self) -> None: ...
 
 
-def _decode(topic: str, partition: int, offset: int, value: bytes) -> LogMessage:
+def _decode(offset: int, value: bytes) -> LogMessage | ForeignRecord:
     try:
         return LogMessage(offset, decode(value))
-    except ValueError as exc:
-        raise CorruptChunk(
-            f"{topic}/{partition} offset {offset} is not an envelope: {exc}"
-        ) from exc
+    except Exception as exc:  # fastavro fails on foreign bytes with EOFError, ValueError, ...
+        return ForeignRecord(offset, f"not a logbroker envelope ({type(exc).__name__}: {exc})")
 
 
 class StoreLogSource:
     """Reads an embedded store directly (same machine or a shared filesystem).
 
-    Reads go through delivery's partition reader, so a released legacy transaction appears
-    at its commit marker's offset exactly as a pull consumer sees it.
+    Reads go through delivery's partition reader, raw (every record as stored), and resolve
+    legacy transactions as a pull consumer's read does: a released transaction appears at its
+    commit marker's offset, its data record and handovers give no message.  Raw, because an
+    unfiltered pull read leaves a record that is not an envelope out with only a log line,
+    and a load must not lose a record without saying so.
     """
 
     def __init__(self, store: LogStore) -> None:
@@ -130,13 +140,20 @@ class StoreLogSource:
         )
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> MessageBatch:
-        batch = self._reader.read(topic, partition, offset, max_bytes)
-        return MessageBatch(
-            [_decode(topic, partition, m.offset, m.value) for m in batch.messages],
-            batch.start_offset,
-            batch.end_offset,
-            batch.next_offset,
-        )
+        batch = self._reader.read(topic, partition, offset, max_bytes, raw=True)
+        messages: list[LogMessage | ForeignRecord] = []
+        for m in batch.messages:
+            if m.view is None:
+                messages.append(_decode(m.offset, m.value))  # names why it is no envelope
+            elif m.view.kind == "legacy_commit":
+                data = resolve_commit(
+                    self._store, topic, partition, m.view, self._reader.txn_window_ms
+                )
+                if data is not None:
+                    messages.append(_decode(m.offset, data.value))
+            elif m.view.kind not in ("legacy_data", "handover"):
+                messages.append(_decode(m.offset, m.value))
+        return MessageBatch(messages, batch.start_offset, batch.end_offset, batch.next_offset)
 
     def close(self) -> None:
         self._store.close()
@@ -211,7 +228,7 @@ class HttpLogSource:
             raise SourceUnavailable(f"gateway sent {len(sections)} sections for one partition")
         meta = sections[0].meta
         return MessageBatch(
-            [_decode(topic, partition, o, v) for o, v in sections[0].records],
+            [_decode(o, v) for o, v in sections[0].records],
             int(meta["start_offset"]),
             int(meta["end_offset"]),
             int(meta["next_offset"]),

@@ -11,7 +11,7 @@ from log_store.errors import OffsetOutOfRange
 from session_dedup.chunk_codecs import CorruptChunk
 from yt_loader.errors import DataLost, WarehouseCorrupt
 from yt_loader.line_rows import LineBatchBuilder
-from yt_loader.log_source import DEFAULT_READ_BYTES, LogSource
+from yt_loader.log_source import DEFAULT_READ_BYTES, ForeignRecord, LogSource
 from yt_loader.offset_ranges import OffsetRange
 
 DEFAULT_BATCH_LINES = 64 * 1024
@@ -26,8 +26,8 @@ class RangeReadStats:
     data_bytes: int = 0
     skipped_by_retention: int = 0
     corrupt: list[tuple[int, str]] = field(default_factory=list)
-    """(offset, why) of each message left out because its data does not decompress (only
-    with ``skip_corrupt``)."""
+    """(offset, why) of each message left out because its data does not decompress or it is
+    not an envelope at all (only with ``skip_corrupt``); ``why`` reads after "the message"."""
 
 
 def read_range(
@@ -48,8 +48,9 @@ def read_range(
     If retention dropped part of the range, raises :class:`DataLost`, or with
     ``fail_on_data_loss=False`` skips what is gone.  ``with_schema_ids``: each batch also has
     a ``_schema_id`` column (the stamp of each line's chunk, see ``yt_loader.typed_columns``).
-    A message whose data does not decompress raises :class:`CorruptChunk`, or with
-    ``skip_corrupt`` is left out and named in ``stats.corrupt``.
+    A message whose data does not decompress, or a record that is not an envelope at all
+    (another producer's, on Kafka), raises :class:`CorruptChunk`, or with ``skip_corrupt`` is
+    left out and named in ``stats.corrupt``.
     """
     stats = stats if stats is not None else RangeReadStats()
     builder = LineBatchBuilder(rng.topic, rng.partition, with_schema_ids=with_schema_ids)
@@ -75,13 +76,23 @@ def read_range(
             if message.offset >= rng.end:
                 break
             stats.messages += 1
+            if isinstance(message, ForeignRecord):
+                if not skip_corrupt:
+                    raise CorruptChunk(
+                        f"{rng.topic}/{rng.partition} offset {message.offset} is "
+                        f"{message.reason}; the load stops here rather than leave the record "
+                        "out (--skip-corrupt loads past it, recording it as lost)"
+                    )
+                stats.corrupt.append((message.offset, f"is {message.reason}"))
+                continue
             before = builder.data_bytes
             try:
                 stats.lines += builder.add(message.offset, message.envelope)
             except CorruptChunk as exc:
                 if not skip_corrupt:
                     raise
-                stats.corrupt.append((message.offset, str(exc.__cause__ or exc)))
+                why = str(exc.__cause__ or exc)
+                stats.corrupt.append((message.offset, f"does not decompress ({why})"))
                 continue
             stats.data_bytes += builder.data_bytes - before
             if builder.line_count >= batch_lines:

@@ -141,8 +141,8 @@ def write_range(
     """Write ``rng``'s lines into this attempt's own files, fsynced; return what was written.
 
     ``typed``: the topic is structured; its files get the records' struct column too.
-    ``skip_corrupt``: a message that does not decompress is left out (and named in the
-    result) rather than failing the range.
+    ``skip_corrupt``: a message that does not decompress, or a record that is not an
+    envelope, is left out (and named in the result) rather than failing the range.
     """
     attempt = _attempt_id(layout.run)
     root = Path(layout.root)

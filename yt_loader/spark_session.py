@@ -21,6 +21,9 @@ from yt_loader.errors import BadSourceOptions
 
 DEFAULT_MASTER = "local[*]"
 LOOPBACK = "127.0.0.1"
+DEFAULT_LOG_LEVEL = "WARN"
+LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
+LOG_LEVEL_CONF = "spark.log.level"
 
 DELTA_STATE_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 """Spark partitions Delta uses to rebuild a table's state from its log: 50 unless set, which
@@ -44,6 +47,13 @@ def check_master(master: str) -> None:
         )
 
 
+def check_log_level(level: str) -> str:
+    """``level`` in upper case if Spark's log takes it, else ``BadSourceOptions``."""
+    if level.upper() not in LOG_LEVELS:
+        raise BadSourceOptions(f"Spark log level {level!r} is not one of {', '.join(LOG_LEVELS)}")
+    return level.upper()
+
+
 def launched_by_spark_submit() -> bool:
     """True inside a driver that ``spark-submit`` started (it hands over its JVM gateway)."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
@@ -54,10 +64,16 @@ def build_session(
     app_name: str = "logbroker load",
     conf: dict[str, str] | None = None,
     with_delta: bool = True,
+    log_level: str | None = None,
 ) -> SparkSession:
     """A session with Delta Lake loaded and the ``logbroker`` format registered.
 
     ``with_delta=False`` leaves Delta out (the Parquet warehouse needs no jars).
+
+    ``log_level``: the driver's Spark log level (``spark.log.level``).  ``None`` keeps a
+    ``spark.log.level`` the session was given (``spark-submit --conf``), else
+    :data:`DEFAULT_LOG_LEVEL`: a driver ``spark-submit`` starts logs at INFO, hundreds of
+    lines per load on the stderr that carries the loader's own progress.
 
     ``master=None`` means the master ``spark-submit`` was given, or ``local[*]`` when run
     directly.  Executors run their Python with this interpreter unless
@@ -93,9 +109,21 @@ def build_session(
                 .config("spark.driver.bindAddress", LOOPBACK)
             )
     builder = builder.config("spark.ui.showConsoleProgress", "false")
+    given = (conf or {}).get(LOG_LEVEL_CONF)
+    level = check_log_level(log_level or given or DEFAULT_LOG_LEVEL)
+    if not submitted:
+        builder = builder.config(LOG_LEVEL_CONF, level)  # from the SparkContext's start
     for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
+        if key != LOG_LEVEL_CONF:
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if log_level is not None or spark.conf.get(LOG_LEVEL_CONF, None) is None:
+        # spark-submit's driver (or a session made before) has its SparkContext already.
+        # Spark skips a level equal to its root logger's, and a PySpark driver's root logger
+        # is at INFO already while a console filter shows it WARN and up: another level
+        # first makes the wanted one take effect (and lifts that filter).
+        spark.sparkContext.setLogLevel("OFF" if level != "OFF" else "ALL")
+        spark.sparkContext.setLogLevel(level)
     if with_delta:
         _check_delta_loaded(spark)
         if spark.conf.get(DELTA_STATE_PARTITIONS, None) is None:

@@ -22,6 +22,22 @@ does it: new fields are added, existing fields keep their place and type, fields
 schema dropped stay, null in new rows).  A field whose column type would change (int ->
 double, string <-> bytes) is refused before anything is written: a Delta column does not
 change type in place.
+
+A schema that cannot become a column is refused for its topics alone
+(:func:`usable_columns`): they are not loaded (their offsets stay where they are, to load once
+it is fixed), every other topic is, and the load names each refused topic and why.  Refused:
+
+- two log types whose column names are the same (``nginx-access`` and ``nginx_access`` both
+  make ``record_nginx_access``), in one run or across runs (a column records its log type in
+  its metadata, ``logbroker.log_type``): the loader does not pick one of them to type, nor
+  rename one (a name that depended on which came first would differ between tables); load
+  them into separate tables (``--topics``);
+- fields of one record whose names differ only in case (``userId``, ``userid``): Spark and
+  Delta compare column names without case, so the two would be one column;
+- a field name with a character Delta does not take in a column name (a space, a tab, a
+  newline or one of ``,;{}()=``);
+- a record with no fields (Parquet has no empty group);
+- a field whose column would change type (above), and a schema that does not parse.
 """
 
 from __future__ import annotations
@@ -56,11 +72,18 @@ from yt_loader.log_source import SourceSpec
 COLUMN_PREFIX = "record_"
 SCHEMA_ID_COLUMN = "_schema_id"
 """The stamp of each line's chunk, carried from the reader to the writer of a range only."""
+LOG_TYPE_METADATA = "logbroker.log_type"
+"""The key, in a typed column's metadata, of the log type whose records it holds."""
 _NOT_NAME = re.compile(r"[^a-z0-9_]")
+_NOT_IN_DELTA_NAMES = frozenset(" ,;{}()\n\t=")
 
 
 class TypedColumnConflict(BadRequest):
     """A schema version that would change the type of a column the table has."""
+
+
+class UnloadableSchema(BadRequest):
+    """A log type's schema that cannot become a column of the table (see the module's doc)."""
 
 
 def column_name(log_type: str) -> str:
@@ -218,6 +241,37 @@ def spark_type(schema: AvroSchema) -> dict[str, Any]:
     return result
 
 
+def check_column_type(spark: Any, where: str) -> None:
+    """Raise :class:`UnloadableSchema` if Spark, Delta or Parquet cannot hold ``spark``."""
+    if isinstance(spark, str):
+        return
+    if spark["type"] == "array":
+        check_column_type(spark["elementType"], where + "[]")
+        return
+    if spark["type"] == "map":
+        check_column_type(spark["valueType"], where + "{}")
+        return
+    if not spark["fields"]:
+        raise UnloadableSchema(f"{where} is a record with no fields: Parquet has no empty group")
+    seen: dict[str, str] = {}
+    for f in spark["fields"]:
+        name = f["name"]
+        bad = sorted(set(name) & _NOT_IN_DELTA_NAMES)
+        if bad:
+            raise UnloadableSchema(
+                f"field {where}.{name!r} has {''.join(bad)!r} in its name, which Delta does "
+                "not take in a column name"
+            )
+        other = seen.get(name.lower())
+        if other is not None:
+            raise UnloadableSchema(
+                f"fields {where}.{other} and {where}.{name} differ only in case: Spark and "
+                "Delta compare column names without case, so they would be one column"
+            )
+        seen[name.lower()] = name
+        check_column_type(f["type"], f"{where}.{name}")
+
+
 def arrow_type(spark: Any) -> pa.DataType:
     """The Arrow type that Parquet writes as the given Spark (Delta JSON) type."""
     if isinstance(spark, str):
@@ -300,25 +354,72 @@ def evolved_table_schema(
     table_schema: Mapping[str, Any], topics: Mapping[str, TopicSchemas]
 ) -> dict[str, Any] | None:
     """The table's schema (Delta JSON) with every structured topic's column added or widened;
-    ``None`` if nothing changes."""
+    ``None`` if nothing changes.  Raises :class:`TypedColumnConflict` or
+    :class:`UnloadableSchema` (see :func:`usable_columns`, which sorts the topics first)."""
     fields = [dict(f) for f in table_schema["fields"]]
     index = {f["name"]: i for i, f in enumerate(fields)}
     changed = False
     for schemas in sorted(topics.values(), key=lambda s: s.column):
         wanted = spark_type(parse(schemas.newest))
+        check_column_type(wanted, schemas.column)
+        owner = {LOG_TYPE_METADATA: schemas.log_type}
         at = index.get(schemas.column)
         if at is None:
             index[schemas.column] = len(fields)
             fields.append(
-                {"name": schemas.column, "type": wanted, "nullable": True, "metadata": {}}
+                {"name": schemas.column, "type": wanted, "nullable": True, "metadata": owner}
             )
             changed = True
             continue
+        holder = (fields[at].get("metadata") or {}).get(LOG_TYPE_METADATA)
+        if holder is not None and holder != schemas.log_type:
+            raise UnloadableSchema(
+                f"log type {schemas.log_type!r} makes column {schemas.column}, which holds log "
+                f"type {holder!r} in this table: {_FOLDED}"
+            )
         merged = merge_struct(fields[at]["type"], wanted, schemas.column)
-        if merged != fields[at]["type"]:
-            fields[at] = {**fields[at], "type": merged}
+        if merged != fields[at]["type"] or holder is None:
+            # a column typed before columns named their log type gets the name now
+            metadata = {**(fields[at].get("metadata") or {}), **owner}
+            fields[at] = {**fields[at], "type": merged, "metadata": metadata}
             changed = True
     return {**table_schema, "fields": fields} if changed else None
+
+
+_FOLDED = (
+    "a column's name is record_ and the log type with every character other than [a-z0-9_] "
+    "made '_', so the two cannot both have a column in one table; load them into separate "
+    "tables (--topics)"
+)
+
+
+def usable_columns(
+    table_schema: Mapping[str, Any], topics: Mapping[str, TopicSchemas]
+) -> tuple[dict[str, TopicSchemas], dict[str, str]]:
+    """The structured topics whose columns the table can get, and the others with why not.
+
+    One bad schema refuses only its own topics: each column is tried alone against the table.
+    """
+    by_column: dict[str, dict[str, TopicSchemas]] = {}
+    for topic, schemas in topics.items():
+        by_column.setdefault(schemas.column, {})[topic] = schemas
+    usable: dict[str, TopicSchemas] = {}
+    refused: dict[str, str] = {}
+    for column, group in sorted(by_column.items()):
+        log_types = sorted({s.log_type for s in group.values()})
+        if len(log_types) > 1:
+            shown = " and ".join(repr(t) for t in log_types)
+            why = f"log types {shown} both make column {column}: {_FOLDED}"
+            refused.update(dict.fromkeys(group, why))
+            continue
+        try:
+            evolved_table_schema(table_schema, group)
+        except Exception as exc:  # any schema that does not become a column: only its topics
+            why = f"log type {log_types[0]!r} cannot be column {column}: {exc}"
+            refused.update(dict.fromkeys(group, why))
+            continue
+        usable.update(group)
+    return usable, refused
 
 
 # -- in a task ----------------------------------------------------------------------------------

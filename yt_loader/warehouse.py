@@ -109,6 +109,9 @@ class TopicOffsets:
 
     topic_id: str
     partitions: dict[int, int] = field(default_factory=dict)
+    deleted: bool = False
+    """The topic was gone from the log at a load, which reported it (once): a topic of that
+    name created later is a new topic, loaded from its start without another report."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,7 @@ class CommitRecord:
                     "topic_id": o.topic_id,
                     "partitions": {str(p): end for p, end in sorted(o.partitions.items())},
                 }
+                | ({"deleted": True} if o.deleted else {})
                 for topic, o in sorted(self.offsets.items())
             },
             "ranges": [asdict(r) for r in self.ranges],
@@ -149,7 +153,9 @@ class CommitRecord:
                 committed_ms=int(doc["committed_ms"]),
                 offsets={
                     topic: TopicOffsets(
-                        str(o["topic_id"]), {int(p): int(e) for p, e in o["partitions"].items()}
+                        str(o["topic_id"]),
+                        {int(p): int(e) for p, e in o["partitions"].items()},
+                        bool(o.get("deleted", False)),
                     )
                     for topic, o in doc["offsets"].items()
                 },

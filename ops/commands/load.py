@@ -4,8 +4,10 @@ exactly once.
 Progress goes to stderr while it runs; the summary (or ``--format json``) to stdout.
 SIGTERM lets the batch in hand commit and then stops (the next run continues).  Exit
 codes: 0 loaded (or nothing new), 2 bad usage, 3 loaded but some offsets were lost to
-retention before they could be loaded, or left out by ``--skip-corrupt`` (named on stderr),
-1 any other failure (a message that does not decompress, without ``--skip-corrupt``).
+retention before they could be loaded, left out by ``--skip-corrupt``, or of a topic deleted
+before they were loaded (named on stderr), 1 any other failure (a message that does not
+decompress or a record that is no envelope, without ``--skip-corrupt``; a topic held back
+because its log type's schema cannot become a column, the other topics loaded).
 """
 
 from __future__ import annotations
@@ -13,15 +15,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
 from ops.token_options import add_token_options, token_from
 
+if TYPE_CHECKING:
+    from yt_loader.load_job import LoadReport
+
+EXIT_FAILED = 1
 EXIT_DATA_LOST = 3
+LOG_LEVEL_ENV = "LOGBROKER_SPARK_LOG_LEVEL"
 
 
 HANDLES_STOP_SIGNALS = True
@@ -89,6 +98,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument(
+        "--spark-log-level",
+        metavar="LEVEL",
+        default=os.environ.get(LOG_LEVEL_ENV),
+        help=f"Spark's own log level on stderr: WARN unless {LOG_LEVEL_ENV} or a "
+        "spark-submit --conf spark.log.level says otherwise (INFO, DEBUG, ERROR, ...)",
+    )
+    parser.add_argument(
         "--audit-server",
         help="with --data-dir or --kafka-bootstrap: the gateway to publish the table's audit "
         "counts to (with --server they go to that gateway)",
@@ -150,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         from yt_loader.load_target import check_table_format
         from yt_loader.log_source import SourceSpec
         from yt_loader.offset_ranges import topic_patterns
-        from yt_loader.spark_session import build_session, check_master
+        from yt_loader.spark_session import build_session, check_log_level, check_master
     except ModuleNotFoundError as exc:
         print(
             f"logbroker load: needs {exc.name}; install it with: pip install 'logbroker[spark]'",
@@ -173,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
         topic_patterns(args.topics)
         if args.master is not None:
             check_master(args.master)
+        log_level = None if args.spark_log_level is None else check_log_level(args.spark_log_level)
         token = token_from(args) if args.server else None
         spec = SourceSpec(
             data_dir=args.data_dir,
@@ -214,7 +231,9 @@ def run(args: argparse.Namespace) -> int:
     if args.audit_only and args.table_format == "parquet":
         return _publish_audit(args, None)
     try:
-        spark = build_session(args.master, with_delta=args.table_format == "delta")
+        spark = build_session(
+            args.master, with_delta=args.table_format == "delta", log_level=log_level
+        )
     except BadRequest as exc:
         print(f"logbroker load: {exc}", file=sys.stderr)
         return 2
@@ -248,17 +267,31 @@ def run(args: argparse.Namespace) -> int:
             "discarded_batches": report.recovery.discarded_batches,
             "gaps": [vars(g) | {"message": g.message()} for g in report.gaps],
             "topics": {t: vars(p) for t, p in sorted(report.topics.items())},
+            "held_back": dict(sorted(report.held_back.items())),
         }
         print(json.dumps(doc, indent=1))
     else:
         for topic in sorted(report.topics):
             print(report.topics[topic].describe())
+        for topic, why in sorted(report.held_back.items()):
+            print(f"{topic}: NOT LOADED: {why}")
         print(
             f"loaded {report.lines} lines ({report.data_bytes / 1e6:.1f} MB) from "
             f"{report.ranges} offset ranges in {len(report.batches)} batches, "
             f"{report.elapsed_s:.1f} s"
         )
-    # The gaps were named on stderr as soon as the plan found them.
+    return exit_code(report)
+
+
+def exit_code(report: LoadReport) -> int:
+    """The exit code of a load that ran: see the module docstring.
+
+    A held-back topic is a failure (1) even where offsets were lost too (3): it loads
+    nothing until its schema is fixed, and the lost offsets were named on stderr.
+    """
+    # The gaps and held-back topics were named on stderr as soon as the plan found them.
+    if report.held_back:
+        return EXIT_FAILED
     return EXIT_DATA_LOST if report.gaps else 0
 
 

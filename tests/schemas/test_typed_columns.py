@@ -15,9 +15,11 @@ from yt_loader.typed_columns import (
     RecordTyper,
     TopicSchemas,
     TypedColumnConflict,
+    UnloadableSchema,
     column_name,
     evolved_table_schema,
     spark_type,
+    usable_columns,
 )
 
 BASE_TABLE = {
@@ -101,3 +103,51 @@ def test_lines_are_resolved_to_the_newest_schema_and_untypable_lines_are_null() 
         None,  # no stamp
         None,  # an id the registry does not know
     ]
+
+
+def _named(log_type: str, *fields: dict[str, Any]) -> TopicSchemas:
+    schema = {
+        "type": "record",
+        "name": "R",
+        "fields": list(fields or [{"name": "x", "type": "int"}]),
+    }
+    return TopicSchemas(f"dc1.{log_type}", log_type, json.dumps(schema), {})
+
+
+def test_a_schema_that_cannot_be_a_column_is_refused_for_its_topics_alone() -> None:
+    good = _named("orders", {"name": "id", "type": "long"})
+    twin_a = _named("web-log", {"name": "a", "type": "long"})
+    twin_b = _named("web.log", {"name": "b", "type": "long"})
+    cased = _named("cased", {"name": "Id", "type": "long"}, {"name": "id", "type": "long"})
+    spaced = _named("spaced", {"name": "a b", "type": "long"})
+    empty = _named(
+        "empty", {"name": "inner", "type": {"type": "record", "name": "E", "fields": []}}
+    )
+    topics = {s.topic: s for s in (good, twin_a, twin_b, cased, spaced, empty)}
+
+    usable, refused = usable_columns(BASE_TABLE, topics)
+
+    assert list(usable) == ["dc1.orders"]
+    assert (
+        "log types 'web-log' and 'web.log' both make column record_web_log"
+        in (refused["dc1.web-log"])
+    )
+    assert refused["dc1.web-log"] == refused["dc1.web.log"]
+    assert "fields record_cased.Id and record_cased.id differ only in case" in refused["dc1.cased"]
+    assert "field record_spaced.'a b' has ' ' in its name" in refused["dc1.spaced"]
+    assert "record_empty.inner is a record with no fields" in refused["dc1.empty"]
+    with pytest.raises(UnloadableSchema):
+        evolved_table_schema(BASE_TABLE, {"dc1.cased": cased})
+
+
+def test_a_column_names_its_log_type_and_another_log_type_folding_to_it_is_refused() -> None:
+    table = evolved_table_schema(BASE_TABLE, {"dc1.web-log": _named("web-log")})
+    assert table is not None
+    [column] = [f for f in table["fields"] if f["name"] == "record_web_log"]
+    assert column["metadata"] == {"logbroker.log_type": "web-log"}
+    assert usable_columns(table, {"dc2.web-log": _named("web-log")})[1] == {}
+    _, refused = usable_columns(table, {"dc1.web_log": _named("web_log")})
+    assert (
+        "column record_web_log, which holds log type 'web-log' in this table"
+        in (refused["dc1.web_log"])
+    )

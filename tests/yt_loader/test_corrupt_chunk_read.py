@@ -60,8 +60,43 @@ def test_a_range_read_with_skip_corrupt_leaves_the_message_out_and_names_it(
         )
         assert [line for b in batches for line in b.column("line").to_pylist()] == ["one", "three"]
         ((offset, why),) = stats.corrupt
-        assert offset == 1 and why.startswith("zstd chunk does not decompress")
+        assert offset == 1 and why.startswith("does not decompress (zstd chunk does not")
         assert (stats.messages, stats.lines) == (3, 2)
+    finally:
+        store.close()
+
+
+def test_a_record_that_is_not_an_envelope_stops_the_read_unless_skip_corrupt(
+    tmp_path: Path,
+) -> None:
+    """Another producer's records in a topic (on Kafka anyone may write one): the read stops
+    at the first, naming it and --skip-corrupt, or with skip_corrupt leaves each out and names
+    it.  None is left out silently (an unfiltered pull read drops them with a log line)."""
+    store = open_store(tmp_path / "data")
+    try:
+        store.create_topic("dc1.app", exist_ok=True)
+        values = [
+            encode(Envelope("s", "h", "/f", "app", "raw", 1, 0, 0, b"one\n")),
+            b'{"producer": "someone else"}',
+            encode(Envelope("s", "h", "/f", "app", "raw", 2, 0, 0, b"two\n")),
+            b"\x01\x02 not an envelope either",  # passes the version byte check
+            encode(Envelope("s", "h", "/f", "app", "raw", 3, 0, 0, b"three\n")),
+        ]
+        store.append("dc1.app", 0, values)
+        source = StoreLogSource(store)
+        rng = OffsetRange("dc1.app", 0, 0, 5)
+        with pytest.raises(
+            CorruptChunk, match=r"dc1\.app/0 offset 1 is not a logbroker envelope"
+        ) as err:
+            list(read_range(source, rng))
+        assert "--skip-corrupt loads past it" in str(err.value)
+
+        stats = RangeReadStats()
+        batches = list(read_range(source, rng, stats=stats, skip_corrupt=True))
+        lines = [line for b in batches for line in b.column("line").to_pylist()]
+        assert lines == ["one", "two", "three"]
+        assert [offset for offset, _ in stats.corrupt] == [1, 3]
+        assert all(why.startswith("is not a logbroker envelope") for _, why in stats.corrupt)
     finally:
         store.close()
 

@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,12 @@ from tests.yt_loader.conftest import (
     table_version,
 )
 from yt_loader.delta_table import BATCH_APP_ID, DeltaTarget, partition_app_id
-from yt_loader.errors import WarehouseBusy
+from yt_loader.errors import BadSourceOptions, WarehouseBusy
 from yt_loader.load_job import LoadConfig, run_load
 from yt_loader.log_source import SourceSpec
-from yt_loader.warehouse import CommitRecord, Warehouse
+from yt_loader.spark_session import build_session, check_log_level
+from yt_loader.table_counts import delta_table_counts
+from yt_loader.warehouse import CommitRecord, TopicOffsets, Warehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -166,11 +169,12 @@ def test_a_topic_deleted_and_created_again_is_reported_once_and_keeps_its_old_ro
     spark: object, tmp_path: Path
 ) -> None:
     data_dir, table = tmp_path / "data", tmp_path / "table"
-    old = append_lines(data_dir, "dc1.app", "old", partitions=1)
+    at = int(time.time() * 1000)  # both topics' chunks in one audit window
+    old = append_lines(data_dir, "dc1.app", "old", partitions=1, write_time_ms=at)
     _load(spark, data_dir, table)
     with open_store(data_dir) as store:
         store.delete_topic("dc1.app")
-    new = append_lines(data_dir, "dc1.app", "new", partitions=1)  # the same offsets again
+    new = append_lines(data_dir, "dc1.app", "new", partitions=1, write_time_ms=at)
 
     report = _load(spark, data_dir, table)
     again = _load(spark, data_dir, table)
@@ -181,6 +185,48 @@ def test_a_topic_deleted_and_created_again_is_reported_once_and_keeps_its_old_ro
     ]
     assert again.gaps == [] and again.batches == []  # type: ignore[attr-defined]
     assert_exactly_once(table_lines(spark, table), old + new)
+    # The audit's loader tier counts the new topic's messages apart from the old one's at
+    # the same offsets, as the gateway counted them: 20 + 20 messages, not 20.
+    counts = delta_table_counts(spark, table)
+    assert list(counts.values()) == [(40, 120)], counts
+
+
+def test_a_topic_deleted_is_reported_once_naming_its_loaded_offsets_and_keeps_its_rows(
+    spark: object, tmp_path: Path
+) -> None:
+    """A topic named by the load (here by list; a glob is the same) that is deleted from the
+    log: the next load says so, naming every partition's loaded offset, records it in the
+    table (exit 3 from the command) and does not say it again; a topic of that name created
+    later is a new topic, loaded from its start."""
+    data_dir, table = tmp_path / "data", tmp_path / "table"
+    kept = append_lines(data_dir, "dc1.app", "a", partitions=1, chunks=4)
+    gone = append_lines(data_dir, "dc1.gone", "a", partitions=2, chunks=5)
+    _load(spark, data_dir, table, topics="dc1.app,dc1.gone")
+    with open_store(data_dir) as store:
+        store.delete_topic("dc1.gone")
+    kept += append_lines(data_dir, "dc1.app", "b", partitions=1, chunks=4)
+
+    progress: list[str] = []
+    report = _load(spark, data_dir, table, topics="dc1.app,dc1.gone", progress=progress)
+    again = _load(spark, data_dir, table, topics="dc1.app,dc1.gone")
+
+    lost = [line for line in progress if line.startswith("DATA LOST: dc1.gone")]
+    assert lost == [
+        f"DATA LOST: dc1.gone partition {p}: the topic was deleted; loaded up to offset 5, "
+        "whatever it held from offset 5 on was never loaded"
+        for p in (0, 1)
+    ], progress
+    assert [(g.topic, g.partition) for g in report.gaps] == [("dc1.gone", 0), ("dc1.gone", 1)]  # type: ignore[attr-defined]
+    assert again.gaps == [] and again.batches == []  # type: ignore[attr-defined]
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{table}` LIMIT 1").collect()  # type: ignore[attr-defined]
+    assert len(json.loads(history[0]["userMetadata"])["gaps"]) == 2
+    assert_exactly_once(table_lines(spark, table), kept + gone)
+    assert sum(m for m, _ in delta_table_counts(spark, table).values()) == 4 + 4 + 10
+
+    created = append_lines(data_dir, "dc1.gone", "new", partitions=1, chunks=2)
+    later = _load(spark, data_dir, table, topics="dc1.*")
+    assert later.gaps == [] and later.lines == len(created)  # type: ignore[attr-defined]
+    assert_exactly_once(table_lines(spark, table), kept + gone + created)
 
 
 def test_a_batch_planned_before_another_loader_committed_is_refused(
@@ -286,11 +332,13 @@ def test_offsets_dropped_by_retention_before_loading_are_reported_with_exit_code
             "json",
         ],
         tmp_path / "load.log",
+        env={"LOGBROKER_SPARK_LOG_LEVEL": "INFO"},
     )
     code = child.wait(240)
     output = child.output()
 
     assert code == 3, output[-3000:]
+    assert " INFO SparkContext: " in output  # Spark's own log, at the level asked for
     assert f"DATA LOST: dc1.app partition 0: offsets 0..{new_start - 1}" in output
     assert "retention dropped them before they were loaded" in output
     report, _ = json.JSONDecoder().raw_decode(output, output.index('{\n "batches"'))
@@ -305,14 +353,15 @@ def test_a_message_that_does_not_decompress_stops_the_load_unless_skip_corrupt(
     spark: object, tmp_path: Path
 ) -> None:
     """Without ``--skip-corrupt`` the load stops at the message, naming it, and commits
-    nothing of its batch; with it, the message is left out and recorded as lost (exit 3,
-    the table's commit names it), and the next run reports it no more."""
+    nothing of its batch; with it, the message, and the record after it that is no envelope
+    at all (another producer's), are left out and recorded as lost (exit 3, the table's
+    commit names them), and the next run reports them no more."""
     data_dir, table = tmp_path / "data", tmp_path / "table"
     before = append_lines(data_dir, "dc1.app", "before", partitions=1, chunks=5)
     with open_store(data_dir) as store:
         corrupt = store.end_offset("dc1.app", 0)
         bad = Envelope("s", "h", "/f", "app", "gzip", 99, 0, 0, b"notgzip")
-        store.append("dc1.app", 0, [encode(bad)])
+        store.append("dc1.app", 0, [encode(bad), b'{"written by": "another producer"}'])
     after = append_lines(data_dir, "dc1.app", "after", partitions=1, chunks=5)
 
     cwd = tmp_path / "cwd"
@@ -326,6 +375,7 @@ def test_a_message_that_does_not_decompress_stops_the_load_unless_skip_corrupt(
 
     code, output = load()
     assert code == 1, output[-3000:]
+    assert " INFO " not in output  # Spark logs at WARN unless told otherwise
     assert (
         f"logbroker load: batch 1 failed: CorruptChunk: dc1.app/0 offset {corrupt}: gzip chunk "
         "does not decompress"
@@ -337,7 +387,14 @@ def test_a_message_that_does_not_decompress_stops_the_load_unless_skip_corrupt(
     assert code == 3, output[-3000:]
     assert f"DATA LOST: dc1.app partition 0: offset {corrupt} was never loaded" in output
     report, _ = json.JSONDecoder().raw_decode(output, output.index('{\n "batches"'))
-    assert [(g["start"], g["end"]) for g in report["gaps"]] == [(corrupt, corrupt + 1)]
+    assert (
+        f"DATA LOST: dc1.app partition 0: offset {corrupt + 1} was never loaded: the message is "
+        "not a logbroker envelope"
+    ) in output
+    assert [(g["start"], g["end"]) for g in report["gaps"]] == [
+        (corrupt, corrupt + 1),
+        (corrupt + 1, corrupt + 2),
+    ]
     assert_exactly_once(table_lines(spark, table), before + after)
     history = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect()  # type: ignore[attr-defined]
     recorded = [json.loads(r["userMetadata"]) for r in history if r["operation"] == "WRITE"]
@@ -346,6 +403,39 @@ def test_a_message_that_does_not_decompress_stops_the_load_unless_skip_corrupt(
     assert list(cwd.iterdir()) == []  # no ./spark-warehouse left where it was run
     again = _load(spark, data_dir, table)
     assert again.gaps == [] and again.batches == []  # type: ignore[attr-defined]
+
+
+def test_the_session_logs_at_warn_unless_told_otherwise(spark: object) -> None:
+    """Spark's INFO lines would bury the loader's progress on stderr (a spark-submit driver
+    logs at INFO): the session is WARN by default, and ``--spark-log-level`` (or
+    LOGBROKER_SPARK_LOG_LEVEL) changes it."""
+    jvm = spark._jvm  # type: ignore[attr-defined]
+
+    def root_level() -> str:
+        return str(jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())
+
+    assert root_level() == "WARN"
+    try:
+        assert build_session("local[2]", log_level="error") is spark
+        assert root_level() == "ERROR"
+    finally:
+        spark.sparkContext.setLogLevel("WARN")  # type: ignore[attr-defined]
+    with pytest.raises(BadSourceOptions, match="is not one of"):
+        check_log_level("loud")
+
+
+def test_a_bookkeeping_round_trip_keeps_a_deleted_topics_mark() -> None:
+    record = CommitRecord(
+        batch=2,
+        committed_ms=0,
+        offsets={
+            "dc1.gone": TopicOffsets("abc", {0: 5}, deleted=True),
+            "dc1.app": TopicOffsets("d"),
+        },
+        ranges=[],
+        gaps=[],
+    )
+    assert CommitRecord.from_json(record.to_json(), Path("x")) == record
 
 
 def test_bad_usage_exits_2_before_starting_spark(tmp_path: Path) -> None:
@@ -379,6 +469,7 @@ def _parquet_warehouse(path: Path) -> Path:
         (["--audit-server", "gw:8080"], "--audit-server must be an http:// or https:// URL"),
         (["--audit-server", "http://gw:8080", "--no-audit"], "contradict each other"),
         (["--token", "secret"], "--token and --token-file go with --server or --audit-server"),
+        (["--spark-log-level", "loud"], "Spark log level 'loud' is not one of ALL, TRACE"),
     ],
 )
 def test_bad_flags_exit_2_before_starting_spark_and_change_nothing(
