@@ -206,17 +206,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def worker_group(item: pytest.Item) -> str | None:
-    """The xdist group a test must run in: ``kafka``, ``spark``, its module's when it shares a
-    module-scoped fixture (one instance, file order, as without workers), or None (any)."""
+    """The xdist group a test must run in: ``kafka``, its module's when it shares a
+    module-scoped fixture (one instance, file order, as without workers), ``spark``, or None
+    (any).
+
+    A module with a fixture of its own (the Spark cluster's) is a group of its own even when
+    it uses the Spark session too: the session group is the longest of the run, and a second
+    worker starting a session of its own for that module costs seconds, not minutes.
+    """
     fixtures = set(getattr(item, "fixturenames", ()))
     if item.get_closest_marker("kafka") is not None or "kafka_cluster" in fixtures:
         return "kafka"
-    if "spark" in fixtures:
-        return "spark"
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
     if any(d[-1].scope in ("module", "package", "class") for d in defs if d):
         return item.nodeid.split("::")[0]
+    if "spark" in fixtures:
+        return "spark"
     return None
 
 
