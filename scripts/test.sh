@@ -2,8 +2,9 @@
 # The whole test suite: lint, format check, types, and every test group (contract, gateway,
 # push-client, delivery, Spark, faults).  Installs what it needs first.  Extra arguments go to
 # pytest, e.g. `scripts/test.sh -m "not spark"` while developing.  Tests run on two pytest-xdist
-# workers (LOGBROKER_TEST_WORKERS=N for another number, 0 for none); the tests that share the
-# session's Kafka broker or Spark session stay together on one worker (tests/conftest.py).
+# workers (LOGBROKER_TEST_WORKERS=N for another number, 0 for none), each test on whichever is
+# free; each worker starts the Kafka broker and the Spark session once, when it first needs
+# them (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/bootstrap.sh
@@ -11,4 +12,4 @@ source scripts/bootstrap.sh
 # project; where PYTHONDONTWRITEBYTECODE is set, as on many CI images, each would compile it
 # again (0.1 s of CPU each).  Compiled once here, they all read the same bytecode.
 python -m compileall -q -j 0 -x '/\.[a-z]' . > /dev/null
-exec python -m pytest -p no:cacheprovider -n "${LOGBROKER_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec python -m pytest -p no:cacheprovider -n "${LOGBROKER_TEST_WORKERS:-2}" --dist load "$@"

@@ -163,7 +163,8 @@ def gateway(start_gateway: object) -> GatewayProcess:
 
 @pytest.fixture(scope="session")
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One Apache Kafka broker (KRaft) for the whole test session, shared by the Kafka tests.
+    """One Apache Kafka broker (KRaft) per test session (per xdist worker), shared by its
+    Kafka tests.
 
     Tests keep out of each other's way by a namespace of their own (``kafka_namespace``).
     Fetched through Maven on first use; stopped (its process group) at the end, also when
@@ -191,39 +192,12 @@ def kafka_namespace() -> str:
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
-# -- two workers, one broker, one Spark session ---------------------------------------------------
-# The README's test command runs the suite on pytest-xdist workers with ``--dist loadgroup``.  A
-# test that uses the session's Kafka broker (marked ``kafka``) or the session's Spark (the
-# ``spark`` fixture) runs on the one worker of its group, so each starts once per run, as it does
-# without workers; every other test goes to whichever worker is free.
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = worker_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-def worker_group(item: pytest.Item) -> str | None:
-    """The xdist group a test must run in: ``kafka``, its module's when it shares a
-    module-scoped fixture (one instance, file order, as without workers), ``spark``, or None
-    (any).
-
-    A module with a fixture of its own (the Spark cluster's) is a group of its own even when
-    it uses the Spark session too: the session group is the longest of the run, and a second
-    worker starting a session of its own for that module costs seconds, not minutes.
-    """
-    fixtures = set(getattr(item, "fixturenames", ()))
-    if item.get_closest_marker("kafka") is not None or "kafka_cluster" in fixtures:
-        return "kafka"
-    info = getattr(item, "_fixtureinfo", None)
-    defs = info.name2fixturedefs.values() if info is not None else ()
-    if any(d[-1].scope in ("module", "package", "class") for d in defs if d):
-        return item.nodeid.split("::")[0]
-    if "spark" in fixtures:
-        return "spark"
-    return None
+# -- two workers --------------------------------------------------------------------------------
+# The README's test command runs the suite on two pytest-xdist workers, each test on whichever
+# worker is free.  Session- and module-scoped fixtures (the Kafka broker, the Spark session, a
+# module's gateway or Spark cluster) are made once per worker, by the first test there that
+# needs one: at most two of each, for a balance no grouping of tests onto one worker could give
+# (the Spark tests alone would keep one worker busy for most of the run).
 
 
 # -- no process outlives the run ----------------------------------------------------------------

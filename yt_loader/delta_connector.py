@@ -3,8 +3,10 @@
 The Python half (``delta-spark``) comes from PyPI with the ``spark`` extra; the JVM half
 (``io.delta:delta-spark_<spark major.minor>_2.13`` of the same version, and its dependencies)
 comes from Maven Central through ``spark.jars.packages``.  Ivy resolves it once into
-``~/.cache/logbroker/ivy`` (``LOGBROKER_IVY_DIR`` to move it); later sessions find every jar
-there and need no network.
+``~/.cache/logbroker/ivy`` (``LOGBROKER_IVY_DIR`` to move it), and the jars it resolved are
+listed there (:func:`remember_resolved_jars`); later sessions take those jars as they are
+(``spark.jars``), with no resolution: no network, about 1.5 s less to start, and no Ivy report
+on stderr.  A listed jar gone from the cache, or another Delta or Spark version, resolves again.
 
 A session that PySpark starts itself gets these settings from :func:`session_conf`.  A driver
 that ``spark-submit`` started has its JVM already, so the same settings must be given to
@@ -15,10 +17,14 @@ that ``spark-submit`` started has its JVM already, so the same settings must be 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.metadata
 import os
 import shlex
+import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pyspark
 
@@ -74,21 +80,69 @@ def ivy_dir() -> Path:
     return Path.home() / ".cache" / "logbroker" / "ivy"
 
 
-def session_conf() -> dict[str, str]:
-    """The Spark settings that load Delta into a session (all static: set before start-up)."""
+def resolved_jars_file() -> Path:
+    """Where the jars Ivy resolved for these coordinates and exclusions are listed."""
+    what = "\n".join((maven_coordinates(), *PROVIDED_BY_SPARK))
+    return ivy_dir() / f"resolved-{hashlib.sha256(what.encode()).hexdigest()[:16]}.txt"
+
+
+def resolved_jars() -> str | None:
+    """The ``spark.jars`` value of a session that resolved the same jars before, if every jar
+    it lists is still in the cache."""
+    try:
+        listed = resolved_jars_file().read_text().strip()
+    except (OSError, UnicodeError):
+        return None
+    uris = listed.split(",") if listed else []
+    if not uris or not all(Path(urlsplit(uri).path).is_file() for uri in uris):
+        return None
+    return listed
+
+
+def remember_resolved_jars(spark_jars: str) -> None:
+    """List the jars a session's resolution gave (its ``spark.jars``, those in Ivy's cache),
+    for the next session; a cache that cannot be written is left as it is."""
+    cache = str(ivy_dir().resolve())
+    uris = [u for u in spark_jars.split(",") if urlsplit(u).path.startswith(cache + os.sep)]
+    if not uris:
+        return
+    target = resolved_jars_file()
+    with contextlib.suppress(OSError):
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=".resolved-")
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(",".join(uris) + "\n")
+            os.replace(temp, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+
+
+def session_conf(*, resolved: bool = True) -> dict[str, str]:
+    """The Spark settings that load Delta into a session (all static: set before start-up):
+    the jars resolved before (``resolved=True`` and listed) or their Maven coordinates."""
+    delta = {
+        "spark.sql.extensions": DELTA_EXTENSION,
+        "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
+    }
+    jars = resolved_jars() if resolved else None
+    if jars is not None:
+        return {"spark.jars": jars, **delta}
     return {
         "spark.jars.packages": maven_coordinates(),
         "spark.jars.excludes": ",".join(PROVIDED_BY_SPARK),
         "spark.jars.ivy": str(ivy_dir()),
-        "spark.sql.extensions": DELTA_EXTENSION,
-        "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
+        **delta,
     }
 
 
 def spark_submit_args() -> list[str]:
-    """:func:`session_conf` as ``spark-submit`` arguments (``--packages``, ``--conf``)."""
+    """:func:`session_conf` as ``spark-submit`` arguments (``--packages``, ``--conf``).
+
+    Always the coordinates: ``spark-submit`` may run on a machine whose cache lists nothing.
+    """
     args: list[str] = []
-    for key, value in session_conf().items():
+    for key, value in session_conf(resolved=False).items():
         if key == "spark.jars.packages":
             args += ["--packages", value]
         elif key == "spark.jars.excludes":

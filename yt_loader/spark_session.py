@@ -16,7 +16,12 @@ import tempfile
 from pyspark.sql import SparkSession
 
 from yt_loader.data_source import register
-from yt_loader.delta_connector import DELTA_EXTENSION, session_conf, spark_submit_args
+from yt_loader.delta_connector import (
+    DELTA_EXTENSION,
+    remember_resolved_jars,
+    session_conf,
+    spark_submit_args,
+)
 from yt_loader.errors import BadSourceOptions
 
 DEFAULT_MASTER = "local[*]"
@@ -84,9 +89,12 @@ def build_session(
     if master is None and not submitted:
         master = DEFAULT_MASTER
     builder = SparkSession.builder.appName(app_name)
+    delta_conf: dict[str, str] = {}
     if not submitted:
         if with_delta:
-            for key, value in session_conf().items():
+            # jars of the caller's own replace the ones listed: resolve Delta's then
+            delta_conf = session_conf(resolved="spark.jars" not in (conf or {}))
+            for key, value in delta_conf.items():
                 builder = builder.config(key, value)
         python = (conf or {}).get("spark.pyspark.python", sys.executable)
         builder = builder.config("spark.pyspark.python", python)
@@ -126,6 +134,8 @@ def build_session(
         spark.sparkContext.setLogLevel(level)
     if with_delta:
         _check_delta_loaded(spark)
+        if "spark.jars.packages" in delta_conf:
+            remember_resolved_jars(spark.sparkContext.getConf().get("spark.jars", ""))
         if spark.conf.get(DELTA_STATE_PARTITIONS, None) is None:
             cores = max(2, spark.sparkContext.defaultParallelism)
             spark.conf.set(DELTA_STATE_PARTITIONS, str(cores))

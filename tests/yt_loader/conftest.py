@@ -27,7 +27,7 @@ PUBLISHED_GLOB = "topic=*/date=*/hour=*/*.parquet"
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    """One local[2] session for the whole group: starting a JVM costs seconds."""
+    """One local[2] session per test session (per xdist worker): starting a JVM costs seconds."""
     from yt_loader.spark_session import build_session
 
     session = build_session("local[2]", app_name="logbroker tests")

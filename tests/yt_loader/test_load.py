@@ -376,6 +376,8 @@ def test_a_message_that_does_not_decompress_stops_the_load_unless_skip_corrupt(
     code, output = load()
     assert code == 1, output[-3000:]
     assert " INFO " not in output  # Spark logs at WARN unless told otherwise
+    # the session fixture's resolution listed Delta's jars: this one takes them, no Ivy
+    assert ":: resolving dependencies ::" not in output
     assert (
         f"logbroker load: batch 1 failed: CorruptChunk: dc1.app/0 offset {corrupt}: gzip chunk "
         "does not decompress"
