@@ -27,25 +27,13 @@ from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
 from ingest_api.openapi import operation, path_param
 from ingest_api.params import json_body, json_response
-from log_store.interface import UNLIMITED, TopicInfo
+from log_store.interface import UNLIMITED
 from log_store.topic_names import validate_topic_name
 from log_store.topic_quota import TopicChange
 
 _MAX_VALUE = 2**63 - 1
 _RETENTIONS = ("retention_ms", "retention_bytes")
 _FIELDS = ("partitions", *_RETENTIONS, "segment_bytes")
-
-
-def topic_settings_json(info: TopicInfo) -> dict[str, Any]:
-    """A topic's settings as the API states them (``null`` retention: no limit)."""
-    return {
-        "name": info.name,
-        "topic_id": info.topic_id,
-        "partitions": info.config.partitions,
-        "retention_ms": info.config.retention_ms,
-        "retention_bytes": info.config.retention_bytes,
-        "segment_bytes": info.config.segment_bytes,
-    }
 
 
 def _change(doc: dict[str, Any]) -> TopicChange:
@@ -78,7 +66,7 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
             raise ApiError(400, "bad_request", "internal topics are managed by the gateway")
         change = _change(await json_body(request, ctx.settings.limits))
         info = await anyio.to_thread.run_sync(ctx.topic_quota.alter, topic, change)
-        return json_response(topic_settings_json(info))
+        return json_response(info.settings_json())
 
     return [route("PATCH", "/v1/topics/{topic}", alter_topic, ADMIN)]
 

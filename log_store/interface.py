@@ -128,6 +128,18 @@ class TopicInfo:
     created_ms: int
     partitions: list[PartitionInfo] = field(default_factory=list)
 
+    def settings_json(self) -> dict[str, object]:
+        """Its identity and settings as the HTTP API and ``topics --json`` state them
+        (``None`` retention: no limit)."""
+        return {
+            "name": self.name,
+            "topic_id": self.topic_id,
+            "partitions": self.config.partitions,
+            "retention_ms": self.config.retention_ms,
+            "retention_bytes": self.config.retention_bytes,
+            "segment_bytes": self.config.segment_bytes,
+        }
+
 
 class PartitionState(Protocol):
     """The state area of one partition inside a transaction (see ``LogStore.submit``)."""

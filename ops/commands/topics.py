@@ -148,15 +148,7 @@ def _unlimited_is_none(value: int | None) -> int | None:
 
 def _topic_dict(info: TopicInfo) -> dict[str, Any]:
     partitions = [vars(p) for p in info.partitions]  # sizes null where unknown (Kafka)
-    return {
-        "name": info.name,
-        "topic_id": info.topic_id,
-        "partitions": info.config.partitions,
-        "retention_ms": info.config.retention_ms,
-        "retention_bytes": info.config.retention_bytes,
-        "segment_bytes": info.config.segment_bytes,
-        "partition_info": partitions,
-    }
+    return {**info.settings_json(), "partition_info": partitions}
 
 
 def _shown(value: object) -> str:
