@@ -93,13 +93,13 @@ def compressed_bytes(sections: list[Section]) -> int:
 
 
 def check_codecs(sections: list[Section]) -> None:
-    """Refuse every source with a compressed chunk that does not decompress (400
-    ``bad_chunk``) or expands past ``MAX_DECOMPRESSED_BYTES`` (413 ``chunk_too_large``).
+    """Refuse every section with a compressed chunk that does not decompress (400
+    ``bad_chunk``) or expands past ``MAX_DECOMPRESSED_BYTES`` (413 ``chunk_too_large``); the
+    write path then refuses the other sections of its source (:func:`refuse_whole_sources`).
 
     Each chunk is decompressed once, block by block, and its lines are kept in
     :attr:`ChunkBatch.lines` for the audit, which then needs no decompression of its own.
     """
-    refused = False
     for section in sections:
         if section.error is not None or section.meta.codec == "raw":
             continue
@@ -116,10 +116,6 @@ def check_codecs(sections: list[Section]) -> None:
                 break
         if section.error is None:
             section.batch.lines = lines
-        else:
-            refused = True
-    if refused:
-        refuse_whole_sources(sections)
 
 
 def _chunk_where(section: Section, seqno: int, exc: CorruptChunk) -> str:
