@@ -64,6 +64,22 @@ _CONCURRENT_COMMIT_ERRORS = (
 
 
 DELETED = "deleted"
+CREATION_WAIT_S = 30.0
+"""How long a loader waits for another loader's creation of the table to commit."""
+
+
+def _has_commit(path: Path) -> bool:
+    """True if the Delta log at ``path`` has a commit (its first is ``000...0.json``).
+
+    A log directory alone is not a table: Delta makes it just before writing the first commit.
+    """
+    log_dir = path / DELTA_LOG_DIR
+    try:
+        names = [entry.name for entry in log_dir.iterdir()]
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    # A commit, a checkpoint or a checksum: a version number of 20 digits, then a dot.
+    return any(len(name) > 20 and name[:20].isdigit() and name[20] == "." for name in names)
 
 
 def partition_app_id(topic: str, topic_id: str, partition: int | str) -> str:
@@ -269,7 +285,7 @@ class DeltaTarget:
         return Recovery(0, [])
 
     def _create_if_absent(self) -> None:
-        if (self.path / DELTA_LOG_DIR).is_dir():
+        if _has_commit(self.path):
             return
         check_table_format(self.path, "delta")
         from delta.tables import DeltaTable
@@ -281,13 +297,37 @@ class DeltaTarget:
         builder = builder.partitionedBy(*PARTITION_COLUMNS)
         try:
             builder.execute()
-        except Exception as exc:
-            # Another loader (two scheduled runs starting together) created the table first:
-            # Delta refuses the second creation.  The table is there now; use it.  Which of
-            # the two loads a batch is then decided by the batches' own transactions.
-            if not any(name in str(exc) for name in _CONCURRENT_COMMIT_ERRORS):
+        except Exception:
+            # Another loader (two scheduled runs starting together) is creating the table:
+            # Delta refuses the second creation, as a concurrent commit if both got to commit,
+            # or as a location that is not empty if the other's log directory was there first.
+            # Once the other's first commit is there, creating the table again checks that it
+            # is the loader's table and uses it.  Which of the two loads a batch is then
+            # decided by the batches' own transactions.
+            if not self._wait_for_other_creation():
                 raise
             builder.execute()
+
+    def _wait_for_other_creation(self) -> bool:
+        """True once another writer's first commit is in the table's log; False at once if
+        nobody is creating the table (no log directory: the error was something else).
+
+        A log directory that stays without a commit is a creation that never finished: it is
+        named, as Delta's own error (a location that is not empty) would not say what to do.
+        """
+        log_dir = self.path / DELTA_LOG_DIR
+        deadline = time.monotonic() + CREATION_WAIT_S
+        while log_dir.is_dir():
+            if _has_commit(self.path):
+                return True
+            if time.monotonic() > deadline:
+                raise WarehouseCorrupt(
+                    f"{log_dir} has had no commit for {CREATION_WAIT_S:.0f} s: a table "
+                    "creation that did not finish; if no other load is running, remove that "
+                    "directory and load again"
+                )
+            time.sleep(0.05)
+        return False
 
     def _begin(self) -> _Transaction:
         txn = _Transaction(self._jvm, self._jvm.delta_log(self.path))

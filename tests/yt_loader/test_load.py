@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -24,8 +25,9 @@ from tests.yt_loader.conftest import (
     table_version,
 )
 from yt_loader.delta_table import BATCH_APP_ID, DeltaTarget, partition_app_id
-from yt_loader.errors import BadSourceOptions, WarehouseBusy
+from yt_loader.errors import BadSourceOptions, WarehouseBusy, WarehouseCorrupt
 from yt_loader.load_job import LoadConfig, run_load
+from yt_loader.load_target import DELTA_LOG_DIR
 from yt_loader.log_source import SourceSpec
 from yt_loader.spark_session import build_session, check_log_level
 from yt_loader.table_counts import delta_table_counts
@@ -268,8 +270,64 @@ def test_two_loaders_starting_on_a_new_table_at_once_both_open_it(
             thread.start()
         for thread in threads:
             thread.join(120)
-        assert not errors, errors[0]
+        assert not errors, [f"{type(error).__name__}: {error}" for error in errors]
         assert table_version(spark, table) == 0
+
+
+def test_a_loader_finding_another_loaders_creation_half_done_waits_for_its_commit(
+    spark: object, tmp_path: Path
+) -> None:
+    """The race above, in its narrowest window, made deterministic: the other loader has made
+    the table's log directory but not yet written its first commit.  Delta refuses a creation
+    there (the location is not empty); the loader waits for the commit and uses that table,
+    rather than failing, or opening a table that has no version yet."""
+    other = tmp_path / "other"
+    with DeltaTarget(spark, other).opened(lambda _line: None):  # type: ignore[arg-type]
+        pass
+    first_commit = f"{0:020d}.json"
+    table = tmp_path / "table"
+    (table / DELTA_LOG_DIR).mkdir(parents=True)
+    read_versions: list[int] = []
+    errors: list[BaseException] = []
+
+    def open_table() -> None:
+        try:
+            target = DeltaTarget(spark, table)  # type: ignore[arg-type]
+            with target.opened(lambda _line: None) as state:
+                assert state.batch == 0
+                assert target._txn is not None
+                read_versions.append(int(target._txn.txn.readVersion()))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=open_table)
+    thread.start()
+    time.sleep(2.0)
+    assert thread.is_alive(), "the loader did not wait for the other loader's first commit"
+    os.rename(other / DELTA_LOG_DIR / first_commit, table / DELTA_LOG_DIR / first_commit)
+    thread.join(120)
+    assert not errors, [f"{type(error).__name__}: {error}" for error in errors]
+    assert read_versions == [0]
+    assert table_version(spark, table) == 0
+
+
+def test_a_log_directory_left_without_a_commit_is_named_after_a_wait(
+    spark: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A creation that died between making the log directory and committing leaves a
+    directory Delta will never create a table in; the error says which and what to do."""
+    import yt_loader.delta_table as delta_table
+
+    monkeypatch.setattr(delta_table, "CREATION_WAIT_S", 1.0)
+    table = tmp_path / "table"
+    (table / DELTA_LOG_DIR).mkdir(parents=True)
+    target = DeltaTarget(spark, table)  # type: ignore[arg-type]
+    with (
+        pytest.raises(WarehouseCorrupt, match=r"no commit for 1 s.*remove that directory"),
+        target.opened(lambda _line: None),
+    ):
+        pass
+    assert list((table / DELTA_LOG_DIR).iterdir()) == []
 
 
 def test_relative_paths_name_the_same_directories_on_the_driver_and_the_executors(
