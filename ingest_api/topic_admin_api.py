@@ -170,5 +170,5 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                 body=body,
                 errors=("400", "404", "429"),
             )
-        }
+        },
     }

@@ -1,14 +1,17 @@
-"""``PATCH /v1/topics/{topic}``: an operator's retention change, taken back to unlimited."""
+"""``POST /v1/topics`` and ``PATCH /v1/topics/{topic}``: an operator's new topic, and a
+retention change taken back to unlimited; what they refuse changes nothing.  On this gateway
+without tokens (loopback only) anyone is the operator; tokens: tests/gateway/test_limits.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from typing import Any
 
 import httpx
 
 from delivery.internal_state import INTERNAL_TOPIC
-from log_store import open_store
+from log_store import TopicConfig, open_store
 from tests.conftest import logbroker_cmd
 from tests.gateway.conftest import Client
 
@@ -73,4 +76,107 @@ def test_a_topics_retention_is_set_and_taken_back_to_unlimited(shared_gateway: A
     internal = http.patch(f"/v1/topics/{INTERNAL_TOPIC}", json={"retention_ms": 1})
     assert internal.status_code == 400 and "internal" in internal.json()["reason"]
     assert _retention(shared_gateway.data_dir, "dc1.kept") == (None, None)
+    http.close()
+
+
+def _catalog(data_dir: Any) -> dict[str, tuple[str, TopicConfig]]:
+    with open_store(data_dir) as store:
+        return {info.name: (info.topic_id, info.config) for info in store.list_topics()}
+
+
+def test_an_operator_creates_a_topic_and_writes_go_into_it(shared_gateway: Any) -> None:
+    http = httpx.Client(base_url=shared_gateway.url, timeout=30)
+    created = http.post(
+        "/v1/topics",
+        json={
+            "name": "dc1.made",
+            "partitions": 3,
+            "retention_ms": 3_600_000,
+            "retention_bytes": None,
+        },
+    )
+    assert created.status_code == 201, created.text
+    made = created.json()
+    assert made | {"topic_id": ""} == {
+        "name": "dc1.made",
+        "topic_id": "",
+        "partitions": 3,
+        "retention_ms": 3_600_000,
+        "retention_bytes": None,
+        "segment_bytes": TopicConfig().segment_bytes,
+    }
+    writer = Client(shared_gateway.url)
+    assert writer.acks("made-src", [1, 2], log_type="made")[0]["status"] == "written"
+    writer.close()
+    described = http.get("/v1/topics/dc1.made").json()
+    assert described["topic_id"] == made["topic_id"]  # the write used it, did not make another
+    assert len(described["partitions"]) == 3
+    assert sum(p["end_offset"] for p in described["partitions"]) == 2
+    # a setting left out is the gateway's: its partitions (4), no retention
+    default = http.post("/v1/topics", json={"name": "dc1.made-default"})
+    assert default.status_code == 201, default.text
+    assert (default.json()["partitions"], default.json()["retention_ms"]) == (4, None)
+    cli = subprocess.run(
+        logbroker_cmd("topics", "--server", shared_gateway.url, "create", "dc1.made-by-cli",
+                      "--partitions", "2", "--retention-hours", "1", "--json"),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout) | {"topic_id": ""} == {
+        "name": "dc1.made-by-cli",
+        "topic_id": "",
+        "partitions": 2,
+        "retention_ms": 3_600_000,
+        "retention_bytes": None,
+        "segment_bytes": TopicConfig().segment_bytes,
+    }
+    again = subprocess.run(
+        logbroker_cmd("topics", "--server", shared_gateway.url, "create", "dc1.made"),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert again.returncode == 2
+    assert "topic 'dc1.made' exists (409 topic_exists)" in again.stderr
+    http.close()
+
+
+def test_a_refused_creation_creates_and_changes_nothing(shared_gateway: Any) -> None:
+    http = httpx.Client(base_url=shared_gateway.url, timeout=30)
+    assert http.post("/v1/topics", json={"name": "dc1.taken", "partitions": 2}).status_code == 201
+    before = _catalog(shared_gateway.data_dir)
+    for body, status in (
+        ({"name": "dc1.taken", "partitions": 3}, 409),  # neither recreated nor grown
+        ({"name": "dc1.taken"}, 409),
+        ({"name": "../dc1.up"}, 400),
+        ({"name": "dc1/web"}, 400),
+        ({"name": "Dc1.Web"}, 400),
+        ({"name": "a" * 202}, 400),
+        ({"name": ""}, 400),
+        ({"name": 7}, 400),
+        ({"partitions": 2}, 400),
+        ({}, 400),
+        ({"name": INTERNAL_TOPIC}, 400),
+        ({"name": "dc1.new", "partitions": -1}, 400),
+        ({"name": "dc1.new", "partitions": 0}, 400),
+        ({"name": "dc1.new", "partitions": 2**63}, 400),
+        ({"name": "dc1.new", "partitions": 65}, 429),  # max_partitions_per_topic (64)
+        ({"name": "dc1.new", "partitions": 2**63 - 1}, 429),
+        ({"name": "dc1.new", "partitions": "2"}, 400),
+        ({"name": "dc1.new", "partitions": 2.0}, 400),
+        ({"name": "dc1.new", "retention_ms": -1}, 400),
+        ({"name": "dc1.new", "segment_bytes": 1}, 400),
+        ({"name": "dc1.new", "colour": "red"}, 400),
+    ):
+        refused = http.post("/v1/topics", json=body)
+        assert refused.status_code == status, (body, refused.text)
+        assert set(refused.json()) >= {"error", "reason"}, body
+        if status == 429:
+            assert refused.json()["limit"] == "max_partitions_per_topic", body
+    for content, media, status in (
+        (b'{"name": "dc1.new"}', "text/plain", 415),
+        (b'{"name": "dc1.new"', "application/json", 400),
+        (b'["dc1.new"]', "application/json", 400),
+    ):
+        refused = http.post("/v1/topics", content=content, headers={"content-type": media})
+        assert refused.status_code == status, (content, refused.text)
+    assert _catalog(shared_gateway.data_dir) == before
     http.close()

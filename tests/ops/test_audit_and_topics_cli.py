@@ -210,6 +210,12 @@ def test_topics_create_and_alter_stay_within_the_gateways_partition_limit(tmp_pa
     )  # fmt: skip
     assert lowered.returncode == 2 and "at most 66 partitions" in lowered.stderr
     assert settings() == (65, None)
+    # and the store to the gateway's max_topics
+    config.write_text("[limits]\nmax_topics = 1\n")
+    full = logbroker("topics", "--data-dir", data, "create", "dc1.two", "--config", str(config))
+    assert full.returncode == 2 and "max_topics" in full.stderr
+    with open_store(data) as store:
+        assert [t.name for t in store.list_topics()] == ["dc1.web"]
 
 
 def test_a_topics_retention_can_be_set_back_to_unlimited(tmp_path: Path) -> None:
