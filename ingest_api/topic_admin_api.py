@@ -1,5 +1,6 @@
-"""Operators' topics: ``POST /v1/topics`` creates one, ``PATCH /v1/topics/{topic}`` changes one
-(both with an ``admin`` token; on a gateway without tokens, on loopback, anyone may).
+"""Operators' topics: ``POST /v1/topics`` creates one, ``PATCH /v1/topics/{topic}`` changes one,
+``DELETE /v1/topics/{topic}`` deletes one and its data (each with an ``admin`` token; on a
+gateway without tokens, on loopback, anyone may).
 
 A creation names the topic and, optionally, its settings; a setting left out is the gateway's
 (``partitions``: its ``partitions``; retention: none; the store's segment size)::
@@ -19,6 +20,10 @@ over ``max_partitions_per_topic``, or a creation at ``max_topics``, is 429 ``lim
 (as for a write or a replica call); a bad name, a shrink, a negative retention or an unknown
 field 400; and a refused request changes nothing.  ``logbroker topics create|alter --server
 URL`` call them.
+
+A deletion is answered with the settings the topic had (its ``topic_id`` included), 404 for a
+topic that does not exist; ``logbroker topics delete --server URL`` calls it.  The next write
+of its log type makes the topic again, with a new id.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
 from ingest_api.openapi import operation, path_param
 from ingest_api.params import json_body, json_response
-from log_store.interface import UNLIMITED, TopicConfig
+from log_store.interface import UNLIMITED, TopicConfig, TopicInfo
 from log_store.topic_names import TOPIC_NAME_PATTERN, validate_topic_name
 from log_store.topic_quota import TopicChange
 
@@ -109,17 +114,41 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
         return json_response(info.settings_json(), status=201)
 
     async def alter_topic(request: Request) -> Response:
-        topic = validate_topic_name(request.path_params["topic"])
-        if is_internal(topic):
-            raise ApiError(400, "bad_request", "internal topics are managed by the gateway")
+        topic = _operators_topic(request)
         change = _change(await json_body(request, ctx.settings.limits))
         info = await anyio.to_thread.run_sync(ctx.topic_quota.alter, topic, change)
+        return json_response(info.settings_json())
+
+    async def delete_topic(request: Request) -> Response:
+        topic = _operators_topic(request)
+        info = await anyio.to_thread.run_sync(_delete, ctx, topic)
         return json_response(info.settings_json())
 
     return [
         route("POST", "/v1/topics", create_topic, ADMIN),
         route("PATCH", "/v1/topics/{topic}", alter_topic, ADMIN),
+        route("DELETE", "/v1/topics/{topic}", delete_topic, ADMIN),
     ]
+
+
+def _operators_topic(request: Request) -> str:
+    topic = validate_topic_name(request.path_params["topic"])
+    if is_internal(topic):
+        raise ApiError(400, "bad_request", "internal topics are managed by the gateway")
+    return topic
+
+
+def _delete(ctx: GatewayContext, topic: str) -> TopicInfo:
+    """Delete ``topic`` and its data; the topic as it was (UnknownTopic if there is none).
+
+    Nothing of the deleted topic's data passes to one made again under its name: pins and
+    seqnos are kept per topic id, a consumer's commit naming the old id is refused
+    (``topic_recreated``), and the store fences every partition's writer before the data goes
+    (on Kafka, wherever it runs).  The log type's schemas are the log type's and stay.
+    """
+    info = ctx.store.describe_topic(topic)
+    ctx.store.delete_topic(topic)
+    return info
 
 
 def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
@@ -169,6 +198,12 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                 params=[path_param("topic")],
                 body=body,
                 errors=("400", "404", "429"),
-            )
+            ),
+            "delete": operation(
+                "delete_topic",
+                "Delete a topic and its data (admin); the answer is the topic as it was",
+                params=[path_param("topic")],
+                errors=("400", "404"),
+            ),
         },
     }

@@ -1,8 +1,9 @@
 """``logbroker topics``: list, describe, create, alter, delete; retention and forced deletion.
 
 Works on a data dir of the embedded store directly (safe while a gateway runs on it); ``list``
-and ``describe`` also work through a gateway (``--server URL``), and ``create`` and ``alter``
-through a gateway with an admin token (``POST /v1/topics``, ``PATCH /v1/topics/{topic}``).
+and ``describe`` also work through a gateway (``--server URL``), and ``create``, ``alter`` and
+``delete`` through a gateway with an admin token (``POST /v1/topics``, ``PATCH`` and ``DELETE
+/v1/topics/{topic}``).
 
 ``create`` and ``alter`` keep a topic within the gateway's ``max_partitions_per_topic`` (read
 from ``--config``, ``LOGBROKER_CONFIG`` or ``LOGBROKER_LIMITS_MAX_PARTITIONS_PER_TOPIC``, as
@@ -44,7 +45,7 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     where.add_argument(
         "--server",
         default=default,
-        help="gateway URL (list, describe; create, alter: admin token)",
+        help="gateway URL (list, describe; create, alter, delete: admin token)",
     )
     parser.add_argument(
         "--config",
@@ -252,11 +253,11 @@ def _change(args: argparse.Namespace) -> TopicChange:
 
 def _run_on_gateway(args: argparse.Namespace) -> int:
     """``list`` and ``describe`` through a gateway's read API (what a reader may see);
-    ``create`` and ``alter`` through its admin API."""
-    if args.action not in ("list", "describe", "create", "alter"):
+    ``create``, ``alter`` and ``delete`` through its admin API."""
+    if args.action not in ("list", "describe", "create", "alter", "delete"):
         print(
             f"logbroker topics: {args.action} needs --data-dir (a gateway's API only reads, "
-            "creates and alters)",
+            "creates, alters and deletes topics)",
             file=sys.stderr,
         )
         return 2
@@ -265,7 +266,7 @@ def _run_on_gateway(args: argparse.Namespace) -> int:
     except LogbrokerError as exc:
         print(f"logbroker topics: {exc}", file=sys.stderr)
         return 2
-    if args.action in ("create", "alter"):
+    if args.action in ("create", "alter", "delete"):
         return _admin_on_gateway(args, token)
     client = PullClient(args.server, token=token)
     try:
@@ -300,24 +301,28 @@ def _print_remote(doc: dict[str, Any], as_json: bool) -> None:
 
 
 def _admin_on_gateway(args: argparse.Namespace, token: str | None) -> int:
-    """``POST /v1/topics`` or ``PATCH /v1/topics/{topic}``: the gateway applies its own
-    limits."""
+    """``POST /v1/topics``, ``PATCH`` or ``DELETE /v1/topics/{topic}``: the gateway applies
+    its own limits."""
     try:
         topic = validate_topic_name(args.topic)  # never a path of another route
     except LogbrokerError as exc:
         print(f"logbroker topics: {exc}", file=sys.stderr)
         return 2
-    change = _change(args)
-    body: dict[str, Any] = {
-        name: None if value == UNLIMITED else value
-        for name, value in vars(change).items()
-        if value is not None
-    }
     server = args.server.rstrip("/")
-    if args.action == "create":
-        method, url, body = "POST", f"{server}/v1/topics", {"name": topic, **body}
+    body: dict[str, Any] | None = None
+    if args.action == "delete":
+        method, url = "DELETE", f"{server}/v1/topics/{topic}"
     else:
-        method, url = "PATCH", f"{server}/v1/topics/{topic}"
+        change = _change(args)
+        body = {
+            name: None if value == UNLIMITED else value
+            for name, value in vars(change).items()
+            if value is not None
+        }
+        if args.action == "create":
+            method, url, body = "POST", f"{server}/v1/topics", {"name": topic, **body}
+        else:
+            method, url = "PATCH", f"{server}/v1/topics/{topic}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         response = httpx.request(method, url, json=body, headers=headers, timeout=60)
@@ -336,6 +341,8 @@ def _admin_on_gateway(args: argparse.Namespace, token: str | None) -> int:
     doc = response.json()
     if args.json:
         print(json.dumps(doc))
+    elif args.action == "delete":
+        print(f"deleted {doc['name']} (id {doc['topic_id']})")
     else:
         print(
             f"{doc['name']}  id={doc['topic_id']}  partitions={doc['partitions']}  "

@@ -1,6 +1,7 @@
-"""``POST /v1/topics`` and ``PATCH /v1/topics/{topic}``: an operator's new topic, and a
-retention change taken back to unlimited; what they refuse changes nothing.  On this gateway
-without tokens (loopback only) anyone is the operator; tokens: tests/gateway/test_limits.py."""
+"""``POST /v1/topics``, ``PATCH`` and ``DELETE /v1/topics/{topic}``: an operator's new topic, a
+retention change taken back to unlimited, a deleted topic that leaves nothing to the next of
+its name; what they refuse changes nothing.  On this gateway without tokens (loopback only)
+anyone is the operator; with tokens: test_limits.py and test_route_authorization.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import httpx
 from delivery.internal_state import INTERNAL_TOPIC
 from log_store import TopicConfig, open_store
 from tests.conftest import logbroker_cmd
-from tests.gateway.conftest import Client
+from tests.gateway.conftest import Client, source_seqnos
 
 
 def _retention(data_dir: Any, topic: str) -> tuple[int | None, int | None]:
@@ -179,4 +180,60 @@ def test_a_refused_creation_creates_and_changes_nothing(shared_gateway: Any) -> 
         refused = http.post("/v1/topics", content=content, headers={"content-type": media})
         assert refused.status_code == status, (content, refused.text)
     assert _catalog(shared_gateway.data_dir) == before
+    http.close()
+
+
+def test_an_operator_deletes_a_topic_and_nothing_of_it_passes_to_the_next(
+    shared_gateway: Any,
+) -> None:
+    http = httpx.Client(base_url=shared_gateway.url, timeout=30)
+    writer = Client(shared_gateway.url)
+    assert [a["status"] for a in writer.acks("doomed-src", [1, 2, 3], log_type="doomed")] == [
+        "written"
+    ] * 3
+    pinned = writer.session("doomed-src", log_type="doomed")["partition"]
+    old_id = http.get("/v1/topics/dc1.doomed").json()["topic_id"]
+    item = {"topic": "dc1.doomed", "partition": pinned, "offset": 2}
+    committed = http.post("/v1/groups/doomed-readers/offsets", json={"offsets": [item]})
+    assert committed.status_code == 200, committed.text
+    before = _catalog(shared_gateway.data_dir)
+    for path, status in (
+        (f"/v1/topics/{INTERNAL_TOPIC}", 400),
+        ("/v1/topics/Dc1.doomed", 400),
+        ("/v1/topics/dc1.never-made", 404),
+    ):
+        refused = http.delete(path)
+        assert refused.status_code == status, (path, refused.text)
+    assert _catalog(shared_gateway.data_dir) == before
+
+    deleted = http.delete("/v1/topics/dc1.doomed")
+    assert deleted.status_code == 200, deleted.text
+    assert (deleted.json()["name"], deleted.json()["topic_id"]) == ("dc1.doomed", old_id)
+    assert http.get("/v1/topics/dc1.doomed").status_code == 404
+    assert not (shared_gateway.data_dir / "topics" / "dc1.doomed" / old_id).exists()
+    assert _catalog(shared_gateway.data_dir) == {
+        name: kept for name, kept in before.items() if name != "dc1.doomed"
+    }
+    # the next write makes the topic again: a new id, the source's seqnos start afresh
+    assert writer.session("doomed-src", log_type="doomed")["last_seqno"] == 0
+    assert writer.acks("doomed-src", [1], log_type="doomed")[0]["status"] == "written"
+    writer.close()
+    assert http.get("/v1/topics/dc1.doomed").json()["topic_id"] != old_id
+    assert source_seqnos(shared_gateway.data_dir, "dc1.doomed", "doomed-src")[1] == [1]
+    stale = http.post(
+        "/v1/groups/doomed-readers/offsets", json={"offsets": [item | {"topic_id": old_id}]}
+    )
+    assert stale.status_code == 409 and stale.json()["error"] == "topic_recreated", stale.text
+
+    cli = subprocess.run(
+        logbroker_cmd("topics", "--server", shared_gateway.url, "delete", "dc1.doomed"),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.startswith("deleted dc1.doomed (id ")
+    again = subprocess.run(
+        logbroker_cmd("topics", "--server", shared_gateway.url, "delete", "dc1.doomed"),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert again.returncode == 2 and "404 unknown_topic" in again.stderr, again.stderr
     http.close()
