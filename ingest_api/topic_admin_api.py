@@ -21,13 +21,17 @@ over ``max_partitions_per_topic``, or a creation at ``max_topics``, is 429 ``lim
 field 400; and a refused request changes nothing.  ``logbroker topics create|alter --server
 URL`` call them.
 
-A deletion is answered with the settings the topic had (its ``topic_id`` included), 404 for a
-topic that does not exist; ``logbroker topics delete --server URL`` calls it.  The next write
-of its log type makes the topic again, with a new id.
+A deletion (:meth:`TopicQuota.delete`) is answered with the settings the topic had (its
+``topic_id`` included), 404 for a topic that does not exist, and logged as a warning with the
+token's owner; ``logbroker topics delete --server URL`` calls it.  The next write of its log
+type makes the topic again, with a new id: pins and seqnos are kept per topic id, and a
+consumer's commit naming the old id is refused (``topic_recreated``).  The log type's schemas
+are the log type's and stay.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio.to_thread
@@ -35,16 +39,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from delivery.internal_state import is_internal
-from ingest_api.access import ADMIN, RouteDeclaration, route
+from ingest_api.access import ADMIN, RouteDeclaration, access_of, route
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
 from ingest_api.openapi import operation, path_param
 from ingest_api.params import json_body, json_response
-from log_store.interface import UNLIMITED, TopicConfig, TopicInfo
+from log_store.interface import UNLIMITED, TopicConfig
 from log_store.topic_names import TOPIC_NAME_PATTERN, validate_topic_name
 from log_store.topic_quota import TopicChange
 
 _MAX_VALUE = 2**63 - 1
+_log = logging.getLogger("ingest_api")
 _RETENTIONS = ("retention_ms", "retention_bytes")
 _FIELDS = ("partitions", *_RETENTIONS, "segment_bytes")
 
@@ -121,7 +126,14 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
 
     async def delete_topic(request: Request) -> Response:
         topic = _operators_topic(request)
-        info = await anyio.to_thread.run_sync(_delete, ctx, topic)
+        info = await anyio.to_thread.run_sync(ctx.topic_quota.delete, topic)
+        # destructive and asked for over the network: said at the default log level
+        _log.warning(
+            "topic %s (id %s) and its data deleted at the request of %s",
+            info.name,
+            info.topic_id,
+            access_of(request).owner or "a caller (the gateway has no tokens)",
+        )
         return json_response(info.settings_json())
 
     return [
@@ -136,19 +148,6 @@ def _operators_topic(request: Request) -> str:
     if is_internal(topic):
         raise ApiError(400, "bad_request", "internal topics are managed by the gateway")
     return topic
-
-
-def _delete(ctx: GatewayContext, topic: str) -> TopicInfo:
-    """Delete ``topic`` and its data; the topic as it was (UnknownTopic if there is none).
-
-    Nothing of the deleted topic's data passes to one made again under its name: pins and
-    seqnos are kept per topic id, a consumer's commit naming the old id is refused
-    (``topic_recreated``), and the store fences every partition's writer before the data goes
-    (on Kafka, wherever it runs).  The log type's schemas are the log type's and stay.
-    """
-    info = ctx.store.describe_topic(topic)
-    ctx.store.delete_topic(topic)
-    return info
 
 
 def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:

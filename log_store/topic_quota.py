@@ -122,6 +122,18 @@ class TopicQuota:
             self._counted_at = float("-inf")
         return info
 
+    def delete(self, name: str) -> TopicInfo:
+        """Delete ``name`` and its data; the topic as it was (:class:`UnknownTopic` if none).
+
+        The store fences every partition's writer before the data goes, and a topic made again
+        under the name has a new ``topic_id``: nothing keyed by the old one passes to it.
+        """
+        info = self._store.describe_topic(name)
+        self._store.delete_topic(name)
+        with self._lock:
+            self._counted_at = float("-inf")
+        return info
+
     def ensure(self, name: str, partitions: int) -> TopicInfo:
         """The topic ``name`` with at least ``partitions`` partitions, created or grown."""
         self.check_partitions(partitions)

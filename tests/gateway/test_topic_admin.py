@@ -210,6 +210,7 @@ def test_an_operator_deletes_a_topic_and_nothing_of_it_passes_to_the_next(
     assert deleted.status_code == 200, deleted.text
     assert (deleted.json()["name"], deleted.json()["topic_id"]) == ("dc1.doomed", old_id)
     assert http.get("/v1/topics/dc1.doomed").status_code == 404
+    assert f"topic dc1.doomed (id {old_id}) and its data deleted" in shared_gateway.log()
     assert not (shared_gateway.data_dir / "topics" / "dc1.doomed" / old_id).exists()
     assert _catalog(shared_gateway.data_dir) == {
         name: kept for name, kept in before.items() if name != "dc1.doomed"
