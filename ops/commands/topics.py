@@ -213,7 +213,9 @@ def run(args: argparse.Namespace) -> int:
                 _print_topic(store.describe_topic(args.topic), args.json)
             elif args.action == "create":
                 config = TopicConfig(
-                    partitions=args.partitions or TopicConfig().partitions,
+                    partitions=(
+                        TopicConfig().partitions if args.partitions is None else args.partitions
+                    ),
                     retention_ms=_unlimited_is_none(_retention_ms(args.retention_hours)),
                     retention_bytes=_unlimited_is_none(args.retention_bytes),
                     segment_bytes=args.segment_bytes or TopicConfig().segment_bytes,

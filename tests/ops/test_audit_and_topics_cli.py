@@ -189,8 +189,10 @@ def test_topics_create_and_alter_stay_within_the_gateways_partition_limit(tmp_pa
     assert settings() == (4, None)  # the retention was not changed either
     created = logbroker("topics", "--data-dir", data, "create", "dc1.big", "--partitions", "65")
     assert created.returncode == 2 and "max_partitions_per_topic" in created.stderr
+    zero = logbroker("topics", "--data-dir", data, "create", "dc1.none", "--partitions", "0")
+    assert zero.returncode == 2 and "partitions must be" in zero.stderr
     with open_store(data) as store:
-        assert "dc1.big" not in [t.name for t in store.list_topics()]
+        assert [t.name for t in store.list_topics()] == ["dc1.web"]
     shrunk = logbroker("topics", "--data-dir", data, "alter", "dc1.web", "--partitions", "2")
     assert shrunk.returncode == 2 and "never shrink" in shrunk.stderr
     # the limit the gateway is configured with: in its file, or its environment
