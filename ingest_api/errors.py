@@ -34,6 +34,7 @@ from log_store.errors import (
     LogbrokerError,
     OffsetOutOfRange,
     StoreUnavailable,
+    TopicExists,
     UnknownPartition,
     UnknownTopic,
 )
@@ -94,6 +95,7 @@ _BAD_REQUEST_STATUSES: tuple[tuple[type[BadRequest], int, str], ...] = (
     (NotGroupOwner, 403, "forbidden"),
     (NotSubscriptionOwner, 403, "forbidden"),
     (UnknownTopic, 404, "unknown_topic"),
+    (TopicExists, 409, "topic_exists"),
     (UnknownPartition, 404, "unknown_partition"),
     (OffsetOutOfRange, 416, "offset_out_of_range"),
     (UnknownGroup, 404, "unknown_group"),

@@ -91,8 +91,14 @@ def _check_config(config: TopicConfig) -> None:
             raise BadRequest(f"{name} must not be negative")
 
 
-def _never_opened() -> PartitionLog:
-    raise AssertionError("the partition is open: a lease on it is held")
+def _deleted_under_lease(topic: str) -> Callable[[], PartitionLog]:
+    """The opener of a partition whose lease is held: it is open unless this process deleted
+    its topic meanwhile (``delete_topic`` takes even partitions in use out of the open set)."""
+
+    def deleted() -> PartitionLog:
+        raise UnknownTopic(f"topic {topic!r} was deleted")
+
+    return deleted
 
 
 def _append_all(values: Sequence[bytes]) -> TransactionFn:
@@ -551,7 +557,7 @@ class SqliteLogStore:
         self._check_writable("append")
         with self._lease(topic, partition) as (info, _):
             # Held until the transaction is resolved: a partition with work queued stays open.
-            handle = self._handles.acquire((info.topic_id, partition), _never_opened)
+            handle = self._handles.acquire((info.topic_id, partition), _deleted_under_lease(topic))
         try:
             future = handle.log.submit(fn)
         except BaseException:

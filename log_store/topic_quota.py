@@ -4,10 +4,12 @@ Topics are created on first use (a write of a new log type, a legacy commit, a m
 copy of a topic).  Every such creation goes through one :class:`TopicQuota`, which refuses a
 new topic beyond ``max_topics`` and a partition count beyond ``max_partitions_per_topic`` with
 :class:`~log_store.errors.LimitReached`, so a client holding a token cannot fill the catalog
-or the file system with topics.  A topic altered by an operator (``PATCH /v1/topics/{topic}``,
-``logbroker topics create|alter``) is held to the same ``max_partitions_per_topic``
-(:meth:`TopicQuota.alter`): a topic grown past it would be refused by every replica call
-naming its partition count, and the limit is raised in the configuration, not around it.
+or the file system with topics.  A topic created or altered by an operator (``POST /v1/topics``,
+``PATCH /v1/topics/{topic}``, ``logbroker topics create|alter``) is held to the same
+``max_partitions_per_topic`` (:meth:`TopicQuota.create_new`, :meth:`TopicQuota.alter`): a topic
+grown past it would be refused by every replica call naming its partition count, and the limit
+is raised in the configuration, not around it.  An operator's creation counts against
+``max_topics`` too, counted afresh rather than from the cached count.
 
 The topic count is read from the catalog at most once per ``count_ttl_s`` (and after each
 creation), so a refusal at the limit costs no catalog scan; several processes creating topics
@@ -93,6 +95,44 @@ class TopicQuota:
         with self._lock:
             self._counted_at = float("-inf")
         return self._store.describe_topic(name)
+
+    def create_new(self, name: str, config: TopicConfig) -> TopicInfo:
+        """Create ``name`` with ``config``: an operator's creation, which names a new topic.
+
+        :class:`TopicExists` if the name is taken (also by a creation racing this one);
+        :class:`LimitReached` over ``max_partitions_per_topic`` or at ``max_topics``, counted
+        afresh; the store refuses a bad name or setting (:class:`BadRequest`).  A refused
+        creation creates nothing.
+        """
+        self.check_partitions(config.partitions)
+        with contextlib.suppress(UnknownTopic):
+            self._store.describe_topic(name)
+            raise TopicExists(f"topic {name!r} exists")
+        with self._lock:
+            self._counted_at = float("-inf")
+        if self.topic_count() >= self.limits.max_topics:
+            raise LimitReached(
+                f"the store holds {self.limits.max_topics} topics, its limit (limits.max_topics "
+                f"in the gateway's configuration); topic {name!r} was not created",
+                "max_topics",
+                self.limits.max_topics,
+            )
+        info = self._store.create_topic(name, config)
+        with self._lock:
+            self._counted_at = float("-inf")
+        return info
+
+    def delete(self, name: str) -> TopicInfo:
+        """Delete ``name`` and its data; the topic as it was (:class:`UnknownTopic` if none).
+
+        The store fences every partition's writer before the data goes, and a topic made again
+        under the name has a new ``topic_id``: nothing keyed by the old one passes to it.
+        """
+        info = self._store.describe_topic(name)
+        self._store.delete_topic(name)
+        with self._lock:
+            self._counted_at = float("-inf")
+        return info
 
     def ensure(self, name: str, partitions: int) -> TopicInfo:
         """The topic ``name`` with at least ``partitions`` partitions, created or grown."""

@@ -1,12 +1,15 @@
 """``logbroker topics``: list, describe, create, alter, delete; retention and forced deletion.
 
 Works on a data dir of the embedded store directly (safe while a gateway runs on it); ``list``
-and ``describe`` also work through a gateway (``--server URL``), and ``alter`` through a
-gateway with an admin token (``PATCH /v1/topics/{topic}``).
+and ``describe`` also work through a gateway (``--server URL``), and ``create``, ``alter`` and
+``delete`` through a gateway with an admin token (``POST /v1/topics``, ``PATCH`` and ``DELETE
+/v1/topics/{topic}``).
 
 ``create`` and ``alter`` keep a topic within the gateway's ``max_partitions_per_topic`` (read
 from ``--config``, ``LOGBROKER_CONFIG`` or ``LOGBROKER_LIMITS_MAX_PARTITIONS_PER_TOPIC``, as
-``serve`` reads it): over it they exit 2 and change nothing.  ``--retention-hours unlimited``
+``serve`` reads it, or the gateway's own through ``--server``), and ``create`` the store within
+its ``max_topics``: over them they exit 2 and change nothing.  ``create --server`` without
+``--partitions`` gives the topic the gateway's ``partitions``.  ``--retention-hours unlimited``
 and ``--retention-bytes unlimited`` remove a retention limit.  Exit 2 for bad usage, a
 refusal (the store's, or the gateway's 4xx, a refused token included), 1 for a gateway that
 cannot be reached or fails.
@@ -40,7 +43,9 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--data-dir", default=default, help="data dir of the embedded store")
     where.add_argument(
-        "--server", default=default, help="gateway URL (list, describe; alter: admin token)"
+        "--server",
+        default=default,
+        help="gateway URL (list, describe; create, alter, delete: admin token)",
     )
     parser.add_argument(
         "--config",
@@ -71,7 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     describe.add_argument("topic")
     create = actions.add_parser("create", help="create a topic", parents=[common])
     create.add_argument("topic")
-    create.add_argument("--partitions", type=int, default=4)
+    create.add_argument(
+        "--partitions",
+        type=int,
+        help=f"default {TopicConfig().partitions}; with --server, the gateway's partitions",
+    )
     _retention_flags(create)
     alter = actions.add_parser(
         "alter", help="change partitions (grow only) or retention", parents=[common]
@@ -203,14 +212,15 @@ def run(args: argparse.Namespace) -> int:
             elif args.action == "describe":
                 _print_topic(store.describe_topic(args.topic), args.json)
             elif args.action == "create":
-                _quota(store, args).check_partitions(args.partitions)
                 config = TopicConfig(
-                    partitions=args.partitions,
+                    partitions=(
+                        TopicConfig().partitions if args.partitions is None else args.partitions
+                    ),
                     retention_ms=_unlimited_is_none(_retention_ms(args.retention_hours)),
                     retention_bytes=_unlimited_is_none(args.retention_bytes),
                     segment_bytes=args.segment_bytes or TopicConfig().segment_bytes,
                 )
-                _print_topic(store.create_topic(args.topic, config), args.json)
+                _print_topic(_quota(store, args).create_new(args.topic, config), args.json)
             elif args.action == "alter":
                 _print_topic(_quota(store, args).alter(args.topic, _change(args)), args.json)
             elif args.action == "delete":
@@ -245,11 +255,11 @@ def _change(args: argparse.Namespace) -> TopicChange:
 
 def _run_on_gateway(args: argparse.Namespace) -> int:
     """``list`` and ``describe`` through a gateway's read API (what a reader may see);
-    ``alter`` through its admin API."""
-    if args.action not in ("list", "describe", "alter"):
+    ``create``, ``alter`` and ``delete`` through its admin API."""
+    if args.action not in ("list", "describe", "create", "alter", "delete"):
         print(
-            f"logbroker topics: {args.action} needs --data-dir (a gateway's API only reads "
-            "and alters)",
+            f"logbroker topics: {args.action} needs --data-dir (a gateway's API only reads, "
+            "creates, alters and deletes topics)",
             file=sys.stderr,
         )
         return 2
@@ -258,8 +268,8 @@ def _run_on_gateway(args: argparse.Namespace) -> int:
     except LogbrokerError as exc:
         print(f"logbroker topics: {exc}", file=sys.stderr)
         return 2
-    if args.action == "alter":
-        return _alter_on_gateway(args, token)
+    if args.action in ("create", "alter", "delete"):
+        return _admin_on_gateway(args, token)
     client = PullClient(args.server, token=token)
     try:
         if args.action == "list":
@@ -292,27 +302,32 @@ def _print_remote(doc: dict[str, Any], as_json: bool) -> None:
         )
 
 
-def _alter_on_gateway(args: argparse.Namespace, token: str | None) -> int:
-    """``PATCH /v1/topics/{topic}``: the gateway applies its own limits."""
+def _admin_on_gateway(args: argparse.Namespace, token: str | None) -> int:
+    """``POST /v1/topics``, ``PATCH`` or ``DELETE /v1/topics/{topic}``: the gateway applies
+    its own limits."""
     try:
         topic = validate_topic_name(args.topic)  # never a path of another route
     except LogbrokerError as exc:
         print(f"logbroker topics: {exc}", file=sys.stderr)
         return 2
-    change = _change(args)
-    body = {
-        name: None if value == UNLIMITED else value
-        for name, value in vars(change).items()
-        if value is not None
-    }
+    server = args.server.rstrip("/")
+    body: dict[str, Any] | None = None
+    if args.action == "delete":
+        method, url = "DELETE", f"{server}/v1/topics/{topic}"
+    else:
+        change = _change(args)
+        body = {
+            name: None if value == UNLIMITED else value
+            for name, value in vars(change).items()
+            if value is not None
+        }
+        if args.action == "create":
+            method, url, body = "POST", f"{server}/v1/topics", {"name": topic, **body}
+        else:
+            method, url = "PATCH", f"{server}/v1/topics/{topic}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        response = httpx.patch(
-            f"{args.server.rstrip('/')}/v1/topics/{topic}",
-            json=body,
-            headers=headers,
-            timeout=60,
-        )
+        response = httpx.request(method, url, json=body, headers=headers, timeout=60)
     except httpx.HTTPError as exc:
         print(f"logbroker topics: cannot reach {args.server}: {exc}", file=sys.stderr)
         return 1
@@ -328,6 +343,8 @@ def _alter_on_gateway(args: argparse.Namespace, token: str | None) -> int:
     doc = response.json()
     if args.json:
         print(json.dumps(doc))
+    elif args.action == "delete":
+        print(f"deleted {doc['name']} (id {doc['topic_id']})")
     else:
         print(
             f"{doc['name']}  id={doc['topic_id']}  partitions={doc['partitions']}  "

@@ -212,6 +212,32 @@ def test_an_operator_cannot_grow_a_topic_over_the_partition_limit(limited: Any) 
     admin.close()
 
 
+def test_an_operator_cannot_create_a_topic_over_the_partition_limit(limited: Any) -> None:
+    gateway, http = limited
+    admin = httpx.Client(
+        base_url=gateway.url, timeout=30, headers={"Authorization": f"Bearer {ADMIN}"}
+    )
+    before = _refusals(http, "max_partitions_per_topic")
+    body = {"name": "dc1.planned", "partitions": 3}
+    assert http.post("/v1/topics", json=body).status_code == 403  # a writer's token
+    _assert_limit(admin.post("/v1/topics", json=body), "max_partitions_per_topic", 2)
+    cli = subprocess.run(
+        logbroker_cmd(
+            "topics", "create", "dc1.planned", "--server", gateway.url, "--token", ADMIN,
+            "--partitions", "3",
+        ),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert cli.returncode == 2, cli.stderr
+    assert "max_partitions_per_topic" in cli.stderr and "429 limit_reached" in cli.stderr
+    assert ("dc1.planned", 0) not in end_offsets(gateway.data_dir)
+    assert _refusals(http, "max_partitions_per_topic") == before + 2
+    created = admin.post("/v1/topics", json=body | {"partitions": 2})
+    assert created.status_code == 201, created.text
+    assert _settings(gateway.data_dir, "dc1.planned") == (2, None, None)
+    admin.close()
+
+
 def test_legacy_uploads_stop_at_the_staging_limit(limited: Any) -> None:
     _, http = limited
     assert http.post("/store", params={"log_type": "old"}, content=b"x" * 600).status_code == 200
@@ -256,6 +282,18 @@ def test_topics_stop_at_the_limit(tmp_path: Path) -> None:
         assert {t for t in topics if t.startswith("dc1.")} == {"dc1.one", "dc1.two"}
         assert end_offsets(gateway.data_dir)[("dc1.one", 0)] == 1
         assert _refusals(http, "max_topics") == 2
+        # an operator's creation is held to the same limit
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        created = http.post("/v1/topics", json={"name": "dc1.five"}, headers=admin)
+        _assert_limit(created, "max_topics", 3)
+        cli = subprocess.run(
+            logbroker_cmd("topics", "create", "dc1.five", "--server", gateway.url,
+                          "--token", ADMIN),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert cli.returncode == 2 and "max_topics" in cli.stderr, cli.stderr
+        assert {name for name, _ in end_offsets(gateway.data_dir)} == topics
+        assert _refusals(http, "max_topics") == 4
         http.close()
     finally:
         gateway.kill()

@@ -102,6 +102,8 @@ def examples(a: TenantA) -> dict[tuple[str, str], Call]:
         ("GET", "/v1/topics/{topic}"): ("/v1/topics/dc1.app", {}),
         ("GET", "/v1/topics/{topic}/owners"): ("/v1/topics/dc1.app/owners", {}),
         ("PATCH", "/v1/topics/{topic}"): ("/v1/topics/dc1.app", {"json": {"retention_ms": None}}),
+        ("POST", "/v1/topics"): ("/v1/topics", {"json": {"name": "dc1.made", "partitions": 1}}),
+        ("DELETE", "/v1/topics/{topic}"): ("/v1/topics/dc1.made", {}),  # made by the POST
         ("GET", "/v1/owners"): ("/v1/owners", {"params": {"log_type": "app"}}),
         ("GET", "/v1/topics/{topic}/partitions/{partition}/messages"): (
             f"/v1/topics/dc1.app/partitions/{p}/messages",

@@ -189,8 +189,10 @@ def test_topics_create_and_alter_stay_within_the_gateways_partition_limit(tmp_pa
     assert settings() == (4, None)  # the retention was not changed either
     created = logbroker("topics", "--data-dir", data, "create", "dc1.big", "--partitions", "65")
     assert created.returncode == 2 and "max_partitions_per_topic" in created.stderr
+    zero = logbroker("topics", "--data-dir", data, "create", "dc1.none", "--partitions", "0")
+    assert zero.returncode == 2 and "partitions must be" in zero.stderr
     with open_store(data) as store:
-        assert "dc1.big" not in [t.name for t in store.list_topics()]
+        assert [t.name for t in store.list_topics()] == ["dc1.web"]
     shrunk = logbroker("topics", "--data-dir", data, "alter", "dc1.web", "--partitions", "2")
     assert shrunk.returncode == 2 and "never shrink" in shrunk.stderr
     # the limit the gateway is configured with: in its file, or its environment
@@ -210,6 +212,12 @@ def test_topics_create_and_alter_stay_within_the_gateways_partition_limit(tmp_pa
     )  # fmt: skip
     assert lowered.returncode == 2 and "at most 66 partitions" in lowered.stderr
     assert settings() == (65, None)
+    # and the store to the gateway's max_topics
+    config.write_text("[limits]\nmax_topics = 1\n")
+    full = logbroker("topics", "--data-dir", data, "create", "dc1.two", "--config", str(config))
+    assert full.returncode == 2 and "max_topics" in full.stderr
+    with open_store(data) as store:
+        assert [t.name for t in store.list_topics()] == ["dc1.web"]
 
 
 def test_a_topics_retention_can_be_set_back_to_unlimited(tmp_path: Path) -> None:
