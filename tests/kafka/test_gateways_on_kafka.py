@@ -333,12 +333,14 @@ def test_a_gateway_that_cannot_have_its_port_never_contacts_kafka(tmp_path: Path
         kafka.close()
 
 
+@pytest.mark.parametrize("deleter", ["another process", "the owner gateway's route"])
 def test_a_topic_deleted_under_a_running_gateway_is_made_again_by_the_next_write(
-    start_kafka_gateway: Callable[..., GatewayProcess], kafka_store: LogStore
+    start_kafka_gateway: Callable[..., GatewayProcess], kafka_store: LogStore, deleter: str
 ) -> None:
-    """Deleted by another process (`logbroker topics delete`): the gateway's next writes of
-    that log type make the topic again at once.  They used to wait for an owner of the
-    deleted topic's partitions that never came (503 for minutes, one request hung)."""
+    """Deleted by another process (`logbroker topics delete`) or by the gateway that owns its
+    partitions (`DELETE /v1/topics/{topic}`, closing its own writers): the gateway's next
+    writes of that log type make the topic again at once.  They used to wait for an owner of
+    the deleted topic's partitions that never came (503 for minutes, one request hung)."""
     gateway = start_kafka_gateway()
     client = Client(gateway.url, timeout_s=60)
     sources = [f"del-{n}" for n in range(8)]
@@ -346,7 +348,13 @@ def test_a_topic_deleted_under_a_running_gateway_is_made_again_by_the_next_write
         for source in sources:
             assert written(client.write(source, [1])) == [1]
         owned = metric(gateway.url, "logbroker_kafka_owned_partitions") or 0
-        kafka_store.delete_topic("dc1.app")
+        old_id = kafka_store.describe_topic("dc1.app").topic_id
+        if deleter == "another process":
+            kafka_store.delete_topic("dc1.app")
+        else:
+            response = httpx.delete(f"{gateway.url}/v1/topics/dc1.app", timeout=60)
+            assert response.status_code == 200, response.text
+            assert response.json()["topic_id"] == old_id
         # the group takes the deleted topic's partitions back from the gateway
         wait_until(
             lambda: (metric(gateway.url, "logbroker_kafka_owned_partitions") or 0) <= owned - 4,
@@ -363,3 +371,4 @@ def test_a_topic_deleted_under_a_running_gateway_is_made_again_by_the_next_write
     seqnos = source_seqnos(kafka_store, "dc1.app")
     assert sorted(seqnos) == sorted(sources)
     assert all(s == [2] for _partitions, s in seqnos.values()), seqnos
+    assert kafka_store.describe_topic("dc1.app").topic_id != old_id
