@@ -49,16 +49,16 @@ def _append_foreign(gateway: Any, partition: int, values: list[bytes]) -> list[i
 
 _NO_ENVELOPE = b'{"producer": "someone else"}'
 _SHORT_ENVELOPE = b"\x01\x02 not an envelope either"  # passes the version byte check
-_LONG_ENVELOPE = encode(Envelope("s", "h", "/f", "app", "raw", 9, 0, 0, b"x\n")) + b"tail"
-"""Reads as a chunk up to its data, so an unfiltered read, which looks at a record's head
-only, sends it; a reader finds that it does not decode."""
+_CUT_ENVELOPE = encode(Envelope("s", "h", "/f", "app", "raw", 9, 0, 0, b"cut\n"))[:-2]
+"""Cut short in its data: its head reads as a chunk's, so an unfiltered read, which looks at
+a record's head only, sends it; a reader finds that it does not decode."""
 
 
 @pytest.fixture
 def log_with_foreign_records(gateway: Any) -> dict[str, Any]:
     """Partition 0 of dc1.app: a good line, three records that are no envelopes, a good line."""
     first = _append(gateway, 0, "raw", line_for("direct", 1).encode(), 1)
-    foreign = _append_foreign(gateway, 0, [_NO_ENVELOPE, _SHORT_ENVELOPE, _LONG_ENVELOPE])
+    foreign = _append_foreign(gateway, 0, [_NO_ENVELOPE, _SHORT_ENVELOPE, _CUT_ENVELOPE])
     last = _append(gateway, 0, "raw", line_for("direct", 2).encode(), 2)
     return {"good": [first, last], "foreign": foreign, "end": last + 1}
 
@@ -68,7 +68,7 @@ def test_a_pull_read_names_each_record_it_left_out_because_it_is_not_an_envelope
 ) -> None:
     """In JSON and in the binary framing, of one partition and of a fetch, filtered or not;
     a raw read leaves nothing out and names nothing."""
-    no_envelope, short, long = log_with_foreign_records["foreign"]
+    no_envelope, short, cut = log_with_foreign_records["foreign"]
     good = log_with_foreign_records["good"]
     url = f"{gateway.url}/v1/topics/{TOPIC}/partitions/0/messages"
     named = [
@@ -79,18 +79,18 @@ def test_a_pull_read_names_each_record_it_left_out_because_it_is_not_an_envelope
     as_json = httpx.get(url, params={"offset": 0}).json()
     assert as_json["not_envelopes"] == named
     # the one whose head reads as a chunk's is sent, and does not decode
-    assert [m["offset"] for m in as_json["messages"]] == [good[0], long, good[1]]
+    assert [m["offset"] for m in as_json["messages"]] == [good[0], cut, good[1]]
     assert as_json["messages"][1]["kind"] == "unknown"
     assert as_json["next_offset"] == log_with_foreign_records["end"]
 
     binary = httpx.get(url, params={"offset": 0}, headers={"Accept": BINARY_MEDIA_TYPE})
     (section,) = decode_binary(binary.content)
     assert section.meta["not_envelopes"] == named
-    assert [o for o, _ in section.records] == [good[0], long, good[1]]
+    assert [o for o, _ in section.records] == [good[0], cut, good[1]]
 
     filtered = httpx.get(url, params={"offset": 0, "server": "h"}).json()
-    # a filter looks at every field, so the long one is parsed whole and named too
-    assert [n["offset"] for n in filtered["not_envelopes"]] == [no_envelope, short, long]
+    # a filter looks at every field, so the cut one is parsed whole and named too
+    assert [n["offset"] for n in filtered["not_envelopes"]] == [no_envelope, short, cut]
     assert filtered["not_envelopes"][2]["reason"] == (
         "data length does not match the envelope's size"
     )
@@ -118,7 +118,7 @@ def test_a_pull_read_names_each_record_it_left_out_because_it_is_not_an_envelope
     assert [(n.offset, n.reason) for n in part.not_envelopes] == [
         (no_envelope, "unknown envelope version byte"),
         (short, "truncated envelope"),
-        (long, "data length does not match the envelope's size"),
+        (cut, "data length does not match the envelope's size"),
     ]
 
 
