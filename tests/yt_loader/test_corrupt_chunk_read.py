@@ -4,15 +4,21 @@ is left out and named, for the load to record as lost."""
 
 from __future__ import annotations
 
+import json
+import struct
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from delivery.framing import BINARY_MEDIA_TYPE, MAGIC, decode_binary
 from log_store import open_store
 from session_dedup.chunk_codecs import CorruptChunk
 from session_dedup.envelope import Envelope, encode
-from yt_loader.errors import DataLost
+from yt_loader.errors import DataLost, SourceUnavailable
 from yt_loader.load_job import LoadFailed, _task_failure
 from yt_loader.log_source import HttpLogSource, LogSource, StoreLogSource
 from yt_loader.offset_ranges import OffsetRange
@@ -116,6 +122,60 @@ def test_a_record_that_is_not_an_envelope_stops_the_read_unless_skip_corrupt(
         if source is not None and gateway is not None:
             source.close()
         store.close()
+
+
+def test_a_gateway_that_does_not_name_what_its_reads_left_out_is_refused(
+    tmp_path: Path, start_gateway: Any
+) -> None:
+    """A gateway from before answers named the records that are not envelopes would let a
+    load through it lose one without a report: the loader refuses to read through it.  That
+    gateway is played by a real one behind a proxy that takes the field out of its answers."""
+    gateway = start_gateway(tmp_path / "data")
+    with open_store(tmp_path / "data") as store:
+        store.create_topic("dc1.app", exist_ok=True)
+        store.append(
+            "dc1.app", 0, [encode(Envelope("s", "h", "/f", "app", "raw", 1, 0, 0, b"a\n"))]
+        )
+
+    class OlderGateway(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            upstream = httpx.get(gateway.url + self.path, headers=dict(self.headers))
+            body = upstream.content
+            if upstream.headers["content-type"] == BINARY_MEDIA_TYPE:
+                out = [MAGIC]
+                for section in decode_binary(body):
+                    section.meta.pop("not_envelopes")
+                    meta = json.dumps(section.meta).encode()
+                    out.append(struct.pack(">H", len(meta)) + meta)
+                    out.append(struct.pack(">I", len(section.records)))
+                    out += [struct.pack(">QI", o, len(v)) + v for o, v in section.records]
+                body = b"".join(out)
+            self.send_response(upstream.status_code)
+            self.send_header("Content-Type", upstream.headers["content-type"])
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), OlderGateway)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    source = HttpLogSource(f"http://127.0.0.1:{proxy.server_address[1]}")
+    try:
+        assert source.topic_bounds("dc1.app").partitions[0].end_offset == 1
+        with pytest.raises(SourceUnavailable, match="does not name the records its reads leave"):
+            source.read("dc1.app", 0, 0, 1024)
+        # the same gateway, asked directly, names them (none here) and is read
+        direct = HttpLogSource(gateway.url)
+        try:
+            assert [m.offset for m in direct.read("dc1.app", 0, 0, 1024).messages] == [0]
+        finally:
+            direct.close()
+    finally:
+        source.close()
+        proxy.shutdown()
+        proxy.server_close()
 
 
 _CHAINED = """org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 1.0
