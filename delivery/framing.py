@@ -13,8 +13,8 @@ Binary ``application/x-logbroker-records`` (integers big-endian), one section pe
 The values are sent as stored, so the server does no per-message encoding and a client
 decodes only what it uses.  ``not_envelopes`` names the records the read left out because they
 are not envelopes (a client of an older gateway finds no such key; one that does not know it
-ignores it).  A released legacy transaction appears at its commit marker's
-offset with its data record's envelope (``kind = legacy_data``).
+ignores it).  A released legacy transaction appears at its commit marker's offset with its
+data record's envelope (``kind = legacy_data``).
 """
 
 from __future__ import annotations

@@ -108,9 +108,9 @@ class PartitionReader:
         mirror copies.  Otherwise a record that is not an envelope is left out and named in
         ``not_envelopes`` (at most :data:`MAX_NOT_ENVELOPES`, then the read stops).  An
         offset outside ``start_offset .. end_offset`` raises :class:`OffsetOutOfRange` with
-        the valid range.  A filtered read scans about
-        ``scan_bytes`` (default :func:`scan_budget_of` ``max_bytes``) before it answers with
-        nothing but a new position.
+        the valid range.  A filtered read scans about ``scan_bytes`` (default
+        :func:`scan_budget_of` ``max_bytes``) before it answers with nothing but a new
+        position.
         """
         check_max_bytes(max_bytes)
         window = self.txn_window_ms if txn_window_ms is None else txn_window_ms
