@@ -249,6 +249,16 @@ class Consumer:
             tp = (part.topic, part.partition)
             if tp not in self._positions:
                 continue
+            for skipped in part.not_envelopes:
+                # Moving past it is what every reader of the log must do (it holds no lines);
+                # saying so is what keeps the move from being a silent loss.
+                _log.warning(
+                    "skipping a record that is not a logbroker envelope: %s/%d offset %d: %s",
+                    part.topic,
+                    part.partition,
+                    skipped.offset,
+                    skipped.reason,
+                )
             messages.extend(part.messages)
             self._positions[tp] = part.next_offset
         if messages and self._prefetcher is not None:

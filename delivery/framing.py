@@ -4,14 +4,17 @@ Binary ``application/x-logbroker-records`` (integers big-endian), one section pe
 
     body    := "LBR1" section*
     section := u16 meta_len, meta (UTF-8 JSON: {"topic", "partition", "start_offset",
-                                                 "end_offset", "next_offset"}),
+                                                 "end_offset", "next_offset",
+                                                 "not_envelopes": [{"offset", "reason"}]}),
                u32 count, record{count}
     record  := u64 offset, u32 value_len, value (value_len bytes: the stored envelope,
                                                  see session_dedup/envelope.py)
 
 The values are sent as stored, so the server does no per-message encoding and a client
-decodes only what it uses.  A released legacy transaction appears at its commit marker's
-offset with its data record's envelope (``kind = legacy_data``).
+decodes only what it uses.  ``not_envelopes`` names the records the read left out because they
+are not envelopes (a client of an older gateway finds no such key; one that does not know it
+ignores it).  A released legacy transaction appears at its commit marker's offset with its
+data record's envelope (``kind = legacy_data``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 import orjson
 
 from delivery.envelope_view import EnvelopeView, NotAnEnvelope, view
-from delivery.partition_reader import DeliveredMessage, PartitionBatch
+from delivery.partition_reader import DeliveredMessage, NotEnvelope, PartitionBatch
 from log_store.errors import BadRequest
 
 BINARY_MEDIA_TYPE = "application/x-logbroker-records"
@@ -47,7 +50,17 @@ def batch_meta(batch: PartitionBatch) -> dict[str, Any]:
         "start_offset": batch.start_offset,
         "end_offset": batch.end_offset,
         "next_offset": batch.next_offset,
+        "not_envelopes": [{"offset": n.offset, "reason": n.reason} for n in batch.not_envelopes],
     }
+
+
+def not_envelopes_of(meta: dict[str, Any]) -> list[NotEnvelope] | None:
+    """The records a section's read left out because they are not envelopes, from its meta;
+    None if the gateway does not say (a version from before it did)."""
+    named = meta.get("not_envelopes")
+    if named is None:
+        return None
+    return [NotEnvelope(int(n["offset"]), str(n["reason"])) for n in named]
 
 
 def message_json(topic: str, partition: int, message: DeliveredMessage) -> dict[str, Any]:

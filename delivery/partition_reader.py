@@ -19,6 +19,10 @@ from log_store.interface import LogStore
 
 MAX_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_BYTES = 1024 * 1024
+MAX_NOT_ENVELOPES = 256
+"""How many records that are not envelopes one batch names: a read stops after the last one
+it names (its ``next_offset`` just past it), so a partition full of another producer's small
+records gives answers of bounded size (and a binary section's header, at most 64 KiB, room)."""
 # How much a filtered read may scan before it answers with nothing but a new position.
 _SCAN_FACTOR = 8
 _MIN_SCAN_BYTES = 8 * 1024 * 1024
@@ -43,8 +47,21 @@ class DeliveredMessage:
     data_offset: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class NotEnvelope:
+    """A record a read left out because it is not an envelope at all (e.g. another producer
+    wrote it into a Kafka topic): its offset and why it does not parse."""
+
+    offset: int
+    reason: str
+
+
 @dataclass
 class PartitionBatch:
+    """One partition's answer.  ``not_envelopes`` names the records between the read's offset
+    and ``next_offset`` that were left out because they are not envelopes: a reader that
+    moves to ``next_offset`` moves past them, and should say so."""
+
     topic: str
     partition: int
     start_offset: int
@@ -52,6 +69,7 @@ class PartitionBatch:
     next_offset: int
     messages: list[DeliveredMessage] = field(default_factory=list)
     value_bytes: int = 0
+    not_envelopes: list[NotEnvelope] = field(default_factory=list)
 
 
 def scan_budget_of(max_bytes: int) -> int:
@@ -87,10 +105,12 @@ class PartitionReader:
         """Messages from ``offset`` on, about ``max_bytes`` of values (at least one message).
 
         ``raw`` returns every record as stored (legacy records included, no filter): what a
-        mirror copies.  An offset outside ``start_offset .. end_offset`` raises
-        :class:`OffsetOutOfRange` with the valid range.  A filtered read scans about
-        ``scan_bytes`` (default :func:`scan_budget_of` ``max_bytes``) before it answers with
-        nothing but a new position.
+        mirror copies.  Otherwise a record that is not an envelope is left out and named in
+        ``not_envelopes`` (at most :data:`MAX_NOT_ENVELOPES`, then the read stops).  An
+        offset outside ``start_offset .. end_offset`` raises :class:`OffsetOutOfRange` with
+        the valid range.  A filtered read scans about ``scan_bytes`` (default
+        :func:`scan_budget_of` ``max_bytes``) before it answers with nothing but a new
+        position.
         """
         check_max_bytes(max_bytes)
         window = self.txn_window_ms if txn_window_ms is None else txn_window_ms
@@ -111,9 +131,24 @@ class PartitionReader:
         while True:
             for record in result.records:
                 scanned += len(record.value)
-                message = self._deliverable(
-                    topic, partition, record.offset, record.value, filt, raw, window
-                )
+                try:
+                    message = self._deliverable(
+                        topic, partition, record.offset, record.value, filt, raw, window
+                    )
+                except NotAnEnvelope as exc:
+                    _log.warning(
+                        "skipping %s/%d@%d: not an envelope (%s)",
+                        topic,
+                        partition,
+                        record.offset,
+                        exc,
+                    )
+                    batch.not_envelopes.append(NotEnvelope(record.offset, str(exc)))
+                    if len(batch.not_envelopes) >= MAX_NOT_ENVELOPES:
+                        batch.next_offset = record.offset + 1
+                        batch.end_offset = max(batch.end_offset, result.end_offset)
+                        return batch
+                    continue
                 if message is not None:
                     batch.messages.append(message)
                     batch.value_bytes += len(message.value)
@@ -144,13 +179,12 @@ class PartitionReader:
                 return DeliveredMessage(offset, value, view(value))
             except NotAnEnvelope:
                 return DeliveredMessage(offset, value, None)
-        try:
-            if filt.matches_all and kind_of(value) == "chunk":
-                return DeliveredMessage(offset, value, None)
-            env = view(value)
-        except NotAnEnvelope:
-            _log.warning("skipping %s/%d@%d: not an envelope", topic, partition, offset)
-            return None
+        # Raises NotAnEnvelope for the caller to name.  The fast path checks the head only: a
+        # value whose head reads as a chunk's is delivered, and a client that cannot decode
+        # it treats it as a record that is not an envelope (docs/protocol.md).
+        if filt.matches_all and kind_of(value) == "chunk":
+            return DeliveredMessage(offset, value, None)
+        env = view(value)
         if env.kind in ("legacy_data", "handover"):
             # a handover record holds no data: the source's data up to its seqno is elsewhere
             return None

@@ -6,7 +6,7 @@ Used by ``logbroker read``, the mirror and the tests; reads use the binary frami
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -16,7 +16,13 @@ import orjson
 from delivery.consumer_group import validate_group
 from delivery.envelope_view import EnvelopeView, NotAnEnvelope, view
 from delivery.filters import MessageFilter
-from delivery.framing import BINARY_MEDIA_TYPE, BinarySection, decode_binary_stream
+from delivery.framing import (
+    BINARY_MEDIA_TYPE,
+    BinarySection,
+    decode_binary_stream,
+    not_envelopes_of,
+)
+from delivery.partition_reader import NotEnvelope
 from log_store.errors import BadRequest, LogbrokerError
 from session_dedup.chunk_codecs import CorruptChunk, decompress
 
@@ -75,12 +81,17 @@ class ReadMessage:
 
 @dataclass(frozen=True)
 class FetchedPartition:
+    """One partition of a fetch.  ``not_envelopes``: the records up to ``next_offset`` that
+    are not envelopes, left out of ``messages`` (the gateway's report, and any value it sent
+    that does not decode), in offset order; a reader that moves on moves past them."""
+
     topic: str
     partition: int
     start_offset: int
     end_offset: int
     next_offset: int
     messages: list[ReadMessage]
+    not_envelopes: list[NotEnvelope] = field(default_factory=list)
 
 
 class PullClient:
@@ -206,10 +217,12 @@ class PullClient:
         for section in sections:
             meta = section.meta
             messages = []
+            skipped = not_envelopes_of(meta) or []
             for offset, value in section.records:
                 try:
                     env = view(value)
-                except NotAnEnvelope:
+                except NotAnEnvelope as exc:
+                    skipped.append(NotEnvelope(offset, str(exc)))
                     continue
                 messages.append(ReadMessage(meta["topic"], meta["partition"], offset, env))
             out.append(
@@ -220,6 +233,7 @@ class PullClient:
                     meta["end_offset"],
                     meta["next_offset"],
                     messages,
+                    sorted(skipped, key=lambda n: n.offset),
                 )
             )
         return out

@@ -178,6 +178,12 @@ async def _or_none(
         return None
 
 
+def _has_news(batches: Sequence[PartitionBatch]) -> bool:
+    """Whether an answer has something to say: messages, or records it left out because they
+    are not envelopes (a long-poll that waited on past them would never name them)."""
+    return any(b.messages or b.not_envelopes for b in batches)
+
+
 def readable_topic(request: Request, name: object) -> str:
     """``name`` if it is a topic this request may read; internal topics do not exist for it.
 
@@ -333,7 +339,7 @@ class ReadApi:
     ) -> list[PartitionBatch]:
         key: _AnswerKey = (tuple(positions), max_bytes, filt, raw, window_ms)
         ahead = await self._ahead.take(key)
-        if ahead is not None and any(b.messages for b in ahead):
+        if ahead is not None and _has_news(ahead):
             self._read_ahead_answers.inc()
             self._read_ahead(ahead, max_bytes, filt, raw, window_ms)
             return ahead
@@ -344,7 +350,7 @@ class ReadApi:
                 self._read_all, current, max_bytes, filt, raw, window_ms
             )
             remaining = deadline - time.monotonic()
-            if any(b.messages for b in batches):
+            if _has_news(batches):
                 self._read_ahead(batches, max_bytes, filt, raw, window_ms)
                 return batches
             if remaining <= 0:

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import httpx
 
-from delivery.framing import decode_binary
+from delivery.framing import decode_binary, not_envelopes_of
 from delivery.internal_state import is_internal
 from delivery.legacy_txn import resolve_commit
 from delivery.partition_reader import MAX_MAX_BYTES, PartitionReader
@@ -104,11 +104,15 @@ class LogSource(Protocol):
     def close(self) -> None: ...
 
 
+def _foreign(why: str) -> str:
+    return f"not a logbroker envelope ({why})"
+
+
 def _decode(offset: int, value: bytes) -> LogMessage | ForeignRecord:
     try:
         return LogMessage(offset, decode(value))
     except Exception as exc:  # fastavro fails on foreign bytes with EOFError, ValueError, ...
-        return ForeignRecord(offset, f"not a logbroker envelope ({type(exc).__name__}: {exc})")
+        return ForeignRecord(offset, _foreign(f"{type(exc).__name__}: {exc}"))
 
 
 class StoreLogSource:
@@ -116,9 +120,9 @@ class StoreLogSource:
 
     Reads go through delivery's partition reader, raw (every record as stored), and resolve
     legacy transactions as a pull consumer's read does: a released transaction appears at its
-    commit marker's offset, its data record and handovers give no message.  Raw, because an
-    unfiltered pull read leaves a record that is not an envelope out with only a log line,
-    and a load must not lose a record without saying so.
+    commit marker's offset, its data record and handovers give no message.  Raw, so that a
+    record that is not an envelope comes back as a :class:`ForeignRecord` with the reason
+    fastavro gives (a pull read names it only in its batch's ``not_envelopes``).
     """
 
     def __init__(self, store: LogStore) -> None:
@@ -162,7 +166,10 @@ class StoreLogSource:
 class HttpLogSource:
     """Reads through a gateway's pull API (``docs/protocol.md``, "Read (pull)").
 
-    Asks for the binary framing, which carries each stored envelope as is.
+    Asks for the binary framing, which carries each stored envelope as is.  A record the
+    gateway left out because it is not an envelope, named in the answer's ``not_envelopes``,
+    comes back as a :class:`ForeignRecord`, as from a store read; a gateway that does not name
+    them is refused, since a load through it could not tell.
     """
 
     def __init__(self, server: str, token: str | None = None, timeout_s: float = 60.0) -> None:
@@ -227,8 +234,20 @@ class HttpLogSource:
         if len(sections) != 1:
             raise SourceUnavailable(f"gateway sent {len(sections)} sections for one partition")
         meta = sections[0].meta
+        left_out = not_envelopes_of(meta)
+        if left_out is None:
+            raise SourceUnavailable(
+                f"gateway {self._server} does not name the records its reads leave out because "
+                "they are not envelopes (a version from before it did): a load through it could "
+                "lose such a record without a report; upgrade it, or load from the store "
+                "(--data-dir, --kafka-bootstrap)"
+            )
+        messages = [_decode(o, v) for o, v in sections[0].records]
+        # named by the gateway; any value it sent that does not decode names itself above
+        messages += [ForeignRecord(n.offset, _foreign(n.reason)) for n in left_out]
+        messages.sort(key=lambda m: m.offset)
         return MessageBatch(
-            [_decode(o, v) for o, v in sections[0].records],
+            messages,
             int(meta["start_offset"]),
             int(meta["end_offset"]),
             int(meta["next_offset"]),

@@ -8,12 +8,14 @@ import shutil
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from log_store import open_store
 from log_store.interface import TopicConfig
+from ops.commands.load import EXIT_DATA_LOST, exit_code
 from session_dedup.envelope import Envelope, encode
 from tests.conftest import free_port
 from tests.yt_loader.conftest import (
@@ -26,7 +28,7 @@ from tests.yt_loader.conftest import (
 )
 from yt_loader.delta_table import BATCH_APP_ID, DeltaTarget, partition_app_id
 from yt_loader.errors import BadSourceOptions, WarehouseBusy, WarehouseCorrupt
-from yt_loader.load_job import LoadConfig, run_load
+from yt_loader.load_job import LoadConfig, LoadFailed, run_load
 from yt_loader.load_target import DELTA_LOG_DIR
 from yt_loader.log_source import SourceSpec
 from yt_loader.spark_session import build_session, check_log_level
@@ -463,6 +465,46 @@ def test_a_message_that_does_not_decompress_stops_the_load_unless_skip_corrupt(
     assert list(cwd.iterdir()) == []  # no ./spark-warehouse left where it was run
     again = _load(spark, data_dir, table)
     assert again.gaps == [] and again.batches == []  # type: ignore[attr-defined]
+
+
+def test_a_record_that_is_not_an_envelope_stops_a_load_through_a_gateway_unless_skip_corrupt(
+    spark: object, tmp_path: Path, start_gateway: object
+) -> None:
+    """Through a gateway (``--server``) as from the store: the gateway's pull API leaves such a
+    record out of its answer and names it, and the load stops there naming its offset and
+    --skip-corrupt, committing nothing of the batch; with skip_corrupt it is a lost offset
+    (exit 3), and the lines around it are loaded once."""
+    data_dir, table = tmp_path / "data", tmp_path / "table"
+    gateway = start_gateway(data_dir)  # type: ignore[operator]
+    before = append_lines(data_dir, "dc1.app", "before", partitions=1, chunks=5)
+    with open_store(data_dir) as store:
+        foreign = store.append("dc1.app", 0, [b'{"written by": "another producer"}']).first_offset
+    after = append_lines(data_dir, "dc1.app", "after", partitions=1, chunks=5)
+    config = LoadConfig(SourceSpec(server=gateway.url), table, max_range_bytes=4000)
+
+    with pytest.raises(LoadFailed) as failed:
+        run_load(spark, config, lambda _line: None)  # type: ignore[arg-type]
+    assert (
+        f"CorruptChunk: dc1.app/0 offset {foreign} is not a logbroker envelope "
+        "(unknown envelope version byte)"
+    ) in str(failed.value)
+    assert "--skip-corrupt loads past it" in str(failed.value)
+    assert table_lines(spark, table) == []
+
+    progress: list[str] = []
+    report = run_load(spark, replace(config, skip_corrupt=True), progress.append)  # type: ignore[arg-type]
+    assert [(g.start, g.end) for g in report.gaps] == [(foreign, foreign + 1)]
+    assert exit_code(report) == EXIT_DATA_LOST
+    assert any(
+        line.startswith(
+            f"DATA LOST: dc1.app partition 0: offset {foreign} was never loaded: the message is "
+            "not a logbroker envelope (unknown envelope version byte)"
+        )
+        for line in progress
+    ), progress
+    assert_exactly_once(table_lines(spark, table), before + after)
+    again = run_load(spark, replace(config, skip_corrupt=True), lambda _line: None)  # type: ignore[arg-type]
+    assert again.gaps == [] and again.batches == []
 
 
 def test_the_session_logs_at_warn_unless_told_otherwise(spark: object) -> None:
