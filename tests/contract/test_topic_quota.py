@@ -28,7 +28,7 @@ def test_a_writer_that_lost_the_creation_race_at_the_limit_gets_the_topic(
 
         assert info.name == "dc1.new"
         assert len(info.partitions) == 2
-        with pytest.raises(LimitReached, match="max_topics|its limit"):
+        with pytest.raises(LimitReached, match="its limit"):
             quota.create("dc1.other", 1)
         assert sorted(t.name for t in store.list_topics()) == ["dc1.a", "dc1.new"]
     finally:

@@ -579,7 +579,7 @@ def test_topics_lists_and_describes_through_a_gateway(gateway: Any, writer_for: 
     assert doc["name"] == "dc1.app"
     assert sum(p["end_offset"] for p in doc["partitions"]) == 2
     assert topics("describe", "dc1.nope").returncode == 2
-    refused = topics("delete", "dc1.app")
+    refused = topics("delete-segments", "dc1.app", "--partition", "0", "--before-offset", "1")
     assert refused.returncode == 2
     assert "needs --data-dir" in refused.stderr
 
