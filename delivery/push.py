@@ -306,7 +306,37 @@ class SubscriptionRegistry:
             "delivered_messages": st.get("delivered", 0),
             "delivered_batches": st.get("batches", 0),
             "last_error": st.get("last_error"),
+            "skipped_messages": {kind: st.get("skipped", {}).get(kind, 0) for kind in SKIP_KINDS},
+            "last_skip": st.get("last_skip"),
             "partitions": partitions,
+        }
+
+
+NOT_ENVELOPE = "not_envelope"
+LOST_TO_RETENTION = "lost_to_retention"
+SKIP_KINDS = (NOT_ENVELOPE, LOST_TO_RETENTION)
+"""What a subscription passes over undelivered: a record that is not an envelope (another
+producer's, in a Kafka topic), or messages retention dropped before they were delivered."""
+
+
+@dataclass(frozen=True)
+class _Skip:
+    kind: str
+    partition: tuple[str, int]
+    offset: int
+    messages: int
+    reason: str
+
+    def to_json(self) -> Doc:
+        topic, partition = self.partition
+        return {
+            "at_ms": int(time.time() * 1000),
+            "kind": self.kind,
+            "topic": topic,
+            "partition": partition,
+            "offset": self.offset,
+            "messages": self.messages,
+            "reason": self.reason,
         }
 
 
@@ -401,6 +431,8 @@ class _Delivery:
         self.topic_ids: dict[str, str] = {}
         self.placed = False
         self.rotation = 0
+        self.skips: list[_Skip] = []
+        """What the batch being collected passed over undelivered, recorded with its positions."""
 
     async def run(self) -> None:
         timeout = self.sub.timeout_ms / 1000
@@ -480,6 +512,7 @@ class _Delivery:
         batch_bytes = 0
         scanned: dict[tuple[str, int], int] = {}
         deadline: float | None = None
+        self.skips = []
         order = sorted(self.positions)
         # Start each batch one partition further, so a backlog in one does not starve others.
         self.rotation = (self.rotation + 1) % max(1, len(order))
@@ -496,6 +529,9 @@ class _Delivery:
                 except OffsetOutOfRange as exc:
                     # Retention dropped what this subscription had not delivered yet.
                     _log.warning("push %s: %s; skipping to %d", sub.name, exc, exc.start_offset)
+                    self.skips.append(
+                        _Skip(LOST_TO_RETENTION, tp, offset, exc.start_offset - offset, str(exc))
+                    )
                     scanned[tp] = exc.start_offset
                     continue
                 except UnknownTopic:
@@ -509,6 +545,11 @@ class _Delivery:
                     scanned[tp] = taken[-1].offset + 1
                 else:
                     scanned[tp] = result.next_offset
+                self.skips.extend(
+                    _Skip(NOT_ENVELOPE, tp, n.offset, 1, n.reason)
+                    for n in result.not_envelopes
+                    if n.offset < scanned[tp]
+                )
             full = len(batch) >= sub.batch_size or batch_bytes >= sub.batch_bytes
             now = time.monotonic()
             if batch and deadline is None:
@@ -561,13 +602,19 @@ class _Delivery:
             backoff = min(backoff * 2, self.sub.max_backoff_ms / 1000)
 
     def _commit(self, positions: dict[tuple[str, int], int], delivered: int) -> None:
+        """Move the positions; count what the batch delivered and what it passed over."""
         holder = self.owner.holder_id
+        skips = self.skips
 
         def change(doc: Doc | None) -> tuple[Doc, None]:
             if doc is None or doc.get("holder") != holder:
                 raise LeaseLost(self.sub.name)
             for (topic, partition), offset in positions.items():
                 doc.setdefault("offsets", {})[_key(topic, partition)] = offset
+            for skip in skips:
+                counts = doc.setdefault("skipped", {})
+                counts[skip.kind] = counts.get(skip.kind, 0) + skip.messages
+                doc["last_skip"] = skip.to_json()
             if delivered:
                 doc["delivered"] = doc.get("delivered", 0) + delivered
                 doc["batches"] = doc.get("batches", 0) + 1
@@ -575,6 +622,7 @@ class _Delivery:
             return doc, None
 
         self.owner.state.update(_state_key(self.sub.name), change)
+        self.skips = []
 
     def _record_error(self, error: str) -> None:
         holder = self.owner.holder_id

@@ -165,3 +165,23 @@ def register_store_gauges(metrics: MetricsRegistry, store: LogStore, data_dir: P
         ("subscription", "topic"),
         push_lag,
     )
+
+    def push_skipped() -> list[Sample]:
+        _, subscriptions = delivery.parts()
+        samples: list[Sample] = []
+        for sub in subscriptions.list():
+            try:
+                status = subscriptions.status(sub.name)
+            except UnknownSubscription:
+                continue
+            for kind, count in sorted(status["skipped_messages"].items()):
+                samples.append(((sub.name, kind), float(count)))
+        return samples
+
+    metrics.collected_gauge(
+        "logbroker_push_subscription_skipped_messages",
+        "messages a push subscription passed over undelivered since it was made, by kind: "
+        "not_envelope (another producer's record), lost_to_retention",
+        ("subscription", "kind"),
+        push_skipped,
+    )

@@ -11,8 +11,11 @@ from typing import Any
 import httpx
 import pytest
 
+from log_store import open_store
+from session_dedup.envelope import Envelope, encode
 from tests.conftest import REPO, logbroker_cmd
 from tests.delivery.conftest import PUSH_TO_LOOPBACK, wait_until
+from tests.metrics_text import sample
 
 # A batch answered 200 after the timeout is recorded by the endpoint and sent again (at least
 # once; receivers drop it by offset): the timeout is long enough that a loaded machine's slow
@@ -264,3 +267,83 @@ def test_push_delivers_a_topic_created_again_from_its_start(
     time.sleep(0.5)
     pushed = [(m["source_id"], m["seqno"]) for m in endpoint.messages()]
     assert pushed == [("old", n) for n in range(1, 11)] + [("new", n) for n in range(1, 16)]
+
+
+def _append_foreign(data_dir: Any, values: list[bytes]) -> list[int]:
+    """Records that are not envelopes (another producer's), straight into partition 0."""
+    store = open_store(data_dir)
+    try:
+        first = store.append("dc1.app", 0, values).first_offset
+        return list(range(first, first + len(values)))
+    finally:
+        store.close()
+
+
+def _append_envelopes(data_dir: Any, count: int, size: int) -> None:
+    """``count`` one-line chunks of about ``size`` bytes each, straight into partition 0."""
+    store = open_store(data_dir)
+    try:
+        for seqno in range(1, count + 1):
+            line = f"{seqno:06d} ".encode() + b"x" * size + b"\n"
+            env = Envelope("direct", "h", "/f", "app", "raw", seqno, 0, 0, line)
+            store.append("dc1.app", 0, [encode(env)])
+    finally:
+        store.close()
+
+
+def test_a_subscription_counts_the_records_it_passes_over_that_are_not_envelopes(
+    gateway: Any, writer_for: Any, push_endpoint: Any
+) -> None:
+    """Another producer's records hold no lines to push: delivery passes over them, but says
+    so in the subscription's status (counted, the last one named), never silently."""
+    endpoint = push_endpoint(lambda n: ("ok", 200))
+    _topics(gateway.data_dir, "create", "dc1.app", "--partitions", "1")
+    writer = writer_for(gateway.url)
+    writer.write("src", [1, 2])
+    foreign = _append_foreign(gateway.data_dir, [b'{"not": "ours"}', b"\x00\x01\x02"])
+    writer.write("src", [3])
+    _subscribe(gateway.url, "mixed", endpoint.url)
+    wait_until(lambda: len(endpoint.messages()) == 3, 15, "the three messages")
+    assert [m["offset"] for m in endpoint.messages()] == [0, 1, 4]
+    status = httpx.get(f"{gateway.url}/v1/subscriptions/mixed").json()
+    assert status["skipped_messages"] == {"not_envelope": 2, "lost_to_retention": 0}
+    last = status["last_skip"]
+    assert (last["kind"], last["topic"], last["partition"]) == ("not_envelope", "dc1.app", 0)
+    assert last["offset"] == foreign[-1]
+    assert status["partitions"][0]["lag"] == 0
+    scrape = httpx.get(f"{gateway.url}/metrics").text
+    name = "logbroker_push_subscription_skipped_messages"
+    assert sample(scrape, name, subscription="mixed", kind="not_envelope") == 2
+    assert sample(scrape, name, subscription="mixed", kind="lost_to_retention") == 0
+
+
+@pytest.mark.fault
+def test_a_subscription_counts_what_retention_dropped_before_it_was_delivered(
+    gateway: Any, push_endpoint: Any
+) -> None:
+    """An endpoint down while retention drops segments: delivery resumes at the log's new
+    start, and the status counts the messages it never delivered."""
+    healthy = threading.Event()
+    endpoint = push_endpoint(lambda n: ("ok", 200) if healthy.is_set() else ("fail", 503))
+    _topics(gateway.data_dir, "create", "dc1.app", "--partitions", "1", "--segment-bytes", "4096")
+    _subscribe(gateway.url, "late", endpoint.url)
+    _append_envelopes(gateway.data_dir, 60, 1024)  # about 15 segments of 4 KiB
+    wait_until(lambda: endpoint.requests >= 1, 10, "a first (refused) push")
+    _topics(
+        gateway.data_dir, "delete-segments", "dc1.app", "--partition", "0", "--before-offset", "30"
+    )
+    start = httpx.get(f"{gateway.url}/v1/topics/dc1.app").json()["partitions"][0]["start_offset"]
+    assert 0 < start <= 30
+    healthy.set()
+    # The batch in hand when the endpoint failed (read before the segments went) is
+    # delivered; what came after it up to the new start is lost, and counted.
+    wait_until(lambda: 59 in {m["offset"] for m in endpoint.messages()}, 20, "the last message")
+    delivered = sorted({m["offset"] for m in endpoint.messages()})
+    in_hand = next(i for i, offset in enumerate([*delivered, -1]) if offset != i)
+    assert 0 < in_hand <= min(25, start)  # the subscription's batch_size
+    assert delivered == list(range(in_hand)) + list(range(start, 60))
+    status = httpx.get(f"{gateway.url}/v1/subscriptions/late").json()
+    lost = start - in_hand
+    assert status["skipped_messages"] == {"not_envelope": 0, "lost_to_retention": lost}
+    assert status["last_skip"]["kind"] == "lost_to_retention"
+    assert status["last_skip"]["messages"] == lost
