@@ -43,6 +43,7 @@ from push_client.state_file import PushState, StateFile, write_atomically
 from push_client.status import (
     STATUS_NAME,
     file_row,
+    gateway_errors,
     installation_rows,
     status_document,
     unreadable_row,
@@ -147,6 +148,7 @@ class PushDaemon:
                 failover_after_s=config.failover_after_s if multi else None,
                 is_down=member.is_down,
                 request_timeout_s=config.request_timeout_s,
+                probe_interval_s=config.probe_interval_s,
             )
             for member in self._installations.members
         }
@@ -630,18 +632,14 @@ class PushDaemon:
     def _publish_status(self, *, running: bool) -> None:
         rows = [file_row(t) for t in self._files.live()]
         unreadable = [unreadable_row(m) for _, m in sorted(self._files.unreadable.items())]
-        stats = self._stats
+        failing = {name: client.failing() for name, client in self._clients.items()}
         document = status_document(
             pid=os.getpid(),
             running=running,
             started_at=self.started_at,
             servers=list(self.config.servers),
-            installations=installation_rows(
-                self._installations,
-                {name: client.failing() for name, client in self._clients.items()},
-            ),
-            last_error=stats.last_error,
-            last_error_at=stats.last_error_at,
+            installations=installation_rows(self._installations, failing),
+            errors=gateway_errors(failing, [c.recovered() for c in self._clients.values()]),
             files=rows,
             unreadable=unreadable,
         )

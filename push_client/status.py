@@ -107,6 +107,28 @@ def installation_rows(
     ]
 
 
+def gateway_errors(
+    failing: dict[str, list[dict[str, Any]]], recoveries: list[dict[str, Any] | None]
+) -> dict[str, Any]:
+    """The status's ``last_error`` (of a gateway failing now; "" when none fails),
+    ``last_error_at``, and ``last_recovery`` (when none fails: the last gateway that
+    answered again, and since when it had failed).
+
+    Only what is true now: an error of a gateway that answers again is not shown as the
+    last error (it was, until another error replaced it, whatever answered since).
+    """
+    now_failing = [gw for gateways in failing.values() for gw in gateways]
+    latest = max(now_failing, key=lambda gw: gw["tried_at"], default=None)
+    recovered = [r for r in recoveries if r is not None]
+    return {
+        "last_error": "" if latest is None else latest["outcome"],
+        "last_error_at": 0.0 if latest is None else latest["tried_at"],
+        "last_recovery": None
+        if latest is not None
+        else max(recovered, key=lambda r: r["recovered_at"], default=None),
+    }
+
+
 def status_document(
     *,
     pid: int,
@@ -114,8 +136,7 @@ def status_document(
     started_at: float,
     servers: list[str],
     installations: list[dict[str, Any]],
-    last_error: str,
-    last_error_at: float,
+    errors: dict[str, Any],
     files: list[dict[str, Any]],
     unreadable: list[dict[str, Any]] | None = None,
 ) -> bytes:
@@ -127,8 +148,7 @@ def status_document(
             "updated_at": time.time(),
             "servers": servers,
             "installations": installations,
-            "last_error": last_error,
-            "last_error_at": last_error_at,
+            **errors,
             "files": files,
             "unreadable": unreadable or [],
         }
@@ -196,22 +216,35 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             state = "up" if inst["up"] else f"DOWN ({inst.get('last_error', '')[:120]})"
             mark = " <- writing here" if inst["current"] else ""
             out.write(f"installation {inst['name']}: {state}{mark}\n")
+    now = time.time()
     for inst in installations:
         for gw in inst.get("failing_gateways", []):
             when = time.strftime("%H:%M:%S", time.localtime(gw["since"]))
             where = f" of {inst['name']}" if len(installations) > 1 else ""
-            tried = (
-                "retrying"
-                if gw["current"]
-                else "not tried again while another gateway of it answers"
-            )
+            if not inst.get("up", True):
+                use = "its installation is down"
+            elif gw["current"]:
+                use = "retrying"
+            else:
+                use = "not in use while another gateway of it answers"
+            tried = ""
+            if "tried_at" in gw:
+                by = " by a probe" if gw.get("tried_by") == "probe" else ""
+                tried = f"last tried {max(0.0, now - gw['tried_at']):.0f} s ago{by}; "
             out.write(
                 f"GATEWAY FAILING {gw['server']}{where} since {when}: {gw['error']} "
-                f"({gw['retries']} failures; {tried})\n"
+                f"({gw['retries']} failures; {tried}{use})\n"
             )
     if doc.get("last_error"):
         when = time.strftime("%H:%M:%S", time.localtime(doc["last_error_at"]))
         out.write(f"last error ({when}): {doc['last_error'][:200]}\n")
+    elif doc.get("last_recovery"):
+        back = doc["last_recovery"]
+        out.write(
+            f"no gateway fails: {back['server']} answers again since "
+            f"{time.strftime('%H:%M:%S', time.localtime(back['recovered_at']))} (failing "
+            f"from {time.strftime('%H:%M:%S', time.localtime(back['failing_since']))})\n"
+        )
     for r in doc.get("unreadable", []):
         when = time.strftime("%H:%M:%S", time.localtime(r["since"]))
         lag = r.get("lag_bytes")

@@ -656,3 +656,47 @@ def test_an_idle_poll_looks_only_at_files_inotify_may_not_report(
         finally:
             files.close()
             watcher.close()
+
+
+def test_a_parked_file_shows_the_refusal_that_holds_it_not_an_earlier_one_that_passed(
+    tmp_path: Path,
+) -> None:
+    """A file refused with a 429 (RETRYING) and then parked for a 403 kept showing the 429
+    in --status beside the 403, an error that no longer held it."""
+    from push_client.parking import ParkingLot, Refusal
+    from push_client.status import file_row
+
+    path = tmp_path / "app.log"
+    path.write_bytes(b"a line\n")
+    tailed = _tailed(path)
+    tailed.session_refusal = "HTTP 429 limit_reached: too many sources"
+    ParkingLot(60.0).park(tailed, Refusal(403, "forbidden", "not yours"), 0.0, 0.0)
+    row = file_row(tailed)
+    assert row["retrying"] is None and row["parked"]["error"] == "forbidden", row
+    os.close(tailed.fd)
+
+
+def test_an_installation_up_again_shows_no_error() -> None:
+    """An installation that came back kept its last error in status.json (``up: true`` with
+    ``last_error`` of the outage) until it went down again."""
+    from push_client.installations import InstallationSet
+    from push_client.status import installation_rows
+
+    installations = InstallationSet(
+        [InstallationSpec("dc1", ("http://a:1",)), InstallationSpec("dc2", ("http://b:1",))],
+        probe_interval_s=60.0,
+        wake=lambda: None,
+    )
+    dc1 = installations.members[0]
+    installations.mark_down(dc1, "http://a:1: ConnectError: refused")
+    assert installation_rows(installations)[0]["last_error"].endswith("refused")
+    installations.mark_up(dc1)
+    installations.close()
+    assert installation_rows(installations)[0] == {
+        "name": "dc1",
+        "servers": ["http://a:1"],
+        "up": True,
+        "current": True,
+        "last_error": "",
+        "failing_gateways": [],
+    }
