@@ -1,7 +1,9 @@
 """``logbroker push --status``: what the daemon shipped and how far behind each file is.
 
-The daemon rewrites ``status.json`` in its state directory every second.  ``--status`` reads it
-and measures each file again (its size now), so the lag it prints is current even between two
+The daemon looks at what ``status.json`` in its state directory would show every second: it
+rewrites the file when that changed (``changed_at``) and else only touches it, so the file's
+modification time says when the daemon last found it current.  ``--status`` reads it and
+measures each file again (its size now), so the lag it prints is current even between two
 updates of the file.
 """
 
@@ -129,7 +131,7 @@ def gateway_errors(
     }
 
 
-def status_document(
+def status_content(
     *,
     pid: int,
     running: bool,
@@ -139,20 +141,30 @@ def status_document(
     errors: dict[str, Any],
     files: list[dict[str, Any]],
     unreadable: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """What the status shows: compared with the last one to know whether it changed."""
+    return {
+        "pid": pid,
+        "running": running,
+        "started_at": started_at,
+        "servers": servers,
+        "installations": installations,
+        **errors,
+        "files": files,
+        "unreadable": unreadable or [],
+    }
+
+
+def status_document(
+    content: dict[str, Any], changed_at: float, checked_at: float | None = None
 ) -> bytes:
-    return orjson.dumps(
-        {
-            "pid": pid,
-            "running": running,
-            "started_at": started_at,
-            "updated_at": time.time(),
-            "servers": servers,
-            "installations": installations,
-            **errors,
-            "files": files,
-            "unreadable": unreadable or [],
-        }
-    )
+    """The status as JSON: ``content``, when it last changed (``changed_at``) and, for a
+    reader that cannot see the file's time (the ``/status`` endpoint), when the daemon last
+    found it current (``checked_at``; the file's modification time says that)."""
+    times = {"changed_at": changed_at}
+    if checked_at is not None:
+        times["checked_at"] = checked_at
+    return orjson.dumps({**content, **times})
 
 
 def _alive(pid: int) -> bool:
@@ -189,16 +201,23 @@ def read_status(state_dir: Path) -> dict[str, Any]:
     """
     path = state_dir / STATUS_NAME
     try:
-        doc: dict[str, Any] = orjson.loads(path.read_bytes())
+        with path.open("rb") as f:
+            doc: dict[str, Any] = orjson.loads(f.read())
+            checked_at = os.fstat(f.fileno()).st_mtime
     except FileNotFoundError as exc:
         raise NoStatus(f"no status in {state_dir} (has the client run there?)") from exc
     except OSError as exc:
         raise NoStatus(f"cannot read {path}: {exc.strerror}") from exc
     except orjson.JSONDecodeError as exc:
-        raise NoStatus(f"{path} is damaged ({exc}); the client rewrites it every second") from exc
+        raise NoStatus(f"{path} is damaged ({exc}); the client writes it whole, by rename") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):
         raise NoStatus(f"{path} is not a status document")
     now = time.time()
+    # The daemon rewrites the file when what it shows changes and touches it every second:
+    # its modification time is when the daemon last found it current.  (A status of an
+    # older version has updated_at, rewritten every second, instead of both.)
+    doc["checked_at"] = checked_at
+    doc.setdefault("changed_at", doc.get("updated_at", checked_at))
     doc["running"] = bool(doc.get("running")) and _alive(int(doc.get("pid", 0)))
     for row in doc["files"]:
         row["size"], row["lag_bytes"], row["lag_s"] = current_lag(row, now)
@@ -206,9 +225,14 @@ def read_status(state_dir: Path) -> dict[str, Any]:
 
 
 def print_status(doc: dict[str, Any], out: TextIO) -> None:
-    age = time.time() - float(doc["updated_at"])
+    now = time.time()
+    checked = now - float(doc["checked_at"])
+    changed = now - float(doc["changed_at"])
     state = f"running (pid {doc['pid']})" if doc["running"] else "not running"
-    out.write(f"logbroker push: {state}; status updated {age:.1f} s ago\n")
+    out.write(
+        f"logbroker push: {state}; status checked {checked:.1f} s ago, "
+        f"changed {changed:.1f} s ago\n"
+    )
     out.write(f"servers: {', '.join(doc['servers'])}\n")
     installations = doc.get("installations", [])
     if len(installations) > 1:
@@ -216,7 +240,6 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             state = "up" if inst["up"] else f"DOWN ({inst.get('last_error', '')[:120]})"
             mark = " <- writing here" if inst["current"] else ""
             out.write(f"installation {inst['name']}: {state}{mark}\n")
-    now = time.time()
     for inst in installations:
         for gw in inst.get("failing_gateways", []):
             when = time.strftime("%H:%M:%S", time.localtime(gw["since"]))
