@@ -44,7 +44,7 @@ from push_client.shipper import Shipper, census_all
 from push_client.state_file import PushState, StateFile, write_atomically
 from push_client.status import (
     STATUS_NAME,
-    file_row,
+    FileRows,
     gateway_errors,
     installation_rows,
     status_content,
@@ -193,6 +193,7 @@ class PushDaemon:
         self._metrics_server: MetricsServer | None = None
         self._lag_report: LagReporter | None = None
         self.started_at = time.time()
+        self._file_rows = FileRows()
         self._status_content: dict[str, Any] = {}
         """What the status showed last (compared every second: the files are rewritten only
         when it changes)."""
@@ -648,7 +649,7 @@ class PushDaemon:
         last found them current: node_exporter exports it, and alerts on a stale textfile
         keep working).  Rewriting both for a thousand idle files was most of an idle
         client's CPU."""
-        rows = [file_row(t) for t in self._files.live()]
+        rows = self._file_rows.rows(self._files.live())
         unreadable = [unreadable_row(m) for _, m in sorted(self._files.unreadable.items())]
         failing = {name: client.failing() for name, client in self._clients.items()}
         content = status_content(

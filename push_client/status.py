@@ -39,39 +39,109 @@ def _phase(tailed: TailedFile) -> str:
     return tailed.phase.value if tailed.session_ready else "opening"
 
 
-def file_row(tailed: TailedFile) -> dict[str, Any]:
+def _shown(tailed: TailedFile) -> tuple[Any, ...]:
+    """Everything a file's status row shows, as plain values (cheap to compare)."""
     parked = tailed.parked
     plan = tailed.handover
+    path_error = tailed.path_error
+    return (
+        tailed.path,
+        tailed.source_id,
+        tailed.entry.log_type,
+        tailed.topic,
+        tailed.partition,
+        _phase(tailed),
+        tailed.identity.dev,
+        tailed.identity.ino,
+        tailed.settled,
+        tailed.size,
+        tailed.pending_since,
+        tailed.session_installation or plan.installation,
+        None
+        if parked is None
+        else (parked.refusal.status, parked.refusal.error, parked.refusal.reason, parked.since),
+        tuple(tuple(d.as_list()) for d in plan.doubts) if plan.doubts else (),
+        tailed.session_refusal,
+        tuple(sorted(plan.census)) if plan.census else (),
+        None if path_error is None else (path_error[0], path_error[1]),
+    )
+
+
+def _row(shown: tuple[Any, ...]) -> dict[str, Any]:
+    """The status row of a file from :func:`_shown`'s values (and nothing else, so that a
+    row kept while those values stay the same is what it would be built again)."""
+    (
+        path,
+        source_id,
+        log_type,
+        topic,
+        partition,
+        phase,
+        dev,
+        ino,
+        acked,
+        size,
+        pending_since,
+        installation,
+        parked,
+        doubts,
+        retrying,
+        waiting_for,
+        path_error,
+    ) = shown
     return {
         # printable text: JSON holds no undecodable bytes (a Latin-1 name), and a name with
         # a newline would break the table of --status
-        "path": display_path(tailed.path),
-        "source_id": tailed.source_id,
-        "log_type": tailed.entry.log_type,
-        "topic": tailed.topic,
-        "partition": tailed.partition,
-        "phase": _phase(tailed),
-        "dev": tailed.identity.dev,
-        "ino": tailed.identity.ino,
-        "acked": tailed.settled,
-        "size": tailed.size,
-        "pending_since": tailed.pending_since,
-        "installation": tailed.session_installation or plan.installation,
+        "path": display_path(path),
+        "source_id": source_id,
+        "log_type": log_type,
+        "topic": topic,
+        "partition": partition,
+        "phase": phase,
+        "dev": dev,
+        "ino": ino,
+        "acked": acked,
+        "size": size,
+        "pending_since": pending_since,
+        "installation": installation,
         "parked": None
         if parked is None
-        else {
-            "status": parked.refusal.status,
-            "error": parked.refusal.error,
-            "reason": parked.refusal.reason,
-            "since": parked.since,
-        },
-        "doubts": [d.as_list() for d in plan.doubts],
-        "retrying": tailed.session_refusal or None,
-        "waiting_for": sorted(plan.census),
+        else {"status": parked[0], "error": parked[1], "reason": parked[2], "since": parked[3]},
+        "doubts": [list(d) for d in doubts],
+        "retrying": retrying or None,
+        "waiting_for": list(waiting_for),
         "path_error": None
-        if tailed.path_error is None
-        else {"error": tailed.path_error[0], "since": tailed.path_error[1]},
+        if path_error is None
+        else {"error": path_error[0], "since": path_error[1]},
     }
+
+
+def file_row(tailed: TailedFile) -> dict[str, Any]:
+    """What ``status.json`` shows of a tailed file."""
+    return _row(_shown(tailed))
+
+
+class FileRows:
+    """The status rows of the tailed files, each built again only when what it shows
+    changed: an idle client with a thousand files compares their values every second
+    instead of building (and serializing) a thousand rows."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+
+    def rows(self, files: list[TailedFile]) -> list[dict[str, Any]]:
+        """The rows of ``files``; a row is never changed once returned (readers keep them)."""
+        known = self._known
+        now: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        out = []
+        for tailed in files:
+            shown = _shown(tailed)
+            last = known.get(id(tailed))
+            row = last[1] if last is not None and last[0] == shown else _row(shown)
+            now[id(tailed)] = (shown, row)
+            out.append(row)
+        self._known = now
+        return out
 
 
 def unreadable_row(miss: Unreadable) -> dict[str, Any]:

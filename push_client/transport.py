@@ -396,8 +396,15 @@ class GatewayClient:
         ) as http:
             while not self._closed.wait(interval) and not self._stop.is_set():
                 horizon = time.time() - interval
+                # Requests retry the gateway they go to first until it answers, unless the
+                # installation was given up: that one needs no probe.
+                current = None if self._is_down() else self.current_server
                 with self._lock:
-                    due = [s for s, f in self._failing.items() if f.tried_at <= horizon]
+                    due = [
+                        s
+                        for s, f in self._failing.items()
+                        if s != current and f.tried_at <= horizon
+                    ]
                 for server in due:
                     if self._closed.is_set() or self._stop.is_set():
                         return

@@ -700,3 +700,29 @@ def test_an_installation_up_again_shows_no_error() -> None:
         "last_error": "",
         "failing_gateways": [],
     }
+
+
+def test_a_status_row_is_kept_while_its_file_shows_the_same_and_built_again_on_change(
+    tmp_path: Path,
+) -> None:
+    """The rows of idle files are not built again every second, and one whose file changed
+    in any way the status shows is."""
+    from push_client.parking import ParkingLot, Refusal
+    from push_client.status import FileRows, file_row
+
+    path = tmp_path / "app.log"
+    path.write_bytes(b"a line\n")
+    tailed = _tailed(path)
+    rows = FileRows()
+    first = rows.rows([tailed])[0]
+    assert rows.rows([tailed])[0] is first
+    tailed.path_error = ("Permission denied", 1.0)
+    second = rows.rows([tailed])[0]
+    assert second["path_error"] == {"error": "Permission denied", "since": 1.0}
+    tailed.path_error = None
+    tailed.handover.census.add("dc2")
+    assert rows.rows([tailed])[0]["waiting_for"] == ["dc2"]
+    ParkingLot(60.0).park(tailed, Refusal(403, "forbidden", "not yours"), 0.0, 5.0)
+    assert rows.rows([tailed])[0] == file_row(tailed)
+    assert rows.rows([tailed])[0]["parked"]["since"] == 5.0
+    os.close(tailed.fd)
