@@ -21,7 +21,7 @@ and add one entry for the paths given on the command line (``--log-type``, ``--c
     rotated_grace_s = 300.0      # a renamed file quiet this long is let go
     park_retry_s = 60.0          # a file the gateway refused is tried again this often
     failover_after_s = 5.0       # an installation failing this long is left for the next
-    probe_interval_s = 2.0       # how often an installation that is down is probed
+    probe_interval_s = 2.0       # how often a down installation (and a failing gateway) is probed
     position_wait_s = 300.0      # how long positions known only to a down installation wait
     metrics_port = 9109          # optional local /metrics endpoint
     graphite = "graphite1:2003"  # optional: also send the metrics to Graphite

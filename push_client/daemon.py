@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -25,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from log_store.errors import LogbrokerError
@@ -42,8 +44,10 @@ from push_client.shipper import Shipper, census_all
 from push_client.state_file import PushState, StateFile, write_atomically
 from push_client.status import (
     STATUS_NAME,
-    file_row,
+    FileRows,
+    gateway_errors,
     installation_rows,
+    status_content,
     status_document,
     unreadable_row,
 )
@@ -147,6 +151,7 @@ class PushDaemon:
                 failover_after_s=config.failover_after_s if multi else None,
                 is_down=member.is_down,
                 request_timeout_s=config.request_timeout_s,
+                probe_interval_s=config.probe_interval_s,
             )
             for member in self._installations.members
         }
@@ -188,7 +193,16 @@ class PushDaemon:
         self._metrics_server: MetricsServer | None = None
         self._lag_report: LagReporter | None = None
         self.started_at = time.time()
-        self._status_document = b"{}"
+        self._file_rows = FileRows()
+        self._status_content: dict[str, Any] = {}
+        """What the status showed last (compared every second: the files are rewritten only
+        when it changes)."""
+        self._status_changed_at = 0.0
+        self._status_checked_at = 0.0
+        self._status_on_disk = False
+        self._metrics_on_disk: tuple[Any, ...] | None = None
+        """The inputs of the metrics in ``metrics.prom`` besides the status's (None: none
+        written yet, or the last write failed)."""
         self._audit: PushAuditPublishers | None = None
 
     # -- public ---------------------------------------------------------------------------------
@@ -625,42 +639,85 @@ class PushDaemon:
 
     def _last_status(self) -> bytes:
         """The status document as last published (read from the metrics server's thread)."""
-        return self._status_document
+        return status_document(
+            self._status_content, self._status_changed_at, self._status_checked_at
+        )
 
     def _publish_status(self, *, running: bool) -> None:
-        rows = [file_row(t) for t in self._files.live()]
+        """Every second: the status and metrics files are rewritten when what they show
+        changed, and only touched otherwise (their modification time is when the daemon
+        last found them current: node_exporter exports it, and alerts on a stale textfile
+        keep working).  Rewriting both for a thousand idle files was most of an idle
+        client's CPU."""
+        rows = self._file_rows.rows(self._files.live())
         unreadable = [unreadable_row(m) for _, m in sorted(self._files.unreadable.items())]
-        stats = self._stats
-        document = status_document(
+        failing = {name: client.failing() for name, client in self._clients.items()}
+        content = status_content(
             pid=os.getpid(),
             running=running,
             started_at=self.started_at,
             servers=list(self.config.servers),
-            installations=installation_rows(
-                self._installations,
-                {name: client.failing() for name, client in self._clients.items()},
-            ),
-            last_error=stats.last_error,
-            last_error_at=stats.last_error_at,
+            installations=installation_rows(self._installations, failing),
+            errors=gateway_errors(failing, [c.recovered() for c in self._clients.values()]),
             files=rows,
             unreadable=unreadable,
         )
-        self._status_document = document
+        now = time.time()
+        changed = content != self._status_content
+        if changed:
+            self._status_content, self._status_changed_at = content, now
+            self._status_on_disk = False
+        self._status_checked_at = now
         if self._lag_report is not None and running:
             current = self._clients[self._installations.current().name]
             self._lag_report.offer(current.current_server, rows + unreadable)
+        metrics_inputs = self._metrics_inputs()
         try:
-            write_atomically(self.state_dir / STATUS_NAME, document, durable=False)
-            write_atomically(
-                self.state_dir / "metrics.prom", self._render_metrics().encode(), durable=False
+            _write_or_touch(
+                self.state_dir / STATUS_NAME,
+                not self._status_on_disk,
+                lambda: status_document(content, self._status_changed_at),
             )
+            self._status_on_disk = True
+            _write_or_touch(
+                self.state_dir / "metrics.prom",
+                changed or metrics_inputs != self._metrics_on_disk,
+                lambda: self._render_metrics().encode(),
+            )
+            self._metrics_on_disk = metrics_inputs
         except OSError as exc:
+            self._status_on_disk, self._metrics_on_disk = False, None
             self._state_dir_trouble("status", exc)
         else:
             self._state_dir_recovered("status", "status written again")
         if self._progress is not None and running:
             backlog = sum(t.lag_bytes for t in self._files.live())
             self._progress.update(self._counters.acked_bytes, backlog)
+
+    def _metrics_inputs(self) -> tuple[Any, ...]:
+        """What the metrics show besides what the status shows (per file: sizes, positions,
+        errors, parking, doubts; the installations and failing gateways): the counters and
+        gauges of :meth:`_metrics_state`, cheap to gather every second."""
+        stats = self._stats
+        with stats.lock:
+            transport = (
+                sorted(stats.requests.items()),
+                sorted(stats.owner_writes.items()),
+                sorted(stats.owner_partitions.items()),
+                stats.retries,
+                stats.failovers,
+            )
+        m = self.metrics
+        return (
+            dataclasses.astuple(self._counters),
+            transport,
+            (m.request_bytes_total, m.requests_sent, m.state_corruptions, m.state_save_failures),
+            self._shipper.writes_in_flight,
+            self._installations.version,
+            self._installations.failovers,
+            self._parking.parked_total,
+            self._files.abandoned.total,
+        )
 
     def _render_metrics(self) -> str:
         return self.metrics.render(**self._metrics_state())
@@ -682,3 +739,15 @@ class PushDaemon:
             abandoned_bytes=self._files.abandoned.total,
             unreadable=list(self._files.unreadable.values()),
         )
+
+
+def _write_or_touch(path: Path, changed: bool, render: Callable[[], bytes]) -> None:
+    """Write ``render()`` to ``path`` if ``changed`` (or the file is gone), else set its
+    modification time to now."""
+    if not changed:
+        try:
+            os.utime(path)
+            return
+        except FileNotFoundError:
+            pass  # removed by someone: written again
+    write_atomically(path, render(), durable=False)

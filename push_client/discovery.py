@@ -8,6 +8,7 @@ missing or its watch limit is reached, the loop's poll interval does the same jo
 from __future__ import annotations
 
 import errno
+import fnmatch
 import glob
 import logging
 import os
@@ -59,18 +60,15 @@ def expand(
     """
     seen: set[tuple[int, int]] = set()
     for entry in entries:
-        magic = glob.has_magic(entry.path)
-        paths = sorted(glob.glob(entry.path)) if magic else [entry.path]
-        if magic and not paths and unreachable is not None:
-            # glob says nothing of a directory it may not list: ask the directory itself.
-            directory = os.path.dirname(entry.path)
-            if directory and not glob.has_magic(directory):
-                try:
-                    os.scandir(directory).close()
-                except (FileNotFoundError, NotADirectoryError):
-                    pass
-                except OSError as exc:
-                    unreachable.append(Unreachable(entry, os.path.abspath(directory), exc))
+        if glob.has_magic(entry.path):
+            misses: list[tuple[str, OSError]] = []
+            paths = sorted(_glob(entry.path, misses))
+            if unreachable is not None:
+                unreachable.extend(
+                    Unreachable(entry, os.path.abspath(directory), exc) for directory, exc in misses
+                )
+        else:
+            paths = [entry.path]
         for path in paths:
             try:
                 st = os.stat(path)
@@ -82,6 +80,65 @@ def expand(
                 continue
             seen.add((st.st_dev, st.st_ino))
             yield Candidate(entry, os.path.abspath(path), st.st_dev, st.st_ino, st.st_size)
+
+
+def _glob(pattern: str, misses: list[tuple[str, OSError]], *, dirs_only: bool = False) -> list[str]:
+    """What ``glob.glob(pattern)`` matches, with each directory on the way that cannot be
+    listed or searched (no permission, say) appended to ``misses``: glob passes over those
+    in silence, so ``/var/log/*/app.log`` skipped a directory it may not enter, unseen."""
+    directory, name = os.path.split(pattern)
+    if glob.has_magic(directory):
+        directories = _glob(directory, misses, dirs_only=True)
+    else:
+        directories = [directory]
+    if not name:  # a pattern ending in a separator names directories
+        return [d for d in directories if os.path.isdir(d)]
+    look = _listed if glob.has_magic(name) else _present
+    return [
+        os.path.join(found, match)
+        for found in directories
+        for match in look(found, name, dirs_only, misses)
+    ]
+
+
+def _listed(
+    directory: str, pattern: str, dirs_only: bool, misses: list[tuple[str, OSError]]
+) -> list[str]:
+    """The names in ``directory`` that match ``pattern`` (hidden ones only if it is)."""
+    try:
+        with os.scandir(directory or os.curdir) as it:
+            names = [e.name for e in it if not dirs_only or _is_dir(e)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        misses.append((directory or os.curdir, exc))
+        return []
+    if not pattern.startswith("."):
+        names = [n for n in names if not n.startswith(".")]
+    return fnmatch.filter(names, pattern)
+
+
+def _present(
+    directory: str, name: str, dirs_only: bool, misses: list[tuple[str, OSError]]
+) -> list[str]:
+    """``[name]`` if ``directory`` holds it (a directory, with ``dirs_only``), else []."""
+    path = os.path.join(directory, name)
+    try:
+        st = os.stat(path) if dirs_only else os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        # The directory cannot be searched: whether it holds the name cannot be known.
+        misses.append((directory or os.curdir, exc))
+        return []
+    return [name] if not dirs_only or stat.S_ISDIR(st.st_mode) else []
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def watch_root(pattern: str) -> str:

@@ -171,6 +171,8 @@ class InstallationSet:
                 return
             before = self.current()
             member.down_since = None
+            # Up again: the reason it went down is history (the log said it), not its state.
+            member.last_error = ""
             self.version += 1
             after = self.current()
             if after is not before:

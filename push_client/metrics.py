@@ -210,8 +210,9 @@ class PushMetrics:
         metric(
             "logbroker_push_gateway_failing",
             "gauge",
-            "A gateway whose last request failed (1), until one it is sent succeeds; "
-            "error: the kind of failure.",
+            "A gateway failing now (1): its last request or probe failed; one the client "
+            "does not send to is probed every probe_interval_s until it answers. error: the "
+            "kind of failure.",
             [
                 ({"installation": name, "gateway": gw["server"], "error": gw["error"]}, 1)
                 for name, gateways in sorted((failing_gateways or {}).items())

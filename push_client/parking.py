@@ -76,6 +76,9 @@ class ParkingLot:
         first = tailed.parked is None or tailed.parked.refusal != refusal
         since = wall if tailed.parked is None else tailed.parked.since
         tailed.parked = Parked(refusal, since, now + self.retry_s)
+        # A refusal that might have passed (a 429, shown as RETRYING) is history now: the
+        # status shows one reason, the one that holds the file.
+        tailed.session_refusal = ""
         tailed.alone = False
         tailed.session_ready = False
         self.parked_total += first

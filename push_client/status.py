@@ -1,7 +1,9 @@
 """``logbroker push --status``: what the daemon shipped and how far behind each file is.
 
-The daemon rewrites ``status.json`` in its state directory every second.  ``--status`` reads it
-and measures each file again (its size now), so the lag it prints is current even between two
+The daemon looks at what ``status.json`` in its state directory would show every second: it
+rewrites the file when that changed (``changed_at``) and else only touches it, so the file's
+modification time says when the daemon last found it current.  ``--status`` reads it and
+measures each file again (its size now), so the lag it prints is current even between two
 updates of the file.
 """
 
@@ -37,39 +39,109 @@ def _phase(tailed: TailedFile) -> str:
     return tailed.phase.value if tailed.session_ready else "opening"
 
 
-def file_row(tailed: TailedFile) -> dict[str, Any]:
+def _shown(tailed: TailedFile) -> tuple[Any, ...]:
+    """Everything a file's status row shows, as plain values (cheap to compare)."""
     parked = tailed.parked
     plan = tailed.handover
+    path_error = tailed.path_error
+    return (
+        tailed.path,
+        tailed.source_id,
+        tailed.entry.log_type,
+        tailed.topic,
+        tailed.partition,
+        _phase(tailed),
+        tailed.identity.dev,
+        tailed.identity.ino,
+        tailed.settled,
+        tailed.size,
+        tailed.pending_since,
+        tailed.session_installation or plan.installation,
+        None
+        if parked is None
+        else (parked.refusal.status, parked.refusal.error, parked.refusal.reason, parked.since),
+        tuple(tuple(d.as_list()) for d in plan.doubts) if plan.doubts else (),
+        tailed.session_refusal,
+        tuple(sorted(plan.census)) if plan.census else (),
+        None if path_error is None else (path_error[0], path_error[1]),
+    )
+
+
+def _row(shown: tuple[Any, ...]) -> dict[str, Any]:
+    """The status row of a file from :func:`_shown`'s values (and nothing else, so that a
+    row kept while those values stay the same is what it would be built again)."""
+    (
+        path,
+        source_id,
+        log_type,
+        topic,
+        partition,
+        phase,
+        dev,
+        ino,
+        acked,
+        size,
+        pending_since,
+        installation,
+        parked,
+        doubts,
+        retrying,
+        waiting_for,
+        path_error,
+    ) = shown
     return {
         # printable text: JSON holds no undecodable bytes (a Latin-1 name), and a name with
         # a newline would break the table of --status
-        "path": display_path(tailed.path),
-        "source_id": tailed.source_id,
-        "log_type": tailed.entry.log_type,
-        "topic": tailed.topic,
-        "partition": tailed.partition,
-        "phase": _phase(tailed),
-        "dev": tailed.identity.dev,
-        "ino": tailed.identity.ino,
-        "acked": tailed.settled,
-        "size": tailed.size,
-        "pending_since": tailed.pending_since,
-        "installation": tailed.session_installation or plan.installation,
+        "path": display_path(path),
+        "source_id": source_id,
+        "log_type": log_type,
+        "topic": topic,
+        "partition": partition,
+        "phase": phase,
+        "dev": dev,
+        "ino": ino,
+        "acked": acked,
+        "size": size,
+        "pending_since": pending_since,
+        "installation": installation,
         "parked": None
         if parked is None
-        else {
-            "status": parked.refusal.status,
-            "error": parked.refusal.error,
-            "reason": parked.refusal.reason,
-            "since": parked.since,
-        },
-        "doubts": [d.as_list() for d in plan.doubts],
-        "retrying": tailed.session_refusal or None,
-        "waiting_for": sorted(plan.census),
+        else {"status": parked[0], "error": parked[1], "reason": parked[2], "since": parked[3]},
+        "doubts": [list(d) for d in doubts],
+        "retrying": retrying or None,
+        "waiting_for": list(waiting_for),
         "path_error": None
-        if tailed.path_error is None
-        else {"error": tailed.path_error[0], "since": tailed.path_error[1]},
+        if path_error is None
+        else {"error": path_error[0], "since": path_error[1]},
     }
+
+
+def file_row(tailed: TailedFile) -> dict[str, Any]:
+    """What ``status.json`` shows of a tailed file."""
+    return _row(_shown(tailed))
+
+
+class FileRows:
+    """The status rows of the tailed files, each built again only when what it shows
+    changed: an idle client with a thousand files compares their values every second
+    instead of building (and serializing) a thousand rows."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+
+    def rows(self, files: list[TailedFile]) -> list[dict[str, Any]]:
+        """The rows of ``files``; a row is never changed once returned (readers keep them)."""
+        known = self._known
+        now: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        out = []
+        for tailed in files:
+            shown = _shown(tailed)
+            last = known.get(id(tailed))
+            row = last[1] if last is not None and last[0] == shown else _row(shown)
+            now[id(tailed)] = (shown, row)
+            out.append(row)
+        self._known = now
+        return out
 
 
 def unreadable_row(miss: Unreadable) -> dict[str, Any]:
@@ -107,32 +179,62 @@ def installation_rows(
     ]
 
 
-def status_document(
+def gateway_errors(
+    failing: dict[str, list[dict[str, Any]]], recoveries: list[dict[str, Any] | None]
+) -> dict[str, Any]:
+    """The status's ``last_error`` (of a gateway failing now; "" when none fails),
+    ``last_error_at``, and ``last_recovery`` (when none fails: the last gateway that
+    answered again, and since when it had failed).
+
+    Only what is true now: an error of a gateway that answers again is not shown as the
+    last error (it was, until another error replaced it, whatever answered since).
+    """
+    now_failing = [gw for gateways in failing.values() for gw in gateways]
+    latest = max(now_failing, key=lambda gw: gw["tried_at"], default=None)
+    recovered = [r for r in recoveries if r is not None]
+    return {
+        "last_error": "" if latest is None else latest["outcome"],
+        "last_error_at": 0.0 if latest is None else latest["tried_at"],
+        "last_recovery": None
+        if latest is not None
+        else max(recovered, key=lambda r: r["recovered_at"], default=None),
+    }
+
+
+def status_content(
     *,
     pid: int,
     running: bool,
     started_at: float,
     servers: list[str],
     installations: list[dict[str, Any]],
-    last_error: str,
-    last_error_at: float,
+    errors: dict[str, Any],
     files: list[dict[str, Any]],
     unreadable: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """What the status shows: compared with the last one to know whether it changed."""
+    return {
+        "pid": pid,
+        "running": running,
+        "started_at": started_at,
+        "servers": servers,
+        "installations": installations,
+        **errors,
+        "files": files,
+        "unreadable": unreadable or [],
+    }
+
+
+def status_document(
+    content: dict[str, Any], changed_at: float, checked_at: float | None = None
 ) -> bytes:
-    return orjson.dumps(
-        {
-            "pid": pid,
-            "running": running,
-            "started_at": started_at,
-            "updated_at": time.time(),
-            "servers": servers,
-            "installations": installations,
-            "last_error": last_error,
-            "last_error_at": last_error_at,
-            "files": files,
-            "unreadable": unreadable or [],
-        }
-    )
+    """The status as JSON: ``content``, when it last changed (``changed_at``) and, for a
+    reader that cannot see the file's time (the ``/status`` endpoint), when the daemon last
+    found it current (``checked_at``; the file's modification time says that)."""
+    times = {"changed_at": changed_at}
+    if checked_at is not None:
+        times["checked_at"] = checked_at
+    return orjson.dumps({**content, **times})
 
 
 def _alive(pid: int) -> bool:
@@ -169,16 +271,23 @@ def read_status(state_dir: Path) -> dict[str, Any]:
     """
     path = state_dir / STATUS_NAME
     try:
-        doc: dict[str, Any] = orjson.loads(path.read_bytes())
+        with path.open("rb") as f:
+            doc: dict[str, Any] = orjson.loads(f.read())
+            checked_at = os.fstat(f.fileno()).st_mtime
     except FileNotFoundError as exc:
         raise NoStatus(f"no status in {state_dir} (has the client run there?)") from exc
     except OSError as exc:
         raise NoStatus(f"cannot read {path}: {exc.strerror}") from exc
     except orjson.JSONDecodeError as exc:
-        raise NoStatus(f"{path} is damaged ({exc}); the client rewrites it every second") from exc
+        raise NoStatus(f"{path} is damaged ({exc}); the client writes it whole, by rename") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):
         raise NoStatus(f"{path} is not a status document")
     now = time.time()
+    # The daemon rewrites the file when what it shows changes and touches it every second:
+    # its modification time is when the daemon last found it current.  (A status of an
+    # older version has updated_at, rewritten every second, instead of both.)
+    doc["checked_at"] = checked_at
+    doc.setdefault("changed_at", doc.get("updated_at", checked_at))
     doc["running"] = bool(doc.get("running")) and _alive(int(doc.get("pid", 0)))
     for row in doc["files"]:
         row["size"], row["lag_bytes"], row["lag_s"] = current_lag(row, now)
@@ -186,9 +295,14 @@ def read_status(state_dir: Path) -> dict[str, Any]:
 
 
 def print_status(doc: dict[str, Any], out: TextIO) -> None:
-    age = time.time() - float(doc["updated_at"])
+    now = time.time()
+    checked = now - float(doc["checked_at"])
+    changed = now - float(doc["changed_at"])
     state = f"running (pid {doc['pid']})" if doc["running"] else "not running"
-    out.write(f"logbroker push: {state}; status updated {age:.1f} s ago\n")
+    out.write(
+        f"logbroker push: {state}; status checked {checked:.1f} s ago, "
+        f"changed {changed:.1f} s ago\n"
+    )
     out.write(f"servers: {', '.join(doc['servers'])}\n")
     installations = doc.get("installations", [])
     if len(installations) > 1:
@@ -200,18 +314,30 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
         for gw in inst.get("failing_gateways", []):
             when = time.strftime("%H:%M:%S", time.localtime(gw["since"]))
             where = f" of {inst['name']}" if len(installations) > 1 else ""
-            tried = (
-                "retrying"
-                if gw["current"]
-                else "not tried again while another gateway of it answers"
-            )
+            if not inst.get("up", True):
+                use = "its installation is down"
+            elif gw["current"]:
+                use = "retrying"
+            else:
+                use = "not in use while another gateway of it answers"
+            tried = ""
+            if "tried_at" in gw:
+                by = " by a probe" if gw.get("tried_by") == "probe" else ""
+                tried = f"last tried {max(0.0, now - gw['tried_at']):.0f} s ago{by}; "
             out.write(
                 f"GATEWAY FAILING {gw['server']}{where} since {when}: {gw['error']} "
-                f"({gw['retries']} failures; {tried})\n"
+                f"({gw['retries']} failures; {tried}{use})\n"
             )
     if doc.get("last_error"):
         when = time.strftime("%H:%M:%S", time.localtime(doc["last_error_at"]))
         out.write(f"last error ({when}): {doc['last_error'][:200]}\n")
+    elif doc.get("last_recovery"):
+        back = doc["last_recovery"]
+        out.write(
+            f"no gateway fails: {back['server']} answers again since "
+            f"{time.strftime('%H:%M:%S', time.localtime(back['recovered_at']))} (failing "
+            f"from {time.strftime('%H:%M:%S', time.localtime(back['failing_since']))})\n"
+        )
     for r in doc.get("unreadable", []):
         when = time.strftime("%H:%M:%S", time.localtime(r["since"]))
         lag = r.get("lag_bytes")

@@ -74,6 +74,8 @@ class OwnerAttempt:
     longer owns their partitions, so the owners' map is stale."""
 
 
+PROBE_TIMEOUT_S = 2.0
+
 # Errors raised before the request left this host: the gateway cannot have seen it.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
@@ -90,8 +92,6 @@ class TransportStats:
     """Per installation, partitions whose owner is known and allowed (``direct_to_owner``)."""
     retries: int = 0
     failovers: int = 0
-    last_error: str = ""
-    last_error_at: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, outcome: str) -> None:
@@ -102,11 +102,30 @@ class TransportStats:
         with self.lock:
             self.owner_writes[outcome] = self.owner_writes.get(outcome, 0) + 1
 
-    def error(self, text: str) -> None:
+    def count_retry(self) -> None:
+        """A request failed (what failed and whether it still does is the gateways' part:
+        :meth:`GatewayClient.failing`, which the status shows)."""
         with self.lock:
             self.retries += 1
-            self.last_error = text
-            self.last_error_at = time.time()
+
+
+@dataclass
+class _Failure:
+    """A gateway failing now: what it answered last and when it was last tried."""
+
+    kind: str
+    """The kind of the last failure (``ConnectError``, ``HTTP 503``)."""
+    outcome: str
+    """The last failure as said in the log."""
+    since: float
+    """Monotonic time of the first failure."""
+    since_wall: float
+    failures: int
+    """Requests that failed there (probes not counted)."""
+    tried_at: float
+    """Wall-clock time of the last request or probe that failed there."""
+    tried_by: str
+    """``request`` or ``probe``: what tried it last."""
 
 
 class Backoff:
@@ -142,6 +161,7 @@ class GatewayClient:
         failover_after_s: float | None = None,
         is_down: Callable[[], bool] | None = None,
         request_timeout_s: float = 60.0,
+        probe_interval_s: float | None = None,
     ) -> None:
         self.servers = servers
         self._preferred = 0
@@ -153,9 +173,14 @@ class GatewayClient:
         self._token = token
         self.failover_after_s = failover_after_s
         self._is_down = is_down or (lambda: False)
-        self._failing: dict[str, tuple[str, float, int, float]] = {}
-        """Gateways failing now: server -> (kind of failure, since (monotonic), retries,
-        since (wall clock))."""
+        self._failing: dict[str, _Failure] = {}
+        """Gateways failing now, by URL: until a request or a probe there succeeds."""
+        self._recovered: dict[str, Any] | None = None
+        """The last gateway that answered again: ``server``, ``failing_since`` and
+        ``recovered_at`` (wall clock)."""
+        self.probe_interval_s = probe_interval_s
+        self._prober: threading.Thread | None = None
+        self._closed = threading.Event()
         self._http = httpx.Client(
             headers={"User-Agent": "logbroker-push/1"},
             timeout=httpx.Timeout(request_timeout_s, connect=min(2.0, request_timeout_s)),
@@ -163,6 +188,10 @@ class GatewayClient:
         )
 
     def close(self) -> None:
+        self._closed.set()
+        prober = self._prober
+        if prober is not None:
+            prober.join(2 * PROBE_TIMEOUT_S + 1)
         self._http.close()
 
     @property
@@ -237,15 +266,18 @@ class GatewayClient:
                     return parsed
                 outcome = f"{server}: HTTP {response.status_code}: {response.text[:300]}"
                 if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
+                    # An answer: the gateway works, the request is what it refuses.
                     self.stats.count("rejected")
-                    self.stats.error(outcome)
+                    self.stats.count_retry()
+                    if self._failing:
+                        self._answered(server)
                     raise _refused(response)
                 self.stats.count(f"http_{response.status_code}")
                 maybe_written = maybe_written or response.status_code >= 500
                 retry_after = response.headers.get("Retry-After", "")
                 if retry_after.replace(".", "", 1).isdigit():
                     wait_at_least = min(float(retry_after), 30.0)
-            self.stats.error(outcome)
+            self.stats.count_retry()
             self._failed(server, outcome)
             if failed_at is None:
                 failed_at = index
@@ -274,48 +306,118 @@ class GatewayClient:
         (another HTTP status, another error), not at every retry of every request in flight
         (with the gateway down for an hour, a line a second said nothing new)."""
         kind = outcome.removeprefix(f"{server}: ").split(":", 1)[0]
+        wall = time.time()
         with self._lock:
             known = self._failing.get(server)
+            said = known is not None and known.kind == kind
             if known is None:
-                self._failing[server] = (kind, time.monotonic(), 1, time.time())
+                self._failing[server] = _Failure(
+                    kind, outcome, time.monotonic(), wall, 1, wall, "request"
+                )
             else:
-                self._failing[server] = (kind, known[1], known[2] + 1, known[3])
-        if known is not None and known[0] == kind:
+                known.failures += 1
+                known.kind, known.outcome = kind, outcome
+                known.tried_at, known.tried_by = wall, "request"
+        if said:
             log.debug("request failed, retrying: %s", outcome)
             return
         log.warning(
             "request failed, retrying: %s (said again when it answers or fails otherwise)",
             outcome,
         )
+        self._start_prober()
 
     def failing(self) -> list[dict[str, Any]]:
-        """The gateways whose last request failed: ``server``, ``error`` (its kind),
-        ``since`` (wall clock), ``retries``, and ``current`` (whether requests go there
-        first now; one that is not is tried again only when the current one fails)."""
+        """The gateways failing now (their last request or probe failed): ``server``,
+        ``error`` (its kind), ``outcome`` (as logged), ``since`` and ``tried_at`` (wall
+        clock), ``tried_by`` (``request`` or ``probe``), ``retries`` (requests that failed
+        there), and ``current`` (whether requests go there first now; one that is not is
+        probed every ``probe_interval_s`` until it answers)."""
         current = self.current_server
         with self._lock:
             failing = sorted(self._failing.items())
-        return [
-            {
-                "server": server,
-                "error": kind,
-                "since": since,
-                "retries": retries,
-                "current": server == current,
-            }
-            for server, (kind, _, retries, since) in failing
-        ]
+            return [
+                {
+                    "server": server,
+                    "error": f.kind,
+                    "outcome": f.outcome,
+                    "since": f.since_wall,
+                    "retries": f.failures,
+                    "tried_at": f.tried_at,
+                    "tried_by": f.tried_by,
+                    "current": server == current,
+                }
+                for server, f in failing
+            ]
 
-    def _answered(self, server: str) -> None:
+    def recovered(self) -> dict[str, Any] | None:
+        """The last gateway that answered again after failing (None if none did)."""
+        with self._lock:
+            return None if self._recovered is None else dict(self._recovered)
+
+    def _answered(self, server: str, *, by_probe: bool = False) -> None:
+        now = time.time()
         with self._lock:
             known = self._failing.pop(server, None)
+            if known is not None:
+                self._recovered = {
+                    "server": server,
+                    "failing_since": known.since_wall,
+                    "recovered_at": now,
+                }
         if known is not None:
             log.info(
-                "%s answers again, after %.1f s of failures (%d retries)",
+                "%s answers again, after %.1f s of failures (%d retries%s)",
                 server,
-                time.monotonic() - known[1],
-                known[2],
+                time.monotonic() - known.since,
+                known.failures,
+                "; a probe saw it" if by_probe else "",
             )
+
+    # -- probing --------------------------------------------------------------------------------
+    def _start_prober(self) -> None:
+        """A gateway that failed is probed while no request tries it (one the client moved
+        away from is never tried again otherwise), so that what the status says stays true."""
+        if self.probe_interval_s is None:
+            return
+        with self._lock:
+            if self._prober is not None or self._closed.is_set():
+                return
+            self._prober = threading.Thread(
+                target=self._probe_loop, name="push-gateway-probe", daemon=True
+            )
+            self._prober.start()
+
+    def _probe_loop(self) -> None:
+        assert self.probe_interval_s is not None
+        interval = self.probe_interval_s
+        with httpx.Client(
+            headers={"User-Agent": "logbroker-push/1"}, timeout=PROBE_TIMEOUT_S
+        ) as http:
+            while not self._closed.wait(interval) and not self._stop.is_set():
+                horizon = time.time() - interval
+                # Requests retry the gateway they go to first until it answers, unless the
+                # installation was given up: that one needs no probe.
+                current = None if self._is_down() else self.current_server
+                with self._lock:
+                    due = [
+                        s
+                        for s, f in self._failing.items()
+                        if s != current and f.tried_at <= horizon
+                    ]
+                for server in due:
+                    if self._closed.is_set() or self._stop.is_set():
+                        return
+                    failure = _probe(http, server)
+                    if failure is None:
+                        self._answered(server, by_probe=True)
+                        continue
+                    with self._lock:
+                        known = self._failing.get(server)
+                        if known is not None:
+                            known.kind = failure.split(":", 1)[0]
+                            known.outcome = f"{server}: {failure}"
+                            known.tried_at, known.tried_by = time.time(), "probe"
 
     def _sleep(self, delay_s: float, flush: bool) -> None:
         if not self._stop.is_set():
@@ -345,11 +447,11 @@ class GatewayClient:
             )
         except httpx.HTTPError as exc:
             self.stats.count_owner_write("fallback")
-            self.stats.error(f"owner {owner_url}: {type(exc).__name__}: {exc}")
+            self.stats.count_retry()
             return OwnerAttempt(None, maybe_written=not isinstance(exc, _NOT_SENT))
         if response.status_code != 200:
             self.stats.count_owner_write("fallback")
-            self.stats.error(f"owner {owner_url}: HTTP {response.status_code}")
+            self.stats.count_retry()
             return OwnerAttempt(None, maybe_written=response.status_code >= 500)
         self.stats.count_owner_write("owner")
         parsed: dict[str, Any] = orjson.loads(response.content)
@@ -399,6 +501,20 @@ class GatewayClient:
         if not isinstance(results, list) or len(results) != len(sessions):
             raise LogbrokerError(f"gateway answered sessions with a bad body: {answer!r:.300}")
         return results
+
+
+def _probe(http: httpx.Client, server: str) -> str | None:
+    """Whether ``server`` can take writes (``GET /readyz``; ``/healthz`` for a gateway too
+    old to have it): None if it can, else what failed (``ConnectError: ...``, ``HTTP 503``)."""
+    try:
+        response = http.get(server + "/readyz")
+        if response.status_code == 404:
+            response = http.get(server + "/healthz")
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if response.status_code == 200:
+        return None
+    return f"HTTP {response.status_code}"
 
 
 def _refused(response: httpx.Response) -> Refused:

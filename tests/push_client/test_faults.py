@@ -3,6 +3,7 @@ over, memory while the gateway is away.  Each run checks every line arrived exac
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -100,7 +101,18 @@ def test_gateway_down_for_seconds_then_back_resumes_without_loss(
     assert "ConnectError" in status or "Connect" in status
     gateway.start()
     wait_for_lines(gateway.data_dir, "app", len(writer.ids), timeout_s=60)
-    time.sleep(0.5)
+    time.sleep(1.5)  # a status written since
+    # Recovered: the error is history.  --status kept printing it as "last error" (and
+    # status.json kept it) until another error replaced it, however long the gateway had
+    # been answering.
+    shown = _push_status(state)
+    assert "last error" not in shown and "GATEWAY FAILING" not in shown, shown
+    assert f"no gateway fails: {gateway.url} answers again since " in shown, shown
+    doc = json.loads((state / "status.json").read_bytes())
+    assert doc["last_error"] == "" and doc["last_recovery"]["server"] == gateway.url, doc
+    assert doc["installations"][0]["failing_gateways"] == [], doc
+    metrics = (state / "metrics.prom").read_text()
+    assert not [k for k in samples(metrics) if k[0] == "logbroker_push_gateway_failing"]
     assert push.stop() == 0
     assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
     # The outage is said when it starts (again only if the failure changes: a reset
@@ -130,15 +142,9 @@ def test_two_servers_with_one_dying_fails_over_without_loss(
     time.sleep(1.5)  # a status written since
     # The dead gateway is not tried again while the other answers: --status and the metrics
     # name it (it was only an old "last error" line, an operator could not tell it was down).
-    status = subprocess.run(
-        logbroker_cmd("push", "--status", "--state-dir", str(tmp_path / "state")),
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=30,
-    ).stdout
+    status = _push_status(tmp_path / "state")
     assert f"GATEWAY FAILING {first.url} since " in status, status
-    assert "not tried again while another gateway of it answers" in status, status
+    assert "not in use while another gateway of it answers" in status, status
     assert f"GATEWAY FAILING {second.url}" not in status, status
     metrics = (tmp_path / "state" / "metrics.prom").read_text()
     failing = [
@@ -148,6 +154,65 @@ def test_two_servers_with_one_dying_fails_over_without_loss(
     assert push.stop() == 0
     assert_exactly_once(read_delivered(data, "app"), writer)
     assert "now sending to " + second.url in push.log()
+
+
+def test_a_gateway_left_after_it_failed_is_shown_answering_once_it_is_back(
+    tmp_path: Path, start_gateway, start_push
+) -> None:
+    """A gateway the client moved away from is never sent to again while the other answers,
+    so it stayed "failing" in --status, status.json and the metrics for good, long after it
+    was back: an alert on it could never clear.  It is probed (``probe_interval_s``) while
+    no request tries it, and the status says when it was last tried."""
+    data = tmp_path / "data"
+    first = start_gateway(data)
+    second = start_gateway(data)
+    path = tmp_path / "app.log"
+    writer = LineWriter("p")
+    writer.append(path, 200)
+    state = tmp_path / "state"
+    push = start_push(f"{first.url},{second.url}", state, path, extra=["--probe-interval", "0.5"])
+    wait_for_lines(data, "app", 200)
+    first.kill()
+    writer.append(path, 200)
+    wait_for_lines(data, "app", 400)
+    time.sleep(2.0)  # probed meanwhile, and a status written since
+    status = _push_status(state)
+    assert f"GATEWAY FAILING {first.url} since " in status, status
+    assert "by a probe; not in use while another gateway of it answers" in status, status
+    first.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        doc = json.loads((state / "status.json").read_bytes())
+        if not doc["installations"][0]["failing_gateways"]:
+            break
+        time.sleep(0.2)
+    assert doc["installations"][0]["failing_gateways"] == [], doc
+    assert doc["last_error"] == "", doc
+    time.sleep(1.2)  # the metrics are written with the status
+    metrics = (state / "metrics.prom").read_text()
+    assert not [k for k in samples(metrics) if k[0] == "logbroker_push_gateway_failing"]
+    assert "GATEWAY FAILING" not in _push_status(state)
+    writer.append(path, 100)
+    wait_for_lines(data, "app", 500)
+    assert push.stop() == 0
+    assert_exactly_once(read_delivered(data, "app"), writer)
+    text = push.log()
+    said = [line for line in text.splitlines() if f"{first.url} answers again, after " in line]
+    assert len(said) == 1 and said[0].endswith("; a probe saw it)"), text
+    # Probing does not move the client back: the gateway it writes to answers.
+    assert f"now sending to {first.url}" not in text, text
+
+
+def _push_status(state: Path) -> str:
+    out = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(state)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def _rss_bytes(pid: int) -> int:

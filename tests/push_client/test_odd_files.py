@@ -320,3 +320,46 @@ def test_a_directory_that_loses_search_permission_is_shown_and_said_once_each_wa
     assert text.count(f"cannot stat {logs / 'app.log'}") == 1, text[-3000:]
     assert text.count(f"{logs / 'app.log'} can be looked at again") == 1, text[-3000:]
     assert text.count(f"cannot read {logs / 'new.log'}") == 1, text[-3000:]
+
+
+def test_a_directory_a_glob_may_not_enter_is_named_like_an_unreadable_file(
+    tmp_path: Path, gateway
+) -> None:
+    """``logs/*/app.log`` passed over a directory the client may not enter without a word:
+    glob skips what it cannot list, so its files were never shipped, nothing named them, and
+    a one-shot run exited 0."""
+    logs = tmp_path / "logs"
+    (logs / "open").mkdir(parents=True)
+    (logs / "closed").mkdir()
+    shown, hidden = LineWriter("shown"), LineWriter("hidden")
+    shown.append(logs / "open" / "app.log", 100)
+    hidden.append(logs / "closed" / "app.log", 50)
+    (logs / "closed").chmod(0)
+    closed = str(logs / "closed")
+    state = tmp_path / "state"
+    args = ["--server", gateway.url, "--log-type", "app", "--state-dir", str(state), *FAST_FLAGS]
+    # idle long enough for a lag report (every 5 s) to reach the gateway
+    daemon = _start_without_root_rights(
+        [*args, "--idle-exit", "7", str(logs / "*" / "app.log")], tmp_path / "push.log"
+    )
+    try:
+        daemon.wait_started(state)
+        reported = _reported_files(gateway, str(logs))
+        assert reported.get(closed, {}).get("phase") == "unreadable: Permission denied", reported
+        assert daemon.wait() == 1, daemon.log()
+    finally:
+        (logs / "closed").chmod(0o755)
+        daemon.kill()
+    text = daemon.log()
+    assert text.count(f"cannot read {closed}: Permission denied") == 1, text[-3000:]
+    assert f"{closed} was not shipped: cannot read it" in text, text[-3000:]
+    status = _push_status(state)
+    assert f"UNREADABLE {closed} since " in status, status
+    metrics = (state / "metrics.prom").read_text()
+    assert sample(metrics, "logbroker_push_unreadable_files") == 1
+    labels = {"file": closed, "source": "", "what": "unreadable", "error": "Permission denied"}
+    assert sample(metrics, "logbroker_push_file_unreadable", **labels) == 1
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), shown)
+    again = _push_without_root_rights(*args, "--idle-exit", "1", str(logs / "*" / "app.log"))
+    assert again.returncode == 0, again.stderr
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), shown, hidden)

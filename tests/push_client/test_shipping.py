@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import signal
 import subprocess
 import time
@@ -237,7 +238,71 @@ def test_status_reports_lag_per_file_and_metrics_are_exported(tmp_path: Path, st
     assert "logbroker_push_retries_total" in metrics
     status = httpx.get(f"http://127.0.0.1:{metrics_port}/status", timeout=5).json()
     assert status["files"][0]["path"] == str(log) and status["files"][0]["acked"] == 0
+    assert 0 <= time.time() - status["checked_at"] < 3, status
     assert (state / "metrics.prom").read_text().startswith("# HELP")
+    assert push.stop() == 0
+
+
+def test_an_idle_client_touches_its_status_and_metrics_and_rewrites_them_on_change(
+    tmp_path: Path, gateway, start_push
+) -> None:
+    """An idle client rebuilt and rewrote status.json and metrics.prom every second, for a
+    thousand idle files most of its CPU.  They are rewritten when what they show changes;
+    in between their modification time moves every second, so that it still says the
+    client is alive (node_exporter exports it for the textfile collector's alerts)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writers = [LineWriter(f"i{i}") for i in range(3)]
+    for i, writer in enumerate(writers):
+        writer.append(logs / f"{i}.log", 10)
+    state = tmp_path / "state"
+    push = start_push(gateway.url, state, logs / "*.log")
+    push.wait_started(state)
+    wait_for_lines(gateway.data_dir, "app", 30)
+    status, metrics = state / "status.json", state / "metrics.prom"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        doc = json.loads(status.read_bytes())
+        if sum(r["acked"] for r in doc["files"]) == sum(r["size"] for r in doc["files"]) > 0:
+            break
+        time.sleep(0.2)
+    time.sleep(1.5)  # the last acks' status and the lag report's first offer
+    before = {p: p.stat() for p in (status, metrics)}
+    time.sleep(2.5)
+    for path, st in before.items():
+        now = path.stat()
+        assert now.st_ino == st.st_ino, f"{path.name} was rewritten with nothing changed"
+        assert now.st_mtime >= st.st_mtime + 1.5, f"{path.name} was not touched"
+    shown = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(state)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    ).stdout
+    checked, changed = re.search(
+        r"status checked ([\d.]+) s ago, changed ([\d.]+) s ago", shown
+    ).groups()
+    assert float(checked) < 1.5 and float(changed) >= 2.5, shown
+    writers[0].append(logs / "0.log", 5)
+    wait_for_lines(gateway.data_dir, "app", 35)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        doc = json.loads(status.read_bytes())
+        if {r["acked"] for r in doc["files"]} == {
+            (logs / f"{i}.log").stat().st_size for i in range(3)
+        }:
+            break
+        time.sleep(0.2)
+    assert doc["changed_at"] > before[status].st_mtime, doc
+    assert status.stat().st_ino != before[status].st_ino
+    assert metrics.stat().st_ino != before[metrics].st_ino
+    acked = [
+        v
+        for (name, _), v in samples(metrics.read_text()).items()
+        if name == "logbroker_push_acked_bytes_total"
+    ]
+    assert acked == [sum((logs / f"{i}.log").stat().st_size for i in range(3))]
     assert push.stop() == 0
 
 

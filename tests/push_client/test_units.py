@@ -656,3 +656,73 @@ def test_an_idle_poll_looks_only_at_files_inotify_may_not_report(
         finally:
             files.close()
             watcher.close()
+
+
+def test_a_parked_file_shows_the_refusal_that_holds_it_not_an_earlier_one_that_passed(
+    tmp_path: Path,
+) -> None:
+    """A file refused with a 429 (RETRYING) and then parked for a 403 kept showing the 429
+    in --status beside the 403, an error that no longer held it."""
+    from push_client.parking import ParkingLot, Refusal
+    from push_client.status import file_row
+
+    path = tmp_path / "app.log"
+    path.write_bytes(b"a line\n")
+    tailed = _tailed(path)
+    tailed.session_refusal = "HTTP 429 limit_reached: too many sources"
+    ParkingLot(60.0).park(tailed, Refusal(403, "forbidden", "not yours"), 0.0, 0.0)
+    row = file_row(tailed)
+    assert row["retrying"] is None and row["parked"]["error"] == "forbidden", row
+    os.close(tailed.fd)
+
+
+def test_an_installation_up_again_shows_no_error() -> None:
+    """An installation that came back kept its last error in status.json (``up: true`` with
+    ``last_error`` of the outage) until it went down again."""
+    from push_client.installations import InstallationSet
+    from push_client.status import installation_rows
+
+    installations = InstallationSet(
+        [InstallationSpec("dc1", ("http://a:1",)), InstallationSpec("dc2", ("http://b:1",))],
+        probe_interval_s=60.0,
+        wake=lambda: None,
+    )
+    dc1 = installations.members[0]
+    installations.mark_down(dc1, "http://a:1: ConnectError: refused")
+    assert installation_rows(installations)[0]["last_error"].endswith("refused")
+    installations.mark_up(dc1)
+    installations.close()
+    assert installation_rows(installations)[0] == {
+        "name": "dc1",
+        "servers": ["http://a:1"],
+        "up": True,
+        "current": True,
+        "last_error": "",
+        "failing_gateways": [],
+    }
+
+
+def test_a_status_row_is_kept_while_its_file_shows_the_same_and_built_again_on_change(
+    tmp_path: Path,
+) -> None:
+    """The rows of idle files are not built again every second, and one whose file changed
+    in any way the status shows is."""
+    from push_client.parking import ParkingLot, Refusal
+    from push_client.status import FileRows, file_row
+
+    path = tmp_path / "app.log"
+    path.write_bytes(b"a line\n")
+    tailed = _tailed(path)
+    rows = FileRows()
+    first = rows.rows([tailed])[0]
+    assert rows.rows([tailed])[0] is first
+    tailed.path_error = ("Permission denied", 1.0)
+    second = rows.rows([tailed])[0]
+    assert second["path_error"] == {"error": "Permission denied", "since": 1.0}
+    tailed.path_error = None
+    tailed.handover.census.add("dc2")
+    assert rows.rows([tailed])[0]["waiting_for"] == ["dc2"]
+    ParkingLot(60.0).park(tailed, Refusal(403, "forbidden", "not yours"), 0.0, 5.0)
+    assert rows.rows([tailed])[0] == file_row(tailed)
+    assert rows.rows([tailed])[0]["parked"]["since"] == 5.0
+    os.close(tailed.fd)
