@@ -675,13 +675,15 @@ class Shipper:
     def _on_fenced(self, tailed: TailedFile, chunks: list[Chunk]) -> None:
         """Another session of this source started after ours: nothing of ours was written.
 
-        That is another client shipping the same file (or a clock-skewed restart of this one).
+        That is another client shipping the same file (or a clock-skewed restart of this one),
+        or the source's topic deleted and made again (its sessions went with it).
         Open the session again (fencing in turn) and resume from the gateway's last seqno:
         whoever writes has read the log's end after its fence, so no bytes are written twice.
         """
         log.error(
-            "writes of %s were fenced by a newer session (is another client shipping this "
-            "file?); reopening the session and resuming from the gateway's position",
+            "writes of %s were fenced: the gateway holds another session of this source (a "
+            "second client shipping this file, or its topic deleted and made again); "
+            "reopening the session and resuming from the gateway's position",
             tailed.source_id,
         )
         self.counters.buffered -= sum(len(c.data) for c in chunks) + tailed.drop_pending()

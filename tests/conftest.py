@@ -215,6 +215,12 @@ _WORKERS_LEFT = pytest.StashKey[list[str]]()
 def pytest_configure(config: pytest.Config) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # Started as a background command of a script (`./scripts/test.sh &`): SIGINT is
+        # ignored, and every process the tests start would inherit that.  A shell cannot
+        # trap a signal ignored when it started, so the tests' Ctrl-C of the quick start
+        # would stop nothing.  The tests run as if started from a terminal.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if config.option.basetemp is None:
         # pytest's shared /tmp/pytest-of-USER keeps only the 3 newest runs' directories and
         # deletes older ones, also those of a run still going on the same machine: each run

@@ -67,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--probe-interval",
         type=float,
-        help="seconds between health probes of an installation that is down (2)",
+        help="seconds between health probes of an installation that is down, and of a failing "
+        "gateway no request tries (2)",
     )
     parser.add_argument(
         "--position-wait",
