@@ -159,6 +159,7 @@ def build_app(
             gc.set_threshold(_YOUNG_COLLECTION_ALLOCATIONS, 10, 10)
             yield
         finally:
+            ctx.begin_stop()
             for module in reversed(started):
                 hook = getattr(module, "on_shutdown", None)
                 if hook is not None:
@@ -167,7 +168,11 @@ def build_app(
                     except Exception:
                         _log.exception("on_shutdown of %s failed", module.__name__)
             if close_store:
-                ctx.store.close()
+                close_within = getattr(ctx.store, "close_within", None)
+                if close_within is not None:
+                    close_within(ctx.stop_time_left(float("inf")))
+                else:
+                    ctx.store.close()
 
     app = Starlette(
         routes=routes,

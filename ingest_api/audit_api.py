@@ -245,7 +245,8 @@ async def on_startup(ctx: GatewayContext) -> None:
 async def on_shutdown(ctx: GatewayContext) -> None:
     publisher = ctx.extensions.pop(_PUBLISHER, None)
     if isinstance(publisher, AuditPublisher):
-        await anyio.to_thread.run_sync(publisher.stop)
+        timeout_s = ctx.stop_time_left(publisher.stop_timeout_s)
+        await anyio.to_thread.run_sync(publisher.stop, timeout_s)
 
 
 def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:

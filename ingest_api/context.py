@@ -7,6 +7,7 @@ their own state on objects they create in ``routes(ctx)``, never in globals.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,10 @@ from ingest_api.settings import GatewaySettings, TokenGrant
 from ingest_api.store_gauges import register_store_gauges
 from log_store.interface import LogStore
 from log_store.topic_quota import TopicLimits, TopicQuota
+
+DEFAULT_STOP_BUDGET_S = 10.0
+"""What a gateway's stop may take on a store that names no budget of its own."""
+MIN_STOP_STEP_S = 0.5
 
 
 @dataclass
@@ -35,6 +40,8 @@ class GatewayContext:
     """``logbroker_limit_refusals_total{limit}``: requests refused by a limit, per limit."""
     extensions: dict[str, Any] = field(default_factory=dict)
     """Room for route modules to share objects with each other, by module name."""
+    stop_deadline: float | None = None
+    """Set when the gateway stops (:meth:`begin_stop`): what every part's stop shares."""
 
     def __post_init__(self) -> None:
         limits = self.settings.limits
@@ -75,6 +82,23 @@ class GatewayContext:
             self.store,
             self.settings.data_dir if self.settings.store == "sqlite" else None,
         )
+
+    def begin_stop(self) -> None:
+        """The gateway is stopping: its parts' stops (the audit's last publish, leaving the
+        gateways' group, closing the store) share one deadline from now on, the store's
+        ``stop_budget_s`` (one operation timeout and a grace on Kafka).  Each would otherwise
+        wait for its own timeout in turn while Kafka does not answer, and the stop would take
+        several; what a part leaves unfinished is what a crash would leave, and acknowledged
+        data is committed before its ack."""
+        budget = float(getattr(self.store, "stop_budget_s", DEFAULT_STOP_BUDGET_S))
+        self.stop_deadline = time.monotonic() + budget
+
+    def stop_time_left(self, most: float) -> float:
+        """How long a part of the stop may wait: ``most``, within the stop's deadline (a
+        moment at least, so a part that is quick when all is well still gets to finish)."""
+        if self.stop_deadline is None:
+            return most
+        return max(MIN_STOP_STEP_S, min(most, self.stop_deadline - time.monotonic()))
 
     def grant(self, conn: HTTPConnection) -> TokenGrant | None:
         """The request's token grant (``None`` with auth off), as its route's guard found it.

@@ -293,4 +293,4 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
 async def on_shutdown(ctx: GatewayContext) -> None:
     group = _group(ctx)
     if group is not None:
-        await anyio.to_thread.run_sync(group.stop)
+        await anyio.to_thread.run_sync(group.stop, ctx.stop_time_left(group.stop_budget_s))

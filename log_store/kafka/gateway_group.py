@@ -108,10 +108,16 @@ class GatewayGroup:
         self._thread = threading.Thread(target=self._run, name="logbroker-group", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    @property
+    def stop_budget_s(self) -> float:
+        """What :meth:`stop` waits at most unless told less."""
+        return self._settings.operation_timeout_s + _LEAVE_GRACE_S
+
+    def stop(self, timeout_s: float | None = None) -> None:
         """Leave the group: every partition is finished, released and handed on at once.
 
-        Bounded by ``operation_timeout_s`` and a few seconds: leaving (the owners finish the
+        Bounded by ``timeout_s`` (default :attr:`stop_budget_s`, ``operation_timeout_s`` and a
+        few seconds; a gateway's stop gives what is left of its own): leaving (the owners finish the
         transactions in flight, each within the operation timeout; the directory keeps
         reading meanwhile, so what was queued finds the next owner), then stopping the
         directory, whose withdrawals Kafka takes in milliseconds when it is reachable.  With
@@ -120,11 +126,13 @@ class GatewayGroup:
         times out, as after a crash; nothing acknowledged depends on it.
         """
         self._stopping.set()
+        deadline = time.monotonic() + (self.stop_budget_s if timeout_s is None else timeout_s)
         if self._thread is not None:
-            self._thread.join(self._settings.operation_timeout_s + _LEAVE_GRACE_S)
+            # what is left for the withdrawals, which take milliseconds when Kafka answers
+            self._thread.join(max(0.0, deadline - time.monotonic() - _WITHDRAW_S))
             if self._thread.is_alive():
                 log.warning("gateway %s: leaving the group did not finish in time", self.url)
-        self.directory.stop(_WITHDRAW_S)
+        self.directory.stop(min(_WITHDRAW_S, max(0.1, deadline - time.monotonic())))
 
     def _consumer_config(self) -> dict[str, object]:
         return {

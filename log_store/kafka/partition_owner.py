@@ -465,14 +465,21 @@ class PartitionOwner:
             self._pending.append(txn)
             self._cond.notify()
 
-    def close(self, *, wait: bool = True) -> None:
-        """Stop taking transactions; commit what is queued; let the producer go."""
+    def close(self, *, wait: bool = True, timeout_s: float | None = None) -> None:
+        """Stop taking transactions; commit what is queued; let the producer go.
+
+        ``wait``: for the owner's threads, ``timeout_s`` at most in all (``None``: three
+        operation timeouts each)."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for thread in (self._thread, self._ack_thread):
             if wait and thread is not None and thread is not threading.current_thread():
-                thread.join(self._settings.operation_timeout_s * 3)
+                if deadline is None:
+                    thread.join(self._settings.operation_timeout_s * 3)
+                else:
+                    thread.join(max(0.0, deadline - time.monotonic()))
 
     def _run(self, eager: bool) -> None:
         try:

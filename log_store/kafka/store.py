@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 TOPIC_RECORD_KEY = "__topic"
 TOPIC_STATE_PREFIX = "topic/"
 _MAX_ATTEMPTS = 10
+STOP_GRACE_S = 1.5
+"""A gateway's stop beyond one operation timeout: leaving the group, closing the clients."""
 _MAX_BACKOFF_S = 2.0
 _TOPIC_CACHE_S = 2.0
 
@@ -719,14 +721,28 @@ class KafkaLogStore:
             return f"Kafka does not answer: {exc}"
         return None
 
+    @property
+    def stop_budget_s(self) -> float:
+        """What a gateway's whole stop over this store may take (its parts share it): one
+        operation timeout, for what was in flight when the stop came, and a grace."""
+        return self.settings.operation_timeout_s + STOP_GRACE_S
+
     def close(self) -> None:
+        self.close_within(None)
+
+    def close_within(self, wait_s: float | None) -> None:
+        """Close; the owners finish what is queued, waited for ``wait_s`` at most in all
+        (``None``: each for its own bound).  An owner still waiting on Kafka then is left
+        behind, as after a crash: nothing it holds was acknowledged."""
         if self._closed:
             return
         self._closed = True
         with self._lock:
             owners, self._owners = list(self._owners.values()), {}
+        deadline = None if wait_s is None else time.monotonic() + wait_s
         for owner in owners:
-            owner.close(wait=True)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            owner.close(wait=True, timeout_s=left)
         remote = self.placement.remote()
         if remote is not None:
             remote.close()
