@@ -280,6 +280,11 @@ class SubscriptionRegistry:
             raise UnknownSubscription(f"no push subscription named {name!r}")
         return _settings(doc[name])
 
+    def skipped(self, name: str) -> dict[str, int]:
+        """Per kind (:data:`SKIP_KINDS`), the messages ``name`` passed over undelivered."""
+        st = self._state.get(_state_key(name)) or {}
+        return _skipped_of(st)
+
     def status(self, name: str) -> Doc:
         """Settings, positions, lag, the last error and who delivers it now."""
         sub = self.get(name)
@@ -306,7 +311,7 @@ class SubscriptionRegistry:
             "delivered_messages": st.get("delivered", 0),
             "delivered_batches": st.get("batches", 0),
             "last_error": st.get("last_error"),
-            "skipped_messages": {kind: st.get("skipped", {}).get(kind, 0) for kind in SKIP_KINDS},
+            "skipped_messages": _skipped_of(st),
             "last_skip": st.get("last_skip"),
             "partitions": partitions,
         }
@@ -317,6 +322,11 @@ LOST_TO_RETENTION = "lost_to_retention"
 SKIP_KINDS = (NOT_ENVELOPE, LOST_TO_RETENTION)
 """What a subscription passes over undelivered: a record that is not an envelope (another
 producer's, in a Kafka topic), or messages retention dropped before they were delivered."""
+
+
+def _skipped_of(state: Doc) -> dict[str, int]:
+    counts = state.get("skipped") or {}
+    return {kind: int(counts.get(kind, 0)) for kind in SKIP_KINDS}
 
 
 @dataclass(frozen=True)

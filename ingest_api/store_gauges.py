@@ -170,11 +170,9 @@ def register_store_gauges(metrics: MetricsRegistry, store: LogStore, data_dir: P
         _, subscriptions = delivery.parts()
         samples: list[Sample] = []
         for sub in subscriptions.list():
-            try:
-                status = subscriptions.status(sub.name)
-            except UnknownSubscription:
-                continue
-            for kind, count in sorted(status["skipped_messages"].items()):
+            # the state document only: status() would describe every topic again, as the lag
+            # gauge just did
+            for kind, count in sorted(subscriptions.skipped(sub.name).items()):
                 samples.append(((sub.name, kind), float(count)))
         return samples
 

@@ -88,17 +88,20 @@ class TopicQuota:
             # is what reached it.  The topic is there; it is not a new one.
             with contextlib.suppress(UnknownTopic):
                 return self._store.describe_topic(name)
-            raise LimitReached(
-                f"the store holds {self.limits.max_topics} topics, its limit; topic {name!r} "
-                "was not created",
-                "max_topics",
-                self.limits.max_topics,
-            )
+            raise self._at_max_topics(name, "")
         with contextlib.suppress(TopicExists):  # another process created it meanwhile
             self._store.create_topic(name, TopicConfig(partitions=partitions), exist_ok=True)
         with self._lock:
             self._counted_at = float("-inf")
         return self._store.describe_topic(name)
+
+    def _at_max_topics(self, name: str, where: str) -> LimitReached:
+        return LimitReached(
+            f"the store holds {self.limits.max_topics} topics, its limit{where}; topic "
+            f"{name!r} was not created",
+            "max_topics",
+            self.limits.max_topics,
+        )
 
     def create_new(self, name: str, config: TopicConfig) -> TopicInfo:
         """Create ``name`` with ``config``: an operator's creation, which names a new topic.
@@ -115,12 +118,7 @@ class TopicQuota:
         with self._lock:
             self._counted_at = float("-inf")
         if self.topic_count() >= self.limits.max_topics:
-            raise LimitReached(
-                f"the store holds {self.limits.max_topics} topics, its limit (limits.max_topics "
-                f"in the gateway's configuration); topic {name!r} was not created",
-                "max_topics",
-                self.limits.max_topics,
-            )
+            raise self._at_max_topics(name, " (limits.max_topics in the gateway's configuration)")
         info = self._store.create_topic(name, config)
         with self._lock:
             self._counted_at = float("-inf")
