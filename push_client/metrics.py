@@ -211,8 +211,8 @@ class PushMetrics:
             "logbroker_push_gateway_failing",
             "gauge",
             "A gateway failing now (1): its last request or probe failed; one the client "
-            "does not send to is probed every probe_interval_s until it answers. error: the "
-            "kind of failure.",
+            "does not send to is probed until it answers, at waits doubling from "
+            "probe_interval_s to probe_max_interval_s. error: the kind of failure.",
             [
                 ({"installation": name, "gateway": gw["server"], "error": gw["error"]}, 1)
                 for name, gateways in sorted((failing_gateways or {}).items())

@@ -173,6 +173,7 @@ def installation_rows(
             "up": m.up,
             "current": m is current,
             "last_error": m.last_error,
+            "next_probe_at": m.next_probe_at,
             "failing_gateways": (failing or {}).get(m.name, []),
         }
         for m in installations.members
@@ -294,6 +295,12 @@ def read_status(state_dir: Path) -> dict[str, Any]:
     return doc
 
 
+def _next_probe(at: float, now: float) -> str:
+    if at <= now:
+        return "probe due"
+    return f"next probe in {at - now:.{0 if at - now >= 10 else 1}f} s"
+
+
 def print_status(doc: dict[str, Any], out: TextIO) -> None:
     now = time.time()
     checked = now - float(doc["checked_at"])
@@ -307,7 +314,11 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
     installations = doc.get("installations", [])
     if len(installations) > 1:
         for inst in installations:
-            state = "up" if inst["up"] else f"DOWN ({inst.get('last_error', '')[:120]})"
+            state = "up"
+            if not inst["up"]:
+                at = inst.get("next_probe_at")
+                probe = "" if at is None else f"; {_next_probe(at, now)}"
+                state = f"DOWN ({inst.get('last_error', '')[:120]}{probe})"
             mark = " <- writing here" if inst["current"] else ""
             out.write(f"installation {inst['name']}: {state}{mark}\n")
     for inst in installations:
@@ -324,6 +335,8 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             if "tried_at" in gw:
                 by = " by a probe" if gw.get("tried_by") == "probe" else ""
                 tried = f"last tried {max(0.0, now - gw['tried_at']):.0f} s ago{by}; "
+            if gw.get("next_probe_at") is not None:
+                tried += f"{_next_probe(gw['next_probe_at'], now)}; "
             out.write(
                 f"GATEWAY FAILING {gw['server']}{where} since {when}: {gw['error']} "
                 f"({gw['retries']} failures; {tried}{use})\n"

@@ -446,6 +446,7 @@ _GOOD_ENTRY = '[[entry]]\npath = "/a/*.log"\nlog_type = "web"\n'
         (_GOOD_PUSH + "shutdown_timeout_s = -5\n" + _GOOD_ENTRY, "shutdown_timeout_s"),
         (_GOOD_PUSH + "graphite_interval_s = 0\n" + _GOOD_ENTRY, "graphite_interval_s"),
         (_GOOD_PUSH + "max_backoff_s = 0\n" + _GOOD_ENTRY, "max_backoff_s"),
+        (_GOOD_PUSH + "probe_max_interval_s = 0\n" + _GOOD_ENTRY, "probe_max_interval_s"),
         (_GOOD_PUSH + "rescan_interval_s = 0\n" + _GOOD_ENTRY, "rescan_interval_s"),
         (_GOOD_PUSH + "multiline_timeout_s = -1\n" + _GOOD_ENTRY, "multiline_timeout_s"),
         (_GOOD_PUSH + "metrics_port = 70000\n" + _GOOD_ENTRY, "metrics_port"),
@@ -698,6 +699,7 @@ def test_an_installation_up_again_shows_no_error() -> None:
         "up": True,
         "current": True,
         "last_error": "",
+        "next_probe_at": None,
         "failing_gateways": [],
     }
 
