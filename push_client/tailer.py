@@ -16,11 +16,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from push_client.backoff import Backoff
 from push_client.config import Entry
 from push_client.handover import SourceHandover
 from push_client.identity import FileIdentity, display_path, read_fingerprint
 from push_client.parking import Parked
-from push_client.transport import Backoff
 from push_client.wire import SourceMeta
 
 

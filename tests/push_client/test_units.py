@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from push_client.backoff import Backoff
 from push_client.config import ConfigError, Entry, build_config
 from push_client.handover import Doubt, SourceHandover, Step
 from push_client.identity import FileIdentity, make_source_id, read_fingerprint
@@ -27,7 +28,6 @@ from push_client.state_file import (
 )
 from push_client.tailer import TailedFile
 from push_client.token import BearerToken
-from push_client.transport import Backoff
 from push_client.wire import SourceMeta, WireChunk, encode_write_body
 from tests.conftest import REPO, logbroker_cmd
 
