@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 import orjson
 
@@ -21,7 +21,9 @@ from push_client.identity import display_path
 
 if TYPE_CHECKING:
     from push_client.files import Unreadable
+    from push_client.handover import Doubt
     from push_client.installations import InstallationSet
+    from push_client.parking import Refusal
     from push_client.tailer import TailedFile
 
 STATUS_NAME = "status.json"
@@ -39,12 +41,40 @@ def _phase(tailed: TailedFile) -> str:
     return tailed.phase.value if tailed.session_ready else "opening"
 
 
-def _shown(tailed: TailedFile) -> tuple[Any, ...]:
-    """Everything a file's status row shows, as plain values (cheap to compare)."""
+class _Shown(NamedTuple):
+    """Everything a file's status row shows, as plain values: compared as a tuple (cheap),
+    read by name."""
+
+    path: str
+    source_id: str
+    log_type: str
+    topic: str
+    partition: int
+    phase: str
+    dev: int
+    ino: int
+    acked: int
+    size: int
+    pending_since: float | None
+    installation: str
+    parked: tuple[Refusal, float] | None
+    """The refusal that parks it, and since when (wall clock)."""
+    doubts: tuple[Doubt, ...]
+    retrying: str
+    """The last refusal that may pass; "" when none."""
+    waiting_for: tuple[str, ...]
+    """The installations whose position of the file is waited for."""
+    path_error: tuple[str, float] | None
+    """(error, since) while its path cannot be looked at."""
+
+
+def _shown(tailed: TailedFile) -> _Shown:
+    """What ``tailed``'s status row shows now."""
     parked = tailed.parked
     plan = tailed.handover
-    path_error = tailed.path_error
-    return (
+    # Positional, in the fields' order: with keywords the call costs 2.7 times as much
+    # (1.3 against 0.47 us on Python 3.11), for every file every second.
+    return _Shown(
         tailed.path,
         tailed.source_id,
         tailed.entry.log_type,
@@ -57,62 +87,50 @@ def _shown(tailed: TailedFile) -> tuple[Any, ...]:
         tailed.size,
         tailed.pending_since,
         tailed.session_installation or plan.installation,
-        None
-        if parked is None
-        else (parked.refusal.status, parked.refusal.error, parked.refusal.reason, parked.since),
-        tuple(tuple(d.as_list()) for d in plan.doubts) if plan.doubts else (),
+        None if parked is None else (parked.refusal, parked.since),
+        tuple(plan.doubts) if plan.doubts else (),
         tailed.session_refusal,
         tuple(sorted(plan.census)) if plan.census else (),
-        None if path_error is None else (path_error[0], path_error[1]),
+        tailed.path_error,
     )
 
 
-def _row(shown: tuple[Any, ...]) -> dict[str, Any]:
+def _row(shown: _Shown) -> dict[str, Any]:
     """The status row of a file from :func:`_shown`'s values (and nothing else, so that a
     row kept while those values stay the same is what it would be built again)."""
-    (
-        path,
-        source_id,
-        log_type,
-        topic,
-        partition,
-        phase,
-        dev,
-        ino,
-        acked,
-        size,
-        pending_since,
-        installation,
-        parked,
-        doubts,
-        retrying,
-        waiting_for,
-        path_error,
-    ) = shown
+    parked = shown.parked
+    path_error = shown.path_error
     return {
         # printable text: JSON holds no undecodable bytes (a Latin-1 name), and a name with
         # a newline would break the table of --status
-        "path": display_path(path),
-        "source_id": source_id,
-        "log_type": log_type,
-        "topic": topic,
-        "partition": partition,
-        "phase": phase,
-        "dev": dev,
-        "ino": ino,
-        "acked": acked,
-        "size": size,
-        "pending_since": pending_since,
-        "installation": installation,
-        "parked": None
-        if parked is None
-        else {"status": parked[0], "error": parked[1], "reason": parked[2], "since": parked[3]},
-        "doubts": [list(d) for d in doubts],
-        "retrying": retrying or None,
-        "waiting_for": list(waiting_for),
+        "path": display_path(shown.path),
+        "source_id": shown.source_id,
+        "log_type": shown.log_type,
+        "topic": shown.topic,
+        "partition": shown.partition,
+        "phase": shown.phase,
+        "dev": shown.dev,
+        "ino": shown.ino,
+        "acked": shown.acked,
+        "size": shown.size,
+        "pending_since": shown.pending_since,
+        "installation": shown.installation,
+        "parked": None if parked is None else _parked_row(*parked),
+        "doubts": [d.as_list() for d in shown.doubts],
+        "retrying": shown.retrying or None,
+        "waiting_for": list(shown.waiting_for),
         "path_error": None
         if path_error is None
         else {"error": path_error[0], "since": path_error[1]},
+    }
+
+
+def _parked_row(refusal: Refusal, since: float) -> dict[str, Any]:
+    return {
+        "status": refusal.status,
+        "error": refusal.error,
+        "reason": refusal.reason,
+        "since": since,
     }
 
 
@@ -127,12 +145,12 @@ class FileRows:
     instead of building (and serializing) a thousand rows."""
 
     def __init__(self) -> None:
-        self._known: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self._known: dict[int, tuple[_Shown, dict[str, Any]]] = {}
 
     def rows(self, files: list[TailedFile]) -> list[dict[str, Any]]:
         """The rows of ``files``; a row is never changed once returned (readers keep them)."""
         known = self._known
-        now: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        now: dict[int, tuple[_Shown, dict[str, Any]]] = {}
         out = []
         for tailed in files:
             shown = _shown(tailed)

@@ -728,3 +728,42 @@ def test_a_status_row_is_kept_while_its_file_shows_the_same_and_built_again_on_c
     assert rows.rows([tailed])[0] == file_row(tailed)
     assert rows.rows([tailed])[0]["parked"]["since"] == 5.0
     os.close(tailed.fd)
+
+
+def test_a_status_row_shows_every_value_of_its_file_under_its_name(tmp_path: Path) -> None:
+    """What a row holds, with every part set (kept the same when the values it is built
+    from became named fields)."""
+    from push_client.parking import ParkingLot, Refusal
+    from push_client.status import file_row
+
+    path = tmp_path / "app.log"
+    path.write_bytes(b"a line\n")
+    tailed = _tailed(path)
+    tailed.topic, tailed.partition, tailed.session_ready = "dc1.app", 3, True
+    tailed.session_installation = "dc1"
+    tailed.pending_since = 7.0
+    tailed.session_refusal = "HTTP 429 limit_reached: too many sources"
+    tailed.handover.doubts.append(Doubt(0, 7, "dc2"))
+    tailed.path_error = ("Permission denied", 2.0)
+    ParkingLot(60.0).park(tailed, Refusal(403, "forbidden", "not yours"), 0.0, 5.0)
+    st = os.fstat(tailed.fd)
+    assert file_row(tailed) == {
+        "path": str(path),
+        "source_id": "s",
+        "log_type": "app",
+        "topic": "dc1.app",
+        "partition": 3,
+        "phase": "parked",
+        "dev": st.st_dev,
+        "ino": st.st_ino,
+        "acked": 0,
+        "size": 7,
+        "pending_since": 7.0,
+        "installation": "dc1",
+        "parked": {"status": 403, "error": "forbidden", "reason": "not yours", "since": 5.0},
+        "doubts": [["dc2", 0, 7]],
+        "retrying": None,
+        "waiting_for": [],
+        "path_error": {"error": "Permission denied", "since": 2.0},
+    }
+    os.close(tailed.fd)
