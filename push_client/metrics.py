@@ -286,7 +286,7 @@ class PushMetrics:
             "gauge",
             "A file that cannot be opened (unreadable: not shipped), or a tailed file whose "
             "path cannot be looked at (stat: shipped, but its rotation is not noticed), and "
-            "the error.",
+            "the error: its message and its symbolic errno (EACCES).",
             [
                 (
                     {
@@ -294,13 +294,19 @@ class PushMetrics:
                         "source": "",
                         "what": "unreadable",
                         "error": m.error,
+                        "errno": m.errno,
                     },
                     1,
                 )
                 for m in unreadable
             ]
             + [
-                (_file_labels(t, what="stat", error=t.path_error[0]), 1)
+                (
+                    _file_labels(
+                        t, what="stat", error=t.path_error.error, errno=t.path_error.errno
+                    ),
+                    1,
+                )
                 for t in rows
                 if t.path_error is not None
             ],

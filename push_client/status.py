@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from push_client.handover import Doubt
     from push_client.installations import InstallationSet
     from push_client.parking import Refusal
-    from push_client.tailer import TailedFile
+    from push_client.tailer import PathError, TailedFile
 
 STATUS_NAME = "status.json"
 
@@ -64,8 +64,7 @@ class _Shown(NamedTuple):
     """The last refusal that may pass; "" when none."""
     waiting_for: tuple[str, ...]
     """The installations whose position of the file is waited for."""
-    path_error: tuple[str, float] | None
-    """(error, since) while its path cannot be looked at."""
+    path_error: PathError | None
 
 
 def _shown(tailed: TailedFile) -> _Shown:
@@ -121,7 +120,7 @@ def _row(shown: _Shown) -> dict[str, Any]:
         "waiting_for": list(shown.waiting_for),
         "path_error": None
         if path_error is None
-        else {"error": path_error[0], "since": path_error[1]},
+        else {"error": path_error.error, "errno": path_error.errno, "since": path_error.since},
     }
 
 
@@ -171,6 +170,7 @@ def unreadable_row(miss: Unreadable) -> dict[str, Any]:
         "log_type": miss.log_type,
         "phase": "unreadable",
         "error": miss.error,
+        "errno": miss.errno,
         "since": miss.since,
         "acked": miss.acked,
         "size": miss.size,
@@ -313,6 +313,13 @@ def read_status(state_dir: Path) -> dict[str, Any]:
     return doc
 
 
+def _code(error: dict[str, Any]) -> str:
+    """`` [EACCES]``: an error's errno as --status shows it after the message ("" if none;
+    a status of an older client has none)."""
+    code = error.get("errno")
+    return f" [{code}]" if code else ""
+
+
 def _next_probe(at: float, now: float) -> str:
     if at <= now:
         return "probe due"
@@ -373,7 +380,9 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
         when = time.strftime("%H:%M:%S", time.localtime(r["since"]))
         lag = r.get("lag_bytes")
         behind = "; size unknown" if lag is None else f"; {lag} bytes behind"
-        out.write(f"UNREADABLE {r['path']} since {when}: {r['error']} (not shipped{behind})\n")
+        out.write(
+            f"UNREADABLE {r['path']} since {when}: {r['error']}{_code(r)} (not shipped{behind})\n"
+        )
     files = doc["files"]
     total = sum(r["lag_bytes"] for r in files)
     out.write(f"{len(files)} files, total lag {total} bytes\n")
@@ -405,7 +414,8 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
         if r.get("path_error"):
             when = time.strftime("%H:%M:%S", time.localtime(r["path_error"]["since"]))
             out.write(
-                f"CANNOT STAT {r['path']} since {when}: {r['path_error']['error']} (read on "
+                f"CANNOT STAT {r['path']} since {when}: {r['path_error']['error']}"
+                f"{_code(r['path_error'])} (read on "
                 "through its open descriptor; a rotation is not noticed until it can be)\n"
             )
         if r.get("retrying"):

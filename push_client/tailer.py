@@ -15,6 +15,7 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from push_client.backoff import Backoff
 from push_client.config import Entry
@@ -86,6 +87,17 @@ class UnackedSince:
         return self._seen[0][1]
 
 
+class PathError(NamedTuple):
+    """Why a tailed file's path cannot be looked at, and since when."""
+
+    error: str
+    """The error's message (``Permission denied``), as said in the log."""
+    since: float
+    """Wall clock."""
+    errno: str = ""
+    """Its symbolic errno (``EACCES``), for alert rules; "" when it has none."""
+
+
 class TailedFile:
     """A file being shipped as one source.  Owned by the daemon's loop thread only."""
 
@@ -154,8 +166,8 @@ class TailedFile:
         """The last refusal that may pass (a 429, say), as said in the log; "" when none."""
         self.session_installation = ""
         """The installation the file's session is open at (where its writes go)."""
-        self.path_error: tuple[str, float] | None = None
-        """(error, since) while its path cannot be looked at (see ``FileSet.refresh_all``)."""
+        self.path_error: PathError | None = None
+        """Set while its path cannot be looked at (see ``FileSet.refresh_all``)."""
 
     # -- positions ------------------------------------------------------------------------------
     def resume_at(self, last_seqno: int, epoch: int | None = None) -> None:

@@ -26,7 +26,7 @@ from push_client.state_file import (
     decode_state,
     encode_state,
 )
-from push_client.tailer import TailedFile
+from push_client.tailer import PathError, TailedFile
 from push_client.token import BearerToken
 from push_client.wire import SourceMeta, WireChunk, encode_write_body
 from tests.conftest import REPO, logbroker_cmd
@@ -718,9 +718,9 @@ def test_a_status_row_is_kept_while_its_file_shows_the_same_and_built_again_on_c
     rows = FileRows()
     first = rows.rows([tailed])[0]
     assert rows.rows([tailed])[0] is first
-    tailed.path_error = ("Permission denied", 1.0)
+    tailed.path_error = PathError("Permission denied", 1.0, "EACCES")
     second = rows.rows([tailed])[0]
-    assert second["path_error"] == {"error": "Permission denied", "since": 1.0}
+    assert second["path_error"] == {"error": "Permission denied", "errno": "EACCES", "since": 1.0}
     tailed.path_error = None
     tailed.handover.census.add("dc2")
     assert rows.rows([tailed])[0]["waiting_for"] == ["dc2"]
@@ -744,7 +744,7 @@ def test_a_status_row_shows_every_value_of_its_file_under_its_name(tmp_path: Pat
     tailed.pending_since = 7.0
     tailed.session_refusal = "HTTP 429 limit_reached: too many sources"
     tailed.handover.doubts.append(Doubt(0, 7, "dc2"))
-    tailed.path_error = ("Permission denied", 2.0)
+    tailed.path_error = PathError("Permission denied", 2.0, "EACCES")
     ParkingLot(60.0).park(tailed, Refusal(403, "forbidden", "not yours"), 0.0, 5.0)
     st = os.fstat(tailed.fd)
     assert file_row(tailed) == {
@@ -764,6 +764,6 @@ def test_a_status_row_shows_every_value_of_its_file_under_its_name(tmp_path: Pat
         "doubts": [["dc2", 0, 7]],
         "retrying": None,
         "waiting_for": [],
-        "path_error": {"error": "Permission denied", "since": 2.0},
+        "path_error": {"error": "Permission denied", "errno": "EACCES", "since": 2.0},
     }
     os.close(tailed.fd)
