@@ -21,7 +21,8 @@ and add one entry for the paths given on the command line (``--log-type``, ``--c
     rotated_grace_s = 300.0      # a renamed file quiet this long is let go
     park_retry_s = 60.0          # a file the gateway refused is tried again this often
     failover_after_s = 5.0       # an installation failing this long is left for the next
-    probe_interval_s = 2.0       # how often a down installation (and a failing gateway) is probed
+    probe_interval_s = 2.0       # first wait before a down installation (failing gateway) is probed
+    probe_max_interval_s = 60.0  # the wait doubles with each failed try up to this
     position_wait_s = 300.0      # how long positions known only to a down installation wait
     metrics_port = 9109          # optional local /metrics endpoint
     graphite = "graphite1:2003"  # optional: also send the metrics to Graphite
@@ -69,6 +70,7 @@ _PUSH_KEYS = {
     "park_retry_s",
     "failover_after_s",
     "probe_interval_s",
+    "probe_max_interval_s",
     "position_wait_s",
     "token_file",
     "poll_interval_s",
@@ -131,6 +133,11 @@ class PushConfig:
     park_retry_s: float = 60.0
     failover_after_s: float = 5.0
     probe_interval_s: float = 2.0
+    """The first wait before an installation that is down, or a gateway that fails while no
+    request tries it, is probed (``GET /readyz``); see ``push_client.backoff``."""
+    probe_max_interval_s: float = 60.0
+    """The longest wait between two probes of one target: the wait doubles from
+    ``probe_interval_s`` with each failed try up to this (never below ``probe_interval_s``)."""
     position_wait_s: float = 300.0
     poll_interval_s: float = 0.25
     rescan_interval_s: float = 1.0
@@ -203,7 +210,12 @@ class PushConfig:
             raise ConfigError("linger_ms and rotate_wait_s must be >= 0, poll_interval_s > 0")
         if self.rotated_grace_s < self.rotate_wait_s:
             raise ConfigError("rotated_grace_s must be at least rotate_wait_s")
-        for name in ("park_retry_s", "failover_after_s", "probe_interval_s"):
+        for name in (
+            "park_retry_s",
+            "failover_after_s",
+            "probe_interval_s",
+            "probe_max_interval_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         if self.position_wait_s < 0:

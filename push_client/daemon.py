@@ -76,6 +76,7 @@ _RESTART_ONLY = (
     "metrics_port",
     "position_wait_s",
     "probe_interval_s",
+    "probe_max_interval_s",
     "request_timeout_s",
     "servers",
     "state_dir",
@@ -137,7 +138,10 @@ class PushDaemon:
         self._token = BearerToken(config.token, config.token_file)
         self._stats = TransportStats()
         self._installations = InstallationSet(
-            config.installations, probe_interval_s=config.probe_interval_s, wake=self._wake
+            config.installations,
+            probe_interval_s=config.probe_interval_s,
+            probe_max_interval_s=config.probe_max_interval_s,
+            wake=self._wake,
         )
         multi = self._installations.multi
         self._clients = {
@@ -152,6 +156,7 @@ class PushDaemon:
                 is_down=member.is_down,
                 request_timeout_s=config.request_timeout_s,
                 probe_interval_s=config.probe_interval_s,
+                probe_max_interval_s=config.probe_max_interval_s,
             )
             for member in self._installations.members
         }

@@ -29,7 +29,7 @@ from push_client.handover import Doubt
 from push_client.identity import FileIdentity, display_path, make_source_id, read_fingerprint
 from push_client.rotation import AbandonedBytes, LetGoPolicy
 from push_client.state_file import PushState, RetiredSource, SourcePosition
-from push_client.tailer import Phase, TailedFile
+from push_client.tailer import PathError, Phase, TailedFile
 
 log = logging.getLogger("logbroker.push")
 
@@ -71,10 +71,18 @@ class Unreadable:
     """Where its source's acknowledged data ends (0 for a file never shipped)."""
     size: int | None = None
     """Its size when last seen; None when it cannot even be looked at."""
+    errno: str = ""
+    """The error's symbolic errno (``EACCES``, ``EMFILE``); "" when it has none."""
 
     @property
     def lag_bytes(self) -> int | None:
         return None if self.size is None else max(0, self.size - self.acked)
+
+
+def errno_name(exc: OSError) -> str:
+    """``exc``'s symbolic errno (``EACCES``): the same on every host and in every language,
+    unlike its message; "" when it has none."""
+    return errno.errorcode.get(exc.errno, "") if exc.errno else ""
 
 
 def _matches(entry: Entry, path: str) -> bool:
@@ -188,6 +196,7 @@ class FileSet:
                 error,
                 pos.acked,
                 _size_of(pos.path, pos.dev, pos.ino, pos.size),
+                errno_name(exc),
             )
             return None
         self.on_hold.pop((pos.dev, pos.ino), None)
@@ -348,15 +357,15 @@ class FileSet:
                 error,
                 self.config.rescan_interval_s,
             )
-        return self._still_unreadable(path, log_type, error, acked, size)
+        return self._still_unreadable(path, log_type, error, acked, size, errno_name(exc))
 
     def _still_unreadable(
-        self, path: str, log_type: str, error: str, acked: int, size: int | None
+        self, path: str, log_type: str, error: str, acked: int, size: int | None, code: str
     ) -> Unreadable:
         """``path``'s entry of :attr:`unreadable`, keeping since when if the error is the same."""
         known = self.unreadable.get(path)
         since = known.since if known is not None and known.error == error else time.time()
-        return Unreadable(path, log_type, error, since, acked, size)
+        return Unreadable(path, log_type, error, since, acked, size, code)
 
     def follow_renames(self, moves: list[tuple[str, str]], now: float) -> None:
         """Files renamed away from a matched path that we had not picked up yet (rotated
@@ -519,7 +528,7 @@ class FileSet:
         error = exc.strerror or str(exc)
         if tailed.path_error is not None and tailed.path_error[0] == error:
             return
-        tailed.path_error = (error, time.time())
+        tailed.path_error = PathError(error, time.time(), errno_name(exc))
         log.warning(
             "cannot stat %s: %s; reading on through its open descriptor, but a rotation is "
             "not noticed until it can be looked at again",

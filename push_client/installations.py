@@ -6,8 +6,9 @@ with several gateways (a request moves on to the next gateway at once).  Named g
 ``--server dc1=http://a:8080,http://b:8080 --server dc2=http://c:8080``, are installations in
 order of preference: the client writes to the first one that is up; one whose gateways all
 fail for ``failover_after_s`` is marked down and the next takes over; a prober asks every
-installation that is down for ``/readyz`` every ``probe_interval_s`` and marks it up again,
-so new data goes back to the preferred installation once it returns.
+installation that is down for ``/readyz`` (at waits growing from ``probe_interval_s`` to
+``probe_max_interval_s``, see ``push_client.backoff``) and marks it up again, so new data
+goes back to the preferred installation once it returns.
 
 What moves where, and how a line acknowledged by one installation is never sent to another,
 is ``push_client.handover``'s part; this module only knows who is up.
@@ -23,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
+
+from push_client.backoff import ProbeSchedule
 
 log = logging.getLogger("logbroker.push")
 
@@ -80,6 +83,8 @@ class Installation:
         self.spec = spec
         self.down_since: float | None = None
         self.last_error = ""
+        self.next_probe_at: float | None = None
+        """Wall-clock time of the next probe while it is down."""
 
     @property
     def name(self) -> str:
@@ -108,6 +113,7 @@ class InstallationSet:
         *,
         probe_interval_s: float,
         wake: Callable[[], None],
+        probe_max_interval_s: float = 60.0,
         probe_timeout_s: float = 2.0,
     ) -> None:
         if not specs:
@@ -115,6 +121,8 @@ class InstallationSet:
         self.members = [Installation(spec) for spec in specs]
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
+        self._probes = ProbeSchedule(probe_interval_s, probe_max_interval_s)
+        """When each installation that is down is probed next, by name."""
         self._wake = wake
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -152,6 +160,8 @@ class InstallationSet:
             before = self.current()
             member.down_since = time.monotonic()
             member.last_error = reason
+            # The requests that failed for failover_after_s were its first try.
+            member.next_probe_at = time.time() + self._probes.failed(member.name)
             self.version += 1
             after = self.current()
             if after is not before:
@@ -173,6 +183,8 @@ class InstallationSet:
             member.down_since = None
             # Up again: the reason it went down is history (the log said it), not its state.
             member.last_error = ""
+            member.next_probe_at = None
+            self._probes.answered(member.name)
             self.version += 1
             after = self.current()
             if after is not before:
@@ -189,11 +201,24 @@ class InstallationSet:
             self._prober.start()
 
     def _probe_loop(self) -> None:
+        probes = self._probes
         with httpx.Client(timeout=self.probe_timeout_s) as http:
-            while not self._stop.wait(self.probe_interval_s):
-                for member in self.members:
-                    if not member.up and _healthy(http, member.spec.servers):
+            while not self._stop.is_set():
+                for name in probes.due(self._down()):
+                    member = self.get(name)
+                    if member is None or self._stop.is_set():
+                        continue
+                    if _healthy(http, member.spec.servers):
                         self.mark_up(member)
+                        continue
+                    with self._lock:
+                        if not member.up:
+                            member.next_probe_at = time.time() + probes.failed(name)
+                # Wakes at least every probe_interval_s: one marked down meanwhile is due.
+                self._stop.wait(probes.until_due(self._down(), self.probe_interval_s))
+
+    def _down(self) -> list[str]:
+        return [m.name for m in self.members if not m.up]
 
     def close(self) -> None:
         self._stop.set()

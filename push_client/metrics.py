@@ -211,8 +211,8 @@ class PushMetrics:
             "logbroker_push_gateway_failing",
             "gauge",
             "A gateway failing now (1): its last request or probe failed; one the client "
-            "does not send to is probed every probe_interval_s until it answers. error: the "
-            "kind of failure.",
+            "does not send to is probed until it answers, at waits doubling from "
+            "probe_interval_s to probe_max_interval_s. error: the kind of failure.",
             [
                 ({"installation": name, "gateway": gw["server"], "error": gw["error"]}, 1)
                 for name, gateways in sorted((failing_gateways or {}).items())
@@ -286,7 +286,7 @@ class PushMetrics:
             "gauge",
             "A file that cannot be opened (unreadable: not shipped), or a tailed file whose "
             "path cannot be looked at (stat: shipped, but its rotation is not noticed), and "
-            "the error.",
+            "the error: its message and its symbolic errno (EACCES).",
             [
                 (
                     {
@@ -294,13 +294,19 @@ class PushMetrics:
                         "source": "",
                         "what": "unreadable",
                         "error": m.error,
+                        "errno": m.errno,
                     },
                     1,
                 )
                 for m in unreadable
             ]
             + [
-                (_file_labels(t, what="stat", error=t.path_error[0]), 1)
+                (
+                    _file_labels(
+                        t, what="stat", error=t.path_error.error, errno=t.path_error.errno
+                    ),
+                    1,
+                )
                 for t in rows
                 if t.path_error is not None
             ],

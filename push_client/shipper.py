@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit.windows import WindowCounts
+from push_client.backoff import Backoff
 from push_client.codec import compress
 from push_client.config import PushConfig
 from push_client.files import Counters, FileSet
@@ -39,13 +40,7 @@ from push_client.metrics import PushMetrics
 from push_client.owner_routes import OwnerPolicy, OwnerRoutes
 from push_client.parking import ParkingLot, Refusal
 from push_client.tailer import Chunk, Phase, TailedFile
-from push_client.transport import (
-    Backoff,
-    GatewayClient,
-    InstallationUnavailable,
-    Refused,
-    Stopped,
-)
+from push_client.transport import GatewayClient, InstallationUnavailable, Refused, Stopped
 from push_client.wire import WireChunk, encode_write_body
 
 log = logging.getLogger("logbroker.push")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 import orjson
 
@@ -21,8 +21,10 @@ from push_client.identity import display_path
 
 if TYPE_CHECKING:
     from push_client.files import Unreadable
+    from push_client.handover import Doubt
     from push_client.installations import InstallationSet
-    from push_client.tailer import TailedFile
+    from push_client.parking import Refusal
+    from push_client.tailer import PathError, TailedFile
 
 STATUS_NAME = "status.json"
 
@@ -39,12 +41,39 @@ def _phase(tailed: TailedFile) -> str:
     return tailed.phase.value if tailed.session_ready else "opening"
 
 
-def _shown(tailed: TailedFile) -> tuple[Any, ...]:
-    """Everything a file's status row shows, as plain values (cheap to compare)."""
+class _Shown(NamedTuple):
+    """Everything a file's status row shows, as plain values: compared as a tuple (cheap),
+    read by name."""
+
+    path: str
+    source_id: str
+    log_type: str
+    topic: str
+    partition: int
+    phase: str
+    dev: int
+    ino: int
+    acked: int
+    size: int
+    pending_since: float | None
+    installation: str
+    parked: tuple[Refusal, float] | None
+    """The refusal that parks it, and since when (wall clock)."""
+    doubts: tuple[Doubt, ...]
+    retrying: str
+    """The last refusal that may pass; "" when none."""
+    waiting_for: tuple[str, ...]
+    """The installations whose position of the file is waited for."""
+    path_error: PathError | None
+
+
+def _shown(tailed: TailedFile) -> _Shown:
+    """What ``tailed``'s status row shows now."""
     parked = tailed.parked
     plan = tailed.handover
-    path_error = tailed.path_error
-    return (
+    # Positional, in the fields' order: with keywords the call costs 2.7 times as much
+    # (1.3 against 0.47 us on Python 3.11), for every file every second.
+    return _Shown(
         tailed.path,
         tailed.source_id,
         tailed.entry.log_type,
@@ -57,62 +86,50 @@ def _shown(tailed: TailedFile) -> tuple[Any, ...]:
         tailed.size,
         tailed.pending_since,
         tailed.session_installation or plan.installation,
-        None
-        if parked is None
-        else (parked.refusal.status, parked.refusal.error, parked.refusal.reason, parked.since),
-        tuple(tuple(d.as_list()) for d in plan.doubts) if plan.doubts else (),
+        None if parked is None else (parked.refusal, parked.since),
+        tuple(plan.doubts) if plan.doubts else (),
         tailed.session_refusal,
         tuple(sorted(plan.census)) if plan.census else (),
-        None if path_error is None else (path_error[0], path_error[1]),
+        tailed.path_error,
     )
 
 
-def _row(shown: tuple[Any, ...]) -> dict[str, Any]:
+def _row(shown: _Shown) -> dict[str, Any]:
     """The status row of a file from :func:`_shown`'s values (and nothing else, so that a
     row kept while those values stay the same is what it would be built again)."""
-    (
-        path,
-        source_id,
-        log_type,
-        topic,
-        partition,
-        phase,
-        dev,
-        ino,
-        acked,
-        size,
-        pending_since,
-        installation,
-        parked,
-        doubts,
-        retrying,
-        waiting_for,
-        path_error,
-    ) = shown
+    parked = shown.parked
+    path_error = shown.path_error
     return {
         # printable text: JSON holds no undecodable bytes (a Latin-1 name), and a name with
         # a newline would break the table of --status
-        "path": display_path(path),
-        "source_id": source_id,
-        "log_type": log_type,
-        "topic": topic,
-        "partition": partition,
-        "phase": phase,
-        "dev": dev,
-        "ino": ino,
-        "acked": acked,
-        "size": size,
-        "pending_since": pending_since,
-        "installation": installation,
-        "parked": None
-        if parked is None
-        else {"status": parked[0], "error": parked[1], "reason": parked[2], "since": parked[3]},
-        "doubts": [list(d) for d in doubts],
-        "retrying": retrying or None,
-        "waiting_for": list(waiting_for),
+        "path": display_path(shown.path),
+        "source_id": shown.source_id,
+        "log_type": shown.log_type,
+        "topic": shown.topic,
+        "partition": shown.partition,
+        "phase": shown.phase,
+        "dev": shown.dev,
+        "ino": shown.ino,
+        "acked": shown.acked,
+        "size": shown.size,
+        "pending_since": shown.pending_since,
+        "installation": shown.installation,
+        "parked": None if parked is None else _parked_row(*parked),
+        "doubts": [d.as_list() for d in shown.doubts],
+        "retrying": shown.retrying or None,
+        "waiting_for": list(shown.waiting_for),
         "path_error": None
         if path_error is None
-        else {"error": path_error[0], "since": path_error[1]},
+        else {"error": path_error.error, "errno": path_error.errno, "since": path_error.since},
+    }
+
+
+def _parked_row(refusal: Refusal, since: float) -> dict[str, Any]:
+    return {
+        "status": refusal.status,
+        "error": refusal.error,
+        "reason": refusal.reason,
+        "since": since,
     }
 
 
@@ -127,12 +144,12 @@ class FileRows:
     instead of building (and serializing) a thousand rows."""
 
     def __init__(self) -> None:
-        self._known: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self._known: dict[int, tuple[_Shown, dict[str, Any]]] = {}
 
     def rows(self, files: list[TailedFile]) -> list[dict[str, Any]]:
         """The rows of ``files``; a row is never changed once returned (readers keep them)."""
         known = self._known
-        now: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        now: dict[int, tuple[_Shown, dict[str, Any]]] = {}
         out = []
         for tailed in files:
             shown = _shown(tailed)
@@ -153,6 +170,7 @@ def unreadable_row(miss: Unreadable) -> dict[str, Any]:
         "log_type": miss.log_type,
         "phase": "unreadable",
         "error": miss.error,
+        "errno": miss.errno,
         "since": miss.since,
         "acked": miss.acked,
         "size": miss.size,
@@ -173,6 +191,7 @@ def installation_rows(
             "up": m.up,
             "current": m is current,
             "last_error": m.last_error,
+            "next_probe_at": m.next_probe_at,
             "failing_gateways": (failing or {}).get(m.name, []),
         }
         for m in installations.members
@@ -294,6 +313,19 @@ def read_status(state_dir: Path) -> dict[str, Any]:
     return doc
 
 
+def _code(error: dict[str, Any]) -> str:
+    """`` [EACCES]``: an error's errno as --status shows it after the message ("" if none;
+    a status of an older client has none)."""
+    code = error.get("errno")
+    return f" [{code}]" if code else ""
+
+
+def _next_probe(at: float, now: float) -> str:
+    if at <= now:
+        return "probe due"
+    return f"next probe in {at - now:.{0 if at - now >= 10 else 1}f} s"
+
+
 def print_status(doc: dict[str, Any], out: TextIO) -> None:
     now = time.time()
     checked = now - float(doc["checked_at"])
@@ -307,7 +339,11 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
     installations = doc.get("installations", [])
     if len(installations) > 1:
         for inst in installations:
-            state = "up" if inst["up"] else f"DOWN ({inst.get('last_error', '')[:120]})"
+            state = "up"
+            if not inst["up"]:
+                at = inst.get("next_probe_at")
+                probe = "" if at is None else f"; {_next_probe(at, now)}"
+                state = f"DOWN ({inst.get('last_error', '')[:120]}{probe})"
             mark = " <- writing here" if inst["current"] else ""
             out.write(f"installation {inst['name']}: {state}{mark}\n")
     for inst in installations:
@@ -324,6 +360,8 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             if "tried_at" in gw:
                 by = " by a probe" if gw.get("tried_by") == "probe" else ""
                 tried = f"last tried {max(0.0, now - gw['tried_at']):.0f} s ago{by}; "
+            if gw.get("next_probe_at") is not None:
+                tried += f"{_next_probe(gw['next_probe_at'], now)}; "
             out.write(
                 f"GATEWAY FAILING {gw['server']}{where} since {when}: {gw['error']} "
                 f"({gw['retries']} failures; {tried}{use})\n"
@@ -342,7 +380,9 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
         when = time.strftime("%H:%M:%S", time.localtime(r["since"]))
         lag = r.get("lag_bytes")
         behind = "; size unknown" if lag is None else f"; {lag} bytes behind"
-        out.write(f"UNREADABLE {r['path']} since {when}: {r['error']} (not shipped{behind})\n")
+        out.write(
+            f"UNREADABLE {r['path']} since {when}: {r['error']}{_code(r)} (not shipped{behind})\n"
+        )
     files = doc["files"]
     total = sum(r["lag_bytes"] for r in files)
     out.write(f"{len(files)} files, total lag {total} bytes\n")
@@ -374,7 +414,8 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
         if r.get("path_error"):
             when = time.strftime("%H:%M:%S", time.localtime(r["path_error"]["since"]))
             out.write(
-                f"CANNOT STAT {r['path']} since {when}: {r['path_error']['error']} (read on "
+                f"CANNOT STAT {r['path']} since {when}: {r['path_error']['error']}"
+                f"{_code(r['path_error'])} (read on "
                 "through its open descriptor; a rotation is not noticed until it can be)\n"
             )
         if r.get("retrying"):

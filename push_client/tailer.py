@@ -15,12 +15,13 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from push_client.backoff import Backoff
 from push_client.config import Entry
 from push_client.handover import SourceHandover
 from push_client.identity import FileIdentity, display_path, read_fingerprint
 from push_client.parking import Parked
-from push_client.transport import Backoff
 from push_client.wire import SourceMeta
 
 
@@ -84,6 +85,17 @@ class UnackedSince:
                 merged.append(pairs[-1])
             self._seen = deque(merged)
         return self._seen[0][1]
+
+
+class PathError(NamedTuple):
+    """Why a tailed file's path cannot be looked at, and since when."""
+
+    error: str
+    """The error's message (``Permission denied``), as said in the log."""
+    since: float
+    """Wall clock."""
+    errno: str = ""
+    """Its symbolic errno (``EACCES``), for alert rules; "" when it has none."""
 
 
 class TailedFile:
@@ -154,8 +166,8 @@ class TailedFile:
         """The last refusal that may pass (a 429, say), as said in the log; "" when none."""
         self.session_installation = ""
         """The installation the file's session is open at (where its writes go)."""
-        self.path_error: tuple[str, float] | None = None
-        """(error, since) while its path cannot be looked at (see ``FileSet.refresh_all``)."""
+        self.path_error: PathError | None = None
+        """Set while its path cannot be looked at (see ``FileSet.refresh_all``)."""
 
     # -- positions ------------------------------------------------------------------------------
     def resume_at(self, last_seqno: int, epoch: int | None = None) -> None:

@@ -17,7 +17,6 @@ Two answers end the retries early:
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import httpx
 import orjson
 
 from log_store.errors import LogbrokerError
+from push_client.backoff import Backoff, ProbeSchedule
 from push_client.owner_routes import FORWARDED_HEADER, OWNERS_PATH
 from push_client.token import BearerToken
 from push_client.wire import CONTENT_TYPE
@@ -126,20 +126,9 @@ class _Failure:
     """Wall-clock time of the last request or probe that failed there."""
     tried_by: str
     """``request`` or ``probe``: what tried it last."""
-
-
-class Backoff:
-    """Exponential backoff with full jitter: ``uniform(0, min(cap, base * 2**attempt))``."""
-
-    def __init__(self, base_s: float = 0.05, cap_s: float = 5.0) -> None:
-        self.base_s = base_s
-        self.cap_s = cap_s
-        self.attempt = 0
-
-    def next_delay(self, at_least_s: float = 0.0) -> float:
-        ceiling = min(self.cap_s, self.base_s * (2**self.attempt))
-        self.attempt += 1
-        return max(at_least_s, random.uniform(ceiling / 2, ceiling))
+    next_probe_at: float | None = None
+    """Wall-clock time its next probe is due (None without a prober); it is probed then
+    only while requests do not go to it."""
 
 
 class GatewayClient:
@@ -162,6 +151,7 @@ class GatewayClient:
         is_down: Callable[[], bool] | None = None,
         request_timeout_s: float = 60.0,
         probe_interval_s: float | None = None,
+        probe_max_interval_s: float = 60.0,
     ) -> None:
         self.servers = servers
         self._preferred = 0
@@ -179,6 +169,12 @@ class GatewayClient:
         """The last gateway that answered again: ``server``, ``failing_since`` and
         ``recovered_at`` (wall clock)."""
         self.probe_interval_s = probe_interval_s
+        self._probes = (
+            None
+            if probe_interval_s is None
+            else ProbeSchedule(probe_interval_s, probe_max_interval_s)
+        )
+        """When each failing gateway is probed next (requests' failures count as tries)."""
         self._prober: threading.Thread | None = None
         self._closed = threading.Event()
         self._http = httpx.Client(
@@ -308,16 +304,20 @@ class GatewayClient:
         kind = outcome.removeprefix(f"{server}: ").split(":", 1)[0]
         wall = time.time()
         with self._lock:
+            # Under the lock (the schedule's is taken inside it): the schedule holds the
+            # gateways that fail, no more.
+            next_probe_at = None if self._probes is None else wall + self._probes.failed(server)
             known = self._failing.get(server)
             said = known is not None and known.kind == kind
             if known is None:
                 self._failing[server] = _Failure(
-                    kind, outcome, time.monotonic(), wall, 1, wall, "request"
+                    kind, outcome, time.monotonic(), wall, 1, wall, "request", next_probe_at
                 )
             else:
                 known.failures += 1
                 known.kind, known.outcome = kind, outcome
                 known.tried_at, known.tried_by = wall, "request"
+                known.next_probe_at = next_probe_at
         if said:
             log.debug("request failed, retrying: %s", outcome)
             return
@@ -331,9 +331,13 @@ class GatewayClient:
         """The gateways failing now (their last request or probe failed): ``server``,
         ``error`` (its kind), ``outcome`` (as logged), ``since`` and ``tried_at`` (wall
         clock), ``tried_by`` (``request`` or ``probe``), ``retries`` (requests that failed
-        there), and ``current`` (whether requests go there first now; one that is not is
-        probed every ``probe_interval_s`` until it answers)."""
+        there), ``current`` (whether requests go there first now) and ``next_probe_at``
+        (wall clock; None when requests retry it: it is the one they go to first and its
+        installation is not down).  A gateway requests do not go to is probed, at waits
+        growing from ``probe_interval_s`` to ``probe_max_interval_s``, until it answers."""
         current = self.current_server
+        probed = self._probes is not None
+        down = self._is_down()
         with self._lock:
             failing = sorted(self._failing.items())
             return [
@@ -346,6 +350,9 @@ class GatewayClient:
                     "tried_at": f.tried_at,
                     "tried_by": f.tried_by,
                     "current": server == current,
+                    "next_probe_at": f.next_probe_at
+                    if probed and (down or server != current)
+                    else None,
                 }
                 for server, f in failing
             ]
@@ -358,6 +365,8 @@ class GatewayClient:
     def _answered(self, server: str, *, by_probe: bool = False) -> None:
         now = time.time()
         with self._lock:
+            if self._probes is not None:
+                self._probes.answered(server)
             known = self._failing.pop(server, None)
             if known is not None:
                 self._recovered = {
@@ -389,35 +398,37 @@ class GatewayClient:
             self._prober.start()
 
     def _probe_loop(self) -> None:
-        assert self.probe_interval_s is not None
-        interval = self.probe_interval_s
+        probes = self._probes
+        assert probes is not None and self.probe_interval_s is not None
         with httpx.Client(
             headers={"User-Agent": "logbroker-push/1"}, timeout=PROBE_TIMEOUT_S
         ) as http:
-            while not self._closed.wait(interval) and not self._stop.is_set():
-                horizon = time.time() - interval
-                # Requests retry the gateway they go to first until it answers, unless the
-                # installation was given up: that one needs no probe.
-                current = None if self._is_down() else self.current_server
-                with self._lock:
-                    due = [
-                        s
-                        for s, f in self._failing.items()
-                        if s != current and f.tried_at <= horizon
-                    ]
-                for server in due:
+            while not self._closed.is_set() and not self._stop.is_set():
+                for server in probes.due(self._unused_failing()):
                     if self._closed.is_set() or self._stop.is_set():
                         return
                     failure = _probe(http, server)
                     if failure is None:
                         self._answered(server, by_probe=True)
                         continue
+                    wall = time.time()
                     with self._lock:
                         known = self._failing.get(server)
-                        if known is not None:
+                        if known is not None:  # else a request saw it answer meanwhile
                             known.kind = failure.split(":", 1)[0]
                             known.outcome = f"{server}: {failure}"
-                            known.tried_at, known.tried_by = time.time(), "probe"
+                            known.tried_at, known.tried_by = wall, "probe"
+                            known.next_probe_at = wall + probes.failed(server)
+                # Wakes at least every probe_interval_s: a gateway requests stopped going
+                # to (or that began to fail) may be due by then.
+                self._closed.wait(probes.until_due(self._unused_failing(), self.probe_interval_s))
+
+    def _unused_failing(self) -> list[str]:
+        """The failing gateways requests do not try: all but the one they go to first, or
+        all if the installation was given up (its requests stopped)."""
+        current = None if self._is_down() else self.current_server
+        with self._lock:
+            return [s for s in self._failing if s != current]
 
     def _sleep(self, delay_s: float, flush: bool) -> None:
         if not self._stop.is_set():

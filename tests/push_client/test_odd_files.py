@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
@@ -266,11 +267,15 @@ def test_an_unreadable_file_is_in_the_lag_report_status_and_metrics_with_its_byt
         assert reported[str(logs / "readable.log")]["phase"] == "active"
         status = _push_status(state)
         assert f"UNREADABLE {logs / 'secret.log'} since " in status, status
-        assert f"(not shipped; {secret_size} bytes behind)" in status, status
+        assert f": Permission denied [EACCES] (not shipped; {secret_size} bytes behind)" in status
+        doc = json.loads((state / "status.json").read_bytes())
+        (miss,) = doc["unreadable"]
+        assert (miss["error"], miss["errno"]) == ("Permission denied", "EACCES"), miss
         metrics = (state / "metrics.prom").read_text()
         labels = {"file": str(logs / "secret.log"), "source": ""}
         assert sample(metrics, "logbroker_push_lag_bytes", **labels) == secret_size
         unreadable = {**labels, "what": "unreadable", "error": "Permission denied"}
+        unreadable["errno"] = "EACCES"
         assert sample(metrics, "logbroker_push_file_unreadable", **unreadable) == 1
         assert daemon.stop() == 0, daemon.log()
     finally:
@@ -358,6 +363,7 @@ def test_a_directory_a_glob_may_not_enter_is_named_like_an_unreadable_file(
     metrics = (state / "metrics.prom").read_text()
     assert sample(metrics, "logbroker_push_unreadable_files") == 1
     labels = {"file": closed, "source": "", "what": "unreadable", "error": "Permission denied"}
+    labels["errno"] = "EACCES"
     assert sample(metrics, "logbroker_push_file_unreadable", **labels) == 1
     assert_exactly_once(read_delivered(gateway.data_dir, "app"), shown)
     again = _push_without_root_rights(*args, "--idle-exit", "1", str(logs / "*" / "app.log"))

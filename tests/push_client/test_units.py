@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from push_client.backoff import Backoff
 from push_client.config import ConfigError, Entry, build_config
 from push_client.handover import Doubt, SourceHandover, Step
 from push_client.identity import FileIdentity, make_source_id, read_fingerprint
@@ -25,9 +26,8 @@ from push_client.state_file import (
     decode_state,
     encode_state,
 )
-from push_client.tailer import TailedFile
+from push_client.tailer import PathError, TailedFile
 from push_client.token import BearerToken
-from push_client.transport import Backoff
 from push_client.wire import SourceMeta, WireChunk, encode_write_body
 from tests.conftest import REPO, logbroker_cmd
 
@@ -446,6 +446,7 @@ _GOOD_ENTRY = '[[entry]]\npath = "/a/*.log"\nlog_type = "web"\n'
         (_GOOD_PUSH + "shutdown_timeout_s = -5\n" + _GOOD_ENTRY, "shutdown_timeout_s"),
         (_GOOD_PUSH + "graphite_interval_s = 0\n" + _GOOD_ENTRY, "graphite_interval_s"),
         (_GOOD_PUSH + "max_backoff_s = 0\n" + _GOOD_ENTRY, "max_backoff_s"),
+        (_GOOD_PUSH + "probe_max_interval_s = 0\n" + _GOOD_ENTRY, "probe_max_interval_s"),
         (_GOOD_PUSH + "rescan_interval_s = 0\n" + _GOOD_ENTRY, "rescan_interval_s"),
         (_GOOD_PUSH + "multiline_timeout_s = -1\n" + _GOOD_ENTRY, "multiline_timeout_s"),
         (_GOOD_PUSH + "metrics_port = 70000\n" + _GOOD_ENTRY, "metrics_port"),
@@ -698,6 +699,7 @@ def test_an_installation_up_again_shows_no_error() -> None:
         "up": True,
         "current": True,
         "last_error": "",
+        "next_probe_at": None,
         "failing_gateways": [],
     }
 
@@ -716,13 +718,52 @@ def test_a_status_row_is_kept_while_its_file_shows_the_same_and_built_again_on_c
     rows = FileRows()
     first = rows.rows([tailed])[0]
     assert rows.rows([tailed])[0] is first
-    tailed.path_error = ("Permission denied", 1.0)
+    tailed.path_error = PathError("Permission denied", 1.0, "EACCES")
     second = rows.rows([tailed])[0]
-    assert second["path_error"] == {"error": "Permission denied", "since": 1.0}
+    assert second["path_error"] == {"error": "Permission denied", "errno": "EACCES", "since": 1.0}
     tailed.path_error = None
     tailed.handover.census.add("dc2")
     assert rows.rows([tailed])[0]["waiting_for"] == ["dc2"]
     ParkingLot(60.0).park(tailed, Refusal(403, "forbidden", "not yours"), 0.0, 5.0)
     assert rows.rows([tailed])[0] == file_row(tailed)
     assert rows.rows([tailed])[0]["parked"]["since"] == 5.0
+    os.close(tailed.fd)
+
+
+def test_a_status_row_shows_every_value_of_its_file_under_its_name(tmp_path: Path) -> None:
+    """What a row holds, with every part set (kept the same when the values it is built
+    from became named fields)."""
+    from push_client.parking import ParkingLot, Refusal
+    from push_client.status import file_row
+
+    path = tmp_path / "app.log"
+    path.write_bytes(b"a line\n")
+    tailed = _tailed(path)
+    tailed.topic, tailed.partition, tailed.session_ready = "dc1.app", 3, True
+    tailed.session_installation = "dc1"
+    tailed.pending_since = 7.0
+    tailed.session_refusal = "HTTP 429 limit_reached: too many sources"
+    tailed.handover.doubts.append(Doubt(0, 7, "dc2"))
+    tailed.path_error = PathError("Permission denied", 2.0, "EACCES")
+    ParkingLot(60.0).park(tailed, Refusal(403, "forbidden", "not yours"), 0.0, 5.0)
+    st = os.fstat(tailed.fd)
+    assert file_row(tailed) == {
+        "path": str(path),
+        "source_id": "s",
+        "log_type": "app",
+        "topic": "dc1.app",
+        "partition": 3,
+        "phase": "parked",
+        "dev": st.st_dev,
+        "ino": st.st_ino,
+        "acked": 0,
+        "size": 7,
+        "pending_since": 7.0,
+        "installation": "dc1",
+        "parked": {"status": 403, "error": "forbidden", "reason": "not yours", "since": 5.0},
+        "doubts": [["dc2", 0, 7]],
+        "retrying": None,
+        "waiting_for": [],
+        "path_error": {"error": "Permission denied", "errno": "EACCES", "since": 2.0},
+    }
     os.close(tailed.fd)
