@@ -24,10 +24,8 @@ from yt_loader.log_source import SourceSpec
 pytestmark = [pytest.mark.spark]
 
 
-def _load(spark: object, data_dir: Path, table: Path, progress: list[str]) -> Any:
-    config = LoadConfig(
-        SourceSpec(data_dir=str(data_dir)), table, topics="dc1.*", max_range_bytes=4000
-    )
+def _load(spark: object, spec: SourceSpec, table: Path, progress: list[str]) -> Any:
+    config = LoadConfig(spec, table, topics="dc1.*", max_range_bytes=4000)
     return run_load(spark, config, progress.append)  # type: ignore[arg-type]
 
 
@@ -55,10 +53,33 @@ def _delete_before_the_tasks(
 def test_a_topic_deleted_between_the_plan_and_the_read_is_named_lost_and_nothing_loads_twice(
     spark: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, created_again: bool
 ) -> None:
-    data_dir, table = tmp_path / "data", tmp_path / "table"
+    data_dir = tmp_path / "data"
+    _check_deleted_mid_load(
+        spark, SourceSpec(data_dir=str(data_dir)), data_dir, tmp_path, monkeypatch, created_again
+    )
+
+
+def test_through_a_gateway_a_topic_created_again_mid_load_is_not_read_at_the_old_offsets(
+    spark: object, gateway: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through ``--server``: the gateway answers 404 for the deleted topic, or the
+    new topic's records at the old offsets; the task's look at the topic afterwards tells."""
+    spec = SourceSpec(server=gateway.url)
+    _check_deleted_mid_load(spark, spec, gateway.data_dir, tmp_path, monkeypatch, True)
+
+
+def _check_deleted_mid_load(
+    spark: object,
+    spec: SourceSpec,
+    data_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    created_again: bool,
+) -> None:
+    table = tmp_path / "table"
     kept = append_lines(data_dir, "dc1.app", "a", partitions=1, chunks=4)
     loaded = append_lines(data_dir, "dc1.gone", "a", partitions=2, chunks=5)
-    assert exit_code(_load(spark, data_dir, table, [])) == 0
+    assert exit_code(_load(spark, spec, table, [])) == 0
     kept += append_lines(data_dir, "dc1.app", "b", partitions=1, chunks=4)
     append_lines(data_dir, "dc1.gone", "b", partitions=2, chunks=5)  # planned, never loaded
     new: list[str] = []
@@ -72,7 +93,7 @@ def test_a_topic_deleted_between_the_plan_and_the_read_is_named_lost_and_nothing
         monkeypatch, data_dir, create_again if created_again else None
     )
     progress: list[str] = []
-    report = _load(spark, data_dir, table, progress)
+    report = _load(spark, spec, table, progress)
 
     assert deleted, "the batch never ran"
     how = "deleted and created again" if created_again else "deleted"
@@ -86,7 +107,7 @@ def test_a_topic_deleted_between_the_plan_and_the_read_is_named_lost_and_nothing
 
     monkeypatch.undo()
     again: list[str] = []
-    later = _load(spark, data_dir, table, again)
+    later = _load(spark, spec, table, again)
     assert not [line for line in again if "DATA LOST" in line], again
     assert exit_code(later) == 0
     # a topic made again under the name is a new topic: loaded from its start, once
