@@ -87,6 +87,11 @@ class Consumer:
             | None
         ) = None
         self._draining: dict[TopicPartition, int] = {}
+        self.behind = False
+        """Whether the last :meth:`poll` moved a position on and left it short of its
+        partition's end, also when it returned no message (its answer stopped at a budget of
+        records that are no envelopes or that the filter left out; or it moved past data
+        retention dropped): the next poll reads more at once, the reader is not idle."""
         if group is not None:
             self._join()
 
@@ -215,6 +220,7 @@ class Consumer:
     # -- reading ----------------------------------------------------------------------------------
     def poll(self, wait_ms: int = 1000) -> list[ReadMessage]:
         """The next messages of the partitions this reader has, in partition order."""
+        self.behind = False
         now = time.monotonic()
         if self._group is not None:
             if now - self._last_heartbeat >= self._heartbeat_s or self._draining:
@@ -260,6 +266,8 @@ class Consumer:
                     skipped.reason,
                 )
             messages.extend(part.messages)
+            if part.next_offset != self._positions[tp] and part.next_offset < part.end_offset:
+                self.behind = True
             self._positions[tp] = part.next_offset
         if messages and self._prefetcher is not None:
             # Catching up: the next fetch runs while the caller handles this one.
@@ -319,6 +327,7 @@ class Consumer:
                         p["start_offset"] - 1,
                     )
                     self._positions[(topic, partition)] = p["start_offset"]
+                    self.behind = p["start_offset"] < p["end_offset"] or self.behind
                 elif offset > p["end_offset"]:
                     _log.warning(
                         "%s/%d: position %d is past the end %d: the topic was created again",

@@ -34,6 +34,7 @@ from log_store.errors import (
     LogbrokerError,
     OffsetOutOfRange,
     StoreUnavailable,
+    TopicDeletedInFlight,
     TopicExists,
     UnknownPartition,
     UnknownTopic,
@@ -137,6 +138,11 @@ async def _on_bad_request(request: Request, exc: Exception) -> Response:
 
 
 async def _on_store_unavailable(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, TopicDeletedInFlight):
+        # not the store's health: an operator deleted the topic; the retry makes it again
+        return error_response(
+            503, "topic_deleted", str(exc), headers={"Retry-After": str(RETRY_AFTER_S)}
+        )
     return unavailable_response(str(exc) or "the log store cannot take writes now")
 
 

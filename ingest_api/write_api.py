@@ -484,7 +484,8 @@ _ERRORS = {
     "413": "body, chunk or chunk count over the limit",
     "415": "unsupported Content-Type",
     "429": "a source is over its rate (see Retry-After), or a limit is reached (limit, max)",
-    "503": "the log cannot take writes now; nothing acknowledged; see Retry-After",
+    "503": "the log cannot take writes now (store_unavailable), or the topic was deleted while "
+    "the write was in flight (topic_deleted); nothing acknowledged; see Retry-After",
 }
 
 

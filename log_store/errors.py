@@ -27,6 +27,12 @@ class UnknownTopic(BadRequest):
     """The topic does not exist (and auto-creation was not asked for)."""
 
 
+class TopicDeleted(UnknownTopic):
+    """The topic was deleted (by this process or another) while the operation was in flight:
+    its files went away under it.  Nothing was written; a write made again finds the topic
+    gone (or created again) and goes on from there."""
+
+
 class UnknownPartition(BadRequest):
     """The partition number is outside ``0 .. partitions-1`` of the topic."""
 
@@ -64,6 +70,12 @@ class StoreUnavailable(LogbrokerError):
     """The log cannot take writes now (disk full, read-only, broker gone).
 
     Nothing was acknowledged; the caller keeps its data and retries later.
+    """
+
+
+class TopicDeletedInFlight(StoreUnavailable):
+    """A write's topic was deleted while the write was in flight, and again while it was made
+    again.  Nothing was acknowledged; the caller retries, and the retry makes the topic again.
     """
 
 

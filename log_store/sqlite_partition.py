@@ -41,7 +41,7 @@ from typing import Protocol
 
 from log_store import crash_points
 from log_store.durable_dirs import fsync_directory, make_directories
-from log_store.errors import OffsetOutOfRange, StoreUnavailable, UnknownTopic
+from log_store.errors import OffsetOutOfRange, StoreUnavailable, TopicDeleted, UnknownTopic
 from log_store.failures import as_store_unavailable
 from log_store.interface import AppendResult, PartitionInfo, ReadResult, Record, TransactionFn
 from log_store.record_batch import (
@@ -112,16 +112,23 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def connect(path: Path, *, durable: bool = True) -> sqlite3.Connection:
+def connect(path: Path, *, durable: bool = True, create: bool = True) -> sqlite3.Connection:
     """A connection in autocommit mode, WAL journal.
 
     ``durable``: every commit syncs the WAL (``synchronous=FULL``), for data whose only copy
     is the database (the catalog, retention, deletion).  Otherwise (``NORMAL``) commits are
     synced at checkpoints only, and a power cut may roll back the newest ones but never
     corrupts the file: for the partition index, which recovery rebuilds from the segments.
+
+    ``create=False``: the file must exist ("unable to open database file" if not), so that a
+    partition whose topic was deleted meanwhile is not made again as an empty file.
     """
     conn = sqlite3.connect(
-        str(path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        str(path) if create else f"{path.absolute().as_uri()}?mode=rw",
+        timeout=_BUSY_TIMEOUT_MS / 1000,
+        isolation_level=None,
+        check_same_thread=False,
+        uri=not create,
     )
     conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
     _enter_wal_mode(conn)
@@ -327,10 +334,12 @@ class PartitionLog:
         self._change = threading.Condition()
         self._change_seq = 0
         self._wal_pages = 0  # written since the last checkpoint, roughly (committer only)
+        self._made = read_only  # the database file exists: never create it again
         if not read_only:
             new_database = not self._db_path.exists()
             with self._conn() as conn:
                 conn.executescript(_SCHEMA)
+            self._made = True
             if new_database:
                 fsync_directory(directory)  # the database file's own entry
             # Recovery writes (it replays batches into the index), so readers leave it to
@@ -345,7 +354,9 @@ class PartitionLog:
         if conn is None:
             try:
                 conn = (
-                    connect_read_only(self._db_path) if self.read_only else connect(self._db_path)
+                    connect_read_only(self._db_path)
+                    if self.read_only
+                    else connect(self._db_path, create=not self._made)
                 )
             except sqlite3.Error as exc:
                 raise as_store_unavailable(exc) or exc from exc
@@ -462,7 +473,7 @@ class PartitionLog:
 
     def _writer_conn(self) -> sqlite3.Connection:
         if self._writer is None:
-            self._writer = connect(self._db_path, durable=False)
+            self._writer = connect(self._db_path, durable=False, create=False)
             self._writer_in_live_topic = False
         return self._writer
 
@@ -501,8 +512,8 @@ class PartitionLog:
             finally:
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
         except BaseException as exc:
-            failure = as_store_unavailable(exc) or exc
-            if isinstance(failure, StoreUnavailable):
+            failure = self._deleted_meanwhile(exc) or as_store_unavailable(exc) or exc
+            if isinstance(failure, (StoreUnavailable, TopicDeleted)):
                 self._reset_writer()
             for txn in group:
                 txn.future.set_exception(failure)
@@ -516,6 +527,19 @@ class PartitionLog:
         if wrote:
             self.notify_changed()
             self._notify_other_processes()
+
+    def _deleted_meanwhile(self, exc: BaseException) -> TopicDeleted | None:
+        """A :class:`TopicDeleted` if ``exc`` is a failure of this partition's files and the
+        topic has left the catalog: its deletion removed them under the commit (SQLite's
+        "disk I/O error", ENOENT), the disk is not to blame."""
+        if not isinstance(exc, (OSError, sqlite3.Error, StoreUnavailable)):
+            return None
+        try:
+            if self._topic_alive():
+                return None
+        except (OSError, sqlite3.Error):
+            return None  # the catalog fails too: the disk's doing
+        return TopicDeleted("the topic was deleted while this write was in flight")
 
     def _checkpoint_if_due(self) -> None:
         """Copy the WAL into the database once it has grown; after the acks, not before.
@@ -672,7 +696,7 @@ class PartitionLog:
         """Bring the index and state area up to the segments, if a crash left them behind."""
         if self._index_matches_segments():
             return
-        conn = connect(self._db_path, durable=False)
+        conn = connect(self._db_path, durable=False, create=False)
         try:
             with self._write_lock():
                 conn.execute("BEGIN IMMEDIATE")
@@ -1059,7 +1083,7 @@ class PartitionLog:
         self, *, below_offset: int | None, before_ms: int | None, max_bytes: int | None
     ) -> int:
         """Drop the oldest whole segments that match; never the active one.  New start offset."""
-        conn = connect(self._db_path)
+        conn = connect(self._db_path, create=False)
         try:
             with self._write_lock():
                 conn.execute("BEGIN IMMEDIATE")
@@ -1109,7 +1133,7 @@ class PartitionLog:
 
     def mark_deleted(self) -> None:
         """Refuse every later append and read, in every process (checked under the lock)."""
-        conn = connect(self._db_path)
+        conn = connect(self._db_path, create=False)
         try:
             with self._write_lock():
                 conn.execute("BEGIN IMMEDIATE")

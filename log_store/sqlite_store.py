@@ -33,6 +33,8 @@ from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import (
     BadRequest,
     ReadOnlyStore,
+    StoreUnavailable,
+    TopicDeleted,
     TopicExists,
     UnknownPartition,
     UnknownTopic,
@@ -99,6 +101,10 @@ def _deleted_under_lease(topic: str) -> Callable[[], PartitionLog]:
         raise UnknownTopic(f"topic {topic!r} was deleted")
 
     return deleted
+
+
+def _deleted_in_flight(topic: str) -> TopicDeleted:
+    return TopicDeleted(f"topic {topic!r} was deleted while this operation was in flight")
 
 
 def _append_all(values: Sequence[bytes]) -> TransactionFn:
@@ -212,31 +218,55 @@ class SqliteLogStore:
         info = self._topic(topic)
         if not isinstance(partition, int) or partition < 0:
             raise UnknownPartition(f"partition must be a non-negative integer, got {partition!r}")
-        if self._handles.get((info.topic_id, partition)) is None:
-            # Opening a partition: never trust the cache for that, so that a topic deleted
-            # (or deleted and created again) by another process is seen.
-            info = self._load_topic(topic)
-            if partition >= info.config.partitions:
-                raise UnknownPartition(
-                    f"topic {topic!r} has partitions 0..{info.config.partitions - 1}, "
-                    f"not {partition}"
-                )
-            if self.read_only and not (self._path(info, partition) / "partition.db").exists():
-                # No process has created it yet: it reads as empty now, and is looked for
-                # again next time.
-                log = self._open_partition(info, partition)
-                try:
-                    yield info, log
-                finally:
-                    log.close()
-                return
-        handle = self._handles.acquire(
-            (info.topic_id, partition), lambda: self._reopen_partition(topic, info, partition)
-        )
         try:
-            yield info, handle.log
-        finally:
-            self._handles.release(handle)
+            if self._handles.get((info.topic_id, partition)) is None:
+                # Opening a partition: never trust the cache for that, so that a topic deleted
+                # (or deleted and created again) by another process is seen.
+                info = self._load_topic(topic)
+                if partition >= info.config.partitions:
+                    raise UnknownPartition(
+                        f"topic {topic!r} has partitions 0..{info.config.partitions - 1}, "
+                        f"not {partition}"
+                    )
+                if self.read_only and not (self._path(info, partition) / "partition.db").exists():
+                    # No process has created it yet: it reads as empty now, and is looked for
+                    # again next time.
+                    log = self._open_partition(info, partition)
+                    try:
+                        if not self._topic_alive(info.topic_id):
+                            # its files went with it, after our look at the catalog
+                            raise _deleted_in_flight(topic)
+                        yield info, log
+                    finally:
+                        log.close()
+                    return
+            handle = self._handles.acquire(
+                (info.topic_id, partition), lambda: self._reopen_partition(topic, info, partition)
+            )
+            try:
+                yield info, handle.log
+            finally:
+                self._handles.release(handle)
+        except (OSError, sqlite3.Error, StoreUnavailable) as exc:
+            # The files of a topic deleted meanwhile (by any process) go away under whoever
+            # uses them: SQLite then says "disk I/O error" or "unable to open database file",
+            # the OS ENOENT.  Said as what happened, the caller looks at the topic again.
+            deleted = self._deleted_meanwhile(topic, info.topic_id)
+            if deleted is None:
+                raise
+            raise deleted from exc
+
+    def _deleted_meanwhile(self, topic: str, topic_id: str) -> TopicDeleted | None:
+        """A :class:`TopicDeleted` if the topic ``topic_id`` has left the catalog (so a failure
+        of its files was the deletion's doing, not the disk's), forgetting what this process
+        holds of it; None if it is still there or the catalog cannot tell."""
+        try:
+            if self._topic_alive(topic_id):
+                return None
+        except sqlite3.Error:
+            return None  # the catalog fails too: the disk's doing, said as such
+        self._forget_topic(topic)
+        return _deleted_in_flight(topic)
 
     def _path(self, info: TopicInfo, partition: int) -> Path:
         return self.data_dir / "topics" / info.name / info.topic_id / str(partition)
@@ -246,7 +276,15 @@ class SqliteLogStore:
         info = self._load_topic(topic)
         if info.topic_id != known.topic_id:
             raise UnknownTopic(f"topic {topic!r} was deleted")
-        return self._open_partition(info, partition)
+        log = self._open_partition(info, partition)
+        if not self._topic_alive(info.topic_id):
+            # Deleted while it was being opened, maybe after its files were removed: what the
+            # opening made again (directory, database) belongs to no topic.
+            log.close()
+            if not self.read_only:
+                shutil.rmtree(self._path(info, partition).parent, ignore_errors=True)
+            raise _deleted_in_flight(topic)
+        return log
 
     def _open_partition(self, info: TopicInfo, partition: int) -> PartitionLog:
         topic_id = info.topic_id
@@ -282,12 +320,17 @@ class SqliteLogStore:
         try:
             with self._lease(topic, partition) as (_, log):
                 return op(log)
-        except UnknownTopic:
-            if self._forget_topic(topic) is None:
+        except UnknownTopic as exc:
+            if self._forget_topic(topic) is None and not isinstance(exc, TopicDeleted):
                 raise
             # Another process deleted the topic, and may have created it again.
-            with self._lease(topic, partition) as (_, log):
-                return op(log)
+            try:
+                with self._lease(topic, partition) as (_, log):
+                    return op(log)
+            except UnknownTopic:
+                if isinstance(exc, TopicDeleted):
+                    raise exc from None  # "deleted while ... in flight" says more
+                raise
 
     def _forget_topic(self, topic: str) -> TopicInfo | None:
         """Drop what this process knows of ``topic``; the next use reads the catalog."""
@@ -574,16 +617,18 @@ class SqliteLogStore:
             self._forget_topic(topic)
 
     def transact(self, topic: str, partition: int, fn: TransactionFn) -> AppendResult:
-        for attempt in range(2):
+        try:
+            return self._commit_here(topic, partition, fn)
+        except UnknownTopic as exc:
+            # The topic may have been deleted and re-created by another process; a fresh
+            # look at the catalog either finds the new one or confirms it is gone.
+            self._forget_topic(topic)
             try:
                 return self._commit_here(topic, partition, fn)
             except UnknownTopic:
-                # The topic may have been deleted and re-created by another process; a fresh
-                # look at the catalog either finds the new one or confirms it is gone.
-                self._forget_topic(topic)
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+                if isinstance(exc, TopicDeleted):
+                    raise exc from None  # "deleted while ... in flight" says more
+                raise
 
     def _commit_here(self, topic: str, partition: int, fn: TransactionFn) -> AppendResult:
         """Commit ``fn`` in this thread when the partition is not committing already (see

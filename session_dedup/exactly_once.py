@@ -23,7 +23,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from log_store.errors import LimitReached, StoreUnavailable, UnknownTopic
+from log_store.errors import (
+    LimitReached,
+    StoreUnavailable,
+    TopicDeletedInFlight,
+    UnknownTopic,
+)
 from log_store.interface import (
     AppendResult,
     LateCommitHook,
@@ -1043,4 +1048,7 @@ def _submit_all(
 
 
 def _topic_vanished(topic: str) -> StoreUnavailable:
-    return StoreUnavailable(f"topic {topic!r} was deleted during the write; retry")
+    return TopicDeletedInFlight(
+        f"topic {topic!r} was deleted while this write was in flight; nothing was written; "
+        "a retry makes the topic again"
+    )

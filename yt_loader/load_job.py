@@ -12,7 +12,8 @@ attempts Spark accepted, with the offsets, in one commit of the target.
 A partition whose log start moved past the loaded offset lost data to retention before it
 was loaded: the run records the gap in the commit log, reports it, and exits non-zero.  So
 does a topic the table has offsets of that is gone from the log (deleted, or deleted and
-created again): what it held past the loaded offsets was never loaded.
+created again): what it held past the loaded offsets was never loaded.  A topic that goes
+while a batch's tasks read it is reported the same way by that run (see :func:`_run_batch`).
 """
 
 from __future__ import annotations
@@ -365,6 +366,81 @@ def _run_tasks(
         reporter.join()
 
 
+def _gone_topics(spec: SourceSpec, plan: _Plan, pieces: Sequence[OffsetRange]) -> dict[str, bool]:
+    """The topics of ``pieces`` that are no longer the ones planned, each with whether it was
+    created again; {} if every one still is (or the log cannot say now)."""
+    gone: dict[str, bool] = {}
+    try:
+        source = spec.open()
+        try:
+            for name in sorted({r.topic for r in pieces}):
+                try:
+                    now = source.topic_bounds(name).topic_id
+                except UnknownTopic:
+                    gone[name] = False
+                    continue
+                if now != plan.offsets[name].topic_id:
+                    gone[name] = True
+        finally:
+            source.close()
+    except LogbrokerError:
+        return {}  # the batch's own failure is what the run reports
+    return gone
+
+
+def _deleted_while_loading(
+    topic: str, batch: int, created_again: bool, loaded: TopicOffsets
+) -> list[LoadGap]:
+    how = "deleted and created again" if created_again else "deleted"
+    return [
+        LoadGap(
+            topic,
+            partition,
+            offset,
+            offset,
+            f"the topic was {how} while batch {batch} read it; loaded up to offset {offset}, "
+            f"whatever it held from offset {offset} on was never loaded",
+        )
+        for partition, offset in sorted(loaded.partitions.items())
+    ]
+
+
+def _run_batch(
+    spark: SparkSession,
+    config: LoadConfig,
+    batch: int,
+    layout: OutputLayout,
+    pieces: list[OffsetRange],
+    plan: _Plan,
+    offsets: dict[str, TopicOffsets],
+    progress: Progress,
+) -> tuple[list[WrittenRange], list[LoadGap]]:
+    """Run the batch's tasks; what they wrote, and the topics found deleted meanwhile.
+
+    A topic deleted (and maybe created again) after the plan fails the tasks that read it
+    (the store says so, or a task finds another topic under the name once it has read its
+    range).  Such a topic is lost from its loaded offsets on: it is named, marked deleted in
+    ``offsets`` (a topic of that name found later is a new topic, loaded from its start), and
+    the batch runs again without it; the files of the failed attempts are never committed.
+    """
+    lost: list[LoadGap] = []
+    while pieces:
+        try:
+            return _run_tasks(spark, config, batch, layout, pieces, plan, progress), lost
+        except (LoadFailed, DataLost):
+            gone = _gone_topics(config.spec, plan, pieces)
+            if not gone:
+                raise
+        for topic, created_again in sorted(gone.items()):
+            old = offsets[topic]
+            for gap in _deleted_while_loading(topic, batch, created_again, old):
+                progress(f"DATA LOST: {gap.message()}")
+                lost.append(gap)
+            offsets[topic] = TopicOffsets(old.topic_id, dict(old.partitions), deleted=True)
+        pieces = [r for r in pieces if r.topic not in gone]
+    return [], lost
+
+
 def _copy(offsets: dict[str, TopicOffsets]) -> dict[str, TopicOffsets]:
     return {t: TopicOffsets(o.topic_id, dict(o.partitions), o.deleted) for t, o in offsets.items()}
 
@@ -414,22 +490,28 @@ def run_load(
         if not work and plan.gaps:
             work = [[]]  # commit the gaps alone, so that they are recorded and reported once
         batch = state.batch
-        for pieces in work:
+        deleted: set[str] = set()  # topics found deleted by an earlier batch of this run
+        for planned in work:
+            pieces = [r for r in planned if r.topic not in deleted]
+            if planned and not pieces:
+                continue
             if stop is not None and stop.is_set():
                 report.stopped = True
                 progress(f"stopped after {len(report.batches)} batches; the next run goes on")
                 break
             batch += 1
             layout = target.layout(batch, run)
-            written = (
-                _run_tasks(spark, config, batch, layout, pieces, plan, progress) if pieces else []
+            written, lost = _run_batch(
+                spark, config, batch, layout, pieces, plan, offsets, progress
             )
+            deleted.update(gap.topic for gap in lost)
+            report.gaps.extend(lost)
             reach("after-files", config.crash_at)
             corrupt = _corrupt_gaps(written)
             for gap in corrupt:
                 progress(f"DATA LOST: {gap.message()}")
             report.gaps.extend(corrupt)
-            gaps = (plan.gaps if not report.batches else []) + corrupt
+            gaps = (plan.gaps if not report.batches else []) + lost + corrupt
             for w in written:
                 topic_offsets = offsets[w.rng.topic].partitions
                 topic_offsets[w.rng.partition] = max(

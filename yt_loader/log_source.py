@@ -21,7 +21,7 @@ from delivery.internal_state import is_internal
 from delivery.legacy_txn import resolve_commit
 from delivery.partition_reader import MAX_MAX_BYTES, PartitionReader
 from log_store import open_store
-from log_store.errors import OffsetOutOfRange, UnknownTopic
+from log_store.errors import OffsetOutOfRange, TopicDeleted, UnknownTopic
 from log_store.interface import LogStore
 from session_dedup.envelope import Envelope, decode
 from yt_loader.errors import BadSourceOptions, SourceUnavailable
@@ -355,6 +355,22 @@ class SourceSpec:
             namespace = f" namespace {self.kafka_namespace!r}" if self.kafka_namespace else ""
             return f"Kafka {self.kafka_bootstrap}{namespace}"
         return f"store {self.data_dir}" if self.data_dir is not None else f"gateway {self.server}"
+
+
+def check_same_topic(source: LogSource, topic: str, topic_id: str) -> None:
+    """Raise :class:`TopicDeleted` unless ``topic`` is still the topic ``topic_id``.
+
+    Asked after a range was read: reads go by name, so a topic deleted and created again
+    meanwhile could have given the new topic's records at the offsets planned in the old one.
+    If the old topic is still there now, everything read before was its own.
+    """
+    try:
+        now: str | None = source.topic_bounds(topic).topic_id
+    except UnknownTopic:
+        now = None
+    if now != topic_id:
+        again = "" if now is None else " and created again"
+        raise TopicDeleted(f"topic {topic!r} was deleted{again} while this load read it")
 
 
 def current_bounds(source: LogSource, topics: str) -> list[TopicBounds]:

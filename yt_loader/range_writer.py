@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from yt_loader.crash_points import reach
 from yt_loader.line_rows import LINE_SCHEMA
-from yt_loader.log_source import SourceSpec
+from yt_loader.log_source import SourceSpec, check_same_topic
 from yt_loader.offset_ranges import OffsetRange
 from yt_loader.range_reader import RangeReadStats, read_range
 from yt_loader.task_faults import after_partial_write
@@ -177,6 +177,7 @@ def write_range(
                 out.write(rows.filter(pc.equal(hours, hour_number)))
                 reach("while-writing", crash_at)
             after_partial_write()
+        check_same_topic(source, rng.topic, topic_ids[rng.topic])
     finally:
         for out in files.values():
             out.writer.close()

@@ -302,7 +302,10 @@ def run(args: argparse.Namespace) -> int:
                 wait_ms = max(0, min(wait_ms, int(left * 1000)))
             try:
                 messages = consumer.poll(wait_ms)
-                caught_up = not messages
+                # An answer that moved the position short of the end is not idle, also when it
+                # held no message (it stopped at a budget of records that are no envelopes or
+                # that --where left out): the records after them are a read away.
+                caught_up = not messages and not consumer.behind
                 if messages:
                     with writing:
                         _write(out, messages, args.format)
