@@ -67,8 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--probe-interval",
         type=float,
-        help="seconds between health probes of an installation that is down, and of a failing "
-        "gateway no request tries (2)",
+        help="seconds before the first health probe of an installation that is down, and of a "
+        "failing gateway no request tries (2); the wait doubles with each failed probe",
+    )
+    parser.add_argument(
+        "--probe-max-interval",
+        type=float,
+        help="seconds the wait between probes grows to at most (60)",
     )
     parser.add_argument(
         "--position-wait",
@@ -201,6 +206,7 @@ def _config(args: argparse.Namespace) -> PushConfig:
             "failover_after_s": args.failover_after,
             "position_wait_s": args.position_wait,
             "probe_interval_s": args.probe_interval,
+            "probe_max_interval_s": args.probe_max_interval,
             "poll_interval_s": args.poll_interval,
             "direct_to_owner": args.direct_to_owner,
             "owner_refresh_s": args.owner_refresh,

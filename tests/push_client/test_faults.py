@@ -174,9 +174,7 @@ def test_a_gateway_left_after_it_failed_is_shown_answering_once_it_is_back(
     state = tmp_path / "state"
     # Probes back off from 0.5 s; capped at 2 s, the restarted gateway is seen within the
     # deadline below however long it took to start (at the default 60 s it might not be).
-    config = tmp_path / "push.toml"
-    config.write_text("[push]\nprobe_max_interval_s = 2.0\n")
-    extra = ["--config", str(config), "--probe-interval", "0.5"]
+    extra = ["--probe-interval", "0.5", "--probe-max-interval", "2"]
     push = start_push(f"{first.url},{second.url}", state, path, extra=extra)
     wait_for_lines(data, "app", 200)
     first.kill()

@@ -24,7 +24,7 @@ from tests.push_client.conftest import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
-FAILOVER_FLAGS = ["--failover-after", "1", "--probe-interval", "0.3"]
+FAILOVER_FLAGS = ["--failover-after", "1", "--probe-interval", "0.3", "--probe-max-interval", "2"]
 
 
 def _both(dc1, dc2) -> tuple[Delivered, Delivered]:  # type: ignore[no-untyped-def]
