@@ -55,7 +55,13 @@ from pyspark.sql.types import StructType
 
 from yt_loader.errors import BadSourceOptions, DataLost
 from yt_loader.line_rows import SPARK_SCHEMA_DDL
-from yt_loader.log_source import KAFKA_OPTION_PREFIX, SourceSpec, TopicBounds, current_bounds
+from yt_loader.log_source import (
+    KAFKA_OPTION_PREFIX,
+    SourceSpec,
+    TopicBounds,
+    check_same_topic,
+    current_bounds,
+)
 from yt_loader.offset_ranges import (
     DEFAULT_MAX_RANGE_BYTES,
     OffsetRange,
@@ -166,14 +172,16 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 class RangePartition(InputPartition):
-    """One Spark partition: one offset range (picklable, shipped to an executor).
+    """One Spark partition: one offset range (picklable, shipped to an executor), and the
+    identity (``topic_id``) of the topic the range was planned in.
 
     ``None`` reads nothing: a batch read with nothing to read still needs one partition.
     """
 
-    def __init__(self, rng: OffsetRange | None) -> None:
+    def __init__(self, rng: OffsetRange | None, topic_id: str | None = None) -> None:
         super().__init__(rng)
         self.rng = rng
+        self.topic_id = topic_id
 
 
 def _read_partition(options: ReaderOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -190,6 +198,11 @@ def _read_partition(options: ReaderOptions, partition: InputPartition) -> Iterat
             fail_on_data_loss=options.fail_on_data_loss,
             skip_corrupt=options.skip_corrupt,
         )
+        if partition.topic_id is not None:
+            # Reads go by name: a topic deleted and created again since the plan would have
+            # given the new topic's records at the old one's offsets.  The task fails, so
+            # Spark takes none of its rows; a restarted stream sees the new topic.
+            check_same_topic(source, rng.topic, partition.topic_id)
     finally:
         source.close()
         for offset, why in stats.corrupt:
@@ -214,8 +227,8 @@ class LogbrokerBatchReader(DataSourceReader):
             bounds = current_bounds(source, self.options.topics)
         finally:
             source.close()
-        ranges = [
-            rng
+        ranges: list[InputPartition] = [
+            RangePartition(rng, topic.topic_id)
             for topic in bounds
             for p in topic.partitions
             for rng in split_range(
@@ -227,7 +240,7 @@ class LogbrokerBatchReader(DataSourceReader):
                 self.options.max_range_bytes,
             )
         ]
-        return [RangePartition(rng) for rng in ranges] or [RangePartition(None)]
+        return ranges or [RangePartition(None)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_partition(self.options, partition)
@@ -306,7 +319,7 @@ class LogbrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             (t.name, p.partition): p.bytes_per_offset for t in self._bounds() for p in t.partitions
         }
         return [
-            RangePartition(rng)
+            RangePartition(rng, end[topic].get(TOPIC_ID_KEY))
             for (topic, p), (s, e) in sorted(wanted.items())
             for rng in split_range(
                 topic, p, s, e, per_offset.get((topic, p), 0.0), self.options.max_range_bytes
