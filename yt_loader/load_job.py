@@ -136,16 +136,18 @@ def _bounds(
     return bounds, gone
 
 
-def _deleted_gaps(topic: str, before: TopicOffsets) -> list[LoadGap]:
+def _deleted_gaps(topic: str, before: TopicOffsets, how: str = "deleted") -> list[LoadGap]:
+    """The offsets a topic took with it, from those loaded of it on; ``how`` it went ("deleted",
+    "deleted and created again while batch 2 read it")."""
     if not before.partitions:
-        return [LoadGap(topic, 0, 0, 0, "the topic was deleted before anything of it was loaded")]
+        return [LoadGap(topic, 0, 0, 0, f"the topic was {how} before anything of it was loaded")]
     return [
         LoadGap(
             topic,
             partition,
             offset,
             offset,
-            f"the topic was deleted; loaded up to offset {offset}, whatever it held from "
+            f"the topic was {how}; loaded up to offset {offset}, whatever it held from "
             f"offset {offset} on was never loaded",
         )
         for partition, offset in sorted(before.partitions.items())
@@ -388,23 +390,6 @@ def _gone_topics(spec: SourceSpec, plan: _Plan, pieces: Sequence[OffsetRange]) -
     return gone
 
 
-def _deleted_while_loading(
-    topic: str, batch: int, created_again: bool, loaded: TopicOffsets
-) -> list[LoadGap]:
-    how = "deleted and created again" if created_again else "deleted"
-    return [
-        LoadGap(
-            topic,
-            partition,
-            offset,
-            offset,
-            f"the topic was {how} while batch {batch} read it; loaded up to offset {offset}, "
-            f"whatever it held from offset {offset} on was never loaded",
-        )
-        for partition, offset in sorted(loaded.partitions.items())
-    ]
-
-
 def _run_batch(
     spark: SparkSession,
     config: LoadConfig,
@@ -433,7 +418,8 @@ def _run_batch(
                 raise
         for topic, created_again in sorted(gone.items()):
             old = offsets[topic]
-            for gap in _deleted_while_loading(topic, batch, created_again, old):
+            again = " and created again" if created_again else ""
+            for gap in _deleted_gaps(topic, old, f"deleted{again} while batch {batch} read it"):
                 progress(f"DATA LOST: {gap.message()}")
                 lost.append(gap)
             offsets[topic] = TopicOffsets(old.topic_id, dict(old.partitions), deleted=True)
