@@ -41,11 +41,12 @@ and add one entry for the paths given on the command line (``--log-type``, ``--c
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +199,12 @@ class PushConfig:
                     raise ConfigError(f"multiline regex {entry.multiline!r}: {exc}") from exc
         if not self.host or any(ord(c) < 32 for c in self.host):
             raise ConfigError(f"host name {self.host!r} is empty or has control characters")
+        for setting in fields(self):
+            # nan passes every bound below (each comparison with it is false), inf waits for
+            # ever; TOML and the command line both spell them
+            value = getattr(self, setting.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{setting.name} must be a finite number, not {value}")
         if self.chunk_bytes < 4096 or self.chunk_bytes > 8 * 1024 * 1024:
             raise ConfigError("chunk_bytes must be between 4096 and 8388608")
         if self.request_bytes < self.chunk_bytes or self.request_bytes > 64 * 1024 * 1024:

@@ -452,6 +452,11 @@ _GOOD_ENTRY = '[[entry]]\npath = "/a/*.log"\nlog_type = "web"\n'
         (_GOOD_PUSH + "metrics_port = 70000\n" + _GOOD_ENTRY, "metrics_port"),
         (_GOOD_PUSH + "metrics_port = 0\n" + _GOOD_ENTRY, "metrics_port"),
         (_GOOD_PUSH + "max_line_bytes = 10\n" + _GOOD_ENTRY, "max_line_bytes must"),
+        # nan passed every bound (each comparison with it is false), inf waited for ever
+        (_GOOD_PUSH + "probe_max_interval_s = nan\n" + _GOOD_ENTRY, "probe_max_interval_s"),
+        (_GOOD_PUSH + "probe_interval_s = inf\n" + _GOOD_ENTRY, "probe_interval_s must be a"),
+        (_GOOD_PUSH + "rotate_wait_s = nan\n" + _GOOD_ENTRY, "rotate_wait_s must be a finite"),
+        (_GOOD_PUSH + "shutdown_timeout_s = inf\n" + _GOOD_ENTRY, "shutdown_timeout_s must be"),
         ("push = 5\n" + _GOOD_ENTRY, "[push]"),
         (_GOOD_PUSH + "entry = 5\n", "entry"),
         (_GOOD_PUSH + "entry = [5]\n", "entry"),
