@@ -312,6 +312,8 @@ class PartitionLog:
         self.notify_path = directory / "notify"
         if not read_only:
             self.notify_path.touch()
+            # made here only, with the partition: see _open_lock
+            self._lock_path.touch()
         self._pool: list[sqlite3.Connection] = []
         self._pool_lock = threading.Lock()
         self._segments = SegmentFiles(directory)
@@ -487,7 +489,7 @@ class PartitionLog:
         flock excludes per open file, so only the committer (``_commit``) reuses its
         descriptor; anyone else opens its own.
         """
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open_lock()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -497,6 +499,18 @@ class PartitionLog:
         finally:
             os.close(fd)
 
+    def _open_lock(self) -> int:
+        """A descriptor of the lock file, which opening the partition made.
+
+        Never made again here: a topic's deletion removes its files, then its directories,
+        and a lock file made between the two would keep a directory of a deleted topic for
+        ever.  The file gone means the files were removed under this handle.
+        """
+        try:
+            return os.open(self._lock_path, os.O_RDWR)
+        except FileNotFoundError as exc:
+            raise self._deleted_meanwhile(exc) or exc from exc
+
     def _commit(self, group: list[_PendingTxn]) -> None:
         # A caller that gave up (a cancelled future) is not committed for.
         group = [txn for txn in group if txn.future.set_running_or_notify_cancel()]
@@ -505,7 +519,7 @@ class PartitionLog:
         try:
             lock_fd = self._lock_fd
             if lock_fd is None:
-                lock_fd = self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                lock_fd = self._lock_fd = self._open_lock()
             fcntl.flock(lock_fd, fcntl.LOCK_EX)  # see _write_lock
             try:
                 outcomes, wrote = self._commit_locked(group)

@@ -45,6 +45,27 @@ def test_an_append_into_a_partition_whose_files_were_removed_says_the_topic_was_
         deleter.close()
 
 
+def test_an_append_between_a_deletions_file_and_directory_removal_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    """The deletion has removed the partition's files but not yet its directory when a
+    writer's first commit opens the lock file: making that file again would leave the
+    deleted topic's directory behind for ever (the deletion's own removal of it fails)."""
+    writer, deleter = open_store(tmp_path), open_store(tmp_path)
+    try:
+        writer.create_topic("dc1.t", TopicConfig(partitions=1))
+        assert _values(writer, "dc1.t") == []
+        partition_dir = next((tmp_path / "topics" / "dc1.t").iterdir()) / "0"
+        deleter.delete_topic("dc1.t")
+        partition_dir.mkdir(parents=True)  # as mid-way through the deletion's removal
+        with pytest.raises(UnknownTopic, match="deleted"):
+            writer.append("dc1.t", 0, [b"after the delete"])
+        assert list(partition_dir.iterdir()) == []
+    finally:
+        writer.close()
+        deleter.close()
+
+
 def test_an_append_racing_a_deletion_and_a_re_creation_is_made_again_into_the_new_topic(
     tmp_path: Path,
 ) -> None:
