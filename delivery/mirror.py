@@ -46,6 +46,7 @@ from audit.windows import WindowCounts, count_lines, window_start
 from delivery.envelope_view import NotAnEnvelope, view
 from delivery.framing import MAGIC, decode_binary
 from delivery.legacy_txn import validate_txn_id
+from delivery.partition_reader import check_max_bytes
 from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
 from log_store.errors import BadRequest, InvalidTopicName, LogbrokerError
 from log_store.interface import LogStore, PartitionState
@@ -451,6 +452,7 @@ class Mirror:
         check_prefix(prefix)
         check_gateway_url("source", source_url)
         check_gateway_url("destination", dest_url)
+        self._max_bytes = check_max_bytes(max_bytes)
         self._source = PullClient(source_url, token=token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._dest = httpx.Client(
@@ -458,7 +460,6 @@ class Mirror:
         )
         self._prefix = prefix
         self._state_dir = state_dir
-        self._max_bytes = max_bytes
         self._positions: dict[tuple[str, int], int] = {}
         self._skipped: dict[tuple[str, int], int] = {}
         """Fetch positions past offsets that held no record, ahead of ``_positions``."""

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from delivery.mirror import DestinationRefused, Mirror, MirrorStuck, check_gateway_url
 from delivery.mirror_metrics import MirrorCollector
+from delivery.partition_reader import MAX_MAX_BYTES
 from delivery.pull_client import GatewayUnavailable, RequestRefused
 from log_store.errors import BadRequest
 from ops import stop_signals
@@ -56,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.idle_exit is not None and args.idle_exit < 0:
         print("logbroker mirror: --idle-exit must be >= 0", file=sys.stderr)
+        return 2
+    if not 1 <= args.max_bytes <= MAX_MAX_BYTES:
+        print(f"logbroker mirror: --max-bytes must be in 1..{MAX_MAX_BYTES}", file=sys.stderr)
         return 2
     try:
         check_gateway_url("--from", args.source)

@@ -21,6 +21,7 @@ import orjson
 from delivery.consumer import Consumer
 from delivery.consumer_group import validate_group
 from delivery.filters import BadFilter, MessageFilter, parse_filter
+from delivery.partition_reader import MAX_MAX_BYTES
 from delivery.pull_client import GatewayUnavailable, PullClient, ReadMessage, RequestRefused
 from log_store.errors import BadRequest, InvalidTopicName
 from log_store.topic_names import validate_log_type, validate_topic_name
@@ -221,6 +222,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.idle_exit is not None and args.idle_exit < 0:
         print("logbroker read: --idle-exit must be >= 0", file=sys.stderr)
+        return 2
+    if not 1 <= args.max_bytes <= MAX_MAX_BYTES:
+        # said at once, not by the gateway's answer to the first read: that waits for the
+        # topic to appear, maybe for ever
+        print(f"logbroker read: --max-bytes must be in 1..{MAX_MAX_BYTES}", file=sys.stderr)
         return 2
     server = urllib.parse.urlsplit(args.server)
     if server.scheme not in ("http", "https") or not server.hostname:

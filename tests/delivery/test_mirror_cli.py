@@ -52,6 +52,16 @@ def test_a_prefix_no_topic_name_can_start_with_exits_2() -> None:
     assert "no topic can start with prefix 'DC1.'" in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("max_bytes", ["0", str(64 * 1024 * 1024 + 1)])
+def test_a_max_bytes_out_of_range_exits_2(max_bytes: str) -> None:
+    done = _mirror(
+        "--from", f"http://127.0.0.1:{free_port()}", "--to", f"http://127.0.0.1:{free_port()}",
+        "--prefix", "dc1.", "--max-bytes", max_bytes,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--max-bytes must be in 1..67108864" in done.stderr, done.stderr
+
+
 def test_a_source_that_stays_unreachable_ends_an_idle_exit_run_with_status_1() -> None:
     started = time.monotonic()
     done = _mirror(

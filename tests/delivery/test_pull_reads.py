@@ -665,6 +665,17 @@ def test_read_with_a_server_that_is_no_http_url_exits_2(server: str, start_reade
     assert "is not an http:// or https:// URL" in reader.stderr()
 
 
+@pytest.mark.parametrize("max_bytes", ["0", "-3", str(64 * 1024 * 1024 + 1)])
+def test_read_with_a_max_bytes_out_of_range_exits_2_before_it_waits_for_the_topic(
+    gateway: Any, max_bytes: str, start_reader: Any
+) -> None:
+    """Before, the gateway's answer to the first read said it: a topic that was not there yet
+    kept the reader waiting for it, for ever without ``--idle-exit``."""
+    reader = start_reader("--server", gateway.url, "--topic", "dc1.later", "--max-bytes", max_bytes)
+    assert reader.wait(30) == 2
+    assert "--max-bytes must be in 1..67108864" in reader.stderr()
+
+
 @pytest.mark.parametrize("topic", ["../../etc/passwd", "dc1.a/b", "dc1..app", "../*", "DC1.App"])
 def test_read_of_a_path_like_topic_exits_2_naming_the_rule(
     gateway: Any, topic: str, start_reader: Any
