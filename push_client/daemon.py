@@ -338,7 +338,17 @@ class PushDaemon:
         """Say which entries match no file at the start: a mistyped path would otherwise
         look like a client with nothing to do."""
         for entry in self.config.entries:
-            if next(expand([entry]), None) is None:
+            if next(expand([entry]), None) is not None:
+                continue
+            if os.path.isdir(entry.path):
+                log.warning(
+                    "entry %s (log type %s) is a directory, and an entry names files: "
+                    "ship the files in it with a glob such as %s",
+                    entry.path,
+                    entry.log_type,
+                    os.path.join(entry.path, "*.log"),
+                )
+            else:
                 log.warning(
                     "entry %s (log type %s) matches no file yet; it is shipped once one appears",
                     entry.path,

@@ -501,6 +501,24 @@ log_type = "db"
     assert_exactly_once(read_delivered(gateway.data_dir, "web"), web)
 
 
+def test_an_entry_that_is_a_directory_is_named_as_one(tmp_path: Path) -> None:
+    """A directory given for its files matched nothing, and was said to match "no file
+    yet", as if one could still appear under that path."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    done = subprocess.run(
+        logbroker_cmd(
+            "push", "--server", f"http://127.0.0.1:{free_port()}", "--log-type", "web",
+            "--state-dir", str(tmp_path / "state"), "--idle-exit", "1", "--no-progress", str(logs),
+        ),
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    said = f"entry {logs} (log type web) is a directory, and an entry names files: ship the"
+    assert said in done.stderr, done.stderr
+    assert f"such as {logs / '*.log'}" in done.stderr
+    assert "matches no file yet" not in done.stderr
+
+
 @pytest.mark.fault
 def test_sigterm_mid_backlog_flushes_and_saves_only_acknowledged_positions(
     tmp_path: Path, gateway, start_push
