@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ MAX_ROWS = 500
 FORGET_AFTER_S = 15 * 60.0
 _INDEX_KEY = "clients-index"
 _MAX_TEXT = 1024
+_ERRNO = re.compile(r"E[A-Z0-9]{1,31}")
 
 ClientKind = Literal["push", "mirror"]
 
@@ -72,6 +74,15 @@ def _text(raw: Any, name: str, *, required: bool = True) -> str:
     return raw
 
 
+def _errno(raw: Any, name: str) -> str | None:
+    """A symbolic errno (``EACCES``), or None for none."""
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str) or not _ERRNO.fullmatch(raw):
+        raise BadRequest(f"{name} must be a symbolic errno such as EACCES, or null")
+    return raw
+
+
 def _count(raw: Any, name: str, *, optional: bool = False) -> int | None:
     if raw is None and optional:
         return None
@@ -88,7 +99,9 @@ def _seconds(raw: Any, name: str) -> float:
 
 def push_rows(body: Doc) -> list[dict[str, Any]]:
     """The rows of a push-client's report, validated: ``files`` of
-    ``{path, log_type, size, acked, lag_bytes, lag_s, phase}``."""
+    ``{path, log_type, size, acked, lag_bytes, lag_s, phase, errno}``; ``errno`` is what is
+    wrong with the file (said in ``phase``) as a symbolic errno, None when nothing is or
+    from a client too old to send it."""
     files = body.get("files")
     if not isinstance(files, list) or len(files) > MAX_ROWS:
         raise BadRequest(f"files must be a list of at most {MAX_ROWS} files")
@@ -105,6 +118,7 @@ def push_rows(body: Doc) -> list[dict[str, Any]]:
                 "lag_bytes": _count(raw.get("lag_bytes"), f"files[{i}].lag_bytes"),
                 "lag_s": _seconds(raw.get("lag_s", 0), f"files[{i}].lag_s"),
                 "phase": _text(raw.get("phase"), f"files[{i}].phase", required=False),
+                "errno": _errno(raw.get("errno"), f"files[{i}].errno"),
             }
         )
     return rows

@@ -152,6 +152,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
             "lag_bytes": count,
             "lag_s": {"type": "number", "minimum": 0},
             "phase": {"type": "string"},
+            "errno": {"type": ["string", "null"], "description": "the phase's error: EACCES"},
         },
     }
     partition_row = {

@@ -40,6 +40,11 @@ class _Probed:
     """The wait drawn last."""
     due_at: float
     """Monotonic time of the next probe."""
+    due_wall: float
+    """The same instant on the wall clock, for the status: read with ``due_at``'s clock, once.
+    Converted again at each status write instead, it came out a few microseconds off each
+    time (two clocks read one after the other), and a status is rewritten only when what it
+    shows changed."""
 
 
 class ProbeSchedule:
@@ -57,28 +62,41 @@ class ProbeSchedule:
     """
 
     def __init__(
-        self, base_s: float, cap_s: float, *, clock: Callable[[], float] = time.monotonic
+        self,
+        base_s: float,
+        cap_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.base_s = base_s
         self.cap_s = max(base_s, cap_s)
         self._clock = clock
+        self._wall_clock = wall_clock
         self._lock = threading.Lock()
         self._targets: dict[str, _Probed] = {}
 
     def failed(self, key: str) -> float:
         """A try at ``key`` failed: return the seconds until it is to be probed next."""
-        now = self._clock()
+        now, wall = self._clock(), self._wall_clock()
         with self._lock:
             known = self._targets.get(key)
             if known is None:
                 backoff = Backoff(self.base_s, self.cap_s)
                 wait_s = backoff.next_delay()
-                self._targets[key] = _Probed(backoff, wait_s, now + wait_s)
+                self._targets[key] = _Probed(backoff, wait_s, now + wait_s, wall + wait_s)
                 return wait_s
             if now >= known.due_at:
                 known.wait_s = known.backoff.next_delay()
-            known.due_at = now + known.wait_s
+            known.due_at, known.due_wall = now + known.wait_s, wall + known.wait_s
             return known.wait_s
+
+    def next_probe_at(self, key: str) -> float | None:
+        """Wall-clock time ``key`` is due to be probed (None if it is not failing): what a
+        status shows, so that the schedule is the one record of it."""
+        with self._lock:
+            probed = self._targets.get(key)
+            return None if probed is None else probed.due_wall
 
     def answered(self, key: str) -> None:
         """``key`` answered: its next failure waits ``base_s`` again."""

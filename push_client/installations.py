@@ -83,8 +83,6 @@ class Installation:
         self.spec = spec
         self.down_since: float | None = None
         self.last_error = ""
-        self.next_probe_at: float | None = None
-        """Wall-clock time of the next probe while it is down."""
 
     @property
     def name(self) -> str:
@@ -161,7 +159,7 @@ class InstallationSet:
             member.down_since = time.monotonic()
             member.last_error = reason
             # The requests that failed for failover_after_s were its first try.
-            member.next_probe_at = time.time() + self._probes.failed(member.name)
+            self._probes.failed(member.name)
             self.version += 1
             after = self.current()
             if after is not before:
@@ -183,7 +181,6 @@ class InstallationSet:
             member.down_since = None
             # Up again: the reason it went down is history (the log said it), not its state.
             member.last_error = ""
-            member.next_probe_at = None
             self._probes.answered(member.name)
             self.version += 1
             after = self.current()
@@ -191,6 +188,10 @@ class InstallationSet:
                 self.failovers += 1
         log.info("installation %s is up again; now writing to %s", member.name, after.name)
         self._wake()
+
+    def next_probe_at(self, member: Installation) -> float | None:
+        """Wall-clock time ``member`` is probed next while it is down (None while it is up)."""
+        return self._probes.next_probe_at(member.name)
 
     # -- probing --------------------------------------------------------------------------------
     def _start_prober(self) -> None:
@@ -213,7 +214,7 @@ class InstallationSet:
                         continue
                     with self._lock:
                         if not member.up:
-                            member.next_probe_at = time.time() + probes.failed(name)
+                            probes.failed(name)
                 # Wakes at least every probe_interval_s: one marked down meanwhile is due.
                 self._stop.wait(probes.until_due(self._down(), self.probe_interval_s))
 

@@ -34,7 +34,9 @@ def report_rows(rows: Sequence[dict[str, Any]], now: float) -> list[dict[str, An
 
     The gateway keeps only these fields, so what is wrong with a file goes into its phase:
     ``unreadable: Permission denied`` (its size, when it cannot be looked at, as its acked
-    position: nothing known to be behind), ``active; cannot stat its path: ...``.
+    position: nothing known to be behind), ``active; cannot stat its path: ...``, and that
+    error's symbolic errno into ``errno`` (``EACCES``; None when nothing is wrong, or the
+    error has none): the message differs between hosts and languages, the name does not.
     """
     out = []
     for row in rows:
@@ -43,11 +45,12 @@ def report_rows(rows: Sequence[dict[str, Any]], now: float) -> list[dict[str, An
         lag_bytes = max(0, size - acked)
         since = row.get("pending_since")
         lag_s = max(0.0, now - since) if lag_bytes and since is not None else 0.0
-        phase = row["phase"]
+        phase, errno = row["phase"], row.get("errno")
         if row.get("error"):
             phase = f"{phase}: {row['error']}"
         if row.get("path_error"):
             phase = f"{phase}; cannot stat its path: {row['path_error']['error']}"
+            errno = row["path_error"]["errno"]
         out.append(
             {
                 "path": row["path"],
@@ -57,6 +60,7 @@ def report_rows(rows: Sequence[dict[str, Any]], now: float) -> list[dict[str, An
                 "lag_bytes": lag_bytes,
                 "lag_s": round(lag_s, 3),
                 "phase": phase,
+                "errno": errno or None,
             }
         )
     out.sort(key=lambda r: (-r["lag_bytes"], r["path"]))

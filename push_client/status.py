@@ -191,7 +191,7 @@ def installation_rows(
             "up": m.up,
             "current": m is current,
             "last_error": m.last_error,
-            "next_probe_at": m.next_probe_at,
+            "next_probe_at": installations.next_probe_at(m),
             "failing_gateways": (failing or {}).get(m.name, []),
         }
         for m in installations.members

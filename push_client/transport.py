@@ -125,10 +125,8 @@ class _Failure:
     tried_at: float
     """Wall-clock time of the last request or probe that failed there."""
     tried_by: str
-    """``request`` or ``probe``: what tried it last."""
-    next_probe_at: float | None = None
-    """Wall-clock time its next probe is due (None without a prober); it is probed then
-    only while requests do not go to it."""
+    """``request`` or ``probe``: what tried it last (when it is probed next is the
+    :class:`ProbeSchedule`'s)."""
 
 
 class GatewayClient:
@@ -306,18 +304,18 @@ class GatewayClient:
         with self._lock:
             # Under the lock (the schedule's is taken inside it): the schedule holds the
             # gateways that fail, no more.
-            next_probe_at = None if self._probes is None else wall + self._probes.failed(server)
+            if self._probes is not None:
+                self._probes.failed(server)
             known = self._failing.get(server)
             said = known is not None and known.kind == kind
             if known is None:
                 self._failing[server] = _Failure(
-                    kind, outcome, time.monotonic(), wall, 1, wall, "request", next_probe_at
+                    kind, outcome, time.monotonic(), wall, 1, wall, "request"
                 )
             else:
                 known.failures += 1
                 known.kind, known.outcome = kind, outcome
                 known.tried_at, known.tried_by = wall, "request"
-                known.next_probe_at = next_probe_at
         if said:
             log.debug("request failed, retrying: %s", outcome)
             return
@@ -336,7 +334,7 @@ class GatewayClient:
         installation is not down).  A gateway requests do not go to is probed, at waits
         growing from ``probe_interval_s`` to ``probe_max_interval_s``, until it answers."""
         current = self.current_server
-        probed = self._probes is not None
+        probes = self._probes
         down = self._is_down()
         with self._lock:
             failing = sorted(self._failing.items())
@@ -350,8 +348,8 @@ class GatewayClient:
                     "tried_at": f.tried_at,
                     "tried_by": f.tried_by,
                     "current": server == current,
-                    "next_probe_at": f.next_probe_at
-                    if probed and (down or server != current)
+                    "next_probe_at": probes.next_probe_at(server)
+                    if probes is not None and (down or server != current)
                     else None,
                 }
                 for server, f in failing
@@ -418,7 +416,7 @@ class GatewayClient:
                             known.kind = failure.split(":", 1)[0]
                             known.outcome = f"{server}: {failure}"
                             known.tried_at, known.tried_by = wall, "probe"
-                            known.next_probe_at = wall + probes.failed(server)
+                            probes.failed(server)
                 # Wakes at least every probe_interval_s: a gateway requests stopped going
                 # to (or that began to fail) may be due by then.
                 self._closed.wait(probes.until_due(self._unused_failing(), self.probe_interval_s))

@@ -200,6 +200,30 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def spark_drivers_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path | None]:
+    """The ``java.io.tmpdir`` of every Spark driver the tests start: in this run's own temp
+    directory, not /tmp.
+
+    A driver keeps its temporary files there (Spark's ``artifacts-<uuid>``, ``spark-<uuid>``,
+    ``blockmgr-<uuid>``, the native libraries it unpacks) and deletes them in shutdown hooks,
+    which a JVM never runs when a test SIGKILLs it (the loader's crash and streaming tests do,
+    by design): each such driver left an ``artifacts-``, a ``blockmgr-`` and two ``spark-``
+    directories and two ``liblz4-java-*.so`` in /tmp.  None if the caller's SPARK_SUBMIT_OPTS
+    names a java.io.tmpdir of its own.
+    """
+    opts = os.environ["SPARK_SUBMIT_OPTS"]
+    if "-Djava.io.tmpdir=" in opts:
+        yield None
+        return
+    tmpdir = tmp_path_factory.mktemp("spark-drivers-tmp", numbered=False)
+    os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} -Djava.io.tmpdir={tmpdir}"
+    try:
+        yield tmpdir
+    finally:
+        os.environ["SPARK_SUBMIT_OPTS"] = opts
+
+
 # -- three workers ------------------------------------------------------------------------------
 # The README's test command runs the suite on three pytest-xdist workers, each test on whichever
 # worker is free.  Most tests spend their time waiting (for a gateway to start, a timeout to

@@ -13,6 +13,7 @@ import shutil
 import sys
 import tempfile
 
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from yt_loader.data_source import register
@@ -29,6 +30,7 @@ LOOPBACK = "127.0.0.1"
 DEFAULT_LOG_LEVEL = "WARN"
 LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 LOG_LEVEL_CONF = "spark.log.level"
+WAREHOUSE_CONF = "spark.sql.warehouse.dir"
 
 DELTA_STATE_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 """Spark partitions Delta uses to rebuild a table's state from its log: 50 unless set, which
@@ -103,10 +105,10 @@ def build_session(
         # spark-submit turns the setting into the variable): on a cluster "python3" is
         # whatever the worker's PATH finds, without logbroker.
         os.environ.setdefault("PYSPARK_PYTHON", python)
-        if "spark.sql.warehouse.dir" not in (conf or {}):
-            # Spark makes its catalog's warehouse, ./spark-warehouse, in the directory it was
-            # started from; logbroker keeps no table there (tables are paths), so none is left
-            builder = builder.config("spark.sql.warehouse.dir", _scratch_warehouse())
+    if not _warehouse_given(conf, submitted):
+        # Spark makes its catalog's warehouse, ./spark-warehouse, in the directory the driver
+        # was started from; logbroker keeps no table there (tables are paths), so none is left
+        builder = builder.config(WAREHOUSE_CONF, _scratch_warehouse())
     if master is not None:
         builder = builder.master(master)
         if master.startswith("local"):
@@ -141,6 +143,19 @@ def build_session(
             spark.conf.set(DELTA_STATE_PARTITIONS, str(cores))
     register(spark)
     return spark
+
+
+def _warehouse_given(conf: dict[str, str] | None, submitted: bool) -> bool:
+    """True if the caller chose Spark's warehouse directory: in ``conf``, or (``submitted``)
+    in spark-submit's ``--conf`` or spark-defaults.conf."""
+    if WAREHOUSE_CONF in (conf or {}):
+        return True
+    if not submitted:
+        return False
+    # spark-submit gave its settings to its JVM as system properties, which a SparkConf made
+    # once PySpark is connected to that JVM reads
+    SparkContext._ensure_initialized()
+    return bool(SparkConf().contains(WAREHOUSE_CONF))
 
 
 def _scratch_warehouse() -> str:

@@ -10,7 +10,11 @@ quickest way to try ``spark-submit --master spark://...`` by hand::
         print(cluster.master_url)          # spark://127.0.0.1:PORT
 
 ``stop()`` SIGKILLs every process group it started (executors and their Python workers are
-children of their worker), also when a test fails half-way.
+children of their worker), also when a test fails half-way.  A JVM killed so runs none of its
+shutdown hooks, which delete its temporary files: the daemons keep theirs (a worker's
+``spark-<uuid>/executor-<uuid>`` directories, with the block managers' files of its executors)
+in ``work_dir/tmp``, not in ``/tmp``.  An application's executors take their ``java.io.tmpdir``
+from the application (:meth:`StandaloneCluster.executor_java_options`).
 """
 
 from __future__ import annotations
@@ -101,12 +105,14 @@ class StandaloneCluster:
         self.webui_port = free_port()
         self.master_url = f"spark://{MASTER_HOST}:{self.port}"
         self.worker_hosts = [f"127.0.0.{2 + i}" for i in range(workers)]
+        self.tmp_dir = work_dir / "tmp"
+        """The daemons' ``java.io.tmpdir`` and the workers' local directories."""
         self._master: _Daemon | None = None
         self._workers: dict[str, _Daemon] = {}
 
     # -- starting ---------------------------------------------------------------------------
     def start(self) -> StandaloneCluster:
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._master = self._launch(
                 "master",
@@ -158,22 +164,35 @@ class StandaloneCluster:
                 )
             time.sleep(0.2)
 
-    def _launch(self, name: str, host: str, args: list[str]) -> _Daemon:
-        log_path = self.work_dir / f"{name}.log"
-        env = {
+    def executor_java_options(self) -> str:
+        """``spark.executor.extraJavaOptions`` that keep an application's executors'
+        temporary files (native libraries they unpack, for one) in :attr:`tmp_dir`."""
+        return f"-Djava.io.tmpdir={self.tmp_dir}"
+
+    def _daemon_env(self, host: str) -> dict[str, str]:
+        """The environment of the master or a worker at ``host``."""
+        # A worker makes its executors' directories under SPARK_LOCAL_DIRS, else java.io.tmpdir
+        daemon_opts = os.environ.get("SPARK_DAEMON_JAVA_OPTS", "")
+        if "-Djava.io.tmpdir=" not in daemon_opts:
+            daemon_opts = f"{daemon_opts} -Djava.io.tmpdir={self.tmp_dir}".strip()
+        return {
             **os.environ,
             "SPARK_HOME": str(spark_home()),
             "SPARK_LOCAL_IP": host,
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
+            "SPARK_DAEMON_JAVA_OPTS": daemon_opts,
             "SPARK_NO_DAEMONIZE": "1",
         }
+
+    def _launch(self, name: str, host: str, args: list[str]) -> _Daemon:
+        log_path = self.work_dir / f"{name}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [spark_bin("spark-class"), *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=env,
+                env=self._daemon_env(host),
                 cwd=self.work_dir,
                 start_new_session=True,
             )

@@ -146,7 +146,8 @@ function showPushClients(doc) {
       const tr = document.createElement("tr");
       tr.dataset.client = c.client;
       tr.dataset.path = f.path;
-      tr.append(cell(c.client), cell(c.host), cell(f.path), cell(f.topic), cell(f.phase),
+      const phase = f.errno ? `${f.phase} [${f.errno}]` : f.phase;
+      tr.append(cell(c.client), cell(c.host), cell(f.path), cell(f.topic), cell(phase),
         cell(bytes(f.lag_bytes), "num lag"), cell(`${f.lag_s.toFixed(1)} s`, "num"),
         reportedCell(c));
       rows.push(tr);

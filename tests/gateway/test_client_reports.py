@@ -10,6 +10,7 @@ from delivery.internal_state import InternalState
 from ingest_api import client_status
 from ingest_api.client_status import ClientReports
 from log_store import open_store
+from log_store.errors import BadRequest
 
 _ROW = {"path": "/var/log/a", "log_type": "app", "size": 2, "acked": 1, "lag_bytes": 1}
 
@@ -45,3 +46,20 @@ def test_a_token_flooding_client_names_pushes_out_only_its_own_reports(
             report("tenant-a", f"app{i}")
         owners = [o for o, _ in ((r.owner, r.client) for r in reports.reports("push"))]
         assert owners.count("tenant-b") == 2
+
+
+def test_a_files_errno_is_kept_beside_its_phase_and_checked(tmp_path: Path) -> None:
+    """The phase carries an unreadable file's message, which differs between hosts and
+    languages; the errno beside it (``EACCES``) is what an operator can match on."""
+    unreadable = {**_ROW, "phase": "unreadable: Permission denied", "errno": "EACCES"}
+    rows = client_status.push_rows({"files": [unreadable, _ROW]})
+    assert [r["errno"] for r in rows] == ["EACCES", None]  # none from an older client
+    with open_store(tmp_path / "data") as store:
+        reports = ClientReports(InternalState(store))
+        reports.record("push", "web1", "web1", None, rows)
+        (report,) = reports.reports("push")
+        assert [r["errno"] for r in report.rows] == ["EACCES", None]
+    assert client_status.push_rows({"files": [{**_ROW, "errno": ""}]})[0]["errno"] is None
+    for bad in ("Permission denied", 13, "E" * 40, "eacces"):
+        with pytest.raises(BadRequest, match=r"files\[0\]\.errno must be a symbolic errno"):
+            client_status.push_rows({"files": [{**_ROW, "errno": bad}]})

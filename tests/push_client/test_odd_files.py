@@ -262,7 +262,7 @@ def test_an_unreadable_file_is_in_the_lag_report_status_and_metrics_with_its_byt
         reported = _reported_files(gateway, str(logs))
         row = reported.get(str(logs / "secret.log"))
         assert row is not None, reported
-        assert row["phase"] == "unreadable: Permission denied", row
+        assert (row["phase"], row["errno"]) == ("unreadable: Permission denied", "EACCES"), row
         assert (row["acked"], row["size"], row["lag_bytes"]) == (0, secret_size, secret_size)
         assert reported[str(logs / "readable.log")]["phase"] == "active"
         status = _push_status(state)

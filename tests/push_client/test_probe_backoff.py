@@ -74,6 +74,30 @@ def test_tries_before_the_probe_is_due_restart_the_wait_without_doubling_it() ->
     assert schedule.until_due(["gw"], 0.5) == 0.5  # a prober wakes at least that often
 
 
+def test_the_wall_clock_time_of_the_next_probe_is_the_schedules_and_holds_until_a_try() -> None:
+    """The status's ``next_probe_at`` comes from the schedule (kept beside it, it was a
+    second record of the same time); read again with nothing tried, it is the same value,
+    so a status showing it is not rewritten every second for nothing."""
+    clock, wall = _Clock(), _Clock()
+    wall.now = 1_790_000_000.0
+    schedule = ProbeSchedule(2.0, 60.0, clock=clock, wall_clock=wall)
+    assert schedule.next_probe_at("gw") is None
+    first = schedule.failed("gw")
+    assert schedule.next_probe_at("gw") == wall.now + first
+    clock.now += 0.5
+    wall.now += 0.5
+    assert schedule.next_probe_at("gw") == wall.now - 0.5 + first  # nothing tried: unchanged
+    assert schedule.failed("gw") == first  # a request's try restarts the same wait
+    assert schedule.next_probe_at("gw") == wall.now + first
+    clock.now += first
+    wall.now += first
+    assert schedule.due(["gw"]) == ["gw"] and schedule.next_probe_at("gw") == wall.now
+    second = schedule.failed("gw")
+    assert schedule.next_probe_at("gw") == wall.now + second
+    schedule.answered("gw")
+    assert schedule.next_probe_at("gw") is None
+
+
 def test_a_cap_below_the_first_interval_keeps_the_first_interval() -> None:
     clock = _Clock()
     schedule = ProbeSchedule(5.0, 1.0, clock=clock)

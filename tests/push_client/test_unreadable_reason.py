@@ -18,6 +18,7 @@ from push_client.config import build_config
 from push_client.discovery import ChangeWatcher
 from push_client.files import Counters, FileSet
 from push_client.installations import InstallationSet
+from push_client.lag_report import report_rows
 from push_client.metrics import PushMetrics
 from push_client.state_file import PushState
 from push_client.status import FileRows, print_status, unreadable_row
@@ -103,6 +104,8 @@ def test_a_file_that_cannot_be_read_shows_its_errno_beside_the_message(
     assert (miss.error, miss.errno) == (_LOOP_ERROR, "ELOOP"), miss
     row = unreadable_row(miss)
     assert (row["error"], row["errno"]) == (_LOOP_ERROR, "ELOOP"), row
+    (reported,) = report_rows([row], time.time())  # what the gateway's dashboard shows
+    assert (reported["phase"], reported["errno"]) == (f"unreadable: {_LOOP_ERROR}", "ELOOP")
     assert f"UNREADABLE {logs / 'loop.log'} since " in _status_text(files)
     assert f": {_LOOP_ERROR} [ELOOP] (not shipped; size unknown)" in _status_text(files)
     labels = {"file": str(logs / "loop.log"), "source": "", "what": "unreadable"}
@@ -126,6 +129,9 @@ def test_a_tailed_file_whose_path_cannot_be_looked_at_shows_its_errno(
     assert (tailed.path_error.error, tailed.path_error.errno) == (_LOOP_ERROR, "ELOOP")
     (row,) = FileRows().rows([tailed])
     assert row["path_error"]["errno"] == "ELOOP" and row["path_error"]["error"] == _LOOP_ERROR
+    (reported,) = report_rows([row], time.time())
+    assert reported["phase"] == f"{row['phase']}; cannot stat its path: {_LOOP_ERROR}"
+    assert reported["errno"] == "ELOOP"
     assert f"CANNOT STAT {path} since " in _status_text(files)
     assert f": {_LOOP_ERROR} [ELOOP] (read on through" in _status_text(files)
     labels = {"file": str(path), "source": tailed.source_id, "what": "stat"}
@@ -133,3 +139,9 @@ def test_a_tailed_file_whose_path_cannot_be_looked_at_shows_its_errno(
     assert sample(
         metrics, "logbroker_push_file_unreadable", **labels, error=_LOOP_ERROR, errno="ELOOP"
     ), metrics
+
+    path.unlink()
+    os.rename(logs / "app.old", path)  # back: nothing is wrong, nothing to name
+    files.refresh_all(time.monotonic())
+    assert tailed.path_error is None
+    assert report_rows(FileRows().rows([tailed]), time.time())[0]["errno"] is None

@@ -43,11 +43,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
 
 def _submit(
     cluster: StandaloneCluster,
-    log_path: Path,
+    tmp_path: Path,
     load_args: list[str],
     conf: dict[str, str] | None = None,
 ) -> ChildProcess:
-    """``spark-submit --master spark://... ops/cli.py load ...``, as docs/loader.md shows."""
+    """``spark-submit --master spark://... ops/cli.py load ...``, as docs/loader.md shows, run
+    from the empty directory ``tmp_path/cwd``; its output goes to ``tmp_path/submit.log``."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
     args = [
         "--master",
         cluster.master_url,
@@ -66,11 +69,13 @@ def _submit(
         "512m",
         "--executor-memory",
         "512m",
+        "--conf",
+        f"spark.executor.extraJavaOptions={cluster.executor_java_options()}",
     ]
     for key, value in (conf or {}).items():
         args += ["--conf", f"{key}={value}"]
     args += [str(REPO / "ops" / "cli.py"), "load", *load_args, "--format", "json"]
-    return ChildProcess(args, log_path, program=spark_bin("spark-submit"))
+    return ChildProcess(args, tmp_path / "submit.log", program=spark_bin("spark-submit"), cwd=cwd)
 
 
 def _report(child: ChildProcess) -> dict[str, object]:
@@ -100,7 +105,7 @@ def test_speculative_copies_and_retried_tasks_commit_each_line_once(
 
     child = _submit(
         cluster,
-        tmp_path / "submit.log",
+        tmp_path,
         ["--data-dir", str(data_dir), "--warehouse", str(table)],
         conf={
             # The first attempt of every even task fails after writing part of its files, of
@@ -124,6 +129,7 @@ def test_speculative_copies_and_retried_tasks_commit_each_line_once(
 
     assert code == 0, child.output()[-4000:]
     assert _report(child)["batches"] == [1]
+    assert list((tmp_path / "cwd").iterdir()) == []  # no ./spark-warehouse left where it ran
     log = _event_log(events)
     starts = [e for e in log if e["Event"] == "SparkListenerTaskStart"]
     ends = [e for e in log if e["Event"] == "SparkListenerTaskEnd"]
@@ -178,7 +184,7 @@ def test_worker_killed_mid_load_then_a_rerun_loads_each_line_exactly_once(
 
     child = _submit(
         cluster,
-        tmp_path / "submit.log",
+        tmp_path,
         [
             "--data-dir",
             str(data_dir),
