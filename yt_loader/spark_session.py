@@ -12,6 +12,7 @@ import re
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
@@ -159,10 +160,20 @@ def _warehouse_given(conf: dict[str, str] | None, submitted: bool) -> bool:
 
 
 def _scratch_warehouse() -> str:
-    """An empty directory for Spark's default catalog, removed when this process exits."""
-    path = tempfile.mkdtemp(prefix="logbroker-spark-warehouse-")
-    atexit.register(shutil.rmtree, path, True)
-    return path
+    """An empty directory for Spark's default catalog: ``~/.cache/logbroker/spark-warehouse``,
+    shared by every load of the user (none writes into it).
+
+    Not a directory per load: a driver that is SIGKILLed runs no exit handler, and left its
+    own behind in /tmp.  A home that cannot hold it gets one per load, removed at exit.
+    """
+    shared = Path.home() / ".cache" / "logbroker" / "spark-warehouse"
+    try:
+        shared.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        path = tempfile.mkdtemp(prefix="logbroker-spark-warehouse-")
+        atexit.register(shutil.rmtree, path, True)
+        return path
+    return str(shared)
 
 
 def _check_delta_loaded(spark: SparkSession) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from yt_loader.spark_session import _scratch_warehouse
 from yt_loader.standalone_cluster import StandaloneCluster
 
 
@@ -44,3 +45,14 @@ def test_the_spark_drivers_the_tests_start_keep_temporary_files_in_the_runs_temp
     assert spark_drivers_tmpdir.is_dir()
     assert spark_drivers_tmpdir.is_relative_to(tmp_path_factory.getbasetemp())
     assert f"-Djava.io.tmpdir={spark_drivers_tmpdir}" in os.environ["SPARK_SUBMIT_OPTS"].split()
+
+
+def test_a_loads_scratch_warehouse_is_one_directory_in_the_users_cache_not_one_per_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark's default catalog needs a directory, which the loader never writes into: one per
+    load in /tmp was left behind by every driver that was SIGKILLed."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    first, second = _scratch_warehouse(), _scratch_warehouse()
+    assert first == second == str(tmp_path / ".cache" / "logbroker" / "spark-warehouse")
+    assert Path(first).is_dir()
