@@ -46,10 +46,11 @@ def refuse_unknown(names: Iterable[Any], known: Iterable[str], where: str) -> No
 
 
 def _printable(name: str) -> str:
-    """A name as a reason shows it: as it is if it reads plainly, else quoted and cut short."""
-    if name and len(name) <= 60 and all(c.isalnum() or c in "_.-" for c in name):
+    """A name as a reason shows it: as it is if it is plain ASCII, else quoted, escaped (a
+    look-alike letter or a control character shows) and cut short."""
+    if name and len(name) <= 60 and all(c.isascii() and (c.isalnum() or c in "_.-") for c in name):
         return name
-    return repr(name[:60])
+    return ascii(name[:60])
 
 
 def int_param(

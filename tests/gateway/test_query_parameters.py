@@ -242,15 +242,15 @@ def test_every_declared_query_parameter_is_taken(gateway: Gateway) -> None:
         assert not _is_refusal(response), (key, response.text)
         assert response.status_code < 500, (key, response.text)
     # and the examples' own calls still work with every declared parameter
-    read = gw.request(
+    answer = gw.request(
         A_TOKEN,
         "GET",
         f"/v1/topics/dc1.app/partitions/{gw.tenant.partition}/messages",
         params=[(n, SAMPLES[n]) for n in ("offset", "max_bytes", "format", "raw", "server")]
         + [("server", "host9"), ("hash_key", "source_id"), ("hash_mod", "1"), ("hash_rem", "0")],
     )
-    assert read.status_code == 200, read.text
-    assert read.json()["messages"], "the filters (server=host1 or host9) keep tenant A's line"
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["messages"], "the filters (server=host1 or host9) keep tenant A's line"
 
 
 def test_the_legacy_api_ignores_parameters_it_does_not_know(gateway: Gateway) -> None:
@@ -345,6 +345,9 @@ def test_a_route_declared_without_parameters_takes_none(tmp_path: Path) -> None:
         reason = odd.json()["reason"]
         assert reason.startswith("unknown query parameters: '\\x00x', n0, n1,"), reason
         assert reason.endswith("and 11 more; known: a, b"), reason
+        # a look-alike letter (Cyrillic dze for s) shows as what it is
+        alike = client.get("/v1/new-with", params={"\u0455ince": "1"}).json()["reason"]
+        assert alike.startswith("unknown query parameters: '\\u0455ince';"), alike
     with pytest.raises(UndeclaredRoute, match="repeatable b"):
         route("GET", "/v1/x", page, PUBLIC, repeatable=("b",))
     with pytest.raises(UndeclaredRoute, match="collections of names"):
