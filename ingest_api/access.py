@@ -35,12 +35,23 @@ anything reads the request's body:
 
 An ``admin`` token passes every check and may use every client's objects.  With no tokens
 configured every request passes (and the gateway listens on loopback only).
+
+Query parameters
+----------------
+A route also declares the query parameters it takes (``query=``; none unless it says so, and
+``repeatable=`` those that take alternatives).  Once the permission passed, and before the
+handler runs, any other parameter, or one that is not repeatable given twice, is 400
+``bad_request`` naming it and listing those the route takes: a misspelt option (``?sinse=``,
+``?ofset=``) would otherwise be dropped and change what the request does.  A caller without
+the permission gets its 401 or 403 first and learns nothing of the route's parameters.  Only
+the legacy Archive API declares ``unknown_query="ignore"``: its old clients send extras (cache
+busters) and always have.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,6 +63,7 @@ from starlette.routing import BaseRoute, Route
 from ingest_api.auth import Authorizer, forbidden
 from ingest_api.errors import ApiError
 from ingest_api.metrics import Counter
+from ingest_api.params import refuse_unknown
 from ingest_api.settings import TokenGrant
 from log_store.errors import LimitReached
 from log_store.topic_names import TOPIC_NAME_PATTERN
@@ -119,8 +131,33 @@ def write(*, log_type: str | None = None, lists: bool = False) -> Permission:
 
 
 @dataclass(frozen=True)
+class QueryParameters:
+    """The query parameters a route takes; any other is refused before its handler runs."""
+
+    names: frozenset[str] = frozenset()
+    repeatable: frozenset[str] = frozenset()
+    """Those of ``names`` that take alternatives (a read's filters); any other given twice is
+    refused: which of the two is meant?"""
+    ignore_unknown: bool = False
+    """Others are ignored, not refused: only the legacy Archive API, whose old clients send
+    extras (cache busters)."""
+
+    def check(self, request: Request) -> None:
+        """400 for a parameter the route does not take, or one it takes once given twice."""
+        if self.ignore_unknown or not request.scope.get("query_string"):
+            return
+        params = request.query_params
+        refuse_unknown(params.keys(), self.names, "query parameters")
+        seen: set[str] = set()
+        for name, _ in params.multi_items():
+            if name in seen and name not in self.repeatable:
+                raise ApiError(400, "bad_request", f"query parameter {name} is given twice")
+            seen.add(name)
+
+
+@dataclass(frozen=True)
 class RouteDeclaration:
-    """One line of a route table: method, path, handler, permission."""
+    """One line of a route table: method, path, handler, permission, query parameters."""
 
     method: str
     path: str
@@ -128,6 +165,7 @@ class RouteDeclaration:
     permission: Permission
     name: str | None = None
     include_in_schema: bool = True
+    query: QueryParameters = QueryParameters()
 
 
 def route(
@@ -136,11 +174,27 @@ def route(
     handler: Handler,
     permission: Permission,
     *,
+    query: Iterable[str] = (),
+    repeatable: Iterable[str] = (),
+    unknown_query: Literal["refuse", "ignore"] = "refuse",
     name: str | None = None,
     include_in_schema: bool = True,
 ) -> RouteDeclaration:
-    """Declare a route: nothing else can be registered with the gateway."""
-    return RouteDeclaration(method, path, handler, permission, name, include_in_schema)
+    """Declare a route: nothing else can be registered with the gateway.
+
+    ``query`` names the query parameters the route takes (none by default) and ``repeatable``
+    those of them that may be given more than once; any other is 400 before the handler runs.
+    """
+    where = f"{method} {path}"
+    if isinstance(query, str) or isinstance(repeatable, str):
+        raise UndeclaredRoute(f"{where}: query and repeatable are collections of names")
+    names = frozenset(query)
+    alternatives = frozenset(repeatable)
+    if not alternatives <= names:
+        extra = ", ".join(sorted(alternatives - names))
+        raise UndeclaredRoute(f"{where}: repeatable {extra} is not among the query parameters")
+    accepted = QueryParameters(names, alternatives, ignore_unknown=unknown_query == "ignore")
+    return RouteDeclaration(method, path, handler, permission, name, include_in_schema, accepted)
 
 
 @dataclass(frozen=True)
@@ -231,10 +285,13 @@ class GuardedRoute(Route):
             permission = PUBLIC
         self.permission = permission
         handler = declaration.handler
+        query = declaration.query
 
         @functools.wraps(handler)
         async def endpoint(request: Request) -> Response:
             request.scope[_SCOPE_KEY] = await _authorize(request, permission, auth, owner_lookups)
+            # after the permission: a caller without it learns nothing of the parameters
+            query.check(request)
             try:
                 return await handler(request)
             except LimitReached as exc:

@@ -223,7 +223,9 @@ class AuditApi:
 def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     api = AuditApi(ctx)
     gateway_counts(ctx)
-    return [route("GET", "/v1/audit/windows", api.windows, read(lists=True))]
+    return [
+        route("GET", "/v1/audit/windows", api.windows, read(lists=True), query=("topic", "since"))
+    ]
 
 
 async def on_startup(ctx: GatewayContext) -> None:

@@ -31,8 +31,8 @@ from ingest_api.context import GatewayContext
 from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
 from ingest_api.openapi import OBJECT, operation, path_param
-from ingest_api.params import json_int, json_response, str_field
-from ingest_api.read_api import json_request, readable_topic, refuse_unknown
+from ingest_api.params import json_int, json_response, refuse_unknown, str_field
+from ingest_api.read_api import json_request, readable_topic
 
 _JOIN_FIELDS = frozenset(("topics", "prefix", "reset", "session_timeout_ms"))
 _HEARTBEAT_FIELDS = frozenset(("release",))

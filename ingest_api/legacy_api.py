@@ -254,12 +254,47 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     api = LegacyApi(ctx)
     ctx.extensions[__name__] = api
     by_query = write(log_type="log_type")
+    stored = ("log_type", "server", "file")
+    # Old clients send parameters of their own (cache busters): ignored here, as they always
+    # were; every other route refuses a query parameter it does not take.
     declared = [
-        route("POST", "/store", api.store, by_query, name="legacy_store"),
-        route("PUT", "/store", api.store, by_query, name="legacy_store_put"),
+        route(
+            "POST",
+            "/store",
+            api.store,
+            by_query,
+            query=stored,
+            unknown_query="ignore",
+            name="legacy_store",
+        ),
+        route(
+            "PUT",
+            "/store",
+            api.store,
+            by_query,
+            query=stored,
+            unknown_query="ignore",
+            name="legacy_store_put",
+        ),
         # the log type is the staged data's: checked once the store_id is looked up
-        route("POST", "/commit_request", api.commit_request, write(), name="legacy_commit_request"),
-        route("POST", "/commit", api.commit, by_query, name="legacy_commit"),
+        route(
+            "POST",
+            "/commit_request",
+            api.commit_request,
+            write(),
+            query=("store_id", "txn_id"),
+            unknown_query="ignore",
+            name="legacy_commit_request",
+        ),
+        route(
+            "POST",
+            "/commit",
+            api.commit,
+            by_query,
+            query=("txn_id", "log_type"),
+            unknown_query="ignore",
+            name="legacy_commit",
+        ),
     ]
     if api.peers is None:
         return declared

@@ -3,7 +3,8 @@
 Each route module may offer ``openapi_paths(ctx)`` and ``openapi_schemas(ctx)`` (see
 ``ingest_api.app``); this module adds the shared parts (info, the Error schema, bearer auth)
 and, from the route table, each operation's security: a route declared public needs nothing,
-every other route needs the bearer token and may answer 401 and 403.  The helpers below
+every other route needs the bearer token and may answer 401 and 403; and every route that
+refuses query parameters it does not take may answer 400.  The helpers below
 (:func:`operation`, :func:`path_param`, :func:`query_param`) keep the modules' path items short.
 """
 
@@ -105,6 +106,17 @@ def _secure(paths: dict[str, Any], routes: Sequence[GuardedRoute], auth_enabled:
         )
 
 
+def _query_refusals(paths: dict[str, Any], routes: Sequence[GuardedRoute]) -> None:
+    """400 on every operation of a route that refuses query parameters it does not take
+    (every route but the legacy Archive API's): a misspelt one is refused, never ignored."""
+    for route in routes:
+        item = paths.get(openapi_path(route.path))
+        op = None if item is None else item.get(route.declaration.method.lower())
+        if op is None or route.declaration.query.ignore_unknown:
+            continue
+        op.setdefault("responses", {}).setdefault("400", error_responses("400")["400"])
+
+
 def build_openapi(
     ctx: GatewayContext, modules: Sequence[ModuleType], routes: Sequence[GuardedRoute] = ()
 ) -> dict[str, Any]:
@@ -140,6 +152,7 @@ def build_openapi(
         "components": {"schemas": schemas},
     }
     _secure(paths, routes, ctx.settings.auth_enabled)
+    _query_refusals(paths, routes)
     schemes: dict[str, Any] = {}
     if ctx.settings.auth_enabled:
         schemes["bearer"] = {"type": "http", "scheme": "bearer"}

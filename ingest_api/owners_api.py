@@ -101,7 +101,13 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     api = PartitionOwners(ctx)
     return [
         route("GET", "/v1/topics/{topic}/owners", api.topic_owners, read(topic="topic")),
-        route("GET", "/v1/owners", api.log_type_owners, write(log_type="log_type")),
+        route(
+            "GET",
+            "/v1/owners",
+            api.log_type_owners,
+            write(log_type="log_type"),
+            query=("log_type",),
+        ),
     ]
 
 

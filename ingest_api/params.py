@@ -5,7 +5,7 @@ Each failure is a 400 with a reason that names the parameter; nothing is changed
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -25,6 +25,32 @@ JSON_BODY_LIMIT = 4 * 1024 * 1024
 
 def json_response(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+_NAMED_AT_MOST = 20
+"""A refusal names this many unknown names at most (a URL may carry thousands)."""
+
+
+def refuse_unknown(names: Iterable[Any], known: Iterable[str], where: str) -> None:
+    """400 naming every one of ``names`` not in ``known``, and listing ``known``: a misspelt
+    option is never silently dropped (it would change what the request does)."""
+    accepted = frozenset(known)
+    unknown = sorted({str(name) for name in names} - accepted)
+    if not unknown:
+        return
+    shown = ", ".join(_printable(name) for name in unknown[:_NAMED_AT_MOST])
+    if len(unknown) > _NAMED_AT_MOST:
+        shown += f" and {len(unknown) - _NAMED_AT_MOST} more"
+    listed = ", ".join(sorted(accepted)) if accepted else "none"
+    raise ApiError(400, "bad_request", f"unknown {where}: {shown}; known: {listed}")
+
+
+def _printable(name: str) -> str:
+    """A name as a reason shows it: as it is if it is plain ASCII, else quoted, escaped (a
+    look-alike letter or a control character shows) and cut short."""
+    if name and len(name) <= 60 and all(c.isascii() and (c.isalnum() or c in "_.-") for c in name):
+        return name
+    return ascii(name[:60])
 
 
 def int_param(

@@ -42,6 +42,7 @@ from ingest_api.params import (
     json_int,
     json_response,
     max_bytes_param,
+    refuse_unknown,
     str_field,
     wants_binary,
 )
@@ -62,24 +63,15 @@ _SEND_BLOCK = 256 * 1024
 _READ_QUERY = frozenset(
     ("offset", "max_bytes", "wait_ms", "format", "txn_window_ms", "raw", *FILTER_FIELDS)
 )
+# The filters that take alternatives (``server=a&server=b``); any other read option is given
+# once (which of two offsets would be meant?).
+_ALTERNATIVES = ("source_id", "server", "file", "log_type")
 _FETCH_FIELDS = frozenset(
     ("partitions", "max_bytes", "wait_ms", "format", "filter", "raw", "txn_window_ms")
 )
 _POSITION_FIELDS = frozenset(("topic", "partition", "offset"))
 _LIST_QUERY = frozenset(("prefix", "include_audit"))
 _FLAGS = {"0": False, "false": False, "1": True, "true": True}
-
-
-def refuse_unknown(names: Any, known: frozenset[str], where: str) -> None:
-    """400 naming every one of ``names`` not in ``known``: a misspelt option is never
-    silently dropped (it would change what the request does)."""
-    unknown = sorted(set(names) - known)
-    if unknown:
-        raise ApiError(
-            400,
-            "bad_request",
-            f"unknown {where}: {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}",
-        )
 
 
 async def json_request(request: Request, limits: Limits) -> dict[str, Any]:
@@ -227,7 +219,6 @@ class ReadApi:
 
     async def list_topics(self, request: Request) -> Response:
         """``GET /v1/topics``: the topics this token may read."""
-        refuse_unknown(request.query_params.keys(), _LIST_QUERY, "query parameters")
         prefix = request.query_params.get("prefix", "")
         # a mirror copies the audit topics too; readers of a prefix see them only by name
         audit = _FLAGS.get(request.query_params.get("include_audit", "false"))
@@ -265,11 +256,7 @@ class ReadApi:
 
     async def read_partition(self, request: Request) -> Response:
         """``GET /v1/topics/{topic}/partitions/{partition}/messages``: one partition, long-poll."""
-        params = request.query_params
-        refuse_unknown(params.keys(), _READ_QUERY, "query parameters")
-        for name in _READ_QUERY - set(FILTER_FIELDS):  # filters take alternatives
-            if len(params.getlist(name)) > 1:
-                raise ApiError(400, "bad_request", f"query parameter {name} is given twice")
+        params = request.query_params  # the route takes only _READ_QUERY (routes below)
         topic = readable_topic(request, request.path_params["topic"])
         partition: int = request.path_params["partition"]
         offset = int_param(params, "offset", None, 0, 2**63 - 1)
@@ -410,9 +397,16 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     api = ReadApi(ctx)
     messages = "/v1/topics/{topic}/partitions/{partition:int}/messages"
     return [
-        route("GET", "/v1/topics", api.list_topics, read(lists=True)),
+        route("GET", "/v1/topics", api.list_topics, read(lists=True), query=_LIST_QUERY),
         route("GET", "/v1/topics/{topic}", api.describe_topic, read(topic="topic")),
-        route("GET", messages, api.read_partition, read(topic="topic")),
+        route(
+            "GET",
+            messages,
+            api.read_partition,
+            read(topic="topic"),
+            query=_READ_QUERY,
+            repeatable=_ALTERNATIVES,
+        ),
         route("POST", "/v1/fetch", api.fetch, read()),
     ]
 

@@ -174,9 +174,21 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     api = ReplicaApi(ctx)
     partition = "/v1/replica/{topic}/partitions/{partition:int}"
     return [
-        route("GET", partition, api.replica_position, REPLICATE),
-        route("POST", partition, api.replica_append, REPLICATE),
-        route("POST", partition + "/dropped", api.replica_dropped, REPLICATE),
+        route("GET", partition, api.replica_position, REPLICATE, query=("source",)),
+        route(
+            "POST",
+            partition,
+            api.replica_append,
+            REPLICATE,
+            query=("source", "partitions", "start"),
+        ),
+        route(
+            "POST",
+            partition + "/dropped",
+            api.replica_dropped,
+            REPLICATE,
+            query=("source", "partitions", "from", "to"),
+        ),
     ]
 
 
