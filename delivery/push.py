@@ -669,6 +669,7 @@ class PushDelivery:
         self._running: dict[str, _Delivery] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._stopping = False
         self.audit: dict[str, WindowCounts] = {}
         """Per subscription without a filter: messages and lines delivered and committed
         (the audit's tier ``push:<subscription>``)."""
@@ -681,7 +682,10 @@ class PushDelivery:
         self._wake.set()
 
     async def _supervise(self) -> None:
-        while True:
+        # Until stop() says so, not only until a cancel: a cancel can be swallowed on its way
+        # (by a delivery's stop caught mid-wait, by Python 3.11's asyncio.wait_for) and the
+        # supervisor, and the gateway's shutdown with it, would go on for ever.
+        while not self._stopping:
             try:
                 await self._reconcile()
             except asyncio.CancelledError:
@@ -690,8 +694,12 @@ class PushDelivery:
                 _log.warning("push supervisor: %s; retrying", exc)
             except Exception:
                 _log.exception("push supervisor failed; retrying")
+            # Not asyncio.wait_for: on Python 3.11 it drops a cancel that arrives in the loop
+            # turn its awaitable finished in (a poke as the gateway stops); asyncio.timeout
+            # passes on every cancel but its own.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), _SUPERVISE_S)
+                async with asyncio.timeout(_SUPERVISE_S):
+                    await self._wake.wait()
             self._wake.clear()
 
     async def _reconcile(self) -> None:
@@ -749,10 +757,12 @@ class PushDelivery:
         if task is not None and not task.done():
             try:
                 await asyncio.wait_for(asyncio.shield(task), _STOP_GRACE_S)
-            except (TimeoutError, asyncio.CancelledError):
+            except (TimeoutError, asyncio.CancelledError) as exc:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+                await asyncio.wait([task])  # its end, whatever it was
+                current = asyncio.current_task()
+                if isinstance(exc, asyncio.CancelledError) and current and current.cancelling():
+                    raise  # the caller's own cancel (the supervisor's, at a stop): passed on
             except Exception:
                 _log.exception("push %s stopped with an error", delivery.sub.name)
 
@@ -762,10 +772,12 @@ class PushDelivery:
         The leases are released together, for a few seconds at most: a lease not released
         (the store is unreachable) expires after ``LEASE_MS`` anyway.
         """
+        self._stopping = True
+        self._wake.set()
         if self._supervisor is not None:
             self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+            # its end, whatever it was; a cancel of this stop itself is not swallowed
+            await asyncio.wait([self._supervisor])
         running = list(self._running.values())
         self._running.clear()
         await asyncio.gather(*(self._stop_one(d) for d in running))

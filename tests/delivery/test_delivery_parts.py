@@ -3,8 +3,10 @@ group assignment with a controlled clock."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from delivery.append_watch import AppendWatch
 from delivery.consumer_group import (
     GroupCoordinator,
     NotPartitionOwner,
@@ -26,6 +29,7 @@ from delivery.framing import BadFraming, decode_binary, encode_binary
 from delivery.internal_state import INTERNAL_TOPIC, InternalState
 from delivery.legacy_txn import LegacyStaging
 from delivery.partition_reader import PartitionBatch, PartitionReader
+from delivery.push import PushDelivery
 from log_store import TopicConfig, open_store
 from session_dedup.envelope import KINDS, Envelope, decode, encode
 
@@ -282,3 +286,56 @@ def test_a_group_made_by_a_commit_follows_the_joins_reset_for_its_other_partitio
     old = coordinator.join("h", Subscription(("dc1.app",)), session_timeout_ms=1000)
     assert {a.partition: a.offset for a in old.assignment} == {0: 2, 1: 0}
     store.close()
+
+
+def test_push_delivery_stops_when_a_poke_lands_in_the_same_loop_turn_as_the_stop(
+    tmp_path: Path,
+) -> None:
+    """A subscription created or deleted as the gateway stops pokes the supervisor in the
+    same turn of the loop as the stop's cancel.  Python 3.11's ``asyncio.wait_for``, seeing
+    its wake-up done when the cancel arrived, returned it and dropped the cancel: the
+    supervisor went on for ever and so did the gateway's shutdown."""
+    store = open_store(tmp_path)
+    push = PushDelivery(store, InternalState(store), AppendWatch(store), PartitionReader(store))
+
+    async def scenario() -> None:
+        await push.start()
+        await asyncio.sleep(0.05)  # the supervisor has looked once and waits for a wake
+        push.poke()
+        started = time.monotonic()
+        await asyncio.wait_for(push.stop(), 10)
+        assert time.monotonic() - started < 5, "the stop waited for a supervisor that went on"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
+
+
+def test_push_delivery_stops_even_if_a_cancel_is_swallowed_on_its_way(tmp_path: Path) -> None:
+    """Whatever swallows the stop's cancel (here a reconcile that catches it, as a delivery's
+    own stop did when the cancel came while it waited), the supervisor ends."""
+    store = open_store(tmp_path)
+    push = PushDelivery(store, InternalState(store), AppendWatch(store), PartitionReader(store))
+    swallowed: list[int] = []
+
+    async def reconcile_swallowing_a_cancel() -> None:
+        try:
+            await asyncio.sleep(0.2)
+        except asyncio.CancelledError:
+            swallowed.append(1)
+
+    push._reconcile = reconcile_swallowing_a_cancel  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        await push.start()
+        await asyncio.sleep(0.05)  # in the reconcile
+        started = time.monotonic()
+        await asyncio.wait_for(push.stop(), 10)
+        assert time.monotonic() - started < 5, "the stop waited for a supervisor that went on"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
+    assert swallowed, "the cancel did reach the reconcile"
