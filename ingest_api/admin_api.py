@@ -66,9 +66,10 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
         return Response(openapi_doc[0], media_type="application/json")
 
     return [
-        route("GET", "/healthz", healthz, PUBLIC),
-        route("GET", "/readyz", readyz, PUBLIC),
-        route("GET", "/metrics", metrics, METRICS),
+        # probes and scrapers: what a monitor adds (a cache buster) changes nothing here
+        route("GET", "/healthz", healthz, PUBLIC, unknown_query="ignore"),
+        route("GET", "/readyz", readyz, PUBLIC, unknown_query="ignore"),
+        route("GET", "/metrics", metrics, METRICS, unknown_query="ignore"),
         route("GET", "/openapi.json", openapi, PUBLIC),
     ]
 

@@ -118,8 +118,16 @@ class UiApi:
 def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     api = UiApi(ctx)
     return [
-        route("GET", "/ui", api.page, PUBLIC, name="dashboard"),
-        route("GET", "/ui/static/{name}", api.asset, PUBLIC, name="dashboard_asset"),
+        # a page: a link may carry what the dashboard does not use (tracking, a bookmark's)
+        route("GET", "/ui", api.page, PUBLIC, name="dashboard", unknown_query="ignore"),
+        route(
+            "GET",
+            "/ui/static/{name}",
+            api.asset,
+            PUBLIC,
+            name="dashboard_asset",
+            unknown_query="ignore",
+        ),
         route("GET", "/v1/ui/overview", api.get_overview, read(lists=True), name="ui_overview"),
         route("POST", "/v1/clients/status", api.push_client_status, write()),
         route("POST", "/v1/mirrors/status", api.mirror_status, REPLICATE),

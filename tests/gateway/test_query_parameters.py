@@ -270,6 +270,13 @@ def test_the_legacy_api_ignores_parameters_it_does_not_know(gateway: Gateway) ->
     assert committed.status_code == 200, committed.text
 
 
+def test_probes_metrics_and_the_dashboards_page_ignore_a_cache_buster(gateway: Gateway) -> None:
+    gw = gateway
+    for path in ("/healthz", "/readyz", "/metrics", "/ui", "/ui/static/dashboard.js"):
+        answer = gw.request(ADMIN_TOKEN, "GET", path, params={"_": "1764190000"})
+        assert answer.status_code == 200, (path, answer.text)
+
+
 def test_openapi_and_the_protocol_name_each_routes_parameters(gateway: Gateway) -> None:
     gw = gateway
     paths = gw.client.get("/openapi.json").json()["paths"]
