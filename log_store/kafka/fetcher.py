@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from log_store.errors import OffsetOutOfRange, StoreUnavailable, UnknownTopic
+from log_store.errors import LogbrokerError, OffsetOutOfRange, StoreUnavailable, UnknownTopic
 from log_store.interface import ReadResult, Record
 from log_store.kafka.failures import (
     as_store_error,
@@ -39,6 +39,8 @@ _CONSUME_SLICE_S = 0.25
 _ATTEMPT_S = 2.0
 _NEW_TOPIC_S = 1.0
 """How long a topic or partition nobody knows yet may be just created, not gone."""
+_GONE_LOOK_S = 1.0
+"""A replay that got no record for this long asks whether its topic is still there."""
 
 
 class Watermarks:
@@ -371,13 +373,18 @@ class FetcherPool:
         *,
         what: str,
     ) -> None:
-        """Hand every committed record in ``start .. end`` to ``apply(offset, value)``."""
+        """Hand every committed record in ``start .. end`` to ``apply(offset, value)``.
+
+        ``UnknownTopic`` if the topic is deleted meanwhile: a consumer of a deleted partition
+        only stops getting records, so a replay that gets none for a while asks whether the
+        records it waits for are still there (it used to wait its whole minute)."""
         if start >= end:
             return
         deadline = time.monotonic() + max(60.0, self._settings.operation_timeout_s)
         fetcher = self._acquire((kafka_topic, partition), start)
         assert fetcher is not None
         broken = False
+        look_at = time.monotonic() + _GONE_LOOK_S
         try:
             fetcher.seek(kafka_topic, partition, start)
             while fetcher.position is not None and fetcher.position < end:
@@ -388,6 +395,9 @@ class FetcherPool:
                     # a stale end (see ``read``): what follows it must be replayed too
                     if time.monotonic() >= deadline:
                         raise StoreUnavailable(f"Kafka did not answer a replay of {what} in time")
+                    if time.monotonic() >= look_at:
+                        self._check_still_there(kafka_topic, partition, end, what)
+                        look_at = time.monotonic() + _GONE_LOOK_S
                     continue
                 record_offset = _offset(message)
                 if record_offset >= end:
@@ -404,6 +414,18 @@ class FetcherPool:
             raise
         finally:
             self._release(fetcher, broken)
+
+    def _check_still_there(self, kafka_topic: str, partition: int, end: int, what: str) -> None:
+        """Raise ``UnknownTopic`` if the partition is gone, or no longer holds records up to
+        ``end`` (its topic deleted and made again: its end restarted)."""
+        try:
+            _low, now = self.watermarks.get(kafka_topic, partition, what)
+        except UnknownTopic:
+            raise UnknownTopic(f"{what}: the topic was deleted") from None
+        except LogbrokerError:
+            return  # Kafka away: the replay's own deadline bounds the wait
+        if now < end:
+            raise UnknownTopic(f"{what}: the topic was deleted (its end went from {end} to {now})")
 
     def forget(self, kafka_topic: str) -> None:
         """Drop idle consumers of a topic (deleted, or created again under the same name)."""

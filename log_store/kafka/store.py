@@ -50,7 +50,7 @@ from log_store.interface import (
     retention_after,
 )
 from log_store.kafka import naming
-from log_store.kafka.failures import OwnerGone, WriterFenced, as_store_error
+from log_store.kafka.failures import OwnerGone, PartitionGone, WriterFenced, as_store_error
 from log_store.kafka.fetcher import FetcherPool, Watermarks
 from log_store.kafka.partition_owner import OwnerContext, PartitionOwner, Pending
 from log_store.kafka.placement import OnDemand, Placement
@@ -144,15 +144,19 @@ class KafkaLogStore:
         return topic
 
     def check_partition(self, name: str, partition: int) -> None:
-        """Raise ``UnknownTopic`` or ``UnknownPartition`` unless Kafka has the partition now
-        (asked afresh); a topic found deleted is forgotten here."""
+        """Raise ``UnknownTopic`` unless Kafka has the partition now (asked afresh); a topic
+        found deleted is forgotten here.
+
+        Asked for a partition a write (or a routing read) was sent to, whose owner is not
+        found: a partition the topic does not have is :class:`PartitionGone` (the topic it
+        was routed in was deleted and made again with fewer partitions)."""
         try:
             topic = self._topic(name, fresh=True)
         except UnknownTopic:
             self._forget_topic(name)
             raise
         if partition >= topic.partitions:
-            raise UnknownPartition(
+            raise PartitionGone(
                 f"topic {name!r} has partitions 0..{topic.partitions - 1}, not {partition}"
             )
 
