@@ -40,7 +40,7 @@ _ATTEMPT_S = 2.0
 _NEW_TOPIC_S = 1.0
 """How long a topic or partition nobody knows yet may be just created, not gone."""
 _GONE_LOOK_S = 1.0
-"""A replay that got no record for this long asks whether its topic is still there."""
+"""A read or replay that got no record for this long asks whether its topic is still there."""
 
 
 class Watermarks:
@@ -74,12 +74,21 @@ class Watermarks:
                 self._away.append((self._away_since, time.time()))
                 self._away_since = None
 
-    def get(self, kafka_topic: str, partition: int, what: str = "watermarks") -> tuple[int, int]:
-        """(start, LSO), asked again while the partition is too new or moving to be known.
+    def get(
+        self,
+        kafka_topic: str,
+        partition: int,
+        what: str = "watermarks",
+        *,
+        timeout_s: float | None = None,
+    ) -> tuple[int, int]:
+        """(start, LSO), asked again while the partition is too new or moving to be known,
+        for ``timeout_s`` at most (default: the operation timeout).
 
         Each attempt is short: a query sent to a leader that just died waits in that broker's
         queue, and only a metadata refresh (done between attempts) finds the new leader.
         """
+        timeout = self._settings.operation_timeout_s if timeout_s is None else timeout_s
 
         def ask(remaining_s: float) -> tuple[int, int]:
             asked = time.time()
@@ -107,8 +116,8 @@ class Watermarks:
         try:
             return ask_again(
                 ask,
-                timeout_s=self._settings.operation_timeout_s,
-                retried_for=self._retried_for,
+                timeout_s=timeout,
+                retried_for=lambda exc: _min_or_none(self._retried_for(exc), timeout),
                 pause_s=0.05,
                 refresh=refresh,
             )
@@ -261,7 +270,9 @@ class FetcherPool:
     def read(
         self, kafka_topic: str, partition: int, offset: int, max_bytes: int, *, what: str
     ) -> ReadResult:
-        """Committed records from ``offset``: at most about ``max_bytes`` (at least one)."""
+        """Committed records from ``offset``: at most about ``max_bytes`` (at least one).
+
+        ``UnknownTopic`` if the topic is deleted meanwhile (asked as in :meth:`replay`)."""
         low, end = self.watermarks.get(kafka_topic, partition, what)
         if offset < low:
             raise OffsetOutOfRange(f"offset {offset} is below the log start offset {low}", low, end)
@@ -273,6 +284,7 @@ class FetcherPool:
         fetcher = self._acquire((kafka_topic, partition), offset)
         assert fetcher is not None
         broken = False
+        look_at = time.monotonic() + _GONE_LOOK_S
         try:
             fetcher.seek(kafka_topic, partition, offset)
             while fetcher.position is not None and fetcher.position < end:
@@ -284,6 +296,9 @@ class FetcherPool:
                     # end of an earlier read): read on, or ``[position, end)`` would be lost
                     if time.monotonic() >= deadline:
                         raise StoreUnavailable(f"Kafka did not answer a read of {what} in time")
+                    if time.monotonic() >= look_at:
+                        self._check_still_there(kafka_topic, partition, end, what)
+                        look_at = time.monotonic() + _GONE_LOOK_S
                     continue
                 record_offset = _offset(message)
                 fetcher.position = record_offset + 1
@@ -308,7 +323,7 @@ class FetcherPool:
         except _ConsumeError as exc:
             broken = True
             raise self._consume_failure(exc.error, kafka_topic, partition, what) from None
-        except StoreUnavailable:
+        except (StoreUnavailable, UnknownTopic):
             broken = True
             raise
         finally:
@@ -419,7 +434,7 @@ class FetcherPool:
         """Raise ``UnknownTopic`` if the partition is gone, or no longer holds records up to
         ``end`` (its topic deleted and made again: its end restarted)."""
         try:
-            _low, now = self.watermarks.get(kafka_topic, partition, what)
+            _low, now = self.watermarks.get(kafka_topic, partition, what, timeout_s=_GONE_LOOK_S)
         except UnknownTopic:
             raise UnknownTopic(f"{what}: the topic was deleted") from None
         except LogbrokerError:
@@ -445,6 +460,10 @@ class FetcherPool:
             self._cond.notify_all()
         for fetcher in idle:
             fetcher.consumer.close()
+
+
+def _min_or_none(span: float | None, limit: float) -> float | None:
+    return None if span is None else min(span, limit)
 
 
 def _reached(fetcher: _Fetcher, end: int) -> bool:

@@ -90,6 +90,8 @@ _FAILED_TAKEOVER_PAUSE_S = 1.0
 _MAX_GROUP = 4096
 _MARKER_WAIT_S = 0.1
 _IDENTITY_LOOK_S = 0.2
+_IDENTITY_LOOK_TIMEOUT_S = 1.0
+"""What such a look waits for Kafka's answer: with Kafka away, it must not add a timeout."""
 """A commit not readable after this long is checked to be in a topic that still exists."""
 """At most this long a transaction waits for the previous commit's markers (see
 ``PartitionOwner._await_markers``)."""
@@ -459,6 +461,22 @@ class PartitionOwner:
         )
         self._thread.start()
         return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Return once this owner has taken the partition over, within ``timeout_s``
+        (``StoreUnavailable`` after it); the ``UnknownTopic`` its takeover failed with, at
+        once, if the topic is gone (it used to be waited for until the timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready.wait(max(0.0, min(0.05, deadline - time.monotonic()))):
+            failure = self._failure
+            if isinstance(failure, UnknownTopic):  # PartitionGone included
+                raise failure
+            if self.closed:
+                raise StoreUnavailable(f"{self.topic}/{self.partition} is no longer owned here")
+            if time.monotonic() >= deadline:
+                raise StoreUnavailable(
+                    f"taking over {self.topic}/{self.partition} takes too long; retry"
+                )
 
     def submit(self, txn: Pending) -> None:
         """Queue ``txn`` for the next commit; its future resolves after it."""
@@ -831,10 +849,14 @@ class PartitionOwner:
             self._acks.put((outcomes, None, 0))
         self._maybe_snapshot()
 
-    def _topic_gone(self) -> bool:
-        """True if the topic this owner writes was deleted (or deleted and created again)."""
+    def _topic_gone(self, timeout_s: float | None = None) -> bool:
+        """True if the topic this owner writes was deleted (or deleted and created again);
+        False also if Kafka does not say within ``timeout_s`` (default: the operation
+        timeout)."""
         try:
-            return self.ctx.admin.describe(self.topic).topic_id != self.topic_id
+            return (
+                self.ctx.admin.describe(self.topic, timeout_s=timeout_s).topic_id != self.topic_id
+            )
         except UnknownTopic:
             return True
         except LogbrokerError:
@@ -979,7 +1001,7 @@ class PartitionOwner:
             try:
                 _low, end = self.ctx.watermarks.get(topic, self.partition, "visibility")
             except LogbrokerError as exc:
-                if self._topic_gone():
+                if self._topic_gone(_IDENTITY_LOOK_TIMEOUT_S):
                     raise UnknownTopic(
                         f"topic {self.topic!r} was deleted before its commit was readable"
                     ) from None
@@ -990,7 +1012,7 @@ class PartitionOwner:
             now = time.monotonic()
             if now >= identity_look or now > deadline:
                 identity_look = now + _IDENTITY_LOOK_S
-                if self._topic_gone():
+                if self._topic_gone(_IDENTITY_LOOK_TIMEOUT_S):
                     raise UnknownTopic(
                         f"topic {self.topic!r} was deleted before its commit was readable"
                     )

@@ -486,18 +486,22 @@ class KafkaLogStore:
         if not self.placement.owns(topic, partition):
             raise NotOwner(f"{topic}/{partition} is not owned here")
         owner = self._owner(topic, partition, eager=True)
-        if not owner.ready.wait(self.settings.operation_timeout_s):
-            raise StoreUnavailable(f"taking over {topic}/{partition} takes too long; retry")
+        owner.wait_ready(self.settings.operation_timeout_s)
         try:
             return owner.read_state(keys)
         except OwnerGone:
             self._drop_owner(owner)
-            if not self.placement.owns(topic, partition):
-                raise NotOwner(f"{topic}/{partition} is not owned here") from None
-            owner = self._owner(topic, partition, eager=True)
-            if not owner.ready.wait(self.settings.operation_timeout_s):
-                raise StoreUnavailable(f"taking over {topic}/{partition} takes too long") from None
+        if not self.placement.owns(topic, partition):
+            raise NotOwner(f"{topic}/{partition} is not owned here")
+        owner = self._owner(topic, partition, eager=True)
+        owner.wait_ready(self.settings.operation_timeout_s)
+        try:
             return owner.read_state(keys)
+        except OwnerGone:
+            # not an error a peer can name: it asks again (a topic deleted meanwhile shows
+            # as UnknownTopic at the next takeover)
+            self._drop_owner(owner)
+            raise StoreUnavailable(f"{topic}/{partition} keeps changing hands; retry") from None
 
     def take_over(self, topic: str, partition: int) -> PartitionOwner:
         """Become the partition's writer now (a gateway does this for partitions it is given)."""

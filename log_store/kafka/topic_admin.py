@@ -107,21 +107,26 @@ class TopicAdmin:
         self.client = AdminClient(settings.admin_config())
         self._timeout = settings.operation_timeout_s
 
-    def _wait(self, future: concurrent.futures.Future[object], what: str) -> object:
+    def _wait(
+        self, future: concurrent.futures.Future[object], what: str, timeout_s: float | None = None
+    ) -> object:
         try:
-            return future.result(timeout=self._timeout + 5)
+            return future.result(timeout=(timeout_s or self._timeout) + 5)
         except concurrent.futures.TimeoutError:
             raise StoreUnavailable(f"Kafka did not answer ({what}) in time") from None
 
     # -- looking ------------------------------------------------------------------------------
-    def describe(self, name: str) -> KafkaTopic:
-        """The topic's identity and partition count; ``UnknownTopic`` if Kafka has none."""
+    def describe(self, name: str, *, timeout_s: float | None = None) -> KafkaTopic:
+        """The topic's identity and partition count; ``UnknownTopic`` if Kafka has none.
+
+        ``timeout_s``: what Kafka is given to answer (default: the operation timeout)."""
         kafka_name = naming.data_topic(self.ns, name)
+        timeout = timeout_s or self._timeout
         futures = self.client.describe_topics(
-            TopicCollection([kafka_name]), request_timeout=self._timeout
+            TopicCollection([kafka_name]), request_timeout=timeout
         )
         try:
-            description = self._wait(futures[kafka_name], f"describing {name}")
+            description = self._wait(futures[kafka_name], f"describing {name}", timeout)
         except KafkaException as exc:
             error = as_store_error(exc, f"describing {name}")
             if isinstance(error, UnknownTopic):
