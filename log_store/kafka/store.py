@@ -340,7 +340,13 @@ class KafkaLogStore:
             homes.setdefault(home_partition(key, int(record["home_partitions"])), []).append(key)
         found: dict[str, bytes | None] = {}
         for home, wanted in homes.items():
-            values = self._state_values(topic, home, [TOPIC_STATE_PREFIX + k for k in wanted])
+            try:
+                values = self._state_values(topic, home, [TOPIC_STATE_PREFIX + k for k in wanted])
+            except UnknownPartition as exc:
+                # a home of the topic as cached here, missing now: that topic was deleted
+                # (and made again with fewer partitions); the caller looks it up again
+                self._topics.pop(topic, None)
+                raise PartitionGone(str(exc)) from None
             for key in wanted:
                 found[key] = values[TOPIC_STATE_PREFIX + key]
         return {key: found[key] for key in keys}

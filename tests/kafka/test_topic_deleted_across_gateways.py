@@ -22,6 +22,7 @@ import pytest
 
 from log_store import LogStore, TopicConfig, UnknownPartition, UnknownTopic
 from log_store.kafka import KafkaSettings, open_kafka_store
+from log_store.kafka.store import home_partition
 from tests.conftest import REPO, GatewayProcess, logbroker_cmd
 from tests.gateway.conftest import Client
 from tests.kafka.conftest import envelopes, wait_until
@@ -269,4 +270,35 @@ def test_a_write_to_a_partition_the_topic_made_again_lacks_is_an_unknown_topic(
         assert writer.append("dc1.t", 2, [b"after"]).count == 1
     finally:
         writer.close()
+        deleter.close()
+
+
+def test_a_pin_read_of_a_topic_made_again_smaller_is_an_unknown_topic(
+    kafka_cluster: Any, kafka_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway reads pins in the homes of the topic as it cached it; when another of its
+    threads has looked the topic up again meanwhile (deleted, made again with 4 partitions),
+    a home of the old shape is missing: ``UnknownTopic`` (the router looks the topic up again
+    and routes afresh), not the 404 ``unknown_partition`` seen before on a write."""
+    settings = KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace)
+    reader, deleter = open_kafka_store(settings), open_kafka_store(settings)
+    try:
+        reader.create_topic("dc1.t", TopicConfig(partitions=8))
+        key = next(k for k in (f"pin-{n}" for n in range(100)) if home_partition(k, 8) >= 4)
+        reader.put_topic_state_if_absent("dc1.t", key, b"pinned")
+        looked = reader._topic  # type: ignore[attr-defined]
+        cached = looked("dc1.t", fresh=True)
+        deleter.delete_topic("dc1.t")
+        deleter.create_topic("dc1.t", TopicConfig(partitions=4))
+        calls: list[bool] = []
+
+        def topic(name: str, *, fresh: bool = False) -> Any:
+            calls.append(fresh)  # first the cached (deleted) topic, then the new one
+            return cached if len(calls) == 1 else looked(name, fresh=True)
+
+        monkeypatch.setattr(reader, "_topic", topic)
+        with pytest.raises(UnknownTopic):
+            reader.get_topic_state("dc1.t", key)
+    finally:
+        reader.close()
         deleter.close()
