@@ -286,7 +286,7 @@ def test_a_pin_read_of_a_topic_made_again_smaller_is_an_unknown_topic(
         reader.create_topic("dc1.t", TopicConfig(partitions=8))
         key = next(k for k in (f"pin-{n}" for n in range(100)) if home_partition(k, 8) >= 4)
         reader.put_topic_state_if_absent("dc1.t", key, b"pinned")
-        looked = reader._topic  # type: ignore[attr-defined]
+        looked = reader._topic
         cached = looked("dc1.t", fresh=True)
         deleter.delete_topic("dc1.t")
         deleter.create_topic("dc1.t", TopicConfig(partitions=4))
