@@ -89,12 +89,12 @@ log = logging.getLogger(__name__)
 _FAILED_TAKEOVER_PAUSE_S = 1.0
 _MAX_GROUP = 4096
 _MARKER_WAIT_S = 0.1
-_IDENTITY_LOOK_S = 0.2
-_IDENTITY_LOOK_TIMEOUT_S = 1.0
-"""What such a look waits for Kafka's answer: with Kafka away, it must not add a timeout."""
-"""A commit not readable after this long is checked to be in a topic that still exists."""
 """At most this long a transaction waits for the previous commit's markers (see
 ``PartitionOwner._await_markers``)."""
+_IDENTITY_LOOK_S = 0.2
+"""A commit not readable after this long is checked to be in a topic that still exists."""
+_IDENTITY_LOOK_TIMEOUT_S = 1.0
+"""What such a look waits for Kafka's answer: with Kafka away, it must not add a timeout."""
 
 
 @dataclass
