@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
-from log_store.errors import LogbrokerError, StoreUnavailable, UnknownTopic
+from log_store.errors import LogbrokerError, StoreUnavailable, UnknownPartition, UnknownTopic
 
 _T = TypeVar("_T")
 
@@ -31,6 +31,17 @@ class OwnerGone(LogbrokerError):
 
     Internal to the backend: the store submits the transaction again wherever the partition
     is owned now.
+    """
+
+
+class PartitionGone(UnknownPartition, UnknownTopic):
+    """A write (or a routing read) for a partition the topic does not have (or no longer).
+
+    Partitions never shrink, so a writer that routed a source there routed it in a topic
+    that was deleted and made again with fewer partitions: an ``UnknownTopic`` too, which
+    makes it look the topic up again and route afresh (as an ``UnknownPartition`` alone, its
+    cached route answered 404 for ever).  To a caller that named a partition out of range
+    it is the ``UnknownPartition`` it always was.
     """
 
 

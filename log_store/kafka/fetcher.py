@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from log_store.errors import OffsetOutOfRange, StoreUnavailable, UnknownTopic
+from log_store.errors import LogbrokerError, OffsetOutOfRange, StoreUnavailable, UnknownTopic
 from log_store.interface import ReadResult, Record
 from log_store.kafka.failures import (
     as_store_error,
@@ -39,6 +39,8 @@ _CONSUME_SLICE_S = 0.25
 _ATTEMPT_S = 2.0
 _NEW_TOPIC_S = 1.0
 """How long a topic or partition nobody knows yet may be just created, not gone."""
+_GONE_LOOK_S = 1.0
+"""A read or replay that got no record for this long asks whether its topic is still there."""
 
 
 class Watermarks:
@@ -72,12 +74,21 @@ class Watermarks:
                 self._away.append((self._away_since, time.time()))
                 self._away_since = None
 
-    def get(self, kafka_topic: str, partition: int, what: str = "watermarks") -> tuple[int, int]:
-        """(start, LSO), asked again while the partition is too new or moving to be known.
+    def get(
+        self,
+        kafka_topic: str,
+        partition: int,
+        what: str = "watermarks",
+        *,
+        timeout_s: float | None = None,
+    ) -> tuple[int, int]:
+        """(start, LSO), asked again while the partition is too new or moving to be known,
+        for ``timeout_s`` at most (default: the operation timeout).
 
         Each attempt is short: a query sent to a leader that just died waits in that broker's
         queue, and only a metadata refresh (done between attempts) finds the new leader.
         """
+        timeout = self._settings.operation_timeout_s if timeout_s is None else timeout_s
 
         def ask(remaining_s: float) -> tuple[int, int]:
             asked = time.time()
@@ -105,8 +116,8 @@ class Watermarks:
         try:
             return ask_again(
                 ask,
-                timeout_s=self._settings.operation_timeout_s,
-                retried_for=self._retried_for,
+                timeout_s=timeout,
+                retried_for=lambda exc: _min_or_none(self._retried_for(exc), timeout),
                 pause_s=0.05,
                 refresh=refresh,
             )
@@ -259,7 +270,9 @@ class FetcherPool:
     def read(
         self, kafka_topic: str, partition: int, offset: int, max_bytes: int, *, what: str
     ) -> ReadResult:
-        """Committed records from ``offset``: at most about ``max_bytes`` (at least one)."""
+        """Committed records from ``offset``: at most about ``max_bytes`` (at least one).
+
+        ``UnknownTopic`` if the topic is deleted meanwhile (asked as in :meth:`replay`)."""
         low, end = self.watermarks.get(kafka_topic, partition, what)
         if offset < low:
             raise OffsetOutOfRange(f"offset {offset} is below the log start offset {low}", low, end)
@@ -271,6 +284,7 @@ class FetcherPool:
         fetcher = self._acquire((kafka_topic, partition), offset)
         assert fetcher is not None
         broken = False
+        look_at = time.monotonic() + _GONE_LOOK_S
         try:
             fetcher.seek(kafka_topic, partition, offset)
             while fetcher.position is not None and fetcher.position < end:
@@ -282,6 +296,9 @@ class FetcherPool:
                     # end of an earlier read): read on, or ``[position, end)`` would be lost
                     if time.monotonic() >= deadline:
                         raise StoreUnavailable(f"Kafka did not answer a read of {what} in time")
+                    if time.monotonic() >= look_at:
+                        self._check_still_there(kafka_topic, partition, end, what)
+                        look_at = time.monotonic() + _GONE_LOOK_S
                     continue
                 record_offset = _offset(message)
                 fetcher.position = record_offset + 1
@@ -306,7 +323,7 @@ class FetcherPool:
         except _ConsumeError as exc:
             broken = True
             raise self._consume_failure(exc.error, kafka_topic, partition, what) from None
-        except StoreUnavailable:
+        except (StoreUnavailable, UnknownTopic):
             broken = True
             raise
         finally:
@@ -371,13 +388,18 @@ class FetcherPool:
         *,
         what: str,
     ) -> None:
-        """Hand every committed record in ``start .. end`` to ``apply(offset, value)``."""
+        """Hand every committed record in ``start .. end`` to ``apply(offset, value)``.
+
+        ``UnknownTopic`` if the topic is deleted meanwhile: a consumer of a deleted partition
+        only stops getting records, so a replay that gets none for a while asks whether the
+        records it waits for are still there (it used to wait its whole minute)."""
         if start >= end:
             return
         deadline = time.monotonic() + max(60.0, self._settings.operation_timeout_s)
         fetcher = self._acquire((kafka_topic, partition), start)
         assert fetcher is not None
         broken = False
+        look_at = time.monotonic() + _GONE_LOOK_S
         try:
             fetcher.seek(kafka_topic, partition, start)
             while fetcher.position is not None and fetcher.position < end:
@@ -388,6 +410,9 @@ class FetcherPool:
                     # a stale end (see ``read``): what follows it must be replayed too
                     if time.monotonic() >= deadline:
                         raise StoreUnavailable(f"Kafka did not answer a replay of {what} in time")
+                    if time.monotonic() >= look_at:
+                        self._check_still_there(kafka_topic, partition, end, what)
+                        look_at = time.monotonic() + _GONE_LOOK_S
                     continue
                 record_offset = _offset(message)
                 if record_offset >= end:
@@ -404,6 +429,18 @@ class FetcherPool:
             raise
         finally:
             self._release(fetcher, broken)
+
+    def _check_still_there(self, kafka_topic: str, partition: int, end: int, what: str) -> None:
+        """Raise ``UnknownTopic`` if the partition is gone, or no longer holds records up to
+        ``end`` (its topic deleted and made again: its end restarted)."""
+        try:
+            _low, now = self.watermarks.get(kafka_topic, partition, what, timeout_s=_GONE_LOOK_S)
+        except UnknownTopic:
+            raise UnknownTopic(f"{what}: the topic was deleted") from None
+        except LogbrokerError:
+            return  # Kafka away: the replay's own deadline bounds the wait
+        if now < end:
+            raise UnknownTopic(f"{what}: the topic was deleted (its end went from {end} to {now})")
 
     def forget(self, kafka_topic: str) -> None:
         """Drop idle consumers of a topic (deleted, or created again under the same name)."""
@@ -423,6 +460,10 @@ class FetcherPool:
             self._cond.notify_all()
         for fetcher in idle:
             fetcher.consumer.close()
+
+
+def _min_or_none(span: float | None, limit: float) -> float | None:
+    return None if span is None else min(span, limit)
 
 
 def _reached(fetcher: _Fetcher, end: int) -> bool:

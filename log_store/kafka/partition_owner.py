@@ -64,6 +64,7 @@ from log_store.interface import (
 from log_store.kafka import naming
 from log_store.kafka.failures import (
     OwnerGone,
+    PartitionGone,
     WriterFenced,
     as_commit_error,
     as_store_error,
@@ -90,6 +91,10 @@ _MAX_GROUP = 4096
 _MARKER_WAIT_S = 0.1
 """At most this long a transaction waits for the previous commit's markers (see
 ``PartitionOwner._await_markers``)."""
+_IDENTITY_LOOK_S = 0.2
+"""A commit not readable after this long is checked to be in a topic that still exists."""
+_IDENTITY_LOOK_TIMEOUT_S = 1.0
+"""What such a look waits for Kafka's answer: with Kafka away, it must not add a timeout."""
 
 
 @dataclass
@@ -457,6 +462,22 @@ class PartitionOwner:
         self._thread.start()
         return self
 
+    def wait_ready(self, timeout_s: float) -> None:
+        """Return once this owner has taken the partition over, within ``timeout_s``
+        (``StoreUnavailable`` after it); the ``UnknownTopic`` its takeover failed with, at
+        once, if the topic is gone (it used to be waited for until the timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready.wait(max(0.0, min(0.05, deadline - time.monotonic()))):
+            failure = self._failure
+            if isinstance(failure, UnknownTopic):  # PartitionGone included
+                raise failure
+            if self.closed:
+                raise StoreUnavailable(f"{self.topic}/{self.partition} is no longer owned here")
+            if time.monotonic() >= deadline:
+                raise StoreUnavailable(
+                    f"taking over {self.topic}/{self.partition} takes too long; retry"
+                )
+
     def submit(self, txn: Pending) -> None:
         """Queue ``txn`` for the next commit; its future resolves after it."""
         with self._cond:
@@ -580,13 +601,13 @@ class PartitionOwner:
         timeout = self._settings.operation_timeout_s
         kafka = ctx.admin.describe(self.topic)
         if self.partition >= kafka.partitions:
-            raise UnknownPartition(
+            raise PartitionGone(
                 f"topic {self.topic!r} has partitions 0..{kafka.partitions - 1}, "
                 f"not {self.partition}"
             )
         if self.topic_id is not None and kafka.topic_id != self.topic_id:
             raise UnknownTopic(f"topic {self.topic!r} was deleted (and maybe created again)")
-        state_topic = ctx.admin.ensure_state_topic(kafka)
+        state_topic, created = ctx.admin.ensure_state_topic(kafka)
         txn_id = naming.transactional_id(self._settings.namespace, self.topic, self.partition)
         self._fatal = None
         producer = Producer(
@@ -599,6 +620,19 @@ class PartitionOwner:
             producer.init_transactions(timeout)
         except KafkaException as exc:
             raise as_store_error(exc, f"fencing earlier writers of {self.topic}") from exc
+        # The topic looked at above may have been deleted since (and made again: the data
+        # topic is written by name).  A deletion fences the writers first; one that fenced
+        # after it, as here, looks again, or it would write the new topic's partition with the
+        # deleted one's table, its state changes into a state topic it may just have made
+        # again (that one is deleted again).
+        try:
+            now = ctx.admin.describe(self.topic).topic_id
+        except UnknownTopic:
+            now = None
+        if now != kafka.topic_id:
+            if created:
+                ctx.admin.delete_state_topic(kafka)
+            raise UnknownTopic(f"topic {self.topic!r} was deleted (and maybe created again)")
         # From here on no earlier writer can commit: the changelog and the data end are final.
         low, end = ctx.watermarks.get(state_topic, self.partition, "the state changelog")
         snapshot = ctx.committed_snapshot(state_topic, self.partition)
@@ -815,10 +849,14 @@ class PartitionOwner:
             self._acks.put((outcomes, None, 0))
         self._maybe_snapshot()
 
-    def _topic_gone(self) -> bool:
-        """True if the topic this owner writes was deleted (or deleted and created again)."""
+    def _topic_gone(self, timeout_s: float | None = None) -> bool:
+        """True if the topic this owner writes was deleted (or deleted and created again);
+        False also if Kafka does not say within ``timeout_s`` (default: the operation
+        timeout)."""
         try:
-            return self.ctx.admin.describe(self.topic).topic_id != self.topic_id
+            return (
+                self.ctx.admin.describe(self.topic, timeout_s=timeout_s).topic_id != self.topic_id
+            )
         except UnknownTopic:
             return True
         except LogbrokerError:
@@ -922,9 +960,12 @@ class PartitionOwner:
             if item is None:
                 return
             outcomes, visible, commit = item
+            gone: UnknownTopic | None = None
             if visible is not None:
                 try:
                     self._await_visible(*visible)
+                except UnknownTopic as exc:
+                    gone = exc
                 except Exception as exc:  # a store closing under us: the commit stands
                     log.debug("visibility of %s/%d: %s", self.topic, self.partition, exc)
                 with self._visibility:
@@ -933,21 +974,49 @@ class PartitionOwner:
             for txn, result, error in outcomes:
                 if error is not None:
                     txn.future.set_exception(error)
+                elif gone is not None:
+                    # committed into a topic deleted before readers saw it: its records went
+                    # with it, so the caller is not told they are written (the gateway writes
+                    # them again, into the topic made again)
+                    txn.future.set_exception(gone)
                 else:
                     assert result is not None
                     txn.future.set_result(result)
 
     def _await_visible(self, topic: str, wanted: int) -> None:
-        deadline = time.monotonic() + self._settings.operation_timeout_s
+        """Return once readers see a commit ending before ``wanted`` in ``topic`` (or after
+        the operation timeout: the commit stands); raise ``UnknownTopic`` if the topic was
+        deleted before they did.
+
+        Ends are asked by name, and a topic deleted and made again has the old one's name:
+        a commit the new topic's end stays below is looked up by identity now and then, so a
+        commit into a deleted topic is never acknowledged as written (after the deletion was
+        answered, with its records gone), nor waited for until the timeout."""
+        started = time.monotonic()
+        deadline = started + self._settings.operation_timeout_s
+        identity_look = started + _IDENTITY_LOOK_S
         pause = 0.0005
         while True:
             self.ctx.commits.looked()
             try:
                 _low, end = self.ctx.watermarks.get(topic, self.partition, "visibility")
             except LogbrokerError as exc:
+                if self._topic_gone(_IDENTITY_LOOK_TIMEOUT_S):
+                    raise UnknownTopic(
+                        f"topic {self.topic!r} was deleted before its commit was readable"
+                    ) from None
                 log.warning("cannot see the commit of %s/%d: %s", self.topic, self.partition, exc)
                 return
-            if end >= wanted or time.monotonic() > deadline:
+            if end >= wanted:
+                return
+            now = time.monotonic()
+            if now >= identity_look or now > deadline:
+                identity_look = now + _IDENTITY_LOOK_S
+                if self._topic_gone(_IDENTITY_LOOK_TIMEOUT_S):
+                    raise UnknownTopic(
+                        f"topic {self.topic!r} was deleted before its commit was readable"
+                    )
+            if now > deadline:
                 return
             time.sleep(pause)
             # the markers usually take 1-5 ms; the next transaction of the partition waits

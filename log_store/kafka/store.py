@@ -50,7 +50,7 @@ from log_store.interface import (
     retention_after,
 )
 from log_store.kafka import naming
-from log_store.kafka.failures import OwnerGone, WriterFenced, as_store_error
+from log_store.kafka.failures import OwnerGone, PartitionGone, WriterFenced, as_store_error
 from log_store.kafka.fetcher import FetcherPool, Watermarks
 from log_store.kafka.partition_owner import OwnerContext, PartitionOwner, Pending
 from log_store.kafka.placement import OnDemand, Placement
@@ -144,15 +144,19 @@ class KafkaLogStore:
         return topic
 
     def check_partition(self, name: str, partition: int) -> None:
-        """Raise ``UnknownTopic`` or ``UnknownPartition`` unless Kafka has the partition now
-        (asked afresh); a topic found deleted is forgotten here."""
+        """Raise ``UnknownTopic`` unless Kafka has the partition now (asked afresh); a topic
+        found deleted is forgotten here.
+
+        Asked for a partition a write (or a routing read) was sent to, whose owner is not
+        found: a partition the topic does not have is :class:`PartitionGone` (the topic it
+        was routed in was deleted and made again with fewer partitions)."""
         try:
             topic = self._topic(name, fresh=True)
         except UnknownTopic:
             self._forget_topic(name)
             raise
         if partition >= topic.partitions:
-            raise UnknownPartition(
+            raise PartitionGone(
                 f"topic {name!r} has partitions 0..{topic.partitions - 1}, not {partition}"
             )
 
@@ -336,7 +340,13 @@ class KafkaLogStore:
             homes.setdefault(home_partition(key, int(record["home_partitions"])), []).append(key)
         found: dict[str, bytes | None] = {}
         for home, wanted in homes.items():
-            values = self._state_values(topic, home, [TOPIC_STATE_PREFIX + k for k in wanted])
+            try:
+                values = self._state_values(topic, home, [TOPIC_STATE_PREFIX + k for k in wanted])
+            except UnknownPartition as exc:
+                # a home of the topic as cached here, missing now: that topic was deleted
+                # (and made again with fewer partitions); the caller looks it up again
+                self._topics.pop(topic, None)
+                raise PartitionGone(str(exc)) from None
             for key in wanted:
                 found[key] = values[TOPIC_STATE_PREFIX + key]
         return {key: found[key] for key in keys}
@@ -482,18 +492,22 @@ class KafkaLogStore:
         if not self.placement.owns(topic, partition):
             raise NotOwner(f"{topic}/{partition} is not owned here")
         owner = self._owner(topic, partition, eager=True)
-        if not owner.ready.wait(self.settings.operation_timeout_s):
-            raise StoreUnavailable(f"taking over {topic}/{partition} takes too long; retry")
+        owner.wait_ready(self.settings.operation_timeout_s)
         try:
             return owner.read_state(keys)
         except OwnerGone:
             self._drop_owner(owner)
-            if not self.placement.owns(topic, partition):
-                raise NotOwner(f"{topic}/{partition} is not owned here") from None
-            owner = self._owner(topic, partition, eager=True)
-            if not owner.ready.wait(self.settings.operation_timeout_s):
-                raise StoreUnavailable(f"taking over {topic}/{partition} takes too long") from None
+        if not self.placement.owns(topic, partition):
+            raise NotOwner(f"{topic}/{partition} is not owned here")
+        owner = self._owner(topic, partition, eager=True)
+        owner.wait_ready(self.settings.operation_timeout_s)
+        try:
             return owner.read_state(keys)
+        except OwnerGone:
+            # not an error a peer can name: it asks again (a topic deleted meanwhile shows
+            # as UnknownTopic at the next takeover)
+            self._drop_owner(owner)
+            raise StoreUnavailable(f"{topic}/{partition} keeps changing hands; retry") from None
 
     def take_over(self, topic: str, partition: int) -> PartitionOwner:
         """Become the partition's writer now (a gateway does this for partitions it is given)."""

@@ -107,21 +107,26 @@ class TopicAdmin:
         self.client = AdminClient(settings.admin_config())
         self._timeout = settings.operation_timeout_s
 
-    def _wait(self, future: concurrent.futures.Future[object], what: str) -> object:
+    def _wait(
+        self, future: concurrent.futures.Future[object], what: str, timeout_s: float | None = None
+    ) -> object:
         try:
-            return future.result(timeout=self._timeout + 5)
+            return future.result(timeout=(timeout_s or self._timeout) + 5)
         except concurrent.futures.TimeoutError:
             raise StoreUnavailable(f"Kafka did not answer ({what}) in time") from None
 
     # -- looking ------------------------------------------------------------------------------
-    def describe(self, name: str) -> KafkaTopic:
-        """The topic's identity and partition count; ``UnknownTopic`` if Kafka has none."""
+    def describe(self, name: str, *, timeout_s: float | None = None) -> KafkaTopic:
+        """The topic's identity and partition count; ``UnknownTopic`` if Kafka has none.
+
+        ``timeout_s``: what Kafka is given to answer (default: the operation timeout)."""
         kafka_name = naming.data_topic(self.ns, name)
+        timeout = timeout_s or self._timeout
         futures = self.client.describe_topics(
-            TopicCollection([kafka_name]), request_timeout=self._timeout
+            TopicCollection([kafka_name]), request_timeout=timeout
         )
         try:
-            description = self._wait(futures[kafka_name], f"describing {name}")
+            description = self._wait(futures[kafka_name], f"describing {name}", timeout)
         except KafkaException as exc:
             error = as_store_error(exc, f"describing {name}")
             if isinstance(error, UnknownTopic):
@@ -291,8 +296,10 @@ class TopicAdmin:
         self.ensure_state_topic(topic)
         return topic
 
-    def ensure_state_topic(self, topic: KafkaTopic) -> str:
-        """The topic's state topic, created or grown to the data topic's partitions."""
+    def ensure_state_topic(self, topic: KafkaTopic) -> tuple[str, bool]:
+        """The topic's state topic, created or grown to the data topic's partitions; and
+        whether this call created it (then a caller that finds the data topic deleted
+        meanwhile deletes it again, see :meth:`delete_state_topic`)."""
         state = naming.state_topic(self.ns, topic.topic_id)
         new = NewTopic(
             state,
@@ -315,13 +322,23 @@ class TopicAdmin:
         futures = self.client.create_topics([new], request_timeout=self._timeout)
         try:
             self._wait(futures[state], f"creating the state of {topic.name}")
-            return state
+            return state, True
         except KafkaException as exc:
             error = kafka_error(exc)
             if error is None or error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise as_store_error(exc, f"creating the state of {topic.name}") from exc
         self._grow(state, topic.partitions, f"the state of {topic.name}")
-        return state
+        return state, False
+
+    def delete_state_topic(self, topic: KafkaTopic) -> None:
+        """Delete the state topic of a data topic that is gone (made again by a writer that
+        looked at the data topic just before its deletion); a failure is only logged."""
+        state = naming.state_topic(self.ns, topic.topic_id)
+        futures = self.client.delete_topics([state], request_timeout=self._timeout)
+        try:
+            self._wait(futures[state], f"deleting the state of deleted {topic.name}")
+        except (KafkaException, StoreUnavailable) as exc:
+            log.warning("deleting the state topic %s of deleted %s: %s", state, topic.name, exc)
 
     def _grow(self, kafka_name: str, count: int, what: str) -> None:
         futures = self.client.create_partitions(
@@ -379,9 +396,16 @@ class TopicAdmin:
             raise as_store_error(exc, f"altering {name}") from exc
 
     def delete(self, topic: KafkaTopic) -> None:
-        """Delete the data topic, then its state topic (a state topic alone is harmless)."""
-        for kafka_name in (topic.kafka_name, naming.state_topic(self.ns, topic.topic_id)):
-            futures = self.client.delete_topics([kafka_name], request_timeout=self._timeout)
+        """Delete the data topic and its state topic, in one request.
+
+        Together, not one after the other: a writer that took a partition over just before
+        the deletion writes each commit's records to the data topic *by name* and its state
+        change to the state topic of the old identity, so once both are gone its commits
+        fail, also into a topic made again under the name meanwhile (which the data topic
+        deleted alone, the state topic still there, would have let one through)."""
+        names = [topic.kafka_name, naming.state_topic(self.ns, topic.topic_id)]
+        futures = self.client.delete_topics(names, request_timeout=self._timeout)
+        for kafka_name in names:
             try:
                 self._wait(futures[kafka_name], f"deleting {topic.name}")
             except KafkaException as exc:
