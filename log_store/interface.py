@@ -141,8 +141,17 @@ class TopicInfo:
         }
 
 
+TOPIC_ID_KEY = "topic-id"
+"""A state key that reads, in every backend, as the id of the topic the transaction runs in
+(UTF-8), the one the partition has now: a writer that routed a source under a topic that was
+deleted and made again (same name, new id) sees it changed and writes nothing.  Nothing puts it;
+it is not stored."""
+
+
 class PartitionState(Protocol):
-    """The state area of one partition inside a transaction (see ``LogStore.submit``)."""
+    """The state area of one partition inside a transaction (see ``LogStore.submit``).
+
+    :data:`TOPIC_ID_KEY` reads as the topic's id."""
 
     def get(self, key: str) -> bytes | None: ...
 

@@ -43,7 +43,14 @@ from log_store import crash_points
 from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import OffsetOutOfRange, StoreUnavailable, TopicDeleted, UnknownTopic
 from log_store.failures import as_store_unavailable
-from log_store.interface import AppendResult, PartitionInfo, ReadResult, Record, TransactionFn
+from log_store.interface import (
+    TOPIC_ID_KEY,
+    AppendResult,
+    PartitionInfo,
+    ReadResult,
+    Record,
+    TransactionFn,
+)
 from log_store.record_batch import (
     HEADER_SIZE,
     MAGIC,
@@ -286,8 +293,12 @@ class PartitionLog:
         topic_alive: Callable[[], bool],
         *,
         read_only: bool = False,
+        topic_id: str | None = None,
     ) -> None:
         """Open (creating if needed) the partition in ``directory``.
+
+        ``topic_id``: what :data:`TOPIC_ID_KEY` reads as in its transactions (by default
+        the directory's parent's name, the topic id in the store's layout).
 
         ``topic_alive`` tells whether the topic still exists in the catalog.  The first
         commit through each new writer connection asks it under the partition's lock, so
@@ -303,6 +314,7 @@ class PartitionLog:
         """
         self.directory = directory
         self.segment_bytes = segment_bytes
+        self._topic_id_value = (topic_id or directory.parent.name).encode()
         self._topic_alive = topic_alive
         self.read_only = read_only
         if not read_only:
@@ -594,7 +606,7 @@ class PartitionLog:
                 self._recover_locked(conn, scan_directory=True)
                 end, segment, pos = self._log_tail(conn)
             shared: dict[str, bytes] = {}
-            read: dict[str, bytes | None] = {}
+            read: dict[str, bytes | None] = {TOPIC_ID_KEY: self._topic_id_value}
             values: list[bytes] = []
             for txn in group:
                 state = _TxnState(conn, shared, read, end + len(values))

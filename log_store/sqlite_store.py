@@ -294,6 +294,7 @@ class SqliteLogStore:
                 info.config.segment_bytes,
                 lambda: self._topic_alive(topic_id),
                 read_only=self.read_only,
+                topic_id=topic_id,
             )
         except (OSError, sqlite3.Error) as exc:
             raise as_store_unavailable(exc) or exc from exc

@@ -30,6 +30,7 @@ from log_store.errors import (
     UnknownTopic,
 )
 from log_store.interface import (
+    TOPIC_ID_KEY,
     AppendResult,
     LateCommitHook,
     LogStore,
@@ -515,6 +516,15 @@ _ONE_WRITTEN = bytes([1])
 _ONE_DUPLICATE = bytes([0])
 
 
+def _check_topic_identity(state: PartitionState, topic_id: str, topic: str) -> None:
+    """``UnknownTopic`` if the partition is no longer the topic ``topic_id``'s: the topic was
+    deleted and made again (same name, new id) since its sources were routed, maybe from a
+    cache, and the source may be pinned to another partition of the new topic."""
+    now = state.get(TOPIC_ID_KEY)
+    if now is not None and now != topic_id.encode():
+        raise UnknownTopic(f"topic {topic!r} was deleted and made again since it was routed")
+
+
 class _ChunkTransaction:
     """The dedup-and-append function of the chunks of one or more sources of one partition.
 
@@ -523,14 +533,17 @@ class _ChunkTransaction:
     partition's source count is read and written once.
     """
 
-    __slots__ = ("committed_late", "max_sources", "sources")
+    __slots__ = ("committed_late", "max_sources", "route", "sources")
 
     def __init__(
         self,
+        route: SourceRoute,
         sources: list[_SourceChunks],
         max_sources: int,
         committed_late: LateCommitHook | None = None,
     ) -> None:
+        self.route = route
+        """A route of the sources (all of one topic id and partition)."""
         self.sources = sources
         self.max_sources = max_sources
         self.committed_late = committed_late
@@ -557,6 +570,7 @@ class _ChunkTransaction:
         return lines if known else None
 
     def __call__(self, state: PartitionState) -> Sequence[bytes]:
+        _check_topic_identity(state, self.route.topic_id, self.route.topic)
         values: list[bytes] = []
         write_time = now_ms()
         sources = self.sources
@@ -620,15 +634,21 @@ class _SessionTransaction:
         "refused",
         "requests",
         "source_ids",
+        "topic",
+        "topic_id",
     )
 
     def __init__(
         self,
+        topic: str,
+        topic_id: str,
         source_ids: list[str],
         requests: list[SessionRequest],
         handover_writers: list[EnvelopeWriter | None],
         max_sources: int,
     ) -> None:
+        self.topic = topic
+        self.topic_id = topic_id
         self.source_ids = source_ids
         self.requests = requests
         self.handover_writers = handover_writers
@@ -640,6 +660,7 @@ class _SessionTransaction:
         """Sources this transaction gave their first state in the partition."""
 
     def __call__(self, state: PartitionState) -> Sequence[bytes]:
+        _check_topic_identity(state, self.topic_id, self.topic)
         lasts = []
         epochs = []
         refused: list[LimitReached | None] = []
@@ -765,22 +786,26 @@ class ExactlyOnceWriter:
             if group is None:
                 group = by_route[id(route)] = (route, [])
             group[1].append(chunks)
-        by_partition: dict[tuple[str, int], list[_SourceChunks]] = {}
+        # by partition and topic id: routes cached under a topic since deleted and made again
+        # are a transaction of their own (refused), not mixed with the new topic's
+        by_partition: dict[tuple[str, str, int], tuple[SourceRoute, list[_SourceChunks]]] = {}
         for route, chunks_of_route in by_route.values():
-            key = (route.topic, route.partition)
+            key = (route.topic, route.topic_id, route.partition)
             if key in by_partition:  # several route objects of one partition: request order
-                by_partition[key] = sorted(
-                    by_partition[key] + chunks_of_route, key=lambda c: c.index
+                first, so_far = by_partition[key]
+                by_partition[key] = (
+                    first,
+                    sorted(so_far + chunks_of_route, key=lambda c: c.index),
                 )
             else:
-                by_partition[key] = chunks_of_route
-        groups = list(by_partition.items())
+                by_partition[key] = (route, chunks_of_route)
+        groups = list(by_partition.values())
         maximum = self.max_sources_per_partition
         futures = _submit_all(
             self.store,
             [
-                (t, p, _ChunkTransaction(sources, maximum, self.committed_late))
-                for (t, p), sources in groups
+                (r.topic, r.partition, _ChunkTransaction(r, sources, maximum, self.committed_late))
+                for r, sources in groups
             ],
         )
         return [(future, sources) for future, (_, sources) in zip(futures, groups, strict=True)]
@@ -908,12 +933,14 @@ class ExactlyOnceWriter:
         routes: Sequence[SourceRoute],
         requests: Sequence[SessionRequest],
     ) -> list[_SubmittedSessions]:
-        groups: dict[tuple[str, int], list[int]] = {}
+        groups: dict[tuple[str, str, int], list[int]] = {}
         for i, route in enumerate(routes):
-            groups.setdefault((route.topic, route.partition), []).append(i)
+            groups.setdefault((route.topic, route.topic_id, route.partition), []).append(i)
         submitted = []
-        for (topic, partition), indexes in groups.items():
+        for (topic, topic_id, partition), indexes in groups.items():
             txn = _SessionTransaction(
+                topic,
+                topic_id,
                 [metas[i].source_id for i in indexes],
                 [requests[i] for i in indexes],
                 [

@@ -55,6 +55,7 @@ from log_store.errors import (
     UnknownTopic,
 )
 from log_store.interface import (
+    TOPIC_ID_KEY,
     AppendResult,
     LateCommitHook,
     Record,
@@ -284,18 +285,27 @@ class OwnerContext:
 class _TxnState:
     """The state area as one transaction sees it: its own puts over the group's over the table."""
 
-    __slots__ = ("_group", "_next_offset", "_table", "local")
+    __slots__ = ("_group", "_next_offset", "_table", "_topic_id", "local")
 
-    def __init__(self, table: dict[str, bytes], group: dict[str, bytes], next_offset: int) -> None:
+    def __init__(
+        self,
+        table: dict[str, bytes],
+        group: dict[str, bytes],
+        next_offset: int,
+        topic_id: bytes | None,
+    ) -> None:
         self._table = table
         self._group = group
         self._next_offset = next_offset
+        self._topic_id = topic_id
         self.local: dict[str, bytes] = {}
 
     def next_offset(self) -> int:
         return self._next_offset
 
     def get(self, key: str) -> bytes | None:
+        if key == TOPIC_ID_KEY:
+            return self._topic_id
         # a key deleted (an empty value) reads as absent, as it does once committed
         if key in self.local:
             return self.local[key] or None
@@ -717,6 +727,10 @@ class PartitionOwner:
         with self._table_lock:
             return [(k, v) for k, v in self._table.items() if k.startswith(prefix)]
 
+    def _topic_id_value(self) -> bytes | None:
+        """What :data:`TOPIC_ID_KEY` reads as: the id of the topic this owner took over."""
+        return None if self.topic_id is None else self.topic_id.encode()
+
     def read_state(self, keys: Sequence[str]) -> tuple[dict[str, bytes | None], int]:
         """Current values of ``keys`` and the next data offset, if this owner is still current.
 
@@ -739,6 +753,8 @@ class PartitionOwner:
                 if self._takeovers != takeovers:
                     # first look, or the table was replaced by a takeover since: (re)read it
                     values = {key: self._table.get(key) for key in keys}
+                    if TOPIC_ID_KEY in values:
+                        values[TOPIC_ID_KEY] = self._topic_id_value()
                     next_offset = self._next_offset
                     # a commit that begins after this point ends at this generation or later
                     proof = self._generation + (3 if self._writing else 2)
@@ -785,7 +801,7 @@ class PartitionOwner:
         outcomes: list[tuple[Pending, AppendResult | None, BaseException | None]] = []
         base = self._next_offset
         for txn in group:
-            state = _TxnState(self._table, changes, base + len(values))
+            state = _TxnState(self._table, changes, base + len(values), self._topic_id_value())
             try:
                 produced = [bytes(v) for v in txn.fn(state)]
             except Exception as exc:  # the transaction's own failure; the others go on

@@ -233,3 +233,44 @@ def test_route_modules_that_are_not_installed_are_skipped_but_broken_ones_raise(
     assert [m.__name__ for m in loaded] == ["ingest_api.admin_api"]
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency_anywhere"):
         load_route_modules(("broken_routes_for_test",))
+
+
+def test_a_route_cached_under_a_deleted_topic_does_not_write_into_the_topic_made_again(
+    tmp_path: Path,
+) -> None:
+    """Two gateways (or workers) on one store: one routed a source to partition 1 of a topic
+    of 4 partitions and keeps that route cached; the other deletes the topic and makes it
+    again with 3, where the source is pinned to partition 0 and writes it.  A retry of the
+    same chunks through the first must find them there (duplicates), not write them into
+    partition 1 of the new topic: the source would be in two partitions, its seqnos twice."""
+    source = "host1:/var/log/app0.log"
+    assert (stable_partition(source, 4), stable_partition(source, 3)) == (1, 0)
+    store_a, store_b = open_store(tmp_path / "data"), open_store(tmp_path / "data")
+    try:
+        gateway_a = ExactlyOnceWriter(store_a, dc="dc1", partitions=4)
+        gateway_b = ExactlyOnceWriter(store_b, dc="dc1", partitions=3)
+        meta = source_meta(log_type="app", source_id=source)
+        first = gateway_a.write(meta, ChunkBatch([1], [0], [b"old topic\n"]))
+        assert first.route.partition == 1
+        store_b.delete_topic("dc1.app")
+        again = gateway_b.write(meta, ChunkBatch([1, 2, 3], [0] * 3, [b"a\n", b"b\n", b"c\n"]))
+        assert again.route.partition == 0
+        assert store_a.read("dc1.app", 0, 0).records  # the first's store now knows the new topic
+        for write in (
+            lambda: gateway_a.write(meta, ChunkBatch([1, 2, 3], [0] * 3, [b"a\n", b"b\n", b"c\n"])),
+            lambda: asyncio.run(
+                gateway_a.write_many_async([(meta, ChunkBatch([3], [0], [b"c\n"]))])
+            )[0],
+        ):
+            retried = write()
+            assert retried.route.partition == 0
+            assert bytes(retried.written).count(CHUNK_STATUSES.index("written")) == 0
+        (session,) = gateway_a.open_sessions([meta])
+        assert session.last_seqno == 3
+        per_partition = [
+            [decode(r.value).seqno for r in store_b.read("dc1.app", p, 0).records] for p in range(3)
+        ]
+        assert per_partition == [[1, 2, 3], [], []]
+    finally:
+        store_a.close()
+        store_b.close()
