@@ -525,6 +525,18 @@ class KafkaLogStore:
             owner = self._owners.get((topic, partition))
         return owner if owner is not None and not owner.closed else None
 
+    def _owner_of(self, kafka: KafkaTopic, partition: int) -> PartitionOwner | None:
+        """The local owner of the partition of ``kafka`` (this identity of the topic).
+
+        An owner of a deleted topic of the same name (another process deleted it, and maybe
+        made it again) is dropped: its table and state topic are the deleted topic's, and it
+        would answer every state read from them with ``UnknownTopic``, for ever."""
+        owner = self.local_owner(kafka.name, partition)
+        if owner is not None and owner.topic_id not in (None, kafka.topic_id):
+            self._drop_owner(owner)
+            return None
+        return owner
+
     def transact(self, topic: str, partition: int, fn: TransactionFn) -> AppendResult:
         return self.submit(topic, partition, fn).result()
 
@@ -571,7 +583,7 @@ class KafkaLogStore:
         """Committed values of ``keys``: from the owner, here or remote, or the changelog."""
         kafka = self._check_partition(topic, partition)
         if self.placement.owns(topic, partition):
-            owner = self.local_owner(topic, partition)
+            owner = self._owner_of(kafka, partition)
             if owner is not None:
                 try:
                     return owner.read_state(keys)[0]
@@ -633,7 +645,7 @@ class KafkaLogStore:
     def _state_items(
         self, kafka: KafkaTopic, partition: int, prefix: str
     ) -> list[tuple[str, bytes]]:
-        owner = self.local_owner(kafka.name, partition)
+        owner = self._owner_of(kafka, partition)
         if owner is not None and self.placement.owns(kafka.name, partition):
             # an owner being taken over again has no table to show: the changelog has one
             with contextlib.suppress(OwnerGone):
