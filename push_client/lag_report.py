@@ -24,6 +24,8 @@ log = logging.getLogger("logbroker.push")
 
 REPORT_INTERVAL_S = 5.0
 _TIMEOUT_S = 5.0
+_CLOSE_WAIT_S = 0.5
+"""How long a stopping client waits for a report in flight."""
 MAX_FILES_REPORTED = 500
 """The gateway accepts at most this many files per report; the most behind are sent."""
 
@@ -96,9 +98,13 @@ class LagReporter:
             self._latest = (server, rows)
 
     def close(self) -> None:
+        """Stop reporting.  A report still waiting for a gateway that hangs is left to its
+        (daemon) thread: it is only shown, never retried, and a stopping client waited up to
+        its 5 s timeout for it, beyond ``shutdown_timeout_s``."""
         self._stop.set()
-        self._thread.join(_TIMEOUT_S + 1)
-        self._http.close()
+        self._thread.join(_CLOSE_WAIT_S)
+        if not self._thread.is_alive():
+            self._http.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
