@@ -8,6 +8,7 @@ import os
 import stat
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -288,20 +289,22 @@ def test_a_group_made_by_a_commit_follows_the_joins_reset_for_its_other_partitio
     store.close()
 
 
-def test_push_delivery_stops_when_a_poke_lands_in_the_same_loop_turn_as_the_stop(
+def _stops_in_time(
     tmp_path: Path,
+    *,
+    prepare: Callable[[PushDelivery], None] = lambda _push: None,
+    before_stop: Callable[[PushDelivery], None] = lambda _push: None,
 ) -> None:
-    """A subscription created or deleted as the gateway stops pokes the supervisor in the
-    same turn of the loop as the stop's cancel.  Python 3.11's ``asyncio.wait_for``, seeing
-    its wake-up done when the cancel arrived, returned it and dropped the cancel: the
-    supervisor went on for ever and so did the gateway's shutdown."""
+    """Push delivery on a store at ``tmp_path``: ``prepare`` it, start it, let its supervisor
+    run 50 ms, call ``before_stop`` and stop it; the stop must end within 5 s."""
     store = open_store(tmp_path)
     push = PushDelivery(store, InternalState(store), AppendWatch(store), PartitionReader(store))
+    prepare(push)
 
     async def scenario() -> None:
         await push.start()
-        await asyncio.sleep(0.05)  # the supervisor has looked once and waits for a wake
-        push.poke()
+        await asyncio.sleep(0.05)
+        before_stop(push)
         started = time.monotonic()
         await asyncio.wait_for(push.stop(), 10)
         assert time.monotonic() - started < 5, "the stop waited for a supervisor that went on"
@@ -312,11 +315,19 @@ def test_push_delivery_stops_when_a_poke_lands_in_the_same_loop_turn_as_the_stop
         store.close()
 
 
+def test_push_delivery_stops_when_a_poke_lands_in_the_same_loop_turn_as_the_stop(
+    tmp_path: Path,
+) -> None:
+    """A subscription created or deleted as the gateway stops pokes the supervisor (waiting
+    for a wake by then) in the same turn of the loop as the stop's cancel.  Python 3.11's
+    ``asyncio.wait_for``, seeing its wake-up done when the cancel arrived, returned it and
+    dropped the cancel: the supervisor went on for ever and so did the gateway's shutdown."""
+    _stops_in_time(tmp_path, before_stop=PushDelivery.poke)
+
+
 def test_push_delivery_stops_even_if_a_cancel_is_swallowed_on_its_way(tmp_path: Path) -> None:
     """Whatever swallows the stop's cancel (here a reconcile that catches it, as a delivery's
     own stop did when the cancel came while it waited), the supervisor ends."""
-    store = open_store(tmp_path)
-    push = PushDelivery(store, InternalState(store), AppendWatch(store), PartitionReader(store))
     swallowed: list[int] = []
 
     async def reconcile_swallowing_a_cancel() -> None:
@@ -325,17 +336,8 @@ def test_push_delivery_stops_even_if_a_cancel_is_swallowed_on_its_way(tmp_path: 
         except asyncio.CancelledError:
             swallowed.append(1)
 
-    push._reconcile = reconcile_swallowing_a_cancel  # type: ignore[method-assign]
+    def swallowing(push: PushDelivery) -> None:
+        push._reconcile = reconcile_swallowing_a_cancel  # type: ignore[method-assign]
 
-    async def scenario() -> None:
-        await push.start()
-        await asyncio.sleep(0.05)  # in the reconcile
-        started = time.monotonic()
-        await asyncio.wait_for(push.stop(), 10)
-        assert time.monotonic() - started < 5, "the stop waited for a supervisor that went on"
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        store.close()
+    _stops_in_time(tmp_path, prepare=swallowing)  # in that reconcile when stopped
     assert swallowed, "the cancel did reach the reconcile"

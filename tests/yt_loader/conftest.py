@@ -18,7 +18,7 @@ import pytest
 import zstandard
 
 from log_store import open_store
-from log_store.interface import TopicConfig
+from log_store.interface import LogStore, TopicConfig
 from session_dedup.envelope import Envelope, encode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def compress(codec: str, data: bytes) -> bytes:
 
 
 def append_lines(
-    data_dir: Path,
+    where: Path | LogStore,
     topic: str,
     tag: str,
     *,
@@ -94,13 +94,15 @@ def append_lines(
     config: TopicConfig | None = None,
     write_time_ms: int | None = None,
 ) -> list[str]:
-    """Append ``chunks`` chunks to every partition of ``topic``; returns the lines written.
+    """Append ``chunks`` chunks to every partition of ``topic`` (one append, so one Kafka
+    transaction, per partition) in the embedded store at ``where`` or the store ``where``;
+    returns the lines written.
 
     Lines are unique (they carry ``tag``), so a reader can check each appears exactly once.
     """
     now = write_time_ms if write_time_ms is not None else int(time.time() * 1000)
     written: list[str] = []
-    store = open_store(data_dir)
+    store = open_store(where) if isinstance(where, Path) else where
     try:
         store.create_topic(topic, config or TopicConfig(partitions=partitions), exist_ok=True)
         for p in range(partitions):
@@ -128,7 +130,8 @@ def append_lines(
                 )
             store.append(topic, p, values)
     finally:
-        store.close()
+        if store is not where:
+            store.close()
     return written
 
 

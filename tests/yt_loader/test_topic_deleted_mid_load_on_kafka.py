@@ -11,20 +11,18 @@ one), so the offsets named are those the log says.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from log_store import LogStore, TopicConfig
+from log_store import LogStore
 from log_store.kafka import KafkaSettings, open_kafka_store
 from ops.commands.load import EXIT_DATA_LOST, exit_code
-from session_dedup.envelope import Envelope, encode
 from tests.conftest import GatewayProcess
 from tests.kafka.conftest import gateway_config
-from tests.yt_loader.conftest import assert_exactly_once, table_lines
+from tests.yt_loader.conftest import append_lines, assert_exactly_once, table_lines
 from yt_loader import load_job
 from yt_loader.load_job import LoadConfig, run_load
 from yt_loader.log_source import SourceSpec
@@ -37,35 +35,6 @@ def kafka_log(kafka_cluster: Any, kafka_namespace: str) -> Iterator[LogStore]:
     store = open_kafka_store(KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace))
     yield store
     store.close()
-
-
-def _append(store: LogStore, topic: str, tag: str, *, partitions: int, chunks: int) -> list[str]:
-    """``chunks`` chunks of 3 lines to each partition (one Kafka transaction per partition)."""
-    store.create_topic(topic, TopicConfig(partitions=partitions), exist_ok=True)
-    now = int(time.time() * 1000)
-    written: list[str] = []
-    for p in range(partitions):
-        values = []
-        for i in range(chunks):
-            lines = [f"{tag} {topic} p{p} c{i} l{j}" for j in range(3)]
-            written.extend(lines)
-            values.append(
-                encode(
-                    Envelope(
-                        source_id=f"host{p}:/var/log/{topic}.log",
-                        server=f"host{p}",
-                        file=f"/var/log/{topic}.log",
-                        log_type=topic.split(".", 1)[-1],
-                        codec="raw",
-                        seqno=len(written),
-                        create_time=now,
-                        write_time=now,
-                        data="".join(line + "\n" for line in lines).encode(),
-                    )
-                )
-            )
-        store.append(topic, p, values)
-    return written
 
 
 @pytest.mark.parametrize("created_again", [False, True])
@@ -121,12 +90,12 @@ def _check_deleted_mid_load(
         config = LoadConfig(spec, table, topics="dc1.*", max_range_bytes=4000)
         return run_load(spark, config, progress.append)  # type: ignore[arg-type]
 
-    kept = _append(kafka_log, "dc1.app", "a", partitions=1, chunks=4)
-    loaded = _append(kafka_log, "dc1.gone", "a", partitions=2, chunks=5)
+    kept = append_lines(kafka_log, "dc1.app", "a", partitions=1, chunks=4)
+    loaded = append_lines(kafka_log, "dc1.gone", "a", partitions=2, chunks=5)
     assert exit_code(load([])) == 0
     loaded_to = [kafka_log.end_offset("dc1.gone", p) for p in (0, 1)]
-    kept += _append(kafka_log, "dc1.app", "b", partitions=1, chunks=4)
-    _append(kafka_log, "dc1.gone", "b", partitions=2, chunks=5)  # planned, never loaded
+    kept += append_lines(kafka_log, "dc1.app", "b", partitions=1, chunks=4)
+    append_lines(kafka_log, "dc1.gone", "b", partitions=2, chunks=5)  # planned, never loaded
     new: list[str] = []
     deleted: list[str] = []
     run_tasks = load_job._run_tasks
@@ -138,7 +107,7 @@ def _check_deleted_mid_load(
             if created_again:
                 # more than the planned offsets of each partition: read by name, they would
                 # give the new topic's lines as if they were the old one's
-                new.extend(_append(kafka_log, "dc1.gone", "new", partitions=2, chunks=14))
+                new.extend(append_lines(kafka_log, "dc1.gone", "new", partitions=2, chunks=14))
         return run_tasks(*args, **kwargs)
 
     monkeypatch.setattr(load_job, "_run_tasks", deleted_first)
