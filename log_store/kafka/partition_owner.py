@@ -424,6 +424,8 @@ class PartitionOwner:
         # Set by a takeover (and used by the committer thread only, apart from reads):
         self.broken = True
         self.topic_id: str | None = None
+        self.topic_seen_at = 0.0
+        """When (monotonic) the takeover last looked at the topic ``topic_id`` names."""
         self._kafka: KafkaTopic | None = None
         self._state_topic = ""
         self._producer: Producer | None = None
@@ -635,6 +637,7 @@ class PartitionOwner:
         # after it, as here, looks again, or it would write the new topic's partition with the
         # deleted one's table, its state changes into a state topic it may just have made
         # again (that one is deleted again).
+        seen_at = time.monotonic()
         try:
             now = ctx.admin.describe(self.topic).topic_id
         except UnknownTopic:
@@ -675,6 +678,7 @@ class PartitionOwner:
         self._kafka = kafka
         self._state_topic = state_topic
         self.topic_id = kafka.topic_id
+        self.topic_seen_at = seen_at
         self._tail_records = replayed.tail_records
         self._tail_entries = replayed.tail_entries
         self.broken = False

@@ -428,12 +428,31 @@ class KafkaLogStore:
 
     def _owner(self, topic: str, partition: int, *, eager: bool = False) -> PartitionOwner:
         key = (topic, partition)
+        stale: PartitionOwner | None = None
         with self._lock:
             owner = self._owners.get(key)
+            if owner is not None and self._of_a_deleted_topic(owner):
+                stale, owner = owner, None
             if owner is None or owner.closed:
                 owner = PartitionOwner(self._ctx, topic, partition).start(eager=eager)
                 self._owners[key] = owner
-            return owner
+        if stale is not None:
+            stale.close(wait=False)
+        return owner
+
+    def _of_a_deleted_topic(self, owner: PartitionOwner) -> bool:
+        """Whether ``owner`` took over a topic of its name that this process has since seen
+        replaced (another process deleted it and made it again): its transactions would see
+        the deleted topic's id and be refused (see ``TOPIC_ID_KEY``), for ever.  From the
+        topics cached here, without asking Kafka; only a look at the topic newer than the
+        owner's own counts (an older one would replace the owner of the new topic)."""
+        cached = self._topics.get(owner.topic)
+        return (
+            cached is not None
+            and owner.topic_id is not None
+            and cached[1] > owner.topic_seen_at
+            and cached[0].topic_id != owner.topic_id
+        )
 
     def _drop_owner(self, owner: PartitionOwner) -> None:
         with self._lock:
@@ -532,7 +551,7 @@ class KafkaLogStore:
         made it again) is dropped: its table and state topic are the deleted topic's, and it
         would answer every state read from them with ``UnknownTopic``, for ever."""
         owner = self.local_owner(kafka.name, partition)
-        if owner is not None and owner.topic_id not in (None, kafka.topic_id):
+        if owner is not None and self._of_a_deleted_topic(owner):
             self._drop_owner(owner)
             return None
         return owner
