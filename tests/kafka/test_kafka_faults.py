@@ -3,6 +3,7 @@ Kafka cut, a broker of three killed.  Real processes, SIGKILL, a real Kafka clus
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -246,18 +247,30 @@ def test_the_broker_stopped_and_started_again_loses_no_acked_chunk(
             except BaseException as exc:  # raised below, not lost with the thread
                 restart_failures.append(exc)
 
+        readiness: list[int] = []
+
+        def watch_readiness() -> None:
+            # on its own, not between writes: a write waiting out the outage would hide it
+            while restarting.is_alive():
+                with contextlib.suppress(httpx.HTTPError):
+                    readiness.append(httpx.get(f"{gateway.url}/readyz", timeout=30).status_code)
+                time.sleep(0.1)
+
         restarting = threading.Thread(target=restart)
         restarting.start()
+        watching = threading.Thread(target=watch_readiness)
+        watching.start()
         seqno = 10
-        not_ready = False
         while restarting.is_alive():
             if write([seqno + 1, seqno + 2]) == 200:
                 seqno += 2
-            not_ready |= httpx.get(f"{gateway.url}/readyz", timeout=30).status_code == 503
             time.sleep(0.2)
         restarting.join()
+        watching.join()
         assert not restart_failures, restart_failures
-        assert refused > 0 and not_ready, "the outage was never seen"
+        assert refused > 0 and 503 in readiness, (
+            f"the outage was never seen: {refused} writes refused, /readyz {set(readiness)}"
+        )
         deadline = time.monotonic() + 120
         while write([seqno + 1, seqno + 2]) != 200:
             assert time.monotonic() < deadline, "the gateway did not recover"
