@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -20,6 +21,8 @@ import zstandard
 from log_store import open_store
 from log_store.interface import LogStore, TopicConfig
 from session_dedup.envelope import Envelope, encode
+from tests.conftest import GatewayProcess
+from tests.kafka.conftest import gateway_config
 
 REPO = Path(__file__).resolve().parents[2]
 PUBLISHED_GLOB = "topic=*/date=*/hour=*/*.parquet"
@@ -204,3 +207,21 @@ class ChildProcess:
         code = self.proc.wait(timeout_s)
         self._log.close()
         return code
+
+
+@pytest.fixture
+def kafka_gateway(
+    tmp_path: Path, kafka_cluster: Any, kafka_namespace: str
+) -> Iterator[GatewayProcess]:
+    """A gateway on the session's Kafka broker, in the test's namespace, owning partitions as
+    a member of the gateways' group."""
+    config = gateway_config(
+        tmp_path / "gateway.toml",
+        bootstrap=kafka_cluster.bootstrap,
+        namespace=kafka_namespace,
+        ownership="group",
+    )
+    gateway = GatewayProcess(tmp_path / "gw-data", ["--config", str(config)], tmp_path / "gw.log")
+    gateway.start(timeout_s=60.0)
+    yield gateway
+    gateway.kill()

@@ -8,7 +8,7 @@ writes adds exactly those.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,6 @@ import pytest
 
 from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
 from tests.conftest import GatewayProcess, logbroker_cmd
-from tests.kafka.conftest import gateway_config
 from tests.yt_loader.conftest import ChildProcess, assert_exactly_once, table_lines, table_version
 from yt_loader.load_job import LoadConfig, run_load
 from yt_loader.log_source import SourceSpec
@@ -25,22 +24,6 @@ from yt_loader.log_source import SourceSpec
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
 SOURCES = 6
-
-
-@pytest.fixture
-def kafka_gateway(
-    tmp_path: Path, kafka_cluster: Any, kafka_namespace: str
-) -> Iterator[GatewayProcess]:
-    config = gateway_config(
-        tmp_path / "gateway.toml",
-        bootstrap=kafka_cluster.bootstrap,
-        namespace=kafka_namespace,
-        ownership="group",
-    )
-    gateway = GatewayProcess(tmp_path / "gw-data", ["--config", str(config)], tmp_path / "gw.log")
-    gateway.start(timeout_s=60.0)
-    yield gateway
-    gateway.kill()
 
 
 def _write(url: str, tag: str, first_seqno: int, chunks: int = 5) -> list[str]:

@@ -21,7 +21,6 @@ from log_store import LogStore
 from log_store.kafka import KafkaSettings, open_kafka_store
 from ops.commands.load import EXIT_DATA_LOST, exit_code
 from tests.conftest import GatewayProcess
-from tests.kafka.conftest import gateway_config
 from tests.yt_loader.conftest import append_lines, assert_exactly_once, table_lines
 from yt_loader import load_job
 from yt_loader.load_job import LoadConfig, run_load
@@ -54,26 +53,14 @@ def test_on_kafka_a_topic_deleted_mid_load_is_named_lost_and_a_new_one_loaded_fr
 def test_through_a_kafka_backed_gateway_a_topic_created_again_mid_load_is_not_read_twice(
     spark: object,
     tmp_path: Path,
-    kafka_cluster: Any,
-    kafka_namespace: str,
+    kafka_gateway: GatewayProcess,
     kafka_log: LogStore,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The gateway answers 404 for the deleted topic, or the new topic's records at the old
     offsets; the task's look at the topic afterwards tells."""
-    config = gateway_config(
-        tmp_path / "gateway.toml",
-        bootstrap=kafka_cluster.bootstrap,
-        namespace=kafka_namespace,
-        ownership="group",
-    )
-    gateway = GatewayProcess(tmp_path / "gw-data", ["--config", str(config)], tmp_path / "gw.log")
-    gateway.start(timeout_s=60.0)
-    try:
-        spec = SourceSpec(server=gateway.url)
-        _check_deleted_mid_load(spark, spec, kafka_log, tmp_path, monkeypatch, True)
-    finally:
-        gateway.kill()
+    spec = SourceSpec(server=kafka_gateway.url)
+    _check_deleted_mid_load(spark, spec, kafka_log, tmp_path, monkeypatch, True)
 
 
 def _check_deleted_mid_load(
