@@ -75,6 +75,8 @@ class OwnerAttempt:
 
 
 PROBE_TIMEOUT_S = 2.0
+CLOSE_WAIT_S = 0.5
+"""How long a stopping client waits for a probe in flight (see :meth:`GatewayClient.close`)."""
 
 # Errors raised before the request left this host: the gateway cannot have seen it.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
@@ -181,11 +183,15 @@ class GatewayClient:
             limits=httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size),
         )
 
-    def close(self) -> None:
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop probing, waiting at most ``wait_s`` for a probe in flight, and close the
+        connections.  A probe of a gateway that hangs is left to its (daemon) thread and what
+        it finds is dropped: a stopping client used to wait up to ``2 * PROBE_TIMEOUT_S + 1``
+        for it, past its ``shutdown_timeout_s``."""
         self._closed.set()
         prober = self._prober
         if prober is not None:
-            prober.join(2 * PROBE_TIMEOUT_S + 1)
+            prober.join(wait_s)
         self._http.close()
 
     @property
@@ -363,6 +369,8 @@ class GatewayClient:
     def _answered(self, server: str, *, by_probe: bool = False) -> None:
         now = time.time()
         with self._lock:
+            if by_probe and self._closed.is_set():
+                return
             if self._probes is not None:
                 self._probes.answered(server)
             known = self._failing.pop(server, None)
@@ -406,6 +414,9 @@ class GatewayClient:
                     if self._closed.is_set() or self._stop.is_set():
                         return
                     failure = _probe(http, server)
+                    if self._closed.is_set():
+                        # Closed while the probe waited: what it found is nobody's news now.
+                        return
                     if failure is None:
                         self._answered(server, by_probe=True)
                         continue
