@@ -19,6 +19,7 @@ import httpx
 import orjson
 
 from push_client.token import BearerToken
+from push_client.transport import failure_text
 
 log = logging.getLogger("logbroker.push")
 
@@ -123,7 +124,7 @@ class LagReporter:
             )
         except httpx.HTTPError as exc:
             if not self._stop.is_set():
-                self._failed(server, f"{type(exc).__name__}: {exc}")
+                self._failed(server, failure_text(exc, server))
             return
         if self._stop.is_set():
             return  # closed while it waited: a stopped client logs nothing more of it

@@ -17,6 +17,7 @@ Two answers end the retries early:
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -253,7 +254,7 @@ class GatewayClient:
             try:
                 response = self._http.post(server + path, content=body, headers=headers)
             except httpx.HTTPError as exc:
-                outcome = f"{server}: {type(exc).__name__}: {exc}"
+                outcome = f"{server}: {failure_text(exc, server)}"
                 self.stats.count("transport_error")
                 maybe_written = maybe_written or not isinstance(exc, _NOT_SENT)
             else:
@@ -491,7 +492,9 @@ class GatewayClient:
                 timeout=10.0,
             )
         except httpx.HTTPError as exc:
-            log.info("asking %s for the owners of %s: %s", server, log_type, exc)
+            log.info(
+                "asking %s for the owners of %s: %s", server, log_type, failure_text(exc, server)
+            )
             return None
         if response.status_code != 200:
             if response.status_code != 404:  # 404: no topic yet
@@ -531,10 +534,29 @@ def _probe(http: httpx.Client, server: str) -> str | None:
         if response.status_code == 404:
             response = http.get(server + "/healthz")
     except httpx.HTTPError as exc:
-        return f"{type(exc).__name__}: {exc}"
+        return failure_text(exc, server)
     if response.status_code == 200:
         return None
     return f"HTTP {response.status_code}"
+
+
+def failure_text(exc: httpx.HTTPError, url: str) -> str:
+    """A request's failure as logged and shown: ``Kind: detail``.
+
+    A host name that does not resolve is said as such, naming the host
+    (``NameResolutionError: cannot resolve host gw1.example: Name or service not known``):
+    httpx calls it a ``ConnectError`` like a refused connection, with only the resolver's
+    message (``[Errno -2] Name or service not known``), which names nothing.
+    """
+    cause: BaseException | None = exc
+    seen = 0
+    while cause is not None and seen < 8:
+        if isinstance(cause, socket.gaierror):
+            host = httpx.URL(url).host or url
+            return f"NameResolutionError: cannot resolve host {host}: {cause.strerror or cause}"
+        cause = cause.__cause__ or cause.__context__
+        seen += 1
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _refused(response: httpx.Response) -> Refused:
