@@ -133,3 +133,25 @@ def test_an_installation_whose_host_does_not_resolve_is_left_for_the_next(
     assert push.stop() == 0, push.log()
     assert "Traceback" not in push.log(), push.log()
     assert_exactly_once(read_delivered(dc2.data_dir, "app", "dc2"), writer)
+
+
+def test_a_gateway_whose_host_does_not_resolve_is_passed_over_for_the_next_of_its_installation(
+    tmp_path: Path, gateway, start_push
+) -> None:
+    path = tmp_path / "app.log"
+    writer = LineWriter("g")
+    writer.append(path, 200)
+    state = tmp_path / "state"
+    push = start_push(f"{UNRESOLVABLE},{gateway.url}", state, path).wait_started(state)
+    wait_for_lines(gateway.data_dir, "app", 200)
+
+    def failing() -> list[dict[str, Any]]:
+        return [g for i in _status(state).get("installations", []) for g in i["failing_gateways"]]
+
+    _wait(lambda: bool(failing()), "the status to name the failing gateway")
+    (row,) = failing()
+    assert row["server"] == UNRESOLVABLE and row["error"] == "NameResolutionError", row
+    assert not row["current"], row  # requests go to the gateway that answers
+    assert push.stop() == 0, push.log()
+    assert f"now sending to {gateway.url}" in push.log(), push.log()
+    assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
