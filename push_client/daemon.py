@@ -58,6 +58,13 @@ from push_client.transport import GatewayClient, TransportStats
 log = logging.getLogger("logbroker.push")
 AUDIT_STOP_S = 2.0
 """How long a stopping client gives the audit's last publish (the gateway may hang)."""
+CLOSE_WAIT_S = 0.5
+"""How long a stopping client waits, all together, for the threads that only look or show
+(probes of installations and gateways, the lag report) to end: one waiting for a gateway that
+hangs is left to itself, its finding dropped."""
+_REQUEST_THREADS = ("push-send", "push-owners")
+"""Pool threads that may be stuck in a request to a hung gateway (an executor's threads hold
+the interpreter's exit until they end)."""
 
 _STATE_SAVE_INTERVAL_S = 0.5
 _STATUS_INTERVAL_S = 1.0
@@ -227,8 +234,11 @@ class PushDaemon:
         self._wake()
 
     def requests_abandoned(self) -> bool:
-        """After :meth:`run`: whether sender threads are still stuck in a request."""
-        return any(t.name.startswith("push-send") and t.is_alive() for t in threading.enumerate())
+        """After :meth:`run`: whether threads of the client are still stuck in a request
+        (a write, a session, an owners' map): the caller exits without waiting for them."""
+        return any(
+            t.name.startswith(_REQUEST_THREADS) and t.is_alive() for t in threading.enumerate()
+        )
 
     def run(self) -> int:
         """Run until stopped (or idle, with ``idle_exit_s``); return the exit code.
@@ -380,17 +390,24 @@ class PushDaemon:
                 # after the positions are safe; a hung gateway costs at most this long
                 self._audit.stop(AUDIT_STOP_S)
         finally:
-            self._installations.close()
+            # Probes and lag reports are never data: one waiting for a gateway that hangs
+            # gets a share of one short wait, not a timeout of its own each.
+            close_by = time.monotonic() + CLOSE_WAIT_S
+
+            def left() -> float:
+                return max(0.0, close_by - time.monotonic())
+
+            self._installations.close(left())
             self._shipper.close()
             self._compressors.shutdown(wait=False, cancel_futures=True)
             for client in self._clients.values():
-                client.close()
+                client.close(left())
             self._files.close()
             self._watcher.close()
             if self._metrics_server is not None:
                 self._metrics_server.close()
             if self._lag_report is not None:
-                self._lag_report.close()
+                self._lag_report.close(left())
             with self._wake_lock:
                 wake_w, self._wake_w = self._wake_w, -1
                 os.close(wake_w)

@@ -29,6 +29,9 @@ from push_client.backoff import ProbeSchedule
 
 log = logging.getLogger("logbroker.push")
 
+CLOSE_WAIT_S = 0.5
+"""How long a stopping client waits for a probe in flight (see :meth:`InstallationSet.close`)."""
+
 DEFAULT_NAME = "default"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NAMED = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})=(.*)", re.DOTALL)
@@ -175,7 +178,7 @@ class InstallationSet:
 
     def mark_up(self, member: Installation) -> None:
         with self._lock:
-            if member.down_since is None:
+            if member.down_since is None or self._stop.is_set():
                 return
             before = self.current()
             member.down_since = None
@@ -209,7 +212,11 @@ class InstallationSet:
                     member = self.get(name)
                     if member is None or self._stop.is_set():
                         continue
-                    if _healthy(http, member.spec.servers):
+                    healthy = _healthy(http, member.spec.servers)
+                    if self._stop.is_set():
+                        # Closed while the probe waited: what it found is nobody's news now.
+                        return
+                    if healthy:
                         self.mark_up(member)
                         continue
                     with self._lock:
@@ -221,11 +228,17 @@ class InstallationSet:
     def _down(self) -> list[str]:
         return [m.name for m in self.members if not m.up]
 
-    def close(self) -> None:
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop probing, waiting at most ``wait_s`` for a probe in flight.
+
+        A probe still waiting for an installation that hangs is left to its (daemon) thread,
+        and what it finds is dropped: probes are never data, and a stopping client used to
+        wait up to twice ``probe_timeout_s`` for one, past its ``shutdown_timeout_s``.
+        """
         self._stop.set()
         prober = self._prober
         if prober is not None:
-            prober.join(self.probe_timeout_s * 2 + 1)
+            prober.join(wait_s)
 
 
 def _healthy(http: httpx.Client, servers: Sequence[str]) -> bool:

@@ -19,6 +19,7 @@ import httpx
 import orjson
 
 from push_client.token import BearerToken
+from push_client.transport import failure_text
 
 log = logging.getLogger("logbroker.push")
 
@@ -97,12 +98,13 @@ class LagReporter:
         with self._lock:
             self._latest = (server, rows)
 
-    def close(self) -> None:
-        """Stop reporting.  A report still waiting for a gateway that hangs is left to its
-        (daemon) thread: it is only shown, never retried, and a stopping client waited up to
-        its 5 s timeout for it, beyond ``shutdown_timeout_s``."""
+    def close(self, wait_s: float = _CLOSE_WAIT_S) -> None:
+        """Stop reporting, waiting at most ``wait_s`` for a report in flight.  A report still
+        waiting for a gateway that hangs is left to its (daemon) thread: it is only shown,
+        never retried, and a stopping client waited up to its 5 s timeout for it, beyond
+        ``shutdown_timeout_s``."""
         self._stop.set()
-        self._thread.join(_CLOSE_WAIT_S)
+        self._thread.join(wait_s)
         if not self._thread.is_alive():
             self._http.close()
 
@@ -121,8 +123,11 @@ class LagReporter:
                 server + "/v1/clients/status", content=orjson.dumps(body), headers=headers
             )
         except httpx.HTTPError as exc:
-            self._failed(server, f"{type(exc).__name__}: {exc}")
+            if not self._stop.is_set():
+                self._failed(server, failure_text(exc, server))
             return
+        if self._stop.is_set():
+            return  # closed while it waited: a stopped client logs nothing more of it
         status = response.status_code
         if status == 200:
             if self._failing:

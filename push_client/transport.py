@@ -17,6 +17,7 @@ Two answers end the retries early:
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -75,6 +76,8 @@ class OwnerAttempt:
 
 
 PROBE_TIMEOUT_S = 2.0
+CLOSE_WAIT_S = 0.5
+"""How long a stopping client waits for a probe in flight (see :meth:`GatewayClient.close`)."""
 
 # Errors raised before the request left this host: the gateway cannot have seen it.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
@@ -181,11 +184,15 @@ class GatewayClient:
             limits=httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size),
         )
 
-    def close(self) -> None:
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop probing, waiting at most ``wait_s`` for a probe in flight, and close the
+        connections.  A probe of a gateway that hangs is left to its (daemon) thread and what
+        it finds is dropped: a stopping client used to wait up to ``2 * PROBE_TIMEOUT_S + 1``
+        for it, past its ``shutdown_timeout_s``."""
         self._closed.set()
         prober = self._prober
         if prober is not None:
-            prober.join(2 * PROBE_TIMEOUT_S + 1)
+            prober.join(wait_s)
         self._http.close()
 
     @property
@@ -247,7 +254,7 @@ class GatewayClient:
             try:
                 response = self._http.post(server + path, content=body, headers=headers)
             except httpx.HTTPError as exc:
-                outcome = f"{server}: {type(exc).__name__}: {exc}"
+                outcome = f"{server}: {failure_text(exc, server)}"
                 self.stats.count("transport_error")
                 maybe_written = maybe_written or not isinstance(exc, _NOT_SENT)
             else:
@@ -363,6 +370,8 @@ class GatewayClient:
     def _answered(self, server: str, *, by_probe: bool = False) -> None:
         now = time.time()
         with self._lock:
+            if by_probe and self._closed.is_set():
+                return
             if self._probes is not None:
                 self._probes.answered(server)
             known = self._failing.pop(server, None)
@@ -406,6 +415,9 @@ class GatewayClient:
                     if self._closed.is_set() or self._stop.is_set():
                         return
                     failure = _probe(http, server)
+                    if self._closed.is_set():
+                        # Closed while the probe waited: what it found is nobody's news now.
+                        return
                     if failure is None:
                         self._answered(server, by_probe=True)
                         continue
@@ -480,7 +492,9 @@ class GatewayClient:
                 timeout=10.0,
             )
         except httpx.HTTPError as exc:
-            log.info("asking %s for the owners of %s: %s", server, log_type, exc)
+            log.info(
+                "asking %s for the owners of %s: %s", server, log_type, failure_text(exc, server)
+            )
             return None
         if response.status_code != 200:
             if response.status_code != 404:  # 404: no topic yet
@@ -520,10 +534,29 @@ def _probe(http: httpx.Client, server: str) -> str | None:
         if response.status_code == 404:
             response = http.get(server + "/healthz")
     except httpx.HTTPError as exc:
-        return f"{type(exc).__name__}: {exc}"
+        return failure_text(exc, server)
     if response.status_code == 200:
         return None
     return f"HTTP {response.status_code}"
+
+
+def failure_text(exc: httpx.HTTPError, url: str) -> str:
+    """A request's failure as logged and shown: ``Kind: detail``.
+
+    A host name that does not resolve is said as such, naming the host
+    (``NameResolutionError: cannot resolve host gw1.example: Name or service not known``):
+    httpx calls it a ``ConnectError`` like a refused connection, with only the resolver's
+    message (``[Errno -2] Name or service not known``), which names nothing.
+    """
+    cause: BaseException | None = exc
+    seen = 0
+    while cause is not None and seen < 8:
+        if isinstance(cause, socket.gaierror):
+            host = httpx.URL(url).host or url
+            return f"NameResolutionError: cannot resolve host {host}: {cause.strerror or cause}"
+        cause = cause.__cause__ or cause.__context__
+        seen += 1
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _refused(response: httpx.Response) -> Refused:
