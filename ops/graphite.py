@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
+import time
 from typing import Protocol
 
 from prometheus_client.bridge.graphite import GraphiteBridge
@@ -23,6 +24,8 @@ _log = logging.getLogger(__name__)
 DEFAULT_INTERVAL_S = 60.0
 DEFAULT_PREFIX = "logbroker"
 _TIMEOUT_S = 10.0
+STOP_WAIT_S = 2.0
+"""The most a stopping daemon waits for Graphite: for a send in flight, then for the last one."""
 
 
 def graphite_address(text: str) -> tuple[str, int]:
@@ -50,6 +53,7 @@ class GraphiteSender:
         self.address = address
         self.prefix = prefix
         self.interval_s = interval_s
+        self._collector = collector
         self._bridge = GraphiteBridge(address, registry=collector, timeout_seconds=_TIMEOUT_S)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="graphite-sender", daemon=True)
@@ -71,13 +75,27 @@ class GraphiteSender:
             except Exception:
                 _log.exception("graphite: collecting the metrics failed")
 
-    def stop(self) -> None:
-        """Stop and send one last time, so the final totals of a stopping daemon arrive."""
+    def stop(self, wait_s: float = STOP_WAIT_S) -> None:
+        """Stop and send one last time, so the final totals of a stopping daemon arrive.
+
+        Waits ``wait_s`` at most in all: a Graphite that hangs (a connect or a send waiting
+        out its 10 s timeout) used to hold the daemon's stop for up to twice that.  A send
+        still in flight is left to its (daemon) thread, and the last one is then not made.
+        """
+        deadline = time.monotonic() + wait_s
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(wait_s)
+        left = deadline - time.monotonic()
+        if self._thread.is_alive() or left <= 0:
+            _log.warning(
+                "graphite %s:%d: a send still waits for an answer; the last totals are not sent",
+                *self.address,
+            )
+            return
+        last = GraphiteBridge(self.address, registry=self._collector, timeout_seconds=left)
         try:
-            self.send_once()
+            last.push(prefix=self.prefix)
         except OSError as exc:
             _log.warning("graphite %s:%d: %s", *self.address, exc)
         except Exception:

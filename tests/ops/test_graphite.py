@@ -124,3 +124,37 @@ def test_gateway_and_push_client_send_their_metrics_to_graphite(
         push.kill()
         gateway.stop()
         carbon.close()
+
+
+def test_a_graphite_that_hangs_holds_a_stopping_daemon_at_most_the_stop_wait() -> None:
+    """A Graphite whose listener takes no more connections (its accept queue full): the
+    sender's connect waits out its 10 s timeout.  ``stop`` used to wait for that send without
+    a limit and then make its last send, 20 s in all; it now gives up after its wait."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    from ops.graphite import GraphiteSender
+
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    address = full.getsockname()
+    queued: list[socket.socket] = []
+    try:
+        while True:  # fill the queue: then a connect hangs
+            try:
+                queued.append(socket.create_connection(address, timeout=0.3))
+            except TimeoutError:
+                break
+            assert len(queued) < 10
+        registry = CollectorRegistry()
+        Counter("lines", "lines", registry=registry).inc()
+        sender = GraphiteSender(address, registry, interval_s=0.05).start()
+        time.sleep(0.3)  # its first send is waiting to connect
+        started = time.monotonic()
+        sender.stop(wait_s=1.0)
+        took = time.monotonic() - started
+        assert took < 2.0, f"stop took {took:.2f} s"
+    finally:
+        for conn in queued:
+            conn.close()
+        full.close()
