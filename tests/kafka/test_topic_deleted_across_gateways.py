@@ -59,9 +59,14 @@ def _owners(url: str) -> dict[int, str | None]:
     return {p["partition"]: p["owner"] for p in response.json()["partitions"]}
 
 
-def _split_between(gateways: list[GatewayProcess], partitions: int) -> bool:
-    """Every partition of the topic has an owner, and each gateway owns some."""
+def _split_between(
+    gateways: list[GatewayProcess], partitions: int, seen: list[object] | None = None
+) -> bool:
+    """Every partition of the topic has an owner, and each gateway owns some (what the first
+    gateway answered is kept in ``seen``, for the failure's message)."""
     owners = _owners(gateways[0].url)
+    if seen is not None:
+        seen[:] = [owners]
     urls = {g.url.rstrip("/") for g in gateways}
     named = {(u or "").rstrip("/") for u in owners.values()}
     return len(owners) == partitions and named == urls
@@ -169,11 +174,17 @@ def test_a_topic_deleted_under_two_writing_gateways_keeps_every_later_ack_in_the
     assert not any(t.is_alive() for t in threads), "a write never came back"
     try:
         # neither gateway is left stuck: a write of every source through each is answered
+        # (refused, 503, only while the new topic's partitions find their owners: within the
+        # 15 s the check of the writers' answers below allows too)
         for client in clients:
             for n in range(SOURCES):
-                started = time.monotonic()
                 seqno = 10**6 + n + (10**5 if client is clients[1] else 0)
-                response = client.write(f"src-{n}", [seqno])
+                while True:
+                    started = time.monotonic()
+                    response = client.write(f"src-{n}", [seqno])
+                    if response.status_code != 503 or started > deleted_at + 15:
+                        break
+                    time.sleep(0.2)
                 assert response.status_code == 200, response.text
                 assert time.monotonic() - started < 10, "a write waited for the deleted topic"
                 (ack,) = response.json()["results"][0]["acks"]
@@ -217,7 +228,12 @@ def test_a_topic_deleted_under_two_writing_gateways_keeps_every_later_ack_in_the
     )
 
     # both gateways own the new topic's partitions (they gave the old ones up)
-    wait_until(lambda: _split_between(gateways, REMADE_PARTITIONS), 30, "both to own the new topic")
+    seen: list[object] = []
+    try:
+        wait_until(lambda: _split_between(gateways, REMADE_PARTITIONS, seen), 30, "the new topic")
+    except AssertionError:
+        urls = [g.url for g in gateways]
+        raise AssertionError(f"both gateways {urls} do not own the new topic: {seen}") from None
     # a reader sees the new identity; a group member is given it, its commit naming the old
     # one is refused
     described = httpx.get(f"{gateways[0].url}/v1/topics/{TOPIC}", timeout=30).json()
