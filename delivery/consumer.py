@@ -186,8 +186,7 @@ class Consumer:
         """Standalone reading: start new partitions at the start or the end; forget topics
         that went away (a topic created again is read from its start)."""
         # the prefix '' is every topic (audit topics aside), not "no prefix"
-        prefix = self._prefix
-        topics = self._client.list_topics(prefix) if prefix is not None else self._topics
+        topics = self._topics if self._prefix is None else self._client.list_topics(self._prefix)
         present = set()
         missing = []
         for topic in topics:

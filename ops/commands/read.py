@@ -30,11 +30,11 @@ from ops.token_options import add_token_options, token_from
 from session_dedup.chunk_codecs import CorruptChunk
 
 _POLL_WAIT_MS = 1000
+_STOP_GRACE_S = 5.0
 _GLOB_CHARS = "*?["
 _EXACT_ONLY = {"server": "a host name", "log_type": "a log type"}
 """Filter fields that match exactly and whose values cannot hold a glob's characters (a
 source_id may: it stays exact, as the help says)."""
-_STOP_GRACE_S = 5.0
 
 
 HANDLES_STOP_SIGNALS = True
