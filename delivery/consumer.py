@@ -185,7 +185,8 @@ class Consumer:
     def _discover(self) -> None:
         """Standalone reading: start new partitions at the start or the end; forget topics
         that went away (a topic created again is read from its start)."""
-        topics = self._client.list_topics(self._prefix) if self._prefix else self._topics
+        # the prefix '' is every topic (audit topics aside), not "no prefix"
+        topics = self._topics if self._prefix is None else self._client.list_topics(self._prefix)
         present = set()
         missing = []
         for topic in topics:

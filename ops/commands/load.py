@@ -159,6 +159,27 @@ def _progress(line: str) -> None:
     print(f"logbroker load: {line}", file=sys.stderr, flush=True)
 
 
+def _spark_install_hint() -> str:
+    """How to install the ``spark`` extra: from the checkout, since logbroker is not on PyPI
+    (``pip install 'logbroker[spark]'`` would install whatever another party publishes)."""
+    checkout = Path(__file__).resolve().parents[2]
+    if not (checkout / "pyproject.toml").is_file():
+        return (
+            "install the 'spark' extra from a logbroker checkout: "
+            f"{sys.executable} -m pip install -e 'CHECKOUT[spark]'"
+        )
+    if Path(sys.prefix).resolve() == (checkout / ".venv").resolve():
+        # bootstrap.sh installs into the checkout's .venv, Java too if it is missing
+        return (
+            f"install the 'spark' extra from the checkout: "
+            f"LOGBROKER_EXTRAS=spark {checkout}/scripts/bootstrap.sh"
+        )
+    return (
+        f"install the 'spark' extra from the checkout: "
+        f"{sys.executable} -m pip install -e '{checkout}[spark]'"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         from yt_loader.crash_points import armed_point
@@ -168,10 +189,8 @@ def run(args: argparse.Namespace) -> int:
         from yt_loader.offset_ranges import topic_patterns
         from yt_loader.spark_session import build_session, check_log_level, check_master
     except ModuleNotFoundError as exc:
-        print(
-            f"logbroker load: needs {exc.name}; install it with: pip install 'logbroker[spark]'",
-            file=sys.stderr,
-        )
+        needed = (exc.name or "pyspark").split(".")[0]
+        print(f"logbroker load: needs {needed}; {_spark_install_hint()}", file=sys.stderr)
         return 2
     from yt_loader.errors import DataLost
 

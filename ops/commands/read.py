@@ -31,6 +31,10 @@ from session_dedup.chunk_codecs import CorruptChunk
 
 _POLL_WAIT_MS = 1000
 _STOP_GRACE_S = 5.0
+_GLOB_CHARS = "*?["
+_EXACT_ONLY = {"server": "a host name", "log_type": "a log type"}
+"""Filter fields that match exactly and whose values cannot hold a glob's characters (a
+source_id may: it stays exact, as the help says)."""
 
 
 HANDLES_STOP_SIGNALS = True
@@ -41,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--topic",
         required=True,
-        help="topic to read; a name ending in '*' (e.g. 'dc1.*') reads every topic it prefixes",
+        metavar="TOPIC|PREFIX*",
+        help="topic to read; a name ending in '*' (e.g. 'dc1.*', or '*' for all) reads every "
+        "topic it prefixes (only a trailing '*': no other glob)",
     )
     parser.add_argument("--group", help="consumer group: share partitions, commit positions")
     parser.add_argument(
@@ -68,8 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="server-side filter: source_id=, server=, file= (globs allowed), log_type=; "
-        "repeat a field for alternatives",
+        help="server-side filter: source_id=, server=, log_type= match exactly; file= also takes "
+        "globs (*, ?, [...]); repeat a field for alternatives",
     )
     parser.add_argument(
         "--hash",
@@ -90,6 +96,12 @@ def _filter(args: argparse.Namespace) -> MessageFilter:
         name, sep, value = item.partition("=")
         if not sep or name not in ("source_id", "server", "file", "log_type"):
             raise BadFilter(f"--where {item!r}: use source_id=, server=, file= or log_type=")
+        if name in _EXACT_ONLY and any(c in value for c in _GLOB_CHARS):
+            # no host name or log type holds them: a glob here would silently match nothing
+            raise BadFilter(
+                f"--where {item!r}: only file= takes globs; {name}= matches exactly, and "
+                f"{_EXACT_ONLY[name]} has no '*', '?' or '['"
+            )
         if name == "log_type":
             validate_log_type(value)  # a log type no writer can have would match nothing
         params.setdefault(name, []).append(value)
@@ -193,6 +205,34 @@ def _topic_hint(topic: str, names: list[str]) -> str:
     return hint + " (`logbroker topics --server URL list` lists them)"
 
 
+def _prefix_hint(prefix: str, names: list[str]) -> str:
+    """What a user who typed ``prefix*`` may have meant, from the topics that exist."""
+    similar: set[str] = set()
+    if prefix and "." not in prefix:
+        # 'app*' for 'dc1.app*': a log type where a topic's name starts with its DC
+        for name in names:
+            dc, _, log_type = name.partition(".")
+            if log_type.startswith(prefix):
+                similar.add(f"{dc}.{prefix}*")
+    if similar:
+        shown = ", ".join(sorted(similar)[:5])
+        hint = f"; topics are named <dc>.<log_type>: did you mean {shown}?"
+    elif names:
+        hint = f"; topics there: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}"
+    else:
+        hint = "; there are no topics yet"
+    return hint + " (`logbroker topics --server URL list` lists them)"
+
+
+def _any_topic(client: PullClient, prefix: str | None) -> bool:
+    """Whether a topic matches ``prefix`` now (a group member may own none of its partitions);
+    True if the gateway does not say."""
+    try:
+        return bool(client.list_topics(prefix or ""))
+    except GatewayUnavailable:
+        return True
+
+
 def _wait_for_gateway(client: PullClient, stop: dict[str, bool], until: float | None) -> bool:
     """Wait until the gateway answers; False if stopped or out of time first."""
     said = False
@@ -236,8 +276,15 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     prefix = args.topic[:-1] if args.topic.endswith("*") else None
+    if any(c in (args.topic if prefix is None else prefix) for c in _GLOB_CHARS):
+        print(
+            f"logbroker read: --topic {args.topic!r}: only a trailing '*' is supported, as a "
+            "prefix (e.g. 'dc1.*', or '*' for every topic); no other glob",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        # a prefix ("dc1.*") must be the start of a valid name
+        # a prefix ("dc1.*") must be the start of a valid name ('*' is every topic)
         validate_topic_name(args.topic if prefix is None else prefix + "x")
     except InvalidTopicName as exc:
         print(f"logbroker read: {exc}", file=sys.stderr)
@@ -247,6 +294,14 @@ def run(args: argparse.Namespace) -> int:
             validate_group(args.group)
         except BadRequest as exc:
             print(f"logbroker read: --group {args.group!r}: {exc}", file=sys.stderr)
+            return 2
+        if prefix == "":
+            # the gateway refuses a group of every topic (an empty prefix)
+            print(
+                "logbroker read: --topic '*' reads every topic without --group only; a group "
+                "reads named topics or a prefix such as 'dc1.*'",
+                file=sys.stderr,
+            )
             return 2
     topics = () if prefix is not None else (args.topic,)
     stop = {"requested": False}
@@ -290,6 +345,8 @@ def run(args: argparse.Namespace) -> int:
         last_new = started
         caught_up = False  # the last poll found nothing new: idle time counts
         waiting: list[str] = []
+        # a prefix read looks once whether any topic matches yet (None: not looked yet)
+        prefix_waiting: bool | None = None if prefix is not None else False
         unavailable = False
         while not stop["requested"]:
             wait_ms = _POLL_WAIT_MS
@@ -337,9 +394,28 @@ def run(args: argparse.Namespace) -> int:
                         flush=True,
                     )
             waiting = missing
-        if waiting and not stop["requested"]:
+            if prefix is not None and consumer.assignment:
+                prefix_waiting = False
+            elif prefix is not None and prefix_waiting is None:
+                prefix_waiting = not client.list_topics(prefix)
+                if prefix_waiting:
+                    print(
+                        f"logbroker read: no topic matches {args.topic!r} on {args.server} yet; "
+                        f"waiting for one to appear{_prefix_hint(prefix, client.list_topics())}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        if stop["requested"]:
+            return 0
+        if waiting:
             print(
                 f"logbroker read: topic {', '.join(map(repr, waiting))} did not appear within "
+                f"{args.idle_exit:g} s",
+                file=sys.stderr,
+            )
+        elif prefix_waiting and not _any_topic(client, prefix):
+            print(
+                f"logbroker read: no topic matching {args.topic!r} appeared within "
                 f"{args.idle_exit:g} s",
                 file=sys.stderr,
             )

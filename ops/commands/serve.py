@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -154,6 +155,36 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _bind_failure(exc: OSError, host: str, port: int) -> tuple[str, int]:
+    """Why the gateway cannot have its address, and the exit status: 2 for what the user must
+    fix (the port is taken, the host does not resolve or is no address of this machine), 1 for
+    the rest."""
+    where = f"cannot listen on {_host_port(host, port)}"
+    if isinstance(exc, socket.gaierror):
+        return f"{where}: {host!r} does not resolve ({exc.strerror}); give --host an address", 2
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"{where}: it is in use ({exc.strerror}): another process listens there; "
+            "choose another --port or stop that process",
+            2,
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"{where}: {host!r} is not an address of this machine ({exc.strerror}); give "
+            "--host one of its addresses (127.0.0.1, or 0.0.0.0 for all)",
+            2,
+        )
+    if exc.errno == errno.EAFNOSUPPORT:
+        return f"{where}: {exc.strerror}: this machine has no IPv6; give an IPv4 --host", 2
+    if exc.errno == errno.EACCES:
+        return f"{where}: {exc.strerror} (a port below 1024 needs root)", 2
+    return f"{where}: {exc.strerror or exc}", 1
+
+
 def _wait_for_kafka(settings: GatewaySettings) -> bool:
     """True once a broker of the cluster answers; False if a stop was asked for first.
 
@@ -282,11 +313,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         sock = _bind(settings.host, settings.port)
     except OSError as exc:
-        print(
-            f"logbroker serve: cannot listen on {settings.host}:{settings.port}: {exc.strerror}",
-            file=sys.stderr,
-        )
-        return 1
+        message, code = _bind_failure(exc, settings.host, settings.port)
+        print(f"logbroker serve: {message}", file=sys.stderr)
+        return code
     if settings.store == "kafka" and not _wait_for_kafka(settings):
         sock.close()
         return 0
@@ -308,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
     )
     banner = (
         f"logbroker gateway on {'https' if settings.ssl_certfile else 'http'}://"
-        f"{settings.host}:{settings.port} (dc {settings.dc}, store {settings.store}"
+        f"{_host_port(settings.host, settings.port)} (dc {settings.dc}, store {settings.store}"
         + (f" at {settings.kafka_bootstrap}" if settings.store == "kafka" else "")
         + f", data dir {settings.data_dir}, {settings.workers} worker(s))"
     )

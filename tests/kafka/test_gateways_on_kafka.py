@@ -306,7 +306,7 @@ def test_a_topic_name_kafka_refuses_is_a_4xx_and_the_push_client_parks_its_file(
 
 
 def test_a_gateway_that_cannot_have_its_port_never_contacts_kafka(tmp_path: Path) -> None:
-    """A start on a port in use exits 1 before it opens the store.  It used to join the
+    """A start on a port in use exits 2 before it opens the store.  It used to join the
     gateways' group first, which took partitions from the running gateways for seconds."""
     taken = socket.socket()
     kafka = socket.socket()  # stands for the cluster: was it ever contacted?
@@ -324,7 +324,7 @@ def test_a_gateway_that_cannot_have_its_port_never_contacts_kafka(tmp_path: Path
             ),
             cwd=REPO, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
-        assert second.returncode == 1, second.stderr
+        assert second.returncode == 2, second.stderr
         assert f"cannot listen on 127.0.0.1:{port}" in second.stderr
         with pytest.raises(TimeoutError):
             kafka.accept()[0].close()

@@ -124,8 +124,8 @@ def test_serve_on_a_port_in_use_says_so_and_prints_no_banner(tmp_path: Path) -> 
             timeout=60,
         )
     err = done.stderr.decode()
-    assert done.returncode == 1
-    assert f"cannot listen on 127.0.0.1:{port}" in err
+    assert done.returncode == 2  # the user's to fix, like a taken metrics_port
+    assert f"cannot listen on 127.0.0.1:{port}: it is in use" in err
     assert "gateway on" not in err
 
 
