@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Protocol
 
 from log_store import crash_points
+from log_store.batch_check import check_segment
 from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import OffsetOutOfRange, StoreUnavailable, TopicDeleted, UnknownTopic
 from log_store.failures import as_store_unavailable
@@ -66,7 +67,7 @@ from log_store.record_batch import (
     values_at,
 )
 from log_store.segment_files import SegmentFiles
-from log_store.tail_recovery import scan_tail
+from log_store.tail_recovery import DamagedSegment, scan_tail
 
 log = logging.getLogger(__name__)
 
@@ -806,19 +807,22 @@ class PartitionLog:
                 )
             pos = indexed_size
             batches = 0
-            for batch in scan_tail(fd, pos, end):
-                header = batch.header
-                _index_batch(
-                    conn, segment, batch.pos, header.base_offset, header.count, header.size
-                )
-                _put_state(conn, batch.state)
-                pos = batch.pos + batch.header.size
-                end = batch.header.next_offset
-                conn.execute(
-                    "UPDATE segments SET size_bytes = ?, max_ts = ? WHERE base_offset = ?",
-                    (pos, batch.header.timestamp_ms, segment),
-                )
-                batches += 1
+            try:
+                for batch in scan_tail(fd, pos, end):
+                    header = batch.header
+                    _index_batch(
+                        conn, segment, batch.pos, header.base_offset, header.count, header.size
+                    )
+                    _put_state(conn, batch.state)
+                    pos = batch.pos + batch.header.size
+                    end = batch.header.next_offset
+                    conn.execute(
+                        "UPDATE segments SET size_bytes = ?, max_ts = ? WHERE base_offset = ?",
+                        (pos, batch.header.timestamp_ms, segment),
+                    )
+                    batches += 1
+            except DamagedSegment as exc:
+                raise StoreUnavailable(f"segment {path}: {exc}") from exc
             if batches:
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'end_offset'", (end,))
                 log.warning(
@@ -1045,6 +1049,35 @@ class PartitionLog:
         if len(data) != length:
             raise CorruptBatch(f"segment {segment} is shorter than its index says")
         return data
+
+    def check_batches(self) -> list[str]:
+        """Problems found checking every batch of every segment against its checksum, the
+        batches that carry only state (which no read reads) included."""
+        with self._conn() as conn:
+            conn.execute("BEGIN")
+            segments = conn.execute(
+                "SELECT base_offset, size_bytes FROM segments ORDER BY base_offset"
+            ).fetchall()
+            rows = conn.execute(
+                "SELECT segment, pos, base_offset FROM batches ORDER BY base_offset"
+            )
+            indexed: dict[int, list[tuple[int, int]]] = {}
+            for segment, pos, base in rows.fetchall():
+                indexed.setdefault(int(segment), []).append((int(pos), int(base)))
+            conn.execute("COMMIT")
+        problems: list[str] = []
+        for segment, size in segments:
+            try:
+                fd = os.open(self.directory / segment_file_name(segment), os.O_RDONLY)
+            except FileNotFoundError:
+                if size:
+                    problems.append(f"segment {segment} is missing; its index holds {size} bytes")
+                continue
+            try:
+                problems += check_segment(fd, segment, size, indexed.get(segment, []))
+            finally:
+                os.close(fd)
+        return problems
 
     def get_state(self, key: str) -> bytes | None:
         with self._conn() as conn:

@@ -657,6 +657,9 @@ class SqliteLogStore:
             topic, partition, lambda log: log.scan_state(prefix, after, limit)
         )
 
+    def check_batches(self, topic: str, partition: int) -> list[str]:
+        return self._on_partition(topic, partition, lambda log: log.check_batches())
+
     def end_offset(self, topic: str, partition: int) -> int:
         return self._on_partition(topic, partition, lambda log: log.bounds()[1])
 
