@@ -33,6 +33,7 @@ from log_store.errors import (
     LimitReached,
     LogbrokerError,
     OffsetOutOfRange,
+    StoreFull,
     StoreUnavailable,
     TopicDeletedInFlight,
     TopicExists,
@@ -41,6 +42,8 @@ from log_store.errors import (
 )
 
 RETRY_AFTER_S = 1
+FULL_DISK_RETRY_AFTER_S = 10
+"""A full disk is freed by retention or by hand, not within a second."""
 _log = logging.getLogger("ingest_api")
 
 # errno values that mean "the disk cannot take this write now", not "the gateway is broken".
@@ -142,6 +145,16 @@ async def _on_store_unavailable(request: Request, exc: Exception) -> Response:
         # not the store's health: an operator deleted the topic; the retry makes it again
         return error_response(
             503, "topic_deleted", str(exc), headers={"Retry-After": str(RETRY_AFTER_S)}
+        )
+    if isinstance(exc, StoreFull):
+        if exc.never_fits:
+            # Retrying cannot help while the file system is this small: 507, not 503.
+            return error_response(507, "insufficient_storage", str(exc))
+        return error_response(
+            503,
+            "store_unavailable",
+            str(exc),
+            headers={"Retry-After": str(FULL_DISK_RETRY_AFTER_S)},
         )
     return unavailable_response(str(exc) or "the log store cannot take writes now")
 

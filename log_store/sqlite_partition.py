@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -42,7 +43,13 @@ from typing import Protocol
 from log_store import crash_points
 from log_store.batch_check import check_segment
 from log_store.durable_dirs import fsync_directory, make_directories
-from log_store.errors import OffsetOutOfRange, StoreUnavailable, TopicDeleted, UnknownTopic
+from log_store.errors import (
+    OffsetOutOfRange,
+    StoreFull,
+    StoreUnavailable,
+    TopicDeleted,
+    UnknownTopic,
+)
 from log_store.failures import as_store_unavailable
 from log_store.interface import (
     TOPIC_ID_KEY,
@@ -295,8 +302,11 @@ class PartitionLog:
         *,
         read_only: bool = False,
         topic_id: str | None = None,
+        on_no_space: Callable[[int], None] | None = None,
     ) -> None:
         """Open (creating if needed) the partition in ``directory``.
+
+        ``on_no_space`` is told the size of each batch that did not fit on the file system.
 
         ``topic_id``: what :data:`TOPIC_ID_KEY` reads as in its transactions (by default
         the directory's parent's name, the topic id in the store's layout).
@@ -317,6 +327,7 @@ class PartitionLog:
         self.segment_bytes = segment_bytes
         self._topic_id_value = (topic_id or directory.parent.name).encode()
         self._topic_alive = topic_alive
+        self._on_no_space = on_no_space
         self.read_only = read_only
         if not read_only:
             make_directories(directory)
@@ -690,11 +701,15 @@ class PartitionLog:
                 head = b"".join(pieces)[: batch_len // 2]
                 os.pwrite(fd, head, pos)
                 crash_points.reach("torn-segment-write")
-            written = os.pwritev(fd, pieces, pos)
+            try:
+                written = os.pwritev(fd, pieces, pos)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                written = -1
             if written != batch_len:
-                raise StoreUnavailable(
-                    f"short write to segment {segment} ({written} of {batch_len})"
-                )
+                # The file system took what fit (or nothing): full, or a quota reached.
+                raise self._no_space(fd, pos, batch_len)
             # The one durable sync of the group commit: after it the batch is the truth.
             os.fdatasync(fd)
             if new_segment:
@@ -717,6 +732,32 @@ class PartitionLog:
                 os.ftruncate(fd, pos)
             raise
         return fd, pos
+
+    def _no_space(self, fd: int, pos: int, batch_len: int) -> StoreFull:
+        """What a batch that did not fit says: how much it needs, how much is free."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, pos)  # free what part of it was written before looking
+        try:
+            fs = os.fstatvfs(fd)
+            free, total = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+        except OSError:
+            free, total = 0, batch_len
+        if batch_len > total:
+            outlook = (
+                f"it can never fit: the file system holds {total} bytes in all; send less "
+                "per request"
+            )
+        else:
+            outlook = "it is taken once space is freed (retention, fewer topics, a larger disk)"
+        if self._on_no_space is not None:
+            self._on_no_space(batch_len)
+        return StoreFull(
+            "no space left on the data directory's file system: the write needs "
+            f"{batch_len} bytes, {free} are free; nothing of it was kept, and {outlook}",
+            batch_len,
+            free,
+            total,
+        )
 
     # -- recovery -------------------------------------------------------------------------
     def _recover_at_open(self) -> None:
