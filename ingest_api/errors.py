@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -33,14 +35,19 @@ from log_store.errors import (
     LimitReached,
     LogbrokerError,
     OffsetOutOfRange,
+    StoreFull,
     StoreUnavailable,
     TopicDeletedInFlight,
     TopicExists,
     UnknownPartition,
     UnknownTopic,
 )
+from log_store.topic_names import TOPIC_NAME_PATTERN
 
 RETRY_AFTER_S = 1
+_PARTITION = re.compile(r"[0-9]+")  # what a route's {partition:int} matches
+FULL_DISK_RETRY_AFTER_S = 10
+"""A full disk is freed by retention or by hand, not within a second."""
 _log = logging.getLogger("ingest_api")
 
 # errno values that mean "the disk cannot take this write now", not "the gateway is broken".
@@ -143,6 +150,16 @@ async def _on_store_unavailable(request: Request, exc: Exception) -> Response:
         return error_response(
             503, "topic_deleted", str(exc), headers={"Retry-After": str(RETRY_AFTER_S)}
         )
+    if isinstance(exc, StoreFull):
+        if exc.never_fits:
+            # Retrying cannot help while the file system is this small: 507, not 503.
+            return error_response(507, "insufficient_storage", str(exc))
+        return error_response(
+            503,
+            "store_unavailable",
+            str(exc),
+            headers={"Retry-After": str(FULL_DISK_RETRY_AFTER_S)},
+        )
     return unavailable_response(str(exc) or "the log store cannot take writes now")
 
 
@@ -160,15 +177,28 @@ async def _on_http_exception(request: Request, exc: Exception) -> Response:
     reason = str(exc.detail)
     path = request.url.path[:200]
     if exc.status_code == 404:
-        reason = f"no endpoint {request.method} {path}"
-        if path.startswith("/v1/topics/"):
-            # e.g. a topic name holding '/' (sent as %2F): never a route, never a path
-            reason += "; a topic name is 1-201 characters of [a-z0-9._-]"
+        reason = f"no endpoint {request.method} {path}" + _not_found_hint(request)
     elif exc.status_code == 405:
         reason = f"{request.method} is not allowed on {path}"
     return error_response(
         exc.status_code, codes.get(exc.status_code, "http_error"), reason, headers=exc.headers
     )
+
+
+def _not_found_hint(request: Request) -> str:
+    """What is wrong with a path under ``/v1/topics/{topic}`` or ``/v1/replica/{topic}`` that
+    no route matched: the topic name, or the partition number; "" for anything else."""
+    raw = request.scope.get("raw_path") or request.url.path.encode()
+    # undecoded: a topic name holding '/' (sent as %2F) is one segment, shown as sent
+    parts = raw.decode("latin-1").split("?", 1)[0].split("/")
+    if len(parts) < 4 or parts[1] != "v1" or parts[2] not in ("topics", "replica"):
+        return ""
+    if not TOPIC_NAME_PATTERN.fullmatch(unquote(parts[3])):
+        return "; a topic name is 1-201 characters of [a-z0-9._-]"
+    if len(parts) > 5 and parts[4] == "partitions" and not _PARTITION.fullmatch(parts[5]):
+        partition = unquote(parts[5])[:40]
+        return f"; {partition!r} is not a partition number (0, 1, 2, ...)"
+    return ""
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:

@@ -509,6 +509,7 @@ def load_settings(
     Raises :class:`ConfigError` with a reason on anything invalid.
     """
     environ = os.environ if env is None else env
+    _refuse_unknown_env(environ)
     merged = _config_file(config_file, environ)
     limits = _env_limits(merged, environ)
     for name in ("push_allow", "allowed_hosts"):
@@ -533,6 +534,7 @@ def load_limits(*, config_file: Path | None = None, env: Mapping[str, str] | Non
     """The gateway's ``[limits]`` (the TOML file, then ``LOGBROKER_LIMITS_*``), for the tools
     that change a store the gateway serves (``logbroker topics``) within the same limits."""
     environ = os.environ if env is None else env
+    _refuse_unknown_env(environ)
     raw = _env_limits(_config_file(config_file, environ), environ)
     unknown = set(raw) - set(_LIMIT_TYPES)
     if unknown:
@@ -566,3 +568,36 @@ def _env_limits(merged: Mapping[str, Any], environ: Mapping[str, str]) -> dict[s
         if value is not None:
             limits[name] = value
     return limits
+
+
+def _env_namespaces() -> dict[str, tuple[tuple[str, ...], str]]:
+    """The ``LOGBROKER_<PREFIX>_*`` families that belong wholly to these settings: their
+    known variables, and what else to say of the family."""
+    scalars = [name.upper() for name in _SCALARS]
+
+    def family(prefix: str) -> tuple[str, ...]:
+        return tuple(f"LOGBROKER_{name}" for name in scalars if name.startswith(prefix))
+
+    return {
+        "LIMITS_": (tuple(f"LOGBROKER_LIMITS_{name.upper()}" for name in _LIMIT_TYPES), ""),
+        "KAFKA_": (family("KAFKA_"), "; the [kafka] table is set in the config file only"),
+        "SSL_": (family("SSL_"), ""),
+        "GRAPHITE_": (family("GRAPHITE_"), ""),
+        "TOKENS_": ((), "; tokens are set in the config file's [tokens] table only"),
+    }
+
+
+def _refuse_unknown_env(environ: Mapping[str, str]) -> None:
+    """Refuse a misspelt setting: a ``LOGBROKER_LIMITS_*`` (``KAFKA_``, ``SSL_``,
+    ``GRAPHITE_``, ``TOKENS_``) variable that names no setting.  The rest of the ``LOGBROKER_``
+    namespace is shared with the other commands and the tests, so it is not checked."""
+    for prefix, (known, note) in _env_namespaces().items():
+        unknown = sorted(
+            name for name in environ if name.startswith(f"LOGBROKER_{prefix}") and name not in known
+        )
+        if unknown:
+            listed = ", ".join(known) if known else "none"
+            raise ConfigError(
+                f"unknown environment variable{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(unknown)}: the LOGBROKER_{prefix}* variables are {listed}{note}"
+            )

@@ -54,8 +54,11 @@ _RETENTIONS = ("retention_ms", "retention_bytes")
 _FIELDS = ("partitions", *_RETENTIONS, "segment_bytes")
 
 
-def _settings(doc: dict[str, Any], what: str) -> dict[str, int | None]:
-    """The settings ``doc`` names, checked (400 otherwise); a null retention is UNLIMITED."""
+def _settings(doc: dict[str, Any], what: str, max_partitions: int) -> dict[str, int | None]:
+    """The settings ``doc`` names, checked (400 otherwise); a null retention is UNLIMITED.
+
+    ``partitions`` below 1 is told the real range, up to ``max_partitions`` (the gateway's
+    ``limits.max_partitions_per_topic``; above it is 429 ``limit_reached``, from the quota)."""
     unknown = sorted(set(doc) - set(_FIELDS))
     if unknown:
         raise ApiError(
@@ -69,6 +72,13 @@ def _settings(doc: dict[str, Any], what: str) -> dict[str, int | None]:
         if not isinstance(value, int) or isinstance(value, bool):
             null = " or null (no limit)" if name in _RETENTIONS else ""
             raise ApiError(400, "bad_request", f"{name} must be an integer{null}")
+        if name == "partitions" and value < 1:
+            raise ApiError(
+                400,
+                "bad_request",
+                f"partitions must be in 1..{max_partitions} "
+                f"(limits.max_partitions_per_topic), got {value}",
+            )
         low = 1 if name == "partitions" else 0
         if not low <= value <= _MAX_VALUE:
             raise ApiError(400, "bad_request", f"{name} must be in {low}..{_MAX_VALUE}")
@@ -76,13 +86,15 @@ def _settings(doc: dict[str, Any], what: str) -> dict[str, int | None]:
     return values
 
 
-def _change(doc: dict[str, Any]) -> TopicChange:
+def _change(doc: dict[str, Any], max_partitions: int) -> TopicChange:
     if not doc:
         raise ApiError(400, "bad_request", f"nothing to change; name one of {', '.join(_FIELDS)}")
-    return TopicChange(**_settings(doc, "a change"))
+    return TopicChange(**_settings(doc, "a change", max_partitions))
 
 
-def _creation(doc: dict[str, Any], default_partitions: int) -> tuple[str, TopicConfig]:
+def _creation(
+    doc: dict[str, Any], default_partitions: int, max_partitions: int
+) -> tuple[str, TopicConfig]:
     """The new topic's name and settings; a setting left out is the default."""
     name = doc.get("name")
     if not isinstance(name, str):
@@ -91,7 +103,9 @@ def _creation(doc: dict[str, Any], default_partitions: int) -> tuple[str, TopicC
     if is_internal(topic):
         raise ApiError(400, "bad_request", "internal topics are managed by the gateway")
     settings = _settings(
-        {k: v for k, v in doc.items() if k != "name"}, "besides its name, a creation"
+        {k: v for k, v in doc.items() if k != "name"},
+        "besides its name, a creation",
+        max_partitions,
     )
     return topic, TopicConfig(
         partitions=_given(settings, "partitions", default_partitions),
@@ -114,13 +128,18 @@ def _no_limit_is_none(value: int | None) -> int | None:
 def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     async def create_topic(request: Request) -> Response:
         doc = await json_body(request, ctx.settings.limits)
-        topic, config = _creation(doc, ctx.settings.partitions)
+        topic, config = _creation(
+            doc, ctx.settings.partitions, ctx.settings.limits.max_partitions_per_topic
+        )
         info = await anyio.to_thread.run_sync(ctx.topic_quota.create_new, topic, config)
         return json_response(info.settings_json(), status=201)
 
     async def alter_topic(request: Request) -> Response:
         topic = _operators_topic(request)
-        change = _change(await json_body(request, ctx.settings.limits))
+        change = _change(
+            await json_body(request, ctx.settings.limits),
+            ctx.settings.limits.max_partitions_per_topic,
+        )
         info = await anyio.to_thread.run_sync(ctx.topic_quota.alter, topic, change)
         return json_response(info.settings_json())
 

@@ -484,8 +484,11 @@ _ERRORS = {
     "413": "body, chunk or chunk count over the limit",
     "415": "unsupported Content-Type",
     "429": "a source is over its rate (see Retry-After), or a limit is reached (limit, max)",
-    "503": "the log cannot take writes now (store_unavailable), or the topic was deleted while "
-    "the write was in flight (topic_deleted); nothing acknowledged; see Retry-After",
+    "503": "the log cannot take writes now (store_unavailable: the reason says why, e.g. no "
+    "space left, with the bytes needed and free), or the topic was deleted while the write was "
+    "in flight (topic_deleted); nothing acknowledged; see Retry-After",
+    "507": "the write is larger than the data directory's whole file system "
+    "(insufficient_storage): it never fits there; nothing acknowledged",
 }
 
 

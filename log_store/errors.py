@@ -73,6 +73,22 @@ class StoreUnavailable(LogbrokerError):
     """
 
 
+class StoreFull(StoreUnavailable):
+    """A write did not fit in the space left on the data directory's file system; nothing of
+    it was kept.  ``needed_bytes`` is what the write takes on disk, ``free_bytes`` what was
+    free, ``total_bytes`` the file system's size: a write larger than that never fits."""
+
+    def __init__(self, message: str, needed_bytes: int, free_bytes: int, total_bytes: int):
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+        self.total_bytes = total_bytes
+
+    @property
+    def never_fits(self) -> bool:
+        return self.needed_bytes > self.total_bytes
+
+
 class TopicDeletedInFlight(StoreUnavailable):
     """A write's topic was deleted while the write was in flight, and again while it was made
     again.  Nothing was acknowledged; the caller retries, and the retry makes the topic again.

@@ -373,3 +373,14 @@ class StateScan(Protocol):
         unchanged since before it read some keys knows that none of them was deleted since.
         """
         ...
+
+
+@runtime_checkable
+class BatchCheck(Protocol):
+    """What a backend with segment files of its own offers the audit.  Kafka checks its
+    batches' CRCs itself (on every fetch, and ``kafka-dump-log --deep-iteration``)."""
+
+    def check_batches(self, topic: str, partition: int) -> list[str]:
+        """Problems found checking every batch of the partition against its checksum, those
+        that carry only state (which no read reads) included; [] when all are good."""
+        ...

@@ -41,7 +41,7 @@ _CRC_FROM = 8  # the CRC covers the header from byte 8 on
 _FIELDS = struct.Struct(">QIIIq")
 _U32 = struct.Struct("<I")
 MAGIC_V1 = b"LBB1"
-_HEADER_V1 = struct.Struct(">4sQIIqI")
+HEADER_V1 = struct.Struct(">4sQIIqI")
 _LEN_V1 = struct.Struct(">I")
 
 # A batch whose values average this much is checked value by value (see check_and_split)
@@ -370,12 +370,12 @@ def _decode_v1(
     Returns the next position, the next base offset, the value bytes now in ``records``, and
     whether ``max_bytes`` stopped it.
     """
-    if pos + _HEADER_V1.size > len(buf):
+    if pos + HEADER_V1.size > len(buf):
         raise CorruptBatch(f"batch header at byte {pos} is cut short")
-    _, base, count, payload_len, ts, crc = _HEADER_V1.unpack_from(buf, pos)
+    _, base, count, payload_len, ts, crc = HEADER_V1.unpack_from(buf, pos)
     if base != expected_base:
         raise CorruptBatch(f"batch of offset {base} found where {expected_base} was due")
-    start = pos + _HEADER_V1.size
+    start = pos + HEADER_V1.size
     stop = start + payload_len
     if stop > len(buf):
         raise CorruptBatch(f"batch at byte {pos} runs past the read")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -40,8 +41,15 @@ from pathlib import Path
 from typing import Protocol
 
 from log_store import crash_points
+from log_store.batch_check import check_segment
 from log_store.durable_dirs import fsync_directory, make_directories
-from log_store.errors import OffsetOutOfRange, StoreUnavailable, TopicDeleted, UnknownTopic
+from log_store.errors import (
+    OffsetOutOfRange,
+    StoreFull,
+    StoreUnavailable,
+    TopicDeleted,
+    UnknownTopic,
+)
 from log_store.failures import as_store_unavailable
 from log_store.interface import (
     TOPIC_ID_KEY,
@@ -66,7 +74,7 @@ from log_store.record_batch import (
     values_at,
 )
 from log_store.segment_files import SegmentFiles
-from log_store.tail_recovery import scan_tail
+from log_store.tail_recovery import DamagedSegment, scan_tail
 
 log = logging.getLogger(__name__)
 
@@ -294,8 +302,11 @@ class PartitionLog:
         *,
         read_only: bool = False,
         topic_id: str | None = None,
+        on_no_space: Callable[[int], None] | None = None,
     ) -> None:
         """Open (creating if needed) the partition in ``directory``.
+
+        ``on_no_space`` is told the size of each batch that did not fit on the file system.
 
         ``topic_id``: what :data:`TOPIC_ID_KEY` reads as in its transactions (by default
         the directory's parent's name, the topic id in the store's layout).
@@ -316,6 +327,7 @@ class PartitionLog:
         self.segment_bytes = segment_bytes
         self._topic_id_value = (topic_id or directory.parent.name).encode()
         self._topic_alive = topic_alive
+        self._on_no_space = on_no_space
         self.read_only = read_only
         if not read_only:
             make_directories(directory)
@@ -689,11 +701,15 @@ class PartitionLog:
                 head = b"".join(pieces)[: batch_len // 2]
                 os.pwrite(fd, head, pos)
                 crash_points.reach("torn-segment-write")
-            written = os.pwritev(fd, pieces, pos)
+            try:
+                written = os.pwritev(fd, pieces, pos)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                written = -1
             if written != batch_len:
-                raise StoreUnavailable(
-                    f"short write to segment {segment} ({written} of {batch_len})"
-                )
+                # The file system took what fit (or nothing): full, or a quota reached.
+                raise self._no_space(fd, pos, batch_len)
             # The one durable sync of the group commit: after it the batch is the truth.
             os.fdatasync(fd)
             if new_segment:
@@ -716,6 +732,32 @@ class PartitionLog:
                 os.ftruncate(fd, pos)
             raise
         return fd, pos
+
+    def _no_space(self, fd: int, pos: int, batch_len: int) -> StoreFull:
+        """What a batch that did not fit says: how much it needs, how much is free."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, pos)  # free what part of it was written before looking
+        try:
+            fs = os.fstatvfs(fd)
+            free, total = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+        except OSError:
+            free, total = 0, batch_len
+        if batch_len > total:
+            outlook = (
+                f"it can never fit: the file system holds {total} bytes in all; send less "
+                "per request"
+            )
+        else:
+            outlook = "it is taken once space is freed (retention, fewer topics, a larger disk)"
+        if self._on_no_space is not None:
+            self._on_no_space(batch_len)
+        return StoreFull(
+            "no space left on the data directory's file system: the write needs "
+            f"{batch_len} bytes, {free} are free; nothing of it was kept, and {outlook}",
+            batch_len,
+            free,
+            total,
+        )
 
     # -- recovery -------------------------------------------------------------------------
     def _recover_at_open(self) -> None:
@@ -806,19 +848,22 @@ class PartitionLog:
                 )
             pos = indexed_size
             batches = 0
-            for batch in scan_tail(fd, pos, end):
-                header = batch.header
-                _index_batch(
-                    conn, segment, batch.pos, header.base_offset, header.count, header.size
-                )
-                _put_state(conn, batch.state)
-                pos = batch.pos + batch.header.size
-                end = batch.header.next_offset
-                conn.execute(
-                    "UPDATE segments SET size_bytes = ?, max_ts = ? WHERE base_offset = ?",
-                    (pos, batch.header.timestamp_ms, segment),
-                )
-                batches += 1
+            try:
+                for batch in scan_tail(fd, pos, end):
+                    header = batch.header
+                    _index_batch(
+                        conn, segment, batch.pos, header.base_offset, header.count, header.size
+                    )
+                    _put_state(conn, batch.state)
+                    pos = batch.pos + batch.header.size
+                    end = batch.header.next_offset
+                    conn.execute(
+                        "UPDATE segments SET size_bytes = ?, max_ts = ? WHERE base_offset = ?",
+                        (pos, batch.header.timestamp_ms, segment),
+                    )
+                    batches += 1
+            except DamagedSegment as exc:
+                raise StoreUnavailable(f"segment {path}: {exc}") from exc
             if batches:
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'end_offset'", (end,))
                 log.warning(
@@ -1045,6 +1090,35 @@ class PartitionLog:
         if len(data) != length:
             raise CorruptBatch(f"segment {segment} is shorter than its index says")
         return data
+
+    def check_batches(self) -> list[str]:
+        """Problems found checking every batch of every segment against its checksum, the
+        batches that carry only state (which no read reads) included."""
+        with self._conn() as conn:
+            conn.execute("BEGIN")
+            segments = conn.execute(
+                "SELECT base_offset, size_bytes FROM segments ORDER BY base_offset"
+            ).fetchall()
+            rows = conn.execute(
+                "SELECT segment, pos, base_offset FROM batches ORDER BY base_offset"
+            )
+            indexed: dict[int, list[tuple[int, int]]] = {}
+            for segment, pos, base in rows.fetchall():
+                indexed.setdefault(int(segment), []).append((int(pos), int(base)))
+            conn.execute("COMMIT")
+        problems: list[str] = []
+        for segment, size in segments:
+            try:
+                fd = os.open(self.directory / segment_file_name(segment), os.O_RDONLY)
+            except FileNotFoundError:
+                if size:
+                    problems.append(f"segment {segment} is missing; its index holds {size} bytes")
+                continue
+            try:
+                problems += check_segment(fd, segment, size, indexed.get(segment, []))
+            finally:
+                os.close(fd)
+        return problems
 
     def get_state(self, key: str) -> bytes | None:
         with self._conn() as conn:

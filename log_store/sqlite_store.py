@@ -154,6 +154,8 @@ class SqliteLogStore:
         self._handles = PartitionHandles(max_open_partitions, self._on_close)
         self._watcher = ChangeWatcher()
         self._watched: dict[tuple[str, int], bool] = {}
+        self._short_of_space: int | None = None
+        """The size of the last write that did not fit, until that much is free again."""
 
     def _check_writable(self, what: str) -> None:
         if self.read_only:
@@ -295,6 +297,7 @@ class SqliteLogStore:
                 lambda: self._topic_alive(topic_id),
                 read_only=self.read_only,
                 topic_id=topic_id,
+                on_no_space=self._note_no_space,
             )
         except (OSError, sqlite3.Error) as exc:
             raise as_store_unavailable(exc) or exc from exc
@@ -657,6 +660,9 @@ class SqliteLogStore:
             topic, partition, lambda log: log.scan_state(prefix, after, limit)
         )
 
+    def check_batches(self, topic: str, partition: int) -> list[str]:
+        return self._on_partition(topic, partition, lambda log: log.check_batches())
+
     def end_offset(self, topic: str, partition: int) -> int:
         return self._on_partition(topic, partition, lambda log: log.bounds()[1])
 
@@ -702,6 +708,9 @@ class SqliteLogStore:
     def unavailable_spans(self) -> list[tuple[float, float]]:
         return []  # a local disk that fails refuses at once (503), it does not stall
 
+    def _note_no_space(self, needed_bytes: int) -> None:
+        self._short_of_space = needed_bytes
+
     def readiness(self) -> str | None:
         if self.read_only:
             return "the store is open read-only"
@@ -714,8 +723,17 @@ class SqliteLogStore:
             return f"the data directory cannot be looked at: {exc.strerror}"
         if fs.f_flag & os.ST_RDONLY:
             return "the data directory's file system is read-only"
-        if fs.f_bavail * fs.f_frsize < _READY_MIN_FREE_BYTES:
+        free = fs.f_bavail * fs.f_frsize
+        if free < _READY_MIN_FREE_BYTES:
             return "the data directory's file system is full"
+        needed = self._short_of_space
+        if needed is not None:
+            if free < needed:
+                return (
+                    f"the data directory's file system is full: a write of {needed} bytes "
+                    f"did not fit, {free} are free"
+                )
+            self._short_of_space = None
         if not os.access(where, os.W_OK):
             return "the data directory is not writable"
         return None

@@ -359,3 +359,51 @@ def test_a_route_declared_without_parameters_takes_none(tmp_path: Path) -> None:
         route("GET", "/v1/x", page, PUBLIC, repeatable=("b",))
     with pytest.raises(UndeclaredRoute, match="collections of names"):
         route("GET", "/v1/x", page, PUBLIC, query="offset")
+
+
+def test_the_protocols_permission_table_has_a_row_for_every_route(gateway: Gateway) -> None:
+    """docs/protocol.md's "Who may call what" covers every route the gateway registers, with
+    the permission the route declares; a route added without its row fails here."""
+    section = PROTOCOL.read_text().split("### Who may call what", 1)[1].split("\n### ", 1)[0]
+    intro, _, table = section.partition("| routes | permission |")
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    missing = []
+    for (method, path), guarded in sorted(gateway.routes.items()):
+        kind = guarded.permission.kind
+        if kind == "public" and f"`{path}`" in intro:
+            continue
+        covering = [row for row in rows if _row_covers(row, method, path)]
+        if not covering:
+            missing.append(f"{method} {path} ({kind})")
+            continue
+        permission = covering[0].strip("|").split("|")[-1]
+        assert re.search(rf"\b{kind}\b", permission), (method, path, kind, covering[0])
+    assert not missing, f"docs/protocol.md has no permission row for: {', '.join(missing)}"
+
+
+def _row_covers(row: str, method: str, path: str) -> bool:
+    """Whether the routes cell of ``row`` names ``method path``: as `METHOD /path` (a query
+    after it is an example), as `/path` or a prefix `/prefix...` or `/prefix/...` (every
+    method), or as `.../tail` after `METHOD /base` (a route of that method under the base,
+    ending in the tail)."""
+    cell = row.strip("|").split("|")[0]
+    base: tuple[str, str] | None = None
+    for item in re.findall(r"`([^`]+)`", cell):
+        one_method, _, rest = item.partition(" ")
+        if not rest:
+            one_method, rest = "", item
+        rest = rest.split("?", 1)[0]
+        if rest.startswith("/"):
+            if rest.endswith("..."):
+                if path.startswith(rest.removesuffix("...").removesuffix("/")):
+                    return True
+                continue
+            if rest == path and one_method in ("", method):
+                return True
+            base = (one_method, rest)
+        elif rest.startswith(".../") and base is not None:
+            want = one_method or base[0]
+            tail = rest.removeprefix("...")
+            if want == method and path.startswith(base[1]) and path.endswith(tail):
+                return True
+    return False

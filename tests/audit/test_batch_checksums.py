@@ -1,0 +1,84 @@
+"""``logbroker audit`` checks every batch's checksum, the batches that carry only state too."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from log_store import PartitionState, TopicConfig, open_store
+from log_store.record_batch import HEADER_SIZE
+from session_dedup.envelope import Envelope, encode
+from session_dedup.seqno_table import encode_seqno, seqno_key
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def logbroker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ops", *args], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+
+
+def chunk(source: str, seqno: int) -> bytes:
+    return encode(Envelope(source, "host1", "/var/log/a", "access", "raw", seqno, 1, 2, b"x\n"))
+
+
+def write_state_then_records(data_dir: Path) -> Path:
+    """A partition whose segment starts with a state-only batch (as a fencing session open
+    writes), then holds a record batch and another state-only batch; its segment file."""
+    with open_store(data_dir) as store:
+        store.create_topic("dc1.early", TopicConfig(partitions=1))
+        store.transact("dc1.early", 0, lambda s: (s.put("epoch/src-a", b"\x01" * 8), [])[1])
+
+        def admit(state: PartitionState) -> Sequence[bytes]:
+            state.put(seqno_key("src-a"), encode_seqno(30))
+            return [chunk("src-a", s) for s in (10, 20, 30)]
+
+        store.transact("dc1.early", 0, admit)
+        store.transact("dc1.early", 0, lambda s: (s.put("epoch/src-a", b"\x02" * 8), [])[1])
+    (segment,) = (data_dir / "topics" / "dc1.early").glob("*/0/00000000000000000000.log")
+    return segment
+
+
+def flip(path: Path, pos: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0x5A]))
+
+
+def test_audit_reports_a_damaged_batch_that_carries_only_state(tmp_path: Path) -> None:
+    segment = write_state_then_records(tmp_path)
+    assert "audit: OK" in logbroker("audit", "--data-dir", str(tmp_path)).stdout
+    flip(segment, HEADER_SIZE + 25)  # inside the first batch's state section
+    result = logbroker("audit", "--data-dir", str(tmp_path))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (
+        "dc1.early/0: segment 0 byte 0: batch of offset 0 (state only) fails its checksum"
+        in result.stdout
+    )
+    assert "audit: 1 problem(s)" in result.stdout
+
+
+def test_audit_goes_on_past_a_damaged_batch_to_the_next_one(tmp_path: Path) -> None:
+    segment = write_state_then_records(tmp_path)
+    size = segment.stat().st_size
+    flip(segment, HEADER_SIZE + 25)
+    flip(segment, size - 3)  # the last state-only batch's value
+    result = logbroker("audit", "--data-dir", str(tmp_path))
+    assert result.returncode == 1
+    lines = [line for line in result.stdout.splitlines() if "fails its checksum" in line]
+    assert len(lines) == 2, result.stdout
+    assert "batch of offset 3 (state only)" in lines[1]
+
+
+def test_audit_reports_a_damaged_header_and_the_batches_after_it(tmp_path: Path) -> None:
+    segment = write_state_then_records(tmp_path)
+    flip(segment, 10)  # the first batch's base offset: where it is, is no longer known
+    result = logbroker("audit", "--data-dir", str(tmp_path))
+    assert result.returncode == 1
+    assert "segment 0 byte 0: batch of offset" in result.stdout
+    assert "where 0 was due" in result.stdout
