@@ -107,10 +107,9 @@ class Subscription:
     prefix: str | None = None
 
     def __post_init__(self) -> None:
+        # The prefix "" is every topic (the audit's aside, as for any prefix not naming it).
         if bool(self.topics) == (self.prefix is not None):
             raise BadRequest("subscribe to a list of topics or to a prefix (one of the two)")
-        if self.prefix is not None and not self.prefix:
-            raise BadRequest("prefix must not be empty")
 
     def to_json(self) -> Doc:
         return {"topics": sorted(self.topics), "prefix": self.prefix}

@@ -295,14 +295,6 @@ def run(args: argparse.Namespace) -> int:
         except BadRequest as exc:
             print(f"logbroker read: --group {args.group!r}: {exc}", file=sys.stderr)
             return 2
-        if prefix == "":
-            # the gateway refuses a group of every topic (an empty prefix)
-            print(
-                "logbroker read: --topic '*' reads every topic without --group only; a group "
-                "reads named topics or a prefix such as 'dc1.*'",
-                file=sys.stderr,
-            )
-            return 2
     topics = () if prefix is not None else (args.topic,)
     stop = {"requested": False}
     out = sys.stdout.buffer

@@ -49,10 +49,24 @@ def test_a_glob_that_is_not_a_trailing_star_is_refused_with_the_rule() -> None:
         assert f"--topic {topic!r}: only a trailing '*' is supported" in done.stderr, done.stderr
 
 
-def test_star_with_a_group_is_refused_before_the_gateway_is_asked() -> None:
-    done = _read("--server", _nowhere(), "--topic", "*", "--group", "g", "--idle-exit", "0")
-    assert done.returncode == 2, done.stderr
-    assert "--topic '*' reads every topic without --group only" in done.stderr
+def test_star_with_a_group_reads_every_topic_once(
+    gateway: Any, writer_for: Callable[[str], Writer]
+) -> None:
+    """A group of every topic (the prefix ''): it was refused, "prefix must not be empty"."""
+    writer = writer_for(gateway.url)
+    writer.write("host1:a", [4], log_type="app")
+    writer.write("host2:b", [6], log_type="web")
+    group = ("--server", gateway.url, "--topic", "*", "--group", "all", "--idle-exit", "1")
+    done = _read(*group, "--from-beginning")
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines(keepends=True)) == [
+        line_for("host1:a", 4),
+        line_for("host2:b", 6),
+    ]
+    writer.write("host1:a", [5], log_type="app")
+    again = _read(*group)  # the group's offsets: only what came since
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines(keepends=True) == [line_for("host1:a", 5)]
 
 
 def test_a_glob_in_a_where_field_that_takes_none_is_refused() -> None:
