@@ -357,8 +357,9 @@ class GroupCoordinator:
             claimed = (topic_ids or {}).get(topic)
             if claimed is not None and claimed != bounds.topic_ids[topic]:
                 raise TopicRecreated(
-                    f"{topic} was deleted and created again since these offsets were read; "
-                    "heartbeat to get the new topic's positions"
+                    f"{topic}'s topic id is {bounds.topic_ids[topic]}, not {claimed}: either the "
+                    "topic was deleted and created again since these offsets were read "
+                    "(heartbeat to get the new topic's positions), or the id is wrong"
                 )
             start, end = bounds.offsets[key]
             if not start <= offset <= end:

@@ -17,7 +17,7 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response
 
-from delivery.consumer_group import Subscription, TopicRecreated, check_subscribed_topics
+from delivery.consumer_group import Subscription, check_subscribed_topics
 from delivery.internal_state import is_internal
 from ingest_api.access import (
     Owned,
@@ -148,35 +148,18 @@ class GroupsApi:
                     json_int(item, "offset", -1, 0, 2**63 - 1),
                 )
             )
-        try:
-            await self._run(
-                functools.partial(
-                    self.groups.commit,
-                    group,
-                    member_id,
-                    offsets,
-                    topic_ids,
-                    owner=access.owner,
-                    check_owner=not access.is_admin,
-                )
+        await self._run(
+            functools.partial(
+                self.groups.commit,
+                group,
+                member_id,
+                offsets,
+                topic_ids,
+                owner=access.owner,
+                check_owner=not access.is_admin,
             )
-        except TopicRecreated as exc:
-            reason = await self._run(self._other_topic_id, topic_ids)
-            raise TopicRecreated(reason or str(exc)) from exc
+        )
         return json_response({"committed": len(offsets)})
-
-    def _other_topic_id(self, topic_ids: dict[str, str]) -> str | None:
-        """Why a commit's ``topic_id`` is refused, true whether the topic was deleted and
-        created again or the id was never the topic's (None if the ids match by now)."""
-        for topic, claimed in topic_ids.items():
-            current = self.ctx.store.describe_topic(topic).topic_id
-            if current != claimed:
-                return (
-                    f"{topic}'s topic id is {current}, not {claimed}: either the topic was "
-                    "deleted and created again since these offsets were read (heartbeat to "
-                    "get the new topic's positions), or the id is wrong"
-                )
-        return None
 
     async def describe_group(self, request: Request) -> Response:
         return json_response(await self._run(self.groups.describe, request.path_params["group"]))
