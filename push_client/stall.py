@@ -4,9 +4,9 @@ A daemon retries for ever: the data waits in its files, and the gateway comes ba
 run (a cron job, CI) must end instead: when no gateway has answered a request for a while and
 every request in that time failed (no connection, a timeout, a retryable status such as 503),
 it saves the acknowledged positions and exits 1, and a rerun with the same state dir resumes
-there.  A gateway that is slow but answers is not failing: a request it accepted and may still
-answer holds the verdict back, for one request timeout at most (after that the request has
-failed too).
+there.  A gateway that is slow but answers is not failing: a request that may still be
+answered holds the verdict back, for one request timeout at most (after that it has failed
+too).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class StallWatch:
         """When the first request failed since a gateway last answered (None: none did)."""
         self.last_failure = ""
         """The last failure, as logged (``URL: ConnectError: ...``)."""
+        self._last_failure_at = 0.0
 
     def started(self) -> int:
         """An attempt (one HTTP request) begins; pass the id to :meth:`ended`."""
@@ -46,9 +47,10 @@ class StallWatch:
             if failure is None:
                 self.failing_since = None
                 return
+            now = self._clock()
             if self.failing_since is None:
-                self.failing_since = self._clock()
-            self.last_failure = failure
+                self.failing_since = now
+            self.last_failure, self._last_failure_at = failure, now
 
     def answered(self) -> None:
         """A gateway answered a request made outside :meth:`started` (one attempt at a
@@ -67,15 +69,19 @@ class StallWatch:
         """The last failure if requests have failed for ``after_s`` with no answer since,
         else None.
 
-        An attempt in progress for longer than connecting may take (``connect_s``) reached a
-        gateway that may still answer (slowly): it holds the verdict back, until
-        ``after_s + request_timeout_s`` after the first failure (by then it failed as well).
+        An attempt in progress that may still be answered holds the verdict back: one made
+        after the last failure, or one in progress for longer than connecting may take
+        (``connect_s``: a gateway took it, and answers slowly).  It holds it until
+        ``after_s + request_timeout_s`` after the first failure at most (by then it failed).
         """
         with self._lock:
             since = self.failing_since
             if since is None or now - since < after_s:
                 return None
-            waiting = any(now - start > connect_s for start in self._attempts.values())
+            last = self._last_failure_at
+            waiting = any(
+                start > last or now - start > connect_s for start in self._attempts.values()
+            )
             if waiting and now - since < after_s + request_timeout_s:
                 return None
             return self.last_failure
