@@ -32,7 +32,7 @@ from typing import Any
 from log_store.errors import LogbrokerError
 from push_client.audit_publishing import PushAuditPublishers
 from push_client.config import PushConfig
-from push_client.discovery import ChangeWatcher, expand, watch_root
+from push_client.discovery import ChangeWatcher, directory_entries, expand, watch_root
 from push_client.files import Counters, FileSet
 from push_client.identity import display_path
 from push_client.installations import InstallationSet
@@ -52,8 +52,8 @@ from push_client.status import (
     unreadable_row,
 )
 from push_client.tailer import Phase, TailedFile
-from push_client.token import BearerToken
-from push_client.transport import GatewayClient, TransportStats
+from push_client.token import BearerToken, read_plain
+from push_client.transport import CONNECT_TIMEOUT_S, GatewayClient, TransportStats
 
 log = logging.getLogger("logbroker.push")
 AUDIT_STOP_S = 2.0
@@ -119,7 +119,8 @@ class PushDaemon:
     """Ships the configured files until :meth:`stop`; see the module docstring.
 
     ``reload`` builds the configuration again (from the same file and flags); SIGHUP calls it
-    and applies what can change while running (entries, token, timings).
+    and applies what can change while running (entries, token, timings).  ``read_token``
+    reads the token file, refusing one that must not be used (see :class:`BearerToken`).
     """
 
     def __init__(
@@ -129,6 +130,7 @@ class PushDaemon:
         idle_exit_s: float | None = None,
         progress: bool | None = None,
         reload: Callable[[], PushConfig] | None = None,
+        read_token: Callable[[Path], str] = read_plain,
     ) -> None:
         self.config = config
         self.idle_exit_s = idle_exit_s
@@ -139,10 +141,12 @@ class PushDaemon:
         self._reload_requested = False
         self._stop = threading.Event()
         self._stop_started: float | None = None
+        self._gave_up = False
+        """A one-shot run ended because no gateway answered (see :meth:`_give_up`)."""
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # Reentrant: the SIGTERM handler wakes the loop from the thread that may hold it.
         self._wake_lock = threading.RLock()
-        self._token = BearerToken(config.token, config.token_file)
+        self._token = BearerToken(config.token, config.token_file, read_token)
         self._stats = TransportStats()
         self._installations = InstallationSet(
             config.installations,
@@ -347,10 +351,11 @@ class PushDaemon:
     def _warn_of_empty_entries(self) -> None:
         """Say which entries match no file at the start: a mistyped path would otherwise
         look like a client with nothing to do."""
+        directories = directory_entries(self.config.entries)
         for entry in self.config.entries:
             if next(expand([entry]), None) is not None:
                 continue
-            if os.path.isdir(entry.path):
+            if entry in directories:
                 log.warning(
                     "entry %s (log type %s) is a directory, and an entry names files: "
                     "ship the files in it with a glob such as %s",
@@ -432,7 +437,8 @@ class PushDaemon:
             if self._stop.is_set():
                 if self._stop_started is None:
                     self._stop_started = now
-                    log.info("stopping: flushing in-flight chunks")
+                    if not self._gave_up:
+                        log.info("stopping: flushing in-flight chunks")
                 if now >= max(c.stop_deadline for c in self._clients.values()):
                     if shipper.writes_in_flight:
                         log.warning(
@@ -491,36 +497,12 @@ class PushDaemon:
                 self._publish_status(running=True)
                 next_status = now + _STATUS_INTERVAL_S
             if self._idle_done(now):
-                self._say_unsent_tails()
-                parked = [t for t in files.live() if t.parked is not None]
-                if parked or files.unreadable:
-                    self._exit_code = 1
-                    for tailed in parked:
-                        assert tailed.parked is not None
-                        log.error(
-                            "%s was not shipped: parked, the gateway refused it: %s",
-                            tailed.path,
-                            tailed.parked.refusal,
-                        )
-                    for path, miss in sorted(files.unreadable.items()):
-                        log.error(
-                            "%s was not shipped: cannot read it: %s", display_path(path), miss.error
-                        )
-                    unreadable = (
-                        f" and {len(files.unreadable)} unreadable" if files.unreadable else ""
-                    )
-                    log.error(
-                        "idle for %.1f s with %d of %d files parked%s; exiting with status 1",
-                        self.idle_exit_s,
-                        len(parked),
-                        len(files.live()),
-                        unreadable,
-                    )
-                else:
-                    log.info(
-                        "everything acknowledged and idle for %.1f s; exiting", self.idle_exit_s
-                    )
+                self._end_one_shot_run()
                 self.stop()
+                continue
+            stalled = self._stalled(now)
+            if stalled is not None:
+                self._give_up(now, stalled)
                 continue
             timeout = min(
                 max(0.0, next_poll - now),
@@ -530,6 +512,107 @@ class PushDaemon:
                 max(0.0, next_save - now) if dirty else 1.0,
             )
             self._wait(timeout)
+
+    def _end_one_shot_run(self) -> None:
+        """``idle_exit_s`` ends the run: say what was shipped and what was not, and set the
+        exit status (1 if a file was not shipped: parked, unreadable, or named by an entry
+        that is a directory)."""
+        self._say_unsent_tails()
+        files = self._files
+        live = files.live()
+        parked = [t for t in live if t.parked is not None]
+        directories = directory_entries(self.config.entries)
+        for tailed in parked:
+            assert tailed.parked is not None
+            log.error(
+                "%s was not shipped: parked, the gateway refused it: %s",
+                tailed.path,
+                tailed.parked.refusal,
+            )
+        for path, miss in sorted(files.unreadable.items()):
+            log.error("%s was not shipped: cannot read it: %s", display_path(path), miss.error)
+        for entry in directories:
+            log.error(
+                "entry %s was not shipped: it is a directory, and an entry names files "
+                "(a glob such as %s ships the files in it)",
+                entry.path,
+                os.path.join(entry.path, "*.log"),
+            )
+        counts = [f"{len(live) - len(parked)} shipped"]
+        if parked:
+            counts.append(f"{len(parked)} parked (refused by the gateway)")
+        if files.unreadable:
+            counts.append(f"{len(files.unreadable)} unreadable")
+        found = len(live) + len(files.unreadable)
+        said = f"of {found} file{'' if found == 1 else 's'} found, {', '.join(counts)}"
+        if len(directories) == 1:
+            said += "; 1 entry is a directory"
+        elif directories:
+            said += f"; {len(directories)} entries are directories"
+        empty = [
+            e.path
+            for e in self.config.entries
+            if e not in directories and next(expand([e]), None) is None
+        ]
+        if empty:
+            said += f"; no file matched {', '.join(empty)} (not an error: nothing to ship there)"
+        if parked or files.unreadable or directories:
+            self._exit_code = 1
+            log.error("idle for %.1f s: %s; exiting with status 1", self.idle_exit_s, said)
+        else:
+            log.info(
+                "everything acknowledged and idle for %.1f s: %s; exiting", self.idle_exit_s, said
+            )
+
+    def _stalled(self, now: float) -> str | None:
+        """With ``idle_exit_s``: the last failure if the run has data to ship and every
+        request has failed for :attr:`give_up_after_s` with no gateway answering."""
+        if self.idle_exit_s is None or self._stop.is_set() or not self._work_left():
+            return None
+        return self._stats.stall.stalled(
+            now,
+            after_s=self.give_up_after_s,
+            connect_s=CONNECT_TIMEOUT_S,
+            request_timeout_s=self.config.request_timeout_s,
+        )
+
+    @property
+    def give_up_after_s(self) -> float:
+        """How long a one-shot run goes on while every request fails: ``idle_exit_s``, and at
+        least two retries at the longest backoff (plus the failover, with installations), so
+        that a gateway that restarts meanwhile is found again."""
+        floor = 2 * self.config.max_backoff_s
+        if self._installations.multi:
+            floor += self.config.failover_after_s
+        return max(self.idle_exit_s or 0.0, floor)
+
+    def _give_up(self, now: float, failure: str) -> None:
+        """End a one-shot run whose gateways do not answer, with status 1: what was
+        acknowledged is saved (by the shutdown), what was not is sent by the next run."""
+        log.error(
+            "no gateway answered for %.1f s (%s), every request failed; last error: %s. "
+            "Giving up: the positions of what was acknowledged are saved in %s, and a rerun "
+            "with the same state dir resumes there (nothing lost, nothing shipped twice); "
+            "exiting with status 1",
+            now - (self._stats.stall.failing_since or now),
+            ", ".join(self.config.servers),
+            failure,
+            display_path(str(self.state_dir)),
+        )
+        self._exit_code, self._gave_up = 1, True
+        # No flush: the requests in flight fail like the others; the next run sends them.
+        for client in self._clients.values():
+            client.stop_deadline = now
+        self._stop.set()
+        self._wake()
+
+    def _work_left(self) -> bool:
+        """Whether something still waits for a gateway: a request, data read and not
+        acknowledged, or a file whose session is not open yet (parked ones aside)."""
+        shipper = self._shipper
+        if shipper.writes_in_flight or shipper.session_jobs or self._counters.buffered:
+            return True
+        return any(not t.session_ready and t.parked is None for t in self._files.live())
 
     def _say_unsent_tails(self) -> None:
         """A one-shot run ends: name the bytes it leaves in files because their last line has
@@ -574,12 +657,7 @@ class PushDaemon:
                     os.write(self._wake_w, b"x")
 
     def _idle_done(self, now: float) -> bool:
-        if self.idle_exit_s is None or self._stop.is_set():
-            return False
-        shipper = self._shipper
-        if shipper.writes_in_flight or shipper.session_jobs or self._counters.buffered:
-            return False
-        if any(not t.session_ready and t.parked is None for t in self._files.live()):
+        if self.idle_exit_s is None or self._stop.is_set() or self._work_left():
             return False
         return now - self._counters.last_activity >= self.idle_exit_s
 
@@ -693,6 +771,7 @@ class PushDaemon:
             errors=gateway_errors(failing, [c.recovered() for c in self._clients.values()]),
             files=rows,
             unreadable=unreadable,
+            token_problem=self._token.problem,
         )
         now = time.time()
         changed = content != self._status_content

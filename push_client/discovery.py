@@ -82,6 +82,12 @@ def expand(
             yield Candidate(entry, os.path.abspath(path), st.st_dev, st.st_ino, st.st_size)
 
 
+def directory_entries(entries: Iterable[Entry]) -> list[Entry]:
+    """The entries whose path is a directory: a mistake, since an entry names files (a glob
+    such as ``DIR/*.log`` ships the files in it)."""
+    return [e for e in entries if not glob.has_magic(e.path) and os.path.isdir(e.path)]
+
+
 def _glob(pattern: str, misses: list[tuple[str, OSError]], *, dirs_only: bool = False) -> list[str]:
     """What ``glob.glob(pattern)`` matches, with each directory on the way that cannot be
     listed or searched (no permission, say) appended to ``misses``: glob passes over those

@@ -230,9 +230,11 @@ def status_content(
     errors: dict[str, Any],
     files: list[dict[str, Any]],
     unreadable: list[dict[str, Any]] | None = None,
+    token_problem: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What the status shows: compared with the last one to know whether it changed."""
     return {
+        "token_problem": token_problem,
         "pid": pid,
         "running": running,
         "started_at": started_at,
@@ -320,6 +322,13 @@ def _code(error: dict[str, Any]) -> str:
     return f" [{code}]" if code else ""
 
 
+def _topic_partition(row: dict[str, Any]) -> str:
+    """``dc1.app/3``, or ``-`` while the file has no partition (parked, opening)."""
+    if not row.get("topic") or int(row.get("partition", -1)) < 0:
+        return "-"
+    return f"{row['topic']}/{row['partition']}"
+
+
 def _next_probe(at: float, now: float) -> str:
     if at <= now:
         return "probe due"
@@ -376,6 +385,13 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             f"{time.strftime('%H:%M:%S', time.localtime(back['recovered_at']))} (failing "
             f"from {time.strftime('%H:%M:%S', time.localtime(back['failing_since']))})\n"
         )
+    token = doc.get("token_problem")
+    if token:
+        when = time.strftime("%H:%M:%S", time.localtime(token["since"]))
+        out.write(
+            f"TOKEN FILE NOT USED since {when}: {token['error']} (requests go "
+            f"{token.get('requests_go', 'with the token read last')})\n"
+        )
     for r in doc.get("unreadable", []):
         when = time.strftime("%H:%M:%S", time.localtime(r["since"]))
         lag = r.get("lag_bytes")
@@ -396,7 +412,7 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
     for r in sorted(files, key=lambda r: r["path"]):
         out.write(
             f"{r['path']:<{width}}  {r['phase']:<9} {r['acked']:>14} {r['size']:>14} "
-            f"{r['lag_bytes']:>12} {r['lag_s']:>8.1f}  {r['topic']}/{r['partition']}\n"
+            f"{r['lag_bytes']:>12} {r['lag_s']:>8.1f}  {_topic_partition(r)}\n"
         )
     for r in sorted(files, key=lambda r: r["path"]):
         parked = r.get("parked")

@@ -30,6 +30,7 @@ import orjson
 from log_store.errors import LogbrokerError
 from push_client.backoff import Backoff, ProbeSchedule
 from push_client.owner_routes import FORWARDED_HEADER, OWNERS_PATH
+from push_client.stall import StallWatch
 from push_client.token import BearerToken
 from push_client.wire import CONTENT_TYPE
 
@@ -76,6 +77,8 @@ class OwnerAttempt:
 
 
 PROBE_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 2.0
+"""How long connecting to a gateway may take (or a request's whole timeout, if shorter)."""
 CLOSE_WAIT_S = 0.5
 """How long a stopping client waits for a probe in flight (see :meth:`GatewayClient.close`)."""
 
@@ -96,6 +99,8 @@ class TransportStats:
     retries: int = 0
     failovers: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stall: StallWatch = field(default_factory=StallWatch)
+    """Whether the gateways answer requests at all (a one-shot run gives up when not)."""
 
     def count(self, outcome: str) -> None:
         with self.lock:
@@ -180,7 +185,9 @@ class GatewayClient:
         self._closed = threading.Event()
         self._http = httpx.Client(
             headers={"User-Agent": "logbroker-push/1"},
-            timeout=httpx.Timeout(request_timeout_s, connect=min(2.0, request_timeout_s)),
+            timeout=httpx.Timeout(
+                request_timeout_s, connect=min(CONNECT_TIMEOUT_S, request_timeout_s)
+            ),
             limits=httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size),
         )
 
@@ -251,13 +258,20 @@ class GatewayClient:
             index, server = self._server(offset)
             wait_at_least = 0.0
             headers = {"Content-Type": content_type, **self._token.headers()}
+            attempt = self.stats.stall.started()
             try:
                 response = self._http.post(server + path, content=body, headers=headers)
             except httpx.HTTPError as exc:
                 outcome = f"{server}: {failure_text(exc, server)}"
                 self.stats.count("transport_error")
                 maybe_written = maybe_written or not isinstance(exc, _NOT_SENT)
+            except BaseException:
+                self.stats.stall.dropped(attempt)
+                raise
             else:
+                status = response.status_code
+                if status == 200 or (400 <= status < 500 and status not in (408, 429)):
+                    self.stats.stall.ended(attempt, None)  # an answer: the gateway works
                 if response.status_code == 200:
                     self.stats.count("ok")
                     if self._failing:
@@ -279,6 +293,7 @@ class GatewayClient:
                 if retry_after.replace(".", "", 1).isdigit():
                     wait_at_least = min(float(retry_after), 30.0)
             self.stats.count_retry()
+            self.stats.stall.ended(attempt, outcome)
             self._failed(server, outcome)
             if failed_at is None:
                 failed_at = index
@@ -461,7 +476,7 @@ class GatewayClient:
         caller sends the same body to the configured gateways, which deduplicate what landed.
         """
         headers = {"Content-Type": CONTENT_TYPE, **self._token.headers()}
-        timeout = httpx.Timeout(timeout_s, connect=min(2.0, timeout_s))
+        timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
         try:
             response = self._http.post(
                 owner_url + "/v1/write", content=body, headers=headers, timeout=timeout
@@ -475,6 +490,7 @@ class GatewayClient:
             self.stats.count_retry()
             return OwnerAttempt(None, maybe_written=response.status_code >= 500)
         self.stats.count_owner_write("owner")
+        self.stats.stall.answered()
         parsed: dict[str, Any] = orjson.loads(response.content)
         forwarded = response.headers.get(FORWARDED_HEADER, "0")
         return OwnerAttempt(

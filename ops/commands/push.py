@@ -11,6 +11,7 @@ from pathlib import Path
 from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
 from ops.graphite import add_graphite_options, graphite_from
+from ops.token_options import TokenFileError, read_token_file
 from push_client.config import CODECS, ConfigError, PushConfig, build_config
 from push_client.daemon import CannotStart, PushDaemon
 from push_client.status import NoStatus, print_status, read_status
@@ -113,7 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="SECONDS",
         help="exit once everything read is acknowledged and nothing new came for SECONDS "
-        "(status 1 if a file is parked: the gateway refused it, so it was not shipped)",
+        "(status 1 if a file was not shipped: parked, unreadable, or an entry is a directory; "
+        "also 1 once no gateway answered for max(SECONDS, 2 x max_backoff_s), every request "
+        "failing: a rerun with the same state dir resumes exactly)",
     )
     parser.add_argument(
         "--progress",
@@ -144,11 +147,20 @@ def run(args: argparse.Namespace) -> int:
     if args.idle_exit is not None and args.idle_exit < 0:
         print("logbroker push: --idle-exit must be >= 0 seconds", file=sys.stderr)
         return 2
+    if config.token_file is not None and config.token_file.exists():
+        # The same check as every command's (one others may read is refused); a file that is
+        # not there yet is waited for (a secret agent may write it later), see BearerToken.
+        try:
+            read_token_file(config.token_file)
+        except TokenFileError as exc:
+            print(f"logbroker push: {exc}", file=sys.stderr)
+            return 2
     daemon = PushDaemon(
         config,
         idle_exit_s=args.idle_exit,
         progress=args.progress,
         reload=lambda: _config(args),
+        read_token=read_token_file,
     )
     try:
         graphite = graphite_from(config, daemon.metrics_collector())

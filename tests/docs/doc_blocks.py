@@ -118,5 +118,36 @@ def adapt(text: str, urls: dict[str, str], sandbox: Path, kafka: str | None) -> 
     return text
 
 
+OWN_PIDS_VARIABLE = "LOGBROKER_DOCS_OWN_PIDS"
+_OWN_PKILL = r"""pkill() {  # the docs test's: signals only the page's own daemons
+    local signal=-TERM pattern="" matched pid hit=""
+    while [ $# -gt 0 ]; do
+        case "$1" in -f) ;; -*) signal="$1" ;; *) pattern="$1" ;; esac
+        shift
+    done
+    matched=$(pgrep -f -- "$pattern" || true)
+    for pid in $LOGBROKER_DOCS_OWN_PIDS; do
+        if grep -qx -- "$pid" <<<"$matched"; then kill "$signal" "$pid"; hit=1; fi
+    done
+    if [ -z "$hit" ]; then
+        echo "pkill -f '$pattern' matches none of the page's daemons" \
+            "($LOGBROKER_DOCS_OWN_PIDS; it matches: ${matched:-nothing})" >&2
+        return 1
+    fi
+}
+"""
+
+
+def confine_pkill(text: str) -> str:
+    """The block, with ``pkill`` signalling only the page's own daemons (the pids in
+    ``$LOGBROKER_DOCS_OWN_PIDS``) that its pattern matches, and failing if it matches none.
+
+    The real ``pkill -f`` signals every process of the host whose command line matches: in a
+    parallel test run, other tests' push-clients too (one died of a SIGHUP it got while
+    starting).  The pattern is still checked: it must match the daemon the page started.
+    """
+    return _OWN_PKILL + text if re.search(r"(?<![\w-])pkill\b", text) else text
+
+
 def needs_kafka(blocks: list[ShellBlock]) -> bool:
     return any(b.mode != "not-run" and any(k in b.text for k in KAFKA_BOOTSTRAPS) for b in blocks)

@@ -25,8 +25,10 @@ import pytest
 from tests.conftest import REPO, GatewayProcess, free_port, kill_process_group
 from tests.docs.doc_blocks import (
     HOST_URLS,
+    OWN_PIDS_VARIABLE,
     ShellBlock,
     adapt,
+    confine_pkill,
     needs_kafka,
     shell_blocks,
 )
@@ -81,9 +83,10 @@ class DocsWorld:
         return env
 
     def run(self, block: ShellBlock) -> None:
-        text = adapt(block.text, self.urls, self.sandbox, self.kafka)
+        text = confine_pkill(adapt(block.text, self.urls, self.sandbox, self.kafka))
         log = self.tmp / f"block-{block.line}.out"
         env = self.env()
+        env[OWN_PIDS_VARIABLE] = " ".join(str(pid) for pid in self._own_pids())
         text = re.sub(r"--port 8080\b", f"--port {env['LOGBROKER_PORT']}", text)
         if block.mode == "background":
             for port in re.findall(r"--port (\d+)", text):
@@ -122,6 +125,17 @@ class DocsWorld:
         assert proc.returncode == block.exit_code, (
             f"exit {proc.returncode}, expected {block.exit_code}: {shown}{_tail(log)}"
         )
+
+    def _own_pids(self) -> list[int]:
+        """The processes of the daemons this page started (each in a session of its own)."""
+        pids: list[int] = []
+        for _block, proc, _log in self.daemons:
+            if proc.poll() is None:
+                found = subprocess.run(
+                    ["pgrep", "-s", str(proc.pid)], capture_output=True, text=True, check=False
+                )
+                pids += [int(pid) for pid in found.stdout.split()]
+        return pids
 
     def _wait_healthy(
         self, proc: subprocess.Popen[bytes], port: str, text: str, log: Path, shown: str
@@ -248,3 +262,37 @@ def test_the_block_parser_reads_directives(tmp_path: Path) -> None:
         f"logbroker push --server http://127.0.0.1:1,http://127.0.0.1:2 {sandbox}/var/log/a.log "
         f"--x={sandbox}/data/w\n"
     )
+
+
+def test_a_pkill_of_the_docs_signals_only_the_pages_own_daemon_that_its_pattern_matches(
+    tmp_path: Path,
+) -> None:
+    """``pkill -HUP -f '[l]ogbroker push --config'`` of push-client.md, run as it is, signalled
+    every push-client of the host: in a parallel run, another test's client died of it (129)."""
+    name = f"logbroker push --config {tmp_path}/push.toml"
+    own, other = (
+        subprocess.Popen(["bash", "-c", f"exec -a '{name}' sleep 60"], start_new_session=True)
+        for _ in range(2)
+    )
+    try:
+        time.sleep(0.3)  # both exec'd
+        env = {**os.environ, OWN_PIDS_VARIABLE: str(own.pid)}
+        block = "pkill -HUP -f '[l]ogbroker push --config'\n"
+        done = subprocess.run(
+            ["bash", "-e", "-c", confine_pkill(block)], env=env, capture_output=True, timeout=30
+        )
+        assert done.returncode == 0, done.stderr
+        assert own.wait(10) == -signal.SIGHUP
+        assert other.poll() is None  # not this page's: left alone
+        # a pattern that misses the page's daemon fails the block, as a wrong doc must
+        env[OWN_PIDS_VARIABLE] = str(other.pid)
+        block = "pkill -HUP -f '[l]ogbroker push --config /etc/elsewhere.toml'\n"
+        done = subprocess.run(
+            ["bash", "-e", "-c", confine_pkill(block)], env=env, capture_output=True, timeout=30
+        )
+        assert done.returncode != 0 and b"matches none of the page's daemons" in done.stderr
+        assert other.poll() is None
+    finally:
+        for proc in (own, other):
+            proc.kill()
+            proc.wait(10)

@@ -67,6 +67,7 @@ def test_a_refused_file_is_parked_the_others_ship_and_a_new_token_ships_it_once(
     (logs / "huge.log").write_bytes(b"h" * 100_000 + b"\n")
     token = tmp_path / "token"
     token.write_text("app-only\n")
+    token.chmod(0o600)  # one others may read is refused
     state = tmp_path / "state"
     push_config = tmp_path / "push.toml"
     push_config.write_text(
@@ -203,6 +204,7 @@ def test_idle_exit_with_a_file_parked_exits_1_and_names_it(tmp_path: Path, start
     secret.append(logs / "secret.log", 300)
     token = tmp_path / "token"
     token.write_text("app-only\n")
+    token.chmod(0o600)  # one others may read is refused
     push_config = tmp_path / "push.toml"
     push_config.write_text(
         f"""
@@ -234,7 +236,7 @@ log_type = "secret"
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"{logs}/secret.log was not shipped: parked" in done.stderr
     assert "HTTP 403 forbidden" in done.stderr
-    assert "1 of 2 files parked" in done.stderr
+    assert "of 2 files found, 1 shipped, 1 parked (refused by the gateway)" in done.stderr
     assert "everything acknowledged" not in done.stderr
     assert_exactly_once(read_delivered(gateway.data_dir, "app"), app)
     assert read_delivered(gateway.data_dir, "secret").count() == 0
