@@ -378,6 +378,10 @@ class _CommittedAtOtherOffsets(StoreUnavailable):
     """A commit that went through with its records at other offsets than expected."""
 
 
+class _NotWhereExpected(StoreUnavailable):
+    """Records delivered at other offsets than expected: their transaction is aborted."""
+
+
 def _audited(
     base: int,
     values: list[bytes],
@@ -933,8 +937,15 @@ class PartitionOwner:
                 callback = note("first") if i == 0 else note("last") if i == last else None
                 self._produce(kafka.kafka_name, value, callback)
             self._produce(self._state_topic, delta_record(data_end, changes), note("delta"))
-            # commit_transaction delivers every record first (no separate flush: one wait
-            # for Kafka per transaction, not two) and fails if any was refused
+            if values:
+                # Delivered first, and committed only where this owner expects them: see
+                # _check_placement.  (commit_transaction would flush them itself; the wait
+                # for Kafka is the same, one for the records and one for the commit.)
+                if producer.flush(timeout):
+                    raise StoreUnavailable(
+                        f"{self.topic}/{self.partition}: records not delivered within {timeout:g} s"
+                    )
+                self._check_placement(base, len(values), offsets, errors)
             self._commit_sent = True
             producer.commit_transaction(timeout)
         except BaseException as exc:
@@ -962,6 +973,35 @@ class PartitionOwner:
                     f"{first}..{last_offset}, expected {base}..{base + len(values) - 1}"
                 )
         return offsets["delta"]
+
+    def _check_placement(
+        self, base: int, count: int, offsets: Mapping[str, int], errors: list[object]
+    ) -> None:
+        """Raise, to have the transaction aborted, unless its ``count`` delivered records are
+        at ``base`` on in the topic this owner took over.
+
+        The data topic is written by name.  A transaction in flight when its topic is deleted
+        and made again can have its state update in the deleted topic's changelog (named by
+        topic id) and its records in the new topic: librdkafka retries a produce the name has
+        no topic for until it has one again.  Committed, those records would be in the new
+        topic with no trace in its seqno table, and the caller, told the write failed, would
+        write them again.  The new topic's partition is empty until its own owner's takeover
+        fences this one, so such records are at offset 0, not at ``base``; where ``base`` is
+        0 as well, the topic's identity is asked of Kafka (once in a partition's life).
+        """
+        if errors or "first" not in offsets:
+            raise StoreUnavailable(
+                f"{self.topic}/{self.partition}: a record was refused: {errors[:1]}"
+            )
+        first = offsets["first"]
+        last = offsets.get("last", first)
+        if first != base or last != base + count - 1:
+            raise _NotWhereExpected(
+                f"{self.topic}/{self.partition}: records were delivered at offsets "
+                f"{first}..{last}, not {base}..{base + count - 1}; not committed"
+            )
+        if base == 0 and self._topic_gone(_IDENTITY_LOOK_TIMEOUT_S):
+            raise UnknownTopic(f"topic {self.topic!r} was deleted; not committed")
 
     def _abort_quietly(self) -> None:
         producer = self._producer
