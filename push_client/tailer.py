@@ -137,7 +137,11 @@ class TailedFile:
         self.partition = -1
         self.read_pos = 0
         self.acked = 0
-        self.size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        self.size = st.st_size
+        self.mtime_ns = st.st_mtime_ns
+        """The file's modification time when last looked at: a file written without growing
+        (truncated and written again to the same size between two looks) is looked into."""
         self.pending: deque[Chunk] = deque()
         self.pending_bytes = 0
         self.in_flight = 0
@@ -236,6 +240,12 @@ class TailedFile:
                 return "truncated"
             self.size = st.st_size
             self.last_growth = now
+        elif st.st_mtime_ns != self.mtime_ns and self._fingerprint_changed():
+            # written, not grown: truncated and filled again to the same size since the last
+            # look (its new lines would otherwise be taken for what was read already)
+            self.mtime_ns = st.st_mtime_ns
+            return "truncated"
+        self.mtime_ns = st.st_mtime_ns
         self.pending_since = self._unacked.update(self.size, self.settled, time.time())
         if self.phase is Phase.ACTIVE:
             try:

@@ -134,6 +134,36 @@ def test_truncation_while_writing_continues_starts_a_new_source(
     assert len(delivered.lines) == 4
 
 
+def test_a_file_truncated_and_filled_again_to_the_same_size_between_two_looks_is_shipped(
+    tmp_path: Path, gateway, start_push
+) -> None:
+    """The client, stopped (SIGSTOP) so it cannot look at the file in between, finds it
+    written but no longer than before: it used to take the new lines for the ones it had
+    read and never ship them.  A truncation that a busy client looked at too late did this
+    now and then (500 of 3,500 lines missing in the test above, once)."""
+    path = tmp_path / "app.log"
+    writer = LineWriter("same")
+    writer.append(path, 500)
+    push = start_push(gateway.url, tmp_path / "state", path)
+    _settle(gateway.data_dir, 500)
+    assert push.proc is not None
+    os.kill(push.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(0.05)  # a later modification time, however coarse the clock
+        size = path.stat().st_size
+        with open(path, "r+b") as handle:
+            handle.truncate(0)
+            handle.write(writer.lines(500))
+        assert path.stat().st_size == size
+    finally:
+        os.kill(push.proc.pid, signal.SIGCONT)
+    _settle(gateway.data_dir, 1_000, timeout_s=20)
+    assert push.stop() == 0
+    delivered = read_delivered(gateway.data_dir, "app")
+    assert_exactly_once(delivered, writer)
+    assert len(delivered.lines) == 2
+
+
 @pytest.mark.parametrize("header", [False, True], ids=["new-first-line", "same-first-line"])
 def test_deleted_file_whose_inode_is_reused_never_resumes_a_stale_position(
     tmp_path: Path, gateway, start_push, header: bool
