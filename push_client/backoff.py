@@ -15,6 +15,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+CLOSE_WAIT_S = 0.5
+"""How long a stopping client waits, all together, for the threads that only look or show
+(probes of installations and gateways, the lag report) to end: one waiting for a gateway that
+hangs is left to itself, its finding dropped."""
+
 
 class Backoff:
     """Exponential backoff with jitter: ``uniform(ceiling / 2, ceiling)``, where the ceiling

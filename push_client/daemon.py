@@ -31,6 +31,7 @@ from typing import Any
 
 from log_store.errors import LogbrokerError
 from push_client.audit_publishing import PushAuditPublishers
+from push_client.backoff import CLOSE_WAIT_S
 from push_client.config import PushConfig
 from push_client.discovery import ChangeWatcher, directory_entries, expand, watch_root
 from push_client.files import Counters, FileSet
@@ -58,10 +59,6 @@ from push_client.transport import CONNECT_TIMEOUT_S, GatewayClient, TransportSta
 log = logging.getLogger("logbroker.push")
 AUDIT_STOP_S = 2.0
 """How long a stopping client gives the audit's last publish (the gateway may hang)."""
-CLOSE_WAIT_S = 0.5
-"""How long a stopping client waits, all together, for the threads that only look or show
-(probes of installations and gateways, the lag report) to end: one waiting for a gateway that
-hangs is left to itself, its finding dropped."""
 _REQUEST_THREADS = ("push-send", "push-owners")
 """Pool threads that may be stuck in a request to a hung gateway (an executor's threads hold
 the interpreter's exit until they end)."""

@@ -25,12 +25,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from push_client.backoff import ProbeSchedule
+from push_client.backoff import CLOSE_WAIT_S, ProbeSchedule
 
 log = logging.getLogger("logbroker.push")
-
-CLOSE_WAIT_S = 0.5
-"""How long a stopping client waits for a probe in flight (see :meth:`InstallationSet.close`)."""
 
 DEFAULT_NAME = "default"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

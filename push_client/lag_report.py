@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import orjson
 
+from push_client.backoff import CLOSE_WAIT_S
 from push_client.token import BearerToken
 from push_client.transport import failure_text
 
@@ -25,8 +26,6 @@ log = logging.getLogger("logbroker.push")
 
 REPORT_INTERVAL_S = 5.0
 _TIMEOUT_S = 5.0
-_CLOSE_WAIT_S = 0.5
-"""How long a stopping client waits for a report in flight."""
 MAX_FILES_REPORTED = 500
 """The gateway accepts at most this many files per report; the most behind are sent."""
 
@@ -98,7 +97,7 @@ class LagReporter:
         with self._lock:
             self._latest = (server, rows)
 
-    def close(self, wait_s: float = _CLOSE_WAIT_S) -> None:
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Stop reporting, waiting at most ``wait_s`` for a report in flight.  A report still
         waiting for a gateway that hangs is left to its (daemon) thread: it is only shown,
         never retried, and a stopping client waited up to its 5 s timeout for it, beyond

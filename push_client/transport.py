@@ -28,7 +28,7 @@ import httpx
 import orjson
 
 from log_store.errors import LogbrokerError
-from push_client.backoff import Backoff, ProbeSchedule
+from push_client.backoff import CLOSE_WAIT_S, Backoff, ProbeSchedule
 from push_client.owner_routes import FORWARDED_HEADER, OWNERS_PATH
 from push_client.stall import StallWatch
 from push_client.token import BearerToken
@@ -79,8 +79,6 @@ class OwnerAttempt:
 PROBE_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 2.0
 """How long connecting to a gateway may take (or a request's whole timeout, if shorter)."""
-CLOSE_WAIT_S = 0.5
-"""How long a stopping client waits for a probe in flight (see :meth:`GatewayClient.close`)."""
 
 # Errors raised before the request left this host: the gateway cannot have seen it.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
