@@ -193,8 +193,10 @@ class GatewayGroup:
             log.warning("gateways' group: listing topics: %s", exc)
             return None
         ready = []
+        namespace = self._settings.namespace
+        beside = naming.namespaces_beside(namespace, metadata.topics)
         for kafka_name, topic in metadata.topics.items():
-            if naming.logbroker_topic(self._settings.namespace, kafka_name) is None:
+            if naming.logbroker_topic(namespace, kafka_name, beside) is None:
                 continue
             if topic.error is not None or not topic.partitions:
                 continue

@@ -15,20 +15,42 @@ the gateways' group                    consumer group ``<ns>logbroker-gateways``
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 _MASK = (1 << 64) - 1
+_OWNERS = "logbroker-owners"
 
 
 def data_topic(namespace: str, topic: str) -> str:
     return f"{namespace}{topic}"
 
 
-def logbroker_topic(namespace: str, kafka_topic: str) -> str | None:
-    """The logbroker topic a Kafka topic is, or None if it is not one of this namespace's."""
+def logbroker_topic(namespace: str, kafka_topic: str, beside: Sequence[str] = ()) -> str | None:
+    """The logbroker topic a Kafka topic is, or None if it is not one of this namespace's
+    (``beside``: the namespaces of other installations that start with this one's, see
+    :func:`namespaces_beside`)."""
     if not kafka_topic.startswith(namespace) or kafka_topic.startswith("__"):
         return None
+    if any(kafka_topic.startswith(other) for other in beside):
+        return None
     return kafka_topic[len(namespace) :]
+
+
+def namespaces_beside(namespace: str, kafka_topics: Iterable[str]) -> tuple[str, ...]:
+    """The namespaces of the other installations on the cluster whose topic names start with
+    this namespace (every other one, for the default empty namespace): without them, this
+    installation would take their topics for its own, read, take over and delete them.
+
+    Each installation's gateways keep an ownership topic, ``__<ns>logbroker-owners``; an
+    installation that never ran a gateway is not seen."""
+    found = []
+    for name in kafka_topics:
+        if name.startswith("__") and name.endswith(_OWNERS):
+            other = name[2 : -len(_OWNERS)]
+            if other != namespace and other.startswith(namespace):
+                found.append(other)
+    return tuple(sorted(found))
 
 
 def state_topic(namespace: str, topic_id: str) -> str:
@@ -36,7 +58,7 @@ def state_topic(namespace: str, topic_id: str) -> str:
 
 
 def owners_topic(namespace: str) -> str:
-    return f"__{namespace}logbroker-owners"
+    return f"__{namespace}{_OWNERS}"
 
 
 def transactional_id(namespace: str, topic: str, partition: int) -> str:

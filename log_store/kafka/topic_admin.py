@@ -53,6 +53,8 @@ KAFKA_MIN_SEGMENT_BYTES = 1024 * 1024
 _STATE_SEGMENT_BYTES = 16 * 1024 * 1024
 _RECREATE_WAIT_S = 30.0
 _NEW_TOPIC_S = 10.0
+_BESIDE_S = 10.0
+"""How old the list of other installations' namespaces may be (see ``_other_installations``)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,38 @@ class TopicAdmin:
         self.ns = settings.namespace
         self.client = AdminClient(settings.admin_config())
         self._timeout = settings.operation_timeout_s
+        self._beside: tuple[str, ...] = ()
+        self._beside_at = -_BESIDE_S
+
+    def _other_installations(
+        self, kafka_names: Iterable[str] | None = None, timeout_s: float | None = None
+    ) -> tuple[str, ...]:
+        """The namespaces of other installations this one's names could reach into (see
+        ``naming.namespaces_beside``), from ``kafka_names`` or a listing at most
+        :data:`_BESIDE_S` old."""
+        now = time.monotonic()
+        if kafka_names is None:
+            if now - self._beside_at < _BESIDE_S:
+                return self._beside
+            try:
+                kafka_names = self.client.list_topics(timeout=timeout_s or self._timeout).topics
+            except KafkaException as exc:
+                raise as_store_error(exc, "listing topics") from exc
+        self._beside = naming.namespaces_beside(self.ns, kafka_names)
+        self._beside_at = now
+        return self._beside
+
+    def _refuse_another_installations(self, name: str, timeout_s: float | None = None) -> None:
+        """UnknownTopic for a name that is another installation's topic (its namespace starts
+        with this one's): it is not this installation's to read, write or delete."""
+        kafka_name = naming.data_topic(self.ns, name)
+        beside = self._other_installations(timeout_s=timeout_s)
+        other = next((o for o in beside if kafka_name.startswith(o)), None)
+        if other is not None:
+            raise UnknownTopic(
+                f"unknown topic {name!r}: {kafka_name!r} is a topic of the installation of "
+                f"namespace {other!r} on this Kafka cluster"
+            )
 
     def _wait(
         self, future: concurrent.futures.Future[object], what: str, timeout_s: float | None = None
@@ -122,6 +156,7 @@ class TopicAdmin:
         ``timeout_s``: what Kafka is given to answer (default: the operation timeout)."""
         kafka_name = naming.data_topic(self.ns, name)
         timeout = timeout_s or self._timeout
+        self._refuse_another_installations(name, timeout)
         futures = self.client.describe_topics(
             TopicCollection([kafka_name]), request_timeout=timeout
         )
@@ -158,8 +193,9 @@ class TopicAdmin:
         except KafkaException as exc:
             raise as_store_error(exc, "listing topics") from exc
         names = []
+        beside = self._other_installations(metadata.topics)
         for kafka_name in metadata.topics:
-            name = naming.logbroker_topic(self.ns, kafka_name)
+            name = naming.logbroker_topic(self.ns, kafka_name, beside)
             if name is not None:
                 names.append(name)
         return sorted(names)
@@ -248,6 +284,10 @@ class TopicAdmin:
     # -- changing -----------------------------------------------------------------------------
     def create(self, name: str, config: TopicConfig, *, exist_ok: bool) -> KafkaTopic:
         kafka_name = naming.data_topic(self.ns, name)
+        try:
+            self._refuse_another_installations(name)
+        except UnknownTopic as exc:
+            raise BadRequest(f"{exc}; it is not created here") from None
         new = NewTopic(
             kafka_name,
             num_partitions=config.partitions,
@@ -438,7 +478,8 @@ class TopicAdmin:
 
     def fetch_topics(self, names: Iterable[str]) -> list[KafkaTopic]:
         """Describe several topics at once; topics gone meanwhile are left out."""
-        names = list(names)
+        beside = self._other_installations()
+        names = [n for n in names if naming.logbroker_topic(self.ns, self.ns + n, beside)]
         kafka_names = [naming.data_topic(self.ns, n) for n in names]
         if not kafka_names:
             return []
