@@ -12,7 +12,7 @@ A TOML file looks like this (every key optional)::
     dc = "dc1"
     partitions = 4
     store = "sqlite"            # or "kafka" (see docs/kafka.md for the [kafka] table)
-    kafka_bootstrap = "kafka1:9092"
+    # kafka_bootstrap = "kafka1:9092"   with store = "kafka" only
     workers = 2
     allow_public_without_tokens = false
     metrics_require_token = false   # true: /metrics needs a token with metrics = true
@@ -195,6 +195,12 @@ class GatewaySettings:
         _check(
             self.store != "kafka" or bool(self.kafka_bootstrap),
             "store 'kafka' needs kafka_bootstrap (HOST:PORT)",
+        )
+        _check(
+            self.store == "kafka" or not self.kafka_bootstrap,
+            f"kafka_bootstrap is set but the store is {self.store!r}: a gateway meant for Kafka "
+            "would keep its own log; set store = \"kafka\" (--store kafka) or leave "
+            "kafka_bootstrap out",
         )
         _check(
             _DC_PATTERN.fullmatch(self.dc) is not None,

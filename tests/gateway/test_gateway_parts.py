@@ -55,6 +55,7 @@ def test_settings_come_from_file_then_env_then_flags(tmp_path: Path) -> None:
         ("dc = 'DC/1'", "dc"),
         ("store = 'mysql'", "store"),
         ("store = 'kafka'", "kafka_bootstrap"),
+        ("kafka_bootstrap = 'kafka1:9092'", "set but the store is 'sqlite'"),
         ("colour = 'blue'", "colour"),
         ("[limits]\nmax_body_bytes = -1", "max_body_bytes"),
         ("[tokens.t]\nwrite = 'app'", "write"),
