@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
+
 from log_store.errors import BadRequest
 
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -146,3 +148,12 @@ class KafkaSettings:
 
     def admin_config(self) -> dict[str, Any]:
         return self.client_base()
+
+
+def refused_property(exc: KafkaException) -> BadRequest | None:
+    """The settings' mistake if librdkafka refused a client's configuration (an unknown
+    property in ``[kafka.properties]``, or a bad value), else None."""
+    error = exc.args[0] if exc.args else None
+    if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
+        return BadRequest(f"Kafka client settings: {error.str()}")
+    return None

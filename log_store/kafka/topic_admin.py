@@ -43,7 +43,7 @@ from log_store.kafka.failures import (
     kafka_error,
     known_offset,
 )
-from log_store.kafka.settings import KafkaSettings
+from log_store.kafka.settings import KafkaSettings, refused_property
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,13 @@ class TopicAdmin:
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
         self.ns = settings.namespace
-        self.client = AdminClient(settings.admin_config())
+        try:
+            self.client = AdminClient(settings.admin_config())
+        except KafkaException as exc:
+            refused = refused_property(exc)
+            if refused is None:
+                raise
+            raise refused from None
         self._timeout = settings.operation_timeout_s
         self._beside: tuple[str, ...] = ()
         self._beside_at = -_BESIDE_S

@@ -316,9 +316,14 @@ def run(args: argparse.Namespace) -> int:
         message, code = _bind_failure(exc, settings.host, settings.port)
         print(f"logbroker serve: {message}", file=sys.stderr)
         return code
-    if settings.store == "kafka" and not _wait_for_kafka(settings):
+    try:
+        if settings.store == "kafka" and not _wait_for_kafka(settings):
+            sock.close()
+            return 0
+    except BadRequest as exc:  # librdkafka refused a [kafka.properties] setting
         sock.close()
-        return 0
+        print(f"logbroker serve: {exc}", file=sys.stderr)
+        return 2
     try:
         ctx = open_context(settings)
     except LogbrokerError as exc:

@@ -79,3 +79,34 @@ def test_the_offline_commands_refuse_an_unknown_bootstrap_host_at_once() -> None
     assert done.returncode == 2, done.stderr
     assert "no such host: kafka1.invalid" in done.stderr, done.stderr
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize(
+    ("prop", "said"),
+    [
+        ('"no.such.property" = "1"', 'No such configuration property: "no.such.property"'),
+        ('"linger.ms" = "abc"', "Invalid value for configuration property"),
+    ],
+)
+def test_a_kafka_property_librdkafka_refuses_is_a_message_and_exit_2(
+    tmp_path: Path, prop: str, said: str
+) -> None:
+    """``[kafka.properties]`` are passed to librdkafka as they are: one it refuses used to end
+    ``serve`` (and ``topics``, ``audit``) with a traceback and exit 1."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'store = "kafka"\nkafka_bootstrap = "127.0.0.1:9"\n[kafka.properties]\n{prop}\n'
+    )
+    done = _serve(tmp_path, "--config", str(config))
+    assert done.returncode == 2, done.stderr
+    assert f"logbroker serve: Kafka client settings: {said}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    listed = subprocess.run(
+        logbroker_cmd(
+            "topics", "--kafka-bootstrap", "127.0.0.1:9", "--kafka-property",
+            prop.replace('"', "").replace(" = ", "="), "list",
+        ),
+        cwd=REPO, capture_output=True, text=True, timeout=QUICK_S,
+    )  # fmt: skip
+    assert listed.returncode == 2, listed.stderr
+    assert f"Kafka client settings: {said}" in listed.stderr, listed.stderr
