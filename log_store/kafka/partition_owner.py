@@ -374,10 +374,6 @@ def _left_unsettled(key: tuple[str, int], unanswered: _Unanswered, why: str) -> 
     )
 
 
-class _CommittedAtOtherOffsets(StoreUnavailable):
-    """A commit that went through with its records at other offsets than expected."""
-
-
 class _NotWhereExpected(StoreUnavailable):
     """Records delivered at other offsets than expected: their transaction is aborted."""
 
@@ -832,10 +828,7 @@ class PartitionOwner:
                 self._failed_at = None
                 if not isinstance(failure, WriterFenced) and self._topic_gone():
                     failure = UnknownTopic(f"topic {self.topic!r} was deleted")
-                if isinstance(failure, _CommittedAtOtherOffsets):
-                    # committed for certain: what no answer counts is counted now
-                    _tell_committed(self.topic, _audited(base, values, outcomes))
-                elif values and self._commit_sent and not isinstance(failure, UnknownTopic):
+                if values and self._commit_sent and not isinstance(failure, UnknownTopic):
                     # The commit request went out: it may have gone through, even with a
                     # fenced error (a coordinator that had prepared the commit completes it
                     # when the next writer fences this one).  A takeover here reads it.
@@ -958,27 +951,13 @@ class PartitionOwner:
         producer.poll(0)
         if errors or "delta" not in offsets or (values and "first" not in offsets):
             raise StoreUnavailable(f"a committed record has no delivery report: {errors[:1]}")
-        if values:
-            first = offsets["first"]
-            last_offset = offsets.get("last", first)
-            if first != base or last_offset != base + len(values) - 1:
-                # Seen after a broker restart under load (most likely the recovering
-                # transaction coordinator wrote a marker of the previous commit again;
-                # not reproduced on purpose).  The records are
-                # committed where Kafka put them, so the callers must not be answered with
-                # the offsets we expected; they get 503 and their resend is answered
-                # ``duplicate`` after the next takeover reads the table back.
-                raise _CommittedAtOtherOffsets(
-                    f"{self.topic}/{self.partition}: records got offsets "
-                    f"{first}..{last_offset}, expected {base}..{base + len(values) - 1}"
-                )
         return offsets["delta"]
 
     def _check_placement(
         self, base: int, count: int, offsets: Mapping[str, int], errors: list[object]
     ) -> None:
         """Raise, to have the transaction aborted, unless its ``count`` delivered records are
-        at ``base`` on in the topic this owner took over.
+        at ``base`` on, in the topic this owner took over.
 
         The data topic is written by name.  A transaction in flight when its topic is deleted
         and made again can have its state update in the deleted topic's changelog (named by
