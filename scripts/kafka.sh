@@ -2,7 +2,8 @@
 # A local Apache Kafka (KRaft) on free loopback ports: fetched through Maven once (or taken
 # from $KAFKA_HOME), formatted, started, stopped.  See ops/local_kafka.py.
 #   scripts/kafka.sh fetch
-#   scripts/kafka.sh start --dir /tmp/kafka [--nodes 3]    # prints the bootstrap servers
+#   scripts/kafka.sh start --dir /tmp/kafka [--nodes 3]    # prints the bootstrap servers;
+#                                                           # fresh storage and ports every start
 #   scripts/kafka.sh restart --dir /tmp/kafka               # same ports and storage
 #   scripts/kafka.sh stop --dir /tmp/kafka
 set -euo pipefail
