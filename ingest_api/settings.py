@@ -216,6 +216,13 @@ class GatewaySettings:
                 "store 'kafka' runs one worker per gateway: start more gateways instead",
             )
             _check(
+                bool(self.advertised_url) or self.host not in ("0.0.0.0", "::", ""),
+                f"store 'kafka' with host {self.host!r} needs advertised_url "
+                "(--advertised-url http://THIS-HOST:PORT): the other gateways and the clients "
+                "that send to owners reach this gateway there, and "
+                f"http://{self.host or '0.0.0.0'}:{self.port} reaches none",
+            )
+            _check(
                 not self.tokens or bool(self.peer_token),
                 "store 'kafka' with [tokens] needs peer_token, for the gateways' internal calls",
             )

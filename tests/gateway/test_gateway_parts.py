@@ -56,6 +56,11 @@ def test_settings_come_from_file_then_env_then_flags(tmp_path: Path) -> None:
         ("store = 'mysql'", "store"),
         ("store = 'kafka'", "kafka_bootstrap"),
         ("kafka_bootstrap = 'kafka1:9092'", "set but the store is 'sqlite'"),
+        (
+            "store = 'kafka'\nkafka_bootstrap = 'k:9092'\nhost = '0.0.0.0'\npeer_token = 'p'\n"
+            "[tokens.t]\nadmin = true",
+            "needs advertised_url",
+        ),
         ("colour = 'blue'", "colour"),
         ("[limits]\nmax_body_bytes = -1", "max_body_bytes"),
         ("[tokens.t]\nwrite = 'app'", "write"),

@@ -12,7 +12,11 @@ DEPLOY = Path(__file__).resolve().parents[2] / "ops" / "deploy"
 
 
 def test_gateway_config_of_the_deployment_loads_as_a_kafka_gateway() -> None:
-    settings = load_settings(config_file=DEPLOY / "gateway.toml", env={})
+    settings = load_settings(
+        config_file=DEPLOY / "gateway.toml",
+        env={},
+        flags={"advertised_url": "http://gateway1:8080"},  # each gateway's own, as compose gives it
+    )
     kafka = settings.kafka_settings()
     assert settings.store == "kafka" and settings.peer_token
     assert kafka.replication_factor == 3 and kafka.min_insync_replicas == 2
@@ -35,7 +39,11 @@ def test_brokers_of_the_deployment_allow_the_gateways_session_timeout() -> None:
     """The gateways' group asks the brokers for its session timeout (KIP-848 keeps it per
     group); a broker whose floor is above it would keep 45 s and dead gateways' partitions
     would wait that long."""
-    session = load_settings(config_file=DEPLOY / "gateway.toml", env={}).kafka_settings()
+    session = load_settings(
+        config_file=DEPLOY / "gateway.toml",
+        env={},
+        flags={"advertised_url": "http://gateway1:8080"},
+    ).kafka_settings()
     compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
     for i in (1, 2, 3):
         env = compose["services"][f"kafka{i}"]["environment"]
