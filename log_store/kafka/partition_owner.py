@@ -157,13 +157,21 @@ class OwnerContext:
         with self._lock:
             return self._unanswered.get((topic, partition))
 
-    def settle(self, topic: str, partition: int, unanswered: _Unanswered, *, final: bool) -> None:
+    def settle(
+        self,
+        topic: str,
+        partition: int,
+        unanswered: _Unanswered,
+        *,
+        final: bool,
+        gone: Callable[[], bool] | None = None,
+    ) -> None:
         """Read whether an unanswered commit went through, and tell its hooks if it did.
 
         ``final``: the partition was just taken over here, which settled the commit in Kafka.
         Otherwise it is read once readers see past it: Kafka completed or aborted it (the
         transaction timeout), or another gateway took the partition over and wrote on.  Until
-        then (or while Kafka is away) it stays waiting.
+        then (or while Kafka is away) it stays waiting.  ``gone``: as in ``Watermarks.get``.
         """
         what = f"{topic}/{partition} after an unanswered commit"
         lost = ""  # why the records cannot be read, if they cannot
@@ -173,7 +181,7 @@ class OwnerContext:
                 if end <= unanswered.probe_offset:
                     return
             found: list[Record] | None = self.fetchers.read(
-                unanswered.kafka_topic, partition, unanswered.probe_offset, 1, what=what
+                unanswered.kafka_topic, partition, unanswered.probe_offset, 1, what=what, gone=gone
             ).records
         except OffsetOutOfRange:
             found, lost = None, "retention removed it"
@@ -647,7 +655,11 @@ class PartitionOwner:
                 ctx.admin.delete_state_topic(kafka)
             raise UnknownTopic(f"topic {self.topic!r} was deleted (and maybe created again)")
         # From here on no earlier writer can commit: the changelog and the data end are final.
-        low, end = ctx.watermarks.get(state_topic, self.partition, "the state changelog")
+        # The topic may still be deleted now (this writer took over between the deletion's
+        # fence and the deletion): a partition the topic made again lacks would be asked for
+        # until the operation timeout, holding the partition's writes.
+        gone = self._gone_look(kafka.topic_id)
+        low, end = ctx.watermarks.get(state_topic, self.partition, "the state changelog", gone=gone)
         snapshot = ctx.committed_snapshot(state_topic, self.partition)
         if snapshot is not None and snapshot < low:
             raise StoreUnavailable(
@@ -663,7 +675,9 @@ class PartitionOwner:
             replayed.apply,
             what=f"the state of {self.topic}/{self.partition}",
         )
-        _data_low, data_end = ctx.watermarks.get(kafka.kafka_name, self.partition, "the data")
+        _data_low, data_end = ctx.watermarks.get(
+            kafka.kafka_name, self.partition, "the data", gone=gone
+        )
         if replayed.data_end is not None and replayed.data_end > data_end:
             raise StoreUnavailable(
                 f"{self.topic}/{self.partition}: the changelog says the data ends at "
@@ -695,7 +709,7 @@ class PartitionOwner:
         ctx.on_takeover(self.topic, self.partition, self.takeover_seconds, len(self._table))
         unanswered = ctx.unanswered(self.topic, self.partition)
         if unanswered is not None:
-            ctx.settle(self.topic, self.partition, unanswered, final=True)
+            ctx.settle(self.topic, self.partition, unanswered, final=True, gone=gone)
 
     def _on_client_error(self, error: KafkaError) -> None:
         """librdkafka's fatal errors (a fenced producer above all) arrive here, not raised."""
@@ -869,18 +883,23 @@ class PartitionOwner:
             self._acks.put((outcomes, None, 0))
         self._maybe_snapshot()
 
-    def _topic_gone(self, timeout_s: float | None = None) -> bool:
-        """True if the topic this owner writes was deleted (or deleted and created again);
-        False also if Kafka does not say within ``timeout_s`` (default: the operation
-        timeout)."""
+    def _topic_gone(self, timeout_s: float | None = None, topic_id: str | None = None) -> bool:
+        """True if the topic this owner writes (or the one of ``topic_id``) was deleted (or
+        deleted and created again); False also if Kafka does not say within ``timeout_s``
+        (default: the operation timeout)."""
+        wanted = self.topic_id if topic_id is None else topic_id
         try:
-            return (
-                self.ctx.admin.describe(self.topic, timeout_s=timeout_s).topic_id != self.topic_id
-            )
+            return self.ctx.admin.describe(self.topic, timeout_s=timeout_s).topic_id != wanted
         except UnknownTopic:
             return True
         except LogbrokerError:
             return False
+
+    def _gone_look(self, topic_id: str | None = None) -> Callable[[], bool]:
+        """What a wait for Kafka asks now and then (see ``Watermarks.get``): whether the topic
+        this owner writes (or the one of ``topic_id``) was deleted, asked of Kafka within
+        :data:`_IDENTITY_LOOK_TIMEOUT_S`."""
+        return lambda: self._topic_gone(_IDENTITY_LOOK_TIMEOUT_S, topic_id)
 
     def _produce(
         self,
@@ -1011,7 +1030,8 @@ class PartitionOwner:
         Ends are asked by name, and a topic deleted and made again has the old one's name:
         a commit the new topic's end stays below is looked up by identity now and then, so a
         commit into a deleted topic is never acknowledged as written (after the deletion was
-        answered, with its records gone), nor waited for until the timeout."""
+        answered, with its records gone), nor waited for until the timeout (also not while
+        Kafka answers it knows no such partition: the topic made again lacks it)."""
         started = time.monotonic()
         deadline = started + self._settings.operation_timeout_s
         identity_look = started + _IDENTITY_LOOK_S
@@ -1019,7 +1039,9 @@ class PartitionOwner:
         while True:
             self.ctx.commits.looked()
             try:
-                _low, end = self.ctx.watermarks.get(topic, self.partition, "visibility")
+                _low, end = self.ctx.watermarks.get(
+                    topic, self.partition, "visibility", gone=self._gone_look()
+                )
             except LogbrokerError as exc:
                 if self._topic_gone(_IDENTITY_LOOK_TIMEOUT_S):
                     raise UnknownTopic(
