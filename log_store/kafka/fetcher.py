@@ -286,20 +286,12 @@ class FetcherPool:
         return None, False
 
     def read(
-        self,
-        kafka_topic: str,
-        partition: int,
-        offset: int,
-        max_bytes: int,
-        *,
-        what: str,
-        gone: Callable[[], bool] | None = None,
+        self, kafka_topic: str, partition: int, offset: int, max_bytes: int, *, what: str
     ) -> ReadResult:
         """Committed records from ``offset``: at most about ``max_bytes`` (at least one).
 
-        ``UnknownTopic`` if the topic is deleted meanwhile (asked as in :meth:`replay`);
-        ``gone`` as in :meth:`Watermarks.get`."""
-        low, end = self.watermarks.get(kafka_topic, partition, what, gone=gone)
+        ``UnknownTopic`` if the topic is deleted meanwhile (asked as in :meth:`replay`)."""
+        low, end = self.watermarks.get(kafka_topic, partition, what)
         if offset < low:
             raise OffsetOutOfRange(f"offset {offset} is below the log start offset {low}", low, end)
         if offset >= end:

@@ -176,12 +176,11 @@ class OwnerContext:
         what = f"{topic}/{partition} after an unanswered commit"
         lost = ""  # why the records cannot be read, if they cannot
         try:
-            if not final:
-                _low, end = self.watermarks.get(unanswered.kafka_topic, partition, what)
-                if end <= unanswered.probe_offset:
-                    return
+            _low, end = self.watermarks.get(unanswered.kafka_topic, partition, what, gone=gone)
+            if not final and end <= unanswered.probe_offset:
+                return
             found: list[Record] | None = self.fetchers.read(
-                unanswered.kafka_topic, partition, unanswered.probe_offset, 1, what=what, gone=gone
+                unanswered.kafka_topic, partition, unanswered.probe_offset, 1, what=what
             ).records
         except OffsetOutOfRange:
             found, lost = None, "retention removed it"
