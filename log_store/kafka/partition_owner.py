@@ -96,6 +96,8 @@ _IDENTITY_LOOK_S = 0.2
 """A commit not readable after this long is checked to be in a topic that still exists."""
 _IDENTITY_LOOK_TIMEOUT_S = 1.0
 """What such a look waits for Kafka's answer: with Kafka away, it must not add a timeout."""
+_DELIVERY_LOOK_EVERY_S = 1.0
+"""How often a transaction whose records are not all delivered looks at its topic."""
 
 
 @dataclass
@@ -951,18 +953,33 @@ class PartitionOwner:
                 callback = note("first") if i == 0 else note("last") if i == last else None
                 self._produce(kafka.kafka_name, value, callback)
             self._produce(self._state_topic, delta_record(data_end, changes), note("delta"))
-            # commit_transaction delivers every record first (no separate flush: one wait
-            # for Kafka per transaction, not two) and fails if any was refused
+            # Delivered before the commit, to see where: the records go to the data topic by
+            # name, so one whose first try failed as the topic was deleted, retried once it
+            # was made again, is in the new topic (its state change in the deleted one's
+            # state topic).  Committed, it was answered UnknownTopic and written again.
+            deadline = time.monotonic() + timeout
+            self._await_deliveries(producer, len(values), offsets, errors, deadline)
+            elsewhere = not errors and self._delivered_elsewhere(base, len(values), offsets)
+            if elsewhere and self._topic_gone():
+                raise UnknownTopic(
+                    f"topic {self.topic!r} was made again under this writer: its records "
+                    "went into the new topic (not committed)"
+                )
+            # commit_transaction fails if a record was refused
             self._commit_sent = True
-            producer.commit_transaction(timeout)
+            producer.commit_transaction(max(0.1, deadline - time.monotonic()))
         except BaseException as exc:
-            self._abort_quietly()
+            error = kafka_error(exc)
+            timed_out = error is not None and error.code() == KafkaError._TIMED_OUT
+            if not (self._commit_sent and timed_out):
+                # a commit that timed out goes on in the background: librdkafka refuses to
+                # abort it, and the next takeover settles it
+                self._abort_quietly()
             failure = self._failure_of(exc, f"committing to {self.topic}")
             if isinstance(exc, LogbrokerError) and not isinstance(failure, WriterFenced):
                 raise
             raise failure from exc
-        # delivery reports are served by commit_transaction's flush; poll(0) serves any left
-        producer.poll(0)
+        producer.poll(0)  # any delivery report not served yet
         if errors or "delta" not in offsets or (values and "first" not in offsets):
             raise StoreUnavailable(f"a committed record has no delivery report: {errors[:1]}")
         if values:
@@ -980,6 +997,44 @@ class PartitionOwner:
                     f"{first}..{last_offset}, expected {base}..{base + len(values) - 1}"
                 )
         return offsets["delta"]
+
+    def _await_deliveries(
+        self,
+        producer: Producer,
+        count: int,
+        offsets: Mapping[str, int],
+        errors: Sequence[object],
+        deadline: float,
+    ) -> None:
+        """Serve delivery reports until every record of the transaction (``count`` data
+        records and the delta) has one, or a record or the producer failed (the commit then
+        fails as it did without this wait).  Waiting longer than :data:`_IDENTITY_LOOK_S`,
+        it looks at the topic's identity every second: records of a deleted topic may
+        never be delivered (librdkafka keeps them for ``message.timeout.ms``), and such a
+        transaction is answered ``UnknownTopic`` and aborted."""
+        wanted = {"delta"}
+        if count:
+            wanted.add("first" if count == 1 else "last")
+        look_at = time.monotonic() + _IDENTITY_LOOK_S
+        while not errors and self._fatal is None and not wanted <= offsets.keys():
+            now = time.monotonic()
+            if now >= deadline:
+                raise StoreUnavailable(f"records of {self.topic} not delivered in time")
+            if now >= look_at:
+                look_at = now + _DELIVERY_LOOK_EVERY_S
+                if self._topic_gone(_IDENTITY_LOOK_TIMEOUT_S):
+                    raise UnknownTopic(
+                        f"topic {self.topic!r} was deleted while its records were on their way"
+                    )
+            producer.poll(max(0.0, min(deadline, look_at) - time.monotonic()))
+
+    def _delivered_elsewhere(self, base: int, count: int, offsets: Mapping[str, int]) -> bool:
+        """Whether the data records of a transaction were delivered at offsets other than
+        ``base``..``base + count - 1``."""
+        if not count or "first" not in offsets:
+            return False
+        first = offsets["first"]
+        return first != base or offsets.get("last", first) != base + count - 1
 
     def _abort_quietly(self) -> None:
         producer = self._producer

@@ -124,24 +124,16 @@ def test_a_takeover_between_the_fence_and_the_deletion_ends_soon_after_it(
     _only_the_new_write_in_the_new_topic(writer)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not solved yet: the commit goes through (see docs/kafka.md, 'Not yet solved')",
-)
 def test_records_that_land_in_the_topic_made_again_are_not_committed(
     stores: tuple[KafkaLogStore, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The writer's records go to the data topic by name: a record whose first try failed
     as the topic went, and whose retry came after the topic was made again, is written
     into the new topic, while the state change went to the deleted topic's state topic.
-    The commit goes through, answered ``UnknownTopic``, and the gateway's retry writes the
-    chunk a second time into the new topic (seen in the two-gateway test).
-
-    Delivering the records before the commit and aborting when they went elsewhere and the
-    topic's identity changed makes this pass, but then a commit that fails before it is
-    sent aborts records already delivered, which
-    ``test_a_commit_that_never_arrived_is_dropped_once_another_writer_took_the_partition``
-    (tests/kafka/test_unanswered_commit.py) takes for a transaction left open."""
+    The records are now delivered before the commit; at other offsets than expected, with
+    the topic's identity changed, the transaction is aborted.  Before: it was committed,
+    answered ``UnknownTopic``, and the gateway's retry wrote the chunk a second time into
+    the new topic (seen in the two-gateway test)."""
     writer, deleter = stores
     writer.create_topic(TOPIC, TopicConfig(partitions=8))
     deleter.append(TOPIC, 1, [b"a", b"b"])  # the writer's records are expected at 3
