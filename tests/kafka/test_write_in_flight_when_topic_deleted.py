@@ -7,7 +7,8 @@ The topic made again has 4 partitions: Kafka answers "unknown partition" for 6, 
 also what a partition just added answers for a moment, and was asked again until the
 operation timeout (30 s here).  Now the writer looks at the topic's identity every second
 meanwhile, and answers ``UnknownTopic`` (the gateway routes the source again, into the new
-topic) as soon as the identity changed.
+topic) as soon as the identity changed.  And a record of such a writer that Kafka put into
+the topic made again (it goes by name) is not committed there.
 """
 
 from __future__ import annotations
