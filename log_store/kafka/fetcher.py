@@ -81,14 +81,21 @@ class Watermarks:
         what: str = "watermarks",
         *,
         timeout_s: float | None = None,
+        gone: Callable[[], bool] | None = None,
     ) -> tuple[int, int]:
         """(start, LSO), asked again while the partition is too new or moving to be known,
         for ``timeout_s`` at most (default: the operation timeout).
 
         Each attempt is short: a query sent to a leader that just died waits in that broker's
         queue, and only a metadata refresh (done between attempts) finds the new leader.
+
+        ``gone``: asked every :data:`_GONE_LOOK_S` while Kafka answers that it knows no such
+        topic or partition; True (the topic the caller writes was deleted) ends the asking
+        with ``UnknownTopic``.  A partition the topic made again lacks is such an answer, and
+        it is asked again for the whole timeout, as a partition just added may be.
         """
         timeout = self._settings.operation_timeout_s if timeout_s is None else timeout_s
+        looked_at = time.monotonic()
 
         def ask(remaining_s: float) -> tuple[int, int]:
             asked = time.time()
@@ -113,11 +120,22 @@ class Watermarks:
             with contextlib.suppress(Exception):
                 self._consumer.list_topics(kafka_topic, timeout=1.0)
 
+        def retried_for(exc: Exception) -> float | None:
+            nonlocal looked_at
+            span = _min_or_none(self._retried_for(exc), timeout)
+            if span is not None and gone is not None and is_topic_gone(kafka_error(exc)):
+                now = time.monotonic()
+                if now - looked_at >= _GONE_LOOK_S:
+                    looked_at = now
+                    if gone():
+                        return None
+            return span
+
         try:
             return ask_again(
                 ask,
                 timeout_s=timeout,
-                retried_for=lambda exc: _min_or_none(self._retried_for(exc), timeout),
+                retried_for=retried_for,
                 pause_s=0.05,
                 refresh=refresh,
             )

@@ -96,6 +96,8 @@ _IDENTITY_LOOK_S = 0.2
 """A commit not readable after this long is checked to be in a topic that still exists."""
 _IDENTITY_LOOK_TIMEOUT_S = 1.0
 """What such a look waits for Kafka's answer: with Kafka away, it must not add a timeout."""
+_DELIVERY_LOOK_EVERY_S = 1.0
+"""How often a transaction whose records are not all delivered looks at its topic."""
 
 
 @dataclass
@@ -157,21 +159,28 @@ class OwnerContext:
         with self._lock:
             return self._unanswered.get((topic, partition))
 
-    def settle(self, topic: str, partition: int, unanswered: _Unanswered, *, final: bool) -> None:
+    def settle(
+        self,
+        topic: str,
+        partition: int,
+        unanswered: _Unanswered,
+        *,
+        final: bool,
+        gone: Callable[[], bool] | None = None,
+    ) -> None:
         """Read whether an unanswered commit went through, and tell its hooks if it did.
 
         ``final``: the partition was just taken over here, which settled the commit in Kafka.
         Otherwise it is read once readers see past it: Kafka completed or aborted it (the
         transaction timeout), or another gateway took the partition over and wrote on.  Until
-        then (or while Kafka is away) it stays waiting.
+        then (or while Kafka is away) it stays waiting.  ``gone``: as in ``Watermarks.get``.
         """
         what = f"{topic}/{partition} after an unanswered commit"
         lost = ""  # why the records cannot be read, if they cannot
         try:
-            if not final:
-                _low, end = self.watermarks.get(unanswered.kafka_topic, partition, what)
-                if end <= unanswered.probe_offset:
-                    return
+            _low, end = self.watermarks.get(unanswered.kafka_topic, partition, what, gone=gone)
+            if not final and end <= unanswered.probe_offset:
+                return
             found: list[Record] | None = self.fetchers.read(
                 unanswered.kafka_topic, partition, unanswered.probe_offset, 1, what=what
             ).records
@@ -647,7 +656,11 @@ class PartitionOwner:
                 ctx.admin.delete_state_topic(kafka)
             raise UnknownTopic(f"topic {self.topic!r} was deleted (and maybe created again)")
         # From here on no earlier writer can commit: the changelog and the data end are final.
-        low, end = ctx.watermarks.get(state_topic, self.partition, "the state changelog")
+        # The topic may still be deleted now (this writer took over between the deletion's
+        # fence and the deletion): a partition the topic made again lacks would be asked for
+        # until the operation timeout, holding the partition's writes.
+        gone = self._gone_look(kafka.topic_id)
+        low, end = ctx.watermarks.get(state_topic, self.partition, "the state changelog", gone=gone)
         snapshot = ctx.committed_snapshot(state_topic, self.partition)
         if snapshot is not None and snapshot < low:
             raise StoreUnavailable(
@@ -663,7 +676,9 @@ class PartitionOwner:
             replayed.apply,
             what=f"the state of {self.topic}/{self.partition}",
         )
-        _data_low, data_end = ctx.watermarks.get(kafka.kafka_name, self.partition, "the data")
+        _data_low, data_end = ctx.watermarks.get(
+            kafka.kafka_name, self.partition, "the data", gone=gone
+        )
         if replayed.data_end is not None and replayed.data_end > data_end:
             raise StoreUnavailable(
                 f"{self.topic}/{self.partition}: the changelog says the data ends at "
@@ -695,7 +710,7 @@ class PartitionOwner:
         ctx.on_takeover(self.topic, self.partition, self.takeover_seconds, len(self._table))
         unanswered = ctx.unanswered(self.topic, self.partition)
         if unanswered is not None:
-            ctx.settle(self.topic, self.partition, unanswered, final=True)
+            ctx.settle(self.topic, self.partition, unanswered, final=True, gone=gone)
 
     def _on_client_error(self, error: KafkaError) -> None:
         """librdkafka's fatal errors (a fenced producer above all) arrive here, not raised."""
@@ -866,18 +881,23 @@ class PartitionOwner:
             self._acks.put((outcomes, None, 0))
         self._maybe_snapshot()
 
-    def _topic_gone(self, timeout_s: float | None = None) -> bool:
-        """True if the topic this owner writes was deleted (or deleted and created again);
-        False also if Kafka does not say within ``timeout_s`` (default: the operation
-        timeout)."""
+    def _topic_gone(self, timeout_s: float | None = None, topic_id: str | None = None) -> bool:
+        """True if the topic this owner writes (or the one of ``topic_id``) was deleted (or
+        deleted and created again); False also if Kafka does not say within ``timeout_s``
+        (default: the operation timeout)."""
+        wanted = self.topic_id if topic_id is None else topic_id
         try:
-            return (
-                self.ctx.admin.describe(self.topic, timeout_s=timeout_s).topic_id != self.topic_id
-            )
+            return self.ctx.admin.describe(self.topic, timeout_s=timeout_s).topic_id != wanted
         except UnknownTopic:
             return True
         except LogbrokerError:
             return False
+
+    def _gone_look(self, topic_id: str | None = None) -> Callable[[], bool]:
+        """What a wait for Kafka asks now and then (see ``Watermarks.get``): whether the topic
+        this owner writes (or the one of ``topic_id``) was deleted, asked of Kafka within
+        :data:`_IDENTITY_LOOK_TIMEOUT_S`."""
+        return lambda: self._topic_gone(_IDENTITY_LOOK_TIMEOUT_S, topic_id)
 
     def _produce(
         self,
@@ -930,32 +950,62 @@ class PartitionOwner:
                 callback = note("first") if i == 0 else note("last") if i == last else None
                 self._produce(kafka.kafka_name, value, callback)
             self._produce(self._state_topic, delta_record(data_end, changes), note("delta"))
-            if values:
-                # Delivered first, and committed only where this owner expects them: see
-                # _check_placement.  (commit_transaction would flush them itself; the wait
-                # for Kafka is the same, one for the records and one for the commit.)
-                if producer.flush(timeout):
-                    raise StoreUnavailable(
-                        f"{self.topic}/{self.partition}: records not delivered within {timeout:g} s"
-                    )
-                self._check_placement(base, len(values), offsets, errors)
+            # Delivered before the commit, to see where (see _check_placement); a topic
+            # deleted meanwhile is noticed within a second (see _await_deliveries)
+            deadline = time.monotonic() + timeout
+            self._await_deliveries(producer, len(values), offsets, errors, deadline)
+            if values and not errors and "first" in offsets:
+                self._check_placement(base, len(values), offsets)
+            # commit_transaction fails if a record was refused
             self._commit_sent = True
-            producer.commit_transaction(timeout)
+            producer.commit_transaction(max(0.1, deadline - time.monotonic()))
         except BaseException as exc:
-            self._abort_quietly()
+            error = kafka_error(exc)
+            timed_out = error is not None and error.code() == KafkaError._TIMED_OUT
+            if not (self._commit_sent and timed_out):
+                # a commit that timed out goes on in the background: librdkafka refuses to
+                # abort it, and the next takeover settles it
+                self._abort_quietly()
             failure = self._failure_of(exc, f"committing to {self.topic}")
             if isinstance(exc, LogbrokerError) and not isinstance(failure, WriterFenced):
                 raise
             raise failure from exc
-        # delivery reports are served by commit_transaction's flush; poll(0) serves any left
-        producer.poll(0)
+        producer.poll(0)  # any delivery report not served yet
         if errors or "delta" not in offsets or (values and "first" not in offsets):
             raise StoreUnavailable(f"a committed record has no delivery report: {errors[:1]}")
         return offsets["delta"]
 
-    def _check_placement(
-        self, base: int, count: int, offsets: Mapping[str, int], errors: list[object]
+    def _await_deliveries(
+        self,
+        producer: Producer,
+        count: int,
+        offsets: Mapping[str, int],
+        errors: Sequence[object],
+        deadline: float,
     ) -> None:
+        """Serve delivery reports until every record of the transaction (``count`` data
+        records and the delta) has one, or a record or the producer failed (the commit then
+        fails as it did without this wait).  Waiting longer than :data:`_IDENTITY_LOOK_S`,
+        it looks at the topic's identity every second: records of a deleted topic may
+        never be delivered (librdkafka keeps them for ``message.timeout.ms``), and such a
+        transaction is answered ``UnknownTopic`` and aborted."""
+        wanted = {"delta"}
+        if count:
+            wanted.add("first" if count == 1 else "last")
+        look_at = time.monotonic() + _IDENTITY_LOOK_S
+        while not errors and self._fatal is None and not wanted <= offsets.keys():
+            now = time.monotonic()
+            if now >= deadline:
+                raise StoreUnavailable(f"records of {self.topic} not delivered in time")
+            if now >= look_at:
+                look_at = now + _DELIVERY_LOOK_EVERY_S
+                if self._topic_gone(_IDENTITY_LOOK_TIMEOUT_S):
+                    raise UnknownTopic(
+                        f"topic {self.topic!r} was deleted while its records were on their way"
+                    )
+            producer.poll(max(0.0, min(deadline, look_at) - time.monotonic()))
+
+    def _check_placement(self, base: int, count: int, offsets: Mapping[str, int]) -> None:
         """Raise, to have the transaction aborted, unless its ``count`` delivered records are
         at ``base`` on, in the topic this owner took over.
 
@@ -968,10 +1018,6 @@ class PartitionOwner:
         fences this one, so such records are at offset 0, not at ``base``; where ``base`` is
         0 as well, the topic's identity is asked of Kafka (once in a partition's life).
         """
-        if errors or "first" not in offsets:
-            raise StoreUnavailable(
-                f"{self.topic}/{self.partition}: a record was refused: {errors[:1]}"
-            )
         first = offsets["first"]
         last = offsets.get("last", first)
         if first != base or last != base + count - 1:
@@ -1030,7 +1076,8 @@ class PartitionOwner:
         Ends are asked by name, and a topic deleted and made again has the old one's name:
         a commit the new topic's end stays below is looked up by identity now and then, so a
         commit into a deleted topic is never acknowledged as written (after the deletion was
-        answered, with its records gone), nor waited for until the timeout."""
+        answered, with its records gone), nor waited for until the timeout (also not while
+        Kafka answers it knows no such partition: the topic made again lacks it)."""
         started = time.monotonic()
         deadline = started + self._settings.operation_timeout_s
         identity_look = started + _IDENTITY_LOOK_S
@@ -1038,7 +1085,9 @@ class PartitionOwner:
         while True:
             self.ctx.commits.looked()
             try:
-                _low, end = self.ctx.watermarks.get(topic, self.partition, "visibility")
+                _low, end = self.ctx.watermarks.get(
+                    topic, self.partition, "visibility", gone=self._gone_look()
+                )
             except LogbrokerError as exc:
                 if self._topic_gone(_IDENTITY_LOOK_TIMEOUT_S):
                     raise UnknownTopic(

@@ -45,8 +45,6 @@ class _Faults:
         self.next: str | None = None
         self.extra_record = False
         """The next record produced to the data topic gets another record before it."""
-        self.abort_fails = False
-        """Aborts fail (the owner's abort after a failed commit: the transaction stays open)."""
         self.injected = 0
         self.lock = threading.Lock()
 
@@ -88,11 +86,6 @@ def faults(monkeypatch: pytest.MonkeyPatch) -> _Faults:
             super().commit_transaction(*args)
             if fault == "lose_answer":
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "injected: answer lost"))
-
-        def abort_transaction(self, *args: Any) -> None:
-            if faults.abort_fails:
-                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "injected: no abort"))
-            super().abort_transaction(*args)
 
     monkeypatch.setattr(owner_module, "Producer", FaultyProducer)
     return faults
@@ -197,10 +190,7 @@ def test_a_commit_that_never_arrived_is_dropped_once_another_writer_took_the_par
     kafka_store: LogStore, kafka_cluster: Any, kafka_namespace: str, faults: _Faults
 ) -> None:
     """Another gateway's takeover (here a bare producer of the partition's transactional id)
-    aborts the open transaction; the settler then reads that it did not go through.  (The
-    records were delivered before the commit was asked for; the owner's own abort fails here,
-    so the transaction stays open until then.)"""
-    faults.abort_fails = True
+    aborts the open transaction; the settler then reads that it did not go through."""
     heard, _writer = _failed_write(kafka_store, faults, "fail_before", [1], [2, 3])
     ctx = kafka_store._ctx  # type: ignore[attr-defined]
     assert ctx.unanswered("dc1.app", 0) is not None
