@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from log_store import PartitionState, TopicConfig, open_store
 from log_store.record_batch import HEADER_SIZE
-from session_dedup.envelope import Envelope, encode
 from session_dedup.seqno_table import encode_seqno, seqno_key
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def logbroker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ops", *args], capture_output=True, text=True, cwd=REPO, timeout=60
-    )
-
-
-def chunk(source: str, seqno: int) -> bytes:
-    return encode(Envelope(source, "host1", "/var/log/a", "access", "raw", seqno, 1, 2, b"x\n"))
+from tests.ops.test_audit_and_topics_cli import chunk, logbroker
 
 
 def write_state_then_records(data_dir: Path) -> Path:

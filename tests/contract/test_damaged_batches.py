@@ -16,20 +16,13 @@ import pytest
 
 from log_store import PartitionState, StoreUnavailable, TopicConfig, TransactionFn, open_store
 from log_store.record_batch import HEADER_SIZE
+from tests.audit.test_batch_checksums import flip
 from tests.contract.test_log_store_contract import (
     _restore_index,
     _snapshot_index,
     read_all,
     store_dir_of,
 )
-
-
-def flip(path: Path, pos: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(pos)
-        byte = f.read(1)
-        f.seek(pos)
-        f.write(bytes([byte[0] ^ 0x5A]))
 
 
 def put_only(**state_updates: bytes) -> TransactionFn:
