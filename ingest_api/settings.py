@@ -199,7 +199,7 @@ class GatewaySettings:
         _check(
             self.store == "kafka" or not self.kafka_bootstrap,
             f"kafka_bootstrap is set but the store is {self.store!r}: a gateway meant for Kafka "
-            "would keep its own log; set store = \"kafka\" (--store kafka) or leave "
+            'would keep its own log; set store = "kafka" (--store kafka) or leave '
             "kafka_bootstrap out",
         )
         _check(
