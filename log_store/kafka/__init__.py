@@ -15,11 +15,9 @@ One module per part, named after Kafka Streams' exactly-once design:
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaException
-
 from log_store.kafka.bootstrap import check_bootstrap_names
 from log_store.kafka.placement import OnDemand, Placement
-from log_store.kafka.settings import KafkaSettings, refused_property
+from log_store.kafka.settings import KafkaSettings
 from log_store.kafka.store import KafkaLogStore
 
 
@@ -32,13 +30,7 @@ def open_kafka_store(
     cluster as for one that is down), or if librdkafka refuses a property or its value.
     """
     check_bootstrap_names(settings.bootstrap)
-    try:
-        return KafkaLogStore(settings, placement=placement)
-    except KafkaException as exc:
-        refused = refused_property(exc)
-        if refused is None:
-            raise
-        raise refused from None
+    return KafkaLogStore(settings, placement=placement)  # its TopicAdmin checks the properties
 
 
 __all__ = ["KafkaLogStore", "KafkaSettings", "OnDemand", "Placement", "open_kafka_store"]
