@@ -254,26 +254,40 @@ class GatewayGroup:
             with self._lock:
                 self._assigned.add((topic, partition))
             store.take_over(topic, partition)
-        log.info("gateway %s was given %d partition(s)", self.url, len(partitions))
+        log.info("gateway %s was given %s", self.url, _listed(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if partitions:
+            log.info("gateway %s gives up %s", self.url, _listed(partitions))
         self._give_up(partitions)
         consumer.incremental_unassign(partitions)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        log.warning("gateway %s lost %d partition(s) to the group", self.url, len(partitions))
+        log.warning("gateway %s lost %s to the group", self.url, _listed(partitions))
         self._give_up(partitions)
         consumer.incremental_unassign(partitions)
 
     def _give_up(self, partitions: list[TopicPartition]) -> None:
         store = self._store
         assert store is not None
-        for topic, partition in self._names(partitions):
+        names = self._names(partitions)
+        # every claim first: peers stop sending here while the owners below finish
+        for topic, partition in names:
             with self._lock:
                 self._assigned.discard((topic, partition))
             self.directory.withdraw(topic, partition)
+        for topic, partition in names:
             store.release(topic, partition, wait=True)
 
     def _on_takeover(self, topic: str, partition: int, seconds: float, entries: int) -> None:
         if self.owns(topic, partition):
             self.directory.announce(topic, partition)
+
+
+def _listed(partitions: list[TopicPartition]) -> str:
+    """``topic/0,1 other/3``: partitions named for the log."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in partitions:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    named = [f"{t}/{','.join(map(str, sorted(ps)))}" for t, ps in sorted(by_topic.items())]
+    return " ".join(named) or "no partition"

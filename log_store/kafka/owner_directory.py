@@ -1,12 +1,23 @@
-"""Who owns which partition, as every gateway learns it: announcements in a compacted topic.
+"""Who owns which partition, as every gateway learns it: claims in a compacted topic.
 
-A gateway that has taken a partition over announces ``(topic, partition) -> its URL`` in
-``__<ns>logbroker-owners`` (compacted, one record per partition survives); one that gives a
-partition up withdraws the announcement.  Every gateway tails the topic from its start and
-keeps the map, so a transaction for a partition owned elsewhere is sent to the URL announced
-last.  The map is only a hint: an announcement can be stale (its gateway died), and the
-receiver checks that it owns the partition before it runs anything; a stale entry costs a
-retry, never a wrong write (fencing decides who may write, not this map).
+A gateway that has taken a partition over claims it in ``__<ns>logbroker-owners``: a record
+keyed ``(topic, partition, its URL)``.  One that gives the partition up withdraws *its own*
+claim (a tombstone of that key), never another gateway's.  Every gateway tails the topic from
+its start, and a partition's owner is the gateway whose standing claim came last.  Compaction
+keeps the last record of each key in the order they were written, so a gateway that starts
+later, reading what compaction left, sees the same owners as one that read every record.
+
+Why a key per gateway: with one record per partition, a withdrawal overwrote whatever was
+announced last, and a gateway slow to give up a partition (a deleted topic's, while the topic
+made again was given to another gateway at once: a different topic to the group, the same
+name here) erased the new owner's announcement.  The partition then had no owner for every
+other gateway until the next takeover, which nothing caused: writes sent there got 503 "no
+gateway owns" for as long as the gateways ran.
+
+The map is only a hint: a claim can be stale (its gateway died), and the receiver checks that
+it owns the partition before it runs anything; a stale claim costs a retry, never a wrong
+write (fencing decides who may write, not this map).  A gateway that starts withdraws what an
+earlier process at its URL left.
 """
 
 from __future__ import annotations
@@ -28,8 +39,13 @@ log = logging.getLogger(__name__)
 _STOP_S = 5.0
 
 
-def _key(topic: str, partition: int) -> bytes:
-    return f"{topic}\x00{partition}".encode()
+def _key(topic: str, partition: int, url: str) -> bytes:
+    return f"{topic}\x00{partition}\x00{url}".encode()
+
+
+_LEGACY = ""
+"""The claimant of a record keyed ``(topic, partition)`` alone, as gateways before per-gateway
+claims wrote them: whoever wrote it, its tombstone withdraws that record's claim."""
 
 
 class OwnerDirectory:
@@ -39,7 +55,9 @@ class OwnerDirectory:
         self._settings = settings
         self.self_url = self_url
         self._topic = naming.owners_topic(settings.namespace)
-        self._owners: dict[tuple[str, int], str] = {}
+        self._claims: dict[tuple[str, int], dict[str, tuple[int, str]]] = {}
+        """Per partition, each claimant's standing claim: (order read, URL)."""
+        self._order = 0
         self._cond = threading.Condition()
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
@@ -66,7 +84,23 @@ class OwnerDirectory:
         self._consumer.assign([TopicPartition(self._topic, 0, 0)])
         self._thread = threading.Thread(target=self._tail, name="logbroker-owners", daemon=True)
         self._thread.start()
-        self._caught_up.wait(self._settings.operation_timeout_s)
+        if self._caught_up.wait(self._settings.operation_timeout_s):
+            self._withdraw_leftovers()
+        else:
+            log.warning("ownership claims not read in time: claims left at %s stay", self.self_url)
+
+    def _withdraw_leftovers(self) -> None:
+        """Withdraw the claims an earlier process at this URL left (it died owning them):
+        this one owns nothing yet, and claims it makes later follow these withdrawals."""
+        with self._cond:
+            left = [
+                (topic, partition, claimant)
+                for (topic, partition), claims in self._claims.items()
+                for claimant, (_order, url) in claims.items()
+                if url == self.self_url
+            ]
+        for topic, partition, claimant in left:
+            self._publish(topic, partition, None, claimant=claimant)
 
     def _ensure_topic(self) -> None:
         admin = AdminClient(self._settings.admin_config())
@@ -136,45 +170,73 @@ class OwnerDirectory:
     def _apply(self, key: bytes | None, value: bytes | None) -> None:
         if not key:
             return
-        topic, _, partition = key.decode().partition("\x00")
+        topic, _, rest = key.decode(errors="replace").partition("\x00")
+        partition, _, claimant = rest.partition("\x00")
+        if not partition.isdigit():
+            return
         url = None
         if value:
             try:
                 url = json.loads(value).get("url")
-            except ValueError:
+            except (ValueError, AttributeError):
                 return
+        at = (topic, int(partition))
         with self._cond:
+            claims = self._claims.setdefault(at, {})
             if url:
-                self._owners[(topic, int(partition))] = url
+                self._order += 1
+                claims[claimant or _LEGACY] = (self._order, url)
             else:
-                self._owners.pop((topic, int(partition)), None)
+                claims.pop(claimant or _LEGACY, None)
+                if not claims:
+                    del self._claims[at]
             self._cond.notify_all()
+
+    def _owner(self, at: tuple[str, int]) -> str | None:
+        """The URL of the standing claim made last (caller holds ``_cond``)."""
+        claims = self._claims.get(at)
+        return max(claims.values())[1] if claims else None
 
     # -- announcing -------------------------------------------------------------------------------
     def announce(self, topic: str, partition: int) -> None:
         """This gateway owns the partition now (its takeover finished)."""
+        log.debug("claiming %s/%d for %s", topic, partition, self.self_url)
         self._publish(topic, partition, {"url": self.self_url, "at_ms": int(time.time() * 1000)})
 
     def withdraw(self, topic: str, partition: int) -> None:
-        """This gateway gave the partition up (only if the announcement is still its own)."""
+        """This gateway gave the partition up: its own claim goes, other gateways' stay."""
         with self._cond:
-            if self._owners.get((topic, partition)) != self.self_url:
+            if self.self_url not in self._claims.get((topic, partition), {}):
                 return
+        log.debug("withdrawing the claim of %s on %s/%d", self.self_url, topic, partition)
         self._publish(topic, partition, None)
 
-    def _publish(self, topic: str, partition: int, doc: dict[str, object] | None) -> None:
+    def _publish(
+        self,
+        topic: str,
+        partition: int,
+        doc: dict[str, object] | None,
+        *,
+        claimant: str | None = None,
+    ) -> None:
+        """Write this gateway's claim (``doc``) or its withdrawal (``None``); ``claimant``
+        names another key of its own to withdraw (a claim in the old one-key format)."""
         producer = self._producer
         if producer is None:
             return
         value = None if doc is None else json.dumps(doc).encode()
+        if claimant == _LEGACY:
+            key = f"{topic}\x00{partition}".encode()
+        else:
+            key = _key(topic, partition, self.self_url)
         try:
-            producer.produce(self._topic, value, key=_key(topic, partition), partition=0)
+            producer.produce(self._topic, value, key=key, partition=0)
             producer.poll(0)
         except (KafkaException, BufferError) as exc:
             log.warning("announcing the owner of %s/%d: %s", topic, partition, exc)
             return
         # local view first: this gateway forwards nothing to itself while Kafka catches up
-        self._apply(_key(topic, partition), value)
+        self._apply(key, value)
 
     # -- looking up -------------------------------------------------------------------------------
     def owner(
@@ -184,7 +246,7 @@ class OwnerDirectory:
         deadline = time.monotonic() + wait_s
         with self._cond:
             while True:
-                url = self._owners.get((topic, partition))
+                url = self._owner((topic, partition))
                 if url is not None and url != not_url:
                     return url
                 remaining = deadline - time.monotonic()
@@ -194,4 +256,4 @@ class OwnerDirectory:
 
     def snapshot(self) -> dict[tuple[str, int], str]:
         with self._cond:
-            return dict(self._owners)
+            return {at: url for at in self._claims if (url := self._owner(at)) is not None}

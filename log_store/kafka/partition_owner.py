@@ -88,6 +88,9 @@ from log_store.kafka.topic_admin import KafkaTopic, TopicAdmin
 log = logging.getLogger(__name__)
 
 _FAILED_TAKEOVER_PAUSE_S = 1.0
+_GIVEN_TAKEOVER_RETRY_MAX_S = 10.0
+"""An owner of a partition given to this gateway whose takeover failed tries again after
+1, 2, 4, 8, then every 10 seconds (see ``PartitionOwner._wait_for_work``)."""
 _MAX_GROUP = 4096
 _MARKER_WAIT_S = 0.1
 """At most this long a transaction waits for the previous commit's markers (see
@@ -528,11 +531,8 @@ class PartitionOwner:
             if eager:
                 self._try_takeover()
             while True:
-                with self._cond:
-                    while not self._pending and not self._closing:
-                        self._cond.wait()
-                    if not self._pending:
-                        return
+                if not self._wait_for_work(eager):
+                    return
                 self._await_markers()
                 with self._cond:
                     group, self._pending = self._take_group()
@@ -554,6 +554,36 @@ class PartitionOwner:
         finally:
             self._stop(OwnerGone(f"{self.topic}/{self.partition} is no longer owned here"))
             self._acks.put(None)
+
+    def _wait_for_work(self, eager: bool) -> bool:
+        """Wait until a transaction is queued (True) or the owner closes with none (False).
+
+        An ``eager`` owner (its gateway was given the partition) whose first takeover failed,
+        with Kafka away or answering errors, tries again meanwhile, until it succeeds: only a
+        successful takeover announces this gateway as the owner.  Before, it waited for a
+        transaction to arrive here, and none did: the other gateways, finding no owner
+        announced, answered writes of the partition 503 "no gateway owns" for as long as it
+        lasted.  An owner that took the partition over once is not retried here: a failure
+        after that (fenced by another writer, most likely) is retried by the next transaction,
+        which its standing announcement brings.
+        """
+        delay = _FAILED_TAKEOVER_PAUSE_S
+        while True:
+            retrying = (
+                eager
+                and self.broken
+                and self._takeovers == 0
+                and not isinstance(self._failure, UnknownTopic | UnknownPartition)
+            )
+            with self._cond:
+                if not self._pending and not self._closing:
+                    self._cond.wait(delay if retrying else None)
+                if self._pending or self._closing:
+                    return bool(self._pending)
+            if retrying:
+                log.info("taking over %s/%d again", self.topic, self.partition)
+                self._try_takeover()
+                delay = min(delay * 2, _GIVEN_TAKEOVER_RETRY_MAX_S)
 
     def _await_markers(self) -> None:
         """Wait, at most :data:`_MARKER_WAIT_S`, until the previous commit's markers are written.
