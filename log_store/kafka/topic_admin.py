@@ -207,8 +207,15 @@ class TopicAdmin:
 
     def _refuse_another_installations(self, name: str, timeout_s: float | None = None) -> None:
         """UnknownTopic for a name that is another installation's topic (its namespace starts
-        with this one's): it is not this installation's to read, write or delete."""
+        with this one's), or a Kafka topic no logbroker topic can be (``__...``: Kafka's own,
+        an installation's owners or state topics, reached through a namespace starting with
+        ``__``): it is not this installation's to read, write or delete."""
         kafka_name = naming.data_topic(self.ns, name)
+        if naming.logbroker_topic(self.ns, kafka_name) is None:
+            raise UnknownTopic(
+                f"unknown topic {name!r}: {kafka_name!r} is an internal topic (of Kafka or "
+                "of a logbroker installation), never a logbroker topic"
+            )
         beside = self._other_installations(timeout_s=timeout_s)
         other = next((o for o in beside if kafka_name.startswith(o)), None)
         if other is not None:
