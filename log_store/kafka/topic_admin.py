@@ -100,11 +100,13 @@ def named_in(metadata: Any, kafka_topic: str, partition: int | None = None) -> b
     """What one answer to a request for the whole cluster's metadata says of ``kafka_topic``
     (and its ``partition``): True there, False not there, None: the answer cannot say.
 
-    An answer naming no broker or no topic at all cannot say: a cluster that holds a logbroker
-    topic also holds Kafka's own (``__consumer_offsets``, ``__transaction_state``), so an
-    empty answer is a broker starting or going, not a cluster without topics.  A topic listed
-    with an error (its leaders being elected) is there, its partitions unknown."""
-    if not metadata.brokers or not metadata.topics:
+    An answer naming no broker cannot say: every broker that has loaded the cluster's
+    metadata knows at least itself (its registration is part of that metadata), so such an
+    answer is empty, not a cluster without the topic.  (An answer naming brokers and no topic
+    is an empty cluster: a store opened on a new cluster asks about topics before Kafka has
+    made its own.)  A topic listed with an error (its leaders being elected) is there, its
+    partitions unknown."""
+    if not metadata.brokers or metadata.orig_broker_id < 0:
         return None
     topic = metadata.topics.get(kafka_topic)
     if topic is None:
@@ -126,12 +128,12 @@ def confirmed_gone(
 
     ``list_all(timeout_s)`` asks a broker for the whole cluster's metadata (``list_topics()``
     of any librdkafka client); ``suspicion``: the error that made the caller ask.  Certain
-    is two answers that agree: a broker's own "unknown topic" (a positive error code) and one
-    full answer (see :func:`named_in`) not naming it, or, after anything else (librdkafka's
-    own "unknown partition", from the metadata it cached, which a broker shutting down
-    empties for a moment), two full answers :data:`_CONFIRM_PAUSE_S` apart.  A broker that
-    cannot be reached, or whose answer is not full, never confirms: a reader told "deleted"
-    drops its position, told "unavailable" it asks again later."""
+    is two answers that agree: a broker's own "unknown topic" (a positive error code) and
+    one answer that can say (see :func:`named_in`) not naming it, or, after anything else
+    (librdkafka's own "unknown partition", from the metadata it cached, which a broker
+    shutting down empties for a moment), two such answers :data:`_CONFIRM_PAUSE_S` apart.
+    A broker that cannot be reached, or an answer naming no broker, never confirms: a reader
+    told "deleted" drops its position, told "unavailable" it asks again later."""
     broker_said = suspicion is not None and suspicion.code() > 0
     for look in range(1 if broker_said else 2):
         if look:

@@ -142,7 +142,11 @@ class _EmptyMetadata:
 def test_a_broker_with_empty_metadata_does_not_make_a_topic_unknown(
     kafka_cluster: Any, kafka_namespace: str, written: str
 ) -> None:
-    admin = TopicAdmin(KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace))
+    # (librdkafka's lines to the Python logger: the client outlives the session's broker)
+    settings = KafkaSettings(
+        kafka_cluster.bootstrap, namespace=kafka_namespace, librdkafka_log="debug"
+    )
+    admin = TopicAdmin(settings)
     assert admin.describe(TOPIC).partitions == 2
     real = admin.client
     admin.client = _EmptyMetadata(real)  # type: ignore[assignment]

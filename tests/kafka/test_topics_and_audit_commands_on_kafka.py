@@ -97,7 +97,7 @@ def test_topics_on_kafka_keeps_off_internal_topics_and_the_audit_topic(
 ) -> None:
     kafka_store.create_topic("dc1.logbroker-audit", TopicConfig(partitions=1))
     owners = f"__{kafka_namespace}logbroker-owners"  # as the namespace's gateways make it
-    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap, "log_level": 0})
     admin.create_topics([NewTopic(owners, num_partitions=1)])[owners].result(timeout=30)
     kafka = ["--kafka-bootstrap", kafka_cluster.bootstrap, "--kafka-namespace"]
 
