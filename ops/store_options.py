@@ -4,7 +4,9 @@
 may be said too; with ``--kafka-namespace`` and ``--kafka-property KEY=VALUE`` for TLS/SASL)
 opens the Kafka backend.  A command opening Kafka this way writes nothing unless asked to
 (``audit`` and ``topics list``/``describe`` only read: they replay changelogs, so they never
-fence a gateway).
+fence a gateway).  A cluster no broker of which answers within a few seconds is one line,
+``cannot reach Kafka at HOST:PORT: why``; librdkafka's own lines go to the Python logger at
+DEBUG, not to stderr.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def open_store_from_args(args: argparse.Namespace, *, create: bool = False) -> L
         raise BadRequest("--kafka-bootstrap goes with --store kafka, not --store sqlite")
     if store_kind(args) == "kafka":
         from log_store.kafka import KafkaSettings, open_kafka_store
+        from log_store.kafka.bootstrap import check_reachable
 
         if not args.kafka_bootstrap:
             raise BadRequest("--store kafka needs --kafka-bootstrap HOST:PORT")
@@ -69,13 +72,14 @@ def open_store_from_args(args: argparse.Namespace, *, create: bool = False) -> L
             if not sep:
                 raise BadRequest(f"--kafka-property {item!r} is not KEY=VALUE")
             properties[key] = value
-        return open_kafka_store(
-            KafkaSettings(
-                args.kafka_bootstrap,
-                namespace=args.kafka_namespace,
-                properties=MappingProxyType(properties),
-            )
+        settings = KafkaSettings(
+            args.kafka_bootstrap,
+            namespace=args.kafka_namespace,
+            properties=MappingProxyType(properties),
+            librdkafka_log="debug",
         )
+        check_reachable(settings)
+        return open_kafka_store(settings)
     if not args.data_dir:
         raise BadRequest("give --data-dir DIR (or --store kafka --kafka-bootstrap HOST:PORT)")
     return open_store(args.data_dir, create=create)

@@ -1,21 +1,35 @@
-"""The bootstrap servers of a Kafka cluster, as librdkafka takes them, and whether their
-names resolve.
+"""The bootstrap servers of a Kafka cluster, as librdkafka takes them, whether their names
+resolve, and whether a broker answers.
 
 librdkafka treats a bootstrap name that does not resolve like a broker that does not answer:
 it tries again, forever, so a misspelt ``--kafka-bootstrap`` would look like a cluster that is
 down.  A name the resolver says does not exist is a mistake in the configuration, told at
 once; a resolver that cannot answer now (``EAI_AGAIN``: no network yet) is an outage, waited
-for like an unreachable broker.
+for like an unreachable broker (by a gateway; a command asks for a few seconds, see
+:func:`check_reachable`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 import socket
 from dataclasses import dataclass
+from typing import Any
 
-from log_store.errors import BadRequest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from log_store.errors import BadRequest, StoreUnavailable
+from log_store.kafka.failures import kafka_error
+from log_store.kafka.settings import DEBUG_LOG, KafkaSettings, refused_property
 
 _DEFAULT_PORT = 9092
+REACH_TIMEOUT_S = 5.0
+"""How long a command waits for a broker to answer before it says it cannot reach Kafka:
+a reachable cluster answers in milliseconds, a TLS and SASL handshake to a remote one in well
+under a second, and librdkafka tries a refused connection again every 0.5-1 s, so 5 s is
+several tries; a gateway waits for Kafka as long as it takes instead."""
 
 
 @dataclass(frozen=True)
@@ -102,3 +116,61 @@ _NO_SUCH_NAME = frozenset(
     for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
     if code is not None
 )
+
+
+class _LastFailure:
+    """A librdkafka ``logger`` that keeps the last error line (why a broker was not reached)
+    and passes every line on to :data:`~log_store.kafka.settings.DEBUG_LOG`."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        DEBUG_LOG.log(level, msg, *args)
+        if level >= logging.ERROR:
+            self.last = (msg % args) if args else msg
+
+
+def _reason(line: str) -> str:
+    """``Connect to ipv4#127.0.0.1:9 failed: Connection refused`` out of a librdkafka line
+    ``FAIL [name] [thrd:...]: 127.0.0.1:9/bootstrap: Connect to ... (after 0ms in state
+    CONNECT)``."""
+    text = line.rsplit("]: ", 1)[-1]
+    broker, sep, rest = text.partition(": ")
+    if sep and "/" in broker:
+        text = rest
+    return text.split(" (after ", 1)[0].strip()
+
+
+def check_reachable(settings: KafkaSettings, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Return once a broker of ``settings.bootstrap`` answered a request; else raise, in one
+    line, what is wrong: ``BadRequest`` for a name that does not exist or a property librdkafka
+    refuses, ``StoreUnavailable`` ("cannot reach Kafka at HOST:PORT: why") when no broker
+    answered within ``timeout_s``.  librdkafka's own lines go to the Python logger only."""
+    check_bootstrap_names(settings.bootstrap)
+    heard = _LastFailure()
+    config: dict[str, Any] = {**settings.admin_config(), "logger": heard}
+    try:
+        client = AdminClient(config)
+    except KafkaException as exc:
+        refused = refused_property(exc)
+        if refused is None:
+            raise
+        raise refused from None
+    # DescribeCluster: never creates a topic, whatever the broker's auto-creation
+    future = client.describe_cluster(request_timeout=timeout_s)
+    try:
+        future.result(timeout=timeout_s + 0.5)
+        return
+    except KafkaException as exc:
+        error = kafka_error(exc)
+        why = error.str() if error is not None else str(exc)
+    except concurrent.futures.TimeoutError:
+        why = "no answer"
+    client.poll(0)  # hands the lines logged meanwhile to ``heard``
+    if heard.last is not None:
+        why = _reason(heard.last)
+    raise StoreUnavailable(
+        f"cannot reach Kafka at {settings.bootstrap}: {why} (no broker answered within "
+        f"{timeout_s:g} s)"
+    )

@@ -31,6 +31,7 @@ from log_store.kafka.failures import (
 )
 from log_store.kafka.naming import reader_group
 from log_store.kafka.settings import KafkaSettings
+from log_store.kafka.topic_admin import confirmed_gone
 
 _BATCH = 1000
 _POOL_SIZE = 32
@@ -41,6 +42,8 @@ _NEW_TOPIC_S = 1.0
 """How long a topic or partition nobody knows yet may be just created, not gone."""
 _GONE_LOOK_S = 1.0
 """A read or replay that got no record for this long asks whether its topic is still there."""
+_END_AGAIN_S = 0.2
+"""A partition's end found lower than before is asked again after this, to be sure."""
 
 
 class Watermarks:
@@ -96,6 +99,7 @@ class Watermarks:
         """
         timeout = self._settings.operation_timeout_s if timeout_s is None else timeout_s
         looked_at = time.monotonic()
+        told_gone = False
 
         def ask(remaining_s: float) -> tuple[int, int]:
             asked = time.time()
@@ -121,13 +125,14 @@ class Watermarks:
                 self._consumer.list_topics(kafka_topic, timeout=1.0)
 
         def retried_for(exc: Exception) -> float | None:
-            nonlocal looked_at
+            nonlocal looked_at, told_gone
             span = _min_or_none(self._retried_for(exc), timeout)
             if span is not None and gone is not None and is_topic_gone(kafka_error(exc)):
                 now = time.monotonic()
                 if now - looked_at >= _GONE_LOOK_S:
                     looked_at = now
                     if gone():
+                        told_gone = True
                         return None
             return span
 
@@ -140,7 +145,31 @@ class Watermarks:
                 refresh=refresh,
             )
         except Exception as exc:
-            raise as_store_error(exc, f"{what} of {kafka_topic}/{partition}") from exc
+            where = f"{what} of {kafka_topic}/{partition}"
+            error = as_store_error(exc, where)
+            # "unknown topic or partition" is often librdkafka's own view, emptied while a
+            # broker shuts down; only Kafka's metadata (or the caller's look at the topic's
+            # identity) may say the topic is gone
+            if (
+                isinstance(error, UnknownTopic)
+                and not told_gone
+                and not self.gone(kafka_topic, partition, kafka_error(exc))
+            ):
+                error = StoreUnavailable(
+                    f"Kafka unavailable ({where}): {kafka_error(exc) or exc}; yet its "
+                    "metadata does not show the topic gone"
+                )
+            raise error from exc
+
+    def gone(self, kafka_topic: str, partition: int, suspicion: KafkaError | None) -> bool:
+        """Whether Kafka says for certain that the partition does not exist (see
+        :func:`~log_store.kafka.topic_admin.confirmed_gone`)."""
+        return confirmed_gone(
+            lambda timeout_s: self._consumer.list_topics(timeout=timeout_s),
+            kafka_topic,
+            partition,
+            suspicion=suspicion,
+        )
 
     def _retried_for(self, exc: Exception) -> float | None:
         """How long a failure of ``get`` is asked again: a leader moving or away, for the
@@ -358,7 +387,10 @@ class FetcherPool:
             return OffsetOutOfRange(
                 f"offset is outside {low}..{end} of {what} (retention moved the start)", low, end
             )
-        if error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+        if error.code() in (
+            KafkaError.UNKNOWN_TOPIC_OR_PART,
+            KafkaError._UNKNOWN_TOPIC,
+        ) and self.watermarks.gone(kafka_topic, partition, error):
             return UnknownTopic(f"{what}: the topic is gone")
         return StoreUnavailable(f"Kafka unavailable (reading {what}): {error}")
 
@@ -449,16 +481,25 @@ class FetcherPool:
             self._release(fetcher, broken)
 
     def _check_still_there(self, kafka_topic: str, partition: int, end: int, what: str) -> None:
-        """Raise ``UnknownTopic`` if the partition is gone, or no longer holds records up to
-        ``end`` (its topic deleted and made again: its end restarted)."""
-        try:
-            _low, now = self.watermarks.get(kafka_topic, partition, what, timeout_s=_GONE_LOOK_S)
-        except UnknownTopic:
-            raise UnknownTopic(f"{what}: the topic was deleted") from None
-        except LogbrokerError:
-            return  # Kafka away: the replay's own deadline bounds the wait
-        if now < end:
-            raise UnknownTopic(f"{what}: the topic was deleted (its end went from {end} to {now})")
+        """Raise ``UnknownTopic`` if Kafka says for certain that the partition is gone, or no
+        longer holds records up to ``end`` (its topic deleted and made again: its end
+        restarted, seen twice).  Kafka away, or unsure, is no answer: the caller's own
+        deadline bounds its wait (it answers ``StoreUnavailable``)."""
+        now = end
+        for look in range(2):
+            if look:
+                time.sleep(_END_AGAIN_S)
+            try:
+                _low, now = self.watermarks.get(
+                    kafka_topic, partition, what, timeout_s=_GONE_LOOK_S
+                )
+            except UnknownTopic:  # confirmed by Kafka's metadata (see Watermarks.get)
+                raise UnknownTopic(f"{what}: the topic was deleted") from None
+            except LogbrokerError:
+                return
+            if now >= end:
+                return
+        raise UnknownTopic(f"{what}: the topic was deleted (its end went from {end} to {now})")
 
     def forget(self, kafka_topic: str) -> None:
         """Drop idle consumers of a topic (deleted, or created again under the same name)."""

@@ -8,6 +8,7 @@ SASL go (``security.protocol``, ``ssl.ca.location``, ``sasl.mechanism``, ...).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from confluent_kafka import KafkaError, KafkaException
 from log_store.errors import BadRequest
 
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+LIBRDKAFKA_LOGS = ("stderr", "debug")
 _NAMESPACE = re.compile(r"[a-z0-9._-]{0,40}")
 # What logbroker sets itself: a pass-through property may not change exactly-once.
 _RESERVED = frozenset(
@@ -62,6 +64,11 @@ class KafkaSettings:
     entries (or the table's size, if larger); takeover reads the snapshot plus that tail."""
     session_timeout_ms: int = 10_000
     """The gateways' group: a gateway silent this long loses its partitions to the others."""
+    librdkafka_log: str = "stderr"
+    """Where librdkafka's own warnings and errors go.  ``stderr``: there, as librdkafka
+    writes them (a gateway's operators see its failed connections); ``debug``: to the Python
+    logger ``log_store.kafka.librdkafka`` at DEBUG, for commands that say themselves in one
+    line what went wrong (``topics``, ``audit``)."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap or not isinstance(self.bootstrap, str):
@@ -80,6 +87,8 @@ class KafkaSettings:
             raise BadRequest("kafka operation_timeout_s must be positive")
         if self.session_timeout_ms < 1000:
             raise BadRequest("kafka session_timeout_ms must be at least 1000")
+        if self.librdkafka_log not in LIBRDKAFKA_LOGS:
+            raise BadRequest(f"kafka librdkafka_log must be one of {', '.join(LIBRDKAFKA_LOGS)}")
         reserved = sorted(set(self.properties) & _RESERVED)
         if reserved:
             raise BadRequest(
@@ -92,10 +101,12 @@ class KafkaSettings:
 
     # -- client configurations --------------------------------------------------------------
     def client_base(self) -> dict[str, Any]:
+        quiet = {"logger": DEBUG_LOG} if self.librdkafka_log == "debug" else {}
         return {
             "bootstrap.servers": self.bootstrap,
             "client.id": f"{self.namespace}logbroker",
-            "log_level": 4,  # librdkafka's warnings and errors, on stderr
+            "log_level": 4,  # librdkafka's warnings and errors, on stderr (or to ``logger``)
+            **quiet,
             "socket.keepalive.enable": True,
             # While the cluster is away, a consumer (it has a group id) asks for its group's
             # coordinator over and over, and with a 50 ms backoff librdkafka tried to
@@ -148,6 +159,20 @@ class KafkaSettings:
 
     def admin_config(self) -> dict[str, Any]:
         return self.client_base()
+
+
+class LibrdkafkaLog:
+    """A librdkafka ``logger``: its lines, whatever their level, to the Python logger
+    ``log_store.kafka.librdkafka`` at DEBUG.  (Lines reach it when the client is polled.)"""
+
+    def __init__(self) -> None:
+        self.logger = logging.getLogger("log_store.kafka.librdkafka")
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        self.logger.debug(msg, *args)
+
+
+DEBUG_LOG = LibrdkafkaLog()
 
 
 def refused_property(exc: KafkaException) -> BadRequest | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,10 @@ _RECREATE_WAIT_S = 30.0
 _NEW_TOPIC_S = 10.0
 _BESIDE_S = 10.0
 """How old the list of other installations' namespaces may be (see ``_other_installations``)."""
+_CONFIRM_LOOK_S = 1.0
+"""What each of :func:`confirmed_gone`'s two looks gives Kafka to answer."""
+_CONFIRM_PAUSE_S = 0.2
+"""Between :func:`confirmed_gone`'s two looks."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,57 @@ def check_config(config: TopicConfig) -> None:
         value = getattr(config, name)
         if value is not None and value < 0:
             raise BadRequest(f"{name} must not be negative")
+
+
+def named_in(metadata: Any, kafka_topic: str, partition: int | None = None) -> bool | None:
+    """What one answer to a request for the whole cluster's metadata says of ``kafka_topic``
+    (and its ``partition``): True there, False not there, None: the answer cannot say.
+
+    An answer naming no broker cannot say: every broker that has loaded the cluster's
+    metadata knows at least itself (its registration is part of that metadata), so such an
+    answer is empty, not a cluster without the topic.  (An answer naming brokers and no topic
+    is an empty cluster: a store opened on a new cluster asks about topics before Kafka has
+    made its own.)  A topic listed with an error (its leaders being elected) is there, its
+    partitions unknown."""
+    if not metadata.brokers or metadata.orig_broker_id < 0:
+        return None
+    topic = metadata.topics.get(kafka_topic)
+    if topic is None:
+        return False
+    if partition is None or partition in topic.partitions:
+        return True
+    return None if topic.error is not None else False
+
+
+def confirmed_gone(
+    list_all: Callable[[float], Any],
+    kafka_topic: str,
+    partition: int | None = None,
+    *,
+    suspicion: KafkaError | None = None,
+) -> bool:
+    """True only if Kafka says for certain that ``kafka_topic`` (or its ``partition``) does
+    not exist; False if it exists or Kafka cannot say.
+
+    ``list_all(timeout_s)`` asks a broker for the whole cluster's metadata (``list_topics()``
+    of any librdkafka client); ``suspicion``: the error that made the caller ask.  Certain
+    is two answers that agree: a broker's own "unknown topic" (a positive error code) and
+    one answer that can say (see :func:`named_in`) not naming it, or, after anything else
+    (librdkafka's own "unknown partition", from the metadata it cached, which a broker
+    shutting down empties for a moment), two such answers :data:`_CONFIRM_PAUSE_S` apart.
+    A broker that cannot be reached, or an answer naming no broker, never confirms: a reader
+    told "deleted" drops its position, told "unavailable" it asks again later."""
+    broker_said = suspicion is not None and suspicion.code() > 0
+    for look in range(1 if broker_said else 2):
+        if look:
+            time.sleep(_CONFIRM_PAUSE_S)
+        try:
+            metadata = list_all(_CONFIRM_LOOK_S)
+        except KafkaException:
+            return False
+        if named_in(metadata, kafka_topic, partition) is not False:
+            return False
+    return True
 
 
 def _new_topic_unknown(exc: Exception) -> float | None:
@@ -135,10 +190,34 @@ class TopicAdmin:
         self._beside_at = now
         return self._beside
 
+    def _unknown_or_unavailable(
+        self, name: str, exc: BaseException, what: str
+    ) -> UnknownTopic | StoreUnavailable:
+        """``UnknownTopic`` for a topic Kafka said it does not know, if Kafka confirms it
+        (:func:`confirmed_gone`); ``StoreUnavailable`` if it does not."""
+        kafka_name = naming.data_topic(self.ns, name)
+        if confirmed_gone(
+            lambda timeout_s: self.client.list_topics(timeout=timeout_s),
+            kafka_name,
+            suspicion=kafka_error(exc),
+        ):
+            return UnknownTopic(f"unknown topic {name!r}")
+        return StoreUnavailable(
+            f"Kafka unavailable ({what}): {kafka_error(exc) or exc}; yet its metadata does "
+            f"not show {name!r} gone"
+        )
+
     def _refuse_another_installations(self, name: str, timeout_s: float | None = None) -> None:
         """UnknownTopic for a name that is another installation's topic (its namespace starts
-        with this one's): it is not this installation's to read, write or delete."""
+        with this one's), or a Kafka topic no logbroker topic can be (``__...``: Kafka's own,
+        an installation's owners or state topics, reached through a namespace starting with
+        ``__``): it is not this installation's to read, write or delete."""
         kafka_name = naming.data_topic(self.ns, name)
+        if naming.logbroker_topic(self.ns, kafka_name) is None:
+            raise UnknownTopic(
+                f"unknown topic {name!r}: {kafka_name!r} is an internal topic (of Kafka or "
+                "of a logbroker installation), never a logbroker topic"
+            )
         beside = self._other_installations(timeout_s=timeout_s)
         other = next((o for o in beside if kafka_name.startswith(o)), None)
         if other is not None:
@@ -171,7 +250,7 @@ class TopicAdmin:
         except KafkaException as exc:
             error = as_store_error(exc, f"describing {name}")
             if isinstance(error, UnknownTopic):
-                raise UnknownTopic(f"unknown topic {name!r}") from None
+                raise self._unknown_or_unavailable(name, exc, f"describing {name}") from None
             raise error from exc
         return KafkaTopic(
             name,
@@ -225,7 +304,7 @@ class TopicAdmin:
         except KafkaException as exc:
             error = as_store_error(exc, f"describing {name}")
             if isinstance(error, UnknownTopic):
-                raise UnknownTopic(f"unknown topic {name!r}") from None
+                raise self._unknown_or_unavailable(name, exc, f"describing {name}") from None
             raise error from exc
         assert isinstance(entries, dict)
 
@@ -261,9 +340,12 @@ class TopicAdmin:
                 return self._timeout
             return None
 
-        earliest, latest = ask_again(
-            ask, timeout_s=self._timeout, retried_for=retried_for, pause_s=0.1
-        )
+        try:
+            earliest, latest = ask_again(
+                ask, timeout_s=self._timeout, retried_for=retried_for, pause_s=0.1
+            )
+        except UnknownTopic as exc:
+            raise self._unknown_or_unavailable(topic.name, exc, f"offsets of {topic.name}") from exc
         return [
             PartitionInfo(p, earliest[p], max(earliest[p], latest[p]), None, None)
             for p in range(topic.partitions)
@@ -330,11 +412,14 @@ class TopicAdmin:
                     raise as_store_error(exc, f"creating {name}") from exc
                 time.sleep(0.2)
         # A topic just created may take a moment to show in the metadata brokers answer with.
+        # (or a broker says it does not know it while the metadata shows it: unavailable)
         try:
             topic = ask_again(
                 lambda _remaining_s: self.describe(name),
                 timeout_s=self._timeout,
-                retried_for=lambda exc: self._timeout if isinstance(exc, UnknownTopic) else None,
+                retried_for=lambda exc: (
+                    self._timeout if isinstance(exc, UnknownTopic | StoreUnavailable) else None
+                ),
                 pause_s=0.05,
             )
         except UnknownTopic:
@@ -499,7 +584,9 @@ class TopicAdmin:
             except KafkaException as exc:
                 error = as_store_error(exc, f"describing {name}")
                 if isinstance(error, UnknownTopic):
-                    continue
+                    error = self._unknown_or_unavailable(name, exc, f"describing {name}")
+                    if isinstance(error, UnknownTopic):
+                        continue  # deleted since the listing
                 raise error from exc
             found.append(
                 KafkaTopic(

@@ -11,8 +11,15 @@ from ``--config``, ``LOGBROKER_CONFIG`` or ``LOGBROKER_LIMITS_MAX_PARTITIONS_PER
 its ``max_topics``: over them they exit 2 and change nothing.  ``create --server`` without
 ``--partitions`` gives the topic the gateway's ``partitions``.  ``--retention-hours unlimited``
 and ``--retention-bytes unlimited`` remove a retention limit.  Exit 2 for bad usage, a
-refusal (the store's, or the gateway's 4xx, a refused token included), 1 for a gateway that
-cannot be reached or fails.
+refusal (the store's, or the gateway's 4xx, a refused token included), a Kafka cluster that
+cannot be reached (said in one line within a few seconds), 1 for a gateway that cannot be
+reached or fails.
+
+logbroker's internal topics (``logbroker-internal.*``, and on Kafka every ``__...`` topic:
+the owners' and state topics, Kafka's own) are never created, altered or deleted here, as the
+gateway's admin routes refuse them; the audit topic (``<dc>.logbroker-audit``) is not deleted
+(its retention may be changed).  ``list`` shows what a gateway lists (no internal or audit
+topics; ``--all`` shows them), each with its partitions, whichever way the topics are reached.
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ from typing import Any
 
 import httpx
 
+from audit.records import is_audit_topic
 from delivery.internal_state import is_internal
 from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
 from ingest_api.settings import load_limits
-from log_store import UNLIMITED, LogbrokerError, TopicConfig, TopicInfo
+from log_store import UNLIMITED, LogbrokerError, TopicConfig, TopicInfo, UnknownTopic
 from log_store.topic_names import validate_topic_name
 from log_store.topic_quota import TopicChange, TopicLimits, TopicQuota
 from ops.store_options import add_kafka_arguments, open_store_from_args, store_kind
@@ -69,7 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _common_options(common, suppress=True)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="list topics", parents=[common])
-    listing.add_argument("--all", action="store_true", help="include logbroker's internal topics")
+    listing.add_argument(
+        "--all", action="store_true", help="include logbroker's internal and audit topics"
+    )
     describe = actions.add_parser(
         "describe", help="partitions, offsets and sizes of a topic", parents=[common]
     )
@@ -165,7 +175,8 @@ def _shown(value: object) -> str:
 
 
 def _print_topic(info: TopicInfo, as_json: bool) -> None:
-    """Sizes and segments the store does not know (Kafka) are shown as ``-``."""
+    """Sizes the store does not know (Kafka) are shown as ``-``; segments only where the
+    store has them (the embedded store), so a topic on Kafka reads as through a gateway."""
     if as_json:
         print(json.dumps(_topic_dict(info)))
         return
@@ -173,23 +184,63 @@ def _print_topic(info: TopicInfo, as_json: bool) -> None:
         f"{info.name}  id={info.topic_id}  partitions={info.config.partitions}  "
         f"retention_ms={info.config.retention_ms}  retention_bytes={info.config.retention_bytes}"
     )
-    if info.partitions:
-        print(f"  {'partition':>9} {'start':>12} {'end':>12} {'bytes':>14} {'segments':>8}")
-        for p in info.partitions:
-            print(
-                f"  {p.partition:>9} {p.start_offset:>12} {p.end_offset:>12} "
-                f"{_shown(p.size_bytes):>14} {_shown(p.segments):>8}"
-            )
+    if not info.partitions:
+        return
+    segments = any(p.segments is not None for p in info.partitions)
+    print(
+        f"  {'partition':>9} {'start':>12} {'end':>12} {'bytes':>14}"
+        + (f" {'segments':>8}" if segments else "")
+    )
+    for p in info.partitions:
+        print(
+            f"  {p.partition:>9} {p.start_offset:>12} {p.end_offset:>12} "
+            f"{_shown(p.size_bytes):>14}" + (f" {_shown(p.segments):>8}" if segments else "")
+        )
+
+
+def _refusal(topic: str, args: argparse.Namespace) -> str | None:
+    """Why ``topic`` may not be created, altered or deleted here, if it may not: the
+    gateway's rule (its internal topics), Kafka's internal names, and the audit topic's
+    records, which only a deletion could lose."""
+    if is_internal(topic):
+        return f"{topic} is one of logbroker's internal topics; it is managed by the gateway"
+    kafka_name = (getattr(args, "kafka_namespace", "") or "") + topic
+    if args.server is None and store_kind(args) == "kafka" and kafka_name.startswith("__"):
+        return (
+            f"{topic} is the Kafka topic {kafka_name}, an internal topic (of Kafka or of a "
+            "logbroker installation); it is managed by the gateway or by Kafka"
+        )
+    if args.action == "delete" and is_audit_topic(topic):
+        return (
+            f"{topic} is the audit topic (the tiers' counts that `logbroker audit --windows` "
+            "reconciles); it is not deleted by hand: bound it with `topics alter "
+            "--retention-hours`"
+        )
+    return None
+
+
+def _listed(store: Any, show_all: bool) -> list[TopicInfo]:
+    """The topics ``list`` shows, each with its partitions (a store that lists topics
+    without them, Kafka, is asked for each): what a gateway lists, or with ``show_all`` every
+    topic."""
+    shown = []
+    for info in store.list_topics():
+        if not show_all and (is_internal(info.name) or is_audit_topic(info.name)):
+            continue
+        if not info.partitions and info.config.partitions:
+            try:
+                info = store.describe_topic(info.name)
+            except UnknownTopic:
+                continue  # deleted since the listing
+        shown.append(info)
+    return shown
 
 
 def run(args: argparse.Namespace) -> int:
     topic = getattr(args, "topic", None)
-    if topic is not None and is_internal(topic) and args.action != "describe":
-        print(
-            f"logbroker topics: {topic} is one of logbroker's internal topics; "
-            "it is managed by the gateway",
-            file=sys.stderr,
-        )
+    refusal = None if topic is None or args.action == "describe" else _refusal(topic, args)
+    if refusal is not None:
+        print(f"logbroker topics: {refusal}", file=sys.stderr)
         return 2
     if args.server is not None:
         return _run_on_gateway(args)
@@ -206,9 +257,8 @@ def run(args: argparse.Namespace) -> int:
             open_store_from_args(args, create=args.action == "create")
         ) as store:
             if args.action == "list":
-                for info in store.list_topics():
-                    if args.all or not is_internal(info.name):
-                        _print_topic(info, args.json)
+                for info in _listed(store, args.all):
+                    _print_topic(info, args.json)
             elif args.action == "describe":
                 _print_topic(store.describe_topic(args.topic), args.json)
             elif args.action == "create":
@@ -273,7 +323,7 @@ def _run_on_gateway(args: argparse.Namespace) -> int:
     client = PullClient(args.server, token=token)
     try:
         if args.action == "list":
-            for name in client.list_topics():
+            for name in client.list_topics(include_audit=args.all):
                 _print_remote(client.describe(name), args.json)
         else:
             _print_remote(client.describe(args.topic), args.json)
