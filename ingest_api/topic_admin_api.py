@@ -38,6 +38,7 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response
 
+from audit.records import is_audit_topic
 from delivery.internal_state import is_internal
 from ingest_api.access import ADMIN, RouteDeclaration, access_of, route
 from ingest_api.context import GatewayContext
@@ -145,6 +146,15 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
 
     async def delete_topic(request: Request) -> Response:
         topic = _operators_topic(request)
+        if is_audit_topic(topic):
+            # its records are what `logbroker audit --windows` reconciles: a deletion loses
+            # them, and the gateways make it again at their next publish
+            raise ApiError(
+                400,
+                "bad_request",
+                f"{topic} is the audit topic; it is not deleted by hand: bound it with "
+                "PATCH /v1/topics/{topic} (retention_ms, retention_bytes)",
+            )
         info = await anyio.to_thread.run_sync(ctx.topic_quota.delete, topic)
         # destructive and asked for over the network: said at the default log level
         _log.warning(

@@ -80,6 +80,22 @@ def test_a_topics_retention_is_set_and_taken_back_to_unlimited(shared_gateway: A
     http.close()
 
 
+def test_the_audit_topic_is_bounded_by_retention_not_deleted(shared_gateway: Any) -> None:
+    """Before: the route deleted it, while ``logbroker topics delete`` refused to."""
+    http = httpx.Client(base_url=shared_gateway.url, timeout=30)
+    audit_topic = "dc1.logbroker-audit"
+    if http.get(f"/v1/topics/{audit_topic}").status_code == 404:
+        created = http.post("/v1/topics", json={"name": audit_topic, "partitions": 1})
+        assert created.status_code == 201, created.text
+    refused = http.delete(f"/v1/topics/{audit_topic}")
+    assert refused.status_code == 400, refused.text
+    assert "retention" in refused.json()["reason"]
+    assert audit_topic in _catalog(shared_gateway.data_dir)
+    bounded = http.patch(f"/v1/topics/{audit_topic}", json={"retention_ms": 86_400_000})
+    assert bounded.status_code == 200, bounded.text
+    http.close()
+
+
 def _catalog(data_dir: Any) -> dict[str, tuple[str, TopicConfig]]:
     with open_store(data_dir) as store:
         return {info.name: (info.topic_id, info.config) for info in store.list_topics()}
