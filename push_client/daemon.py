@@ -41,6 +41,7 @@ from push_client.lag_report import LagReporter
 from push_client.metrics import MetricsServer, PushCollector, PushMetrics
 from push_client.parking import ParkingLot
 from push_client.progress import ProgressBar
+from push_client.service_notify import notify_service_manager
 from push_client.shipper import Shipper, census_all
 from push_client.state_file import PushState, StateFile, write_atomically
 from push_client.status import (
@@ -256,6 +257,9 @@ class PushDaemon:
             previous[signal.SIGHUP] = signal.signal(
                 signal.SIGHUP, lambda _s, _f: self.request_reload()
             )
+        # Ready once a SIGHUP is a reload: a Type=notify unit holds `systemctl reload` back
+        # until then.  Before the start's census, which may wait minutes for positions.
+        notify_service_manager("READY=1")
         try:
             self._start()
             self._loop()
@@ -369,6 +373,7 @@ class PushDaemon:
 
     def _shutdown(self) -> None:
         self._stop.set()
+        notify_service_manager("STOPPING=1")
         c = self._counters
         log.info(
             "acknowledged %d bytes in %d chunks (%d duplicates); first read at %.3f, "
