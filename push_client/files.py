@@ -545,12 +545,16 @@ class FileSet:
         window.  What we read before the truncation is still sent under the old source.
         """
         self.counters.truncations += 1
+        try:
+            size_now = str(os.fstat(tailed.fd).st_size)
+        except OSError:
+            size_now = "unknown"
         log.warning(
-            "%s was truncated or replaced at byte %d (size now %d); shipping its new contents "
+            "%s was truncated or replaced at byte %d (size now %s); shipping its new contents "
             "as a new source",
             tailed.path,
             tailed.read_pos,
-            tailed.size,
+            size_now,
         )
         self.close_source(tailed, "truncated")
         self.discover()

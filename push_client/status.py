@@ -268,13 +268,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+_ENDED_PHASES = ("closing", "done")
+"""Phase.CLOSING and Phase.DONE (by value: --status does not import the tailer)."""
+
+
 def current_lag(row: dict[str, Any], now: float) -> tuple[int, int, float]:
     """(size now, lag in bytes, lag in seconds) of one status row."""
     size = int(row["size"])
     try:
-        st = os.stat(row["path"])
-        if (st.st_dev, st.st_ino) == (row["dev"], row["ino"]):
-            size = st.st_size
+        # A source closed by a truncation ends where it was read to, whatever the file at
+        # its path (the same inode, with a copytruncate) holds now.
+        if row.get("phase") not in _ENDED_PHASES:
+            st = os.stat(row["path"])
+            if (st.st_dev, st.st_ino) == (row["dev"], row["ino"]):
+                size = st.st_size
     except OSError:
         pass  # the file is gone: its size stays unknown in the report
     lag_bytes = max(0, size - int(row["acked"]))

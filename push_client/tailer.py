@@ -236,15 +236,14 @@ class TailedFile:
         st = os.fstat(self.fd)
         if st.st_size != self.size:
             if st.st_size < max(self.read_pos, self.size) or self._fingerprint_changed():
-                self.size = st.st_size
-                return "truncated"
+                return self._truncated()
             self.size = st.st_size
             self.last_growth = now
         elif st.st_mtime_ns != self.mtime_ns and self._fingerprint_changed():
             # written, not grown: truncated and filled again to the same size since the last
             # look (its new lines would otherwise be taken for what was read already)
             self.mtime_ns = st.st_mtime_ns
-            return "truncated"
+            return self._truncated()
         self.mtime_ns = st.st_mtime_ns
         self.pending_since = self._unacked.update(self.size, self.settled, time.time())
         if self.phase is Phase.ACTIVE:
@@ -255,6 +254,13 @@ class TailedFile:
             if (at_path.st_dev, at_path.st_ino) != (self.identity.dev, self.identity.ino):
                 return "rotated"
         return None
+
+    def _truncated(self) -> str:
+        # This source ends where it was read to: what it still owes is that, less what was
+        # acknowledged.  The file's new size is the new source's (a copytruncate showed the
+        # old one's unsent bytes as no lag at all while a gateway was down).
+        self.size = self.read_pos
+        return "truncated"
 
     def _fingerprint_changed(self) -> bool:
         current = read_fingerprint(self.fd, final=True)
