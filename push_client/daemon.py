@@ -705,7 +705,12 @@ class PushDaemon:
         self._files.sync_state_positions()
         self._files.prune_retired()
         try:
-            self._state_file.save(self._state)
+            try:
+                self._state_file.save(self._state)
+            except OSError as exc:
+                if not self._remake_state_dir(exc):
+                    raise
+                self._state_file.save(self._state)
         except OSError as exc:
             # A full or broken state dir costs positions, not shipping: the gateway's last
             # seqnos are the truth.  The state stays dirty, so the next save tries again.
@@ -715,6 +720,31 @@ class PushDaemon:
             return
         self._state_dir_recovered("positions", "positions saved again")
         self._shipper.state_dirty = False
+
+    def _remake_state_dir(self, exc: OSError) -> bool:
+        """Make the state dir again if it was removed while the client ran (a clean-up, or
+        an operator who took it for a stale one), and take its lock anew; True if it did.
+
+        Saving into a directory that is gone failed for good, with no status for
+        ``--status`` and no lock to keep a second client out of the same positions.
+        """
+        if not isinstance(exc, FileNotFoundError) or self.state_dir.exists():
+            return False
+        self._release_lock()
+        try:
+            self._take_lock()
+        except (OSError, CannotStart) as err:
+            log.error("state dir %s was removed and cannot be made again: %s", self.state_dir, err)
+            return False
+        self._shipper.state_dirty = True
+        self._status_on_disk, self._metrics_on_disk = False, None
+        log.warning(
+            "state dir %s was removed while the client ran; made it again: positions, status "
+            "and metrics are written there again (the gateways' last seqnos are the truth for "
+            "what was acknowledged meanwhile)",
+            self.state_dir,
+        )
+        return True
 
     def _state_dir_trouble(self, what: str, exc: OSError) -> bool:
         """Log a failure to write ``what`` once per distinct error; True if it is new."""
@@ -800,7 +830,8 @@ class PushDaemon:
             self._metrics_on_disk = metrics_inputs
         except OSError as exc:
             self._status_on_disk, self._metrics_on_disk = False, None
-            self._state_dir_trouble("status", exc)
+            if not self._remake_state_dir(exc):
+                self._state_dir_trouble("status", exc)
         else:
             self._state_dir_recovered("status", "status written again")
         if self._progress is not None and running:
