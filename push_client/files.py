@@ -509,11 +509,18 @@ class FileSet:
                 moved = find_inode(
                     os.path.dirname(tailed.path), tailed.identity.dev, tailed.identity.ino
                 )
-                log.info(
-                    "%s was rotated away%s; reading it as long as it grows",
-                    tailed.path,
-                    f" to {moved}" if moved else "",
-                )
+                if moved is None and _deleted(tailed.fd):
+                    # not "rotated away": an operator looking for the file would look for it
+                    log.info(
+                        "%s was deleted; reading it to its end through its open descriptor",
+                        tailed.path,
+                    )
+                else:
+                    log.info(
+                        "%s was rotated away%s; reading it as long as it grows",
+                        tailed.path,
+                        f" to {moved}" if moved else "",
+                    )
                 if moved is not None:
                     tailed.path = moved
                 self.discover()
@@ -737,3 +744,11 @@ class FileSet:
         for tailed in self.files.values():
             if tailed.fd >= 0:
                 os.close(tailed.fd)
+
+
+def _deleted(fd: int) -> bool:
+    """Whether the open file has no name left (its last link was removed)."""
+    try:
+        return os.fstat(fd).st_nlink == 0
+    except OSError:
+        return False
