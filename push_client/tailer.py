@@ -152,6 +152,9 @@ class TailedFile:
         self.rotated_at: float | None = None
         self.last_growth = time.monotonic()
         self.held_since: float | None = None
+        self.unterminated = 0
+        """Bytes at the end of the file, read, that no newline ends yet (0 with --multiline):
+        what ``--status`` names instead of leaving a lag that never moves unexplained."""
         self.pending_since: float | None = None
         """When the oldest byte not yet acknowledged was first seen (wall clock), or None."""
         self._unacked = UnackedSince()
@@ -285,6 +288,7 @@ class TailedFile:
                     break
             data = os.pread(self.fd, want, self.read_pos)
             if not data:
+                self.unterminated = 0
                 break
             at_eof = len(data) < want
             cut = data.rfind(b"\n") + 1
@@ -298,9 +302,13 @@ class TailedFile:
             if cut == 0 and not at_eof:
                 data, cut = self._long_line(final)
             if cut == 0:
+                if self.multiline is None:
+                    self.unterminated = len(data)
                 break
             self._push(data if cut == len(data) else memoryview(data)[:cut], now)
             cut_total += cut
+            if self.multiline is None:
+                self.unterminated = len(data) - cut if at_eof else 0
             if at_eof and cut == len(data):
                 break
             if at_eof and self.multiline is None:
