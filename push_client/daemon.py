@@ -491,7 +491,7 @@ class PushDaemon:
                 shipper.open_pending_sessions(now)
             shipper.refresh_owners(now)
             linger_wait = shipper.dispatch(now)
-            dirty = shipper.state_dirty
+            dirty = shipper.state_dirty or files.unsaved_sources
             if now >= next_save and dirty:
                 self._save_state()
                 next_save = now + _STATE_SAVE_INTERVAL_S
@@ -720,6 +720,7 @@ class PushDaemon:
             return
         self._state_dir_recovered("positions", "positions saved again")
         self._shipper.state_dirty = False
+        self._files.unsaved_sources = False
 
     def _remake_state_dir(self, exc: OSError) -> bool:
         """Make the state dir again if it was removed while the client ran (a clean-up, or

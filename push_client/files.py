@@ -137,6 +137,11 @@ class FileSet:
         self.abandoned = AbandonedBytes()
         self.multi = False
         """Set by the daemon: whether positions are kept across installations."""
+        self.unsaved_sources = False
+        """A source was found since the state was last saved.  Saved without waiting for
+        an ack: a file rotated away while a gateway is down, then the client restarted, is
+        found again by the inode the state holds; unsaved, it was lost (its new name matched
+        no glob)."""
 
     def __iter__(self) -> Iterator[TailedFile]:
         return iter(list(self.files.values()))
@@ -469,6 +474,7 @@ class FileSet:
         )
         self.files[source_id] = tailed
         self.by_inode[(identity.dev, identity.ino)] = tailed
+        self.unsaved_sources = True
         self.watcher.watch(os.path.dirname(path))
         log.info("tailing %s as source %s", path, source_id)
         return tailed
