@@ -140,6 +140,7 @@ class PushDaemon:
         self._stop = threading.Event()
         self._stop_started: float | None = None
         self._gave_up = False
+        self._one_shot_ended = False
         """A one-shot run ended because no gateway answered (see :meth:`_give_up`)."""
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # Reentrant: the SIGTERM handler wakes the loop from the thread that may hold it.
@@ -263,6 +264,7 @@ class PushDaemon:
         try:
             self._start()
             self._loop()
+            self._say_stopped_one_shot_run()
         finally:
             self._shutdown()
             for signum, handler in previous.items():
@@ -519,6 +521,7 @@ class PushDaemon:
         """``idle_exit_s`` ends the run: say what was shipped and what was not, and set the
         exit status (1 if a file was not shipped: parked, unreadable, or named by an entry
         that is a directory)."""
+        self._one_shot_ended = True
         self._say_unsent_tails()
         files = self._files
         live = files.live()
@@ -565,6 +568,33 @@ class PushDaemon:
             log.info(
                 "everything acknowledged and idle for %.1f s: %s; exiting", self.idle_exit_s, said
             )
+
+    def _say_stopped_one_shot_run(self) -> None:
+        """A one-shot run stopped by a signal before it ended by itself: status 1 unless
+        everything it found was acknowledged, so that a cron job or a CI step that was
+        stopped (a timeout, a cancel) does not read "all shipped" in a 0."""
+        if self.idle_exit_s is None or self._one_shot_ended or self._gave_up:
+            return
+        files = self._files
+        behind = [
+            t for t in files.live() if t.parked is not None or t.size - t.unterminated > t.settled
+        ]
+        if not behind and not files.unreadable:
+            return
+        self._exit_code = 1
+        owed = sum(max(0, t.size - t.unterminated - t.settled) for t in behind)
+        unreadable = f", {len(files.unreadable)} unreadable" if files.unreadable else ""
+        log.error(
+            "stopped before the run was done: %d bytes of %d file%s not acknowledged%s. The "
+            "positions of what was acknowledged are saved in %s, and a rerun with the same "
+            "state dir resumes there (nothing lost, nothing shipped twice); exiting with "
+            "status 1",
+            owed,
+            len(behind),
+            "" if len(behind) == 1 else "s",
+            unreadable,
+            display_path(str(self.state_dir)),
+        )
 
     def _stalled(self, now: float) -> str | None:
         """With ``idle_exit_s``: the last failure if the run has data to ship and every

@@ -118,7 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="exit once everything read is acknowledged and nothing new came for SECONDS "
         "(status 1 if a file was not shipped: parked, unreadable, or an entry is a directory; "
         "also 1 once no gateway answered for max(SECONDS, 2 x max_backoff_s), every request "
-        "failing: a rerun with the same state dir resumes exactly)",
+        "failing, and when stopped by a signal before everything was acknowledged: a rerun "
+        "with the same state dir resumes exactly)",
     )
     parser.add_argument(
         "--progress",
