@@ -117,8 +117,11 @@ class Shipper:
         self.session_jobs = 0
         self.state_dirty = False
         self._said_cuts: set[int] = set()
+        self._said_census_refusals: set[tuple[str, str]] = set()
+        """(installation, refusal) of census answers that were refusals, said once each."""
         """The chunk sizes a refusal made files cut at, said once each."""
         self._seen_version = installations.version
+        self._seen_current = installations.current().name
         self.audit = {name: WindowCounts() for name in installations.names}
         """Per installation, the lines it acknowledged, per topic and window of their create
         time (tier push-client, see :mod:`push_client.audit_publishing`)."""
@@ -152,6 +155,15 @@ class Shipper:
         if self.installations.version == self._seen_version:
             return
         self._seen_version = self.installations.version
+        current = self.installations.current().name
+        if current != self._seen_current:
+            # A refusal is one installation's answer (a token one data center does not take):
+            # a file parked by the one left is tried at the one written to now, not only
+            # after park_retry_s (it waited up to a minute after its own data center came back).
+            self._seen_current = current
+            self.parking.release_all(
+                self.files, f"its data goes to installation {current} now", token_only=False
+            )
         for tailed in self.files:
             if not tailed.session_ready:
                 continue
@@ -237,7 +249,9 @@ class Shipper:
             if not job.census and "error" not in result and self._target(tailed) != name:
                 continue  # the installations changed meanwhile: ask where it belongs now
             if "error" in result:
-                self._park(tailed, Refusal.from_result(result))
+                refusal = Refusal.from_result(result)
+                if not (job.census and self._census_refused(tailed, name, refusal)):
+                    self._park(tailed, refusal)
                 continue
             last_seqno = int(result.get("last_seqno", 0))
             if job.census:
@@ -296,6 +310,32 @@ class Shipper:
             # a restart must know which installation may hold more than the state says.
             self._save_state()
 
+    def _census_refused(self, tailed: TailedFile, name: str, refusal: Refusal) -> bool:
+        """An installation asked only how far it holds ``tailed`` refuses to say, lastingly
+        (a token it does not take, say): go on without its position instead of parking the
+        file, which the installation written to may well take; False for an answer that may
+        pass (408, 429: asked again after a backoff).
+
+        Parking it held every file of a fresh client for good while one other data center
+        refused it, though the one written to took it.
+        """
+        if not 400 <= refusal.status < 500 or refusal.status in (408, 429):
+            return False
+        tailed.handover.census.discard(name)
+        said = (name, str(refusal))
+        if said not in self._said_census_refusals:
+            self._said_census_refusals.add(said)
+            log.warning(
+                "%s: installation %s refuses to say how far it holds it (%s); going on "
+                "without its position (lines it holds beyond byte %d may be written twice; "
+                "said once for all the files it refuses so)",
+                tailed.path,
+                name,
+                refusal,
+                tailed.handover.frontier,
+            )
+        return True
+
     def _session_failed(self, job: _SessionJob, exc: BaseException) -> None:
         for tailed in job.files:
             tailed.session_asked = False
@@ -304,7 +344,11 @@ class Shipper:
         elif isinstance(exc, Refused):
             refusal = Refusal(exc.status, exc.error, exc.reason)
             if len(job.files) == 1:
-                self._park(job.files[0], refusal)
+                tailed = job.files[0]
+                if not (
+                    job.census and self._census_refused(tailed, job.installation.name, refusal)
+                ):
+                    self._park(tailed, refusal)
             else:
                 log.error(
                     "gateway refused a batch of %d sessions (%s); asking for each alone",
