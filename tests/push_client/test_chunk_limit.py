@@ -5,8 +5,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, logbroker_cmd
 from tests.push_client.conftest import FAST_FLAGS, LineWriter, assert_exactly_once, read_delivered
+
+pytestmark = pytest.mark.slow
 
 
 def test_chunks_of_short_lines_over_the_gateways_limit_are_cut_smaller_and_ship_once(

@@ -5,8 +5,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import GatewayProcess
 from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_file_deleted_while_the_gateway_is_down_is_said_deleted_and_ships_once(

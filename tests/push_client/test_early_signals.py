@@ -22,6 +22,8 @@ from tests.push_client.conftest import (
     wait_for_lines,
 )
 
+pytestmark = pytest.mark.slow
+
 DELAYS_S = (0.0, 0.01, 0.03, 0.1)
 
 

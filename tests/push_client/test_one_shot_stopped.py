@@ -6,8 +6,12 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import GatewayProcess, free_port
 from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_one_shot_run_stopped_before_it_shipped_everything_exits_1_and_a_rerun_finishes(

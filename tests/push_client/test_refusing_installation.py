@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import GatewayProcess
 from tests.push_client.conftest import (
     LineWriter,
@@ -13,6 +15,8 @@ from tests.push_client.conftest import (
     read_delivered,
     wait_for_lines,
 )
+
+pytestmark = pytest.mark.slow
 
 FAILOVER_FLAGS = ["--failover-after", "1", "--probe-interval", "0.3", "--probe-max-interval", "1"]
 

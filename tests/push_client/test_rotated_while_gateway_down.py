@@ -7,8 +7,12 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import GatewayProcess
 from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+
+pytestmark = pytest.mark.slow
 
 
 def _until(predicate, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]

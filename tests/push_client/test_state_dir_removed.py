@@ -7,8 +7,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, logbroker_cmd
 from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_state_dir_removed_while_the_client_runs_is_made_again_and_locked(

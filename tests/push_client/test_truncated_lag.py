@@ -6,10 +6,14 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
+
 from push_client.status import read_status
 from tests.conftest import GatewayProcess
 from tests.metrics_text import samples
 from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+
+pytestmark = pytest.mark.slow
 
 
 def _until(predicate, timeout_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]

@@ -6,8 +6,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, logbroker_cmd
 from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+
+pytestmark = pytest.mark.slow
 
 
 def _status(state: Path) -> str:
