@@ -612,8 +612,18 @@ class Shipper:
             self.counters.buffered -= tailed.give_back(chunks)
 
     def _park(self, tailed: TailedFile, refusal: Refusal, chunks: Sequence[Chunk] = ()) -> None:
-        if refusal.error == "chunk_too_large" and self._cut_smaller(tailed, refusal, chunks):
-            return
+        if refusal.error == "chunk_too_large":
+            if self._cut_smaller(tailed, refusal, chunks):
+                return
+            if tailed.parked is None:
+                log.warning(
+                    "%s: one line of it is longer than the gateway takes (%s): raise the "
+                    "gateway's max_chunk_bytes (the file is tried again every park_retry_s and "
+                    "at a reload), or have such lines cut into pieces: max_line_bytes below it "
+                    "and a restart of this client (a reload applies it to files found later)",
+                    tailed.path,
+                    refusal,
+                )
         if 400 <= refusal.status < 500 and refusal.status not in (408, 429):
             self.counters.buffered -= self.parking.park(
                 tailed, refusal, time.monotonic(), time.time()

@@ -41,3 +41,4 @@ def test_chunks_of_short_lines_over_the_gateways_limit_are_cut_smaller_and_ship_
     # a line over the limit is still the operator's call: parked, and the run says so
     assert done.returncode == 1, done.stderr
     assert f"{logs / 'huge.log'} was not shipped: parked" in done.stderr
+    assert "huge.log: one line of it is longer than the gateway takes" in done.stderr
