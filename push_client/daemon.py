@@ -140,8 +140,9 @@ class PushDaemon:
         self._stop = threading.Event()
         self._stop_started: float | None = None
         self._gave_up = False
-        self._one_shot_ended = False
         """A one-shot run ended because no gateway answered (see :meth:`_give_up`)."""
+        self._one_shot_ended = False
+        """A one-shot run ended by itself, idle (see :meth:`_end_one_shot_run`)."""
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # Reentrant: the SIGTERM handler wakes the loop from the thread that may hold it.
         self._wake_lock = threading.RLock()

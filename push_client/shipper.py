@@ -117,9 +117,9 @@ class Shipper:
         self.session_jobs = 0
         self.state_dirty = False
         self._said_cuts: set[int] = set()
+        """The chunk sizes a refusal made files cut at, said once each."""
         self._said_census_refusals: set[tuple[str, str]] = set()
         """(installation, refusal) of census answers that were refusals, said once each."""
-        """The chunk sizes a refusal made files cut at, said once each."""
         self._seen_version = installations.version
         self._seen_current = installations.current().name
         self.audit = {name: WindowCounts() for name in installations.names}
