@@ -41,6 +41,7 @@ from push_client.lag_report import LagReporter
 from push_client.metrics import MetricsServer, PushCollector, PushMetrics
 from push_client.parking import ParkingLot
 from push_client.progress import ProgressBar
+from push_client.service_notify import notify_service_manager
 from push_client.shipper import Shipper, census_all
 from push_client.state_file import PushState, StateFile, write_atomically
 from push_client.status import (
@@ -140,6 +141,8 @@ class PushDaemon:
         self._stop_started: float | None = None
         self._gave_up = False
         """A one-shot run ended because no gateway answered (see :meth:`_give_up`)."""
+        self._one_shot_ended = False
+        """A one-shot run ended by itself, idle (see :meth:`_end_one_shot_run`)."""
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # Reentrant: the SIGTERM handler wakes the loop from the thread that may hold it.
         self._wake_lock = threading.RLock()
@@ -256,9 +259,13 @@ class PushDaemon:
             previous[signal.SIGHUP] = signal.signal(
                 signal.SIGHUP, lambda _s, _f: self.request_reload()
             )
+        # Ready once a SIGHUP is a reload: a Type=notify unit holds `systemctl reload` back
+        # until then.  Before the start's census, which may wait minutes for positions.
+        notify_service_manager("READY=1")
         try:
             self._start()
             self._loop()
+            self._say_stopped_one_shot_run()
         finally:
             self._shutdown()
             for signum, handler in previous.items():
@@ -369,6 +376,7 @@ class PushDaemon:
 
     def _shutdown(self) -> None:
         self._stop.set()
+        notify_service_manager("STOPPING=1")
         c = self._counters
         log.info(
             "acknowledged %d bytes in %d chunks (%d duplicates); first read at %.3f, "
@@ -486,7 +494,7 @@ class PushDaemon:
                 shipper.open_pending_sessions(now)
             shipper.refresh_owners(now)
             linger_wait = shipper.dispatch(now)
-            dirty = shipper.state_dirty
+            dirty = shipper.state_dirty or files.unsaved_sources
             if now >= next_save and dirty:
                 self._save_state()
                 next_save = now + _STATE_SAVE_INTERVAL_S
@@ -514,6 +522,7 @@ class PushDaemon:
         """``idle_exit_s`` ends the run: say what was shipped and what was not, and set the
         exit status (1 if a file was not shipped: parked, unreadable, or named by an entry
         that is a directory)."""
+        self._one_shot_ended = True
         self._say_unsent_tails()
         files = self._files
         live = files.live()
@@ -560,6 +569,33 @@ class PushDaemon:
             log.info(
                 "everything acknowledged and idle for %.1f s: %s; exiting", self.idle_exit_s, said
             )
+
+    def _say_stopped_one_shot_run(self) -> None:
+        """A one-shot run stopped by a signal before it ended by itself: status 1 unless
+        everything it found was acknowledged, so that a cron job or a CI step that was
+        stopped (a timeout, a cancel) does not read "all shipped" in a 0."""
+        if self.idle_exit_s is None or self._one_shot_ended or self._gave_up:
+            return
+        files = self._files
+        behind = [
+            t for t in files.live() if t.parked is not None or t.size - t.unterminated > t.settled
+        ]
+        if not behind and not files.unreadable:
+            return
+        self._exit_code = 1
+        owed = sum(max(0, t.size - t.unterminated - t.settled) for t in behind)
+        unreadable = f", {len(files.unreadable)} unreadable" if files.unreadable else ""
+        log.error(
+            "stopped before the run was done: %d bytes of %d file%s not acknowledged%s. The "
+            "positions of what was acknowledged are saved in %s, and a rerun with the same "
+            "state dir resumes there (nothing lost, nothing shipped twice); exiting with "
+            "status 1",
+            owed,
+            len(behind),
+            "" if len(behind) == 1 else "s",
+            unreadable,
+            display_path(str(self.state_dir)),
+        )
 
     def _stalled(self, now: float) -> str | None:
         """With ``idle_exit_s``: the last failure if the run has data to ship and every
@@ -700,7 +736,12 @@ class PushDaemon:
         self._files.sync_state_positions()
         self._files.prune_retired()
         try:
-            self._state_file.save(self._state)
+            try:
+                self._state_file.save(self._state)
+            except OSError as exc:
+                if not self._remake_state_dir(exc):
+                    raise
+                self._state_file.save(self._state)
         except OSError as exc:
             # A full or broken state dir costs positions, not shipping: the gateway's last
             # seqnos are the truth.  The state stays dirty, so the next save tries again.
@@ -710,6 +751,32 @@ class PushDaemon:
             return
         self._state_dir_recovered("positions", "positions saved again")
         self._shipper.state_dirty = False
+        self._files.unsaved_sources = False
+
+    def _remake_state_dir(self, exc: OSError) -> bool:
+        """Make the state dir again if it was removed while the client ran (a clean-up, or
+        an operator who took it for a stale one), and take its lock anew; True if it did.
+
+        Saving into a directory that is gone failed for good, with no status for
+        ``--status`` and no lock to keep a second client out of the same positions.
+        """
+        if not isinstance(exc, FileNotFoundError) or self.state_dir.exists():
+            return False
+        self._release_lock()
+        try:
+            self._take_lock()
+        except (OSError, CannotStart) as err:
+            log.error("state dir %s was removed and cannot be made again: %s", self.state_dir, err)
+            return False
+        self._shipper.state_dirty = True
+        self._status_on_disk, self._metrics_on_disk = False, None
+        log.warning(
+            "state dir %s was removed while the client ran; made it again: positions, status "
+            "and metrics are written there again (the gateways' last seqnos are the truth for "
+            "what was acknowledged meanwhile)",
+            self.state_dir,
+        )
+        return True
 
     def _state_dir_trouble(self, what: str, exc: OSError) -> bool:
         """Log a failure to write ``what`` once per distinct error; True if it is new."""
@@ -795,7 +862,8 @@ class PushDaemon:
             self._metrics_on_disk = metrics_inputs
         except OSError as exc:
             self._status_on_disk, self._metrics_on_disk = False, None
-            self._state_dir_trouble("status", exc)
+            if not self._remake_state_dir(exc):
+                self._state_dir_trouble("status", exc)
         else:
             self._state_dir_recovered("status", "status written again")
         if self._progress is not None and running:

@@ -137,6 +137,11 @@ class FileSet:
         self.abandoned = AbandonedBytes()
         self.multi = False
         """Set by the daemon: whether positions are kept across installations."""
+        self.unsaved_sources = False
+        """A source was found since the state was last saved.  Saved without waiting for
+        an ack: a file rotated away while a gateway is down, then the client restarted, is
+        found again by the inode the state holds; unsaved, it was lost (its new name matched
+        no glob)."""
 
     def __iter__(self) -> Iterator[TailedFile]:
         return iter(list(self.files.values()))
@@ -469,6 +474,7 @@ class FileSet:
         )
         self.files[source_id] = tailed
         self.by_inode[(identity.dev, identity.ino)] = tailed
+        self.unsaved_sources = True
         self.watcher.watch(os.path.dirname(path))
         log.info("tailing %s as source %s", path, source_id)
         return tailed
@@ -509,11 +515,18 @@ class FileSet:
                 moved = find_inode(
                     os.path.dirname(tailed.path), tailed.identity.dev, tailed.identity.ino
                 )
-                log.info(
-                    "%s was rotated away%s; reading it as long as it grows",
-                    tailed.path,
-                    f" to {moved}" if moved else "",
-                )
+                if moved is None and _deleted(tailed.fd):
+                    # not "rotated away": an operator looking for the file would look for it
+                    log.info(
+                        "%s was deleted; reading it to its end through its open descriptor",
+                        tailed.path,
+                    )
+                else:
+                    log.info(
+                        "%s was rotated away%s; reading it as long as it grows",
+                        tailed.path,
+                        f" to {moved}" if moved else "",
+                    )
                 if moved is not None:
                     tailed.path = moved
                 self.discover()
@@ -545,12 +558,16 @@ class FileSet:
         window.  What we read before the truncation is still sent under the old source.
         """
         self.counters.truncations += 1
+        try:
+            size_now = str(os.fstat(tailed.fd).st_size)
+        except OSError:
+            size_now = "unknown"
         log.warning(
-            "%s was truncated or replaced at byte %d (size now %d); shipping its new contents "
+            "%s was truncated or replaced at byte %d (size now %s); shipping its new contents "
             "as a new source",
             tailed.path,
             tailed.read_pos,
-            tailed.size,
+            size_now,
         )
         self.close_source(tailed, "truncated")
         self.discover()
@@ -733,3 +750,11 @@ class FileSet:
         for tailed in self.files.values():
             if tailed.fd >= 0:
                 os.close(tailed.fd)
+
+
+def _deleted(fd: int) -> bool:
+    """Whether the open file has no name left (its last link was removed)."""
+    try:
+        return os.fstat(fd).st_nlink == 0
+    except OSError:
+        return False

@@ -84,6 +84,8 @@ class LagReporter:
         self._stop = threading.Event()
         self._failing = False
         """The last report did not get through (logged once per outage)."""
+        self._failed_at = ""
+        """The gateway the first failed report of the outage went to."""
         self._refusals_logged: set[int] = set()
         """The statuses of lasting refusals (4xx) logged so far: each is logged once."""
         self._http = httpx.Client(
@@ -129,8 +131,11 @@ class LagReporter:
             return  # closed while it waited: a stopped client logs nothing more of it
         status = response.status_code
         if status == 200:
-            if self._failing:
+            if self._failing and server == self._failed_at:
                 log.info("lag reports reach %s again", server)
+            elif self._failing:
+                # after a failover: "again" named a gateway that had never been reached
+                log.info("lag reports reach %s (they failed at %s)", server, self._failed_at)
             self._failing = False
             return
         if status >= 500 or status in (408, 429):
@@ -155,6 +160,7 @@ class LagReporter:
             log.debug("lag report to %s failed: %s", server, what)
             return
         self._failing = True
+        self._failed_at = server
         log.info(
             "lag report to %s failed (%s); reports go on every %g s", server, what, self._interval_s
         )

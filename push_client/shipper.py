@@ -24,6 +24,7 @@ import concurrent.futures
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +49,9 @@ log = logging.getLogger("logbroker.push")
 MAX_SESSIONS_PER_REQUEST = 5000
 MAX_SESSION_JOBS = 2
 _OWNER_CHECK_INTERVAL_S = 0.5
+_MIN_CHUNK_BYTES = 4096
+"""The smallest chunk cut for a gateway that refuses larger ones (config's chunk_bytes floor)."""
+_STATED_LIMIT = re.compile(r"over the limit of (\d+) bytes")
 
 
 def _encoded(codec: str, chunk: Chunk) -> bytes | memoryview:
@@ -112,7 +116,12 @@ class Shipper:
         self.writes: set[_WriteJob] = set()
         self.session_jobs = 0
         self.state_dirty = False
+        self._said_cuts: set[int] = set()
+        """The chunk sizes a refusal made files cut at, said once each."""
+        self._said_census_refusals: set[tuple[str, str]] = set()
+        """(installation, refusal) of census answers that were refusals, said once each."""
         self._seen_version = installations.version
+        self._seen_current = installations.current().name
         self.audit = {name: WindowCounts() for name in installations.names}
         """Per installation, the lines it acknowledged, per topic and window of their create
         time (tier push-client, see :mod:`push_client.audit_publishing`)."""
@@ -146,6 +155,15 @@ class Shipper:
         if self.installations.version == self._seen_version:
             return
         self._seen_version = self.installations.version
+        current = self.installations.current().name
+        if current != self._seen_current:
+            # A refusal is one installation's answer (a token one data center does not take):
+            # a file parked by the one left is tried at the one written to now, not only
+            # after park_retry_s (it waited up to a minute after its own data center came back).
+            self._seen_current = current
+            self.parking.release_all(
+                self.files, f"its data goes to installation {current} now", token_only=False
+            )
         for tailed in self.files:
             if not tailed.session_ready:
                 continue
@@ -231,7 +249,9 @@ class Shipper:
             if not job.census and "error" not in result and self._target(tailed) != name:
                 continue  # the installations changed meanwhile: ask where it belongs now
             if "error" in result:
-                self._park(tailed, Refusal.from_result(result))
+                refusal = Refusal.from_result(result)
+                if not (job.census and self._census_refused(tailed, name, refusal)):
+                    self._park(tailed, refusal)
                 continue
             last_seqno = int(result.get("last_seqno", 0))
             if job.census:
@@ -290,6 +310,32 @@ class Shipper:
             # a restart must know which installation may hold more than the state says.
             self._save_state()
 
+    def _census_refused(self, tailed: TailedFile, name: str, refusal: Refusal) -> bool:
+        """An installation asked only how far it holds ``tailed`` refuses to say, lastingly
+        (a token it does not take, say): go on without its position instead of parking the
+        file, which the installation written to may well take; False for an answer that may
+        pass (408, 429: asked again after a backoff).
+
+        Parking it held every file of a fresh client for good while one other data center
+        refused it, though the one written to took it.
+        """
+        if not 400 <= refusal.status < 500 or refusal.status in (408, 429):
+            return False
+        tailed.handover.census.discard(name)
+        said = (name, str(refusal))
+        if said not in self._said_census_refusals:
+            self._said_census_refusals.add(said)
+            log.warning(
+                "%s: installation %s refuses to say how far it holds it (%s); going on "
+                "without its position (lines it holds beyond byte %d may be written twice; "
+                "said once for all the files it refuses so)",
+                tailed.path,
+                name,
+                refusal,
+                tailed.handover.frontier,
+            )
+        return True
+
     def _session_failed(self, job: _SessionJob, exc: BaseException) -> None:
         for tailed in job.files:
             tailed.session_asked = False
@@ -298,7 +344,11 @@ class Shipper:
         elif isinstance(exc, Refused):
             refusal = Refusal(exc.status, exc.error, exc.reason)
             if len(job.files) == 1:
-                self._park(job.files[0], refusal)
+                tailed = job.files[0]
+                if not (
+                    job.census and self._census_refused(tailed, job.installation.name, refusal)
+                ):
+                    self._park(tailed, refusal)
             else:
                 log.error(
                     "gateway refused a batch of %d sessions (%s); asking for each alone",
@@ -549,7 +599,7 @@ class Shipper:
             tailed, chunks = job.sections[0]
             tailed.finished(chunks)
             self.counters.buffered -= sum(len(c.data) for c in chunks)
-            self._park(tailed, refusal)
+            self._park(tailed, refusal, chunks)
             return
         log.error(
             "gateway refused a request of %d files (%s); sending each alone to find which",
@@ -561,7 +611,19 @@ class Shipper:
             tailed.finished(chunks)
             self.counters.buffered -= tailed.give_back(chunks)
 
-    def _park(self, tailed: TailedFile, refusal: Refusal) -> None:
+    def _park(self, tailed: TailedFile, refusal: Refusal, chunks: Sequence[Chunk] = ()) -> None:
+        if refusal.error == "chunk_too_large":
+            if self._cut_smaller(tailed, refusal, chunks):
+                return
+            if tailed.parked is None:
+                log.warning(
+                    "%s: one line of it is longer than the gateway takes (%s): raise the "
+                    "gateway's max_chunk_bytes (the file is tried again every park_retry_s and "
+                    "at a reload), or have such lines cut into pieces: max_line_bytes below it "
+                    "and a restart of this client (a reload applies it to files found later)",
+                    tailed.path,
+                    refusal,
+                )
         if 400 <= refusal.status < 500 and refusal.status not in (408, 429):
             self.counters.buffered -= self.parking.park(
                 tailed, refusal, time.monotonic(), time.time()
@@ -586,6 +648,40 @@ class Shipper:
                     self.config.max_backoff_s,
                 )
 
+    def _cut_smaller(self, tailed: TailedFile, refusal: Refusal, chunks: Sequence[Chunk]) -> bool:
+        """A chunk of several lines over the gateway's ``max_chunk_bytes``: cut the file's
+        chunks at the limit the gateway states (or at half the refused size) and send them
+        again; False when that cannot help (one line over the limit: the file is parked, as
+        a line is never cut below ``max_line_bytes``).
+
+        Parking such a file parked it for good (a retry cut the same chunks), and with a
+        gateway whose limit is below ``chunk_bytes`` that was every file written fast.
+        """
+        refused = max((len(c.data) for c in chunks), default=0)
+        if not any(_several_lines(c) for c in chunks):
+            return False
+        stated = _STATED_LIMIT.search(refusal.reason)
+        limit = int(stated.group(1)) if stated else 0
+        cut = max(limit if 0 < limit < refused else refused // 2, _MIN_CHUNK_BYTES)
+        if cut >= tailed.chunk_bytes:
+            return False  # as small as it gets
+        tailed.chunk_bytes = cut
+        tailed.session_ready = False  # resume from the gateway's last seqno
+        self.counters.buffered -= tailed.drop_pending()
+        if cut not in self._said_cuts:
+            self._said_cuts.add(cut)
+            log.warning(
+                "%s: the gateway refused a chunk of %d bytes (%s); its chunks are cut at %d "
+                "bytes from now on (so are those of any other file it refuses so; set "
+                "chunk_bytes to at most the gateway's max_chunk_bytes to cut them so from the "
+                "start)",
+                tailed.path,
+                refused,
+                refusal,
+                cut,
+            )
+        return True
+
     def _on_write(self, job: _WriteJob, answer: dict[str, Any]) -> None:
         raw = answer.get("results", [])
         results = [r if isinstance(r, dict) else {} for r in raw]
@@ -600,7 +696,7 @@ class Shipper:
                 result = by_source.get(tailed.source_id, {})
             if "error" in result:
                 counters.buffered -= sum(len(c.data) for c in chunks)
-                self._park(tailed, Refusal.from_result(result))
+                self._park(tailed, Refusal.from_result(result), chunks)
                 continue
             if result.get("topic"):
                 tailed.topic = str(result["topic"])
@@ -703,3 +799,8 @@ def census_all(files: Sequence[TailedFile], names: Sequence[str], deadline: floa
     for tailed in files:
         tailed.handover.census.update(names)
         tailed.handover.census_deadline = deadline
+
+
+def _several_lines(chunk: Chunk) -> bool:
+    """Whether ``chunk`` holds more than one line (it ends with one's newline)."""
+    return bytes(chunk.data).find(b"\n", 0, len(chunk.data) - 1) >= 0

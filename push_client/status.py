@@ -65,6 +65,7 @@ class _Shown(NamedTuple):
     waiting_for: tuple[str, ...]
     """The installations whose position of the file is waited for."""
     path_error: PathError | None
+    unterminated: int
 
 
 def _shown(tailed: TailedFile) -> _Shown:
@@ -91,6 +92,7 @@ def _shown(tailed: TailedFile) -> _Shown:
         tailed.session_refusal,
         tuple(sorted(plan.census)) if plan.census else (),
         tailed.path_error,
+        tailed.unterminated,
     )
 
 
@@ -99,7 +101,7 @@ def _row(shown: _Shown) -> dict[str, Any]:
     row kept while those values stay the same is what it would be built again)."""
     parked = shown.parked
     path_error = shown.path_error
-    return {
+    row = {
         # printable text: JSON holds no undecodable bytes (a Latin-1 name), and a name with
         # a newline would break the table of --status
         "path": display_path(shown.path),
@@ -122,6 +124,9 @@ def _row(shown: _Shown) -> dict[str, Any]:
         if path_error is None
         else {"error": path_error.error, "errno": path_error.errno, "since": path_error.since},
     }
+    if shown.unterminated:
+        row["unterminated"] = shown.unterminated  # only then: most files end with a newline
+    return row
 
 
 def _parked_row(refusal: Refusal, since: float) -> dict[str, Any]:
@@ -268,13 +273,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+_ENDED_PHASES = ("closing", "done")
+"""Phase.CLOSING and Phase.DONE (by value: --status does not import the tailer)."""
+
+
 def current_lag(row: dict[str, Any], now: float) -> tuple[int, int, float]:
     """(size now, lag in bytes, lag in seconds) of one status row."""
     size = int(row["size"])
     try:
-        st = os.stat(row["path"])
-        if (st.st_dev, st.st_ino) == (row["dev"], row["ino"]):
-            size = st.st_size
+        # A source closed by a truncation ends where it was read to, whatever the file at
+        # its path (the same inode, with a copytruncate) holds now.
+        if row.get("phase") not in _ENDED_PHASES:
+            st = os.stat(row["path"])
+            if (st.st_dev, st.st_ino) == (row["dev"], row["ino"]):
+                size = st.st_size
     except OSError:
         pass  # the file is gone: its size stays unknown in the report
     lag_bytes = max(0, size - int(row["acked"]))
@@ -436,6 +448,11 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             )
         if r.get("retrying"):
             out.write(f"RETRYING {r['path']}: the gateway cannot take it now: {r['retrying']}\n")
+        if r.get("unterminated"):
+            out.write(
+                f"NO NEWLINE YET {r['path']}: its last {r['unterminated']} bytes are a line "
+                "not ended yet; sent once it ends (or the file is let go after a rotation)\n"
+            )
         if r.get("waiting_for"):
             out.write(
                 f"WAITING {r['path']}: for {', '.join(r['waiting_for'])} to say how far it "

@@ -152,6 +152,9 @@ class TailedFile:
         self.rotated_at: float | None = None
         self.last_growth = time.monotonic()
         self.held_since: float | None = None
+        self.unterminated = 0
+        """Bytes at the end of the file, read, that no newline ends yet (0 with --multiline):
+        what ``--status`` names instead of leaving a lag that never moves unexplained."""
         self.pending_since: float | None = None
         """When the oldest byte not yet acknowledged was first seen (wall clock), or None."""
         self._unacked = UnackedSince()
@@ -236,15 +239,14 @@ class TailedFile:
         st = os.fstat(self.fd)
         if st.st_size != self.size:
             if st.st_size < max(self.read_pos, self.size) or self._fingerprint_changed():
-                self.size = st.st_size
-                return "truncated"
+                return self._truncated()
             self.size = st.st_size
             self.last_growth = now
         elif st.st_mtime_ns != self.mtime_ns and self._fingerprint_changed():
             # written, not grown: truncated and filled again to the same size since the last
             # look (its new lines would otherwise be taken for what was read already)
             self.mtime_ns = st.st_mtime_ns
-            return "truncated"
+            return self._truncated()
         self.mtime_ns = st.st_mtime_ns
         self.pending_since = self._unacked.update(self.size, self.settled, time.time())
         if self.phase is Phase.ACTIVE:
@@ -255,6 +257,13 @@ class TailedFile:
             if (at_path.st_dev, at_path.st_ino) != (self.identity.dev, self.identity.ino):
                 return "rotated"
         return None
+
+    def _truncated(self) -> str:
+        # This source ends where it was read to: what it still owes is that, less what was
+        # acknowledged.  The file's new size is the new source's (a copytruncate showed the
+        # old one's unsent bytes as no lag at all while a gateway was down).
+        self.size = self.read_pos
+        return "truncated"
 
     def _fingerprint_changed(self) -> bool:
         current = read_fingerprint(self.fd, final=True)
@@ -279,6 +288,7 @@ class TailedFile:
                     break
             data = os.pread(self.fd, want, self.read_pos)
             if not data:
+                self.unterminated = 0
                 break
             at_eof = len(data) < want
             cut = data.rfind(b"\n") + 1
@@ -292,9 +302,13 @@ class TailedFile:
             if cut == 0 and not at_eof:
                 data, cut = self._long_line(final)
             if cut == 0:
+                if self.multiline is None:
+                    self.unterminated = len(data)
                 break
             self._push(data if cut == len(data) else memoryview(data)[:cut], now)
             cut_total += cut
+            if self.multiline is None:
+                self.unterminated = len(data) - cut if at_eof else 0
             if at_eof and cut == len(data):
                 break
             if at_eof and self.multiline is None:

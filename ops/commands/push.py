@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from log_store.errors import BadRequest, LogbrokerError
@@ -116,7 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="exit once everything read is acknowledged and nothing new came for SECONDS "
         "(status 1 if a file was not shipped: parked, unreadable, or an entry is a directory; "
         "also 1 once no gateway answered for max(SECONDS, 2 x max_backoff_s), every request "
-        "failing: a rerun with the same state dir resumes exactly)",
+        "failing, and when stopped by a signal before everything was acknowledged: a rerun "
+        "with the same state dir resumes exactly)",
     )
     parser.add_argument(
         "--progress",
@@ -131,6 +134,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _accept_early_signals()
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -190,6 +194,23 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _accept_early_signals() -> None:
+    """Let in the stop and reload signals a launcher blocked until the handlers were in place.
+
+    Nothing in a Python program runs before the interpreter has started (tens of
+    milliseconds, more on a busy host): a SIGHUP in that window ends any process whose
+    launcher left it the default action.  A launcher that must be able to reload at once
+    starts the client with SIGHUP blocked (or ignored); a blocked signal stays pending across
+    ``exec``, and without this it stayed pending for good: a reload, or a stop by SIGTERM,
+    that was never seen.  The handlers record them from now on (:mod:`ops.stop_signals`).
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _EARLY_SIGNALS)
+
+
+_EARLY_SIGNALS = {signal.SIGHUP, *stop_signals.STOP_SIGNALS}
 
 
 def _config(args: argparse.Namespace) -> PushConfig:

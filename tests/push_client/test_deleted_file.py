@@ -1,0 +1,45 @@
+"""A file deleted while the gateway is down: said as deleted, and its lines still ship once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import GatewayProcess
+from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_file_deleted_while_the_gateway_is_down_is_said_deleted_and_ships_once(
+    tmp_path: Path, start_gateway, start_push
+) -> None:
+    gateway: GatewayProcess = start_gateway()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    app = logs / "app.log"
+    writer = LineWriter("a")
+    writer.append(app, 100)
+    state = tmp_path / "state"
+    push = start_push(gateway.url, state, str(logs / "*.log")).wait_started(state)
+    wait_for_lines(gateway.data_dir, "app", 100)
+    gateway.kill()
+    writer.append(app, 100)
+    app.unlink()  # a clean-up of old logs, or a logger that removes its file
+    deadline = time.monotonic() + 10
+    while "was deleted" not in push.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # it was said "rotated away; reading it as long as it grows": an operator then looks
+    # for a rotated file that is not there
+    assert f"{app} was deleted; reading it to its end" in push.log(), push.log()
+    assert "rotated away" not in push.log()
+    again = GatewayProcess(gateway.data_dir, [], tmp_path / "gateway-again.log")
+    again.port, again.url = gateway.port, gateway.url
+    again.start()
+    try:
+        assert_exactly_once(wait_for_lines(gateway.data_dir, "app", 200), writer)
+        assert push.stop() == 0, push.log()
+    finally:
+        again.kill()

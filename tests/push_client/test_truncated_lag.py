@@ -1,0 +1,77 @@
+"""What a file truncated by copytruncate still owes shows as lag until it is acknowledged."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from push_client.status import read_status
+from tests.conftest import GatewayProcess
+from tests.metrics_text import samples
+from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+
+pytestmark = pytest.mark.slow
+
+
+def _until(predicate, timeout_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _metric(state: Path, name: str) -> float:
+    """The sum of a metric's samples in the client's metrics.prom."""
+    text = (state / "metrics.prom").read_text()
+    return sum(v for (n, _), v in samples(text).items() if n == name)
+
+
+def test_a_copytruncated_file_read_while_the_gateway_is_down_shows_what_it_still_owes(
+    tmp_path: Path, start_gateway, start_push
+) -> None:
+    gateway: GatewayProcess = start_gateway()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    app = logs / "app.log"
+    writer = LineWriter("a", pad=30)
+    writer.append(app, 100)
+    state = tmp_path / "state"
+    push = start_push(gateway.url, state, str(logs / "*.log")).wait_started(state)
+    wait_for_lines(gateway.data_dir, "app", 100)
+    gateway.kill()
+    writer.append(app, 100)  # read by the client, not acknowledged
+    owed = app.stat().st_size // 2
+    assert _until(lambda: _metric(state, "logbroker_push_buffered_bytes") == owed)
+    shutil.copy(app, logs / "app.log.1")  # logrotate's copytruncate; the glob skips the copy
+    with open(app, "r+b") as f:
+        f.truncate(0)
+    writer.append(app, 10)
+    new_size = app.stat().st_size
+
+    def two_sources() -> bool:
+        return len(read_status(state)["files"]) == 2
+
+    assert _until(two_sources), push.log()
+    rows = {row["phase"]: row for row in read_status(state)["files"]}
+    assert rows["closing"]["lag_bytes"] == owed, rows
+    assert sum(r["lag_bytes"] for r in rows.values()) == owed + new_size, rows
+    # the metric counted it as no lag either
+    assert _until(lambda: _metric(state, "logbroker_push_lag_bytes") == owed + new_size), (
+        state / "metrics.prom"
+    ).read_text()
+
+    again = GatewayProcess(gateway.data_dir, [], tmp_path / "gateway-again.log")
+    again.port, again.url = gateway.port, gateway.url
+    again.start()
+    try:
+        delivered = wait_for_lines(gateway.data_dir, "app", len(writer.ids))
+        assert_exactly_once(delivered, writer)
+        assert _until(lambda: all(r["lag_bytes"] == 0 for r in read_status(state)["files"]))
+        assert push.stop() == 0, push.log()
+    finally:
+        again.kill()
