@@ -49,6 +49,11 @@ def install() -> None:
     for signum in STOP_SIGNALS:
         signal.signal(signum, _record)
     signal.signal(signal.SIGHUP, _record_reload)
+    # A launcher that must signal at once starts the command with these blocked (nothing of
+    # a Python program runs before the interpreter has started, tens of milliseconds): a
+    # blocked signal stays pending across exec, and stayed pending for good (a reload, or a
+    # stop by SIGTERM, never seen).  Recorded from now on, they are let in.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP, *STOP_SIGNALS})
 
 
 def on_reload(callback: Callable[[], None]) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from log_store.errors import BadRequest, LogbrokerError
@@ -134,7 +132,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _accept_early_signals()
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -194,23 +191,6 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
-
-
-def _accept_early_signals() -> None:
-    """Let in the stop and reload signals a launcher blocked until the handlers were in place.
-
-    Nothing in a Python program runs before the interpreter has started (tens of
-    milliseconds, more on a busy host): a SIGHUP in that window ends any process whose
-    launcher left it the default action.  A launcher that must be able to reload at once
-    starts the client with SIGHUP blocked (or ignored); a blocked signal stays pending across
-    ``exec``, and without this it stayed pending for good: a reload, or a stop by SIGTERM,
-    that was never seen.  The handlers record them from now on (:mod:`ops.stop_signals`).
-    """
-    if threading.current_thread() is threading.main_thread():
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _EARLY_SIGNALS)
-
-
-_EARLY_SIGNALS = {signal.SIGHUP, *stop_signals.STOP_SIGNALS}
 
 
 def _config(args: argparse.Namespace) -> PushConfig:

@@ -29,13 +29,9 @@ def _catches_sigterm(pid: int) -> bool:
     return False
 
 
-@pytest.mark.parametrize("delay_s", [0.0, 0.3])
-@pytest.mark.parametrize("command", ["push", "read", "serve", "mirror"])
-def test_sigterm_while_a_command_starts_is_a_clean_stop(
-    tmp_path: Path, command: str, delay_s: float
-) -> None:
+def _args(command: str, tmp_path: Path) -> list[str]:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens: the command keeps trying
-    args = {
+    return {
         "push": [
             *("push", "--server", url, "--log-type", "app", "--state-dir", str(tmp_path)),
             str(tmp_path / "app.log"),
@@ -47,7 +43,14 @@ def test_sigterm_while_a_command_starts_is_a_clean_stop(
             *("--prefix", "dc1."),
         ],
     }[command]
-    proc = _start(args)
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.3])
+@pytest.mark.parametrize("command", ["push", "read", "serve", "mirror"])
+def test_sigterm_while_a_command_starts_is_a_clean_stop(
+    tmp_path: Path, command: str, delay_s: float
+) -> None:
+    proc = _start(_args(command, tmp_path))
     # The interpreter's own start-up (before any of our code) cannot be helped; from the
     # first instruction on, a SIGTERM is a clean stop.
     deadline = time.monotonic() + 30
@@ -56,6 +59,32 @@ def test_sigterm_while_a_command_starts_is_a_clean_stop(
     time.sleep(delay_s)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+
+
+@pytest.mark.parametrize("command", ["push", "read", "serve", "mirror"])
+def test_a_sigterm_a_launcher_held_back_is_a_clean_stop(tmp_path: Path, command: str) -> None:
+    """A launcher that must stop a command at once starts it with SIGTERM blocked (it stays
+    pending across exec). Before: only ``push`` let it in; the others never saw it and ran
+    until SIGKILL."""
+
+    def launcher() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    proc = subprocess.Popen(
+        logbroker_cmd(*_args(command, tmp_path)),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=launcher,
+    )
+    proc.send_signal(signal.SIGTERM)  # at once: pending until the command lets it in
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"{command} never saw the SIGTERM its launcher held back")
     assert proc.returncode == 0, err.decode()
 
 
