@@ -35,11 +35,9 @@ def test_a_file_deleted_while_the_gateway_is_down_is_said_deleted_and_ships_once
     # for a rotated file that is not there
     assert f"{app} was deleted; reading it to its end" in push.log(), push.log()
     assert "rotated away" not in push.log()
-    again = GatewayProcess(gateway.data_dir, [], tmp_path / "gateway-again.log")
-    again.port, again.url = gateway.port, gateway.url
-    again.start()
+    gateway.start()  # again, at its port and data dir
     try:
         assert_exactly_once(wait_for_lines(gateway.data_dir, "app", 200), writer)
         assert push.stop() == 0, push.log()
     finally:
-        again.kill()
+        gateway.kill()

@@ -49,9 +49,7 @@ def test_a_data_center_that_refuses_the_client_does_not_park_what_the_other_take
     while "parked" not in push.log() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "parked" in push.log(), push.log()
-    back = GatewayProcess(dc1.data_dir, ["--dc", "dc1"], tmp_path / "dc1-again.log")
-    back.port, back.url = dc1.port, dc1.url
-    back.start()
+    dc1.start()  # again, at its port and data dir
     try:
         # tried at dc1 once data goes there again, not after park_retry_s (600 s here)
         wait_for_lines(dc1.data_dir, "app", 200, timeout_s=20)
@@ -61,4 +59,4 @@ def test_a_data_center_that_refuses_the_client_does_not_park_what_the_other_take
         )
         assert push.stop() == 0, push.log()
     finally:
-        back.kill()
+        dc1.kill()

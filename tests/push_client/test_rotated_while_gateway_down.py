@@ -55,11 +55,9 @@ def test_a_file_first_seen_while_the_gateway_is_down_is_found_again_after_a_rest
     writer.append(app, 100)
     push.kill()  # a crash, or a host reboot, before the gateway is back
     again = start_push(gateway.url, state, str(logs / "*.log"))
-    back = GatewayProcess(gateway.data_dir, [], tmp_path / "gateway-again.log")
-    back.port, back.url = gateway.port, gateway.url
-    back.start()
+    gateway.start()  # again, at its port and data dir
     try:
         assert_exactly_once(wait_for_lines(gateway.data_dir, "app", 400, timeout_s=30), writer)
         assert again.stop() == 0, again.log()
     finally:
-        back.kill()
+        gateway.kill()

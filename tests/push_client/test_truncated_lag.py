@@ -65,13 +65,11 @@ def test_a_copytruncated_file_read_while_the_gateway_is_down_shows_what_it_still
         state / "metrics.prom"
     ).read_text()
 
-    again = GatewayProcess(gateway.data_dir, [], tmp_path / "gateway-again.log")
-    again.port, again.url = gateway.port, gateway.url
-    again.start()
+    gateway.start()  # again, at its port and data dir
     try:
         delivered = wait_for_lines(gateway.data_dir, "app", len(writer.ids))
         assert_exactly_once(delivered, writer)
         assert _until(lambda: all(r["lag_bytes"] == 0 for r in read_status(state)["files"]))
         assert push.stop() == 0, push.log()
     finally:
-        again.kill()
+        gateway.kill()
