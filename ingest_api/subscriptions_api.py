@@ -4,7 +4,10 @@ A subscription belongs to the token that created it: the routes naming one are d
 ``read(owns="subscription")``, the list shows only the token's own, and each token holds at
 most ``max_subscriptions_per_token``.  Its endpoint must be an address push delivery may
 reach (public, or in ``push_allow``; see :mod:`delivery.push_targets`), checked here when it
-is created and again on every connection delivery makes.
+is created and again on every connection delivery makes.  The owner's read grant is checked
+again while delivering (:class:`~ingest_api.delivery_parts.TokenGrants`): a topic it may no
+longer read is suspended, shown in the subscription's status (``suspended``), the gateway's
+log and ``logbroker_push_suspended_topics``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,13 @@ class SubscriptionsApi:
         self._refused = ctx.metrics.counter(
             "logbroker_push_targets_refused_total",
             "subscriptions refused because their endpoint is not an allowed address",
+        )
+        push = self.push
+        ctx.metrics.gauge(
+            "logbroker_push_suspended_topics",
+            "topics push delivery holds back because the subscription's owner may not read "
+            "them now (token removed, read grant narrowed)",
+            read=lambda: float(push.suspended_topics()),
         )
 
     def _owner_of(self, name: str) -> Owned:
