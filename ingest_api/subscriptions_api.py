@@ -35,7 +35,7 @@ from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
 from ingest_api.groups_api import require_prefix
 from ingest_api.openapi import OBJECT, operation, path_param
-from ingest_api.params import json_response
+from ingest_api.params import json_filter, json_response
 from ingest_api.read_api import json_request, readable_topic
 
 
@@ -67,6 +67,7 @@ class SubscriptionsApi:
     async def create_subscription(self, request: Request) -> Response:
         access = access_of(request)
         body = await json_request(request, self.ctx.settings.limits)
+        json_filter(body.get("filter"))  # its integers are JSON integers, not strings
         sub = PushSubscription.from_json(body)
         check_subscribed_topics(sub.topics)
         for topic in sub.topics:
