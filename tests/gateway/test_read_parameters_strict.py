@@ -106,11 +106,13 @@ def test_fetch_integers_are_json_integers(filled: tuple[str, int]) -> None:
     for offset in ("5", True, 5.0, -1):
         _refused(_fetch(filled, position={"offset": offset}), "bad_request", "offset must be")
     _refused(_fetch(filled, wait_ms="0"), "bad_request", "wait_ms must be an integer")
-    for hash_mod in ("1_0", " 4", "+4", True, 4.0):
+    bad: tuple[object, ...] = ("1_0", " 4", "+4", True, 4.0)
+    for hash_mod in bad:
         body = {"hash_mod": hash_mod, "hash_rem": 0}
         _refused(_fetch(filled, filter=body), "bad_filter", "hash_mod must be an integer")
     # digits in a string, as MessageFilter.to_params (the project's clients) sends them
-    for hash_mod in (4, "4", ["4"]):
+    good: tuple[object, ...] = (4, "4", ["4"])
+    for hash_mod in good:
         assert _fetch(filled, filter={"hash_mod": hash_mod, "hash_rem": 0}).status_code == 200
 
 
