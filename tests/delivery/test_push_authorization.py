@@ -11,6 +11,9 @@ from typing import Any
 
 import httpx
 
+from ingest_api.auth import Authorizer
+from ingest_api.delivery_parts import TokenGrants
+from ingest_api.settings import TokenGrant
 from tests.delivery.conftest import PUSH_TO_LOOPBACK, Writer, wait_until
 
 _WRITER = '[tokens.tw]\nwrite = ["*"]\n\n[tokens.ta]\nadmin = true\n\n'
@@ -145,3 +148,15 @@ def test_subscription_made_without_auth_is_suspended_once_tokens_are_on(
     gw = start_gateway(data, *PUSH_TO_LOOPBACK)  # auth off again: it goes on where it stopped
     wait_until(lambda: len(endpoint.messages()) == 4, 15, "the held-back messages")
     assert max(_pushed(endpoint).values()) == 1
+
+
+def test_token_grants_name_why_an_owner_may_not_read() -> None:
+    reader = TokenGrant(read_topics=("dc1.web-*",), owner="reader", name="reader")
+    admin = TokenGrant(admin=True, owner="ops", name="ops")
+    grants = TokenGrants(Authorizer({"t1": reader, "t2": reader, "t3": admin}))
+    assert grants.refusal("reader", "dc1.web-access") is None
+    assert grants.refusal("ops", "dc1.anything") is None
+    assert "may not read topic 'dc1.app'" in str(grants.refusal("reader", "dc1.app"))
+    assert "no configured token is named 'gone'" in str(grants.refusal("gone", "dc1.web-a"))
+    assert "made while auth was off" in str(grants.refusal(None, "dc1.web-a"))
+    assert TokenGrants(Authorizer({})).refusal(None, "dc1.app") is None  # auth off
