@@ -15,6 +15,13 @@ A subscription belongs to the client (token owner) that created it; each owner m
 most ``max_per_owner`` of them.  Endpoints are checked against a
 :class:`~delivery.push_targets.PushTargetPolicy` when a subscription is created and on every
 connection delivery makes (see :mod:`delivery.push_targets`).
+
+The owner's grant is checked again while delivering, not only at the creation: tokens change
+(a rotation removes the old one, an operator narrows a ``read`` glob) and a subscription must
+not outlive its owner's right to read.  A topic its owner may no longer read (or every topic,
+when no token has the owner's name any more) is *suspended*: nothing of it is delivered, its
+positions stay where they were, and it resumes from there once the grant is back.  What
+decides is a :class:`HolderGrants` the gateway gives (its configured tokens).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import anyio.to_thread
@@ -63,6 +70,21 @@ _STOP_GRACE_S = 5.0
 PUSH_MEDIA_TYPE = "application/json"
 DEFAULT_MAX_PER_OWNER = 100
 _OWNER_FIELD = "owner"
+
+
+class HolderGrants(Protocol):
+    """Whether a subscription's owner may read a topic now (the gateway's current tokens)."""
+
+    def refusal(self, owner: str | None, topic: str) -> str | None:
+        """Why ``owner`` (``None``: made while auth was off) may not read ``topic`` now;
+        ``None`` if it may."""
+
+
+class OpenGrants:
+    """No tokens: every subscription may read every topic."""
+
+    def refusal(self, owner: str | None, topic: str) -> str | None:
+        return None
 
 
 class UnknownSubscription(BadRequest):
@@ -195,11 +217,16 @@ class SubscriptionRegistry:
     """
 
     def __init__(
-        self, store: LogStore, state: InternalState, max_per_owner: int = DEFAULT_MAX_PER_OWNER
+        self,
+        store: LogStore,
+        state: InternalState,
+        max_per_owner: int = DEFAULT_MAX_PER_OWNER,
+        grants: HolderGrants | None = None,
     ) -> None:
         self._store = store
         self._state = state
         self.max_per_owner = max_per_owner
+        self.grants: HolderGrants = grants or OpenGrants()
 
     def create(self, sub: PushSubscription, owner: str | None = None) -> bool:
         """Store ``sub`` for ``owner``; True if new, False if an identical one exists (a
@@ -286,8 +313,13 @@ class SubscriptionRegistry:
         return _skipped_of(st)
 
     def status(self, name: str) -> Doc:
-        """Settings, positions, lag, the last error and who delivers it now."""
-        sub = self.get(name)
+        """Settings, positions, lag, the last error, who delivers it now, its owner, and the
+        topics suspended because the owner may not read them (as this gateway's tokens say)."""
+        raw = (self._state.get(_REGISTRY_KEY) or {}).get(name)
+        if raw is None:
+            raise UnknownSubscription(f"no push subscription named {name!r}")
+        sub = _settings(raw)
+        owner = raw.get(_OWNER_FIELD)
         st = self._state.get(_state_key(name)) or {}
         offsets: dict[str, int] = st.get("offsets", {})
         partitions = []
@@ -303,9 +335,12 @@ class SubscriptionRegistry:
                     "lag": None if committed is None else p.end - committed,
                 }
             )
-        present = {p["topic"] for p in partitions}
+        present = {str(p["topic"]) for p in partitions}
+        suspended = suspended_topics(self.grants, owner, sorted(present | set(sub.topics)))
         return {
             "subscription": sub.to_json(),
+            "owner": owner,
+            "suspended": [{"topic": t, "reason": r} for t, r in sorted(suspended.items())],
             "missing_topics": [t for t in sub.topics if t not in present],
             "holder": st.get("holder"),
             "delivered_messages": st.get("delivered", 0),
@@ -315,6 +350,18 @@ class SubscriptionRegistry:
             "last_skip": st.get("last_skip"),
             "partitions": partitions,
         }
+
+
+def suspended_topics(
+    grants: HolderGrants, owner: str | None, topics: builtins.list[str]
+) -> dict[str, str]:
+    """Of ``topics``, those ``owner`` may not read now, each with the reason."""
+    out: dict[str, str] = {}
+    for topic in topics:
+        reason = grants.refusal(owner, topic)
+        if reason is not None:
+            out[topic] = reason
+    return out
 
 
 NOT_ENVELOPE = "not_envelope"
@@ -432,9 +479,16 @@ def count_pushed(counts: WindowCounts, batch: list[dict[str, Any]]) -> None:
 class _Delivery:
     """The delivery loop of one subscription in this process, while it holds the lease."""
 
-    def __init__(self, owner: PushDelivery, sub: PushSubscription) -> None:
+    def __init__(
+        self, owner: PushDelivery, sub: PushSubscription, client: str | None = None
+    ) -> None:
         self.owner = owner
         self.sub = sub
+        self.client = client
+        """Whose subscription it is (the token owner that made it; None: made without auth)."""
+        self.suspended: dict[str, str] = {}
+        """Topics the client may not read now, with the reason: nothing of them is read."""
+        self.checked = False
         self.stopping = False
         self.task: asyncio.Task[None] | None = None
         self.positions: dict[tuple[str, int], int] = {}
@@ -450,6 +504,7 @@ class _Delivery:
             while not self.stopping:
                 try:
                     await self._refresh_positions()
+                    await self._check_grants()
                     batch, next_positions = await self._collect()
                     if not batch:
                         continue
@@ -491,6 +546,50 @@ class _Delivery:
         self.topic_ids = {p.topic: p.topic_id for p in parts}
         self.placed = True
 
+    async def _check_grants(self) -> None:
+        """Suspend the topics the client may no longer read, resume those it may again.
+
+        A suspended topic's positions do not move, so it resumes exactly where it stopped.
+        The suspended topics are stored with the positions (only when they change), so that
+        a gateway started with the grant back logs the resumption too.
+        """
+        topics = sorted({topic for topic, _ in self.positions})
+        now = suspended_topics(self.owner.grants, self.client, topics)
+        if self.checked and now == self.suspended:
+            return
+        before = await anyio.to_thread.run_sync(self._record_suspended, now)
+        self.checked = True
+        self.suspended = now
+        for topic, reason in sorted(now.items()):
+            if before.get(topic) != reason:
+                _log.warning("push %s: suspended for topic %s: %s", self.sub.name, topic, reason)
+        for topic in sorted(set(before) - set(now)):
+            if topic in topics:
+                _log.warning(
+                    "push %s: resumed for topic %s: its owner may read it again; delivering "
+                    "from where it stopped",
+                    self.sub.name,
+                    topic,
+                )
+
+    def _record_suspended(self, now: dict[str, str]) -> dict[str, str]:
+        """Store the suspended topics; those stored before."""
+        holder = self.owner.holder_id
+
+        def change(doc: Doc | None) -> tuple[Doc | None, dict[str, str]]:
+            if doc is None or doc.get("holder") != holder:
+                raise LeaseLost(self.sub.name)
+            before = dict(doc.get("suspended") or {})
+            if before == now:
+                return doc, before
+            if now:
+                doc["suspended"] = now
+            else:
+                doc.pop("suspended", None)
+            return doc, before
+
+        return self.owner.state.update(_state_key(self.sub.name), change)
+
     def _place(self, parts: list[_Partition]) -> dict[str, int]:
         holder = self.owner.holder_id
 
@@ -523,7 +622,7 @@ class _Delivery:
         scanned: dict[tuple[str, int], int] = {}
         deadline: float | None = None
         self.skips = []
-        order = sorted(self.positions)
+        order = sorted(tp for tp in self.positions if tp[0] not in self.suspended)
         # Start each batch one partition further, so a backlog in one does not starve others.
         self.rotation = (self.rotation + 1) % max(1, len(order))
         order = order[self.rotation :] + order[: self.rotation]
@@ -566,13 +665,16 @@ class _Delivery:
                 deadline = now + sub.linger_ms / 1000
             if full or (deadline is not None and now >= deadline):
                 break
-            if not batch and any(scanned.get(tp) != off for tp, off in self.positions.items()):
+            if not batch and any(self.positions[tp] != off for tp, off in scanned.items()):
                 # Everything scanned was filtered out: remember how far we got.
                 await anyio.to_thread.run_sync(self._commit, dict(scanned), 0)
                 self.positions.update(scanned)
             wait_s = _SUPERVISE_S if deadline is None else max(0.0, deadline - now)
-            positions = [(t, p, scanned.get((t, p), off)) for (t, p), off in self.positions.items()]
-            await self.owner.watch.wait_any(positions, wait_s)
+            positions = [(t, p, scanned.get((t, p), self.positions[t, p])) for t, p in order]
+            if positions:
+                await self.owner.watch.wait_any(positions, wait_s)
+            else:  # nothing to wait on (every topic suspended, or none there yet)
+                await asyncio.sleep(wait_s)
             if deadline is None and not batch:
                 return [], {}
         return batch, scanned
@@ -658,13 +760,15 @@ class PushDelivery:
         *,
         targets: PushTargetPolicy | None = None,
         max_per_owner: int = DEFAULT_MAX_PER_OWNER,
+        grants: HolderGrants | None = None,
     ) -> None:
         self.store = store
         self.state = state
         self.watch = watch
         self.reader = reader
         self.targets = targets or PushTargetPolicy()
-        self.registry = SubscriptionRegistry(store, state, max_per_owner)
+        self.grants: HolderGrants = grants or OpenGrants()
+        self.registry = SubscriptionRegistry(store, state, max_per_owner, self.grants)
         self.holder_id = secrets.token_hex(8)
         self._running: dict[str, _Delivery] = {}
         self._supervisor: asyncio.Task[None] | None = None
@@ -676,6 +780,10 @@ class PushDelivery:
 
     async def start(self) -> None:
         self._supervisor = asyncio.create_task(self._supervise(), name="push-supervisor")
+
+    def suspended_topics(self) -> int:
+        """Topics suspended now in the deliveries this process runs."""
+        return sum(len(d.suspended) for d in self._running.values())
 
     def poke(self) -> None:
         """Look at the subscriptions now (after a create or delete through this process)."""
@@ -705,13 +813,13 @@ class PushDelivery:
     async def _reconcile(self) -> None:
         # Abandoned on cancel: with the store unreachable a call blocks for its operation
         # timeout, and a stopping gateway must not wait for a look it no longer needs.
-        subs = {
-            s.name: s
-            for s in await anyio.to_thread.run_sync(self.registry.list, abandon_on_cancel=True)
-        }
+        owned = await anyio.to_thread.run_sync(self.registry.list_owned, abandon_on_cancel=True)
+        subs = {s.name: s for s, _ in owned}
+        clients = {s.name: client for s, client in owned}
         for name, running in list(self._running.items()):
             finished = running.task is not None and running.task.done()
-            if name not in subs or subs[name] != running.sub or finished:
+            changed = subs.get(name) != running.sub or clients.get(name) != running.client
+            if name not in subs or changed or finished:
                 await self._stop_one(running)
                 del self._running[name]
         for name, sub in subs.items():
@@ -721,7 +829,7 @@ class PushDelivery:
                     await self._stop_one(self._running.pop(name))
                 continue
             if name not in self._running:
-                delivery = _Delivery(self, sub)
+                delivery = _Delivery(self, sub, clients[name])
                 delivery.task = asyncio.create_task(delivery.run(), name=f"push {name}")
                 self._running[name] = delivery
 

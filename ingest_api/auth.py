@@ -72,6 +72,8 @@ class Authorizer:
         on_cache_reset: Callable[[], None] = lambda: None,
     ) -> None:
         self._by_digest = {_digest(token): grant for token, grant in tokens.items()}
+        # Tokens of one name grant the same (settings refuse anything else): one grant a name.
+        self._by_owner = {grant.owner: grant for grant in tokens.values()}
         self._peer_digest = _digest(peer_token) if peer_token else None
         self._cache = _DecisionCache(cache_entries, on_cache_reset)
 
@@ -101,6 +103,11 @@ class Authorizer:
         if grant is None:
             raise unauthorized("unknown bearer token")
         return grant
+
+    def grant_of(self, owner: str) -> TokenGrant | None:
+        """The grant of the tokens named ``owner`` (the holder of a group or subscription);
+        ``None`` when no configured token has that owner any more."""
+        return self._by_owner.get(owner)
 
     def require_peer(self, conn: HTTPConnection) -> None:
         """401 unless the request carries the gateways' ``peer_token`` (no client token will

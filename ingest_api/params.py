@@ -1,10 +1,16 @@
 """Request values of the JSON endpoints, validated: query integers, JSON bodies and fields.
 
 Each failure is a 400 with a reason that names the parameter; nothing is changed.
+
+An integer in a query is plain ASCII decimal digits (a ``-`` before them only to say that a
+negative number is out of range): Python's ``int()`` would also take ``1_0`` (10), `` 1`` and
+``+1``, and a reader that misspelt an offset would read from somewhere else.  An integer in a
+JSON body is a JSON number without fraction or exponent, never a string or a boolean.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -12,6 +18,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from delivery.filters import BadFilter, MessageFilter, filter_from_json, parse_filter
 from delivery.framing import BINARY_MEDIA_TYPE
 from delivery.partition_reader import check_max_bytes
 from ingest_api.body import read_body
@@ -53,6 +60,29 @@ def _printable(name: str) -> str:
     return ascii(name[:60])
 
 
+_DECIMAL = re.compile(r"-?[0-9]{1,1000}")
+
+
+def is_decimal(raw: str) -> bool:
+    """Whether ``raw`` is an integer as a query gives one: ASCII decimal digits (at most
+    1,000), a ``-`` before them at most."""
+    return _DECIMAL.fullmatch(raw) is not None
+
+
+def decimal(name: str, raw: str) -> int:
+    """``raw`` (the query parameter ``name``) as an integer (:func:`is_decimal`)."""
+    if not is_decimal(raw):
+        raise ApiError(
+            400, "bad_request", f"{name} must be an integer (decimal digits), got {raw[:60]!r}"
+        )
+    return int(raw)
+
+
+def _shown(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 30 else f"a number of {len(text.lstrip('-'))} digits"
+
+
 def int_param(
     params: Mapping[str, str], name: str, default: int | None, low: int, high: int
 ) -> int:
@@ -62,12 +92,9 @@ def int_param(
         if default is None:
             raise ApiError(400, "bad_request", f"query parameter {name} is required")
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(400, "bad_request", f"{name} must be an integer, got {raw!r}") from None
+    value = decimal(name, raw)
     if not low <= value <= high:
-        raise ApiError(400, "bad_request", f"{name} must be in {low}..{high}, got {value}")
+        raise ApiError(400, "bad_request", f"{name} must be in {low}..{high}, got {_shown(value)}")
     return value
 
 
@@ -79,6 +106,33 @@ def json_int(raw: Mapping[str, Any], name: str, default: int, low: int, high: in
     if not low <= value <= high:
         raise ApiError(400, "bad_request", f"{name} must be in {low}..{high}, got {value}")
     return value
+
+
+INTEGER_FILTERS = ("hash_mod", "hash_rem")
+
+
+def query_filter(params: Any) -> MessageFilter:
+    """The filter a read's query parameters give; its integers are decimal digits."""
+    for name in INTEGER_FILTERS:
+        for value in params.getlist(name):
+            if not is_decimal(value):
+                raise BadFilter(f"filter {name}: {value[:60]!r} is not an integer (decimal digits)")
+    return parse_filter({k: params.getlist(k) for k in params})
+
+
+def json_filter(raw: object) -> MessageFilter:
+    """The filter a JSON body gives.  ``hash_mod`` and ``hash_rem`` are JSON integers, or
+    strings of decimal digits as in a query (``MessageFilter.to_params``, which the project's
+    clients send); never booleans, never ``"1_0"``, ``" 1"`` or ``"+1"``."""
+    if isinstance(raw, dict):
+        for name in INTEGER_FILTERS:
+            value = raw.get(name)
+            for item in value if isinstance(value, list) else [value]:
+                if item is None or (isinstance(item, int) and not isinstance(item, bool)):
+                    continue
+                if not isinstance(item, str) or not is_decimal(item):
+                    raise BadFilter(f"filter {name} must be an integer, got {item!r:.60}")
+    return filter_from_json(raw)
 
 
 def str_field(raw: Mapping[str, Any], name: str) -> str:

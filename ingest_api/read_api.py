@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from audit.records import in_prefix
-from delivery.filters import FILTER_FIELDS, MessageFilter, filter_from_json, parse_filter
+from delivery.filters import FILTER_FIELDS, MessageFilter
 from delivery.framing import (
     BINARY_MEDIA_TYPE,
     binary_pieces,
@@ -37,11 +37,14 @@ from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
 from ingest_api.openapi import OBJECT, operation, path_param, query_param
 from ingest_api.params import (
+    decimal,
     int_param,
     json_body,
+    json_filter,
     json_int,
     json_response,
     max_bytes_param,
+    query_filter,
     refuse_unknown,
     str_field,
     wants_binary,
@@ -94,11 +97,7 @@ def _max_bytes_query(params: Any) -> int:
     raw = params.get("max_bytes")
     if raw is None:
         return DEFAULT_MAX_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(400, "bad_request", f"max_bytes must be an integer, got {raw!r}") from None
-    return max_bytes_param(value)
+    return max_bytes_param(decimal("max_bytes", raw))
 
 
 class BinaryAnswer(Response):
@@ -174,6 +173,17 @@ def _has_news(batches: Sequence[PartitionBatch]) -> bool:
     """Whether an answer has something to say: messages, or records it left out because they
     are not envelopes (a long-poll that waited on past them would never name them)."""
     return any(b.messages or b.not_envelopes for b in batches)
+
+
+def _refuse_raw_filter(raw: bool, filt: MessageFilter) -> None:
+    """400 for a filter given with ``raw``: a raw read returns every record as stored, so the
+    filter would be dropped without a word and the read widened to everything."""
+    if raw and not filt.matches_all:
+        raise ApiError(
+            400,
+            "bad_request",
+            "a filter cannot be combined with raw (a raw read returns every record as stored)",
+        )
 
 
 def readable_topic(request: Request, name: object) -> str:
@@ -267,7 +277,8 @@ class ReadApi:
         if raw is None:
             raise ApiError(400, "bad_request", "raw must be 1, 0, true or false")
         binary = wants_binary(request, params.get("format"))
-        filt = parse_filter({k: params.getlist(k) for k in params})
+        filt = query_filter(params)
+        _refuse_raw_filter(raw, filt)
         batches = await self._fetch(
             [(topic, partition, offset)], max_bytes, wait_ms, filt, raw, window
         )
@@ -307,7 +318,8 @@ class ReadApi:
         raw = body.get("raw", False)
         if not isinstance(raw, bool):
             raise ApiError(400, "bad_request", "raw must be true or false")
-        filt = filter_from_json(body.get("filter"))
+        filt = json_filter(body.get("filter"))
+        _refuse_raw_filter(raw, filt)
         binary = wants_binary(request, body.get("format"))
         batches = await self._fetch(positions, max_bytes, wait_ms, filt, raw, window)
         self._count(batches)

@@ -4,7 +4,10 @@ A subscription belongs to the token that created it: the routes naming one are d
 ``read(owns="subscription")``, the list shows only the token's own, and each token holds at
 most ``max_subscriptions_per_token``.  Its endpoint must be an address push delivery may
 reach (public, or in ``push_allow``; see :mod:`delivery.push_targets`), checked here when it
-is created and again on every connection delivery makes.
+is created and again on every connection delivery makes.  The owner's read grant is checked
+again while delivering (:class:`~ingest_api.delivery_parts.TokenGrants`): a topic it may no
+longer read is suspended, shown in the subscription's status (``suspended``), the gateway's
+log and ``logbroker_push_suspended_topics``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
 from ingest_api.groups_api import require_prefix
 from ingest_api.openapi import OBJECT, operation, path_param
-from ingest_api.params import json_response
+from ingest_api.params import json_filter, json_response
 from ingest_api.read_api import json_request, readable_topic
 
 
@@ -46,6 +49,13 @@ class SubscriptionsApi:
             "logbroker_push_targets_refused_total",
             "subscriptions refused because their endpoint is not an allowed address",
         )
+        push = self.push
+        ctx.metrics.gauge(
+            "logbroker_push_suspended_topics",
+            "topics push delivery holds back because the subscription's owner may not read "
+            "them now (token removed, read grant narrowed)",
+            read=lambda: float(push.suspended_topics()),
+        )
 
     def _owner_of(self, name: str) -> Owned:
         exists, owner = self.registry.owner_of(name)
@@ -57,6 +67,7 @@ class SubscriptionsApi:
     async def create_subscription(self, request: Request) -> Response:
         access = access_of(request)
         body = await json_request(request, self.ctx.settings.limits)
+        json_filter(body.get("filter"))  # its integers are JSON integers, not strings
         sub = PushSubscription.from_json(body)
         check_subscribed_topics(sub.topics)
         for topic in sub.topics:
