@@ -24,7 +24,7 @@ async def read_body(request: Request, limits: Limits, *, max_bytes: int | None =
     limit = limits.max_body_bytes if max_bytes is None else max_bytes
     announced = request.headers.get("content-length")
     if announced is not None:
-        if not announced.isdigit():
+        if not (announced.isascii() and announced.isdigit()):  # '²'.isdigit(), int() refuses
             raise ApiError(400, "bad_request", "Content-Length is not a number")
         if int(announced) > limit:
             raise _too_large(limit)

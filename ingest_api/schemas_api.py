@@ -195,7 +195,7 @@ class SchemasApi:
             if found.latest is None:
                 raise ApiError(404, "unknown_version", f"log type {found.log_type!r} has none")
             return _json(found.latest.to_json())
-        if not asked.isdigit() or len(asked) > 9:
+        if not (asked.isascii() and asked.isdigit()) or len(asked) > 9:  # '²'.isdigit()
             raise ApiError(400, "bad_request", "a version is a positive number or 'latest'")
         try:
             return _json(found.version(int(asked)).to_json())

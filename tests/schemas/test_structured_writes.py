@@ -62,6 +62,9 @@ def test_a_registered_version_is_listed_shown_and_registered_again_idempotently(
     assert shown["schema"]["name"] == "Order" and shown["id"] == first.json()["id"]
     assert http.get("/v1/schemas").json() == {"log_types": ["orders"]}
     assert http.get("/v1/schemas/orders/versions/7").status_code == 404
+    for odd in ("%C2%B2", "%D9%A1", "1_0", "+1"):  # a superscript 2, an Arabic-Indic 1
+        refused = http.get(f"/v1/schemas/orders/versions/{odd}")
+        assert refused.status_code == 400, (odd, refused.text)
     assert http.get("/v1/schemas/nothing").json()["error"] == "unknown_log_type"
 
 
