@@ -17,6 +17,7 @@ from log_store import TopicConfig, open_store
 SESSION_MS = 1000
 
 
+@pytest.mark.slow
 @pytest.mark.fault
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_member_whose_commit_was_in_flight_keeps_its_partitions_across_a_gateway_restart(
