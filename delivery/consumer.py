@@ -38,7 +38,11 @@ TopicPartition = tuple[str, int]
 
 
 class Consumer:
-    """Follows ``topics`` or every topic under ``prefix``; with ``group``, shares them."""
+    """Follows ``topics`` or every topic under ``prefix``; with ``group``, shares them.
+
+    Nothing is asked of the gateway before the first :meth:`poll` (a group member joins
+    there), so a gateway that is away is met, and retried, where every other request is.
+    """
 
     def __init__(
         self,
@@ -92,8 +96,6 @@ class Consumer:
         partition's end, also when it returned no message (its answer stopped at a budget of
         records that are no envelopes or that the filter left out; or it moved past data
         retention dropped): the next poll reads more at once, the reader is not idle."""
-        if group is not None:
-            self._join()
 
     @property
     def member_id(self) -> str | None:
@@ -224,7 +226,9 @@ class Consumer:
         self.behind = False
         now = time.monotonic()
         if self._group is not None:
-            if now - self._last_heartbeat >= self._heartbeat_s or self._draining:
+            if self._member_id is None:
+                self._join()
+            elif now - self._last_heartbeat >= self._heartbeat_s or self._draining:
                 self._heartbeat()
             wait_ms = min(wait_ms, int(self._heartbeat_s * 1000))
         elif now - self._last_discovery >= (_WAITING_DISCOVER_S if self._missing else _DISCOVER_S):

@@ -208,6 +208,7 @@ def _noting_outages(
 
     @functools.wraps(method)
     def served(self: GroupCoordinator, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        self._hearing()
         with self._outage_watch():
             return method(self, *args, **kwargs)
 
@@ -222,6 +223,12 @@ class GroupCoordinator:
     they were not missed, so a reader that kept trying keeps its partitions and its commit
     of what it printed meanwhile is taken.  Another gateway that saw no failure knows of no
     outage: a member that moves to it right after one may still be expired there.
+
+    Nor does the time before this process heard its first group request count: a gateway
+    killed and started again knows nothing of its own downtime, and no member could be heard
+    while no gateway ran, so every session is counted from then at the earliest.  A member
+    that really died before (or while another gateway over the same store was up) is thus
+    expired up to one session later than it would have been.
     """
 
     def __init__(
@@ -240,6 +247,8 @@ class GroupCoordinator:
         """When this process last found the store away (ms), until it answers again."""
         self._outages: collections.deque[tuple[int, int]] = collections.deque(maxlen=32)
         """Recent spans (ms) during which this process could not reach the store."""
+        self._heard_since: int | None = None
+        """When (ms) this process got its first group request: before, it heard no member."""
 
     # -- requests ---------------------------------------------------------------------------
     @_noting_outages
@@ -427,6 +436,7 @@ class GroupCoordinator:
 
     def describe(self, group: str) -> Doc:
         """Members, owners, committed offsets and lag of a group."""
+        self._hearing()
         doc = self._existing(group)
         self._expire(doc, self._now())
         partitions = []
@@ -523,6 +533,11 @@ class GroupCoordinator:
         member["seen"] = now
         return doc
 
+    def _hearing(self) -> None:
+        """Note the first group request: from then on, this process hears members."""
+        if self._heard_since is None:
+            self._heard_since = self._now()
+
     @contextlib.contextmanager
     def _outage_watch(self) -> Iterator[None]:
         """Remember when the store did not answer this process: a member whose heartbeats
@@ -540,10 +555,13 @@ class GroupCoordinator:
             self._outage_since = None
 
     def _away_spans(self, now: int) -> list[tuple[int, int]]:
-        """When (ms) this process could not reach the store, in order: its own requests that
-        failed, one still failing ending now (this update runs, so it answers again), and
-        what the store saw (a read that waited for Kafka to come back)."""
-        spans = list(self._outages)
+        """When (ms) no member could be heard here, in order: before this process got its
+        first group request (it did not run, or had just started: a restarted gateway does
+        not know how long it was down), its own requests that failed because the store was
+        away, one still failing ending now (this update runs, so it answers again), and what
+        the store saw (a read that waited for Kafka to come back)."""
+        spans = [(0, now if self._heard_since is None else self._heard_since)]
+        spans += self._outages
         if self._outage_since is not None:
             spans.append((self._outage_since, now))
         spans += [(int(a * 1000), int(b * 1000)) for a, b in self._store.unavailable_spans()]

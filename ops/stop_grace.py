@@ -41,11 +41,18 @@ def _watch(grace_s: float, writing: threading.Lock, out: BinaryIO, what: str) ->
     if whole:
         with contextlib.suppress(Exception):
             out.flush()
-    # with the output stuck (a full pipe), a flush would wait on the stuck write's lock
+        # not writing: what holds the command is a request still waiting for the gateway
+        said = f"the gateway did not let go within {grace_s:g} s of the stop"
+    else:
+        # still in one write all this time: whatever reads the output takes nothing (a full
+        # pipe); the gateway is not to blame, and a flush would wait on the stuck write's lock
+        said = (
+            f"the output was stuck (nothing took what was written) for {2 * grace_s:g} s "
+            "after the stop"
+        )
     print(
-        f"{what}: the gateway did not let go within {grace_s:g} s of the stop; exiting without "
-        "committing or leaving the group"
-        + ("" if whole else " (the output was stuck: its last line may be cut)"),
+        f"{what}: {said}; exiting without committing or leaving the group"
+        + ("" if whole else " (its last line may be cut)"),
         file=sys.stderr,
         flush=True,
     )

@@ -21,6 +21,7 @@ import orjson
 from delivery.consumer import Consumer
 from delivery.consumer_group import validate_group
 from delivery.filters import BadFilter, MessageFilter, parse_filter
+from delivery.internal_state import is_internal
 from delivery.partition_reader import MAX_MAX_BYTES
 from delivery.pull_client import GatewayUnavailable, PullClient, ReadMessage, RequestRefused
 from log_store.errors import BadRequest, InvalidTopicName
@@ -233,21 +234,23 @@ def _any_topic(client: PullClient, prefix: str | None) -> bool:
         return True
 
 
-def _wait_for_gateway(client: PullClient, stop: dict[str, bool], until: float | None) -> bool:
-    """Wait until the gateway answers; False if stopped or out of time first."""
+def _wait_for_gateway(
+    client: PullClient, stop: dict[str, bool], until: float | None
+) -> list[str] | None:
+    """Wait until the gateway answers; its topics then, or None if stopped or out of time
+    first."""
     said = False
     while not stop["requested"]:
         try:
-            client.list_topics()
-            return True
+            return client.list_topics()
         except GatewayUnavailable as exc:
             if not said:
                 print(f"logbroker read: {exc}; retrying", file=sys.stderr, flush=True)
                 said = True
         if until is not None and time.monotonic() >= until:
-            return False
+            return None
         time.sleep(0.5)
-    return False
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -289,6 +292,19 @@ def run(args: argparse.Namespace) -> int:
     except InvalidTopicName as exc:
         print(f"logbroker read: {exc}", file=sys.stderr)
         return 2
+    if is_internal(args.topic if prefix is None else prefix):
+        # never listed nor readable: waiting for one to appear would wait for ever
+        print(
+            f"logbroker read: --topic {args.topic!r} "
+            + (
+                "names one of the gateways' internal topics"
+                if prefix is None
+                else f"(the prefix {prefix!r}) names only the gateways' internal topics"
+            )
+            + ", which no one reads",
+            file=sys.stderr,
+        )
+        return 2
     if args.group is not None:
         try:
             validate_group(args.group)
@@ -306,7 +322,8 @@ def run(args: argparse.Namespace) -> int:
     client = PullClient(args.server, token=token)
     consumer: Consumer | None = None
     try:
-        if not _wait_for_gateway(client, stop, idle_until):
+        names = _wait_for_gateway(client, stop, idle_until)
+        if names is None:
             if stop["requested"]:
                 return 0
             print(
@@ -314,16 +331,14 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-        if topics and "." not in topics[0]:
-            names = client.list_topics()
-            if topics[0] not in names:
-                # Not a topic name the gateway makes: say what exists instead of waiting.
-                print(
-                    f"logbroker read: no topic {topics[0]!r} on {args.server}"
-                    f"{_topic_hint(topics[0], names)}",
-                    file=sys.stderr,
-                )
-                return 2
+        if topics and "." not in topics[0] and topics[0] not in names:
+            # Not a topic name the gateway makes: say what exists instead of waiting.
+            print(
+                f"logbroker read: no topic {topics[0]!r} on {args.server}"
+                f"{_topic_hint(topics[0], names)}",
+                file=sys.stderr,
+            )
+            return 2
         consumer = Consumer(
             client,
             topics=topics,
@@ -367,36 +382,38 @@ def run(args: argparse.Namespace) -> int:
                     last_new = time.monotonic()
                 # Also after an empty poll: a commit the gateway missed is made again here.
                 consumer.commit()
+                # the look at the topics behind a "waiting for" hint is retried as a read is
+                missing = consumer.missing_topics
+                if missing and missing != waiting:
+                    names = client.list_topics()
+                    # a topic made between the poll and this look is not waited for: say nothing
+                    if any(topic not in names for topic in missing):
+                        print(
+                            f"logbroker read: waiting for topic {', '.join(map(repr, missing))} "
+                            f"to appear on {args.server}{_topic_hint(missing[0], names)}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                waiting = missing
+                if prefix is not None and consumer.assignment:
+                    prefix_waiting = False
+                elif prefix is not None and prefix_waiting is None:
+                    matching = client.list_topics(prefix)
+                    if not matching:
+                        hint = _prefix_hint(prefix, client.list_topics())
+                        print(
+                            f"logbroker read: no topic matches {args.topic!r} on {args.server} "
+                            f"yet; waiting for one to appear{hint}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                    prefix_waiting = not matching
                 unavailable = False
             except GatewayUnavailable as exc:
                 if not unavailable:
                     print(f"logbroker read: {exc}; retrying", file=sys.stderr, flush=True)
                     unavailable = True
                 time.sleep(1.0)
-                continue
-            missing = consumer.missing_topics
-            if missing and missing != waiting:
-                names = client.list_topics()
-                # a topic made between the poll and this look is not waited for: say nothing
-                if any(topic not in names for topic in missing):
-                    print(
-                        f"logbroker read: waiting for topic {', '.join(map(repr, missing))} "
-                        f"to appear on {args.server}{_topic_hint(missing[0], names)}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            waiting = missing
-            if prefix is not None and consumer.assignment:
-                prefix_waiting = False
-            elif prefix is not None and prefix_waiting is None:
-                prefix_waiting = not client.list_topics(prefix)
-                if prefix_waiting:
-                    print(
-                        f"logbroker read: no topic matches {args.topic!r} on {args.server} yet; "
-                        f"waiting for one to appear{_prefix_hint(prefix, client.list_topics())}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
         if stop["requested"]:
             return 0
         if waiting:
