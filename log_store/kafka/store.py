@@ -616,7 +616,31 @@ class KafkaLogStore:
         return {key: table.get(key) for key in keys}
 
     def _replay(self, topic: KafkaTopic, partition: int) -> dict[str, bytes]:
-        """The partition's state read from its changelog, without becoming its writer."""
+        """The partition's state read from its changelog, without becoming its writer.
+
+        Never ``OffsetOutOfRange``: that is a reader's answer (416), and a write or a
+        topic's description that reads state must not give it.  A changelog position that
+        Kafka says is out of range is read again from the changelog's start or last
+        snapshot, once; if it still is, the caller is told to retry (503).  (Seen right after
+        a topic was deleted and made again, for about a second: writes were answered 416
+        "offset is outside 0..4 of the state of dc1.hw/0", and a push-client parked the file.)
+        """
+        try:
+            return self._replay_once(topic, partition)
+        except OffsetOutOfRange as exc:
+            log.warning("the state of %s/%d: %s; reading it again", topic.name, partition, exc)
+            with self._replay_lock:
+                self._replayed.pop((topic.topic_id, partition), None)
+        try:
+            return self._replay_once(topic, partition)
+        except OffsetOutOfRange as exc:
+            with self._replay_lock:
+                self._replayed.pop((topic.topic_id, partition), None)
+            raise StoreUnavailable(
+                f"the state of {topic.name}/{partition} moved while it was read ({exc}); retry"
+            ) from exc
+
+    def _replay_once(self, topic: KafkaTopic, partition: int) -> dict[str, bytes]:
         state_topic = naming.state_topic(self.settings.namespace, topic.topic_id)
         with self._replay_lock:
             key = (topic.topic_id, partition)
