@@ -45,6 +45,12 @@ log = logging.getLogger(__name__)
 _MAX_ROUNDS = 12
 _CACHE_ENTRIES = 200_000
 _OWNER_WAIT_S = 2.0
+_ANSWER_MARGIN_S = 2.0
+"""A forwarded transaction is answered within the operation timeout and this much: the owner's
+answer to the forward, and the one-by-one path after a conflict or a moved owner, share that
+deadline.  (Each used to wait the timeout and 10 s more in turn: writes through a gateway
+that did not own their partitions, with Kafka away, were refused after 20-35 s or not
+answered within a client's 40 s.)"""
 BATCH_BYTES = 8 * 1024 * 1024
 """A batch of forwarded transactions closes at this size (a larger one goes alone)."""
 
@@ -573,6 +579,8 @@ class _Attempt:
     rounds: int = 0
     read: list[str] = field(default_factory=list)
     local: dict[str, bytes] = field(default_factory=dict)
+    deadline: float | None = None
+    """When (monotonic) its caller is answered 503 at the latest (None: each wait its own)."""
 
 
 class RemoteTransactions:
@@ -636,7 +644,8 @@ class RemoteTransactions:
     ) -> None:
         """Forward several transactions (those of one client request) together: their first
         tries go to each owner in one request."""
-        attempts = [_Attempt(t, p, fn, future) for t, p, fn, future in items]
+        deadline = time.monotonic() + self._timeout_s + _ANSWER_MARGIN_S
+        attempts = [_Attempt(t, p, fn, future, deadline=deadline) for t, p, fn, future in items]
 
         def run() -> None:
             started = [a for a in attempts if start_future(a.future)]
@@ -676,7 +685,7 @@ class RemoteTransactions:
             waiting.extend((a, out) for (a, _p), out in zip(group, outgoing, strict=True))
         for attempt, out in waiting:
             try:
-                answer = out.answer.result(self._timeout_s + 10.0)
+                answer = out.answer.result(_left(attempt.deadline, self._timeout_s + 10.0))
             except (NotOwner, PeerUnreachable, concurrent.futures.TimeoutError):
                 out.answer.cancel()  # if still queued
                 self._continue(attempt)  # the one-by-one path follows the owner
@@ -704,9 +713,13 @@ class RemoteTransactions:
         except RuntimeError:
             attempt.future.set_exception(StoreUnavailable("log store is closed"))
 
-    def _with_owner(self, topic: str, partition: int, call: Any) -> Any:
-        """``call(url)`` at the partition's owner, following ownership as it moves."""
-        deadline = time.monotonic() + self._timeout_s
+    def _with_owner(
+        self, topic: str, partition: int, call: Any, deadline: float | None = None
+    ) -> Any:
+        """``call(url)`` at the partition's owner, following ownership as it moves, until
+        ``deadline`` (default: the operation timeout from now)."""
+        if deadline is None:
+            deadline = time.monotonic() + self._timeout_s
         suspect: str | None = None
         last_error: Exception | None = None
         checked = False
@@ -744,15 +757,24 @@ class RemoteTransactions:
                 time.sleep(0.05)
 
     def _commit_at(
-        self, url: str, topic: str, partition: int, prepared: PreparedTransaction
+        self,
+        url: str,
+        topic: str,
+        partition: int,
+        prepared: PreparedTransaction,
+        deadline: float | None = None,
     ) -> CommitAnswer:
         """One prepared transaction through the owner's outbox (batched with others)."""
         (out,) = self._outbox(url).put([ForwardedTransaction(topic, partition, prepared)])
+        waited = _left(deadline, self._timeout_s + 10.0)
         try:
-            return out.answer.result(self._timeout_s + 10.0)
+            return out.answer.result(waited)
         except concurrent.futures.TimeoutError:
             out.answer.cancel()  # still queued: not sent (once sent, the owner's check decides)
-            raise PeerUnreachable(f"{url} did not answer a forwarded transaction") from None
+            raise PeerUnreachable(
+                f"{url} did not answer a forwarded transaction within {waited:.1f} s (the "
+                "owner may be waiting for Kafka)"
+            ) from None
 
     def read_state(
         self, topic: str, partition: int, keys: Sequence[str]
@@ -776,8 +798,9 @@ class RemoteTransactions:
                 attempt.topic,
                 attempt.partition,
                 lambda url, prepared=prepared: self._commit_at(
-                    url, attempt.topic, attempt.partition, prepared
+                    url, attempt.topic, attempt.partition, prepared, attempt.deadline
                 ),
+                attempt.deadline,
             )
             if self._absorb(attempt, answer):
                 assert answer.committed is not None
@@ -795,7 +818,9 @@ class RemoteTransactions:
         )
 
         def fetch(keys: Sequence[str]) -> None:
-            values, attempt.next_offset = self.read_state_and_next(topic, partition, keys)
+            values, attempt.next_offset = self.read_state_and_next(
+                topic, partition, keys, attempt.deadline
+            )
             known.update(values)
             fresh.update(values)
 
@@ -863,10 +888,13 @@ class RemoteTransactions:
         return False
 
     def read_state_and_next(
-        self, topic: str, partition: int, keys: Sequence[str]
+        self, topic: str, partition: int, keys: Sequence[str], deadline: float | None = None
     ) -> tuple[dict[str, bytes | None], int]:
         values, next_offset = self._with_owner(
-            topic, partition, lambda url: self._link.read_state(url, topic, partition, keys)
+            topic,
+            partition,
+            lambda url: self._link.read_state(url, topic, partition, keys),
+            deadline,
         )
         self._cache.put(topic, partition, values)
         return dict(values), int(next_offset)
@@ -887,3 +915,10 @@ def owner_error_kind(exc: BaseException) -> str:
     if isinstance(exc, UnknownTopic):
         return "unknown_topic"
     return "unavailable"
+
+
+def _left(deadline: float | None, otherwise: float) -> float:
+    """What is left until ``deadline`` (a moment at least), or ``otherwise`` without one."""
+    if deadline is None:
+        return otherwise
+    return max(0.05, deadline - time.monotonic())
