@@ -66,7 +66,7 @@ answer in time) before a new client is asked whether Kafka answers it.  librdkaf
 refused connection again every second at most (``reconnect.backoff.max.ms``), so a client
 that is still failing this long after Kafka came back will not recover by itself."""
 _RENEW_LOOK_S = 2.0
-"""What the new client gives Kafka to answer before the old one is kept after all."""
+"""What the new client (and then the old one) gives Kafka to answer."""
 _NO_BROKER_CODES = frozenset(
     (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN)
 )
@@ -223,9 +223,10 @@ class TopicAdmin:
         ).start()
 
     def _renew(self, failing_s: float) -> None:
-        """Replace the client if a new one reaches Kafka; keep it if Kafka is away for the new
-        one too (the old one then reconnects as usual once Kafka is back).  The old client
-        is used no more and dropped once the calls in flight on it have had their timeout."""
+        """Replace the client if a new one reaches Kafka and the old one, asked right after,
+        still does not; keep it if Kafka is away for the new one too (the old one then
+        reconnects as usual once Kafka is back).  The old client is used no more and dropped
+        once the calls in flight on it have had their timeout."""
         retired: AdminClient | None = None
         try:
             fresh = self._new_client()
@@ -235,7 +236,17 @@ class TopicAdmin:
             except (KafkaException, concurrent.futures.TimeoutError) as exc:
                 log.debug("a new admin client does not reach Kafka either: %s", exc)
                 return
-            retired, self.client = self.client, fresh
+            # Kafka has just come back, most likely: the old client is given the same chance
+            old = self.client
+            try:
+                old.describe_cluster(request_timeout=_RENEW_LOOK_S).result(
+                    timeout=_RENEW_LOOK_S + 0.5
+                )
+                self._answered()
+                return
+            except (KafkaException, concurrent.futures.TimeoutError):
+                pass
+            retired, self.client = old, fresh
             self._unanswered_since = None
             self.renewals += 1
             log.warning(
