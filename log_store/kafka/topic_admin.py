@@ -67,7 +67,7 @@ refused connection again every second at most (``reconnect.backoff.max.ms``), so
 that is still failing this long after Kafka came back will not recover by itself."""
 _RENEW_LOOK_S = 2.0
 """What the new client (and then the old one) gives Kafka to answer."""
-_NO_BROKER_CODES = frozenset(
+NO_BROKER_CODES = frozenset(
     (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN)
 )
 """librdkafka's own errors for a request no broker answered: the ones a stuck client gives."""
@@ -205,7 +205,7 @@ class TopicAdmin:
     def _unanswered(self, error: KafkaError | None) -> None:
         """Note a call that failed; one that no broker answered, for :data:`RENEW_AFTER_S`
         in a row, starts a look (in the background) whether a new client does better."""
-        if error is not None and error.code() not in _NO_BROKER_CODES:
+        if error is not None and error.code() not in NO_BROKER_CODES:
             self._answered()  # a broker answered, if only with an error
             return
         now = time.monotonic()

@@ -1,4 +1,4 @@
-"""An admin client that stays broken after a broker outage is replaced, not kept for ever.
+"""A client that stays broken after a broker outage is replaced, not kept for ever.
 
 After a broker outage of ~30 s, one gateway's AdminClient failed every call for minutes
 ("Failed while waiting for controller: Local: Timed out" from DescribeCluster, "Failed to
@@ -7,8 +7,9 @@ other clients talked to the same broker again: ``/readyz`` stayed 503 and every 
 the partitions the group had given it failed, so those partitions had no writer until the
 gateway was restarted.
 
-The stuck client is a stand-in that answers as that one did (librdkafka's own errors, no
-broker asked); the broker is the session's, which a new client reaches.
+The stuck clients are stand-ins that answer as that one did (librdkafka's own errors, no
+broker asked): the admin client, and the consumer every takeover reads the snapshot position
+with.  The broker is the session's, which a new client reaches.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from log_store.errors import StoreUnavailable
 from log_store.kafka import topic_admin
+from log_store.kafka.partition_owner import OwnerContext
 from log_store.kafka.settings import KafkaSettings
 from log_store.kafka.topic_admin import TopicAdmin
 
@@ -55,6 +57,22 @@ class _StuckAdminClient:
                 KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure"
             )
         )
+
+
+class _StuckConsumer:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def committed(self, *_args: Any, **_kwargs: Any) -> Any:
+        self.calls += 1
+        raise KafkaException(
+            KafkaError(
+                KafkaError._TRANSPORT, "Failed to get coordinator: Local: Broker transport failure"
+            )
+        )
+
+    def close(self) -> None:
+        pass
 
 
 @pytest.fixture
@@ -109,3 +127,28 @@ def test_an_admin_client_is_kept_while_kafka_answers_no_new_client_either(
     assert _ready_within(admin, _RENEW_AFTER_S + 4.0) is None
     assert admin.client is stuck
     assert getattr(admin, "renewals", 0) == 0
+
+
+def test_a_snapshot_consumer_that_stays_unanswered_is_replaced(
+    kafka_cluster: Any, kafka_namespace: str, quick_renewal: None
+) -> None:
+    settings = KafkaSettings(
+        kafka_cluster.bootstrap, namespace=kafka_namespace, operation_timeout_s=2.0
+    )
+    ctx = OwnerContext(settings, None, None, None, retry=lambda *_: None)  # type: ignore[arg-type]
+    stuck = _StuckConsumer()
+    ctx._snapshot_consumer = stuck  # type: ignore[assignment]
+    started = time.monotonic()
+    try:
+        while True:
+            try:
+                assert ctx.committed_snapshot(f"{kafka_namespace}state", 0) is None
+                break
+            except StoreUnavailable:
+                assert time.monotonic() - started < 15.0, (
+                    f"every takeover would still fail: {stuck.calls} asks of the stuck consumer"
+                )
+                time.sleep(0.2)
+        assert ctx._snapshot_consumer is not stuck
+    finally:
+        ctx.close()
