@@ -22,6 +22,12 @@ API before joining.  A broker that refuses it (below its
   the announcement; what was queued goes to the next owner.
 - A transaction for a partition it does not own goes to the announced owner
   (``remote_transaction``).
+- Unable to write any of the partitions it was given (none taken over, or taken over again
+  after a failure) for ``3 * operation_timeout_s`` while Kafka answers its group member and
+  other gateways own partitions, it leaves the group, so the others get them, and joins
+  again once its store says Kafka answers it (see :meth:`GatewayGroup._stalled`).  A gateway
+  whose Kafka clients stay broken while its membership heartbeats would otherwise keep its
+  partitions, without a writer, for ever.
 
 The group decides who *should* write; fencing decides who *can*: even when two gateways both
 believe they own a partition for a moment (one was presumed dead and is not), only the one
@@ -60,6 +66,10 @@ _LIST_TOPICS_S = 1.0
 """How long one look at the topics may wait: a stop waits for the look in progress (with
 Kafka unreachable, all of it), and a look that fails is made again ``_TOPICS_S`` later."""
 _LEAVE_GRACE_S = 5.0
+STALLED_TIMEOUTS = 3
+"""Operation timeouts a gateway may fail to take over every partition it was given before
+it leaves the group (each takeover is tried again meanwhile, after 1, 2, 4, 8, 10 s...)."""
+_OUT_CHECK_S = 1.0
 _WITHDRAW_S = 1.0
 
 
@@ -77,6 +87,11 @@ class GatewayGroup:
             partition_check=self._check_partition,
         )
         self._assigned: set[tuple[str, int]] = set()
+        self._unwritable: dict[tuple[str, int], float] = {}
+        """Partitions given that this gateway cannot write (not taken over, or its owner
+        broken), with since when, counted only while Kafka answers the group's member."""
+        self.rejoins = 0
+        """How many times this gateway left the group for want of takeovers, and came back."""
         self._lock = threading.Lock()
         self._store: KafkaLogStore | None = None
         self._thread: threading.Thread | None = None
@@ -206,11 +221,12 @@ class GatewayGroup:
 
     def _run(self) -> None:
         self._set_group_timeouts()
-        consumer = Consumer(self._consumer_config())
+        consumer: Consumer | None = Consumer(self._consumer_config())
         subscribed: list[str] = []
         looked = 0.0
         try:
             while not self._stopping.is_set():
+                assert consumer is not None
                 now = time.monotonic()
                 if now - looked >= _TOPICS_S or self._poke.is_set():
                     self._poke.clear()
@@ -224,13 +240,80 @@ class GatewayGroup:
                             on_lost=self._on_lost,
                         )
                         subscribed = topics
+                    if self._stalled(now, kafka_answers=topics is not None):
+                        consumer.close()  # on_revoke gives every partition up
+                        consumer = None
+                        if not self._stay_out():
+                            return
+                        consumer = Consumer(self._consumer_config())
+                        subscribed = []
+                        looked = 0.0
+                        self._unwritable.clear()
+                        self.rejoins += 1
+                        continue
                 try:
                     consumer.poll(_POLL_S)
                 except Exception as exc:  # keep the membership alive through broker hiccups
                     log.warning("gateways' group: %s", exc)
         finally:
             # leaving runs on_revoke for everything this gateway holds
-            consumer.close()
+            if consumer is not None:
+                consumer.close()
+
+    def _stalled(self, now: float, *, kafka_answers: bool) -> bool:
+        """Whether this gateway should leave: it could write none of the partitions it was
+        given (each not taken over, or its owner broken and failing to take it over again)
+        for ``STALLED_TIMEOUTS`` operation timeouts, all the while Kafka answered its
+        group member (``kafka_answers``: the caller just listed topics), and other gateways
+        own partitions (so the trouble is this gateway's, not the cluster's; one partition
+        that no gateway can take over is not passed round, since the others write theirs).
+
+        Leaving is safe for exactly-once: a partition not taken over has no writer here, and
+        whoever takes it next fences every earlier one."""
+        store = self._store
+        assert store is not None
+        if not kafka_answers:
+            self._unwritable.clear()  # an outage of the cluster: its clock starts again after
+            return False
+        assigned = self.assigned()
+        for at in assigned:
+            owner = store.local_owner(*at)
+            if owner is not None and not owner.broken:
+                self._unwritable.pop(at, None)
+            else:
+                self._unwritable.setdefault(at, now)
+        for at in set(self._unwritable) - assigned:
+            del self._unwritable[at]
+        if not assigned or len(self._unwritable) != len(assigned):
+            return False
+        since = max(self._unwritable.values())  # all of them unwritable since then
+        if now - since < STALLED_TIMEOUTS * self._settings.operation_timeout_s:
+            return False
+        others = {url for url in self.directory.snapshot().values() if url != self.url}
+        if not others:
+            return False
+        log.warning(
+            "gateway %s could write none of the %d partitions the group gave it for %.0f s, "
+            "while Kafka answers and %d other gateway(s) own partitions: leaving the group so "
+            "that they get them; joining again once Kafka answers this gateway's store",
+            self.url,
+            len(assigned),
+            now - since,
+            len(others),
+        )
+        return True
+
+    def _stay_out(self) -> bool:
+        """Out of the group for an operation timeout at least (the others take the partitions
+        over meanwhile), and until the store says Kafka answers it; False: stopping."""
+        store = self._store
+        assert store is not None
+        back = time.monotonic() + self._settings.operation_timeout_s
+        while not self._stopping.wait(_OUT_CHECK_S):
+            if time.monotonic() >= back and store.readiness() is None:
+                log.info("gateway %s joins the gateways' group again", self.url)
+                return True
+        return False
 
     def topics_changed(self) -> None:
         """Look at the topics now (this gateway just created one or grew one)."""

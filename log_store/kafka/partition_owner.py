@@ -62,7 +62,7 @@ from log_store.interface import (
     TransactionFn,
     late_commit_hook,
 )
-from log_store.kafka import naming
+from log_store.kafka import naming, topic_admin
 from log_store.kafka.failures import (
     OwnerGone,
     PartitionGone,
@@ -142,6 +142,8 @@ class OwnerContext:
     """Called with (topic, partition, seconds, table entries) after each takeover."""
     commits: CommitCounts = field(default_factory=CommitCounts)
     _snapshot_consumer: Consumer | None = None
+    _snapshots_unanswered_since: float | None = None
+    """Since when the snapshot consumer's asks have gone unanswered (no broker), if they do."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _unanswered: dict[tuple[str, int], _Unanswered] = field(default_factory=dict)
     """Per partition, its last commit whose answer never came, until it is read whether it
@@ -277,11 +279,45 @@ class OwnerContext:
         try:
             committed = ask_again(ask, timeout_s=timeout, retried_for=retried_for, pause_s=0.1)
         except KafkaException as exc:
+            self._snapshots_unanswered(kafka_error(exc))
             raise as_store_error(exc, "reading the snapshot position") from exc
+        self._snapshots_unanswered_since = None
         for tp in committed:
             if tp.error is None and tp.offset >= 0:
                 return int(tp.offset)
         return None
+
+    def _snapshots_unanswered(self, error: KafkaError | None) -> None:
+        """After :data:`~log_store.kafka.topic_admin.RENEW_AFTER_S` of asks that no broker
+        answered, the snapshot consumer is let go: the next takeover makes a new one.
+
+        Like the admin client (see ``TopicAdmin``), a librdkafka client can stay without a
+        usable broker after an outage while new clients reach Kafka; every takeover of the
+        gateway would fail on it.  (During an outage this makes a new consumer every few
+        seconds, which fails as the old one did.)"""
+        if error is None or error.code() not in topic_admin.NO_BROKER_CODES:
+            self._snapshots_unanswered_since = None
+            return
+        now = time.monotonic()
+        with self._lock:
+            since = self._snapshots_unanswered_since
+            if since is None:
+                self._snapshots_unanswered_since = now
+                return
+            if now - since < topic_admin.RENEW_AFTER_S or self._closed.is_set():
+                return
+            old, self._snapshot_consumer = self._snapshot_consumer, None
+            self._snapshots_unanswered_since = None
+        if old is None:
+            return
+        log.warning(
+            "the snapshot consumer's asks went unanswered for %.0f s: a new one is made",
+            now - since,
+        )
+        # closed once the asks in flight on it (another takeover's) have had their timeout
+        closing = threading.Timer(self.settings.operation_timeout_s + 5, old.close)
+        closing.daemon = True
+        closing.start()
 
     def close(self) -> None:
         self._closed.set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -59,6 +60,17 @@ _CONFIRM_LOOK_S = 1.0
 """What each of :func:`confirmed_gone`'s two looks gives Kafka to answer."""
 _CONFIRM_PAUSE_S = 0.2
 """Between :func:`confirmed_gone`'s two looks."""
+RENEW_AFTER_S = 5.0
+"""How long the admin client's calls may go unanswered (no broker usable, no controller, no
+answer in time) before a new client is asked whether Kafka answers it.  librdkafka tries a
+refused connection again every second at most (``reconnect.backoff.max.ms``), so a client
+that is still failing this long after Kafka came back will not recover by itself."""
+_RENEW_LOOK_S = 2.0
+"""What the new client (and then the old one) gives Kafka to answer."""
+NO_BROKER_CODES = frozenset(
+    (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN)
+)
+"""librdkafka's own errors for a request no broker answered: the ones a stuck client gives."""
 
 
 @dataclass(frozen=True)
@@ -156,21 +168,109 @@ def _new_topic_unknown(exc: Exception) -> float | None:
 
 
 class TopicAdmin:
-    """Create, describe, grow, alter and delete topics (data and state) with one AdminClient."""
+    """Create, describe, grow, alter and delete topics (data and state) with one AdminClient.
+
+    The client is made anew when its calls have gone unanswered for :data:`RENEW_AFTER_S`
+    while a new client reaches Kafka: after a broker outage of half a minute a gateway's
+    client was seen failing every call ("Failed while waiting for controller", "Failed to get
+    metadata: Local: Broker transport failure") for minutes, while the gateway's other
+    clients, and every client made after the outage, talked to the same broker."""
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
         self.ns = settings.namespace
+        self.client = self._new_client()
+        self._timeout = settings.operation_timeout_s
+        self._beside: tuple[str, ...] = ()
+        self._beside_at = -_BESIDE_S
+        self._unanswered_since: float | None = None
+        self._renewing = threading.Lock()
+        self._renew_looked = -RENEW_AFTER_S
+        self.renewals = 0
+        """How many times the client was replaced (see :meth:`_renew`)."""
+
+    def _new_client(self) -> AdminClient:
         try:
-            self.client = AdminClient(settings.admin_config())
+            return AdminClient(self.settings.admin_config())
         except KafkaException as exc:
             refused = refused_property(exc)
             if refused is None:
                 raise
             raise refused from None
-        self._timeout = settings.operation_timeout_s
-        self._beside: tuple[str, ...] = ()
-        self._beside_at = -_BESIDE_S
+
+    # -- a client that stays broken -----------------------------------------------------------
+    def _answered(self) -> None:
+        self._unanswered_since = None
+
+    def _unanswered(self, error: KafkaError | None) -> None:
+        """Note a call that failed; one that no broker answered, for :data:`RENEW_AFTER_S`
+        in a row, starts a look (in the background) whether a new client does better."""
+        if error is not None and error.code() not in NO_BROKER_CODES:
+            self._answered()  # a broker answered, if only with an error
+            return
+        now = time.monotonic()
+        since = self._unanswered_since
+        if since is None:
+            self._unanswered_since = now
+            return
+        if now - since < RENEW_AFTER_S or now - self._renew_looked < RENEW_AFTER_S:
+            return
+        if not self._renewing.acquire(blocking=False):
+            return  # a look is under way
+        self._renew_looked = now
+        threading.Thread(
+            target=self._renew, args=(now - since,), name="logbroker-admin-renew", daemon=True
+        ).start()
+
+    def _renew(self, failing_s: float) -> None:
+        """Replace the client if a new one reaches Kafka and the old one, asked right after,
+        still does not; keep it if Kafka is away for the new one too (the old one then
+        reconnects as usual once Kafka is back).  The old client is used no more and dropped
+        once the calls in flight on it have had their timeout."""
+        retired: AdminClient | None = None
+        try:
+            fresh = self._new_client()
+            future = fresh.describe_cluster(request_timeout=_RENEW_LOOK_S)
+            try:
+                future.result(timeout=_RENEW_LOOK_S + 0.5)
+            except (KafkaException, concurrent.futures.TimeoutError) as exc:
+                log.debug("a new admin client does not reach Kafka either: %s", exc)
+                return
+            # Kafka has just come back, most likely: the old client is given the same chance
+            old = self.client
+            try:
+                old.describe_cluster(request_timeout=_RENEW_LOOK_S).result(
+                    timeout=_RENEW_LOOK_S + 0.5
+                )
+                self._answered()
+                return
+            except (KafkaException, concurrent.futures.TimeoutError):
+                pass
+            retired, self.client = old, fresh
+            self._unanswered_since = None
+            self.renewals += 1
+            log.warning(
+                "the Kafka admin client's calls went unanswered for %.0f s while a new "
+                "client reaches Kafka: replaced by the new one",
+                failing_s,
+            )
+        except Exception:  # the look must never take the gateway down
+            log.exception("renewing the Kafka admin client")
+        finally:
+            self._renewing.release()
+        if retired is not None:
+            time.sleep(self._timeout + 5)
+            del retired  # librdkafka's destroy runs here, not in a caller's thread
+
+    def _list_all(self, timeout_s: float) -> Any:
+        """The whole cluster's metadata (``list_topics``)."""
+        try:
+            metadata = self.client.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            self._unanswered(kafka_error(exc))
+            raise
+        self._answered()
+        return metadata
 
     def _other_installations(
         self, kafka_names: Iterable[str] | None = None, timeout_s: float | None = None
@@ -183,7 +283,7 @@ class TopicAdmin:
             if now - self._beside_at < _BESIDE_S:
                 return self._beside
             try:
-                kafka_names = self.client.list_topics(timeout=timeout_s or self._timeout).topics
+                kafka_names = self._list_all(timeout_s or self._timeout).topics
             except KafkaException as exc:
                 raise as_store_error(exc, "listing topics") from exc
         self._beside = naming.namespaces_beside(self.ns, kafka_names)
@@ -197,7 +297,7 @@ class TopicAdmin:
         (:func:`confirmed_gone`); ``StoreUnavailable`` if it does not."""
         kafka_name = naming.data_topic(self.ns, name)
         if confirmed_gone(
-            lambda timeout_s: self.client.list_topics(timeout=timeout_s),
+            self._list_all,
             kafka_name,
             suspicion=kafka_error(exc),
         ):
@@ -230,9 +330,15 @@ class TopicAdmin:
         self, future: concurrent.futures.Future[object], what: str, timeout_s: float | None = None
     ) -> object:
         try:
-            return future.result(timeout=(timeout_s or self._timeout) + 5)
+            result = future.result(timeout=(timeout_s or self._timeout) + 5)
         except concurrent.futures.TimeoutError:
+            self._unanswered(None)
             raise StoreUnavailable(f"Kafka did not answer ({what}) in time") from None
+        except KafkaException as exc:
+            self._unanswered(kafka_error(exc))
+            raise
+        self._answered()
+        return result
 
     # -- looking ------------------------------------------------------------------------------
     def describe(self, name: str, *, timeout_s: float | None = None) -> KafkaTopic:
@@ -267,14 +373,17 @@ class TopicAdmin:
         try:
             future.result(timeout=timeout_s + 0.5)
         except KafkaException as exc:
+            self._unanswered(kafka_error(exc))
             raise as_store_error(exc, "asking Kafka to describe the cluster") from exc
         except concurrent.futures.TimeoutError:
+            self._unanswered(None)
             raise StoreUnavailable(f"Kafka did not answer within {timeout_s:g} s") from None
+        self._answered()
 
     def names(self) -> list[str]:
         """Every logbroker topic of this namespace, sorted."""
         try:
-            metadata = self.client.list_topics(timeout=self._timeout)
+            metadata = self._list_all(self._timeout)
         except KafkaException as exc:
             raise as_store_error(exc, "listing topics") from exc
         names = []
