@@ -10,7 +10,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,6 +136,16 @@ def read_delivered(data_dir: Path, log_type: str, dc: str = "dc1") -> Delivered:
     finally:
         store.close()
     return out
+
+
+def until(predicate: Callable[[], object], timeout_s: float = 20.0) -> bool:
+    """Whether ``predicate()`` came true within ``timeout_s`` (looked at every 0.1 s)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def wait_for_lines(data_dir: Path, log_type: str, count: int, timeout_s: float = 30.0) -> Delivered:

@@ -10,18 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import GatewayProcess
-from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+from tests.push_client.conftest import LineWriter, assert_exactly_once, until, wait_for_lines
 
 pytestmark = pytest.mark.slow
-
-
-def _until(predicate, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def test_a_file_first_seen_while_the_gateway_is_down_is_found_again_after_a_restart(
@@ -45,11 +36,11 @@ def test_a_file_first_seen_while_the_gateway_is_down_is_found_again_after_a_rest
     def sources_tailed() -> list[str]:
         return re.findall(r"tailing \S+/app\.log as source (\S+)", push.log())
 
-    assert _until(lambda: len(sources_tailed()) == 2), push.log()
+    assert until(lambda: len(sources_tailed()) == 2, 10.0), push.log()
     new_source = sources_tailed()[1]
     # saved once found; it used to wait for something else to save the state (an ack that
     # could not come, or a failure that happened to), and the restart never saw it again
-    _until(lambda: new_source in (state / "state.json").read_text(), 3)
+    until(lambda: new_source in (state / "state.json").read_text(), 3)
     os.rename(logs / "app.log.1", logs / "app.log.2")  # the next rotation
     os.rename(app, logs / "app.log.1")
     writer.append(app, 100)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -11,18 +10,9 @@ import pytest
 from push_client.status import read_status
 from tests.conftest import GatewayProcess
 from tests.metrics_text import samples
-from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+from tests.push_client.conftest import LineWriter, assert_exactly_once, until, wait_for_lines
 
 pytestmark = pytest.mark.slow
-
-
-def _until(predicate, timeout_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def _metric(state: Path, name: str) -> float:
@@ -46,7 +36,7 @@ def test_a_copytruncated_file_read_while_the_gateway_is_down_shows_what_it_still
     gateway.kill()
     writer.append(app, 100)  # read by the client, not acknowledged
     owed = app.stat().st_size // 2
-    assert _until(lambda: _metric(state, "logbroker_push_buffered_bytes") == owed)
+    assert until(lambda: _metric(state, "logbroker_push_buffered_bytes") == owed, 30.0)
     shutil.copy(app, logs / "app.log.1")  # logrotate's copytruncate; the glob skips the copy
     with open(app, "r+b") as f:
         f.truncate(0)
@@ -56,12 +46,12 @@ def test_a_copytruncated_file_read_while_the_gateway_is_down_shows_what_it_still
     def two_sources() -> bool:
         return len(read_status(state)["files"]) == 2
 
-    assert _until(two_sources), push.log()
+    assert until(two_sources, 30.0), push.log()
     rows = {row["phase"]: row for row in read_status(state)["files"]}
     assert rows["closing"]["lag_bytes"] == owed, rows
     assert sum(r["lag_bytes"] for r in rows.values()) == owed + new_size, rows
     # the metric counted it as no lag either
-    assert _until(lambda: _metric(state, "logbroker_push_lag_bytes") == owed + new_size), (
+    assert until(lambda: _metric(state, "logbroker_push_lag_bytes") == owed + new_size, 30.0), (
         state / "metrics.prom"
     ).read_text()
 
@@ -69,7 +59,7 @@ def test_a_copytruncated_file_read_while_the_gateway_is_down_shows_what_it_still
     try:
         delivered = wait_for_lines(gateway.data_dir, "app", len(writer.ids))
         assert_exactly_once(delivered, writer)
-        assert _until(lambda: all(r["lag_bytes"] == 0 for r in read_status(state)["files"]))
+        assert until(lambda: all(r["lag_bytes"] == 0 for r in read_status(state)["files"]), 30.0)
         assert push.stop() == 0, push.log()
     finally:
         gateway.kill()

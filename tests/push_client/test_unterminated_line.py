@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, logbroker_cmd
-from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+from tests.push_client.conftest import LineWriter, assert_exactly_once, until, wait_for_lines
 
 pytestmark = pytest.mark.slow
 
@@ -22,15 +21,6 @@ def _status(state: Path) -> str:
         cwd=REPO,
         timeout=30,
     ).stdout
-
-
-def _until(predicate, timeout_s: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def test_a_line_without_its_newline_is_named_in_the_status_until_it_ends(
@@ -48,10 +38,10 @@ def test_a_line_without_its_newline_is_named_in_the_status_until_it_ends(
     wait_for_lines(gateway.data_dir, "app", 10)
     expected = f"NO NEWLINE YET {logs / 'app.log'}: its last {len(tail)} bytes are a line"
     # its lag used to be all --status said: bytes behind, seconds growing, no reason given
-    assert _until(lambda: expected in _status(state)), _status(state)
+    assert until(lambda: expected in _status(state), 20.0), _status(state)
     with open(logs / "app.log", "ab") as f:
         f.write(b"\n")
-    assert _until(lambda: "NO NEWLINE YET" not in _status(state)), _status(state)
+    assert until(lambda: "NO NEWLINE YET" not in _status(state), 20.0), _status(state)
     delivered = wait_for_lines(gateway.data_dir, "app", 11)
     assert tail in [line for lines in delivered.lines.values() for line in lines]
     delivered.lines = {s: [x for x in lines if x != tail] for s, lines in delivered.lines.items()}
