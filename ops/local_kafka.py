@@ -467,14 +467,18 @@ def _stop_pgids(pgids: list[int], grace_s: float = 20.0) -> None:
                 os.killpg(pgid, signal.SIGKILL)
 
 
-def restart_by_state(base_dir: Path, timeout_s: float = 180.0) -> LocalKafka:
+def restart_by_state(
+    base_dir: Path, timeout_s: float = 180.0, *, down_for_s: float = 0.0
+) -> LocalKafka:
     """Stop a cluster that ``start`` of the command line runs and start it again on the same
-    ports and storage (a broker outage and its end, for trying out the gateways)."""
+    ports and storage, ``down_for_s`` seconds later (a broker outage and its end, for trying
+    out the gateways)."""
     path = base_dir / _STATE_FILE
     state = json.loads(path.read_text())
     if "nodes" not in state:
         raise KafkaUnavailable(f"the cluster in {base_dir} was started by an older version")
     _stop_pgids(state["pgids"])
+    time.sleep(down_for_s)
     cluster = LocalKafka(base_dir, len(state["nodes"]), version=state["version"])
     cluster.nodes = [
         KafkaNode(**{**node, "directory": Path(node["directory"])}) for node in state["nodes"]
@@ -527,7 +531,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("fetch", "start", "stop", "restart"))
     parser.add_argument("--dir", type=Path, default=Path("kafka-local"))
     parser.add_argument("--nodes", type=int, choices=(1, 3), default=1)
+    parser.add_argument(
+        "--down-for",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="restart: keep the cluster stopped this long before starting it again",
+    )
     args = parser.parse_args(argv)
+    if not 0 <= args.down_for <= 3600 or (args.down_for and args.action != "restart"):
+        parser.error("--down-for takes 0 to 3600 seconds, with restart only")
     try:
         if args.action == "fetch":
             print(kafka_libs())
@@ -541,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
             if not (args.dir / _STATE_FILE).exists():
                 print(f"no cluster runs in {args.dir}", file=sys.stderr)
                 return 1
-            print(restart_by_state(args.dir).bootstrap)
+            print(restart_by_state(args.dir, down_for_s=args.down_for).bootstrap)
         else:
             if not stop_by_state(args.dir):
                 print(f"no cluster runs in {args.dir}", file=sys.stderr)

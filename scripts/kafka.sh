@@ -4,7 +4,7 @@
 #   scripts/kafka.sh fetch
 #   scripts/kafka.sh start --dir /tmp/kafka [--nodes 3]    # prints the bootstrap servers;
 #                                                           # fresh storage and ports every start
-#   scripts/kafka.sh restart --dir /tmp/kafka               # same ports and storage
+#   scripts/kafka.sh restart --dir /tmp/kafka [--down-for 30]  # same ports and storage
 #   scripts/kafka.sh stop --dir /tmp/kafka
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -6,7 +6,9 @@ listener) when, while the node was down, a connection of some other process took
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,7 @@ from ops.local_kafka import (
     _port_left_unbound,
     restart_by_state,
 )
+from ops.local_kafka import main as local_kafka_main
 
 
 def _ephemeral_range() -> range:
@@ -44,10 +47,9 @@ def test_every_listener_of_a_local_cluster_is_outside_the_ephemeral_port_range(
     assert len(set(ports)) == len(ports)
 
 
-@pytest.mark.kafka
-def test_a_restart_that_fails_can_be_asked_again(tmp_path: Path) -> None:
-    """The node cannot start (its storage is gone): ``restart`` says why, and the cluster's
-    state is kept for the next ``restart`` instead of being forgotten."""
+def _cluster_that_cannot_start(tmp_path: Path) -> dict[str, Any]:
+    """The state ``start`` leaves, of a one-node cluster whose node cannot start (its storage
+    is gone)."""
     state = {
         "bootstrap": "127.0.0.1:1",
         "proxied_bootstrap": "127.0.0.1:2",
@@ -66,6 +68,30 @@ def test_a_restart_that_fails_can_be_asked_again(tmp_path: Path) -> None:
     }
     (tmp_path / "node1").mkdir()
     (tmp_path / "cluster.json").write_text(json.dumps(state))
+    return state
+
+
+@pytest.mark.kafka
+def test_a_restart_that_fails_can_be_asked_again(tmp_path: Path) -> None:
+    """``restart`` says why, and the cluster's state is kept for the next ``restart`` instead
+    of being forgotten."""
+    state = _cluster_that_cannot_start(tmp_path)
     with pytest.raises(KafkaUnavailable, match="node 1 exited"):
         restart_by_state(tmp_path, timeout_s=60)
     assert json.loads((tmp_path / "cluster.json").read_text())["nodes"] == state["nodes"]
+
+
+@pytest.mark.kafka
+def test_restart_keeps_the_cluster_away_as_long_as_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``restart --down-for S``: an outage of S seconds to watch the gateways through."""
+    _cluster_that_cannot_start(tmp_path)
+    started = time.monotonic()
+    assert local_kafka_main(["restart", "--dir", str(tmp_path), "--down-for", "1.5"]) == 1
+    assert time.monotonic() - started >= 1.5
+    assert "node 1 exited" in capsys.readouterr().err
+    for wrong in (["restart", "--down-for", "-1"], ["stop", "--down-for", "5"]):
+        with pytest.raises(SystemExit) as refused:
+            local_kafka_main([*wrong, "--dir", str(tmp_path)])
+        assert refused.value.code == 2
