@@ -167,6 +167,15 @@ def _new_topic_unknown(exc: Exception) -> float | None:
     return None
 
 
+def _unreached(client: AdminClient) -> BaseException | None:
+    """Why ``client`` got no answer from Kafka within :data:`_RENEW_LOOK_S`; None if it did."""
+    try:
+        client.describe_cluster(request_timeout=_RENEW_LOOK_S).result(timeout=_RENEW_LOOK_S + 0.5)
+    except (KafkaException, concurrent.futures.TimeoutError) as exc:
+        return exc
+    return None
+
+
 class TopicAdmin:
     """Create, describe, grow, alter and delete topics (data and state) with one AdminClient.
 
@@ -230,22 +239,15 @@ class TopicAdmin:
         retired: AdminClient | None = None
         try:
             fresh = self._new_client()
-            future = fresh.describe_cluster(request_timeout=_RENEW_LOOK_S)
-            try:
-                future.result(timeout=_RENEW_LOOK_S + 0.5)
-            except (KafkaException, concurrent.futures.TimeoutError) as exc:
-                log.debug("a new admin client does not reach Kafka either: %s", exc)
+            failure = _unreached(fresh)
+            if failure is not None:
+                log.debug("a new admin client does not reach Kafka either: %s", failure)
                 return
             # Kafka has just come back, most likely: the old client is given the same chance
             old = self.client
-            try:
-                old.describe_cluster(request_timeout=_RENEW_LOOK_S).result(
-                    timeout=_RENEW_LOOK_S + 0.5
-                )
+            if _unreached(old) is None:
                 self._answered()
                 return
-            except (KafkaException, concurrent.futures.TimeoutError):
-                pass
             retired, self.client = old, fresh
             self._unanswered_since = None
             self.renewals += 1

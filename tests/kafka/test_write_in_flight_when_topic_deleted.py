@@ -76,6 +76,18 @@ def _only_the_new_write_in_the_new_topic(writer: KafkaLogStore) -> None:
     assert again.count == 1
 
 
+def _in_flight_write_ends_soon(
+    writer: KafkaLogStore, deleted_at: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write to partition 6, while the fault set up by the test deletes the topic, is
+    refused within ``ENDED_WITHIN_S`` of the deletion; then only later writes are in the
+    topic made again."""
+    took = _ends_refused(lambda: writer.append(TOPIC, 6, [b"in flight"]), deleted_at)
+    assert took < ENDED_WITHIN_S, f"the write ended {took:.1f} s after the deletion"
+    monkeypatch.undo()
+    _only_the_new_write_in_the_new_topic(writer)
+
+
 def test_a_commit_waiting_to_be_readable_ends_soon_after_its_topic_is_deleted(
     stores: tuple[KafkaLogStore, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -94,10 +106,7 @@ def test_a_commit_waiting_to_be_readable_ends_soon_after_its_topic_is_deleted(
         return real_get(kafka_topic, partition, what, **kw)
 
     monkeypatch.setattr(watermarks, "get", get)
-    took = _ends_refused(lambda: writer.append(TOPIC, 6, [b"in flight"]), deleted_at)
-    assert took < ENDED_WITHIN_S, f"the write ended {took:.1f} s after the deletion"
-    monkeypatch.undo()
-    _only_the_new_write_in_the_new_topic(writer)
+    _in_flight_write_ends_soon(writer, deleted_at, monkeypatch)
 
 
 def test_a_takeover_between_the_fence_and_the_deletion_ends_soon_after_it(
@@ -119,10 +128,7 @@ def test_a_takeover_between_the_fence_and_the_deletion_ends_soon_after_it(
         return real_committed_snapshot(state_topic, partition)
 
     monkeypatch.setattr(ctx, "committed_snapshot", committed_snapshot)
-    took = _ends_refused(lambda: writer.append(TOPIC, 6, [b"in flight"]), deleted_at)
-    assert took < ENDED_WITHIN_S, f"the write ended {took:.1f} s after the deletion"
-    monkeypatch.undo()
-    _only_the_new_write_in_the_new_topic(writer)
+    _in_flight_write_ends_soon(writer, deleted_at, monkeypatch)
 
 
 def test_records_that_land_in_the_topic_made_again_are_not_committed(

@@ -20,7 +20,7 @@ from log_store import open_store
 from log_store.errors import UnknownTopic
 from session_dedup.chunk_codecs import decompress
 from session_dedup.envelope import decode
-from tests.conftest import REPO, logbroker_cmd
+from tests.conftest import REPO, GatewayProcess, logbroker_cmd
 
 FAST_FLAGS = [
     "--rotate-wait",
@@ -302,3 +302,36 @@ def recreate_with_inode(keep: Path, path: Path, content: bytes) -> None:
         f.write(content)
     os.link(keep, path)
     keep.unlink()
+
+
+@dataclass
+class Shipped:
+    """A push-client tailing ``logs/*.log`` whose first 100 lines of ``app`` reached
+    ``gateway``, which was then SIGKILLed (see :func:`ship_then_kill_gateway`)."""
+
+    gateway: GatewayProcess
+    logs: Path
+    app: Path
+    writer: LineWriter
+    state: Path
+    push: PushProcess
+
+
+def ship_then_kill_gateway(
+    tmp_path: Path,
+    start_gateway: Callable[[], GatewayProcess],
+    start_push: object,
+    writer: LineWriter,
+) -> Shipped:
+    """Start a gateway and a push-client on ``logs/*.log``, ship 100 lines of ``app.log``
+    written by ``writer``, then SIGKILL the gateway: what follows happens while it is down."""
+    gateway = start_gateway()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    app = logs / "app.log"
+    writer.append(app, 100)
+    state = tmp_path / "state"
+    push = start_push(gateway.url, state, str(logs / "*.log")).wait_started(state)  # type: ignore[operator]
+    wait_for_lines(gateway.data_dir, "app", 100)
+    gateway.kill()
+    return Shipped(gateway, logs, app, writer, state, push)

@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import GatewayProcess
-from tests.push_client.conftest import LineWriter, assert_exactly_once, wait_for_lines
+from tests.push_client.conftest import (
+    LineWriter,
+    assert_exactly_once,
+    ship_then_kill_gateway,
+    wait_for_lines,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -16,16 +20,9 @@ pytestmark = pytest.mark.slow
 def test_a_file_deleted_while_the_gateway_is_down_is_said_deleted_and_ships_once(
     tmp_path: Path, start_gateway, start_push
 ) -> None:
-    gateway: GatewayProcess = start_gateway()
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    app = logs / "app.log"
-    writer = LineWriter("a")
-    writer.append(app, 100)
-    state = tmp_path / "state"
-    push = start_push(gateway.url, state, str(logs / "*.log")).wait_started(state)
-    wait_for_lines(gateway.data_dir, "app", 100)
-    gateway.kill()
+    shipped = ship_then_kill_gateway(tmp_path, start_gateway, start_push, LineWriter("a"))
+    gateway, app = shipped.gateway, shipped.app
+    writer, push = shipped.writer, shipped.push
     writer.append(app, 100)
     app.unlink()  # a clean-up of old logs, or a logger that removes its file
     deadline = time.monotonic() + 10

@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import GatewayProcess
-from tests.push_client.conftest import LineWriter, assert_exactly_once, until, wait_for_lines
+from tests.push_client.conftest import (
+    LineWriter,
+    assert_exactly_once,
+    ship_then_kill_gateway,
+    until,
+    wait_for_lines,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -18,16 +23,9 @@ pytestmark = pytest.mark.slow
 def test_a_file_first_seen_while_the_gateway_is_down_is_found_again_after_a_restart(
     tmp_path: Path, start_gateway, start_push
 ) -> None:
-    gateway: GatewayProcess = start_gateway()
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    app = logs / "app.log"
-    writer = LineWriter("a")
-    writer.append(app, 100)
-    state = tmp_path / "state"
-    push = start_push(gateway.url, state, str(logs / "*.log")).wait_started(state)
-    wait_for_lines(gateway.data_dir, "app", 100)
-    gateway.kill()
+    shipped = ship_then_kill_gateway(tmp_path, start_gateway, start_push, LineWriter("a"))
+    gateway, logs, app = shipped.gateway, shipped.logs, shipped.app
+    writer, state, push = shipped.writer, shipped.state, shipped.push
     writer.append(app, 100)
     time.sleep(2)  # its sends fail and settle: nothing left that would save the state soon
     os.rename(app, logs / "app.log.1")  # rotation: the glob matches no rotated name

@@ -8,9 +8,14 @@ from pathlib import Path
 import pytest
 
 from push_client.status import read_status
-from tests.conftest import GatewayProcess
 from tests.metrics_text import samples
-from tests.push_client.conftest import LineWriter, assert_exactly_once, until, wait_for_lines
+from tests.push_client.conftest import (
+    LineWriter,
+    assert_exactly_once,
+    ship_then_kill_gateway,
+    until,
+    wait_for_lines,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -24,16 +29,9 @@ def _metric(state: Path, name: str) -> float:
 def test_a_copytruncated_file_read_while_the_gateway_is_down_shows_what_it_still_owes(
     tmp_path: Path, start_gateway, start_push
 ) -> None:
-    gateway: GatewayProcess = start_gateway()
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    app = logs / "app.log"
-    writer = LineWriter("a", pad=30)
-    writer.append(app, 100)
-    state = tmp_path / "state"
-    push = start_push(gateway.url, state, str(logs / "*.log")).wait_started(state)
-    wait_for_lines(gateway.data_dir, "app", 100)
-    gateway.kill()
+    shipped = ship_then_kill_gateway(tmp_path, start_gateway, start_push, LineWriter("a", pad=30))
+    gateway, logs, app = shipped.gateway, shipped.logs, shipped.app
+    writer, state, push = shipped.writer, shipped.state, shipped.push
     writer.append(app, 100)  # read by the client, not acknowledged
     owed = app.stat().st_size // 2
     assert until(lambda: _metric(state, "logbroker_push_buffered_bytes") == owed, 30.0)
