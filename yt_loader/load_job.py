@@ -211,7 +211,9 @@ def _plan(
                     done,
                     p.end_offset,
                     p.bytes_per_offset,
-                    config.max_range_bytes,
+                    # a range is the least a batch holds: one larger than the batch's bound
+                    # would make every batch it is in that large
+                    min(config.max_range_bytes, config.max_batch_bytes),
                 )
             )
         offsets[topic.name] = TopicOffsets(topic.topic_id, loaded)
@@ -234,7 +236,9 @@ def _hold_back(plan: _Plan, state: LoadState, refused: dict[str, str]) -> None:
 
 
 def _batches(plan: _Plan, max_batch_bytes: int) -> list[list[OffsetRange]]:
-    """Pieces in batches of about ``max_batch_bytes``, each spread over many partitions.
+    """Pieces in batches of at most ``max_batch_bytes`` each as the log stores them (the
+    partition's bytes per offset, compressed as written; a piece of one message larger than
+    that is a batch of its own), each spread over many partitions.
 
     Pieces are taken round-robin over partitions (a partition's pieces stay in offset order),
     so every batch keeps the executors busy instead of one partition's pieces filling it.
