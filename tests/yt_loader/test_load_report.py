@@ -20,9 +20,11 @@ import pytest
 from ops import cli
 from ops.commands import load as load_command
 from yt_loader import spark_session
-from yt_loader.load_job import LoadConfig, _batches, _plan
+from yt_loader.load_job import LoadConfig, _batch_size, _batches, _plan
 from yt_loader.load_target import LoadState
 from yt_loader.log_source import PartitionBounds, SourceSpec, TopicBounds
+from yt_loader.offset_ranges import OffsetRange
+from yt_loader.range_writer import WrittenRange
 
 from .conftest import append_lines
 
@@ -267,3 +269,16 @@ def test_a_submitted_driver_gets_its_log_level_when_its_spark_context_starts(
 
     # set from the SparkContext's start: the ~100 INFO lines of its start are not shown
     assert builder.conf["spark.log.level"] == expected
+
+
+def test_a_committed_batch_is_described_by_its_own_size(tmp_path: Path) -> None:
+    bounds = [TopicBounds("dc1.app", "id-1", [PartitionBounds(0, 0, 100, 200 * 1000)])]
+    config = LoadConfig(SourceSpec(data_dir=str(tmp_path)), tmp_path / "t")
+    plan = _plan(bounds, LoadState(), config)
+    written = [
+        WrittenRange(OffsetRange("dc1.app", 0, 0, 50), "a", [], lines=300, data_bytes=450_000),
+        WrittenRange(OffsetRange("dc1.app", 0, 50, 100), "a", [], lines=10, data_bytes=50_000),
+    ]
+
+    # what --max-batch-mb bounds (the bytes as stored) beside the lines' bytes
+    assert _batch_size(written, plan) == ("2 ranges, 310 lines, 0.50 MB (about 0.20 MB as stored)")
