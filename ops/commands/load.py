@@ -228,7 +228,11 @@ def run(args: argparse.Namespace) -> int:
     outcome = _Outcome()
     code = _load(args, outcome)
     if report_file is not None:
-        write_report(report_file, outcome.document(code))
+        try:
+            write_report(report_file, outcome.document(code))
+        except OSError as exc:
+            print(f"logbroker load: --report {report_file} not written: {exc}", file=sys.stderr)
+            return code or EXIT_FAILED
     return code
 
 

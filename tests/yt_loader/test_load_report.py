@@ -282,3 +282,17 @@ def test_a_committed_batch_is_described_by_its_own_size(tmp_path: Path) -> None:
 
     # what --max-batch-mb bounds (the bytes as stored) beside the lines' bytes
     assert _batch_size(written, plan) == ("2 ranges, 310 lines, 0.50 MB (about 0.20 MB as stored)")
+
+
+def test_a_report_that_cannot_be_written_is_said_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "load.json"
+    (tmp_path / f".load.json.{os.getpid()}.tmp").mkdir()  # where it would be staged
+    args = ["--data-dir", str(tmp_path), "--warehouse", str(tmp_path / "t"), "--master", "x"]
+
+    code = cli.main(["load", *args, "--report", str(report)])
+
+    assert code == 2  # the run's own outcome (a bad master) is kept
+    assert f"logbroker load: --report {report} not written: " in capsys.readouterr().err
+    assert not report.exists()
