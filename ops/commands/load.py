@@ -226,7 +226,14 @@ def run(args: argparse.Namespace) -> int:
         # a report present is the one of the last run that ended, never an older one
         report_file.unlink(missing_ok=True)
     outcome = _Outcome()
-    code = _load(args, outcome)
+    try:
+        code = _load(args, outcome)
+    except Exception as exc:
+        # the traceback goes to stderr as ever; the report says the run failed
+        if report_file is not None:
+            outcome.error = f"{type(exc).__name__}: {exc}"
+            write_report(report_file, outcome.document(EXIT_FAILED))
+        raise
     if report_file is not None:
         try:
             write_report(report_file, outcome.document(code))

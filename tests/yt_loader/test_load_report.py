@@ -10,16 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ops import cli
+from ops import cli, stop_signals
 from ops.commands import load as load_command
-from yt_loader import spark_session
+from yt_loader import load_job, spark_session
 from yt_loader.load_job import LoadConfig, _batch_size, _batches, _plan
 from yt_loader.load_target import LoadState
 from yt_loader.log_source import PartitionBounds, SourceSpec, TopicBounds
@@ -36,7 +38,7 @@ _SUBMITTED_DRIVER = textwrap.dedent(
     """
     import sys
 
-    from ops import cli
+    from ops import cli, stop_signals
     from yt_loader import load_job, spark_session
     from yt_loader.warehouse import LoadGap, Recovery
 
@@ -60,6 +62,18 @@ _SUBMITTED_DRIVER = textwrap.dedent(
     sys.exit(cli.main(sys.argv[1:]))
     """
 )
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_kept(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``cli.main`` run here records stop signals as a command does: give pytest its own back
+    (and drop the callbacks of the loads run here)."""
+    kept = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    kept[signal.SIGHUP] = signal.getsignal(signal.SIGHUP)
+    monkeypatch.setattr(stop_signals, "_callbacks", [])
+    yield
+    for signum, handler in kept.items():
+        signal.signal(signum, handler)
 
 
 def _submitted(tmp_path: Path, *load_args: str) -> subprocess.CompletedProcess[str]:
@@ -296,3 +310,27 @@ def test_a_report_that_cannot_be_written_is_said_not_a_traceback(
     assert code == 2  # the run's own outcome (a bad master) is kept
     assert f"logbroker load: --report {report} not written: " in capsys.readouterr().err
     assert not report.exists()
+
+
+def test_a_run_that_crashes_leaves_a_report_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data_dir, report = tmp_path / "data", tmp_path / "load.json"
+    append_lines(data_dir, "dc1.app", "r", partitions=1, chunks=2)
+
+    class _Spark:
+        def stop(self) -> None:
+            pass
+
+    def run_load(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the JVM went away")
+
+    monkeypatch.setattr(spark_session, "build_session", lambda *a, **k: _Spark())
+    monkeypatch.setattr(load_job, "run_load", run_load)
+    args = ["--data-dir", str(data_dir), "--warehouse", str(tmp_path / "t")]
+
+    with pytest.raises(RuntimeError):
+        cli.main(["load", *args, "--report", str(report)])
+
+    doc = json.loads(report.read_text())
+    assert (doc["exit_code"], doc["error"]) == (1, "RuntimeError: the JVM went away")
