@@ -67,6 +67,16 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def streams_merged() -> bool:
+    """True if stderr is stdout (one pipe or file, not a terminal), as in a driver that
+    ``spark-submit`` started: its PythonRunner reads the two as one stream."""
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return os.path.samestat(out, err) and not sys.stdout.isatty()
+
+
 def build_session(
     master: str | None = None,
     app_name: str = "logbroker load",

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
 from ops.token_options import add_token_options, token_from
+from yt_loader.load_report import report_document, write_report
 
 if TYPE_CHECKING:
     from yt_loader.load_job import LoadReport
@@ -250,31 +251,6 @@ def _check_report_file(path: Path) -> None:
         raise BadRequest(f"--report {path}: directory {path.parent} does not exist")
 
 
-def write_report(path: Path, doc: dict[str, Any]) -> None:
-    """Replace ``path`` with ``doc`` as JSON at once: a reader sees no file or a whole one."""
-    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(staged, "w") as out:
-        out.write(json.dumps(doc, indent=1) + "\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(staged, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-def streams_merged() -> bool:
-    """True if stderr is stdout (one pipe or file, not a terminal), as in a driver that
-    ``spark-submit`` started: its PythonRunner reads the two as one stream."""
-    try:
-        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
-    except (OSError, ValueError, AttributeError):
-        return False
-    return os.path.samestat(out, err) and not sys.stdout.isatty()
-
-
 def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
     try:
         from yt_loader.crash_points import armed_point
@@ -287,6 +263,7 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
             check_log_level,
             check_master,
             launched_by_spark_submit,
+            streams_merged,
         )
     except ModuleNotFoundError as exc:
         needed = (exc.name or "pyspark").split(".")[0]
@@ -388,23 +365,6 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
             f"{report.elapsed_s:.1f} s"
         )
     return exit_code(report)
-
-
-def report_document(report: LoadReport) -> dict[str, Any]:
-    """What ``--format json`` prints of a load that ran (and ``--report`` writes)."""
-    return {
-        "batches": report.batches,
-        "ranges": report.ranges,
-        "lines": report.lines,
-        "data_bytes": report.data_bytes,
-        "elapsed_s": round(report.elapsed_s, 3),
-        "stopped": report.stopped,
-        "recovered_files": report.recovery.published_files,
-        "discarded_batches": report.recovery.discarded_batches,
-        "gaps": [vars(g) | {"message": g.message()} for g in report.gaps],
-        "topics": {t: vars(p) for t, p in sorted(report.topics.items())},
-        "held_back": dict(sorted(report.held_back.items())),
-    }
 
 
 def exit_code(report: LoadReport) -> int:
