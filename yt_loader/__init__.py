@@ -4,8 +4,9 @@ Follow a line through it in this order: ``log_source`` (the store, read-only, or
 decoded messages), ``offset_ranges`` (the unit of work), ``range_reader`` and ``line_rows``
 (one Arrow row per log line), then either ``data_source`` (``spark.read.format("logbroker")``,
 batch and streaming) or ``range_writer`` (one task attempt's Parquet files), ``load_job`` (the
-batches) and ``load_target`` with its two formats: ``delta_table`` (a Delta Lake table, each
-batch one Delta commit of its files and offsets) and ``warehouse`` (Parquet directories with
-a commit log).  ``delta_connector`` and ``spark_session`` make the Spark session;
+batches, reported by ``load_report``) and ``load_target`` with its two formats:
+``delta_table`` (a Delta Lake table, each batch one Delta commit of its files and offsets) and
+``warehouse`` (Parquet directories with a commit log).  ``delta_connector`` and
+``spark_session`` make the Spark session;
 ``standalone_cluster`` starts a local Spark cluster for tests and benchmarks.
 """

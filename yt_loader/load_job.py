@@ -211,7 +211,9 @@ def _plan(
                     done,
                     p.end_offset,
                     p.bytes_per_offset,
-                    config.max_range_bytes,
+                    # a range is the least a batch holds: one larger than the batch's bound
+                    # would make every batch it is in that large
+                    min(config.max_range_bytes, config.max_batch_bytes),
                 )
             )
         offsets[topic.name] = TopicOffsets(topic.topic_id, loaded)
@@ -234,7 +236,9 @@ def _hold_back(plan: _Plan, state: LoadState, refused: dict[str, str]) -> None:
 
 
 def _batches(plan: _Plan, max_batch_bytes: int) -> list[list[OffsetRange]]:
-    """Pieces in batches of about ``max_batch_bytes``, each spread over many partitions.
+    """Pieces in batches of at most ``max_batch_bytes`` each as the log stores them (the
+    partition's bytes per offset, compressed as written; a piece of one message larger than
+    that is a batch of its own), each spread over many partitions.
 
     Pieces are taken round-robin over partitions (a partition's pieces stay in offset order),
     so every batch keeps the executors busy instead of one partition's pieces filling it.
@@ -427,6 +431,22 @@ def _run_batch(
     return [], lost
 
 
+def _batch_size(written: Sequence[WrittenRange], plan: _Plan) -> str:
+    """A committed batch's own size: its lines' bytes, and the log's bytes as stored that
+    ``--max-batch-mb`` bounds (estimated as the plan did)."""
+    lines = sum(w.lines for w in written)
+    data_bytes = sum(w.data_bytes for w in written)
+    stored = sum(
+        w.rng.count * plan.bytes_per_offset.get((w.rng.topic, w.rng.partition), 0.0)
+        for w in written
+    )
+    ranges = "range" if len(written) == 1 else "ranges"
+    return (
+        f"{len(written)} {ranges}, {lines} lines, {data_bytes / 1e6:.2f} MB "
+        f"(about {stored / 1e6:.2f} MB as stored)"
+    )
+
+
 def _copy(offsets: dict[str, TopicOffsets]) -> dict[str, TopicOffsets]:
     return {t: TopicOffsets(o.topic_id, dict(o.partitions), o.deleted) for t, o in offsets.items()}
 
@@ -511,6 +531,7 @@ def run_load(
                 config.crash_at,
             )
             report.batches.append(batch)
+            progress(f"batch {batch}: {_batch_size(written, plan)}")
             for w in written:
                 report.ranges += 1
                 report.lines += w.lines
@@ -520,6 +541,6 @@ def run_load(
                 topic_progress.lines += w.lines
                 topic_progress.data_bytes += w.data_bytes
             for topic in sorted({w.rng.topic for w in written}):
-                progress(f"batch {batch}: {report.topics[topic].describe()}")
+                progress(f"batch {batch}: {report.topics[topic].describe()} so far")
         report.elapsed_s = time.monotonic() - started
         return report

@@ -67,6 +67,16 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def streams_merged() -> bool:
+    """True if stderr is stdout (one pipe or file, not a terminal), as in a driver that
+    ``spark-submit`` started: its PythonRunner reads the two as one stream."""
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return os.path.samestat(out, err) and not sys.stdout.isatty()
+
+
 def build_session(
     master: str | None = None,
     app_name: str = "logbroker load",
@@ -120,10 +130,11 @@ def build_session(
                 .config("spark.driver.bindAddress", LOOPBACK)
             )
     builder = builder.config("spark.ui.showConsoleProgress", "false")
-    given = (conf or {}).get(LOG_LEVEL_CONF)
+    given = (conf or {}).get(LOG_LEVEL_CONF) or _submitted_log_level(submitted)
     level = check_log_level(log_level or given or DEFAULT_LOG_LEVEL)
-    if not submitted:
-        builder = builder.config(LOG_LEVEL_CONF, level)  # from the SparkContext's start
+    # From the SparkContext's start, which is this getOrCreate's even under spark-submit: a
+    # Python driver's JVM has none before (set after it, the level let ~100 INFO lines out).
+    builder = builder.config(LOG_LEVEL_CONF, level)
     for key, value in (conf or {}).items():
         if key != LOG_LEVEL_CONF:
             builder = builder.config(key, value)
@@ -157,6 +168,14 @@ def _warehouse_given(conf: dict[str, str] | None, submitted: bool) -> bool:
     # once PySpark is connected to that JVM reads
     SparkContext._ensure_initialized()
     return bool(SparkConf().contains(WAREHOUSE_CONF))
+
+
+def _submitted_log_level(submitted: bool) -> str | None:
+    """The ``spark.log.level`` that spark-submit's ``--conf`` or spark-defaults.conf gave."""
+    if not submitted:
+        return None
+    SparkContext._ensure_initialized()
+    return SparkConf().get(LOG_LEVEL_CONF, None)
 
 
 def _scratch_warehouse() -> str:

@@ -1,7 +1,10 @@
 """``logbroker load``: load topics into a Delta Lake table (or Parquet tables) with Spark,
 exactly once.
 
-Progress goes to stderr while it runs; the summary (or ``--format json``) to stdout.
+Progress goes to stderr while it runs; the summary (or ``--format json``) to stdout, and with
+``--report FILE`` the JSON report (with the exit code) to a file replaced at once at the end:
+``spark-submit`` merges the driver's stderr into its stdout, so on a cluster only the file
+separates the report from the progress.
 SIGTERM lets the batch in hand commit and then stops (the next run continues).  Exit
 codes: 0 loaded (or nothing new), 2 bad usage, 3 loaded but some offsets were lost to
 retention before they could be loaded, left out by ``--skip-corrupt``, or of a topic deleted
@@ -18,12 +21,15 @@ import math
 import os
 import sys
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
 from ops.token_options import add_token_options, token_from
+from yt_loader.load_report import report_document, write_report
 
 if TYPE_CHECKING:
     from yt_loader.load_job import LoadReport
@@ -97,6 +103,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "rather than stop the load at it",
     )
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also write the JSON report, with the exit code, to FILE (replaced at once when "
+        "the run ends, removed when it starts): under spark-submit, which merges stderr into "
+        "stdout, the one way to read the report apart from the progress",
+    )
     parser.add_argument(
         "--spark-log-level",
         metavar="LEVEL",
@@ -180,19 +193,89 @@ def _spark_install_hint() -> str:
     )
 
 
+@dataclass
+class _Outcome:
+    """What a run ends with, for ``--report``: the load's report if it ran, else why not."""
+
+    error: str | None = None
+    report: LoadReport | None = None
+    audit: str | None = None
+
+    def fail(self, code: int, message: str) -> int:
+        """Say ``message`` on stderr and end the run with ``code``."""
+        print(f"logbroker load: {message}", file=sys.stderr, flush=True)
+        self.error = message
+        return code
+
+    def document(self, code: int) -> dict[str, Any]:
+        doc: dict[str, Any] = {"exit_code": code, "error": self.error}
+        if self.report is not None:
+            doc |= report_document(self.report)
+        doc["audit"] = self.audit
+        doc["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return doc
+
+
 def run(args: argparse.Namespace) -> int:
+    report_file = None if args.report is None else Path(args.report)
+    if report_file is not None:
+        try:
+            _check_report_file(report_file)
+        except BadRequest as exc:
+            print(f"logbroker load: {exc}", file=sys.stderr)
+            return 2
+        # a report present is the one of the last run that ended, never an older one
+        report_file.unlink(missing_ok=True)
+    outcome = _Outcome()
+    try:
+        code = _load(args, outcome)
+    except Exception as exc:
+        # the traceback goes to stderr as ever; the report says the run failed
+        if report_file is not None:
+            outcome.error = f"{type(exc).__name__}: {exc}"
+            write_report(report_file, outcome.document(EXIT_FAILED))
+        raise
+    if report_file is not None:
+        try:
+            write_report(report_file, outcome.document(code))
+        except OSError as exc:
+            print(f"logbroker load: --report {report_file} not written: {exc}", file=sys.stderr)
+            return code or EXIT_FAILED
+    return code
+
+
+def _check_report_file(path: Path) -> None:
+    if path.is_dir() or not path.name:
+        raise BadRequest(f"--report {path} is a directory: give a file's path")
+    if not path.parent.is_dir():
+        raise BadRequest(f"--report {path}: directory {path.parent} does not exist")
+
+
+def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
     try:
         from yt_loader.crash_points import armed_point
         from yt_loader.load_job import LoadConfig, run_load
         from yt_loader.load_target import check_table_format
         from yt_loader.log_source import SourceSpec
         from yt_loader.offset_ranges import topic_patterns
-        from yt_loader.spark_session import build_session, check_log_level, check_master
+        from yt_loader.spark_session import (
+            build_session,
+            check_log_level,
+            check_master,
+            launched_by_spark_submit,
+            streams_merged,
+        )
     except ModuleNotFoundError as exc:
         needed = (exc.name or "pyspark").split(".")[0]
-        print(f"logbroker load: needs {needed}; {_spark_install_hint()}", file=sys.stderr)
-        return 2
+        return outcome.fail(2, f"needs {needed}; {_spark_install_hint()}")
     from yt_loader.errors import DataLost
+
+    if launched_by_spark_submit() and streams_merged() and args.report is None:
+        _progress(
+            "spark-submit merges this driver's stderr into its stdout: progress and the "
+            f"{'JSON report' if args.format == 'json' else 'summary'} share one stream "
+            "(--report FILE writes the report to a file)"
+        )
 
     try:
         sizes = (args.max_range_mb, args.max_batch_mb)
@@ -234,11 +317,9 @@ def run(args: argparse.Namespace) -> int:
             skip_corrupt=args.skip_corrupt,
         )
     except BadRequest as exc:
-        print(f"logbroker load: {exc}", file=sys.stderr)
-        return 2
+        return outcome.fail(2, str(exc))
     except LogbrokerError as exc:
-        print(f"logbroker load: {exc}", file=sys.stderr)
-        return 1
+        return outcome.fail(1, str(exc))
 
     stop = threading.Event()
 
@@ -248,47 +329,31 @@ def run(args: argparse.Namespace) -> int:
 
     stop_signals.on_stop(_on_stop)
     if args.audit_only and args.table_format == "parquet":
-        return _publish_audit(args, None)
+        return _publish_audit(args, None, outcome)
     try:
         spark = build_session(
             args.master, with_delta=args.table_format == "delta", log_level=log_level
         )
     except BadRequest as exc:
-        print(f"logbroker load: {exc}", file=sys.stderr)
-        return 2
+        return outcome.fail(2, str(exc))
     try:
         if args.audit_only:
-            return _publish_audit(args, spark)
+            return _publish_audit(args, spark, outcome)
         report = run_load(spark, config, _progress, stop)
+        outcome.report = report
         if not args.no_audit:
-            _publish_audit(args, spark)
+            _publish_audit(args, spark, outcome)
     except DataLost as exc:
-        print(f"logbroker load: DATA LOST: {exc}", file=sys.stderr)
-        return EXIT_DATA_LOST
+        return outcome.fail(EXIT_DATA_LOST, f"DATA LOST: {exc}")
     except BadRequest as exc:
-        print(f"logbroker load: {exc}", file=sys.stderr)
-        return 2
+        return outcome.fail(2, str(exc))
     except LogbrokerError as exc:
-        print(f"logbroker load: {exc}", file=sys.stderr)
-        return 1
+        return outcome.fail(1, str(exc))
     finally:
         spark.stop()
 
     if args.format == "json":
-        doc = {
-            "batches": report.batches,
-            "ranges": report.ranges,
-            "lines": report.lines,
-            "data_bytes": report.data_bytes,
-            "elapsed_s": round(report.elapsed_s, 3),
-            "stopped": report.stopped,
-            "recovered_files": report.recovery.published_files,
-            "discarded_batches": report.recovery.discarded_batches,
-            "gaps": [vars(g) | {"message": g.message()} for g in report.gaps],
-            "topics": {t: vars(p) for t, p in sorted(report.topics.items())},
-            "held_back": dict(sorted(report.held_back.items())),
-        }
-        print(json.dumps(doc, indent=1))
+        print(json.dumps(report_document(report), indent=1))
     else:
         for topic in sorted(report.topics):
             print(report.topics[topic].describe())
@@ -314,7 +379,7 @@ def exit_code(report: LoadReport) -> int:
     return EXIT_DATA_LOST if report.gaps else 0
 
 
-def _publish_audit(args: argparse.Namespace, spark: object) -> int:
+def _publish_audit(args: argparse.Namespace, spark: object, outcome: _Outcome) -> int:
     """Recount the table and publish it as the audit's loader tier (see ops/audit_loader.py)."""
     from ops.audit_loader import publish_table_counts
     from yt_loader.table_counts import delta_table_counts, parquet_table_counts
@@ -322,7 +387,9 @@ def _publish_audit(args: argparse.Namespace, spark: object) -> int:
     warehouse = Path(args.warehouse)
     server = args.server or args.audit_server
     if server is None:
-        _progress("audit: counts not published (with --data-dir, give --audit-server URL)")
+        source = "--data-dir" if args.data_dir is not None else "--kafka-bootstrap"
+        outcome.audit = f"counts not published (with {source}, give --audit-server URL)"
+        _progress(f"audit: {outcome.audit}")
         return 0
     if args.table_format == "parquet":
         counts = parquet_table_counts(warehouse)
@@ -331,7 +398,11 @@ def _publish_audit(args: argparse.Namespace, spark: object) -> int:
     try:
         written = publish_table_counts(counts, warehouse, server=server, token=token_from(args))
     except LogbrokerError as exc:
-        print(f"logbroker load: publishing the audit counts failed: {exc}", file=sys.stderr)
+        outcome.audit = f"publishing the audit counts failed: {exc}"
+        print(f"logbroker load: {outcome.audit}", file=sys.stderr)
+        if args.audit_only:
+            outcome.error = outcome.audit  # the run's only work failed
         return 1
-    _progress(f"audit: {len(counts)} window(s) counted, {written} total(s) published")
+    outcome.audit = f"{len(counts)} window(s) counted, {written} total(s) published"
+    _progress(f"audit: {outcome.audit}")
     return 0
