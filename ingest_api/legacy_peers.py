@@ -109,7 +109,7 @@ class StagingPeers:
                 f"store_id {store_id} is staged at {url}, which did not answer "
                 f"({type(exc).__name__}); retry later"
             ) from None
-        if response.status_code == 404:
+        if response.status_code == 404 and _error(response) == "unknown_store_id":
             raise UnknownStagedData(
                 f"nothing is staged under store_id {store_id} any more (expired)"
             )
@@ -147,6 +147,16 @@ class StagingPeers:
             _log.warning(
                 "cannot mark %s written at %s: HTTP %d", store_id, url, response.status_code
             )
+
+
+def _error(response: httpx.Response) -> str | None:
+    """The error code of an answer of ours; None for any other (a gateway from before a
+    route existed answers 404 with another code)."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error if isinstance(error, str) else None
 
 
 def _path(store_id: str) -> str:
