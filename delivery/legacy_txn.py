@@ -10,19 +10,29 @@ The marker carries the data record's offset, so a reader resolves a transaction 
 and keeps no pending state: a reader's position is a plain offset, as for every other record.
 Both steps are idempotent: the partition's state area holds, per transaction, the data offset
 and whether it committed, updated in the same transaction as the append.
+
+A piece is written at most once, under one transaction id: ``/commit_request`` first binds the
+staged piece to its ``txn_id`` (:meth:`LegacyStaging.claim`, in the piece's own file, under a
+lock that every process of the gateway shares) and only then writes it.  Every later request
+under another id finds the binding and writes nothing, whatever the interleaving, and a crash
+at any step leaves either no binding (nothing written) or one that a repeat under the same id
+completes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import secrets
+import signal
 import threading
 import time
 import zlib
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +61,8 @@ class TxnIdTaken(BadRequest):
 
 
 class StoreIdWritten(BadRequest):
-    """A ``/commit_request`` of a store id whose data was written under another transaction
-    id: it is in the log once, under that id, and is not written again."""
+    """A ``/commit_request`` of a store id whose data was written (or is bound to be written)
+    under another transaction id: it is in the log once, under that id, never again."""
 
 
 class WindowExpired(BadRequest):
@@ -80,10 +90,38 @@ class StagedData:
     data: bytes
     written: bool = False
     """The data went to the log already; only its metadata is kept, for repeated requests."""
+    txn_id: str | None = None
+    """The transaction the piece is bound to (see :meth:`LegacyStaging.claim`); None: not yet,
+    or staged (or written) by a gateway from before the binding."""
+
+    def meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"log_type": self.log_type, "server": self.server, "file": self.file}
+        if self.written:
+            meta["written"] = True
+        if self.txn_id is not None:
+            meta["txn_id"] = self.txn_id
+        return meta
 
 
 DEFAULT_MAX_STAGED_BYTES = 1024**3
 _RECOUNT_S = 1.0
+_LOCK_PREFIX = ".lock-"
+_LOCK_STRIPES = 16
+
+CRASH_AT_ENV = "LOGBROKER_LEGACY_CRASH_AT"
+CRASH_POINTS = {
+    "after-claim": "the piece is bound to its txn_id; nothing is in the log",
+    "after-data-write": "the data record is durable; the staged piece is not marked written",
+}
+
+
+def reach(point: str) -> None:
+    """A test hook: die here by SIGKILL if ``LOGBROKER_LEGACY_CRASH_AT`` names ``point``, as a
+    crash would stop the gateway there.  The crash tests use it; it has no other use."""
+    if point not in CRASH_POINTS:
+        raise ValueError(f"{point!r} is not a crash point")
+    if os.environ.get(CRASH_AT_ENV) == point:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class LegacyStaging:
@@ -92,6 +130,11 @@ class LegacyStaging:
     At most ``max_bytes`` are staged at once (data uploaded but not yet requested into the
     log, or not yet expired): a further ``/store`` is :class:`LimitReached`.  The total is the
     directory's, recounted at most once a second, so other processes' uploads count too.
+
+    A piece's file changes only by an atomic replace, under a lock file in the directory
+    (``flock``: it holds between the threads and the worker processes of a gateway, and a
+    killed holder releases it), so binding it to a transaction and marking it written are
+    each all or nothing, and never interleave.
     """
 
     def __init__(
@@ -136,7 +179,8 @@ class LegacyStaging:
 
     def _write(self, store_id: str, meta: dict[str, Any], data: bytes) -> None:
         raw_meta = json.dumps(meta).encode()
-        tmp = self._dir / f"{store_id}.tmp"
+        # A name of its own: a writer never renames another's half-written file.
+        tmp = self._dir / f"{store_id}.{secrets.token_hex(4)}.tmp"
         with open(tmp, "wb") as out:
             out.write(len(raw_meta).to_bytes(4, "big") + raw_meta + data)
             out.flush()
@@ -149,10 +193,58 @@ class LegacyStaging:
         finally:
             os.close(fd)
 
-    def mark_written(self, staged: StagedData) -> None:
-        """Drop the data but keep the metadata, so a repeated request is answered the same."""
-        meta = {"log_type": staged.log_type, "server": staged.server, "file": staged.file}
-        self._write(staged.store_id, {**meta, "written": True}, b"")
+    @contextlib.contextmanager
+    def _locked(self, store_id: str) -> Iterator[None]:
+        """Hold the lock of ``store_id``'s pieces (one of a few stripes; a file opened per use,
+        so that threads of one process exclude each other as processes do)."""
+        stripe = int(store_id[-2:], 16) % _LOCK_STRIPES
+        fd = os.open(self._dir / f"{_LOCK_PREFIX}{stripe:x}", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def claim(self, store_id: str, txn_id: str) -> StagedData:
+        """Bind the piece to ``txn_id`` unless it is bound already; return it as now stored.
+
+        The answer's ``txn_id`` is the one transaction id the piece may ever be written under:
+        ``txn_id`` itself, or the one an earlier request bound it to.  The binding is durable
+        before the answer, so a crash after it leaves a piece that only a repeat under the
+        bound id can write.  A piece written by a gateway from before the binding is answered
+        unbound and written (:func:`write_data` refuses it under a new id).
+        """
+        validate_store_id(store_id)
+        with self._locked(store_id):
+            staged = self.get(store_id)
+            if staged.txn_id is not None or staged.written:
+                return staged
+            bound = replace(staged, txn_id=txn_id)
+            self._write(store_id, bound.meta(), bound.data)
+            return bound
+
+    def release(self, store_id: str, txn_id: str) -> None:
+        """Undo :meth:`claim` for a piece that can never be written under ``txn_id`` (the
+        transaction holds another piece): it may then be requested under another id."""
+        validate_store_id(store_id)
+        with self._locked(store_id):
+            try:
+                staged = self.get(store_id)
+            except UnknownStagedData:
+                return
+            if staged.txn_id == txn_id and not staged.written:
+                self._write(store_id, replace(staged, txn_id=None).meta(), staged.data)
+
+    def mark_written(self, store_id: str) -> StagedData:
+        """Drop the data but keep the metadata and the binding, so a repeated request is
+        answered the same; returns the piece as now stored."""
+        validate_store_id(store_id)
+        with self._locked(store_id):
+            staged = self.get(store_id)
+            if not staged.written:
+                staged = replace(staged, written=True, data=b"")
+                self._write(store_id, staged.meta(), b"")
+            return staged
 
     def get(self, store_id: str) -> StagedData:
         return decode_staged(store_id, self.raw(store_id))
@@ -173,6 +265,8 @@ class LegacyStaging:
         cutoff = (now if now is not None else time.time()) - self.max_age_s
         dropped = 0
         for path in self._dir.iterdir():
+            if path.name.startswith(_LOCK_PREFIX):
+                continue  # removing a lock file while it is held would break the lock
             try:
                 if path.stat().st_mtime < cutoff:
                     path.unlink()
@@ -198,6 +292,7 @@ def decode_staged(store_id: str, raw: bytes) -> StagedData:
         file=meta["file"],
         data=raw[4 + meta_len :],
         written=bool(meta.get("written")),
+        txn_id=meta.get("txn_id"),
     )
 
 
@@ -222,7 +317,15 @@ def write_data(
     store: LogStore, topic: str, partitions: int, txn_id: str, staged: StagedData
 ) -> TxnWritten:
     """``/commit_request``: write the staged data once under ``txn_id``; safe to repeat, also
-    after the topic grew partitions (the repeat finds the partition the first one used)."""
+    after the topic grew partitions (the repeat finds the partition the first one used).
+
+    The data record and its offset in the transaction's state go in one partition
+    transaction, so a crash leaves both or neither, and a repeat never writes a second copy.
+    ``staged`` must be bound to ``txn_id`` (:meth:`LegacyStaging.claim`) where it is staged:
+    that is what keeps another transaction id, in another partition, from writing it too.
+    """
+    if staged.txn_id is not None and staged.txn_id != txn_id:
+        raise StoreIdWritten(_bound_elsewhere(staged.store_id, staged.txn_id))
     try:
         partition = find_txn_partition(store, topic, partitions, txn_id)
     except UnknownTransaction:
@@ -236,7 +339,7 @@ def write_data(
         kind="legacy_data",
         txn_id=txn_id,
     )
-    outcome: dict[str, Any] = {}
+    outcome: dict[str, int] = {}
 
     def fn(state: PartitionState) -> list[bytes]:
         doc = _load(state, txn_id)
@@ -248,43 +351,58 @@ def write_data(
                 f"{staged.store_id} was not written: request it under another txn_id"
             )
         if doc is not None and doc.get("data_offset") is not None:
-            outcome["data_offset"] = doc["data_offset"]
+            outcome["data_offset"] = int(doc["data_offset"])
             return []
         if staged.written:
+            # written by a gateway from before the binding, under some other transaction id
             raise StoreIdWritten(
                 f"the data of store_id {staged.store_id} was written under another txn_id; "
                 "it is not written again (request it under that txn_id)"
             )
-        # No offset recorded: a first request, or one whose second step a crash cut off.  A
-        # record written by such an attempt is never named by a marker, so it is never read.
+        # No offset recorded: a first request, or (a gateway from before the offset was kept
+        # with the data) one whose second step a crash cut off.  A record written by such an
+        # attempt is never named by a marker, so it is never read.
         attempt = 1 if doc is None else int(doc["attempt"]) + 1
+        data_offset = state.next_offset()
         _save(
             state,
             txn_id,
             {
                 "attempt": attempt,
-                "data_offset": None,
+                "data_offset": data_offset,
                 "write_time": now_ms,
                 "store_id": staged.store_id,
             },
         )
-        outcome["attempt"] = attempt
+        outcome["data_offset"] = data_offset
         return [writer.encode(attempt, now_ms, now_ms, staged.data)]
 
-    result = store.transact(topic, partition, fn)
-    if "data_offset" in outcome:
-        return TxnWritten(txn_id, topic, partition, int(outcome["data_offset"]))
-    data_offset = result.first_offset
+    store.transact(topic, partition, fn)
+    return TxnWritten(txn_id, topic, partition, outcome["data_offset"])
 
-    def record_offset(state: PartitionState) -> list[bytes]:
-        doc = _load(state, txn_id)
-        if doc is not None and doc["attempt"] == outcome["attempt"]:
-            doc["data_offset"] = data_offset
-            _save(state, txn_id, doc)
-        return []
 
-    store.transact(topic, partition, record_offset)
-    return TxnWritten(txn_id, topic, partition, data_offset)
+def _bound_elsewhere(store_id: str, bound_to: str) -> str:
+    return (
+        f"the data of store_id {store_id} was requested under txn_id {bound_to!r} first: it "
+        f"is written under that id only, once (repeat the request under {bound_to!r})"
+    )
+
+
+def store_id_written_elsewhere(store_id: str, bound_to: str) -> StoreIdWritten:
+    """The refusal of a request naming another id than the one the piece is bound to."""
+    return StoreIdWritten(_bound_elsewhere(store_id, bound_to))
+
+
+def txn_store_id(store: LogStore, topic: str, partitions: int, txn_id: str) -> str | None:
+    """The store id whose data ``txn_id`` holds, or None (nothing written under it yet, or
+    written before the store id was kept)."""
+    try:
+        partition = find_txn_partition(store, topic, partitions, txn_id)
+    except UnknownTransaction:
+        return None
+    raw = store.get_state(topic, partition, _STATE_PREFIX + txn_id)
+    owner = None if raw is None else json.loads(raw).get("store_id")
+    return None if owner is None else str(owner)
 
 
 def find_txn_partition(store: LogStore, topic: str, partitions: int, txn_id: str) -> int:

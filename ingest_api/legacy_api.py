@@ -6,7 +6,9 @@ Wire format (stable; see docs/protocol.md, "Legacy Archive API"):
     answers ``{"store_id": "<32 hex>"}``: the data is staged (fsynced), not yet in the log.
 ``POST /commit_request?store_id=S[&txn_id=X]``
     writes the staged data to ``<dc>.<T>`` as one record of transaction X (default: S) and
-    answers ``{"txn_id", "topic", "partition", "offset"}``.  Repeating it is harmless.
+    answers ``{"txn_id", "topic", "partition", "offset"}``.  Repeating it is harmless; the
+    first request binds S to X, and S under any other id is refused (409 ``store_id_written``)
+    and written nowhere, also when the requests race or a gateway was killed in between.
 ``POST /commit?txn_id=X&log_type=T``
     writes the transaction's commit marker and answers ``{"txn_id", "topic", "partition",
     "data_offset", "committed": true}``.  Repeating it is harmless.  More than 60 s after the
@@ -22,6 +24,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from dataclasses import replace
 from typing import Any
 
 import anyio.to_thread
@@ -38,6 +41,9 @@ from delivery.legacy_txn import (
     UnknownStagedData,
     UnknownTransaction,
     find_txn_partition,
+    reach,
+    store_id_written_elsewhere,
+    txn_store_id,
     validate_store_id,
     validate_txn_id,
     write_commit,
@@ -135,14 +141,20 @@ class LegacyApi:
         access_of(request).require_write(staged.log_type)
         topic = self.ctx.topic_for(staged.log_type)
         try:
+            staged = await anyio.to_thread.run_sync(self._bind, topic, txn_id, staged, holder)
+            reach("after-claim")
             written = await anyio.to_thread.run_sync(self._write_data, topic, txn_id, staged)
         except TxnIdTaken as exc:
+            # The piece is not in the log under txn_id and never will be: unbind it, so that
+            # it can be requested under another id.
+            await anyio.to_thread.run_sync(self._release, store_id, txn_id, holder)
             raise ApiError(409, "txn_id_taken", str(exc)) from None
         except StoreIdWritten as exc:
             raise ApiError(409, "store_id_written", str(exc)) from None
+        reach("after-data-write")
         if not staged.written:
             if holder is None:
-                await anyio.to_thread.run_sync(self.staging.mark_written, staged)
+                await anyio.to_thread.run_sync(self.staging.mark_written, store_id)
             elif self.peers is not None:
                 await anyio.to_thread.run_sync(self.peers.mark_written, holder, store_id)
         return _json(
@@ -153,6 +165,40 @@ class LegacyApi:
                 "offset": written.data_offset,
             }
         )
+
+    def _bind(self, topic: str, txn_id: str, staged: StagedData, holder: str | None) -> StagedData:
+        """The piece, bound to ``txn_id`` where it is staged; :class:`StoreIdWritten` if it
+        is bound to another id that may still write it.
+
+        A binding to an id whose transaction holds another piece is dead (this piece can
+        never be written under it; a crash cut off its release): it is dropped, once."""
+        for _ in range(2):
+            bound = self._claim(staged, txn_id, holder)
+            if bound.txn_id is None or bound.txn_id == txn_id:
+                return bound
+            partitions = self._partitions(topic)
+            owner = (
+                None
+                if partitions is None
+                else txn_store_id(self.ctx.store, topic, partitions, bound.txn_id)
+            )
+            if owner is None or owner == staged.store_id:
+                break
+            self._release(staged.store_id, bound.txn_id, holder)
+        raise store_id_written_elsewhere(staged.store_id, str(bound.txn_id))
+
+    def _claim(self, staged: StagedData, txn_id: str, holder: str | None) -> StagedData:
+        if holder is None:
+            return self.staging.claim(staged.store_id, txn_id)
+        assert self.peers is not None  # a holder is only ever found among the peers
+        bound, written = self.peers.claim(holder, staged.store_id, txn_id)
+        return replace(staged, txn_id=bound, written=written or staged.written)
+
+    def _release(self, store_id: str, txn_id: str, holder: str | None) -> None:
+        if holder is None:
+            self.staging.release(store_id, txn_id)
+        elif self.peers is not None:
+            self.peers.release(holder, store_id, txn_id)
 
     def _staged(self, store_id: str) -> tuple[StagedData, str | None]:
         """The piece, and the URL of the gateway holding it (None: this one)."""
@@ -169,16 +215,38 @@ class LegacyApi:
         raw = await anyio.to_thread.run_sync(self.staging.raw, request.path_params["store_id"])
         return Response(raw, media_type="application/octet-stream")
 
+    async def peer_claim(self, request: Request) -> Response:
+        """For another gateway about to write this gateway's piece: bind it to ``txn_id``
+        (unless bound already) and answer the id it is bound to."""
+        store_id = request.path_params["store_id"]
+        txn_id = validate_txn_id(request.query_params.get("txn_id", ""))
+        staged = await anyio.to_thread.run_sync(self.staging.claim, store_id, txn_id)
+        body = {"store_id": store_id, "txn_id": staged.txn_id, "written": staged.written}
+        return _json(body)
+
+    async def peer_release(self, request: Request) -> Response:
+        """For another gateway that found ``txn_id`` holding other data: unbind the piece."""
+        store_id = request.path_params["store_id"]
+        txn_id = validate_txn_id(request.query_params.get("txn_id", ""))
+        await anyio.to_thread.run_sync(self.staging.release, store_id, txn_id)
+        return _json({"store_id": store_id})
+
     async def peer_mark_written(self, request: Request) -> Response:
         """For another gateway that wrote this gateway's piece to the log."""
-        staged = await anyio.to_thread.run_sync(self.staging.get, request.path_params["store_id"])
-        if not staged.written:
-            await anyio.to_thread.run_sync(self.staging.mark_written, staged)
+        staged = await anyio.to_thread.run_sync(
+            self.staging.mark_written, request.path_params["store_id"]
+        )
         return _json({"store_id": staged.store_id, "written": True})
 
     def _write_data(self, topic: str, txn_id: str, staged: Any) -> Any:
         partitions = self._ensure_topic(topic)
         return write_data(self.ctx.store, topic, partitions, txn_id, staged)
+
+    def _partitions(self, topic: str) -> int | None:
+        try:
+            return len(self.ctx.store.describe_topic(topic).partitions)
+        except UnknownTopic:
+            return None
 
     def _ensure_topic(self, topic: str) -> int:
         try:
@@ -304,6 +372,22 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
         route("GET", STAGING_PATH + "/{store_id}", api.peer_staged, PEER, name="peer_staged"),
         route(
             "POST",
+            STAGING_PATH + "/{store_id}/claim",
+            api.peer_claim,
+            PEER,
+            query=("txn_id",),
+            name="peer_staged_claim",
+        ),
+        route(
+            "POST",
+            STAGING_PATH + "/{store_id}/release",
+            api.peer_release,
+            PEER,
+            query=("txn_id",),
+            name="peer_staged_release",
+        ),
+        route(
+            "POST",
             STAGING_PATH + "/{store_id}/written",
             api.peer_mark_written,
             PEER,
@@ -382,6 +466,21 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                 "internal: a legacy piece staged on this gateway, as stored",
                 params=params,
                 ok_media={"application/octet-stream": {"schema": {"type": "string"}}},
+            )
+        }
+        bind_params = [*params, query("txn_id", True)]
+        paths[STAGING_PATH + "/{store_id}/claim"] = {
+            "post": operation(
+                "peerStagedClaim",
+                "internal: bind a legacy piece staged here to a transaction id (if unbound)",
+                params=bind_params,
+            )
+        }
+        paths[STAGING_PATH + "/{store_id}/release"] = {
+            "post": operation(
+                "peerStagedRelease",
+                "internal: unbind a legacy piece whose transaction id holds other data",
+                params=bind_params,
             )
         }
         paths[STAGING_PATH + "/{store_id}/written"] = {

@@ -3,10 +3,12 @@
 ``/store`` stages its data on the disk of the gateway that received it (see
 :class:`delivery.legacy_txn.LegacyStaging`).  With several gateways on Kafka, an old client's
 ``/commit_request`` may reach another one; that gateway asks its peers for the piece
-(``GET /v1/internal/legacy-staging/{store_id}``, the ``peer_token`` as bearer), writes it to
-the log itself, and has the holder keep it as written
-(``POST /v1/internal/legacy-staging/{store_id}/written``), so a repeated request, wherever it
-lands, is answered the same and the data is never written under a second transaction id.
+(``GET /v1/internal/legacy-staging/{store_id}``, the ``peer_token`` as bearer), has the holder
+bind it to the request's transaction id (``POST .../{store_id}/claim?txn_id=X``, answered with
+the id it is bound to, under the holder's lock: the one place that decides, whichever gateways
+the requests reach), writes it to the log itself, and has the holder keep it as written
+(``POST .../{store_id}/written``), so a repeated request, wherever it lands, is answered the
+same and the data is never written under a second transaction id.
 
 The peers are the gateways the owners' map names (``__logbroker-owners``): every gateway of
 the group that owns a partition, and every one it named within the staging's maximum age (a
@@ -92,9 +94,50 @@ class StagingPeers:
                     del self._seen[url]
             return sorted(self._seen)
 
+    def claim(self, url: str, store_id: str, txn_id: str) -> tuple[str | None, bool]:
+        """Bind the piece held at ``url`` to ``txn_id`` there (see ``LegacyStaging.claim``):
+        the transaction id it is bound to, and whether it is written.
+
+        Raises :class:`UnknownStagedData` if the holder no longer has it, ``StoreUnavailable``
+        if the holder cannot answer: writing without the binding could write it twice."""
+        try:
+            response = self._client.post(
+                url + _path(store_id) + "/claim", params={"txn_id": txn_id}
+            )
+        except httpx.HTTPError as exc:
+            raise StoreUnavailable(
+                f"store_id {store_id} is staged at {url}, which did not answer "
+                f"({type(exc).__name__}); retry later"
+            ) from None
+        if response.status_code == 404 and _error(response) == "unknown_store_id":
+            raise UnknownStagedData(
+                f"nothing is staged under store_id {store_id} any more (expired)"
+            )
+        if response.status_code != 200:
+            raise StoreUnavailable(
+                f"store_id {store_id} is staged at {url}, which answered HTTP "
+                f"{response.status_code} to binding it to a transaction; retry later"
+            )
+        body = response.json()
+        bound = body.get("txn_id")
+        return (None if bound is None else str(bound)), bool(body.get("written"))
+
+    def release(self, url: str, store_id: str, txn_id: str) -> None:
+        """Best effort: a binding left behind is found dead and dropped by the next request
+        under another id (the transaction it names holds other data)."""
+        try:
+            response = self._client.post(
+                url + _path(store_id) + "/release", params={"txn_id": txn_id}
+            )
+        except httpx.HTTPError as exc:
+            _log.warning("cannot release %s at %s: %s", store_id, url, exc)
+            return
+        if response.status_code != 200:
+            _log.warning("cannot release %s at %s: HTTP %d", store_id, url, response.status_code)
+
     def mark_written(self, url: str, store_id: str) -> None:
         """Best effort: if the holder cannot be told, the transaction's own record still makes
-        a repeat with the same ``txn_id`` an answer, not a second write."""
+        a repeat with the same ``txn_id`` an answer, and the binding refuses any other id."""
         try:
             response = self._client.post(url + _path(store_id) + "/written")
         except httpx.HTTPError as exc:
@@ -104,6 +147,16 @@ class StagingPeers:
             _log.warning(
                 "cannot mark %s written at %s: HTTP %d", store_id, url, response.status_code
             )
+
+
+def _error(response: httpx.Response) -> str | None:
+    """The error code of an answer of ours; None for any other (a gateway from before a
+    route existed answers 404 with another code)."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error if isinstance(error, str) else None
 
 
 def _path(store_id: str) -> str:
