@@ -21,7 +21,7 @@ from delivery.internal_state import is_internal
 from delivery.legacy_txn import resolve_commit
 from delivery.partition_reader import MAX_MAX_BYTES, PartitionReader
 from log_store import open_store
-from log_store.errors import OffsetOutOfRange, TopicDeleted, UnknownTopic
+from log_store.errors import BadRequest, OffsetOutOfRange, TopicDeleted, UnknownTopic
 from log_store.interface import LogStore
 from session_dedup.envelope import Envelope, decode
 from yt_loader.errors import BadSourceOptions, SourceUnavailable
@@ -186,6 +186,10 @@ class HttpLogSource:
     def _check(self, response: httpx.Response) -> httpx.Response:
         if response.status_code == 404:
             raise UnknownTopic(_reason(response))
+        if response.status_code in (401, 403):
+            # a token the gateway refuses is the command line's mistake (exit 2), as for
+            # every command that takes a token; retrying will not help
+            raise BadRequest(_reason(response))
         if response.status_code != 200:
             raise SourceUnavailable(
                 f"gateway {self._server} answered {response.status_code} to "
@@ -320,7 +324,6 @@ class SourceSpec:
 
     def kafka_settings(self) -> KafkaSettings:
         """The Kafka backend's settings of a ``kafka_bootstrap`` source."""
-        from log_store.errors import BadRequest
         from log_store.kafka import KafkaSettings
 
         assert self.kafka_bootstrap is not None

@@ -16,6 +16,7 @@ _COMMANDS: dict[str, list[str]] = {
     "audit": ["audit", "--windows", "--server", "{url}", "--db", "{tmp}/audit.db"],
     "schemas": ["schemas", "list", "--server", "{url}"],
     "read": ["read", "--server", "{url}", "--topic", "dc1.app", "--idle-exit", "1"],
+    "load": ["load", "--server", "{url}", "--warehouse", "{tmp}/warehouse"],
 }
 
 
