@@ -1,0 +1,133 @@
+"""The data directory taken away under a running gateway, a disk filled up to the last byte,
+and a request that can never fit: what the gateway acks, refuses and says on ``/readyz``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingest_api.framing import encode_binary
+from tests.conftest import logbroker_cmd
+from tests.gateway.conftest import meta, source_seqnos
+
+CHUNK = b"x" * 64 * 1024
+
+
+def _write_big(client: Any, source: str, first: int, count: int, log_type: str = "app") -> Any:
+    chunks = [(s, 0, CHUNK) for s in range(first, first + count)]
+    return client.post_binary(encode_binary([(meta(source, log_type), chunks)]))
+
+
+def _fill_up(mount_point: Path) -> None:
+    """Take what the gateway's writes left free, to the last byte."""
+    fd = os.open(mount_point / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass  # full
+    finally:
+        os.close(fd)
+
+
+def _readiness(client: Any) -> Any:
+    time.sleep(1.1)  # past the cached look
+    return client.http.get("/readyz")
+
+
+def test_writes_are_refused_503_once_the_data_directory_is_removed(
+    start_gateway: Any, tmp_path: Path, client_for: Any
+) -> None:
+    data_dir = tmp_path / "data"
+    gw = start_gateway(data_dir)
+    client = client_for(gw.url)
+    assert client.acks("s", [1])[0]["status"] == "written"
+    shutil.rmtree(data_dir)
+
+    for log_type in ("app", "fresh"):  # a topic the gateway has open, and a new one
+        refused = client.write("s", [2], log_type=log_type)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"] == "store_unavailable"
+        assert "the data directory was removed" in refused.json()["reason"]
+    not_ready = _readiness(client)
+    assert not_ready.status_code == 503
+    assert not_ready.json()["reason"] == (
+        "the data directory was removed while the gateway was using it"
+    )
+
+    data_dir.mkdir()  # an empty directory (or another volume) at the path now
+    refused = client.write("s", [2], log_type="fresh")
+    assert refused.status_code == 503, refused.text
+    assert "the data directory was removed" in refused.json()["reason"]
+    assert list(data_dir.iterdir()) == [], "the gateway wrote into the new directory"
+
+
+@pytest.mark.fault
+def test_a_topic_is_deleted_on_a_full_disk_and_the_space_comes_back(
+    start_gateway: Any, small_filesystem: Path, client_for: Any
+) -> None:
+    data_dir = small_filesystem / "data"
+    gw = start_gateway(data_dir, "--partitions", "1")
+    client = client_for(gw.url)
+    acked = 0
+    for _ in range(100):
+        response = _write_big(client, "filler", acked + 1, 4, log_type="fill")
+        if response.status_code != 200:
+            break
+        acked += 4
+    assert response.status_code == 503, response.text
+    assert acked > 0
+    assert client.http.get("/v1/topics/dc1.fill").status_code == 200
+    _fill_up(small_filesystem)
+
+    deleted = client.http.delete("/v1/topics/dc1.fill")
+    assert deleted.status_code == 200, deleted.text
+    ready = _readiness(client)
+    assert ready.status_code == 200, ready.text
+    assert client.acks("after", [1])[0]["status"] == "written"
+    assert source_seqnos(gw.data_dir, "dc1.app", "after")[1] == [1]
+
+
+@pytest.mark.fault
+def test_the_cli_deletes_a_topic_on_a_full_disk(small_filesystem: Path) -> None:
+    from log_store import open_store
+
+    data_dir = small_filesystem / "data"
+    store = open_store(data_dir)
+    store.create_topic("dc1.fill")
+    try:
+        for _ in range(200):
+            store.append("dc1.fill", 0, [CHUNK] * 4)
+    except Exception as exc:  # noqa: BLE001 - the disk is full: whatever the store says
+        assert "no space left" in str(exc)
+    store.close()
+    _fill_up(small_filesystem)
+
+    done = subprocess.run(
+        logbroker_cmd("topics", "--data-dir", str(data_dir), "delete", "dc1.fill"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "deleted dc1.fill"
+
+
+@pytest.mark.fault
+def test_a_request_that_can_never_fit_leaves_the_gateway_ready(
+    start_gateway: Any, small_filesystem: Path, client_for: Any
+) -> None:
+    gw = start_gateway(small_filesystem / "data")
+    client = client_for(gw.url)
+    assert _write_big(client, "s", 1, 1).status_code == 200
+    refused = _write_big(client, "s", 2, 80)  # 5 MiB on a 4 MiB file system
+    assert refused.status_code == 507, refused.text
+    ready = _readiness(client)
+    assert ready.status_code == 200, ready.text
+    assert _write_big(client, "s", 2, 2).status_code == 200
