@@ -28,6 +28,8 @@ _SNAPSHOT_S = 1.0
 """One scrape reads the topics once: the partition gauges share what was read this long ago."""
 _READ_TIMEOUT_S = 2.0
 """A gauge's store read not done by then is left out of the scrape (see ``_BoundedRead``)."""
+_WAIT_WHILE_STUCK_S = 0.1
+"""How long a gauge's read is waited for while another gauge's read is stuck."""
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +39,18 @@ class _BoundedRead:
 
     The read runs in a thread of its own and is waited for ``timeout_s`` at most; a read still
     outstanding is not started again, and later scrapes do not wait for it: until it returns,
-    the gauge is left out of the scrape (absent, not stale), and ``/readyz`` says why.
+    the gauge is left out of the scrape (absent, not stale), and ``/readyz`` says why.  While
+    one gauge's read is stuck (``stuck``, shared by the gauges), the others are waited for
+    ``_WAIT_WHILE_STUCK_S`` only: a hung disk costs one scrape ``timeout_s``, not one per gauge.
     """
 
-    def __init__(self, name: str, read: Callable[[], list[Sample]], timeout_s: float) -> None:
+    def __init__(
+        self, name: str, read: Callable[[], list[Sample]], timeout_s: float, stuck: set[str]
+    ) -> None:
         self._name = name
         self._read = read
         self._timeout_s = timeout_s
+        self._stuck = stuck
         self._lock = threading.Lock()
         self._in_flight: concurrent.futures.Future[list[Sample]] | None = None
         self._started = 0.0
@@ -56,12 +63,18 @@ class _BoundedRead:
                 self._started = time.monotonic()
             else:
                 wait_s = max(0.0, self._started + self._timeout_s - time.monotonic())
+            if self._stuck - {self._name}:
+                wait_s = min(wait_s, _WAIT_WHILE_STUCK_S)
             read = self._in_flight
         try:
-            return read.result(timeout=wait_s)
+            samples = read.result(timeout=wait_s)
         except concurrent.futures.TimeoutError:
+            if time.monotonic() - self._started >= self._timeout_s:
+                self._stuck.add(self._name)
             log.warning("metrics: %s left out, its store read has not returned", self._name)
             return []
+        self._stuck.discard(self._name)
+        return samples
 
     def _start(self) -> concurrent.futures.Future[list[Sample]]:
         future: concurrent.futures.Future[list[Sample]] = concurrent.futures.Future()
@@ -129,10 +142,13 @@ def register_store_gauges(
     """Register the gateway-wide gauges; ``data_dir`` is the embedded store's (None on Kafka).
     Each is read within ``read_timeout_s`` or left out of the scrape (``_BoundedRead``)."""
 
+    stuck: set[str] = set()
+
     def collected_gauge(
         name: str, help_text: str, labels: tuple[str, ...], read: Callable[[], list[Sample]]
     ) -> None:
-        metrics.collected_gauge(name, help_text, labels, _BoundedRead(name, read, read_timeout_s))
+        bounded = _BoundedRead(name, read, read_timeout_s, stuck)
+        metrics.collected_gauge(name, help_text, labels, bounded)
 
     if data_dir is not None:
         directory = str(data_dir)

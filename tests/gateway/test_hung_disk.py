@@ -118,7 +118,7 @@ def test_metrics_answer_while_a_store_read_hangs(
     for _ in range(2):
         started = time.monotonic()
         text = registry.render()
-        assert time.monotonic() - started < 2.5
+        assert time.monotonic() - started < 2.0  # one read waited for, not one per gauge
         assert b"logbroker_partition_end_offset{" not in text  # left out, not stale
         assert b"logbroker_disk_free_bytes" in text  # what needs no stuck read still answers
     assert hang.calls == 1, "a stuck read was started again"
