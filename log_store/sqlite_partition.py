@@ -50,7 +50,7 @@ from log_store.errors import (
     TopicDeleted,
     UnknownTopic,
 )
-from log_store.failures import as_store_unavailable
+from log_store.failures import as_store_unavailable, is_no_space
 from log_store.interface import (
     TOPIC_ID_KEY,
     AppendResult,
@@ -557,6 +557,9 @@ class PartitionLog:
                     fcntl.flock(lock_fd, fcntl.LOCK_UN)
         except BaseException as exc:
             failure = self._deleted_meanwhile(exc) or as_store_unavailable(exc) or exc
+            no_space = not isinstance(exc, StoreFull) and is_no_space(exc)
+            if no_space and self._on_no_space is not None:
+                self._on_no_space(0)  # SQLite's own pages did not fit: size unknown
             if isinstance(failure, (StoreUnavailable, TopicDeleted)):
                 self._reset_writer()
             for txn in group:

@@ -39,7 +39,7 @@ from log_store.errors import (
     UnknownPartition,
     UnknownTopic,
 )
-from log_store.failures import as_store_unavailable
+from log_store.failures import as_store_unavailable, is_no_space
 from log_store.interface import (
     AppendResult,
     PartitionState,
@@ -161,7 +161,8 @@ class SqliteLogStore:
         self._watcher = ChangeWatcher()
         self._watched: dict[tuple[str, int], bool] = {}
         self._short_of_space: int | None = None
-        """The size of the largest write that did not fit, until that much is free again."""
+        """The size of the largest write that did not fit (0: a write of unknown size, such as
+        SQLite's own pages), until that much is free again."""
 
     def _open_catalog(self) -> sqlite3.Connection:
         try:
@@ -203,6 +204,8 @@ class SqliteLogStore:
             except BaseException as exc:
                 if self._catalog.in_transaction:
                     self._catalog.execute("ROLLBACK")
+                if is_no_space(exc):
+                    self._note_no_space(0)
                 raise as_store_unavailable(exc) or exc from exc
 
     def _catalog_write(self, sql_steps: list[tuple[str, tuple[object, ...]]]) -> None:
@@ -826,10 +829,11 @@ class SqliteLogStore:
             return "the data directory's file system is full"
         needed = self._short_of_space
         if needed is not None:
-            if free < needed:
+            if free < (needed or _READY_MIN_FREE_BYTES + _RESERVE_BYTES):
+                write = f"a write of {needed} bytes" if needed else "a write"
                 return (
-                    f"the data directory's file system is full: a write of {needed} bytes "
-                    f"did not fit, {free} are free"
+                    f"the data directory's file system is full: {write} did not fit, "
+                    f"{free} are free"
                 )
             self._short_of_space = None
         if not os.access(where, os.W_OK):

@@ -130,3 +130,62 @@ def test_a_request_that_can_never_fit_leaves_the_gateway_ready(
     ready = _readiness(client)
     assert ready.status_code == 200, ready.text
     assert _write_big(client, "s", 2, 2).status_code == 200
+
+
+def _fill_leaving(mount_point: Path, free_bytes: int, name: str) -> Path:
+    fs = os.statvfs(mount_point)
+    filler = mount_point / name
+    filler.write_bytes(b"\0" * (fs.f_bavail * fs.f_frsize - free_bytes))
+    return filler
+
+
+@pytest.mark.fault
+def test_a_smaller_write_refused_meanwhile_does_not_make_the_store_ready_early(
+    small_filesystem: Path,
+) -> None:
+    from log_store import TopicConfig, open_store
+    from log_store.errors import StoreFull
+
+    store = open_store(small_filesystem / "data")
+    store.create_topic("dc1.app", TopicConfig(partitions=2))
+    store.append("dc1.app", 0, [CHUNK])
+    store.append("dc1.app", 1, [CHUNK])
+    _fill_leaving(small_filesystem, 1536 * 1024, "filler")
+    with pytest.raises(StoreFull) as big:
+        store.append("dc1.app", 0, [CHUNK] * 32)  # 2 MiB: more than is free
+    rest = _fill_leaving(small_filesystem, 0, "rest")
+    with pytest.raises(StoreFull):
+        store.append("dc1.app", 1, [CHUNK])  # the last byte is taken: even 64 KiB is refused
+    rest.unlink()  # 1.5 MiB free again: still short of the 2 MiB write
+
+    reason = store.readiness()
+    assert reason is not None
+    assert reason.startswith(
+        f"the data directory's file system is full: a write of {big.value.needed_bytes} bytes"
+    )
+    store.close()
+
+
+@pytest.mark.fault
+def test_a_catalog_write_refused_for_space_makes_the_store_not_ready(
+    small_filesystem: Path,
+) -> None:
+    from log_store import open_store
+    from log_store.errors import StoreUnavailable
+
+    store = open_store(small_filesystem / "data")
+    store.create_topic("dc1.app")
+    rest = _fill_leaving(small_filesystem, 0, "rest")
+    with pytest.raises(StoreUnavailable):
+        store.put_topic_state_many_if_absent(
+            "dc1.app", {f"pin-{i}": b"p" * 200 for i in range(20000)}
+        )
+    rest.unlink()
+    filler = _fill_leaving(small_filesystem, 1536 * 1024, "filler")
+    assert store.readiness() == (
+        "the data directory's file system is full: a write did not fit, "
+        f"{os.statvfs(small_filesystem).f_bavail * os.statvfs(small_filesystem).f_frsize} are free"
+    )
+    filler.unlink()
+    assert store.readiness() is None
+    store.close()
