@@ -189,3 +189,23 @@ def test_a_catalog_write_refused_for_space_makes_the_store_not_ready(
     filler.unlink()
     assert store.readiness() is None
     store.close()
+
+
+@pytest.mark.fault
+def test_a_retention_is_lowered_on_a_full_disk(
+    start_gateway: Any, small_filesystem: Path, client_for: Any
+) -> None:
+    gw = start_gateway(small_filesystem / "data", "--partitions", "1")
+    client = client_for(gw.url)
+    acked = 0
+    for _ in range(100):
+        response = _write_big(client, "filler", acked + 1, 4, log_type="fill")
+        if response.status_code != 200:
+            break
+        acked += 4
+    assert response.status_code == 503, response.text
+    _fill_up(small_filesystem)
+
+    changed = client.http.patch("/v1/topics/dc1.fill", json={"retention_bytes": 1024 * 1024})
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["retention_bytes"] == 1024 * 1024
