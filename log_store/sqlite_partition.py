@@ -555,6 +555,8 @@ class PartitionLog:
                     outcomes, wrote = self._commit_locked(group)
                 finally:
                     fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                if wrote and self._guard is not None:
+                    self._guard.check()  # removed while it was written: into unlinked files
         except BaseException as exc:
             failure = self._deleted_meanwhile(exc) or as_store_unavailable(exc) or exc
             no_space = not isinstance(exc, StoreFull) and is_no_space(exc)

@@ -209,3 +209,25 @@ def test_a_retention_is_lowered_on_a_full_disk(
     changed = client.http.patch("/v1/topics/dc1.fill", json={"retention_bytes": 1024 * 1024})
     assert changed.status_code == 200, changed.text
     assert changed.json()["retention_bytes"] == 1024 * 1024
+
+
+def test_a_write_in_flight_when_the_data_directory_is_removed_is_not_acked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from log_store import open_store
+    from log_store.errors import StoreUnavailable
+
+    data_dir = tmp_path / "data"
+    store = open_store(data_dir)
+    store.create_topic("dc1.app")
+    store.append("dc1.app", 0, [b"before"])
+    real_fdatasync = os.fdatasync
+
+    def removed_meanwhile(fd: int) -> None:
+        shutil.rmtree(data_dir)  # after the group commit's first look, before its sync
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", removed_meanwhile)
+    with pytest.raises(StoreUnavailable, match="the data directory was removed"):
+        store.append("dc1.app", 0, [b"in flight"])
+    store.close()
