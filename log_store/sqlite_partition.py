@@ -556,7 +556,8 @@ class PartitionLog:
                 finally:
                     fcntl.flock(lock_fd, fcntl.LOCK_UN)
                 if wrote and self._guard is not None:
-                    self._guard.check()  # removed while it was written: into unlinked files
+                    # removed while it was written: into unlinked files
+                    self._guard.check_not_removed()
         except BaseException as exc:
             failure = self._deleted_meanwhile(exc) or as_store_unavailable(exc) or exc
             no_space = not isinstance(exc, StoreFull) and is_no_space(exc)

@@ -64,6 +64,19 @@ class WriteGuard:
         if problem is not None:
             raise StoreUnavailable(f"log store unavailable: {problem}")
 
+    def check_not_removed(self) -> None:
+        """:meth:`check`'s first half, one ``fstat``: for the look just before an ack, where
+        a directory removed under the write is what can have changed since :meth:`check`."""
+        try:
+            removed = os.fstat(self._dir_fd).st_nlink == 0
+        except OSError:
+            removed = True  # the store was closed
+        if removed:
+            raise StoreUnavailable(
+                "log store unavailable: the data directory was removed while the gateway "
+                "was using it"
+            )
+
     @contextmanager
     def operation(self, what: str) -> Iterator[None]:
         """Time the block as a store operation in flight (see :meth:`stalled`)."""
