@@ -13,7 +13,9 @@ installation asks ``/readyz``, so a DC whose Kafka is still away is not taken ba
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import threading
 import time
 from typing import Any
 
@@ -49,11 +51,16 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
             orjson.dumps({"status": "ready", "dc": ctx.settings.dc}), media_type="application/json"
         )
 
+    render_limiter: list[anyio.CapacityLimiter] = []
+
     async def metrics(request: Request) -> Response:
         # callbacks read the worker's state in its own thread; gauges read from the store
-        # (disk, offsets, lag) may block, so the text is rendered off the event loop
+        # (disk, offsets, lag) may block, so the text is rendered off the event loop, under a
+        # limiter of its own: reads stuck on a hung disk may hold every token of the default
+        if not render_limiter:
+            render_limiter.append(anyio.CapacityLimiter(2))
         ctx.metrics.refresh()
-        text = await anyio.to_thread.run_sync(ctx.metrics.render, False)
+        text = await anyio.to_thread.run_sync(ctx.metrics.render, False, limiter=render_limiter[0])
         return Response(text, media_type=MetricsRegistry.CONTENT_TYPE)
 
     async def openapi(request: Request) -> Response:
@@ -76,28 +83,58 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
 
 class _Readiness:
     """The store's readiness, looked at once per ``_READY_CACHE_S`` however many probes ask
-    (a balancer and every push-client's prober): one look in flight at a time."""
+    (a balancer and every push-client's prober): one look in flight at a time.
 
-    def __init__(self, ctx: GatewayContext) -> None:
+    A look runs in a thread of its own, not in the pool that reads and writes use (a hung
+    disk may hold all of those), and is waited for ``_READY_TIMEOUT_S`` at most: a look
+    that does not answer is itself the answer, not ready.  A stuck look is not started again.
+    """
+
+    def __init__(self, ctx: GatewayContext, timeout_s: float | None = None) -> None:
         self._ctx = ctx
+        self._timeout_s = _READY_TIMEOUT_S if timeout_s is None else timeout_s
         self._at = 0.0
         self._reason: str | None = None
         self._lock = asyncio.Lock()
+        self._in_flight: concurrent.futures.Future[str | None] | None = None
 
     async def look(self) -> str | None:
         async with self._lock:
             now = time.monotonic()
             if now - self._at >= _READY_CACHE_S:
-                store = self._ctx.store
+                look = self._start_look()
                 try:
-                    self._reason = await anyio.to_thread.run_sync(store.readiness)
+                    self._reason = await asyncio.wait_for(
+                        asyncio.shield(asyncio.wrap_future(look)), self._timeout_s
+                    )
+                except TimeoutError:
+                    self._reason = (
+                        f"the store did not answer within {self._timeout_s:g} s (its disk may hang)"
+                    )
                 except Exception as exc:  # a store that cannot even say: not ready
                     self._reason = f"the store's readiness is unknown: {exc}"
                 self._at = time.monotonic()
             return self._reason
 
+    def _start_look(self) -> concurrent.futures.Future[str | None]:
+        if self._in_flight is not None and not self._in_flight.done():
+            return self._in_flight  # still stuck: wait for that one again
+        look: concurrent.futures.Future[str | None] = concurrent.futures.Future()
+        store = self._ctx.store
+
+        def run() -> None:
+            try:
+                look.set_result(store.readiness())
+            except BaseException as exc:
+                look.set_exception(exc)
+
+        threading.Thread(target=run, name="logbroker-readiness", daemon=True).start()
+        self._in_flight = look
+        return look
+
 
 _READY_CACHE_S = 1.0
+_READY_TIMEOUT_S = 2.0
 _REFRESHER = "ingest_api.admin_api.refresher"
 
 

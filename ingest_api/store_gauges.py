@@ -7,11 +7,13 @@ the scrape, never added up.  Internal topics (``logbroker-internal.*``) are left
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from delivery.consumer_group import GroupCoordinator
@@ -24,6 +26,67 @@ from log_store.interface import LogStore, TopicInfo
 Sample = tuple[LabelValues, float]
 _SNAPSHOT_S = 1.0
 """One scrape reads the topics once: the partition gauges share what was read this long ago."""
+_READ_TIMEOUT_S = 2.0
+"""A gauge's store read not done by then is left out of the scrape (see ``_BoundedRead``)."""
+_WAIT_WHILE_STUCK_S = 0.1
+"""How long a gauge's read is waited for while another gauge's read is stuck."""
+
+log = logging.getLogger(__name__)
+
+
+class _BoundedRead:
+    """A gauge's store read that a hung disk cannot make the scrape wait for.
+
+    The read runs in a thread of its own and is waited for ``timeout_s`` at most; a read still
+    outstanding is not started again, and later scrapes do not wait for it: until it returns,
+    the gauge is left out of the scrape (absent, not stale), and ``/readyz`` says why.  While
+    one gauge's read is stuck (``stuck``, shared by the gauges), the others are waited for
+    ``_WAIT_WHILE_STUCK_S`` only: a hung disk costs one scrape ``timeout_s``, not one per gauge.
+    """
+
+    def __init__(
+        self, name: str, read: Callable[[], list[Sample]], timeout_s: float, stuck: set[str]
+    ) -> None:
+        self._name = name
+        self._read = read
+        self._timeout_s = timeout_s
+        self._stuck = stuck
+        self._lock = threading.Lock()
+        self._in_flight: concurrent.futures.Future[list[Sample]] | None = None
+        self._started = 0.0
+
+    def __call__(self) -> list[Sample]:
+        with self._lock:
+            wait_s = self._timeout_s
+            if self._in_flight is None or self._in_flight.done():
+                self._in_flight = self._start()
+                self._started = time.monotonic()
+            else:
+                wait_s = max(0.0, self._started + self._timeout_s - time.monotonic())
+            if self._stuck - {self._name}:
+                wait_s = min(wait_s, _WAIT_WHILE_STUCK_S)
+            read = self._in_flight
+        try:
+            samples = read.result(timeout=wait_s)
+        except concurrent.futures.TimeoutError:
+            if time.monotonic() - self._started >= self._timeout_s:
+                self._stuck.add(self._name)
+            log.warning("metrics: %s left out, its store read has not returned", self._name)
+            return []
+        self._stuck.discard(self._name)
+        return samples
+
+    def _start(self) -> concurrent.futures.Future[list[Sample]]:
+        future: concurrent.futures.Future[list[Sample]] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self._read())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name=f"logbroker-gauge-{self._name}", daemon=True).start()
+        return future
 
 
 class _Delivery:
@@ -70,8 +133,23 @@ def _topics(store: LogStore) -> Iterator[TopicInfo]:
             continue  # deleted since the listing
 
 
-def register_store_gauges(metrics: MetricsRegistry, store: LogStore, data_dir: Path | None) -> None:
-    """Register the gateway-wide gauges; ``data_dir`` is the embedded store's (None on Kafka)."""
+def register_store_gauges(
+    metrics: MetricsRegistry,
+    store: LogStore,
+    data_dir: Path | None,
+    read_timeout_s: float = _READ_TIMEOUT_S,
+) -> None:
+    """Register the gateway-wide gauges; ``data_dir`` is the embedded store's (None on Kafka).
+    Each is read within ``read_timeout_s`` or left out of the scrape (``_BoundedRead``)."""
+
+    stuck: set[str] = set()
+
+    def collected_gauge(
+        name: str, help_text: str, labels: tuple[str, ...], read: Callable[[], list[Sample]]
+    ) -> None:
+        bounded = _BoundedRead(name, read, read_timeout_s, stuck)
+        metrics.collected_gauge(name, help_text, labels, bounded)
+
     if data_dir is not None:
         directory = str(data_dir)
 
@@ -80,13 +158,13 @@ def register_store_gauges(metrics: MetricsRegistry, store: LogStore, data_dir: P
             blocks = fs.f_bavail if attribute == "free" else fs.f_blocks
             return [((), float(blocks * fs.f_frsize))]
 
-        metrics.collected_gauge(
+        collected_gauge(
             "logbroker_disk_free_bytes",
             "bytes free for the gateway on the file system of its data dir",
             (),
             lambda: disk("free"),
         )
-        metrics.collected_gauge(
+        collected_gauge(
             "logbroker_disk_size_bytes",
             "size of the file system of the gateway's data dir",
             (),
@@ -103,20 +181,20 @@ def register_store_gauges(metrics: MetricsRegistry, store: LogStore, data_dir: P
             if (value := getattr(p, field)) is not None
         ]
 
-    metrics.collected_gauge(
+    collected_gauge(
         "logbroker_partition_end_offset",
         "the offset the next message of a partition will get (its growth is the write rate)",
         ("topic", "partition"),
         lambda: partitions("end_offset"),
     )
-    metrics.collected_gauge(
+    collected_gauge(
         "logbroker_partition_start_offset",
         "the first offset a partition still holds (retention moves it)",
         ("topic", "partition"),
         lambda: partitions("start_offset"),
     )
     if store.capabilities.segment_files:  # Kafka's sizes are the brokers' (kafka-log-dirs)
-        metrics.collected_gauge(
+        collected_gauge(
             "logbroker_partition_size_bytes",
             "bytes a partition takes in the store",
             ("topic", "partition"),
@@ -138,7 +216,7 @@ def register_store_gauges(metrics: MetricsRegistry, store: LogStore, data_dir: P
                     lag[key] = lag.get(key, 0) + max(0, int(p["lag"]))
         return [(key, float(value)) for key, value in sorted(lag.items())]
 
-    metrics.collected_gauge(
+    collected_gauge(
         "logbroker_consumer_group_lag_messages",
         "messages of a topic a consumer group has not committed yet (over its partitions)",
         ("group", "topic"),
@@ -159,7 +237,7 @@ def register_store_gauges(metrics: MetricsRegistry, store: LogStore, data_dir: P
                     lag[key] = lag.get(key, 0) + max(0, int(p["lag"]))
         return [(key, float(value)) for key, value in sorted(lag.items())]
 
-    metrics.collected_gauge(
+    collected_gauge(
         "logbroker_push_subscription_lag_messages",
         "messages of a topic a push subscription has not delivered yet (over its partitions)",
         ("subscription", "topic"),
@@ -176,7 +254,7 @@ def register_store_gauges(metrics: MetricsRegistry, store: LogStore, data_dir: P
                 samples.append(((sub.name, kind), float(count)))
         return samples
 
-    metrics.collected_gauge(
+    collected_gauge(
         "logbroker_push_subscription_skipped_messages",
         "messages a push subscription passed over undelivered since it was made, by kind: "
         "not_envelope (another producer's record), lost_to_retention",

@@ -29,6 +29,17 @@ _UNAVAILABLE_SQLITE = (
 )
 
 
+def is_no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the file system is full."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc).lower():
+            return True
+        exc = exc.__cause__  # type: ignore[assignment]
+    return False
+
+
 def as_store_unavailable(exc: BaseException) -> StoreUnavailable | None:
     """The ``StoreUnavailable`` that ``exc`` means, or None if it means something else."""
     if isinstance(exc, StoreUnavailable):

@@ -50,7 +50,7 @@ from log_store.errors import (
     TopicDeleted,
     UnknownTopic,
 )
-from log_store.failures import as_store_unavailable
+from log_store.failures import as_store_unavailable, is_no_space
 from log_store.interface import (
     TOPIC_ID_KEY,
     AppendResult,
@@ -75,6 +75,7 @@ from log_store.record_batch import (
 )
 from log_store.segment_files import SegmentFiles
 from log_store.tail_recovery import DamagedSegment, scan_tail
+from log_store.write_guard import WriteGuard
 
 log = logging.getLogger(__name__)
 
@@ -303,10 +304,13 @@ class PartitionLog:
         read_only: bool = False,
         topic_id: str | None = None,
         on_no_space: Callable[[int], None] | None = None,
+        guard: WriteGuard | None = None,
     ) -> None:
         """Open (creating if needed) the partition in ``directory``.
 
-        ``on_no_space`` is told the size of each batch that did not fit on the file system.
+        ``on_no_space`` is told the size of each batch that did not fit on the file system
+        (and could fit on an emptier one).  ``guard`` is checked once per group commit and
+        times each commit, retention pass and deletion mark (see :mod:`log_store.write_guard`).
 
         ``topic_id``: what :data:`TOPIC_ID_KEY` reads as in its transactions (by default
         the directory's parent's name, the topic id in the store's layout).
@@ -328,6 +332,7 @@ class PartitionLog:
         self._topic_id_value = (topic_id or directory.parent.name).encode()
         self._topic_alive = topic_alive
         self._on_no_space = on_no_space
+        self._guard = guard
         self.read_only = read_only
         if not read_only:
             make_directories(directory)
@@ -541,16 +546,23 @@ class PartitionLog:
         if not group:
             return
         try:
-            lock_fd = self._lock_fd
-            if lock_fd is None:
-                lock_fd = self._lock_fd = self._open_lock()
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # see _write_lock
-            try:
-                outcomes, wrote = self._commit_locked(group)
-            finally:
-                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            with self._guarded("a group commit"):
+                lock_fd = self._lock_fd
+                if lock_fd is None:
+                    lock_fd = self._lock_fd = self._open_lock()
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)  # see _write_lock
+                try:
+                    outcomes, wrote = self._commit_locked(group)
+                finally:
+                    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                if wrote and self._guard is not None:
+                    # removed while it was written: into unlinked files
+                    self._guard.check_not_removed()
         except BaseException as exc:
             failure = self._deleted_meanwhile(exc) or as_store_unavailable(exc) or exc
+            no_space = not isinstance(exc, StoreFull) and is_no_space(exc)
+            if no_space and self._on_no_space is not None:
+                self._on_no_space(0)  # SQLite's own pages did not fit: size unknown
             if isinstance(failure, (StoreUnavailable, TopicDeleted)):
                 self._reset_writer()
             for txn in group:
@@ -565,6 +577,16 @@ class PartitionLog:
         if wrote:
             self.notify_changed()
             self._notify_other_processes()
+
+    @contextmanager
+    def _guarded(self, what: str) -> Iterator[None]:
+        """Check the guard (the data directory is still the store's), then time the block."""
+        if self._guard is None:
+            yield
+            return
+        self._guard.check()
+        with self._guard.operation(what):
+            yield
 
     def _deleted_meanwhile(self, exc: BaseException) -> TopicDeleted | None:
         """A :class:`TopicDeleted` if ``exc`` is a failure of this partition's files and the
@@ -743,14 +765,15 @@ class PartitionLog:
         except OSError:
             free, total = 0, batch_len
         if batch_len > total:
+            # Not a shortage: other writes fit, so the store stays ready.
             outlook = (
                 f"it can never fit: the file system holds {total} bytes in all; send less "
                 "per request"
             )
         else:
             outlook = "it is taken once space is freed (retention, fewer topics, a larger disk)"
-        if self._on_no_space is not None:
-            self._on_no_space(batch_len)
+            if self._on_no_space is not None:
+                self._on_no_space(batch_len)
         return StoreFull(
             "no space left on the data directory's file system: the write needs "
             f"{batch_len} bytes, {free} are free; nothing of it was kept, and {outlook}",
@@ -1185,7 +1208,7 @@ class PartitionLog:
         """Drop the oldest whole segments that match; never the active one.  New start offset."""
         conn = connect(self._db_path, create=False)
         try:
-            with self._write_lock():
+            with self._guarded("a retention pass"), self._write_lock():
                 conn.execute("BEGIN IMMEDIATE")
                 segments = conn.execute(
                     "SELECT base_offset, size_bytes, max_ts FROM segments ORDER BY base_offset"
@@ -1233,12 +1256,19 @@ class PartitionLog:
 
     def mark_deleted(self) -> None:
         """Refuse every later append and read, in every process (checked under the lock)."""
-        conn = connect(self._db_path, create=False)
         try:
-            with self._write_lock():
+            conn = connect(self._db_path, create=False)
+        except sqlite3.Error as exc:
+            raise as_store_unavailable(exc) or exc from exc
+        try:
+            with self._guarded("a topic's deletion"), self._write_lock():
                 conn.execute("BEGIN IMMEDIATE")
                 conn.execute("UPDATE meta SET value = 1 WHERE key = 'deleted'")
                 conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise as_store_unavailable(exc) or exc from exc
         finally:
             conn.close()
 

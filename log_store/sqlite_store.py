@@ -39,7 +39,7 @@ from log_store.errors import (
     UnknownPartition,
     UnknownTopic,
 )
-from log_store.failures import as_store_unavailable
+from log_store.failures import as_store_unavailable, is_no_space
 from log_store.interface import (
     AppendResult,
     PartitionState,
@@ -53,6 +53,7 @@ from log_store.interface import (
 from log_store.partition_handles import DEFAULT_MAX_OPEN_PARTITIONS, PartitionHandles
 from log_store.sqlite_partition import PartitionLog, connect, connect_read_only, now_ms
 from log_store.topic_names import validate_topic_name
+from log_store.write_guard import DEFAULT_STALL_AFTER_S, WriteGuard
 
 _CATALOG_SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics (
@@ -80,6 +81,10 @@ MIN_SEGMENT_BYTES = 4096
 _COUNT_BYTES = 8
 _READY_MIN_FREE_BYTES = 1024 * 1024
 """Below this much free space the store is not ready (``readiness``): a write would fail."""
+RESERVE_FILE = "space-reserve"
+_RESERVE_BYTES = 1024 * 1024
+"""Kept in ``RESERVE_FILE`` and given back when a topic's deletion, a retention change or a
+retention pass finds the disk full: freeing space must not need space first."""
 
 
 def _check_config(config: TopicConfig) -> None:
@@ -132,30 +137,52 @@ class SqliteLogStore:
         *,
         read_only: bool = False,
         max_open_partitions: int = DEFAULT_MAX_OPEN_PARTITIONS,
+        stall_after_s: float = DEFAULT_STALL_AFTER_S,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.read_only = read_only
         try:
-            if read_only:
-                if not self.exists_at(self.data_dir):
-                    raise ReadOnlyStore(f"{self.data_dir} holds no logbroker store to read")
-                self._catalog = connect_read_only(self.data_dir / self.CATALOG)
-            else:
-                make_directories(self.data_dir)
-                new_catalog = not (self.data_dir / self.CATALOG).exists()
-                self._catalog = connect(self.data_dir / self.CATALOG)
-                self._catalog.executescript(_CATALOG_SCHEMA)
-                if new_catalog:
-                    fsync_directory(self.data_dir)  # the catalog's own entry
-        except (OSError, sqlite3.Error) as exc:
+            self._catalog = self._open_catalog()
+        except StoreUnavailable:
+            # A full disk: opening the catalog (its WAL index) needs a little space, and the
+            # operator's way out (``logbroker topics delete``) needs the store open.
+            if read_only or not self._give_back_reserve():
+                raise
+            self._catalog = self._open_catalog()
+        try:
+            self._guard = None if read_only else WriteGuard(self.data_dir, stall_after_s)
+        except OSError as exc:
             raise as_store_unavailable(exc) or exc from exc
+        if not read_only:
+            self._keep_reserve()
         self._catalog_lock = threading.RLock()
         self._topics: dict[str, TopicInfo] = {}
         self._handles = PartitionHandles(max_open_partitions, self._on_close)
         self._watcher = ChangeWatcher()
         self._watched: dict[tuple[str, int], bool] = {}
         self._short_of_space: int | None = None
-        """The size of the last write that did not fit, until that much is free again."""
+        """The size of the largest write that did not fit (0: a write of unknown size, such as
+        SQLite's own pages), until that much is free again."""
+
+    def _open_catalog(self) -> sqlite3.Connection:
+        try:
+            if self.read_only:
+                if not self.exists_at(self.data_dir):
+                    raise ReadOnlyStore(f"{self.data_dir} holds no logbroker store to read")
+                return connect_read_only(self.data_dir / self.CATALOG)
+            make_directories(self.data_dir)
+            new_catalog = not (self.data_dir / self.CATALOG).exists()
+            catalog = connect(self.data_dir / self.CATALOG)
+            try:
+                catalog.executescript(_CATALOG_SCHEMA)
+                if new_catalog:
+                    fsync_directory(self.data_dir)  # the catalog's own entry
+            except BaseException:
+                catalog.close()
+                raise
+            return catalog
+        except (OSError, sqlite3.Error) as exc:
+            raise as_store_unavailable(exc) or exc from exc
 
     def _check_writable(self, what: str) -> None:
         if self.read_only:
@@ -169,12 +196,16 @@ class SqliteLogStore:
         :class:`StoreUnavailable`)."""
         with self._catalog_lock:
             try:
+                if self._guard is not None:
+                    self._guard.check()
                 self._catalog.execute("BEGIN IMMEDIATE")
                 yield
                 self._catalog.execute("COMMIT")
             except BaseException as exc:
                 if self._catalog.in_transaction:
                     self._catalog.execute("ROLLBACK")
+                if is_no_space(exc):
+                    self._note_no_space(0)
                 raise as_store_unavailable(exc) or exc from exc
 
     def _catalog_write(self, sql_steps: list[tuple[str, tuple[object, ...]]]) -> None:
@@ -291,6 +322,9 @@ class SqliteLogStore:
     def _open_partition(self, info: TopicInfo, partition: int) -> PartitionLog:
         topic_id = info.topic_id
         try:
+            if self._guard is not None:
+                # before the partition's directories are made again in a replaced data dir
+                self._guard.check()
             return PartitionLog(
                 self._path(info, partition),
                 info.config.segment_bytes,
@@ -298,6 +332,7 @@ class SqliteLogStore:
                 read_only=self.read_only,
                 topic_id=topic_id,
                 on_no_space=self._note_no_space,
+                guard=self._guard,
             )
         except (OSError, sqlite3.Error) as exc:
             raise as_store_unavailable(exc) or exc from exc
@@ -379,6 +414,9 @@ class SqliteLogStore:
 
     def delete_topic(self, name: str) -> None:
         self._check_writable("delete_topic")
+        self._freeing_space(lambda: self._delete_topic(name))
+
+    def _delete_topic(self, name: str) -> None:
         info = self._load_topic(validate_topic_name(name))
         # Fence every partition first, under its write lock, so that no process can ack an
         # append into files about to be removed: a writer that found the topic in the
@@ -439,6 +477,17 @@ class SqliteLogStore:
         segment_bytes: int | None = None,
     ) -> TopicInfo:
         self._check_writable("alter_topic")
+        return self._freeing_space(
+            lambda: self._alter_topic(name, retention_ms, retention_bytes, segment_bytes)
+        )
+
+    def _alter_topic(
+        self,
+        name: str,
+        retention_ms: int | None,
+        retention_bytes: int | None,
+        segment_bytes: int | None,
+    ) -> TopicInfo:
         info = self._load_topic(validate_topic_name(name))
         config = TopicConfig(
             partitions=info.config.partitions,
@@ -680,6 +729,9 @@ class SqliteLogStore:
     # -- retention ------------------------------------------------------------------------
     def apply_retention(self, now_ms_: int | None = None) -> dict[tuple[str, int], int]:
         self._check_writable("apply_retention")
+        return self._freeing_space(lambda: self._apply_retention(now_ms_))
+
+    def _apply_retention(self, now_ms_: int | None) -> dict[tuple[str, int], int]:
         now = now_ms_ if now_ms_ is not None else int(time.time() * 1000)
         moved: dict[tuple[str, int], int] = {}
         for info in self.list_topics():
@@ -702,18 +754,67 @@ class SqliteLogStore:
         self._check_writable("delete_segments_before")
         if offset < 0:
             raise BadRequest("offset must not be negative")
-        with self._lease(topic, partition) as (_, log):
-            return log.drop_segments(below_offset=offset, before_ms=None, max_bytes=None)
+
+        def drop() -> int:
+            with self._lease(topic, partition) as (_, log):
+                return log.drop_segments(below_offset=offset, before_ms=None, max_bytes=None)
+
+        return self._freeing_space(drop)
+
+    # -- the space reserve ----------------------------------------------------------------
+    def _freeing_space(self, op: Callable[[], T]) -> T:
+        """Run ``op``, which frees space or changes what is kept; if the store refuses it (a
+        full disk: SQLite needs a few pages to record any change), give the reserve back to
+        the file system and run it once more.  The reserve is taken again once there is room."""
+        try:
+            result = op()
+        except StoreUnavailable:
+            if not self._give_back_reserve():
+                raise
+            result = op()
+        self._keep_reserve()
+        return result
+
+    def _give_back_reserve(self) -> bool:
+        try:
+            os.unlink(self.data_dir / RESERVE_FILE)
+        except OSError:
+            return False  # another process gave it back, or the directory is gone
+        return True
+
+    def _keep_reserve(self) -> None:
+        """Hold ``_RESERVE_BYTES`` in ``RESERVE_FILE`` if it is not held and there is room."""
+        path = self.data_dir / RESERVE_FILE
+        try:
+            fs = os.statvfs(self.data_dir)
+            if path.exists() or fs.f_bavail * fs.f_frsize < 2 * _RESERVE_BYTES:
+                return
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            return  # held by another process meanwhile, or no room: taken another time
+        try:
+            os.posix_fallocate(fd, 0, _RESERVE_BYTES)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        finally:
+            os.close(fd)
 
     def unavailable_spans(self) -> list[tuple[float, float]]:
         return []  # a local disk that fails refuses at once (503), it does not stall
 
     def _note_no_space(self, needed_bytes: int) -> None:
-        self._short_of_space = needed_bytes
+        # The largest: a smaller write refused meanwhile must not clear the mark early.
+        self._short_of_space = max(self._short_of_space or 0, needed_bytes)
 
     def readiness(self) -> str | None:
         if self.read_only:
             return "the store is open read-only"
+        assert self._guard is not None
+        # First what needs no disk: a hung disk must not hang the answer.
+        problem = self._guard.stalled() or self._guard.directory_problem()
+        if problem is not None:
+            return problem
         where = self.data_dir / "topics"
         if not where.is_dir():
             where = self.data_dir
@@ -728,19 +829,23 @@ class SqliteLogStore:
             return "the data directory's file system is full"
         needed = self._short_of_space
         if needed is not None:
-            if free < needed:
+            if free < (needed or _READY_MIN_FREE_BYTES + _RESERVE_BYTES):
+                write = f"a write of {needed} bytes" if needed else "a write"
                 return (
-                    f"the data directory's file system is full: a write of {needed} bytes "
-                    f"did not fit, {free} are free"
+                    f"the data directory's file system is full: {write} did not fit, "
+                    f"{free} are free"
                 )
             self._short_of_space = None
         if not os.access(where, os.W_OK):
             return "the data directory is not writable"
+        self._keep_reserve()
         return None
 
     def close(self) -> None:
         for log in self._handles.pop_all():
             log.close()
+        if self._guard is not None:
+            self._guard.close()
         self._watcher.close()
         with self._catalog_lock:
             self._catalog.close()
