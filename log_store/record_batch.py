@@ -22,10 +22,8 @@ hold both kinds.
 
 from __future__ import annotations
 
-import contextlib
 import struct
 import zlib
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -163,40 +161,6 @@ def decode_state(buf: bytes, pos: int, header: BatchHeader) -> dict[str, bytes]:
     return state
 
 
-class CheckedBatches:
-    """The batches a process checked against their CRC lately: a re-read skips the check.
-
-    A fetch smaller than a batch (4 MiB from a batch of one 8 MiB request) reads the whole
-    batch, and so does every consumer at the tail: without this each of them would compute
-    the same batch's checksum again.  A batch is known by its base offset, size and CRC;
-    only the last ``size`` are kept (written or read moments ago, they are in the page cache,
-    not on a disk that could have changed them since).  Safe to share between threads.
-    """
-
-    def __init__(self, size: int = 64) -> None:
-        self._size = size
-        self._seen: OrderedDict[tuple[int, int, int], None] = OrderedDict()
-
-    def knows(self, header: BatchHeader) -> bool:
-        """Whether the batch ``header`` heads was checked lately: a reader of part of it may
-        trust the rest of its bytes as ``check`` would."""
-        return (header.base_offset, header.size, header.crc) in self._seen
-
-    def check(self, buf: bytes, pos: int, header: BatchHeader) -> None:
-        """``check_crc`` unless this batch was checked lately."""
-        if self.knows(header) and pos + header.size <= len(buf):
-            return
-        check_crc(buf, pos, header)
-        self.remember(header)
-
-    def remember(self, header: BatchHeader) -> None:
-        """Note that the batch ``header`` heads was just checked against its CRC."""
-        self._seen[(header.base_offset, header.size, header.crc)] = None
-        if len(self._seen) > self._size:
-            with contextlib.suppress(KeyError):  # another thread evicted it first
-                self._seen.popitem(last=False)
-
-
 def check_and_split(buf: bytes, pos: int, header: BatchHeader) -> list[bytes] | None:
     """``check_crc``; for a batch of large values, the batch's values, the check having run
     over them as they were cut out instead of over a copy of the whole batch (one copy of
@@ -281,7 +245,6 @@ def decode_batches(
     *,
     expected_base: int,
     verify: bool = True,
-    checked: CheckedBatches | None = None,
     at_least_one: bool = True,
 ) -> tuple[list[Record], int]:
     """Records at or above ``from_offset`` in the consecutive batches of ``buf``.
@@ -318,12 +281,8 @@ def decode_batches(
                 f"batch of offset {header.base_offset} found where {expected_base} was due"
             )
         values: list[bytes] | None = None
-        if checked is not None and checked.knows(header) and pos + header.size <= end:
-            pass  # checked lately
-        elif checked is not None or verify:
+        if verify:
             values = check_and_split(buf, pos, header)
-            if checked is not None:
-                checked.remember(header)
         elif pos + header.size > end:
             raise CorruptBatch(f"batch at byte {pos} runs past the read")
         expected_base = header.next_offset

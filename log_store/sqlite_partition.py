@@ -36,7 +36,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import accumulate
 from pathlib import Path
 from typing import Protocol
 
@@ -44,6 +43,7 @@ from log_store import crash_points
 from log_store.batch_check import check_segment
 from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import (
+    CorruptData,
     OffsetOutOfRange,
     StoreFull,
     StoreUnavailable,
@@ -62,7 +62,6 @@ from log_store.interface import (
 from log_store.record_batch import (
     HEADER_SIZE,
     MAGIC,
-    CheckedBatches,
     CorruptBatch,
     check_pieces,
     decode_batches,
@@ -341,7 +340,6 @@ class PartitionLog:
         self._pool: list[sqlite3.Connection] = []
         self._pool_lock = threading.Lock()
         self._segments = SegmentFiles(directory)
-        self._checked = CheckedBatches()
         self._committed_here_at = 0.0  # monotonic time of the last commit_here
         # Used by the committer thread only:
         self._write_fd: tuple[int, int] | None = None  # (segment base, fd)
@@ -961,8 +959,8 @@ class PartitionLog:
                 records = self._read_records(rows, offset, max_bytes)
             except FileNotFoundError:
                 continue  # retention dropped the segment under us; look again
-            except CorruptBatch as exc:
-                raise StoreUnavailable(f"corrupt segment data: {exc}") from exc
+            except CorruptBatch:
+                records = self._read_up_to_damage(rows, offset, max_bytes, start, end)
             return ReadResult(records, start, end)
         start, end = self.bounds()
         raise OffsetOutOfRange(f"offset {offset} is below the log start offset {start}", start, end)
@@ -971,7 +969,7 @@ class PartitionLog:
         self, rows: list[tuple[int, int, int, int]], offset: int, max_bytes: int
     ) -> list[Record]:
         """The records from ``offset`` on in the batches ``rows`` point at, about ``max_bytes``
-        of values, each batch checked against its CRC (or checked lately)."""
+        of values, each batch checked against its CRC."""
         records: list[Record] = []
         while rows:
             part = self._read_part(rows[0], offset, max_bytes, at_least_one=not records)
@@ -991,7 +989,6 @@ class PartitionLog:
             offset,
             max_bytes,
             expected_base=rows[0][0],
-            checked=self._checked,
             at_least_one=not records,
         )
         return records + more
@@ -1004,15 +1001,13 @@ class PartitionLog:
         *,
         at_least_one: bool,
     ) -> tuple[list[Record], int, bool] | None:
-        """The records a read from ``offset`` takes from the batch ``row`` points at, reading
-        them value by value, if the batch was checked lately or holds large values; None for
-        others (read with their neighbours in one run by ``_read_runs``).
+        """The records a read from ``offset`` takes from the batch ``row`` points at, if the
+        batch holds large values: read and checked against its CRC value by value, each into
+        its own bytes (no copy out of a read of the whole batch and no copy of the batch for
+        its CRC); None for others (read with their neighbours in one run by ``_read_runs``).
 
-        A batch checked lately is read only where the records lie: a read that starts inside
-        a batch, or takes only part of one, would otherwise read the whole batch again (a
-        16 MiB fetch of 8 MiB batches read each batch two or three times).  A batch of large
-        values is read and checked value by value, each into its own bytes: no copy out of a
-        read of the whole batch and no copy of the batch for its CRC.
+        Every read checks the whole batch, even one that takes a single record of it: bytes
+        that changed on disk since an earlier read are refused, never served.
         Returns the records, their value bytes and whether the read may go on to the next batch.
         """
         base, segment, pos, length = row
@@ -1022,8 +1017,7 @@ class PartitionLog:
         header = parse_header(head)
         if header.base_offset != base:
             raise CorruptBatch(f"batch of offset {header.base_offset} found where {base} was due")
-        checked = header.size == length and self._checked.knows(header)
-        if not checked and not (header.size == length and has_large_values(header)):
+        if not (header.size == length and has_large_values(header)):
             return None
         lengths = value_lengths(head, header)
         if lengths is None:
@@ -1036,35 +1030,36 @@ class PartitionLog:
         done = stop == header.count
         if stop == first and not done:
             return [], 0, False  # its first record does not fit: the next read starts here
+        values = []
+        at = pos + values_at(header)
+        for n in lengths:
+            values.append(self._pread(segment, at, n))
+            at += n
+        check_pieces(head, header, values)
         ts = header.timestamp_ms
-        if not checked:
-            values = []
-            at = pos + values_at(header)
-            for n in lengths:
-                values.append(self._pread(segment, at, n))
-                at += n
-            check_pieces(head, header, values)
-            self._checked.remember(header)
-            return [Record(base + i, values[i], ts) for i in range(first, stop)], taken, done
-        start = values_at(header) + sum(lengths[:first])  # from the batch's start
-        if stop > first and start + taken > len(head) and taken >= (stop - first) * _OWN_READ:
-            records = []
-            for i in range(first, stop):
-                records.append(Record(base + i, self._pread(segment, pos + start, lengths[i]), ts))
-                start += lengths[i]
-            return records, taken, done
-        if stop == first:
-            batch_values = b""
-        elif start + taken <= len(head):
-            batch_values = head[start : start + taken]
-        else:
-            batch_values = self._pread(segment, pos + start, taken)
-        ends = list(accumulate(lengths[first:stop], initial=0))
-        records = [
-            Record(base + first + k, batch_values[ends[k] : ends[k + 1]], ts)
-            for k in range(stop - first)
-        ]
-        return records, taken, done
+        return [Record(base + i, values[i], ts) for i in range(first, stop)], taken, done
+
+    def _read_up_to_damage(
+        self,
+        rows: list[tuple[int, int, int, int]],
+        offset: int,
+        max_bytes: int,
+        start: int,
+        end: int,
+    ) -> list[Record]:
+        """The records a read gets before the first batch of ``rows`` that fails its check;
+        ``CorruptData`` if the read starts in that batch (every read from there on fails)."""
+        for base, segment, pos, length in rows:
+            try:
+                data = self._pread(segment, pos, length)
+                decode_batches(data, base, 0, expected_base=base, at_least_one=False)
+            except CorruptBatch as exc:
+                if base > offset:
+                    good = [row for row in rows if row[0] < base]
+                    return self._read_records(good, offset, max_bytes)
+                raise CorruptData(f"corrupt segment data: {exc}", base, start, end) from exc
+        # changed back under us (retention, a rewritten tail): the next read looks again
+        return []
 
     def _read_runs(self, rows: list[tuple[int, int, int, int]], max_bytes: int) -> bytes:
         """Read the batches ``rows`` point at, stopping once ``max_bytes`` are covered."""
