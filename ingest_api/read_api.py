@@ -498,7 +498,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                     *filters,
                 ],
                 ok_media=read_media,
-                errors=("400", "404", "416"),
+                errors=("400", "404", "416", "500"),
             )
         },
         "/v1/fetch": {

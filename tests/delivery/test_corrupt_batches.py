@@ -112,6 +112,9 @@ def test_a_read_of_the_damaged_partition_alone_is_a_500_that_says_where(damaged:
     body = answer.json()
     assert body["error"] == "corrupt_data"
     assert (body["topic"], body["partition"], body["offset"]) == (TOPIC, DAMAGED, 2)
+    described = httpx.get(damaged.url + "/openapi.json", timeout=30).json()
+    route = described["paths"]["/v1/topics/{topic}/partitions/{partition}/messages"]["get"]
+    assert "corrupt_data" in route["responses"]["500"]["description"]
 
 
 def test_read_prints_the_healthy_partitions_and_exits_3_naming_the_damaged_one(
