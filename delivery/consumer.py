@@ -296,6 +296,11 @@ class Consumer:
     def _fetch_positions(self) -> tuple[tuple[str, int, int], ...]:
         """Where to read next: every partition this reader has, but those it stopped at
         damaged data."""
+        # a stop whose position moved (the topic made again, the partition given to another
+        # member) no longer holds
+        self.corrupt = {
+            tp: stop for tp, stop in self.corrupt.items() if self._positions.get(tp) == stop[0]
+        }
         return tuple(
             (t, p, o) for (t, p), o in sorted(self._positions.items()) if (t, p) not in self.corrupt
         )

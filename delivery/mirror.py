@@ -553,6 +553,7 @@ class Mirror:
             self._refusals,
             self._skipped,
             self._source_ends,
+            self.corrupt,  # a topic made again holds other data
         ):
             for tp in [tp for tp in table if tp[0] == topic]:
                 del table[tp]
