@@ -4,11 +4,13 @@ with the records before it served first, and named by topic, partition and offse
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from log_store import TopicConfig, open_store
 from log_store.errors import CorruptData, StoreUnavailable
+from log_store.sqlite_partition import PartitionLog
 
 
 def _flip(segment: Path, at: int) -> None:
@@ -40,4 +42,36 @@ def test_records_before_a_damaged_batch_are_served_then_every_read_of_it_fails(
         assert "dc1.t/0 offset 3" in str(error) and "checksum" in str(error)
     assert [r.offset for r in store.read("dc1.t", 0, 6, 10**6).records] == [6, 7, 8]
     assert store.read("dc1.t", 1, 0, 10**6).records[0].value == b"healthy"
+    store.close()
+
+
+def test_a_read_of_part_of_a_batch_read_lately_checks_the_bytes_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Part of a batch read lately is read alone (not the whole batch again), and checked
+    against the batch's CRC marks: a byte flipped there since is refused all the same."""
+    marked: list[int] = []
+    real = PartitionLog._read_marked
+
+    def spy(self: PartitionLog, row: tuple[int, int, int, int], *args: Any) -> Any:
+        marked.append(row[0])
+        return real(self, row, *args)
+
+    monkeypatch.setattr(PartitionLog, "_read_marked", spy)
+    store = open_store(tmp_path / "data")
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    values = [b"%06d" % i * 33 for i in range(10_000)]  # 200 B each, one 2 MB batch
+    store.append("dc1.t", 0, values)
+    half = 1_000_000
+    first = store.read("dc1.t", 0, 0, half).records  # the whole batch checked, marks kept
+    assert [r.value for r in first] == values[: len(first)] and len(first) < len(values)
+    second = store.read("dc1.t", 0, len(first), half).records
+    assert marked == [0]  # read from its marks
+    assert [r.value for r in second] == values[len(first) : len(first) + len(second)]
+
+    (segment,) = (tmp_path / "data" / "topics").rglob("*.log")
+    _flip(segment, segment.stat().st_size - 1000)  # in the last records
+    with pytest.raises(CorruptData, match="checksum"):
+        store.read("dc1.t", 0, len(values) - 2, 1)
+    assert len(marked) == 2  # refused on the marked path, not by a whole read
     store.close()

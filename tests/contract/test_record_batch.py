@@ -129,19 +129,29 @@ def _damage(data_dir: Path, at: int) -> None:
 def test_a_damaged_batch_is_refused_however_a_read_enters_it(
     tmp_path: Path, where: str, read_before: bool
 ) -> None:
-    """Damage is refused on any read from inside a batch, whether or not the batch was read
-    (and found whole) before the damage: a read never trusts an earlier check."""
+    """Damaged bytes are never served, whether or not the batch was read (and found whole)
+    before the damage: a read never trusts bytes it did not check.  A read of part of a
+    batch read lately checks the bytes it reads (against the batch's CRC marks): records of
+    it that the damage did not touch may be served, the damaged one never is."""
     data_dir = tmp_path / "data"
-    store, _ = _store_with_batches(data_dir)
-    at = {"crc": 5, "base": 12, "value": 200_000}[where]
+    store, values = _store_with_batches(data_dir)
+    at = {"crc": 5, "base": 12, "value": 150_000}[where]  # "value": in offset 1's value
     if read_before:
         for offset in (0, 1, 2):
             assert store.read("dc1.t", 0, offset, 1).records
     _damage(data_dir, at)
     for offset in (0, 1, 2):
-        with pytest.raises(CorruptData, match="corrupt") as caught:
-            store.read("dc1.t", 0, offset, 1)
-        assert (caught.value.topic, caught.value.partition, caught.value.offset) == ("dc1.t", 0, 0)
+        for budget in (1, 10**6):
+            try:
+                got = store.read("dc1.t", 0, offset, budget).records
+            except CorruptData as caught:
+                assert (caught.topic, caught.partition, caught.offset) == ("dc1.t", 0, 0)
+                continue
+            assert where == "value" and read_before, (offset, budget)
+            assert 1 not in [r.offset for r in got]  # the damaged one
+            assert [r.value for r in got] == values[offset : offset + len(got)]
+    with pytest.raises(CorruptData, match="corrupt segment data"):
+        store.read("dc1.t", 0, 1, 1)
     store.close()
 
 
