@@ -117,8 +117,6 @@ _READ_INDEX_ROWS = 512
 # What a read of part of a batch reads first: its header and value lengths, in all but huge
 # batches of tiny records.
 _HEAD_READ = 64 * 1024
-# Values this large are read each into its own bytes (no copy out of a shared read).
-_OWN_READ = 64 * 1024
 _CHECKPOINT_PAGES = 1000  # SQLite's own default threshold
 _STATE_ROWS_PER_PAGE = 40
 _UPSERT_ROWS = 400  # 800 variables per statement, below SQLite's smallest limit
