@@ -25,6 +25,7 @@ from delivery.pull_client import (
     ReadMessage,
     RequestRefused,
 )
+from log_store.errors import CorruptData
 
 _log = logging.getLogger(__name__)
 _DISCOVER_S = 2.0
@@ -91,6 +92,11 @@ class Consumer:
             | None
         ) = None
         self._draining: dict[TopicPartition, int] = {}
+        self.corrupt: dict[TopicPartition, tuple[int, CorruptData]] = {}
+        """The partitions this reader stopped reading, with the position it stopped at: the
+        gateway cannot read past it (a batch there fails its checksum).  The position stays
+        (and is what a group commits): nothing past the damage is skipped without an
+        operator's word."""
         self.behind = False
         """Whether the last :meth:`poll` moved a position on and left it short of its
         partition's end, also when it returned no message (its answer stopped at a budget of
@@ -237,7 +243,11 @@ class Consumer:
             self._drop_prefetch()
             time.sleep(min(wait_ms, 200) / 1000)
             return []
-        positions = tuple((t, p, o) for (t, p), o in sorted(self._positions.items()))
+        positions = self._fetch_positions()
+        if not positions:
+            self._drop_prefetch()
+            time.sleep(min(wait_ms, 200) / 1000)
+            return []
         try:
             fetched = self._take_prefetched(positions)
             if fetched is None:
@@ -260,6 +270,9 @@ class Consumer:
             tp = (part.topic, part.partition)
             if tp not in self._positions:
                 continue
+            if part.corrupt is not None:
+                self._stop_at_damage(tp, part.corrupt)
+                continue
             for skipped in part.not_envelopes:
                 # Moving past it is what every reader of the log must do (it holds no lines);
                 # saying so is what keeps the move from being a silent loss.
@@ -276,9 +289,32 @@ class Consumer:
             self._positions[tp] = part.next_offset
         if messages and self._prefetcher is not None:
             # Catching up: the next fetch runs while the caller handles this one.
-            following = tuple((t, p, o) for (t, p), o in sorted(self._positions.items()))
+            following = self._fetch_positions()
             self._prefetched = (following, self._prefetcher.submit(self._fetch, following, 0))
         return messages
+
+    def _fetch_positions(self) -> tuple[tuple[str, int, int], ...]:
+        """Where to read next: every partition this reader has, but those it stopped at
+        damaged data."""
+        # a stop whose position moved (the topic made again, the partition given to another
+        # member) no longer holds
+        self.corrupt = {
+            tp: stop for tp, stop in self.corrupt.items() if self._positions.get(tp) == stop[0]
+        }
+        return tuple(
+            (t, p, o) for (t, p), o in sorted(self._positions.items()) if (t, p) not in self.corrupt
+        )
+
+    def _stop_at_damage(self, tp: TopicPartition, error: CorruptData) -> None:
+        if tp not in self.corrupt:
+            _log.error(
+                "%s/%d: stopped at offset %d, the gateway cannot read past it: %s",
+                tp[0],
+                tp[1],
+                self._positions[tp],
+                error,
+            )
+        self.corrupt[tp] = (self._positions[tp], error)
 
     def _fetch(
         self, positions: Sequence[tuple[str, int, int]], wait_ms: int

@@ -5,7 +5,8 @@ Binary ``application/x-logbroker-records`` (integers big-endian), one section pe
     body    := "LBR1" section*
     section := u16 meta_len, meta (UTF-8 JSON: {"topic", "partition", "start_offset",
                                                  "end_offset", "next_offset",
-                                                 "not_envelopes": [{"offset", "reason"}]}),
+                                                 "not_envelopes": [{"offset", "reason"}],
+                                                 "error" (only if the partition is damaged)}),
                u32 count, record{count}
     record  := u64 offset, u32 value_len, value (value_len bytes: the stored envelope,
                                                  see session_dedup/envelope.py)
@@ -13,7 +14,10 @@ Binary ``application/x-logbroker-records`` (integers big-endian), one section pe
 The values are sent as stored, so the server does no per-message encoding and a client
 decodes only what it uses.  ``not_envelopes`` names the records the read left out because they
 are not envelopes (a client of an older gateway finds no such key; one that does not know it
-ignores it).  A released legacy transaction appears at its commit marker's offset with its
+ignores it).  ``error`` is there only for a partition whose read starts at a batch that
+fails its checksum: ``{"error": "corrupt_data", "reason", "offset"}``, no records, and
+``next_offset`` where the read was; every read from there fails the same way.  A released
+legacy transaction appears at its commit marker's offset with its
 data record's envelope (``kind = legacy_data``).
 """
 
@@ -44,7 +48,7 @@ class BadFraming(BadRequest):
 
 
 def batch_meta(batch: PartitionBatch) -> dict[str, Any]:
-    return {
+    meta: dict[str, Any] = {
         "topic": batch.topic,
         "partition": batch.partition,
         "start_offset": batch.start_offset,
@@ -52,6 +56,13 @@ def batch_meta(batch: PartitionBatch) -> dict[str, Any]:
         "next_offset": batch.next_offset,
         "not_envelopes": [{"offset": n.offset, "reason": n.reason} for n in batch.not_envelopes],
     }
+    if batch.corrupt is not None:
+        meta["error"] = {
+            "error": "corrupt_data",
+            "reason": str(batch.corrupt),
+            "offset": batch.corrupt.offset,
+        }
+    return meta
 
 
 def not_envelopes_of(meta: dict[str, Any]) -> list[NotEnvelope] | None:

@@ -47,8 +47,8 @@ from delivery.envelope_view import NotAnEnvelope, view
 from delivery.framing import MAGIC, decode_binary
 from delivery.legacy_txn import validate_txn_id
 from delivery.partition_reader import check_max_bytes
-from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
-from log_store.errors import BadRequest, InvalidTopicName, LogbrokerError
+from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused, corrupt_of
+from log_store.errors import BadRequest, CorruptData, InvalidTopicName, LogbrokerError
 from log_store.interface import LogStore, PartitionState
 from log_store.topic_names import validate_topic_name
 from session_dedup.envelope import EnvelopeWriter
@@ -487,6 +487,10 @@ class Mirror:
         self.found_topics = False
         """Whether the source has had a topic of the prefix (that the token may read)."""
         self._said_no_topics = False
+        self.corrupt: dict[tuple[str, int], tuple[int, CorruptData]] = {}
+        """Partitions the copy stopped, with the source offset it stopped at: the source
+        cannot read past it (a batch there fails its checksum).  The others go on; nothing
+        is skipped."""
 
     def no_topics_reason(self) -> str:
         """What the source has instead of a topic of the prefix (for a user who mistyped)."""
@@ -549,6 +553,7 @@ class Mirror:
             self._refusals,
             self._skipped,
             self._source_ends,
+            self.corrupt,  # a topic made again holds other data
         ):
             for tp in [tp for tp in table if tp[0] == topic]:
                 del table[tp]
@@ -608,7 +613,11 @@ class Mirror:
         positions = [
             (t, p, max(o, self._skipped.get((t, p), o)))
             for (t, p), o in sorted(self._positions.items())
+            if (t, p) not in self.corrupt
         ]
+        if not positions:
+            time.sleep(min(wait_ms, 500) / 1000)
+            return 0
         try:
             fetched = self._fetch_raw(positions, wait_ms)
         except RequestRefused as exc:
@@ -668,9 +677,22 @@ class Mirror:
         for s in sections:
             if s.meta.get("end_offset") is not None:
                 self._source_ends[(s.meta["topic"], s.meta["partition"])] = s.meta["end_offset"]
+            damage = corrupt_of(s.meta)
+            if damage is not None:
+                tp = (damage.topic, damage.partition)
+                stopped_at = int(s.meta["next_offset"])
+                _log.error(
+                    "mirror: %s/%d: stopped at source offset %d, the source cannot read past "
+                    "it: %s",
+                    *tp,
+                    stopped_at,
+                    damage,
+                )
+                self.corrupt[tp] = (stopped_at, damage)
         return [
             (s.meta["topic"], s.meta["partition"], s.records, s.meta.get("next_offset"))
             for s in sections
+            if "error" not in s.meta
         ]
 
     def _skip_dropped(self, positions: Sequence[tuple[str, int, int]]) -> None:
@@ -842,6 +864,7 @@ class Mirror:
             "positions": {f"{t}/{p}": o for (t, p), o in sorted(self._positions.items())},
             "copied_messages": self.stats.copied_messages,
             "dropped_offsets": self.stats.dropped_offsets,
+            "corrupt": {f"{t}/{p}": str(e) for (t, p), (_, e) in sorted(self.corrupt.items())},
             "written_at_ms": int(time.time() * 1000),
         }
         self._state_dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from delivery.envelope_view import EnvelopeView, NotAnEnvelope, kind_of, view
 from delivery.filters import MessageFilter
 from delivery.legacy_txn import DEFAULT_WINDOW_MS, marker_target, resolve_commit
-from log_store.errors import BadRequest, OffsetOutOfRange
+from log_store.errors import BadRequest, CorruptData, OffsetOutOfRange
 from log_store.interface import LogStore
 
 MAX_MAX_BYTES = 64 * 1024 * 1024
@@ -70,6 +70,9 @@ class PartitionBatch:
     messages: list[DeliveredMessage] = field(default_factory=list)
     value_bytes: int = 0
     not_envelopes: list[NotEnvelope] = field(default_factory=list)
+    corrupt: CorruptData | None = None
+    """Set (with no messages, ``next_offset`` where the read was) when the read starts at a
+    batch that fails its checksum: every read from there fails the same way."""
 
 
 def scan_budget_of(max_bytes: int) -> int:
@@ -162,7 +165,10 @@ class PartitionReader:
             ):
                 return batch
             left = max_bytes - batch.value_bytes if batch.messages else max_bytes
-            result = self._store.read(topic, partition, result.next_offset, left)
+            try:
+                result = self._store.read(topic, partition, result.next_offset, left)
+            except CorruptData:
+                return batch  # what came before the damage; the next read names it
 
     def _deliverable(
         self,

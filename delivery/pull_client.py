@@ -23,7 +23,7 @@ from delivery.framing import (
     not_envelopes_of,
 )
 from delivery.partition_reader import NotEnvelope
-from log_store.errors import BadRequest, LogbrokerError
+from log_store.errors import BadRequest, CorruptData, LogbrokerError
 from session_dedup.chunk_codecs import CorruptChunk, decompress
 
 
@@ -92,6 +92,24 @@ class FetchedPartition:
     next_offset: int
     messages: list[ReadMessage]
     not_envelopes: list[NotEnvelope] = field(default_factory=list)
+    corrupt: CorruptData | None = None
+    """Set when the partition cannot be read past ``next_offset``: the batch there fails its
+    checksum on the gateway (no messages then; the other partitions are answered)."""
+
+
+def corrupt_of(meta: dict[str, Any]) -> CorruptData | None:
+    """The damage a fetch answer's section reports, if any (see delivery/framing.py)."""
+    error = meta.get("error")
+    if not isinstance(error, dict) or error.get("error") != "corrupt_data":
+        return None
+    return CorruptData(
+        str(error.get("reason", "corrupt data")),
+        int(error.get("offset", meta["next_offset"])),
+        int(meta["start_offset"]),
+        int(meta["end_offset"]),
+        str(meta["topic"]),
+        int(meta["partition"]),
+    )
 
 
 class PullClient:
@@ -120,6 +138,20 @@ class PullClient:
 
     def _checked(self, method: str, path: str, response: httpx.Response) -> httpx.Response:
         """``response`` if it is a success; raises what its 4xx or 5xx means otherwise."""
+        if response.status_code == 500 and response.headers.get("content-type", "").startswith(
+            "application/json"
+        ):
+            body = response.json()
+            if isinstance(body, dict) and body.get("error") == "corrupt_data":
+                # not an outage: damaged data on the gateway, the same answer on every retry
+                raise CorruptData(
+                    str(body.get("reason")),
+                    int(body.get("offset", -1)),
+                    -1,
+                    -1,
+                    str(body.get("topic", "")),
+                    int(body.get("partition", -1)),
+                )
         if response.status_code >= 500:
             raise GatewayUnavailable(
                 f"{method} {path}: gateway answered {response.status_code}: {response.text[:200]}"
@@ -234,6 +266,7 @@ class PullClient:
                     meta["next_offset"],
                     messages,
                     sorted(skipped, key=lambda n: n.offset),
+                    corrupt_of(meta),
                 )
             )
         return out

@@ -1,8 +1,9 @@
 """HTTP errors as the protocol states them: JSON ``{"error", "reason"}`` and a status.
 
-Route modules raise :class:`ApiError` (or let a :class:`~log_store.errors.BadRequest` or
-:class:`~log_store.errors.StoreUnavailable` through); :func:`exception_handlers` turns each
-into its response, so no route formats an error by hand.
+Route modules raise :class:`ApiError` (or let a :class:`~log_store.errors.BadRequest`,
+:class:`~log_store.errors.StoreUnavailable` or :class:`~log_store.errors.CorruptData`
+through); :func:`exception_handlers` turns each into its response, so no route formats an
+error by hand.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from delivery.legacy_txn import UnknownStagedData, UnknownTransaction, WindowExp
 from delivery.push import NotSubscriptionOwner, SubscriptionExists, UnknownSubscription
 from log_store.errors import (
     BadRequest,
+    CorruptData,
     LimitReached,
     LogbrokerError,
     OffsetOutOfRange,
@@ -163,6 +165,18 @@ async def _on_store_unavailable(request: Request, exc: Exception) -> Response:
     return unavailable_response(str(exc) or "the log store cannot take writes now")
 
 
+async def _on_corrupt_data(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, CorruptData)
+    # 500 with no Retry-After: the data on disk is damaged and every retry gets the same
+    # answer; an operator acts (docs/operations.md), a reader stops at this offset.
+    return error_response(500, "corrupt_data", str(exc), extra=corrupt_data_fields(exc))
+
+
+def corrupt_data_fields(exc: CorruptData) -> dict[str, Any]:
+    """Where the damaged data lies, as the answer names it."""
+    return {"topic": exc.topic, "partition": exc.partition, "offset": exc.offset}
+
+
 async def _on_os_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, OSError)
     if exc.errno in _UNAVAILABLE_ERRNOS:
@@ -212,6 +226,7 @@ def exception_handlers() -> dict[Any, Callable[[Request, Exception], Any]]:
         ApiError: _on_api_error,
         BadRequest: _on_bad_request,
         StoreUnavailable: _on_store_unavailable,
+        CorruptData: _on_corrupt_data,
         OSError: _on_os_error,
         HTTPException: _on_http_exception,
         Exception: _on_unexpected,

@@ -31,6 +31,8 @@ _ERROR_TEXTS = {
     "415": "the body is declared as something else than its route takes (JSON: application/json)",
     "416": "offset out of range; the body has start_offset and end_offset",
     "429": "a limit is reached (the body names it: limit, max)",
+    "500": "corrupt_data: the read starts at a batch that fails its checksum on disk; the body "
+    "has topic, partition, offset; a retry gets the same answer",
     "503": "the log store is unavailable",
 }
 

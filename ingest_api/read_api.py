@@ -10,6 +10,7 @@ requests.  The wire format is in docs/protocol.md.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -50,8 +51,10 @@ from ingest_api.params import (
     wants_binary,
 )
 from ingest_api.settings import Limits
-from log_store.errors import LimitReached, UnknownTopic
+from log_store.errors import CorruptData, LimitReached, UnknownTopic
 from log_store.topic_names import validate_topic_name
+
+_log = logging.getLogger("ingest_api")
 
 MAX_WAIT_MS = 60_000
 Position = tuple[str, int, int]
@@ -170,9 +173,10 @@ async def _or_none(
 
 
 def _has_news(batches: Sequence[PartitionBatch]) -> bool:
-    """Whether an answer has something to say: messages, or records it left out because they
-    are not envelopes (a long-poll that waited on past them would never name them)."""
-    return any(b.messages or b.not_envelopes for b in batches)
+    """Whether an answer has something to say: messages, records it left out because they
+    are not envelopes (a long-poll that waited on past them would never name them), or a
+    partition it cannot read past (damaged data)."""
+    return any(b.messages or b.not_envelopes or b.corrupt for b in batches)
 
 
 def _refuse_raw_filter(raw: bool, filt: MessageFilter) -> None:
@@ -215,6 +219,7 @@ class ReadApi:
             "logbroker_pull_messages_total", "messages sent to pull readers"
         )
         self._ahead = ReadAhead()
+        self._damage_logged: set[tuple[str, int, int]] = set()
         self._read_ahead_answers = ctx.metrics.counter(
             "logbroker_pull_read_ahead_answers_total",
             "pull answers read while the reader handled its previous answer",
@@ -282,6 +287,8 @@ class ReadApi:
         batches = await self._fetch(
             [(topic, partition, offset)], max_bytes, wait_ms, filt, raw, window
         )
+        if batches[0].corrupt is not None:
+            raise batches[0].corrupt
         self._count(batches)
         if binary:
             return BinaryAnswer(batches)
@@ -390,19 +397,30 @@ class ReadApi:
         # no more than a read of one.
         share = max(1, max_bytes // len(positions))
         scan = max(share, scan_budget_of(max_bytes) // len(positions))
-        return [
-            self.reader.read(
-                topic,
-                partition,
-                offset,
-                share,
-                filt,
-                raw=raw,
-                txn_window_ms=window_ms,
-                scan_bytes=scan,
-            )
-            for topic, partition, offset in positions
-        ]
+        batches = []
+        for topic, partition, offset in positions:
+            try:
+                batch = self.reader.read(
+                    topic,
+                    partition,
+                    offset,
+                    share,
+                    filt,
+                    raw=raw,
+                    txn_window_ms=window_ms,
+                    scan_bytes=scan,
+                )
+            except CorruptData as exc:
+                # One damaged partition must not keep the others from their readers: it is
+                # answered with the error, the others with their messages.
+                if (topic, partition, exc.offset) not in self._damage_logged:
+                    self._damage_logged.add((topic, partition, exc.offset))
+                    _log.error("%s", exc)
+                batch = PartitionBatch(
+                    topic, partition, exc.start_offset, exc.end_offset, offset, corrupt=exc
+                )
+            batches.append(batch)
+        return batches
 
 
 def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
@@ -480,7 +498,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                     *filters,
                 ],
                 ok_media=read_media,
-                errors=("400", "404", "416"),
+                errors=("400", "404", "416", "500"),
             )
         },
         "/v1/fetch": {

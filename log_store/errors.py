@@ -101,3 +101,39 @@ class ReadOnlyStore(BadRequest):
 
 class SourceFenced(LogbrokerError):
     """A newer writer owns the partition; this writer must reopen its session."""
+
+
+class CorruptData(LogbrokerError):
+    """Bytes of the log fail their checksum: a read of them is refused, now and on every retry.
+
+    Not :class:`StoreUnavailable`: waiting does not mend a damaged batch; an operator does
+    (docs/operations.md, "A batch fails its checksum").  ``offset`` is the first offset of the
+    damaged batch; a read that starts below it gets the records before it first.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        offset: int,
+        start_offset: int,
+        end_offset: int,
+        topic: str = "",
+        partition: int = -1,
+    ) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.start_offset = start_offset
+        self.end_offset = end_offset
+        self.topic = topic
+        self.partition = partition
+
+    def located(self, topic: str, partition: int) -> CorruptData:
+        """The same error naming the topic and partition it was found in."""
+        return CorruptData(
+            f"{topic}/{partition} offset {self.offset}: {self}",
+            self.offset,
+            self.start_offset,
+            self.end_offset,
+            topic,
+            partition,
+        )

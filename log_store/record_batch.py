@@ -25,8 +25,9 @@ from __future__ import annotations
 import contextlib
 import struct
 import zlib
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -163,40 +164,6 @@ def decode_state(buf: bytes, pos: int, header: BatchHeader) -> dict[str, bytes]:
     return state
 
 
-class CheckedBatches:
-    """The batches a process checked against their CRC lately: a re-read skips the check.
-
-    A fetch smaller than a batch (4 MiB from a batch of one 8 MiB request) reads the whole
-    batch, and so does every consumer at the tail: without this each of them would compute
-    the same batch's checksum again.  A batch is known by its base offset, size and CRC;
-    only the last ``size`` are kept (written or read moments ago, they are in the page cache,
-    not on a disk that could have changed them since).  Safe to share between threads.
-    """
-
-    def __init__(self, size: int = 64) -> None:
-        self._size = size
-        self._seen: OrderedDict[tuple[int, int, int], None] = OrderedDict()
-
-    def knows(self, header: BatchHeader) -> bool:
-        """Whether the batch ``header`` heads was checked lately: a reader of part of it may
-        trust the rest of its bytes as ``check`` would."""
-        return (header.base_offset, header.size, header.crc) in self._seen
-
-    def check(self, buf: bytes, pos: int, header: BatchHeader) -> None:
-        """``check_crc`` unless this batch was checked lately."""
-        if self.knows(header) and pos + header.size <= len(buf):
-            return
-        check_crc(buf, pos, header)
-        self.remember(header)
-
-    def remember(self, header: BatchHeader) -> None:
-        """Note that the batch ``header`` heads was just checked against its CRC."""
-        self._seen[(header.base_offset, header.size, header.crc)] = None
-        if len(self._seen) > self._size:
-            with contextlib.suppress(KeyError):  # another thread evicted it first
-                self._seen.popitem(last=False)
-
-
 def check_and_split(buf: bytes, pos: int, header: BatchHeader) -> list[bytes] | None:
     """``check_crc``; for a batch of large values, the batch's values, the check having run
     over them as they were cut out instead of over a copy of the whole batch (one copy of
@@ -223,9 +190,9 @@ def has_large_values(header: BatchHeader) -> bool:
     return bool(header.count) and header.payload_len >= header.count * _SPLIT_VALUES
 
 
-def check_pieces(head: bytes, header: BatchHeader, values: Sequence[bytes]) -> None:
+def check_pieces(head: bytes, header: BatchHeader, values: Sequence[bytes]) -> CrcMarks:
     """Raise ``CorruptBatch`` unless the batch whose bytes up to its first value are ``head``
-    and whose values are ``values`` matches its CRC.
+    and whose values are ``values`` matches its CRC; its marks at the values' bounds.
 
     The CRC covers exactly the bytes ``check_crc`` covers: the values must fill the payload.
     """
@@ -233,10 +200,83 @@ def check_pieces(head: bytes, header: BatchHeader, values: Sequence[bytes]) -> N
     if len(head) < at or sum(map(len, values)) != header.size - at:
         raise CorruptBatch(f"batch of offset {header.base_offset} fails its checksum")
     crc = _crc(head[_CRC_FROM:at])
+    bounds, crcs = [_CRC_FROM, at], [0, crc]
     for value in values:
         crc = _crc_extend(crc, value)
+        at += len(value)
+        bounds.append(at)
+        crcs.append(crc)
     if crc != header.crc:
         raise CorruptBatch(f"batch of offset {header.base_offset} fails its checksum")
+    return CrcMarks(tuple(bounds), tuple(crcs))
+
+
+MARK_STEP = 256 * 1024
+"""How far apart ``crc_marks`` puts the marks of a batch of small values."""
+
+
+@dataclass(frozen=True, slots=True)
+class CrcMarks:
+    """The running CRC-32C of a batch that matched its CRC, at some of its bytes: ``crcs[i]``
+    covers the batch's bytes from 8 (where the CRC starts) to ``bounds[i]``.  The first
+    bound is 8 (CRC 0), the last the batch's size (its CRC); the bytes between any two bounds
+    can be checked on their own, without reading the rest of the batch."""
+
+    bounds: tuple[int, ...]
+    crcs: tuple[int, ...]
+
+    def span(self, first: int, stop: int) -> tuple[int, int]:
+        """The indexes of the bounds around the batch's bytes ``first .. stop``."""
+        return bisect_right(self.bounds, first) - 1, bisect_left(self.bounds, stop)
+
+    def check(self, data: bytes, i: int, j: int, base: int) -> None:
+        """Raise ``CorruptBatch`` unless ``data``, the batch's bytes from ``bounds[i]`` to
+        ``bounds[j]``, are what they were when the batch matched its CRC."""
+        if len(data) != self.bounds[j] - self.bounds[i] or (
+            _crc_extend(self.crcs[i], data) != self.crcs[j]
+        ):
+            raise CorruptBatch(f"batch of offset {base} fails its checksum")
+
+
+def crc_marks(buf: bytes, pos: int, header: BatchHeader) -> CrcMarks:
+    """``check_crc`` of the batch at ``pos``, with its marks every ``MARK_STEP`` bytes."""
+    stop = pos + header.size
+    if stop > len(buf):
+        raise CorruptBatch(f"batch at byte {pos} runs past the data")
+    bounds, crcs = [_CRC_FROM], [0]
+    crc = 0
+    for at in range(pos + _CRC_FROM, stop, MARK_STEP):
+        end = min(at + MARK_STEP, stop)
+        crc = _crc_extend(crc, buf[at:end])
+        bounds.append(end - pos)
+        crcs.append(crc)
+    if crc != header.crc:
+        raise CorruptBatch(f"batch of offset {header.base_offset} fails its checksum")
+    return CrcMarks(tuple(bounds), tuple(crcs))
+
+
+class CheckedBatches:
+    """Batches read whole and found to match their CRC lately, with their ``CrcMarks``.
+
+    A read of part of one (a 4 MiB fetch from an 8 MiB batch; the next reader at the tail)
+    reads only the bytes between the marks around that part and checks them against the
+    marks: bytes changed since are refused as a whole-batch check would refuse them, and no
+    read trusts bytes it did not check.  Known by (segment, position, base offset, size,
+    CRC); only the last ``size`` are kept.  Safe to share between threads.
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self._size = size
+        self._seen: OrderedDict[tuple[int, int, int, int, int], CrcMarks] = OrderedDict()
+
+    def marks(self, segment: int, pos: int, header: BatchHeader) -> CrcMarks | None:
+        return self._seen.get((segment, pos, header.base_offset, header.size, header.crc))
+
+    def remember(self, segment: int, pos: int, header: BatchHeader, marks: CrcMarks) -> None:
+        self._seen[(segment, pos, header.base_offset, header.size, header.crc)] = marks
+        if len(self._seen) > self._size:
+            with contextlib.suppress(KeyError):  # another thread evicted it first
+                self._seen.popitem(last=False)
 
 
 def value_lengths(head: bytes, header: BatchHeader) -> tuple[int, ...] | None:
@@ -281,8 +321,8 @@ def decode_batches(
     *,
     expected_base: int,
     verify: bool = True,
-    checked: CheckedBatches | None = None,
     at_least_one: bool = True,
+    partly_read: Callable[[int, bytes, int, BatchHeader], None] | None = None,
 ) -> tuple[list[Record], int]:
     """Records at or above ``from_offset`` in the consecutive batches of ``buf``.
 
@@ -290,13 +330,16 @@ def decode_batches(
     ended: bytes from anywhere else are reported as corrupt, never returned.  Stops after
     about ``max_bytes`` of values (but returns at least one record, unless ``at_least_one``
     is False: then none if the first is larger).  Returns the records and the number of
-    value bytes they hold.
+    value bytes they hold.  ``partly_read(n, buf, pos, header)`` is called for a checked
+    batch (the n-th of ``buf``) that the read stops inside of.
     """
     records: list[Record] = []
     total = 0
     pos = 0
     end = len(buf)
+    index = -1
     while pos + 4 <= end:
+        index += 1
         if buf[pos : pos + 4] == MAGIC_V1:
             pos, expected_base, total, full = _decode_v1(
                 buf,
@@ -318,12 +361,8 @@ def decode_batches(
                 f"batch of offset {header.base_offset} found where {expected_base} was due"
             )
         values: list[bytes] | None = None
-        if checked is not None and checked.knows(header) and pos + header.size <= end:
-            pass  # checked lately
-        elif checked is not None or verify:
+        if verify:
             values = check_and_split(buf, pos, header)
-            if checked is not None:
-                checked.remember(header)
         elif pos + header.size > end:
             raise CorruptBatch(f"batch at byte {pos} runs past the read")
         expected_base = header.next_offset
@@ -349,6 +388,8 @@ def decode_batches(
                 )
             total += taken
             if stop < count:
+                if partly_read is not None and verify:
+                    partly_read(index, buf, pos, header)
                 return records, total
         pos += header.size
     return records, total

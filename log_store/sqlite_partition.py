@@ -31,6 +31,7 @@ import fcntl
 import logging
 import os
 import sqlite3
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,6 +45,7 @@ from log_store import crash_points
 from log_store.batch_check import check_segment
 from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import (
+    CorruptData,
     OffsetOutOfRange,
     StoreFull,
     StoreUnavailable,
@@ -62,9 +64,12 @@ from log_store.interface import (
 from log_store.record_batch import (
     HEADER_SIZE,
     MAGIC,
+    BatchHeader,
     CheckedBatches,
     CorruptBatch,
+    CrcMarks,
     check_pieces,
+    crc_marks,
     decode_batches,
     encode_batch,
     has_large_values,
@@ -113,8 +118,6 @@ _READ_INDEX_ROWS = 512
 # What a read of part of a batch reads first: its header and value lengths, in all but huge
 # batches of tiny records.
 _HEAD_READ = 64 * 1024
-# Values this large are read each into its own bytes (no copy out of a shared read).
-_OWN_READ = 64 * 1024
 _CHECKPOINT_PAGES = 1000  # SQLite's own default threshold
 _STATE_ROWS_PER_PAGE = 40
 _UPSERT_ROWS = 400  # 800 variables per statement, below SQLite's smallest limit
@@ -984,8 +987,8 @@ class PartitionLog:
                 records = self._read_records(rows, offset, max_bytes)
             except FileNotFoundError:
                 continue  # retention dropped the segment under us; look again
-            except CorruptBatch as exc:
-                raise StoreUnavailable(f"corrupt segment data: {exc}") from exc
+            except CorruptBatch:
+                records = self._read_up_to_damage(rows, offset, max_bytes, start, end)
             return ReadResult(records, start, end)
         start, end = self.bounds()
         raise OffsetOutOfRange(f"offset {offset} is below the log start offset {start}", start, end)
@@ -994,7 +997,8 @@ class PartitionLog:
         self, rows: list[tuple[int, int, int, int]], offset: int, max_bytes: int
     ) -> list[Record]:
         """The records from ``offset`` on in the batches ``rows`` point at, about ``max_bytes``
-        of values, each batch checked against its CRC (or checked lately)."""
+        of values, each batch checked against its CRC (or, for part of a batch read whole
+        lately, the bytes read checked against its marks)."""
         records: list[Record] = []
         while rows:
             part = self._read_part(rows[0], offset, max_bytes, at_least_one=not records)
@@ -1009,13 +1013,21 @@ class PartitionLog:
         if not rows:
             return records
         data = self._read_runs(rows, max_bytes)
+
+        def partly_read(n: int, buf: bytes, at: int, header: BatchHeader) -> None:
+            # the next read starts inside this batch: it reads only its part, checked
+            # against these marks
+            _, segment, pos, length = rows[n]
+            if length == header.size:
+                self._checked.remember(segment, pos, header, crc_marks(buf, at, header))
+
         more, _ = decode_batches(
             data,
             offset,
             max_bytes,
             expected_base=rows[0][0],
-            checked=self._checked,
             at_least_one=not records,
+            partly_read=partly_read,
         )
         return records + more
 
@@ -1027,15 +1039,17 @@ class PartitionLog:
         *,
         at_least_one: bool,
     ) -> tuple[list[Record], int, bool] | None:
-        """The records a read from ``offset`` takes from the batch ``row`` points at, reading
-        them value by value, if the batch was checked lately or holds large values; None for
+        """The records a read from ``offset`` takes from the batch ``row`` points at, if the
+        batch was read whole lately (its ``CrcMarks`` known) or holds large values; None for
         others (read with their neighbours in one run by ``_read_runs``).
 
-        A batch checked lately is read only where the records lie: a read that starts inside
-        a batch, or takes only part of one, would otherwise read the whole batch again (a
-        16 MiB fetch of 8 MiB batches read each batch two or three times).  A batch of large
-        values is read and checked value by value, each into its own bytes: no copy out of a
-        read of the whole batch and no copy of the batch for its CRC.
+        A batch read whole lately is read only around the records this read takes, and those
+        bytes are checked against its marks: a read that starts inside a batch, or takes only
+        part of one, does not read and check the whole batch again (a 16 MiB fetch of 8 MiB
+        batches would read each two or three times), yet bytes changed on disk since are
+        refused, never served.  A batch of large values is otherwise read and checked value by
+        value, each into its own bytes: no copy out of a read of the whole batch and no copy of
+        the batch for its CRC.
         Returns the records, their value bytes and whether the read may go on to the next batch.
         """
         base, segment, pos, length = row
@@ -1045,8 +1059,12 @@ class PartitionLog:
         header = parse_header(head)
         if header.base_offset != base:
             raise CorruptBatch(f"batch of offset {header.base_offset} found where {base} was due")
-        checked = header.size == length and self._checked.knows(header)
-        if not checked and not (header.size == length and has_large_values(header)):
+        if header.size != length:
+            return None  # the whole-batch path says what is wrong
+        marks = self._checked.marks(segment, pos, header)
+        if marks is not None:
+            return self._read_marked(row, head, header, marks, offset, max_bytes, at_least_one)
+        if not has_large_values(header):
             return None
         lengths = value_lengths(head, header)
         if lengths is None:
@@ -1059,35 +1077,74 @@ class PartitionLog:
         done = stop == header.count
         if stop == first and not done:
             return [], 0, False  # its first record does not fit: the next read starts here
+        values = []
+        at = pos + values_at(header)
+        for n in lengths:
+            values.append(self._pread(segment, at, n))
+            at += n
+        self._checked.remember(segment, pos, header, check_pieces(head, header, values))
         ts = header.timestamp_ms
-        if not checked:
-            values = []
-            at = pos + values_at(header)
-            for n in lengths:
-                values.append(self._pread(segment, at, n))
-                at += n
-            check_pieces(head, header, values)
-            self._checked.remember(header)
-            return [Record(base + i, values[i], ts) for i in range(first, stop)], taken, done
-        start = values_at(header) + sum(lengths[:first])  # from the batch's start
-        if stop > first and start + taken > len(head) and taken >= (stop - first) * _OWN_READ:
-            records = []
-            for i in range(first, stop):
-                records.append(Record(base + i, self._pread(segment, pos + start, lengths[i]), ts))
-                start += lengths[i]
-            return records, taken, done
+        return [Record(base + i, values[i], ts) for i in range(first, stop)], taken, done
+
+    def _read_marked(
+        self,
+        row: tuple[int, int, int, int],
+        head: bytes,
+        header: BatchHeader,
+        marks: CrcMarks,
+        offset: int,
+        max_bytes: int,
+        at_least_one: bool,
+    ) -> tuple[list[Record], int, bool]:
+        """``_read_part`` of a batch read whole lately: only the bytes around the header, the
+        value lengths and the values taken are read, each span checked against ``marks``."""
+        base, segment, pos, _ = row
+        at = values_at(header)
+        i, j = marks.span(8, at)
+        lead = self._pread(segment, pos + marks.bounds[i], marks.bounds[j] - marks.bounds[i])
+        marks.check(lead, i, j, base)
+        if lead[: HEADER_SIZE - 8] != head[8:HEADER_SIZE]:
+            raise CorruptBatch(f"batch of offset {base} changed while it was read")
+        lengths_at = HEADER_SIZE + header.state_len - 8
+        lengths = struct.unpack_from(f"<{header.count}I", lead, lengths_at)
+        first, stop, taken = take_values(
+            header, lengths, offset, max_bytes, at_least_one=at_least_one
+        )
+        done = stop == header.count
         if stop == first:
-            batch_values = b""
-        elif start + taken <= len(head):
-            batch_values = head[start : start + taken]
-        else:
-            batch_values = self._pread(segment, pos + start, taken)
-        ends = list(accumulate(lengths[first:stop], initial=0))
+            return [], 0, done
+        start = at + sum(lengths[:first])  # from the batch's start
+        i, j = marks.span(start, start + taken)
+        data = self._pread(segment, pos + marks.bounds[i], marks.bounds[j] - marks.bounds[i])
+        marks.check(data, i, j, base)
+        ends = list(accumulate(lengths[first:stop], initial=start - marks.bounds[i]))
+        ts = header.timestamp_ms
         records = [
-            Record(base + first + k, batch_values[ends[k] : ends[k + 1]], ts)
-            for k in range(stop - first)
+            Record(base + first + k, data[ends[k] : ends[k + 1]], ts) for k in range(stop - first)
         ]
         return records, taken, done
+
+    def _read_up_to_damage(
+        self,
+        rows: list[tuple[int, int, int, int]],
+        offset: int,
+        max_bytes: int,
+        start: int,
+        end: int,
+    ) -> list[Record]:
+        """The records a read gets before the first batch of ``rows`` that fails its check;
+        ``CorruptData`` if the read starts in that batch (every read from there on fails)."""
+        for base, segment, pos, length in rows:
+            try:
+                data = self._pread(segment, pos, length)
+                decode_batches(data, base, 0, expected_base=base, at_least_one=False)
+            except CorruptBatch as exc:
+                if base > offset:
+                    good = [row for row in rows if row[0] < base]
+                    return self._read_records(good, offset, max_bytes)
+                raise CorruptData(f"corrupt segment data: {exc}", base, start, end) from exc
+        # changed back under us (retention, a rewritten tail): the next read looks again
+        return []
 
     def _read_runs(self, rows: list[tuple[int, int, int, int]], max_bytes: int) -> bytes:
         """Read the batches ``rows`` point at, stopping once ``max_bytes`` are covered."""

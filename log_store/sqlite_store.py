@@ -32,6 +32,7 @@ from log_store.change_watch import ChangeWatcher
 from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import (
     BadRequest,
+    CorruptData,
     ReadOnlyStore,
     StoreUnavailable,
     TopicDeleted,
@@ -697,7 +698,10 @@ class SqliteLogStore:
     def read(
         self, topic: str, partition: int, offset: int, max_bytes: int = 1024 * 1024
     ) -> ReadResult:
-        return self._on_partition(topic, partition, lambda log: log.read(offset, max_bytes))
+        try:
+            return self._on_partition(topic, partition, lambda log: log.read(offset, max_bytes))
+        except CorruptData as exc:
+            raise exc.located(topic, partition) from exc
 
     def get_state(self, topic: str, partition: int, key: str) -> bytes | None:
         return self._on_partition(topic, partition, lambda log: log.get_state(key))

@@ -134,7 +134,14 @@ def run(args: argparse.Namespace) -> int:
             "source's retention before they could be copied",
             file=sys.stderr,
         )
-    return 0
+    for (topic, partition), (stopped_at, error) in sorted(mirror.corrupt.items()):
+        print(
+            f"logbroker mirror: {topic}/{partition} was not copied past source offset "
+            f"{stopped_at}: {error} "
+            '(docs/operations.md, "A batch fails its checksum")',
+            file=sys.stderr,
+        )
+    return 3 if mirror.corrupt else 0
 
 
 def _no_such_host(host: str) -> bool:

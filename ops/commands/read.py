@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="SECONDS",
         help="exit after this many seconds with nothing new (status 0; 1 if the gateway "
-        "was unreachable then)",
+        "was unreachable then; 3 if a partition was not read past a damaged batch)",
     )
     parser.add_argument(
         "--where",
@@ -253,6 +253,17 @@ def _wait_for_gateway(
     return None
 
 
+def _report_damage(consumer: Consumer) -> int:
+    """Say again, last, which partitions were not read to their end because of damaged data."""
+    for (topic, partition), (position, error) in sorted(consumer.corrupt.items()):
+        print(
+            f"logbroker read: {topic}/{partition} was not read past offset {position}: {error} "
+            '(docs/operations.md, "A batch fails its checksum")',
+            file=sys.stderr,
+        )
+    return 3
+
+
 def run(args: argparse.Namespace) -> int:
     # the reader's own warnings (a group rebalanced, a topic created again) name the command,
     # as every other line it writes to stderr does
@@ -414,6 +425,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"logbroker read: {exc}; retrying", file=sys.stderr, flush=True)
                     unavailable = True
                 time.sleep(1.0)
+        if consumer.corrupt:
+            return _report_damage(consumer)
         if stop["requested"]:
             return 0
         if waiting:

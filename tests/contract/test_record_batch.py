@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from log_store import TopicConfig, open_store, record_batch
-from log_store.errors import StoreUnavailable
+from log_store.errors import CorruptData
 from log_store.record_batch import (
-    CheckedBatches,
     CorruptBatch,
     check_crc,
     decode_batches,
@@ -77,47 +76,6 @@ def test_a_batch_elsewhere_than_the_index_says_is_refused() -> None:
         decode_batches(buf, 0, 100, expected_base=4)
 
 
-def test_a_batch_read_again_is_not_checksummed_again_but_a_different_one_is(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    checks: list[int] = []
-    real_check = record_batch.check_crc
-
-    def counting_check(buf: bytes, pos: int, header: record_batch.BatchHeader) -> None:
-        checks.append(header.base_offset)
-        real_check(buf, pos, header)
-
-    monkeypatch.setattr(record_batch, "check_crc", counting_check)
-    checked = CheckedBatches(size=2)
-    first = b"".join(encode_batch(0, 1, [b"a" * 100] * 4))
-    for from_offset in (0, 2, 3):  # fetches smaller than the batch read it whole each time
-        records, _ = decode_batches(first, from_offset, 100, expected_base=0, checked=checked)
-        assert records[0].offset == from_offset
-    assert checks == [0]
-
-    # The same offset written again (another topic's partition, a rewritten tail): other bytes,
-    # another CRC, so it is checked, and a damaged one is refused.
-    damaged = bytearray(b"".join(encode_batch(0, 1, [b"b" * 100] * 4)))
-    damaged[-1] ^= 1
-    with pytest.raises(CorruptBatch):
-        decode_batches(bytes(damaged), 0, 100, expected_base=0, checked=checked)
-
-    # Only the last ``size`` batches are remembered: the first is checked again after two others.
-    for base in (10, 20):
-        other = b"".join(encode_batch(base, 1, [b"c"]))
-        decode_batches(other, base, 100, expected_base=base, checked=checked)
-    decode_batches(first, 0, 100, expected_base=0, checked=checked)
-    assert checks == [0, 0, 10, 20, 0]
-
-
-def test_a_remembered_batch_cut_short_is_still_refused() -> None:
-    checked = CheckedBatches()
-    buf = b"".join(encode_batch(0, 1, [b"a" * 100] * 4))
-    decode_batches(buf, 0, 10**6, expected_base=0, checked=checked)
-    with pytest.raises(CorruptBatch, match="runs past"):
-        decode_batches(buf[:-10], 0, 10**6, expected_base=0, checked=checked)
-
-
 def test_take_values_stops_at_the_budget_but_takes_one_unless_told_not_to() -> None:
     buf = b"".join(encode_batch(10, 1, [b"a" * 5, b"b" * 7, b"c" * 3, b""]))
     header = parse_header(buf)
@@ -146,26 +104,14 @@ def _store_with_batches(data_dir: Path) -> tuple[SqliteLogStore, list[bytes]]:
     return store, values
 
 
-def test_reads_from_inside_checked_batches_return_what_whole_batch_reads_return(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A batch checked lately is read only where the read's records lie: the answer holds
-    the records a read of the whole batch, checked again, gives, and within the budget."""
+def test_reads_from_inside_batches_return_the_records_within_the_budget(tmp_path: Path) -> None:
     store, values = _store_with_batches(tmp_path / "data")
-    budgets = [1, 6, 75_000, 150_000, 250_000, 10**6]
-    with monkeypatch.context() as m:
-        m.setattr(CheckedBatches, "knows", lambda self, header: False)
-        whole = {
-            (offset, budget): store.read("dc1.t", 0, offset, budget).records
-            for offset in range(len(values))
-            for budget in budgets
-        }
-    for (offset, budget), expected in whole.items():
-        got = store.read("dc1.t", 0, offset, budget).records
-        assert got[: len(expected)] == expected, (offset, budget)
-        assert [r.offset for r in got] == list(range(offset, offset + len(got)))
-        assert [r.value for r in got] == values[offset : offset + len(got)]
-        assert len(got) == 1 or sum(len(r.value) for r in got) <= budget
+    for offset in range(len(values)):
+        for budget in [1, 6, 75_000, 150_000, 250_000, 10**6]:
+            got = store.read("dc1.t", 0, offset, budget).records
+            assert [r.offset for r in got] == list(range(offset, offset + len(got)))
+            assert [r.value for r in got] == values[offset : offset + len(got)]
+            assert len(got) == 1 or sum(len(r.value) for r in got) <= budget
     store.close()
 
 
@@ -178,21 +124,34 @@ def _damage(data_dir: Path, at: int) -> None:
         f.write(bytes([byte[0] ^ 0x01]))
 
 
+@pytest.mark.parametrize("read_before", [False, True])
 @pytest.mark.parametrize("where", ["crc", "base", "value"])
-def test_a_damaged_batch_is_refused_however_a_read_enters_it(tmp_path: Path, where: str) -> None:
-    """Damage is refused on a first read from inside a batch, and damage to the header of a
-    batch checked before sends the read back to a checked whole-batch read."""
+def test_a_damaged_batch_is_refused_however_a_read_enters_it(
+    tmp_path: Path, where: str, read_before: bool
+) -> None:
+    """Damaged bytes are never served, whether or not the batch was read (and found whole)
+    before the damage: a read never trusts bytes it did not check.  A read of part of a
+    batch read lately checks the bytes it reads (against the batch's CRC marks): records of
+    it that the damage did not touch may be served, the damaged one never is."""
     data_dir = tmp_path / "data"
-    store, _ = _store_with_batches(data_dir)
-    at = {"crc": 5, "base": 12, "value": 200_000}[where]
-    if where == "value":
-        _damage(data_dir, at)  # never read before: the first read checks the whole batch
-    else:
-        assert store.read("dc1.t", 0, 1, 10**6).records  # checks the first batch
-        _damage(data_dir, at)
+    store, values = _store_with_batches(data_dir)
+    at = {"crc": 5, "base": 12, "value": 150_000}[where]  # "value": in offset 1's value
+    if read_before:
+        for offset in (0, 1, 2):
+            assert store.read("dc1.t", 0, offset, 1).records
+    _damage(data_dir, at)
     for offset in (0, 1, 2):
-        with pytest.raises(StoreUnavailable, match="corrupt"):
-            store.read("dc1.t", 0, offset, 1)
+        for budget in (1, 10**6):
+            try:
+                got = store.read("dc1.t", 0, offset, budget).records
+            except CorruptData as caught:
+                assert (caught.topic, caught.partition, caught.offset) == ("dc1.t", 0, 0)
+                continue
+            assert where == "value" and read_before, (offset, budget)
+            assert 1 not in [r.offset for r in got]  # the damaged one
+            assert [r.value for r in got] == values[offset : offset + len(got)]
+    with pytest.raises(CorruptData, match="corrupt segment data"):
+        store.read("dc1.t", 0, 1, 1)
     store.close()
 
 
@@ -208,19 +167,17 @@ def test_a_batch_of_large_values_is_checked_value_by_value_and_reads_the_same() 
     assert split == [b"a" * 100_000, b"", b"b" * 120_000, b"c" * 90_000]
     small = b"".join(encode_batch(0, 1, [b"x" * 100]))
     assert record_batch.check_and_split(small, 0, parse_header(small)) is None
-    for checked in (None, CheckedBatches()):
-        records, total = decode_batches(buf, 4, 10**6, expected_base=3, checked=checked)
-        assert [(r.offset, len(r.value)) for r in records] == [(4, 0), (5, 120_000), (6, 90_000)]
-        assert total == 210_000
+    records, total = decode_batches(buf, 4, 10**6, expected_base=3)
+    assert [(r.offset, len(r.value)) for r in records] == [(4, 0), (5, 120_000), (6, 90_000)]
+    assert total == 210_000
 
 
 @pytest.mark.parametrize("where", [9, 20, 36, 50, 60, 70, 20_000, 150_000, 250_000, -1])
 def test_any_flipped_byte_of_a_batch_of_large_values_fails_its_check(where: int) -> None:
     buf = bytearray(_large_batch())
     buf[where] ^= 0x40
-    for checked in (None, CheckedBatches()):
-        with pytest.raises(CorruptBatch):
-            decode_batches(bytes(buf), 0, 10**6, expected_base=3, checked=checked)
+    with pytest.raises(CorruptBatch):
+        decode_batches(bytes(buf), 0, 10**6, expected_base=3)
 
 
 def test_value_lengths_that_do_not_fill_the_payload_are_refused() -> None:
