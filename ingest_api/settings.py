@@ -40,7 +40,8 @@ A TOML file looks like this (every key optional)::
     max_fetch_positions = 1000      # partitions one /v1/fetch may name
     auth_cache_entries = 100000     # remembered (token, log type or topic) decisions
     max_staged_bytes = 1073741824   # legacy /store data not yet committed
-    max_connections_per_client = 0  # open connections from one address per worker (0: any)
+    max_connections_per_client = 256  # open connections from one address per worker (0: any)
+    max_open_connections = 0        # open connections per worker (0: what ulimit -n leaves)
 
     [tokens.s3cr3t-token]
     name = "tenant-a"               # who owns the groups and subscriptions it creates
@@ -140,9 +141,13 @@ class Limits:
     max_fetch_positions: int = 1000
     auth_cache_entries: int = 100_000
     max_staged_bytes: int = 1024**3
-    max_connections_per_client: int = 0
+    max_connections_per_client: int = 256
     """Open connections one peer address may hold to a worker (0: no limit; behind a balancer
-    every client has the balancer's address)."""
+    every client has the balancer's address: raise it there)."""
+    max_open_connections: int = 0
+    """Open client connections a worker may hold in all, never more than its descriptor limit
+    leaves after a reserve for the store and its other sockets (0: that many);
+    see :func:`ingest_api.request_head.connection_cap`."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +243,10 @@ class GatewaySettings:
         _check(
             lim.max_connections_per_client >= 0,
             "limits.max_connections_per_client must be >= 0 (0: no limit)",
+        )
+        _check(
+            lim.max_open_connections >= 0,
+            "limits.max_open_connections must be >= 0 (0: what the file descriptor limit leaves)",
         )
         for name in (
             "max_topics",
@@ -377,6 +386,7 @@ _LIMIT_TYPES: dict[str, type] = {
     "auth_cache_entries": int,
     "max_staged_bytes": int,
     "max_connections_per_client": int,
+    "max_open_connections": int,
 }
 _GRANT_GLOBS = {"write": "write_log_types", "read": "read_topics", "replicate": "replicate_topics"}
 _GRANT_FLAGS = ("metrics", "admin")

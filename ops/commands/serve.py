@@ -268,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     from ingest_api.app import SETTINGS_ENV, SUPERVISOR_PID_ENV, build_app
     from ingest_api.context import open_context
-    from ingest_api.request_head import bounded_head_protocol
+    from ingest_api.request_head import bounded_head_protocol, connection_cap
     from ingest_api.settings import load_settings
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
@@ -290,8 +290,13 @@ def run(args: argparse.Namespace) -> int:
         "host": settings.host,
         "port": settings.port,
         # httptools, with a bound on each request's head (size and time): see request_head
+        # and on the connections it holds (per address, and in all: see connection_cap)
         "http": bounded_head_protocol(
-            settings.limits.request_timeout_s, settings.limits.max_connections_per_client
+            settings.limits.request_timeout_s,
+            settings.limits.max_connections_per_client,
+            connection_cap(
+                settings.limits.max_open_connections, settings.limits.max_open_partitions
+            ),
         ),
         "loop": "uvloop",
         "access_log": False,
