@@ -15,7 +15,8 @@ A TOML file looks like this (every key optional)::
     # kafka_bootstrap = "kafka1:9092"   with store = "kafka" only
     workers = 2
     allow_public_without_tokens = false
-    metrics_require_token = false   # true: /metrics needs a token with metrics = true
+    metrics_require_token = true    # /metrics needs a token with metrics = true (the default
+                                    # with [tokens]; false makes it public)
     push_allow = ["10.1.2.0/24"]    # networks push subscriptions may POST to besides public ones
     allowed_hosts = ["gw1.example"] # without tokens: Host names answered besides addresses,
                                     # localhost, host and advertised_url's (DNS rebinding)
@@ -48,7 +49,7 @@ A TOML file looks like this (every key optional)::
     write = ["nginx-*", "app"]      # log types this token may write (globs)
     read = ["dc1.*"]                # topics this token may read (globs)
     replicate = []                  # topics a mirror with this token may append to (globs)
-    metrics = false                 # may read /metrics when metrics_require_token is on
+    metrics = false                 # may read /metrics (which needs a token with [tokens])
     admin = false                   # may do everything, with every client's objects
 """
 
@@ -179,7 +180,10 @@ class GatewaySettings:
     peer_token: str | None = None
     """The bearer token gateways use with each other's internal endpoints (needed with
     ``[tokens]`` on Kafka)."""
-    metrics_require_token: bool = False
+    metrics_require_token: bool | None = None
+    """``/metrics`` needs a token with ``metrics = true`` (None: with ``[tokens]`` it does;
+    its labels name every tenant's topics, groups and subscriptions); see
+    :attr:`metrics_need_token`."""
     push_allow: tuple[str, ...] = ()
     """Networks (CIDR or single addresses) push delivery may connect to besides public
     addresses; see :mod:`delivery.push_targets`."""
@@ -295,6 +299,14 @@ class GatewaySettings:
     @property
     def auth_enabled(self) -> bool:
         return bool(self.tokens)
+
+    @property
+    def metrics_need_token(self) -> bool:
+        """Whether ``/metrics`` needs a token with ``metrics = true``: as configured, else
+        whenever tokens are."""
+        if self.metrics_require_token is None:
+            return self.auth_enabled
+        return self.metrics_require_token
 
     @property
     def url(self) -> str:

@@ -94,9 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics-require-token",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
-        help="/metrics needs a token with metrics = true",
+        help="/metrics needs a token with metrics = true (the default with tokens); "
+        "--no-metrics-require-token makes it public",
     )
     add_graphite_options(parser)
     parser.add_argument(
@@ -263,6 +264,17 @@ def _warn_if_others_may_read_tokens(config: str | Path | None, settings: Gateway
         )
 
 
+def _warn_if_metrics_are_public(settings: GatewaySettings) -> None:
+    """Say so when tokens are on and ``/metrics`` is made public all the same: its labels
+    name every tenant's topics, groups and subscriptions."""
+    if settings.tokens and not settings.metrics_need_token:
+        print(
+            "logbroker serve: warning: metrics_require_token = false: /metrics answers anyone, "
+            "and names every tenant's topics, groups and subscriptions",
+            file=sys.stderr,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     # prometheus_client reads it once, on import: set below for this run's workers only
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
@@ -285,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"logbroker serve: {exc}", file=sys.stderr)
         return 2
     _warn_if_others_may_read_tokens(args.config or os.environ.get("LOGBROKER_CONFIG"), settings)
+    _warn_if_metrics_are_public(settings)
     heap.keep_freed_memory()
     options: dict[str, Any] = {
         "host": settings.host,
