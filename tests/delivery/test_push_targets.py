@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from delivery.push_targets import PushTargetPolicy
-
 from tests.delivery.conftest import PUSH_TO_LOOPBACK, wait_until
 
 
