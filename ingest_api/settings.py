@@ -236,6 +236,10 @@ class GatewaySettings:
                 "store 'kafka' with [tokens] needs peer_token, for the gateways' internal calls",
             )
             self.kafka_settings()  # raises ConfigError on a bad [kafka] table
+        elif self.kafka:
+            # Unused by the embedded store, but a misspelt key or value is refused all the
+            # same: it would otherwise surface only when the store is switched to Kafka.
+            self._kafka_settings(bootstrap="unused:9092")
         lim = self.limits
         _check(lim.max_body_bytes > 0, "limits.max_body_bytes must be positive")
         _check(lim.max_chunk_bytes > 0, "limits.max_chunk_bytes must be positive")
@@ -318,6 +322,9 @@ class GatewaySettings:
 
     def kafka_settings(self) -> Any:
         """The Kafka backend's settings (``log_store.kafka.KafkaSettings``)."""
+        return self._kafka_settings(self.kafka_bootstrap or "")
+
+    def _kafka_settings(self, bootstrap: str) -> Any:
         from log_store.kafka import KafkaSettings
 
         raw = dict(self.kafka)
@@ -330,9 +337,7 @@ class GatewaySettings:
                 {str(k): str(v) for k, v in values["properties"].items()}
             )
         try:
-            return KafkaSettings(
-                bootstrap=self.kafka_bootstrap or "", namespace=self.kafka_namespace, **values
-            )
+            return KafkaSettings(bootstrap=bootstrap, namespace=self.kafka_namespace, **values)
         except BadRequest as exc:
             raise ConfigError(str(exc)) from None
 
