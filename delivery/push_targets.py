@@ -6,7 +6,9 @@ could make it talk to loopback services, the private network, or a cloud's metad
 private (RFC 1918, unique-local, carrier-grade NAT), link-local (where the metadata services
 live: 169.254.169.254, fd00:ec2::254), multicast, reserved and unspecified addresses are refused
 unless one of the operator's ``push_allow`` networks contains them.  An IPv4 address inside
-IPv6 (``::ffff:a.b.c.d``, NAT64 ``64:ff9b::a.b.c.d``) is judged as the IPv4 address it reaches.
+IPv6 (``::ffff:a.b.c.d``, NAT64 ``64:ff9b::a.b.c.d``, 6to4 ``2002:aabb:ccdd::``, and Teredo's
+server and client ``2001:0:...``) is judged as the IPv4 address it reaches, a 6to4 or Teredo
+one as itself too: every one of them must be allowed.
 
 The check is made on the address that is actually connected to: :class:`GuardedBackend` is
 the only way push delivery opens a connection; it resolves the host once, keeps the allowed
@@ -42,19 +44,29 @@ class TargetRefused(BadRequest):
     """A push endpoint whose address is not allowed (or cannot be resolved)."""
 
 
-def _reached(address: IPAddress) -> IPAddress:
-    """The address a connection to ``address`` really reaches (IPv4 inside IPv6 unwrapped)."""
+def _reached(address: IPAddress) -> tuple[IPAddress, ...]:
+    """The addresses to judge a connection to ``address`` by: the IPv4 address inside a
+    mapped or NAT64 one; a 6to4 one and its IPv4 address; a Teredo one, its server's and its
+    client's; else ``address`` itself."""
     if isinstance(address, ipaddress.IPv6Address):
         if address.ipv4_mapped is not None:
-            return address.ipv4_mapped
+            return (address.ipv4_mapped,)
         if address in _NAT64:
-            return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    return address
+            return (ipaddress.IPv4Address(int(address) & 0xFFFFFFFF),)
+        if address.sixtofour is not None:
+            return (address, address.sixtofour)
+        if address.teredo is not None:
+            return (address, *address.teredo)
+    return (address,)
 
 
 def is_public(address: IPAddress) -> bool:
-    """Whether ``address`` is an ordinary Internet address (none of the refused kinds)."""
-    address = _reached(address)
+    """Whether ``address`` is an ordinary Internet address (none of the refused kinds), and
+    so is every IPv4 address it embeds."""
+    return all(_is_public(reached) for reached in _reached(address))
+
+
+def _is_public(address: IPAddress) -> bool:
     return address.is_global and not (
         address.is_multicast
         or address.is_private
@@ -76,10 +88,12 @@ class PushTargetPolicy:
         return cls(tuple(ipaddress.ip_network(n, strict=False) for n in networks))
 
     def allows(self, address: IPAddress) -> bool:
-        reached = _reached(address)
-        if any(reached in net or address in net for net in self.allow):
+        if any(address in net for net in self.allow):
             return True
-        return is_public(address)
+        return all(
+            any(reached in net for net in self.allow) or _is_public(reached)
+            for reached in _reached(address)
+        )
 
     async def resolve(self, host: str, port: int) -> list[str]:
         """The allowed addresses of ``host``; :class:`TargetRefused` if there is none."""

@@ -25,7 +25,8 @@ anything reads the request's body:
 ``REPLICATE``
     a token whose ``replicate`` globs cover the topic in the path (a mirror's destination).
 ``METRICS``
-    anyone, or, with ``metrics_require_token``, a token with ``metrics = true``.
+    anyone, or, when the metrics need a token (``metrics_require_token``, true by default
+    with tokens), a token with ``metrics = true``.
 ``ADMIN``
     an ``admin`` token: operators' changes (``PATCH /v1/topics/{topic}``).
 ``PEER``

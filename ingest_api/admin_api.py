@@ -6,8 +6,9 @@ whether it can take writes now: the embedded store's data dir is writable and no
 Kafka answers; 503 with the reason otherwise.  The push-client's prober of a failed-over
 installation asks ``/readyz``, so a DC whose Kafka is still away is not taken back.
 
-``/metrics`` is public unless ``metrics_require_token`` is set; then it needs a token with
-``metrics = true`` (metric labels name every topic, which a tenant may not know of).
+``/metrics`` needs a token with ``metrics = true`` when tokens are configured (metric labels
+name every topic, which a tenant may not know of), unless ``metrics_require_token = false``
+makes it public; without tokens everything is public.
 """
 
 from __future__ import annotations

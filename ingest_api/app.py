@@ -137,7 +137,7 @@ def build_app(
     declared = [entry for module in modules for entry in module.routes(ctx)]
     settings = ctx.settings
     routes = guarded_routes(
-        declared, ctx.auth, settings.metrics_require_token, ctx.extensions, ctx.limit_refusals
+        declared, ctx.auth, settings.metrics_need_token, ctx.extensions, ctx.limit_refusals
     )
     ctx.extensions["guarded_routes"] = routes
 

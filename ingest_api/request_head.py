@@ -10,11 +10,15 @@ parser cannot parse (a ``Content-Length`` beside chunked encoding, a negative on
 with the usual ``{"error", "reason"}`` and the connection closed.  Bodies keep their own limits
 (:mod:`ingest_api.body`).
 
-With ``limits.max_connections_per_client`` set, a worker holds at most that many connections
-from one peer address at once: one more is answered 429 ``too_many_connections`` and closed
-before anything of it is read, so one client cannot take every file descriptor of the
-process.  It is off (0) by default: behind a balancer or a NAT every client has the same
-address.
+Each connection holds a file descriptor until it is closed, so the number a worker holds is
+bounded twice, before anything of a connection is read: one peer address holds at most
+``limits.max_connections_per_client`` (256 by default; one more is answered 429
+``too_many_connections``), and the process at most :func:`connection_cap` in all (one more
+is answered 503 ``too_many_connections``).  That cap is what the descriptor limit
+(``RLIMIT_NOFILE``) leaves after a reserve for the store's files, Kafka's and the peers'
+sockets and the outgoing deliveries, so a flood of idle connections from any number of
+addresses is refused before the process runs out of descriptors: the connections already
+open, the store and the audit publisher keep theirs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import resource
 from collections import Counter
 from typing import Any
 
@@ -35,20 +40,48 @@ _ERRORS = {
     408: (b"Request Timeout", "request_timeout"),
     429: (b"Too Many Requests", "too_many_connections"),
     431: (b"Request Header Fields Too Large", "headers_too_large"),
+    503: (b"Service Unavailable", "too_many_connections"),
 }
+
+_RESERVED_DESCRIPTORS = 256
+"""Descriptors kept for what is not a client connection besides the open partitions: the
+listening socket, the event loop's, logs, metrics files, Kafka's and the peers' sockets,
+push deliveries, the audit publisher."""
+_DESCRIPTORS_PER_PARTITION = 4
+"""An open embedded partition: its SQLite database, WAL and shared memory, a segment."""
 
 _open_connections: Counter[str] = Counter()
 """This process's open connections by peer address (only with a per-client limit)."""
+_open_total = 0
+"""This process's open client connections (only with a cap on them)."""
+
+
+def connection_cap(
+    max_open_connections: int, max_open_partitions: int, descriptor_limit: int | None = None
+) -> int:
+    """The client connections one process may hold: what its descriptor limit
+    (``RLIMIT_NOFILE``, soft) leaves after a reserve for everything else, at least half of
+    the limit, and at most ``max_open_connections`` when that is set (not 0)."""
+    if descriptor_limit is None:
+        descriptor_limit, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if descriptor_limit == resource.RLIM_INFINITY:
+        descriptor_limit = 1 << 20
+    reserve = _RESERVED_DESCRIPTORS + _DESCRIPTORS_PER_PARTITION * max_open_partitions
+    cap = descriptor_limit - min(reserve, descriptor_limit // 2)
+    if max_open_connections > 0:
+        cap = min(cap, max_open_connections)
+    return max(cap, 1)
 
 
 def bounded_head_protocol(
-    head_timeout_s: float, max_connections_per_client: int = 0
+    head_timeout_s: float, max_connections_per_client: int = 0, max_open_connections: int = 0
 ) -> functools.partial[BoundedHeadProtocol]:
     """uvicorn's ``http`` setting: the protocol with these limits (picklable, for workers)."""
     return functools.partial(
         BoundedHeadProtocol,
         head_timeout_s=head_timeout_s,
         max_connections_per_client=max_connections_per_client,
+        max_open_connections=max_open_connections,
     )
 
 
@@ -61,20 +94,25 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         head_timeout_s: float,
         max_head_bytes: int = MAX_HEAD_BYTES,
         max_connections_per_client: int = 0,
+        max_open_connections: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._head_timeout_s = head_timeout_s
         self._max_head_bytes = max_head_bytes
         self._max_per_client = max_connections_per_client
+        self._max_total = max_open_connections
         self._peer: str | None = None
         """The address this connection is counted under, while it is."""
+        self._counted = False
+        """Whether this connection is counted in :data:`_open_total`."""
         self._head_bytes: int | None = 0
         """Bytes of the head being received; None while a body or nothing is due."""
         self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        global _open_total
         super().connection_made(transport)  # type: ignore[arg-type]
         if self._max_per_client > 0:
             peer = transport.get_extra_info("peername")
@@ -89,10 +127,24 @@ class BoundedHeadProtocol(HttpToolsProtocol):
                     return
                 _open_connections[address] += 1
                 self._peer = address
+        if self._max_total > 0:
+            if _open_total >= self._max_total:
+                self._refuse(
+                    503,
+                    f"this gateway process holds {self._max_total} connections, all it may "
+                    "(its file descriptor limit, limits.max_open_connections); retry later",
+                )
+                return
+            _open_total += 1
+            self._counted = True
         self._head_timer = self.loop.call_later(self._head_timeout_s, self._head_too_slow)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        global _open_total
         self._stop_head_timer()
+        if self._counted:
+            _open_total -= 1
+            self._counted = False
         if self._peer is not None:
             _open_connections[self._peer] -= 1
             if _open_connections[self._peer] <= 0:

@@ -15,7 +15,8 @@ A TOML file looks like this (every key optional)::
     # kafka_bootstrap = "kafka1:9092"   with store = "kafka" only
     workers = 2
     allow_public_without_tokens = false
-    metrics_require_token = false   # true: /metrics needs a token with metrics = true
+    metrics_require_token = true    # /metrics needs a token with metrics = true (the default
+                                    # with [tokens]; false makes it public)
     push_allow = ["10.1.2.0/24"]    # networks push subscriptions may POST to besides public ones
     allowed_hosts = ["gw1.example"] # without tokens: Host names answered besides addresses,
                                     # localhost, host and advertised_url's (DNS rebinding)
@@ -40,14 +41,15 @@ A TOML file looks like this (every key optional)::
     max_fetch_positions = 1000      # partitions one /v1/fetch may name
     auth_cache_entries = 100000     # remembered (token, log type or topic) decisions
     max_staged_bytes = 1073741824   # legacy /store data not yet committed
-    max_connections_per_client = 0  # open connections from one address per worker (0: any)
+    max_connections_per_client = 256  # open connections from one address per worker (0: any)
+    max_open_connections = 0        # open connections per worker (0: what ulimit -n leaves)
 
     [tokens.s3cr3t-token]
     name = "tenant-a"               # who owns the groups and subscriptions it creates
     write = ["nginx-*", "app"]      # log types this token may write (globs)
     read = ["dc1.*"]                # topics this token may read (globs)
     replicate = []                  # topics a mirror with this token may append to (globs)
-    metrics = false                 # may read /metrics when metrics_require_token is on
+    metrics = false                 # may read /metrics (which needs a token with [tokens])
     admin = false                   # may do everything, with every client's objects
 """
 
@@ -140,9 +142,13 @@ class Limits:
     max_fetch_positions: int = 1000
     auth_cache_entries: int = 100_000
     max_staged_bytes: int = 1024**3
-    max_connections_per_client: int = 0
+    max_connections_per_client: int = 256
     """Open connections one peer address may hold to a worker (0: no limit; behind a balancer
-    every client has the balancer's address)."""
+    every client has the balancer's address: raise it there)."""
+    max_open_connections: int = 0
+    """Open client connections a worker may hold in all, never more than its descriptor limit
+    leaves after a reserve for the store and its other sockets (0: that many);
+    see :func:`ingest_api.request_head.connection_cap`."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +180,10 @@ class GatewaySettings:
     peer_token: str | None = None
     """The bearer token gateways use with each other's internal endpoints (needed with
     ``[tokens]`` on Kafka)."""
-    metrics_require_token: bool = False
+    metrics_require_token: bool | None = None
+    """``/metrics`` needs a token with ``metrics = true`` (None: with ``[tokens]`` it does;
+    its labels name every tenant's topics, groups and subscriptions); see
+    :attr:`metrics_need_token`."""
     push_allow: tuple[str, ...] = ()
     """Networks (CIDR or single addresses) push delivery may connect to besides public
     addresses; see :mod:`delivery.push_targets`."""
@@ -227,6 +236,10 @@ class GatewaySettings:
                 "store 'kafka' with [tokens] needs peer_token, for the gateways' internal calls",
             )
             self.kafka_settings()  # raises ConfigError on a bad [kafka] table
+        elif self.kafka:
+            # Unused by the embedded store, but a misspelt key or value is refused all the
+            # same: it would otherwise surface only when the store is switched to Kafka.
+            self._kafka_settings(bootstrap="unused:9092")
         lim = self.limits
         _check(lim.max_body_bytes > 0, "limits.max_body_bytes must be positive")
         _check(lim.max_chunk_bytes > 0, "limits.max_chunk_bytes must be positive")
@@ -238,6 +251,10 @@ class GatewaySettings:
         _check(
             lim.max_connections_per_client >= 0,
             "limits.max_connections_per_client must be >= 0 (0: no limit)",
+        )
+        _check(
+            lim.max_open_connections >= 0,
+            "limits.max_open_connections must be >= 0 (0: what the file descriptor limit leaves)",
         )
         for name in (
             "max_topics",
@@ -288,6 +305,14 @@ class GatewaySettings:
         return bool(self.tokens)
 
     @property
+    def metrics_need_token(self) -> bool:
+        """Whether ``/metrics`` needs a token with ``metrics = true``: as configured, else
+        whenever tokens are."""
+        if self.metrics_require_token is None:
+            return self.auth_enabled
+        return self.metrics_require_token
+
+    @property
     def url(self) -> str:
         """The URL the other gateways use to reach this one."""
         if self.advertised_url:
@@ -297,6 +322,9 @@ class GatewaySettings:
 
     def kafka_settings(self) -> Any:
         """The Kafka backend's settings (``log_store.kafka.KafkaSettings``)."""
+        return self._kafka_settings(self.kafka_bootstrap or "")
+
+    def _kafka_settings(self, bootstrap: str) -> Any:
         from log_store.kafka import KafkaSettings
 
         raw = dict(self.kafka)
@@ -309,9 +337,7 @@ class GatewaySettings:
                 {str(k): str(v) for k, v in values["properties"].items()}
             )
         try:
-            return KafkaSettings(
-                bootstrap=self.kafka_bootstrap or "", namespace=self.kafka_namespace, **values
-            )
+            return KafkaSettings(bootstrap=bootstrap, namespace=self.kafka_namespace, **values)
         except BadRequest as exc:
             raise ConfigError(str(exc)) from None
 
@@ -377,6 +403,7 @@ _LIMIT_TYPES: dict[str, type] = {
     "auth_cache_entries": int,
     "max_staged_bytes": int,
     "max_connections_per_client": int,
+    "max_open_connections": int,
 }
 _GRANT_GLOBS = {"write": "write_log_types", "read": "read_topics", "replicate": "replicate_topics"}
 _GRANT_FLAGS = ("metrics", "admin")

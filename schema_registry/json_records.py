@@ -6,8 +6,11 @@ is a JSON object that must be a record of the log type's schema under these rule
 
 - a field the schema gives a default may be left out (the default is taken); any other field
   must be there, and a key the schema does not name is refused;
+- a line is one JSON object whose keys (of every object in it) appear once each: JSON
+  parsers disagree on which of two values of one key counts;
 - ``null``, ``boolean``, ``string``: JSON null, true/false, a string; ``int`` and ``long``: a
-  JSON integer inside the type's range; ``float`` and ``double``: any JSON number;
+  JSON integer inside the type's range; ``float``: a JSON number inside float32's range (a
+  larger one would be written as infinity); ``double``: any JSON number;
 - ``bytes`` and ``fixed``: a string, taken as its UTF-8 bytes (``fixed``: exactly ``size``);
 - ``enum``: one of its symbols; ``array``: a list; ``map``: an object;
 - a union: the value of the first branch it fits, in the order the schema lists them
@@ -20,6 +23,8 @@ schema, which is what the loader turns into typed columns.
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +36,7 @@ from schema_registry.errors import BadRecord
 
 _INT_RANGE = (-(2**31), 2**31 - 1)
 _LONG_RANGE = (-(2**63), 2**63 - 1)
+_FLOAT32 = struct.Struct("<f")
 
 
 class _Mismatch(Exception):
@@ -87,7 +93,13 @@ def datum(schema: AvroSchema, node: Any, value: Any, path: str = "") -> Any:
             return value
     elif kind in ("float", "double"):
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+                if kind == "float":
+                    _FLOAT32.pack(number)  # OverflowError past float32's largest finite value
+            except OverflowError:
+                raise _Mismatch(path, f"{_shown(value)} is outside the range of {kind}") from None
+            return number
     elif kind == "string":
         if isinstance(value, str):
             return value
@@ -161,12 +173,54 @@ def record_of(schema: AvroSchema, line: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadRecord(f"a record is a JSON object, not {_json_kind(value)}")
     try:
+        # Every key is followed by a colon: a line with no more colons than the decoded
+        # objects hold keys wrote no key twice (the common case, checked cheaply).
+        if line.count(b":") > _members(value):
+            _DUPLICATE_KEYS.decode(line.decode("utf-8"))
+    except _DuplicateKey as exc:
+        raise BadRecord(str(exc)) from None
+    except RecursionError:
+        raise BadRecord("nested too deeply") from None
+    try:
         result: dict[str, Any] = datum(schema, schema.definition, value)
     except _Mismatch as exc:
         raise BadRecord(str(exc)) from None
     except RecursionError:
         raise BadRecord("nested too deeply") from None
     return result
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        shown = key if len(key) <= 40 else key[:37] + "..."
+        super().__init__(
+            f"key {shown!r} appears twice in one object (JSON readers differ on which value counts)"
+        )
+
+
+def _members(value: Any) -> int:
+    """How many keys the objects of a decoded JSON value hold together."""
+    if isinstance(value, dict):
+        return len(value) + sum(_members(v) for v in value.values() if isinstance(v, dict | list))
+    if isinstance(value, list):
+        return sum(_members(v) for v in value if isinstance(v, dict | list))
+    return 0
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return found
+
+
+_DUPLICATE_KEYS = json.JSONDecoder(object_pairs_hook=_refuse_duplicate_keys)
+"""orjson keeps the last value of a key written twice, silently; this decoder (slower, and
+run only on a line orjson took) says so."""
 
 
 def records_of(schema: AvroSchema, data: bytes) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -8,17 +8,40 @@ PORT="${PORT:-8080}"
 DEMO="${DEMO_DIR:-$PWD/demo-data}"
 mkdir -p "$DEMO/logs"
 pids=()
-cleanup() {
-  trap - INT TERM EXIT
-  echo; echo "quickstart: stopping" >&2
-  # Newest first: the reader leaves its group and the push-client saves its state while
-  # the gateway still answers.
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-    kill -TERM "${pids[i]}" 2>/dev/null || true
-    wait "${pids[i]}" 2>/dev/null || true
+stopping=""
+term_all() {
+  local pid
+  for pid in "${pids[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
   done
 }
-trap cleanup INT TERM EXIT
+cleanup() {
+  stopping=1
+  echo; echo "quickstart: stopping" >&2
+  # Newest first: the reader leaves its group and the push-client saves its state while
+  # the gateway still answers.  A signal during a wait runs on_signal, which stops the wait.
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${pids[i]}" 2>/dev/null || true
+    while kill -0 "${pids[i]}" 2>/dev/null; do
+      wait "${pids[i]}" 2>/dev/null || true
+    done
+  done
+}
+# Whatever signal arrives, and however often (timeout(1) sends TERM to the script and again to
+# its process group), every process started here gets TERM: the gateway and the push-client
+# run in sessions of their own, so nothing else would stop them.
+on_signal() {
+  if [[ -n $stopping ]]; then
+    term_all
+    return
+  fi
+  cleanup
+  exit "$1"
+}
+trap 'on_signal 129' HUP
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
+trap '[[ -n $stopping ]] || cleanup' EXIT
 
 # Own sessions: a Ctrl-C reaches the reader only; the trap stops the rest in order.
 setsid logbroker serve --data-dir "$DEMO/store" --port "$PORT" --dc dc1 >"$DEMO/gateway.log" 2>&1 &

@@ -94,9 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics-require-token",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
-        help="/metrics needs a token with metrics = true",
+        help="/metrics needs a token with metrics = true (the default with tokens); "
+        "--no-metrics-require-token makes it public",
     )
     add_graphite_options(parser)
     parser.add_argument(
@@ -263,12 +264,23 @@ def _warn_if_others_may_read_tokens(config: str | Path | None, settings: Gateway
         )
 
 
+def _warn_if_metrics_are_public(settings: GatewaySettings) -> None:
+    """Say so when tokens are on and ``/metrics`` is made public all the same: its labels
+    name every tenant's topics, groups and subscriptions."""
+    if settings.tokens and not settings.metrics_need_token:
+        print(
+            "logbroker serve: warning: metrics_require_token = false: /metrics answers anyone, "
+            "and names every tenant's topics, groups and subscriptions",
+            file=sys.stderr,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     # prometheus_client reads it once, on import: set below for this run's workers only
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     from ingest_api.app import SETTINGS_ENV, SUPERVISOR_PID_ENV, build_app
     from ingest_api.context import open_context
-    from ingest_api.request_head import bounded_head_protocol
+    from ingest_api.request_head import bounded_head_protocol, connection_cap
     from ingest_api.settings import load_settings
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
@@ -285,13 +297,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"logbroker serve: {exc}", file=sys.stderr)
         return 2
     _warn_if_others_may_read_tokens(args.config or os.environ.get("LOGBROKER_CONFIG"), settings)
+    _warn_if_metrics_are_public(settings)
     heap.keep_freed_memory()
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
         # httptools, with a bound on each request's head (size and time): see request_head
+        # and on the connections it holds (per address, and in all: see connection_cap)
         "http": bounded_head_protocol(
-            settings.limits.request_timeout_s, settings.limits.max_connections_per_client
+            settings.limits.request_timeout_s,
+            settings.limits.max_connections_per_client,
+            connection_cap(
+                settings.limits.max_open_connections, settings.limits.max_open_partitions
+            ),
         ),
         "loop": "uvloop",
         "access_log": False,

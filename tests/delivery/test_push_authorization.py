@@ -44,7 +44,9 @@ def _of(endpoint: Any, topic: str) -> int:
 
 
 def _suspended_gauge(url: str) -> float:
-    for line in httpx.get(url + "/metrics").text.splitlines():
+    scrape = httpx.get(url + "/metrics", headers={"Authorization": "Bearer ta"})  # the admin
+    scrape.raise_for_status()
+    for line in scrape.text.splitlines():
         if line.startswith("logbroker_push_suspended_topics "):
             return float(line.split()[1])
     raise AssertionError("no logbroker_push_suspended_topics in /metrics")

@@ -3,10 +3,13 @@ unless its operator allowed them, checked on the address it connects to; no redi
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 import httpx
+import pytest
 
+from delivery.push_targets import PushTargetPolicy
 from tests.delivery.conftest import PUSH_TO_LOOPBACK, wait_until
 
 
@@ -30,6 +33,7 @@ def test_subscriptions_to_internal_addresses_are_refused_and_nothing_is_sent(
         f"http://localhost:{port}/hook",  # a name that resolves to loopback
         f"http://[::1]:{port}/hook",
         f"http://[::ffff:127.0.0.1]:{port}/hook",
+        f"http://[2002:7f00:1::]:{port}/hook",  # 6to4 of 127.0.0.1
         "http://10.0.0.1/hook",
         "http://169.254.169.254/latest/meta-data/",
         "http://224.0.0.1/hook",
@@ -86,3 +90,30 @@ def test_redirects_are_not_followed(
     )
     assert redirecting.requests >= 1
     assert target.requests == 0
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "::ffff:127.0.0.1",
+        "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254
+        "2002:7f00:1::",  # 6to4 of 127.0.0.1
+        "2002:a00:1::1",  # 6to4 of 10.0.0.1
+        "2002:a9fe:a9fe::",  # 6to4 of 169.254.169.254
+        "2001:0:7f00:1::80ff:fffe",  # Teredo, server 127.0.0.1, client 127.0.0.1
+        "2001:0:4136:e378:8000:63bf:f5ff:fffe",  # Teredo, public server, client 10.0.0.1
+        "2001:0:a00:1:8000:63bf:3fff:fdd2",  # Teredo, server 10.0.0.1, public client
+    ],
+)
+def test_an_internal_ipv4_address_inside_ipv6_is_refused(address: str) -> None:
+    policy = PushTargetPolicy.from_config([])
+    assert not policy.allows(ipaddress.ip_address(address))
+
+
+def test_an_embedded_address_the_operator_allows_is_allowed() -> None:
+    policy = PushTargetPolicy.from_config(["127.0.0.1"])
+    assert policy.allows(ipaddress.ip_address("2002:7f00:1::"))
+    assert policy.allows(ipaddress.ip_address("::ffff:127.0.0.1"))
+    assert not policy.allows(ipaddress.ip_address("2002:a00:1::1"))
+    # a 6to4 address of a public IPv4 address stays public
+    assert PushTargetPolicy().allows(ipaddress.ip_address("2002:808:808::1"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from session_dedup.exactly_once import (
 from session_dedup.pinning import stable_partition
 from session_dedup.seqno_table import rebuild_from_records
 from session_dedup.source import SourceMeta, source_meta
+from tests.conftest import logbroker_cmd
 
 
 def test_settings_come_from_file_then_env_then_flags(tmp_path: Path) -> None:
@@ -73,6 +75,11 @@ def test_settings_come_from_file_then_env_then_flags(tmp_path: Path) -> None:
         ("[limits]\nsource_idle_expiry_s = inf", "source_idle_expiry_s"),
         ("[limits]\nrequest_timeout_s = inf", "request_timeout_s"),
         ("graphite_interval_s = nan", "graphite_interval_s"),
+        # the [kafka] table is checked whatever the store
+        ("[kafka]\ncompresion = 'lz4'", "unknown kafka settings: compresion"),
+        ("[kafka]\ncompression = 'lz5'", "kafka compression must be one of"),
+        ("[kafka]\nlinger_ms = 'soon'", "kafka.linger_ms"),
+        ("[kafka]\nsession_timeout_ms = 10", "session_timeout_ms"),
     ],
 )
 def test_invalid_settings_are_refused_with_a_reason(tmp_path: Path, text: str, named: str) -> None:
@@ -280,3 +287,24 @@ def test_a_route_cached_under_a_deleted_topic_does_not_write_into_the_topic_made
     finally:
         store_a.close()
         store_b.close()
+
+
+def test_a_valid_kafka_table_is_accepted_beside_the_embedded_store(tmp_path: Path) -> None:
+    config = tmp_path / "g.toml"
+    config.write_text("[kafka]\ncompression = 'zstd'\nlinger_ms = 5\n")
+    settings = load_settings(config_file=config, env={}, flags={"data_dir": "/d"})
+    assert settings.store == "sqlite" and settings.kafka["compression"] == "zstd"
+
+
+def test_serve_with_the_embedded_store_refuses_a_misspelt_kafka_key(tmp_path: Path) -> None:
+    config = tmp_path / "g.toml"
+    config.write_text("[kafka]\ncompresion = 'lz4'\n")
+    result = subprocess.run(
+        logbroker_cmd("serve", "--data-dir", str(tmp_path / "d"), "--config", str(config)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "unknown kafka settings: compresion" in result.stderr
+    assert not (tmp_path / "d").exists()

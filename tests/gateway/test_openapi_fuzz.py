@@ -43,7 +43,7 @@ def api_schema(
     headers: dict[str, str] = {}
     if request.param == "with-tokens":
         config = base / "gateway.toml"
-        config.write_text(f'[tokens.{TOKEN}]\nwrite = ["*"]\nread = ["*"]\n')
+        config.write_text(f'[tokens.{TOKEN}]\nwrite = ["*"]\nread = ["*"]\nmetrics = true\n')
         args = ["--config", str(config)]
         headers = {"Authorization": f"Bearer {TOKEN}"}
     gateway = GatewayProcess(base / "data", args, base / "gateway.log").start()

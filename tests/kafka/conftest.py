@@ -152,9 +152,13 @@ def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
         time.sleep(0.1)
 
 
-def metric(url: str, name: str) -> float | None:
-    """A sample of the gateway's Prometheus metric ``name`` (without labels), or None."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+def metric(url: str, name: str, token: str | None = None) -> float | None:
+    """A sample of the gateway's Prometheus metric ``name`` (without labels), or None;
+    ``token``: one with ``metrics = true`` (or admin), for a gateway with tokens."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.get(url + "/metrics", headers=headers, timeout=10)
+    response.raise_for_status()
+    text = response.text
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])

@@ -35,6 +35,18 @@ def test_compose_file_runs_three_brokers_three_gateways_and_a_balancer() -> None
     assert all(f"server gateway{i} gateway{i}:8080" in haproxy for i in (1, 2, 3))
 
 
+def test_the_balancer_may_open_as_many_connections_to_a_gateway_as_it_accepts() -> None:
+    """Behind haproxy every client has its address: the per-address cap must not be below
+    what haproxy accepts (its global maxconn)."""
+    haproxy = (DEPLOY / "haproxy.cfg").read_text()
+    maxconn = next(int(line.split()[1]) for line in haproxy.splitlines() if "maxconn" in line)
+    settings = load_settings(
+        config_file=DEPLOY / "gateway.toml", env={}, flags={"advertised_url": "http://g1:8080"}
+    )
+    per_client = settings.limits.max_connections_per_client
+    assert per_client == 0 or per_client >= maxconn
+
+
 def test_brokers_of_the_deployment_allow_the_gateways_session_timeout() -> None:
     """The gateways' group asks the brokers for its session timeout (KIP-848 keeps it per
     group); a broker whose floor is above it would keep 45 s and dead gateways' partitions

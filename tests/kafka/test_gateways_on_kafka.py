@@ -85,7 +85,7 @@ def test_two_gateways_share_the_partitions_and_any_gateway_serves_any_source(
         assert written(clients[0].write(sources[0], [1])) == [1]  # creates the topic
         wait_until(
             lambda: all(
-                (metric(g.url, "logbroker_kafka_owned_partitions") or 0) > 0
+                (metric(g.url, "logbroker_kafka_owned_partitions", ADMIN_TOKEN) or 0) > 0
                 for g in (first, second)
             ),
             60,
@@ -220,7 +220,7 @@ def test_internal_routes_take_only_the_peer_token_and_gateways_forward_with_it(
         assert written(clients[0].write(sources[0], [1])) == [1]
         wait_until(
             lambda: all(
-                (metric(g.url, "logbroker_kafka_owned_partitions") or 0) > 0
+                (metric(g.url, "logbroker_kafka_owned_partitions", ADMIN_TOKEN) or 0) > 0
                 for g in (first, second)
             ),
             60,

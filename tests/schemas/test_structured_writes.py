@@ -182,6 +182,23 @@ def test_a_request_whose_every_section_is_bad_is_a_400_that_writes_nothing(
     assert end_offsets(gateway.data_dir) == before
 
 
+def test_a_float_past_float32_and_a_key_written_twice_are_bad_records(
+    gateway: GatewayProcess, http: httpx.Client
+) -> None:
+    register(http, "orders", ORDER_V1)
+    before = end_offsets(gateway.data_dir)
+    huge = write(
+        http, [(meta("f", "orders"), [(1, b'{"id": 1, "amount": 1e39, "city": "Oslo"}\n')])]
+    )
+    twice = write(
+        http, [(meta("d", "orders"), [(1, b'{"id": 1, "amount": 1, "city": "Oslo", "id": 2}\n')])]
+    )
+    assert huge.status_code == twice.status_code == 400
+    assert "line 1: amount: 1e+39 is outside the range of float" in huge.json()["reason"]
+    assert "line 1: key 'id' appears twice in one object" in twice.json()["reason"]
+    assert end_offsets(gateway.data_dir) == before
+
+
 def test_the_registry_survives_a_sigkill_of_the_gateway(start_gateway: Any, tmp_path: Path) -> None:
     gateway = start_gateway(tmp_path / "data")
     with httpx.Client(base_url=gateway.url, timeout=30) as http:
