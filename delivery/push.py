@@ -52,6 +52,7 @@ from delivery.partition_reader import PartitionReader
 from delivery.push_targets import PushTargetPolicy, guarded_client
 from log_store.errors import (
     BadRequest,
+    CorruptData,
     LimitReached,
     LogbrokerError,
     OffsetOutOfRange,
@@ -66,6 +67,9 @@ SUBSCRIPTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _REGISTRY_KEY = "push/subscriptions"
 LEASE_MS = 5_000
 _SUPERVISE_S = 1.0
+_DAMAGED_LOOK_S = 30.0
+"""How often a partition stopped at a damaged batch is read again (an operator may have
+dropped the damaged segment meanwhile: docs/operations.md, "A batch fails its checksum")."""
 _STOP_GRACE_S = 5.0
 PUSH_MEDIA_TYPE = "application/json"
 DEFAULT_MAX_PER_OWNER = 100
@@ -346,6 +350,10 @@ class SubscriptionRegistry:
             "delivered_messages": st.get("delivered", 0),
             "delivered_batches": st.get("batches", 0),
             "last_error": st.get("last_error"),
+            "damaged": [
+                {"topic": k.rsplit("/", 1)[0], "partition": int(k.rsplit("/", 1)[1]), **v}
+                for k, v in sorted((st.get("damaged") or {}).items())
+            ],
             "skipped_messages": _skipped_of(st),
             "last_skip": st.get("last_skip"),
             "partitions": partitions,
@@ -497,6 +505,9 @@ class _Delivery:
         self.rotation = 0
         self.skips: list[_Skip] = []
         """What the batch being collected passed over undelivered, recorded with its positions."""
+        self.damaged: dict[tuple[str, int], tuple[int, float]] = {}
+        """Partitions stopped at a batch that fails its checksum: the batch's offset, and when
+        to read it again.  The other partitions go on."""
 
     async def run(self) -> None:
         timeout = self.sub.timeout_ms / 1000
@@ -622,7 +633,12 @@ class _Delivery:
         scanned: dict[tuple[str, int], int] = {}
         deadline: float | None = None
         self.skips = []
-        order = sorted(tp for tp in self.positions if tp[0] not in self.suspended)
+        started = time.monotonic()
+        order = sorted(
+            tp
+            for tp in self.positions
+            if tp[0] not in self.suspended and self.damaged.get(tp, (0, 0.0))[1] <= started
+        )
         # Start each batch one partition further, so a backlog in one does not starve others.
         self.rotation = (self.rotation + 1) % max(1, len(order))
         order = order[self.rotation :] + order[: self.rotation]
@@ -645,6 +661,12 @@ class _Delivery:
                     continue
                 except UnknownTopic:
                     continue
+                except CorruptData as exc:
+                    await self._stop_at_damage(tp, exc)
+                    continue
+                if self.damaged.pop(tp, None) is not None:
+                    _log.warning("push %s: %s partition %d is read again", sub.name, *tp)
+                    await anyio.to_thread.run_sync(self._record_damaged, tp, None)
                 room = sub.batch_size - len(batch)
                 taken = result.messages[:room]
                 for m in taken:
@@ -678,6 +700,46 @@ class _Delivery:
             if deadline is None and not batch:
                 return [], {}
         return batch, scanned
+
+    async def _stop_at_damage(self, tp: tuple[str, int], exc: CorruptData) -> None:
+        """Stop delivering partition ``tp`` at a damaged batch (waiting does not mend it) and
+        say so once per batch, in the log and the subscription's ``last_error``; the other
+        partitions go on, and ``tp`` is read again every :data:`_DAMAGED_LOOK_S`."""
+        said = self.damaged.get(tp, (None, 0.0))[0] == exc.offset
+        self.damaged[tp] = (exc.offset, time.monotonic() + _DAMAGED_LOOK_S)
+        if said:
+            return
+        _log.error(
+            "push %s: %s partition %d stopped at offset %d: %s (see docs/operations.md, "
+            "'A batch fails its checksum')",
+            self.sub.name,
+            tp[0],
+            tp[1],
+            exc.offset,
+            exc,
+        )
+        await anyio.to_thread.run_sync(self._record_error, f"corrupt_data: {exc}")
+        entry = {"offset": exc.offset, "error": str(exc)}
+        await anyio.to_thread.run_sync(self._record_damaged, tp, entry)
+
+    def _record_damaged(self, tp: tuple[str, int], entry: dict[str, Any] | None) -> None:
+        """Show (or, with None, stop showing) partition ``tp`` as stopped at a damaged batch
+        in the subscription's status (``damaged``)."""
+        holder = self.owner.holder_id
+
+        def change(doc: Doc | None) -> tuple[Doc | None, None]:
+            if doc is None or doc.get("holder") != holder:
+                raise LeaseLost(self.sub.name)
+            damaged = doc.setdefault("damaged", {})
+            if entry is None:
+                damaged.pop(_key(*tp), None)
+            else:
+                damaged[_key(*tp)] = entry
+            if not damaged:
+                doc.pop("damaged")
+            return doc, None
+
+        self.owner.state.update(_state_key(self.sub.name), change)
 
     def _read(self, tp: tuple[str, int], offset: int, max_bytes: int) -> Any:
         return self.owner.reader.read(

@@ -15,6 +15,7 @@ import pytest
 from log_store import TopicConfig, open_store
 from session_dedup.envelope import Envelope, encode
 from tests.conftest import REPO, logbroker_cmd
+from tests.delivery.conftest import PUSH_TO_LOOPBACK, wait_until
 
 TOPIC = "dc1.app"
 PARTITIONS = 4
@@ -158,3 +159,44 @@ def test_mirror_copies_every_other_partition_and_topic_and_exits_3(
                 assert store.read(topic, p, 0, 10**6).end_offset == want, (topic, p)
     finally:
         store.close()
+
+
+def test_push_delivery_goes_on_with_the_healthy_partitions_and_names_the_damaged_one(
+    start_gateway: Any, push_endpoint: Any, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    _fill(data_dir, TOPIC, PARTITIONS)
+    _damage(data_dir, TOPIC, DAMAGED)
+    gateway = start_gateway(data_dir, *PUSH_TO_LOOPBACK)
+    endpoint = push_endpoint(lambda n: ("ok", 200))
+    subscription = {
+        "name": "damaged",
+        "endpoint": endpoint.url,
+        "topics": [TOPIC],
+        "batch_size": 3,
+        "linger_ms": 10,
+    }
+    created = httpx.post(gateway.url + "/v1/subscriptions", json=subscription, timeout=30)
+    assert created.status_code == 201, created.text
+    healthy = (PARTITIONS - 1) * BATCHES
+    wait_until(lambda: len(endpoint.messages()) >= healthy + 2, 30, "every message but the damage")
+    wait_until(lambda: bool(_subscription(gateway.url)["damaged"]), 30, "the damage in the status")
+    delivered: dict[int, list[int]] = {}
+    for m in endpoint.messages():
+        delivered.setdefault(m["partition"], []).append(m["offset"])
+    assert {p: sorted(set(o)) for p, o in delivered.items()} == {
+        p: [0, 1] if p == DAMAGED else list(range(BATCHES)) for p in range(PARTITIONS)
+    }
+    # shown as long as it lasts (a delivery since then clears last_error, not this)
+    (damage,) = _subscription(gateway.url)["damaged"]
+    assert (damage["topic"], damage["partition"], damage["offset"]) == (TOPIC, DAMAGED, 2)
+    assert "fails its checksum" in damage["error"], damage
+    log = gateway.log_path.read_text()
+    assert log.count("partition 2 stopped at offset 2") == 1, log[-2000:]
+
+
+def _subscription(url: str) -> dict[str, Any]:
+    answer = httpx.get(url + "/v1/subscriptions/damaged", timeout=30)
+    assert answer.status_code == 200, answer.text
+    doc: dict[str, Any] = answer.json()
+    return doc
