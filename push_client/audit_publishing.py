@@ -13,23 +13,259 @@ in the configured order, so a gateway that died does not keep the tier out of th
 installation whose gateways all fail keeps its counts until the next publication (every
 interval, see :mod:`audit.publisher`); at exit the last publication gets one try at each of its
 gateways, and what it could not publish is said in one line.
+
+The counts survive a crash (:class:`PushAuditCounts`): their totals are saved in the state
+file with the positions, and every acknowledgement's counts are appended to a journal beside
+it before they are counted in memory, so a client SIGKILLed and started again goes on from
+exactly what it had acknowledged, under the same instance name.  The push-client is the
+source tier of the audit: counts it lost would show as lines duplicated at every tier after it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
+import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
 
 from audit.publisher import AuditPublisher, interval_from_env
 from audit.sinks import AuditForbidden, AuditWriteFailed, HttpAuditSink, incarnation_id
-from audit.windows import WindowCounts
+from audit.windows import WindowCounts, window_start
 from push_client.installations import InstallationSet
 from push_client.transport import GatewayClient
 
 TIER = "push-client"
 WRITE_TIMEOUT_S = 10.0
 """How long one gateway is given for one audit write before the next one is tried."""
+JOURNAL_NAME = "audit-journal"
+FORGET_AFTER_S = 7 * 24 * 3600.0 + 3600.0
+"""Windows that started this long ago are dropped from the counts (and the state file) once
+published, as the gateway drops its own: the client's create times are its clock when it cut
+the chunk, so a window that old gets no more lines."""
+
+log = logging.getLogger("logbroker.push")
+
+
+class PushAuditCounts:
+    """The lines each installation acknowledged, per topic and window, kept across restarts.
+
+    Three parts, all in the state dir:
+
+    - the totals as of the last save of the positions, in the state file (``audit``: the
+      instance name, a generation, and per installation ``[topic, window, messages, lines]``);
+    - the journal ``audit-journal``: a first line naming the generation of the save it follows,
+      then one line per answer of a gateway with what that answer acknowledged.  It is written
+      (not synced: a SIGKILL leaves what was written in the page cache) before the counts
+      change in memory, so nothing can be published that the journal lacks;
+    - the counts in memory (:attr:`counts`), which the publishers read.
+
+    A save of the positions writes the totals with the next generation and then starts a new
+    journal of that generation; a journal of another generation than the state file's (a
+    crash between the two) holds only what the totals hold already and is ignored.  At the
+    start the totals and the journal of their generation give back exactly the counts of
+    every chunk acknowledged, and the client resumes where the gateways' logs end, so no chunk
+    is counted twice or left out.  The instance name is kept in the state file: a restarted
+    client goes on with the totals of the same instance, whose latest record replaces the
+    earlier ones.  A state dir without saved counts (the first start, a client of an earlier
+    version, a lost or corrupt state file) starts a new instance from zero: the records of the
+    earlier one stay in the audit and add to it.
+
+    Owned by the loop thread (:meth:`acked`, :meth:`to_state`, :meth:`saved`); the publishers
+    read :attr:`counts` from theirs.
+    """
+
+    def __init__(self, state_dir: Path, names: Iterable[str]) -> None:
+        self.path = state_dir / JOURNAL_NAME
+        self.counts: dict[str, WindowCounts] = {name: WindowCounts() for name in names}
+        self.instance = ""
+        """The instance name of the push-client tier (:meth:`restore` sets it)."""
+        self.generation = 0
+        self._fd = -1
+        self._trouble = ""
+        """The last error writing the journal (said once)."""
+        self.restored_from_journal = 0
+        """How many of the journal's answers :meth:`restore` added to the saved totals."""
+
+    def restore(self, saved: Any) -> None:
+        """Take up the totals of a state file (its ``audit``, None without) and the journal
+        written after them; then start journaling again."""
+        if saved is not None and not self._restore_totals(saved):
+            log.warning(
+                "the audit counts in the state file are not readable; counting anew as a new "
+                "audit instance"
+            )
+            saved = None
+        if saved is None:
+            self.instance, self.generation = incarnation_id(), 0
+            self._start_journal()
+            return
+        entries = self._read_journal()
+        if entries is None:
+            self._start_journal()
+            return
+        for name, keys in entries:
+            counts = self._counts_of(name)
+            for topic, window, messages, lines in keys:
+                counts.add(topic, window * 1000, messages, lines)
+        self.restored_from_journal = len(entries)
+        self._open_journal()
+
+    def _counts_of(self, name: str) -> WindowCounts:
+        counts = self.counts.get(name)
+        if counts is None:
+            # an installation no longer configured: its totals are kept (and saved) as they are
+            counts = self.counts[name] = WindowCounts()
+        return counts
+
+    def _restore_totals(self, saved: Any) -> bool:
+        if not isinstance(saved, dict):
+            return False
+        instance, generation, totals = (
+            saved.get("instance"),
+            saved.get("generation"),
+            saved.get("counts"),
+        )
+        if not (
+            isinstance(instance, str)
+            and instance
+            and isinstance(generation, int)
+            and isinstance(totals, dict)
+        ):
+            return False
+        keys: list[tuple[str, str, int, int, int]] = []
+        for name, rows in totals.items():
+            if not isinstance(rows, list):
+                return False
+            for row in rows:
+                if not _is_key_row(row):
+                    return False
+                keys.append((name, *row))
+        for name, topic, window, messages, lines in keys:
+            self._counts_of(name).set(topic, window, messages, lines)
+        self.instance, self.generation = instance, generation
+        return True
+
+    def _read_journal(self) -> list[tuple[str, list[Any]]] | None:
+        """The answers of the journal that follows the saved totals; None when it does not
+        follow them (a crash right after a save, or no journal)."""
+        try:
+            raw = self.path.read_bytes()
+        except OSError:
+            return None
+        lines = raw.split(b"\n")
+        try:
+            head = orjson.loads(lines[0])
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(head, dict) or head.get("generation") != self.generation:
+            return None
+        if head.get("instance") != self.instance:
+            return None
+        entries = []
+        for line in lines[1:]:
+            try:
+                doc = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # a line torn by a crash of the machine (its answer is lost)
+            if (
+                isinstance(doc, dict)
+                and isinstance(doc.get("i"), str)
+                and isinstance(doc.get("c"), list)
+                and all(_is_key_row(row) for row in doc["c"])
+            ):
+                entries.append((doc["i"], doc["c"]))
+        return entries
+
+    def _open_journal(self) -> None:
+        self._close_journal()
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        except OSError as exc:
+            self._journal_trouble(exc)
+
+    def _start_journal(self) -> None:
+        """A new journal, of the generation of the totals saved last."""
+        self._close_journal()
+        head = orjson.dumps({"generation": self.generation, "instance": self.instance}) + b"\n"
+        try:
+            self._fd = os.open(
+                self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644
+            )
+            os.write(self._fd, head)
+        except OSError as exc:
+            self._journal_trouble(exc)
+            self._close_journal()
+
+    def _close_journal(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+    def _journal_trouble(self, exc: OSError) -> None:
+        text = exc.strerror or str(exc)
+        if text != self._trouble:
+            self._trouble = text
+            log.warning(
+                "cannot write the audit journal %s: %s; the audit counts since the last save "
+                "of the positions are lost if the client is killed",
+                self.path,
+                text,
+            )
+
+    def acked(self, name: str, chunks: Sequence[tuple[str, int, int]]) -> None:
+        """Count chunks installation ``name`` acknowledged: (topic, create time ms, lines).
+        Journaled first, then counted in memory (where the publisher may see them)."""
+        if not chunks:
+            return
+        keys: dict[tuple[str, int], list[int]] = {}
+        for topic, create_time_ms, lines in chunks:
+            total = keys.setdefault((topic, window_start(create_time_ms)), [0, 0])
+            total[0] += 1
+            total[1] += lines
+        if self._fd >= 0:
+            line = {"i": name, "c": [[t, w, m, n] for (t, w), (m, n) in keys.items()]}
+            try:
+                os.write(self._fd, orjson.dumps(line) + b"\n")
+            except OSError as exc:
+                self._journal_trouble(exc)
+        counts = self._counts_of(name)
+        for (topic, window), (messages, lines) in keys.items():
+            counts.add(topic, window * 1000, messages, lines)
+
+    def to_state(self) -> dict[str, Any]:
+        """The totals to save with the positions (the next generation)."""
+        return {
+            "instance": self.instance,
+            "generation": self.generation + 1,
+            "counts": {
+                name: [[t, w, m, n] for (t, w), (m, n) in sorted(counts.snapshot().items())]
+                for name, counts in self.counts.items()
+            },
+        }
+
+    def saved(self, state: dict[str, Any]) -> None:
+        """``state`` (from :meth:`to_state`) is in the state file: journal after it."""
+        self.generation = int(state["generation"])
+        self._start_journal()
+
+    def close(self) -> None:
+        self._close_journal()
+
+
+def _is_key_row(row: Any) -> bool:
+    return (
+        isinstance(row, list)
+        and len(row) == 4
+        and isinstance(row[0], str)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in row[1:])
+    )
 
 
 def gateways_in_order(client: GatewayClient) -> list[str]:
@@ -90,21 +326,21 @@ class FailoverAuditSink:
 class PushAuditPublishers:
     """One started :class:`AuditPublisher` per installation, of the counts it acknowledged.
 
-    The instance name is the process's (:func:`audit.sinks.incarnation_id`), with the
+    The instance name is the state dir's (:attr:`PushAuditCounts.instance`), with the
     installation's name added when there are several: two installations may hold topics of
     the same name, and the audit adds the totals of different instances.
     """
 
     def __init__(
         self,
-        counts: dict[str, WindowCounts],
+        counts: PushAuditCounts,
         installations: InstallationSet,
         clients: dict[str, GatewayClient],
         *,
         auth_headers: Callable[[], dict[str, str]] | None = None,
         interval_s: float | None = None,
     ) -> None:
-        incarnation = incarnation_id()
+        incarnation = counts.instance
         self.sinks: dict[str, FailoverAuditSink] = {}
         self.publishers: dict[str, AuditPublisher] = {}
         for member in installations.members:
@@ -117,9 +353,10 @@ class PushAuditPublishers:
             self.publishers[member.name] = AuditPublisher(
                 TIER,
                 instance,
-                counts[member.name],
+                counts.counts[member.name],
                 sink,
                 interval_s=interval_from_env() if interval_s is None else interval_s,
+                forget_after_s=FORGET_AFTER_S,
             )
 
     def start(self) -> PushAuditPublishers:

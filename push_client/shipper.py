@@ -31,7 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from audit.windows import WindowCounts
+from audit.windows import count_lines
+from push_client.audit_publishing import PushAuditCounts
 from push_client.backoff import Backoff
 from push_client.codec import compress
 from push_client.config import PushConfig
@@ -98,6 +99,7 @@ class Shipper:
         stop: threading.Event,
         wake: Callable[[], None],
         save_state: Callable[[], None],
+        audit: PushAuditCounts,
     ) -> None:
         self.config = config
         self.files = files
@@ -122,7 +124,7 @@ class Shipper:
         """(installation, refusal) of census answers that were refusals, said once each."""
         self._seen_version = installations.version
         self._seen_current = installations.current().name
-        self.audit = {name: WindowCounts() for name in installations.names}
+        self.audit = audit
         """Per installation, the lines it acknowledged, per topic and window of their create
         time (tier push-client, see :mod:`push_client.audit_publishing`)."""
         self.owner_routes: dict[str, OwnerRoutes] = {}
@@ -688,7 +690,7 @@ class Shipper:
         by_source = {r.get("source_id"): r for r in results}
         now = time.monotonic()
         counters = self.counters
-        audit = self.audit[job.installation.name]
+        acked: list[tuple[str, int, int]] = []
         for index, (tailed, chunks) in enumerate(job.sections):
             tailed.finished(chunks)
             result = results[index] if index < len(results) else {}
@@ -721,7 +723,7 @@ class Shipper:
                     unacked.append(chunk)
                     continue
                 tailed.on_acked(chunk.seqno)
-                audit.add_chunk(tailed.topic, chunk.create_time_ms, "raw", chunk.data)
+                acked.append((tailed.topic, chunk.create_time_ms, count_lines("raw", chunk.data)))
                 counters.buffered -= len(chunk.data)
                 counters.acked_bytes += len(chunk.data)
                 counters.acked_chunks += 1
@@ -739,6 +741,7 @@ class Shipper:
             else:
                 tailed.alone = False
             self.state_dirty = True
+        self.audit.acked(job.installation.name, acked)
         counters.last_activity = now
         counters.last_ack_at = time.time()
 

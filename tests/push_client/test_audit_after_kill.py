@@ -1,0 +1,143 @@
+"""The push-client's audit counts survive a SIGKILL: a restarted client goes on with the totals
+of the same instance, so the source tier of the audit equals the gateway's, and nothing shows
+as duplicated that was written once.  Also the counts' journal on its own: a crash between
+the save of the totals and the start of a new journal, a torn last line, a lost state file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from audit.ledger import AuditLedger
+from log_store import open_store
+from push_client.audit_publishing import JOURNAL_NAME, PushAuditCounts
+from tests.audit.test_end_to_end_audit import TOPIC, audit_windows, tier_lines
+from tests.delivery.conftest import wait_until
+from tests.push_client.conftest import (
+    BackgroundWriter,
+    LineWriter,
+    assert_exactly_once,
+    read_delivered,
+    wait_for_lines,
+)
+
+
+def _instances(data: Path) -> set[str]:
+    ledger = AuditLedger()
+    with contextlib.closing(open_store(data, read_only=True)) as store:
+        ledger.refresh(store)
+    return {
+        instance
+        for (topic, _), tiers in ledger.series.items()
+        if topic == TOPIC
+        for label, series in tiers.items()
+        if label == "push-client"
+        for instance in series.latest
+    }
+
+
+@pytest.mark.fault
+def test_a_push_client_killed_mid_stream_and_restarted_counts_every_line_once(
+    tmp_path: Path, start_gateway: Any, start_push: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOGBROKER_AUDIT_INTERVAL_S", "1")
+    data = tmp_path / "data"
+    gateway = start_gateway(data)
+    # The client publishes seldom: the kill comes well after its last publication, with
+    # lines acknowledged since (the old client lost their counts: gateway > push-client).
+    monkeypatch.setenv("LOGBROKER_AUDIT_INTERVAL_S", "4")
+    path = tmp_path / "app.log"
+    state = tmp_path / "state"
+    writer = LineWriter("k")
+    writer.append(path, 500)
+    push = start_push(gateway.url, state, path).wait_started(state)
+    with BackgroundWriter(path, writer, lines_per_tick=20):
+        wait_until(lambda: tier_lines(data).get("push-client"), 30, "a first publication")
+        time.sleep(2.0)
+        push.kill()
+        published = tier_lines(data).get("push-client", 0)
+        shipped = read_delivered(data, "app").count()
+        assert shipped > published  # what the killed client acknowledged since it published
+        push = start_push(gateway.url, state, path).wait_started(state)
+        time.sleep(1.0)
+    total = len(writer.ids)
+    wait_for_lines(data, "app", total, timeout_s=60)
+    assert_exactly_once(read_delivered(data, "app"), writer)
+    wait_until(
+        lambda: tier_lines(data) == {"push-client": total, "gateway": total},
+        30,
+        f"both tiers at {total} lines",
+    )
+    assert push.stop() == 0
+    assert _instances(data) == {_instance_of(state)}  # the restart went on as the same one
+    db = tmp_path / "audit.db"
+    code, lines, shown = audit_windows(db, data)
+    assert lines == {"push-client": total, "gateway": total}, shown
+    assert code == 0, shown
+
+
+def _instance_of(state: Path) -> str:
+    body = (state / "state.json").read_bytes().split(b"\n", 1)[0]
+    return str(orjson.loads(body)["audit"]["instance"])
+
+
+def _totals(counts: PushAuditCounts, name: str = "default") -> dict[tuple[str, int], tuple]:
+    return counts.counts[name].snapshot()
+
+
+def test_the_counts_come_back_from_the_saved_totals_and_the_journal_after_them(
+    tmp_path: Path,
+) -> None:
+    first = PushAuditCounts(tmp_path, ["default"])
+    first.restore(None)
+    first.acked("default", [("dc1.app", 1_800_000_000_000, 10), ("dc1.app", 1_800_000_001_000, 5)])
+    saved = first.to_state()
+    first.saved(saved)
+    first.acked("default", [("dc1.app", 1_800_000_002_000, 7)])
+    first.acked("default", [("dc1.web", 1_800_000_700_000, 1)])
+    expected = _totals(first)
+    assert expected == {("dc1.app", 1_800_000_000): (3, 22), ("dc1.web", 1_800_000_600): (1, 1)}
+
+    # killed here: the next client reads the totals saved and the journal written after them
+    again = PushAuditCounts(tmp_path, ["default"])
+    again.restore(saved)
+    assert _totals(again) == expected
+    assert again.instance == first.instance and again.restored_from_journal == 2
+
+    # a crash after the totals of the next generation were saved, before a new journal: the
+    # journal (of the generation before) holds nothing they lack, and is not added again
+    later = again.to_state()
+    assert later["generation"] == saved["generation"] + 1
+    third = PushAuditCounts(tmp_path, ["default"])
+    third.restore(later)
+    assert _totals(third) == expected
+    third.acked("default", [("dc1.app", 1_800_000_003_000, 3)])
+    with open(tmp_path / JOURNAL_NAME, "ab") as f:
+        f.write(b'{"i":"default","c":[["dc1.app",1799')  # torn by a crash of the machine
+    fourth = PushAuditCounts(tmp_path, ["default"])
+    fourth.restore(later)
+    assert _totals(fourth)[("dc1.app", 1_800_000_000)] == (4, 25)
+    for counts in (first, again, third, fourth):
+        counts.close()
+
+
+def test_a_state_dir_without_readable_counts_starts_a_new_instance(tmp_path: Path) -> None:
+    first = PushAuditCounts(tmp_path, ["default"])
+    first.restore(None)
+    first.acked("default", [("dc1.app", 1_800_000_000_000, 10)])
+    first.close()
+    # a lost state file (or one of an earlier version): the journal of the old instance is not
+    # taken, a new instance counts from zero and the old one's records stay in the audit
+    for saved in (None, {"instance": 3}, {"instance": "x", "generation": 0, "counts": {"d": 1}}):
+        fresh = PushAuditCounts(tmp_path, ["default"])
+        time.sleep(0.001)
+        fresh.restore(saved)
+        assert _totals(fresh) == {}
+        assert fresh.instance and fresh.instance != "x"
+        fresh.close()
