@@ -58,7 +58,7 @@ def test_a_push_client_killed_mid_stream_and_restarted_counts_every_line_once(
     writer.append(path, 500)
     push = start_push(gateway.url, state, path).wait_started(state)
     with BackgroundWriter(path, writer, lines_per_tick=20):
-        wait_until(lambda: tier_lines(data).get("push-client"), 30, "a first publication")
+        wait_until(lambda: "push-client" in tier_lines(data), 30, "a first publication")
         time.sleep(2.0)
         push.kill()
         published = tier_lines(data).get("push-client", 0)
@@ -87,7 +87,9 @@ def _instance_of(state: Path) -> str:
     return str(orjson.loads(body)["audit"]["instance"])
 
 
-def _totals(counts: PushAuditCounts, name: str = "default") -> dict[tuple[str, int], tuple]:
+def _totals(
+    counts: PushAuditCounts, name: str = "default"
+) -> dict[tuple[str, int], tuple[int, int]]:
     return counts.counts[name].snapshot()
 
 
