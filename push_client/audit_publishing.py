@@ -28,6 +28,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,37 +53,53 @@ the chunk, so a window that old gets no more lines."""
 log = logging.getLogger("logbroker.push")
 
 
+SentKey = tuple[str, str, int]
+"""(installation, source id, seqno) of a chunk sent."""
+Sent = tuple[str, int, int]
+"""(topic, window, lines) of a chunk sent."""
+
+
 class PushAuditCounts:
     """The lines each installation acknowledged, per topic and window, kept across restarts.
 
+    A chunk is counted once the push-client knows that an installation's log holds it: when a
+    gateway acknowledges it (``written`` or ``duplicate``), or, for a chunk sent whose answer
+    never came (the request timed out, the installation went down, the client was killed),
+    when a session of its source learns that the log holds the source up to its seqno or
+    beyond (:meth:`settle`).  So every chunk counted by a gateway is counted here too, once,
+    whatever became of its answer.  The chunks sent and not settled are kept until then
+    (:attr:`sent_chunks`).
+
     Three parts, all in the state dir:
 
-    - the totals as of the last save of the positions, in the state file (``audit``: the
-      instance name, a generation, and per installation ``[topic, window, messages, lines]``);
-    - the journal ``audit-journal``: a first line naming the generation of the save it follows,
-      then one line per answer of a gateway with what that answer acknowledged.  It is written
-      (not synced: a SIGKILL leaves what was written in the page cache) before the counts
-      change in memory, so nothing can be published that the journal lacks;
+    - the totals and the chunks sent as of the last save of the positions, in the state file
+      (``audit``: the instance name, a generation, per installation ``[topic, window,
+      messages, lines]``, and the chunks in flight);
+    - the journal ``audit-journal``: a first line naming the generation of the save it
+      follows, then one line per request sent (its chunks) and one per answer or settlement
+      (the counts it adds and the chunks it settles).  It is written (not synced: a SIGKILL
+      leaves what was written in the page cache) before a request goes out and before counts
+      change in memory, so nothing can be published, nor written to a log, that it lacks;
     - the counts in memory (:attr:`counts`), which the publishers read.
 
     A save of the positions writes the totals with the next generation and then starts a new
     journal of that generation; a journal of another generation than the state file's (a
     crash between the two) holds only what the totals hold already and is ignored.  At the
-    start the totals and the journal of their generation give back exactly the counts of
-    every chunk acknowledged, and the client resumes where the gateways' logs end, so no chunk
-    is counted twice or left out.  The instance name is kept in the state file: a restarted
-    client goes on with the totals of the same instance, whose latest record replaces the
-    earlier ones.  A state dir without saved counts (the first start, a client of an earlier
-    version, a lost or corrupt state file) starts a new instance from zero: the records of the
-    earlier one stay in the audit and add to it.
+    start the totals and the journal of their generation give back exactly the counts and the
+    chunks in flight at the crash, which the sessions of the restart settle.  The instance
+    name is kept in the state file: a restarted client goes on with the totals of the same
+    instance, whose latest record replaces the earlier ones.  A state dir without saved counts
+    (the first start, a client of an earlier version, a lost or corrupt state file) starts a
+    new instance from zero: the records of the earlier one stay in the audit and add to it.
 
-    Owned by the loop thread (:meth:`acked`, :meth:`to_state`, :meth:`saved`); the publishers
-    read :attr:`counts` from theirs.
+    Owned by the loop thread; the publishers read :attr:`counts` from theirs.
     """
 
     def __init__(self, state_dir: Path, names: Iterable[str]) -> None:
         self.path = state_dir / JOURNAL_NAME
         self.counts: dict[str, WindowCounts] = {name: WindowCounts() for name in names}
+        self.sent_chunks: dict[tuple[str, str], dict[int, Sent]] = {}
+        """Per (installation, source id): the chunks sent there whose fate is not known yet."""
         self.instance = ""
         """The instance name of the push-client tier (:meth:`restore` sets it)."""
         self.generation = 0
@@ -90,8 +107,9 @@ class PushAuditCounts:
         self._trouble = ""
         """The last error writing the journal (said once)."""
         self.restored_from_journal = 0
-        """How many of the journal's answers :meth:`restore` added to the saved totals."""
+        """How many of the journal's lines :meth:`restore` took up after the saved totals."""
 
+    # -- start ----------------------------------------------------------------------------------
     def restore(self, saved: Any) -> None:
         """Take up the totals of a state file (its ``audit``, None without) and the journal
         written after them; then start journaling again."""
@@ -109,10 +127,8 @@ class PushAuditCounts:
         if entries is None:
             self._start_journal()
             return
-        for name, keys in entries:
-            counts = self._counts_of(name)
-            for topic, window, messages, lines in keys:
-                counts.add(topic, window * 1000, messages, lines)
+        for doc in entries:
+            self._apply(doc)
         self.restored_from_journal = len(entries)
         self._open_journal()
 
@@ -126,33 +142,31 @@ class PushAuditCounts:
     def _restore_totals(self, saved: Any) -> bool:
         if not isinstance(saved, dict):
             return False
-        instance, generation, totals = (
-            saved.get("instance"),
-            saved.get("generation"),
-            saved.get("counts"),
-        )
+        instance, generation = saved.get("instance"), saved.get("generation")
+        totals, in_flight = saved.get("counts"), saved.get("in_flight", [])
         if not (
             isinstance(instance, str)
             and instance
             and isinstance(generation, int)
             and isinstance(totals, dict)
+            and isinstance(in_flight, list)
+            and all(_is_sent_row(row, with_name=True) for row in in_flight)
         ):
             return False
         keys: list[tuple[str, str, int, int, int]] = []
         for name, rows in totals.items():
-            if not isinstance(rows, list):
+            if not isinstance(rows, list) or not all(_is_key_row(row) for row in rows):
                 return False
-            for row in rows:
-                if not _is_key_row(row):
-                    return False
-                keys.append((name, *row))
+            keys.extend((name, *row) for row in rows)
         for name, topic, window, messages, lines in keys:
             self._counts_of(name).set(topic, window, messages, lines)
+        for name, source_id, seqno, topic, window, lines in in_flight:
+            self.sent_chunks.setdefault((name, source_id), {})[seqno] = (topic, window, lines)
         self.instance, self.generation = instance, generation
         return True
 
-    def _read_journal(self) -> list[tuple[str, list[Any]]] | None:
-        """The answers of the journal that follows the saved totals; None when it does not
+    def _read_journal(self) -> list[dict[str, Any]] | None:
+        """The lines of the journal that follows the saved totals; None when it does not
         follow them (a crash right after a save, or no journal)."""
         try:
             raw = self.path.read_bytes()
@@ -172,16 +186,29 @@ class PushAuditCounts:
             try:
                 doc = orjson.loads(line)
             except orjson.JSONDecodeError:
-                continue  # a line torn by a crash of the machine (its answer is lost)
-            if (
-                isinstance(doc, dict)
-                and isinstance(doc.get("i"), str)
-                and isinstance(doc.get("c"), list)
-                and all(_is_key_row(row) for row in doc["c"])
-            ):
-                entries.append((doc["i"], doc["c"]))
+                continue  # a line torn by a crash of the machine
+            if _is_journal_line(doc):
+                entries.append(doc)
         return entries
 
+    def _apply(self, doc: dict[str, Any]) -> None:
+        """One journal line: chunks sent (``s``), or counts added and chunks settled (``i``)."""
+        if "s" in doc:
+            for source_id, seqno, topic, window, lines in doc["k"]:
+                self.sent_chunks.setdefault((doc["s"], source_id), {})[seqno] = (
+                    topic,
+                    window,
+                    lines,
+                )
+            return
+        name = doc["i"]
+        for source_id, seqno in doc.get("a", []):
+            self._forget_sent(name, source_id, seqno)
+        counts = self._counts_of(name)
+        for topic, window, messages, lines in doc["c"]:
+            counts.add(topic, window * 1000, messages, lines)
+
+    # -- the journal ----------------------------------------------------------------------------
     def _open_journal(self) -> None:
         self._close_journal()
         try:
@@ -208,6 +235,14 @@ class PushAuditCounts:
                 os.close(self._fd)
             self._fd = -1
 
+    def _journal(self, doc: dict[str, Any]) -> None:
+        if self._fd < 0:
+            return
+        try:
+            os.write(self._fd, orjson.dumps(doc) + b"\n")
+        except OSError as exc:
+            self._journal_trouble(exc)
+
     def _journal_trouble(self, exc: OSError) -> None:
         text = exc.strerror or str(exc)
         if text != self._trouble:
@@ -219,28 +254,73 @@ class PushAuditCounts:
                 text,
             )
 
-    def acked(self, name: str, chunks: Sequence[tuple[str, int, int]]) -> None:
-        """Count chunks installation ``name`` acknowledged: (topic, create time ms, lines).
-        Journaled first, then counted in memory (where the publisher may see them)."""
-        if not chunks:
+    # -- counting -------------------------------------------------------------------------------
+    def sent(self, name: str, chunks: Sequence[tuple[str, int, str, int, int]]) -> None:
+        """Chunks about to be sent to installation ``name``: (source id, seqno, topic, create
+        time ms, lines).  Journaled before the request goes out."""
+        rows = [
+            (source_id, seqno, topic, window_start(create_time_ms), lines)
+            for source_id, seqno, topic, create_time_ms, lines in chunks
+        ]
+        if not rows:
+            return
+        self._journal({"s": name, "k": rows})
+        for source_id, seqno, topic, window, lines in rows:
+            self.sent_chunks.setdefault((name, source_id), {})[seqno] = (topic, window, lines)
+
+    def acked(self, name: str, chunks: Sequence[tuple[str, int]]) -> None:
+        """Chunks installation ``name`` acknowledged: (source id, seqno).  Each is counted
+        once, as it was sent (a chunk acknowledged twice, sent twice and answered twice, is
+        one chunk in the log)."""
+        keys: dict[tuple[str, int], list[int]] = {}
+        settled = []
+        for source_id, seqno in chunks:
+            sent = self._forget_sent(name, source_id, seqno)
+            if sent is not None:
+                settled.append([source_id, seqno])
+                _add(keys, sent)
+        self._count(name, keys, settled)
+
+    def settle(self, name: str, source_id: str, last_seqno: int) -> None:
+        """Installation ``name``'s log holds ``source_id`` up to ``last_seqno`` (a session's
+        answer, with nothing of the source in flight): the chunks sent there and never
+        answered are in its log up to there (counted) and not beyond (forgotten: what is
+        sent again is counted when it is acknowledged)."""
+        sent = self.sent_chunks.pop((name, source_id), None)
+        if not sent:
             return
         keys: dict[tuple[str, int], list[int]] = {}
-        for topic, create_time_ms, lines in chunks:
-            total = keys.setdefault((topic, window_start(create_time_ms)), [0, 0])
-            total[0] += 1
-            total[1] += lines
-        if self._fd >= 0:
-            line = {"i": name, "c": [[t, w, m, n] for (t, w), (m, n) in keys.items()]}
-            try:
-                os.write(self._fd, orjson.dumps(line) + b"\n")
-            except OSError as exc:
-                self._journal_trouble(exc)
+        for seqno, chunk in sent.items():
+            if seqno <= last_seqno:
+                _add(keys, chunk)
+        self._count(name, keys, [[source_id, seqno] for seqno in sent])
+
+    def _forget_sent(self, name: str, source_id: str, seqno: int) -> Sent | None:
+        chunks = self.sent_chunks.get((name, source_id))
+        if chunks is None:
+            return None
+        sent = chunks.pop(seqno, None)
+        if not chunks:
+            del self.sent_chunks[(name, source_id)]
+        return sent
+
+    def _count(
+        self, name: str, keys: dict[tuple[str, int], list[int]], settled: list[list[Any]]
+    ) -> None:
+        """Journal, then count in memory (where the publisher may see it)."""
+        if not settled:
+            return
+        self._journal(
+            {"i": name, "c": [[t, w, m, n] for (t, w), (m, n) in keys.items()], "a": settled}
+        )
         counts = self._counts_of(name)
         for (topic, window), (messages, lines) in keys.items():
             counts.add(topic, window * 1000, messages, lines)
 
+    # -- saving ---------------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
         """The totals to save with the positions (the next generation)."""
+        oldest = window_start(int((time.time() - FORGET_AFTER_S) * 1000))
         return {
             "instance": self.instance,
             "generation": self.generation + 1,
@@ -248,6 +328,14 @@ class PushAuditCounts:
                 name: [[t, w, m, n] for (t, w), (m, n) in sorted(counts.snapshot().items())]
                 for name, counts in self.counts.items()
             },
+            # (a source whose session never opens again, deleted while the client was down,
+            # leaves its chunks here until their window is as old as the counts kept)
+            "in_flight": [
+                [name, source_id, seqno, *chunk]
+                for (name, source_id), chunks in self.sent_chunks.items()
+                for seqno, chunk in chunks.items()
+                if chunk[1] >= oldest
+            ],
         }
 
     def saved(self, state: dict[str, Any]) -> None:
@@ -259,12 +347,63 @@ class PushAuditCounts:
         self._close_journal()
 
 
+def _add(keys: dict[tuple[str, int], list[int]], sent: Sent) -> None:
+    topic, window, lines = sent
+    total = keys.setdefault((topic, window), [0, 0])
+    total[0] += 1
+    total[1] += lines
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _is_key_row(row: Any) -> bool:
+    """``[topic, window, messages, lines]``."""
     return (
         isinstance(row, list)
         and len(row) == 4
         and isinstance(row[0], str)
-        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in row[1:])
+        and all(_is_count(v) for v in row[1:])
+    )
+
+
+def _is_sent_row(row: Any, *, with_name: bool = False) -> bool:
+    """``[source id, seqno, topic, window, lines]``, with the installation first."""
+    if with_name:
+        if not isinstance(row, list) or not row or not isinstance(row[0], str):
+            return False
+        row = row[1:]
+    return (
+        isinstance(row, list)
+        and len(row) == 5
+        and isinstance(row[0], str)
+        and _is_count(row[1])
+        and isinstance(row[2], str)
+        and _is_count(row[3])
+        and _is_count(row[4])
+    )
+
+
+def _is_journal_line(doc: Any) -> bool:
+    if not isinstance(doc, dict):
+        return False
+    if "s" in doc:
+        return (
+            isinstance(doc["s"], str)
+            and isinstance(doc.get("k"), list)
+            and all(_is_sent_row(row) for row in doc["k"])
+        )
+    settled = doc.get("a", [])
+    return (
+        isinstance(doc.get("i"), str)
+        and isinstance(doc.get("c"), list)
+        and all(_is_key_row(row) for row in doc["c"])
+        and isinstance(settled, list)
+        and all(
+            isinstance(a, list) and len(a) == 2 and isinstance(a[0], str) and _is_count(a[1])
+            for a in settled
+        )
     )
 
 

@@ -256,6 +256,10 @@ class Shipper:
                     self._park(tailed, refusal)
                 continue
             last_seqno = int(result.get("last_seqno", 0))
+            if not tailed.in_flight:
+                # chunks sent there whose answer never came (before a restart too) are in
+                # its log up to last_seqno: counted for the audit now
+                self.audit.settle(name, tailed.source_id, last_seqno)
             if job.census:
                 tailed.handover.on_census(name, last_seqno)
                 continue
@@ -462,6 +466,16 @@ class Shipper:
         owner_url: str | None = None,
     ) -> None:
         payload = [(t.section_meta(chunks), t.entry.codec, chunks) for t, chunks in sections]
+        # journaled before it goes out: a client killed before the answer learns at its
+        # restart which of them the log holds
+        self.audit.sent(
+            member.name,
+            [
+                (t.source_id, c.seqno, t.topic, c.create_time_ms, count_lines("raw", c.data))
+                for t, chunks in sections
+                for c in chunks
+            ],
+        )
         job = _WriteJob(member, sections)
         job.future = self._pool.submit(
             self._send_write, self.clients[member.name], payload, owner_url
@@ -690,7 +704,7 @@ class Shipper:
         by_source = {r.get("source_id"): r for r in results}
         now = time.monotonic()
         counters = self.counters
-        acked: list[tuple[str, int, int]] = []
+        acked: list[tuple[str, int]] = []
         for index, (tailed, chunks) in enumerate(job.sections):
             tailed.finished(chunks)
             result = results[index] if index < len(results) else {}
@@ -723,7 +737,7 @@ class Shipper:
                     unacked.append(chunk)
                     continue
                 tailed.on_acked(chunk.seqno)
-                acked.append((tailed.topic, chunk.create_time_ms, count_lines("raw", chunk.data)))
+                acked.append((tailed.source_id, chunk.seqno))
                 counters.buffered -= len(chunk.data)
                 counters.acked_bytes += len(chunk.data)
                 counters.acked_chunks += 1

@@ -87,10 +87,17 @@ def _instance_of(state: Path) -> str:
     return str(orjson.loads(body)["audit"]["instance"])
 
 
-def _totals(
-    counts: PushAuditCounts, name: str = "default"
-) -> dict[tuple[str, int], tuple[int, int]]:
+def _totals(counts: PushAuditCounts, name: str = "default") -> dict[tuple[str, int], Any]:
     return counts.counts[name].snapshot()
+
+
+def _ship(counts: PushAuditCounts, source: str, seqno: int, create_ms: int, lines: int) -> None:
+    counts.sent("default", [(source, seqno, "dc1.app", create_ms, lines)])
+
+
+T0 = 1_800_000_000_000
+"""A create time (ms) at the start of a window."""
+W0 = T0 // 1000
 
 
 def test_the_counts_come_back_from_the_saved_totals_and_the_journal_after_them(
@@ -98,19 +105,27 @@ def test_the_counts_come_back_from_the_saved_totals_and_the_journal_after_them(
 ) -> None:
     first = PushAuditCounts(tmp_path, ["default"])
     first.restore(None)
-    first.acked("default", [("dc1.app", 1_800_000_000_000, 10), ("dc1.app", 1_800_000_001_000, 5)])
+    _ship(first, "a", 100, T0, 10)
+    _ship(first, "a", 150, T0 + 1_000, 5)
+    first.acked("default", [("a", 100), ("a", 150)])
     saved = first.to_state()
     first.saved(saved)
-    first.acked("default", [("dc1.app", 1_800_000_002_000, 7)])
-    first.acked("default", [("dc1.web", 1_800_000_700_000, 1)])
+    _ship(first, "a", 200, T0 + 2_000, 7)
+    first.acked("default", [("a", 200)])
+    first.acked("default", [("a", 200)])  # answered twice (sent twice): one chunk
+    _ship(first, "a", 260, T0 + 700_000, 1)  # in flight at the kill, not answered
     expected = _totals(first)
-    assert expected == {("dc1.app", 1_800_000_000): (3, 22), ("dc1.web", 1_800_000_600): (1, 1)}
+    assert expected == {("dc1.app", W0): (3, 22)}
 
     # killed here: the next client reads the totals saved and the journal written after them
     again = PushAuditCounts(tmp_path, ["default"])
     again.restore(saved)
     assert _totals(again) == expected
-    assert again.instance == first.instance and again.restored_from_journal == 2
+    assert again.instance == first.instance and again.restored_from_journal == 3
+    # its session learns that the log holds the source up to 260: the chunk in flight landed
+    again.settle("default", "a", 260)
+    expected[("dc1.app", W0 + 600)] = (1, 1)
+    assert _totals(again) == expected and not again.sent_chunks
 
     # a crash after the totals of the next generation were saved, before a new journal: the
     # journal (of the generation before) holds nothing they lack, and is not added again
@@ -119,12 +134,16 @@ def test_the_counts_come_back_from_the_saved_totals_and_the_journal_after_them(
     third = PushAuditCounts(tmp_path, ["default"])
     third.restore(later)
     assert _totals(third) == expected
-    third.acked("default", [("dc1.app", 1_800_000_003_000, 3)])
+    _ship(third, "a", 300, T0 + 3_000, 3)
+    third.acked("default", [("a", 300)])
+    _ship(third, "a", 400, T0 + 4_000, 9)  # in flight at the kill, never written
     with open(tmp_path / JOURNAL_NAME, "ab") as f:
         f.write(b'{"i":"default","c":[["dc1.app",1799')  # torn by a crash of the machine
     fourth = PushAuditCounts(tmp_path, ["default"])
     fourth.restore(later)
-    assert _totals(fourth)[("dc1.app", 1_800_000_000)] == (4, 25)
+    assert _totals(fourth)[("dc1.app", W0)] == (4, 25)
+    fourth.settle("default", "a", 300)  # the log ends below it: not counted, forgotten
+    assert _totals(fourth)[("dc1.app", W0)] == (4, 25) and not fourth.sent_chunks
     for counts in (first, again, third, fourth):
         counts.close()
 
@@ -132,13 +151,13 @@ def test_the_counts_come_back_from_the_saved_totals_and_the_journal_after_them(
 def test_a_state_dir_without_readable_counts_starts_a_new_instance(tmp_path: Path) -> None:
     first = PushAuditCounts(tmp_path, ["default"])
     first.restore(None)
-    first.acked("default", [("dc1.app", 1_800_000_000_000, 10)])
+    _ship(first, "a", 100, T0, 10)
+    first.acked("default", [("a", 100)])
     first.close()
     # a lost state file (or one of an earlier version): the journal of the old instance is not
     # taken, a new instance counts from zero and the old one's records stay in the audit
     for saved in (None, {"instance": 3}, {"instance": "x", "generation": 0, "counts": {"d": 1}}):
         fresh = PushAuditCounts(tmp_path, ["default"])
-        time.sleep(0.001)
         fresh.restore(saved)
         assert _totals(fresh) == {}
         assert fresh.instance and fresh.instance != "x"
