@@ -7,6 +7,7 @@ the save of the totals and the start of a new journal, a torn last line, a lost 
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,38 @@ def test_a_push_client_killed_mid_stream_and_restarted_counts_every_line_once(
     code, lines, shown = audit_windows(db, data)
     assert lines == {"push-client": total, "gateway": total}, shown
     assert code == 0, shown
+
+
+@pytest.mark.fault
+def test_a_request_in_flight_at_the_kill_is_counted_by_the_restart_that_finds_it_written(
+    tmp_path: Path, start_gateway: Any, start_push: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOGBROKER_AUDIT_INTERVAL_S", "1")
+    data = tmp_path / "data"
+    gateway = start_gateway(data)
+    path = tmp_path / "app.log"
+    state = tmp_path / "state"
+    writer = LineWriter("f")
+    writer.append(path, 300)
+    push = start_push(gateway.url, state, path).wait_started(state)
+    wait_until(lambda: tier_lines(data) == {"push-client": 300, "gateway": 300}, 30, "300 counted")
+    gateway.proc.send_signal(signal.SIGSTOP)  # takes the request, answers nothing
+    try:
+        writer.append(path, 200)
+        time.sleep(1.5)
+        push.kill()  # its request is in flight: no answer, no ack, nothing counted for it
+    finally:
+        gateway.proc.send_signal(signal.SIGCONT)
+    # the gateway writes (and counts) the request of the client that is gone
+    assert wait_for_lines(data, "app", 500, timeout_s=30).count() == 500
+    push = start_push(gateway.url, state, path).wait_started(state)
+    wait_until(
+        lambda: tier_lines(data) == {"push-client": 500, "gateway": 500},
+        30,
+        "both tiers at 500 lines",
+    )
+    assert push.stop() == 0
+    assert_exactly_once(read_delivered(data, "app"), writer)
 
 
 def _instance_of(state: Path) -> str:
