@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +73,8 @@ class PushAuditCounts:
     Three parts, all in the state dir:
 
     - the totals and the chunks sent as of the last save of the positions, in the state file
-      (``audit``: the instance name, a generation, per installation ``[topic, window,
-      messages, lines]``, and the chunks in flight);
+      (``audit``: the instance name, a generation, per instance (one per installation)
+      ``[topic, window, messages, lines]``, and the chunks in flight);
     - the journal ``audit-journal``: a first line naming the generation of the save it
       follows, then one line per request sent (its chunks) and one per answer or settlement
       (the counts it adds and the chunks it settles).  It is written (not synced: a SIGKILL
@@ -95,11 +95,16 @@ class PushAuditCounts:
     Owned by the loop thread; the publishers read :attr:`counts` from theirs.
     """
 
-    def __init__(self, state_dir: Path, names: Iterable[str]) -> None:
+    def __init__(self, state_dir: Path, *, multi: bool = False) -> None:
         self.path = state_dir / JOURNAL_NAME
-        self.counts: dict[str, WindowCounts] = {name: WindowCounts() for name in names}
+        self.multi = multi
+        self.counts: dict[str, WindowCounts] = {}
+        """Per instance (:meth:`label`): its totals.  Instances of installations no longer
+        configured (or of a client that had one installation and has several now, or the
+        other way round) are kept and saved as they are, not published: their records stay
+        in the audit and add to the new instances'."""
         self.sent_chunks: dict[tuple[str, str], dict[int, Sent]] = {}
-        """Per (installation, source id): the chunks sent there whose fate is not known yet."""
+        """Per (instance, source id): the chunks sent whose fate is not known yet."""
         self.instance = ""
         """The instance name of the push-client tier (:meth:`restore` sets it)."""
         self.generation = 0
@@ -132,11 +137,20 @@ class PushAuditCounts:
         self.restored_from_journal = len(entries)
         self._open_journal()
 
-    def _counts_of(self, name: str) -> WindowCounts:
-        counts = self.counts.get(name)
+    def label(self, name: str) -> str:
+        """The instance name of installation ``name``'s counts: the state dir's, with the
+        installation's name added when there are several (two installations may hold
+        topics of the same name, and the audit adds the totals of different instances)."""
+        return f"{self.instance}-{name}" if self.multi else self.instance
+
+    def of(self, name: str) -> WindowCounts:
+        """Installation ``name``'s counts (after :meth:`restore`)."""
+        return self._counts_of(self.label(name))
+
+    def _counts_of(self, label: str) -> WindowCounts:
+        counts = self.counts.get(label)
         if counts is None:
-            # an installation no longer configured: its totals are kept (and saved) as they are
-            counts = self.counts[name] = WindowCounts()
+            counts = self.counts[label] = WindowCounts()
         return counts
 
     def _restore_totals(self, saved: Any) -> bool:
@@ -154,14 +168,14 @@ class PushAuditCounts:
         ):
             return False
         keys: list[tuple[str, str, int, int, int]] = []
-        for name, rows in totals.items():
+        for label, rows in totals.items():
             if not isinstance(rows, list) or not all(_is_key_row(row) for row in rows):
                 return False
-            keys.extend((name, *row) for row in rows)
-        for name, topic, window, messages, lines in keys:
-            self._counts_of(name).set(topic, window, messages, lines)
-        for name, source_id, seqno, topic, window, lines in in_flight:
-            self.sent_chunks.setdefault((name, source_id), {})[seqno] = (topic, window, lines)
+            keys.extend((label, *row) for row in rows)
+        for label, topic, window, messages, lines in keys:
+            self._counts_of(label).set(topic, window, messages, lines)
+        for label, source_id, seqno, topic, window, lines in in_flight:
+            self.sent_chunks.setdefault((label, source_id), {})[seqno] = (topic, window, lines)
         self.instance, self.generation = instance, generation
         return True
 
@@ -264,36 +278,39 @@ class PushAuditCounts:
         ]
         if not rows:
             return
-        self._journal({"s": name, "k": rows})
+        label = self.label(name)
+        self._journal({"s": label, "k": rows})
         for source_id, seqno, topic, window, lines in rows:
-            self.sent_chunks.setdefault((name, source_id), {})[seqno] = (topic, window, lines)
+            self.sent_chunks.setdefault((label, source_id), {})[seqno] = (topic, window, lines)
 
     def acked(self, name: str, chunks: Sequence[tuple[str, int]]) -> None:
         """Chunks installation ``name`` acknowledged: (source id, seqno).  Each is counted
         once, as it was sent (a chunk acknowledged twice, sent twice and answered twice, is
         one chunk in the log)."""
+        label = self.label(name)
         keys: dict[tuple[str, int], list[int]] = {}
         settled = []
         for source_id, seqno in chunks:
-            sent = self._forget_sent(name, source_id, seqno)
+            sent = self._forget_sent(label, source_id, seqno)
             if sent is not None:
                 settled.append([source_id, seqno])
                 _add(keys, sent)
-        self._count(name, keys, settled)
+        self._count(label, keys, settled)
 
     def settle(self, name: str, source_id: str, last_seqno: int) -> None:
         """Installation ``name``'s log holds ``source_id`` up to ``last_seqno`` (a session's
         answer, with nothing of the source in flight): the chunks sent there and never
         answered are in its log up to there (counted) and not beyond (forgotten: what is
         sent again is counted when it is acknowledged)."""
-        sent = self.sent_chunks.pop((name, source_id), None)
+        label = self.label(name)
+        sent = self.sent_chunks.pop((label, source_id), None)
         if not sent:
             return
         keys: dict[tuple[str, int], list[int]] = {}
         for seqno, chunk in sent.items():
             if seqno <= last_seqno:
                 _add(keys, chunk)
-        self._count(name, keys, [[source_id, seqno] for seqno in sent])
+        self._count(label, keys, [[source_id, seqno] for seqno in sent])
 
     def _forget_sent(self, name: str, source_id: str, seqno: int) -> Sent | None:
         chunks = self.sent_chunks.get((name, source_id))
@@ -325,8 +342,12 @@ class PushAuditCounts:
             "instance": self.instance,
             "generation": self.generation + 1,
             "counts": {
-                name: [[t, w, m, n] for (t, w), (m, n) in sorted(counts.snapshot().items())]
-                for name, counts in self.counts.items()
+                label: [
+                    [t, w, m, n]
+                    for (t, w), (m, n) in sorted(counts.snapshot().items())
+                    if w >= oldest
+                ]
+                for label, counts in self.counts.items()
             },
             # (a source whose session never opens again, deleted while the client was down,
             # leaves its chunks here until their window is as old as the counts kept)
@@ -465,9 +486,7 @@ class FailoverAuditSink:
 class PushAuditPublishers:
     """One started :class:`AuditPublisher` per installation, of the counts it acknowledged.
 
-    The instance name is the state dir's (:attr:`PushAuditCounts.instance`), with the
-    installation's name added when there are several: two installations may hold topics of
-    the same name, and the audit adds the totals of different instances.
+    The instance names are the state dir's (:meth:`PushAuditCounts.label`).
     """
 
     def __init__(
@@ -479,7 +498,6 @@ class PushAuditPublishers:
         auth_headers: Callable[[], dict[str, str]] | None = None,
         interval_s: float | None = None,
     ) -> None:
-        incarnation = counts.instance
         self.sinks: dict[str, FailoverAuditSink] = {}
         self.publishers: dict[str, AuditPublisher] = {}
         for member in installations.members:
@@ -487,12 +505,11 @@ class PushAuditPublishers:
             sink = FailoverAuditSink(
                 functools.partial(gateways_in_order, client), auth_headers=auth_headers
             )
-            instance = f"{incarnation}-{member.name}" if installations.multi else incarnation
             self.sinks[member.name] = sink
             self.publishers[member.name] = AuditPublisher(
                 TIER,
-                instance,
-                counts.counts[member.name],
+                counts.label(member.name),
+                counts.of(member.name),
                 sink,
                 interval_s=interval_from_env() if interval_s is None else interval_s,
                 forget_after_s=FORGET_AFTER_S,

@@ -191,7 +191,7 @@ class PushDaemon:
         )
         self._files.multi = multi
         self._parking = ParkingLot(config.park_retry_s)
-        self._audit_counts = PushAuditCounts(self.state_dir, self._installations.names)
+        self._audit_counts = PushAuditCounts(self.state_dir, multi=multi)
         self._shipper = Shipper(
             config,
             self._files,

@@ -121,7 +121,7 @@ def _instance_of(state: Path) -> str:
 
 
 def _totals(counts: PushAuditCounts, name: str = "default") -> dict[tuple[str, int], Any]:
-    return counts.counts[name].snapshot()
+    return counts.of(name).snapshot()
 
 
 def _ship(counts: PushAuditCounts, source: str, seqno: int, create_ms: int, lines: int) -> None:
@@ -136,7 +136,7 @@ W0 = T0 // 1000
 def test_the_counts_come_back_from_the_saved_totals_and_the_journal_after_them(
     tmp_path: Path,
 ) -> None:
-    first = PushAuditCounts(tmp_path, ["default"])
+    first = PushAuditCounts(tmp_path)
     first.restore(None)
     _ship(first, "a", 100, T0, 10)
     _ship(first, "a", 150, T0 + 1_000, 5)
@@ -151,7 +151,7 @@ def test_the_counts_come_back_from_the_saved_totals_and_the_journal_after_them(
     assert expected == {("dc1.app", W0): (3, 22)}
 
     # killed here: the next client reads the totals saved and the journal written after them
-    again = PushAuditCounts(tmp_path, ["default"])
+    again = PushAuditCounts(tmp_path)
     again.restore(saved)
     assert _totals(again) == expected
     assert again.instance == first.instance and again.restored_from_journal == 3
@@ -164,7 +164,7 @@ def test_the_counts_come_back_from_the_saved_totals_and_the_journal_after_them(
     # journal (of the generation before) holds nothing they lack, and is not added again
     later = again.to_state()
     assert later["generation"] == saved["generation"] + 1
-    third = PushAuditCounts(tmp_path, ["default"])
+    third = PushAuditCounts(tmp_path)
     third.restore(later)
     assert _totals(third) == expected
     _ship(third, "a", 300, T0 + 3_000, 3)
@@ -172,7 +172,7 @@ def test_the_counts_come_back_from_the_saved_totals_and_the_journal_after_them(
     _ship(third, "a", 400, T0 + 4_000, 9)  # in flight at the kill, never written
     with open(tmp_path / JOURNAL_NAME, "ab") as f:
         f.write(b'{"i":"default","c":[["dc1.app",1799')  # torn by a crash of the machine
-    fourth = PushAuditCounts(tmp_path, ["default"])
+    fourth = PushAuditCounts(tmp_path)
     fourth.restore(later)
     assert _totals(fourth)[("dc1.app", W0)] == (4, 25)
     fourth.settle("default", "a", 300)  # the log ends below it: not counted, forgotten
@@ -182,7 +182,7 @@ def test_the_counts_come_back_from_the_saved_totals_and_the_journal_after_them(
 
 
 def test_a_state_dir_without_readable_counts_starts_a_new_instance(tmp_path: Path) -> None:
-    first = PushAuditCounts(tmp_path, ["default"])
+    first = PushAuditCounts(tmp_path)
     first.restore(None)
     _ship(first, "a", 100, T0, 10)
     first.acked("default", [("a", 100)])
@@ -190,8 +190,27 @@ def test_a_state_dir_without_readable_counts_starts_a_new_instance(tmp_path: Pat
     # a lost state file (or one of an earlier version): the journal of the old instance is not
     # taken, a new instance counts from zero and the old one's records stay in the audit
     for saved in (None, {"instance": 3}, {"instance": "x", "generation": 0, "counts": {"d": 1}}):
-        fresh = PushAuditCounts(tmp_path, ["default"])
+        fresh = PushAuditCounts(tmp_path)
         fresh.restore(saved)
         assert _totals(fresh) == {}
         assert fresh.instance and fresh.instance != "x"
         fresh.close()
+
+
+def test_a_client_given_several_installations_counts_them_as_new_instances(
+    tmp_path: Path,
+) -> None:
+    one = PushAuditCounts(tmp_path)
+    one.restore(None)
+    _ship(one, "a", 100, T0, 10)
+    one.acked("default", [("a", 100)])
+    saved = one.to_state()
+    one.saved(saved)
+    one.close()
+    # its records stay in the audit under the one instance; the installations count anew
+    several = PushAuditCounts(tmp_path, multi=True)
+    several.restore(saved)
+    assert several.label("dc1") == f"{one.instance}-dc1" and _totals(several, "dc1") == {}
+    assert several.counts[one.instance].snapshot() == {("dc1.app", W0): (1, 10)}
+    assert several.to_state()["counts"][one.instance] == [["dc1.app", W0, 1, 10]]
+    several.close()

@@ -387,7 +387,7 @@ def test_a_request_that_overtook_its_predecessor_is_sent_again_not_taken_for_a_l
     shipper = Shipper.__new__(Shipper)
     shipper.counters = Counters()
 
-    audit = PushAuditCounts(tmp_path, ["default"])
+    audit = PushAuditCounts(tmp_path)
     audit.restore(None)
     audit.sent(
         "default",
@@ -396,7 +396,7 @@ def test_a_request_that_overtook_its_predecessor_is_sent_again_not_taken_for_a_l
     shipper.audit = audit
     shipper._on_write(first_job, _answer(tailed, first, "written"))
     shipper._on_write(second_job, _answer(tailed, second, "out_of_order"))
-    counted = audit.counts["default"].snapshot().values()
+    counted = audit.of("default").snapshot().values()
     # the refused one is not counted
     assert [sum(m for m, _ in counted), sum(n for _, n in counted)] == [len(first)] * 2
     audit.close()
