@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import threading
@@ -198,8 +199,8 @@ class PushAuditCounts:
         entries = []
         for line in lines[1:]:
             try:
-                doc = orjson.loads(line)
-            except orjson.JSONDecodeError:
+                doc = _loads(line)
+            except ValueError:
                 continue  # a line torn by a crash of the machine
             if _is_journal_line(doc):
                 entries.append(doc)
@@ -253,7 +254,7 @@ class PushAuditCounts:
         if self._fd < 0:
             return
         try:
-            os.write(self._fd, orjson.dumps(doc) + b"\n")
+            os.write(self._fd, _dumps(doc) + b"\n")
         except OSError as exc:
             self._journal_trouble(exc)
 
@@ -366,6 +367,22 @@ class PushAuditCounts:
 
     def close(self) -> None:
         self._close_journal()
+
+
+def _dumps(doc: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(doc)
+    except TypeError:
+        # a source id of an earlier version with a path that is not UTF-8 in it (surrogate
+        # escapes, which orjson refuses): written as \udcXX escapes, read back the same
+        return json.dumps(doc, separators=(",", ":")).encode("ascii")
+
+
+def _loads(line: bytes) -> Any:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
 
 
 def _add(keys: dict[tuple[str, int], list[int]], sent: Sent) -> None:

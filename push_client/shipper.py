@@ -125,8 +125,8 @@ class Shipper:
         self._seen_version = installations.version
         self._seen_current = installations.current().name
         self.audit = audit
-        """Per installation, the lines it acknowledged, per topic and window of their create
-        time (tier push-client, see :mod:`push_client.audit_publishing`)."""
+        """The chunks sent and the lines each installation's log holds, per topic and window
+        of their create time (tier push-client, see :mod:`push_client.audit_publishing`)."""
         self.owner_routes: dict[str, OwnerRoutes] = {}
         """Per installation, the partitions' owners (only with ``direct_to_owner``)."""
         self.configure_owners()

@@ -214,3 +214,20 @@ def test_a_client_given_several_installations_counts_them_as_new_instances(
     assert several.counts[one.instance].snapshot() == {("dc1.app", W0): (1, 10)}
     assert several.to_state()["counts"][one.instance] == [["dc1.app", W0, 1, 10]]
     several.close()
+
+
+def test_a_source_id_with_a_path_that_is_not_utf8_is_journaled_and_read_back(
+    tmp_path: Path,
+) -> None:
+    source = "host:/var/log/caf\udce9.log"  # an id of an earlier version, a Latin-1 name
+    first = PushAuditCounts(tmp_path)
+    first.restore(None)
+    saved = first.to_state()
+    first.saved(saved)
+    _ship(first, source, 100, T0, 10)
+    first.close()
+    again = PushAuditCounts(tmp_path)
+    again.restore(saved)
+    again.settle("default", source, 100)
+    assert _totals(again) == {("dc1.app", W0): (1, 10)}
+    again.close()
