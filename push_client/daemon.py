@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from log_store.errors import LogbrokerError
-from push_client.audit_publishing import PushAuditPublishers
+from push_client.audit_publishing import PushAuditCounts, PushAuditPublishers
 from push_client.backoff import CLOSE_WAIT_S
 from push_client.config import PushConfig
 from push_client.discovery import ChangeWatcher, directory_entries, expand, watch_root
@@ -191,6 +191,7 @@ class PushDaemon:
         )
         self._files.multi = multi
         self._parking = ParkingLot(config.park_retry_s)
+        self._audit_counts = PushAuditCounts(self.state_dir, multi=multi)
         self._shipper = Shipper(
             config,
             self._files,
@@ -202,6 +203,7 @@ class PushDaemon:
             stop=self._stop,
             wake=self._wake,
             save_state=self._save_state,
+            audit=self._audit_counts,
         )
         self._lock_fd = -1
         show = sys.stderr.isatty() if progress is None else progress
@@ -288,6 +290,7 @@ class PushDaemon:
             ) from exc
         self._state.sources, self._state.retired = loaded.sources, loaded.retired
         self._state.clean = loaded.clean
+        self._audit_counts.restore(loaded.audit)
         self.metrics.state_corruptions = self._state_file.corruptions
         if self.config.metrics_port is not None:
             try:
@@ -346,7 +349,7 @@ class PushDaemon:
         self._state.clean = False
         self._shipper.open_pending_sessions(time.monotonic())
         self._audit = PushAuditPublishers(
-            self._shipper.audit,
+            self._audit_counts,
             self._installations,
             self._clients,
             auth_headers=self._token.headers,
@@ -413,6 +416,7 @@ class PushDaemon:
             for client in self._clients.values():
                 client.close(left())
             self._files.close()
+            self._audit_counts.close()
             self._watcher.close()
             if self._metrics_server is not None:
                 self._metrics_server.close()
@@ -735,6 +739,8 @@ class PushDaemon:
     def _save_state(self) -> None:
         self._files.sync_state_positions()
         self._files.prune_retired()
+        # The audit counts of what was acknowledged up to these positions, saved with them.
+        self._state.audit = self._audit_counts.to_state()
         try:
             try:
                 self._state_file.save(self._state)
@@ -749,6 +755,7 @@ class PushDaemon:
             if self._state_dir_trouble("positions", exc) and self._installations.multi:
                 self._drop_stale_state()
             return
+        self._audit_counts.saved(self._state.audit)
         self._state_dir_recovered("positions", "positions saved again")
         self._shipper.state_dirty = False
         self._files.unsaved_sources = False

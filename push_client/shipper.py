@@ -31,7 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from audit.windows import WindowCounts
+from audit.windows import count_lines
+from push_client.audit_publishing import PushAuditCounts
 from push_client.backoff import Backoff
 from push_client.codec import compress
 from push_client.config import PushConfig
@@ -98,6 +99,7 @@ class Shipper:
         stop: threading.Event,
         wake: Callable[[], None],
         save_state: Callable[[], None],
+        audit: PushAuditCounts,
     ) -> None:
         self.config = config
         self.files = files
@@ -122,9 +124,9 @@ class Shipper:
         """(installation, refusal) of census answers that were refusals, said once each."""
         self._seen_version = installations.version
         self._seen_current = installations.current().name
-        self.audit = {name: WindowCounts() for name in installations.names}
-        """Per installation, the lines it acknowledged, per topic and window of their create
-        time (tier push-client, see :mod:`push_client.audit_publishing`)."""
+        self.audit = audit
+        """The chunks sent and the lines each installation's log holds, per topic and window
+        of their create time (tier push-client, see :mod:`push_client.audit_publishing`)."""
         self.owner_routes: dict[str, OwnerRoutes] = {}
         """Per installation, the partitions' owners (only with ``direct_to_owner``)."""
         self.configure_owners()
@@ -254,6 +256,10 @@ class Shipper:
                     self._park(tailed, refusal)
                 continue
             last_seqno = int(result.get("last_seqno", 0))
+            if not tailed.in_flight:
+                # chunks sent there whose answer never came (before a restart too) are in
+                # its log up to last_seqno: counted for the audit now
+                self.audit.settle(name, tailed.source_id, last_seqno)
             if job.census:
                 tailed.handover.on_census(name, last_seqno)
                 continue
@@ -460,6 +466,16 @@ class Shipper:
         owner_url: str | None = None,
     ) -> None:
         payload = [(t.section_meta(chunks), t.entry.codec, chunks) for t, chunks in sections]
+        # journaled before it goes out: a client killed before the answer learns at its
+        # restart which of them the log holds
+        self.audit.sent(
+            member.name,
+            [
+                (t.source_id, c.seqno, t.topic, c.create_time_ms, count_lines("raw", c.data))
+                for t, chunks in sections
+                for c in chunks
+            ],
+        )
         job = _WriteJob(member, sections)
         job.future = self._pool.submit(
             self._send_write, self.clients[member.name], payload, owner_url
@@ -688,7 +704,7 @@ class Shipper:
         by_source = {r.get("source_id"): r for r in results}
         now = time.monotonic()
         counters = self.counters
-        audit = self.audit[job.installation.name]
+        acked: list[tuple[str, int]] = []
         for index, (tailed, chunks) in enumerate(job.sections):
             tailed.finished(chunks)
             result = results[index] if index < len(results) else {}
@@ -721,7 +737,7 @@ class Shipper:
                     unacked.append(chunk)
                     continue
                 tailed.on_acked(chunk.seqno)
-                audit.add_chunk(tailed.topic, chunk.create_time_ms, "raw", chunk.data)
+                acked.append((tailed.source_id, chunk.seqno))
                 counters.buffered -= len(chunk.data)
                 counters.acked_bytes += len(chunk.data)
                 counters.acked_chunks += 1
@@ -739,6 +755,7 @@ class Shipper:
             else:
                 tailed.alone = False
             self.state_dirty = True
+        self.audit.acked(job.installation.name, acked)
         counters.last_activity = now
         counters.last_ack_at = time.time()
 

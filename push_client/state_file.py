@@ -86,6 +86,11 @@ class PushState:
     retired: list[RetiredSource] = field(default_factory=list)
     clean: bool = False
     """Written by a clean stop: every position is exact (nothing was acked after it)."""
+    audit: dict[str, Any] | None = None
+    """The audit counts of what was acknowledged up to these positions, as
+    :class:`push_client.audit_publishing.PushAuditCounts` saves them (which also checks them
+    when it reads them back: counts it cannot read cost the counts, not the positions).
+    Earlier versions ignore the field."""
 
     def to_json(self) -> bytes:
         payload: dict[str, Any] = {
@@ -94,6 +99,8 @@ class PushState:
             "sources": [asdict(s) for s in self.sources.values()],
             "retired": [asdict(r) for r in self.retired],
         }
+        if self.audit is not None:
+            payload["audit"] = self.audit
         try:
             return orjson.dumps(payload)
         except TypeError:
@@ -121,7 +128,13 @@ class PushState:
             RetiredSource(**_checked(raw, f"retired[{i}]", _RETIRED_FIELDS, RetiredSource))
             for i, raw in enumerate(_records(payload, "retired"))
         ]
-        return cls({s.source_id: s for s in sources}, retired, clean)
+        audit = payload.get("audit")
+        return cls(
+            {s.source_id: s for s in sources},
+            retired,
+            clean,
+            audit if isinstance(audit, dict) else None,
+        )
 
 
 _TEXT = "a string"

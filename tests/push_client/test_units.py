@@ -370,6 +370,7 @@ def test_a_request_that_overtook_its_predecessor_is_sent_again_not_taken_for_a_l
     the second arrives first and is answered ``out_of_order``, and its answer is applied after
     the first one's acknowledgement.  The second goes back to be sent again; the file keeps
     its session (no 'the log holds less than it acknowledged', no resume from the gateway)."""
+    from push_client.audit_publishing import PushAuditCounts
     from push_client.files import Counters
     from push_client.installations import Installation
     from push_client.shipper import Shipper, _WriteJob
@@ -386,20 +387,19 @@ def test_a_request_that_overtook_its_predecessor_is_sent_again_not_taken_for_a_l
     shipper = Shipper.__new__(Shipper)
     shipper.counters = Counters()
 
-    class _Audit:
-        """Counts what the push-client tier would publish: acknowledged chunks only."""
-
-        def __init__(self) -> None:
-            self.chunks: list[bytes] = []
-
-        def add_chunk(self, _topic: str, _create_time: int, _codec: str, data: bytes) -> None:
-            self.chunks.append(bytes(data))
-
-    audit = _Audit()
-    shipper.audit = {"default": audit}  # type: ignore[dict-item]
+    audit = PushAuditCounts(tmp_path)
+    audit.restore(None)
+    audit.sent(
+        "default",
+        [(tailed.source_id, c.seqno, "", c.create_time_ms, 1) for c in [*first, *second]],
+    )
+    shipper.audit = audit
     shipper._on_write(first_job, _answer(tailed, first, "written"))
     shipper._on_write(second_job, _answer(tailed, second, "out_of_order"))
-    assert audit.chunks == [bytes(c.data) for c in first]  # the refused one is not counted
+    counted = audit.of("default").snapshot().values()
+    # the refused one is not counted
+    assert [sum(m for m, _ in counted), sum(n for _, n in counted)] == [len(first)] * 2
+    audit.close()
     assert tailed.session_ready
     assert tailed.acked == first[-1].seqno
     assert tailed.pending[0].start == second[0].start  # the second is sent again, first
