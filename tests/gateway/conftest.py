@@ -23,6 +23,15 @@ def chunk_data(seqno: int) -> bytes:
     return f"line of seqno {seqno}\n".encode()
 
 
+BIG_CHUNK = b"x" * 64 * 1024
+
+
+def write_big(client: Any, source: str, first: int, count: int, log_type: str = "app") -> Any:
+    """Write ``count`` chunks of 64 KiB of ``source`` from seqno ``first``: the response."""
+    chunks = [(s, 0, BIG_CHUNK) for s in range(first, first + count)]
+    return client.post_binary(encode_binary([(meta(source, log_type), chunks)]))
+
+
 class Client:
     """The write protocol as a test speaks it."""
 

@@ -3,6 +3,7 @@ and a request that can never fit: what the gateway acks, refuses and says on ``/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -12,26 +13,29 @@ from typing import Any
 
 import pytest
 
-from ingest_api.framing import encode_binary
 from tests.conftest import logbroker_cmd
-from tests.gateway.conftest import meta, source_seqnos
-
-CHUNK = b"x" * 64 * 1024
+from tests.gateway.conftest import BIG_CHUNK, source_seqnos, write_big
 
 
-def _write_big(client: Any, source: str, first: int, count: int, log_type: str = "app") -> Any:
-    chunks = [(s, 0, CHUNK) for s in range(first, first + count)]
-    return client.post_binary(encode_binary([(meta(source, log_type), chunks)]))
+def _fill_until_refused(client: Any) -> int:
+    """Write log type ``fill`` until the gateway refuses for space (503); the chunks acked."""
+    acked = 0
+    for _ in range(100):
+        response = write_big(client, "filler", acked + 1, 4, log_type="fill")
+        if response.status_code != 200:
+            break
+        acked += 4
+    assert response.status_code == 503, response.text
+    return acked
 
 
 def _fill_up(mount_point: Path) -> None:
     """Take what the gateway's writes left free, to the last byte."""
     fd = os.open(mount_point / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass  # full
+        with contextlib.suppress(OSError):  # ENOSPC: full to the last byte
+            while os.write(fd, b"\0" * 4096):
+                continue
     finally:
         os.close(fd)
 
@@ -75,14 +79,7 @@ def test_a_topic_is_deleted_on_a_full_disk_and_the_space_comes_back(
     data_dir = small_filesystem / "data"
     gw = start_gateway(data_dir, "--partitions", "1")
     client = client_for(gw.url)
-    acked = 0
-    for _ in range(100):
-        response = _write_big(client, "filler", acked + 1, 4, log_type="fill")
-        if response.status_code != 200:
-            break
-        acked += 4
-    assert response.status_code == 503, response.text
-    assert acked > 0
+    assert _fill_until_refused(client) > 0
     assert client.http.get("/v1/topics/dc1.fill").status_code == 200
     _fill_up(small_filesystem)
 
@@ -104,7 +101,7 @@ def test_the_cli_deletes_a_topic_on_a_full_disk(small_filesystem: Path) -> None:
     store.create_topic("dc1.fill")
     with pytest.raises(StoreFull):
         for _ in range(200):
-            store.append("dc1.fill", 0, [CHUNK] * 4)
+            store.append("dc1.fill", 0, [BIG_CHUNK] * 4)
     store.close()
     _fill_up(small_filesystem)
 
@@ -124,12 +121,12 @@ def test_a_request_that_can_never_fit_leaves_the_gateway_ready(
 ) -> None:
     gw = start_gateway(small_filesystem / "data")
     client = client_for(gw.url)
-    assert _write_big(client, "s", 1, 1).status_code == 200
-    refused = _write_big(client, "s", 2, 80)  # 5 MiB on a 4 MiB file system
+    assert write_big(client, "s", 1, 1).status_code == 200
+    refused = write_big(client, "s", 2, 80)  # 5 MiB on a 4 MiB file system
     assert refused.status_code == 507, refused.text
     ready = _readiness(client)
     assert ready.status_code == 200, ready.text
-    assert _write_big(client, "s", 2, 2).status_code == 200
+    assert write_big(client, "s", 2, 2).status_code == 200
 
 
 def _fill_leaving(mount_point: Path, free_bytes: int, name: str) -> Path:
@@ -148,14 +145,14 @@ def test_a_smaller_write_refused_meanwhile_does_not_make_the_store_ready_early(
 
     store = open_store(small_filesystem / "data")
     store.create_topic("dc1.app", TopicConfig(partitions=2))
-    store.append("dc1.app", 0, [CHUNK])
-    store.append("dc1.app", 1, [CHUNK])
+    store.append("dc1.app", 0, [BIG_CHUNK])
+    store.append("dc1.app", 1, [BIG_CHUNK])
     _fill_leaving(small_filesystem, 1536 * 1024, "filler")
     with pytest.raises(StoreFull) as big:
-        store.append("dc1.app", 0, [CHUNK] * 32)  # 2 MiB: more than is free
+        store.append("dc1.app", 0, [BIG_CHUNK] * 32)  # 2 MiB: more than is free
     rest = _fill_leaving(small_filesystem, 0, "rest")
     with pytest.raises(StoreFull):
-        store.append("dc1.app", 1, [CHUNK])  # the last byte is taken: even 64 KiB is refused
+        store.append("dc1.app", 1, [BIG_CHUNK])  # the last byte is taken: even 64 KiB is refused
     rest.unlink()  # 1.5 MiB free again: still short of the 2 MiB write
 
     reason = store.readiness()
@@ -197,13 +194,7 @@ def test_a_retention_is_lowered_on_a_full_disk(
 ) -> None:
     gw = start_gateway(small_filesystem / "data", "--partitions", "1")
     client = client_for(gw.url)
-    acked = 0
-    for _ in range(100):
-        response = _write_big(client, "filler", acked + 1, 4, log_type="fill")
-        if response.status_code != 200:
-            break
-        acked += 4
-    assert response.status_code == 503, response.text
+    _fill_until_refused(client)
     _fill_up(small_filesystem)
 
     changed = client.http.patch("/v1/topics/dc1.fill", json={"retention_bytes": 1024 * 1024})

@@ -9,16 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.conftest import meta, source_seqnos
-
-CHUNK = b"x" * 64 * 1024
-
-
-def write_big(client: Any, source: str, first: int, count: int) -> Any:
-    from ingest_api.framing import encode_binary
-
-    chunks = [(s, 0, CHUNK) for s in range(first, first + count)]
-    return client.post_binary(encode_binary([(meta(source), chunks)]))
+from tests.gateway.conftest import BIG_CHUNK, meta, source_seqnos, write_big
 
 
 def _wait_ready(client: Any) -> None:
@@ -123,7 +114,7 @@ def test_a_write_larger_than_the_free_space_says_so_and_is_taken_once_space_is_f
     reason = refused.json()["reason"]
     assert reason.startswith("no space left on the data directory's file system: the write ")
     needed, free = (int(w) for w in reason.split() if w.isdigit())
-    assert needed > 32 * len(CHUNK) > free > 1024 * 1024
+    assert needed > 32 * len(BIG_CHUNK) > free > 1024 * 1024
     assert "it is taken once space is freed" in reason
     assert int(refused.headers["retry-after"]) >= 5
     assert client.session("s")["last_seqno"] == 1, "a refused chunk was written"
