@@ -92,7 +92,7 @@ class CommittedCounter:
             if envelope.kind != "chunk":
                 continue
             if envelope.codec == "raw":
-                found = value.count(b"\n", envelope.data_start)
+                found = newlines(memoryview(value)[envelope.data_start :])
             elif lines is not None and lines[i] >= 0:
                 found = lines[i]
             else:
