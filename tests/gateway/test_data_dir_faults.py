@@ -115,20 +115,6 @@ def test_the_cli_deletes_a_topic_on_a_full_disk(small_filesystem: Path) -> None:
     assert done.stdout.strip() == "deleted dc1.fill"
 
 
-@pytest.mark.fault
-def test_a_request_that_can_never_fit_leaves_the_gateway_ready(
-    start_gateway: Any, small_filesystem: Path, client_for: Any
-) -> None:
-    gw = start_gateway(small_filesystem / "data")
-    client = client_for(gw.url)
-    assert write_big(client, "s", 1, 1).status_code == 200
-    refused = write_big(client, "s", 2, 80)  # 5 MiB on a 4 MiB file system
-    assert refused.status_code == 507, refused.text
-    ready = _readiness(client)
-    assert ready.status_code == 200, ready.text
-    assert write_big(client, "s", 2, 2).status_code == 200
-
-
 def _fill_leaving(mount_point: Path, free_bytes: int, name: str) -> Path:
     fs = os.statvfs(mount_point)
     filler = mount_point / name

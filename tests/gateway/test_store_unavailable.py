@@ -147,5 +147,9 @@ def test_a_write_larger_than_the_whole_file_system_is_507_never_fits(
     reason = refused.json()["reason"]
     assert "it can never fit: the file system holds 4194304 bytes in all" in reason
     assert client.session("s")["last_seqno"] == 1
+    # the client's mistake, not a shortage: the gateway stays ready
+    time.sleep(1.1)  # past the cached look
+    ready = client.http.get("/readyz")
+    assert ready.status_code == 200, ready.text
     assert write_big(client, "s", 2, 2).status_code == 200
     assert source_seqnos(gw.data_dir, "dc1.app", "s")[1] == [1, 2, 3]

@@ -45,7 +45,7 @@ _SUBMITTED_DRIVER = textwrap.dedent(
 
     class _Spark:
         def stop(self):
-            pass
+            '''Nothing to stop: no session was started.'''
 
 
     def run_load(spark, config, progress, stop=None):
@@ -320,7 +320,7 @@ def test_a_run_that_crashes_leaves_a_report_saying_so(
 
     class _Spark:
         def stop(self) -> None:
-            pass
+            """Nothing to stop: no session was started."""
 
     def run_load(*args: object, **kwargs: object) -> None:
         raise RuntimeError("the JVM went away")
