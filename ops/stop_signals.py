@@ -46,9 +46,11 @@ def install() -> None:
     """Record stop signals and SIGHUP from now on (main thread only; a no-op elsewhere)."""
     if threading.current_thread() is not threading.main_thread():
         return
+    # SIGHUP first: a launcher that sees the SIGTERM handler in place (its only sign that the
+    # command has started) may send a reload at once.
+    signal.signal(signal.SIGHUP, _record_reload)
     for signum in STOP_SIGNALS:
         signal.signal(signum, _record)
-    signal.signal(signal.SIGHUP, _record_reload)
     # A launcher that must signal at once starts the command with these blocked (nothing of
     # a Python program runs before the interpreter has started, tens of milliseconds): a
     # blocked signal stays pending across exec, and stayed pending for good (a reload, or a

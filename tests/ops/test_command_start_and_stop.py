@@ -21,11 +21,11 @@ def _start(args: list[str]) -> subprocess.Popen[bytes]:
     )
 
 
-def _catches_sigterm(pid: int) -> bool:
-    """Whether the process has a handler for SIGTERM (the kernel's view, /proc/PID/status)."""
+def _catches(pid: int, signum: int = signal.SIGTERM) -> bool:
+    """Whether the process has a handler for ``signum`` (the kernel's view, /proc/PID/status)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("SigCgt:"):
-            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+            return bool(int(line.split()[1], 16) & (1 << (signum - 1)))
     return False
 
 
@@ -54,7 +54,7 @@ def test_sigterm_while_a_command_starts_is_a_clean_stop(
     # The interpreter's own start-up (before any of our code) cannot be helped; from the
     # first instruction on, a SIGTERM is a clean stop.
     deadline = time.monotonic() + 30
-    while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:
+    while not _catches(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.001)
     time.sleep(delay_s)
     proc.send_signal(signal.SIGTERM)
@@ -98,7 +98,7 @@ def test_sighup_while_the_push_client_starts_is_a_reload_not_its_end(
     log = str(tmp_path / "app.log")
     proc = _start(["push", "--server", url, "--log-type", "app", "--state-dir", str(state), log])
     deadline = time.monotonic() + 30
-    while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:
+    while not _catches(proc.pid, signal.SIGHUP) and time.monotonic() < deadline:
         time.sleep(0.001)
     time.sleep(delay_s)
     proc.send_signal(signal.SIGHUP)
@@ -118,7 +118,7 @@ def test_a_follower_without_reload_still_ends_on_sighup() -> None:
     """``logbroker read`` in a terminal that closes ends, as a command does."""
     proc = _start(["read", "--server", f"http://127.0.0.1:{free_port()}", "--topic", "dc1.app"])
     deadline = time.monotonic() + 30
-    while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:
+    while not _catches(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.001)
     time.sleep(1.0)
     proc.send_signal(signal.SIGHUP)
