@@ -188,6 +188,11 @@ class SqliteLogStore:
     def _check_writable(self, what: str) -> None:
         if self.read_only:
             raise ReadOnlyStore(f"{what}: the store at {self.data_dir} is open read-only")
+        # A disk that has hung one write hangs the next: refuse at once (503 with Retry-After,
+        # so a client fails over or waits) instead of queueing it behind the stuck one.
+        problem = self._guard.stalled() if self._guard is not None else None
+        if problem is not None:
+            raise StoreUnavailable(f"log store unavailable: {problem}")
 
     # -- catalog --------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -21,6 +21,8 @@ import pytest
 from ingest_api.admin_api import _Readiness
 from ingest_api.metrics import MetricsRegistry
 from ingest_api.store_gauges import register_store_gauges
+from log_store.errors import StoreUnavailable
+from log_store.interface import TopicConfig
 from log_store.sqlite_store import SqliteLogStore
 
 
@@ -69,6 +71,44 @@ def test_a_write_stuck_on_the_disk_makes_the_store_not_ready(
     writer.join(10)
     assert store.readiness() is None
     assert store.end_offset("dc1.app", 0) == 2
+    store.close()
+
+
+def test_writes_behind_a_write_stuck_on_the_disk_are_refused_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: they queued behind the stuck one (a client waited as long as the disk hung,
+    with no answer to fail over on); now they get ``StoreUnavailable`` (503, Retry-After)."""
+    store = SqliteLogStore(tmp_path / "data", stall_after_s=0.3)
+    store.create_topic("dc1.app", TopicConfig(partitions=2))
+    hang = _Hang()
+    real_fdatasync = os.fdatasync
+
+    def stuck_fdatasync(fd: int) -> None:
+        hang.wait()
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", stuck_fdatasync)
+    writer = threading.Thread(target=store.append, args=("dc1.app", 0, [b"stuck"]))
+    writer.start()
+    assert hang.entered.wait(10)
+    time.sleep(0.4)
+    for write in (
+        lambda: store.append("dc1.app", 1, [b"next"]),
+        lambda: store.submit("dc1.app", 0, lambda _state: [b"queued"]),
+        lambda: store.create_topic("dc1.other"),
+    ):
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="waiting on the data directory's disk"):
+            write()
+        assert time.monotonic() - started < 1.0
+    assert hang.calls == 1, "a refused write touched the disk"
+
+    hang.released.set()
+    writer.join(10)
+    monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+    store.append("dc1.app", 1, [b"after"])
+    assert (store.end_offset("dc1.app", 0), store.end_offset("dc1.app", 1)) == (1, 1)
     store.close()
 
 
