@@ -60,23 +60,76 @@ def audit_store(
     return report
 
 
+_CATCH_UP_ROUNDS = 5
+"""Times the log is read on to a live writer's new end before a table ahead of it counts."""
+
+
 def _audit_partition(
     store: LogStore, audit: PartitionAudit, pinned: dict[str, int], problems: list[str]
 ) -> None:
+    """Check one partition's records, then its dedup table against what they say.
+
+    The table is read after the log: with gateways writing, it may already hold commits made
+    after the log's end was taken.  A source the table has ahead of the log is then looked
+    for further on: the log is read on to its new end (a few rounds), and only a difference
+    left after that is a problem.
+    """
+    where = f"{audit.topic}/{audit.partition}"
+    last: dict[str, int] = {}
+    offset = _scan(store, audit, audit.start_offset, pinned, last, problems)
+    audit.sources = len(last)
+    if not last:
+        return
+    for attempt in range(_CATCH_UP_ROUNDS + 1):
+        raws = {
+            source_id: store.get_state(audit.topic, audit.partition, seqno_key(source_id))
+            for source_id in last
+        }
+        if all(raw is None for raw in raws.values()):
+            # No source of the partition has a seqno key: it was filled by a mirror's replica
+            # appends (a gateway records every source it writes), so there is no table to
+            # compare.
+            audit.mirrored = True
+            return
+        stored = {source_id: decode_seqno(raw) for source_id, raw in raws.items()}
+        ahead = any(stored[source_id] > seqno for source_id, seqno in last.items())
+        if not ahead or attempt == _CATCH_UP_ROUNDS:
+            break
+        end = store.end_offset(audit.topic, audit.partition)
+        if end <= offset:
+            break
+        audit.end_offset = end
+        offset = _scan(store, audit, offset, pinned, last, problems)
+        audit.sources = len(last)
+    for source_id, seqno in last.items():
+        if stored[source_id] != seqno:
+            problems.append(
+                f"{where}: the dedup table says source {source_id!r} wrote up to "
+                f"{stored[source_id]}, the log says {seqno}"
+            )
+
+
+def _scan(
+    store: LogStore,
+    audit: PartitionAudit,
+    offset: int,
+    pinned: dict[str, int],
+    last: dict[str, int],
+    problems: list[str],
+) -> int:
+    """Check the records from ``offset`` to ``audit.end_offset``; return where it stopped."""
     where = f"{audit.topic}/{audit.partition}"
     dense = store.capabilities.dense_offsets
-    last: dict[str, int] = {}
-    offset = audit.start_offset
     while offset < audit.end_offset:
         try:
             result = store.read(audit.topic, audit.partition, offset, 4 << 20)
         except LogbrokerError as exc:
             problems.append(f"{where}@{offset}: unreadable: {exc}")
-            break
+            return audit.end_offset
         if not result.records:
             if dense:
                 problems.append(f"{where}: no record at {offset}, below the end {audit.end_offset}")
-            break
+            return audit.end_offset
         for record in result.records:
             if record.offset != offset if dense else record.offset < offset:
                 problems.append(f"{where}: offset {record.offset} where {offset} was due")
@@ -105,20 +158,4 @@ def _audit_partition(
                     f"after {previous} (duplicate or out of order)"
                 )
             last[env.source_id] = max(previous, env.seqno)
-    audit.sources = len(last)
-    stored_seqnos = {
-        source_id: store.get_state(audit.topic, audit.partition, seqno_key(source_id))
-        for source_id in last
-    }
-    if last and all(raw is None for raw in stored_seqnos.values()):
-        # No source of the partition has a seqno key: it was filled by a mirror's replica
-        # appends (a gateway records every source it writes), so there is no table to compare.
-        audit.mirrored = True
-        return
-    for source_id, seqno in last.items():
-        stored = decode_seqno(stored_seqnos[source_id])
-        if stored != seqno:
-            problems.append(
-                f"{where}: the dedup table says source {source_id!r} wrote up to {stored}, "
-                f"the log says {seqno}"
-            )
+    return offset
