@@ -81,9 +81,23 @@ async function getJson(path) {
 }
 
 function askForToken(reason) {
+  // what the refused token could see is not shown to the next one
+  forgetSeries();
+  fillTable("audit", [], "no audit windows yet", 4);
+  $("#audit-note").textContent = "";
   $("#token-form").hidden = false;
   $("#main").hidden = true;
   $("#token-error").textContent = token() ? reason : "";
+}
+
+// A chart names only what the latest answer names: a series whose topic or group it no longer
+// lists (deleted, or not readable with the token now given) is dropped, not drawn for minutes.
+function keepOnly(series, names) {
+  for (const name of Object.keys(series)) if (!names.has(name)) delete series[name];
+}
+
+function forgetSeries() {
+  for (const series of Object.values(seriesOf)) keepOnly(series, new Set());
 }
 
 function remember(series, name, time, value) {
@@ -120,6 +134,9 @@ function showTopics(doc) {
     remember(seriesOf.write, t.name, doc.now_ms, t.write_rate);
     remember(seriesOf.read, t.name, doc.now_ms, t.read_rate);
   }
+  const names = new Set(doc.topics.map((t) => t.name));
+  keepOnly(seriesOf.write, names);
+  keepOnly(seriesOf.read, names);
   fillTable("topics", rows, "no topics yet", 8);
 }
 
@@ -136,6 +153,10 @@ function showGroups(doc) {
   };
   for (const g of doc.groups) add(g.group, "group", g.topics, g.members, g.lag);
   for (const s of doc.subscriptions) add(s.name, "push", s.topics, null, s.lag);
+  keepOnly(seriesOf.lag, new Set([
+    ...doc.groups.map((g) => `group ${g.group}`),
+    ...doc.subscriptions.map((s) => `push ${s.name}`),
+  ]));
   fillTable("groups", rows, "no consumer groups or subscriptions", 5);
 }
 
@@ -212,6 +233,7 @@ async function refreshAudit() {
     response = await getJson(`/v1/audit/windows?topic=*&since=${since}`);
   } catch (error) {
     note.textContent = `audit: ${error.message}`;
+    fillTable("audit", [], "the audit cannot be read", 4);
     return;
   }
   if (response.status === 404) {

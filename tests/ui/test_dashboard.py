@@ -201,3 +201,74 @@ def test_dashboard_shows_topics_rates_and_a_lag_that_falls_back_to_zero(
     keep = os.environ.get(SCREENSHOT_ENV)
     if keep:
         shutil.copyfile(shot, keep)
+
+
+OTHER_TOKEN = "dashboard-other-secret"
+TWO_TOKENS = f"""
+[tokens.{TOKEN}]
+name = "ops"
+write = ["app"]
+read = ["dc1.*"]
+
+[tokens.{OTHER_TOKEN}]
+name = "other"
+read = ["dc1.other"]
+"""
+
+
+def legends(driver: webdriver.Chrome) -> set[str]:
+    return {str(e.text) for e in driver.find_elements(By.CSS_SELECTOR, "svg text.legend")}
+
+
+def test_a_token_entered_after_another_sees_only_its_own_names_in_the_charts(
+    browser: webdriver.Chrome, tmp_path: Path
+) -> None:
+    """Before: the charts kept the previous token's topics and groups (names and rates) for
+    five minutes after another token was entered in the same tab."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(TWO_TOKENS)
+    gateway = GatewayProcess(tmp_path / "data", ["--config", str(config)], tmp_path / "gw.log")
+    gateway.start()
+    try:
+        chunk = b'{"log_type":"app","source_id":"h:a","seqno":1,"data":"one line\\n"}\n'
+        answer = httpx.post(
+            gateway.url + "/v1/write",
+            content=chunk,
+            headers={"Authorization": f"Bearer {TOKEN}", "content-type": "application/x-ndjson"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+
+        browser.get(gateway.url + "/ui")
+        wait_for(browser, "asked for a token", lambda: browser.find_element(By.ID, "token-input"))
+        browser.find_element(By.ID, "token-input").send_keys(TOKEN)
+        browser.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+        wait_for(browser, f"drew {TOPIC}", lambda: TOPIC in legends(browser))
+
+        # the token stops working (revoked): the page asks again, and another person enters theirs
+        browser.execute_script("sessionStorage.setItem('logbroker.token', 'revoked')")
+        wait_for(
+            browser,
+            "asked for a token again",
+            lambda: browser.find_element(By.ID, "token-form").is_displayed(),
+        )
+        browser.find_element(By.ID, "token-input").send_keys(OTHER_TOKEN)
+        browser.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+        wait_for(
+            browser,
+            "showed the other token's view",
+            lambda: (
+                browser.find_element(By.ID, "main").is_displayed()
+                and "no topics yet" in cell_text(browser, "#topics tbody")
+            ),
+        )
+        assert legends(browser) == set()
+        browser.execute_script("document.body.dataset.updated = ''")
+        wait_for(
+            browser,
+            "refreshed again",
+            lambda: browser.find_element(By.TAG_NAME, "body").get_attribute("data-updated"),
+        )
+        assert legends(browser) == set()
+    finally:
+        gateway.kill()
