@@ -27,6 +27,7 @@ from log_store.errors import (
     LimitReached,
     StoreUnavailable,
     TopicDeletedInFlight,
+    UnknownPartition,
     UnknownTopic,
 )
 from log_store.interface import (
@@ -512,6 +513,11 @@ class _SourceChunks:
         return written
 
 
+_STALE_ROUTE = (UnknownTopic, UnknownPartition)
+"""What a write or session answered from a cached route meets when the topic was deleted (and
+maybe made again, with fewer partitions: the route's partition is not there) since then: the
+topic is looked up afresh and the sources routed again, once."""
+
 _ONE_WRITTEN = bytes([1])
 _ONE_DUPLICATE = bytes([0])
 
@@ -839,7 +845,7 @@ class ExactlyOnceWriter:
                     [route], [(meta, batch)], [0], [self.envelope_writer(meta)]
                 )
                 result = future.result()
-            except UnknownTopic:
+            except _STALE_ROUTE:
                 self.router.forget(route.topic)
                 if attempt:
                     raise _topic_vanished(route.topic) from None
@@ -889,7 +895,7 @@ class ExactlyOnceWriter:
             )
             retry: list[int] = []
             for (_, sources), result in zip(submitted, results, strict=True):
-                if isinstance(result, UnknownTopic):
+                if isinstance(result, _STALE_ROUTE):
                     # the topic was deleted (and maybe created again) since we cached it
                     topic = sources[0].outcome.route.topic
                     self.router.forget(topic)
@@ -999,7 +1005,7 @@ class ExactlyOnceWriter:
             try:
                 for _, _, future in submitted:
                     future.result()
-            except UnknownTopic:
+            except _STALE_ROUTE:
                 self._forget_routes(routes)
                 if attempt:
                     raise _topic_vanished(routes[0].topic) from None
@@ -1022,7 +1028,7 @@ class ExactlyOnceWriter:
             results = await asyncio.gather(
                 *(asyncio.wrap_future(f) for _, _, f in submitted), return_exceptions=True
             )
-            if any(isinstance(r, UnknownTopic) for r in results):
+            if any(isinstance(r, _STALE_ROUTE) for r in results):
                 self._forget_routes(routes)
                 if attempt:
                     raise _topic_vanished(routes[0].topic)

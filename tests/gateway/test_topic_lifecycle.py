@@ -6,9 +6,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ingest_api.framing import encode_binary
 from log_store import TopicConfig, open_store
 from session_dedup.exactly_once import TOPIC_REFRESH_S
-from tests.gateway.conftest import source_seqnos
+from tests.gateway.conftest import chunk_data, meta, source_seqnos
 
 
 def test_recreated_topic_starts_with_fresh_pins_and_seqnos(gateway: Any, client_for: Any) -> None:
@@ -68,3 +69,29 @@ def test_adding_partitions_keeps_existing_sources_where_they_are(
         assert partitions == {before[source]} and seqnos == [1, 2, 3]
     newcomers = {client.session(f"new-{i}")["partition"] for i in range(40)}
     assert newcomers & set(range(2, 8)), "new sources never use the added partitions"
+
+
+def test_a_write_after_the_topic_came_back_with_fewer_partitions_is_written_once(
+    gateway: Any, client_for: Any
+) -> None:
+    """Before: within the gateway's topic cache, sources pinned to partitions the new topic
+    lacks made the whole request 404 ``unknown_partition`` while its other chunks were
+    written (a resend answered them ``duplicate``): a 4xx that had written something."""
+    client = client_for(gateway.url)
+    http = client.http
+    assert http.post("/v1/topics", json={"name": "dc1.app", "partitions": 4}).status_code == 201
+    sources = [f"src-{i}" for i in range(12)]
+    body = encode_binary([(meta(s), [(10, 0, chunk_data(10))]) for s in sources])
+    assert client.post_binary(body).status_code == 200
+    pins = {client.session(s)["partition"] for s in sources}
+    assert pins & {2, 3}, "no source pinned beyond the new topic's partitions"
+
+    assert http.delete("/v1/topics/dc1.app").status_code == 200
+    assert http.post("/v1/topics", json={"name": "dc1.app", "partitions": 2}).status_code == 201
+    answer = client.post_binary(body)
+    assert answer.status_code == 200, answer.text
+    statuses = [r["acks"][0]["status"] for r in answer.json()["results"]]
+    assert statuses == ["written"] * len(sources)
+    for source in sources:
+        partitions, seqnos = source_seqnos(gateway.data_dir, "dc1.app", source)
+        assert seqnos == [10] and partitions <= {0, 1}
