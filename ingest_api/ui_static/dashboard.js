@@ -196,7 +196,9 @@ function showDisk(doc) {
   const disk = $("#disk");
   disk.replaceChildren();
   if (doc.disk) {
-    const used = doc.disk.used_bytes / doc.disk.total_bytes;
+    // As df counts it: the blocks reserved for root are not room this gateway can write in.
+    const room = doc.disk.used_bytes + doc.disk.free_bytes;
+    const used = room > 0 ? doc.disk.used_bytes / room : 0;
     const text = document.createElement("p");
     text.id = "disk-use";
     text.textContent = `${doc.disk.path || "data directory"}: ${bytes(doc.disk.used_bytes)} used of ${bytes(doc.disk.total_bytes)} ` +
