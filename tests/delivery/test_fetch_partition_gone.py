@@ -135,3 +135,41 @@ def test_a_reader_reads_its_other_topics_while_a_gateway_refuses_every_fetch_nam
     ]
     said = [r.getMessage() for r in caplog.records if "not 9" in r.getMessage()]
     assert len(said) <= 2, said  # the refusal, the partition set aside: once, not every poll
+
+
+def test_a_topic_made_again_is_read_from_its_start_once_when_a_read_finds_a_partition_gone(
+    gateway: Any, writer_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader's read names the old topic's positions before it looks at the topics again:
+    the new topic's other partitions answer from those positions (``src1`` is in partition 1
+    of both), and what they answer waits for that look, which starts them over."""
+    monkeypatch.setattr("delivery.consumer._DISCOVER_S", 3600.0)  # it looks only when told
+    admin = httpx.Client(base_url=gateway.url, timeout=30)
+    writer: Writer = writer_for(gateway.url)
+    assert admin.post("/v1/topics", json={"name": "dc1.ops", "partitions": 3}).status_code == 201
+    writer.write("src1", [1], log_type="ops")  # partition 1, offset 0
+    client = PullClient(gateway.url)
+    consumer = Consumer(client, topics=["dc1.ops"], from_beginning=True, prefetch=False)
+    read: list[int] = []
+
+    def poll_until(count: int) -> None:
+        deadline = time.monotonic() + 15
+        while len(read) < count and time.monotonic() < deadline:
+            read.extend(m.envelope.seqno for m in consumer.poll(200))
+
+    try:
+        poll_until(1)
+        assert admin.delete("/v1/topics/dc1.ops").status_code == 200
+        assert (
+            admin.post("/v1/topics", json={"name": "dc1.ops", "partitions": 2}).status_code == 201
+        )
+        writer.write("src1", [1, 2, 3], log_type="ops")  # partition 1, offsets 0..2
+        poll_until(4)
+        time.sleep(0.3)
+        read.extend(m.envelope.seqno for m in consumer.poll(200))
+    finally:
+        consumer.close()
+        client.close()
+        admin.close()
+    assert read == [1, 1, 2, 3]  # the old topic's line, then the new topic's from its start
+    assert consumer.assignment == [("dc1.ops", 0), ("dc1.ops", 1)]
