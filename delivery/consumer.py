@@ -19,6 +19,7 @@ from typing import Any
 from audit.records import in_prefix
 from delivery.filters import MessageFilter
 from delivery.pull_client import (
+    GONE_ERRORS,
     FetchedPartition,
     GatewayUnavailable,
     PullClient,
@@ -32,7 +33,7 @@ _DISCOVER_S = 2.0
 """How soon a reader alone finds a topic created under its prefix, or created again."""
 _WAITING_DISCOVER_S = 0.5
 """How soon it finds a named topic it is waiting for."""
-_GONE = ("unknown_topic", "unknown_partition")
+_GONE = GONE_ERRORS
 """Errors that mean a topic (or partition) went away under the reader: look again."""
 
 TopicPartition = tuple[str, int]
@@ -92,6 +93,12 @@ class Consumer:
             | None
         ) = None
         self._draining: dict[TopicPartition, int] = {}
+        # Partitions the gateway said are not there, with when to ask for them again: the look
+        # at the topics (or the group's assignment) it prompts drops them, or reads their topic
+        # made again from its start; meanwhile the other partitions are read.
+        self._aside: dict[TopicPartition, float] = {}
+        self._look_again = False
+        self._last_refusal = ""
         self.corrupt: dict[TopicPartition, tuple[int, CorruptData]] = {}
         """The partitions this reader stopped reading, with the position it stopped at: the
         gateway cannot read past it (a batch there fails its checksum).  The position stays
@@ -150,6 +157,7 @@ class Consumer:
                 for tp in [tp for tp in self._positions if tp[0] == a["topic"]]:
                     del self._positions[tp]  # the group's offset for the new topic follows
                     self._committed.pop(tp, None)
+                    self._aside.pop(tp, None)
                 for tp in [tp for tp in self._draining if tp[0] == a["topic"]]:
                     # Still released, but its old topic's offset is not committed.
                     self._committed[tp] = self._draining[tp]
@@ -170,6 +178,7 @@ class Consumer:
                 self._positions[tp] = offset
                 self._committed[tp] = offset
         self._last_heartbeat = time.monotonic()
+        self._look_again = False
 
     def _heartbeat(self, *, commit_first: bool = True) -> None:
         assert self._group is not None and self._member_id is not None
@@ -192,7 +201,8 @@ class Consumer:
 
     def _discover(self) -> None:
         """Standalone reading: start new partitions at the start or the end; forget topics
-        that went away (a topic created again is read from its start)."""
+        and partitions that went away (a topic created again is read from its start, whatever
+        its partitions are now)."""
         # the prefix '' is every topic (audit topics aside), not "no prefix"
         topics = self._topics if self._prefix is None else self._client.list_topics(self._prefix)
         present = set()
@@ -213,6 +223,15 @@ class Consumer:
             if recreated:
                 _log.warning("%s was created again; reading it from its start", topic)
             self._topic_ids[topic] = info["topic_id"]
+            now_there = {p["partition"] for p in info["partitions"]}
+            for tp in [tp for tp in self._positions if tp[0] == topic]:
+                if tp[1] not in now_there:
+                    # Only the old topic had it: a fetch naming it would be refused for ever.
+                    if not recreated:
+                        _log.warning("%s/%d is gone; reading the topic's others", *tp)
+                    del self._positions[tp]
+                elif recreated:
+                    self._aside.pop(tp, None)
             for p in info["partitions"]:
                 tp = (topic, p["partition"])
                 if recreated and tp in self._positions:
@@ -225,6 +244,7 @@ class Consumer:
             del self._positions[tp]  # deleted: if it comes back, it is a new topic
         self._missing = missing
         self._last_discovery = time.monotonic()
+        self._look_again = False
 
     # -- reading ----------------------------------------------------------------------------------
     def poll(self, wait_ms: int = 1000) -> list[ReadMessage]:
@@ -234,10 +254,16 @@ class Consumer:
         if self._group is not None:
             if self._member_id is None:
                 self._join()
-            elif now - self._last_heartbeat >= self._heartbeat_s or self._draining:
+            elif (
+                now - self._last_heartbeat >= self._heartbeat_s
+                or self._draining
+                or self._look_again
+            ):
                 self._heartbeat()
             wait_ms = min(wait_ms, int(self._heartbeat_s * 1000))
-        elif now - self._last_discovery >= (_WAITING_DISCOVER_S if self._missing else _DISCOVER_S):
+        elif self._look_again or now - self._last_discovery >= (
+            _WAITING_DISCOVER_S if self._missing else _DISCOVER_S
+        ):
             self._discover()
         if not self._positions:
             self._drop_prefetch()
@@ -258,18 +284,29 @@ class Consumer:
                 return []
             if exc.error in _GONE:
                 # A topic was deleted under the reader (maybe to be created again).
-                _log.warning("%s; looking at the topics again", exc.reason)
+                if exc.reason != self._last_refusal:
+                    _log.warning("%s; looking at the topics again", exc.reason)
+                self._last_refusal = exc.reason
                 if self._group is not None:
                     self._heartbeat()
                 else:
                     self._discover()
+                if self._fetch_positions() == positions:
+                    self._set_aside_refused(positions)
                 return []
             raise
+        changed = self._set_aside_gone(fetched)
         messages: list[ReadMessage] = []
         for part in fetched:
             tp = (part.topic, part.partition)
             if tp not in self._positions:
                 continue
+            if part.topic in changed:
+                # A topic with a partition gone may be one made again: what its other
+                # partitions answered at the old topic's positions waits for the look at it.
+                self.behind = self.behind or bool(part.messages)
+                continue
+            self._aside.pop(tp, None)
             if part.corrupt is not None:
                 self._stop_at_damage(tp, part.corrupt)
                 continue
@@ -295,15 +332,71 @@ class Consumer:
 
     def _fetch_positions(self) -> tuple[tuple[str, int, int], ...]:
         """Where to read next: every partition this reader has, but those it stopped at
-        damaged data."""
+        damaged data and those set aside as not there."""
         # a stop whose position moved (the topic made again, the partition given to another
         # member) no longer holds
         self.corrupt = {
             tp: stop for tp, stop in self.corrupt.items() if self._positions.get(tp) == stop[0]
         }
+        self._aside = {tp: t for tp, t in self._aside.items() if tp in self._positions}
+        now = time.monotonic()
         return tuple(
-            (t, p, o) for (t, p), o in sorted(self._positions.items()) if (t, p) not in self.corrupt
+            (t, p, o)
+            for (t, p), o in sorted(self._positions.items())
+            if (t, p) not in self.corrupt and self._aside.get((t, p), now) <= now
         )
+
+    def _set_aside(self, tps: Sequence[TopicPartition], reason: str) -> None:
+        """Leave partitions of one topic that the gateway says are not there out of the reads
+        for a while, and look at the topics (or the group's assignment) again at once."""
+        said = [p for t, p in tps if (t, p) not in self._aside]
+        if said:
+            named = ",".join(map(str, said))
+            _log.warning("%s/%s: %s; looking at the topics again", tps[0][0], named, reason)
+        until = time.monotonic() + _DISCOVER_S
+        for tp in tps:
+            self._aside[tp] = until
+        self._look_again = True
+
+    def _set_aside_gone(self, fetched: Sequence[FetchedPartition]) -> set[str]:
+        """Set aside the partitions an answer says are not there; the topics they belong to."""
+        gone: dict[str, list[TopicPartition]] = {}
+        reasons: dict[str, str] = {}
+        for part in fetched:
+            tp = (part.topic, part.partition)
+            if part.gone is not None and tp in self._positions:
+                gone.setdefault(part.topic, []).append(tp)
+                reasons.setdefault(part.topic, part.gone)
+        for topic, tps in gone.items():
+            self._set_aside(tps, reasons[topic])
+        return set(gone)
+
+    def _set_aside_refused(self, positions: Sequence[tuple[str, int, int]]) -> None:
+        """A whole fetch was refused for a partition that is not there, and the look at the
+        topics still names it (a gateway from before fetches answered such a partition alone,
+        whose look at the topic disagrees with its reads): fetch each topic alone, then each
+        partition of a topic refused, and set aside those refused, so that the others are
+        read meanwhile."""
+        by_topic: dict[str, list[tuple[str, int, int]]] = {}
+        for t, p, o in positions:
+            by_topic.setdefault(t, []).append((t, p, o))
+        for own in by_topic.values():
+            if len(by_topic) > 1 and self._refusal_of(own) is None:
+                continue
+            for t, p, o in own:
+                reason = self._refusal_of([(t, p, o)])
+                if reason is not None:
+                    self._set_aside([(t, p)], reason)
+        self._look_again = False  # just looked
+
+    def _refusal_of(self, positions: Sequence[tuple[str, int, int]]) -> str | None:
+        """Why the gateway says a partition of ``positions`` is not there, if it does."""
+        try:
+            # what it reads is read again by the next poll: it asks for little
+            answer = self._client.fetch(positions, max_bytes=1)
+        except RequestRefused as exc:
+            return exc.reason if exc.error in _GONE else None
+        return next((part.gone for part in answer if part.gone is not None), None)
 
     def _stop_at_damage(self, tp: TopicPartition, error: CorruptData) -> None:
         if tp not in self.corrupt:
@@ -378,8 +471,13 @@ class Consumer:
                         p["end_offset"],
                     )
                     past_end[(topic, partition)] = (offset, p["start_offset"])
-        if past_end and self._group is not None:
-            self._heartbeat()
+        if past_end:
+            # The look notes the new topic's id too: read from its start once, not again when
+            # the next look finds the id changed.
+            if self._group is not None:
+                self._heartbeat()
+            else:
+                self._discover()
         for tp, (offset, start) in past_end.items():
             if self._positions.get(tp) == offset:
                 self._positions[tp] = start

@@ -16,7 +16,10 @@ decodes only what it uses.  ``not_envelopes`` names the records the read left ou
 are not envelopes (a client of an older gateway finds no such key; one that does not know it
 ignores it).  ``error`` is there only for a partition whose read starts at a batch that
 fails its checksum: ``{"error": "corrupt_data", "reason", "offset"}``, no records, and
-``next_offset`` where the read was; every read from there fails the same way.  A released
+``next_offset`` where the read was; every read from there fails the same way.  In a fetch
+of several partitions, one that is not there (its topic deleted, or made again with fewer
+partitions) is answered with ``{"error": "unknown_topic" | "unknown_partition", "reason"}``,
+no records and every offset where the read was.  A released
 legacy transaction appears at its commit marker's offset with its
 data record's envelope (``kind = legacy_data``).
 """
@@ -33,7 +36,7 @@ import orjson
 
 from delivery.envelope_view import EnvelopeView, NotAnEnvelope, view
 from delivery.partition_reader import DeliveredMessage, NotEnvelope, PartitionBatch
-from log_store.errors import BadRequest
+from log_store.errors import BadRequest, UnknownTopic
 
 BINARY_MEDIA_TYPE = "application/x-logbroker-records"
 JSON_MEDIA_TYPE = "application/json"
@@ -62,6 +65,9 @@ def batch_meta(batch: PartitionBatch) -> dict[str, Any]:
             "reason": str(batch.corrupt),
             "offset": batch.corrupt.offset,
         }
+    elif batch.gone is not None:
+        code = "unknown_topic" if isinstance(batch.gone, UnknownTopic) else "unknown_partition"
+        meta["error"] = {"error": code, "reason": str(batch.gone)}
     return meta
 
 

@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from delivery.envelope_view import EnvelopeView, NotAnEnvelope, kind_of, view
 from delivery.filters import MessageFilter
 from delivery.legacy_txn import DEFAULT_WINDOW_MS, marker_target, resolve_commit
-from log_store.errors import BadRequest, CorruptData, OffsetOutOfRange
+from log_store.errors import (
+    BadRequest,
+    CorruptData,
+    OffsetOutOfRange,
+    UnknownPartition,
+    UnknownTopic,
+)
 from log_store.interface import LogStore
 
 MAX_MAX_BYTES = 64 * 1024 * 1024
@@ -73,6 +79,10 @@ class PartitionBatch:
     corrupt: CorruptData | None = None
     """Set (with no messages, ``next_offset`` where the read was) when the read starts at a
     batch that fails its checksum: every read from there fails the same way."""
+    gone: UnknownTopic | UnknownPartition | None = None
+    """Set (with no messages, every offset where the read was) when the partition is not there
+    (its topic was deleted, or made again with fewer partitions) in a fetch that reads others:
+    they are answered, this one names why it is not."""
 
 
 def scan_budget_of(max_bytes: int) -> int:

@@ -38,6 +38,10 @@ def _group(name: str) -> str:
     return _part(validate_group(name))
 
 
+GONE_ERRORS = ("unknown_topic", "unknown_partition")
+"""The errors that mean a topic (or a partition) is not there: deleted, maybe made again."""
+
+
 class RequestRefused(BadRequest):
     """The gateway answered 4xx: the request is wrong and retrying it will not help."""
 
@@ -95,6 +99,10 @@ class FetchedPartition:
     corrupt: CorruptData | None = None
     """Set when the partition cannot be read past ``next_offset``: the batch there fails its
     checksum on the gateway (no messages then; the other partitions are answered)."""
+    gone: str | None = None
+    """The gateway's reason, set when the partition is not there: its topic was deleted, or
+    made again with fewer partitions (no messages then; the other partitions are answered).
+    A gateway from before it answered partitions alone refuses the whole fetch instead."""
 
 
 def corrupt_of(meta: dict[str, Any]) -> CorruptData | None:
@@ -110,6 +118,15 @@ def corrupt_of(meta: dict[str, Any]) -> CorruptData | None:
         str(meta["topic"]),
         int(meta["partition"]),
     )
+
+
+def gone_of(meta: dict[str, Any]) -> str | None:
+    """Why a fetch answer's section has no partition behind it (its topic deleted, or made
+    again with fewer partitions), if that is what it reports."""
+    error = meta.get("error")
+    if not isinstance(error, dict) or error.get("error") not in GONE_ERRORS:
+        return None
+    return str(error.get("reason", error["error"]))
 
 
 class PullClient:
@@ -267,6 +284,7 @@ class PullClient:
                     messages,
                     sorted(skipped, key=lambda n: n.offset),
                     corrupt_of(meta),
+                    gone_of(meta),
                 )
             )
         return out

@@ -51,7 +51,7 @@ from ingest_api.params import (
     wants_binary,
 )
 from ingest_api.settings import Limits
-from log_store.errors import CorruptData, LimitReached, UnknownTopic
+from log_store.errors import CorruptData, LimitReached, UnknownPartition, UnknownTopic
 from log_store.topic_names import validate_topic_name
 
 _log = logging.getLogger("ingest_api")
@@ -174,9 +174,9 @@ async def _or_none(
 
 def _has_news(batches: Sequence[PartitionBatch]) -> bool:
     """Whether an answer has something to say: messages, records it left out because they
-    are not envelopes (a long-poll that waited on past them would never name them), or a
-    partition it cannot read past (damaged data)."""
-    return any(b.messages or b.not_envelopes or b.corrupt for b in batches)
+    are not envelopes (a long-poll that waited on past them would never name them), a
+    partition it cannot read past (damaged data), or one that is not there."""
+    return any(b.messages or b.not_envelopes or b.corrupt or b.gone for b in batches)
 
 
 def _refuse_raw_filter(raw: bool, filt: MessageFilter) -> None:
@@ -419,7 +419,16 @@ class ReadApi:
                 batch = PartitionBatch(
                     topic, partition, exc.start_offset, exc.end_offset, offset, corrupt=exc
                 )
+            except (UnknownTopic, UnknownPartition) as exc:
+                # A topic deleted, or made again with fewer partitions, under a reader that
+                # follows others too: they are answered, this one says it is gone.
+                batch = PartitionBatch(topic, partition, offset, offset, offset, gone=exc)
             batches.append(batch)
+        gone = [b.gone for b in batches if b.gone is not None]
+        if len(gone) == len(batches):
+            # Nothing to answer: refused as a fetch always was (404), which a client from
+            # before partitions were answered alone knows to look at the topics again for.
+            raise gone[0]
         return batches
 
 
