@@ -17,8 +17,10 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from log_store import TopicConfig
 from log_store.errors import StoreUnavailable
 from log_store.kafka import fetcher as fetcher_module
+from log_store.kafka import open_kafka_store
 from log_store.kafka.fetcher import STUCK_CONSUMER_S, FetcherPool, Watermarks, _Fetcher
 from log_store.kafka.settings import KafkaSettings
 
@@ -126,3 +128,46 @@ def test_a_replay_that_gets_nothing_fails_within_the_operation_timeout(
     assert "Kafka did not answer a replay of x in time" in str(error)
     assert time.monotonic() - began >= TIMEOUT_S - 0.5
     pool.close()
+
+
+def _put_and_append(state: Any) -> list[bytes]:
+    state.put("source", b"1")
+    return [b"chunk"]
+
+
+@pytest.mark.parametrize("fresh_ones", ["fetch", "stuck too"])
+def test_a_write_waiting_for_a_takeover_whose_replay_is_stuck_is_answered_in_bounded_time(
+    kafka_cluster: Any, kafka_namespace: str, monkeypatch: pytest.MonkeyPatch, fresh_ones: str
+) -> None:
+    """The write path of the F2 outage: the first write after a (re)start takes the partition
+    over, which replays its changelog with a pooled consumer that is stuck.  It is written
+    after the consumer is replaced, or answered 503 within about the operation timeout when
+    no consumer gets anything (before: 60 s either way)."""
+    settings = KafkaSettings(
+        kafka_cluster.bootstrap, namespace=kafka_namespace, operation_timeout_s=TIMEOUT_S
+    )
+    with open_kafka_store(settings) as first:
+        first.create_topic("dc1.app", TopicConfig(partitions=1))
+        first.transact("dc1.app", 0, _put_and_append)  # a changelog to replay
+    store = open_kafka_store(settings)
+    try:
+        stuck = _Fetcher(_StuckConsumer())  # type: ignore[arg-type]
+        store._fetchers._idle.append(stuck)  # the only idle consumer: the replay picks it
+        store._fetchers._count += 1
+        if fresh_ones == "stuck too":
+            monkeypatch.setattr(fetcher_module, "Consumer", _StuckConsumer)
+        began = time.monotonic()
+        try:
+            store.transact("dc1.app", 0, _put_and_append)
+            answer = "written"
+        except StoreUnavailable as exc:
+            answer = str(exc)
+        took = time.monotonic() - began
+        if fresh_ones == "fetch":
+            assert answer == "written"
+            assert took < STUCK_CONSUMER_S + 6, took
+        else:
+            assert "Kafka did not answer a replay of the state of dc1.app/0" in answer
+            assert took < TIMEOUT_S + 6, took
+    finally:
+        store.close()
