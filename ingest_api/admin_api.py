@@ -1,7 +1,8 @@
 """Operational endpoints: ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus text),
 ``/openapi.json``.
 
-``/healthz`` says the gateway process answers (liveness: restart it if not).  ``/readyz`` says
+``/healthz`` says the gateway process answers (liveness: restart it if not); on Kafka it
+names the process (``instance``, the id its ownership claims carry).  ``/readyz`` says
 whether it can take writes now: the embedded store's data dir is writable and not full, or
 Kafka answers; 503 with the reason otherwise.  The push-client's prober of a failed-over
 installation asks ``/readyz``, so a DC whose Kafka is still away is not taken back.
@@ -33,12 +34,19 @@ from ingest_api.openapi import build_openapi
 
 
 def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
+    from ingest_api.owners_api import owner_directory
+
     openapi_doc: list[bytes] = []
+    alive: dict[str, str] = {"status": "ok", "dc": ctx.settings.dc}
+    directory = owner_directory(ctx)
+    if directory is not None:
+        # the id its ownership claims carry: a gateway starting with this one's URL by
+        # mistake finds another gateway there (see ops.advertised_url)
+        alive["instance"] = directory.instance
+    alive_body = orjson.dumps(alive)
 
     async def healthz(request: Request) -> Response:
-        return Response(
-            orjson.dumps({"status": "ok", "dc": ctx.settings.dc}), media_type="application/json"
-        )
+        return Response(alive_body, media_type="application/json")
 
     readiness = _Readiness(ctx)
 
@@ -168,7 +176,15 @@ def _status_response(description: str, status: str) -> dict[str, Any]:
     schema = {
         "type": "object",
         "required": ["status"],
-        "properties": {"status": {"type": "string", "enum": [status]}, "dc": {"type": "string"}},
+        "properties": {
+            "status": {"type": "string", "enum": [status]},
+            "dc": {"type": "string"},
+            "instance": {
+                "type": "string",
+                "description": "on Kafka (/healthz): this gateway process's id, new at every "
+                "start, as its ownership claims carry it",
+            },
+        },
     }
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +34,8 @@ from log_store.kafka.naming import reader_group
 from log_store.kafka.settings import KafkaSettings
 from log_store.kafka.topic_admin import confirmed_gone
 
+log = logging.getLogger(__name__)
+
 _BATCH = 1000
 _POOL_SIZE = 32
 _WAIT_POLL_S = 0.05
@@ -44,6 +47,11 @@ _GONE_LOOK_S = 1.0
 """A read or replay that got no record for this long asks whether its topic is still there."""
 _END_AGAIN_S = 0.2
 """A partition's end found lower than before is asked again after this, to be sure."""
+STUCK_CONSUMER_S = 3.0
+"""A replay whose consumer hands out nothing for this long (or the operation timeout, if
+shorter) while Kafka says the records it waits for are there goes on with a fresh consumer."""
+_REPLAY_S = 60.0
+"""What a replay that keeps getting records may take in all (it reads a snapshot's tail)."""
 
 
 class Watermarks:
@@ -265,6 +273,32 @@ class FetcherPool:
             raise
         return _Fetcher(consumer)
 
+    def _fresh(self) -> _Fetcher:
+        """A new consumer, never one of the pool's (see :meth:`replay`)."""
+        with self._cond:
+            if self._closed:
+                raise StoreUnavailable("log store is closed")
+            self._count += 1
+        try:
+            consumer = Consumer(
+                self._settings.reader_config(reader_group(self._settings.namespace))
+            )
+        except Exception:
+            with self._cond:
+                self._count -= 1
+            raise
+        return _Fetcher(consumer)
+
+    def _discard(self, fetcher: _Fetcher) -> None:
+        """Let a stuck consumer go; closed in a thread of its own, as a consumer that
+        stopped fetching may not close at once either."""
+        with self._cond:
+            self._count -= 1
+            self._cond.notify()
+        threading.Thread(
+            target=fetcher.consumer.close, name="logbroker-consumer-close", daemon=True
+        ).start()
+
     def _release(self, fetcher: _Fetcher, broken: bool = False) -> None:
         fetcher.used = time.monotonic()
         with self._cond:
@@ -442,28 +476,62 @@ class FetcherPool:
 
         ``UnknownTopic`` if the topic is deleted meanwhile: a consumer of a deleted partition
         only stops getting records, so a replay that gets none for a while asks whether the
-        records it waits for are still there (it used to wait its whole minute)."""
+        records it waits for are still there (it used to wait its whole minute).
+
+        ``StoreUnavailable`` once no record came for the operation timeout.  A consumer that
+        hands out nothing while Kafka says the records are there is replaced after
+        :data:`STUCK_CONSUMER_S`: a pooled consumer that went through a broker outage was
+        seen to fetch nothing more, and the replay waited its whole minute (a takeover, and
+        the writes of its partition, held a minute after Kafka was back).  A replay that
+        keeps getting records may take :data:`_REPLAY_S` in all."""
         if start >= end:
             return
-        deadline = time.monotonic() + max(60.0, self._settings.operation_timeout_s)
+        timeout = self._settings.operation_timeout_s
+        began = time.monotonic()
+        deadline = began + max(_REPLAY_S, timeout)
+        stuck_s = min(STUCK_CONSUMER_S, timeout)
         fetcher = self._acquire((kafka_topic, partition), start)
         assert fetcher is not None
         broken = False
-        look_at = time.monotonic() + _GONE_LOOK_S
+        look_at = began + _GONE_LOOK_S
+        got_at = began  # the last record, or the start
+        since = began  # the last record, or the consumer's start
+        records_there = False
         try:
             fetcher.seek(kafka_topic, partition, start)
             while fetcher.position is not None and fetcher.position < end:
-                message, eof = self._next(fetcher, deadline)
+                message, eof = self._next(fetcher, min(deadline, got_at + timeout))
                 if message is None:
                     if eof and _reached(fetcher, end):
                         return
                     # a stale end (see ``read``): what follows it must be replayed too
-                    if time.monotonic() >= deadline:
-                        raise StoreUnavailable(f"Kafka did not answer a replay of {what} in time")
-                    if time.monotonic() >= look_at:
-                        self._check_still_there(kafka_topic, partition, end, what)
+                    now = time.monotonic()
+                    if now >= deadline or now >= got_at + timeout:
+                        raise StoreUnavailable(
+                            f"Kafka did not answer a replay of {what} in time (no record for "
+                            f"{now - got_at:.0f} s, at {fetcher.position} of {start}..{end})"
+                        )
+                    if now >= look_at:
+                        records_there = self._check_still_there(kafka_topic, partition, end, what)
                         look_at = time.monotonic() + _GONE_LOOK_S
+                    if records_there and now - since >= stuck_s:
+                        position = fetcher.position
+                        stuck, fetcher = fetcher, self._fresh()
+                        self._discard(stuck)
+                        log.warning(
+                            "replaying %s: its consumer got nothing for %.0f s at %d of %d..%d "
+                            "while Kafka has the records: going on with a new one",
+                            what,
+                            now - since,
+                            position,
+                            start,
+                            end,
+                        )
+                        fetcher.seek(kafka_topic, partition, position)
+                        since = time.monotonic()
+                        records_there = False
                     continue
+                got_at = since = time.monotonic()
                 record_offset = _offset(message)
                 if record_offset >= end:
                     fetcher.buffer.appendleft(message)
@@ -480,11 +548,12 @@ class FetcherPool:
         finally:
             self._release(fetcher, broken)
 
-    def _check_still_there(self, kafka_topic: str, partition: int, end: int, what: str) -> None:
+    def _check_still_there(self, kafka_topic: str, partition: int, end: int, what: str) -> bool:
         """Raise ``UnknownTopic`` if Kafka says for certain that the partition is gone, or no
         longer holds records up to ``end`` (its topic deleted and made again: its end
         restarted, seen twice).  Kafka away, or unsure, is no answer: the caller's own
-        deadline bounds its wait (it answers ``StoreUnavailable``)."""
+        deadline bounds its wait (it answers ``StoreUnavailable``).  True: Kafka answered
+        that the records up to ``end`` are there."""
         now = end
         for look in range(2):
             if look:
@@ -496,9 +565,9 @@ class FetcherPool:
             except UnknownTopic:  # confirmed by Kafka's metadata (see Watermarks.get)
                 raise UnknownTopic(f"{what}: the topic was deleted") from None
             except LogbrokerError:
-                return
+                return False
             if now >= end:
-                return
+                return True
         raise UnknownTopic(f"{what}: the topic was deleted (its end went from {end} to {now})")
 
     def forget(self, kafka_topic: str) -> None:

@@ -20,6 +20,9 @@ API before joining.  A broker that refuses it (below its
   owner (``owner_directory``).
 - Revoked (or lost), it finishes the transactions in flight, stops writing, and withdraws
   the announcement; what was queued goes to the next owner.
+- Every few seconds it compares its standing claims with what it owns: a partition taken
+  over whose claim is gone (withdrawn by anyone, or not taken by Kafka) is announced again,
+  a claim of a partition it no longer has is withdrawn (see :meth:`GatewayGroup._mend_claims`).
 - A transaction for a partition it does not own goes to the announced owner
   (``remote_transaction``).
 - Unable to write any of the partitions it was given (none taken over, or taken over again
@@ -71,6 +74,8 @@ STALLED_TIMEOUTS = 3
 it leaves the group (each takeover is tried again meanwhile, after 1, 2, 4, 8, 10 s...)."""
 _OUT_CHECK_S = 1.0
 _WITHDRAW_S = 1.0
+MEND_CLAIMS_S = 2.0
+"""How often a gateway compares its claims in the owners' topic with what it owns."""
 
 
 class GatewayGroup:
@@ -224,10 +229,14 @@ class GatewayGroup:
         consumer: Consumer | None = Consumer(self._consumer_config())
         subscribed: list[str] = []
         looked = 0.0
+        mended = time.monotonic()
         try:
             while not self._stopping.is_set():
                 assert consumer is not None
                 now = time.monotonic()
+                if now - mended >= MEND_CLAIMS_S:
+                    mended = now
+                    self._mend_claims()
                 if now - looked >= _TOPICS_S or self._poke.is_set():
                     self._poke.clear()
                     looked = now
@@ -314,6 +323,36 @@ class GatewayGroup:
                 log.info("gateway %s joins the gateways' group again", self.url)
                 return True
         return False
+
+    def _mend_claims(self) -> None:
+        """Announce again each partition this gateway owns and took over whose claim is
+        gone; withdraw the claims of partitions it does not own (a takeover that ended just
+        as the partition was revoked announces it after the withdrawal).
+
+        A claim can go while its owner lives: before claims were per process, a second
+        gateway started with this one's URL withdrew them at its start and its stop, and
+        the partitions stayed without an owner for the other gateways until the next
+        takeover, which nothing caused.  Mended here within :data:`MEND_CLAIMS_S`."""
+        store = self._store
+        assert store is not None
+        claimed = self.directory.own_claims()
+        assigned = self.assigned()
+        for topic, partition in sorted(assigned - claimed):
+            owner = store.local_owner(topic, partition)
+            if owner is None or owner.broken or not owner.ready.is_set():
+                continue  # announced when its takeover ends
+            if not self.owns(topic, partition):
+                continue
+            log.warning(
+                "gateway %s owns %s/%d but its claim is gone: claiming it again",
+                self.url,
+                topic,
+                partition,
+            )
+            self.directory.announce(topic, partition)
+        for topic, partition in sorted(claimed - assigned):
+            if not self.owns(topic, partition):
+                self.directory.withdraw(topic, partition)
 
     def topics_changed(self) -> None:
         """Look at the topics now (this gateway just created one or grew one)."""

@@ -1,11 +1,12 @@
 """Who owns which partition, as every gateway learns it: claims in a compacted topic.
 
-A gateway that has taken a partition over claims it in ``__<ns>logbroker-owners``: a record
-keyed ``(topic, partition, its URL)``.  One that gives the partition up withdraws *its own*
-claim (a tombstone of that key), never another gateway's.  Every gateway tails the topic from
-its start, and a partition's owner is the gateway whose standing claim came last.  Compaction
-keeps the last record of each key in the order they were written, so a gateway that starts
-later, reading what compaction left, sees the same owners as one that read every record.
+A gateway process that has taken a partition over claims it in ``__<ns>logbroker-owners``: a
+record keyed ``(topic, partition, its URL, its instance)``, the instance being a random id of
+the process.  One that gives the partition up withdraws *its own* claim (a tombstone of that
+key), never another process's, even one at the same URL.  Every gateway tails the topic from
+its start, and a partition's owner is the standing claim that came last.  Compaction keeps
+the last record of each key in the order they were written, so a gateway that starts later,
+reading what compaction left, sees the same owners as one that read every record.
 
 Why a key per gateway: with one record per partition, a withdrawal overwrote whatever was
 announced last, and a gateway slow to give up a partition (a deleted topic's, while the topic
@@ -14,16 +15,28 @@ name here) erased the new owner's announcement.  The partition then had no owner
 other gateway until the next takeover, which nothing caused: writes sent there got 503 "no
 gateway owns" for as long as the gateways ran.
 
+Why a key per *process*: claims keyed by URL alone let a second gateway started by mistake
+with a live gateway's URL withdraw that gateway's claims, once at its start ("what an earlier
+process at this URL left") and again at its stop, and the live owner never claimed again
+partitions it had not lost.  Now nothing withdraws another process's claim except the next
+owner of the partition (see below), and an owner whose claim disappeared all the same claims
+again (:meth:`OwnerDirectory.own_claims`, called by the gateways' group every few seconds).
+
+Claims left by a process that died (SIGKILL) are withdrawn by the partition's next owner when
+it announces itself: its takeover fenced every earlier writer, so every other standing claim
+on the partition is stale.  (A gateway that starts no longer withdraws claims at its URL: it
+cannot tell a dead predecessor from a live process sharing the URL by mistake.)
+
 The map is only a hint: a claim can be stale (its gateway died), and the receiver checks that
 it owns the partition before it runs anything; a stale claim costs a retry, never a wrong
-write (fencing decides who may write, not this map).  A gateway that starts withdraws what an
-earlier process at its URL left.
+write (fencing decides who may write, not this map).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 
@@ -39,24 +52,39 @@ log = logging.getLogger(__name__)
 _STOP_S = 5.0
 
 
-def _key(topic: str, partition: int, url: str) -> bytes:
-    return f"{topic}\x00{partition}\x00{url}".encode()
+def new_instance_id() -> str:
+    """A random id of one gateway process, different at every start."""
+    return secrets.token_hex(8)
+
+
+def _key(topic: str, partition: int, claimant: str) -> bytes:
+    if claimant == _LEGACY:
+        return f"{topic}\x00{partition}".encode()
+    return f"{topic}\x00{partition}\x00{claimant}".encode()
 
 
 _LEGACY = ""
 """The claimant of a record keyed ``(topic, partition)`` alone, as gateways before per-gateway
-claims wrote them: whoever wrote it, its tombstone withdraws that record's claim."""
+claims wrote them: whoever wrote it, its tombstone withdraws that record's claim.  Records of
+gateways before per-process claims are keyed ``(topic, partition, URL)``: their claimant is
+the URL."""
 
 
 class OwnerDirectory:
     """The map of partition owners, kept up to date by tailing the announcements topic."""
 
-    def __init__(self, settings: KafkaSettings, *, self_url: str) -> None:
+    def __init__(
+        self, settings: KafkaSettings, *, self_url: str, instance: str | None = None
+    ) -> None:
         self._settings = settings
         self.self_url = self_url
+        self.instance = instance or new_instance_id()
+        """This process's id: its claims are its own, whoever else uses its URL."""
+        self._claimant = f"{self_url}\x00{self.instance}"
         self._topic = naming.owners_topic(settings.namespace)
         self._claims: dict[tuple[str, int], dict[str, tuple[int, str]]] = {}
-        """Per partition, each claimant's standing claim: (order read, URL)."""
+        """Per partition, each claimant's standing claim: (order read, URL).  A claimant is
+        ``URL\x00instance`` (or what older gateways keyed their claims by, see ``_LEGACY``)."""
         self._order = 0
         self._cond = threading.Condition()
         self._producer: Producer | None = None
@@ -84,23 +112,8 @@ class OwnerDirectory:
         self._consumer.assign([TopicPartition(self._topic, 0, 0)])
         self._thread = threading.Thread(target=self._tail, name="logbroker-owners", daemon=True)
         self._thread.start()
-        if self._caught_up.wait(self._settings.operation_timeout_s):
-            self._withdraw_leftovers()
-        else:
-            log.warning("ownership claims not read in time: claims left at %s stay", self.self_url)
-
-    def _withdraw_leftovers(self) -> None:
-        """Withdraw the claims an earlier process at this URL left (it died owning them):
-        this one owns nothing yet, and claims it makes later follow these withdrawals."""
-        with self._cond:
-            left = [
-                (topic, partition, claimant)
-                for (topic, partition), claims in self._claims.items()
-                for claimant, (_order, url) in claims.items()
-                if url == self.self_url
-            ]
-        for topic, partition, claimant in left:
-            self._publish(topic, partition, None, claimant=claimant)
+        if not self._caught_up.wait(self._settings.operation_timeout_s):
+            log.warning("ownership claims not read in time: the map of owners fills later")
 
     def _ensure_topic(self) -> None:
         admin = AdminClient(self._settings.admin_config())
@@ -185,9 +198,9 @@ class OwnerDirectory:
             claims = self._claims.setdefault(at, {})
             if url:
                 self._order += 1
-                claims[claimant or _LEGACY] = (self._order, url)
+                claims[claimant] = (self._order, url)
             else:
-                claims.pop(claimant or _LEGACY, None)
+                claims.pop(claimant, None)
                 if not claims:
                     del self._claims[at]
             self._cond.notify_all()
@@ -199,17 +212,38 @@ class OwnerDirectory:
 
     # -- announcing -------------------------------------------------------------------------------
     def announce(self, topic: str, partition: int) -> None:
-        """This gateway owns the partition now (its takeover finished)."""
+        """This gateway owns the partition now (its takeover finished, fencing every earlier
+        writer): its claim, and the withdrawal of the claims others left on the partition
+        (stale now: a process that died owning it, or one slow to give it up)."""
         log.debug("claiming %s/%d for %s", topic, partition, self.self_url)
-        self._publish(topic, partition, {"url": self.self_url, "at_ms": int(time.time() * 1000)})
+        with self._cond:
+            stale = [c for c in self._claims.get((topic, partition), {}) if c != self._claimant]
+        self._publish(
+            topic,
+            partition,
+            {"url": self.self_url, "instance": self.instance, "at_ms": int(time.time() * 1000)},
+        )
+        for claimant in stale:
+            log.debug("withdrawing a stale claim on %s/%d: %r", topic, partition, claimant)
+            self._publish(topic, partition, None, claimant=claimant)
 
     def withdraw(self, topic: str, partition: int) -> None:
-        """This gateway gave the partition up: its own claim goes, other gateways' stay."""
+        """This gateway gave the partition up: its own claim goes, every other one stays
+        (another process's at the same URL too)."""
         with self._cond:
-            if self.self_url not in self._claims.get((topic, partition), {}):
+            if self._claimant not in self._claims.get((topic, partition), {}):
                 return
         log.debug("withdrawing the claim of %s on %s/%d", self.self_url, topic, partition)
         self._publish(topic, partition, None)
+
+    def own_claims(self) -> set[tuple[str, int]]:
+        """The partitions this process's standing claims name, as the topic says (a claim
+        Kafka did not take is not among them); serves the announcements' callbacks."""
+        producer = self._producer
+        if producer is not None:
+            producer.poll(0)
+        with self._cond:
+            return {at for at, claims in self._claims.items() if self._claimant in claims}
 
     def _publish(
         self,
@@ -219,18 +253,22 @@ class OwnerDirectory:
         *,
         claimant: str | None = None,
     ) -> None:
-        """Write this gateway's claim (``doc``) or its withdrawal (``None``); ``claimant``
-        names another key of its own to withdraw (a claim in the old one-key format)."""
+        """Write this process's claim (``doc``) or its withdrawal (``None``); ``claimant``
+        names another claimant's key to withdraw (a stale claim, see :meth:`announce`)."""
         producer = self._producer
         if producer is None:
             return
         value = None if doc is None else json.dumps(doc).encode()
-        if claimant == _LEGACY:
-            key = f"{topic}\x00{partition}".encode()
-        else:
-            key = _key(topic, partition, self.self_url)
+        key = _key(topic, partition, self._claimant if claimant is None else claimant)
+
+        def delivered(err: KafkaError | None, _msg: object) -> None:
+            if err is not None and doc is not None:
+                # Kafka did not take the claim: out of the local view, so that it is made again
+                log.warning("claiming %s/%d: %s", topic, partition, err)
+                self._apply(key, None)
+
         try:
-            producer.produce(self._topic, value, key=key, partition=0)
+            producer.produce(self._topic, value, key=key, partition=0, on_delivery=delivered)
             producer.poll(0)
         except (KafkaException, BufferError) as exc:
             log.warning("announcing the owner of %s/%d: %s", topic, partition, exc)

@@ -30,6 +30,7 @@ from uvicorn.supervisors import Multiprocess
 
 from log_store.errors import BadRequest, LogbrokerError, StoreUnavailable
 from ops import heap, stop_signals
+from ops.advertised_url import DEFAULT_WAIT_S, AdvertisedUrlWrong, check_advertised_url
 from ops.graphite import add_graphite_options
 from ops.retention import DEFAULT_INTERVAL_S, RetentionWatchdog
 from ops.source_expiry import SourceExpiryWatchdog
@@ -66,6 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--advertised-url", help="how other gateways reach this one (default http://HOST:PORT)"
+    )
+    parser.add_argument(
+        "--advertised-url-check",
+        type=float,
+        default=DEFAULT_WAIT_S,
+        metavar="SECONDS",
+        help="on Kafka, before joining the gateways' group: how long to wait for the advertised "
+        "URL to reach this gateway (default 10; exit 2 if it reaches another gateway or "
+        "nothing); 0 turns the check off (for a front that routes only to ready gateways)",
     )
     parser.add_argument("--config", type=Path, help="TOML configuration file")
     parser.add_argument("--workers", type=int, help="uvicorn worker processes (default 1)")
@@ -212,6 +222,31 @@ def _wait_for_kafka(settings: GatewaySettings) -> bool:
     return False
 
 
+def _check_advertised_url(
+    sock: socket.socket, settings: GatewaySettings, wait_s: float
+) -> int | None:
+    """None if the gateway may join the gateways' group (its advertised URL reaches it, or
+    there is nothing to check); else the exit status: 2, said why, or 0 if a stop came first.
+    See :mod:`ops.advertised_url`."""
+    if settings.store != "kafka" or settings.kafka_ownership != "group" or wait_s <= 0:
+        return None
+    stopped = threading.Event()
+    stop_signals.on_stop(stopped.set)
+    try:
+        reached = check_advertised_url(
+            sock,
+            settings.url,
+            wait_s=wait_s,
+            stopped=stopped,
+            ssl_certfile=settings.ssl_certfile,
+            ssl_keyfile=settings.ssl_keyfile,
+        )
+    except AdvertisedUrlWrong as exc:
+        print(f"logbroker serve: {exc}", file=sys.stderr)
+        return 2
+    return None if reached else 0
+
+
 class _GracefulServer(uvicorn.Server):
     """uvicorn's server, except that a graceful stop by SIGTERM exits with status 0.
 
@@ -291,6 +326,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not 0 <= args.advertised_url_check < math.inf:
+        print(
+            "logbroker serve: --advertised-url-check must be a number of seconds, 0 or more "
+            f"(0 turns the check off), not {args.advertised_url_check:g}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         settings = load_settings(config_file=args.config, flags=_flags(args))
     except LogbrokerError as exc:
@@ -343,6 +385,10 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
         print(f"logbroker serve: {exc}", file=sys.stderr)
         return 2
+    checked = _check_advertised_url(sock, settings, args.advertised_url_check)
+    if checked is not None:
+        sock.close()
+        return checked
     try:
         ctx = open_context(settings)
     except LogbrokerError as exc:

@@ -134,7 +134,10 @@ def test_owner_answers_lost_and_owner_killed_mid_forward_leave_every_chunk_once(
     resends each unanswered request unchanged until it is acked."""
     proxy_port = free_port()
     first = start_kafka_gateway()
-    second = start_kafka_gateway("--advertised-url", f"http://127.0.0.1:{proxy_port}")
+    # the proxy needs the gateway's port, known once it runs: its URL is not checked at start
+    second = start_kafka_gateway(
+        "--advertised-url", f"http://127.0.0.1:{proxy_port}", "--advertised-url-check", "0"
+    )
     proxy = TcpProxy(proxy_port, second.port).start()
     writers = 3  # each with sources of its own: forwarded batches are nearly always in flight
     sources = [f"kill-{i}" for i in range(24)]
@@ -215,7 +218,10 @@ def test_a_forwarded_write_is_counted_once_by_the_audit_when_the_owners_answer_i
     monkeypatch.setenv("LOGBROKER_AUDIT_INTERVAL_S", "1")
     proxy_port = free_port()
     first = start_kafka_gateway()
-    second = start_kafka_gateway("--advertised-url", f"http://127.0.0.1:{proxy_port}")
+    # the proxy needs the gateway's port, known once it runs: its URL is not checked at start
+    second = start_kafka_gateway(
+        "--advertised-url", f"http://127.0.0.1:{proxy_port}", "--advertised-url-check", "0"
+    )
     proxy = TcpProxy(proxy_port, second.port).start()
     sources = [f"audit-{i}" for i in range(16)]
     client = Client(first.url)

@@ -87,7 +87,7 @@ def test_a_late_withdrawal_leaves_the_next_owners_claim(
             assert later.owner(TOPIC, 3) == b_url  # a gateway started later agrees
 
 
-def test_the_last_standing_claim_owns_and_a_restarted_gateway_withdraws_what_it_left(
+def test_the_last_standing_claim_owns_and_the_next_owner_withdraws_what_a_dead_one_left(
     kafka_cluster: Any, kafka_namespace: str
 ) -> None:
     a_url, b_url = "http://gateway-a:1", "http://gateway-b:1"
@@ -100,15 +100,44 @@ def test_the_last_standing_claim_owns_and_a_restarted_gateway_withdraws_what_it_
         _directory(kafka_cluster, kafka_namespace, "") as observer,
     ):
         wait_until(lambda: _settled([b, observer], 0, a_url), 10, "A's claims to be read")
-        b.announce(TOPIC, 0)
-        wait_until(lambda: _settled([b, observer], 0, b_url), 10, "B's later claim to own")
-        assert observer.owner(TOPIC, 1) == a_url
         with _directory(kafka_cluster, kafka_namespace, a_url) as restarted:
-            # the process now at A's URL owns nothing yet: what its predecessor left goes
-            wait_until(lambda: _settled([observer, restarted], 1, None), 10, "A's leftovers")
-            assert _settled([observer, restarted, b], 0, b_url)
-            restarted.announce(TOPIC, 0)
-            wait_until(lambda: _settled([observer, b], 0, a_url), 10, "A's new claim")
-            restarted.withdraw(TOPIC, 0)
-            # B's claim still stands: B owns again, for every view
-            wait_until(lambda: _settled([observer, b, restarted], 0, b_url), 10, "B again")
+            # the process now at A's URL cannot tell its dead predecessor from a live gateway
+            # sharing the URL by mistake: it withdraws nothing of it
+            assert _settled([observer, restarted], 1, a_url)
+            # B took partition 0 over (fencing every earlier writer): A's claim there is stale
+            b.announce(TOPIC, 0)
+            wait_until(lambda: _settled([b, observer], 0, b_url), 10, "B's later claim to own")
+            b.withdraw(TOPIC, 0)
+            wait_until(lambda: _settled([observer, b, restarted], 0, None), 10, "no claim")
+            assert observer.owner(TOPIC, 1) == a_url
+            restarted.announce(TOPIC, 1)
+            restarted.withdraw(TOPIC, 1)
+            wait_until(lambda: _settled([observer, b, restarted], 1, None), 10, "no claim on 1")
+
+
+def test_a_second_process_at_the_same_url_never_withdraws_the_first_ones_claims(
+    kafka_cluster: Any, kafka_namespace: str
+) -> None:
+    """Before: a gateway started by mistake with a live gateway's URL withdrew that
+    gateway's claims at its start ("what an earlier process at its URL left") and again at
+    its stop: the partitions had no owner for every other gateway for as long as both ran,
+    and after."""
+    url = "http://gateway-a:1"
+    with (
+        _directory(kafka_cluster, kafka_namespace, url) as live,
+        _directory(kafka_cluster, kafka_namespace, "") as observer,
+    ):
+        live.announce(TOPIC, 3)
+        wait_until(lambda: _settled([observer], 3, url), 10, "the live claim to be read")
+        with _directory(kafka_cluster, kafka_namespace, url) as duplicate:
+            assert duplicate.instance != live.instance
+            duplicate.announce(TOPIC, 1)
+            wait_until(lambda: _settled([observer], 1, url), 10, "the duplicate's claim")
+            duplicate.withdraw(TOPIC, 3)  # not its claim: nothing is written
+        wait_until(lambda: _settled([observer], 1, url), 10, "a claim its stop left")
+        # its stop withdrew nothing; its own claim of 1 stays as after a crash (the next
+        # owner of 1 withdraws it); the live gateway's claim of 3 stands throughout
+        with _directory(kafka_cluster, kafka_namespace, "") as later:
+            assert later.owner(TOPIC, 3) == url
+        assert observer.owner(TOPIC, 3) == url
+        assert live.own_claims() == {(TOPIC, 3)}
