@@ -190,7 +190,14 @@ def _skip(exc: CorruptChunk) -> None:
     print(f"logbroker read: skipping a corrupt message: {exc}", file=sys.stderr, flush=True)
 
 
-def _topic_hint(topic: str, names: list[str]) -> str:
+def _none_yet(with_token: bool) -> str:
+    """What an empty topic list means: with a token, the gateway lists only what it may read."""
+    return (
+        "; there are no topics this token may read" if with_token else "; there are no topics yet"
+    )
+
+
+def _topic_hint(topic: str, names: list[str], with_token: bool = False) -> str:
     """What a user who typed ``topic`` may have meant, from the topics that exist."""
     similar = [n for n in names if n.endswith("." + topic) or n.split(".", 1)[-1] == topic]
     hint = ""
@@ -202,11 +209,11 @@ def _topic_hint(topic: str, names: list[str]) -> str:
         shown = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
         hint += f"; topics there: {shown}"
     else:
-        hint += "; there are no topics yet"
+        hint += _none_yet(with_token)
     return hint + " (`logbroker topics --server URL list` lists them)"
 
 
-def _prefix_hint(prefix: str, names: list[str]) -> str:
+def _prefix_hint(prefix: str, names: list[str], with_token: bool = False) -> str:
     """What a user who typed ``prefix*`` may have meant, from the topics that exist."""
     similar: set[str] = set()
     if prefix and "." not in prefix:
@@ -221,7 +228,7 @@ def _prefix_hint(prefix: str, names: list[str]) -> str:
     elif names:
         hint = f"; topics there: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}"
     else:
-        hint = "; there are no topics yet"
+        hint = _none_yet(with_token)
     return hint + " (`logbroker topics --server URL list` lists them)"
 
 
@@ -346,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
             # Not a topic name the gateway makes: say what exists instead of waiting.
             print(
                 f"logbroker read: no topic {topics[0]!r} on {args.server}"
-                f"{_topic_hint(topics[0], names)}",
+                f"{_topic_hint(topics[0], names, token is not None)}",
                 file=sys.stderr,
             )
             return 2
@@ -401,7 +408,8 @@ def run(args: argparse.Namespace) -> int:
                     if any(topic not in names for topic in missing):
                         print(
                             f"logbroker read: waiting for topic {', '.join(map(repr, missing))} "
-                            f"to appear on {args.server}{_topic_hint(missing[0], names)}",
+                            f"to appear on {args.server}"
+                            f"{_topic_hint(missing[0], names, token is not None)}",
                             file=sys.stderr,
                             flush=True,
                         )
@@ -411,7 +419,7 @@ def run(args: argparse.Namespace) -> int:
                 elif prefix is not None and prefix_waiting is None:
                     matching = client.list_topics(prefix)
                     if not matching:
-                        hint = _prefix_hint(prefix, client.list_topics())
+                        hint = _prefix_hint(prefix, client.list_topics(), token is not None)
                         print(
                             f"logbroker read: no topic matches {args.topic!r} on {args.server} "
                             f"yet; waiting for one to appear{hint}",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tests.conftest import REPO, free_port, logbroker_cmd
@@ -140,3 +141,24 @@ def test_a_prefix_reader_reads_the_first_topic_that_appears_after_it_said_it_wai
     assert reader.out_path.read_text() == line_for("host1:a", 4)
     assert "appeared within" not in reader.stderr(), reader.stderr()
     assert reader.stderr().count("waiting") == 1, reader.stderr()
+
+
+def test_a_prefix_reader_whose_token_reads_none_of_its_topics_is_told_so(
+    start_gateway: Any, tmp_path: Path
+) -> None:
+    """Before: "there are no topics yet", while dc1.app existed: the gateway lists only the
+    topics a token may read, so a mis-scoped token looked like an empty gateway."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[tokens.writer-secret]\nname = "w"\nwrite = ["app"]\nread = ["dc1.*"]\n'
+        '[tokens.other-secret]\nname = "other"\nread = ["dc1.other"]\n'
+    )
+    gateway = start_gateway(tmp_path / "data", "--config", str(config))
+    Writer(gateway.url, token="writer-secret").write("host1:a", [4], log_type="app")
+    done = _read(
+        "--server", gateway.url, "--topic", "dc1.*", "--idle-exit", "1",
+        "--token", "other-secret",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "there are no topics this token may read" in done.stderr, done.stderr
+    assert "no topics yet" not in done.stderr
