@@ -81,6 +81,11 @@ def txn_partition(txn_id: str, partitions: int) -> int:
     return zlib.crc32(txn_id.encode("utf-8")) % partitions
 
 
+class OverStagingLimit(BadRequest):
+    """A ``/store`` body larger than ``max_staged_bytes`` itself: it can never be staged, so
+    a retry (as a 429 would invite) cannot help; the client must send smaller pieces."""
+
+
 @dataclass(frozen=True)
 class StagedData:
     store_id: str
@@ -148,33 +153,54 @@ class LegacyStaging:
         self.max_bytes = max_bytes
         self._used = 0
         self._counted_at = float("-inf")
+        self._pending = 0
+        """Bytes of this process's uploads admitted and still being written: a recount of
+        the directory does not see them yet, and the limit must."""
         self._lock = threading.Lock()
         self._dir.mkdir(parents=True, exist_ok=True)
 
     def staged_bytes(self) -> int:
-        """Bytes in the staging directory, at most a second old."""
+        """Bytes in the staging directory, at most a second old, and uploads being written."""
         with self._lock:
-            if time.monotonic() - self._counted_at >= _RECOUNT_S:
-                used = 0
-                for path in self._dir.iterdir():
-                    with contextlib.suppress(FileNotFoundError):
-                        used += path.stat().st_size
-                self._used = used
-                self._counted_at = time.monotonic()
-            return self._used
+            return self._staged_locked()
+
+    def _staged_locked(self) -> int:
+        if time.monotonic() - self._counted_at >= _RECOUNT_S:
+            used = 0
+            for path in self._dir.iterdir():
+                with contextlib.suppress(FileNotFoundError):
+                    used += path.stat().st_size
+            self._used = used
+            self._counted_at = time.monotonic()
+        return self._used + self._pending
 
     def put(self, *, log_type: str, server: str, file: str, data: bytes) -> str:
-        if self.staged_bytes() + len(data) > self.max_bytes:
-            raise LimitReached(
-                f"{self.max_bytes} bytes are staged for /commit_request already, the limit; "
-                "commit or let them expire first",
-                "max_staged_bytes",
-                self.max_bytes,
+        size = len(data)
+        if size > self.max_bytes:
+            raise OverStagingLimit(
+                f"this upload of {size} bytes is over max_staged_bytes ({self.max_bytes}) by "
+                "itself: it can never be staged; send it in smaller pieces"
             )
-        store_id = secrets.token_hex(16)
-        self._write(store_id, {"log_type": log_type, "server": server, "file": file}, data)
+        # The check and the admission are one step: concurrent uploads cannot both pass it.
         with self._lock:
-            self._used += len(data)
+            staged = self._staged_locked()
+            if staged + size > self.max_bytes:
+                raise LimitReached(
+                    f"{staged} bytes are staged for /commit_request already; with this upload "
+                    f"of {size} bytes they would be over max_staged_bytes ({self.max_bytes}); "
+                    "commit them or let them expire first",
+                    "max_staged_bytes",
+                    self.max_bytes,
+                )
+            self._pending += size
+        store_id = secrets.token_hex(16)
+        try:
+            self._write(store_id, {"log_type": log_type, "server": server, "file": file}, data)
+        finally:
+            with self._lock:
+                self._pending -= size
+        with self._lock:
+            self._used += size  # until the next recount finds its file
         return store_id
 
     def _write(self, store_id: str, meta: dict[str, Any], data: bytes) -> None:

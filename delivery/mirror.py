@@ -436,6 +436,22 @@ def check_prefix(prefix: str) -> None:
 _MAX_SAME_REFUSALS = 3
 
 
+def _check_state_dir(state_dir: Path) -> None:
+    """Refuse a state dir the status file cannot be written in, before anything is copied."""
+    probe = state_dir / "mirror-status.json.tmp"
+    if state_dir.exists() and not state_dir.is_dir():
+        raise BadRequest(f"cannot use state dir {state_dir}: it is not a directory")
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_text("{}")
+        probe.unlink()
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and exc.filename != str(state_dir) else ""
+        raise BadRequest(
+            f"cannot use state dir {state_dir}: {exc.strerror or exc}{where}"
+        ) from None
+
+
 class Mirror:
     """Copies ``prefix`` topics from one installation to another until stopped."""
 
@@ -453,6 +469,8 @@ class Mirror:
         check_gateway_url("source", source_url)
         check_gateway_url("destination", dest_url)
         self._max_bytes = check_max_bytes(max_bytes)
+        if state_dir is not None:
+            _check_state_dir(state_dir)
         self._source = PullClient(source_url, token=token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._dest = httpx.Client(
@@ -867,10 +885,14 @@ class Mirror:
             "corrupt": {f"{t}/{p}": str(e) for (t, p), (_, e) in sorted(self.corrupt.items())},
             "written_at_ms": int(time.time() * 1000),
         }
-        self._state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self._state_dir / "mirror-status.json.tmp"
-        tmp.write_text(json.dumps(status, indent=1))
-        tmp.replace(self._state_dir / "mirror-status.json")
+        try:
+            self._state_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self._state_dir / "mirror-status.json.tmp"
+            tmp.write_text(json.dumps(status, indent=1))
+            tmp.replace(self._state_dir / "mirror-status.json")
+        except OSError as exc:
+            # only the operators' view: the copy goes on (its positions are the destination's)
+            _log.warning("mirror: cannot write the status in %s: %s", self._state_dir, exc)
 
     def _report_lag(self) -> None:
         """Tell the destination how far behind each partition is (``POST /v1/mirrors/status``,

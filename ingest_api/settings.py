@@ -62,6 +62,7 @@ import json
 import math
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -292,6 +293,7 @@ class GatewaySettings:
                 f"graphite {self.graphite!r} must be HOST:PORT",
             )
         _check(self.graphite_interval_s > 0, "graphite_interval_s must be positive")
+        _check_tls_files(self.ssl_certfile, self.ssl_keyfile)
         if not self.tokens and not self.allow_public_without_tokens:
             _check(
                 self.host in LOOPBACK_HOSTS,
@@ -361,6 +363,73 @@ class GatewaySettings:
 def _check(ok: bool, reason: str) -> None:
     if not ok:
         raise ConfigError(reason)
+
+
+def _pem_text(setting: str, path: str) -> str:
+    try:
+        with open(path, "rb") as file:
+            return file.read().decode("ascii", errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"{setting} {path}: cannot read it: {exc.strerror or exc}") from None
+
+
+def _check_tls_files(certfile: str | None, keyfile: str | None) -> None:
+    """Refuse a certificate and key uvicorn could not load, naming the file and what is wrong.
+
+    uvicorn loads them only once the gateway starts, and its failure is a traceback naming
+    neither file ("PEM lib").  The chain is loaded here once, as uvicorn will load it."""
+    if certfile is None:
+        _check(keyfile is None, "ssl_keyfile is set without ssl_certfile (--ssl-certfile)")
+        return
+    cert_text = _pem_text("ssl_certfile", certfile)
+    key_text = cert_text if keyfile is None else _pem_text("ssl_keyfile", keyfile)
+    if "-----BEGIN CERTIFICATE-----" not in cert_text:
+        swapped = " (it holds a private key: are the certificate and key swapped?)"
+        raise ConfigError(
+            f"ssl_certfile {certfile}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+            + (swapped if "PRIVATE KEY-----" in cert_text else "")
+        )
+    if "PRIVATE KEY-----" not in key_text:
+        if keyfile is None:
+            raise ConfigError(
+                f"ssl_certfile {certfile}: holds no private key; give the certificate's key "
+                "with ssl_keyfile (--ssl-keyfile)"
+            )
+        swapped = " (it holds a certificate: are the certificate and key swapped?)"
+        raise ConfigError(
+            f"ssl_keyfile {keyfile}: holds no PEM private key (-----BEGIN PRIVATE KEY-----)"
+            + (swapped if "-----BEGIN CERTIFICATE-----" in key_text else "")
+        )
+    key_path = keyfile or certfile
+    if "ENCRYPTED" in key_text:
+        raise ConfigError(
+            f"{'ssl_keyfile' if keyfile else 'ssl_certfile'} {key_path}: the private key is "
+            "encrypted; the gateway takes an unencrypted key (readable by its user only)"
+        )
+
+    def no_password() -> bytes:
+        return b""  # never OpenSSL's prompt on the terminal
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=certfile)
+    except (ssl.SSLError, OSError):
+        raise ConfigError(
+            f"ssl_certfile {certfile}: its certificate is damaged (not valid PEM/X.509)"
+        ) from None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile, no_password)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise ConfigError(
+                f"ssl_keyfile {key_path}: the private key does not belong to the certificate "
+                f"in {certfile}"
+            ) from None
+        raise ConfigError(
+            f"ssl_keyfile {key_path}: cannot load the private key for the certificate in "
+            f"{certfile}: {exc}"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"ssl_certfile {certfile}: cannot load it: {exc}") from None
 
 
 _SCALARS: dict[str, type] = {

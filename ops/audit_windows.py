@@ -12,7 +12,9 @@ node_exporter's textfile collector (:func:`write_metrics_file`): the alert
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,9 +24,29 @@ import sqlite_utils
 
 from audit.reconcile import TierRow, WindowRow
 from audit.windows import WINDOW_S
+from log_store.errors import BadRequest
 
 DEFAULT_GRACE_S = 600
 """How long after its end a window may still be incomplete before the audit fails."""
+
+
+def check_db(db_path: Path) -> None:
+    """Refuse, before any work, a database the results could not be saved in: in a missing
+    or unwritable directory, or a file that is not an SQLite database.  Raises BadRequest."""
+    parent = db_path.parent
+    if db_path.is_dir():
+        raise BadRequest(f"--db {db_path} is a directory")
+    if not parent.is_dir():
+        raise BadRequest(f"--db {db_path}: no directory {parent}")
+    if not db_path.exists():
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise BadRequest(f"--db {db_path}: cannot create a file in {parent}")
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=rw", uri=True)) as db:
+            db.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.Error as exc:
+        raise BadRequest(f"--db {db_path}: {exc} (give another file)") from None
 
 
 def save_rows(db_path: Path, rows: Sequence[WindowRow], now: float | None = None) -> None:

@@ -96,6 +96,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    bad_token = _bad_token_source(args)
+    if bad_token is not None:
+        print(
+            f"logbroker {args.command}: {bad_token} holds whitespace or a control character "
+            "(a line end of the file it came from?); a bearer token has none",
+            file=sys.stderr,
+        )
+        return 2
     if not getattr(module, "HANDLES_STOP_SIGNALS", False):
         stop_signals.restore_default()
     elif not getattr(module, "HANDLES_RELOAD", False):
@@ -109,6 +117,24 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     return result
+
+
+def _bad_token_source(args: argparse.Namespace) -> str | None:
+    """``--token`` or ``LOGBROKER_TOKEN``, when the command takes a token and the one it
+    would use cannot go in an HTTP header: every request would fail on the client's side,
+    and the command would blame the gateway ("did not answer").  Token files are checked
+    where they are read."""
+    if not hasattr(args, "token"):
+        return None
+    if args.token:
+        token, where = args.token, "--token"
+    elif getattr(args, "token_file", None) or os.environ.get("LOGBROKER_TOKEN_FILE"):
+        return None
+    else:
+        token, where = os.environ.get("LOGBROKER_TOKEN") or "", "LOGBROKER_TOKEN"
+    if any(c.isspace() or not c.isprintable() for c in token):
+        return where
+    return None
 
 
 if __name__ == "__main__":

@@ -46,11 +46,29 @@ trap '[[ -n $stopping ]] || cleanup' EXIT
 # Own sessions: a Ctrl-C reaches the reader only; the trap stops the rest in order.
 setsid logbroker serve --data-dir "$DEMO/store" --port "$PORT" --dc dc1 >"$DEMO/gateway.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do
-  python -c "import httpx,sys; sys.exit(httpx.get('http://127.0.0.1:$PORT/healthz').status_code!=200)" \
-    2>/dev/null && break
+gateway=$!
+# A busy host may take many seconds to start it; a gateway that exited will never answer.
+up=""
+deadline=$((SECONDS + 120))
+while ((SECONDS < deadline)); do
+  if python -c "import httpx,sys; sys.exit(httpx.get('http://127.0.0.1:$PORT/healthz').status_code!=200)" \
+    2>/dev/null; then
+    up=1
+    break
+  fi
+  kill -0 "$gateway" 2>/dev/null || break
   sleep 0.1
 done
+if [[ -z $up ]]; then
+  if kill -0 "$gateway" 2>/dev/null; then
+    echo "quickstart: the gateway did not answer http://127.0.0.1:$PORT/healthz within 120 s" >&2
+  else
+    echo "quickstart: the gateway exited before it answered on port $PORT" >&2
+  fi
+  echo "quickstart: its log, $DEMO/gateway.log, ends:" >&2
+  tail -n 5 "$DEMO/gateway.log" >&2 || true
+  exit 1
+fi
 echo "quickstart: gateway on http://127.0.0.1:$PORT (log: $DEMO/gateway.log)" >&2
 
 python scripts/sample_log.py "$DEMO/logs/access.log" --rate 5 --rotate-every 50 &

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from log_store.interface import BatchCheck
 from ops.audit import AuditReport, audit_store
 from ops.audit_windows import (
     DEFAULT_GRACE_S,
+    check_db,
     format_table,
     metrics_text,
     overdue,
@@ -149,8 +151,10 @@ def _run_windows(args: argparse.Namespace) -> int:
         return _usage("give --server or a store (--data-dir, --store kafka), not both")
     if not args.server and not args.data_dir and store_kind(args) != "kafka":
         return _usage("--windows needs --server URL, --data-dir DIR or --store kafka")
-    if args.db.is_dir():
-        return _usage(f"--db {args.db} is a directory")
+    try:
+        check_db(args.db)
+    except LogbrokerError as exc:
+        return _usage(str(exc))
     if args.metrics_file is not None and not args.metrics_file.parent.is_dir():
         return _usage(
             f"--metrics-file {args.metrics_file}: no directory {args.metrics_file.parent}"
@@ -167,7 +171,11 @@ def _run_windows(args: argparse.Namespace) -> int:
         print(f"logbroker audit: {args.server}: {exc}", file=sys.stderr)
         return 1
     now = time.time()
-    save_rows(args.db, rows, now)
+    try:
+        save_rows(args.db, rows, now)
+    except (sqlite3.Error, OSError) as exc:
+        print(f"logbroker audit: cannot save the results in {args.db}: {exc}", file=sys.stderr)
+        return 1
     print(format_table(rows))
     late = overdue(rows, args.grace, now)
     if args.metrics_file is not None:

@@ -244,6 +244,16 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def _check_local_parent(warehouse: Path) -> None:
+    """Refuse a local table path under a file, before Spark starts (it failed at the table's
+    creation, with a Java traceback)."""
+    probe = warehouse.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise BadRequest(f"--warehouse {warehouse}: {probe} is not a directory")
+
+
 def _check_report_file(path: Path) -> None:
     if path.is_dir() or not path.name:
         raise BadRequest(f"--report {path} is a directory: give a file's path")
@@ -286,6 +296,8 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
         warehouse = Path(args.warehouse)
         if warehouse.exists() and not warehouse.is_dir():
             raise BadRequest(f"--warehouse {warehouse} exists and is not a directory")
+        if "://" not in args.warehouse:
+            _check_local_parent(warehouse)
         check_table_format(warehouse, args.table_format)
         _check_audit_flags(args)
         topic_patterns(args.topics)

@@ -9,7 +9,9 @@ SIGTERM/SIGINT stop it after the round in hand.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import math
 import socket
 import sys
 import threading
@@ -55,11 +57,22 @@ def run(args: argparse.Namespace) -> int:
     if args.source.rstrip("/") == args.dest.rstrip("/"):
         print("logbroker mirror: --from and --to are the same installation", file=sys.stderr)
         return 2
-    if args.idle_exit is not None and args.idle_exit < 0:
-        print("logbroker mirror: --idle-exit must be >= 0", file=sys.stderr)
+    if args.idle_exit is not None and not 0 <= args.idle_exit < math.inf:
+        print(
+            f"logbroker mirror: --idle-exit must be >= 0 (a finite number of seconds), "
+            f"not {args.idle_exit:g}",
+            file=sys.stderr,
+        )
         return 2
     if not 1 <= args.max_bytes <= MAX_MAX_BYTES:
         print(f"logbroker mirror: --max-bytes must be in 1..{MAX_MAX_BYTES}", file=sys.stderr)
+        return 2
+    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
+        print(
+            "logbroker mirror: --metrics-port must be a TCP port (1-65535), "
+            f"not {args.metrics_port}",
+            file=sys.stderr,
+        )
         return 2
     try:
         check_gateway_url("--from", args.source)
@@ -86,9 +99,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         exporter = _serve_metrics(args.metrics_port, collector)
     except OSError as exc:
-        print(f"logbroker mirror: cannot serve metrics: {exc.strerror}", file=sys.stderr)
+        print(
+            f"logbroker mirror: cannot serve metrics on 127.0.0.1:{args.metrics_port}: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
         mirror.close()
-        return 1
+        return 2 if exc.errno in (errno.EADDRINUSE, errno.EACCES) else 1
     try:
         graphite = graphite_from(args, collector)
     except BadRequest as exc:

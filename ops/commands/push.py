@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -128,12 +129,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--status", action="store_true", help="print per-file lag of a running client and exit"
     )
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="DEBUG, INFO, WARNING, ERROR, in any case (INFO)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=args.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # One line per request would drown the client's own messages.
@@ -145,8 +152,12 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"logbroker push: {exc}", file=sys.stderr)
         return 2
-    if args.idle_exit is not None and args.idle_exit < 0:
-        print("logbroker push: --idle-exit must be >= 0 seconds", file=sys.stderr)
+    if args.idle_exit is not None and not 0 <= args.idle_exit < math.inf:
+        print(
+            "logbroker push: --idle-exit must be >= 0 seconds (a finite number), "
+            f"not {args.idle_exit:g}",
+            file=sys.stderr,
+        )
         return 2
     if config.token_file is not None and config.token_file.exists():
         # The same check as every command's (one others may read is refused); a file that is

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import logging
+import math
 import sys
 import threading
 import time
@@ -19,7 +20,11 @@ from typing import BinaryIO
 import orjson
 
 from delivery.consumer import Consumer
-from delivery.consumer_group import validate_group
+from delivery.consumer_group import (
+    MAX_SESSION_TIMEOUT_MS,
+    MIN_SESSION_TIMEOUT_MS,
+    validate_group,
+)
 from delivery.filters import BadFilter, MessageFilter, parse_filter
 from delivery.internal_state import is_internal
 from delivery.partition_reader import MAX_MAX_BYTES
@@ -281,8 +286,19 @@ def run(args: argparse.Namespace) -> int:
     except BadRequest as exc:
         print(f"logbroker read: {exc}", file=sys.stderr)
         return 2
-    if args.idle_exit is not None and args.idle_exit < 0:
-        print("logbroker read: --idle-exit must be >= 0", file=sys.stderr)
+    if args.idle_exit is not None and not 0 <= args.idle_exit < math.inf:
+        print(
+            f"logbroker read: --idle-exit must be >= 0 (a finite number of seconds), "
+            f"not {args.idle_exit:g}",
+            file=sys.stderr,
+        )
+        return 2
+    if not MIN_SESSION_TIMEOUT_MS <= args.session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
+        print(
+            f"logbroker read: --session-timeout-ms must be in "
+            f"{MIN_SESSION_TIMEOUT_MS}..{MAX_SESSION_TIMEOUT_MS}, not {args.session_timeout_ms}",
+            file=sys.stderr,
+        )
         return 2
     if not 1 <= args.max_bytes <= MAX_MAX_BYTES:
         # said at once, not by the gateway's answer to the first read: that waits for the

@@ -170,6 +170,22 @@ def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _check_data_dir(settings: GatewaySettings) -> None:
+    """Refuse a data dir the embedded store cannot use (a file, under a file, not writable),
+    naming it: the store's own failure does not."""
+    if settings.store != "sqlite":
+        return
+    path = settings.data_dir
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    where = f"data_dir {path}" + ("" if probe == path else f": {probe}")
+    if not probe.is_dir():
+        raise BadRequest(f"{where} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise BadRequest(f"{where} is not writable by this user")
+
+
 def _bind_failure(exc: OSError, host: str, port: int) -> tuple[str, int]:
     """Why the gateway cannot have its address, and the exit status: 2 for what the user must
     fix (the port is taken, the host does not resolve or is no address of this machine), 1 for
@@ -335,6 +351,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         settings = load_settings(config_file=args.config, flags=_flags(args))
+        _check_data_dir(settings)
     except LogbrokerError as exc:
         print(f"logbroker serve: {exc}", file=sys.stderr)
         return 2

@@ -122,7 +122,7 @@ def _retention_flags(parser: argparse.ArgumentParser) -> None:
         type=_count,
         help="per-partition size to keep; 'unlimited' removes the limit",
     )
-    parser.add_argument("--segment-bytes", type=int, help="roll segments at this size")
+    parser.add_argument("--segment-bytes", type=_size, help="roll segments at this size")
 
 
 def _hours(text: str) -> float:
@@ -139,6 +139,10 @@ def _hours(text: str) -> float:
     return hours
 
 
+_MAX_VALUE = 2**63 - 1
+"""The largest setting a store keeps (a 64-bit integer), as the gateway's admin API checks."""
+
+
 def _count(text: str) -> int:
     if text == "unlimited":
         return UNLIMITED
@@ -148,9 +152,21 @@ def _count(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a number of bytes or 'unlimited'"
         ) from None
-    if count < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: bytes must be 0 or more, or 'unlimited'")
+    if not 0 <= count <= _MAX_VALUE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: bytes must be in 0..{_MAX_VALUE}, or 'unlimited'"
+        )
     return count
+
+
+def _size(text: str) -> int:
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes") from None
+    if not 0 <= size <= _MAX_VALUE:
+        raise argparse.ArgumentTypeError(f"{text!r}: bytes must be in 0..{_MAX_VALUE}")
+    return size
 
 
 def _retention_ms(hours: float | None) -> int | None:
@@ -241,6 +257,13 @@ def run(args: argparse.Namespace) -> int:
     refusal = None if topic is None or args.action == "describe" else _refusal(topic, args)
     if refusal is not None:
         print(f"logbroker topics: {refusal}", file=sys.stderr)
+        return 2
+    if args.action == "alter" and not any(v is not None for v in vars(_change(args)).values()):
+        print(
+            "logbroker topics: nothing to change; name one of --partitions, --retention-hours, "
+            "--retention-bytes, --segment-bytes",
+            file=sys.stderr,
+        )
         return 2
     if args.server is not None:
         return _run_on_gateway(args)
