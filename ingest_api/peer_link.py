@@ -8,6 +8,9 @@ owner to be announced), ``UnknownTopic``, ``StoreUnavailable``.
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
@@ -26,7 +29,11 @@ from log_store.kafka.remote_transaction import (
     encode_batch,
 )
 
+_log = logging.getLogger("ingest_api.peers")
+
 BATCH_MEDIA_TYPE = "application/x-logbroker-transactions"
+_REFUSED_LOG_EVERY_S = 60.0
+"""A peer that refuses this gateway's peer token is logged at most this often (per peer)."""
 BATCH_PATH = "/v1/internal/transactions"
 
 
@@ -44,6 +51,23 @@ class HttpPeerLink:
             timeout=httpx.Timeout(timeout_s + 5.0, connect=2.0),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
         )
+        self._refusals_logged: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def _token_refused(self, url: str, status: int) -> str:
+        """The reason of a peer's 401/403, logged as an error (a configuration mistake that
+        does not heal by waiting), at most once a minute per peer."""
+        reason = (
+            f"{url} refused this gateway's peer token ({status}): every gateway of an "
+            "installation needs the same peer_token"
+        )
+        now = time.monotonic()
+        with self._lock:
+            last = self._refusals_logged.get(url)
+            if last is None or now - last >= _REFUSED_LOG_EVERY_S:
+                self._refusals_logged[url] = now
+                _log.error("%s; writes forwarded to it fail until they agree", reason)
+        return reason
 
     def _post(self, url: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -62,6 +86,8 @@ class HttpPeerLink:
             raise NotOwner(reason)
         if kind == "unknown_topic":
             raise UnknownTopic(reason)
+        if response.status_code in (401, 403):
+            raise PeerUnreachable(self._token_refused(url, response.status_code))
         if response.status_code == 503:
             raise StoreUnavailable(reason)
         raise PeerUnreachable(f"{url} answered {response.status_code}: {reason}")
