@@ -336,7 +336,8 @@ class GatewayGroup:
         ]
         log.error(
             "gateway %s is out of the gateways' group: its member failed for good: %s; it "
-            "gives up %s (the others take them over) and joins again with a new member",
+            "gives up %s (the group hands its partitions to the other gateways) and joins "
+            "again with a new member",
             self.url,
             cause,
             _listed(partitions),

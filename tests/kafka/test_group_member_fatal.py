@@ -204,3 +204,39 @@ def test_members_failing_in_a_row_are_made_again_less_and_less_often(
     assert time.monotonic() - started >= 1.0 + 2.0 - 0.2
     assert not members[3].closed
     assert _readiness(group) is not None
+
+
+def test_a_real_member_refused_by_the_broker_is_replaced_by_one_that_joins(
+    kafka_cluster: Any, kafka_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the session's broker: the gateway's first member is refused for good (an assignor
+    the broker lacks, which librdkafka takes as fatal, as it takes a refused protocol), the
+    gateway says it is out of the group, and its next member joins and takes the topic."""
+    from log_store.interface import TopicConfig
+    from log_store.kafka import open_kafka_store
+
+    settings = KafkaSettings(
+        kafka_cluster.bootstrap,
+        namespace=kafka_namespace,
+        operation_timeout_s=10.0,
+        session_timeout_ms=3000,
+    )
+    link = SimpleNamespace(close=lambda: None)  # no peer is asked: one gateway
+    group = GatewayGroup(settings, url="http://127.0.0.1:1", link=link)  # type: ignore[arg-type]
+    configs = [{**group._consumer_config(), "group.remote.assignor": "no-such-assignor"}]
+    real_config = group._consumer_config
+    monkeypatch.setattr(
+        group, "_consumer_config", lambda: configs.pop(0) if configs else real_config()
+    )
+    store = open_kafka_store(settings, placement=group)
+    try:
+        store.create_topic(_APP, TopicConfig(partitions=2))
+        group.start(store)
+        _until(lambda: group.out_of_group is not None, "the refused member is noticed", 20.0)
+        assert "assignor" in (group.out_of_group or "")
+        assert (store.readiness() or "").startswith("this gateway is out of the gateway group")
+        _until(lambda: group.assigned() == {(_APP, 0), (_APP, 1)}, "the new member joins", 30.0)
+        _until(lambda: store.readiness() is None, "the gateway is ready again", 10.0)
+    finally:
+        group.stop()
+        store.close()

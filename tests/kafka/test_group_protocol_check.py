@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from confluent_kafka import Consumer, KafkaError
 from confluent_kafka.admin import AdminClient
@@ -171,3 +172,16 @@ def test_serve_exits_2_on_a_broker_refusing_the_protocol(
     assert done.returncode == 2, done.stderr[-3000:]
     assert NEEDED in done.stderr
     assert "logbroker gateway on" not in done.stderr  # it never served
+
+
+def test_a_gateway_starts_on_a_broker_with_the_protocol_and_leaves_the_probe_group(
+    start_kafka_gateway: Any, kafka_cluster: Any, kafka_namespace: str
+) -> None:
+    gateway = start_kafka_gateway()
+    assert "neither took nor refused" not in gateway.log()  # the broker took the probe
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    probe = bootstrap.probe_group(kafka_namespace)
+    described = admin.describe_consumer_groups([probe])[probe].result(timeout=10)
+    assert described.members == []  # the probe left; only the gateways' group holds it
+    ready = httpx.get(gateway.url + "/readyz", timeout=5)
+    assert ready.status_code == 200, ready.text
