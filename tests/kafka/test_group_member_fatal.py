@@ -222,7 +222,7 @@ def test_a_real_member_refused_by_the_broker_is_replaced_by_one_that_joins(
         session_timeout_ms=3000,
     )
     link = SimpleNamespace(close=lambda: None)  # no peer is asked: one gateway
-    group = GatewayGroup(settings, url="http://127.0.0.1:1", link=link)  # type: ignore[arg-type]
+    group = GatewayGroup(settings, url="http://127.0.0.1:1", link=link)
     configs = [{**group._consumer_config(), "group.remote.assignor": "no-such-assignor"}]
     real_config = group._consumer_config
     monkeypatch.setattr(
