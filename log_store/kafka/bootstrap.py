@@ -1,5 +1,6 @@
 """The bootstrap servers of a Kafka cluster, as librdkafka takes them, whether their names
-resolve, and whether a broker answers.
+resolve, whether a broker answers, and whether the cluster takes a member of KIP-848's
+consumer group protocol (:func:`check_group_protocol`), which the gateways' group needs.
 
 librdkafka treats a bootstrap name that does not resolve like a broker that does not answer:
 it tries again, forever, so a misspelt ``--kafka-bootstrap`` would look like a cluster that is
@@ -14,13 +15,15 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from log_store.errors import BadRequest, StoreUnavailable
+from log_store.kafka import naming
 from log_store.kafka.failures import kafka_error
 from log_store.kafka.settings import DEBUG_LOG, KafkaSettings, refused_property
 
@@ -174,3 +177,101 @@ def check_reachable(settings: KafkaSettings, timeout_s: float = REACH_TIMEOUT_S)
         f"cannot reach Kafka at {settings.bootstrap}: {why} (no broker answered within "
         f"{timeout_s:g} s)"
     )
+
+
+GROUP_PROTOCOL_NEEDED = (
+    "logbroker on Kafka needs Apache Kafka 4.0 or newer with the consumer group protocol of "
+    "KIP-848 (group.coordinator.rebalance.protocols must include consumer)"
+)
+_PROBE_LOOK_S = 0.2
+"""How often the start-up probe asks whether the broker took its member."""
+
+
+def group_fatal_error(event: Any) -> str | None:
+    """What a group consumer's ``poll`` said if it was a fatal error, else None.
+
+    librdkafka reports a fatal error of a group consumer (the broker refusing its heartbeat,
+    say) as an event that ``poll`` returns, with the code ``_FATAL`` (its ``fatal()`` is not
+    set, and ``error_cb`` is not called); the consumer is dead from then on, with no
+    ``on_lost``: its member stops heartbeating, and the group gives its partitions to others.
+    """
+    if event is None:
+        return None
+    error = event.error()
+    if error is None or not (error.code() == KafkaError._FATAL or error.fatal()):
+        return None
+    return str(error.str())
+
+
+def group_fatal_cause(reason: str) -> str:
+    """``reason`` (a fatal error of a group consumer) as an operator should read it: a
+    broker without KIP-848's protocol is named as what logbroker needs."""
+    refused = KafkaError(KafkaError.UNSUPPORTED_VERSION).str()  # "Broker: API version not ..."
+    if "ConsumerGroupHeartbeat" in reason and refused in reason:
+        return f"{GROUP_PROTOCOL_NEEDED}; the broker refused it: {reason}"
+    return reason
+
+
+def probe_group(namespace: str) -> str:
+    """The group the start-up check joins for a moment (never the gateways' own: joining
+    that would move partitions)."""
+    return f"{naming.gateway_group(namespace)}-protocol-check"
+
+
+def check_group_protocol(settings: KafkaSettings, timeout_s: float | None = None) -> bool:
+    """Whether the cluster takes a member of a KIP-848 consumer group: True once the broker
+    lists the probe's member in its group, False if it neither took nor refused it within
+    ``timeout_s`` (default ``operation_timeout_s``: a coordinator loading its partitions after
+    a cluster's first start takes seconds).  BadRequest, with what logbroker needs, when the
+    member's heartbeat fails for good (a broker before 4.0, or one with
+    ``group.coordinator.rebalance.protocols=classic``).
+
+    The broker's ApiVersions answer cannot tell: a 4.x broker with the protocol turned off
+    still lists ConsumerGroupHeartbeat, and answers it UNSUPPORTED_VERSION.  So the probe
+    joins a group of its own, subscribed to a topic that need not exist, and leaves it.
+    """
+    group = probe_group(settings.namespace)
+    consumer = Consumer(
+        {
+            **settings.client_base(),
+            "group.id": group,
+            "group.protocol": "consumer",
+            "group.remote.assignor": "range",
+            "enable.auto.commit": False,
+        }
+    )
+    admin = AdminClient(settings.admin_config())
+    try:
+        consumer.subscribe([group])
+        wait = settings.operation_timeout_s if timeout_s is None else timeout_s
+        return await_group_answer(consumer, admin, group, time.monotonic() + wait)
+    finally:
+        consumer.close()
+
+
+def await_group_answer(consumer: Any, admin: Any, group: str, deadline: float) -> bool:
+    """Poll ``consumer`` (subscribed in ``group``) until the broker lists its member (True),
+    a fatal error (BadRequest naming it), or ``deadline`` (False)."""
+    looked = 0.0
+    while time.monotonic() < deadline:
+        fatal = group_fatal_error(consumer.poll(0.1))
+        if fatal is not None:
+            raise BadRequest(f"the gateways' group cannot be joined: {group_fatal_cause(fatal)}")
+        if time.monotonic() - looked >= _PROBE_LOOK_S:
+            looked = time.monotonic()
+            if lists_member(admin, group, consumer.memberid()):
+                return True
+    return False
+
+
+def lists_member(admin: Any, group: str, member_id: str | None) -> bool:
+    """Whether the broker's description of ``group`` lists ``member_id`` (False also when
+    the broker cannot say now: its coordinator is loading, say)."""
+    if not member_id:
+        return False
+    try:
+        described = admin.describe_consumer_groups([group], request_timeout=1.0)[group]
+        members = described.result(timeout=1.5).members
+    except (KafkaException, concurrent.futures.TimeoutError):
+        return False
+    return any(member.member_id == member_id for member in members)

@@ -31,6 +31,12 @@ API before joining.  A broker that refuses it (below its
   again once its store says Kafka answers it (see :meth:`GatewayGroup._stalled`).  A gateway
   whose Kafka clients stay broken while its membership heartbeats would otherwise keep its
   partitions, without a writer, for ever.
+- Its group member failing for good (librdkafka's fatal error: the broker refused its
+  heartbeat, as a broker without KIP-848's protocol does), it gives every partition up as
+  lost (whoever takes one over fences it), says so in an ERROR line and at ``/readyz`` (see
+  :attr:`GatewayGroup.out_of_group`), and joins again with a new member, after 1, 2, 4 ... 30
+  s.  A dead member heartbeats no more, so the group gives its partitions to the others; a
+  gateway that kept them would write them after the others took them over, and be fenced.
 
 The group decides who *should* write; fencing decides who *can*: even when two gateways both
 believe they own a partition for a moment (one was presumed dead and is not), only the one
@@ -54,6 +60,12 @@ from confluent_kafka.admin import (
 )
 
 from log_store.kafka import naming
+from log_store.kafka.bootstrap import (
+    check_group_protocol,
+    group_fatal_cause,
+    group_fatal_error,
+    lists_member,
+)
 from log_store.kafka.owner_directory import OwnerDirectory
 from log_store.kafka.remote_transaction import PeerLink, RemoteTransactions
 from log_store.kafka.settings import KafkaSettings
@@ -76,6 +88,8 @@ _OUT_CHECK_S = 1.0
 _WITHDRAW_S = 1.0
 MEND_CLAIMS_S = 2.0
 """How often a gateway compares its claims in the owners' topic with what it owns."""
+_REJOIN_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+"""How long a gateway whose group member failed for good waits before each new member."""
 
 
 class GatewayGroup:
@@ -97,6 +111,10 @@ class GatewayGroup:
         broken), with since when, counted only while Kafka answers the group's member."""
         self.rejoins = 0
         """How many times this gateway left the group for want of takeovers, and came back."""
+        self._out_cause: str | None = None
+        self._failed_members = 0
+        """Group members that failed for good in a row (the backoff before the next one)."""
+        self._admin: AdminClient | None = None
         self._lock = threading.Lock()
         self._store: KafkaLogStore | None = None
         self._thread: threading.Thread | None = None
@@ -119,9 +137,28 @@ class GatewayGroup:
         with self._lock:
             return set(self._assigned)
 
+    @property
+    def out_of_group(self) -> str | None:
+        """Why this gateway is out of the gateways' group (its member failed for good, and
+        the new one has not joined yet), or None; the store's readiness says it."""
+        with self._lock:
+            return self._out_cause
+
     # -- life -----------------------------------------------------------------------------------
     def start(self, store: KafkaLogStore) -> None:
-        """Join the group; partitions arrive (and are taken over) in the background."""
+        """Join the group; partitions arrive (and are taken over) in the background.
+
+        BadRequest, before anything is joined, if the cluster refuses a member of KIP-848's
+        consumer group protocol (see :func:`~log_store.kafka.bootstrap.check_group_protocol`):
+        the gateway would otherwise serve, ready, and own no partition.
+        """
+        if not check_group_protocol(self._settings):
+            log.warning(
+                "gateway %s: Kafka neither took nor refused a member of a consumer group in "
+                "%g s; joining the gateways' group all the same",
+                self.url,
+                self._settings.operation_timeout_s,
+            )
         self._store = store
         store.takeover_listener = self._on_takeover
         self.directory.start()
@@ -224,9 +261,12 @@ class GatewayGroup:
                 ready.append(kafka_name)
         return sorted(ready)
 
+    def _new_consumer(self) -> Consumer:
+        return Consumer(self._consumer_config())
+
     def _run(self) -> None:
         self._set_group_timeouts()
-        consumer: Consumer | None = Consumer(self._consumer_config())
+        consumer: Consumer | None = self._new_consumer()
         subscribed: list[str] = []
         looked = 0.0
         mended = time.monotonic()
@@ -249,25 +289,90 @@ class GatewayGroup:
                             on_lost=self._on_lost,
                         )
                         subscribed = topics
+                    if subscribed and self.out_of_group is not None:
+                        self._check_joined(consumer)
                     if self._stalled(now, kafka_answers=topics is not None):
                         consumer.close()  # on_revoke gives every partition up
                         consumer = None
                         if not self._stay_out():
                             return
-                        consumer = Consumer(self._consumer_config())
+                        consumer = self._new_consumer()
                         subscribed = []
                         looked = 0.0
                         self._unwritable.clear()
                         self.rejoins += 1
                         continue
                 try:
-                    consumer.poll(_POLL_S)
+                    event = consumer.poll(_POLL_S)
                 except Exception as exc:  # keep the membership alive through broker hiccups
                     log.warning("gateways' group: %s", exc)
+                    continue
+                fatal = group_fatal_error(event)
+                if fatal is None:
+                    continue
+                self._member_failed(consumer, fatal)
+                consumer = None
+                backoff = _REJOIN_BACKOFF_S[min(self._failed_members, len(_REJOIN_BACKOFF_S)) - 1]
+                if self._stopping.wait(backoff):
+                    return
+                consumer = self._new_consumer()
+                subscribed = []
+                looked = 0.0
+                self._unwritable.clear()
         finally:
             # leaving runs on_revoke for everything this gateway holds
             if consumer is not None:
                 consumer.close()
+
+    def _member_failed(self, consumer: Consumer, reason: str) -> None:
+        """The group member ``consumer`` failed for good: give every partition up, as lost,
+        and close it.  It heartbeats no more, so the group gives its partitions to others
+        once its session times out; they fence this gateway's writers anyway."""
+        cause = group_fatal_cause(reason)
+        with self._lock:
+            self._out_cause = cause
+            self._failed_members += 1
+            held = set(self._assigned)
+        try:
+            partitions = list(consumer.assignment())
+        except KafkaException:
+            partitions = []
+        named = set(self._names(partitions))
+        namespace = self._settings.namespace
+        partitions += [
+            TopicPartition(naming.data_topic(namespace, topic), partition)
+            for topic, partition in sorted(held - named)
+        ]
+        log.error(
+            "gateway %s is out of the gateways' group: its member failed for good: %s; it "
+            "gives up %s (the group hands its partitions to the other gateways) and joins "
+            "again with a new member",
+            self.url,
+            cause,
+            _listed(partitions),
+        )
+        self._give_up(partitions)
+        try:
+            consumer.close()
+        except Exception as exc:  # a dead consumer: nothing of it is needed any more
+            log.warning("gateways' group: closing the failed member: %s", exc)
+
+    def _check_joined(self, consumer: Consumer) -> None:
+        """Back in the group once the broker lists the new member (a member given no
+        partition hears of no assignment)."""
+        if self._admin is None:
+            self._admin = AdminClient(self._settings.admin_config())
+        group = naming.gateway_group(self._settings.namespace)
+        if lists_member(self._admin, group, consumer.memberid()):
+            self._joined()
+
+    def _joined(self) -> None:
+        with self._lock:
+            if self._out_cause is None:
+                return
+            self._out_cause = None
+            self._failed_members = 0
+        log.info("gateway %s is in the gateways' group again", self.url)
 
     def _stalled(self, now: float, *, kafka_answers: bool) -> bool:
         """Whether this gateway should leave: it could write none of the partitions it was
@@ -370,6 +475,7 @@ class GatewayGroup:
         consumer.incremental_assign(partitions)
         if partitions:
             consumer.pause(partitions)
+            self._joined()
         store = self._store
         assert store is not None
         for topic, partition in self._names(partitions):

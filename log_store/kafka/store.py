@@ -784,6 +784,10 @@ class KafkaLogStore:
         return self._watermarks.unavailable_spans()
 
     def readiness(self) -> str | None:
+        # a gateway whose group member failed for good writes nothing until a new one joined
+        out_of_group = getattr(self.placement, "out_of_group", None)
+        if out_of_group is not None:
+            return f"this gateway is out of the gateway group: {out_of_group}"
         try:
             self._admin.reachable(1.0)
         except LogbrokerError as exc:
