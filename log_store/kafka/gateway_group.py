@@ -276,7 +276,10 @@ class GatewayGroup:
                 now = time.monotonic()
                 if now - mended >= MEND_CLAIMS_S:
                     mended = now
-                    self._mend_claims()
+                    try:
+                        self._mend_claims()
+                    except Exception:  # the group's thread must outlive a failed mend
+                        log.exception("mending this gateway's ownership claims")
                 if now - looked >= _TOPICS_S or self._poke.is_set():
                     self._poke.clear()
                     looked = now

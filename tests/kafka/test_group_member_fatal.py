@@ -99,7 +99,11 @@ class _Store:
         self.released.append((topic, partition))
 
     def local_owner(self, topic: str, partition: int) -> Any:
-        return SimpleNamespace(broken=False) if (topic, partition) in self.owned else None
+        if (topic, partition) not in self.owned:
+            return None
+        ready = threading.Event()
+        ready.set()
+        return SimpleNamespace(broken=False, ready=ready)
 
 
 def _until(check: Callable[[], Any], what: str, timeout_s: float = 10.0) -> None:
