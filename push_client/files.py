@@ -4,8 +4,9 @@ A file is one source from the moment its first line is complete until it is let 
 away and quiet (``push_client.rotation``), deleted, truncated or replaced (a new source then
 starts), or no longer configured.  Sources are found by the entries' globs, by inotify's
 rename events, and, after a restart, from the state file, by inode when rotated while the
-client was down.  Identity never depends on the path (``push_client.identity``); positions
-are recorded by source id, and ids recorded by an earlier version are kept as they were.
+client was down.  Identity never depends on the path (``push_client.identity``), nor on how
+the entry that matches a file spells its path; positions are recorded by source id, and ids
+recorded by an earlier version are kept as they were.
 
 Only the daemon's loop thread touches this object.
 """

@@ -52,10 +52,11 @@ def app() -> str:
 
 
 def _push_once(
-    cwd: Path, server: str, *paths: str, log_type: str
+    cwd: Path, server: str, *paths: str, log_type: str, codec: str = "raw"
 ) -> subprocess.CompletedProcess[str]:
     """A one-shot run (``--idle-exit``) from ``cwd``, with the state dir ``cwd/state``."""
-    args = ["--server", server, "--log-type", log_type, "--state-dir", "state", *FAST_FLAGS]
+    args = ["--server", server, "--log-type", log_type, "--codec", codec, "--state-dir", "state"]
+    args += FAST_FLAGS
     done = subprocess.run(
         logbroker_cmd("push", *args, "--idle-exit", "0.5", *paths),
         capture_output=True,
@@ -118,6 +119,24 @@ def test_a_file_rotated_while_down_is_read_to_its_end_under_the_widened_glob(
     assert_exactly_once(delivered, writer)
     assert len(delivered.seqnos) == 2  # the rotated file's source, and the new k1.log
     assert "gone since the last run" not in again.stderr
+
+
+def test_a_codec_changed_between_two_starts_keeps_the_sources(
+    tmp_path: Path, gateway: GatewayProcess, app: str
+) -> None:
+    """What docs/push-client.md tells to do instead of changing a codec by a reload."""
+    _logs, files = _files(tmp_path)
+    for path, writer in files:
+        writer.append(path, 100)
+    _push_once(tmp_path, gateway.url, "logs/*.log", log_type=app)
+    first = read_delivered(gateway.data_dir, app)
+    for path, writer in files:
+        writer.append(path, 50)
+    _push_once(tmp_path, gateway.url, "logs/*.log*", log_type=app, codec="zstd")
+    delivered = read_delivered(gateway.data_dir, app)
+    assert_exactly_once(delivered, *(writer for _path, writer in files))
+    assert set(delivered.seqnos) == set(first.seqnos)
+    assert delivered.codecs == {"raw", "zstd"}
 
 
 def test_a_changed_log_type_is_a_new_source_in_the_new_topic_and_named_so(
