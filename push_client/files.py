@@ -153,6 +153,7 @@ class FileSet:
         permission, no descriptor left): kept, and resumed where they were once it can be.
         Taking them for gone would ship them again from their start as new sources."""
         self._resume_with: tuple[list[str], Callable[[TailedFile, str], None]] = ([], _no_census)
+        self._inodes_by_entry: dict[Entry, dict[tuple[int, int], str]] = {}
         self.unreadable: dict[str, Unreadable] = {}
         """Matched files that cannot be opened (no permission, say), and directories of the
         entries that cannot be looked at, by path.  They are named in the log, the status,
@@ -174,12 +175,18 @@ class FileSet:
         return [t for t in self.files.values() if t.phase is not Phase.DONE]
 
     def _entry_going_on(
-        self, entry_path: str, paths: tuple[str, ...], log_type: str, codec: str | None
+        self,
+        entry_path: str,
+        paths: tuple[str, ...],
+        inode: tuple[int, int],
+        log_type: str,
+        codec: str | None,
     ) -> tuple[Entry | None, Entry | None]:
         """(the entry a known source goes on under, the first entry that matches its file).
 
-        An entry matches the file if it is spelled as the one the source was found by, or if
-        its path or glob matches one of ``paths`` (where the file is, where it was found):
+        An entry matches the file if it is spelled as the one the source was found by, if its
+        path or glob matches one of ``paths`` (where the file is, where it was found), or if
+        what it matches now holds the file's ``inode`` (a directory named through a symlink):
         ``*.log`` edited to ``*.log*`` or ``./*.log``, a relative path given as an absolute
         one, a glob as the names a shell expanded it to, all match the same files.  The
         spelling is not part of the source: compared as a string, every such edit took the
@@ -190,13 +197,26 @@ class FileSet:
         """
         matching: Entry | None = None
         for entry in sorted(self.config.entries, key=lambda e: e.path != entry_path):
-            if entry.path != entry_path and not any(_matches(entry, p) for p in paths):
+            if (
+                entry.path != entry_path
+                and not any(_matches(entry, p) for p in paths)
+                and inode not in self._matched_inodes(entry)
+            ):
                 continue
             if matching is None:
                 matching = entry
             if entry.log_type == log_type and (codec is None or entry.codec == codec):
                 return entry, matching
         return None, matching
+
+    def _matched_inodes(self, entry: Entry) -> dict[tuple[int, int], str]:
+        """The path of every file ``entry`` matches now, by (dev, inode); listed once per
+        pass (:meth:`resume_from_state`, :meth:`discover`, :meth:`apply_config`)."""
+        inodes = self._inodes_by_entry.get(entry)
+        if inodes is None:
+            inodes = {(c.dev, c.ino): c.path for c in expand([entry])}
+            self._inodes_by_entry[entry] = inodes
+        return inodes
 
     # -- finding files --------------------------------------------------------------------------
     def resume_from_state(
@@ -209,6 +229,7 @@ class FileSet:
         stop cleanly).
         """
         self._resume_with = (installations, census)
+        self._inodes_by_entry.clear()
         for pos in list(self.state.sources.values()):
             self._resume(pos, self.unreadable)
 
@@ -219,7 +240,7 @@ class FileSet:
         # The codec is not asked for: the file is opened anew, its chunks compressed for
         # the entry it goes on under, and the gateway's last seqno says where it goes on.
         entry, matching = self._entry_going_on(
-            pos.entry_path, (pos.path, pos.first_path), pos.log_type, None
+            pos.entry_path, (pos.path, pos.first_path), (pos.dev, pos.ino), pos.log_type, None
         )
         identity = FileIdentity(pos.dev, pos.ino, pos.fingerprint)
         try:
@@ -230,6 +251,9 @@ class FileSet:
                 if moved is not None:
                     found = self._open_identity(moved, identity)
                     draining = True
+                else:  # its directory was moved (renamed) where the entry matches it now
+                    moved = self._matched_inodes(entry).get((pos.dev, pos.ino))
+                    found = None if moved is None else self._open_identity(moved, identity)
         except OSError as exc:
             error = exc.strerror or str(exc)
             if (pos.dev, pos.ino) not in self.on_hold:
@@ -340,6 +364,7 @@ class FileSet:
         # Rebuilt by each rescan; self.unreadable keeps the last one's until the end, so
         # that an error already said is not said again.
         unreadable: dict[str, Unreadable] = {}
+        self._inodes_by_entry.clear()
         for pos in list(self.on_hold.values()):
             resumed = self._resume(pos, unreadable)
             if resumed is not None:
@@ -797,12 +822,17 @@ class FileSet:
         them, found again under it as new sources."""
         self.config = config
         self.let_go = LetGoPolicy(config.rotate_wait_s, config.rotated_grace_s)
+        self._inodes_by_entry.clear()
         for tailed in list(self.files.values()):
             if tailed.phase in (Phase.CLOSING, Phase.DONE):
                 continue
             old = tailed.entry
             entry, matching = self._entry_going_on(
-                old.path, (tailed.path, tailed.first_path), old.log_type, old.codec
+                old.path,
+                (tailed.path, tailed.first_path),
+                (tailed.identity.dev, tailed.identity.ino),
+                old.log_type,
+                old.codec,
             )
             if entry is not None:
                 if entry.path != old.path:

@@ -71,6 +71,7 @@ def _push_once(
 def _files(tmp_path: Path) -> tuple[Path, list[tuple[Path, LineWriter]]]:
     logs = tmp_path / "logs"
     logs.mkdir()
+    (tmp_path / "alias").symlink_to(logs)
     return logs, [(logs / f"k{i}.log", LineWriter(f"k{i}")) for i in (1, 2)]
 
 
@@ -81,8 +82,15 @@ def _files(tmp_path: Path) -> tuple[Path, list[tuple[Path, LineWriter]]]:
         (["logs/*.log"], ["./logs/*.log"]),
         (["logs/*.log"], ["{tmp}/logs/*.log"]),
         (["{tmp}/logs/*.log"], ["logs/k1.log", "logs/k2.log"]),
+        (["logs/*.log"], ["alias/*.log"]),
     ],
-    ids=["glob-widened", "dot-prefix", "relative-then-absolute", "glob-then-expanded"],
+    ids=[
+        "glob-widened",
+        "dot-prefix",
+        "relative-then-absolute",
+        "glob-then-expanded",
+        "through-a-symlink",
+    ],
 )
 def test_an_entry_spelled_otherwise_for_the_same_files_ships_every_line_once(
     tmp_path: Path, gateway: GatewayProcess, app: str, before: list[str], after: list[str]
@@ -118,6 +126,24 @@ def test_a_file_rotated_while_down_is_read_to_its_end_under_the_widened_glob(
     delivered = read_delivered(gateway.data_dir, app)
     assert_exactly_once(delivered, writer)
     assert len(delivered.seqnos) == 2  # the rotated file's source, and the new k1.log
+    assert "gone since the last run" not in again.stderr
+
+
+def test_a_directory_renamed_while_down_keeps_its_files_sources_under_the_new_entry(
+    tmp_path: Path, gateway: GatewayProcess, app: str
+) -> None:
+    logs, files = _files(tmp_path)
+    for path, writer in files:
+        writer.append(path, 100)
+    _push_once(tmp_path, gateway.url, "logs/*.log", log_type=app)
+    first = read_delivered(gateway.data_dir, app)
+    moved = logs.rename(tmp_path / "moved")
+    for path, writer in files:
+        writer.append(moved / path.name, 50)
+    again = _push_once(tmp_path, gateway.url, "moved/*.log", log_type=app)
+    delivered = read_delivered(gateway.data_dir, app)
+    assert_exactly_once(delivered, *(writer for _path, writer in files))
+    assert set(delivered.seqnos) == set(first.seqnos)
     assert "gone since the last run" not in again.stderr
 
 
@@ -159,8 +185,9 @@ def test_a_changed_log_type_is_a_new_source_in_the_new_topic_and_named_so(
     assert f"gives it log type {new} (it was {old})" in again.stderr
 
 
+@pytest.mark.parametrize("after", ["logs/*.log*", "alias/*.log"], ids=["glob-widened", "symlink"])
 def test_a_reloaded_entry_path_spelled_otherwise_keeps_shipping_the_same_sources(
-    tmp_path: Path, gateway: GatewayProcess, app: str
+    tmp_path: Path, gateway: GatewayProcess, app: str, after: str
 ) -> None:
     logs, files = _files(tmp_path)
     state = tmp_path / "state"
@@ -179,7 +206,7 @@ def test_a_reloaded_entry_path_spelled_otherwise_keeps_shipping_the_same_sources
     try:
         push.wait_started(state)
         first = wait_for_lines(gateway.data_dir, app, 200)
-        write_config(f"{logs}/*.log*")
+        write_config(f"{tmp_path}/{after}")
         assert push.proc is not None
         push.proc.send_signal(signal.SIGHUP)
         assert until(lambda: "configuration reloaded" in push.log(), 15), push.log()
