@@ -4,8 +4,9 @@ A file is one source from the moment its first line is complete until it is let 
 away and quiet (``push_client.rotation``), deleted, truncated or replaced (a new source then
 starts), or no longer configured.  Sources are found by the entries' globs, by inotify's
 rename events, and, after a restart, from the state file, by inode when rotated while the
-client was down.  Identity never depends on the path (``push_client.identity``); positions
-are recorded by source id, and ids recorded by an earlier version are kept as they were.
+client was down.  Identity never depends on the path (``push_client.identity``), nor on how
+the entry that matches a file spells its path; positions are recorded by source id, and ids
+recorded by an earlier version are kept as they were.
 
 Only the daemon's loop thread touches this object.
 """
@@ -98,6 +99,29 @@ def _size_of(path: str, dev: int, ino: int, last_seen: int) -> int:
     return st.st_size if (st.st_dev, st.st_ino) == (dev, ino) else last_seen
 
 
+def _still_there(pos: SourcePosition) -> bool:
+    """Whether the file of ``pos`` is still at its path or in its directory (by inode)."""
+    try:
+        st = os.stat(pos.path)
+    except OSError:
+        st = None
+    if st is not None and (st.st_dev, st.st_ino) == (pos.dev, pos.ino):
+        return True
+    return find_inode(os.path.dirname(pos.path), pos.dev, pos.ino) is not None
+
+
+def _why_unconfigured(log_type: str, matching: Entry | None) -> str:
+    """Why a file that is still there is no longer shipped as the source it was."""
+    if matching is None:
+        return "no entry matches it any more"
+    if matching.log_type != log_type:
+        return (
+            f"entry {matching.path} gives it log type {matching.log_type} (it was {log_type}); "
+            f"it is shipped there as a new source from its start"
+        )
+    return f"entry {matching.path} gives it codec {matching.codec}; it is shipped as a new source"
+
+
 def _no_census(tailed: TailedFile, installation: str) -> None:
     return None
 
@@ -129,6 +153,7 @@ class FileSet:
         permission, no descriptor left): kept, and resumed where they were once it can be.
         Taking them for gone would ship them again from their start as new sources."""
         self._resume_with: tuple[list[str], Callable[[TailedFile, str], None]] = ([], _no_census)
+        self._inodes_by_entry: dict[Entry, dict[tuple[int, int], str]] = {}
         self.unreadable: dict[str, Unreadable] = {}
         """Matched files that cannot be opened (no permission, say), and directories of the
         entries that cannot be looked at, by path.  They are named in the log, the status,
@@ -149,11 +174,49 @@ class FileSet:
     def live(self) -> list[TailedFile]:
         return [t for t in self.files.values() if t.phase is not Phase.DONE]
 
-    def _entry_for(self, entry_path: str) -> Entry | None:
-        for entry in self.config.entries:
-            if entry.path == entry_path:
-                return entry
-        return None
+    def _entry_going_on(
+        self,
+        entry_path: str,
+        paths: tuple[str, ...],
+        inode: tuple[int, int],
+        log_type: str,
+        codec: str | None,
+    ) -> tuple[Entry | None, Entry | None]:
+        """(the entry a known source goes on under, the first entry that matches its file).
+
+        An entry matches the file if it is spelled as the one the source was found by, if its
+        path or glob matches one of ``paths`` (where the file is, where it was found), or if
+        what it matches now holds the file's ``inode`` (a directory named through a symlink):
+        ``*.log`` edited to ``*.log*`` or ``./*.log``, a relative path given as an absolute
+        one, a glob as the names a shell expanded it to, all match the same files.  The
+        spelling is not part of the source: compared as a string, every such edit took the
+        files for gone and shipped them again from their start under new ids, into the same
+        topic.  The source goes on under the first matching entry of its log type (its topic)
+        and, when ``codec`` is given, of that codec (a running file's chunks are compressed
+        for its entry as they are read); None if there is none.
+        """
+        matching: Entry | None = None
+        for entry in sorted(self.config.entries, key=lambda e: e.path != entry_path):
+            if (
+                entry.path != entry_path
+                and not any(_matches(entry, p) for p in paths)
+                and inode not in self._matched_inodes(entry)
+            ):
+                continue
+            if matching is None:
+                matching = entry
+            if entry.log_type == log_type and (codec is None or entry.codec == codec):
+                return entry, matching
+        return None, matching
+
+    def _matched_inodes(self, entry: Entry) -> dict[tuple[int, int], str]:
+        """The path of every file ``entry`` matches now, by (dev, inode); listed once per
+        pass (:meth:`resume_from_state`, :meth:`discover`, :meth:`apply_config`)."""
+        inodes = self._inodes_by_entry.get(entry)
+        if inodes is None:
+            inodes = {(c.dev, c.ino): c.path for c in expand([entry])}
+            self._inodes_by_entry[entry] = inodes
+        return inodes
 
     # -- finding files --------------------------------------------------------------------------
     def resume_from_state(
@@ -166,6 +229,7 @@ class FileSet:
         stop cleanly).
         """
         self._resume_with = (installations, census)
+        self._inodes_by_entry.clear()
         for pos in list(self.state.sources.values()):
             self._resume(pos, self.unreadable)
 
@@ -173,7 +237,11 @@ class FileSet:
         """Reopen one source of the state file; None if it is gone, or held (``on_hold``,
         and its path in ``unreadable``)."""
         installations, census = self._resume_with
-        entry = self._entry_for(pos.entry_path)
+        # The codec is not asked for: the file is opened anew, its chunks compressed for
+        # the entry it goes on under, and the gateway's last seqno says where it goes on.
+        entry, matching = self._entry_going_on(
+            pos.entry_path, (pos.path, pos.first_path), (pos.dev, pos.ino), pos.log_type, None
+        )
         identity = FileIdentity(pos.dev, pos.ino, pos.fingerprint)
         try:
             found = self._open_identity(pos.path, identity) if entry is not None else None
@@ -183,6 +251,9 @@ class FileSet:
                 if moved is not None:
                     found = self._open_identity(moved, identity)
                     draining = True
+                else:  # its directory was moved (renamed) where the entry matches it now
+                    moved = self._matched_inodes(entry).get((pos.dev, pos.ino))
+                    found = None if moved is None else self._open_identity(moved, identity)
         except OSError as exc:
             error = exc.strerror or str(exc)
             if (pos.dev, pos.ino) not in self.on_hold:
@@ -205,16 +276,24 @@ class FileSet:
             )
             return None
         self.on_hold.pop((pos.dev, pos.ino), None)
-        if found is None or entry is None:
-            reason = "gone" if found is None else "unconfigured"
-            if found is not None:
-                os.close(found[0])
-            log.warning(
-                "source %s is %s since the last run; positions up to %d were acked",
-                pos.source_id,
-                reason,
-                pos.acked,
-            )
+        if found is None:
+            if entry is None and _still_there(pos):
+                log.warning(
+                    "source %s (%s) is unconfigured since the last run: %s; positions up to "
+                    "%d were acked",
+                    pos.source_id,
+                    display_path(pos.path),
+                    _why_unconfigured(pos.log_type, matching),
+                    pos.acked,
+                )
+                reason = "unconfigured"
+            else:
+                log.warning(
+                    "source %s is gone since the last run; positions up to %d were acked",
+                    pos.source_id,
+                    pos.acked,
+                )
+                reason = "gone"
             if pos.doubts:
                 log.error(
                     "source %s: bytes %s were in flight to installations that went down "
@@ -224,6 +303,16 @@ class FileSet:
                 )
             self._retire_position(pos, reason, pos.size, pos.path)
             return None
+        assert entry is not None  # found is looked for only with an entry
+        if entry.path != pos.entry_path:
+            log.info(
+                "source %s (%s) is now matched by entry %s (it was by %s): it goes on as the "
+                "same source",
+                pos.source_id,
+                display_path(found[1]),
+                entry.path,
+                pos.entry_path,
+            )
         fd, path = found
         tailed = self.new_file(
             entry, fd, path, pos.first_path, identity, pos.generation, pos.source_id
@@ -275,6 +364,7 @@ class FileSet:
         # Rebuilt by each rescan; self.unreadable keeps the last one's until the end, so
         # that an error already said is not said again.
         unreadable: dict[str, Unreadable] = {}
+        self._inodes_by_entry.clear()
         for pos in list(self.on_hold.values()):
             resumed = self._resume(pos, unreadable)
             if resumed is not None:
@@ -726,23 +816,42 @@ class FileSet:
 
     # -- configuration --------------------------------------------------------------------------
     def apply_config(self, config: PushConfig) -> None:
-        """A reloaded configuration: files whose entry is gone or changed are closed (what was
-        read is still sent) and found again under their new entry, as new sources."""
+        """A reloaded configuration: a file still matched by an entry of its log type and
+        codec goes on as the same source, however the entry's path is spelled now; the
+        others are closed (what was read is still sent) and, if an entry still matches
+        them, found again under it as new sources."""
         self.config = config
         self.let_go = LetGoPolicy(config.rotate_wait_s, config.rotated_grace_s)
+        self._inodes_by_entry.clear()
         for tailed in list(self.files.values()):
             if tailed.phase in (Phase.CLOSING, Phase.DONE):
                 continue
-            entry = self._entry_for(tailed.entry.path)
-            if (
-                entry is not None
-                and entry.log_type == tailed.entry.log_type
-                and entry.codec == tailed.entry.codec
-            ):
+            old = tailed.entry
+            entry, matching = self._entry_going_on(
+                old.path,
+                (tailed.path, tailed.first_path),
+                (tailed.identity.dev, tailed.identity.ino),
+                old.log_type,
+                old.codec,
+            )
+            if entry is not None:
+                if entry.path != old.path:
+                    log.info(
+                        "%s is now matched by entry %s (it was by %s): it goes on as source %s",
+                        tailed.path,
+                        entry.path,
+                        old.path,
+                        tailed.source_id,
+                    )
                 tailed.entry = entry
                 tailed.multiline = entry.multiline_pattern()
                 continue
-            log.info("%s: its entry changed or is gone; closing its source", tailed.path)
+            log.info(
+                "%s: %s; closing its source %s",
+                tailed.path,
+                _why_unconfigured(old.log_type, matching),
+                tailed.source_id,
+            )
             self.counters.buffered -= tailed.drop_pending()
             self.close_source(tailed, "unconfigured")
 
