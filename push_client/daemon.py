@@ -325,7 +325,10 @@ class PushDaemon:
 
     def _start(self) -> None:
         self._lag_report = LagReporter(
-            f"{socket.gethostname()}:{display_path(str(self.state_dir))}", self._token
+            # the state dir's absolute path: two clients of one host started with the same
+            # relative --state-dir from different directories are two clients
+            f"{socket.gethostname()}:{display_path(os.path.abspath(self.state_dir))}",
+            self._token,
         )
         for entry in self.config.entries:
             self._watcher.watch(watch_root(entry.path))
