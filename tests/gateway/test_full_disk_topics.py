@@ -5,6 +5,7 @@ work without making them (the operator's first steps on a full disk)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 
 from tests.conftest import logbroker_cmd
 from tests.gateway.conftest import write_big
-from tests.gateway.test_data_dir_faults import _fill_leaving, _fill_up, _readiness
+from tests.gateway.test_data_dir_faults import _fill_leaving, _readiness
 
 pytestmark = pytest.mark.fault
 
@@ -26,45 +27,78 @@ def _files_under(directory: Path) -> list[str]:
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
 
 
-def test_a_new_log_type_on_a_full_disk_is_refused_whole_and_the_listed_steps_work(
-    start_gateway: Any, small_filesystem: Path, client_for: Any
-) -> None:
-    data_dir = small_filesystem / "data"
-    gw = start_gateway(data_dir)
+def _full_gateway(start_gateway: Any, small_filesystem: Path, client_for: Any) -> Any:
+    """A gateway whose disk is full to the last byte after it refused a 256 KiB write for
+    space, holding ``dc1.app`` (written) and ``dc1.idle`` (4 partitions, never written)."""
+    gw = start_gateway(small_filesystem / "data")
     client = client_for(gw.url)
     created = client.http.post("/v1/topics", json={"name": "dc1.idle", "partitions": 4})
-    assert created.status_code == 201, created.text  # no write makes its partitions
+    assert created.status_code == 201, created.text
     assert client.acks("s", [1])[0]["status"] == "written"
     _fill_leaving(small_filesystem, 100 * 1024, "filler")
     refused = write_big(client, "big", 1, 4)
     assert refused.status_code == 503, refused.text
-    assert "the write needs" in refused.json()["reason"]
-    _fill_up(small_filesystem)
+    assert "the write needs 262" in refused.json()["reason"]
+    _fill_leaving(small_filesystem, 0, "rest")
+    return client
+
+
+def test_a_new_log_type_on_a_full_disk_is_refused_as_full_and_leaves_no_topic(
+    start_gateway: Any, small_filesystem: Path, client_for: Any
+) -> None:
+    client = _full_gateway(start_gateway, small_filesystem, client_for)
+    # Room for a catalog row, not for a topic's partitions (what the write refused took).
+    (small_filesystem / "rest").unlink()
 
     new_type = client.write("w", [1], log_type="newt")
     assert new_type.status_code == 503, new_type.text
-    assert new_type.json()["reason"].startswith("the data directory's file system is full: ")
-    assert client.http.get("/v1/topics/dc1.newt").status_code == 404  # nothing left behind
-    assert not (data_dir / "topics" / "dc1.newt").exists()
-
     ready = _readiness(client)
-    assert ready.status_code == 503
+    seen = {
+        "write's reason": new_type.json()["reason"].split(":")[0],
+        "GET /v1/topics/dc1.newt": client.http.get("/v1/topics/dc1.newt").status_code,
+        "dc1.newt's files": (small_filesystem / "data" / "topics" / "dc1.newt").exists(),
+        "/readyz": ready.status_code,
+        "/readyz's reason": re.sub(r"\d+", "N", ready.json().get("reason", "")),
+    }
+    assert seen == {
+        "write's reason": "the data directory's file system is full",
+        "GET /v1/topics/dc1.newt": 404,  # nothing left behind
+        "dc1.newt's files": False,
+        "/readyz": 503,
+        "/readyz's reason": (
+            "the data directory's file system is full: a write of N bytes did not fit, N are free"
+        ),
+    }, (new_type.text, ready.text)
     assert ready.json()["reason"].startswith(
         "the data directory's file system is full: a write of 262"
-    ), ready.text
-    assert " did not fit, " in ready.json()["reason"]
-    assert ready.json()["reason"].endswith(" are free")
+    )
+
+
+def test_the_first_steps_on_a_full_disk_work_with_a_topic_no_write_made(
+    start_gateway: Any, small_filesystem: Path, client_for: Any
+) -> None:
+    client = _full_gateway(start_gateway, small_filesystem, client_for)
+    data_dir = small_filesystem / "data"
 
     listed = _run("topics", "--data-dir", str(data_dir), "list")
-    assert listed.returncode == 0, listed.stderr
-    assert "dc1.idle" in listed.stdout and "dc1.app" in listed.stdout
     described = client.http.get("/v1/topics/dc1.idle")
-    assert described.status_code == 200, described.text
-    assert len(described.json()["partitions"]) == 4
     overview = client.http.get("/v1/ui/overview")
-    assert overview.status_code == 200, overview.text
     audited = _run("audit", "--data-dir", str(data_dir))
-    assert audited.returncode == 0, audited.stdout + audited.stderr
+    seen = {
+        "topics list": listed.returncode,
+        "GET /v1/topics/dc1.idle": described.status_code,
+        "GET /v1/ui/overview": overview.status_code,
+        "audit": audited.returncode,
+    }
+    assert seen == {
+        "topics list": 0,
+        "GET /v1/topics/dc1.idle": 200,
+        "GET /v1/ui/overview": 200,
+        "audit": 0,
+    }, (listed.stderr, described.text, overview.text[:300], audited.stdout + audited.stderr)
+    assert "dc1.idle" in listed.stdout and "dc1.app" in listed.stdout
+    assert len(described.json()["partitions"]) == 4
+    assert "audit: OK" in audited.stdout
     assert not (data_dir / "topics" / "dc1.idle").exists(), "a read made partition files"
 
 
