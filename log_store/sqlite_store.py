@@ -817,10 +817,12 @@ class SqliteLogStore:
         deadline = time.monotonic() + timeout_s
 
         def wait(log: PartitionLog) -> bool | None:
-            if not log.has_database or (log.read_only and not self.read_only):
-                # No write made it yet (or did just now, after this view was lent): nothing
-                # to watch but its making.
-                return None
+            if log.read_only and not self.read_only:
+                # A view (no write made the partition yet, or the disk is full): nothing to
+                # watch; looked at again until its end moves or a write makes it.
+                return True if log.has_database and log.bounds()[1] > offset else None
+            if not log.has_database:
+                return None  # a read-only store: no write made it yet
             key = (self._topic(topic).topic_id, partition)
             can_watch = self._watched.get(key)
             if can_watch is None:

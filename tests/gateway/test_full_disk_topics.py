@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,6 @@ import pytest
 from tests.conftest import logbroker_cmd
 from tests.gateway.conftest import write_big
 from tests.gateway.test_data_dir_faults import _fill_leaving, _readiness
-
-pytestmark = pytest.mark.fault
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -43,6 +43,7 @@ def _full_gateway(start_gateway: Any, small_filesystem: Path, client_for: Any) -
     return client
 
 
+@pytest.mark.fault
 def test_a_new_log_type_on_a_full_disk_is_refused_as_full_and_leaves_no_topic(
     start_gateway: Any, small_filesystem: Path, client_for: Any
 ) -> None:
@@ -74,6 +75,7 @@ def test_a_new_log_type_on_a_full_disk_is_refused_as_full_and_leaves_no_topic(
     )
 
 
+@pytest.mark.fault
 def test_the_first_steps_on_a_full_disk_work_with_a_topic_no_write_made(
     start_gateway: Any, small_filesystem: Path, client_for: Any
 ) -> None:
@@ -102,6 +104,7 @@ def test_the_first_steps_on_a_full_disk_work_with_a_topic_no_write_made(
     assert not (data_dir / "topics" / "dc1.idle").exists(), "a read made partition files"
 
 
+@pytest.mark.fault
 def test_partitions_no_write_made_read_as_empty_on_a_full_disk_and_are_made_once_there_is_room(
     small_filesystem: Path,
 ) -> None:
@@ -112,6 +115,7 @@ def test_partitions_no_write_made_read_as_empty_on_a_full_disk_and_are_made_once
     store = open_store(data_dir)
     store.create_topic("dc1.app", TopicConfig(partitions=4))
     store.append("dc1.app", 0, [b"one"])
+    store.create_topic("dc1.idle", TopicConfig(partitions=4))
     before = _files_under(data_dir / "topics")
     filler = _fill_leaving(small_filesystem, 0, "filler")
 
@@ -130,12 +134,15 @@ def test_partitions_no_write_made_read_as_empty_on_a_full_disk_and_are_made_once
         "the data directory's file system is full: making dc1.app/2's files did not fit, "
     )
     made = [n for n in _files_under(data_dir / "topics") if n.split("/")[2] == "2"]
-    assert not [n for n in made if "partition.db" in n], made  # none, or a whole one
+    assert not [n for n in made if "partition.db" in n], made  # no half-made database
     with pytest.raises(StoreFull, match="a new topic needs 1048576 bytes free"):
         store.create_topic("dc1.newt")
-    assert [t.name for t in store.list_topics()] == ["dc1.app"]
+    assert [t.name for t in store.list_topics()] == ["dc1.app", "dc1.idle"]
     assert store.describe_topic("dc1.app").partitions[2].end_offset == 0
-    # these give the space reserve back to the file system first (the disk is full)
+    # These give the space reserve back to the file system first (the disk is full).  The
+    # deletion makes the partitions no write made, to mark them deleted.
+    store.delete_topic("dc1.idle")
+    assert not [n for n in _files_under(data_dir / "topics") if n.startswith("dc1.idle/")]
     assert store.delete_segments_before("dc1.app", 3, 0) == 0
     store.alter_topic("dc1.app", retention_bytes=1024)
     store.apply_retention()
@@ -148,6 +155,7 @@ def test_partitions_no_write_made_read_as_empty_on_a_full_disk_and_are_made_once
     store.close()
 
 
+@pytest.mark.fault
 def test_the_cli_describes_a_topic_no_write_made_on_a_full_disk(small_filesystem: Path) -> None:
     from log_store import TopicConfig, open_store
 
@@ -159,3 +167,22 @@ def test_the_cli_describes_a_topic_no_write_made_on_a_full_disk(small_filesystem
     described = _run("topics", "--data-dir", str(data_dir), "describe", "dc1.app")
     assert described.returncode == 0, described.stderr
     assert not (data_dir / "topics" / "dc1.app").exists()
+
+
+def test_a_reader_waiting_on_a_partition_no_write_made_wakes_when_a_write_makes_it(
+    tmp_path: Path,
+) -> None:
+    from log_store import TopicConfig, open_store
+
+    store = open_store(tmp_path / "data")
+    store.create_topic("dc1.app", TopicConfig(partitions=2))
+    assert store.wait_for_data("dc1.app", 1, 0, 0.2) is False
+    assert not (tmp_path / "data" / "topics" / "dc1.app").exists(), "a wait made files"
+    writer = threading.Timer(0.3, lambda: store.append("dc1.app", 1, [b"first"]))
+    writer.start()
+    started = time.monotonic()
+    assert store.wait_for_data("dc1.app", 1, 0, 30) is True
+    assert time.monotonic() - started < 5
+    writer.join()
+    assert store.read("dc1.app", 1, 0).records[0].value == b"first"
+    store.close()
