@@ -122,6 +122,18 @@ def _full_disk(what: str, needed_bytes: int, free_bytes: int, total_bytes: int) 
     )
 
 
+def _from_a_file_call(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was raised from) what the OS or SQLite said."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (OSError, sqlite3.Error)):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return False
+
+
 def _deleted_in_flight(topic: str) -> TopicDeleted:
     return TopicDeleted(f"topic {topic!r} was deleted while this operation was in flight")
 
@@ -407,9 +419,12 @@ class SqliteLogStore:
         return _full_disk(f"making {what}'s files did not fit", 0, free or 0, total or 0)
 
     def _disk_full(self, exc: BaseException) -> bool:
-        """Whether ``exc`` failed for space: said so, or less is free than writes need."""
+        """Whether ``exc`` failed for space: said so, or a file operation failed while less
+        is free than writes need (not damage found in the files, which no space mends)."""
+        if is_no_space(exc):
+            return True
         free, _total = self._free_space()
-        return is_no_space(exc) or (free is not None and free < _READY_MIN_FREE_BYTES)
+        return free is not None and free < _READY_MIN_FREE_BYTES and _from_a_file_call(exc)
 
     def _free_space(self) -> tuple[int | None, int | None]:
         """The bytes free and in all on the data directory's file system (None: unknown)."""
