@@ -31,7 +31,11 @@ _UNAVAILABLE_SQLITE = (
 
 def is_no_space(exc: BaseException) -> bool:
     """Whether ``exc`` (or what it was raised from) says the file system is full."""
-    while exc is not None:
+    seen: set[int] = set()
+    # ``raise as_store_unavailable(exc) or exc from exc`` of a StoreUnavailable makes it its
+    # own cause: the chain is walked once.
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         if isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc).lower():

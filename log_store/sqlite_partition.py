@@ -370,15 +370,57 @@ class PartitionLog:
         self._wal_pages = 0  # written since the last checkpoint, roughly (committer only)
         self._made = read_only  # the database file exists: never create it again
         if not read_only:
-            new_database = not self._db_path.exists()
-            with self._conn() as conn:
-                conn.executescript(_SCHEMA)
+            if not self._db_path.exists():
+                self._create_database()
             self._made = True
-            if new_database:
-                fsync_directory(directory)  # the database file's own entry
+            with self._conn() as conn:
+                conn.executescript(_SCHEMA)  # no-op but for a database of an older version
             # Recovery writes (it replays batches into the index), so readers leave it to
             # the writers; a read-only handle sees what the index holds.
             self._recover_at_open()
+
+    @property
+    def has_database(self) -> bool:
+        """Whether the partition's database exists (a view of a partition no write has made
+        yet reads as empty, and has nothing to change)."""
+        return self._db_path.exists()
+
+    def _create_database(self) -> None:
+        """Make ``partition.db`` whole or not at all.
+
+        It is built under a name of its own and linked into place once its schema is
+        synced: a database that did not fit (a full disk) leaves no file behind, so a
+        partition whose ``partition.db`` exists is always whole, and one without it reads
+        as empty without being made (``SqliteLogStore``).  A link never replaces: a database
+        another process made meanwhile is the one kept.
+        """
+        temp = self.directory / f"partition.db.{os.getpid()}-{threading.get_ident()}.new"
+        try:
+            # A rollback journal while it is built: every page is in the file once the
+            # script returns, none left in a WAL that a close might fail to checkpoint.
+            conn = sqlite3.connect(str(temp), isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode=DELETE")
+                conn.executescript(_SCHEMA)
+                conn.execute("PRAGMA journal_mode=WAL")
+            finally:
+                conn.close()
+            if os.path.exists(f"{temp}-wal"):
+                raise StoreUnavailable(
+                    "log store unavailable: a new partition's database was not finished"
+                )
+            fd = os.open(temp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with contextlib.suppress(FileExistsError):
+                os.link(temp, self._db_path)
+                fsync_directory(self.directory)  # the database file's own entry
+        finally:
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{temp}{suffix}")
 
     # -- connections ----------------------------------------------------------------------
     @contextmanager

@@ -34,6 +34,7 @@ from log_store.errors import (
     BadRequest,
     CorruptData,
     ReadOnlyStore,
+    StoreFull,
     StoreUnavailable,
     TopicDeleted,
     TopicExists,
@@ -82,6 +83,8 @@ MIN_SEGMENT_BYTES = 4096
 _COUNT_BYTES = 8
 _READY_MIN_FREE_BYTES = 1024 * 1024
 """Below this much free space the store is not ready (``readiness``): a write would fail."""
+_UNMADE_POLL_S = 0.05
+"""How often a reader waiting on a partition no write has made yet looks for it."""
 RESERVE_FILE = "space-reserve"
 _RESERVE_BYTES = 1024 * 1024
 """Kept in ``RESERVE_FILE`` and given back when a topic's deletion, a retention change or a
@@ -107,6 +110,28 @@ def _deleted_under_lease(topic: str) -> Callable[[], PartitionLog]:
         raise UnknownTopic(f"topic {topic!r} was deleted")
 
     return deleted
+
+
+def _full_disk(what: str, needed_bytes: int, free_bytes: int, total_bytes: int) -> StoreFull:
+    return StoreFull(
+        f"the data directory's file system is full: {what}, {free_bytes} are free; nothing "
+        "was kept, and it is taken once space is freed (retention, fewer topics, a larger disk)",
+        needed_bytes,
+        free_bytes,
+        total_bytes,
+    )
+
+
+def _from_a_file_call(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was raised from) what the OS or SQLite said."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (OSError, sqlite3.Error)):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return False
 
 
 def _deleted_in_flight(topic: str) -> TopicDeleted:
@@ -251,9 +276,16 @@ class SqliteLogStore:
         return info
 
     @contextmanager
-    def _lease(self, topic: str, partition: int) -> Iterator[tuple[TopicInfo, PartitionLog]]:
+    def _lease(
+        self, topic: str, partition: int, *, create: bool = False
+    ) -> Iterator[tuple[TopicInfo, PartitionLog]]:
         """The partition, open and in use while the ``with`` block runs (see
-        :mod:`log_store.partition_handles`)."""
+        :mod:`log_store.partition_handles`).
+
+        A partition's files are made by its first write (``create``), not with its topic:
+        one no process has written yet is lent as an empty read-only view and made by
+        nothing else, so that listing, describing, reading and auditing never need space
+        (a full disk must not stop them)."""
         info = self._topic(topic)
         if not isinstance(partition, int) or partition < 0:
             raise UnknownPartition(f"partition must be a non-negative integer, got {partition!r}")
@@ -267,21 +299,26 @@ class SqliteLogStore:
                         f"topic {topic!r} has partitions 0..{info.config.partitions - 1}, "
                         f"not {partition}"
                     )
-                if self.read_only and not (self._path(info, partition) / "partition.db").exists():
-                    # No process has created it yet: it reads as empty now, and is looked for
+                if (self.read_only or not create) and not self._made(info, partition):
+                    # No process has written it yet: it reads as empty now, and is looked for
                     # again next time.
-                    log = self._open_partition(info, partition)
-                    try:
-                        if not self._topic_alive(info.topic_id):
-                            # its files went with it, after our look at the catalog
-                            raise _deleted_in_flight(topic)
-                        yield info, log
-                    finally:
-                        log.close()
+                    with self._view(topic, info, partition) as lent:
+                        yield lent
                     return
-            handle = self._handles.acquire(
-                (info.topic_id, partition), lambda: self._reopen_partition(topic, info, partition)
-            )
+            try:
+                handle = self._handles.acquire(
+                    (info.topic_id, partition),
+                    lambda: self._reopen_partition(topic, info, partition),
+                )
+            except StoreUnavailable as exc:
+                if create or not self._disk_full(exc):
+                    raise
+                # Opening it for writes recovers what a crash or a refused write left past
+                # its index, which needs space: a reader reads what the index holds, as a
+                # read-only store does.
+                with self._view(topic, info, partition) as lent:
+                    yield lent
+                return
             try:
                 yield info, handle.log
             finally:
@@ -294,6 +331,21 @@ class SqliteLogStore:
             if deleted is None:
                 raise
             raise deleted from exc
+
+    @contextmanager
+    def _view(
+        self, topic: str, info: TopicInfo, partition: int
+    ) -> Iterator[tuple[TopicInfo, PartitionLog]]:
+        """The partition read-only, for the ``with`` block only: it makes and changes no
+        file (one that does not exist reads as empty)."""
+        log = self._open_partition(info, partition, read_only=True)
+        try:
+            if not self._topic_alive(info.topic_id):
+                # its files went with it, after our look at the catalog
+                raise _deleted_in_flight(topic)
+            yield info, log
+        finally:
+            log.close()
 
     def _deleted_meanwhile(self, topic: str, topic_id: str) -> TopicDeleted | None:
         """A :class:`TopicDeleted` if the topic ``topic_id`` has left the catalog (so a failure
@@ -310,6 +362,10 @@ class SqliteLogStore:
     def _path(self, info: TopicInfo, partition: int) -> Path:
         return self.data_dir / "topics" / info.name / info.topic_id / str(partition)
 
+    def _made(self, info: TopicInfo, partition: int) -> bool:
+        """Whether the partition's database exists (it is made whole or not at all)."""
+        return (self._path(info, partition) / "partition.db").exists()
+
     def _reopen_partition(self, topic: str, known: TopicInfo, partition: int) -> PartitionLog:
         """Open a partition of the topic ``known`` names, if that topic is still the one."""
         info = self._load_topic(topic)
@@ -325,23 +381,58 @@ class SqliteLogStore:
             raise _deleted_in_flight(topic)
         return log
 
-    def _open_partition(self, info: TopicInfo, partition: int) -> PartitionLog:
+    def _open_partition(
+        self, info: TopicInfo, partition: int, *, read_only: bool = False
+    ) -> PartitionLog:
         topic_id = info.topic_id
+        path = self._path(info, partition)
+        made = read_only or self.read_only or (path / "partition.db").exists()
         try:
             if self._guard is not None:
                 # before the partition's directories are made again in a replaced data dir
                 self._guard.check()
             return PartitionLog(
-                self._path(info, partition),
+                path,
                 info.config.segment_bytes,
                 lambda: self._topic_alive(topic_id),
-                read_only=self.read_only,
+                read_only=read_only or self.read_only,
                 topic_id=topic_id,
                 on_no_space=self._note_no_space,
                 guard=self._guard,
             )
-        except (OSError, sqlite3.Error) as exc:
+        except (OSError, sqlite3.Error, StoreUnavailable) as exc:
+            full = None if made else self._full_making(f"{info.name}/{partition}", exc)
+            if full is not None:
+                raise full from exc
+            if isinstance(exc, StoreUnavailable):
+                raise
             raise as_store_unavailable(exc) or exc from exc
+
+    def _full_making(self, what: str, exc: BaseException) -> StoreFull | None:
+        """The :class:`StoreFull` that making ``what``'s files on a full disk failed with, or
+        None if the failure was not for space.  SQLite says "disk I/O error" when the file
+        system cannot give its shared-memory file a page: the free space decides."""
+        if not self._disk_full(exc):
+            return None
+        free, total = self._free_space()
+        self._note_no_space(0)
+        return _full_disk(f"making {what}'s files did not fit", 0, free or 0, total or 0)
+
+    def _disk_full(self, exc: BaseException) -> bool:
+        """Whether ``exc`` failed for space: said so, or a file operation failed while less
+        is free than writes need (not damage found in the files, which no space mends)."""
+        if is_no_space(exc):
+            return True
+        free, _total = self._free_space()
+        return free is not None and free < _READY_MIN_FREE_BYTES and _from_a_file_call(exc)
+
+    def _free_space(self) -> tuple[int | None, int | None]:
+        """The bytes free and in all on the data directory's file system (None: unknown)."""
+        try:
+            fs = os.statvfs(self.data_dir)
+        except OSError:
+            return None, None
+        return fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
 
     def _on_close(self, key: tuple[str, int], log: PartitionLog) -> None:
         """A partition is closed to stay within the limit: stop watching its notify file."""
@@ -402,6 +493,17 @@ class SqliteLogStore:
                 "SELECT 1 FROM topics WHERE name = ?", (name,)
             ).fetchone()
             if not exists:
+                free, total = self._free_space()
+                if free is not None and total is not None and free < _READY_MIN_FREE_BYTES:
+                    # Its partitions are made by their first writes, which would not fit:
+                    # a topic no write can fill is not made (a client retrying new log
+                    # types on a full disk would leave one behind per try).
+                    raise _full_disk(
+                        f"a new topic needs {_READY_MIN_FREE_BYTES} bytes free",
+                        _READY_MIN_FREE_BYTES,
+                        free,
+                        total,
+                    )
                 self._catalog.execute(
                     "INSERT INTO topics VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (
@@ -430,7 +532,9 @@ class SqliteLogStore:
         marked, partitions = 0, info.config.partitions
         while marked < partitions:
             for p in range(marked, partitions):
-                with self._lease(name, p) as (_, log):
+                # made if no write made it yet: a writer of another process that makes it
+                # meanwhile finds the mark (or the topic gone) before it acks
+                with self._lease(name, p, create=True) as (_, log):
                     log.mark_deleted()
             marked = partitions
             # more than marked: partitions were added meanwhile, marked too before it goes
@@ -657,7 +761,7 @@ class SqliteLogStore:
         self, topic: str, partition: int, fn: TransactionFn
     ) -> concurrent.futures.Future[AppendResult]:
         self._check_writable("append")
-        with self._lease(topic, partition) as (info, _):
+        with self._lease(topic, partition, create=True) as (info, _):
             # Held until the transaction is resolved: a partition with work queued stays open.
             handle = self._handles.acquire((info.topic_id, partition), _deleted_under_lease(topic))
         try:
@@ -693,7 +797,7 @@ class SqliteLogStore:
         """Commit ``fn`` in this thread when the partition is not committing already (see
         ``PartitionLog.commit_here``); a waiting writer saves two thread hand-offs."""
         self._check_writable("append")
-        with self._lease(topic, partition) as (_info, log):
+        with self._lease(topic, partition, create=True) as (_info, log):
             return log.commit_here(fn)
 
     def append(self, topic: str, partition: int, values: Sequence[bytes]) -> AppendResult:
@@ -725,15 +829,30 @@ class SqliteLogStore:
         return self._on_partition(topic, partition, lambda log: log.bounds()[1])
 
     def wait_for_data(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
-        def wait(log: PartitionLog) -> bool:
+        deadline = time.monotonic() + timeout_s
+
+        def wait(log: PartitionLog) -> bool | None:
+            if log.read_only and not self.read_only:
+                # A view (no write made the partition yet, or the disk is full): nothing to
+                # watch; looked at again until its end moves or a write makes it.
+                return True if log.has_database and log.bounds()[1] > offset else None
+            if not log.has_database:
+                return None  # a read-only store: no write made it yet
             key = (self._topic(topic).topic_id, partition)
             can_watch = self._watched.get(key)
             if can_watch is None:
                 can_watch = self._watcher.watch(log.notify_path, log.notify_changed)
                 self._watched[key] = can_watch
-            return log.wait_for_data(offset, timeout_s, can_watch)
+            return log.wait_for_data(offset, max(0.0, deadline - time.monotonic()), can_watch)
 
-        return self._on_partition(topic, partition, wait)
+        while True:
+            waited = self._on_partition(topic, partition, wait)
+            if waited is not None:
+                return waited
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(_UNMADE_POLL_S, remaining))
 
     # -- retention ------------------------------------------------------------------------
     def apply_retention(self, now_ms_: int | None = None) -> dict[tuple[str, int], int]:
@@ -749,6 +868,8 @@ class SqliteLogStore:
                 continue
             for p in range(cfg.partitions):
                 with self._lease(info.name, p) as (_, log):
+                    if not log.has_database:
+                        continue  # nothing written: nothing to drop
                     before = log.bounds()[0]
                     after = log.drop_segments(
                         below_offset=None,
@@ -766,6 +887,8 @@ class SqliteLogStore:
 
         def drop() -> int:
             with self._lease(topic, partition) as (_, log):
+                if not log.has_database:
+                    return log.bounds()[0]  # nothing written: nothing to drop
                 return log.drop_segments(below_offset=offset, before_ms=None, max_bytes=None)
 
         return self._freeing_space(drop)
@@ -834,17 +957,21 @@ class SqliteLogStore:
         if fs.f_flag & os.ST_RDONLY:
             return "the data directory's file system is read-only"
         free = fs.f_bavail * fs.f_frsize
-        if free < _READY_MIN_FREE_BYTES:
-            return "the data directory's file system is full"
         needed = self._short_of_space
         if needed is not None:
-            if free < (needed or _READY_MIN_FREE_BYTES + _RESERVE_BYTES):
+            if free < max(needed or _READY_MIN_FREE_BYTES + _RESERVE_BYTES, _READY_MIN_FREE_BYTES):
                 write = f"a write of {needed} bytes" if needed else "a write"
                 return (
                     f"the data directory's file system is full: {write} did not fit, "
                     f"{free} are free"
                 )
             self._short_of_space = None
+        if free < _READY_MIN_FREE_BYTES:
+            # No write of this process was refused (another worker's may have been).
+            return (
+                f"the data directory's file system is full: {free} bytes are free, "
+                f"writes need {_READY_MIN_FREE_BYTES}"
+            )
         if not os.access(where, os.W_OK):
             return "the data directory is not writable"
         self._keep_reserve()

@@ -32,7 +32,8 @@ def test_an_append_into_a_partition_whose_files_were_removed_says_the_topic_was_
     writer, deleter = open_store(tmp_path), open_store(tmp_path)
     try:
         writer.create_topic("dc1.t", TopicConfig(partitions=1))
-        assert _values(writer, "dc1.t") == []
+        deleter.append("dc1.t", 0, [b"before"])  # made by a write: a read makes no file
+        assert _values(writer, "dc1.t") == [b"before"]
         deleter.delete_topic("dc1.t")
         with pytest.raises(UnknownTopic, match="deleted"):
             writer.append("dc1.t", 0, [b"after the delete"])
@@ -54,7 +55,8 @@ def test_an_append_between_a_deletions_file_and_directory_removal_leaves_nothing
     writer, deleter = open_store(tmp_path), open_store(tmp_path)
     try:
         writer.create_topic("dc1.t", TopicConfig(partitions=1))
-        assert _values(writer, "dc1.t") == []
+        deleter.append("dc1.t", 0, [b"before"])  # made by a write: a read makes no file
+        assert _values(writer, "dc1.t") == [b"before"]
         partition_dir = next((tmp_path / "topics" / "dc1.t").iterdir()) / "0"
         deleter.delete_topic("dc1.t")
         partition_dir.mkdir(parents=True)  # as mid-way through the deletion's removal
