@@ -263,15 +263,7 @@ class FetcherPool:
                 if not block:
                     return None
                 self._cond.wait(1.0)
-        try:
-            consumer = Consumer(
-                self._settings.reader_config(reader_group(self._settings.namespace))
-            )
-        except Exception:
-            with self._cond:
-                self._count -= 1
-            raise
-        return _Fetcher(consumer)
+        return self._new_fetcher()
 
     def _fresh(self) -> _Fetcher:
         """A new consumer, never one of the pool's (see :meth:`replay`)."""
@@ -279,6 +271,10 @@ class FetcherPool:
             if self._closed:
                 raise StoreUnavailable("log store is closed")
             self._count += 1
+        return self._new_fetcher()
+
+    def _new_fetcher(self) -> _Fetcher:
+        """A fetcher with a new consumer, counted already (uncounted if it cannot be made)."""
         try:
             consumer = Consumer(
                 self._settings.reader_config(reader_group(self._settings.namespace))

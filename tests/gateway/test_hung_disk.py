@@ -40,14 +40,11 @@ class _Hang:
         assert self.released.wait(30), "never released"
 
 
-def test_a_write_stuck_on_the_disk_makes_the_store_not_ready(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = SqliteLogStore(tmp_path / "data", stall_after_s=0.3)
-    store.create_topic("dc1.app")
-    store.append("dc1.app", 0, [b"before"])
-    assert store.readiness() is None
-
+def _write_stuck_on_the_disk(
+    store: SqliteLogStore, monkeypatch: pytest.MonkeyPatch
+) -> tuple[_Hang, threading.Thread]:
+    """A write to dc1.app/0 hung in its durable sync (until ``hang.released``): the hang and
+    the writer's thread."""
     hang = _Hang()
     real_fdatasync = os.fdatasync
 
@@ -59,6 +56,18 @@ def test_a_write_stuck_on_the_disk_makes_the_store_not_ready(
     writer = threading.Thread(target=store.append, args=("dc1.app", 0, [b"stuck"]))
     writer.start()
     assert hang.entered.wait(10)
+    return hang, writer
+
+
+def test_a_write_stuck_on_the_disk_makes_the_store_not_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SqliteLogStore(tmp_path / "data", stall_after_s=0.3)
+    store.create_topic("dc1.app")
+    store.append("dc1.app", 0, [b"before"])
+    assert store.readiness() is None
+
+    hang, writer = _write_stuck_on_the_disk(store, monkeypatch)
     assert store.readiness() is None, "not ready before stall_after_s"
     time.sleep(0.4)
     reason = store.readiness()
@@ -81,17 +90,7 @@ def test_writes_behind_a_write_stuck_on_the_disk_are_refused_at_once(
     with no answer to fail over on); now they get ``StoreUnavailable`` (503, Retry-After)."""
     store = SqliteLogStore(tmp_path / "data", stall_after_s=0.3)
     store.create_topic("dc1.app", TopicConfig(partitions=2))
-    hang = _Hang()
-    real_fdatasync = os.fdatasync
-
-    def stuck_fdatasync(fd: int) -> None:
-        hang.wait()
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(os, "fdatasync", stuck_fdatasync)
-    writer = threading.Thread(target=store.append, args=("dc1.app", 0, [b"stuck"]))
-    writer.start()
-    assert hang.entered.wait(10)
+    hang, writer = _write_stuck_on_the_disk(store, monkeypatch)
     time.sleep(0.4)
     for write in (
         lambda: store.append("dc1.app", 1, [b"next"]),
@@ -106,7 +105,7 @@ def test_writes_behind_a_write_stuck_on_the_disk_are_refused_at_once(
 
     hang.released.set()
     writer.join(10)
-    monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+    monkeypatch.undo()  # the real durable sync again
     store.append("dc1.app", 1, [b"after"])
     assert (store.end_offset("dc1.app", 0), store.end_offset("dc1.app", 1)) == (1, 1)
     store.close()
