@@ -117,6 +117,12 @@ def wait_for(driver: webdriver.Chrome, what: str, check: Callable[[], Any]) -> A
     return WebDriverWait(driver, WAIT_S, poll_frequency=0.25).until(poll, f"the page never {what}")
 
 
+def enter_token(driver: webdriver.Chrome, token: str) -> None:
+    """Type ``token`` into the page's token form and send it."""
+    driver.find_element(By.ID, "token-input").send_keys(token)
+    driver.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+
+
 def cell_text(driver: webdriver.Chrome, selector: str) -> str:
     found = driver.find_elements(By.CSS_SELECTOR, selector)
     if not found:
@@ -149,8 +155,7 @@ def test_dashboard_shows_topics_rates_and_a_lag_that_falls_back_to_zero(
         "showed the token form",
         lambda: browser.find_element(By.ID, "token-form").is_displayed(),
     )
-    browser.find_element(By.ID, "token-input").send_keys(TOKEN)
-    browser.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+    enter_token(browser, TOKEN)
     topic_row = f'#topics tr[data-topic="{TOPIC}"]'
     wait_for(browser, f"listed {TOPIC}", lambda: browser.find_elements(By.CSS_SELECTOR, topic_row))
     assert browser.execute_script("return sessionStorage.getItem('logbroker.token')") == TOKEN
@@ -246,8 +251,7 @@ def test_a_token_entered_after_another_sees_only_its_own_names_in_the_charts(
 
         browser.get(gateway.url + "/ui")
         wait_for(browser, "asked for a token", lambda: browser.find_element(By.ID, "token-input"))
-        browser.find_element(By.ID, "token-input").send_keys(TOKEN)
-        browser.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+        enter_token(browser, TOKEN)
         wait_for(browser, f"drew {TOPIC}", lambda: TOPIC in legends(browser))
 
         # the token stops working (revoked): the page asks again, and another person enters theirs
@@ -257,8 +261,7 @@ def test_a_token_entered_after_another_sees_only_its_own_names_in_the_charts(
             "asked for a token again",
             lambda: browser.find_element(By.ID, "token-form").is_displayed(),
         )
-        browser.find_element(By.ID, "token-input").send_keys(OTHER_TOKEN)
-        browser.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+        enter_token(browser, OTHER_TOKEN)
         wait_for(
             browser,
             "showed the other token's view",
