@@ -402,7 +402,7 @@ class FileSet:
                 self.waiting_paths.add(cand.path)
                 continue
             identity = FileIdentity(cand.dev, cand.ino, fingerprint)
-            known = self._known_as(identity, st.st_size)
+            known = self._known_as(identity, st.st_size, cand.entry.log_type)
             if known is None:
                 os.close(fd)
                 continue
@@ -479,7 +479,7 @@ class FileSet:
                 os.close(fd)
                 continue
             identity = FileIdentity(st.st_dev, st.st_ino, fingerprint)
-            known = self._known_as(identity, st.st_size)
+            known = self._known_as(identity, st.st_size, entry.log_type)
             if known is None:
                 os.close(fd)
                 continue
@@ -507,13 +507,15 @@ class FileSet:
         return tailed
 
     def _known_as(
-        self, identity: FileIdentity, size: int
+        self, identity: FileIdentity, size: int, log_type: str
     ) -> tuple[int, RetiredSource | None] | None:
         """The generation a newly found file gets, and the retired source it continues.
 
         None when it is a file already let go that has not grown since: it is skipped.  A file
         let go after rotation that grew since (its writer kept appending) is the same source
-        again: it continues from where the gateway holds it.  The same identity after a
+        again: it continues from where the gateway holds it.  So is a file let go because no
+        entry matched it any more (an entry left out for a run, or removed by a reload) once
+        an entry of the same log type matches it again.  The same identity after a
         truncation or deletion (inode reused, same first line) is new content: it gets the
         next generation so its seqnos start afresh.
         """
@@ -530,6 +532,18 @@ class FileSet:
             self.abandoned.forget(identity.dev, identity.ino)
             log.info(
                 "a rotated file let go before grew again; shipping it on as %s", latest.source_id
+            )
+            return latest.generation, latest
+        if (
+            latest is not None
+            and latest.reason == "unconfigured"
+            and latest.log_type == log_type
+            and size >= latest.size
+        ):
+            log.info(
+                "%s is matched by an entry again; shipping it on as %s",
+                display_path(latest.path),
+                latest.source_id,
             )
             return latest.generation, latest
         for tailed in self.files.values():
@@ -768,6 +782,7 @@ class FileSet:
                 size=size,
                 path=path,
                 acked=pos.acked,
+                log_type=pos.log_type,
             )
         )
 

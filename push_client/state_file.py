@@ -78,6 +78,8 @@ class RetiredSource:
     size: int = 0
     path: str = ""
     acked: int = 0
+    log_type: str = ""
+    """The log type it was shipped as ("" in state files of older versions)."""
 
 
 @dataclass
@@ -172,6 +174,7 @@ _RETIRED_FIELDS = {
     "size": _COUNT,
     "path": _TEXT,
     "acked": _COUNT,
+    "log_type": _TEXT,
 }
 
 

@@ -222,3 +222,66 @@ def test_a_reloaded_entry_path_spelled_otherwise_keeps_shipping_the_same_sources
     assert set(delivered.seqnos) == set(first.seqnos)
     assert push.log().count("is now matched by entry") == 2
     assert "closing its source" not in push.log()
+
+
+def test_an_entry_removed_and_put_back_goes_on_with_its_files_sources(
+    tmp_path: Path, gateway: GatewayProcess, app: str
+) -> None:
+    """Before: the files of an entry left out for one run (commented out, say) and put back
+    were let go "unconfigured" and then taken for new content: shipped again from byte 0
+    under ``#g1``, every line of them twice in the topic."""
+    _logs, files = _files(tmp_path)
+    (k1, w1), (k2, w2) = files
+    for path, writer in files:
+        writer.append(path, 100)
+    _push_once(tmp_path, gateway.url, "logs/k1.log", "logs/k2.log", log_type=app)
+    first = read_delivered(gateway.data_dir, app)
+    w2.append(k2, 20)
+    _push_once(tmp_path, gateway.url, "logs/k2.log", log_type=app)  # k1's entry left out
+    w1.append(k1, 30)  # written meanwhile: shipped once its entry is back
+    w2.append(k2, 10)
+    again = _push_once(tmp_path, gateway.url, "logs/k1.log", "logs/k2.log", log_type=app)
+    delivered = read_delivered(gateway.data_dir, app)
+    assert_exactly_once(delivered, w1, w2)
+    assert set(delivered.seqnos) == set(first.seqnos), again.stderr
+
+
+def test_an_entry_removed_and_put_back_by_reloads_goes_on_with_its_files_sources(
+    tmp_path: Path, gateway: GatewayProcess, app: str
+) -> None:
+    """The reviewer's sharpest form: an entry commented out (SIGHUP) and restored (SIGHUP)
+    shipped its files again in full."""
+    _logs, files = _files(tmp_path)
+    (k1, w1), (k2, w2) = files
+    state = tmp_path / "state"
+    config = tmp_path / "push.toml"
+
+    def write_config(*paths: Path) -> None:
+        entries = "".join(f'[[entry]]\npath = "{p}"\nlog_type = "{app}"\n' for p in paths)
+        config.write_text(f'[push]\nservers = ["{gateway.url}"]\nstate_dir = "{state}"\n{entries}')
+
+    for path, writer in files:
+        writer.append(path, 100)
+    write_config(k1, k2)
+    push = PushProcess(["--config", str(config), *FAST_FLAGS], tmp_path / "push.log").start()
+    try:
+        push.wait_started(state)
+        first = wait_for_lines(gateway.data_dir, app, 200)
+        assert push.proc is not None
+        write_config(k2)
+        push.proc.send_signal(signal.SIGHUP)
+        assert until(lambda: "(unconfigured)" in push.log(), 15), push.log()  # let go
+        w1.append(k1, 20)  # written while left out
+        write_config(k1, k2)
+        push.proc.send_signal(signal.SIGHUP)
+        assert until(lambda: push.log().count("configuration reloaded") == 2, 15), push.log()
+        w1.append(k1, 20)  # and after it is back
+        wait_for_lines(gateway.data_dir, app, 240)
+        time.sleep(0.5)  # what a source shipped again would add comes now
+        assert push.stop() == 0
+    finally:
+        push.kill()
+    delivered = read_delivered(gateway.data_dir, app)
+    assert_exactly_once(delivered, w1, w2)
+    assert set(delivered.seqnos) == set(first.seqnos)
+    assert "is matched by an entry again" in push.log()
