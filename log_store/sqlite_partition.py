@@ -388,11 +388,12 @@ class PartitionLog:
     def _create_database(self) -> None:
         """Make ``partition.db`` whole or not at all.
 
-        It is built under a name of its own and linked into place once its schema is
+        It is built under a name of its own and renamed into place once its schema is
         synced: a database that did not fit (a full disk) leaves no file behind, so a
         partition whose ``partition.db`` exists is always whole, and one without it reads
-        as empty without being made (``SqliteLogStore``).  A link never replaces: a database
-        another process made meanwhile is the one kept.
+        as empty without being made (``SqliteLogStore``).  The rename is made under the
+        partition's writer lock, and only if no other process made the database meanwhile:
+        that one is kept.
         """
         temp = self.directory / f"partition.db.{os.getpid()}-{threading.get_ident()}.new"
         try:
@@ -414,9 +415,12 @@ class PartitionLog:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            with contextlib.suppress(FileExistsError):
-                os.link(temp, self._db_path)
-                fsync_directory(self.directory)  # the database file's own entry
+            # Renamed, not linked: a power cut's rebuild (tests/durability) models renames,
+            # and the writer lock keeps another process from making one meanwhile.
+            with self._write_lock():
+                if not self._db_path.exists():
+                    os.rename(temp, self._db_path)
+                    fsync_directory(self.directory)  # the database file's own entry
         finally:
             for suffix in ("", "-journal", "-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):

@@ -113,12 +113,15 @@ def test_an_idle_source_expires_and_a_new_owner_rebuilds_the_table_without_it(
     )
     http = httpx.Client(base_url=successor.url, timeout=60)
     try:
+        # given the partition first, then its takeover done (fencing, the table rebuilt)
         wait_until(
-            lambda: (metric(successor.url, "logbroker_kafka_owned_partitions") or 0) > 0,
+            lambda: (
+                (metric(successor.url, "logbroker_kafka_owned_partitions") or 0) > 0
+                and (metric(successor.url, "logbroker_kafka_takeovers") or 0) > 0
+            ),
             60,
             "the second gateway to take the partition over",
         )
-        assert (metric(successor.url, "logbroker_kafka_takeovers") or 0) > 0
         assert _last_seqno(http, "idle") == 0
         assert {s: _last_seqno(http, s) for s in [*LIVE, "new"]} == {
             **dict.fromkeys(LIVE, live),
