@@ -71,10 +71,10 @@ class _Member:
         return None
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
-        pass
+        """The group takes what it is given; this member hands out no messages to fetch."""
 
     def pause(self, partitions: list[TopicPartition]) -> None:
-        pass
+        """Nothing to pause: this member never fetches."""
 
     def assignment(self) -> list[TopicPartition]:
         return list(self.partitions) if self.given else []

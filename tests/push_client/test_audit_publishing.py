@@ -7,13 +7,10 @@ or failing, and which gateway it sends to while answers of the old one still com
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +29,7 @@ from tests.push_client.conftest import (
     read_delivered,
     wait_for_lines,
 )
+from tests.scripted_http import serving
 
 
 @pytest.fixture
@@ -149,51 +147,6 @@ def test_a_last_publish_that_no_gateway_takes_is_said_in_one_line(
 # -- logs of the lag report and of the gateway preference: scripted HTTP endpoints -----------
 
 
-class _Scripted(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, answer: Callable[[str], tuple[int, float]]) -> None:
-        self.answer = answer
-        """path -> (status, seconds to wait before answering)."""
-        self.paths: list[str] = []
-        super().__init__(("127.0.0.1", 0), _Handler)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Scripted
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        self.server.paths.append(self.path)
-        status, delay = self.server.answer(self.path)
-        time.sleep(delay)
-        body = b"{}" if status == 200 else b'{"error": "x", "reason": "scripted refusal"}'
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _serving(answer: Callable[[str], tuple[int, float]]) -> Iterator[_Scripted]:
-    server = _Scripted(answer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 _ROW = {"path": "/var/log/a.log", "log_type": "app", "size": 10, "acked": 5, "phase": "tail"}
 
 
@@ -209,7 +162,7 @@ def test_lag_reports_log_an_outage_once_and_each_lasting_refusal_once(
         return status, 0.0
 
     caplog.set_level(logging.DEBUG, logger="logbroker.push")
-    with _serving(answer) as server:
+    with serving(answer) as server:
         reporter = LagReporter("test-client", BearerToken(None, None), interval_s=0.02)
         try:
             deadline = time.monotonic() + 10
@@ -241,7 +194,7 @@ def test_a_late_answer_from_the_gateway_left_behind_does_not_move_the_client_bac
         return (200, 0.6) if path == "/slow" else (503, 0.0)
 
     caplog.set_level(logging.INFO, logger="logbroker.push")
-    with _serving(first_answer) as first, _serving(lambda _p: (200, 0.0)) as second:
+    with serving(first_answer) as first, serving(lambda _p: (200, 0.0)) as second:
         client = GatewayClient(
             (first.url, second.url),
             token=BearerToken(None, None),

@@ -1,0 +1,55 @@
+"""Scripted HTTP endpoints for tests of clients: each POST is answered with the status (and
+after the delay) a function of its path gives, with a JSON error body unless 200."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class ScriptedServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, answer: Callable[[str], tuple[int, float]]) -> None:
+        self.answer = answer
+        """path -> (status, seconds to wait before answering)."""
+        self.paths: list[str] = []
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ScriptedServer
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.server.paths.append(self.path)
+        status, delay = self.server.answer(self.path)
+        time.sleep(delay)
+        body = b"{}" if status == 200 else b'{"error": "x", "reason": "scripted refusal"}'
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        """Nothing on stderr for each request: the tests read what the client logs."""
+
+
+@contextlib.contextmanager
+def serving(answer: Callable[[str], tuple[int, float]]) -> Iterator[ScriptedServer]:
+    server = ScriptedServer(answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
