@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import sqlite3
+from collections.abc import Iterator
 
 from log_store.errors import StoreUnavailable
 
@@ -29,18 +30,26 @@ _UNAVAILABLE_SQLITE = (
 )
 
 
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from, each once.
+
+    ``raise as_store_unavailable(exc) or exc from exc`` of a StoreUnavailable makes it its
+    own cause: the chain is walked once."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        yield cause
+        cause = cause.__cause__
+
+
 def is_no_space(exc: BaseException) -> bool:
     """Whether ``exc`` (or what it was raised from) says the file system is full."""
-    seen: set[int] = set()
-    # ``raise as_store_unavailable(exc) or exc from exc`` of a StoreUnavailable makes it its
-    # own cause: the chain is walked once.
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    for cause in causes(exc):
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc).lower():
+        if isinstance(cause, sqlite3.OperationalError) and "disk is full" in str(cause).lower():
             return True
-        exc = exc.__cause__  # type: ignore[assignment]
     return False
 
 

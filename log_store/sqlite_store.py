@@ -41,7 +41,7 @@ from log_store.errors import (
     UnknownPartition,
     UnknownTopic,
 )
-from log_store.failures import as_store_unavailable, is_no_space
+from log_store.failures import as_store_unavailable, causes, is_no_space
 from log_store.interface import (
     AppendResult,
     PartitionState,
@@ -124,14 +124,7 @@ def _full_disk(what: str, needed_bytes: int, free_bytes: int, total_bytes: int) 
 
 def _from_a_file_call(exc: BaseException) -> bool:
     """Whether ``exc`` is (or was raised from) what the OS or SQLite said."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, (OSError, sqlite3.Error)):
-            return True
-        seen.add(id(cause))
-        cause = cause.__cause__
-    return False
+    return any(isinstance(cause, (OSError, sqlite3.Error)) for cause in causes(exc))
 
 
 def _deleted_in_flight(topic: str) -> TopicDeleted:
@@ -386,7 +379,7 @@ class SqliteLogStore:
     ) -> PartitionLog:
         topic_id = info.topic_id
         path = self._path(info, partition)
-        made = read_only or self.read_only or (path / "partition.db").exists()
+        made = read_only or self.read_only or self._made(info, partition)
         try:
             if self._guard is not None:
                 # before the partition's directories are made again in a replaced data dir
