@@ -10,7 +10,8 @@ import pytest
 from push_client.lag_report import LagReporter
 from push_client.token import BearerToken
 from tests.conftest import free_port
-from tests.push_client.test_audit_publishing import _ROW, _serving
+from tests.push_client.test_audit_publishing import _ROW
+from tests.scripted_http import serving
 
 
 def test_a_report_that_gets_through_at_another_gateway_says_so_not_again(
@@ -18,7 +19,7 @@ def test_a_report_that_gets_through_at_another_gateway_says_so_not_again(
 ) -> None:
     down = f"http://127.0.0.1:{free_port()}"  # nothing listens: the installation that died
     caplog.set_level(logging.INFO, logger="logbroker.push")
-    with _serving(lambda _path: (200, 0.0)) as other:
+    with serving(lambda _path: (200, 0.0)) as other:
         reporter = LagReporter("test-client", BearerToken(None, None), interval_s=0.02)
         try:
 
