@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 from pathlib import Path
 
 from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
+from ops.commands.arg_types import seconds
 from ops.graphite import add_graphite_options, graphite_from
 from ops.token_options import TokenFileError, read_token_file
 from push_client.config import CODECS, ConfigError, PushConfig, build_config
@@ -112,7 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--idle-exit",
-        type=float,
+        type=seconds,
         metavar="SECONDS",
         help="exit once everything read is acknowledged and nothing new came for SECONDS "
         "(status 1 if a file was not shipped: parked, unreadable, or an entry is a directory; "
@@ -151,13 +151,6 @@ def run(args: argparse.Namespace) -> int:
         config = _config(args)
     except ConfigError as exc:
         print(f"logbroker push: {exc}", file=sys.stderr)
-        return 2
-    if args.idle_exit is not None and not 0 <= args.idle_exit < math.inf:
-        print(
-            "logbroker push: --idle-exit must be >= 0 seconds (a finite number), "
-            f"not {args.idle_exit:g}",
-            file=sys.stderr,
-        )
         return 2
     if config.token_file is not None and config.token_file.exists():
         # The same check as every command's (one others may read is refused); a file that is

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import base64
 import logging
-import math
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ from delivery.pull_client import GatewayUnavailable, PullClient, ReadMessage, Re
 from log_store.errors import BadRequest, InvalidTopicName
 from log_store.topic_names import validate_log_type, validate_topic_name
 from ops import stop_grace, stop_signals
+from ops.commands.arg_types import seconds
 from ops.token_options import add_token_options, token_from
 from session_dedup.chunk_codecs import CorruptChunk
 
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--idle-exit",
-        type=float,
+        type=seconds,
         metavar="SECONDS",
         help="exit after this many seconds with nothing new (status 0; 1 if the gateway "
         "was unreachable then; 3 if a partition was not read past a damaged batch)",
@@ -285,13 +285,6 @@ def run(args: argparse.Namespace) -> int:
         token = token_from(args)
     except BadRequest as exc:
         print(f"logbroker read: {exc}", file=sys.stderr)
-        return 2
-    if args.idle_exit is not None and not 0 <= args.idle_exit < math.inf:
-        print(
-            f"logbroker read: --idle-exit must be >= 0 (a finite number of seconds), "
-            f"not {args.idle_exit:g}",
-            file=sys.stderr,
-        )
         return 2
     if not MIN_SESSION_TIMEOUT_MS <= args.session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
         print(

@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import errno
 import logging
-import math
 import os
 import shutil
 import signal
@@ -31,6 +30,7 @@ from uvicorn.supervisors import Multiprocess
 from log_store.errors import BadRequest, LogbrokerError, StoreUnavailable
 from ops import heap, stop_signals
 from ops.advertised_url import DEFAULT_WAIT_S, AdvertisedUrlWrong, check_advertised_url
+from ops.commands.arg_types import seconds
 from ops.graphite import add_graphite_options
 from ops.retention import DEFAULT_INTERVAL_S, RetentionWatchdog
 from ops.source_expiry import SourceExpiryWatchdog
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--advertised-url-check",
-        type=float,
+        type=seconds,
         default=DEFAULT_WAIT_S,
         metavar="SECONDS",
         help="on Kafka, before joining the gateways' group: how long to wait for the advertised "
@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--retention-check-seconds",
-        type=float,
+        type=seconds,
         default=DEFAULT_INTERVAL_S,
         help="apply topics' retention this often (default 60; 0 turns it off)",
     )
@@ -335,20 +335,6 @@ def run(args: argparse.Namespace) -> int:
     from ingest_api.settings import load_settings
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    if not 0 <= args.retention_check_seconds < math.inf:
-        print(
-            "logbroker serve: --retention-check-seconds must be a number of seconds, 0 or more "
-            f"(0 turns retention off), not {args.retention_check_seconds:g}",
-            file=sys.stderr,
-        )
-        return 2
-    if not 0 <= args.advertised_url_check < math.inf:
-        print(
-            "logbroker serve: --advertised-url-check must be a number of seconds, 0 or more "
-            f"(0 turns the check off), not {args.advertised_url_check:g}",
-            file=sys.stderr,
-        )
-        return 2
     try:
         settings = load_settings(config_file=args.config, flags=_flags(args))
         _check_data_dir(settings)

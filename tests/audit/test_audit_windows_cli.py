@@ -108,7 +108,7 @@ def test_bad_usage_exits_2_with_a_message(tmp_path: Path) -> None:
     cases = [
         ([], "--windows needs --server URL, --data-dir DIR or --store kafka"),
         (["--data-dir", str(data), "--since", "-5"], "must not be negative"),
-        (["--data-dir", str(data), "--grace", "nan"], "must not be negative"),  # never late
+        (["--data-dir", str(data), "--grace", "nan"], "--grace: must be a finite"),  # never late
         (["--data-dir", str(data), "--server", "http://127.0.0.1:9"], "not both"),
         (["--data-dir", str(data), "--db", str(tmp_path)], "is a directory"),
         (["--data-dir", str(tmp_path / "typo")], "no data directory"),

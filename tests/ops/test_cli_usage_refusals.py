@@ -55,7 +55,8 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "push-idle-exit-nan": (
             ["push", "--server", NOWHERE, "--log-type", "app", "--state-dir",
              str(tmp / "push-state2"), str(tmp / "app.log"), "--idle-exit", "nan"],
-            "logbroker push: --idle-exit must be >= 0 seconds (a finite number), not nan",
+            "logbroker push: error: argument --idle-exit: must be a finite number of seconds, 0 or "
+            "more, not nan",
         ),
         "mirror-metrics-port": (
             [*MIRROR, "--metrics-port", "99999", "--idle-exit", "1"],
@@ -71,7 +72,8 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         ),
         "mirror-idle-exit-nan": (
             [*MIRROR, "--idle-exit", "nan"],
-            "logbroker mirror: --idle-exit must be >= 0 (a finite number of seconds), not nan",
+            "logbroker mirror: error: argument --idle-exit: must be a finite number of seconds, "
+            "0 or more, not nan",
         ),
         "audit-db-missing-dir": (
             ["audit", "--windows", "--server", NOWHERE, "--db", str(tmp / "no" / "x.db")],
@@ -83,7 +85,8 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         ),
         "read-idle-exit-inf": (
             [*READ, "--idle-exit", "inf"],
-            "logbroker read: --idle-exit must be >= 0 (a finite number of seconds), not inf",
+            "logbroker read: error: argument --idle-exit: must be a finite number of seconds, 0 or "
+            "more, not inf",
         ),
         "read-session-timeout": (
             [*READ, "--group", "g", "--session-timeout-ms", "99999999999999999999",
