@@ -29,6 +29,7 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
     ):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console's messages
     service = Service(executable_path=driver_path, log_output=str(tmp_path / "chromedriver.log"))
     driver = webdriver.Chrome(options=options, service=service)
     try:

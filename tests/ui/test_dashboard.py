@@ -203,6 +203,14 @@ def test_dashboard_shows_topics_rates_and_a_lag_that_falls_back_to_zero(
     usage = shutil.disk_usage(gateway.data_dir)
     assert abs(shown - 100 * usage.used / (usage.used + usage.free)) < 1.0, disk
 
+    # the page's security policy (inline code refused, its own gateway only) broke nothing
+    console = [str(entry["message"]) for entry in browser.get_log("browser")]
+    refused = [message for message in console if "Content Security Policy" in message]
+    assert not refused, refused
+    headers = httpx.get(gateway.url + "/ui", timeout=10).headers
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert headers["x-content-type-options"] == "nosniff"
+
     shot = tmp_path / "dashboard.png"
     height = int(browser.execute_script("return Math.ceil(document.body.scrollHeight)"))
     browser.set_window_size(1400, height + 120)  # the window's frame takes some of it
