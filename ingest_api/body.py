@@ -2,7 +2,9 @@
 
 A client that announces or sends more than ``max_body_bytes`` gets 413 as soon as that is
 known; a client that stalls gets 408 after ``request_timeout_s``, so no client holds a
-worker's attention forever.
+worker's attention forever.  A body that no route reads (its request was answered first) is
+bounded by :mod:`ingest_api.request_head`, which closes a connection whose body has not
+arrived ``request_timeout_s`` after its head.
 """
 
 from __future__ import annotations
