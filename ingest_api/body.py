@@ -17,6 +17,14 @@ from ingest_api.errors import ApiError
 from ingest_api.settings import Limits
 
 
+def announces_body(request: Request) -> bool:
+    """Whether the request has a body at all, if an empty one: ``Content-Length`` or
+    ``Transfer-Encoding``.  Without either its body is empty (RFC 9112, 6.3), also when an
+    HTTP/1.0 client meant it to run until the connection closes: the server reads none of it."""
+    headers = request.headers
+    return "content-length" in headers or "transfer-encoding" in headers
+
+
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, "body_too_large", f"the request body is over the limit of {limit} bytes")
 
