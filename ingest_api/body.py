@@ -2,7 +2,9 @@
 
 A client that announces or sends more than ``max_body_bytes`` gets 413 as soon as that is
 known; a client that stalls gets 408 after ``request_timeout_s``, so no client holds a
-worker's attention forever.
+worker's attention forever.  A body that no route reads (its request was answered first) is
+bounded by :mod:`ingest_api.request_head`, which closes a connection whose body has not
+arrived ``request_timeout_s`` after its head.
 """
 
 from __future__ import annotations
@@ -13,6 +15,14 @@ from starlette.requests import ClientDisconnect, Request
 
 from ingest_api.errors import ApiError
 from ingest_api.settings import Limits
+
+
+def announces_body(request: Request) -> bool:
+    """Whether the request has a body at all, if an empty one: ``Content-Length`` or
+    ``Transfer-Encoding``.  Without either its body is empty (RFC 9112, 6.3), also when an
+    HTTP/1.0 client meant it to run until the connection closes: the server reads none of it."""
+    headers = request.headers
+    return "content-length" in headers or "transfer-encoding" in headers
 
 
 def _too_large(limit: int) -> ApiError:

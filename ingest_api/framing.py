@@ -2,7 +2,7 @@
 
 Binary, ``application/x-logbroker-chunks`` (integers big-endian)::
 
-    body    := "LBW1" section*
+    body    := "LBW1" section+
     section := u16 meta_len, meta (UTF-8 JSON object: log_type, source_id, server, file, codec,
                and optionally the write conditions epoch and prev_seqno),
                u32 chunk_count, chunk{chunk_count}
@@ -12,10 +12,10 @@ A chunk's data stays a ``memoryview`` into the body until its envelope is encode
 costs one struct unpack and three list appends per chunk.
 
 Two kinds of defect: a body that cannot be cut into sections (bad framing, a meta that is not
-JSON, too many chunks) rejects the whole request before anything is written; a section whose
-meta, seqnos or chunk sizes fail validation is *refused* on its own (:attr:`Section.error`),
-together with every other section of the same source in the request, and the others are
-written as usual.
+JSON, too many chunks, no section at all) rejects the whole request before anything is
+written; a section whose meta, seqnos or chunk sizes fail validation is *refused* on its own
+(:attr:`Section.error`), together with every other section of the same source in the
+request, and the others are written as usual.
 """
 
 from __future__ import annotations
@@ -129,6 +129,16 @@ def _bad(reason: str) -> ApiError:
     return ApiError(400, "bad_framing", reason)
 
 
+def _nothing(what: str) -> ApiError:
+    """A body with nothing to write: answering 200 to it would tell a client whose chunks
+    never reached the gateway (an HTTP/1.0 body without ``Content-Length`` is not read at all)
+    that they are stored."""
+    return _bad(
+        f"the body holds no chunk ({what}): nothing was written; a request without "
+        "Content-Length or chunked encoding has no body"
+    )
+
+
 def _too_many(limits: Limits) -> ApiError:
     return ApiError(
         413,
@@ -198,7 +208,10 @@ def _check_seqnos(seqnos: list[int], where: str) -> None:
 
 
 def parse_binary(body: bytes, limits: Limits) -> list[Section]:
-    """The sections of a binary body; raises :class:`ApiError` (400/413) on any defect."""
+    """The sections of a binary body, at least one; raises :class:`ApiError` (400/413) on any
+    defect."""
+    if not body:
+        raise _nothing("it is empty")
     if body[:4] != MAGIC:
         raise _bad(f"a binary body starts with {MAGIC!r}")
     view = memoryview(body)
@@ -271,6 +284,8 @@ def parse_binary(body: bytes, limits: Limits) -> list[Section]:
             continue
         assert meta is not None
         sections.append(Section(meta, ChunkBatch(seqnos, create_times, datas, epoch, prev_seqno)))
+    if not sections:
+        raise _nothing(f"only {MAGIC.decode()}, no section")
     refuse_whole_sources(sections)
     return sections
 
@@ -301,7 +316,8 @@ def _ndjson_data(obj: dict[str, Any], where: str) -> bytes:
 
 
 def parse_ndjson(body: bytes, limits: Limits, now_ms: int) -> list[Section]:
-    """The sections of an NDJSON body: consecutive lines of one source form one section.
+    """The sections of an NDJSON body, at least one: consecutive lines of one source form one
+    section.
 
     A line that is not a JSON object rejects the request; a line that fails validation refuses
     its source (see :func:`refuse_whole_sources`).
@@ -341,6 +357,8 @@ def parse_ndjson(body: bytes, limits: Limits, now_ms: int) -> list[Section]:
         batch.seqnos.append(seqno)
         batch.create_times.append(create_time)
         batch.datas.append(data)
+    if not sections:
+        raise _nothing("no JSON line")
     for section in sections:
         if section.error is None:
             try:

@@ -50,7 +50,7 @@ from delivery.legacy_txn import (
     write_data,
 )
 from ingest_api.access import PEER, RouteDeclaration, access_of, route, write
-from ingest_api.body import read_body
+from ingest_api.body import announces_body, read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
 from ingest_api.legacy_peers import STAGING_PATH, StagingPeers
@@ -114,6 +114,13 @@ class LegacyApi:
         client = request.client.host if request.client else ""
         server = _text_param(request, "server", client)
         file = _text_param(request, "file", "")
+        if not announces_body(request):  # an empty piece is sent with Content-Length: 0
+            raise ApiError(
+                400,
+                "bad_request",
+                "the request has no body (neither Content-Length nor chunked encoding), so "
+                "nothing was stored",
+            )
         data = await read_body(request, self.ctx.settings.limits)
         if len(data) > self.ctx.settings.limits.max_chunk_bytes:
             raise ApiError(

@@ -7,16 +7,21 @@ uvicorn with :class:`BoundedHeadProtocol` instead: a head over :data:`MAX_HEAD_B
 answered 431 and one that has not arrived ``head_timeout_s`` after the connection was made
 (or after its first byte, on a kept-alive connection) is answered 408, and what the HTTP
 parser cannot parse (a ``Content-Length`` beside chunked encoding, a negative one) 400, each
-with the usual ``{"error", "reason"}`` and the connection closed.  Bodies keep their own limits
-(:mod:`ingest_api.body`).
+with the usual ``{"error", "reason"}`` and the connection closed.  A body must have arrived
+``head_timeout_s`` after its head as well: a route reading it answers 408 by itself
+(:mod:`ingest_api.body`), but a route answers many requests without reading their bodies (a
+refusal, ``/healthz``), and uvicorn then discards the rest of the body as it comes, with no
+timer running, since it cancels its keep-alive timer on every byte received.  So a connection
+whose body is still due by then is closed: at once if its request was answered, or as soon as
+it is.
 
 Each connection holds a file descriptor until it is closed, so the number a worker holds is
 bounded twice, before anything of a connection is read: one peer address holds at most
 ``limits.max_connections_per_client`` (256 by default; one more is answered 429
 ``too_many_connections``), and the process at most :func:`connection_cap` in all (one more
-is answered 503 ``too_many_connections``).  That cap is what the descriptor limit
-(``RLIMIT_NOFILE``) leaves after a reserve for the store's files, Kafka's and the peers'
-sockets and the outgoing deliveries, so a flood of idle connections from any number of
+is answered 503 ``too_many_connections``), both with ``Retry-After``.  That cap is what the
+descriptor limit (``RLIMIT_NOFILE``) leaves after a reserve for the store's files, Kafka's and
+the peers' sockets and the outgoing deliveries, so a flood of idle connections from any number of
 addresses is refused before the process runs out of descriptors: the connections already
 open, the store and the audit publisher keep theirs.
 """
@@ -31,6 +36,8 @@ from collections import Counter
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from ingest_api.errors import RETRY_AFTER_S
 
 MAX_HEAD_BYTES = 64 * 1024
 """Request line and headers together; nginx's default allows 4 x 8 KiB."""
@@ -86,7 +93,8 @@ def bounded_head_protocol(
 
 
 class BoundedHeadProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, refusing a head that is too large or too slow."""
+    """uvicorn's httptools protocol, refusing a head that is too large or too slow, and
+    closing a connection whose body is too slow."""
 
     def __init__(
         self,
@@ -109,6 +117,11 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._head_bytes: int | None = 0
         """Bytes of the head being received; None while a body or nothing is due."""
         self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        """Runs while a request's body is due (from its head to its end)."""
+        self._overdue = False
+        """A head or body was due past its time while a route was answering: the connection
+        ends once the route has answered."""
         self._refused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -142,6 +155,7 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         global _open_total
         self._stop_head_timer()
+        self._stop_body_timer()
         if self._counted:
             _open_total -= 1
             self._counted = False
@@ -158,6 +172,11 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         if self._head_bytes is None:
             super().data_received(data)
             return
+        if self._head_timer is None and self._answered():
+            # A later request of a kept-alive connection: timed from its first byte, even an
+            # empty line before it (the parser skips those, with no on_message_begin); one
+            # sent while a route answers is timed from that answer (uvicorn's keep-alive) on.
+            self._head_timer = self.loop.call_later(self._head_timeout_s, self._head_too_slow)
         room = self._max_head_bytes - self._head_bytes
         if len(data) <= room:
             self._head_bytes += len(data)
@@ -180,11 +199,26 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_bytes = None
         self._stop_head_timer()
+        self._overdue = False  # a head late while a route answered is let in; its body timed
         super().on_headers_complete()
+        if not (self.parser.should_upgrade() and self._should_upgrade()):
+            self._body_timer = self.loop.call_later(self._head_timeout_s, self._body_too_slow)
 
     def on_message_complete(self) -> None:
+        self._stop_body_timer()
+        self._overdue = False
         super().on_message_complete()
         self._head_bytes = 0
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._overdue and self._answered():
+            if self._head_bytes is not None:
+                self._refuse(
+                    408, f"the request's head did not arrive within {self._head_timeout_s:g} s"
+                )
+            else:
+                self._close_unread()
 
     def send_400_response(self, msg: str) -> None:
         """What the HTTP parser cannot parse (e.g. Content-Length with chunked encoding)."""
@@ -195,21 +229,51 @@ class BoundedHeadProtocol(HttpToolsProtocol):
             self._head_timer.cancel()
             self._head_timer = None
 
+    def _stop_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _answered(self) -> bool:
+        """Whether every request of this connection so far has been answered."""
+        return self.cycle is None or self.cycle.response_complete
+
     def _head_too_slow(self) -> None:
         self._head_timer = None
-        if self._head_bytes is not None and not self._refused:
-            self._refuse(
-                408, f"the request's head did not arrive within {self._head_timeout_s:g} s"
-            )
+        if self._head_bytes is None or self._refused:
+            return
+        if not self._answered():  # a 408 now would cut into the answer being sent
+            self._overdue = True
+            return
+        self._refuse(408, f"the request's head did not arrive within {self._head_timeout_s:g} s")
+
+    def _body_too_slow(self) -> None:
+        self._body_timer = None
+        if self._head_bytes is not None or self._refused:
+            return
+        if self._answered():
+            self._close_unread()
+        else:  # a route reading the body answers 408 itself; one that is not, when it is done
+            self._overdue = True
+
+    def _close_unread(self) -> None:
+        """End a connection whose request was answered without its body having arrived."""
+        self._refused = True
+        self._stop_head_timer()
+        self._stop_body_timer()
+        if not self.transport.is_closing():
+            self.transport.close()
 
     def _refuse(self, status: int, reason: str) -> None:
         self._refused = True
         self._stop_head_timer()
+        self._stop_body_timer()
         phrase, error = _ERRORS[status]
         body = json.dumps({"error": error, "reason": reason}).encode()
+        retry = b"retry-after: %d\r\n" % RETRY_AFTER_S if error == "too_many_connections" else b""
         head = (
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n" % (status, phrase, len(body))
+            b"%sconnection: close\r\n\r\n" % (status, phrase, len(body), retry)
         )
         if not self.transport.is_closing():
             self.transport.write(head + body)
