@@ -6,9 +6,9 @@ see :class:`~ingest_api.settings.GatewaySettings`).  With tokens, a missing or u
 
 A presented token is looked up by its SHA-256 digest, so the lookup costs the same whatever
 the token and however many tokens are configured.  Glob decisions ("may this token write log
-type X") are cached per token; the cache holds at most ``auth_cache_entries`` decisions and
-is emptied when full (counted by ``logbroker_auth_cache_resets_total``), so a client sending
-ever new names cannot grow it.
+type X", "... source S") are cached per token; the cache holds at most ``auth_cache_entries``
+decisions and is emptied when full (counted by ``logbroker_auth_cache_resets_total``), so a
+client sending ever new names cannot grow it.
 """
 
 from __future__ import annotations
@@ -130,6 +130,15 @@ class Authorizer:
 
     def may_write(self, grant: TokenGrant | None, log_type: str) -> bool:
         return self._may(grant, "write", log_type, grant.write_log_types if grant else ())
+
+    def may_write_source(self, grant: TokenGrant | None, source_id: str) -> bool:
+        """Whether ``grant`` may write the source ``source_id`` (of a log type it may write):
+        any source unless the token has ``sources`` globs, then those they match."""
+        if grant is None:
+            return not self._by_digest
+        if grant.write_sources is None:
+            return True
+        return self._may(grant, "source", source_id, grant.write_sources)
 
     def may_read(self, grant: TokenGrant | None, topic: str) -> bool:
         return self._may(grant, "read", topic, grant.read_topics if grant else ())
