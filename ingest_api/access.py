@@ -254,6 +254,14 @@ class Access:
         if refusal is not None:
             raise refusal
 
+    def require_read_prefix(self, prefix: str) -> None:
+        """403 unless the token may read every topic whose name starts with ``prefix``."""
+        if not self.auth.may_read_prefix(self.grant, prefix):
+            raise forbidden(
+                f"this token may not read every topic under the prefix {prefix!r}: that needs a "
+                f"read glob {prefix + '*'!r} or one ending in '*' that starts with less of it"
+            )
+
     def owns(self, owner: str | None) -> bool:
         """Whether an object owned by ``owner`` may be used by this request."""
         return self.is_admin or (owner is not None and owner == self.owner)
