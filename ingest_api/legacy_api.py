@@ -279,7 +279,8 @@ class LegacyApi:
             written_before = True
         except UnknownTransaction:
             written_before = False
-        # looked for after the data: an owner is recorded before its data, so it shows here
+        # Read after looking for the data: an owner is recorded before its data, so data
+        # found without an owner was written before owners were (anyone's, as it was).
         recorded = store.get_topic_state(topic, key)
         if recorded is None and not written_before:
             recorded = store.put_topic_state_if_absent(topic, key, owner.encode())
