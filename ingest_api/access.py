@@ -21,7 +21,9 @@ anything reads the request's body:
     a token that may write some log type.  ``log_type="log_type"``: the log type in the path
     parameter or query parameter of that name.  ``lists=True``: the answer lists only the log
     types the token may write.
-    The write endpoints decide each section's log type with :meth:`Access.may_write`.
+    The write endpoints decide each section's log type with :meth:`Access.may_write`, and its
+    source id with :func:`source_refusal`: a token with ``sources`` globs writes only the
+    sources they match (sessions and fencing included; the legacy API's ``legacy:<txn_id>``).
 ``REPLICATE``
     a token whose ``replicate`` globs cover the topic in the path (a mirror's destination).
 ``METRICS``
@@ -247,6 +249,19 @@ class Access:
         if not self.may_write(log_type):
             raise forbidden(f"this token may not write log type {log_type!r}")
 
+    def require_write_source(self, source_id: str) -> None:
+        refusal = source_refusal(self.auth, self.grant, source_id)
+        if refusal is not None:
+            raise refusal
+
+    def require_read_prefix(self, prefix: str) -> None:
+        """403 unless the token may read every topic whose name starts with ``prefix``."""
+        if not self.auth.may_read_prefix(self.grant, prefix):
+            raise forbidden(
+                f"this token may not read every topic under the prefix {prefix!r}: that needs a "
+                f"read glob {prefix + '*'!r} or one ending in '*' that starts with less of it"
+            )
+
     def owns(self, owner: str | None) -> bool:
         """Whether an object owned by ``owner`` may be used by this request."""
         return self.is_admin or (owner is not None and owner == self.owner)
@@ -254,6 +269,20 @@ class Access:
     def require_owner(self, owner: str | None, what: str) -> None:
         if not self.owns(owner):
             raise forbidden(f"{what} belongs to another token")
+
+
+def source_refusal(auth: Authorizer, grant: TokenGrant | None, source_id: str) -> ApiError | None:
+    """The 403 for writing ``source_id`` with ``grant`` (outside its ``sources``), or None.
+
+    Checked before anything of the section (session, legacy transaction) is written: without
+    it a token of the same log type could end another token's source (a seqno of 2**63-1
+    turns its every later chunk into a ``duplicate``), fence it, or write under its name."""
+    if auth.may_write_source(grant, source_id):
+        return None
+    assert grant is not None  # with no grant (auth off) every source may be written
+    globs = ", ".join(map(repr, grant.write_sources or ()))
+    allowed = f"only the sources {globs}" if globs else "no source (sources = [])"
+    return forbidden(f"this token may not write source {source_id!r}: it writes {allowed}")
 
 
 def access_of(conn: HTTPConnection) -> Access:

@@ -18,8 +18,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from delivery.consumer_group import Subscription, check_subscribed_topics
-from delivery.internal_state import is_internal
+from delivery.internal_state import Doc, is_internal
 from ingest_api.access import (
+    Access,
     Owned,
     RouteDeclaration,
     access_of,
@@ -43,8 +44,9 @@ _OFFSET_FIELDS = frozenset(("topic", "partition", "offset", "topic_id"))
 def require_prefix(request: Request, prefix: str | None) -> None:
     """A prefix subscription reads every topic under it: the token must allow all of them.
 
-    ``prefix*`` taken literally matches a token's read glob exactly when that glob covers
-    every name starting with ``prefix`` (``dc1.*`` covers ``dc1.``; ``dc1.nginx-*`` does not).
+    A read glob ``P*`` with ``P`` a prefix of ``prefix`` does (``dc1.*`` covers ``dc1.``;
+    ``dc1.nginx-*`` does not); ``?`` and ``[...]`` never do, though ``dc1.ap?`` matches the
+    literal ``dc1.ap*`` (:meth:`~ingest_api.auth.Authorizer.may_read_prefix`).
     """
     if prefix is not None:
         if is_internal(prefix):
@@ -53,7 +55,23 @@ def require_prefix(request: Request, prefix: str | None) -> None:
                 "bad_request",
                 f"prefix {prefix!r} names only the gateways' internal topics, which no one reads",
             )
-        access_of(request).require_read(prefix + "*")
+        access_of(request).require_read_prefix(prefix)
+
+
+def _readable_member(access: Access, member: Doc) -> Doc:
+    """A join's or heartbeat's answer without the topics the token may not read.
+
+    The prefix check should keep them out of the group; this keeps their names, partitions
+    and offsets out of the answer should a group hold one anyway (its owner's grant was
+    narrowed, an admin's group)."""
+    if access.is_admin:
+        return member
+    return {
+        **member,
+        "missing_topics": [t for t in member["missing_topics"] if access.may_read(t)],
+        "assignment": [a for a in member["assignment"] if access.may_read(a["topic"])],
+        "revoke": [r for r in member["revoke"] if access.may_read(r["topic"])],
+    }
 
 
 class GroupsApi:
@@ -100,7 +118,7 @@ class GroupsApi:
                 check_owner=not access.is_admin,
             )
         )
-        return json_response(member.to_json())
+        return json_response(_readable_member(access, member.to_json()))
 
     async def heartbeat(self, request: Request) -> Response:
         group = request.path_params["group"]
@@ -113,7 +131,7 @@ class GroupsApi:
                 raise ApiError(400, "bad_request", "release is a list of {topic, partition}")
             release.append((str_field(item, "topic"), json_int(item, "partition", -1, 0, 2**31)))
         member = await self._run(self.groups.heartbeat, group, member_id, release)
-        return json_response(member.to_json())
+        return json_response(_readable_member(access_of(request), member.to_json()))
 
     async def leave(self, request: Request) -> Response:
         await self._run(
@@ -162,7 +180,13 @@ class GroupsApi:
         return json_response({"committed": len(offsets)})
 
     async def describe_group(self, request: Request) -> Response:
-        return json_response(await self._run(self.groups.describe, request.path_params["group"]))
+        """Members, committed offsets and lag of the partitions the token may read."""
+        access = access_of(request)
+        described = await self._run(self.groups.describe, request.path_params["group"])
+        if not access.is_admin:
+            partitions = described["partitions"]
+            described["partitions"] = [p for p in partitions if access.may_read(p["topic"])]
+        return json_response(described)
 
 
 def routes(ctx: GatewayContext) -> list[RouteDeclaration]:

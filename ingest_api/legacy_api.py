@@ -16,6 +16,13 @@ Wire format (stable; see docs/protocol.md, "Legacy Archive API"):
 
 Readers deliver a transaction's data once, at its marker, if the marker came within the
 window (60 s by default) after the data; see :mod:`delivery.legacy_txn`.
+
+With tokens, a transaction id belongs to the token (its ``name``) whose ``/commit_request``
+wrote it: the owner is recorded in the topic's state before the data is written, another
+token's ``/commit_request`` of the id is 409 ``txn_id_taken`` and its ``/commit`` 403, both
+writing nothing.  Transactions written before owners were recorded have none and stay
+anyone's (of their log type), as before.  A token with ``sources`` globs also writes only
+the transactions whose source id, ``legacy:<txn_id>``, they match.
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ from delivery.legacy_txn import (
     write_commit,
     write_data,
 )
-from ingest_api.access import PEER, RouteDeclaration, access_of, route, write
+from ingest_api.access import PEER, Access, RouteDeclaration, access_of, route, write
+from ingest_api.auth import forbidden
 from ingest_api.body import announces_body, read_body
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError
@@ -62,7 +70,14 @@ from log_store.topic_names import LOG_TYPE_RULE, is_valid_log_type
 _FIELD_MAX = 4096
 _SWEEP_S = 600.0
 _NOTE_PEERS_S = 2.0
+_OWNER_KEY = "legacy-txn-owner/"
+"""Topic-state key prefix: the name of the token whose /commit_request wrote a txn_id."""
 _log = logging.getLogger(__name__)
+
+
+def _source_id(txn_id: str) -> str:
+    """The source id of a transaction's records (:func:`delivery.legacy_txn.write_data`)."""
+    return f"legacy:{txn_id}"
 
 
 def _json(body: Any) -> Response:
@@ -145,12 +160,16 @@ class LegacyApi:
             raise ApiError(400, "bad_request", str(exc)) from None
         txn_id = validate_txn_id(request.query_params.get("txn_id", store_id))
         staged, holder = await anyio.to_thread.run_sync(self._staged, store_id)
-        access_of(request).require_write(staged.log_type)
+        access = access_of(request)
+        access.require_write(staged.log_type)
+        access.require_write_source(_source_id(txn_id))
         topic = self.ctx.topic_for(staged.log_type)
         try:
             staged = await anyio.to_thread.run_sync(self._bind, topic, txn_id, staged, holder)
             reach("after-claim")
-            written = await anyio.to_thread.run_sync(self._write_data, topic, txn_id, staged)
+            written = await anyio.to_thread.run_sync(
+                self._write_data, topic, txn_id, staged, access
+            )
         except TxnIdTaken as exc:
             # The piece is not in the log under txn_id and never will be: unbind it, so that
             # it can be requested under another id.
@@ -245,9 +264,49 @@ class LegacyApi:
         )
         return _json({"store_id": staged.store_id, "written": True})
 
-    def _write_data(self, topic: str, txn_id: str, staged: Any) -> Any:
+    def _write_data(self, topic: str, txn_id: str, staged: Any, access: Access) -> Any:
         partitions = self._ensure_topic(topic)
+        self._take_txn_id(topic, partitions, txn_id, access)
         return write_data(self.ctx.store, topic, partitions, txn_id, staged)
+
+    def _take_txn_id(self, topic: str, partitions: int, txn_id: str, access: Access) -> None:
+        """Record the request's token as the owner of ``txn_id`` unless it has one (or was
+        written before owners were recorded); :class:`TxnIdTaken` if it is another token's.
+
+        The owner is recorded before the data is written, and first wins (the store's
+        put-if-absent), so of two tokens racing for a new id one writes and the other gets
+        409; a crash in between leaves an id that only its owner's repeat completes."""
+        owner = access.owner
+        if owner is None:  # auth off: transactions belong to no one, as they always did
+            return
+        store = self.ctx.store
+        key = _OWNER_KEY + txn_id
+        try:
+            find_txn_partition(store, topic, partitions, txn_id)
+            written_before = True
+        except UnknownTransaction:
+            written_before = False
+        # Read after looking for the data: an owner is recorded before its data, so data
+        # found without an owner was written before owners were (anyone's, as it was).
+        recorded = store.get_topic_state(topic, key)
+        if recorded is None and not written_before:
+            recorded = store.put_topic_state_if_absent(topic, key, owner.encode())
+        if recorded is not None and recorded.decode() != owner and not access.is_admin:
+            raise TxnIdTaken(
+                f"txn_id {txn_id!r} belongs to another token, whose /commit_request wrote it "
+                "first; nothing was written: request the data under another txn_id"
+            )
+
+    def _require_txn_owner(self, topic: str, txn_id: str, access: Access) -> None:
+        """403 unless ``txn_id`` is the request token's (or has no owner recorded)."""
+        if access.is_admin:
+            return
+        recorded = self.ctx.store.get_topic_state(topic, _OWNER_KEY + txn_id)
+        if recorded is not None and recorded.decode() != access.owner:
+            raise forbidden(
+                f"transaction {txn_id!r} belongs to another token (its /commit_request wrote "
+                "it); only that token may commit it"
+            )
 
     def _partitions(self, topic: str) -> int | None:
         try:
@@ -267,10 +326,12 @@ class LegacyApi:
             raise ApiError(400, "bad_request", "query parameter txn_id is required")
         txn_id = validate_txn_id(txn_raw)
         log_type = _log_type(request)  # the route's guard checked the token may write it
+        access = access_of(request)
+        access.require_write_source(_source_id(txn_id))
         topic = self.ctx.topic_for(log_type)
         server = request.client.host if request.client else ""
         partition, data_offset = await anyio.to_thread.run_sync(
-            self._write_commit, topic, txn_id, server
+            self._write_commit, topic, txn_id, server, access
         )
         return _json(
             {
@@ -282,13 +343,16 @@ class LegacyApi:
             }
         )
 
-    def _write_commit(self, topic: str, txn_id: str, server: str) -> tuple[int, int]:
+    def _write_commit(
+        self, topic: str, txn_id: str, server: str, access: Access
+    ) -> tuple[int, int]:
         store = self.ctx.store
         try:
             partitions = len(store.describe_topic(topic).partitions)
         except UnknownTopic:
             raise UnknownTransaction(f"no /commit_request wrote transaction {txn_id!r}") from None
         partition = find_txn_partition(store, topic, partitions, txn_id)
+        self._require_txn_owner(topic, txn_id, access)
         data_offset, _ = write_commit(store, topic, partition, txn_id, server)
         return partition, data_offset
 

@@ -51,6 +51,7 @@ A TOML file looks like this (every key optional)::
     replicate = []                  # topics a mirror with this token may append to (globs)
     metrics = false                 # may read /metrics (which needs a token with [tokens])
     admin = false                   # may do everything, with every client's objects
+    # sources = ["web-17:*"]        # source ids it may write (globs); absent: every source
 """
 
 from __future__ import annotations
@@ -104,9 +105,14 @@ class TokenGrant:
 
     ``owner`` names the token's holder: groups and subscriptions it creates belong to it.  It
     is the configured ``name``, or a digest of the token (never the token itself).
+
+    ``write_sources`` (``sources`` in the configuration) narrows what it writes to the source
+    ids these globs match; ``None`` (the key left out) is every source of the log types it may
+    write, so tokens sharing a log type then trust each other with all of its sources.
     """
 
     write_log_types: tuple[str, ...] = ()
+    write_sources: tuple[str, ...] | None = None
     read_topics: tuple[str, ...] = ()
     replicate_topics: tuple[str, ...] = ()
     metrics: bool = False
@@ -476,6 +482,8 @@ _LIMIT_TYPES: dict[str, type] = {
 }
 _GRANT_GLOBS = {"write": "write_log_types", "read": "read_topics", "replicate": "replicate_topics"}
 _GRANT_FLAGS = ("metrics", "admin")
+_GRANT_SOURCES = "sources"
+"""Optional, unlike the globs above: left out, a token writes every source of its log types."""
 
 
 def _coerce(name: str, value: Any, kind: type) -> Any:
@@ -509,6 +517,8 @@ def _coerced(name: str, value: Any, kind: type) -> Any:
 def _grant_json(grant: TokenGrant) -> dict[str, Any]:
     doc: dict[str, Any] = {key: list(getattr(grant, attr)) for key, attr in _GRANT_GLOBS.items()}
     doc.update({flag: getattr(grant, flag) for flag in _GRANT_FLAGS})
+    if grant.write_sources is not None:
+        doc[_GRANT_SOURCES] = list(grant.write_sources)
     if grant.name is not None:
         doc["name"] = grant.name
     return doc
@@ -519,7 +529,7 @@ def _tokens(raw: Any) -> Mapping[str, TokenGrant]:
         raise ConfigError("tokens must be a table of token -> {write = [...], read = [...]}")
     grants: dict[str, TokenGrant] = {}
     owners: dict[str, str] = {}
-    known = {*_GRANT_GLOBS, *_GRANT_FLAGS, "name"}
+    known = {*_GRANT_GLOBS, *_GRANT_FLAGS, _GRANT_SOURCES, "name"}
     for token, spec in raw.items():
         if not isinstance(token, str) or not token or any(c.isspace() for c in token):
             raise ConfigError("a token must be a non-empty string without whitespace")
@@ -535,6 +545,11 @@ def _tokens(raw: Any) -> Mapping[str, TokenGrant]:
             if not isinstance(value, list) or not all(isinstance(g, str) for g in value):
                 raise ConfigError(f"token {key} must be a list of glob strings")
             globs[attr] = tuple(value)
+        sources = spec.get(_GRANT_SOURCES)
+        if sources is not None:
+            if not isinstance(sources, list) or not all(isinstance(g, str) for g in sources):
+                raise ConfigError(f"token {_GRANT_SOURCES} must be a list of glob strings")
+            globs["write_sources"] = tuple(sources)
         flags: dict[str, Any] = {}
         for flag in _GRANT_FLAGS:
             value = spec.get(flag, False)
@@ -554,7 +569,7 @@ def _tokens(raw: Any) -> Mapping[str, TokenGrant]:
             raise ConfigError(
                 f"two tokens have the name {owner!r} but grant different things; give each "
                 "client its own name (two tokens may share a name, while one is rotated, only "
-                "with the same write, read, replicate, metrics and admin)"
+                "with the same write, sources, read, replicate, metrics and admin)"
             )
         owners[owner] = token
         grants[token] = grant

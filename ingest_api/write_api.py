@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from audit.records import AUDIT_LOG_TYPE
-from ingest_api.access import RouteDeclaration, route, write
+from ingest_api.access import RouteDeclaration, route, source_refusal, write
 from ingest_api.audit_api import (
     CommittedCounter,
     WrittenTally,
@@ -205,7 +205,10 @@ class WriteApi:
         else:
             asked = [_session_request(doc, "session")]
         errors = [
-            error if error is not None else self._forbidden(grant, meta.log_type)
+            error
+            if error is not None
+            else self._forbidden(grant, meta.log_type)
+            or source_refusal(self.ctx.auth, grant, meta.source_id)
             for meta, _, error in asked
         ]
         self._refuse_unless_all_refused(errors)
@@ -252,7 +255,9 @@ class WriteApi:
                 log_type = section.meta.log_type
                 if log_type not in forbidden:
                     forbidden[log_type] = self._forbidden(grant, log_type)
-                section.error = forbidden[log_type]
+                section.error = forbidden[log_type] or source_refusal(
+                    self.ctx.auth, grant, section.meta.source_id
+                )
                 if section.error is None and log_type == AUDIT_LOG_TYPE:
                     section.error = audit_write_refusal(
                         self.ctx.auth, grant, self.ctx.settings.dc, section

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from log_store.errors import BadRequest, LimitReached, TopicExists, UnknownTopic
@@ -94,6 +95,32 @@ class TopicQuota:
         with self._lock:
             self._counted_at = float("-inf")
         return self._store.describe_topic(name)
+
+    def create_all(self, names: Sequence[str], partitions: int) -> list[TopicInfo]:
+        """Create those of ``names`` that do not exist, or none of them: all of one request's
+        new topics are admitted or refused together, so a request refused at ``max_topics``
+        leaves no topic behind to count against the limit.  The topics as they are now.
+
+        Requests creating topics at the same moment are each checked against the same count:
+        the second to create may still be refused half-way, by :meth:`create`'s own check.
+        """
+        self.check_partitions(partitions)
+        found: dict[str, TopicInfo] = {}
+        for name in names:
+            with contextlib.suppress(UnknownTopic):
+                found[name] = self._store.describe_topic(name)
+        missing = [name for name in dict.fromkeys(names) if name not in found]
+        # one new topic is checked by create alone, as it always was
+        if len(missing) > 1 and self.topic_count() + len(missing) > self.limits.max_topics:
+            raise LimitReached(
+                f"the store holds {self.topic_count()} topics and this request would create "
+                f"{len(missing)} ({_names(missing)}), over the limit of "
+                f"{self.limits.max_topics}; none was created",
+                "max_topics",
+                self.limits.max_topics,
+            )
+        found.update((name, self.create(name, partitions)) for name in missing)
+        return [found[name] for name in names]
 
     def _at_max_topics(self, name: str, where: str) -> LimitReached:
         return LimitReached(
@@ -180,3 +207,8 @@ class TopicQuota:
         if grow and change.partitions is not None:
             self._store.set_partitions(name, change.partitions)
         return self._store.describe_topic(name)
+
+
+def _names(names: Sequence[str], shown: int = 5) -> str:
+    listed = ", ".join(map(repr, names[:shown]))
+    return listed if len(names) <= shown else f"{listed}, ..."

@@ -223,22 +223,35 @@ class SourceRouter:
         self._pins_deletable = isinstance(store, StateScan)
         self._lock = threading.Lock()
 
-    def _topic_info(self, topic: str) -> TopicInfo:
-        cached = self._topics.get(topic)
+    def _topic_infos(self, topics: Sequence[str]) -> list[TopicInfo]:
+        """The topics' catalog entries, the missing topics created: all of them or, over
+        ``max_topics``, none (:meth:`~log_store.topic_quota.TopicQuota.create_all`)."""
         now = time.monotonic()
-        if cached is not None and now - cached[1] < self._refresh_s:
-            return cached[0]
-        try:
-            # describe, not create: a topic's partition count may have grown elsewhere
-            info = self._store.describe_topic(topic)
-        except UnknownTopic:
-            info = self._quota.create(topic, self._partitions)
+        infos: dict[str, TopicInfo] = {}
+        looked_up: dict[str, TopicInfo] = {}
+        missing: list[str] = []
+        for topic in topics:
+            cached = self._topics.get(topic)
+            if cached is not None and now - cached[1] < self._refresh_s:
+                infos[topic] = cached[0]
+                continue
+            try:
+                # describe, not create: a topic's partition count may have grown elsewhere
+                looked_up[topic] = self._store.describe_topic(topic)
+            except UnknownTopic:
+                missing.append(topic)
+        if missing:
+            created = self._quota.create_all(missing, self._partitions)
+            looked_up.update(zip(missing, created, strict=True))
+        infos.update(looked_up)
         with self._lock:
-            if cached is not None and cached[0].topic_id != info.topic_id:
-                self._drop_pins(cached[0].topic_id)
-                self._deletions.pop(cached[0].topic_id, None)
-            self._topics[topic] = (info, now)
-        return info
+            for topic, info in looked_up.items():
+                cached = self._topics.get(topic)
+                if cached is not None and cached[0].topic_id != info.topic_id:
+                    self._drop_pins(cached[0].topic_id)
+                    self._deletions.pop(cached[0].topic_id, None)
+                self._topics[topic] = (info, now)
+        return [infos[topic] for topic in topics]
 
     def _drop_pins(self, topic_id: str) -> None:
         dropped = self._pins.pop(topic_id, None)
@@ -296,8 +309,8 @@ class SourceRouter:
         for topic, source_id in sources:
             by_topic.setdefault(topic, []).append(source_id)
         found: dict[str, dict[str, SourceRoute]] = {}
-        for topic, source_ids in by_topic.items():
-            info = self._topic_info(topic)
+        infos = self._topic_infos(list(by_topic))
+        for (topic, source_ids), info in zip(by_topic.items(), infos, strict=True):
             topic_id = info.topic_id
             # read before any pin is seen: a deletion after it moves the count
             deletions = self._pin_deletions(topic, topic_id)
