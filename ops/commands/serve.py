@@ -315,6 +315,25 @@ def _warn_if_others_may_read_tokens(config: str | Path | None, settings: Gateway
         )
 
 
+def _keep_data_private(settings: GatewaySettings) -> None:
+    """Everything the gateway creates (the data directory, segments, databases, staged
+    uploads) is for its own user only: tokens are moot for whoever can read the files, and a
+    local user who may open a partition's ``write.lock`` could hold its writes.  An existing
+    data directory that others may enter is left as it is, and said."""
+    os.umask(0o077)  # inherited by the workers
+    try:
+        mode = settings.data_dir.stat().st_mode
+    except OSError:
+        return  # made by the store, under the umask above
+    if mode & 0o077:
+        print(
+            f"logbroker serve: warning: data_dir {settings.data_dir} may be entered by other "
+            f"users (mode {mode & 0o777:o}), who can then read every topic's data; run: "
+            f"chmod 700 {settings.data_dir}",
+            file=sys.stderr,
+        )
+
+
 def _warn_if_metrics_are_public(settings: GatewaySettings) -> None:
     """Say so when tokens are on and ``/metrics`` is made public all the same: its labels
     name every tenant's topics, groups and subscriptions."""
@@ -335,6 +354,10 @@ def run(args: argparse.Namespace) -> int:
     from ingest_api.settings import load_settings
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if args.log_level != "debug":
+        # httpx says every request at INFO with its whole URL, a push endpoint's user and
+        # password included; the deliveries log their own outcomes, without them
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         settings = load_settings(config_file=args.config, flags=_flags(args))
         _check_data_dir(settings)
@@ -343,6 +366,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     _warn_if_others_may_read_tokens(args.config or os.environ.get("LOGBROKER_CONFIG"), settings)
     _warn_if_metrics_are_public(settings)
+    _keep_data_private(settings)
     heap.keep_freed_memory()
     options: dict[str, Any] = {
         "host": settings.host,
