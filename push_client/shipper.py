@@ -14,8 +14,10 @@ wake-up of the loop), and the loop thread applies it here.  Per file:
 
 Answers: acks move positions; ``fenced`` or a lost prefix reopen the session; a refused
 section or session parks its file (``push_client.parking``); a refused request of several
-files sends each of them alone until the culprit is parked; a request to an installation that
-went down leaves its ranges in doubt there.
+files sends each of them alone until the culprit is parked; a 503 ``partition_unavailable``
+holds back the files it names until their partition has an owner again
+(``push_client.partition_outage``) and sends the others again at once; a request to an
+installation that went down leaves its ranges in doubt there.
 """
 
 from __future__ import annotations
@@ -41,8 +43,16 @@ from push_client.installations import Installation, InstallationSet
 from push_client.metrics import PushMetrics
 from push_client.owner_routes import OwnerPolicy, OwnerRoutes
 from push_client.parking import ParkingLot, Refusal
+from push_client.partition_outage import forget_outage, partition_back, wait_for_partition
 from push_client.tailer import Chunk, Phase, TailedFile
-from push_client.transport import GatewayClient, InstallationUnavailable, Refused, Stopped
+from push_client.transport import (
+    PARTITION_UNAVAILABLE,
+    GatewayClient,
+    InstallationUnavailable,
+    PartitionsUnavailable,
+    Refused,
+    Stopped,
+)
 from push_client.wire import WireChunk, encode_write_body
 
 log = logging.getLogger("logbroker.push")
@@ -171,6 +181,7 @@ class Shipper:
                 continue
             if self._target(tailed) != tailed.session_installation:
                 tailed.session_ready = False
+                forget_outage(tailed)  # a partition of the installation it leaves
                 self.counters.buffered -= tailed.drop_pending()
 
     # -- sessions -------------------------------------------------------------------------------
@@ -288,6 +299,7 @@ class Shipper:
                 continue
             self.counters.buffered -= tailed.drop_pending()
             tailed.resume_at(step.resume_at, epoch)
+            forget_outage(tailed)  # its partition's owner answered the session
             tailed.session_installation = name
             if tailed.session_refusal:
                 log.info("%s: the gateway takes it again", tailed.path)
@@ -347,8 +359,14 @@ class Shipper:
             tailed.session_asked = False
         if isinstance(exc, InstallationUnavailable):
             self.installations.mark_down(job.installation, str(exc))
-        elif isinstance(exc, Refused):
-            refusal = Refusal(exc.status, exc.error, exc.reason)
+        elif isinstance(exc, (Refused, PartitionsUnavailable)):
+            # A partition without an owner is named, not its sources (a new file's partition
+            # is not known yet): found like a refusal, its file waiting a backoff (a 503).
+            refusal = (
+                Refusal(exc.status, exc.error, exc.reason)
+                if isinstance(exc, Refused)
+                else Refusal(503, PARTITION_UNAVAILABLE, exc.reason)
+            )
             if len(job.files) == 1:
                 tailed = job.files[0]
                 if not (
@@ -357,7 +375,7 @@ class Shipper:
                     self._park(tailed, refusal)
             else:
                 log.error(
-                    "gateway refused a batch of %d sessions (%s); asking for each alone",
+                    "gateway did not open a batch of %d sessions (%s); asking for each alone",
                     len(job.files),
                     refusal,
                 )
@@ -369,6 +387,7 @@ class Shipper:
     # -- sending --------------------------------------------------------------------------------
     def sendable(self) -> list[TailedFile]:
         depth = self.config.pipeline_depth
+        now = time.monotonic()
         return [
             t
             for t in self.files.files.values()
@@ -376,6 +395,7 @@ class Shipper:
             and t.parked is None
             and t.pending
             and t.in_flight < (1 if t.pipeline_blocked else depth)
+            and (t.outage is None or t.outage.retry_at <= now)
         ]
 
     def dispatch(self, now: float) -> float:
@@ -554,7 +574,9 @@ class Shipper:
                 self._after_request(tailed, job.installation.name)
 
     def _write_failed(self, job: _WriteJob, exc: BaseException) -> None:
-        if isinstance(exc, InstallationUnavailable):
+        if isinstance(exc, PartitionsUnavailable):
+            self._partitions_unavailable(job, exc)
+        elif isinstance(exc, InstallationUnavailable):
             self.installations.mark_down(job.installation, str(exc))
             self._in_doubt(job, maybe_written=exc.maybe_written)
         elif isinstance(exc, (Stopped, concurrent.futures.CancelledError)) and self.multi:
@@ -566,6 +588,24 @@ class Shipper:
             if not isinstance(exc, (Stopped, concurrent.futures.CancelledError)):
                 log.error("write failed: %s", exc)
             self._abandon(job)
+
+    def _partitions_unavailable(self, job: _WriteJob, exc: PartitionsUnavailable) -> None:
+        """The gateway answered that partitions of the request have no reachable owner: the
+        files it names wait for theirs; the others are sent again at once (their sections
+        were written: a resend is answered ``duplicate``).  The installation is not given up:
+        it answers.  An answer that names none of the request's files holds back all."""
+        waits = [exc.affects(t.source_id, t.topic, t.partition) for t, _ in job.sections]
+        if not any(waits):
+            waits = [True] * len(job.sections)
+        cap_s = self.config.max_backoff_s
+        for (tailed, chunks), held in zip(job.sections, waits, strict=True):
+            tailed.finished(chunks)
+            self.counters.buffered -= tailed.give_back(chunks)
+            if held:
+                topic, partition = exc.sources.get(
+                    tailed.source_id, (tailed.topic, tailed.partition)
+                )
+                wait_for_partition(tailed, topic, partition, exc.reason, cap_s)
 
     def _abandon(self, job: _WriteJob) -> None:
         """Unanswered: the chunks go back among the pending ones and are sent again."""
@@ -743,6 +783,8 @@ class Shipper:
                 counters.acked_chunks += 1
                 if status == "duplicate":
                     counters.duplicate_chunks += 1
+            if tailed.outage is not None and acked_seqnos:
+                partition_back(tailed)
             if not tailed.in_flight:
                 tailed.pipeline_blocked = False
             if unacked:

@@ -22,6 +22,7 @@ from push_client.config import Entry
 from push_client.handover import SourceHandover
 from push_client.identity import FileIdentity, display_path, read_fingerprint
 from push_client.parking import Parked
+from push_client.partition_outage import PartitionOutage
 from push_client.wire import SourceMeta
 
 
@@ -162,8 +163,11 @@ class TailedFile:
         self.handover = SourceHandover()
         self.parked: Parked | None = None
         """Set while the gateway refuses this file (see ``push_client.parking``)."""
+        self.outage: PartitionOutage | None = None
+        """Set while its partition has no reachable owner (see ``push_client.partition_outage``)."""
         self.alone = False
-        """Sent in requests of its own, to find which file a refused request is due to."""
+        """Sent in requests of its own: to find which file a refused request is due to, or
+        while its partition is tried again after an outage."""
         self.session_asked = False
         """A session request for this file is out."""
         self.session_retry_at = 0.0
