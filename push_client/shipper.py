@@ -43,7 +43,7 @@ from push_client.installations import Installation, InstallationSet
 from push_client.metrics import PushMetrics
 from push_client.owner_routes import OwnerPolicy, OwnerRoutes
 from push_client.parking import ParkingLot, Refusal
-from push_client.partition_outage import forget_outage, partition_back, wait_for_partition
+from push_client.partition_outage import PartitionOutage, PartitionOutages
 from push_client.tailer import Chunk, Phase, TailedFile
 from push_client.transport import (
     PARTITION_UNAVAILABLE,
@@ -76,6 +76,8 @@ class _WriteJob:
     installation: Installation
     sections: list[tuple[TailedFile, list[Chunk]]]
     future: concurrent.futures.Future[dict[str, Any]] = field(init=False)
+    probe: PartitionOutage | None = None
+    """The partition outage this request probes (its one file waits for that partition)."""
     behind: list[bool] = field(init=False)
     """Per section: whether, when it was sent, chunks before it were not acknowledged yet
     (it was pipelined behind them, so an ``out_of_order`` answer means it overtook them)."""
@@ -137,6 +139,8 @@ class Shipper:
         self.audit = audit
         """The chunks sent and the lines each installation's log holds, per topic and window
         of their create time (tier push-client, see :mod:`push_client.audit_publishing`)."""
+        self.outages = PartitionOutages(config.max_backoff_s, config.max_in_flight - 1)
+        """Partitions without a reachable owner, and the files waiting for each."""
         self.owner_routes: dict[str, OwnerRoutes] = {}
         """Per installation, the partitions' owners (only with ``direct_to_owner``)."""
         self.configure_owners()
@@ -181,7 +185,7 @@ class Shipper:
                 continue
             if self._target(tailed) != tailed.session_installation:
                 tailed.session_ready = False
-                forget_outage(tailed)  # a partition of the installation it leaves
+                self.outages.forget(tailed)  # a partition of the installation it leaves
                 self.counters.buffered -= tailed.drop_pending()
 
     # -- sessions -------------------------------------------------------------------------------
@@ -299,7 +303,7 @@ class Shipper:
                 continue
             self.counters.buffered -= tailed.drop_pending()
             tailed.resume_at(step.resume_at, epoch)
-            forget_outage(tailed)  # its partition's owner answered the session
+            self.outages.forget(tailed)  # its partition's owner answered the session
             tailed.session_installation = name
             if tailed.session_refusal:
                 log.info("%s: the gateway takes it again", tailed.path)
@@ -388,6 +392,8 @@ class Shipper:
     def sendable(self) -> list[TailedFile]:
         depth = self.config.pipeline_depth
         now = time.monotonic()
+        outages = self.outages
+        probes = outages.probes() if outages else 0
         return [
             t
             for t in self.files.files.values()
@@ -395,7 +401,7 @@ class Shipper:
             and t.parked is None
             and t.pending
             and t.in_flight < (1 if t.pipeline_blocked else depth)
-            and (t.outage is None or t.outage.retry_at <= now)
+            and (t.outage is None or outages.due(t, now, probes))
         ]
 
     def dispatch(self, now: float) -> float:
@@ -416,11 +422,11 @@ class Shipper:
             owner = self._owner_of(first, now)
             room = self.config.request_bytes
             sections: list[tuple[TailedFile, list[Chunk]]] = []
-            group = [first] if first.alone else ready
+            group = [first] if _alone(first) else ready
             for tailed in group:
                 if room <= 0:
                     break
-                if tailed.session_installation != name or (tailed.alone and tailed is not first):
+                if tailed.session_installation != name or (_alone(tailed) and tailed is not first):
                     continue
                 if tailed is not first and self._owner_of(tailed, now) != owner:
                     continue  # a request goes to one owner (or to the gateways)
@@ -429,7 +435,7 @@ class Shipper:
                 sections.append((tailed, chunks))
             member = self.installations.get(name)
             assert member is not None
-            self._submit_write(member, sections, owner)
+            self._submit_write(member, sections, owner, first.outage)
         return self.config.poll_interval_s
 
     # -- owners ---------------------------------------------------------------------------------
@@ -484,6 +490,7 @@ class Shipper:
         member: Installation,
         sections: list[tuple[TailedFile, list[Chunk]]],
         owner_url: str | None = None,
+        probe: PartitionOutage | None = None,
     ) -> None:
         payload = [(t.section_meta(chunks), t.entry.codec, chunks) for t, chunks in sections]
         # journaled before it goes out: a client killed before the answer learns at its
@@ -496,7 +503,9 @@ class Shipper:
                 for c in chunks
             ],
         )
-        job = _WriteJob(member, sections)
+        job = _WriteJob(member, sections, probe)
+        if probe is not None:
+            probe.probing = True
         job.future = self._pool.submit(
             self._send_write, self.clients[member.name], payload, owner_url
         )
@@ -564,6 +573,8 @@ class Shipper:
                 self._on_sessions(job, results)
                 continue
             self.writes.discard(job)
+            if job.probe is not None:
+                job.probe.probing = False
             try:
                 answer = job.future.result()
             except BaseException as exc:
@@ -597,7 +608,7 @@ class Shipper:
         waits = [exc.affects(t.source_id, t.topic, t.partition) for t, _ in job.sections]
         if not any(waits):
             waits = [True] * len(job.sections)
-        cap_s = self.config.max_backoff_s
+        name = job.installation.name
         for (tailed, chunks), held in zip(job.sections, waits, strict=True):
             tailed.finished(chunks)
             self.counters.buffered -= tailed.give_back(chunks)
@@ -605,7 +616,7 @@ class Shipper:
                 topic, partition = exc.sources.get(
                     tailed.source_id, (tailed.topic, tailed.partition)
                 )
-                wait_for_partition(tailed, topic, partition, exc.reason, cap_s)
+                self.outages.wait(tailed, name, topic, partition, exc.reason, job.probe)
 
     def _abandon(self, job: _WriteJob) -> None:
         """Unanswered: the chunks go back among the pending ones and are sent again."""
@@ -784,7 +795,7 @@ class Shipper:
                 if status == "duplicate":
                     counters.duplicate_chunks += 1
             if tailed.outage is not None and acked_seqnos:
-                partition_back(tailed)
+                self.outages.back(tailed)
             if not tailed.in_flight:
                 tailed.pipeline_blocked = False
             if unacked:
@@ -858,6 +869,11 @@ def census_all(files: Sequence[TailedFile], names: Sequence[str], deadline: floa
     for tailed in files:
         tailed.handover.census.update(names)
         tailed.handover.census_deadline = deadline
+
+
+def _alone(tailed: TailedFile) -> bool:
+    """Sent in requests of its own: to find a refused file, or as a partition's probe."""
+    return tailed.alone or tailed.outage is not None
 
 
 def _several_lines(chunk: Chunk) -> bool:

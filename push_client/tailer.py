@@ -166,8 +166,7 @@ class TailedFile:
         self.outage: PartitionOutage | None = None
         """Set while its partition has no reachable owner (see ``push_client.partition_outage``)."""
         self.alone = False
-        """Sent in requests of its own: to find which file a refused request is due to, or
-        while its partition is tried again after an outage."""
+        """Sent in requests of its own, to find which file a refused request is due to."""
         self.session_asked = False
         """A session request for this file is out."""
         self.session_retry_at = 0.0
