@@ -362,10 +362,18 @@ class TailedFile:
 
     # -- sending --------------------------------------------------------------------------------
     def take(self, max_bytes: int) -> list[Chunk]:
-        """Pending chunks for one request (at least one), counted as in flight."""
+        """Pending chunks for one request (at least one), counted as in flight.
+
+        Only a run without a hole: chunks given back (a request that failed) while a later
+        request of the file is in flight sit before chunks read after it, and a section names
+        where its first chunk starts only (``prev_seqno``), so the gateway would write the
+        chunk after the hole and then answer the hole's chunks ``duplicate``: lost.
+        """
         taken: list[Chunk] = []
         size = 0
         while self.pending and (not taken or size + len(self.pending[0].data) <= max_bytes):
+            if taken and self.pending[0].start != taken[-1].seqno:
+                break  # the bytes between are in flight: they go first
             chunk = self.pending.popleft()
             size += len(chunk.data)
             taken.append(chunk)
