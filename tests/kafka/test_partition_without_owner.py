@@ -163,10 +163,7 @@ def test_files_on_partitions_of_an_unreachable_owner_wait_and_the_others_ship(
         while missing() and time.monotonic() < deadline:
             time.sleep(0.5)
         lost = missing()
-        seqnos = {
-            source[-6:]: found
-            for source, found in source_seqnos(kafka_store, TOPIC).items()
-        }
+        seqnos = {source[-6:]: found for source, found in source_seqnos(kafka_store, TOPIC).items()}
         assert not lost, (
             f"{len(lost)} lines missing, e.g. {lost[:3]} {lost[-3:]}; partitions {partitions}, "
             f"seqnos {seqnos}; "
