@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -37,6 +37,7 @@ from log_store.errors import (
     LimitReached,
     LogbrokerError,
     OffsetOutOfRange,
+    PartitionUnavailable,
     StoreFull,
     StoreUnavailable,
     TopicDeletedInFlight,
@@ -48,6 +49,9 @@ from log_store.topic_names import TOPIC_NAME_PATTERN
 
 RETRY_AFTER_S = 1
 _PARTITION = re.compile(r"[0-9]+")  # what a route's {partition:int} matches
+PARTITION_UNAVAILABLE = "partition_unavailable"
+"""The error code of a 503 for partitions without a reachable owner (the rest of the store
+may take writes); its body names them (``partitions``)."""
 FULL_DISK_RETRY_AFTER_S = 10
 """A full disk is freed by retention or by hand, not within a second."""
 _log = logging.getLogger("ingest_api")
@@ -97,6 +101,35 @@ def unavailable_response(reason: str) -> Response:
     """503 with ``Retry-After``: nothing was acknowledged, the client keeps its data."""
     return error_response(
         503, "store_unavailable", reason, headers={"Retry-After": str(RETRY_AFTER_S)}
+    )
+
+
+def partitions_unavailable(failed: Sequence[tuple[str, PartitionUnavailable]]) -> ApiError:
+    """The 503 of a write whose only failures are partitions without a reachable owner.
+
+    ``failed`` holds (source id, error) of each section that failed so.  The body names them
+    (``partitions``: topic, partition and ``source_ids`` each), so a client can hold back
+    those sources alone and send the others again at once (the sections of other partitions
+    were written: their resend is answered ``duplicate``).  Still a 503: a client that does
+    not read the body retries the request as a whole, as it did before.
+    """
+    sources: dict[tuple[str, int], list[str]] = {}
+    reasons: dict[tuple[str, int], str] = {}
+    for source_id, exc in failed:
+        key = (exc.topic, exc.partition)
+        sources.setdefault(key, []).append(source_id)
+        reasons.setdefault(key, str(exc))
+    return ApiError(
+        503,
+        PARTITION_UNAVAILABLE,
+        "; ".join(reasons.values()),
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+        extra={
+            "partitions": [
+                {"topic": topic, "partition": partition, "source_ids": ids}
+                for (topic, partition), ids in sources.items()
+            ]
+        },
     )
 
 
@@ -151,6 +184,15 @@ async def _on_store_unavailable(request: Request, exc: Exception) -> Response:
         # not the store's health: an operator deleted the topic; the retry makes it again
         return error_response(
             503, "topic_deleted", str(exc), headers={"Retry-After": str(RETRY_AFTER_S)}
+        )
+    if isinstance(exc, PartitionUnavailable):
+        # one partition, not the store: named, so that a client may hold back its sources only
+        return error_response(
+            503,
+            PARTITION_UNAVAILABLE,
+            str(exc),
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+            extra={"partitions": [{"topic": exc.topic, "partition": exc.partition}]},
         )
     if isinstance(exc, StoreFull):
         if exc.never_fits:

@@ -32,7 +32,7 @@ from ingest_api.audit_api import (
 )
 from ingest_api.body import read_body
 from ingest_api.context import GatewayContext
-from ingest_api.errors import ApiError
+from ingest_api.errors import ApiError, partitions_unavailable
 from ingest_api.framing import (
     BINARY_MEDIA_TYPE,
     NDJSON_MEDIA_TYPE,
@@ -48,7 +48,7 @@ from ingest_api.owners_api import FORWARDED_HEADER, owned_here
 from ingest_api.rate_limit import SourceRateLimiter
 from ingest_api.schemas_api import STRUCTURED_WRITES
 from ingest_api.settings import TokenGrant
-from log_store.errors import LimitReached
+from log_store.errors import LimitReached, PartitionUnavailable
 from session_dedup.envelope import CODECS
 from session_dedup.exactly_once import (
     CHUNK_STATUSES,
@@ -292,9 +292,11 @@ class WriteApi:
         results = await self.writer.write_each_async([(s.meta, s.batch) for s in admitted])
         # counted also when the request fails: its retry answers what was written `duplicate`
         self._audit(admitted, results)
-        failure = next((r for r in results if isinstance(r, BaseException)), None)
-        if failure is not None:
-            raise failure
+        failed = [
+            (s, r) for s, r in zip(admitted, results, strict=True) if isinstance(r, BaseException)
+        ]
+        if failed:
+            raise _failure(failed)
         outcomes = iter(cast(list[WriteOutcome], results))
         answer = _Answer()
         for s in sections:
@@ -339,6 +341,16 @@ class WriteApi:
             1 for r in answer.results if "partition" in r and not owns(r["topic"], r["partition"])
         )
         return {FORWARDED_HEADER: str(forwarded)} if forwarded else None
+
+
+def _failure(failed: list[tuple[Section, BaseException]]) -> BaseException:
+    """What fails a write request: its first error, or, when every failed section's
+    partition lacks a reachable owner (the other sections were written), a 503 naming those
+    sections' sources (:func:`~ingest_api.errors.partitions_unavailable`)."""
+    unavailable = [(s.meta.source_id, r) for s, r in failed if isinstance(r, PartitionUnavailable)]
+    if len(unavailable) == len(failed):
+        return partitions_unavailable(unavailable)
+    return next(r for _, r in failed if not isinstance(r, PartitionUnavailable))
 
 
 class _Answer:
@@ -491,7 +503,10 @@ _ERRORS = {
     "429": "a source is over its rate (see Retry-After), or a limit is reached (limit, max)",
     "503": "the log cannot take writes now (store_unavailable: the reason says why, e.g. no "
     "space left, with the bytes needed and free), or the topic was deleted while the write was "
-    "in flight (topic_deleted); nothing acknowledged; see Retry-After",
+    "in flight (topic_deleted), or partitions have no reachable owner now "
+    "(partition_unavailable: partitions names each with the source_ids that wait; sections "
+    "of other partitions were written and a resend of them is answered duplicate); nothing "
+    "acknowledged; see Retry-After",
     "507": "the write is larger than the data directory's whole file system "
     "(insufficient_storage): it never fits there; nothing acknowledged",
 }

@@ -89,6 +89,18 @@ class StoreFull(StoreUnavailable):
         return self.needed_bytes > self.total_bytes
 
 
+class PartitionUnavailable(StoreUnavailable):
+    """One partition cannot take writes now: no gateway owns it (its owner died and the group
+    has not handed it on yet) or its owner cannot be reached.  The store's other partitions
+    may well take writes; ``topic`` and ``partition`` name the one that cannot, so that a
+    request of many sources can say which of them wait."""
+
+    def __init__(self, message: str, topic: str, partition: int) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+
+
 class TopicDeletedInFlight(StoreUnavailable):
     """A write's topic was deleted while the write was in flight, and again while it was made
     again.  Nothing was acknowledged; the caller retries, and the retry makes the topic again.

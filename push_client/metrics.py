@@ -328,6 +328,27 @@ class PushMetrics:
                 if t.parked is not None
             ],
         )
+        waiting = [t for t in rows if t.outage is not None]
+        metric(
+            "logbroker_push_partition_waiting_files",
+            "gauge",
+            "Files waiting for their partition to have a reachable owner again (the others "
+            "ship on).",
+            [(none, len(waiting))],
+        )
+        metric(
+            "logbroker_push_file_partition_waiting",
+            "gauge",
+            "A file waiting for its partition, and the partition.",
+            [
+                (
+                    _file_labels(t, topic=t.outage.topic, partition=str(t.outage.partition)),
+                    1,
+                )
+                for t in waiting
+                if t.outage is not None
+            ],
+        )
         metric(
             "logbroker_push_doubt_bytes",
             "gauge",

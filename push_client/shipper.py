@@ -14,8 +14,10 @@ wake-up of the loop), and the loop thread applies it here.  Per file:
 
 Answers: acks move positions; ``fenced`` or a lost prefix reopen the session; a refused
 section or session parks its file (``push_client.parking``); a refused request of several
-files sends each of them alone until the culprit is parked; a request to an installation that
-went down leaves its ranges in doubt there.
+files sends each of them alone until the culprit is parked; a 503 ``partition_unavailable``
+holds back the files it names until their partition has an owner again
+(``push_client.partition_outage``) and sends the others again at once; a request to an
+installation that went down leaves its ranges in doubt there.
 """
 
 from __future__ import annotations
@@ -41,8 +43,16 @@ from push_client.installations import Installation, InstallationSet
 from push_client.metrics import PushMetrics
 from push_client.owner_routes import OwnerPolicy, OwnerRoutes
 from push_client.parking import ParkingLot, Refusal
+from push_client.partition_outage import PartitionOutage, PartitionOutages
 from push_client.tailer import Chunk, Phase, TailedFile
-from push_client.transport import GatewayClient, InstallationUnavailable, Refused, Stopped
+from push_client.transport import (
+    PARTITION_UNAVAILABLE,
+    GatewayClient,
+    InstallationUnavailable,
+    PartitionsUnavailable,
+    Refused,
+    Stopped,
+)
 from push_client.wire import WireChunk, encode_write_body
 
 log = logging.getLogger("logbroker.push")
@@ -66,6 +76,8 @@ class _WriteJob:
     installation: Installation
     sections: list[tuple[TailedFile, list[Chunk]]]
     future: concurrent.futures.Future[dict[str, Any]] = field(init=False)
+    probe: PartitionOutage | None = None
+    """The partition outage this request probes (its one file waits for that partition)."""
     behind: list[bool] = field(init=False)
     """Per section: whether, when it was sent, chunks before it were not acknowledged yet
     (it was pipelined behind them, so an ``out_of_order`` answer means it overtook them)."""
@@ -127,6 +139,8 @@ class Shipper:
         self.audit = audit
         """The chunks sent and the lines each installation's log holds, per topic and window
         of their create time (tier push-client, see :mod:`push_client.audit_publishing`)."""
+        self.outages = PartitionOutages(config.max_backoff_s, config.max_in_flight - 1)
+        """Partitions without a reachable owner, and the files waiting for each."""
         self.owner_routes: dict[str, OwnerRoutes] = {}
         """Per installation, the partitions' owners (only with ``direct_to_owner``)."""
         self.configure_owners()
@@ -171,6 +185,7 @@ class Shipper:
                 continue
             if self._target(tailed) != tailed.session_installation:
                 tailed.session_ready = False
+                self.outages.forget(tailed)  # a partition of the installation it leaves
                 self.counters.buffered -= tailed.drop_pending()
 
     # -- sessions -------------------------------------------------------------------------------
@@ -288,6 +303,7 @@ class Shipper:
                 continue
             self.counters.buffered -= tailed.drop_pending()
             tailed.resume_at(step.resume_at, epoch)
+            self.outages.forget(tailed)  # its partition's owner answered the session
             tailed.session_installation = name
             if tailed.session_refusal:
                 log.info("%s: the gateway takes it again", tailed.path)
@@ -347,8 +363,14 @@ class Shipper:
             tailed.session_asked = False
         if isinstance(exc, InstallationUnavailable):
             self.installations.mark_down(job.installation, str(exc))
-        elif isinstance(exc, Refused):
-            refusal = Refusal(exc.status, exc.error, exc.reason)
+        elif isinstance(exc, (Refused, PartitionsUnavailable)):
+            # A partition without an owner is named, not its sources (a new file's partition
+            # is not known yet): found like a refusal, its file waiting a backoff (a 503).
+            refusal = (
+                Refusal(exc.status, exc.error, exc.reason)
+                if isinstance(exc, Refused)
+                else Refusal(503, PARTITION_UNAVAILABLE, exc.reason)
+            )
             if len(job.files) == 1:
                 tailed = job.files[0]
                 if not (
@@ -357,7 +379,7 @@ class Shipper:
                     self._park(tailed, refusal)
             else:
                 log.error(
-                    "gateway refused a batch of %d sessions (%s); asking for each alone",
+                    "gateway did not open a batch of %d sessions (%s); asking for each alone",
                     len(job.files),
                     refusal,
                 )
@@ -369,6 +391,9 @@ class Shipper:
     # -- sending --------------------------------------------------------------------------------
     def sendable(self) -> list[TailedFile]:
         depth = self.config.pipeline_depth
+        now = time.monotonic()
+        outages = self.outages
+        probes = outages.probes() if outages else 0
         return [
             t
             for t in self.files.files.values()
@@ -376,6 +401,7 @@ class Shipper:
             and t.parked is None
             and t.pending
             and t.in_flight < (1 if t.pipeline_blocked else depth)
+            and (t.outage is None or outages.due(t, now, probes))
         ]
 
     def dispatch(self, now: float) -> float:
@@ -396,11 +422,11 @@ class Shipper:
             owner = self._owner_of(first, now)
             room = self.config.request_bytes
             sections: list[tuple[TailedFile, list[Chunk]]] = []
-            group = [first] if first.alone else ready
+            group = [first] if _alone(first) else ready
             for tailed in group:
                 if room <= 0:
                     break
-                if tailed.session_installation != name or (tailed.alone and tailed is not first):
+                if tailed.session_installation != name or (_alone(tailed) and tailed is not first):
                     continue
                 if tailed is not first and self._owner_of(tailed, now) != owner:
                     continue  # a request goes to one owner (or to the gateways)
@@ -409,7 +435,7 @@ class Shipper:
                 sections.append((tailed, chunks))
             member = self.installations.get(name)
             assert member is not None
-            self._submit_write(member, sections, owner)
+            self._submit_write(member, sections, owner, first.outage)
         return self.config.poll_interval_s
 
     # -- owners ---------------------------------------------------------------------------------
@@ -464,6 +490,7 @@ class Shipper:
         member: Installation,
         sections: list[tuple[TailedFile, list[Chunk]]],
         owner_url: str | None = None,
+        probe: PartitionOutage | None = None,
     ) -> None:
         payload = [(t.section_meta(chunks), t.entry.codec, chunks) for t, chunks in sections]
         # journaled before it goes out: a client killed before the answer learns at its
@@ -476,7 +503,9 @@ class Shipper:
                 for c in chunks
             ],
         )
-        job = _WriteJob(member, sections)
+        job = _WriteJob(member, sections, probe)
+        if probe is not None:
+            probe.probing = True
         job.future = self._pool.submit(
             self._send_write, self.clients[member.name], payload, owner_url
         )
@@ -544,6 +573,8 @@ class Shipper:
                 self._on_sessions(job, results)
                 continue
             self.writes.discard(job)
+            if job.probe is not None:
+                job.probe.probing = False
             try:
                 answer = job.future.result()
             except BaseException as exc:
@@ -554,7 +585,9 @@ class Shipper:
                 self._after_request(tailed, job.installation.name)
 
     def _write_failed(self, job: _WriteJob, exc: BaseException) -> None:
-        if isinstance(exc, InstallationUnavailable):
+        if isinstance(exc, PartitionsUnavailable):
+            self._partitions_unavailable(job, exc)
+        elif isinstance(exc, InstallationUnavailable):
             self.installations.mark_down(job.installation, str(exc))
             self._in_doubt(job, maybe_written=exc.maybe_written)
         elif isinstance(exc, (Stopped, concurrent.futures.CancelledError)) and self.multi:
@@ -566,6 +599,24 @@ class Shipper:
             if not isinstance(exc, (Stopped, concurrent.futures.CancelledError)):
                 log.error("write failed: %s", exc)
             self._abandon(job)
+
+    def _partitions_unavailable(self, job: _WriteJob, exc: PartitionsUnavailable) -> None:
+        """The gateway answered that partitions of the request have no reachable owner: the
+        files it names wait for theirs; the others are sent again at once (their sections
+        were written: a resend is answered ``duplicate``).  The installation is not given up:
+        it answers.  An answer that names none of the request's files holds back all."""
+        waits = [exc.affects(t.source_id, t.topic, t.partition) for t, _ in job.sections]
+        if not any(waits):
+            waits = [True] * len(job.sections)
+        name = job.installation.name
+        for (tailed, chunks), held in zip(job.sections, waits, strict=True):
+            tailed.finished(chunks)
+            self.counters.buffered -= tailed.give_back(chunks)
+            if held:
+                topic, partition = exc.sources.get(
+                    tailed.source_id, (tailed.topic, tailed.partition)
+                )
+                self.outages.wait(tailed, name, topic, partition, exc.reason, job.probe)
 
     def _abandon(self, job: _WriteJob) -> None:
         """Unanswered: the chunks go back among the pending ones and are sent again."""
@@ -743,6 +794,8 @@ class Shipper:
                 counters.acked_chunks += 1
                 if status == "duplicate":
                     counters.duplicate_chunks += 1
+            if tailed.outage is not None and acked_seqnos:
+                self.outages.back(tailed)
             if not tailed.in_flight:
                 tailed.pipeline_blocked = False
             if unacked:
@@ -816,6 +869,11 @@ def census_all(files: Sequence[TailedFile], names: Sequence[str], deadline: floa
     for tailed in files:
         tailed.handover.census.update(names)
         tailed.handover.census_deadline = deadline
+
+
+def _alone(tailed: TailedFile) -> bool:
+    """Sent in requests of its own: to find a refused file, or as a partition's probe."""
+    return tailed.alone or tailed.outage is not None
 
 
 def _several_lines(chunk: Chunk) -> bool:

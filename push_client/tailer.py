@@ -22,6 +22,7 @@ from push_client.config import Entry
 from push_client.handover import SourceHandover
 from push_client.identity import FileIdentity, display_path, read_fingerprint
 from push_client.parking import Parked
+from push_client.partition_outage import PartitionOutage
 from push_client.wire import SourceMeta
 
 
@@ -162,6 +163,8 @@ class TailedFile:
         self.handover = SourceHandover()
         self.parked: Parked | None = None
         """Set while the gateway refuses this file (see ``push_client.parking``)."""
+        self.outage: PartitionOutage | None = None
+        """Set while its partition has no reachable owner (see ``push_client.partition_outage``)."""
         self.alone = False
         """Sent in requests of its own, to find which file a refused request is due to."""
         self.session_asked = False
@@ -359,10 +362,18 @@ class TailedFile:
 
     # -- sending --------------------------------------------------------------------------------
     def take(self, max_bytes: int) -> list[Chunk]:
-        """Pending chunks for one request (at least one), counted as in flight."""
+        """Pending chunks for one request (at least one), counted as in flight.
+
+        Only a run without a hole: chunks given back (a request that failed) while a later
+        request of the file is in flight sit before chunks read after it, and a section names
+        where its first chunk starts only (``prev_seqno``), so the gateway would write the
+        chunk after the hole and then answer the hole's chunks ``duplicate``: lost.
+        """
         taken: list[Chunk] = []
         size = 0
         while self.pending and (not taken or size + len(self.pending[0].data) <= max_bytes):
+            if taken and self.pending[0].start != taken[-1].seqno:
+                break  # the bytes between are in flight: they go first
             chunk = self.pending.popleft()
             size += len(chunk.data)
             taken.append(chunk)

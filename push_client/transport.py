@@ -4,11 +4,15 @@ A request is retried until it gets a 200 or the client stops: a transport error,
 408, a 429, a 5xx or a 503 means nothing is known to be acknowledged, and resending is safe
 because the gateway answers chunks it already holds with ``duplicate``.
 
-Two answers end the retries early:
+Three answers end the retries early:
 
 - a 4xx (other than 408 and 429) means the gateway refused the request as a whole and wrote
   nothing: :class:`Refused`.  The daemon finds the file to blame (resending per file) and parks
   it; the data stays in the file, nothing is dropped.
+- a 503 ``partition_unavailable`` means the gateway works but partitions of the request have
+  no reachable owner now (the sections of other partitions were written):
+  :class:`PartitionsUnavailable`, naming the sources that wait.  The shipper holds back those
+  files only and sends the others again at once.
 - with installations to fail over to, a request whose gateways all keep failing for
   ``failover_after_s`` (or whose installation another request found down meanwhile) raises
   :class:`InstallationUnavailable`, telling whether the request may have been written there.
@@ -62,6 +66,59 @@ class InstallationUnavailable(LogbrokerError):
     def __init__(self, reason: str, *, maybe_written: bool) -> None:
         super().__init__(reason)
         self.maybe_written = maybe_written
+
+
+PARTITION_UNAVAILABLE = "partition_unavailable"
+
+
+class PartitionsUnavailable(LogbrokerError):
+    """The gateway works, but partitions of the request have no reachable owner now (a 503
+    ``partition_unavailable``): the sections of its other partitions were written.
+
+    ``partitions`` are the (topic, partition) pairs it names; ``sources`` the source ids it
+    names, each with its pair (a gateway names them for a write, not for sessions).  Raised
+    at the first such answer, not retried: the gateway already waited for an owner."""
+
+    def __init__(
+        self,
+        reason: str,
+        partitions: tuple[tuple[str, int], ...],
+        sources: dict[str, tuple[str, int]],
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.partitions = partitions
+        self.sources = sources
+
+    def affects(self, source_id: str, topic: str, partition: int) -> bool:
+        """Whether the answer names this source (or, if it names no source, its partition)."""
+        if self.sources:
+            return source_id in self.sources
+        return (topic, partition) in self.partitions
+
+    @classmethod
+    def from_body(cls, body: object) -> PartitionsUnavailable | None:
+        """The answer in a 503's body, or None if it is another 503 (or an older gateway's
+        ``store_unavailable``: the request is retried as a whole, as before)."""
+        if not isinstance(body, dict) or body.get("error") != PARTITION_UNAVAILABLE:
+            return None
+        named = body.get("partitions")
+        if not isinstance(named, list) or not named:
+            return None
+        partitions: list[tuple[str, int]] = []
+        sources: dict[str, tuple[str, int]] = {}
+        for item in named:
+            if not isinstance(item, dict):
+                return None
+            topic, partition = item.get("topic"), item.get("partition")
+            if not isinstance(topic, str) or not isinstance(partition, int):
+                return None
+            partitions.append((topic, partition))
+            ids = item.get("source_ids", [])
+            for source_id in ids if isinstance(ids, list) else ():
+                if isinstance(source_id, str):
+                    sources[source_id] = (topic, partition)
+        return cls(str(body.get("reason", ""))[:500], tuple(partitions), sources)
 
 
 @dataclass(frozen=True)
@@ -278,6 +335,15 @@ class GatewayClient:
                     parsed: dict[str, Any] = orjson.loads(response.content)
                     return parsed
                 outcome = f"{server}: HTTP {response.status_code}: {response.text[:300]}"
+                unavailable = _partitions_unavailable(response)
+                if unavailable is not None:
+                    # An answer: the gateway works, partitions of the request have no owner.
+                    self.stats.stall.ended(attempt, None)
+                    self.stats.count(PARTITION_UNAVAILABLE)
+                    if self._failing:
+                        self._answered(server)
+                    self._prefer(index, failed_at)
+                    raise unavailable
                 if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
                     # An answer: the gateway works, the request is what it refuses.
                     self.stats.count("rejected")
@@ -571,6 +637,15 @@ def failure_text(exc: httpx.HTTPError, url: str) -> str:
         cause = cause.__cause__ or cause.__context__
         seen += 1
     return f"{type(exc).__name__}: {exc}"
+
+
+def _partitions_unavailable(response: httpx.Response) -> PartitionsUnavailable | None:
+    if response.status_code != 503:
+        return None
+    try:
+        return PartitionsUnavailable.from_body(orjson.loads(response.content))
+    except orjson.JSONDecodeError:
+        return None
 
 
 def _refused(response: httpx.Response) -> Refused:

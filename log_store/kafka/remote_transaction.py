@@ -30,7 +30,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from log_store.errors import LogbrokerError, StoreUnavailable, UnknownPartition, UnknownTopic
+from log_store.errors import (
+    LogbrokerError,
+    PartitionUnavailable,
+    StoreUnavailable,
+    UnknownPartition,
+    UnknownTopic,
+)
 from log_store.interface import (
     AppendResult,
     LateCommitHook,
@@ -741,8 +747,10 @@ class RemoteTransactions:
                         if isinstance(exc, UnknownTopic | UnknownPartition):
                             raise
                 if remaining <= 0:
-                    raise StoreUnavailable(
-                        f"no gateway owns {topic}/{partition} right now ({last_error or 'none'})"
+                    raise PartitionUnavailable(
+                        f"no gateway owns {topic}/{partition} right now ({last_error or 'none'})",
+                        topic,
+                        partition,
                     )
                 continue
             try:
@@ -751,8 +759,10 @@ class RemoteTransactions:
                 last_error = exc
                 suspect = url
                 if time.monotonic() >= deadline:
-                    raise StoreUnavailable(
-                        f"the owner of {topic}/{partition} cannot be reached: {exc}"
+                    raise PartitionUnavailable(
+                        f"the owner of {topic}/{partition} cannot be reached: {exc}",
+                        topic,
+                        partition,
                     ) from None
                 time.sleep(0.05)
 

@@ -1,0 +1,255 @@
+"""A partition without a reachable owner holds back only the files pinned to it.
+
+A real push-client ships three files through a proxy in front of a real gateway.  While the
+proxy plays a partition outage for one file, it answers each write that carries that file as
+a Kafka gateway does then: the sections of the other files are written (forwarded to the real
+gateway), and the request is answered 503 ``partition_unavailable`` naming the waiting file's
+source.  The other files keep shipping; the waiting one resumes by itself when the partition
+is back, and every line of every file is in the log exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import struct
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, logbroker_cmd
+from tests.metrics_text import sample
+from tests.push_client.conftest import (
+    FAST_FLAGS,
+    LineWriter,
+    PushProcess,
+    assert_exactly_once,
+    read_delivered,
+    until,
+)
+
+pytestmark = pytest.mark.slow
+
+_MAGIC = b"LBW1"
+_META_LEN = struct.Struct(">H")
+_COUNT = struct.Struct(">I")
+_CHUNK_HEAD = struct.Struct(">QqI")
+
+
+def _sections(body: bytes) -> list[tuple[dict[str, Any], bytes]]:
+    """A write body's sections: (meta, the section's bytes as sent)."""
+    assert body[:4] == _MAGIC
+    out = []
+    at = 4
+    while at < len(body):
+        start = at
+        (meta_len,) = _META_LEN.unpack_from(body, at)
+        meta = json.loads(body[at + 2 : at + 2 + meta_len])
+        at += 2 + meta_len
+        (count,) = _COUNT.unpack_from(body, at)
+        at += 4
+        for _ in range(count):
+            _seqno, _created, size = _CHUNK_HEAD.unpack_from(body, at)
+            at += _CHUNK_HEAD.size + size
+        out.append((meta, body[start:at]))
+    return out
+
+
+class _OutageProxy(ThreadingHTTPServer):
+    """Forwards to ``gateway``; while ``waiting_file`` is set, a write carrying a section of
+    that file is answered as a gateway whose partition of it has no owner answers."""
+
+    daemon_threads = True
+
+    def __init__(self, gateway: str) -> None:
+        self.gateway = gateway
+        self.http = httpx.Client(timeout=60)
+        self.waiting_file = ""
+        self.refused = 0
+        self.partitions: dict[str, tuple[str, int]] = {}
+        """Per source id, its topic and partition (from the session answers)."""
+        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    server: _OutageProxy
+
+    def do_GET(self) -> None:
+        answer = self.server.http.get(self.server.gateway + self.path, headers=self._headers())
+        self._send(answer.status_code, answer.content, answer.headers)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        proxy = self.server
+        waiting = proxy.waiting_file
+        binary = self.headers.get("Content-Type") == "application/x-logbroker-chunks"
+        if self.path == "/v1/write" and waiting and binary:  # not the audit's NDJSON
+            sections = _sections(body)
+            held = [m["source_id"] for m, _ in sections if m["file"].endswith(waiting)]
+            if held:
+                self._held(held, [raw for m, raw in sections if m["source_id"] not in held])
+                return
+        answer = proxy.http.post(proxy.gateway + self.path, content=body, headers=self._headers())
+        if self.path == "/v1/sessions" and answer.status_code == 200:
+            for session in answer.json()["sessions"]:
+                if "partition" in session:
+                    proxy.partitions[session["source_id"]] = (
+                        session["topic"],
+                        session["partition"],
+                    )
+        self._send(answer.status_code, answer.content, answer.headers)
+
+    def _held(self, held: list[str], others: list[bytes]) -> None:
+        """What a Kafka gateway answers: the other sections written, then a 503 naming
+        the sources on the partition without an owner."""
+        proxy = self.server
+        if others:
+            written = proxy.http.post(
+                proxy.gateway + "/v1/write",
+                content=_MAGIC + b"".join(others),
+                headers=self._headers(),
+            )
+            if written.status_code != 200:
+                self._send(written.status_code, written.content, written.headers)
+                return
+        topic, partition = proxy.partitions.get(held[0], ("dc1.app", 0))
+        proxy.refused += 1
+        answer = {
+            "error": "partition_unavailable",
+            "reason": f"no gateway owns {topic}/{partition} right now (none)",
+            "partitions": [{"topic": topic, "partition": partition, "source_ids": held}],
+        }
+        self._send(503, json.dumps(answer).encode(), {"Retry-After": "1"})
+
+    def _headers(self) -> dict[str, str]:
+        return {
+            k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")
+        }
+
+    def _send(self, status: int, body: bytes, headers: Any) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", headers.get("Content-Type", "application/json"))
+        if "Retry-After" in headers:
+            self.send_header("Retry-After", headers["Retry-After"])
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        """Quiet: the test reads the client's log, not the proxy's."""
+
+
+@contextlib.contextmanager
+def _proxy(gateway: str) -> Iterator[_OutageProxy]:
+    server = _OutageProxy(gateway)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        server.http.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _status(state: Path) -> str:
+    return subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(state)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    ).stdout
+
+
+def test_files_on_healthy_partitions_ship_while_one_partition_has_no_owner(
+    tmp_path: Path, start_gateway
+) -> None:
+    gateway = start_gateway(tmp_path / "data")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writers = {name: LineWriter(name) for name in ("alpha", "beta", "slow")}
+    for name, writer in writers.items():
+        writer.append(logs / f"{name}.log", 100)
+    state = tmp_path / "state"
+    metrics_port = _free_port()
+    config = tmp_path / "push.toml"
+    with _proxy(gateway.url) as proxy:
+        config.write_text(
+            f"""
+[push]
+servers = ["{proxy.url}"]
+state_dir = "{state}"
+max_backoff_s = 1.0
+metrics_port = {metrics_port}
+
+[[entry]]
+path = "{logs}/*.log"
+log_type = "app"
+"""
+        )
+        push = PushProcess(["--config", str(config), *FAST_FLAGS], tmp_path / "push.log")
+        push.start()
+        try:
+            push.wait_started(state)
+
+            def lines_of(name: str) -> int:
+                delivered = read_delivered(gateway.data_dir, "app")
+                return sum(1 for i in delivered.ids() if i.startswith(f"{name}:"))
+
+            assert until(lambda: read_delivered(gateway.data_dir, "app").count() == 300, 30)
+            proxy.waiting_file = "slow.log"
+            # Several rounds: a client that retried the whole request got one or two rounds
+            # of the others through (the gateway wrote their sections), then stalled with
+            # every request of theirs in flight behind the waiting file.
+            for round_ in range(1, 5):
+                for writer_name, writer in writers.items():
+                    writer.append(logs / f"{writer_name}.log", 50)
+                expected = 100 + 50 * round_
+                assert until(
+                    lambda e=expected: lines_of("alpha") == e and lines_of("beta") == e, 15
+                ), (
+                    f"round {round_}: alpha {lines_of('alpha')}, beta {lines_of('beta')} of "
+                    f"{expected}: {push.log()}"
+                )
+            assert lines_of("slow") == 100  # held back all along
+            assert until(lambda: proxy.refused >= 3, 15)  # tried again, by itself
+            out = _status(state)
+            assert f"PARTITION UNAVAILABLE {logs}/slow.log: dc1.app/" in out, out
+            assert "has no reachable owner" in out
+            assert "waiting" in out
+            metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+            assert sample(metrics, "logbroker_push_partition_waiting_files") == 1
+            refusals = sample(
+                metrics, "logbroker_push_requests_total", outcome="partition_unavailable"
+            )
+            assert refusals is not None and refusals >= 2
+            log_text = push.log()
+            assert f"{logs}/slow.log: partition dc1.app/" in log_text
+            assert "has no reachable owner now" in log_text
+
+            proxy.waiting_file = ""  # the partition has an owner again
+            assert until(lambda: lines_of("slow") == 300, 30), push.log()
+            assert until(lambda: "PARTITION UNAVAILABLE" not in _status(state), 10)
+            assert "takes writes again" in push.log()
+            assert_exactly_once(read_delivered(gateway.data_dir, "app"), *writers.values())
+        finally:
+            push.stop()

@@ -1,0 +1,89 @@
+"""The parts of a partition outage that need no process: the gateway's answer as the client
+reads it, and which chunks may share a section after chunks were given back."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from push_client.config import Entry
+from push_client.identity import FileIdentity, read_fingerprint
+from push_client.tailer import TailedFile
+from push_client.transport import PartitionsUnavailable
+
+
+def _tailed(path: Path, chunk_bytes: int) -> TailedFile:
+    fd = os.open(path, os.O_RDONLY)
+    st = os.fstat(fd)
+    tailed = TailedFile(
+        entry=Entry(str(path), "app"),
+        fd=fd,
+        path=str(path),
+        first_path=str(path),
+        identity=FileIdentity(st.st_dev, st.st_ino, read_fingerprint(fd, final=True) or "e"),
+        generation=0,
+        source_id="s",
+        host="h",
+        chunk_bytes=chunk_bytes,
+        max_line_bytes=64 * 1024,
+    )
+    tailed.resume_at(0)
+    return tailed
+
+
+def test_chunks_given_back_while_a_later_request_is_in_flight_are_not_sent_with_those_after_it(
+    tmp_path: Path,
+) -> None:
+    """Before: the chunk given back and the one read after the request still in flight went
+    in one section; the gateway wrote both (it checks where a section starts only) and then
+    answered the in-flight bytes ``duplicate``: they were lost (found on Kafka, a file whose
+    partition came back while its pipelined request was out)."""
+    path = tmp_path / "app.log"
+    path.write_bytes(b"a" * 99 + b"\n")
+    tailed = _tailed(path, chunk_bytes=100)
+    tailed.read(100, time.monotonic())
+    first = tailed.take(1 << 20)
+    with open(path, "ab") as f:
+        f.write(b"b" * 99 + b"\n")
+    tailed.read(100, time.monotonic())
+    second = tailed.take(1 << 20)  # pipelined behind the first
+    with open(path, "ab") as f:
+        f.write(b"c" * 99 + b"\n")
+    tailed.read(100, time.monotonic())
+    tailed.finished(first)  # the first failed (a partition without an owner): given back
+    tailed.give_back(first)
+    assert [(c.start, c.seqno) for c in tailed.pending] == [(0, 100), (200, 300)]
+    assert [(c.start, c.seqno) for c in tailed.take(1 << 20)] == [(0, 100)]
+    tailed.finished(second)
+    tailed.give_back(second)
+    assert [(c.start, c.seqno) for c in tailed.take(1 << 20)] == [(100, 200), (200, 300)]
+    tailed.close()
+
+
+def test_a_503_names_the_waiting_sources_or_is_retried_whole() -> None:
+    answer = PartitionsUnavailable.from_body(
+        {
+            "error": "partition_unavailable",
+            "reason": "no gateway owns dc1.app/2 right now (none)",
+            "partitions": [{"topic": "dc1.app", "partition": 2, "source_ids": ["a", "b"]}],
+        }
+    )
+    assert answer is not None
+    assert answer.sources == {"a": ("dc1.app", 2), "b": ("dc1.app", 2)}
+    assert answer.affects("a", "dc1.app", 0)  # named: whatever the client thought
+    assert not answer.affects("c", "dc1.app", 2)
+    # a session's answer names the partition only
+    partition_only = PartitionsUnavailable.from_body(
+        {
+            "error": "partition_unavailable",
+            "reason": "r",
+            "partitions": [{"topic": "t", "partition": 1}],
+        }
+    )
+    assert partition_only is not None and partition_only.affects("x", "t", 1)
+    assert not partition_only.affects("x", "t", 0)
+    # an older gateway's 503, or a body that names nothing: the request is retried whole
+    assert PartitionsUnavailable.from_body({"error": "store_unavailable", "reason": "r"}) is None
+    assert PartitionsUnavailable.from_body({"error": "partition_unavailable"}) is None
+    assert PartitionsUnavailable.from_body([1, 2]) is None
