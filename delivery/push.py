@@ -5,8 +5,8 @@ time.  Each batch holds messages in partition order, each with its topic, partit
 offset, so a receiver deduplicates a retried batch by those three.  A batch is retried with
 exponential backoff until the endpoint answers 2xx; only then do the subscription's positions
 move.  Only the answer's status counts: a few KiB of its body at most are read, and each POST
-has one deadline as a whole (``timeout_ms``).  Every subscription runs in its own task with its own HTTP client, so a failing endpoint
-delays only its own subscription.
+has one deadline as a whole (``timeout_ms``).  Every subscription runs in its own task with its
+own HTTP client, so a failing endpoint delays only its own subscription.
 
 Subscriptions and positions live in :class:`~delivery.internal_state.InternalState`, so they
 survive restarts.  With several gateway processes over one store, a lease decides which
