@@ -4,8 +4,9 @@ A subscription names an endpoint, the topics (or a topic prefix), a batch size a
 time.  Each batch holds messages in partition order, each with its topic, partition and
 offset, so a receiver deduplicates a retried batch by those three.  A batch is retried with
 exponential backoff until the endpoint answers 2xx; only then do the subscription's positions
-move.  Every subscription runs in its own task with its own HTTP client, so a failing endpoint
-delays only its own subscription.
+move.  Only the answer's status counts: a few KiB of its body at most are read, and each POST
+has one deadline as a whole (``timeout_ms``).  Every subscription runs in its own task with its
+own HTTP client, so a failing endpoint delays only its own subscription.
 
 Subscriptions and positions live in :class:`~delivery.internal_state.InternalState`, so they
 survive restarts.  With several gateway processes over one store, a lease decides which
@@ -72,6 +73,10 @@ _DAMAGED_LOOK_S = 30.0
 dropped the damaged segment meanwhile: docs/operations.md, "A batch fails its checksum")."""
 _STOP_GRACE_S = 5.0
 PUSH_MEDIA_TYPE = "application/json"
+ANSWER_BODY_BYTES = 4 * 1024
+"""How much of an endpoint's answer body push delivery reads: only the status counts.  Past
+it (plus the rest of the one network read that crossed it, at most 64 KiB) the connection is
+dropped."""
 DEFAULT_MAX_PER_OWNER = 100
 _OWNER_FIELD = "owner"
 
@@ -752,19 +757,14 @@ class _Delivery:
         backoff = self.sub.min_backoff_ms / 1000
         while True:
             try:
-                response = await client.post(
-                    self.sub.endpoint,
-                    content=body,
-                    headers={
-                        "Content-Type": PUSH_MEDIA_TYPE,
-                        "X-Logbroker-Subscription": self.sub.name,
-                    },
-                )
-                if 200 <= response.status_code < 300:
+                status = await self._answer_status(client, body)
+                if 200 <= status < 300:
                     return True
-                error = f"endpoint answered {response.status_code}"
-                if 300 <= response.status_code < 400:
+                error = f"endpoint answered {status}"
+                if 300 <= status < 400:
                     error += " (redirects are not followed)"
+            except TimeoutError:
+                error = f"no answer within timeout_ms ({self.sub.timeout_ms} ms)"
             except httpx.HTTPError as exc:
                 error = f"{type(exc).__name__}: {exc}"
             await anyio.to_thread.run_sync(self._record_error, error)
@@ -774,6 +774,40 @@ class _Delivery:
             if self.stopping:
                 return False
             backoff = min(backoff * 2, self.sub.max_backoff_ms / 1000)
+
+    async def _answer_status(self, client: httpx.AsyncClient, body: bytes) -> int:
+        """POST ``body`` once and return the endpoint's status.
+
+        The POST as a whole (connecting, sending, the answer) has ``timeout_ms``
+        (:class:`TimeoutError` past it), not only each read: an endpoint that dribbles its
+        answer is cut.  Only the status counts: at most :data:`ANSWER_BODY_BYTES` of the
+        answer's body are read (undecoded), so that a short answer leaves the connection
+        reusable; a longer one, or one still coming at the deadline after a status, drops
+        the connection and keeps the status.
+        """
+        status: int | None = None
+        try:
+            async with asyncio.timeout(self.sub.timeout_ms / 1000):
+                async with client.stream(
+                    "POST",
+                    self.sub.endpoint,
+                    content=body,
+                    headers={
+                        "Content-Type": PUSH_MEDIA_TYPE,
+                        "X-Logbroker-Subscription": self.sub.name,
+                    },
+                ) as response:
+                    status = response.status_code
+                    read = 0
+                    async for piece in response.aiter_raw():
+                        read += len(piece)
+                        if read > ANSWER_BODY_BYTES:
+                            break  # closing the response unread drops the connection
+        except (TimeoutError, httpx.HTTPError):
+            if status is None:
+                raise
+        assert status is not None
+        return status
 
     def _commit(self, positions: dict[tuple[str, int], int], delivered: int) -> None:
         """Move the positions; count what the batch delivered and what it passed over."""

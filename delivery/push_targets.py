@@ -203,7 +203,11 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
 
 
 def guarded_client(policy: PushTargetPolicy, timeout_s: float) -> httpx.AsyncClient:
-    """The HTTP client of one push subscription: guarded connections, no redirects, no proxy."""
+    """The HTTP client of one push subscription: guarded connections, no redirects, no proxy.
+
+    ``timeout_s`` bounds each connect, write and read, and the wait for a pooled connection;
+    push delivery also gives each POST as a whole that deadline (``PushSubscription.timeout_ms``),
+    so an endpoint that keeps sending a little at a time cannot hold it longer."""
     return httpx.AsyncClient(
         transport=GuardedTransport(policy),
         timeout=httpx.Timeout(timeout_s),

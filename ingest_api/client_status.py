@@ -8,11 +8,17 @@ index), so every worker and every gateway over the same store shows the same rep
 report is a view for operators, never a position: nothing is delivered or skipped because of
 it.
 
-Bounded: at most :data:`MAX_CLIENTS` clients, :data:`MAX_ROWS` rows per report, and a client
-silent for :data:`FORGET_AFTER_S` is dropped from the index.  Over :data:`MAX_CLIENTS`, the
-least recently reporting client of the owner (token) with the most clients is forgotten: a
-token reporting under ever new client names pushes out its own reports, never another
-tenant's (a tenant's hosts share its token, so a cap per token would hide a large fleet).
+Bounded: at most :data:`MAX_CLIENTS` clients, :data:`MAX_ROWS` rows per report, of which the
+first :data:`MAX_REPORT_BYTES` (as JSON) are kept and the rest only counted (``left_out``; a
+push-client sends the files most behind first), a phase cut at :data:`MAX_PHASE` characters,
+and a client silent for :data:`FORGET_AFTER_S` is dropped from the index.  Over
+:data:`MAX_CLIENTS`, the least recently reporting client of the owner (token) with the most
+clients is forgotten: a token reporting under ever new client names pushes out its own
+reports, never another tenant's (a tenant's hosts share its token, so a cap per token would
+hide a large fleet).  The reports one owner keeps are also bounded in bytes
+(:data:`MAX_OWNER_BYTES`): past it, that owner's least recently reporting clients are
+forgotten, whatever the others hold.  So the store holds at most ``MAX_CLIENTS *
+MAX_REPORT_BYTES`` (32 MiB) of reports, and one token at most :data:`MAX_OWNER_BYTES`.
 """
 
 from __future__ import annotations
@@ -25,11 +31,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 from delivery.internal_state import Doc, InternalState
 from log_store.errors import BadRequest
 
 MAX_CLIENTS = 1000
 MAX_ROWS = 500
+"""Rows a report may carry (a push-client sends at most this many files: the most behind)."""
+MAX_REPORT_BYTES = 32 * 1024
+"""Rows kept of one report, as JSON: some 150 files of ordinary paths; the rest are counted."""
+MAX_OWNER_BYTES = 4 * 1024 * 1024
+"""Reports kept of one owner (token) in all: 128 reports at their largest, thousands of hosts
+with a few files each."""
+MAX_PHASE = 256
+"""A file's phase (a state and an error message) is cut to this many characters."""
 FORGET_AFTER_S = 15 * 60.0
 _INDEX_KEY = "clients-index"
 _MAX_TEXT = 1024
@@ -48,6 +64,8 @@ class ClientReport:
     reported_ms: int
     owner: str | None
     rows: list[dict[str, Any]]
+    left_out: int = 0
+    """Rows of the report past :data:`MAX_REPORT_BYTES`: counted, not kept."""
 
     def to_json(self) -> Doc:
         return {
@@ -57,13 +75,30 @@ class ClientReport:
             "reported_ms": self.reported_ms,
             "owner": self.owner,
             "rows": self.rows,
+            "left_out": self.left_out,
         }
 
     @classmethod
     def from_json(cls, raw: Doc) -> ClientReport:
         return cls(
-            raw["kind"], raw["client"], raw["host"], raw["reported_ms"], raw["owner"], raw["rows"]
+            raw["kind"],
+            raw["client"],
+            raw["host"],
+            raw["reported_ms"],
+            raw["owner"],
+            raw["rows"],
+            raw.get("left_out", 0),
         )
+
+
+def _within_bytes(rows: list[Doc], limit: int) -> tuple[list[Doc], int]:
+    """The first of ``rows`` whose JSON fits in ``limit`` bytes, and how many are left out."""
+    size = 2  # the list's brackets
+    for i, row in enumerate(rows):
+        size += len(orjson.dumps(row)) + 1
+        if size > limit:
+            return rows[:i], len(rows) - i
+    return rows, 0
 
 
 def _text(raw: Any, name: str, *, required: bool = True) -> str:
@@ -72,6 +107,13 @@ def _text(raw: Any, name: str, *, required: bool = True) -> str:
     if not isinstance(raw, str) or (required and not raw) or len(raw) > _MAX_TEXT:
         raise BadRequest(f"{name} must be a string of 1..{_MAX_TEXT} characters")
     return raw
+
+
+def _phase(raw: Any, name: str) -> str:
+    """A file's phase, cut to :data:`MAX_PHASE` characters (it carries an error message, whose
+    length a client does not choose: cutting it keeps the report)."""
+    text = _text(raw, name, required=False)
+    return text if len(text) <= MAX_PHASE else text[: MAX_PHASE - 1] + "…"
 
 
 def _errno(raw: Any, name: str) -> str | None:
@@ -117,7 +159,7 @@ def push_rows(body: Doc) -> list[dict[str, Any]]:
                 "acked": _count(raw.get("acked"), f"files[{i}].acked"),
                 "lag_bytes": _count(raw.get("lag_bytes"), f"files[{i}].lag_bytes"),
                 "lag_s": _seconds(raw.get("lag_s", 0), f"files[{i}].lag_s"),
-                "phase": _text(raw.get("phase"), f"files[{i}].phase", required=False),
+                "phase": _phase(raw.get("phase"), f"files[{i}].phase"),
                 "errno": _errno(raw.get("errno"), f"files[{i}].errno"),
             }
         )
@@ -160,19 +202,29 @@ class ClientReports:
         self, kind: ClientKind, client: object, host: object, owner: str | None, rows: list[Doc]
     ) -> None:
         """Keep ``rows`` as the last report of the client named ``client`` (a non-empty
-        string, else :class:`BadRequest`) of ``owner``, replacing that owner's one before."""
+        string, else :class:`BadRequest`) of ``owner``, replacing that owner's one before;
+        the rows past :data:`MAX_REPORT_BYTES` are only counted."""
         name = _text(client, "client")
         host_name = _text(host, "host", required=False)
         now_ms = int(self._clock() * 1000)
-        report = ClientReport(kind, name, host_name, now_ms, owner, rows)
+        kept, left_out = _within_bytes(rows, MAX_REPORT_BYTES)
+        report = ClientReport(kind, name, host_name, now_ms, owner, kept, left_out)
+        document = report.to_json()
+        size = len(orjson.dumps(document))
         key = _client_key(kind, owner, name)
-        self._state.update(key, lambda _old: (report.to_json(), None))
+        self._state.update(key, lambda _old: (document, None))
         index = self._state.get(_INDEX_KEY) or {}
         seen = index.get("clients", {}).get(key)
-        # the index is rewritten only for a new client or a stale entry: one write per report
-        if seen is None or now_ms - int(seen) > FORGET_AFTER_S * 1000 / 4:
+        # The index is rewritten only for a new client, a stale entry or a report whose size
+        # changed much: one write per report, mostly.
+        known_size = int(index.get("bytes", {}).get(key, -1))
+        if (
+            seen is None
+            or now_ms - int(seen) > FORGET_AFTER_S * 1000 / 4
+            or abs(size - known_size) > MAX_REPORT_BYTES / 8
+        ):
             dropped = self._state.update(
-                _INDEX_KEY, lambda doc: self._indexed(doc, key, owner or "", now_ms)
+                _INDEX_KEY, lambda doc: self._indexed(doc, key, owner or "", now_ms, size)
             )
             # A client the index forgets is deleted too: otherwise every client name ever
             # reported would keep its document (up to MAX_ROWS rows) in the store for good.
@@ -180,21 +232,25 @@ class ClientReports:
                 self._state.update(gone, functools.partial(_unless_newer, indexed_ms))
 
     def _indexed(
-        self, doc: Doc | None, key: str, owner: str, now_ms: int
+        self, doc: Doc | None, key: str, owner: str, now_ms: int, size: int
     ) -> tuple[Doc, dict[str, int]]:
-        """The index with ``key`` reported at ``now_ms``, and the clients it forgot (by the
-        time of their last report it had)."""
+        """The index with ``key`` reported at ``now_ms`` (``size`` bytes), and the clients it
+        forgot (by the time of their last report it had)."""
         before: dict[str, int] = dict((doc or {}).get("clients", {}))
         # an index written before owners were kept in it: its clients count as one owner's
         owners: dict[str, str] = {**(doc or {}).get("owners", {}), key: owner}
+        # ... and before sizes were: its clients count as small until they report again
+        sizes: dict[str, int] = {**(doc or {}).get("bytes", {}), key: size}
         clients = {**before, key: now_ms}
         oldest_kept = now_ms - int(FORGET_AFTER_S * 1000)
         clients = {k: t for k, t in clients.items() if t >= oldest_kept}
+        clients = _within_owner_bytes(clients, owners, sizes, key)
         if len(clients) > MAX_CLIENTS:
             clients = _fair_share(clients, owners, MAX_CLIENTS)
         dropped = {k: t for k, t in before.items() if k not in clients}
         kept_owners = {k: owners.get(k, "") for k in clients}
-        return {"clients": clients, "owners": kept_owners}, dropped
+        kept_sizes = {k: sizes.get(k, 0) for k in clients}
+        return {"clients": clients, "owners": kept_owners, "bytes": kept_sizes}, dropped
 
     def reports(self, kind: ClientKind) -> list[ClientReport]:
         """The last report of every client of ``kind`` heard from recently, by client name."""
@@ -221,6 +277,26 @@ def _fair_share(clients: dict[str, int], owners: dict[str, str], limit: int) -> 
     while len(kept) > limit:
         largest = max(by_owner.values(), key=len)
         kept.pop(largest.pop())
+    return kept
+
+
+def _within_owner_bytes(
+    clients: dict[str, int], owners: dict[str, str], sizes: dict[str, int], newest: str
+) -> dict[str, int]:
+    """``clients`` without the least recently reporting ones of ``newest``'s owner while that
+    owner's reports add up to more than :data:`MAX_OWNER_BYTES` (``newest`` itself stays)."""
+    owner = owners.get(newest, "")
+    own = sorted(
+        (k for k in clients if owners.get(k, "") == owner and k != newest),
+        key=clients.__getitem__,
+    )  # oldest first
+    total = sum(sizes.get(k, 0) for k in own) + sizes.get(newest, 0)
+    kept = dict(clients)
+    for key in own:
+        if total <= MAX_OWNER_BYTES:
+            break
+        total -= sizes.get(key, 0)
+        kept.pop(key)
     return kept
 
 

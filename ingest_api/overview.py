@@ -36,6 +36,13 @@ STALE_AFTER_S = 30.0
 """A client report older than this is marked stale: the client stopped or cannot reach us."""
 MAX_GROUPS_SHOWN = 200
 """Groups (and subscriptions) beyond this many are counted, not described."""
+MAX_ROWS_SHOWN_PER_CLIENT = 20
+"""A client's files (or partitions) shown, the most behind first; the others are counted
+(``files_left_out``, ``partitions_left_out``)."""
+MAX_ROWS_SHOWN = 1000
+"""Files and partitions of every client shown in one answer, in all: past it, clients are
+listed with their totals and counts only, so one token's reports cannot make every refresh
+of every dashboard large."""
 _MIN_SPAN_S = 0.2
 
 
@@ -145,6 +152,7 @@ class Overview:
             for name, info in infos.items()
         }
         rates = self._window.add(totals)
+        budget = _RowBudget()
         topics = [
             _topic_row(info, rates.get(name))
             for name, info in sorted(infos.items())
@@ -159,8 +167,8 @@ class Overview:
             "topics": topics,
             "groups": self._group_rows(access, all_groups),
             "subscriptions": self._subscription_rows(access, all_subscriptions),
-            "push_clients": self._push_clients(access),
-            "mirrors": self._mirrors(access),
+            "push_clients": self._push_clients(access, budget),
+            "mirrors": self._mirrors(access, budget),
         }
 
     # -- parts ------------------------------------------------------------------------------
@@ -248,7 +256,7 @@ class Overview:
             )
         return out
 
-    def _push_clients(self, access: Access) -> list[dict[str, Any]]:
+    def _push_clients(self, access: Access, budget: _RowBudget) -> list[dict[str, Any]]:
         out = []
         for report in self._clients.reports("push"):
             mine = access.owner is not None and access.owns(report.owner)
@@ -258,6 +266,7 @@ class Overview:
             files = [f for f in files if mine or access.may_read(f["topic"])]
             if not files and not mine:
                 continue
+            shown = budget.take(files, "lag_bytes")
             out.append(
                 {
                     "client": report.client,
@@ -265,17 +274,19 @@ class Overview:
                     "reported_ms": report.reported_ms,
                     "stale": _stale(report.reported_ms),
                     "lag_bytes": sum(f["lag_bytes"] for f in files),
-                    "files": files,
+                    "files": shown,
+                    "files_left_out": len(files) - len(shown) + report.left_out,
                 }
             )
         return out
 
-    def _mirrors(self, access: Access) -> list[dict[str, Any]]:
+    def _mirrors(self, access: Access, budget: _RowBudget) -> list[dict[str, Any]]:
         out = []
         for report in self._clients.reports("mirror"):
             partitions = [row for row in report.rows if access.may_read(row["topic"])]
             if not partitions:
                 continue
+            shown = budget.take(partitions, "lag")
             out.append(
                 {
                     "client": report.client,
@@ -283,10 +294,26 @@ class Overview:
                     "reported_ms": report.reported_ms,
                     "stale": _stale(report.reported_ms),
                     "lag": sum(p["lag"] for p in partitions),
-                    "partitions": partitions,
+                    "partitions": shown,
+                    "partitions_left_out": len(partitions) - len(shown) + report.left_out,
                 }
             )
         return out
+
+
+@dataclass
+class _RowBudget:
+    """The client rows one overview answer still shows."""
+
+    left: int = MAX_ROWS_SHOWN
+
+    def take(self, rows: list[dict[str, Any]], lag: str) -> list[dict[str, Any]]:
+        """What this answer shows of one client's ``rows``: all, in their order, if they fit
+        its share, else the ones most behind (largest ``lag``)."""
+        share = min(MAX_ROWS_SHOWN_PER_CLIENT, self.left)
+        shown = rows if len(rows) <= share else sorted(rows, key=lambda r: -r[lag])[:share]
+        self.left -= len(shown)
+        return shown
 
 
 def _total_size(info: TopicInfo) -> int | None:

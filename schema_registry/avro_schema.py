@@ -19,6 +19,10 @@ import fastavro.schema
 from schema_registry.errors import InvalidSchema
 
 MAX_SCHEMA_BYTES = 256 * 1024
+MAX_SCHEMA_DEPTH = 64
+"""How deeply a schema's JSON may nest (objects and lists): a record in a record takes three
+levels (its ``fields``, the field, its type), an array or a map one, a union one.  Parsing,
+normalizing and checking a schema and its records recurse once per level."""
 
 
 def format_schema_id(schema_id: int) -> str:
@@ -34,6 +38,30 @@ def parse_schema_id(text: str) -> int:
         return int(text, 16)
     except ValueError:
         raise InvalidSchema(f"a schema id is 16 hex digits, not {text[:40]!r}") from None
+
+
+def _too_deep(max_depth: int | None) -> str:
+    return f"a schema's JSON nests at most {max_depth or MAX_SCHEMA_DEPTH} levels deep"
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """How deeply decoded JSON ``value`` nests (a scalar 0, ``{}`` or ``[]`` 1, ``[[]]`` 2),
+    counted without recursion; past ``limit`` it stops counting, at ``limit + 1``."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return depth
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
 
 
 def _normalized(value: Any) -> Any:
@@ -74,11 +102,13 @@ class AvroSchema:
         return schema
 
 
-def parse(schema: Any) -> AvroSchema:
+def parse(schema: Any, *, max_depth: int | None = MAX_SCHEMA_DEPTH) -> AvroSchema:
     """Parse a record schema given as JSON text or as its decoded JSON value.
 
     Raises :class:`InvalidSchema` with fastavro's reason for anything Avro rejects (unknown
-    types, bad names, defaults that do not match their type, duplicate enum symbols, ...).
+    types, bad names, defaults that do not match their type, duplicate enum symbols, ...),
+    and for JSON nested more than ``max_depth`` levels (None: a schema the registry holds,
+    which may have been registered before the bound).
     """
     if isinstance(schema, bytes | bytearray):
         schema = bytes(schema).decode("utf-8", "replace")
@@ -89,6 +119,10 @@ def parse(schema: Any) -> AvroSchema:
             schema = json.loads(schema)
         except ValueError as exc:
             raise InvalidSchema(f"the schema is not JSON ({exc})") from None
+        except RecursionError:
+            raise InvalidSchema(_too_deep(max_depth)) from None
+    if max_depth is not None and json_depth(schema, max_depth) > max_depth:
+        raise InvalidSchema(_too_deep(max_depth))
     if not isinstance(schema, dict) or schema.get("type") != "record":
         raise InvalidSchema(
             'a structured log type\'s schema is an Avro record: {"type": "record", ...}'

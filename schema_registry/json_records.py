@@ -30,13 +30,16 @@ from typing import Any
 
 import orjson
 
-from schema_registry.avro_schema import AvroSchema
+from schema_registry.avro_schema import AvroSchema, json_depth
 from schema_registry.compatibility import type_name
 from schema_registry.errors import BadRecord
 
 _INT_RANGE = (-(2**31), 2**31 - 1)
 _LONG_RANGE = (-(2**63), 2**63 - 1)
 _FLOAT32 = struct.Struct("<f")
+MAX_RECORD_DEPTH = 64
+"""How deeply a record's JSON may nest (the record's object is level 1): checking a record
+recurses once or more per level, and a line nested deeper is refused before that."""
 
 
 class _Mismatch(Exception):
@@ -172,6 +175,8 @@ def record_of(schema: AvroSchema, line: bytes) -> dict[str, Any]:
         raise BadRecord(f"not JSON ({exc})") from None
     if not isinstance(value, dict):
         raise BadRecord(f"a record is a JSON object, not {_json_kind(value)}")
+    if json_depth(value, MAX_RECORD_DEPTH) > MAX_RECORD_DEPTH:
+        raise BadRecord(f"a record nests at most {MAX_RECORD_DEPTH} levels of objects and lists")
     try:
         # Every key is followed by a colon: a line with no more colons than the decoded
         # objects hold keys wrote no key twice (the common case, checked cheaply).

@@ -127,7 +127,8 @@ class SchemaRegistry:
             return known
         if raw is None:
             raise UnknownSchema(f"no schema has id {format_schema_id(schema_id)}")
-        schema = parse(raw.decode("utf-8"))
+        # No depth bound: a schema registered before there was one still reads back.
+        schema = parse(raw.decode("utf-8"), max_depth=None)
         with self._lock:
             self._parsed[schema_id] = schema
         return schema

@@ -173,6 +173,9 @@ function showPushClients(doc) {
         reportedCell(c));
       rows.push(tr);
     }
+    if (c.files_left_out) {
+      rows.push(leftOutRow(c, `${c.files_left_out} more files, less behind, not shown`, 5));
+    }
   }
   fillTable("push-clients", rows, "no push-client has reported", 8);
 }
@@ -188,8 +191,21 @@ function showMirrors(doc) {
         reportedCell(m));
       rows.push(tr);
     }
+    if (m.partitions_left_out) {
+      rows.push(leftOutRow(m, `${m.partitions_left_out} more partitions not shown`, 4));
+    }
   }
   fillTable("mirrors", rows, "no mirror has reported", 7);
+}
+
+// The gateway shows the rows most behind of a client with many; the rest are counted.
+function leftOutRow(report, text, span) {
+  const tr = document.createElement("tr");
+  tr.dataset.leftOut = report.client;
+  const td = cell(text, "empty");
+  td.colSpan = span;
+  tr.append(cell(report.client), cell(report.host), td, reportedCell(report));
+  return tr;
 }
 
 function showDisk(doc) {
