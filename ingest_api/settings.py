@@ -60,6 +60,7 @@ import dataclasses
 import hashlib
 import ipaddress
 import json
+import logging
 import math
 import os
 import re
@@ -92,6 +93,10 @@ _KAFKA_KEYS: dict[str, type] = {
 _ALLOWED_HOST = re.compile(r"\*|\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
 _DC_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+MIN_TOKEN_CHARS = 16
+"""Tokens shorter than this are warned about at start (not refused: configurations and
+scripts with short tokens exist); see :func:`short_token_warnings`."""
+_log = logging.getLogger(__name__)
 
 
 class ConfigError(BadRequest):
@@ -243,6 +248,15 @@ class GatewaySettings:
                 "store 'kafka' with [tokens] needs peer_token, for the gateways' internal calls",
             )
             self.kafka_settings()  # raises ConfigError on a bad [kafka] table
+        if self.peer_token is not None and self.peer_token in self.tokens:
+            # require_peer lets it through: its holder could commit prepared transactions
+            # (any records, any seqno table) into any partition, past every write grant
+            raise ConfigError(
+                "peer_token is also a client token ([tokens], the token of "
+                f"{self.tokens[self.peer_token].owner!r}): its holder could make the gateways' "
+                "internal calls and write anything anywhere; give the gateways a peer_token "
+                "of their own"
+            )
         elif self.kafka:
             # Unused by the embedded store, but a misspelt key or value is refused all the
             # same: it would otherwise surface only when the store is switched to Kafka.
@@ -651,7 +665,29 @@ def load_settings(
         else:
             merged[name] = value
     merged["limits"] = limits
-    return _from_mapping(merged)
+    settings = _from_mapping(merged)
+    for warning in short_token_warnings(settings):
+        _log.warning("%s", warning)
+    return settings
+
+
+def short_token_warnings(settings: GatewaySettings) -> list[str]:
+    """A warning for each configured token (and the ``peer_token``) shorter than
+    :data:`MIN_TOKEN_CHARS`, naming its owner, never the token."""
+    warnings = [
+        f"the token of {grant.owner!r} is {len(token)} characters long: a token shorter "
+        f"than {MIN_TOKEN_CHARS} characters can be guessed; give it at least "
+        f"{MIN_TOKEN_CHARS} random ones (e.g. openssl rand -hex 16)"
+        for token, grant in settings.tokens.items()
+        if len(token) < MIN_TOKEN_CHARS
+    ]
+    if settings.peer_token is not None and len(settings.peer_token) < MIN_TOKEN_CHARS:
+        warnings.append(
+            f"peer_token is {len(settings.peer_token)} characters long: a token shorter than "
+            f"{MIN_TOKEN_CHARS} characters can be guessed; give it at least {MIN_TOKEN_CHARS} "
+            "random ones (e.g. openssl rand -hex 16)"
+        )
+    return warnings
 
 
 def load_limits(*, config_file: Path | None = None, env: Mapping[str, str] | None = None) -> Limits:
