@@ -41,6 +41,8 @@ A TOML file looks like this (every key optional)::
     max_fetch_positions = 1000      # partitions one /v1/fetch may name
     auth_cache_entries = 100000     # remembered (token, log type or topic) decisions
     max_staged_bytes = 1073741824   # legacy /store data not yet committed
+    max_staged_bytes_per_token = 0  # of it, one token's (0: a quarter of max_staged_bytes)
+    staged_max_age_s = 3600         # a staged piece never requested is dropped after this
     max_connections_per_client = 256  # open connections from one address per worker (0: any)
     max_open_connections = 0        # open connections per worker (0: what ulimit -n leaves)
 
@@ -154,6 +156,11 @@ class Limits:
     max_fetch_positions: int = 1000
     auth_cache_entries: int = 100_000
     max_staged_bytes: int = 1024**3
+    max_staged_bytes_per_token: int = 0
+    """What one token owner's uploads may hold of ``max_staged_bytes`` (0: a quarter of it);
+    see :attr:`staged_bytes_per_token`."""
+    staged_max_age_s: float = 3600.0
+    """How long a legacy piece waits for its ``/commit_request`` before it is dropped."""
     max_connections_per_client: int = 256
     """Open connections one peer address may hold to a worker (0: no limit; behind a balancer
     every client has the balancer's address: raise it there)."""
@@ -161,6 +168,13 @@ class Limits:
     """Open client connections a worker may hold in all, never more than its descriptor limit
     leaves after a reserve for the store and its other sockets (0: that many);
     see :func:`ingest_api.request_head.connection_cap`."""
+
+    @property
+    def staged_bytes_per_token(self) -> int:
+        """One token's share of the legacy staging: as configured, else a quarter of
+        ``max_staged_bytes`` (so that one token's uploads never held for a commit leave the
+        others three quarters, and at least three other tokens' to fill it)."""
+        return self.max_staged_bytes_per_token or max(1, self.max_staged_bytes // 4)
 
 
 @dataclass(frozen=True)
@@ -269,6 +283,11 @@ class GatewaySettings:
         _check(lim.source_chunks_per_second >= 0, "limits.source_chunks_per_second must be >= 0")
         _check(lim.request_timeout_s > 0, "limits.request_timeout_s must be positive")
         _check(lim.source_idle_expiry_s > 0, "limits.source_idle_expiry_s must be positive")
+        _check(lim.staged_max_age_s > 0, "limits.staged_max_age_s must be positive")
+        _check(
+            lim.max_staged_bytes_per_token >= 0,
+            "limits.max_staged_bytes_per_token must be >= 0 (0: a quarter of max_staged_bytes)",
+        )
         _check(
             lim.max_connections_per_client >= 0,
             "limits.max_connections_per_client must be >= 0 (0: no limit)",
@@ -491,6 +510,8 @@ _LIMIT_TYPES: dict[str, type] = {
     "max_fetch_positions": int,
     "auth_cache_entries": int,
     "max_staged_bytes": int,
+    "max_staged_bytes_per_token": int,
+    "staged_max_age_s": float,
     "max_connections_per_client": int,
     "max_open_connections": int,
 }
