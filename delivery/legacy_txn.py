@@ -181,6 +181,9 @@ class LegacyStaging:
         """Bytes of this process's uploads admitted and still being written: a recount of
         the directory does not see them yet, and the limit must."""
         self._pending_by_owner: dict[str, int] = {}
+        self._published: dict[str, int] = {}
+        """The bytes per owner as last counted or admitted: replaced, never changed, so that
+        it is read without the lock (which a count on a hung disk holds)."""
         self._lock = threading.Lock()
         self._dir.mkdir(parents=True, exist_ok=True)
 
@@ -193,13 +196,17 @@ class LegacyStaging:
         """Bytes staged per owner ("": pieces staged without tokens or before owners were
         kept), with uploads being written; ``recount=False`` answers from the last count
         without touching the disk (for a scrape, which a hung disk must not hold)."""
+        if not recount:
+            return dict(self._published)
         with self._lock:
-            if recount:
-                self._staged_locked()
-            counted = dict(self._by_owner)
-            for owner, size in self._pending_by_owner.items():
-                counted[owner] = counted.get(owner, 0) + size
-            return {owner: size for owner, size in counted.items() if size}
+            self._staged_locked()
+            return dict(self._published)
+
+    def _publish_locked(self) -> None:
+        counted = dict(self._by_owner)
+        for owner, size in self._pending_by_owner.items():
+            counted[owner] = counted.get(owner, 0) + size
+        self._published = {owner: size for owner, size in counted.items() if size}
 
     def _staged_locked(self) -> int:
         if time.monotonic() - self._counted_at >= _RECOUNT_S:
@@ -221,6 +228,7 @@ class LegacyStaging:
             self._by_owner = by_owner
             self._owners = owners
             self._counted_at = time.monotonic()
+            self._publish_locked()
         return self._used + self._pending
 
     def _owner_of(self, path: Path, mtime_ns: int, size: int) -> str:
@@ -288,22 +296,25 @@ class LegacyStaging:
                 )
             self._pending += size
             self._pending_by_owner[key] = self._pending_by_owner.get(key, 0) + size
+            self._publish_locked()
         store_id = secrets.token_hex(16)
         meta: dict[str, Any] = {"log_type": log_type, "server": server, "file": file}
         if owner is not None:
             meta["owner"] = owner
+        written = False
         try:
             self._write(store_id, meta, data)
+            written = True
         finally:
             with self._lock:
                 self._pending -= size
                 self._pending_by_owner[key] -= size
                 if not self._pending_by_owner[key]:
                     del self._pending_by_owner[key]
-        with self._lock:
-            # until the next recount finds its file
-            self._used += size
-            self._by_owner[key] = self._by_owner.get(key, 0) + size
+                if written:  # counted until the next recount finds its file
+                    self._used += size
+                    self._by_owner[key] = self._by_owner.get(key, 0) + size
+                self._publish_locked()
         return store_id
 
     def _write(self, store_id: str, meta: dict[str, Any], data: bytes) -> None:
