@@ -172,8 +172,8 @@ class Limits:
     @property
     def staged_bytes_per_token(self) -> int:
         """One token's share of the legacy staging: as configured, else a quarter of
-        ``max_staged_bytes`` (so that one token's uploads never held for a commit leave the
-        others three quarters, and at least three other tokens' to fill it)."""
+        ``max_staged_bytes`` (one token's uploads never requested leave the others three
+        quarters; filling it takes at least four tokens)."""
         return self.max_staged_bytes_per_token or max(1, self.max_staged_bytes // 4)
 
 
@@ -262,6 +262,10 @@ class GatewaySettings:
                 "store 'kafka' with [tokens] needs peer_token, for the gateways' internal calls",
             )
             self.kafka_settings()  # raises ConfigError on a bad [kafka] table
+        elif self.kafka:
+            # Unused by the embedded store, but a misspelt key or value is refused all the
+            # same: it would otherwise surface only when the store is switched to Kafka.
+            self._kafka_settings(bootstrap="unused:9092")
         if self.peer_token is not None and self.peer_token in self.tokens:
             # require_peer lets it through: its holder could commit prepared transactions
             # (any records, any seqno table) into any partition, past every write grant
@@ -271,10 +275,6 @@ class GatewaySettings:
                 "internal calls and write anything anywhere; give the gateways a peer_token "
                 "of their own"
             )
-        elif self.kafka:
-            # Unused by the embedded store, but a misspelt key or value is refused all the
-            # same: it would otherwise surface only when the store is switched to Kafka.
-            self._kafka_settings(bootstrap="unused:9092")
         lim = self.limits
         _check(lim.max_body_bytes > 0, "limits.max_body_bytes must be positive")
         _check(lim.max_chunk_bytes > 0, "limits.max_chunk_bytes must be positive")
