@@ -82,8 +82,9 @@ def txn_partition(txn_id: str, partitions: int) -> int:
 
 
 class OverStagingLimit(BadRequest):
-    """A ``/store`` body larger than ``max_staged_bytes`` itself: it can never be staged, so
-    a retry (as a 429 would invite) cannot help; the client must send smaller pieces."""
+    """A ``/store`` body larger than ``max_staged_bytes`` (or its token's share) itself: it
+    can never be staged, so a retry (as a 429 would invite) cannot help; the client must send
+    smaller pieces."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,9 @@ class StagedData:
     txn_id: str | None = None
     """The transaction the piece is bound to (see :meth:`LegacyStaging.claim`); None: not yet,
     or staged (or written) by a gateway from before the binding."""
+    owner: str | None = None
+    """The token owner whose ``/store`` staged it, whose share of the staging it counts
+    against; None: staged without tokens, or by a gateway from before owners were kept."""
 
     def meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = {"log_type": self.log_type, "server": self.server, "file": self.file}
@@ -105,11 +109,20 @@ class StagedData:
             meta["written"] = True
         if self.txn_id is not None:
             meta["txn_id"] = self.txn_id
+        if self.owner is not None:
+            meta["owner"] = self.owner
         return meta
 
 
 DEFAULT_MAX_STAGED_BYTES = 1024**3
+DEFAULT_MAX_AGE_S = 3600.0
+"""How long a staged piece (or the marker a written one leaves) is kept.  Old clients request
+a piece right after storing it (they write within 30 s, and ``/commit`` must follow within the
+60 s window); an hour also outlasts a restart of the gateway holding it (on Kafka another one
+answers 503 meanwhile, and the client retries) while an abandoned upload holds its token's
+share for an hour, not a day."""
 _RECOUNT_S = 1.0
+_MAX_META_BYTES = 1024 * 1024
 _LOCK_PREFIX = ".lock-"
 _LOCK_STRIPES = 16
 
@@ -133,8 +146,11 @@ class LegacyStaging:
     """The temporary storage behind ``/store``: one file per piece, fsynced before the answer.
 
     At most ``max_bytes`` are staged at once (data uploaded but not yet requested into the
-    log, or not yet expired): a further ``/store`` is :class:`LimitReached`.  The total is the
-    directory's, recounted at most once a second, so other processes' uploads count too.
+    log, or not yet expired), and at most ``max_bytes_per_owner`` of them by one token owner:
+    a further ``/store`` is :class:`LimitReached`, so one token's uploads never held for a
+    commit keep the others out only once the owners together fill ``max_bytes``.  The totals
+    are the directory's (each piece names its owner in its metadata), recounted at most once a
+    second, so other processes' uploads count too.
 
     A piece's file changes only by an atomic replace, under a lock file in the directory
     (``flock``: it holds between the threads and the worker processes of a gateway, and a
@@ -145,17 +161,29 @@ class LegacyStaging:
     def __init__(
         self,
         directory: Path,
-        max_age_s: float = 24 * 3600.0,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
         max_bytes: int = DEFAULT_MAX_STAGED_BYTES,
+        max_bytes_per_owner: int | None = None,
     ) -> None:
         self._dir = directory
         self.max_age_s = max_age_s
         self.max_bytes = max_bytes
+        self.max_bytes_per_owner = max_bytes_per_owner
+        """One owner's share (``max_staged_bytes_per_token``); None: only ``max_bytes``."""
         self._used = 0
+        self._by_owner: dict[str, int] = {}
+        """The last count's bytes per owner ("" for pieces staged without one)."""
+        self._owners: dict[str, tuple[int, int, str]] = {}
+        """File name -> (mtime ns, size, owner) as last read: a recount reads the metadata
+        of new or rewritten files only."""
         self._counted_at = float("-inf")
         self._pending = 0
         """Bytes of this process's uploads admitted and still being written: a recount of
         the directory does not see them yet, and the limit must."""
+        self._pending_by_owner: dict[str, int] = {}
+        self._published: dict[str, int] = {}
+        """The bytes per owner as last counted or admitted: replaced, never changed, so that
+        it is read without the lock (which a count on a hung disk holds)."""
         self._lock = threading.Lock()
         self._dir.mkdir(parents=True, exist_ok=True)
 
@@ -164,43 +192,129 @@ class LegacyStaging:
         with self._lock:
             return self._staged_locked()
 
+    def staged_by_owner(self, *, recount: bool = True) -> dict[str, int]:
+        """Bytes staged per owner ("": pieces staged without tokens or before owners were
+        kept), with uploads being written; ``recount=False`` answers from the last count
+        without touching the disk (for a scrape, which a hung disk must not hold)."""
+        if not recount:
+            return dict(self._published)
+        with self._lock:
+            self._staged_locked()
+            return dict(self._published)
+
+    def _publish_locked(self) -> None:
+        counted = dict(self._by_owner)
+        for owner, size in self._pending_by_owner.items():
+            counted[owner] = counted.get(owner, 0) + size
+        self._published = {owner: size for owner, size in counted.items() if size}
+
     def _staged_locked(self) -> int:
         if time.monotonic() - self._counted_at >= _RECOUNT_S:
             used = 0
+            by_owner: dict[str, int] = {}
+            owners: dict[str, tuple[int, int, str]] = {}
             for path in self._dir.iterdir():
-                with contextlib.suppress(FileNotFoundError):
-                    used += path.stat().st_size
+                try:
+                    st = path.stat()
+                except FileNotFoundError:
+                    continue
+                used += st.st_size
+                if path.name.startswith(_LOCK_PREFIX):
+                    continue
+                owner = self._owner_of(path, st.st_mtime_ns, st.st_size)
+                owners[path.name] = (st.st_mtime_ns, st.st_size, owner)
+                by_owner[owner] = by_owner.get(owner, 0) + st.st_size
             self._used = used
+            self._by_owner = by_owner
+            self._owners = owners
             self._counted_at = time.monotonic()
+            self._publish_locked()
         return self._used + self._pending
 
-    def put(self, *, log_type: str, server: str, file: str, data: bytes) -> str:
+    def _owner_of(self, path: Path, mtime_ns: int, size: int) -> str:
+        """The owner a piece's metadata names ("" for none, or a file cut short: a piece
+        being written, whose bytes its own process counts as pending)."""
+        known = self._owners.get(path.name)
+        if known is not None and known[:2] == (mtime_ns, size):
+            return known[2]
+        try:
+            with open(path, "rb") as piece:
+                meta_len = int.from_bytes(piece.read(4), "big")
+                if meta_len > _MAX_META_BYTES:
+                    return ""
+                meta = json.loads(piece.read(meta_len))
+        except (OSError, ValueError):
+            return ""
+        owner = meta.get("owner") if isinstance(meta, dict) else None
+        return owner if isinstance(owner, str) else ""
+
+    def _owner_staged_locked(self, owner: str) -> int:
+        return self._by_owner.get(owner, 0) + self._pending_by_owner.get(owner, 0)
+
+    def put(
+        self, *, log_type: str, server: str, file: str, data: bytes, owner: str | None = None
+    ) -> str:
+        """Stage ``data`` for ``owner`` (the token's owner; None without tokens); its store id.
+
+        :class:`OverStagingLimit` for a piece over ``max_bytes`` or the owner's share by
+        itself; :class:`LimitReached` when the owner's pieces, or all, would be over them."""
         size = len(data)
+        share = None if owner is None else self.max_bytes_per_owner
         if size > self.max_bytes:
             raise OverStagingLimit(
                 f"this upload of {size} bytes is over max_staged_bytes ({self.max_bytes}) by "
                 "itself: it can never be staged; send it in smaller pieces"
             )
+        if share is not None and size > share:
+            raise OverStagingLimit(
+                f"this upload of {size} bytes is over max_staged_bytes_per_token ({share}) by "
+                "itself: it can never be staged for this token; send it in smaller pieces"
+            )
+        key = owner or ""
         # The check and the admission are one step: concurrent uploads cannot both pass it.
         with self._lock:
             staged = self._staged_locked()
-            if staged + size > self.max_bytes:
+            mine = self._owner_staged_locked(key)
+            if share is not None and mine + size > share:
                 raise LimitReached(
-                    f"{staged} bytes are staged for /commit_request already; with this upload "
-                    f"of {size} bytes they would be over max_staged_bytes ({self.max_bytes}); "
-                    "commit them or let them expire first",
+                    f"this token's uploads staged for /commit_request hold {mine} bytes "
+                    f"already; with this upload of {size} bytes they would be over "
+                    f"max_staged_bytes_per_token ({share}); commit them, or let them expire "
+                    f"({_duration(self.max_age_s)} after they were stored)",
+                    "max_staged_bytes_per_token",
+                    share,
+                )
+            if staged + size > self.max_bytes:
+                theirs = "" if owner is None else f" ({mine} of them this token's)"
+                raise LimitReached(
+                    f"{staged} bytes are staged for /commit_request already{theirs}; with this "
+                    f"upload of {size} bytes they would be over max_staged_bytes "
+                    f"({self.max_bytes}); commit them or let them expire first "
+                    f"({_duration(self.max_age_s)} after they were stored)",
                     "max_staged_bytes",
                     self.max_bytes,
                 )
             self._pending += size
+            self._pending_by_owner[key] = self._pending_by_owner.get(key, 0) + size
+            self._publish_locked()
         store_id = secrets.token_hex(16)
+        meta: dict[str, Any] = {"log_type": log_type, "server": server, "file": file}
+        if owner is not None:
+            meta["owner"] = owner
+        written = False
         try:
-            self._write(store_id, {"log_type": log_type, "server": server, "file": file}, data)
+            self._write(store_id, meta, data)
+            written = True
         finally:
             with self._lock:
                 self._pending -= size
-        with self._lock:
-            self._used += size  # until the next recount finds its file
+                self._pending_by_owner[key] -= size
+                if not self._pending_by_owner[key]:
+                    del self._pending_by_owner[key]
+                if written:  # counted until the next recount finds its file
+                    self._used += size
+                    self._by_owner[key] = self._by_owner.get(key, 0) + size
+                self._publish_locked()
         return store_id
 
     def _write(self, store_id: str, meta: dict[str, Any], data: bytes) -> None:
@@ -287,7 +401,8 @@ class LegacyStaging:
             ) from None
 
     def sweep(self, now: float | None = None) -> int:
-        """Drop pieces and written markers older than the maximum age; return how many."""
+        """Drop pieces and written markers older than the maximum age (since they were stored,
+        or last bound or marked written); return how many."""
         cutoff = (now if now is not None else time.time()) - self.max_age_s
         dropped = 0
         for path in self._dir.iterdir():
@@ -299,7 +414,18 @@ class LegacyStaging:
                     dropped += 1
             except FileNotFoundError:
                 continue
+        if dropped:
+            with self._lock:
+                self._counted_at = float("-inf")  # the next check sees the room made
         return dropped
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
 
 
 def validate_store_id(store_id: str) -> None:
@@ -319,6 +445,7 @@ def decode_staged(store_id: str, raw: bytes) -> StagedData:
         data=raw[4 + meta_len :],
         written=bool(meta.get("written")),
         txn_id=meta.get("txn_id"),
+        owner=meta.get("owner"),
     )
 
 

@@ -23,6 +23,12 @@ token's ``/commit_request`` of the id is 409 ``txn_id_taken`` and its ``/commit`
 writing nothing.  Transactions written before owners were recorded have none and stay
 anyone's (of their log type), as before.  A token with ``sources`` globs also writes only
 the transactions whose source id, ``legacy:<txn_id>``, they match.
+
+Staged data is held per token owner: one token's pieces may hold at most
+``max_staged_bytes_per_token`` of the gateway's ``max_staged_bytes`` (the limit is on the
+gateway that stages them: with several gateways on Kafka each keeps its own), and a piece
+never requested is dropped after ``staged_max_age_s``.  ``logbroker_legacy_staged_bytes{owner}``
+shows who holds what.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -69,6 +76,10 @@ from log_store.topic_names import LOG_TYPE_RULE, is_valid_log_type
 
 _FIELD_MAX = 4096
 _SWEEP_S = 600.0
+_COUNT_S = 5.0
+"""How often the staged bytes per owner are counted for the metrics (a scrape only reads the
+last count: a hung disk must not hold it)."""
+_GAUGE_KEY = __name__ + ".staged_gauge"
 _NOTE_PEERS_S = 2.0
 _OWNER_KEY = "legacy-txn-owner/"
 """Topic-state key prefix: the name of the token whose /commit_request wrote a txn_id."""
@@ -105,9 +116,12 @@ def _text_param(request: Request, name: str, default: str) -> str:
 class LegacyApi:
     def __init__(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
+        limits = ctx.settings.limits
         self.staging = LegacyStaging(
             ctx.settings.data_dir / "legacy-staging",
-            max_bytes=ctx.settings.limits.max_staged_bytes,
+            max_age_s=limits.staged_max_age_s,
+            max_bytes=limits.max_staged_bytes,
+            max_bytes_per_owner=limits.staged_bytes_per_token,
         )
         self._sweeper: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -145,7 +159,12 @@ class LegacyApi:
             )
         store_id = await anyio.to_thread.run_sync(
             functools.partial(
-                self.staging.put, log_type=log_type, server=server, file=file, data=data
+                self.staging.put,
+                log_type=log_type,
+                server=server,
+                file=file,
+                data=data,
+                owner=access_of(request).owner,
             )
         )
         return _json({"store_id": store_id})
@@ -379,19 +398,39 @@ class LegacyApi:
             await asyncio.sleep(_NOTE_PEERS_S)
 
     async def _sweep_forever(self) -> None:
+        # a piece lives at most a quarter of its age longer than staged_max_age_s
+        sweep_s = min(_SWEEP_S, self.staging.max_age_s / 4)
+        swept_at = float("-inf")
         while True:
             try:
-                dropped = await anyio.to_thread.run_sync(self.staging.sweep)
-                if dropped:
-                    _log.info("dropped %d staged legacy pieces never committed", dropped)
+                if time.monotonic() - swept_at >= sweep_s:
+                    swept_at = time.monotonic()
+                    dropped = await anyio.to_thread.run_sync(self.staging.sweep)
+                    if dropped:
+                        _log.info("dropped %d staged legacy pieces never committed", dropped)
+                await anyio.to_thread.run_sync(self.staging.staged_bytes)  # for the gauge
             except OSError:
                 _log.exception("cannot sweep the legacy staging directory")
-            await asyncio.sleep(_SWEEP_S)
+            await asyncio.sleep(min(_COUNT_S, sweep_s))
+
+    def staged_samples(self) -> list[tuple[tuple[str, ...], float]]:
+        """``logbroker_legacy_staged_bytes`` from the last count (no disk access)."""
+        by_owner = self.staging.staged_by_owner(recount=False)
+        return [((owner,), float(size)) for owner, size in sorted(by_owner.items())]
 
 
 def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
     api = LegacyApi(ctx)
     ctx.extensions[__name__] = api
+    if _GAUGE_KEY not in ctx.extensions:  # once per context, reading its current LegacyApi
+        ctx.extensions[_GAUGE_KEY] = True
+        ctx.metrics.collected_gauge(
+            "logbroker_legacy_staged_bytes",
+            "bytes of legacy /store pieces staged on this gateway, by the token owner that "
+            'staged them (owner="": without tokens), counted every few seconds',
+            ("owner",),
+            lambda: ctx.extensions[__name__].staged_samples(),
+        )
     by_query = write(log_type="log_type")
     stored = ("log_type", "server", "file")
     # Old clients send parameters of their own (cache busters): ignored here, as they always

@@ -41,6 +41,8 @@ A TOML file looks like this (every key optional)::
     max_fetch_positions = 1000      # partitions one /v1/fetch may name
     auth_cache_entries = 100000     # remembered (token, log type or topic) decisions
     max_staged_bytes = 1073741824   # legacy /store data not yet committed
+    max_staged_bytes_per_token = 0  # of it, one token's (0: a quarter of max_staged_bytes)
+    staged_max_age_s = 3600         # a staged piece never requested is dropped after this
     max_connections_per_client = 256  # open connections from one address per worker (0: any)
     max_open_connections = 0        # open connections per worker (0: what ulimit -n leaves)
 
@@ -60,6 +62,7 @@ import dataclasses
 import hashlib
 import ipaddress
 import json
+import logging
 import math
 import os
 import re
@@ -92,6 +95,10 @@ _KAFKA_KEYS: dict[str, type] = {
 _ALLOWED_HOST = re.compile(r"\*|\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
 _DC_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+MIN_TOKEN_CHARS = 16
+"""Tokens shorter than this are warned about at start (not refused: configurations and
+scripts with short tokens exist); see :func:`short_token_warnings`."""
+_log = logging.getLogger(__name__)
 
 
 class ConfigError(BadRequest):
@@ -149,6 +156,11 @@ class Limits:
     max_fetch_positions: int = 1000
     auth_cache_entries: int = 100_000
     max_staged_bytes: int = 1024**3
+    max_staged_bytes_per_token: int = 0
+    """What one token owner's uploads may hold of ``max_staged_bytes`` (0: a quarter of it);
+    see :attr:`staged_bytes_per_token`."""
+    staged_max_age_s: float = 3600.0
+    """How long a legacy piece waits for its ``/commit_request`` before it is dropped."""
     max_connections_per_client: int = 256
     """Open connections one peer address may hold to a worker (0: no limit; behind a balancer
     every client has the balancer's address: raise it there)."""
@@ -156,6 +168,13 @@ class Limits:
     """Open client connections a worker may hold in all, never more than its descriptor limit
     leaves after a reserve for the store and its other sockets (0: that many);
     see :func:`ingest_api.request_head.connection_cap`."""
+
+    @property
+    def staged_bytes_per_token(self) -> int:
+        """One token's share of the legacy staging: as configured, else a quarter of
+        ``max_staged_bytes`` (one token's uploads never requested leave the others three
+        quarters; filling it takes at least four tokens)."""
+        return self.max_staged_bytes_per_token or max(1, self.max_staged_bytes // 4)
 
 
 @dataclass(frozen=True)
@@ -247,6 +266,15 @@ class GatewaySettings:
             # Unused by the embedded store, but a misspelt key or value is refused all the
             # same: it would otherwise surface only when the store is switched to Kafka.
             self._kafka_settings(bootstrap="unused:9092")
+        if self.peer_token is not None and self.peer_token in self.tokens:
+            # require_peer lets it through: its holder could commit prepared transactions
+            # (any records, any seqno table) into any partition, past every write grant
+            raise ConfigError(
+                "peer_token is also a client token ([tokens], the token of "
+                f"{self.tokens[self.peer_token].owner!r}): its holder could make the gateways' "
+                "internal calls and write anything anywhere; give the gateways a peer_token "
+                "of their own"
+            )
         lim = self.limits
         _check(lim.max_body_bytes > 0, "limits.max_body_bytes must be positive")
         _check(lim.max_chunk_bytes > 0, "limits.max_chunk_bytes must be positive")
@@ -255,6 +283,11 @@ class GatewaySettings:
         _check(lim.source_chunks_per_second >= 0, "limits.source_chunks_per_second must be >= 0")
         _check(lim.request_timeout_s > 0, "limits.request_timeout_s must be positive")
         _check(lim.source_idle_expiry_s > 0, "limits.source_idle_expiry_s must be positive")
+        _check(lim.staged_max_age_s > 0, "limits.staged_max_age_s must be positive")
+        _check(
+            lim.max_staged_bytes_per_token >= 0,
+            "limits.max_staged_bytes_per_token must be >= 0 (0: a quarter of max_staged_bytes)",
+        )
         _check(
             lim.max_connections_per_client >= 0,
             "limits.max_connections_per_client must be >= 0 (0: no limit)",
@@ -477,6 +510,8 @@ _LIMIT_TYPES: dict[str, type] = {
     "max_fetch_positions": int,
     "auth_cache_entries": int,
     "max_staged_bytes": int,
+    "max_staged_bytes_per_token": int,
+    "staged_max_age_s": float,
     "max_connections_per_client": int,
     "max_open_connections": int,
 }
@@ -651,7 +686,29 @@ def load_settings(
         else:
             merged[name] = value
     merged["limits"] = limits
-    return _from_mapping(merged)
+    settings = _from_mapping(merged)
+    for warning in short_token_warnings(settings):
+        _log.warning("%s", warning)
+    return settings
+
+
+def short_token_warnings(settings: GatewaySettings) -> list[str]:
+    """A warning for each configured token (and the ``peer_token``) shorter than
+    :data:`MIN_TOKEN_CHARS`, naming its owner, never the token."""
+    warnings = [
+        f"the token of {grant.owner!r} is {len(token)} characters long: a token shorter "
+        f"than {MIN_TOKEN_CHARS} characters can be guessed; give it at least "
+        f"{MIN_TOKEN_CHARS} random ones (e.g. openssl rand -hex 16)"
+        for token, grant in settings.tokens.items()
+        if len(token) < MIN_TOKEN_CHARS
+    ]
+    if settings.peer_token is not None and len(settings.peer_token) < MIN_TOKEN_CHARS:
+        warnings.append(
+            f"peer_token is {len(settings.peer_token)} characters long: a token shorter than "
+            f"{MIN_TOKEN_CHARS} characters can be guessed; give it at least {MIN_TOKEN_CHARS} "
+            "random ones (e.g. openssl rand -hex 16)"
+        )
+    return warnings
 
 
 def load_limits(*, config_file: Path | None = None, env: Mapping[str, str] | None = None) -> Limits:

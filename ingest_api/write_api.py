@@ -496,7 +496,7 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
 _ERRORS = {
     "400": "bad input (framing, JSON, meta, seqno); nothing written",
     "401": "missing or unknown bearer token",
-    "403": "the token may not write this log type",
+    "403": "the token may not write this log type, or a source outside its sources globs",
     "408": "the body did not arrive in time",
     "413": "body, chunk or chunk count over the limit",
     "415": "unsupported Content-Type",
