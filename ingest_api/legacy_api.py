@@ -182,6 +182,12 @@ class LegacyApi:
         access = access_of(request)
         access.require_write(staged.log_type)
         access.require_write_source(_source_id(txn_id))
+        if staged.owner is not None and not access.owns(staged.owner):
+            # a piece staged before owners were kept (or without tokens) has none: anyone's
+            raise forbidden(
+                f"store_id {store_id} was staged by another token; only its token (or an "
+                "admin) may request its commit"
+            )
         topic = self.ctx.topic_for(staged.log_type)
         try:
             staged = await anyio.to_thread.run_sync(self._bind, topic, txn_id, staged, holder)

@@ -215,6 +215,22 @@ def test_a_transaction_id_belongs_to_the_token_that_requested_it(
     assert _Legacy(gateway, ADMIN).commit("admin-commits-it").status_code == 200
 
 
+def test_a_staged_piece_is_requested_only_by_the_token_that_staged_it(
+    gateway: GatewayProcess,
+) -> None:
+    owner, other = _Legacy(gateway, OPEN_B), _Legacy(gateway, OPEN_D)
+    piece = owner.stage(b"tenant b's line\n")
+    before = end_offsets(gateway.data_dir)
+    refused = other.request(piece, "other-takes-it")
+    assert refused.status_code == 403, refused.text
+    assert "staged by another token" in refused.json()["reason"]
+    assert end_offsets(gateway.data_dir) == before
+    # still the owner's to request (not bound to the refused id), and an admin's
+    assert owner.request(piece, "owner-takes-it").status_code == 200
+    assert owner.commit("owner-takes-it").json()["committed"] is True
+    assert _Legacy(gateway, ADMIN).request(owner.stage(b"x\n"), "admin-takes-it").status_code == 200
+
+
 def test_a_transaction_written_before_owners_were_recorded_is_anyones_as_before(
     gateway: GatewayProcess,
 ) -> None:
