@@ -7,12 +7,14 @@ bounded by :mod:`ingest_api.request_head`, which closes a connection whose body 
 arrived ``request_timeout_s`` after its head.
 
 The bodies a worker holds while they arrive are bounded together by
-``limits.max_body_bytes_in_flight`` (:func:`body_budget`): a body is counted from before its
-first byte is read (its ``Content-Length``, or each piece of a chunked one as it comes) until
-it has been read or refused.  One that does not fit waits up to :data:`BUDGET_WAIT_S` for
-others to end, and is then answered 503 ``too_busy`` with ``Retry-After``, nothing of it
-written.  Without it, many connections each holding all but the last bytes of a 64 MiB body
-made the process hold gigabytes.
+``limits.max_body_bytes_in_flight`` (:func:`body_budget`): each piece of a body is counted
+before it is kept, until the body has been read or refused.  A piece that does not fit waits
+up to :data:`BUDGET_WAIT_S` for other bodies to end, and its request is then answered 503
+``too_busy`` with ``Retry-After``, nothing of it written; a body is never kept waiting by its
+own bytes alone.  Without it, many connections each holding all but the last bytes of a
+64 MiB body made the process hold gigabytes.  Bytes are counted as they arrive, not as
+announced: a client announcing a large body and sending little of it does not take the room
+of others.
 
 A body is taken as it was sent: one with a ``Content-Encoding`` other than ``identity`` is
 refused 415 (a write's chunks carry their own codec; a legacy ``/store`` body would otherwise
@@ -73,13 +75,14 @@ def _check_coding(request: Request) -> None:
         )
 
 
-async def _take(size: int, budget: int) -> None:
-    """Count ``size`` more bytes held, waiting up to :data:`BUDGET_WAIT_S` for room; else 503."""
+async def _take(size: int, own: int, budget: int) -> None:
+    """Count ``size`` more bytes of a body holding ``own`` already, waiting up to
+    :data:`BUDGET_WAIT_S` for room; else 503."""
     global _held
     loop = asyncio.get_running_loop()
     deadline = loop.time() + BUDGET_WAIT_S
     # a body over the whole budget may still be read while it is the only one
-    while _held > 0 and _held + size > budget:
+    while _held > own and _held + size > budget:
         left = deadline - loop.time()
         if left <= 0:
             raise ApiError(
@@ -121,19 +124,13 @@ async def read_body(request: Request, limits: Limits, *, max_bytes: int | None =
     budget = body_budget(limits)
     pieces: list[bytes] = []
     size = 0
-    taken = 0
     try:
         async with asyncio.timeout(limits.request_timeout_s):
-            if announced is not None:
-                await _take(int(announced), budget)
-                taken = int(announced)
             async for piece in request.stream():
-                size += len(piece)
-                if size > limit:
+                if size + len(piece) > limit:
                     raise _too_large(limit)
-                if size > taken:  # chunked: counted as it comes
-                    await _take(size - taken, budget)
-                    taken = size
+                await _take(len(piece), size, budget)
+                size += len(piece)
                 pieces.append(piece)
     except TimeoutError:
         raise ApiError(
@@ -144,6 +141,6 @@ async def read_body(request: Request, limits: Limits, *, max_bytes: int | None =
     except ClientDisconnect:
         raise ApiError(400, "client_disconnected", "the body was cut off") from None
     finally:
-        if taken:
-            _give_back(taken)
+        if size:
+            _give_back(size)
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)

@@ -15,6 +15,16 @@ timer running, since it cancels its keep-alive timer on every byte received.  So
 whose body is still due by then is closed: at once if its request was answered, or as soon as
 it is.
 
+Only a head's own bytes count against its limit: what a read brings is fed to the parser one
+message at a time (a body of known length by its length, anything else up to its next empty
+line, where a head or a chunked body ends), so requests pipelined in one read are all answered.
+A refusal of a request pipelined behind others is sent once they are answered, and nothing
+more of the connection is read.  A ``Transfer-Encoding`` other than ``chunked`` is refused 501
+(httptools only undoes the chunking: ``gzip, chunked`` would be taken as identity).  An answer
+its client does not take is bounded in time too: when the transport stops taking it (its
+buffer over the high-water mark) the client has ``head_timeout_s`` to take some, or the
+connection is aborted and the answer dropped.
+
 Each connection holds a file descriptor until it is closed, so the number a worker holds is
 bounded twice, before anything of a connection is read: one peer address holds at most
 ``limits.max_connections_per_client`` (256 by default; one more is answered 429
@@ -212,18 +222,14 @@ class BoundedHeadProtocol(HttpToolsProtocol):
 
     def _empty_line_end(self, data: bytes, start: int) -> int:
         """Where in ``data`` the first empty line from ``start`` on ends (where a head or a
-        chunked body ends), with the bytes fed before it; the end of ``data`` if none does."""
-        ends = []
-        joint = self._tail + data[start : start + 2]  # a mark begun in what was fed
-        for mark in (b"\n\r\n", b"\n\n"):
-            at = joint.find(mark, max(len(self._tail) - len(mark) + 1, 0))
-            if at >= 0:
-                ends.append(start + at + len(mark) - len(self._tail))
-            else:
-                at = data.find(mark, start)
-                if at >= 0:
-                    ends.append(at + len(mark))
-        return min(ends) if ends else len(data)
+        chunked body ends: the parser takes CRLF line ends only), with the bytes fed before
+        it; the end of ``data`` if none does."""
+        joint = self._tail + data[start : start + 2]
+        at = joint.find(b"\n\r\n")
+        if 0 <= at < len(self._tail):  # an empty line begun in what was fed
+            return start + at + 3 - len(self._tail)
+        at = data.find(b"\n\r\n", start)
+        return at + 3 if at >= 0 else len(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
