@@ -369,12 +369,13 @@ class BoundedHeadProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _refuse(self, status: int, reason: str) -> None:
-        """Answer ``status`` and close, once the requests before this one are answered
-        (pipelined, they may have been written): nothing more of the connection is read."""
+        """Answer ``status`` and close; a request refused before its body, pipelined behind
+        others, once those are answered (they may have written): nothing more is read."""
         self._refused = True
         self._stop_head_timer()
         self._stop_body_timer()
-        if self._answered():
+        if self._answered() or (self.cycle is not None and self.cycle.more_body):
+            # (a body cut by what the parser cannot read: its route would wait for the rest)
             self._send_refusal(status, reason)
         else:
             self._refusal = (status, reason)

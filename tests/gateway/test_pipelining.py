@@ -125,3 +125,12 @@ def test_a_head_of_just_under_64_kib_after_pipelined_requests_is_answered(
         sock.sendall(_write("just-under", 1) * 3 + big)
         answers = _Answers(sock)
         assert [answers.next()[0] for _ in range(4)] == [200] * 4
+
+
+def test_a_body_the_parser_cannot_read_is_400_at_once(gw: Any) -> None:
+    head = _write("bad-chunk", 1, chunked=True).partition(b"\r\n\r\n")[0]
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as sock:
+        sock.sendall(head + b'\r\n\r\n5\r\n{"log\r\nzz\r\n')  # not a chunk size
+        status, body = _Answers(sock).next()
+    assert status == 400, body
+    assert orjson.loads(body)["error"] == "bad_http"
