@@ -167,3 +167,13 @@ def test_an_answer_its_client_does_not_take_is_dropped_in_time(
             pytest.fail("the connection still holds its answer")
     assert received < 12 * MIB, "the whole answer was kept for the client"
     assert httpx.get(gw.url + "/healthz").status_code == 200
+
+
+def test_a_budget_below_one_body_is_refused(tmp_path: Path) -> None:
+    from ingest_api.settings import ConfigError, GatewaySettings, Limits
+
+    with pytest.raises(ConfigError, match="max_body_bytes_in_flight"):
+        GatewaySettings(
+            tmp_path, limits=Limits(max_body_bytes=MIB, max_body_bytes_in_flight=MIB - 1)
+        )
+    assert GatewaySettings(tmp_path, limits=Limits(max_body_bytes_in_flight=0)).limits
