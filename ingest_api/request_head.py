@@ -15,6 +15,16 @@ timer running, since it cancels its keep-alive timer on every byte received.  So
 whose body is still due by then is closed: at once if its request was answered, or as soon as
 it is.
 
+Only a head's own bytes count against its limit: what a read brings is fed to the parser one
+message at a time (a body of known length by its length, anything else up to its next empty
+line, where a head or a chunked body ends), so requests pipelined in one read are all answered.
+A refusal of a request pipelined behind others is sent once they are answered, and nothing
+more of the connection is read.  A ``Transfer-Encoding`` other than ``chunked`` is refused 501
+(httptools only undoes the chunking: ``gzip, chunked`` would be taken as identity).  An answer
+its client does not take is bounded in time too: when the transport stops taking it (its
+buffer over the high-water mark) the client has ``head_timeout_s`` to take some, or the
+connection is aborted and the answer dropped.
+
 Each connection holds a file descriptor until it is closed, so the number a worker holds is
 bounded twice, before anything of a connection is read: one peer address holds at most
 ``limits.max_connections_per_client`` (256 by default; one more is answered 429
@@ -47,6 +57,7 @@ _ERRORS = {
     408: (b"Request Timeout", "request_timeout"),
     429: (b"Too Many Requests", "too_many_connections"),
     431: (b"Request Header Fields Too Large", "headers_too_large"),
+    501: (b"Not Implemented", "unsupported_transfer_encoding"),
     503: (b"Service Unavailable", "too_many_connections"),
 }
 
@@ -123,6 +134,14 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         """A head or body was due past its time while a route was answering: the connection
         ends once the route has answered."""
         self._refused = False
+        self._refusal: tuple[int, str] | None = None
+        """A refusal to send once the requests before it are answered."""
+        self._tail = b""
+        """The last bytes fed to the parser (where an empty line may have begun)."""
+        self._body_left: int | None = None
+        """Bytes of a body of known length still due (None: none, or a chunked one)."""
+        self._write_timer: asyncio.TimerHandle | None = None
+        """Runs while the client does not take what it is sent (the transport is paused)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         global _open_total
@@ -156,6 +175,7 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         global _open_total
         self._stop_head_timer()
         self._stop_body_timer()
+        self._stop_write_timer()
         if self._counted:
             _open_total -= 1
             self._counted = False
@@ -169,27 +189,47 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        if self._head_bytes is None:
-            super().data_received(data)
-            return
-        if self._head_timer is None and self._answered():
-            # A later request of a kept-alive connection: timed from its first byte, even an
-            # empty line before it (the parser skips those, with no on_message_begin); one
-            # sent while a route answers is timed from that answer (uvicorn's keep-alive) on.
-            self._head_timer = self.loop.call_later(self._head_timeout_s, self._head_too_slow)
-        room = self._max_head_bytes - self._head_bytes
-        if len(data) <= room:
-            self._head_bytes += len(data)
-            super().data_received(data)
-            return
-        # The head must end within what fits; what follows it is a body (or the next request).
-        super().data_received(data[:room])
-        if self._head_bytes is not None and not self._refused:
-            self._refuse(
-                431, f"the request's head is over the limit of {self._max_head_bytes} bytes"
-            )
-            return
-        self.data_received(data[room:])
+        # Fed message by message, so that only a head's own bytes count against its limit,
+        # not the earlier requests and bodies that came in the same read (pipelining).
+        start = 0
+        while start < len(data) and not self._refused:
+            if self._head_bytes is None and self._body_left is not None:
+                end = start + min(self._body_left, len(data) - start)
+                self._body_left -= end - start
+            else:
+                end = self._empty_line_end(data, start)
+            if self._head_bytes is not None:
+                if self._head_timer is None and self._answered():
+                    # A later request of a kept-alive connection: timed from its first byte,
+                    # even an empty line before it (the parser skips those, with no
+                    # on_message_begin); one sent while a route answers is timed from that
+                    # answer (uvicorn's keep-alive) on.
+                    self._head_timer = self.loop.call_later(
+                        self._head_timeout_s, self._head_too_slow
+                    )
+                # a head ends at its first empty line, so at ``end`` or later
+                if self._head_bytes + end - start > self._max_head_bytes:
+                    self._refuse(
+                        431, f"the request's head is over the limit of {self._max_head_bytes} bytes"
+                    )
+                    return
+                self._head_bytes += end - start
+            self._tail = (self._tail + data[start:end])[-2:]
+            super().data_received(data[start:end] if start or end < len(data) else data)
+            start = end
+            if self.parser.should_upgrade():  # the rest is another protocol's, as uvicorn has it
+                return
+
+    def _empty_line_end(self, data: bytes, start: int) -> int:
+        """Where in ``data`` the first empty line from ``start`` on ends (where a head or a
+        chunked body ends: the parser takes CRLF line ends only), with the bytes fed before
+        it; the end of ``data`` if none does."""
+        joint = self._tail + data[start : start + 2]
+        at = joint.find(b"\n\r\n")
+        if 0 <= at < len(self._tail):  # an empty line begun in what was fed
+            return start + at + 3 - len(self._tail)
+        at = data.find(b"\n\r\n", start)
+        return at + 3 if at >= 0 else len(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -200,11 +240,35 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._head_bytes = None
         self._stop_head_timer()
         self._overdue = False  # a head late while a route answered is let in; its body timed
+        codings = [
+            coding.strip().lower()
+            for name, value in self.headers
+            if name == b"transfer-encoding"
+            for coding in value.split(b",")
+            if coding.strip()
+        ]
+        if codings and codings != [b"chunked"]:
+            # httptools only undoes chunked: a body sent as "gzip, chunked" would be taken as
+            # it is, compressed
+            self._refuse(
+                501,
+                f"Transfer-Encoding: {b', '.join(codings).decode('latin-1')} is not supported "
+                "(only chunked)",
+            )
+            return
+        self._body_left = None if codings else self._content_length()
         super().on_headers_complete()
         if not (self.parser.should_upgrade() and self._should_upgrade()):
             self._body_timer = self.loop.call_later(self._head_timeout_s, self._body_too_slow)
 
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
+        if self._refused:
+            return
+        self._body_left = None
         self._stop_body_timer()
         self._overdue = False
         super().on_message_complete()
@@ -212,6 +276,11 @@ class BoundedHeadProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self._refusal is not None and self._answered():
+            status, reason = self._refusal
+            self._refusal = None
+            self._send_refusal(status, reason)
+            return
         if self._overdue and self._answered():
             if self._head_bytes is not None:
                 self._refuse(
@@ -219,6 +288,17 @@ class BoundedHeadProtocol(HttpToolsProtocol):
                 )
             else:
                 self._close_unread()
+
+    def pause_writing(self) -> None:
+        """The client does not take its answer as fast as it is sent: it has
+        ``request_timeout_s`` to take some (uvicorn would wait for ever, holding the answer)."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self._head_timeout_s, self._not_taken)
+
+    def resume_writing(self) -> None:
+        self._stop_write_timer()
+        super().resume_writing()
 
     def send_400_response(self, msg: str) -> None:
         """What the HTTP parser cannot parse (e.g. Content-Length with chunked encoding)."""
@@ -233,6 +313,30 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
+
+    def _stop_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _content_length(self) -> int | None:
+        """The body's length as the parser takes it (it refuses one not all digits)."""
+        for name, value in self.headers:
+            if name == b"content-length":
+                try:
+                    return int(value)
+                except ValueError:
+                    return None
+        return 0
+
+    def _not_taken(self) -> None:
+        """End a connection whose client took nothing of its answer for ``request_timeout_s``:
+        what the transport holds of it is dropped with it."""
+        self._write_timer = None
+        self._refused = True
+        self._stop_head_timer()
+        self._stop_body_timer()
+        self.transport.abort()
 
     def _answered(self) -> bool:
         """Whether every request of this connection so far has been answered."""
@@ -265,9 +369,18 @@ class BoundedHeadProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _refuse(self, status: int, reason: str) -> None:
+        """Answer ``status`` and close; a request refused before its body, pipelined behind
+        others, once those are answered (they may have written): nothing more is read."""
         self._refused = True
         self._stop_head_timer()
         self._stop_body_timer()
+        if self._answered() or (self.cycle is not None and self.cycle.more_body):
+            # (a body cut by what the parser cannot read: its route would wait for the rest)
+            self._send_refusal(status, reason)
+        else:
+            self._refusal = (status, reason)
+
+    def _send_refusal(self, status: int, reason: str) -> None:
         phrase, error = _ERRORS[status]
         body = json.dumps({"error": error, "reason": reason}).encode()
         retry = b"retry-after: %d\r\n" % RETRY_AFTER_S if error == "too_many_connections" else b""

@@ -26,6 +26,7 @@ A TOML file looks like this (every key optional)::
 
     [limits]
     max_body_bytes = 67108864
+    max_body_bytes_in_flight = 0    # bodies one worker receives at once (0: 4 x max_body_bytes)
     max_chunk_bytes = 8388608
     max_chunks_per_request = 100000
     source_chunks_per_second = 0    # 0: no per-source rate limit
@@ -140,6 +141,10 @@ class Limits:
     """Front-door limits; a request over one of them gets 413, 429 or 408 and writes nothing."""
 
     max_body_bytes: int = 64 * 1024 * 1024
+    max_body_bytes_in_flight: int = 0
+    """Bytes of request bodies one worker holds while they arrive, all requests together (0:
+    4 x ``max_body_bytes``); a body that does not fit waits a second, then gets 503 ``too_busy``;
+    see :mod:`ingest_api.body`."""
     max_chunk_bytes: int = 8 * 1024 * 1024
     max_chunks_per_request: int = 100_000
     max_sessions_per_request: int = 10_000
@@ -277,6 +282,11 @@ class GatewaySettings:
             )
         lim = self.limits
         _check(lim.max_body_bytes > 0, "limits.max_body_bytes must be positive")
+        _check(
+            lim.max_body_bytes_in_flight == 0 or lim.max_body_bytes_in_flight >= lim.max_body_bytes,
+            "limits.max_body_bytes_in_flight must be 0 (4 x max_body_bytes) or at least "
+            "max_body_bytes",
+        )
         _check(lim.max_chunk_bytes > 0, "limits.max_chunk_bytes must be positive")
         _check(lim.max_chunks_per_request > 0, "limits.max_chunks_per_request must be positive")
         _check(lim.max_sessions_per_request > 0, "limits.max_sessions_per_request must be positive")
@@ -494,6 +504,7 @@ _SCALARS: dict[str, type] = {
 }
 _LIMIT_TYPES: dict[str, type] = {
     "max_body_bytes": int,
+    "max_body_bytes_in_flight": int,
     "max_chunk_bytes": int,
     "max_chunks_per_request": int,
     "max_sessions_per_request": int,
