@@ -7,6 +7,9 @@ compress with whatever produces standard gzip or zstd frames.
 Decompression is bounded: a chunk that would expand past ``max_bytes`` (a zip bomb, or data
 no reader could hold) is :class:`ChunkExpandsTooFar`, found after producing at most
 ``max_bytes`` plus one block of output, never after allocating what the chunk claims.
+Several chunks share an :class:`OutputBudget` (the gateway gives one to each request): a
+chunk that would take more than is left of it is :class:`BudgetSpent`, found the same way, so
+that refusing many small bombs costs the budget, not what they claim.
 """
 
 from __future__ import annotations
@@ -36,6 +39,21 @@ class ChunkExpandsTooFar(CorruptChunk):
     """A compressed chunk that decompresses to more than the limit (a zip bomb, perhaps)."""
 
 
+class BudgetSpent(LogbrokerError):
+    """Chunks that decompress to more than their :class:`OutputBudget` in all (each may be
+    fine on its own)."""
+
+
+class OutputBudget:
+    """Decompressed bytes that several chunks may produce together; :func:`count_lines` takes
+    what each chunk produced from ``left``."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, max_bytes: int) -> None:
+        self.left = max_bytes
+
+
 def decompress(
     codec: str, data: bytes | memoryview, max_bytes: int = MAX_DECOMPRESSED_BYTES
 ) -> bytes:
@@ -50,17 +68,40 @@ def decompress(
 
 
 def count_lines(
-    codec: str, data: bytes | memoryview, max_bytes: int = MAX_DECOMPRESSED_BYTES
+    codec: str,
+    data: bytes | memoryview,
+    max_bytes: int = MAX_DECOMPRESSED_BYTES,
+    budget: OutputBudget | None = None,
 ) -> int:
     """The lines of a chunk, decompressing it block by block (the gateway's one check of a
     compressed chunk: it is whole frames of its codec, and not a bomb).
 
     Raises like :func:`decompress`; holds one block (a zstd frame that declares its size: that
-    frame) of output at a time.
+    frame) of output at a time.  With a ``budget``, a chunk that would produce more than is
+    left of it raises :class:`BudgetSpent` once it produced what was left (plus at most one
+    block), unless it is over ``max_bytes`` anyway (:class:`ChunkExpandsTooFar`); a chunk
+    that fits takes its decompressed size from the budget.
     """
     if codec == "raw":
         return newlines(data)
-    return sum(newlines(block) for block in _blocks(codec, data, max_bytes))
+    if budget is None:
+        return sum(newlines(block) for block in _blocks(codec, data, max_bytes))
+    cap = min(max_bytes, budget.left)
+    produced = 0
+    lines = 0
+    try:
+        for block in _blocks(codec, data, cap):
+            produced += len(block)
+            lines += newlines(block)
+    except ChunkExpandsTooFar as exc:
+        if cap < max_bytes:
+            raise BudgetSpent(
+                f"{codec} chunk of {len(data)} bytes decompresses to more than the "
+                f"{max(cap, 0)} bytes left of the budget"
+            ) from exc
+        raise
+    budget.left -= produced
+    return lines
 
 
 _PROBE_BYTES = 1024
