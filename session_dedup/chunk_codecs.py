@@ -85,14 +85,14 @@ def count_lines(
     if codec == "raw":
         return newlines(data)
     if budget is None:
-        return sum(newlines(block) for block in _blocks(codec, data, max_bytes))
+        return sum(_block_newlines(block) for block in _blocks(codec, data, max_bytes))
     cap = min(max_bytes, budget.left)
     produced = 0
     lines = 0
     try:
         for block in _blocks(codec, data, cap):
             produced += len(block)
-            lines += newlines(block)
+            lines += _block_newlines(block)
     except ChunkExpandsTooFar as exc:
         if cap < max_bytes:
             raise BudgetSpent(
@@ -123,6 +123,16 @@ def newlines(data: bytes | memoryview) -> int:
     if data.count(b"\n", 0, _PROBE_BYTES) >= _DENSE_PROBE:
         return data.count(b"\n")
     return len(data) - len(data.replace(b"\n", b""))
+
+
+def _block_newlines(block: bytes) -> int:
+    """:func:`newlines` a block at a time: the count holds the GIL (about 5 ms a MiB), and a
+    zstd frame that declares its size comes out whole (up to 64 MiB), which counted at once
+    held every other thread of the process, a gateway's event loop too, for 0.3 s."""
+    if len(block) <= _BLOCK:
+        return newlines(block)
+    view = memoryview(block)
+    return sum(newlines(view[i : i + _BLOCK]) for i in range(0, len(block), _BLOCK))
 
 
 def _blocks(codec: str, data: bytes | memoryview, max_bytes: int) -> Iterator[bytes]:

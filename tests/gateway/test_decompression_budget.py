@@ -130,8 +130,10 @@ def _assert_refused_quickly(
     assert body["error"] == "decompressed_too_large"
     assert body["limit"] == "max_decompressed_bytes_per_request" and body["max"] == budget
     assert f"more than {budget} bytes" in body["reason"]
-    assert took_s < 5, took_s
-    assert health.answers >= 2 and health.slowest_s < 0.5, (health.answers, health.slowest_s)
+    assert took_s < 10, took_s
+    # (the slowest answer is a few ms on an idle machine: the margin is for shared CPUs; the
+    # loop was held for 5-25 s by the 84 KB write before the budget)
+    assert health.answers >= 2 and health.slowest_s < 1.0, (health.answers, health.slowest_s)
     # nothing of the request, not even its topic
     assert end_offsets(gateway.data_dir) == before
     assert topic_envelopes(gateway.data_dir, "dc1.bombs") == {}
