@@ -33,9 +33,10 @@ from session_dedup.chunk_codecs import (
 
 _INLINE_BYTES = 256 * 1024
 """Compressed data a request may hold and still start its check on the event loop."""
-_INLINE_OUTPUT_BYTES = 1024 * 1024
+_INLINE_OUTPUT_BYTES = 256 * 1024
 """Decompressed bytes checked on the event loop before the rest moves to a thread: about
-0.5 ms of zstd and 3 ms of gzip (6 ms of a gzip bomb), plus at most one block more."""
+0.3 ms of zstd and 1 ms of gzip, bombs included (a zstd frame without a declared size may
+pass it by one block, 0.1 ms of a zstd bomb)."""
 BUDGET_LIMIT = "max_decompressed_bytes_per_request"
 
 

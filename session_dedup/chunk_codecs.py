@@ -97,7 +97,7 @@ def count_lines(
         if cap < max_bytes:
             raise BudgetSpent(
                 f"{codec} chunk of {len(data)} bytes decompresses to more than the "
-                f"{max(cap, 0)} bytes left of the budget"
+                f"{cap} bytes left of the budget"
             ) from exc
         raise
     budget.left -= produced
@@ -137,7 +137,7 @@ def _block_newlines(block: bytes) -> int:
 
 def _blocks(codec: str, data: bytes | memoryview, max_bytes: int) -> Iterator[bytes]:
     if codec == "gzip":
-        blocks = _gzip_blocks(data)
+        blocks = _gzip_blocks(data, max_bytes)
     elif codec == "zstd":
         blocks = _zstd_blocks(data, max_bytes)
     else:
@@ -156,19 +156,25 @@ def _blocks(codec: str, data: bytes | memoryview, max_bytes: int) -> Iterator[by
         raise CorruptChunk(f"{codec} chunk does not decompress: {exc}") from exc
 
 
-def _gzip_blocks(data: bytes | memoryview) -> Iterator[bytes]:
+def _gzip_blocks(data: bytes | memoryview, max_bytes: int) -> Iterator[bytes]:
     """gzip members one after another, as ``gzip.decompress`` reads them (zero padding
-    between and after members allowed)."""
+    between and after members allowed); never more than a byte past ``max_bytes`` of output."""
     rest: bytes | memoryview = data
+    produced = 0
     while rest:
         member = zlib.decompressobj(_GZIP_WBITS)
-        block = member.decompress(rest, _BLOCK)
+        pending: bytes | memoryview = rest
         while True:
+            step = max(1, min(_BLOCK, max_bytes - produced + 1))
+            block = member.decompress(pending, step)
+            produced += len(block)
             if block:
                 yield block
-            if member.eof or not member.unconsumed_tail:
+            if member.eof:
                 break
-            block = member.decompress(member.unconsumed_tail, _BLOCK)
+            pending = member.unconsumed_tail
+            if not pending and len(block) < step:
+                break  # a full block may leave output inside zlib with all input read
         if not member.eof:
             # the input ended inside the member: whatever came out is not the chunk
             raise zlib.error("truncated gzip member")

@@ -11,12 +11,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 import pytest
 import zstandard
 
-from ingest_api.framing import encode_binary
+from ingest_api.codec_check import check_codecs
+from ingest_api.errors import ApiError
+from ingest_api.framing import encode_binary, parse_binary
+from ingest_api.settings import Limits
 from session_dedup.chunk_codecs import MAX_DECOMPRESSED_BYTES
 from tests.gateway.conftest import end_offsets, meta, topic_envelopes
 
@@ -225,3 +229,26 @@ def test_gzip_bombs_under_the_inline_size_are_checked_off_the_event_loop(
     assert 3 * len(bomb) < 256 * 1024
     default_budget = 128 * 1024 * 1024
     _assert_refused_quickly(shared_gateway, "binary", [("g", "gzip", [bomb] * 3)], default_budget)
+
+
+def test_a_check_that_leaves_the_event_loop_keeps_every_chunks_line_count() -> None:
+    """The check stops on the loop after 256 KiB of output and goes on in a thread from the
+    chunk it stopped at: every line count (kept for the audit) is there, none twice."""
+    chunks = [b"x\n" * (300 * 1024), b"y\n" * 7, b"z\n" * (600 * 1024), b"w\n" * 3]
+    body = encode_binary(
+        [
+            (meta("a", codec="gzip"), [(1, 0, _gzip(chunks[0])), (2, 0, _gzip(chunks[1]))]),
+            (meta("b", codec="zstd"), [(1, 0, _zstd(chunks[2])), (2, 0, _zstd(chunks[3]))]),
+            (meta("c", codec="gzip"), [(1, 0, b"not gzip")]),
+        ]
+    )
+    sections = parse_binary(body, Limits())
+    anyio.run(check_codecs, sections, sum(map(len, chunks)))
+    assert sections[0].batch.lines == [300 * 1024, 7]
+    assert sections[1].batch.lines == [600 * 1024, 3]
+    assert sections[2].error is not None and sections[2].error.error == "bad_chunk"
+    # one byte less of budget: the request is refused
+    sections = parse_binary(body, Limits())
+    with pytest.raises(ApiError, match="more than") as refused:
+        anyio.run(check_codecs, sections, sum(map(len, chunks)) - 1)
+    assert (refused.value.status, refused.value.error) == (413, "decompressed_too_large")
