@@ -37,7 +37,7 @@ _INLINE_OUTPUT_BYTES = 256 * 1024
 """Decompressed bytes checked on the event loop before the rest moves to a thread: about
 0.3 ms of zstd and 1 ms of gzip, bombs included (a zstd frame without a declared size may
 pass it by one block, 0.1 ms of a zstd bomb)."""
-BUDGET_LIMIT = "max_decompressed_bytes_per_request"
+_LIMIT_NAME = "max_decompressed_bytes_per_request"
 
 
 async def check_codecs(sections: list[Section], max_bytes: int) -> None:
@@ -92,9 +92,9 @@ class _CodecCheck:
                 413,
                 "decompressed_too_large",
                 f"the request's compressed chunks decompress to more than {self.max_bytes} "
-                f"bytes in all (limits.{BUDGET_LIMIT}); nothing of the request was written: "
+                f"bytes in all (limits.{_LIMIT_NAME}); nothing of the request was written: "
                 "send fewer of them per request",
-                extra={"limit": BUDGET_LIMIT, "max": self.max_bytes},
+                extra={"limit": _LIMIT_NAME, "max": self.max_bytes},
             ) from None
         self.left -= step_bytes - step.left
         return True
