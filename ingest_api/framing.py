@@ -32,7 +32,6 @@ import orjson
 from ingest_api.errors import ApiError
 from ingest_api.settings import Limits
 from log_store.errors import BadRequest
-from session_dedup.chunk_codecs import ChunkExpandsTooFar, CorruptChunk, count_lines
 from session_dedup.exactly_once import ChunkBatch
 from session_dedup.source import MAX_SEQNO, SourceMeta, source_meta, usual_source_meta
 
@@ -83,46 +82,6 @@ def refuse_whole_sources(sections: list[Section]) -> None:
         error = refused.get(section.meta.source_id)
         if section.error is None and error is not None:
             section.error = error
-
-
-def compressed_bytes(sections: list[Section]) -> int:
-    """The data of the sections :func:`check_codecs` has to decompress."""
-    return sum(
-        sum(map(len, s.batch.datas)) for s in sections if s.error is None and s.meta.codec != "raw"
-    )
-
-
-def check_codecs(sections: list[Section]) -> None:
-    """Refuse every section with a compressed chunk that does not decompress (400
-    ``bad_chunk``) or expands past ``MAX_DECOMPRESSED_BYTES`` (413 ``chunk_too_large``); the
-    write path then refuses the other sections of its source (:func:`refuse_whole_sources`).
-
-    Each chunk is decompressed once, block by block, and its lines are kept in
-    :attr:`ChunkBatch.lines` for the audit, which then needs no decompression of its own.
-    """
-    for section in sections:
-        if section.error is not None or section.meta.codec == "raw":
-            continue
-        codec = section.meta.codec
-        lines: list[int] = []
-        for seqno, data in zip(section.batch.seqnos, section.batch.datas, strict=True):
-            try:
-                lines.append(count_lines(codec, data))
-            except ChunkExpandsTooFar as exc:
-                section.error = ApiError(413, "chunk_too_large", _chunk_where(section, seqno, exc))
-                break
-            except CorruptChunk as exc:
-                section.error = ApiError(400, "bad_chunk", _chunk_where(section, seqno, exc))
-                break
-        if section.error is None:
-            section.batch.lines = lines
-
-
-def _chunk_where(section: Section, seqno: int, exc: CorruptChunk) -> str:
-    return (
-        f"source {section.meta.source_id!r}, chunk seqno {seqno}: {exc}; nothing of this "
-        "source was written"
-    )
 
 
 def _bad(reason: str) -> ApiError:

@@ -29,6 +29,7 @@ A TOML file looks like this (every key optional)::
     max_body_bytes_in_flight = 0    # bodies one worker receives at once (0: 4 x max_body_bytes)
     max_chunk_bytes = 8388608
     max_chunks_per_request = 100000
+    max_decompressed_bytes_per_request = 134217728  # a write's gzip/zstd chunks, decompressed
     source_chunks_per_second = 0    # 0: no per-source rate limit
     source_burst_chunks = 0         # 0: one second of the rate
     request_timeout_s = 30.0
@@ -147,6 +148,11 @@ class Limits:
     see :mod:`ingest_api.body`."""
     max_chunk_bytes: int = 8 * 1024 * 1024
     max_chunks_per_request: int = 100_000
+    max_decompressed_bytes_per_request: int = 128 * 1024 * 1024
+    """What a write's compressed (gzip, zstd) chunks may decompress to in all: each chunk may
+    expand to 64 MiB (``MAX_DECOMPRESSED_BYTES``), and a few KiB of such chunks would otherwise
+    cost the gateway, and every reader of what it wrote, seconds of decompression.  A push-client
+    request decompresses to at most its ``request_bytes`` plus one ``chunk_bytes``."""
     max_sessions_per_request: int = 10_000
     source_chunks_per_second: float = 0.0
     source_burst_chunks: int = 0
@@ -289,6 +295,10 @@ class GatewaySettings:
         )
         _check(lim.max_chunk_bytes > 0, "limits.max_chunk_bytes must be positive")
         _check(lim.max_chunks_per_request > 0, "limits.max_chunks_per_request must be positive")
+        _check(
+            lim.max_decompressed_bytes_per_request > 0,
+            "limits.max_decompressed_bytes_per_request must be positive",
+        )
         _check(lim.max_sessions_per_request > 0, "limits.max_sessions_per_request must be positive")
         _check(lim.source_chunks_per_second >= 0, "limits.source_chunks_per_second must be >= 0")
         _check(lim.request_timeout_s > 0, "limits.request_timeout_s must be positive")
@@ -507,6 +517,7 @@ _LIMIT_TYPES: dict[str, type] = {
     "max_body_bytes_in_flight": int,
     "max_chunk_bytes": int,
     "max_chunks_per_request": int,
+    "max_decompressed_bytes_per_request": int,
     "max_sessions_per_request": int,
     "source_chunks_per_second": float,
     "source_burst_chunks": int,

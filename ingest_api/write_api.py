@@ -17,7 +17,6 @@ import math
 import time
 from typing import Any, cast
 
-import anyio.to_thread
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -31,14 +30,13 @@ from ingest_api.audit_api import (
     gateway_counts,
 )
 from ingest_api.body import read_body
+from ingest_api.codec_check import check_codecs
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError, partitions_unavailable
 from ingest_api.framing import (
     BINARY_MEDIA_TYPE,
     NDJSON_MEDIA_TYPE,
     Section,
-    check_codecs,
-    compressed_bytes,
     meta_from_json,
     parse_binary,
     parse_ndjson,
@@ -70,8 +68,6 @@ from session_dedup.source import (
 ACTIVE_SOURCE_WINDOW_S = 300.0
 MAX_ACTIVE_SOURCES_COUNTED = 1_000_000
 _WRITTEN = "written"
-_CHECK_INLINE_BYTES = 256 * 1024
-"""Compressed data a request may hold and still be checked on the event loop (about 1 ms)."""
 
 
 def _media_type(request: Request) -> str:
@@ -262,12 +258,9 @@ class WriteApi:
                     section.error = audit_write_refusal(
                         self.ctx.auth, grant, self.ctx.settings.dc, section
                     )
-        # Compressed chunks are decompressed once, here: refused if corrupt, counted if not.
-        compressed = compressed_bytes(sections)
-        if compressed > _CHECK_INLINE_BYTES:
-            await anyio.to_thread.run_sync(check_codecs, sections)
-        elif compressed:
-            check_codecs(sections)
+        # Compressed chunks are decompressed once, here: refused if corrupt, counted if not;
+        # the request is refused as a whole past its budget of decompressed bytes.
+        await check_codecs(sections, self.limits.max_decompressed_bytes_per_request)
         structured = self.ctx.extensions.get(STRUCTURED_WRITES)
         if structured is not None:  # records of structured log types: checked and stamped
             await structured.check(sections)
