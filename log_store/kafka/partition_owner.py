@@ -1075,6 +1075,10 @@ class PartitionOwner:
             producer.commit_transaction(max(0.1, deadline - time.monotonic()))
         except BaseException as exc:
             error = kafka_error(exc)
+            if error is not None and error.code() == KafkaError._STATE and not self._commit_sent:
+                cause = self._refused_transaction_error(producer)
+                if cause is not None:
+                    errors.append(cause)
             timed_out = error is not None and error.code() == KafkaError._TIMED_OUT
             if not (self._commit_sent and timed_out):
                 # a commit that timed out goes on in the background: librdkafka refuses to
@@ -1085,7 +1089,7 @@ class PartitionOwner:
                 (e for e in errors if isinstance(e, KafkaError) and is_too_large(e)), None
             )
             if too_large is not None and not is_fenced(self._fatal):
-                # the commit's own error says only that a record failed
+                # the commit's own error may say only that a record failed
                 failure = RecordTooLarge(
                     f"committing to {self.topic}: a record is larger than the topic takes "
                     f"({too_large})"
@@ -1097,6 +1101,26 @@ class PartitionOwner:
         if errors or "delta" not in offsets or (values and "first" not in offsets):
             raise StoreUnavailable(f"a committed record has no delivery report: {errors[:1]}")
         return offsets["delta"]
+
+    def _refused_transaction_error(self, producer: Producer) -> KafkaError | None:
+        """Why ``produce`` refused to go on with the transaction (``_STATE``), if it says.
+
+        A record Kafka refused (too large, say) puts the transaction in an abortable state,
+        and ``produce`` then answers only "Erroneous state".  ``commit_transaction`` answers
+        the error itself, at once and without committing: librdkafka commits only a
+        transaction in progress, which this one no longer is (nor can be again before
+        it is aborted)."""
+        if self._fatal is not None:
+            return None
+        try:
+            producer.commit_transaction(min(1.0, self._settings.operation_timeout_s))
+        except KafkaException as exc:
+            return kafka_error(exc)
+        except Exception:
+            return None
+        # not expected (see above): whatever it committed, the next takeover reads it
+        self._commit_sent = True
+        return None
 
     def _await_deliveries(
         self,

@@ -32,13 +32,14 @@ def _source(i: int) -> str:
 
 def _new_sources(count: int, extra: Sequence[bytes] = ()) -> Any:
     """A transaction that brings ``count`` new sources (a seqno and a pin each) and writes a
-    record for each, plus ``extra`` records."""
+    record for each, with ``extra`` records in the middle."""
 
     def fn(state: PartitionState) -> Sequence[bytes]:
         for i in range(count):
             state.put(f"seq/{_source(i)}", (i + 1).to_bytes(8, "big"))
             state.put(f"pin/{_source(i)}", b"epoch-%010d" % i)
-        return [b"line of source %d " % i + b"x" * 480 for i in range(count)] + list(extra)
+        records = [b"line of source %d " % i + b"x" * 480 for i in range(count)]
+        return records[: count // 2] + list(extra) + records[count // 2 :]
 
     return fn
 
@@ -114,7 +115,7 @@ def test_a_record_larger_than_the_topic_takes_is_refused_without_a_takeover(
         store.append("dc1.big", 0, [b"first"])
         started = time.monotonic()
         with pytest.raises(RecordTooLarge, match="at most"):
-            store.transact("dc1.big", 0, lambda state: [b"x" * (SMALL_RECORDS + 1)])
+            store.transact("dc1.big", 0, lambda state: [b"x" * (SMALL_RECORDS + 8192)])
         assert time.monotonic() - started < 2
         assert len(store.takeovers) == 1
         assert store.append("dc1.big", 0, [b"second"]).first_offset == 2
