@@ -25,8 +25,9 @@ offsets Kafka reports are checked against that before committing.
 
 A transaction holding a record larger than the topics take (``max.message.bytes``) is
 refused before anything is produced (``RecordTooLarge``), and a size error from Kafka fails the
-transactions as that too: they would fail the same way again, so they are neither retried nor
-taken for a takeover by another writer.
+transactions of the commit as that too: they would fail the same way again, so they are not
+retried, and the owner stays the partition's owner (it takes the partition over again, in
+place, before its next transaction: the aborted records moved the offsets).
 
 Any failure whose outcome is not certain (a commit that timed out, a fenced producer) marks
 the owner *broken*: before its next transaction it takes the partition over again, which
@@ -929,17 +930,24 @@ class PartitionOwner:
                 )
                 # The failure goes to the callers (and their retries): without its frames,
                 # which hold this commit's records, delta and producer in a reference cycle
-                # until the garbage collector's next full pass (2 GB per attempt were kept
-                # by a gateway after a 55 MB request failed)
+                # until the garbage collector's next full pass (measured in a test: three
+                # failed attempts' records and deltas were held until gc.collect())
                 without_tracebacks(failure)
                 self.broken = True
                 self._failed_at = None
                 if not isinstance(failure, WriterFenced) and self._topic_gone():
                     failure = UnknownTopic(f"topic {self.topic!r} was deleted")
-                if values and self._commit_sent and not isinstance(failure, UnknownTopic):
+                if (
+                    values
+                    and self._commit_sent
+                    and not isinstance(failure, UnknownTopic | RecordTooLarge)
+                ):
                     # The commit request went out: it may have gone through, even with a
                     # fenced error (a coordinator that had prepared the commit completes it
-                    # when the next writer fences this one).  A takeover here reads it.
+                    # when the next writer fences this one).  A takeover here reads it.  (A
+                    # record refused makes the transaction abortable: librdkafka refuses to
+                    # commit it, and keeping its records to look for them would only hold
+                    # them.)
                     assert self._kafka is not None
                     audited = _audited(base, values, outcomes)
                     if audited:
