@@ -53,8 +53,8 @@ SNAPSHOT_CHUNK_BYTES = 768 * 1024
 DELTA_RECORD_BYTES = 768 * 1024
 """The largest delta record (but for one entry alone larger) a transaction writes, as large
 as a snapshot chunk; an owner of topics with a smaller ``max.message.bytes`` writes records
-of a quarter of it at most (see ``PartitionOwner``), far enough below the limit that one
-record is never refused, also when compression makes it larger."""
+of a quarter of it at most (see ``PartitionOwner``): far below the limit, also where
+compression makes a record larger."""
 MAX_KEY_BYTES = 65_535
 
 
