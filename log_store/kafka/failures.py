@@ -13,7 +13,13 @@ from typing import TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
-from log_store.errors import LogbrokerError, StoreUnavailable, UnknownPartition, UnknownTopic
+from log_store.errors import (
+    BadRequest,
+    LogbrokerError,
+    StoreUnavailable,
+    UnknownPartition,
+    UnknownTopic,
+)
 
 _T = TypeVar("_T")
 
@@ -45,6 +51,12 @@ class PartitionGone(UnknownPartition, UnknownTopic):
     """
 
 
+class RecordTooLarge(BadRequest):
+    """A transaction holds a record larger than the topics take (``max.message.bytes``):
+    it fails the same way on every retry, so it is refused, not retried.  Nothing of it was
+    committed; the partition's owner stays its owner."""
+
+
 _FENCED = {
     KafkaError._FENCED,
     KafkaError.PRODUCER_FENCED,
@@ -57,6 +69,15 @@ _GONE = {
     KafkaError._UNKNOWN_PARTITION,
     KafkaError.UNKNOWN_TOPIC_ID,
 }
+
+
+_TOO_LARGE = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.INVALID_MSG_SIZE,
+}
+"""What a record (or a batch of records) over the topic's or the producer's limit gets,
+from librdkafka at ``produce`` or from the broker: the same on every attempt."""
 
 
 _UNAVAILABLE = {
@@ -140,6 +161,10 @@ def known_offset(offset: int, what: str) -> int:
     return offset
 
 
+def is_too_large(error: KafkaError | None) -> bool:
+    return error is not None and error.code() in _TOO_LARGE
+
+
 def is_fenced(error: KafkaError | None) -> bool:
     return error is not None and error.code() in _FENCED
 
@@ -163,16 +188,37 @@ def as_store_error(exc: BaseException, what: str) -> LogbrokerError:
 def as_commit_error(exc: BaseException, what: str) -> LogbrokerError:
     """What a failed transaction of a partition owner means.
 
-    A cluster out of reach is ``StoreUnavailable`` (answer 503 now); anything else the
-    cluster said about the transaction is taken as "this writer lost the partition": the
-    transaction runs again after a fresh takeover, which settles what the failed one left.
+    A cluster out of reach is ``StoreUnavailable`` (answer 503 now); a record too large is
+    ``RecordTooLarge`` (it would be refused again: taken for a takeover, it dropped the
+    partition's owner and was retried ten times, each after a takeover); anything
+    else the cluster said about the transaction is taken as "this writer lost the
+    partition": the transaction runs again after a fresh takeover, which settles what the
+    failed one left.
     """
     if isinstance(exc, LogbrokerError):
         return exc
     error = kafka_error(exc)
+    if is_too_large(error):
+        return RecordTooLarge(f"{what}: a record is larger than the topic takes ({error})")
     if error is None or is_topic_gone(error) or is_unavailable(error):
         return as_store_error(exc, what)
     return WriterFenced(f"{what}: {error}")
+
+
+def without_tracebacks(exc: BaseException) -> None:
+    """Drop the tracebacks of ``exc`` and of the exceptions it was raised from (their types
+    and messages stay).
+
+    A traceback holds the frames it passed, with their locals: a failed commit's records and
+    state changes, in a reference cycle when the frame also holds the exception.  Kept on a
+    caller's future, or until the garbage collector's next full pass, they outlive the
+    request by long."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 10:
+        current.__traceback__ = None
+        current = current.__cause__ or current.__context__
+        seen += 1
 
 
 def ask_again(

@@ -14,13 +14,20 @@ below that end, or aborted.
 
 Group commit: transactions submitted while a Kafka transaction is in flight wait, and are run
 together in the next one: each function runs against the table plus what the earlier ones of
-its group changed, the records of all of them are produced to the data partition and one delta
-record of their state changes to the changelog partition, and ``commit_transaction`` commits
-both.  Each caller is answered only after that commit returned and the records are visible to
-read_committed readers.  The next transaction begins once the previous one's markers are
-readable (see ``_await_markers``).  Offsets are known before the commit: this writer is the
-partition's only one, so its records follow each other and each commit marker takes exactly
-one offset; the offsets Kafka reports are checked against that before committing.
+its group changed, the records of all of them are produced to the data partition and their
+state changes to the changelog partition (one delta record, or several parts of a delta too
+large for one: see ``state_changelog``), and ``commit_transaction`` commits both.  Each caller
+is answered only after that commit returned and the records are visible to read_committed
+readers.  The next transaction begins once the previous one's markers are readable (see
+``_await_markers``).  Offsets are known before the commit: this writer is the partition's only
+one, so its records follow each other and each commit marker takes exactly one offset; the
+offsets Kafka reports are checked against that before committing.
+
+A transaction holding a record larger than the topics take (``max.message.bytes``) is
+refused before anything is produced (``RecordTooLarge``), and a size error from Kafka fails the
+transactions of the commit as that too: they would fail the same way again, so they are not
+retried, and the owner stays the partition's owner (it takes the partition over again, in
+place, before its next transaction: the aborted records moved the offsets).
 
 Any failure whose outcome is not certain (a commit that timed out, a fenced producer) marks
 the owner *broken*: before its next transaction it takes the partition over again, which
@@ -66,21 +73,26 @@ from log_store.kafka import naming, topic_admin
 from log_store.kafka.failures import (
     OwnerGone,
     PartitionGone,
+    RecordTooLarge,
     WriterFenced,
     as_commit_error,
     as_store_error,
     ask_again,
     is_coordinator_moving,
     is_fenced,
+    is_too_large,
     kafka_error,
+    without_tracebacks,
 )
 from log_store.kafka.fetcher import FetcherPool, Watermarks
 from log_store.kafka.remote_transaction import start_future
 from log_store.kafka.settings import KafkaSettings
 from log_store.kafka.state_changelog import (
+    DELTA_RECORD_BYTES,
+    SNAPSHOT_CHUNK_BYTES,
     ReplayedState,
     apply_changes,
-    delta_record,
+    delta_records,
     snapshot_records,
 )
 from log_store.kafka.topic_admin import KafkaTopic, TopicAdmin
@@ -464,6 +476,12 @@ class PartitionOwner:
         self.topic = topic
         self.partition = partition
         self._settings = ctx.settings
+        limit = self._settings.max_message_bytes
+        self._changelog_record_bytes = min(DELTA_RECORD_BYTES, SNAPSHOT_CHUNK_BYTES, limit // 4)
+        """The size of the delta records and snapshot chunks this owner writes, at most."""
+        self._data_record_bytes = limit - limit // 128 - 1024
+        """The largest data record a transaction may hold: compressed (lz4 makes data that
+        does not compress 0.4% larger) and framed, it still fits ``max.message.bytes``."""
         self._pending: list[Pending] = []
         self._cond = threading.Condition()
         self._closing = False
@@ -892,6 +910,11 @@ class PartitionOwner:
             except Exception as exc:  # the transaction's own failure; the others go on
                 outcomes.append((txn, None, exc))
                 continue
+            too_large = self._too_large(produced)
+            if too_large is not None:
+                # refused before Kafka sees it: Kafka would refuse it on every attempt
+                outcomes.append((txn, None, too_large))
+                continue
             changes.update(state.local)
             first = base + len(values)
             values.extend(produced)
@@ -905,14 +928,26 @@ class PartitionOwner:
                 failure = (
                     exc if isinstance(exc, LogbrokerError) else self._failure_of(exc, "commit")
                 )
+                # The failure goes to the callers (and their retries): without its frames,
+                # which hold this commit's records, delta and producer in a reference cycle
+                # until the garbage collector's next full pass (measured in a test: three
+                # failed attempts' records and deltas were held until gc.collect())
+                without_tracebacks(failure)
                 self.broken = True
                 self._failed_at = None
                 if not isinstance(failure, WriterFenced) and self._topic_gone():
                     failure = UnknownTopic(f"topic {self.topic!r} was deleted")
-                if values and self._commit_sent and not isinstance(failure, UnknownTopic):
+                if (
+                    values
+                    and self._commit_sent
+                    and not isinstance(failure, UnknownTopic | RecordTooLarge)
+                ):
                     # The commit request went out: it may have gone through, even with a
                     # fenced error (a coordinator that had prepared the commit completes it
-                    # when the next writer fences this one).  A takeover here reads it.
+                    # when the next writer fences this one).  A takeover here reads it.  (A
+                    # record refused makes the transaction abortable: librdkafka refuses to
+                    # commit it, and keeping its records to look for them would only hold
+                    # them.)
                     assert self._kafka is not None
                     audited = _audited(base, values, outcomes)
                     if audited:
@@ -985,11 +1020,22 @@ class PartitionOwner:
             except BufferError:
                 producer.poll(0.01)
 
+    def _too_large(self, records: Sequence[bytes]) -> RecordTooLarge | None:
+        """The refusal of a transaction holding a record the topic would not take, if it does."""
+        largest = max(map(len, records), default=0)
+        if largest <= self._data_record_bytes:
+            return None
+        return RecordTooLarge(
+            f"a record of {largest} bytes for {self.topic}/{self.partition}; at most "
+            f"{self._data_record_bytes} bytes go in one record (the topics' max.message.bytes "
+            f"is {self._settings.max_message_bytes}); nothing of it was written"
+        )
+
     def _run_transaction(self, base: int, values: list[bytes], changes: Mapping[str, bytes]) -> int:
         """Produce ``values`` and the delta in one Kafka transaction and commit it.
 
-        Returns the delta record's offset.  On any failure the transaction is aborted (or
-        left to the next takeover to settle) and the error is raised.
+        Returns the offset of the (last) delta record.  On any failure the transaction is
+        aborted (or left to the next takeover to settle) and the error is raised.
         """
         producer = self._producer
         kafka = self._kafka
@@ -1007,6 +1053,10 @@ class PartitionOwner:
 
             return callback
 
+        def refused(err: object, _msg: object) -> None:
+            if err is not None:
+                errors.append(err)
+
         data_end = base + len(values) + (1 if values else 0)
         self._commit_sent = False
         try:
@@ -1015,7 +1065,13 @@ class PartitionOwner:
             for i, value in enumerate(values):
                 callback = note("first") if i == 0 else note("last") if i == last else None
                 self._produce(kafka.kafka_name, value, callback)
-            self._produce(self._state_topic, delta_record(data_end, changes), note("delta"))
+            deltas = delta_records(data_end, changes, self._changelog_record_bytes)
+            for i, delta in enumerate(deltas):
+                # each part with a report: a part refused (too large) is named as such
+                self._produce(
+                    self._state_topic, delta, note("delta") if i == len(deltas) - 1 else refused
+                )
+            del deltas, delta  # librdkafka holds copies
             # Delivered before the commit, to see where (see _check_placement); a topic
             # deleted meanwhile is noticed within a second (see _await_deliveries)
             deadline = time.monotonic() + timeout
@@ -1027,19 +1083,52 @@ class PartitionOwner:
             producer.commit_transaction(max(0.1, deadline - time.monotonic()))
         except BaseException as exc:
             error = kafka_error(exc)
+            if error is not None and error.code() == KafkaError._STATE and not self._commit_sent:
+                cause = self._refused_transaction_error(producer)
+                if cause is not None:
+                    errors.append(cause)
             timed_out = error is not None and error.code() == KafkaError._TIMED_OUT
             if not (self._commit_sent and timed_out):
                 # a commit that timed out goes on in the background: librdkafka refuses to
                 # abort it, and the next takeover settles it
                 self._abort_quietly()
             failure = self._failure_of(exc, f"committing to {self.topic}")
-            if isinstance(exc, LogbrokerError) and not isinstance(failure, WriterFenced):
+            too_large = next(
+                (e for e in errors if isinstance(e, KafkaError) and is_too_large(e)), None
+            )
+            if too_large is not None and not is_fenced(self._fatal):
+                # the commit's own error may say only that a record failed
+                failure = RecordTooLarge(
+                    f"committing to {self.topic}: a record is larger than the topic takes "
+                    f"({too_large})"
+                )
+            elif isinstance(exc, LogbrokerError) and not isinstance(failure, WriterFenced):
                 raise
             raise failure from exc
         producer.poll(0)  # any delivery report not served yet
         if errors or "delta" not in offsets or (values and "first" not in offsets):
             raise StoreUnavailable(f"a committed record has no delivery report: {errors[:1]}")
         return offsets["delta"]
+
+    def _refused_transaction_error(self, producer: Producer) -> KafkaError | None:
+        """Why ``produce`` refused to go on with the transaction (``_STATE``), if it says.
+
+        A record Kafka refused (too large, say) puts the transaction in an abortable state,
+        and ``produce`` then answers only "Erroneous state".  ``commit_transaction`` answers
+        the error itself, at once and without committing: librdkafka commits only a
+        transaction in progress, which this one no longer is (nor can be again before
+        it is aborted)."""
+        if self._fatal is not None:
+            return None
+        try:
+            producer.commit_transaction(min(1.0, self._settings.operation_timeout_s))
+        except KafkaException as exc:
+            return kafka_error(exc)
+        except Exception:
+            return None
+        # not expected (see above): whatever it committed, the next takeover reads it
+        self._commit_sent = True
+        return None
 
     def _await_deliveries(
         self,
@@ -1193,7 +1282,7 @@ class PartitionOwner:
         producer = self._producer
         assert producer is not None
         timeout = self._settings.operation_timeout_s
-        records = snapshot_records(self._next_offset, self._table)
+        records = snapshot_records(self._next_offset, self._table, self._changelog_record_bytes)
         offsets: dict[str, int] = {}
         errors: list[object] = []
 
