@@ -433,18 +433,18 @@ def _run_batch(
 
 def _batch_size(written: Sequence[WrittenRange], plan: _Plan) -> str:
     """A committed batch's own size: its lines' bytes, and the log's bytes as stored that
-    ``--max-batch-mb`` bounds (estimated as the plan did)."""
+    ``--max-batch-mb`` bounds (estimated as the plan did; unknown where the log reports no
+    sizes, as Kafka does)."""
     lines = sum(w.lines for w in written)
     data_bytes = sum(w.data_bytes for w in written)
-    stored = sum(
-        w.rng.count * plan.bytes_per_offset.get((w.rng.topic, w.rng.partition), 0.0)
-        for w in written
-    )
+    per_offset = [plan.bytes_per_offset.get((w.rng.topic, w.rng.partition), 0.0) for w in written]
+    stored = sum(w.rng.count * b for w, b in zip(written, per_offset, strict=True))
     ranges = "range" if len(written) == 1 else "ranges"
-    return (
-        f"{len(written)} {ranges}, {lines} lines, {data_bytes / 1e6:.2f} MB "
-        f"(about {stored / 1e6:.2f} MB as stored)"
-    )
+    if any(w.rng.count and not b for w, b in zip(written, per_offset, strict=True)):
+        as_stored = "size as stored unknown"
+    else:
+        as_stored = f"about {stored / 1e6:.2f} MB as stored"
+    return f"{len(written)} {ranges}, {lines} lines, {data_bytes / 1e6:.2f} MB ({as_stored})"
 
 
 def _copy(offsets: dict[str, TopicOffsets]) -> dict[str, TopicOffsets]:
