@@ -222,6 +222,7 @@ class HttpLogSource:
         deadline = time.monotonic() + self._retry_s
         pause = _FIRST_PAUSE_S
         failures: dict[str, str] = {}
+        """Each gateway's last failure, named when the request gives up."""
         while True:
             wait_at_least = 0.0
             for _ in self._servers:
@@ -229,7 +230,7 @@ class HttpLogSource:
                 try:
                     response = self._clients[self._current].get(path, params=params)
                 except httpx.TransportError as exc:  # refused, reset, timed out, cut off
-                    failures[server] = f"{server} unreachable: {exc or type(exc).__name__}"
+                    failures[server] = f"{server} unreachable: {str(exc) or type(exc).__name__}"
                 except httpx.HTTPError as exc:
                     raise SourceUnavailable(f"gateway {server}: {exc}") from exc
                 else:
@@ -239,7 +240,9 @@ class HttpLogSource:
                         f"{server} answered {response.status_code} to {path}: {_reason(response)}"
                     )
                     wait_at_least = max(wait_at_least, _retry_after(response))
-                if len(failures) == 1 and pause == _FIRST_PAUSE_S:  # the first failure
+                if len(failures) == 1 and pause == _FIRST_PAUSE_S:
+                    # said once per request, at its first failure; the tasks' requests say it
+                    # in the executors' logs
                     log.warning(
                         "gateway %s; trying again for up to %g s", failures[server], self._retry_s
                     )

@@ -34,6 +34,7 @@ from ops.token_options import add_token_options, token_from
 from yt_loader.load_report import report_document, write_report
 
 if TYPE_CHECKING:
+    from ops.audit_loader import Counts
     from yt_loader.load_job import LoadReport
 
 EXIT_FAILED = 1
@@ -449,7 +450,7 @@ def _publish_audit(args: argparse.Namespace, spark: object, outcome: _Outcome) -
     return 0
 
 
-def _publish_to_one(counts: Any, warehouse: Path, servers: str, token: str | None) -> int:
+def _publish_to_one(counts: Counts, warehouse: Path, servers: str, token: str | None) -> int:
     """Publish to the first of ``servers`` (``URL[,URL...]``) that takes the counts.  Asking
     the next after a failure cannot count twice: every audit record is a cumulative total
     (see ``audit.publisher``)."""

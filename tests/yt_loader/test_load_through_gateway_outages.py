@@ -19,7 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from audit.windows import window_start
 from log_store.errors import BadRequest
+from ops.commands.load import _publish_to_one
 from tests.conftest import GatewayProcess, free_port
 from tests.yt_loader.conftest import append_lines, assert_exactly_once, table_lines
 from yt_loader.errors import SourceUnavailable
@@ -163,3 +165,14 @@ def test_server_takes_a_list_of_gateway_urls_and_refuses_a_bad_one() -> None:
         SourceSpec(server="http://a:8080,b:8080")
     with pytest.raises(BadRequest, match="gateway_retry_s"):
         SourceSpec(server="http://a:8080", gateway_retry_s=float("nan"))
+
+
+def test_the_audit_counts_go_to_the_first_gateway_of_the_list_that_takes_them(
+    tmp_path: Path, gateway: GatewayProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    window = window_start(int(time.time() * 1000))
+    counts = {("dc1.app", window): (2, 6)}
+
+    assert _publish_to_one(counts, tmp_path / "table", f"{down},{gateway.url}", None) == 1
+    assert f"audit: {down}: " in capsys.readouterr().err  # said, then the next one asked
