@@ -98,6 +98,7 @@ OPTIONS = (
     "data_dir",
     "server",
     "token",
+    "gateway_retry_s",
     "kafka_bootstrap",
     "kafka_namespace",
     "topics",

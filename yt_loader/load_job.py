@@ -30,7 +30,8 @@ from pathlib import Path
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import SparkSession
 
-from log_store.errors import LogbrokerError, UnknownTopic
+from log_store.errors import LogbrokerError, OffsetOutOfRange, TopicDeleted, UnknownTopic
+from session_dedup.chunk_codecs import CorruptChunk
 from yt_loader.crash_points import reach
 from yt_loader.errors import DataLost, WarehouseCorrupt
 from yt_loader.load_target import LoadState, LoadTarget, ParquetTarget, Progress, TableFormat
@@ -283,9 +284,40 @@ def _task_failure(batch: int, exc: Exception) -> LogbrokerError:
     if not found:
         return LoadFailed(f"batch {batch} failed in Spark: {str(exc).strip()[:2000]}")
     name, message = found[-1]
+    return _batch_failure(batch, name, message)
+
+
+def _batch_failure(batch: int, name: str, message: str) -> LogbrokerError:
+    """The error that ends batch ``batch``, from the ``name`` and ``message`` of its task's."""
     if name == "DataLost":
         return DataLost(f"{message} (batch {batch} was not committed; run the load again)")
     return LoadFailed(f"batch {batch} failed: {name}: {message}")
+
+
+_HANDLED_IN_THE_DRIVER = (
+    TopicDeleted,
+    UnknownTopic,
+    OffsetOutOfRange,
+    DataLost,
+    WarehouseCorrupt,
+    CorruptChunk,
+)
+"""What a task meets that no attempt of it again would mend, and that the driver handles
+(a topic deleted, offsets dropped by retention, a message that does not decompress)."""
+
+
+@dataclass(frozen=True)
+class RangeNotLoaded:
+    """A task's range that met one of :data:`_HANDLED_IN_THE_DRIVER`: returned, not raised,
+    so that Spark neither tries it again nor logs a task failure with two stack traces for a
+    condition the run reports in a line (``DATA LOST: ...``).  The driver raises it again
+    (:func:`_batch_failure`) once the batch's tasks are done; anything else a task raises
+    fails it in Spark as ever."""
+
+    rng: OffsetRange
+    error: str
+    """The error's class name."""
+    message: str
 
 
 class _OffsetsDone(AccumulatorParam[dict[str, int]]):
@@ -309,10 +341,13 @@ def _load_task(
     typed: dict[str, TopicSchemas],
     skip_corrupt: bool,
     rng: OffsetRange,
-) -> WrittenRange:
-    written = write_range(
-        spec, layout, crash_at, topic_ids, rng, typed.get(rng.topic), skip_corrupt=skip_corrupt
-    )
+) -> WrittenRange | RangeNotLoaded:
+    try:
+        written = write_range(
+            spec, layout, crash_at, topic_ids, rng, typed.get(rng.topic), skip_corrupt=skip_corrupt
+        )
+    except _HANDLED_IN_THE_DRIVER as exc:
+        return RangeNotLoaded(rng, type(exc).__name__, str(exc))
     done.add({rng.topic: rng.count})
     return written
 
@@ -364,12 +399,18 @@ def _run_tasks(
     try:
         # Spark returns one result per task, from the attempt it accepted; the files of any
         # other attempt (failed, killed, overtaken by a speculative copy) are never named.
-        return sc.parallelize(pieces, len(pieces)).map(task).collect()
+        results = sc.parallelize(pieces, len(pieces)).map(task).collect()
     except Exception as exc:  # Spark wraps task errors in Py4J/PySpark exceptions
         raise _task_failure(batch, exc) from exc
     finally:
         stop.set()
         reporter.join()
+    written = []
+    for result in results:
+        if isinstance(result, RangeNotLoaded):
+            raise _batch_failure(batch, result.error, result.message)
+        written.append(result)
+    return written
 
 
 def _gone_topics(spec: SourceSpec, plan: _Plan, pieces: Sequence[OffsetRange]) -> dict[str, bool]:
@@ -433,18 +474,18 @@ def _run_batch(
 
 def _batch_size(written: Sequence[WrittenRange], plan: _Plan) -> str:
     """A committed batch's own size: its lines' bytes, and the log's bytes as stored that
-    ``--max-batch-mb`` bounds (estimated as the plan did)."""
+    ``--max-batch-mb`` bounds (estimated as the plan did; unknown where the log reports no
+    sizes, as Kafka does)."""
     lines = sum(w.lines for w in written)
     data_bytes = sum(w.data_bytes for w in written)
-    stored = sum(
-        w.rng.count * plan.bytes_per_offset.get((w.rng.topic, w.rng.partition), 0.0)
-        for w in written
-    )
+    per_offset = [plan.bytes_per_offset.get((w.rng.topic, w.rng.partition), 0.0) for w in written]
+    stored = sum(w.rng.count * b for w, b in zip(written, per_offset, strict=True))
     ranges = "range" if len(written) == 1 else "ranges"
-    return (
-        f"{len(written)} {ranges}, {lines} lines, {data_bytes / 1e6:.2f} MB "
-        f"(about {stored / 1e6:.2f} MB as stored)"
-    )
+    if any(w.rng.count and not b for w, b in zip(written, per_offset, strict=True)):
+        as_stored = "size as stored unknown"
+    else:
+        as_stored = f"about {stored / 1e6:.2f} MB as stored"
+    return f"{len(written)} {ranges}, {lines} lines, {data_bytes / 1e6:.2f} MB ({as_stored})"
 
 
 def _copy(offsets: dict[str, TopicOffsets]) -> dict[str, TopicOffsets]:

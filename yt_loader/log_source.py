@@ -7,7 +7,10 @@ ships to executors; each task opens its own :class:`LogSource` from it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -30,7 +33,18 @@ from yt_loader.offset_ranges import matching_topics
 if TYPE_CHECKING:
     from log_store.kafka import KafkaSettings
 
+log = logging.getLogger("logbroker.load")
+
 DEFAULT_READ_BYTES = 4 * 1024 * 1024
+DEFAULT_GATEWAY_RETRY_S = 120.0
+"""How long a request through gateways is tried again while every one is unreachable or
+answers a passing failure: long enough for a gateway's restart or a Kafka takeover."""
+RETRIED_STATUSES = frozenset({429, 502, 503, 504})
+"""Answers that say "not now": a gateway starting, stopping or without its store, a load
+balancer without a gateway behind it, a limit.  Any other answer is the request's own."""
+_FIRST_PAUSE_S = 0.5
+_MAX_PAUSE_S = 5.0
+_MAX_RETRY_AFTER_S = 30.0
 KAFKA_OPTION_PREFIX = "kafka."
 STORE_CATALOG = "catalog.db"
 
@@ -164,24 +178,83 @@ class StoreLogSource:
 
 
 class HttpLogSource:
-    """Reads through a gateway's pull API (``docs/protocol.md``, "Read (pull)").
+    """Reads through the pull API of an installation's gateways (``docs/protocol.md``, "Read
+    (pull)").
 
     Asks for the binary framing, which carries each stored envelope as is.  A record the
     gateway left out because it is not an envelope, named in the answer's ``not_envelopes``,
     comes back as a :class:`ForeignRecord`, as from a store read; a gateway that does not name
     them is refused, since a load through it could not tell.
+
+    ``servers``: gateways of one installation (one log), tried in turn.  A request that finds
+    a gateway unreachable, or answered one of :data:`RETRIED_STATUSES`, goes to the next at
+    once; once every one failed it is asked again after a pause (growing from 0.5 s to 5 s, or
+    what ``Retry-After`` says), for ``retry_s`` in all, then :class:`SourceUnavailable`.
+    Every request is a read (GET), so asking again never changes anything; the loader's
+    commit goes to its table, never through a gateway.
     """
 
-    def __init__(self, server: str, token: str | None = None, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        token: str | None = None,
+        timeout_s: float = 60.0,
+        retry_s: float = DEFAULT_GATEWAY_RETRY_S,
+    ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._server = server.rstrip("/")
-        self._client = httpx.Client(base_url=self._server, headers=headers, timeout=timeout_s)
+        self._servers = server_urls(servers) if isinstance(servers, str) else tuple(servers)
+        if not self._servers:
+            raise BadSourceOptions("no gateway URL given")
+        self._clients = [
+            httpx.Client(base_url=server, headers=headers, timeout=timeout_s)
+            for server in self._servers
+        ]
+        self._retry_s = retry_s
+        self._current = 0
+        """The gateway asked first: the last one that answered."""
+
+    @property
+    def _server(self) -> str:
+        return self._servers[self._current]
 
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
-        try:
-            return self._client.get(path, params=params)
-        except httpx.HTTPError as exc:
-            raise SourceUnavailable(f"gateway {self._server} unreachable: {exc}") from exc
+        """The first answer to ``GET path`` that is not a passing failure (see the class)."""
+        deadline = time.monotonic() + self._retry_s
+        pause = _FIRST_PAUSE_S
+        failures: dict[str, str] = {}
+        """Each gateway's last failure, named when the request gives up."""
+        while True:
+            wait_at_least = 0.0
+            for _ in self._servers:
+                server = self._server
+                try:
+                    response = self._clients[self._current].get(path, params=params)
+                except httpx.TransportError as exc:  # refused, reset, timed out, cut off
+                    failures[server] = f"{server} unreachable: {str(exc) or type(exc).__name__}"
+                except httpx.HTTPError as exc:
+                    raise SourceUnavailable(f"gateway {server}: {exc}") from exc
+                else:
+                    if response.status_code not in RETRIED_STATUSES:
+                        return response
+                    failures[server] = (
+                        f"{server} answered {response.status_code} to {path}: {_reason(response)}"
+                    )
+                    wait_at_least = max(wait_at_least, _retry_after(response))
+                if len(failures) == 1 and pause == _FIRST_PAUSE_S:
+                    # said once per request, at its first failure; the tasks' requests say it
+                    # in the executors' logs
+                    log.warning(
+                        "gateway %s; trying again for up to %g s", failures[server], self._retry_s
+                    )
+                self._current = (self._current + 1) % len(self._servers)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SourceUnavailable(
+                    f"gateway {'; gateway '.join(failures[s] for s in self._servers)} "
+                    f"(still, after {self._retry_s:g} s of trying again)"
+                )
+            time.sleep(min(left, max(pause, wait_at_least)))
+            pause = min(pause * 2, _MAX_PAUSE_S)
 
     def _check(self, response: httpx.Response) -> httpx.Response:
         if response.status_code == 404:
@@ -216,6 +289,13 @@ class HttpLogSource:
                 for p in body["partitions"]
             ],
         )
+
+    def topic_schemas(self, topic: str) -> Any | None:
+        """``GET /v1/topics/{topic}/schemas``'s document, or None if the gateway has none."""
+        try:
+            return self._check(self._get(f"/v1/topics/{quote(topic, safe='')}/schemas")).json()
+        except UnknownTopic:
+            return None
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> MessageBatch:
         response = self._get(
@@ -258,7 +338,22 @@ class HttpLogSource:
         )
 
     def close(self) -> None:
-        self._client.close()
+        for client in self._clients:
+            client.close()
+
+
+def server_urls(text: str) -> tuple[str, ...]:
+    """The gateway URLs of ``URL[,URL...]`` (as ``push --server`` takes them)."""
+    return tuple(u.strip().rstrip("/") for u in text.split(",") if u.strip())
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """The seconds ``Retry-After`` asks for (a number; at most 30), else 0."""
+    try:
+        value = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return 0.0
+    return min(value, _MAX_RETRY_AFTER_S) if math.isfinite(value) and value > 0 else 0.0
 
 
 def _reason(response: httpx.Response) -> str:
@@ -278,7 +373,10 @@ class SourceSpec:
 
     data_dir: str | None = None
     server: str | None = None
+    """``URL[,URL...]``: gateways of one installation (see :class:`HttpLogSource`)."""
     token: str | None = None
+    gateway_retry_s: float = DEFAULT_GATEWAY_RETRY_S
+    """How long a read through ``server`` is tried again while no gateway can answer it."""
     kafka_bootstrap: str | None = None
     kafka_namespace: str = ""
     """The gateways' ``kafka_namespace``."""
@@ -296,8 +394,18 @@ class SourceSpec:
             # Executors open it from their own working directory (on a cluster, the worker's
             # work directory): a relative path must mean what it means where it was given.
             object.__setattr__(self, "data_dir", str(Path(self.data_dir).absolute()))
-        if self.server is not None and not self.server.startswith(("http://", "https://")):
-            raise BadSourceOptions(f"server must be an http:// or https:// URL: {self.server!r}")
+        if self.server is not None:
+            urls = server_urls(self.server)
+            if not urls:
+                raise BadSourceOptions("server must name a gateway: URL[,URL...]")
+            for url in urls:
+                if not url.startswith(("http://", "https://")):
+                    raise BadSourceOptions(f"server must be an http:// or https:// URL: {url!r}")
+        if not (math.isfinite(self.gateway_retry_s) and self.gateway_retry_s >= 0):
+            raise BadSourceOptions(
+                f"gateway_retry_s must be a finite number of seconds, 0 or more, not "
+                f"{self.gateway_retry_s}"
+            )
         if self.kafka_bootstrap is None and (self.kafka_namespace or self.kafka_properties):
             raise BadSourceOptions("kafka_namespace and kafka properties need kafka_bootstrap")
         if self.kafka_bootstrap is not None:
@@ -313,10 +421,16 @@ class SourceSpec:
                 if key.startswith(KAFKA_OPTION_PREFIX)
             )
         )
+        retry = options.get("gateway_retry_s")
+        try:
+            retry_s = DEFAULT_GATEWAY_RETRY_S if retry is None else float(retry)
+        except ValueError:
+            raise BadSourceOptions(f"gateway_retry_s must be seconds, got {retry!r}") from None
         return cls(
             data_dir=options.get("data_dir") or None,
             server=options.get("server") or None,
             token=options.get("token") or None,
+            gateway_retry_s=retry_s,
             kafka_bootstrap=options.get("kafka_bootstrap") or None,
             kafka_namespace=options.get("kafka_namespace") or "",
             kafka_properties=properties,
@@ -350,14 +464,21 @@ class SourceSpec:
             # Read-only: executors and the driver never create, change or touch anything of
             # the live store (schema, directories, notify files are its gateway's).
             return StoreLogSource(open_store(self.data_dir, read_only=True))
+        return self.gateways()
+
+    def gateways(self) -> HttpLogSource:
+        """The ``server`` source, with its own type (it answers more than a log source)."""
         assert self.server is not None
-        return HttpLogSource(self.server, self.token)
+        return HttpLogSource(self.server, self.token, retry_s=self.gateway_retry_s)
 
     def describe(self) -> str:
         if self.kafka_bootstrap is not None:
             namespace = f" namespace {self.kafka_namespace!r}" if self.kafka_namespace else ""
             return f"Kafka {self.kafka_bootstrap}{namespace}"
-        return f"store {self.data_dir}" if self.data_dir is not None else f"gateway {self.server}"
+        if self.data_dir is not None:
+            return f"store {self.data_dir}"
+        urls = server_urls(self.server or "")
+        return f"gateway{'s' if len(urls) > 1 else ''} {', '.join(urls)}"
 
 
 def check_same_topic(source: LogSource, topic: str, topic_id: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -9,12 +10,16 @@ import pyarrow as pa
 
 from log_store.errors import OffsetOutOfRange
 from session_dedup.chunk_codecs import CorruptChunk
-from yt_loader.errors import DataLost, WarehouseCorrupt
+from yt_loader.errors import DataLost, SourceUnavailable, WarehouseCorrupt
 from yt_loader.line_rows import LineBatchBuilder
 from yt_loader.log_source import DEFAULT_READ_BYTES, ForeignRecord, LogSource
 from yt_loader.offset_ranges import OffsetRange
 
 DEFAULT_BATCH_LINES = 64 * 1024
+_REFUSED_TRIES = 4
+"""How often a read the source refused as out of range, for an offset it says it holds,
+is asked again (after 0.5 s, 1 s, 1.5 s, 2 s)."""
+_REFUSED_PAUSE_S = 0.5
 
 
 @dataclass
@@ -46,8 +51,11 @@ def read_range(
     Lines come in offset order; a legacy transaction's lines come at its commit marker's
     offset (see ``delivery/legacy_txn.py``), so the range holding the marker loads them.
     If retention dropped part of the range, raises :class:`DataLost`, or with
-    ``fail_on_data_loss=False`` skips what is gone.  ``with_schema_ids``: each batch also has
-    a ``_schema_id`` column (the stamp of each line's chunk, see ``yt_loader.typed_columns``).
+    ``fail_on_data_loss=False`` skips what is gone; if the partition now ends below the
+    range's end, raises :class:`WarehouseCorrupt`.  A read refused as out of range for an
+    offset the source says it holds is asked again, then fails with
+    :class:`SourceUnavailable`.  ``with_schema_ids``: each batch also has a ``_schema_id``
+    column (the stamp of each line's chunk, see ``yt_loader.typed_columns``).
     A message whose data does not decompress, or a record that is not an envelope at all
     (another producer's, on Kafka), raises :class:`CorruptChunk`, or with ``skip_corrupt`` is
     left out and named in ``stats.corrupt``.
@@ -55,12 +63,27 @@ def read_range(
     stats = stats if stats is not None else RangeReadStats()
     builder = LineBatchBuilder(rng.topic, rng.partition, with_schema_ids=with_schema_ids)
     offset = rng.start
+    refused = 0
     while offset < rng.end:
         try:
             batch = source.read(rng.topic, rng.partition, offset, read_bytes)
         except OffsetOutOfRange as exc:
-            if exc.start_offset <= offset:  # past the end, not below the start
+            if exc.start_offset <= offset and exc.end_offset < rng.end:
                 raise _truncated(rng, exc.end_offset) from exc
+            if exc.start_offset <= offset:
+                # The log holds the offset, yet its source refused it (a Kafka-backed gateway
+                # of a version before it checked did so with a stale consumer, right after
+                # the topic was made again): ask again, as for any answer to be retried.
+                refused += 1
+                if refused > _REFUSED_TRIES:
+                    raise SourceUnavailable(
+                        f"{rng.topic} partition {rng.partition}: the log's source answered "
+                        f"{refused} times that offset {offset} is out of range, yet it says "
+                        f"the partition holds {exc.start_offset}..{exc.end_offset} (this "
+                        f"range ends at {rng.end}): {exc}"
+                    ) from exc
+                time.sleep(_REFUSED_PAUSE_S * refused)
+                continue
             if fail_on_data_loss:
                 raise DataLost(
                     f"{rng.topic} partition {rng.partition}: offsets {offset}.."
@@ -70,6 +93,7 @@ def read_range(
             stats.skipped_by_retention += min(exc.start_offset, rng.end) - offset
             offset = exc.start_offset
             continue
+        refused = 0
         if batch.next_offset <= offset:
             raise _truncated(rng, batch.end_offset)
         for message in batch.messages:

@@ -48,10 +48,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import fastavro
-import httpx
 import orjson
 import pyarrow as pa
 
@@ -67,7 +65,7 @@ from schema_registry import (
     record_of,
 )
 from schema_registry.compatibility import type_name
-from yt_loader.log_source import SourceSpec
+from yt_loader.log_source import HttpLogSource, SourceSpec
 
 COLUMN_PREFIX = "record_"
 SCHEMA_ID_COLUMN = "_schema_id"
@@ -129,33 +127,27 @@ def schemas_from_registry(
     return found
 
 
-def schemas_from_gateway(
-    server: str, token: str | None, topics: Sequence[str]
-) -> dict[str, TopicSchemas]:
+def schemas_from_gateway(gateways: HttpLogSource, topics: Sequence[str]) -> dict[str, TopicSchemas]:
     """The structured topics among ``topics``, as ``GET /v1/topics/{topic}/schemas`` has them."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     found: dict[str, TopicSchemas] = {}
-    with httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=60) as http:
-        for topic in topics:
-            response = http.get(f"/v1/topics/{quote(topic, safe='')}/schemas")
-            if response.status_code == 404:
-                continue
-            if response.status_code != 200:
-                raise BadRequest(
-                    f"the gateway answered {response.status_code} for {topic}'s schemas: "
-                    f"{response.text[:300]}"
-                )
-            doc = response.json()
-            texts = [(v["id"], json.dumps(v["schema"])) for v in doc["versions"]]
-            if texts:
-                found[topic] = _from_versions(topic, doc["log_type"], texts)
+    for topic in topics:
+        doc = gateways.topic_schemas(topic)
+        if doc is None:
+            continue
+        texts = [(v["id"], json.dumps(v["schema"])) for v in doc["versions"]]
+        if texts:
+            found[topic] = _from_versions(topic, doc["log_type"], texts)
     return found
 
 
 def schemas_for(spec: SourceSpec, topics: Sequence[str]) -> dict[str, TopicSchemas]:
     """The structured topics among ``topics``, from the log ``spec`` names."""
     if spec.server is not None:
-        return schemas_from_gateway(spec.server, spec.token, topics)
+        gateways = spec.gateways()
+        try:
+            return schemas_from_gateway(gateways, topics)
+        finally:
+            gateways.close()
     store: LogStore
     if spec.kafka_bootstrap is not None:
         from log_store.kafka import open_kafka_store

@@ -349,7 +349,35 @@ class FetcherPool:
     ) -> ReadResult:
         """Committed records from ``offset``: at most about ``max_bytes`` (at least one).
 
-        ``UnknownTopic`` if the topic is deleted meanwhile (asked as in :meth:`replay`)."""
+        ``UnknownTopic`` if the topic is deleted meanwhile (asked as in :meth:`replay`).
+        ``OffsetOutOfRange`` only for an offset outside the partition's watermarks: a
+        consumer that Kafka answers "out of range" for an offset inside them has a stale view
+        of the partition (seen right after its topic was deleted and made again, pooled
+        consumers answered "outside 0..200" for offset 0); the read is made again with a new
+        consumer, and if that one is refused too the caller is told to retry
+        (``StoreUnavailable``), never that the offset is out of range.
+        """
+        try:
+            return self._read_once(kafka_topic, partition, offset, max_bytes, what, fresh=False)
+        except _StaleConsumer as exc:
+            log.warning("reading %s: %s; reading it again with a new consumer", what, exc)
+        self.forget(kafka_topic)  # idle consumers of the topic may have the same stale view
+        try:
+            return self._read_once(kafka_topic, partition, offset, max_bytes, what, fresh=True)
+        except _StaleConsumer as exc:
+            raise StoreUnavailable(f"Kafka unavailable (reading {what}): {exc}; retry") from None
+
+    def _read_once(
+        self,
+        kafka_topic: str,
+        partition: int,
+        offset: int,
+        max_bytes: int,
+        what: str,
+        *,
+        fresh: bool,
+    ) -> ReadResult:
+        """One try of :meth:`read`; ``fresh``: with a new consumer, not a pooled one."""
         low, end = self.watermarks.get(kafka_topic, partition, what)
         if offset < low:
             raise OffsetOutOfRange(f"offset {offset} is below the log start offset {low}", low, end)
@@ -358,7 +386,7 @@ class FetcherPool:
         records: list[Record] = []
         size = 0
         deadline = time.monotonic() + self._settings.operation_timeout_s
-        fetcher = self._acquire((kafka_topic, partition), offset)
+        fetcher = self._fresh() if fresh else self._acquire((kafka_topic, partition), offset)
         assert fetcher is not None
         broken = False
         look_at = time.monotonic() + _GONE_LOOK_S
@@ -399,7 +427,10 @@ class FetcherPool:
             passed = _reached(fetcher, end)
         except _ConsumeError as exc:
             broken = True
-            raise self._consume_failure(exc.error, kafka_topic, partition, what) from None
+            at = offset if fetcher.position is None else fetcher.position
+            raise self._consume_failure(
+                exc.error, kafka_topic, partition, what, position=at
+            ) from None
         except (StoreUnavailable, UnknownTopic):
             broken = True
             raise
@@ -408,12 +439,26 @@ class FetcherPool:
         return ReadResult(records, low, end, resume_at=end if passed else None)
 
     def _consume_failure(
-        self, error: KafkaError, kafka_topic: str, partition: int, what: str
+        self,
+        error: KafkaError,
+        kafka_topic: str,
+        partition: int,
+        what: str,
+        *,
+        position: int | None = None,
     ) -> Exception:
+        """What a consumer's ``error`` means.  ``position``: where the consumer read; an "out
+        of range" answer for a position inside the watermarks asked now is the consumer's
+        stale view (:class:`_StaleConsumer`), not the log's."""
         if error.code() == KafkaError._AUTO_OFFSET_RESET or error.code() == (
             KafkaError.OFFSET_OUT_OF_RANGE
         ):
             low, end = self.watermarks.get(kafka_topic, partition, what)
+            if position is not None and low <= position < end:
+                return _StaleConsumer(
+                    f"Kafka answered that offset {position} is out of range ({error}), yet "
+                    f"the partition holds {low}..{end}"
+                )
             return OffsetOutOfRange(
                 f"offset is outside {low}..{end} of {what} (retention moved the start)", low, end
             )
@@ -598,6 +643,10 @@ def _reached(fetcher: _Fetcher, end: int) -> bool:
 def _offset(message: Message) -> int:
     offset = message.offset()
     return -1 if offset is None else int(offset)
+
+
+class _StaleConsumer(StoreUnavailable):
+    """A consumer was answered "offset out of range" for an offset inside the partition."""
 
 
 class _ConsumeError(Exception):

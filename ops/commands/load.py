@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -28,15 +29,19 @@ from typing import TYPE_CHECKING, Any
 
 from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
+from ops.commands.arg_types import seconds
 from ops.token_options import add_token_options, token_from
 from yt_loader.load_report import report_document, write_report
 
 if TYPE_CHECKING:
+    from ops.audit_loader import Counts
     from yt_loader.load_job import LoadReport
 
 EXIT_FAILED = 1
 EXIT_DATA_LOST = 3
 LOG_LEVEL_ENV = "LOGBROKER_SPARK_LOG_LEVEL"
+DEFAULT_GATEWAY_RETRY_S = 120.0
+"""As ``yt_loader.log_source.DEFAULT_GATEWAY_RETRY_S`` (not imported: pyspark may be absent)."""
 
 
 HANDLES_STOP_SIGNALS = True
@@ -44,7 +49,12 @@ HANDLES_STOP_SIGNALS = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--server", help="gateway URL to read through, e.g. http://gw:8080")
+    source.add_argument(
+        "--server",
+        metavar="URL[,URL...]",
+        help="gateway URLs of one installation to read through, e.g. http://gw1:8080,"
+        "http://gw2:8080 (the next is asked when one is unreachable or busy)",
+    )
     source.add_argument(
         "--data-dir", help="embedded store directory to read directly (local or shared disk)"
     )
@@ -65,6 +75,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="a librdkafka property (TLS, SASL) for every task's Kafka clients, repeatable",
+    )
+    parser.add_argument(
+        "--gateway-retry",
+        type=seconds,
+        default=DEFAULT_GATEWAY_RETRY_S,
+        metavar="SECONDS",
+        help="with --server: how long a read is tried again while every gateway is "
+        "unreachable or answers 502, 503, 504 or 429, before the run fails "
+        f"(default {DEFAULT_GATEWAY_RETRY_S:g}; 0 fails at once)",
     )
     parser.add_argument(
         "--warehouse",
@@ -170,6 +189,16 @@ def _check_audit_flags(args: argparse.Namespace) -> None:
 
 def _progress(line: str) -> None:
     print(f"logbroker load: {line}", file=sys.stderr, flush=True)
+
+
+def _log_as_progress() -> None:
+    """The loader's warnings (a gateway asked again) on stderr as progress lines."""
+    logger = logging.getLogger("logbroker.load")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("logbroker load: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 def _spark_install_hint() -> str:
@@ -280,6 +309,7 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
         return outcome.fail(2, f"needs {needed}; {_spark_install_hint()}")
     from yt_loader.errors import DataLost
 
+    _log_as_progress()
     if launched_by_spark_submit() and streams_merged() and args.report is None:
         _progress(
             "spark-submit merges this driver's stderr into its stdout: progress and the "
@@ -309,6 +339,7 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
             data_dir=args.data_dir,
             server=args.server,
             token=token,
+            gateway_retry_s=args.gateway_retry,
             kafka_bootstrap=args.kafka_bootstrap,
             kafka_namespace=args.kafka_namespace,
             kafka_properties=_kafka_properties(args),
@@ -393,7 +424,6 @@ def exit_code(report: LoadReport) -> int:
 
 def _publish_audit(args: argparse.Namespace, spark: object, outcome: _Outcome) -> int:
     """Recount the table and publish it as the audit's loader tier (see ops/audit_loader.py)."""
-    from ops.audit_loader import publish_table_counts
     from yt_loader.table_counts import delta_table_counts, parquet_table_counts
 
     warehouse = Path(args.warehouse)
@@ -408,7 +438,7 @@ def _publish_audit(args: argparse.Namespace, spark: object, outcome: _Outcome) -
     else:
         counts = delta_table_counts(spark, warehouse)
     try:
-        written = publish_table_counts(counts, warehouse, server=server, token=token_from(args))
+        written = _publish_to_one(counts, warehouse, server, token_from(args))
     except LogbrokerError as exc:
         outcome.audit = f"publishing the audit counts failed: {exc}"
         print(f"logbroker load: {outcome.audit}", file=sys.stderr)
@@ -418,3 +448,18 @@ def _publish_audit(args: argparse.Namespace, spark: object, outcome: _Outcome) -
     outcome.audit = f"{len(counts)} window(s) counted, {written} total(s) published"
     _progress(f"audit: {outcome.audit}")
     return 0
+
+
+def _publish_to_one(counts: Counts, warehouse: Path, servers: str, token: str | None) -> int:
+    """Publish to the first of ``servers`` (``URL[,URL...]``) that takes the counts.  Asking
+    the next after a failure cannot count twice: every audit record is a cumulative total
+    (see ``audit.publisher``)."""
+    from ops.audit_loader import publish_table_counts
+
+    urls = [u.strip() for u in servers.split(",") if u.strip()]
+    for url in urls[:-1]:
+        try:
+            return publish_table_counts(counts, warehouse, server=url, token=token)
+        except LogbrokerError as exc:
+            _progress(f"audit: {url}: {exc}; trying the next gateway")
+    return publish_table_counts(counts, warehouse, server=urls[-1], token=token)

@@ -604,10 +604,12 @@ def test_bad_flags_exit_2_before_starting_spark_and_change_nothing(
 
 
 def test_unreachable_gateway_exits_1_with_the_reason(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
+    url, wh = f"http://127.0.0.1:{free_port()}", str(tmp_path / "wh")
     child = ChildProcess(
-        ["-m", "ops", "load", "--server", url, "--warehouse", str(tmp_path / "wh")],
+        # told not to wait long for a restart (see test_load_through_gateway_outages)
+        ["-m", "ops", "load", "--server", url, "--gateway-retry", "1", "--warehouse", wh],
         tmp_path / "down.log",
     )
     assert child.wait(30) == 1
     assert f"gateway {url} unreachable" in child.output()
+    assert "after 1 s of trying again" in child.output()

@@ -334,3 +334,15 @@ def test_a_run_that_crashes_leaves_a_report_saying_so(
 
     doc = json.loads(report.read_text())
     assert (doc["exit_code"], doc["error"]) == (1, "RuntimeError: the JVM went away")
+
+
+def test_a_batch_of_a_log_that_reports_no_sizes_says_its_size_as_stored_is_unknown(
+    tmp_path: Path,
+) -> None:
+    # Kafka reports no sizes: a partition's size_bytes is 0 (null over HTTP)
+    bounds = [TopicBounds("dc1.app", "id-1", [PartitionBounds(0, 0, 100, 0)])]
+    config = LoadConfig(SourceSpec(data_dir=str(tmp_path)), tmp_path / "t")
+    plan = _plan(bounds, LoadState(), config)
+    written = [WrittenRange(OffsetRange("dc1.app", 0, 0, 100), "a", [], lines=3, data_bytes=4_760)]
+
+    assert _batch_size(written, plan) == "1 range, 3 lines, 0.00 MB (size as stored unknown)"

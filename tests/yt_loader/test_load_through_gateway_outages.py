@@ -1,0 +1,178 @@
+"""``load --server URL,URL``: a gateway that is unreachable (restarting) or answers 503 (a
+Kafka takeover) is asked again, and the next gateway of the installation is asked meanwhile;
+a refusal that no retry mends (403) fails at once, and an outage longer than the retry time
+fails naming every gateway.  Nothing is loaded twice.
+
+The gateway is real (embedded store); in front of it a scripted proxy answers some requests
+itself, as a gateway in trouble or a load balancer without a gateway behind it would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from audit.windows import window_start
+from log_store.errors import BadRequest
+from ops.commands.load import _publish_to_one
+from tests.conftest import GatewayProcess, free_port
+from tests.yt_loader.conftest import append_lines, assert_exactly_once, table_lines
+from yt_loader.errors import SourceUnavailable
+from yt_loader.load_job import LoadConfig, run_load
+from yt_loader.log_source import HttpLogSource, SourceSpec
+
+Script = Callable[[str], int | None]
+"""A request's path -> the status the proxy answers itself, or None to pass it on."""
+
+
+class _Proxy(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, upstream: str, script: Script) -> None:
+        self.upstream = upstream
+        self.script = script
+        self.paths: list[str] = []
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Proxy
+
+    def do_GET(self) -> None:
+        with self.server.lock:
+            self.server.paths.append(self.path)
+            status = self.server.script(self.path)
+        if status is None:
+            answer = httpx.get(self.server.upstream + self.path, headers=dict(self.headers))
+            status, body = answer.status_code, answer.content
+            content_type = answer.headers.get("content-type", "application/json")
+        else:
+            body = b'{"error": "store_unavailable", "reason": "scripted"}'
+            content_type = "application/json"
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if status == 503:
+            self.send_header("Retry-After", "0")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        """Quiet: the tests read what the loader says."""
+
+
+@contextlib.contextmanager
+def _proxy(upstream: str, script: Script) -> Iterator[_Proxy]:
+    server = _Proxy(upstream, script)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _every(n: int, status: int) -> Script:
+    """``status`` to every ``n``-th request, the others passed on."""
+    count = [0]
+
+    def script(_path: str) -> int | None:
+        count[0] += 1
+        return status if count[0] % n == 0 else None
+
+    return script
+
+
+def test_a_load_through_gateways_that_fail_now_and_then_loads_every_line_once(
+    spark: object, tmp_path: Path, gateway: GatewayProcess
+) -> None:
+    expected = append_lines(gateway.data_dir, "dc1.app", "a", partitions=2, chunks=6)
+    down = f"http://127.0.0.1:{free_port()}"  # a gateway that is restarting: refused
+    with _proxy(gateway.url, _every(3, 503)) as busy:
+        spec = SourceSpec(server=f"{down},{busy.url}", gateway_retry_s=30)
+        config = LoadConfig(spec, tmp_path / "table", max_range_bytes=4000)
+        report = run_load(spark, config, lambda _line: None)  # type: ignore[arg-type]
+    assert report.lines == len(expected)
+    assert sum("/messages" in p for p in busy.paths) > 1  # the tasks read through it
+    assert_exactly_once(table_lines(spark, tmp_path / "table"), expected)
+
+
+def test_a_gateway_that_restarts_during_a_read_is_asked_again_until_it_answers(
+    gateway: GatewayProcess,
+) -> None:
+    append_lines(gateway.data_dir, "dc1.app", "a", partitions=1, chunks=2)
+    up_at = time.monotonic() + 1.5
+    with _proxy(gateway.url, lambda _p: 503 if time.monotonic() < up_at else None) as proxy:
+        source = HttpLogSource(proxy.url, retry_s=30)
+        try:
+            batch = source.read("dc1.app", 0, 0, 1 << 20)
+        finally:
+            source.close()
+    assert len(batch.messages) == 2
+    assert len(proxy.paths) > 2  # refused, asked again, answered
+
+
+def test_gateways_that_stay_unavailable_fail_the_read_after_the_retry_time_naming_each(
+    gateway: GatewayProcess,
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    with _proxy(gateway.url, lambda _p: 503) as busy:
+        source = HttpLogSource(f"{down},{busy.url}", retry_s=1.0)
+        started = time.monotonic()
+        try:
+            with pytest.raises(SourceUnavailable) as caught:
+                source.topic_names()
+        finally:
+            source.close()
+    took = time.monotonic() - started
+    assert 1.0 <= took < 10, took
+    message = str(caught.value)
+    assert f"gateway {down} unreachable" in message
+    assert f"gateway {busy.url} answered 503 to /v1/topics: scripted" in message
+    assert "after 1 s of trying again" in message
+
+
+def test_a_refusal_no_retry_mends_fails_at_once(gateway: GatewayProcess) -> None:
+    with _proxy(gateway.url, lambda _p: 403) as refusing:
+        source = HttpLogSource(refusing.url, retry_s=30)
+        started = time.monotonic()
+        try:
+            with pytest.raises(BadRequest, match="scripted"):
+                source.topic_names()
+        finally:
+            source.close()
+    assert time.monotonic() - started < 5
+    assert refusing.paths == ["/v1/topics"]
+
+
+def test_server_takes_a_list_of_gateway_urls_and_refuses_a_bad_one() -> None:
+    spec = SourceSpec(server="http://a:8080, http://b:8080/")
+    assert spec.describe() == "gateways http://a:8080, http://b:8080"
+    with pytest.raises(BadRequest, match="'b:8080'"):
+        SourceSpec(server="http://a:8080,b:8080")
+    with pytest.raises(BadRequest, match="gateway_retry_s"):
+        SourceSpec(server="http://a:8080", gateway_retry_s=float("nan"))
+
+
+def test_the_audit_counts_go_to_the_first_gateway_of_the_list_that_takes_them(
+    tmp_path: Path, gateway: GatewayProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    window = window_start(int(time.time() * 1000))
+    counts = {("dc1.app", window): (2, 6)}
+
+    assert _publish_to_one(counts, tmp_path / "table", f"{down},{gateway.url}", None) == 1
+    assert f"audit: {down}: " in capsys.readouterr().err  # said, then the next one asked
