@@ -38,6 +38,7 @@ from log_store.errors import (
     LogbrokerError,
     OffsetOutOfRange,
     PartitionUnavailable,
+    RecordTooLarge,
     StoreFull,
     StoreUnavailable,
     TopicDeletedInFlight,
@@ -135,6 +136,7 @@ def partitions_unavailable(failed: Sequence[tuple[str, PartitionUnavailable]]) -
 
 _BAD_REQUEST_STATUSES: tuple[tuple[type[BadRequest], int, str], ...] = (
     (LimitReached, 429, "limit_reached"),
+    (RecordTooLarge, 413, "record_too_large"),
     (NotGroupOwner, 403, "forbidden"),
     (NotSubscriptionOwner, 403, "forbidden"),
     (UnknownTopic, 404, "unknown_topic"),

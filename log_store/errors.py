@@ -89,6 +89,13 @@ class StoreFull(StoreUnavailable):
         return self.needed_bytes > self.total_bytes
 
 
+class RecordTooLarge(BadRequest):
+    """A transaction holds a record larger than Kafka's topics take (``max.message.bytes``:
+    a seqno table's change for very many new sources, or a chunk near the limit).  It fails
+    the same way on every retry, so it is refused, not retried (413 ``record_too_large``).
+    Nothing of it was committed; the partition's owner stays its owner."""
+
+
 class PartitionUnavailable(StoreUnavailable):
     """One partition cannot take writes now: no gateway owns it (its owner died and the group
     has not handed it on yet) or its owner cannot be reached.  The store's other partitions

@@ -352,7 +352,7 @@ def evolved_table_schema(
     index = {f["name"]: i for i, f in enumerate(fields)}
     changed = False
     for schemas in sorted(topics.values(), key=lambda s: s.column):
-        wanted = spark_type(parse(schemas.newest))
+        wanted = spark_type(parse(schemas.newest, max_depth=None))
         check_column_type(wanted, schemas.column)
         owner = {LOG_TYPE_METADATA: schemas.log_type}
         at = index.get(schemas.column)
@@ -419,7 +419,7 @@ class RecordTyper:
     """Turns one topic's lines (with their chunks' schema ids) into its struct column."""
 
     def __init__(self, schemas: TopicSchemas) -> None:
-        self.newest = parse(schemas.newest)
+        self.newest = parse(schemas.newest, max_depth=None)
         self.column_type = spark_type(self.newest)
         self.arrow = arrow_type(self.column_type)
         self._texts = schemas.by_id
@@ -431,7 +431,7 @@ class RecordTyper:
             text = self._texts.get(format_schema_id(schema_id))
             found = None
             if text is not None:
-                writer = parse(text)
+                writer = parse(text, max_depth=None)
                 if can_read(self.newest, writer):
                     found = (writer, fastavro.parse_schema(json.loads(text)))
             self._writers[schema_id] = found

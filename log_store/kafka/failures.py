@@ -14,8 +14,8 @@ from typing import TypeVar
 from confluent_kafka import KafkaError, KafkaException
 
 from log_store.errors import (
-    BadRequest,
     LogbrokerError,
+    RecordTooLarge,
     StoreUnavailable,
     UnknownPartition,
     UnknownTopic,
@@ -49,12 +49,6 @@ class PartitionGone(UnknownPartition, UnknownTopic):
     cached route answered 404 for ever).  To a caller that named a partition out of range
     it is the ``UnknownPartition`` it always was.
     """
-
-
-class RecordTooLarge(BadRequest):
-    """A transaction holds a record larger than the topics take (``max.message.bytes``):
-    it fails the same way on every retry, so it is refused, not retried.  Nothing of it was
-    committed; the partition's owner stays its owner."""
 
 
 _FENCED = {

@@ -7,6 +7,7 @@ The topics here take records of 128 KiB (``max_message_bytes``), so 3,000 new so
 from __future__ import annotations
 
 import gc
+import json
 import os
 import threading
 import time
@@ -14,6 +15,7 @@ import tracemalloc
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import pytest
 
 from log_store import PartitionState, TopicConfig
@@ -168,3 +170,33 @@ def test_a_size_error_from_kafka_fails_the_write_and_keeps_the_owner(
         assert len(store.takeovers) == 2
     finally:
         store.close()
+
+
+def test_a_gateway_answers_a_record_too_large_for_its_topics_413_and_writes_on(
+    start_kafka_gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the HTTP API, a chunk larger than Kafka's records may be (an operator raised
+    ``max_chunk_bytes`` past it): 413 ``record_too_large`` (it was a 503 "being taken over",
+    retried for ever), nothing written, and the next write of the source is taken."""
+    monkeypatch.setenv("LOGBROKER_LIMITS_MAX_CHUNK_BYTES", str(32 * 1024 * 1024))
+    monkeypatch.setenv("LOGBROKER_LIMITS_MAX_BODY_BYTES", str(64 * 1024 * 1024))
+    gateway = start_kafka_gateway()
+    line = b"x" * 199 + b"\n"
+
+    def write(seqno: int, data: bytes) -> httpx.Response:
+        section = {"log_type": "big", "source_id": "host-a:big.log", "seqno": seqno}
+        body = json.dumps({**section, "data": data.decode()}).encode() + b"\n"
+        return httpx.post(
+            gateway.url + "/v1/write",
+            content=body,
+            headers={"Content-Type": "application/x-ndjson"},
+            timeout=120,
+        )
+
+    assert write(1, line).status_code == 200
+    refused = write(2, line * (17 * 1024 * 1024 // len(line)))
+    assert refused.status_code == 413, refused.text
+    assert refused.json()["error"] == "record_too_large"
+    taken = write(2, line)
+    assert taken.status_code == 200, taken.text
+    assert taken.json()["results"][0]["acks"][0]["status"] == "written"
