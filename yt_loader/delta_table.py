@@ -382,6 +382,12 @@ class DeltaTarget:
         Returns the topics whose columns the table cannot get, with why."""
         txn = self._txn if self._txn is not None else self._begin()
         metadata = json.loads(str(txn.txn.metadata().json()))["metaData"]
+        if "schemaString" not in metadata:
+            # Delta's metadata where its log has no table (a directory inside a table, say)
+            raise WarehouseCorrupt(
+                f"{self.path} is not a Delta table: its log has no schema (a directory inside "
+                "a table? give the table's root)"
+            )
         table_schema = json.loads(metadata["schemaString"])
         usable, refused = usable_columns(table_schema, typed)
         wider = evolved_table_schema(table_schema, usable)

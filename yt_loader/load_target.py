@@ -40,7 +40,14 @@ DELTA_LOG_DIR = "_delta_log"
 def check_table_format(path: Path, table_format: TableFormat) -> None:
     """Refuse (``BadRequest``, before anything is written) a table of the other format at
     ``path``: a Parquet load into a Delta table would leave files and a commit log of its own
-    beside the table's, and the reverse would hide a warehouse's files from its readers."""
+    beside the table's, and the reverse would hide a warehouse's files from its readers.
+
+    Refuse as well a path inside a Delta table (a partition's directory, say): Delta finds no
+    table there, and a table made there would put files into the other's directories.
+    """
+    root = enclosing_delta_table(path)
+    if root is not None:
+        raise BadRequest(f"{path} is inside the Delta table {root}; give the table's root")
     if table_format == "parquet" and (path / DELTA_LOG_DIR).is_dir():
         raise BadRequest(
             f"{path} is a Delta table: load it without --table-format parquet (Delta is the "
@@ -55,6 +62,22 @@ def check_table_format(path: Path, table_format: TableFormat) -> None:
             f"{path} is a Parquet warehouse: load it with --table-format parquet, or "
             "convert it to Delta first (docs/loader.md, 'Migrating a Parquet warehouse')"
         )
+
+
+def enclosing_delta_table(path: Path) -> Path | None:
+    """The Delta table that ``path`` lies inside (the nearest directory above it with a Delta
+    log), or None."""
+    for parent in path.absolute().parents:
+        if (parent / DELTA_LOG_DIR).is_dir():
+            return parent
+    return None
+
+
+def table_exists(path: Path, table_format: TableFormat) -> bool:
+    """Whether a table of ``table_format`` is at ``path`` already (a load only adds to it)."""
+    if table_format == "delta":
+        return (path / DELTA_LOG_DIR).is_dir()
+    return Warehouse(path).latest_commit() is not None
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,19 @@ Progress goes to stderr while it runs; the summary (or ``--format json``) to std
 ``spark-submit`` merges the driver's stderr into its stdout, so on a cluster only the file
 separates the report from the progress.
 SIGTERM lets the batch in hand commit and then stops (the next run continues).  Exit
-codes: 0 loaded (or nothing new), 2 bad usage, 3 loaded but some offsets were lost to
-retention before they could be loaded, left out by ``--skip-corrupt``, or of a topic deleted
-before they were loaded (named on stderr), 1 any other failure (a message that does not
-decompress or a record that is no envelope, without ``--skip-corrupt``; a topic held back
-because its log type's schema cannot become a column, the other topics loaded).
+codes: 0 loaded (or nothing new), 2 bad usage (among it ``--topics`` matching no topic of the
+log, a Kafka cluster no broker of which answers within 5 s, a table path inside a Delta
+table), 3 loaded but some offsets were lost to retention before they could be loaded, left
+out by ``--skip-corrupt``, or of a topic deleted before they were loaded (named on stderr), 1
+any other failure (a message that does not decompress or a record that is no envelope,
+without ``--skip-corrupt``; a topic held back because its log type's schema cannot become a
+column, the other topics loaded).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from log_store.errors import BadRequest, LogbrokerError
+from log_store.errors import BadRequest, LogbrokerError, StoreUnavailable
 from ops import stop_signals
 from ops.commands.arg_types import seconds
 from ops.token_options import add_token_options, token_from
@@ -36,6 +39,7 @@ from yt_loader.load_report import report_document, write_report
 if TYPE_CHECKING:
     from ops.audit_loader import Counts
     from yt_loader.load_job import LoadReport
+    from yt_loader.log_source import SourceSpec
 
 EXIT_FAILED = 1
 EXIT_DATA_LOST = 3
@@ -283,6 +287,28 @@ def _check_local_parent(warehouse: Path) -> None:
         raise BadRequest(f"--warehouse {warehouse}: {probe} is not a directory")
 
 
+def _check_kafka_reachable(spec: SourceSpec) -> None:
+    """Return once a broker of ``spec``'s cluster answered; ``StoreUnavailable`` in one line
+    within a few seconds if none did.  Without it the driver's first listing tried for 15 s
+    or more while librdkafka printed every failed connection on stderr (over 100 lines)."""
+    from log_store.kafka.bootstrap import check_reachable
+
+    check_reachable(dataclasses.replace(spec.kafka_settings(), librdkafka_log="debug"))
+
+
+def _no_topic_matches(spec: SourceSpec, topics: str, names: list[str]) -> str:
+    """Why a load that matched no topic loads nothing, naming the topics there are."""
+    from audit.records import is_audit_topic
+
+    there = [n for n in names if not is_audit_topic(n)]
+    listed = f"topics there: {', '.join(there[:10])}{' ...' if len(there) > 10 else ''}"
+    return (
+        f"no topic of {spec.describe()} matches --topics {topics!r} "
+        f"({listed if there else 'it has none'}; a topic is created by its first write: one "
+        "not written to yet is not there)"
+    )
+
+
 def _check_report_file(path: Path) -> None:
     if path.is_dir() or not path.name:
         raise BadRequest(f"--report {path} is a directory: give a file's path")
@@ -294,9 +320,9 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
     try:
         from yt_loader.crash_points import armed_point
         from yt_loader.load_job import LoadConfig, run_load
-        from yt_loader.load_target import check_table_format
+        from yt_loader.load_target import check_table_format, table_exists
         from yt_loader.log_source import SourceSpec
-        from yt_loader.offset_ranges import topic_patterns
+        from yt_loader.offset_ranges import matching_topics, topic_patterns
         from yt_loader.spark_session import (
             build_session,
             check_log_level,
@@ -344,11 +370,27 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
             kafka_namespace=args.kafka_namespace,
             kafka_properties=_kafka_properties(args),
         )
+        if spec.kafka_bootstrap is not None:
+            try:
+                _check_kafka_reachable(spec)
+            except StoreUnavailable as exc:
+                return outcome.fail(2, str(exc))  # as topics and audit say it (docs/kafka.md)
         source = spec.open()  # a wrong directory or an unreachable gateway fails before Spark
         try:
-            source.topic_names()
+            names = source.topic_names()
         finally:
             source.close()
+        no_topic = _no_topic_matches(spec, args.topics, names)
+        if (
+            not args.audit_only
+            and not matching_topics(names, args.topics)
+            and "://" not in args.warehouse
+            and not table_exists(warehouse, args.table_format)
+        ):
+            # With a table (or a URL, where this cannot tell) the run goes on: the table may
+            # hold offsets of a matching topic deleted since, which the load reports as lost;
+            # if it does not, the run ends as this one does, after Spark's start.
+            return outcome.fail(2, f"{no_topic}; nothing loaded, no table created")
         config = LoadConfig(
             spec=spec,
             warehouse=warehouse,
@@ -386,6 +428,8 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
         outcome.report = report
         if not args.no_audit:
             _publish_audit(args, spark, outcome)
+        if not (report.topics or report.held_back or report.gaps):
+            return outcome.fail(2, f"{no_topic}; nothing loaded")
     except DataLost as exc:
         return outcome.fail(EXIT_DATA_LOST, f"DATA LOST: {exc}")
     except BadRequest as exc:
