@@ -6,8 +6,10 @@ log as one ``legacy_data`` record under a transaction id; ``/commit`` writes a s
 only where its marker is, and only when the marker was written within the window (default
 60 s) after the data; data without a marker, or with a late one, is never delivered.
 
-The marker carries the data record's offset, so a reader resolves a transaction with one read
-and keeps no pending state: a reader's position is a plain offset, as for every other record.
+The marker carries the data record's offset, so a reader resolves a transaction without
+pending state (a reader's position is a plain offset, as for every other record): from the
+records it has just read, where the data lies as a rule, or by reading that offset
+(:class:`CommitResolver` reads the data of many markers together).
 Both steps are idempotent: the partition's state area holds, per transaction, the data offset
 and whether it committed, updated in the same transaction as the append.
 
