@@ -126,6 +126,7 @@ class PartitionReader:
         raw: bool = False,
         txn_window_ms: int | None = None,
         scan_bytes: int | None = None,
+        resolve_until: float | None = None,
     ) -> PartitionBatch:
         """Messages from ``offset`` on, about ``max_bytes`` of values (at least one message).
 
@@ -137,8 +138,9 @@ class PartitionReader:
         :func:`scan_budget_of` ``max_bytes``) before it answers with nothing but a new
         position.  A committed legacy transaction is delivered at its marker's offset; the
         data records the read did not scan itself are read together, for about
-        ``resolve_budget_s``, after which the answer stops at the first marker left (its
-        ``next_offset``).
+        ``resolve_budget_s`` (or until ``resolve_until``, a ``time.monotonic()`` a fetch of
+        several partitions shares), after which the answer stops at the first marker left
+        (its ``next_offset``).
         """
         check_max_bytes(max_bytes)
         window = self.txn_window_ms if txn_window_ms is None else txn_window_ms
@@ -157,7 +159,8 @@ class PartitionReader:
         scan_budget = scan_bytes if scan_bytes is not None else scan_budget_of(max_bytes)
         scanned = 0
         resolver = CommitResolver(self._store, topic, partition, window, offset)
-        resolve_until = time.monotonic() + self.resolve_budget_s
+        if resolve_until is None:
+            resolve_until = time.monotonic() + self.resolve_budget_s
         while True:
             # Records up to the first commit marker are delivered as they come; from there on
             # they wait until the markers are resolved together (most of their data records

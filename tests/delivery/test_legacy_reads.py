@@ -235,3 +235,20 @@ def test_a_read_whose_markers_need_slow_reads_answers_within_its_budget_and_resu
         answers += 1
     assert lines == [f"t{i}\n" for i in range(30)]
     assert answers > 3
+
+
+def test_a_read_past_the_deadline_it_is_given_resolves_one_marker_and_moves_on(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch of several partitions may give its reads one deadline: a read that starts
+    past it still resolves its first marker, so its reader moves on."""
+    monkeypatch.setattr(delivery.legacy_txn, "_LOOKUP_BYTES", 1)
+    for i in range(5):
+        _request(store, f"t{i}")
+    for i in range(5):
+        _commit(store, f"t{i}")
+    batch = PartitionReader(store).read(
+        TOPIC, 0, 5, MAX_MAX_BYTES, resolve_until=time.monotonic() - 1
+    )
+    assert [m.view.data for m in batch.messages if m.view] == [b"t0\n"]
+    assert batch.next_offset == 6
