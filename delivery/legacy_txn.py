@@ -6,8 +6,10 @@ log as one ``legacy_data`` record under a transaction id; ``/commit`` writes a s
 only where its marker is, and only when the marker was written within the window (default
 60 s) after the data; data without a marker, or with a late one, is never delivered.
 
-The marker carries the data record's offset, so a reader resolves a transaction with one read
-and keeps no pending state: a reader's position is a plain offset, as for every other record.
+The marker carries the data record's offset, so a reader resolves a transaction without
+pending state (a reader's position is a plain offset, as for every other record): from the
+records it has just read, where the data lies as a rule, or by reading that offset
+(:class:`CommitResolver` reads the data of many markers together).
 Both steps are idempotent: the partition's state area holds, per transaction, the data offset
 and whether it committed, updated in the same transaction as the append.
 
@@ -31,7 +33,7 @@ import signal
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -636,23 +638,160 @@ def resolve_commit(
 
     Skipped: a marker written more than ``window_ms`` after its data, a damaged marker, data
     already dropped by retention, or a record there that is not this transaction's data.
+    One store read per marker: a reader of many markers resolves them with a
+    :class:`CommitResolver`, which judges each the same way.
     """
-    target = marker_target(marker)
-    if target is None:
-        return None
-    data_offset, data_write_time = target
-    if marker.write_time - data_write_time > window_ms:
+    return CommitResolver(store, topic, partition, window_ms).resolve([marker])[0]
+
+
+_LOOKUP_BYTES = 1024 * 1024
+"""What one read of data records outside a scan asks for: the data records of transactions
+written one after another lie close together, and one read brings them all."""
+_HELD_BYTES = 16 * 1024 * 1024
+"""At most this much of data records a scan read is held for markers further on; beyond it
+the oldest are let go (a marker naming one then reads it again)."""
+
+
+class CommitResolver:
+    """Resolves the commit markers of one forward scan of one partition with few store reads.
+
+    A transaction's data record lies before its marker, usually a few offsets before it, in
+    what the scan read just before.  The scan hands each ``legacy_data`` record it reads to
+    :meth:`saw` and says how far it has read (:meth:`scanned_to`): a marker whose data offset
+    lies in that range is resolved without a read (also when its data is not there: the scan
+    saw every record of the range).  The other markers' data records are read together, one
+    read per run of nearby offsets, not one per marker (on Kafka each read is a seek and a
+    fetch, ~0.1 s).  Each marker is judged as :func:`resolve_commit` always judged it.
+    """
+
+    def __init__(
+        self, store: LogStore, topic: str, partition: int, window_ms: int, scan_from: int = 0
+    ) -> None:
+        self._store = store
+        self._topic = topic
+        self._partition = partition
+        self._window_ms = window_ms
+        self._scan_from = scan_from
+        self._scanned_to = scan_from
+        self._held: dict[int, EnvelopeView] = {}
+        """Data records the scan read, by offset, in offset order, until a marker takes them."""
+        self._held_bytes = 0
+        self._let_go: set[int] = set()
+        """Offsets in the scanned range whose data record is no longer held (taken by a
+        marker, or over :data:`_HELD_BYTES`): a marker naming one reads it."""
+        self.lookups = 0
+        """Store reads made for data records outside the scan."""
+
+    def saw(self, offset: int, record: EnvelopeView) -> None:
+        """A record the scan read at ``offset``; only ``legacy_data`` records are kept."""
+        if record.kind != "legacy_data":
+            return
+        self._held[offset] = record
+        self._held_bytes += len(record.value)
+        while self._held_bytes > _HELD_BYTES and len(self._held) > 1:
+            oldest = next(iter(self._held))
+            self._held_bytes -= len(self._held.pop(oldest).value)
+            self._let_go.add(oldest)
+
+    def scanned_to(self, offset: int) -> None:
+        """The scan handed every record from its start up to ``offset`` to :meth:`saw`."""
+        self._scanned_to = max(self._scanned_to, offset)
+
+    def resolve(
+        self, markers: Sequence[EnvelopeView], deadline: float | None = None
+    ) -> list[EnvelopeView | None]:
+        """The data each marker releases, in order (None: skipped, as by
+        :func:`resolve_commit`).
+
+        Past ``deadline`` (``time.monotonic()``) the reads stop and the answer is shorter than
+        ``markers``: the markers it leaves out are for a later read.  It resolves the first
+        marker whatever the time, so a reader always moves on.
+        """
+        targets = [self._target(marker) for marker in markers]
+        found: dict[int, EnvelopeView | None] = {}
+        wanted = sorted({t for t in targets if t is not None and not self._known(t)})
+        i = 0
+        while i < len(wanted):
+            if (
+                deadline is not None
+                and time.monotonic() >= deadline
+                and self._first_known(targets, found)
+            ):
+                break
+            i = self._read_from(wanted, i, found)
+        released: list[EnvelopeView | None] = []
+        for marker, target in zip(markers, targets, strict=True):
+            if target is None:
+                released.append(None)
+                continue
+            if target in found:
+                data = found[target]
+            elif self._known(target):
+                data = self._held.get(target)  # not held: the scan found no data record there
+            else:
+                break  # not read before the deadline
+            released.append(data if data is not None and data.txn_id == marker.txn_id else None)
+        for target in targets[: len(released)]:
+            if target is not None:
+                self._let_go_of(target)
+        return released
+
+    def _target(self, marker: EnvelopeView) -> int | None:
+        """The data offset to look at for ``marker``; None when it is skipped unread."""
+        target = marker_target(marker)
+        if target is None:
+            return None
+        data_offset, data_write_time = target
+        if marker.write_time - data_write_time > self._window_ms:
+            return None
+        return data_offset
+
+    def _inside(self, offset: int) -> bool:
+        """Whether the scan read ``offset`` and still knows what is there."""
+        return self._scan_from <= offset < self._scanned_to and offset not in self._let_go
+
+    def _known(self, offset: int) -> bool:
+        return offset in self._held or self._inside(offset)
+
+    def _first_known(self, targets: list[int | None], found: dict[int, Any]) -> bool:
+        first = targets[0] if targets else None
+        return first is None or self._known(first) or first in found
+
+    def _let_go_of(self, offset: int) -> None:
+        """A marker took the data record at ``offset``: no other should name it."""
+        data = self._held.pop(offset, None)
+        if data is not None:
+            self._held_bytes -= len(data.value)
+            self._let_go.add(offset)
+
+    def _read_from(self, wanted: list[int], i: int, found: dict[int, EnvelopeView | None]) -> int:
+        """One read from ``wanted[i]`` on; note what it found of ``wanted`` (None for an
+        offset it read past without a data record there), return the index of the first
+        offset still to read."""
+        first = wanted[i]
+        self.lookups += 1
+        try:
+            result = self._store.read(self._topic, self._partition, first, _LOOKUP_BYTES)
+        except OffsetOutOfRange as exc:
+            # dropped by retention: every wanted offset below the log start is gone
+            below = max(exc.start_offset, first + 1)
+            while i < len(wanted) and wanted[i] < below:
+                found[wanted[i]] = None
+                i += 1
+            return i
+        values = {record.offset: record.value for record in result.records}
+        read_to = max(result.next_offset, first + 1)
+        while i < len(wanted) and wanted[i] < read_to:
+            found[wanted[i]] = _data_record(values.get(wanted[i]))
+            i += 1
+        return i
+
+
+def _data_record(value: bytes | None) -> EnvelopeView | None:
+    if value is None:
         return None
     try:
-        result = store.read(topic, partition, data_offset, max_bytes=1)
-    except OffsetOutOfRange:
-        return None
-    if not result.records or result.records[0].offset != data_offset:
-        return None
-    try:
-        data = view(result.records[0].value)
+        data = view(value)
     except NotAnEnvelope:
         return None
-    if data.kind != "legacy_data" or data.txn_id != marker.txn_id:
-        return None
-    return data
+    return data if data.kind == "legacy_data" else None

@@ -9,11 +9,12 @@ end marker for the same reason).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from delivery.envelope_view import EnvelopeView, NotAnEnvelope, kind_of, view
 from delivery.filters import MessageFilter
-from delivery.legacy_txn import DEFAULT_WINDOW_MS, marker_target, resolve_commit
+from delivery.legacy_txn import DEFAULT_WINDOW_MS, CommitResolver, marker_target
 from log_store.errors import (
     BadRequest,
     CorruptData,
@@ -32,6 +33,11 @@ records gives answers of bounded size (and a binary section's header, at most 64
 # How much a filtered read may scan before it answers with nothing but a new position.
 _SCAN_FACTOR = 8
 _MIN_SCAN_BYTES = 8 * 1024 * 1024
+RESOLVE_BUDGET_S = 2.0
+"""How long one read may spend reading legacy transactions' data records that it did not
+scan itself (each a seek and a fetch on Kafka): past it, the read answers with what it
+resolved, its ``next_offset`` at the first marker left, rather than outlast its reader's
+timeout (a pull client's is 30 s, for a fetch of several partitions)."""
 
 _log = logging.getLogger(__name__)
 
@@ -99,9 +105,15 @@ def check_max_bytes(max_bytes: int) -> int:
 class PartitionReader:
     """Reads partitions of one store, applying filters and the legacy transaction filter."""
 
-    def __init__(self, store: LogStore, txn_window_ms: int = DEFAULT_WINDOW_MS) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        txn_window_ms: int = DEFAULT_WINDOW_MS,
+        resolve_budget_s: float = RESOLVE_BUDGET_S,
+    ) -> None:
         self._store = store
         self.txn_window_ms = txn_window_ms
+        self.resolve_budget_s = resolve_budget_s
 
     def read(
         self,
@@ -114,6 +126,7 @@ class PartitionReader:
         raw: bool = False,
         txn_window_ms: int | None = None,
         scan_bytes: int | None = None,
+        resolve_until: float | None = None,
     ) -> PartitionBatch:
         """Messages from ``offset`` on, about ``max_bytes`` of values (at least one message).
 
@@ -123,7 +136,11 @@ class PartitionReader:
         offset outside ``start_offset .. end_offset`` raises :class:`OffsetOutOfRange` with
         the valid range.  A filtered read scans about ``scan_bytes`` (default
         :func:`scan_budget_of` ``max_bytes``) before it answers with nothing but a new
-        position.
+        position.  A committed legacy transaction is delivered at its marker's offset; the
+        data records the read did not scan itself are read together, for about
+        ``resolve_budget_s`` (or until ``resolve_until``, a ``time.monotonic()`` a fetch of
+        several partitions shares), after which the answer stops at the first marker left
+        (its ``next_offset``).
         """
         check_max_bytes(max_bytes)
         window = self.txn_window_ms if txn_window_ms is None else txn_window_ms
@@ -141,13 +158,21 @@ class PartitionReader:
         )
         scan_budget = scan_bytes if scan_bytes is not None else scan_budget_of(max_bytes)
         scanned = 0
+        resolver = CommitResolver(self._store, topic, partition, window, offset)
+        if resolve_until is None:
+            resolve_until = time.monotonic() + self.resolve_budget_s
         while True:
+            # Records up to the first commit marker are delivered as they come; from there on
+            # they wait until the markers are resolved together (most of their data records
+            # among the records just read), then are delivered in order.
+            waiting: list[tuple[int, DeliveredMessage | EnvelopeView | NotEnvelope]] = []
+            named = len(batch.not_envelopes)
+            stop_at: int | None = None
             for record in result.records:
                 scanned += len(record.value)
+                item: DeliveredMessage | EnvelopeView | NotEnvelope | None
                 try:
-                    message = self._deliverable(
-                        topic, partition, record.offset, record.value, filt, raw, window
-                    )
+                    item = self._deliverable(record.offset, record.value, filt, raw, resolver)
                 except NotAnEnvelope as exc:
                     _log.warning(
                         "skipping %s/%d@%d: not an envelope (%s)",
@@ -156,22 +181,52 @@ class PartitionReader:
                         record.offset,
                         exc,
                     )
-                    batch.not_envelopes.append(NotEnvelope(record.offset, str(exc)))
-                    if len(batch.not_envelopes) >= MAX_NOT_ENVELOPES:
-                        batch.next_offset = record.offset + 1
-                        batch.end_offset = max(batch.end_offset, result.end_offset)
-                        return batch
-                    continue
-                if message is not None:
-                    batch.messages.append(message)
-                    batch.value_bytes += len(message.value)
-            batch.next_offset = result.next_offset
+                    item = NotEnvelope(record.offset, str(exc))
+                    named += 1
+                    if named >= MAX_NOT_ENVELOPES:
+                        stop_at = record.offset + 1
+                if item is None:
+                    pass
+                elif waiting or isinstance(item, EnvelopeView):
+                    waiting.append((record.offset, item))
+                else:
+                    _add(batch, item)
+                if stop_at is not None:
+                    break
+            resolver.scanned_to(result.next_offset if stop_at is None else stop_at)
+            if waiting:
+                markers = [item for _, item in waiting if isinstance(item, EnvelopeView)]
+                released = resolver.resolve(markers, resolve_until)
+                resolved = 0
+                for at, item in waiting:
+                    if isinstance(item, EnvelopeView):
+                        if resolved == len(released):
+                            # out of time: this marker and what follows are for the next read
+                            batch.next_offset = at
+                            batch.end_offset = max(batch.end_offset, result.end_offset)
+                            return batch
+                        data = released[resolved]
+                        resolved += 1
+                        if data is not None and filt.matches(data):
+                            _add(
+                                batch,
+                                DeliveredMessage(
+                                    at, data.value, data, data_offset=_data_offset(item)
+                                ),
+                            )
+                    else:
+                        _add(batch, item)
             batch.end_offset = max(batch.end_offset, result.end_offset)
+            if stop_at is not None:
+                batch.next_offset = stop_at
+                return batch
+            batch.next_offset = result.next_offset
             if (
                 batch.value_bytes >= max_bytes
                 or scanned >= scan_budget
                 or not result.records
                 or result.next_offset >= result.end_offset
+                or (resolver.lookups and time.monotonic() >= resolve_until)
             ):
                 return batch
             left = max_bytes - batch.value_bytes if batch.messages else max_bytes
@@ -182,14 +237,14 @@ class PartitionReader:
 
     def _deliverable(
         self,
-        topic: str,
-        partition: int,
         offset: int,
         value: bytes,
         filt: MessageFilter,
         raw: bool,
-        window_ms: int,
-    ) -> DeliveredMessage | None:
+        resolver: CommitResolver,
+    ) -> DeliveredMessage | EnvelopeView | None:
+        """The message ``value`` gives, None for none, or a commit marker (its view) that
+        gives the data it releases; legacy data records go to ``resolver``."""
         if raw:
             try:
                 return DeliveredMessage(offset, value, view(value))
@@ -201,17 +256,25 @@ class PartitionReader:
         if filt.matches_all and kind_of(value) == "chunk":
             return DeliveredMessage(offset, value, None)
         env = view(value)
-        if env.kind in ("legacy_data", "handover"):
+        if env.kind == "legacy_data":
+            resolver.saw(offset, env)
+            return None
+        if env.kind == "handover":
             # a handover record holds no data: the source's data up to its seqno is elsewhere
             return None
         if env.kind == "legacy_commit":
-            data = resolve_commit(self._store, topic, partition, env, window_ms)
-            if data is None or not filt.matches(data):
-                return None
-            return DeliveredMessage(offset, data.value, data, data_offset=_data_offset(env))
+            return env
         if not filt.matches(env):
             return None
         return DeliveredMessage(offset, value, env)
+
+
+def _add(batch: PartitionBatch, item: DeliveredMessage | NotEnvelope) -> None:
+    if isinstance(item, NotEnvelope):
+        batch.not_envelopes.append(item)
+    else:
+        batch.messages.append(item)
+        batch.value_bytes += len(item.value)
 
 
 def _data_offset(marker: EnvelopeView) -> int | None:

@@ -21,7 +21,7 @@ import httpx
 
 from delivery.framing import decode_binary, not_envelopes_of
 from delivery.internal_state import is_internal
-from delivery.legacy_txn import resolve_commit
+from delivery.legacy_txn import CommitResolver
 from delivery.partition_reader import MAX_MAX_BYTES, PartitionReader
 from log_store import open_store
 from log_store.errors import BadRequest, OffsetOutOfRange, TopicDeleted, UnknownTopic
@@ -159,14 +159,21 @@ class StoreLogSource:
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> MessageBatch:
         batch = self._reader.read(topic, partition, offset, max_bytes, raw=True)
+        # The raw read holds every record of [offset, next_offset): the markers' data records
+        # there need no read of their own, and the others are read together.
+        resolver = CommitResolver(self._store, topic, partition, self._reader.txn_window_ms, offset)
+        for m in batch.messages:
+            if m.view is not None:
+                resolver.saw(m.offset, m.view)
+        resolver.scanned_to(batch.next_offset)
+        markers = [m.view for m in batch.messages if m.view and m.view.kind == "legacy_commit"]
+        released = iter(resolver.resolve(markers))
         messages: list[LogMessage | ForeignRecord] = []
         for m in batch.messages:
             if m.view is None:
                 messages.append(_decode(m.offset, m.value))  # names why it is no envelope
             elif m.view.kind == "legacy_commit":
-                data = resolve_commit(
-                    self._store, topic, partition, m.view, self._reader.txn_window_ms
-                )
+                data = next(released)
                 if data is not None:
                     messages.append(_decode(m.offset, data.value))
             elif m.view.kind not in ("legacy_data", "handover"):
