@@ -31,7 +31,12 @@ from delivery.framing import (
     encode_json_single,
 )
 from delivery.internal_state import is_internal
-from delivery.partition_reader import DEFAULT_MAX_BYTES, PartitionBatch, scan_budget_of
+from delivery.partition_reader import (
+    DEFAULT_MAX_BYTES,
+    RESOLVE_BUDGET_S,
+    PartitionBatch,
+    scan_budget_of,
+)
 from ingest_api.access import RouteDeclaration, access_of, read, route
 from ingest_api.context import GatewayContext
 from ingest_api.delivery_parts import delivery_parts
@@ -397,6 +402,8 @@ class ReadApi:
         # no more than a read of one.
         share = max(1, max_bytes // len(positions))
         scan = max(share, scan_budget_of(max_bytes) // len(positions))
+        # legacy commit markers whose data must be looked up: one time budget for the fetch
+        resolve_until = time.monotonic() + RESOLVE_BUDGET_S
         batches = []
         for topic, partition, offset in positions:
             try:
@@ -409,6 +416,7 @@ class ReadApi:
                     raw=raw,
                     txn_window_ms=window_ms,
                     scan_bytes=scan,
+                    resolve_until=resolve_until,
                 )
             except CorruptData as exc:
                 # One damaged partition must not keep the others from their readers: it is
