@@ -134,7 +134,8 @@ def test_a_prefix_reader_reads_the_first_topic_that_appears_after_it_said_it_wai
     writer_for: Callable[[str], Writer],
     start_reader: Callable[..., ReaderProcess],
 ) -> None:
-    reader = start_reader("--server", gateway.url, "--topic", "dc1.late*", "--idle-exit", "3")
+    # idle-exit leaves the write time to arrive on a loaded machine (3 s was too little once)
+    reader = start_reader("--server", gateway.url, "--topic", "dc1.late*", "--idle-exit", "8")
     wait_until(lambda: "waiting for one to appear" in reader.stderr(), 20, "the waiting notice")
     writer_for(gateway.url).write("host1:a", [4], log_type="late")
     assert reader.wait(30) == 0
