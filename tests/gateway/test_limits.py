@@ -33,6 +33,7 @@ max_groups_per_token = 2
 max_fetch_positions = 2
 auth_cache_entries = 4
 max_staged_bytes = 1000
+max_staged_bytes_per_token = 2000  # the global limit's test (the share has tests of its own)
 
 [tokens.{TOKEN}]
 write = ["*"]
