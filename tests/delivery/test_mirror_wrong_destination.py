@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from audit.publisher import INTERVAL_ENV
-from delivery.mirror import Mirror, encode_replica_body
+from delivery.mirror import Mirror, WrongDestination, encode_replica_body
 from session_dedup.envelope import Envelope, encode
 from tests.conftest import REPO, GatewayProcess, logbroker_cmd
 from tests.delivery.conftest import Writer, wait_until
@@ -148,6 +148,53 @@ def test_an_installation_keeps_its_id_across_a_restart(dcs: dict[str, GatewayPro
     also_dc1.stop()
     also_dc1.start()
     assert _installation(also_dc1.url) == first
+
+
+class _MovedGateway(BaseHTTPRequestHandler):
+    """A destination URL that answers 503 to everything but ``/healthz``, whose
+    ``installation`` is ``answers[0]`` the first time and ``answers[1]`` after (the URL
+    reaching another gateway once the outage is over)."""
+
+    answers: list[str] = []
+    asked: list[str] = []
+
+    def do_GET(self) -> None:
+        if self.path != "/healthz":
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        installation = self.answers[min(len(self.asked), 1)]
+        self.asked.append(installation)
+        body = json.dumps({"status": "ok", "dc": "dc2", "installation": installation}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_after_an_outage_the_mirror_asks_again_which_installation_the_destination_is(
+    dcs: dict[str, GatewayProcess],
+) -> None:
+    _MovedGateway.answers = ["another-installation", _installation(dcs["dc1"].url)]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _MovedGateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    mirror = Mirror(dcs["dc1"].url, f"http://127.0.0.1:{server.server_address[1]}", "dc1.")
+    try:
+        with pytest.raises(WrongDestination, match="the same installation"):
+            mirror.run(threading.Event(), idle_exit_s=20)
+    finally:
+        mirror.close()
+        server.shutdown()
+        server.server_close()
+    assert len(_MovedGateway.asked) == 2
+    assert mirror.stats.copied_messages == 0
 
 
 class _OldGateway(BaseHTTPRequestHandler):
