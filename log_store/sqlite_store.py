@@ -75,9 +75,14 @@ CREATE TABLE IF NOT EXISTS topic_state (
     PRIMARY KEY (topic_id, key)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS installation (id TEXT NOT NULL);
+"""
+_MAKE_INSTALLATION_ID = """
+BEGIN IMMEDIATE;
 INSERT INTO installation (id) SELECT lower(hex(randomblob(16)))
     WHERE NOT EXISTS (SELECT 1 FROM installation);
+COMMIT;
 """
+"""Run once per data dir, in a write transaction: gateway workers open the catalog at once."""
 
 T = TypeVar("T")
 
@@ -198,6 +203,8 @@ class SqliteLogStore:
             catalog = connect(self.data_dir / self.CATALOG)
             try:
                 catalog.executescript(_CATALOG_SCHEMA)
+                if catalog.execute("SELECT 1 FROM installation").fetchone() is None:
+                    catalog.executescript(_MAKE_INSTALLATION_ID)
                 if new_catalog:
                     fsync_directory(self.data_dir)  # the catalog's own entry
             except BaseException:
