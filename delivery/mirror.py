@@ -19,6 +19,12 @@ Legacy commit markers name their data record by offset; offsets differ between t
 installations, so the destination rewrites the marker to the data record's new offset (it
 remembers where each copied legacy data record went).
 
+Copying into the wrong installation cannot be undone, so the mirror asks both gateways which
+installation they belong to (``/healthz``'s ``installation``) before its first copy and again
+after every outage (a URL may reach another gateway then): the same installation at both ends
+would read back every record it appends and copy it again, for ever.  The destination itself
+refuses appends into the topics of its own DC, which its gateways write.
+
 Offsets need not be dense on either side (on Kafka, transaction markers take offsets too): an
 append says from which source offset its fetch started and where the next fetch starts, and
 the destination checks the first against what it expects and moves to the second.
@@ -406,6 +412,34 @@ class MirrorStuck(LogbrokerError):
     """The destination keeps refusing appends at the offset it asks for itself."""
 
 
+class WrongDestination(LogbrokerError):
+    """The destination is the source's own installation, or the installation of the DC whose
+    topics are copied: nothing is copied."""
+
+
+_HEALTHZ_TIMEOUT_S = 10.0
+
+
+def _healthz(side: str, url: str) -> dict[str, Any]:
+    """What the gateway at ``url`` says of itself (``GET /healthz``); {} for an answer that
+    is not a gateway's JSON.  GatewayUnavailable if it does not answer."""
+    try:
+        response = httpx.get(
+            url.rstrip("/") + "/healthz",
+            timeout=_HEALTHZ_TIMEOUT_S,
+            verify=not url.startswith("http://"),
+        )
+    except httpx.HTTPError as exc:
+        raise GatewayUnavailable(f"{side} {url}: {type(exc).__name__}: {exc}") from None
+    if response.status_code >= 500:
+        raise GatewayUnavailable(f"{side} {url} answered {response.status_code}")
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if response.status_code == 200 and isinstance(body, dict) else {}
+
+
 class DestinationRefused(RequestRefused):
     """The destination gateway answered 4xx (a :class:`RequestRefused` of the source's
     gateway is the source's)."""
@@ -509,6 +543,10 @@ class Mirror:
         """Partitions the copy stopped, with the source offset it stopped at: the source
         cannot read past it (a batch there fails its checksum).  The others go on; nothing
         is skipped."""
+        self._ends_checked = False
+        """Whether both gateways were asked which installation they belong to since the
+        last outage (:meth:`check_ends`)."""
+        self._said_unnamed = False
 
     def no_topics_reason(self) -> str:
         """What the source has instead of a topic of the prefix (for a user who mistyped)."""
@@ -523,6 +561,52 @@ class Mirror:
     def close(self) -> None:
         self._source.close()
         self._dest.close()
+
+    def check_ends(self) -> None:
+        """Raise :class:`WrongDestination` if the destination is the source's installation
+        (both gateways' ``/healthz`` name the same ``installation``), or the installation
+        of the DC the prefix names (its ``dc`` + "." starts the prefix).
+
+        A gateway too old to name its installation leaves only the URLs' comparison, which
+        the command makes: that is said once.  GatewayUnavailable if either does not answer
+        or cannot name it yet.
+        """
+        source = _healthz("source", self._source_url)
+        dest = _healthz("destination", self._dest_url)
+        for side, url, said in (
+            ("source", self._source_url, source),
+            ("destination", self._dest_url, dest),
+        ):
+            if "installation" in said and not isinstance(said["installation"], str):
+                raise GatewayUnavailable(
+                    f"the {side} {url} cannot name its installation yet (its store does not answer)"
+                )
+        if "installation" in source and "installation" in dest:
+            if source["installation"] == dest["installation"]:
+                raise WrongDestination(
+                    f"--from and --to are the same installation ({self._source_url} and "
+                    f"{self._dest_url} both belong to installation {source['installation']}): "
+                    "the mirror would read back what it appends and copy it again, for ever"
+                )
+        elif not self._said_unnamed:
+            self._said_unnamed = True
+            _log.warning(
+                "mirror: the %s does not name its installation (an older gateway); only "
+                "the URLs tell that the source and the destination are not the same",
+                " or the ".join(
+                    side
+                    for side, said in (("source", source), ("destination", dest))
+                    if "installation" not in said
+                ),
+            )
+        dc = dest.get("dc")
+        if isinstance(dc, str) and self._prefix.startswith(dc + "."):
+            raise WrongDestination(
+                f"the destination {self._dest_url} is the installation of DC {dc}, whose "
+                f"gateways write the {dc}.* topics: mirroring --prefix {self._prefix} into it "
+                "would mix copies into them; mirror into an installation of another DC"
+            )
+        self._ends_checked = True
 
     def _discover(self) -> None:
         topics = set(self._source.list_topics(self._prefix, include_audit=True))
@@ -621,6 +705,8 @@ class Mirror:
 
     def step(self, wait_ms: int = 1000) -> int:
         """One round: fetch what is new in every partition and copy it; returns messages."""
+        if not self._ends_checked:
+            self.check_ends()
         if time.monotonic() - self._last_discovery >= _DISCOVER_S:
             self._discover()
         if not self._positions:
@@ -799,7 +885,7 @@ class Mirror:
             ),
             headers={"Content-Type": REPLICA_MEDIA_TYPE},
         )
-        if response.status_code == 409:
+        if response.status_code == 409 and response.json().get("error") == "mirror_gap":
             expected = int(response.json()["expected_source_offset"])
             last, times = self._refusals.get(tp, (-1, 0))
             times = times + 1 if last == expected else 1
@@ -934,6 +1020,7 @@ class Mirror:
             try:
                 copied = self.step()
             except GatewayUnavailable as exc:
+                self._ends_checked = False  # the URLs may reach other gateways now
                 if idle_exit_s is not None and time.monotonic() - last_new >= idle_exit_s:
                     raise GatewayUnavailable(
                         f"{exc}; still unavailable after {idle_exit_s:g} s without new data"

@@ -2,7 +2,12 @@
 ``/openapi.json``.
 
 ``/healthz`` says the gateway process answers (liveness: restart it if not); on Kafka it
-names the process (``instance``, the id its ownership claims carry).  ``/readyz`` says
+names the process (``instance``, the id its ownership claims carry).  ``installation`` names
+the log behind the gateway, the same at every gateway of it (a digest of
+:meth:`~log_store.interface.LogStore.installation_id`: it tells whether two URLs reach one
+installation, nothing about the installation); ``logbroker mirror`` compares its two ends'.
+It is null while the store has not said it yet (Kafka away since the gateway started): asked
+again in the background, never waited for.  ``/readyz`` says
 whether it can take writes now: the embedded store's data dir is writable and not full, or
 Kafka answers; 503 with the reason otherwise.  The push-client's prober of a failed-over
 installation asks ``/readyz``, so a DC whose Kafka is still away is not taken back.
@@ -17,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hashlib
+import logging
 import threading
 import time
 from typing import Any
@@ -31,6 +38,10 @@ from ingest_api.context import GatewayContext
 from ingest_api.errors import RETRY_AFTER_S, error_response
 from ingest_api.metrics import MetricsRegistry
 from ingest_api.openapi import build_openapi
+from log_store.errors import LogbrokerError
+from log_store.interface import LogStore
+
+_log = logging.getLogger(__name__)
 
 
 def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
@@ -43,10 +54,17 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
         # the id its ownership claims carry: a gateway starting with this one's URL by
         # mistake finds another gateway there (see ops.advertised_url)
         alive["instance"] = directory.instance
-    alive_body = orjson.dumps(alive)
+    installation = _InstallationId(ctx.store)
+    alive_body: list[bytes] = []
 
     async def healthz(request: Request) -> Response:
-        return Response(alive_body, media_type="application/json")
+        if alive_body:
+            return Response(alive_body[0], media_type="application/json")
+        digest = installation.known()
+        body = orjson.dumps({**alive, "installation": digest})
+        if digest is not None:
+            alive_body.append(body)
+        return Response(body, media_type="application/json")
 
     readiness = _Readiness(ctx)
 
@@ -88,6 +106,42 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
         route("GET", "/metrics", metrics, METRICS, unknown_query="ignore"),
         route("GET", "/openapi.json", openapi, PUBLIC),
     ]
+
+
+class _InstallationId:
+    """The store's installation id as ``/healthz`` shows it: looked up when the routes are
+    made (the embedded store's catalog answers at once; on Kafka the gateway has just heard
+    the cluster), else in a thread of its own, at most once per ``_INSTALLATION_RETRY_S``,
+    so that a liveness probe never waits for the store."""
+
+    def __init__(self, store: LogStore) -> None:
+        self._store = store
+        self._digest: str | None = None
+        self._looking = threading.Lock()
+        self._next_look = 0.0
+        self._look()
+
+    def _look(self) -> None:
+        if not self._looking.acquire(blocking=False):
+            return
+        try:
+            self._next_look = time.monotonic() + _INSTALLATION_RETRY_S
+            raw = self._store.installation_id()
+        except LogbrokerError as exc:
+            _log.warning("the store cannot say its installation id yet: %s", exc)
+        else:
+            self._digest = hashlib.sha256(raw.encode()).hexdigest()[:32]
+        finally:
+            self._looking.release()
+
+    def known(self) -> str | None:
+        if self._digest is None and time.monotonic() >= self._next_look:
+            self._next_look = time.monotonic() + _INSTALLATION_RETRY_S
+            threading.Thread(target=self._look, name="logbroker-installation", daemon=True).start()
+        return self._digest
+
+
+_INSTALLATION_RETRY_S = 5.0
 
 
 class _Readiness:
@@ -183,6 +237,12 @@ def _status_response(description: str, status: str) -> dict[str, Any]:
                 "type": "string",
                 "description": "on Kafka (/healthz): this gateway process's id, new at every "
                 "start, as its ownership claims carry it",
+            },
+            "installation": {
+                "type": ["string", "null"],
+                "description": "(/healthz) the log behind this gateway, the same at all its "
+                "gateways and after restarts (an opaque digest); null while the store has not "
+                "said it yet",
             },
         },
     }

@@ -7,6 +7,10 @@ read grant implies: a token that may write log type ``app`` cannot append raw re
 :func:`delivery.mirror.check_replica_records`), and the topic is created or grown through the
 same :class:`~log_store.topic_quota.TopicQuota` as any other (``max_topics``,
 ``max_partitions_per_topic``).
+
+A topic of the gateway's own DC (``<dc>.*``) is refused (409 ``own_dc_topic``, nothing
+written or read): its own push-clients write it, and mirrored records would be mixed into
+it, or, copied back from an installation that mirrors it, would come round again for ever.
 """
 
 from __future__ import annotations
@@ -76,6 +80,15 @@ class ReplicaApi:
         if len(source) > 200 or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in source):
             raise ApiError(
                 400, "bad_request", "source must be 1-200 characters, no control characters"
+            )
+        dc = self.ctx.settings.dc
+        if topic.startswith(dc + "."):
+            raise ApiError(
+                409,
+                "own_dc_topic",
+                f"{topic} is a topic of this installation's own DC ({dc}): its gateways write "
+                "it, so a mirror may not append copies to it; mirror it into an installation "
+                "of another DC",
             )
         return topic, request.path_params["partition"], source
 
@@ -200,7 +213,10 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
     return {
         "/v1/replica/{topic}/partitions/{partition}": {
             "get": operation(
-                "replica_position", "Where a mirror resumes", params=[topic, partition, source]
+                "replica_position",
+                "Where a mirror resumes",
+                params=[topic, partition, source],
+                errors=("400", "404", "409"),
             ),
             "post": {
                 **operation(
@@ -235,7 +251,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                     query_param("from", "integer", True),
                     query_param("to", "integer", True),
                 ],
-                errors=("400", "404", "429"),
+                errors=("400", "404", "409", "429"),
             )
         },
     }

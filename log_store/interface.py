@@ -235,6 +235,14 @@ class LogStore(Protocol):
         look at the data dir's file system, or one metadata request to Kafka (at most 1 s)."""
         ...
 
+    def installation_id(self) -> str:
+        """What tells this installation (one log, however many gateways) from any other, the
+        same in every process and after restarts: the embedded store's id, made once in its
+        catalog; on Kafka the cluster's id and the namespace (asks Kafka: StoreUnavailable
+        when it does not answer).  ``logbroker mirror`` refuses to copy an installation into
+        itself by it."""
+        ...
+
     def unavailable_spans(self) -> list[tuple[float, float]]:
         """Recent (start, end) wall-clock spans during which this process could not reach
         the store (Kafka away); empty for a store on local disk.  A consumer group does not

@@ -2,7 +2,8 @@
 
 Layout under the data dir::
 
-    catalog.db                                 topics and topic-level state (SQLite, WAL)
+    catalog.db                                 topics, topic-level state and the installation
+                                               id (SQLite, WAL)
     topics/<name>/<topic_id>/<partition>/      one partition (see sqlite_partition.py)
 
 Putting the topic id in the path means a topic deleted and created again starts from empty
@@ -73,7 +74,15 @@ CREATE TABLE IF NOT EXISTS topic_state (
     value BLOB NOT NULL,
     PRIMARY KEY (topic_id, key)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS installation (id TEXT NOT NULL);
 """
+_MAKE_INSTALLATION_ID = """
+BEGIN IMMEDIATE;
+INSERT INTO installation (id) SELECT lower(hex(randomblob(16)))
+    WHERE NOT EXISTS (SELECT 1 FROM installation);
+COMMIT;
+"""
+"""Run once per data dir, in a write transaction: gateway workers open the catalog at once."""
 
 T = TypeVar("T")
 
@@ -194,6 +203,8 @@ class SqliteLogStore:
             catalog = connect(self.data_dir / self.CATALOG)
             try:
                 catalog.executescript(_CATALOG_SCHEMA)
+                if catalog.execute("SELECT 1 FROM installation").fetchone() is None:
+                    catalog.executescript(_MAKE_INSTALLATION_ID)
                 if new_catalog:
                     fsync_directory(self.data_dir)  # the catalog's own entry
             except BaseException:
@@ -931,6 +942,19 @@ class SqliteLogStore:
     def _note_no_space(self, needed_bytes: int) -> None:
         # The largest: a smaller write refused meanwhile must not clear the mark early.
         self._short_of_space = max(self._short_of_space or 0, needed_bytes)
+
+    def installation_id(self) -> str:
+        # made with the catalog (the first open for writing) and kept in it
+        try:
+            with self._catalog_lock:
+                row = self._catalog.execute("SELECT id FROM installation").fetchone()
+        except sqlite3.Error as exc:
+            if "no such table" not in str(exc):
+                raise as_store_unavailable(exc) or exc from exc
+            row = None  # a catalog made before there were ids, opened read-only
+        if row is None:
+            raise ReadOnlyStore(f"the store at {self.data_dir} has no installation id yet")
+        return f"sqlite:{row[0]}"
 
     def readiness(self) -> str | None:
         if self.read_only:

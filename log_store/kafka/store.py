@@ -70,6 +70,8 @@ STOP_GRACE_S = 1.5
 """A gateway's stop beyond one operation timeout: leaving the group, closing the clients."""
 _MAX_BACKOFF_S = 2.0
 _TOPIC_CACHE_S = 2.0
+_INSTALLATION_ASK_S = 2.0
+"""What Kafka is given to say its cluster id (asked by ``/healthz`` until it answered once)."""
 
 
 def home_partition(key: str, home_count: int) -> int:
@@ -116,6 +118,7 @@ class KafkaLogStore:
         """Recent takeovers: (topic, partition, seconds, state entries)."""
         self.takeover_listener: Callable[[str, int, float, int], None] | None = None
         self._closed = False
+        self._installation: str | None = None
 
     # -- topics ---------------------------------------------------------------------------------
     def _topic(self, name: str, *, fresh: bool = False) -> KafkaTopic:
@@ -782,6 +785,14 @@ class KafkaLogStore:
 
     def unavailable_spans(self) -> list[tuple[float, float]]:
         return self._watermarks.unavailable_spans()
+
+    def installation_id(self) -> str:
+        if self._installation is None:
+            # an installation is a namespace of a cluster: two may share one cluster
+            cluster = self._admin.reachable(_INSTALLATION_ASK_S)
+            where = cluster or "bootstrap " + self.settings.bootstrap
+            self._installation = f"kafka:{where}:{self.settings.namespace}"
+        return self._installation
 
     def readiness(self) -> str | None:
         # a gateway whose group member failed for good writes nothing until a new one joined

@@ -367,13 +367,14 @@ class TopicAdmin:
             len(description.partitions),  # type: ignore[attr-defined]
         )
 
-    def reachable(self, timeout_s: float) -> None:
-        """Return once a broker answered a metadata request, or raise StoreUnavailable."""
+    def reachable(self, timeout_s: float) -> str | None:
+        """Return the cluster's id (None if the broker does not say) once a broker answered a
+        metadata request, or raise StoreUnavailable."""
         # DescribeCluster: small, and unlike a metadata request naming a topic it can never
         # make a broker with auto.create.topics.enable create one
         future = self.client.describe_cluster(request_timeout=timeout_s)
         try:
-            future.result(timeout=timeout_s + 0.5)
+            cluster = future.result(timeout=timeout_s + 0.5)
         except KafkaException as exc:
             self._unanswered(kafka_error(exc))
             raise as_store_error(exc, "asking Kafka to describe the cluster") from exc
@@ -381,6 +382,8 @@ class TopicAdmin:
             self._unanswered(None)
             raise StoreUnavailable(f"Kafka did not answer within {timeout_s:g} s") from None
         self._answered()
+        cluster_id = getattr(cluster, "cluster_id", None)
+        return str(cluster_id) if cluster_id else None
 
     def names(self) -> list[str]:
         """Every logbroker topic of this namespace, sorted."""

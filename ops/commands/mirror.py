@@ -2,7 +2,10 @@
 
 The resume point of every partition is kept by the destination, in the same transaction as
 the data, so the mirror can be killed and restarted at any moment (or run twice by mistake)
-without duplicating or losing a message.  ``--state-dir`` keeps a status file for operators.
+without duplicating or losing a message.  Before copying (and after every outage) it asks
+both gateways which installation they belong to, and refuses (exit 2) to copy one into itself
+or into the installation of the DC whose topics it copies; with a gateway too old to say, the
+URLs' comparison is all that is left.  ``--state-dir`` keeps a status file for operators.
 SIGTERM/SIGINT stop it after the round in hand.
 """
 
@@ -20,7 +23,13 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from delivery.mirror import DestinationRefused, Mirror, MirrorStuck, check_gateway_url
+from delivery.mirror import (
+    DestinationRefused,
+    Mirror,
+    MirrorStuck,
+    WrongDestination,
+    check_gateway_url,
+)
 from delivery.mirror_metrics import MirrorCollector
 from delivery.partition_reader import MAX_MAX_BYTES
 from delivery.pull_client import GatewayUnavailable, RequestRefused
@@ -54,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(message)s")
+    # the same URL needs no question (and is all a gateway too old to name its installation
+    # leaves to compare: see Mirror.check_ends)
     if args.source.rstrip("/") == args.dest.rstrip("/"):
         print("logbroker mirror: --from and --to are the same installation", file=sys.stderr)
         return 2
@@ -122,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
         missing = exc.status == 401 and token is None
         hint = " (give the mirror's token with --token-file FILE)" if missing else ""
         print(f"logbroker mirror: the {side} {url} refused: {exc.reason}{hint}", file=sys.stderr)
+        return 2
+    except WrongDestination as exc:
+        print(f"logbroker mirror: {exc}", file=sys.stderr)
         return 2
     except (GatewayUnavailable, MirrorStuck) as exc:
         print(f"logbroker mirror: {exc}", file=sys.stderr)

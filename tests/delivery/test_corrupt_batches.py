@@ -141,7 +141,7 @@ def test_mirror_copies_every_other_partition_and_topic_and_exits_3(
     damaged: Any, start_gateway: Any, tmp_path: Path
 ) -> None:
     _fill(damaged.data_dir, "dc1.web", 2)
-    dest = start_gateway(tmp_path / "dest")
+    dest = start_gateway(tmp_path / "dest", "--dc", "dc2")  # not dc1: its own topics are refused
     result = subprocess.run(
         logbroker_cmd(
             "mirror", "--from", damaged.url, "--to", dest.url, "--prefix", "dc1.",

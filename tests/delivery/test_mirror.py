@@ -132,7 +132,8 @@ def test_replica_append_refuses_a_gap_with_the_expected_offset(gateway: Any) -> 
     from session_dedup.envelope import Envelope, encode
 
     value = encode(Envelope("s", "h", "f", "app", "raw", 1, 0, 0, b"x\n"))
-    url = f"{gateway.url}/v1/replica/dc1.app/partitions/0"
+    # dc9: a mirror copies another DC's topics (the gateway's own dc1.* are refused)
+    url = f"{gateway.url}/v1/replica/dc9.app/partitions/0"
     params: dict[str, str | int] = {"source": "topic-id-1", "partitions": 2, "start": 5}
     # The first copy of a source must begin at the source's start offset.
     middle = httpx.post(url, params=params, content=encode_replica_body([(6, value)]))
@@ -147,7 +148,7 @@ def test_replica_append_refuses_a_gap_with_the_expected_offset(gateway: Any) -> 
     assert httpx.get(url, params={"source": "topic-id-1"}).json()["next_source_offset"] == 7
     bad = httpx.post(url, params=params, content=b"junk")
     assert bad.status_code == 400
-    described = httpx.get(f"{gateway.url}/v1/topics/dc1.app").json()
+    described = httpx.get(f"{gateway.url}/v1/topics/dc9.app").json()
     assert described["partitions"][0]["end_offset"] == 2
 
 
