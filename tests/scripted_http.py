@@ -10,18 +10,25 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-class ScriptedServer(ThreadingHTTPServer):
+class LoopbackServer(ThreadingHTTPServer):
+    """A threaded HTTP server of a test on a free loopback port (``url``)."""
+
     daemon_threads = True
 
-    def __init__(self, answer: Callable[[str], tuple[int, float]]) -> None:
-        self.answer = answer
-        """path -> (status, seconds to wait before answering)."""
-        self.paths: list[str] = []
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class ScriptedServer(LoopbackServer):
+    def __init__(self, answer: Callable[[str], tuple[int, float]]) -> None:
+        self.answer = answer
+        """path -> (status, seconds to wait before answering)."""
+        self.paths: list[str] = []
+        super().__init__(_Handler)
 
 
 class _Handler(BaseHTTPRequestHandler):

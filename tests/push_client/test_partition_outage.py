@@ -17,7 +17,7 @@ import struct
 import subprocess
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from tests.push_client.conftest import (
     read_delivered,
     until,
 )
+from tests.scripted_http import LoopbackServer
 
 pytestmark = pytest.mark.slow
 
@@ -62,11 +63,9 @@ def _sections(body: bytes) -> list[tuple[dict[str, Any], bytes]]:
     return out
 
 
-class _OutageProxy(ThreadingHTTPServer):
+class _OutageProxy(LoopbackServer):
     """Forwards to ``gateway``; while ``waiting_file`` is set, a write carrying a section of
     that file is answered as a gateway whose partition of it has no owner answers."""
-
-    daemon_threads = True
 
     def __init__(self, gateway: str) -> None:
         self.gateway = gateway
@@ -75,11 +74,7 @@ class _OutageProxy(ThreadingHTTPServer):
         self.refused = 0
         self.partitions: dict[str, tuple[str, int]] = {}
         """Per source id, its topic and partition (from the session answers)."""
-        super().__init__(("127.0.0.1", 0), _ProxyHandler)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        super().__init__(_ProxyHandler)
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):

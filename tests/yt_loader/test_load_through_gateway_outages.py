@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
@@ -23,6 +23,7 @@ from audit.windows import window_start
 from log_store.errors import BadRequest
 from ops.commands.load import _publish_to_one
 from tests.conftest import GatewayProcess, free_port
+from tests.scripted_http import LoopbackServer
 from tests.yt_loader.conftest import append_lines, assert_exactly_once, table_lines
 from yt_loader.errors import SourceUnavailable
 from yt_loader.load_job import LoadConfig, run_load
@@ -32,19 +33,13 @@ Script = Callable[[str], int | None]
 """A request's path -> the status the proxy answers itself, or None to pass it on."""
 
 
-class _Proxy(ThreadingHTTPServer):
-    daemon_threads = True
-
+class _Proxy(LoopbackServer):
     def __init__(self, upstream: str, script: Script) -> None:
         self.upstream = upstream
         self.script = script
         self.paths: list[str] = []
         self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _Handler)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        super().__init__(_Handler)
 
 
 class _Handler(BaseHTTPRequestHandler):
