@@ -10,6 +10,13 @@ installation that is down for ``/readyz`` (at waits growing from ``probe_interva
 ``probe_max_interval_s``, see ``push_client.backoff``) and marks it up again, so new data
 goes back to the preferred installation once it returns.
 
+Health is learned from requests, so an installation that is up and has had nothing to answer
+for ``probe_max_interval_s`` (an idle client) is probed too (``watch_idle``): one that does
+not answer is shown "not answering since ..." (``unanswered_since``), probed again every
+``probe_interval_s``, and, with several installations, marked down once its probes have failed
+for ``failover_after_s``, as its requests would have been; new data then goes to the next one
+at once instead of waiting ``failover_after_s`` again.  A request or probe answered clears it.
+
 What moves where, and how a line acknowledged by one installation is never sent to another,
 is ``push_client.handover``'s part; this module only knows who is up.
 """
@@ -83,6 +90,12 @@ class Installation:
         self.spec = spec
         self.down_since: float | None = None
         self.last_error = ""
+        self.last_answered = time.monotonic()
+        """When a request or probe of it was last answered (monotonic; or when it was made)."""
+        self.unanswered_since: float | None = None
+        """Wall-clock time of the first failed probe of it while up and idle (None: answers)."""
+        self.unanswered_error = ""
+        self._next_idle_probe = 0.0
 
     @property
     def name(self) -> str:
@@ -127,6 +140,9 @@ class InstallationSet:
         self._prober: threading.Thread | None = None
         self.version = 0
         self.failovers = 0
+        self.probe_max_interval_s = probe_max_interval_s
+        self._failover_after_s: float | None = None
+        self._watch_idle = False
 
     @property
     def multi(self) -> bool:
@@ -173,6 +189,20 @@ class InstallationSet:
         self._start_prober()
         self._wake()
 
+    def answered(self, member: Installation) -> None:
+        """A request to ``member`` was answered: it is not idle, and it answers."""
+        member.last_answered = time.monotonic()
+        if member.unanswered_since is not None:
+            with self._lock:
+                member.unanswered_since = None
+                member.unanswered_error = ""
+
+    def watch_idle(self, failover_after_s: float) -> None:
+        """Probe installations that are up and idle (see the module's docstring)."""
+        self._failover_after_s = failover_after_s
+        self._watch_idle = True
+        self._start_prober()
+
     def mark_up(self, member: Installation) -> None:
         with self._lock:
             if member.down_since is None or self._stop.is_set():
@@ -181,6 +211,9 @@ class InstallationSet:
             member.down_since = None
             # Up again: the reason it went down is history (the log said it), not its state.
             member.last_error = ""
+            member.last_answered = time.monotonic()
+            member.unanswered_since = None
+            member.unanswered_error = ""
             self._probes.answered(member.name)
             self.version += 1
             after = self.current()
@@ -219,8 +252,56 @@ class InstallationSet:
                     with self._lock:
                         if not member.up:
                             probes.failed(name)
+                idle_wait = self._probe_idle(http) if self._watch_idle else self.probe_interval_s
                 # Wakes at least every probe_interval_s: one marked down meanwhile is due.
-                self._stop.wait(probes.until_due(self._down(), self.probe_interval_s))
+                wait = probes.until_due(self._down(), self.probe_interval_s)
+                self._stop.wait(max(0.0, min(wait, idle_wait)))
+
+    def _probe_idle(self, http: httpx.Client) -> float:
+        """Probe each installation that is up and idle when due; the wait until the next is."""
+        wait = self.probe_interval_s
+        for member in self.members:
+            if self._stop.is_set():
+                break
+            now = time.monotonic()
+            if not member.up:
+                continue
+            if member.unanswered_since is None:
+                due = max(member.last_answered + self.probe_max_interval_s, member._next_idle_probe)
+            else:
+                due = member._next_idle_probe
+            if now < due:
+                wait = min(wait, due - now)
+                continue
+            healthy = _healthy(http, member.spec.servers)
+            if self._stop.is_set():
+                return 0.0
+            member._next_idle_probe = time.monotonic() + self.probe_interval_s
+            if healthy:
+                self.answered(member)
+                continue
+            with self._lock:
+                if not member.up:
+                    continue
+                if member.unanswered_since is None:
+                    member.unanswered_since = time.time()
+                    member.unanswered_error = "no gateway answers /readyz"
+                    log.warning(
+                        "installation %s is idle and its gateways do not answer /readyz",
+                        member.name,
+                    )
+                    self._wake()  # the status shows it
+                failing_s = time.time() - member.unanswered_since
+            if (
+                self.multi
+                and self._failover_after_s is not None
+                and failing_s >= self._failover_after_s
+            ):
+                self.mark_down(
+                    member,
+                    f"idle, no gateway answered /readyz for {failing_s:.1f} s",
+                )
+        return wait
 
     def _down(self) -> list[str]:
         return [m.name for m in self.members if not m.up]

@@ -202,6 +202,16 @@ class PushMetrics:
             [({"installation": m.name}, int(m.up)) for m in installations.members],
         )
         metric(
+            "logbroker_push_installation_unanswered",
+            "gauge",
+            "An installation up but idle whose probes (GET /readyz) fail now (1): with "
+            "several installations it is marked down after failover_after_s of them.",
+            [
+                ({"installation": m.name}, int(m.up and m.unanswered_since is not None))
+                for m in installations.members
+            ],
+        )
+        metric(
             "logbroker_push_installation_current",
             "gauge",
             "The installation new data goes to (1).",

@@ -145,6 +145,8 @@ class Shipper:
         """Per installation, the partitions' owners (only with ``direct_to_owner``)."""
         self.configure_owners()
         self._next_owner_check = 0.0
+        # An idle client learns no installation's health from requests: probe the idle ones.
+        installations.watch_idle(config.failover_after_s)
         self._refresher = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="push-owners"
         )
@@ -258,6 +260,7 @@ class Shipper:
         return tailed.handover.target(current, self.installations.is_up) if self.multi else current
 
     def _on_sessions(self, job: _SessionJob, results: list[dict[str, Any]]) -> None:
+        self.installations.answered(job.installation)
         name = job.installation.name
         moved = False
         for tailed, result in zip(job.files, results, strict=True):
@@ -750,6 +753,7 @@ class Shipper:
         return True
 
     def _on_write(self, job: _WriteJob, answer: dict[str, Any]) -> None:
+        self.installations.answered(job.installation)
         raw = answer.get("results", [])
         results = [r if isinstance(r, dict) else {} for r in raw]
         by_source = {r.get("source_id"): r for r in results}

@@ -218,6 +218,7 @@ def installation_rows(
             "current": m is current,
             "last_error": m.last_error,
             "next_probe_at": installations.next_probe_at(m),
+            "unanswered_since": m.unanswered_since if m.up else None,
             "failing_gateways": (failing or {}).get(m.name, []),
         }
         for m in installations.members
@@ -382,6 +383,9 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
     if len(installations) > 1:
         for inst in installations:
             state = "up"
+            if inst["up"] and inst.get("unanswered_since") is not None:
+                when = time.strftime("%H:%M:%S", time.localtime(inst["unanswered_since"]))
+                state = f"up, NOT ANSWERING since {when} (idle; probed, no gateway answers)"
             if not inst["up"]:
                 at = inst.get("next_probe_at")
                 probe = "" if at is None else f"; {_next_probe(at, now)}"
