@@ -138,7 +138,9 @@ class PushConfig:
     request tries it, is probed (``GET /readyz``); see ``push_client.backoff``."""
     probe_max_interval_s: float = 60.0
     """The longest wait between two probes of one target: the wait doubles from
-    ``probe_interval_s`` with each failed try up to this (never below ``probe_interval_s``)."""
+    ``probe_interval_s`` with each failed try up to this (never below ``probe_interval_s``).
+    Also how long an installation that is up may answer nothing (an idle client) before it is
+    probed, see ``push_client.installations``."""
     position_wait_s: float = 300.0
     poll_interval_s: float = 0.25
     rescan_interval_s: float = 1.0

@@ -94,8 +94,8 @@ class Installation:
         """When a request or probe of it was last answered (monotonic; or when it was made)."""
         self.unanswered_since: float | None = None
         """Wall-clock time of the first failed probe of it while up and idle (None: answers)."""
-        self.unanswered_error = ""
-        self._next_idle_probe = 0.0
+        self.idle_probe_at = 0.0
+        """When it is probed next while up and idle (monotonic; see ``watch_idle``)."""
 
     @property
     def name(self) -> str:
@@ -108,6 +108,11 @@ class Installation:
     def is_down(self) -> bool:
         """For the transport: whether requests to this installation should stop at once."""
         return self.down_since is not None
+
+    def answered(self) -> None:
+        """A request to it (or a probe) was answered: it is not idle, and it answers."""
+        self.last_answered = time.monotonic()
+        self.unanswered_since = None
 
 
 class InstallationSet:
@@ -189,14 +194,6 @@ class InstallationSet:
         self._start_prober()
         self._wake()
 
-    def answered(self, member: Installation) -> None:
-        """A request to ``member`` was answered: it is not idle, and it answers."""
-        member.last_answered = time.monotonic()
-        if member.unanswered_since is not None:
-            with self._lock:
-                member.unanswered_since = None
-                member.unanswered_error = ""
-
     def watch_idle(self, failover_after_s: float) -> None:
         """Probe installations that are up and idle (see the module's docstring)."""
         self._failover_after_s = failover_after_s
@@ -213,7 +210,6 @@ class InstallationSet:
             member.last_error = ""
             member.last_answered = time.monotonic()
             member.unanswered_since = None
-            member.unanswered_error = ""
             self._probes.answered(member.name)
             self.version += 1
             after = self.current()
@@ -267,31 +263,32 @@ class InstallationSet:
             if not member.up:
                 continue
             if member.unanswered_since is None:
-                due = max(member.last_answered + self.probe_max_interval_s, member._next_idle_probe)
+                due = max(member.last_answered + self.probe_max_interval_s, member.idle_probe_at)
             else:
-                due = member._next_idle_probe
+                due = member.idle_probe_at
             if now < due:
                 wait = min(wait, due - now)
                 continue
             healthy = _healthy(http, member.spec.servers)
             if self._stop.is_set():
                 return 0.0
-            member._next_idle_probe = time.monotonic() + self.probe_interval_s
+            member.idle_probe_at = time.monotonic() + self.probe_interval_s
             if healthy:
-                self.answered(member)
+                member.answered()
                 continue
             with self._lock:
+                since = member.unanswered_since
                 if not member.up:
                     continue
-                if member.unanswered_since is None:
-                    member.unanswered_since = time.time()
-                    member.unanswered_error = "no gateway answers /readyz"
-                    log.warning(
-                        "installation %s is idle and its gateways do not answer /readyz",
-                        member.name,
-                    )
-                    self._wake()  # the status shows it
-                failing_s = time.time() - member.unanswered_since
+                first = since is None
+                if since is None:
+                    since = member.unanswered_since = time.time()
+            if first:
+                log.warning(
+                    "installation %s is idle and its gateways do not answer /readyz", member.name
+                )
+                self._wake()  # the status shows it
+            failing_s = time.time() - since
             if (
                 self.multi
                 and self._failover_after_s is not None

@@ -260,7 +260,7 @@ class Shipper:
         return tailed.handover.target(current, self.installations.is_up) if self.multi else current
 
     def _on_sessions(self, job: _SessionJob, results: list[dict[str, Any]]) -> None:
-        self.installations.answered(job.installation)
+        job.installation.answered()
         name = job.installation.name
         moved = False
         for tailed, result in zip(job.files, results, strict=True):
@@ -753,7 +753,7 @@ class Shipper:
         return True
 
     def _on_write(self, job: _WriteJob, answer: dict[str, Any]) -> None:
-        self.installations.answered(job.installation)
+        job.installation.answered()
         raw = answer.get("results", [])
         results = [r if isinstance(r, dict) else {} for r in raw]
         by_source = {r.get("source_id"): r for r in results}

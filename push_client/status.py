@@ -218,8 +218,9 @@ def installation_rows(
             "current": m is current,
             "last_error": m.last_error,
             "next_probe_at": installations.next_probe_at(m),
-            "unanswered_since": m.unanswered_since if m.up else None,
             "failing_gateways": (failing or {}).get(m.name, []),
+            # only while it is up, idle and its probes fail (see push_client.installations)
+            **({"unanswered_since": m.unanswered_since} if m.up and m.unanswered_since else {}),
         }
         for m in installations.members
     ]
