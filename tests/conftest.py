@@ -24,11 +24,39 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+_PORTS = range(10_000, 20_000)
+"""Ports the tests' gateways get: below Linux's ephemeral ports (32768 on), which outgoing
+connections and binds to port 0 take, and below the 12,000 under them that a local Kafka
+keeps for listeners it starts later (``ops.local_kafka._port_left_unbound``)."""
+_next_port: int | None = None
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and that no other test of
+    the session was given.
+
+    Each pytest-xdist worker hands out its own slice of :data:`_PORTS` in turn.  Ports the
+    kernel picked (binding port 0) could be given to two workers at once, or to a test while
+    another test's killed gateway was still being retried at it: a gateway that then lost the
+    bind exited, but its test had already seen ``/healthz`` answered by the other test's
+    gateway, and the two tests wrote into each other's logs."""
+    global _next_port
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) if worker.isdigit() else 0
+    size = len(_PORTS) // max(1, workers)
+    mine = range(_PORTS.start + index * size, _PORTS.start + (index + 1) * size)
+    for _ in range(len(mine)):
+        if _next_port is None or _next_port not in mine:
+            _next_port = mine.start
+        port, _next_port = _next_port, _next_port + 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # something of this machine's: the next one
+            return port
+    raise RuntimeError(f"no free port in {mine.start}..{mine.stop - 1}")
 
 
 def openapi_operation(schema: Any, operation: str) -> Any:
@@ -96,6 +124,8 @@ class GatewayProcess:
                 raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.log()}")
             try:
                 if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                    if self.proc.poll() is not None:  # answered by another process
+                        continue
                     return self
             except httpx.TransportError:
                 pass
