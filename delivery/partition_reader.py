@@ -185,11 +185,9 @@ class PartitionReader:
                     named += 1
                     if named >= MAX_NOT_ENVELOPES:
                         stop_at = record.offset + 1
-                if item is None:
-                    pass
-                elif waiting or isinstance(item, EnvelopeView):
+                if item is not None and (waiting or isinstance(item, EnvelopeView)):
                     waiting.append((record.offset, item))
-                else:
+                elif item is not None:
                     _add(batch, item)
                 if stop_at is not None:
                     break

@@ -8,7 +8,7 @@ import os
 import subprocess
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
@@ -19,6 +19,7 @@ from delivery.mirror import Mirror, WrongDestination, encode_replica_body
 from session_dedup.envelope import Envelope, encode
 from tests.conftest import REPO, GatewayProcess, logbroker_cmd
 from tests.delivery.conftest import Writer, wait_until
+from tests.scripted_http import LoopbackServer
 
 
 def _mirror(src: str, dst: str, prefix: str = "dc1.") -> subprocess.CompletedProcess[str]:
@@ -176,16 +177,16 @@ class _MovedGateway(BaseHTTPRequestHandler):
     do_POST = do_GET
 
     def log_message(self, *args: Any) -> None:
-        pass
+        """Nothing on stderr for each request."""
 
 
 def test_after_an_outage_the_mirror_asks_again_which_installation_the_destination_is(
     dcs: dict[str, GatewayProcess],
 ) -> None:
     _MovedGateway.answers = ["another-installation", _installation(dcs["dc1"].url)]
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _MovedGateway)
+    server = LoopbackServer(_MovedGateway)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    mirror = Mirror(dcs["dc1"].url, f"http://127.0.0.1:{server.server_address[1]}", "dc1.")
+    mirror = Mirror(dcs["dc1"].url, server.url, "dc1.")
     try:
         with pytest.raises(WrongDestination, match="the same installation"):
             mirror.run(threading.Event(), idle_exit_s=20)
@@ -209,14 +210,14 @@ class _OldGateway(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def log_message(self, *args: Any) -> None:
-        pass
+        """Nothing on stderr for each request."""
 
 
 @pytest.fixture
 def old_gateway() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _OldGateway)
+    server = LoopbackServer(_OldGateway)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield server.url
     server.shutdown()
     server.server_close()
 
