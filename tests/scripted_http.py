@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TypeVar
 
 
 class LoopbackServer(ThreadingHTTPServer):
@@ -50,9 +51,12 @@ class _Handler(BaseHTTPRequestHandler):
         """Nothing on stderr for each request: the tests read what the client logs."""
 
 
+_Server = TypeVar("_Server", bound=LoopbackServer)
+
+
 @contextlib.contextmanager
-def serving(answer: Callable[[str], tuple[int, float]]) -> Iterator[ScriptedServer]:
-    server = ScriptedServer(answer)
+def running(server: _Server) -> Iterator[_Server]:
+    """``server`` answering on a thread of its own while the block runs; closed after it."""
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -60,3 +64,10 @@ def serving(answer: Callable[[str], tuple[int, float]]) -> Iterator[ScriptedServ
     finally:
         server.shutdown()
         server.server_close()
+
+
+def serving(
+    answer: Callable[[str], tuple[int, float]],
+) -> contextlib.AbstractContextManager[ScriptedServer]:
+    """A :class:`ScriptedServer` answering while the block runs."""
+    return running(ScriptedServer(answer))

@@ -19,7 +19,7 @@ from delivery.mirror import Mirror, WrongDestination, encode_replica_body
 from session_dedup.envelope import Envelope, encode
 from tests.conftest import REPO, GatewayProcess, logbroker_cmd
 from tests.delivery.conftest import Writer, wait_until
-from tests.scripted_http import LoopbackServer
+from tests.scripted_http import LoopbackServer, running
 
 
 def _mirror(src: str, dst: str, prefix: str = "dc1.") -> subprocess.CompletedProcess[str]:
@@ -184,16 +184,13 @@ def test_after_an_outage_the_mirror_asks_again_which_installation_the_destinatio
     dcs: dict[str, GatewayProcess],
 ) -> None:
     _MovedGateway.answers = ["another-installation", _installation(dcs["dc1"].url)]
-    server = LoopbackServer(_MovedGateway)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    mirror = Mirror(dcs["dc1"].url, server.url, "dc1.")
-    try:
-        with pytest.raises(WrongDestination, match="the same installation"):
-            mirror.run(threading.Event(), idle_exit_s=20)
-    finally:
-        mirror.close()
-        server.shutdown()
-        server.server_close()
+    with running(LoopbackServer(_MovedGateway)) as server:
+        mirror = Mirror(dcs["dc1"].url, server.url, "dc1.")
+        try:
+            with pytest.raises(WrongDestination, match="the same installation"):
+                mirror.run(threading.Event(), idle_exit_s=20)
+        finally:
+            mirror.close()
     assert len(_MovedGateway.asked) == 2
     assert mirror.stats.copied_messages == 0
 
@@ -215,11 +212,8 @@ class _OldGateway(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def old_gateway() -> Iterator[str]:
-    server = LoopbackServer(_OldGateway)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.url
-    server.shutdown()
-    server.server_close()
+    with running(LoopbackServer(_OldGateway)) as server:
+        yield server.url
 
 
 def test_a_gateway_that_does_not_name_its_installation_leaves_the_urls_to_compare(

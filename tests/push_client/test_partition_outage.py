@@ -15,7 +15,6 @@ import json
 import socket
 import struct
 import subprocess
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -34,7 +33,7 @@ from tests.push_client.conftest import (
     read_delivered,
     until,
 )
-from tests.scripted_http import LoopbackServer
+from tests.scripted_http import LoopbackServer, running
 
 pytestmark = pytest.mark.slow
 
@@ -147,15 +146,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
 @contextlib.contextmanager
 def _proxy(gateway: str) -> Iterator[_OutageProxy]:
-    server = _OutageProxy(gateway)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        server.http.close()
+    with running(_OutageProxy(gateway)) as server:
+        try:
+            yield server
+        finally:
+            server.http.close()
 
 
 def _free_port() -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from audit.windows import window_start
 from log_store.errors import BadRequest
 from ops.commands.load import _publish_to_one
 from tests.conftest import GatewayProcess, free_port
-from tests.scripted_http import LoopbackServer
+from tests.scripted_http import LoopbackServer, running
 from tests.yt_loader.conftest import append_lines, assert_exactly_once, table_lines
 from yt_loader.errors import SourceUnavailable
 from yt_loader.load_job import LoadConfig, run_load
@@ -68,16 +68,8 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet: the tests read what the loader says."""
 
 
-@contextlib.contextmanager
-def _proxy(upstream: str, script: Script) -> Iterator[_Proxy]:
-    server = _Proxy(upstream, script)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
+def _proxy(upstream: str, script: Script) -> contextlib.AbstractContextManager[_Proxy]:
+    return running(_Proxy(upstream, script))
 
 
 def _every(n: int, status: int) -> Script:
