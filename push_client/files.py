@@ -114,12 +114,10 @@ def _why_unconfigured(log_type: str, matching: Entry | None) -> str:
     """Why a file that is still there is no longer shipped as the source it was."""
     if matching is None:
         return "no entry matches it any more"
-    if matching.log_type != log_type:
-        return (
-            f"entry {matching.path} gives it log type {matching.log_type} (it was {log_type}); "
-            f"it is shipped there as a new source from its start"
-        )
-    return f"entry {matching.path} gives it codec {matching.codec}; it is shipped as a new source"
+    return (
+        f"entry {matching.path} gives it log type {matching.log_type} (it was {log_type}); "
+        f"it is shipped there as a new source from its start"
+    )
 
 
 def _no_census(tailed: TailedFile, installation: str) -> None:
@@ -180,7 +178,6 @@ class FileSet:
         paths: tuple[str, ...],
         inode: tuple[int, int],
         log_type: str,
-        codec: str | None,
     ) -> tuple[Entry | None, Entry | None]:
         """(the entry a known source goes on under, the first entry that matches its file).
 
@@ -191,9 +188,9 @@ class FileSet:
         one, a glob as the names a shell expanded it to, all match the same files.  The
         spelling is not part of the source: compared as a string, every such edit took the
         files for gone and shipped them again from their start under new ids, into the same
-        topic.  The source goes on under the first matching entry of its log type (its topic)
-        and, when ``codec`` is given, of that codec (a running file's chunks are compressed
-        for its entry as they are read); None if there is none.
+        topic.  The source goes on under the first matching entry of its log type (its topic),
+        whatever its codec (the gateway keeps each chunk's codec, and a seqno is a byte offset
+        whatever the codec); None if there is none.
         """
         matching: Entry | None = None
         for entry in sorted(self.config.entries, key=lambda e: e.path != entry_path):
@@ -205,7 +202,7 @@ class FileSet:
                 continue
             if matching is None:
                 matching = entry
-            if entry.log_type == log_type and (codec is None or entry.codec == codec):
+            if entry.log_type == log_type:
                 return entry, matching
         return None, matching
 
@@ -237,10 +234,8 @@ class FileSet:
         """Reopen one source of the state file; None if it is gone, or held (``on_hold``,
         and its path in ``unreadable``)."""
         installations, census = self._resume_with
-        # The codec is not asked for: the file is opened anew, its chunks compressed for
-        # the entry it goes on under, and the gateway's last seqno says where it goes on.
         entry, matching = self._entry_going_on(
-            pos.entry_path, (pos.path, pos.first_path), (pos.dev, pos.ino), pos.log_type, None
+            pos.entry_path, (pos.path, pos.first_path), (pos.dev, pos.ino), pos.log_type
         )
         identity = FileIdentity(pos.dev, pos.ino, pos.fingerprint)
         try:
@@ -711,6 +706,7 @@ class FileSet:
                     chunk.encoded = self.compressors.submit(
                         compress, tailed.entry.codec, chunk.data
                     )
+                    chunk.encoded_with = tailed.entry.codec
             if cut:
                 if not counters.first_read_at:
                     counters.first_read_at = time.time()
@@ -831,8 +827,8 @@ class FileSet:
 
     # -- configuration --------------------------------------------------------------------------
     def apply_config(self, config: PushConfig) -> None:
-        """A reloaded configuration: a file still matched by an entry of its log type and
-        codec goes on as the same source, however the entry's path is spelled now; the
+        """A reloaded configuration: a file still matched by an entry of its log type goes on
+        as the same source, however the entry's path is spelled now and whatever its codec; the
         others are closed (what was read is still sent) and, if an entry still matches
         them, found again under it as new sources."""
         self.config = config
@@ -847,7 +843,6 @@ class FileSet:
                 (tailed.path, tailed.first_path),
                 (tailed.identity.dev, tailed.identity.ino),
                 old.log_type,
-                old.codec,
             )
             if entry is not None:
                 if entry.path != old.path:
@@ -858,8 +853,16 @@ class FileSet:
                         old.path,
                         tailed.source_id,
                     )
-                tailed.entry = entry
-                tailed.multiline = entry.multiline_pattern()
+                if entry.codec != old.codec:
+                    log.info(
+                        "%s: entry %s gives it codec %s (it was %s): it goes on as source %s",
+                        tailed.path,
+                        entry.path,
+                        entry.codec,
+                        old.codec,
+                        tailed.source_id,
+                    )
+                tailed.use_entry(entry)
                 continue
             log.info(
                 "%s: %s; closing its source %s",

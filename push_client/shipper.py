@@ -65,8 +65,9 @@ _MIN_CHUNK_BYTES = 4096
 _STATED_LIMIT = re.compile(r"over the limit of (\d+) bytes")
 
 
-def _encoded(codec: str, chunk: Chunk) -> bytes | memoryview:
-    if chunk.encoded is not None:
+def encoded_for(codec: str, chunk: Chunk) -> bytes | memoryview:
+    """The chunk's data as its section sends it: compressed by ``codec``."""
+    if chunk.encoded is not None and chunk.encoded_with == codec:
         return chunk.encoded.result()
     return compress(codec, chunk.data)
 
@@ -529,7 +530,7 @@ class Shipper:
         sections = [
             (
                 meta,
-                [WireChunk(c.seqno, c.create_time_ms, _encoded(codec, c)) for c in chunks],
+                [WireChunk(c.seqno, c.create_time_ms, encoded_for(codec, c)) for c in chunks],
             )
             for meta, codec, chunks in payload
         ]

@@ -14,7 +14,7 @@ import os
 import re
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from push_client.backoff import Backoff
@@ -47,6 +47,8 @@ class Chunk:
     create_time_ms: int
     encoded: concurrent.futures.Future[bytes | memoryview] | None = None
     """The data compressed by the entry's codec, started as soon as the chunk was cut."""
+    encoded_with: str = ""
+    """The codec of ``encoded``: a reload may change the entry's codec before it is sent."""
 
 
 class UnackedSince:
@@ -381,6 +383,15 @@ class TailedFile:
         self.in_flight += 1
         self.in_flight_bytes += size
         return taken
+
+    def use_entry(self, entry: Entry) -> None:
+        """Go on under ``entry`` (a reloaded configuration): the same source, its chunks from
+        now on cut by the entry's multiline pattern and sent with its codec (the gateway keeps
+        each chunk's codec, and a seqno is a byte offset whatever the codec)."""
+        self.entry = entry
+        self.multiline = entry.multiline_pattern()
+        if entry.codec != self.meta.codec:
+            self.meta = replace(self.meta, codec=entry.codec)
 
     def section_meta(self, chunks: list[Chunk]) -> bytes:
         """The section header of a request carrying ``chunks``.

@@ -150,7 +150,6 @@ def test_a_directory_renamed_while_down_keeps_its_files_sources_under_the_new_en
 def test_a_codec_changed_between_two_starts_keeps_the_sources(
     tmp_path: Path, gateway: GatewayProcess, app: str
 ) -> None:
-    """What docs/push-client.md tells to do instead of changing a codec by a reload."""
     _logs, files = _files(tmp_path)
     for path, writer in files:
         writer.append(path, 100)
@@ -163,6 +162,47 @@ def test_a_codec_changed_between_two_starts_keeps_the_sources(
     assert_exactly_once(delivered, *(writer for _path, writer in files))
     assert set(delivered.seqnos) == set(first.seqnos)
     assert delivered.codecs == {"raw", "zstd"}
+
+
+def test_a_codec_changed_by_a_reload_keeps_the_sources(
+    tmp_path: Path, gateway: GatewayProcess, app: str
+) -> None:
+    """Before: a reload that changed an entry's codec closed its files and shipped them again
+    from their start as new sources, every line twice in the same topic."""
+    logs, files = _files(tmp_path)
+    state = tmp_path / "state"
+    config = tmp_path / "push.toml"
+
+    def write_config(codec: str) -> None:
+        config.write_text(
+            f'[push]\nservers = ["{gateway.url}"]\nstate_dir = "{state}"\n'
+            f'[[entry]]\npath = "{logs}/*.log"\nlog_type = "{app}"\ncodec = "{codec}"\n'
+        )
+
+    for path, writer in files:
+        writer.append(path, 100)
+    write_config("raw")
+    push = PushProcess(["--config", str(config), *FAST_FLAGS], tmp_path / "push.log").start()
+    try:
+        push.wait_started(state)
+        first = wait_for_lines(gateway.data_dir, app, 200)
+        write_config("zstd")
+        assert push.proc is not None
+        push.proc.send_signal(signal.SIGHUP)
+        assert until(lambda: "configuration reloaded" in push.log(), 15), push.log()
+        for path, writer in files:
+            writer.append(path, 50)
+        wait_for_lines(gateway.data_dir, app, 300)
+        time.sleep(0.5)  # what a source shipped again would add comes now
+        assert push.stop() == 0
+    finally:
+        push.kill()
+    delivered = read_delivered(gateway.data_dir, app)
+    assert_exactly_once(delivered, *(writer for _path, writer in files))
+    assert set(delivered.seqnos) == set(first.seqnos)
+    assert delivered.codecs == {"raw", "zstd"}
+    assert push.log().count("gives it codec zstd (it was raw): it goes on as source") == 2
+    assert "closing its source" not in push.log()
 
 
 def test_a_changed_log_type_is_a_new_source_in_the_new_topic_and_named_so(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
 import os
@@ -14,10 +15,12 @@ import orjson
 import pytest
 
 from push_client.backoff import Backoff
+from push_client.codec import compress
 from push_client.config import ConfigError, Entry, build_config
 from push_client.handover import Doubt, SourceHandover, Step
 from push_client.identity import FileIdentity, make_source_id, read_fingerprint
 from push_client.installations import InstallationSpec, parse_servers
+from push_client.shipper import encoded_for
 from push_client.state_file import (
     CorruptStateFile,
     PushState,
@@ -26,7 +29,7 @@ from push_client.state_file import (
     decode_state,
     encode_state,
 )
-from push_client.tailer import PathError, TailedFile
+from push_client.tailer import Chunk, PathError, TailedFile
 from push_client.token import BearerToken
 from push_client.wire import SourceMeta, WireChunk, encode_write_body
 from tests.conftest import REPO, logbroker_cmd
@@ -772,3 +775,15 @@ def test_a_status_row_shows_every_value_of_its_file_under_its_name(tmp_path: Pat
         "path_error": {"error": "Permission denied", "errno": "EACCES", "since": 2.0},
     }
     os.close(tailed.fd)
+
+
+def test_a_chunk_compressed_before_a_reload_changed_its_codec_is_sent_in_the_new_one() -> None:
+    """A chunk is compressed as soon as it is cut; a reload may change its entry's codec
+    before it is sent, and its section then names the new codec: the chunk must be in it."""
+    data = b"one line\n" * 100
+    done: concurrent.futures.Future[bytes | memoryview] = concurrent.futures.Future()
+    done.set_result(compress("zstd", data))
+    chunk = Chunk(0, len(data), data, 0.0, 0, encoded=done, encoded_with="zstd")
+    assert bytes(encoded_for("zstd", chunk)) == compress("zstd", data)
+    assert bytes(encoded_for("raw", chunk)) == data
+    assert bytes(encoded_for("gzip", chunk)) == compress("gzip", data)
