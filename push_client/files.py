@@ -367,8 +367,17 @@ class FileSet:
         open_files, budget = self._descriptors()
         unreachable: list[Unreachable] = []
         shipped_before: dict[tuple[int, int], int] | None = None
+        # A file let go because no entry matched it, put back before its last requests were
+        # answered: found now, it would be a new source, its lines twice.  Once let go, the
+        # next rescan takes it up as the same source (``_known_as``).
+        letting_go = {
+            (t.identity.dev, t.identity.ino)
+            for t in self.files.values()
+            if t.phase is Phase.CLOSING and t.retire_reason == "unconfigured"
+        }
         for cand in expand(self.config.entries, unreachable):
-            if (cand.dev, cand.ino) in self.by_inode or (cand.dev, cand.ino) in self.on_hold:
+            key = (cand.dev, cand.ino)
+            if key in self.by_inode or key in self.on_hold or key in letting_go:
                 continue
             self.watcher.watch(os.path.dirname(cand.path))
             try:

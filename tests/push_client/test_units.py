@@ -9,6 +9,7 @@ import os
 import re
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import orjson
@@ -16,7 +17,7 @@ import pytest
 
 from push_client.backoff import Backoff
 from push_client.codec import compress
-from push_client.config import ConfigError, Entry, build_config
+from push_client.config import ConfigError, Entry, PushConfig, build_config
 from push_client.handover import Doubt, SourceHandover, Step
 from push_client.identity import FileIdentity, make_source_id, read_fingerprint
 from push_client.installations import InstallationSpec, parse_servers
@@ -787,3 +788,46 @@ def test_a_chunk_compressed_before_a_reload_changed_its_codec_is_sent_in_the_new
     assert bytes(encoded_for("zstd", chunk)) == compress("zstd", data)
     assert bytes(encoded_for("raw", chunk)) == data
     assert bytes(encoded_for("gzip", chunk)) == compress("gzip", data)
+
+
+def test_an_entry_put_back_while_its_file_is_let_go_goes_on_with_the_same_source(
+    tmp_path: Path,
+) -> None:
+    """An entry removed by a reload and put back by the next one before the file's last
+    request was answered: the file was found again at once as a new source (``#g1``) and
+    shipped from its start, every line twice in the topic."""
+    from push_client.discovery import ChangeWatcher
+    from push_client.files import Counters, FileSet
+    from push_client.state_file import PushState
+    from push_client.tailer import Phase
+
+    (tmp_path / "k1.log").write_text("one\ntwo\n")
+    (tmp_path / "k2.log").write_text("three\n")
+
+    def config_of(*names: str) -> PushConfig:
+        return build_config(
+            servers=["http://gw:1"],
+            state_dir=str(tmp_path / "state"),
+            log_type="app",
+            paths=[str(tmp_path / name) for name in names],
+        )
+
+    both = config_of("k1.log", "k2.log")
+    watcher = ChangeWatcher(False)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        files = FileSet(both, PushState(), Counters(), watcher, pool, on_retired=lambda: None)
+        try:
+            k1 = next(t for t in files.discover() if t.path.endswith("k1.log"))
+            k1.session_ready = True
+            k1.in_flight = 1  # its last request is on the wire
+            files.apply_config(config_of("k2.log"))
+            assert k1.phase is Phase.CLOSING
+            files.apply_config(both)
+            assert files.discover() == []
+            k1.in_flight = 0
+            files.let_go_of_quiet_files(time.monotonic())
+            again = files.discover()
+            assert [t.source_id for t in again] == [k1.source_id]
+        finally:
+            files.close()
+            watcher.close()
