@@ -99,10 +99,10 @@ class TopicQuota:
             return self._by_creator.get(creator, 0)
 
     def created_counts(self) -> dict[str, int]:
-        """The topics each creator created, as last counted (no store access: for a gauge;
-        empty until a creation with a creator was checked)."""
-        with self._lock:
-            return dict(self._by_creator)
+        """The topics each creator created, as last counted (for a gauge: no store access, and
+        no wait for a count in progress, which a hung disk may hold; empty until a creation
+        with a creator was checked)."""
+        return dict(self._by_creator)  # replaced whole by each count, never changed in place
 
     def _recount(self, *, with_creators: bool) -> None:
         """Count the topics again if the count is ``count_ttl_s`` old (with ``self._lock``);
@@ -132,11 +132,12 @@ class TopicQuota:
             elif topic.created_ms and now_ms - topic.created_ms >= UNRECORDED_S * 1000:
                 creators[topic.topic_id] = None  # nobody's for good
             # else nobody's for now: its creator may be on its way, looked for next time
-        self._creators = creators
-        self._by_creator = {}
+        by_creator: dict[str, int] = {}
         for creator in creators.values():
             if creator is not None:
-                self._by_creator[creator] = self._by_creator.get(creator, 0) + 1
+                by_creator[creator] = by_creator.get(creator, 0) + 1
+        self._creators = creators
+        self._by_creator = by_creator
 
     def check_partitions(self, partitions: int) -> int:
         """``partitions`` if a topic may have that many, else :class:`LimitReached`."""
