@@ -35,7 +35,8 @@ class GatewayContext:
     metrics: MetricsRegistry = field(default_factory=MetricsRegistry)
     auth: Authorizer = field(init=False)
     topic_quota: TopicQuota = field(init=False)
-    """Every topic a client's request creates or grows goes through it."""
+    """Every topic a client's request creates or grows goes through it; a topic a token
+    creates on first use counts against the token's share (:meth:`topic_creator`)."""
     limit_refusals: Counter = field(init=False)
     """``logbroker_limit_refusals_total{limit}``: requests refused by a limit, per limit."""
     extensions: dict[str, Any] = field(default_factory=dict)
@@ -62,7 +63,18 @@ class GatewayContext:
             read=lambda: float(self.auth.cached_decisions),
         )
         self.topic_quota = TopicQuota(
-            self.store, TopicLimits(limits.max_topics, limits.max_partitions_per_topic)
+            self.store,
+            TopicLimits(
+                limits.max_topics, limits.max_partitions_per_topic, limits.topics_per_token
+            ),
+        )
+        quota = self.topic_quota
+        self.metrics.collected_gauge(
+            "logbroker_topics_created",
+            f"topics in the store each token owner created on first use (each may create "
+            f"limits.max_topics_per_token, {limits.topics_per_token}), as last counted",
+            ("owner",),
+            lambda: [((owner,), float(n)) for owner, n in sorted(quota.created_counts().items())],
         )
         open_partitions = getattr(self.store, "open_partitions", None)
         if open_partitions is not None:
@@ -107,6 +119,13 @@ class GatewayContext:
         answered 401 already if the token was missing or unknown.
         """
         return access_of(conn).grant
+
+    def topic_creator(self, grant: TokenGrant | None) -> str | None:
+        """Who a topic the request creates on first use is counted against: its token's owner,
+        or nobody (``max_topics`` only) for an admin token or a gateway without tokens."""
+        if grant is None or grant.admin:
+            return None
+        return grant.owner
 
     def topic_for(self, log_type: str) -> str:
         """The topic a log type is written to in this data center: ``<dc>.<log_type>``."""

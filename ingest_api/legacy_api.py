@@ -290,7 +290,7 @@ class LegacyApi:
         return _json({"store_id": staged.store_id, "written": True})
 
     def _write_data(self, topic: str, txn_id: str, staged: Any, access: Access) -> Any:
-        partitions = self._ensure_topic(topic)
+        partitions = self._ensure_topic(topic, access)
         self._take_txn_id(topic, partitions, txn_id, access)
         return write_data(self.ctx.store, topic, partitions, txn_id, staged)
 
@@ -339,11 +339,13 @@ class LegacyApi:
         except UnknownTopic:
             return None
 
-    def _ensure_topic(self, topic: str) -> int:
+    def _ensure_topic(self, topic: str, access: Access) -> int:
         try:
             return len(self.ctx.store.describe_topic(topic).partitions)
         except UnknownTopic:
-            return len(self.ctx.topic_quota.create(topic, self.ctx.settings.partitions).partitions)
+            creator = self.ctx.topic_creator(access.grant)
+            created = self.ctx.topic_quota.create(topic, self.ctx.settings.partitions, creator)
+            return len(created.partitions)
 
     async def commit(self, request: Request) -> Response:
         txn_raw = request.query_params.get("txn_id")

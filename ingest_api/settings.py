@@ -34,6 +34,7 @@ A TOML file looks like this (every key optional)::
     source_burst_chunks = 0         # 0: one second of the rate
     request_timeout_s = 30.0
     max_topics = 10000              # topics created on first use stop here (429)
+    max_topics_per_token = 0        # of them, one token's (0: a quarter of max_topics)
     max_partitions_per_topic = 64
     max_sources_per_partition = 1000000
     max_subscriptions_per_token = 100
@@ -158,6 +159,9 @@ class Limits:
     source_burst_chunks: int = 0
     request_timeout_s: float = 30.0
     max_topics: int = DEFAULT_MAX_TOPICS
+    max_topics_per_token: int = 0
+    """How many of ``max_topics`` one token owner may create on first use (0: a quarter of
+    it); see :attr:`topics_per_token`."""
     max_partitions_per_topic: int = DEFAULT_MAX_PARTITIONS_PER_TOPIC
     max_sources_per_partition: int = 1_000_000
     max_subscriptions_per_token: int = 100
@@ -186,6 +190,14 @@ class Limits:
         ``max_staged_bytes`` (one token's uploads never requested leave the others three
         quarters; filling it takes at least four tokens)."""
         return self.max_staged_bytes_per_token or max(1, self.max_staged_bytes // 4)
+
+    @property
+    def topics_per_token(self) -> int:
+        """One token's share of the topics created on first use: as configured, else a quarter
+        of ``max_topics`` (one token's log types leave the others three quarters; filling the
+        store takes at least four tokens).  ``max_topics_per_token = max_topics`` gives every
+        token the whole pool, as before there was a share."""
+        return self.max_topics_per_token or max(1, self.max_topics // 4)
 
 
 @dataclass(frozen=True)
@@ -304,6 +316,10 @@ class GatewaySettings:
         _check(lim.request_timeout_s > 0, "limits.request_timeout_s must be positive")
         _check(lim.source_idle_expiry_s > 0, "limits.source_idle_expiry_s must be positive")
         _check(lim.staged_max_age_s > 0, "limits.staged_max_age_s must be positive")
+        _check(
+            lim.max_topics_per_token >= 0,
+            "limits.max_topics_per_token must be >= 0 (0: a quarter of max_topics)",
+        )
         _check(
             lim.max_staged_bytes_per_token >= 0,
             "limits.max_staged_bytes_per_token must be >= 0 (0: a quarter of max_staged_bytes)",
@@ -523,6 +539,7 @@ _LIMIT_TYPES: dict[str, type] = {
     "source_burst_chunks": int,
     "request_timeout_s": float,
     "max_topics": int,
+    "max_topics_per_token": int,
     "max_partitions_per_topic": int,
     "max_sources_per_partition": int,
     "max_subscriptions_per_token": int,

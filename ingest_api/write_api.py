@@ -210,7 +210,9 @@ class WriteApi:
         self._refuse_unless_all_refused(errors)
         kept = [i for i, error in enumerate(errors) if error is None]
         metas = [asked[i][0] for i in kept]
-        sessions = await self.writer.open_sessions_async(metas, [asked[i][1] for i in kept])
+        sessions = await self.writer.open_sessions_async(
+            metas, [asked[i][1] for i in kept], self.ctx.topic_creator(grant)
+        )
         limited = [s.refused for s in sessions if s.refused is not None]
         if not batch and limited:
             raise limited[0]  # 429 (counted by the route's guard)
@@ -282,7 +284,9 @@ class WriteApi:
                     "max": self.limits.source_chunks_per_second,
                 },
             )
-        results = await self.writer.write_each_async([(s.meta, s.batch) for s in admitted])
+        results = await self.writer.write_each_async(
+            [(s.meta, s.batch) for s in admitted], self.ctx.topic_creator(grant)
+        )
         # counted also when the request fails: its retry answers what was written `duplicate`
         self._audit(admitted, results)
         failed = [

@@ -223,9 +223,10 @@ class SourceRouter:
         self._pins_deletable = isinstance(store, StateScan)
         self._lock = threading.Lock()
 
-    def _topic_infos(self, topics: Sequence[str]) -> list[TopicInfo]:
-        """The topics' catalog entries, the missing topics created: all of them or, over
-        ``max_topics``, none (:meth:`~log_store.topic_quota.TopicQuota.create_all`)."""
+    def _topic_infos(self, topics: Sequence[str], creator: str | None) -> list[TopicInfo]:
+        """The topics' catalog entries, the missing topics created (counted as ``creator``'s):
+        all of them or, over ``max_topics`` or the creator's share, none
+        (:meth:`~log_store.topic_quota.TopicQuota.create_all`)."""
         now = time.monotonic()
         infos: dict[str, TopicInfo] = {}
         looked_up: dict[str, TopicInfo] = {}
@@ -241,7 +242,7 @@ class SourceRouter:
             except UnknownTopic:
                 missing.append(topic)
         if missing:
-            created = self._quota.create_all(missing, self._partitions)
+            created = self._quota.create_all(missing, self._partitions, creator)
             looked_up.update(zip(missing, created, strict=True))
         infos.update(looked_up)
         with self._lock:
@@ -291,25 +292,32 @@ class SourceRouter:
         """The source's route, creating the topic and the pin if they do not exist yet."""
         return self.route_many([(topic, source_id)])[0]
 
-    def route_many(self, sources: Sequence[tuple[str, str]]) -> list[SourceRoute]:
-        """Routes of many ``(topic, source_id)``; new pins of a topic are made in one step."""
+    def route_many(
+        self, sources: Sequence[tuple[str, str]], creator: str | None = None
+    ) -> list[SourceRoute]:
+        """Routes of many ``(topic, source_id)``; new pins of a topic are made in one step.
+
+        A topic created on first use is counted as ``creator``'s (see
+        :class:`~log_store.topic_quota.TopicQuota`)."""
         try:
-            return self._route_many_once(sources)
+            return self._route_many_once(sources, creator)
         except UnknownTopic:
             # deleted between our look at the catalog and the pin: look again (re-creating it)
             for topic in {t for t, _ in sources}:
                 self.forget(topic)
             try:
-                return self._route_many_once(sources)
+                return self._route_many_once(sources, creator)
             except UnknownTopic:
                 raise _topic_vanished(sources[0][0]) from None
 
-    def _route_many_once(self, sources: Sequence[tuple[str, str]]) -> list[SourceRoute]:
+    def _route_many_once(
+        self, sources: Sequence[tuple[str, str]], creator: str | None
+    ) -> list[SourceRoute]:
         by_topic: dict[str, list[str]] = {}
         for topic, source_id in sources:
             by_topic.setdefault(topic, []).append(source_id)
         found: dict[str, dict[str, SourceRoute]] = {}
-        infos = self._topic_infos(list(by_topic))
+        infos = self._topic_infos(list(by_topic), creator)
         for (topic, source_ids), info in zip(by_topic.items(), infos, strict=True):
             topic_id = info.topic_id
             # read before any pin is seen: a deletion after it moves the count
@@ -835,15 +843,18 @@ class ExactlyOnceWriter:
             topic, meta.source_id
         )
 
-    async def _routes_async(self, metas: Sequence[SourceMeta]) -> list[SourceRoute]:
-        """Routes of many sources; the cache misses are resolved together in one thread."""
+    async def _routes_async(
+        self, metas: Sequence[SourceMeta], creator: str | None = None
+    ) -> list[SourceRoute]:
+        """Routes of many sources; the cache misses are resolved together in one thread (a
+        topic created on first use counted as ``creator``'s)."""
         cached_route = self.router.cached_route
         topic_for = self.topic_for
         routes = [cached_route(topic_for(m.log_type), m.source_id) for m in metas]
         missing = [i for i, r in enumerate(routes) if r is None]
         if missing:
             wanted = [(topic_for(metas[i].log_type), metas[i].source_id) for i in missing]
-            found = await asyncio.to_thread(self.router.route_many, wanted)
+            found = await asyncio.to_thread(self.router.route_many, wanted, creator)
             for i, route in zip(missing, found, strict=True):
                 routes[i] = route
         return [r for r in routes if r is not None]
@@ -884,15 +895,16 @@ class ExactlyOnceWriter:
         return results  # type: ignore[return-value]  # no exception among them
 
     async def write_each_async(
-        self, sections: Sequence[tuple[SourceMeta, ChunkBatch]]
+        self, sections: Sequence[tuple[SourceMeta, ChunkBatch]], creator: str | None = None
     ) -> list[WriteOutcome | BaseException]:
         """Like :meth:`write_many_async`, but a failed section's error takes its place in the
-        list, so a caller knows what the others wrote."""
+        list, so a caller knows what the others wrote.  A topic created on first use is
+        counted as ``creator``'s (``None``: against ``max_topics`` only)."""
         done: dict[int, WriteOutcome | BaseException] = {}
         todo = list(range(len(sections)))
         for attempt in range(2):
             metas = [sections[i][0] for i in todo]
-            routing = asyncio.ensure_future(self._routes_async(metas))
+            routing = asyncio.ensure_future(self._routes_async(metas, creator))
             try:
                 # the cache misses are looked up in a thread (in SQLite, mostly without the
                 # GIL): meanwhile the envelope writers are made here
@@ -1030,11 +1042,15 @@ class ExactlyOnceWriter:
         raise AssertionError("unreachable")
 
     async def open_sessions_async(
-        self, metas: Sequence[SourceMeta], requests: Sequence[SessionRequest] | None = None
+        self,
+        metas: Sequence[SourceMeta],
+        requests: Sequence[SessionRequest] | None = None,
+        creator: str | None = None,
     ) -> list[Session]:
-        """Like :meth:`open_sessions`, for an event loop."""
+        """Like :meth:`open_sessions`, for an event loop; a topic created on first use is
+        counted as ``creator``'s."""
         for attempt in range(2):
-            routes = await self._routes_async(metas)
+            routes = await self._routes_async(metas, creator)
             submitted = self._submit_sessions(
                 metas, routes, requests or [SessionRequest()] * len(metas)
             )

@@ -26,6 +26,7 @@ push_allow = ["127.0.0.1"]
 
 [limits]
 max_topics = {{max_topics}}
+max_topics_per_token = {{max_topics}}  # the global limit's test (the share has tests of its own)
 max_partitions_per_topic = 2
 max_sources_per_partition = 2
 max_subscriptions_per_token = 2
