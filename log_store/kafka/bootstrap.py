@@ -149,16 +149,17 @@ def cluster_answer(client: Any, timeout_s: float) -> Any:
     """The whole cluster's metadata (``list_topics()``) as a broker answered it within
     ``timeout_s``, naming at least one broker; else ``KafkaException``.
 
-    Never DescribeCluster (nor DescribeTopics) for this: librdkafka up to 2.16 aborts the
-    whole process when a broker that is shutting down answers one (``rdkafka_admin.c:960:
+    Never DescribeCluster for this: librdkafka (2.3 to 2.16) aborts the whole process when
+    a broker that is shutting down answers one (``rdkafka_admin.c:960:
     rd_kafka_admin_response_parse: Assertion 'rko_result' failed``).  Such a broker has been
     fenced by then, so its answer to a request for the brokers only names neither a broker
     nor a topic; librdkafka's metadata parser refuses it (``_PARTIAL``) without setting the
     reply's error, ``rd_kafka_DescribeClusterResponse_parse`` returns that unset error
-    (success) with no result, and its caller asserts.  The same refusal of a plain metadata
-    request goes through librdkafka's metadata handler, which asks again or fails the call.
-    An answer with topics and no broker (the same broker, asked for all topics) passes that
-    parser: it says nothing of who can be reached, so it is taken as no answer here."""
+    (success) with no result, and its caller asserts.  (DescribeTopics shares the flaw, but
+    an answer naming the topic asked for passes the parser.)  The same refusal of a plain
+    metadata request goes through librdkafka's metadata handler, which asks again or fails
+    the call.  An answer with topics and no broker (the same broker, asked for all topics)
+    passes that parser: it says nothing of who can be reached, so it is no answer here."""
     metadata = client.list_topics(timeout=timeout_s)
     if not metadata.brokers:
         raise KafkaException(
