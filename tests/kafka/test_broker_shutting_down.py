@@ -7,7 +7,7 @@ brokers only (what librdkafka's DescribeCluster asks), it answers naming neither
 nor a topic; librdkafka's metadata parser refuses that answer without setting the reply's
 error, so ``rd_kafka_DescribeClusterResponse_parse`` returns success with no result, and the
 assertion aborts the process.  ``/readyz`` asked DescribeCluster every time; a loop of them
-across ``scripts/kafka.sh restart`` aborted in 3 of 4 outages.
+across ``scripts/kafka.sh restart`` aborted in 4 of 5 outages.
 
 The broker here is a stand-in speaking Kafka's protocol on loopback: the session's real one
 answers so only for a few milliseconds of a restart, which a quick test cannot aim at.  It
@@ -33,7 +33,8 @@ from tests.conftest import REPO
 _API_VERSIONS = 18
 _METADATA = 3
 _METADATA_MAX = 4
-"""The last Metadata version without flexible fields: all the stand-in has to speak."""
+"""The only Metadata version the stand-in speaks: not flexible (those are 9+), and with the
+cluster's id and its controller, which DescribeCluster needs."""
 _CLUSTER_ID = "stand-in-cluster"
 
 _ASKS = """
