@@ -36,6 +36,7 @@ from confluent_kafka.admin import (
 from log_store.errors import BadRequest, StoreUnavailable, TopicExists, UnknownTopic
 from log_store.interface import PartitionInfo, TopicConfig
 from log_store.kafka import naming
+from log_store.kafka.bootstrap import cluster_answer
 from log_store.kafka.failures import (
     as_store_error,
     ask_again,
@@ -170,8 +171,8 @@ def _new_topic_unknown(exc: Exception) -> float | None:
 def _unreached(client: AdminClient) -> BaseException | None:
     """Why ``client`` got no answer from Kafka within :data:`_RENEW_LOOK_S`; None if it did."""
     try:
-        client.describe_cluster(request_timeout=_RENEW_LOOK_S).result(timeout=_RENEW_LOOK_S + 0.5)
-    except (KafkaException, concurrent.futures.TimeoutError) as exc:
+        cluster_answer(client, _RENEW_LOOK_S)  # not DescribeCluster: see cluster_answer
+    except KafkaException as exc:
         return exc
     return None
 
@@ -370,19 +371,16 @@ class TopicAdmin:
     def reachable(self, timeout_s: float) -> str | None:
         """Return the cluster's id (None if the broker does not say) once a broker answered a
         metadata request, or raise StoreUnavailable."""
-        # DescribeCluster: small, and unlike a metadata request naming a topic it can never
-        # make a broker with auto.create.topics.enable create one
-        future = self.client.describe_cluster(request_timeout=timeout_s)
+        # the metadata of all topics, not DescribeCluster, which a broker shutting down makes
+        # librdkafka abort the process on (see cluster_answer), nor of one topic, which a
+        # broker with auto.create.topics.enable would create
         try:
-            cluster = future.result(timeout=timeout_s + 0.5)
+            metadata = cluster_answer(self.client, timeout_s)
         except KafkaException as exc:
             self._unanswered(kafka_error(exc))
-            raise as_store_error(exc, "asking Kafka to describe the cluster") from exc
-        except concurrent.futures.TimeoutError:
-            self._unanswered(None)
-            raise StoreUnavailable(f"Kafka did not answer within {timeout_s:g} s") from None
+            raise as_store_error(exc, "asking Kafka for the cluster's metadata") from exc
         self._answered()
-        cluster_id = getattr(cluster, "cluster_id", None)
+        cluster_id = getattr(metadata, "cluster_id", None)
         return str(cluster_id) if cluster_id else None
 
     def names(self) -> list[str]:
