@@ -22,3 +22,18 @@ def seconds(text: str) -> float:
             f"must be a finite number of seconds, 0 or more, not {text}"
         )
     return value
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--log-level``, the same four levels in any case for every command; the value is
+    lower case (``logging`` wants it upper: ``args.log_level.upper()``)."""
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help=f"{', '.join(LOG_LEVELS)}, in any case ({default})",
+    )

@@ -35,7 +35,7 @@ from delivery.partition_reader import MAX_MAX_BYTES
 from delivery.pull_client import GatewayUnavailable, RequestRefused
 from log_store.errors import BadRequest
 from ops import stop_signals
-from ops.commands.arg_types import seconds
+from ops.commands.arg_types import add_log_level, seconds
 from ops.graphite import add_graphite_options, graphite_from
 from ops.token_options import add_token_options, token_from
 
@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, metavar="PORT", help="serve /metrics on 127.0.0.1:PORT"
     )
     add_graphite_options(parser)
-    parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning"))
+    add_log_level(parser, "warning")
 
 
 def run(args: argparse.Namespace) -> int:

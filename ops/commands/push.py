@@ -10,7 +10,7 @@ from pathlib import Path
 
 from log_store.errors import BadRequest, LogbrokerError
 from ops import stop_signals
-from ops.commands.arg_types import seconds
+from ops.commands.arg_types import add_log_level, seconds
 from ops.graphite import add_graphite_options, graphite_from
 from ops.token_options import TokenFileError, read_token_file
 from push_client.config import CODECS, ConfigError, PushConfig, build_config
@@ -129,18 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--status", action="store_true", help="print per-file lag of a running client and exit"
     )
-    parser.add_argument(
-        "--log-level",
-        default="INFO",
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="DEBUG, INFO, WARNING, ERROR, in any case (INFO)",
-    )
+    add_log_level(parser, "info")
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
-        level=args.log_level,
+        level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # One line per request would drown the client's own messages.

@@ -30,7 +30,7 @@ from uvicorn.supervisors import Multiprocess
 from log_store.errors import BadRequest, LogbrokerError, StoreUnavailable
 from ops import heap, stop_signals
 from ops.advertised_url import DEFAULT_WAIT_S, AdvertisedUrlWrong, check_advertised_url
-from ops.commands.arg_types import seconds
+from ops.commands.arg_types import add_log_level, seconds
 from ops.graphite import add_graphite_options
 from ops.retention import DEFAULT_INTERVAL_S, RetentionWatchdog
 from ops.source_expiry import SourceExpiryWatchdog
@@ -110,9 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-metrics-require-token makes it public",
     )
     add_graphite_options(parser)
-    parser.add_argument(
-        "--log-level", default="warning", choices=("debug", "info", "warning", "error")
-    )
+    add_log_level(parser, "warning")
     parser.add_argument(
         "--retention-check-seconds",
         type=seconds,

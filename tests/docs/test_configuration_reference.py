@@ -46,3 +46,18 @@ def test_every_push_client_setting_is_documented() -> None:
     assert push <= documented_keys("`[push]`"), push - documented_keys("`[push]`")
     entry = set(push_config._ENTRY_KEYS)
     assert entry <= documented_keys("`[[entry]]`"), entry - documented_keys("`[[entry]]`")
+
+
+def test_every_push_client_flag_is_documented() -> None:
+    """A flag of ``logbroker push --help`` that the push-client's section does not name could
+    not be mapped to its key (``host`` is ``--host-name``, ``inotify = false``
+    ``--no-inotify``)."""
+    from ops.cli import build_parser
+
+    parser, _modules = build_parser("push")
+    push = parser.get_default("_parser_push")
+    flags = {o for a in push._actions for o in a.option_strings if o.startswith("--")}
+    text = PAGE.read_text()
+    section = text[text.index("## The push-client\n") :]
+    missing = {f for f in flags - {"--help"} if f"`{f}" not in section}
+    assert not missing, missing

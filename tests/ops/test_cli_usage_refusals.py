@@ -50,7 +50,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["push", "--server", NOWHERE, "--log-type", "app", "--state-dir",
              str(tmp / "push-state"), str(tmp / "app.log"), "--idle-exit", "1",
              "--log-level", "LOUD"],
-            "argument --log-level: invalid choice: 'LOUD'",
+            "argument --log-level: invalid choice: 'loud'",
         ),
         "push-idle-exit-nan": (
             ["push", "--server", NOWHERE, "--log-type", "app", "--state-dir",
@@ -161,3 +161,16 @@ def test_topics_create_refused_leaves_no_topic(
         assert [t.name for t in store.list_topics()] == ["dc1.app"]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("command", ["serve", "push", "mirror"])
+@pytest.mark.parametrize("given", ["error", "INFO", "Warning", "debug"])
+def test_every_command_takes_the_same_log_levels_in_any_case(command: str, given: str) -> None:
+    """``mirror --log-level error`` was refused and ``serve --log-level INFO`` too, while
+    ``push`` took both: one set of levels, in any case, for every command."""
+    from ops.cli import build_parser
+
+    required = {"mirror": MIRROR[1:], "push": [], "serve": []}[command]
+    parser, _modules = build_parser(command)
+    args = parser.parse_args([command, *required, "--log-level", given])
+    assert args.log_level == given.lower()
