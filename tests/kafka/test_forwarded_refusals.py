@@ -5,17 +5,19 @@ it as the client's fault (a record larger than Kafka's topics take, a limit), wh
 answer 413 or 429 had the write come to it directly.  The peer batch protocol used to name
 only ``not_owner`` and ``unknown_topic``: everything else came back as ``unavailable``, and
 the client got 503 and retried for ever.  No broker here: the owner is the real peer API over
-a stand-in store, called through the real HTTP peer link (in this process).
+a stand-in store, called through the real HTTP peer link (in this process); the last test
+has two gateways on the session's Kafka.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from starlette.applications import Starlette
@@ -28,10 +30,11 @@ with warnings.catch_warnings():
 
 from ingest_api.context import GatewayContext
 from ingest_api.errors import exception_handlers
+from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
 from ingest_api.peer_api import PeerApi
 from ingest_api.peer_link import BATCH_PATH, HttpPeerLink, partition_path
 from ingest_api.settings import load_settings
-from log_store import open_store
+from log_store import LogStore, TopicConfig, open_store
 from log_store.errors import (
     BadRequest,
     LimitReached,
@@ -49,6 +52,10 @@ from log_store.kafka.remote_transaction import (
     decode_outcomes,
     encode_outcomes,
 )
+from session_dedup.pinning import stable_partition
+from tests.conftest import GatewayProcess
+from tests.gateway.conftest import meta
+from tests.kafka.conftest import wait_until
 
 OWNER = "http://owner.test"
 TOO_LARGE = (
@@ -183,3 +190,60 @@ def test_gateways_of_different_versions_answer_503_as_before() -> None:
         {"answers": [{"status": "error", "error": "limit_reached", "reason": "r"}]}, 1
     )
     assert type(crossed) is StoreUnavailable
+
+
+def _owners(url: str, topic: str) -> dict[int, str]:
+    answer = httpx.get(f"{url}/v1/topics/{topic}/owners", timeout=10)
+    if answer.status_code != 200:
+        return {}
+    return {p["partition"]: (p["owner"] or "").rstrip("/") for p in answer.json()["partitions"]}
+
+
+@pytest.mark.kafka
+def test_a_chunk_too_large_for_kafka_is_answered_413_alike_by_its_owner_and_through_another(
+    start_kafka_gateway: Callable[..., GatewayProcess],
+    kafka_store: LogStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two gateways on the session's Kafka; a chunk larger than Kafka's records may be (an
+    operator raised ``max_chunk_bytes`` past them), of a source on a partition the second
+    owns.  Written through the first, it used to be answered 503 (retried for ever); now the
+    answer is the owner's own, word for word: 413 ``record_too_large``."""
+    monkeypatch.setenv("LOGBROKER_LIMITS_MAX_CHUNK_BYTES", str(32 * 1024 * 1024))
+    monkeypatch.setenv("LOGBROKER_LIMITS_MAX_BODY_BYTES", str(64 * 1024 * 1024))
+    topic = "dc1.big"
+    kafka_store.create_topic(topic, TopicConfig(partitions=4))
+    first = start_kafka_gateway()
+    second = start_kafka_gateway()
+    wait_until(
+        lambda: set(_owners(first.url, topic).values()) == {first.url, second.url},
+        60,
+        "both gateways to own partitions of the topic",
+    )
+    owners = _owners(first.url, topic)
+    source = next(
+        s for s in (f"big-{i}" for i in range(200)) if owners[stable_partition(s, 4)] == second.url
+    )
+    line = b"x" * 199 + b"\n"
+    too_large = line * (17 * 1024 * 1024 // len(line))
+
+    def write(gateway: GatewayProcess, seqno: int, data: bytes) -> httpx.Response:
+        body = encode_binary([(meta(source, log_type="big"), [(seqno, 0, data)])])
+        return httpx.post(
+            gateway.url + "/v1/write",
+            content=body,
+            headers={"Content-Type": BINARY_MEDIA_TYPE},
+            timeout=120,
+        )
+
+    assert write(first, 1, line).status_code == 200
+    forwarded = write(first, 2, too_large)
+    direct = write(second, 2, too_large)
+    assert direct.status_code == 413, direct.text
+    assert forwarded.status_code == 413, forwarded.text
+    assert forwarded.json() == direct.json()
+    assert forwarded.json()["error"] == "record_too_large"
+    assert "retry-after" not in forwarded.headers
+    taken = write(first, 2, line)
+    assert taken.status_code == 200, taken.text
+    assert taken.json()["results"][0]["acks"][0]["status"] == "written"
