@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from log_store import TopicConfig
+from log_store.errors import LogbrokerError
 from log_store.kafka import KafkaSettings, open_kafka_store
 from log_store.kafka.remote_transaction import (
     CommitAnswer,
@@ -47,7 +48,9 @@ class _NoLink:
     def read_state(self, *_args: Any) -> tuple[dict[str, bytes | None], int]:
         raise AssertionError("no owner was announced: nobody is asked")
 
-    def commit_many(self, url: str, items: Sequence[ForwardedTransaction]) -> list[CommitAnswer]:
+    def commit_many(
+        self, url: str, items: Sequence[ForwardedTransaction]
+    ) -> list[CommitAnswer | LogbrokerError]:
         raise AssertionError("no owner was announced: nobody is asked")
 
     def close(self) -> None:
