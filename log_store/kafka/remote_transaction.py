@@ -958,13 +958,13 @@ def owner_error_of(doc: Mapping[str, Any]) -> LogbrokerError:
         return NotOwner(reason)
     if kind == "unknown_topic":
         return UnknownTopic(reason)
-    if kind == "limit_reached":
+    if kind == "limit_reached":  # stated with the limit, or not at all
         limit, maximum = doc.get("limit"), doc.get("max")
         if isinstance(limit, str) and type(maximum) is int:
             return LimitReached(reason, limit, maximum)
         return StoreUnavailable(reason)
     for refusal, name in _REFUSALS:
-        if kind == name and refusal is not LimitReached:
+        if kind == name:
             return refusal(reason)
     return StoreUnavailable(reason)
 
