@@ -18,7 +18,9 @@
 Permission: :data:`~ingest_api.access.PEER` - the ``peer_token`` as bearer (it must be
 configured when ``[tokens]`` are; no client token passes, not even an admin's).  A gateway
 that does not own the partition answers 409 ``not_owner``; the caller looks for the new owner
-(see ``log_store.kafka.remote_transaction``).
+(see ``log_store.kafka.remote_transaction``).  A transaction of a batch that the owner refuses
+as the client's fault (a record larger than Kafka takes: ``record_too_large``, ...) is
+answered with that refusal's name, and the caller answers its client as this gateway would.
 
 When the app stops, the gateway leaves the gateways' group (joined in ``open_context``),
 handing every partition it owns on at once.

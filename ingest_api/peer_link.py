@@ -3,7 +3,9 @@
 A plain blocking HTTP client (the store calls it from its own threads), one connection pool
 for every peer, the peer token as bearer.  Answers are turned back into the errors the
 store acts on: ``NotOwner`` (look for the new owner), ``PeerUnreachable`` (wait for a new
-owner to be announced), ``UnknownTopic``, ``StoreUnavailable``.
+owner to be announced), ``UnknownTopic``, ``StoreUnavailable``; and the owner's refusal of
+one transaction of a batch into the error the owner raised (``RecordTooLarge``, ...: see
+``remote_transaction.owner_error_of``), which the client is answered with, not retried.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ from session_dedup.exactly_once import (
     CHUNK_STATUSES,
     WRITTEN,
     ExactlyOnceWriter,
+    PinsUnavailable,
     Session,
     SessionRequest,
     WriteOutcome,
@@ -284,9 +285,16 @@ class WriteApi:
                     "max": self.limits.source_chunks_per_second,
                 },
             )
-        results = await self.writer.write_each_async(
-            [(s.meta, s.batch) for s in admitted], self.ctx.topic_creator(grant)
-        )
+        try:
+            results = await self.writer.write_each_async(
+                [(s.meta, s.batch) for s in admitted], self.ctx.topic_creator(grant)
+            )
+        except PinsUnavailable as exc:
+            # sources routed here for the first time whose pins' partition has no reachable
+            # owner: named, so that a client holds back those alone and sends the others
+            if not exc.source_ids:
+                raise
+            raise partitions_unavailable([(s, exc) for s in exc.source_ids]) from None
         # counted also when the request fails: its retry answers what was written `duplicate`
         self._audit(admitted, results)
         failed = [

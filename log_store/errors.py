@@ -6,6 +6,8 @@ Every error a caller can act on derives from :class:`LogbrokerError`.  The HTTP 
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 
 class LogbrokerError(Exception):
     """Root of every error raised by logbroker's packages."""
@@ -100,12 +102,28 @@ class PartitionUnavailable(StoreUnavailable):
     """One partition cannot take writes now: no gateway owns it (its owner died and the group
     has not handed it on yet) or its owner cannot be reached.  The store's other partitions
     may well take writes; ``topic`` and ``partition`` name the one that cannot, so that a
-    request of many sources can say which of them wait."""
+    request of many sources can say which of them wait.
 
-    def __init__(self, message: str, topic: str, partition: int) -> None:
+    ``keys``: when a call about topic-level state failed so (``get_topic_state_many`` and
+    the like, whose keys live in partitions of their own), the keys of the call that live in
+    this partition: only they wait for it.  None for any other call."""
+
+    def __init__(
+        self,
+        message: str,
+        topic: str,
+        partition: int,
+        *,
+        keys: Collection[str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.topic = topic
         self.partition = partition
+        self.keys = None if keys is None else frozenset(keys)
+
+    def holding(self, keys: Collection[str]) -> PartitionUnavailable:
+        """The same error, saying that ``keys`` (topic-level state keys) wait for it."""
+        return PartitionUnavailable(str(self), self.topic, self.partition, keys=keys)
 
 
 class TopicDeletedInFlight(StoreUnavailable):

@@ -25,6 +25,7 @@ from typing import Protocol, runtime_checkable
 
 from log_store.errors import (
     LimitReached,
+    PartitionUnavailable,
     StoreUnavailable,
     TopicDeletedInFlight,
     UnknownPartition,
@@ -181,6 +182,16 @@ class WriteOutcome:
         return self.written.count(1)
 
 
+class PinsUnavailable(PartitionUnavailable):
+    """The partition that holds the pins of sources being routed (their first write here:
+    no pin cached) has no reachable owner.  ``source_ids`` are those of them that wait for
+    it; the others could be routed (on Kafka a topic's pins are spread over its partitions)."""
+
+    def __init__(self, cause: PartitionUnavailable, source_ids: Sequence[str]) -> None:
+        super().__init__(str(cause), cause.topic, cause.partition, keys=cause.keys)
+        self.source_ids = tuple(source_ids)
+
+
 def _source_limit(maximum: int) -> LimitReached:
     return LimitReached(
         f"the source's partition holds {maximum} sources, its limit; a new source is refused "
@@ -298,7 +309,17 @@ class SourceRouter:
         """Routes of many ``(topic, source_id)``; new pins of a topic are made in one step.
 
         A topic created on first use is counted as ``creator``'s (see
-        :class:`~log_store.topic_quota.TopicQuota`)."""
+        :class:`~log_store.topic_quota.TopicQuota`).  :class:`PinsUnavailable` if a partition
+        holding pins (or the topic's own record) has no reachable owner, naming the sources
+        that wait for it."""
+        try:
+            return self._route_many_checked(sources, creator)
+        except PartitionUnavailable as exc:
+            raise self._pins_unavailable(exc, sources) from None
+
+    def _route_many_checked(
+        self, sources: Sequence[tuple[str, str]], creator: str | None
+    ) -> list[SourceRoute]:
         try:
             return self._route_many_once(sources, creator)
         except UnknownTopic:
@@ -309,6 +330,20 @@ class SourceRouter:
                 return self._route_many_once(sources, creator)
             except UnknownTopic:
                 raise _topic_vanished(sources[0][0]) from None
+
+    def _pins_unavailable(
+        self, exc: PartitionUnavailable, sources: Sequence[tuple[str, str]]
+    ) -> PinsUnavailable:
+        """``exc`` naming which of ``sources`` wait for its partition: those whose pin it
+        holds, if the store says which keys wait (else, or if the key is one all of them
+        need, such as the topic's count of deleted pins: every source of its topic)."""
+        asked = list(dict.fromkeys(s for t, s in sources if t == exc.topic))
+        cached = self._topics.get(exc.topic)
+        if exc.keys is None or cached is None:
+            return PinsUnavailable(exc, asked)
+        topic_id = cached[0].topic_id
+        held = [s for s in asked if pin_key(topic_id, s) in exc.keys]
+        return PinsUnavailable(exc, held or asked)
 
     def _route_many_once(
         self, sources: Sequence[tuple[str, str]], creator: str | None
@@ -388,6 +423,8 @@ class SourceRouter:
                     self._put_pins_back(topic, moved)
             except UnknownTopic:
                 continue  # deleted meanwhile: so is the state the pin would guard
+            except PartitionUnavailable as exc:
+                raise self._pins_unavailable(exc, [(topic, s) for _r, s in items]) from None
             if moved:
                 with self._lock:
                     self._saw_deletions(topic_id, now)

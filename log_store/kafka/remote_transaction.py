@@ -31,8 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from log_store.errors import (
+    BadRequest,
+    LimitReached,
     LogbrokerError,
     PartitionUnavailable,
+    RecordTooLarge,
     StoreUnavailable,
     UnknownPartition,
     UnknownTopic,
@@ -281,8 +284,7 @@ def encode_outcomes(outcomes: Sequence[CommitAnswer | LogbrokerError]) -> dict[s
         if isinstance(outcome, CommitAnswer):
             answers.append(outcome.to_json())
         else:
-            kind = owner_error_kind(outcome)
-            answers.append({"status": "error", "error": kind, "reason": str(outcome)})
+            answers.append({"status": "error", **owner_error_json(outcome)})
     return {"answers": answers}
 
 
@@ -295,14 +297,7 @@ def decode_outcomes(doc: Mapping[str, Any], count: int) -> list[CommitAnswer | L
         if answer.get("status") != "error":
             outcomes.append(CommitAnswer.from_json(answer))
             continue
-        reason = str(answer.get("reason", ""))
-        kind = answer.get("error")
-        if kind == "not_owner":
-            outcomes.append(NotOwner(reason))
-        elif kind == "unknown_topic":
-            outcomes.append(UnknownTopic(reason))
-        else:
-            outcomes.append(StoreUnavailable(reason))
+        outcomes.append(owner_error_of(answer))
     return outcomes
 
 
@@ -316,7 +311,8 @@ def decode_values(doc: Mapping[str, Any]) -> tuple[dict[str, bytes | None], int]
 
 class PeerLink(Protocol):
     """How one gateway reaches another.  Errors: ``NotOwner``, ``PeerUnreachable``,
-    ``UnknownTopic``, ``StoreUnavailable``."""
+    ``UnknownTopic``, ``StoreUnavailable``; and, for one transaction, the owner's refusal of
+    it (``RecordTooLarge``, ... see ``_REFUSALS``)."""
 
     def read_state(
         self, url: str, topic: str, partition: int, keys: Sequence[str]
@@ -918,13 +914,59 @@ class RemoteTransactions:
         self._link.close()
 
 
+_REFUSALS: tuple[tuple[type[BadRequest], str], ...] = (
+    (RecordTooLarge, "record_too_large"),
+    (LimitReached, "limit_reached"),
+    (UnknownPartition, "unknown_partition"),
+    (BadRequest, "bad_request"),
+)
+"""The owner's refusals of a forwarded transaction (it fails the same way on every retry: the
+client's data, not the installation's health, is at fault), in the order they are looked for
+(a subclass before its base).  Each crosses the wire by name and is raised at the sender as
+it was at the owner, so the client is answered as if its gateway owned the partition (413
+``record_too_large``, 429 ``limit_reached``, ...), not 503 for ever.  A peer of an earlier
+version names none of them (``unavailable``), and takes a name it does not know for
+``unavailable``: a mixed pair answers 503, as both did before."""
+
+
 def owner_error_kind(exc: BaseException) -> str:
     """How a peer names an error it answers with (``ingest_api`` maps it to a status)."""
     if isinstance(exc, NotOwner):
         return "not_owner"
     if isinstance(exc, UnknownTopic):
         return "unknown_topic"
+    for refusal, kind in _REFUSALS:
+        if isinstance(exc, refusal):
+            return kind
     return "unavailable"
+
+
+def owner_error_json(exc: BaseException) -> dict[str, Any]:
+    """The owner's error for one forwarded transaction, as its answer carries it."""
+    doc: dict[str, Any] = {"error": owner_error_kind(exc), "reason": str(exc)}
+    if isinstance(exc, LimitReached):
+        doc.update(limit=exc.limit, max=exc.maximum)
+    return doc
+
+
+def owner_error_of(doc: Mapping[str, Any]) -> LogbrokerError:
+    """The error an owner's answer names (see :func:`owner_error_json`); ``StoreUnavailable``
+    for a name this version does not know (a later version's)."""
+    reason = str(doc.get("reason", ""))
+    kind = doc.get("error")
+    if kind == "not_owner":
+        return NotOwner(reason)
+    if kind == "unknown_topic":
+        return UnknownTopic(reason)
+    if kind == "limit_reached":  # stated with the limit, or not at all
+        limit, maximum = doc.get("limit"), doc.get("max")
+        if isinstance(limit, str) and type(maximum) is int:
+            return LimitReached(reason, limit, maximum)
+        return StoreUnavailable(reason)
+    for refusal, name in _REFUSALS:
+        if kind == name:
+            return refusal(reason)
+    return StoreUnavailable(reason)
 
 
 def _left(deadline: float | None, otherwise: float) -> float:

@@ -35,6 +35,7 @@ from log_store.errors import (
     BadRequest,
     LogbrokerError,
     OffsetOutOfRange,
+    PartitionUnavailable,
     StoreUnavailable,
     UnknownPartition,
     UnknownTopic,
@@ -326,8 +327,12 @@ class KafkaLogStore:
                 return ()
 
             functions.append((topic, home, put_if_absent))
-        for future in self.submit_many(functions):  # one request per owner elsewhere
-            future.result()
+        futures = self.submit_many(functions)  # one request per owner elsewhere
+        for (_topic, home, _fn), future in zip(functions, futures, strict=True):
+            try:
+                future.result()
+            except PartitionUnavailable as exc:  # only the keys of that home wait for it
+                raise exc.holding(homes[home]) from None
         return {key: won[key] for key in items}
 
     def get_topic_state(self, topic: str, key: str) -> bytes | None:
@@ -350,6 +355,8 @@ class KafkaLogStore:
                 # (and made again with fewer partitions); the caller looks it up again
                 self._topics.pop(topic, None)
                 raise PartitionGone(str(exc)) from None
+            except PartitionUnavailable as exc:  # only the keys of that home wait for it
+                raise exc.holding(wanted) from None
             for key in wanted:
                 found[key] = values[TOPIC_STATE_PREFIX + key]
         return {key: found[key] for key in keys}
