@@ -39,11 +39,15 @@ def free_port() -> int:
     kernel picked (binding port 0) could be given to two workers at once, or to a test while
     another test's killed gateway was still being retried at it: a gateway that then lost the
     bind exited, but its test had already seen ``/healthz`` answered by the other test's
-    gateway, and the two tests wrote into each other's logs."""
+    gateway, and the two tests wrote into each other's logs.  A run in one process (``-n 0``)
+    takes one of ten slices by its pid, so that two such runs side by side rarely meet."""
     global _next_port
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    index = int(worker) if worker.isdigit() else 0
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        worker = os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")
+        index = int(worker) if worker.isdigit() else 0
+    else:  # one process (-n 0): a slice by pid, so that two such runs side by side differ
+        workers, index = 10, os.getpid() % 10
     size = len(_PORTS) // max(1, workers)
     mine = range(_PORTS.start + index * size, _PORTS.start + (index + 1) * size)
     for _ in range(len(mine)):
