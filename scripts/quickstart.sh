@@ -43,6 +43,11 @@ trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
 trap '[[ -n $stopping ]] || cleanup' EXIT
 
+# Whatever answers on a port in use is not our gateway: the demo would ship into it.
+if ! python -c "import socket; socket.create_server(('127.0.0.1', $PORT)).close()" 2>/dev/null; then
+  echo "quickstart: port $PORT is in use (another gateway?); run it on another: PORT=8090 $0" >&2
+  exit 1
+fi
 # Own sessions: a Ctrl-C reaches the reader only; the trap stops the rest in order.
 setsid logbroker serve --data-dir "$DEMO/store" --port "$PORT" --dc dc1 >"$DEMO/gateway.log" 2>&1 &
 pids+=($!)
@@ -51,12 +56,14 @@ gateway=$!
 up=""
 deadline=$((SECONDS + 120))
 while ((SECONDS < deadline)); do
+  kill -0 "$gateway" 2>/dev/null || break
   if python -c "import httpx,sys; sys.exit(httpx.get('http://127.0.0.1:$PORT/healthz').status_code!=200)" \
     2>/dev/null; then
-    up=1
+    # answered by ours only if ours still runs (one that lost the port exits at once)
+    sleep 0.5
+    kill -0 "$gateway" 2>/dev/null && up=1
     break
   fi
-  kill -0 "$gateway" 2>/dev/null || break
   sleep 0.1
 done
 if [[ -z $up ]]; then
