@@ -129,28 +129,60 @@ def gone_of(meta: dict[str, Any]) -> str | None:
     return str(error.get("reason", error["error"]))
 
 
+def gateway_urls(text: str) -> list[str]:
+    """The gateways of ``URL[,URL...]`` (one installation), in order."""
+    return [url.strip().rstrip("/") for url in text.split(",") if url.strip()]
+
+
 class PullClient:
-    """One gateway's read API."""
+    """The read API of one installation's gateways: ``base_url`` is ``URL[,URL...]``.
+
+    Requests go to one gateway; a gateway that cannot be reached or answers 5xx raises
+    :class:`GatewayUnavailable` and the next request goes to the next one.  On Kafka every
+    gateway serves every group member, so a member whose gateway died heartbeats and commits
+    through another before its session ends, instead of being dropped and its uncommitted
+    messages read again by another member."""
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s),
-            # plain HTTP needs no CA certificates: loading them is a tenth of a reader's start
-            verify=not base_url.startswith("http://"),
-        )
+        self._clients = [
+            httpx.Client(
+                base_url=url,
+                headers=headers,
+                timeout=httpx.Timeout(timeout_s),
+                # plain HTTP needs no CA certificates: loading them is a tenth of a reader's start
+                verify=not url.startswith("http://"),
+            )
+            for url in gateway_urls(base_url) or [base_url]
+        ]
+        self._current = 0
         self._timeout_s = timeout_s
 
+    @property
+    def _http(self) -> httpx.Client:
+        return self._clients[self._current]
+
+    @property
+    def url(self) -> str:
+        """The gateway the next request goes to."""
+        return str(self._http.base_url).rstrip("/")
+
     def close(self) -> None:
-        self._http.close()
+        for client in self._clients:
+            client.close()
+
+    def _unavailable(self, message: str) -> GatewayUnavailable:
+        """``message`` as the failure of the gateway asked; the next request asks the next."""
+        if len(self._clients) > 1:
+            message = f"{self.url}: {message}"
+            self._current = (self._current + 1) % len(self._clients)
+        return GatewayUnavailable(message)
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise GatewayUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+            raise self._unavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
         return self._checked(method, path, response)
 
     def _checked(self, method: str, path: str, response: httpx.Response) -> httpx.Response:
@@ -170,7 +202,7 @@ class PullClient:
                     int(body.get("partition", -1)),
                 )
         if response.status_code >= 500:
-            raise GatewayUnavailable(
+            raise self._unavailable(
                 f"{method} {path}: gateway answered {response.status_code}: {response.text[:200]}"
             )
         if response.status_code >= 400:
@@ -243,7 +275,7 @@ class PullClient:
             finally:
                 response.close()
         except httpx.HTTPError as exc:
-            raise GatewayUnavailable(f"POST /v1/fetch: {type(exc).__name__}: {exc}") from None
+            raise self._unavailable(f"POST /v1/fetch: {type(exc).__name__}: {exc}") from None
 
     def fetch(
         self,

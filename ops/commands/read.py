@@ -27,7 +27,13 @@ from delivery.consumer_group import (
 from delivery.filters import BadFilter, MessageFilter, parse_filter
 from delivery.internal_state import is_internal
 from delivery.partition_reader import MAX_MAX_BYTES
-from delivery.pull_client import GatewayUnavailable, PullClient, ReadMessage, RequestRefused
+from delivery.pull_client import (
+    GatewayUnavailable,
+    PullClient,
+    ReadMessage,
+    RequestRefused,
+    gateway_urls,
+)
 from log_store.errors import BadRequest, InvalidTopicName
 from log_store.topic_names import validate_log_type, validate_topic_name
 from ops import stop_grace, stop_signals
@@ -47,7 +53,13 @@ HANDLES_STOP_SIGNALS = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", required=True, help="gateway URL, e.g. http://127.0.0.1:8080")
+    parser.add_argument(
+        "--server",
+        required=True,
+        metavar="URL[,URL...]",
+        help="gateway URL, e.g. http://127.0.0.1:8080; several gateways of one installation "
+        "(comma-separated): a request a gateway fails goes to the next",
+    )
     parser.add_argument(
         "--topic",
         required=True,
@@ -298,13 +310,14 @@ def run(args: argparse.Namespace) -> int:
         # topic to appear, maybe for ever
         print(f"logbroker read: --max-bytes must be in 1..{MAX_MAX_BYTES}", file=sys.stderr)
         return 2
-    server = urllib.parse.urlsplit(args.server)
-    if server.scheme not in ("http", "https") or not server.hostname:
-        print(
-            f"logbroker read: --server {args.server!r} is not an http:// or https:// URL",
-            file=sys.stderr,
-        )
-        return 2
+    for url in gateway_urls(args.server) or [args.server]:
+        server = urllib.parse.urlsplit(url)
+        if server.scheme not in ("http", "https") or not server.hostname:
+            print(
+                f"logbroker read: --server {url!r} is not an http:// or https:// URL",
+                file=sys.stderr,
+            )
+            return 2
     prefix = args.topic[:-1] if args.topic.endswith("*") else None
     if any(c in (args.topic if prefix is None else prefix) for c in _GLOB_CHARS):
         print(
