@@ -213,6 +213,21 @@ async def on_startup(ctx: GatewayContext) -> None:
     # Callback gauges are read in the event loop that owns their state, and stored: other
     # workers' scrapes read them from the shared files, the Graphite sender from the registry.
     ctx.extensions[_REFRESHER] = asyncio.create_task(ctx.metrics.refresh_forever())
+    if isinstance(ctx.store, DamageReport):
+        threading.Thread(
+            target=_look_for_damage, args=(ctx.store,), name="logbroker-damage-look", daemon=True
+        ).start()
+
+
+def _look_for_damage(store: LogStore) -> None:
+    """Describe every topic once, in the background: a partition damaged while the gateway
+    was down is then named by ``/readyz`` (and logged) before any write or read of it."""
+    try:
+        for topic in store.list_topics():
+            with contextlib.suppress(LogbrokerError):  # deleted since the listing
+                store.describe_topic(topic.name)
+    except Exception as exc:  # the disk's trouble: /readyz and the writes say it
+        _log.warning("could not look for damaged partitions: %s", exc)
 
 
 async def on_shutdown(ctx: GatewayContext) -> None:
