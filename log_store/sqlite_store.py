@@ -1052,15 +1052,18 @@ class SqliteLogStore:
             if cfg.retention_ms is None and cfg.retention_bytes is None:
                 continue
             for p in range(cfg.partitions):
-                with self._lease(info.name, p) as (_, log):
-                    if not log.has_database:
-                        continue  # nothing written: nothing to drop
-                    before = log.bounds()[0]
-                    after = log.drop_segments(
-                        below_offset=None,
-                        before_ms=None if cfg.retention_ms is None else now - cfg.retention_ms,
-                        max_bytes=cfg.retention_bytes,
-                    )
+                try:
+                    with self._lease(info.name, p) as (_, log):
+                        if not log.has_database:
+                            continue  # nothing written: nothing to drop
+                        before = log.bounds()[0]
+                        after = log.drop_segments(
+                            below_offset=None,
+                            before_ms=None if cfg.retention_ms is None else now - cfg.retention_ms,
+                            max_bytes=cfg.retention_bytes,
+                        )
+                except PartitionDamaged:
+                    continue  # kept as it is for the operator (logged); the others go on
                 if after != before:
                     moved[(info.name, p)] = after
         return moved
