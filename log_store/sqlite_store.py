@@ -242,8 +242,9 @@ class SqliteLogStore:
         self._watcher = ChangeWatcher()
         self._watched: dict[tuple[str, int], bool] = {}
         self._damaged: dict[tuple[str, int], str] = {}
+        """Partitions found damaged (see ``damaged_partitions``), under ``_damaged_lock``."""
+        self._damaged_lock = threading.Lock()
         self._catalog_checkpointed = time.monotonic()
-        """Partitions found damaged (see ``damaged_partitions``)."""
         self._short_of_space: int | None = None
         """The size of the largest write that did not fit (0: a write of unknown size, such as
         SQLite's own pages), until that much is free again."""
@@ -439,7 +440,7 @@ class SqliteLogStore:
                     yield lent
                 return
             if opening and self._damaged:
-                with self._catalog_lock:
+                with self._damaged_lock:
                     self._damaged.pop((topic, partition), None)  # restored: opened whole
             try:
                 yield info, handle.log
@@ -802,11 +803,11 @@ class SqliteLogStore:
     def damaged_partitions(self) -> dict[tuple[str, int], str]:
         """The partitions this process found damaged (topic, partition: why), until one
         opens whole again (restored from a copy)."""
-        with self._catalog_lock:
+        with self._damaged_lock:
             return dict(self._damaged)
 
     def _note_damaged(self, exc: PartitionDamaged) -> None:
-        with self._catalog_lock:
+        with self._damaged_lock:
             if (exc.topic, exc.partition) not in self._damaged:
                 _log.error("%s", exc)
             self._damaged[(exc.topic, exc.partition)] = str(exc)
@@ -984,7 +985,7 @@ class SqliteLogStore:
             raise exc.located(topic, partition) from exc
         except PartitionDamaged as exc:
             # Said to readers as damaged data, which every reader already stops at and
-            # reports (the others partitions read on): waiting does not mend it either.
+            # reports (the other partitions read on): waiting does not mend it either.
             start, end = self._damaged_bounds(topic, partition, offset)
             raise CorruptData(str(exc), offset, start, end, topic, partition) from exc
 
