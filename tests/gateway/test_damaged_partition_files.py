@@ -15,9 +15,10 @@ from typing import Any
 
 import httpx
 
+from ingest_api.framing import encode_binary
 from session_dedup.pinning import stable_partition
 from tests.conftest import REPO, GatewayProcess, logbroker_cmd
-from tests.gateway.conftest import source_seqnos
+from tests.gateway.conftest import chunk_data, meta, source_seqnos
 
 TOPIC = "dc1.app"
 PARTITIONS = 4
@@ -100,6 +101,20 @@ def test_a_partition_that_lost_acked_data_is_refused_alone_and_named(
     assert body["partitions"][0]["partition"] == damaged
     assert "acknowledged data is missing" in body["reason"], body
 
+    # one request of both: the healthy source is written, the other named to be held back
+    both = client.post_binary(
+        encode_binary(
+            [
+                (meta(healthy[0]), [(5, 0, chunk_data(5))]),
+                (meta(hurt[0]), [(5, 0, chunk_data(5))]),
+            ]
+        )
+    )
+    assert both.status_code == 503, both.text
+    (named_part,) = both.json()["partitions"]
+    assert named_part["partition"] == damaged and named_part["source_ids"] == [hurt[0]]
+    assert _statuses(client, healthy[0], [5]) == ["duplicate"]
+
     described = httpx.get(f"{gw.url}/v1/topics/{TOPIC}", timeout=30)
     assert described.status_code == 200, described.text
     parts = {p["partition"]: p for p in described.json()["partitions"]}
@@ -113,7 +128,8 @@ def test_a_partition_that_lost_acked_data_is_refused_alone_and_named(
     )  # fmt: skip
     assert read.returncode == 3, read.stderr
     got = _read_chunks(read.stdout)
-    assert sorted(got) == sorted((s, n) for s in healthy for n in [*SEQNOS, 4])
+    expected = [(s, n) for s in healthy for n in [*SEQNOS, 4]] + [(healthy[0], 5)]
+    assert sorted(got) == sorted(expected)
     assert f"{TOPIC}/{damaged} was not read past offset 0" in read.stderr
 
     assert gw.stop() == 0
