@@ -300,7 +300,7 @@ class SqliteLogStore:
             return
         known = known_ids()
         unknown = [
-            f"{name} (id {topic_id})"
+            f"{name}/{topic_id}"
             for name, topic_id in found
             if topic_id not in known and _holds_data(root / name / topic_id)
         ]
@@ -314,7 +314,8 @@ class SqliteLogStore:
             f"{self.CATALOG} does not know ({shown}): the catalog was lost or rolled back "
             "(a missing catalog.db or catalog.db-wal), and a gateway on it would take every "
             "acknowledged chunk again as new; restore catalog.db together with its "
-            "catalog.db-wal from a copy, or move topics/ aside to start an empty store"
+            "catalog.db-wal from a copy (or, for a directory left by a deleted topic, "
+            "remove that directory)"
         )
 
     def _checkpoint_catalog(self) -> None:
