@@ -39,7 +39,7 @@ from ingest_api.errors import RETRY_AFTER_S, error_response
 from ingest_api.metrics import MetricsRegistry
 from ingest_api.openapi import build_openapi
 from log_store.errors import LogbrokerError
-from log_store.interface import LogStore
+from log_store.interface import DamageReport, LogStore
 
 _log = logging.getLogger(__name__)
 
@@ -74,9 +74,17 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
             return error_response(
                 503, "not_ready", reason, headers={"Retry-After": str(RETRY_AFTER_S)}
             )
-        return Response(
-            orjson.dumps({"status": "ready", "dc": ctx.settings.dc}), media_type="application/json"
-        )
+        ready: dict[str, Any] = {"status": "ready", "dc": ctx.settings.dc}
+        if isinstance(ctx.store, DamageReport):
+            # Ready all the same: the other partitions take writes (a balancer must not take
+            # the gateway out for one partition), but an operator reads which one cannot.
+            damaged = ctx.store.damaged_partitions()
+            if damaged:
+                ready["damaged_partitions"] = [
+                    {"topic": topic, "partition": partition, "reason": reason}
+                    for (topic, partition), reason in sorted(damaged.items())
+                ]
+        return Response(orjson.dumps(ready), media_type="application/json")
 
     render_limiter: list[anyio.CapacityLimiter] = []
 
@@ -205,6 +213,21 @@ async def on_startup(ctx: GatewayContext) -> None:
     # Callback gauges are read in the event loop that owns their state, and stored: other
     # workers' scrapes read them from the shared files, the Graphite sender from the registry.
     ctx.extensions[_REFRESHER] = asyncio.create_task(ctx.metrics.refresh_forever())
+    if isinstance(ctx.store, DamageReport):
+        threading.Thread(
+            target=_look_for_damage, args=(ctx.store,), name="logbroker-damage-look", daemon=True
+        ).start()
+
+
+def _look_for_damage(store: LogStore) -> None:
+    """Describe every topic once, in the background: a partition damaged while the gateway
+    was down is then named by ``/readyz`` (and logged) before any write or read of it."""
+    try:
+        for topic in store.list_topics():
+            with contextlib.suppress(LogbrokerError):  # deleted since the listing
+                store.describe_topic(topic.name)
+    except Exception as exc:  # the disk's trouble: /readyz and the writes say it
+        _log.warning("could not look for damaged partitions: %s", exc)
 
 
 async def on_shutdown(ctx: GatewayContext) -> None:
@@ -237,6 +260,20 @@ def _status_response(description: str, status: str) -> dict[str, Any]:
                 "type": "string",
                 "description": "on Kafka (/healthz): this gateway process's id, new at every "
                 "start, as its ownership claims carry it",
+            },
+            "damaged_partitions": {
+                "type": "array",
+                "description": "(/readyz, embedded store) partitions this gateway found "
+                "damaged: each refuses writes (503) and reads until restored from a copy, "
+                "while the others are served",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "topic": {"type": "string"},
+                        "partition": {"type": "integer"},
+                        "reason": {"type": "string"},
+                    },
+                },
             },
             "installation": {
                 "type": ["string", "null"],

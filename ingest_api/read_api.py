@@ -57,6 +57,7 @@ from ingest_api.params import (
 )
 from ingest_api.settings import Limits
 from log_store.errors import CorruptData, LimitReached, UnknownPartition, UnknownTopic
+from log_store.interface import PartitionInfo
 from log_store.topic_names import validate_topic_name
 
 _log = logging.getLogger("ingest_api")
@@ -184,6 +185,21 @@ def _has_news(batches: Sequence[PartitionBatch]) -> bool:
     return any(b.messages or b.not_envelopes or b.corrupt or b.gone for b in batches)
 
 
+def _partition_json(p: PartitionInfo) -> dict[str, Any]:
+    """One partition of ``GET /v1/topics/{topic}``; a damaged one (embedded store) says why
+    (``damaged``): a reader reads the others, and its reads of this one say it as damaged
+    data, which it stops at and reports."""
+    described: dict[str, Any] = {
+        "partition": p.partition,
+        "start_offset": p.start_offset,
+        "end_offset": p.end_offset,
+        "size_bytes": p.size_bytes,  # null where unknown (Kafka)
+    }
+    if p.damaged is not None:
+        described["damaged"] = p.damaged
+    return described
+
+
 def _refuse_raw_filter(raw: bool, filt: MessageFilter) -> None:
     """400 for a filter given with ``raw``: a raw read returns every record as stored, so the
     filter would be dropped without a word and the read widened to everything."""
@@ -262,15 +278,7 @@ class ReadApi:
             {
                 "name": info.name,
                 "topic_id": info.topic_id,
-                "partitions": [
-                    {
-                        "partition": p.partition,
-                        "start_offset": p.start_offset,
-                        "end_offset": p.end_offset,
-                        "size_bytes": p.size_bytes,  # null where unknown (Kafka)
-                    }
-                    for p in info.partitions
-                ],
+                "partitions": [_partition_json(p) for p in info.partitions],
             }
         )
 

@@ -126,6 +126,25 @@ class PartitionUnavailable(StoreUnavailable):
         return PartitionUnavailable(str(self), self.topic, self.partition, keys=keys)
 
 
+class PartitionDamaged(PartitionUnavailable):
+    """One partition of the embedded store cannot be served from its files: they lost
+    acknowledged data (a segment shorter than its index says, or gone), or hold damage that
+    recovery must not cut (docs/store.md, "Recovery"), or its index is gone and cannot be
+    rebuilt whole.  Waiting does not mend it; an operator does.  The topic's other partitions
+    are served: writes to this one are answered 503 naming it, and its reads say it as
+    damaged data (:class:`CorruptData`).  Raised without a place by the partition itself
+    (``topic`` empty) where it was not told its place."""
+
+    def __init__(self, message: str, topic: str = "", partition: int = -1) -> None:
+        super().__init__(message, topic, partition)
+
+
+class CatalogLost(BadRequest):
+    """The data directory holds topics' data that its catalog (``catalog.db``) does not
+    know: the catalog was lost or rolled back.  A store opened on it would take every
+    acknowledged chunk again under new topics, so it is not opened for writing."""
+
+
 class TopicDeletedInFlight(StoreUnavailable):
     """A write's topic was deleted while the write was in flight, and again while it was made
     again.  Nothing was acknowledged; the caller retries, and the retry makes the topic again.

@@ -112,6 +112,11 @@ class PartitionInfo:
     """None where the store does not know it (on Kafka it is the brokers')."""
     segments: int | None
     """Segment files (None on a store that has none of its own, as Kafka)."""
+    damaged: str | None = None
+    """Why the partition cannot be served, if it cannot: its files are damaged (embedded
+    store, :class:`~log_store.errors.PartitionDamaged`).  Its offsets and sizes are then what
+    its index says, or 0 and None where the index cannot say; the topic's other partitions
+    are described and served as usual."""
 
 
 @dataclass(frozen=True)
@@ -391,4 +396,14 @@ class BatchCheck(Protocol):
     def check_batches(self, topic: str, partition: int) -> list[str]:
         """Problems found checking every batch of the partition against its checksum, those
         that carry only state (which no read reads) included; [] when all are good."""
+        ...
+
+
+@runtime_checkable
+class DamageReport(Protocol):
+    """What a backend with files of its own says of partitions it found damaged
+    (:class:`~log_store.errors.PartitionDamaged`); ``/readyz`` names them."""
+
+    def damaged_partitions(self) -> dict[tuple[str, int], str]:
+        """The partitions this process found damaged, each with why, until it opens whole."""
         ...

@@ -47,6 +47,7 @@ from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import (
     CorruptData,
     OffsetOutOfRange,
+    PartitionDamaged,
     StoreFull,
     StoreUnavailable,
     TopicDeleted,
@@ -308,6 +309,7 @@ class PartitionLog:
         topic_id: str | None = None,
         on_no_space: Callable[[int], None] | None = None,
         guard: WriteGuard | None = None,
+        place: tuple[str, int] | None = None,
     ) -> None:
         """Open (creating if needed) the partition in ``directory``.
 
@@ -329,8 +331,16 @@ class PartitionLog:
         ``read_only``: create, change and touch nothing (no directory, schema or notify
         file); reads only, through ``mode=ro`` connections.  For readers such as Spark
         executors that must leave the live store to its gateway.
+
+        ``place`` (topic, partition) is what a :class:`PartitionDamaged` names.
+
+        A partition whose ``partition.db`` is gone while segment files hold its data is
+        never read as empty: opened for writing, its index is rebuilt from the segments
+        (``_create_database``); read-only, or when the segments cannot give it whole, it
+        is refused (:class:`PartitionDamaged`).
         """
         self.directory = directory
+        self._place = place
         self.segment_bytes = segment_bytes
         self._topic_id_value = (topic_id or directory.parent.name).encode()
         self._topic_alive = topic_alive
@@ -369,6 +379,11 @@ class PartitionLog:
         self._change_seq = 0
         self._wal_pages = 0  # written since the last checkpoint, roughly (committer only)
         self._made = read_only  # the database file exists: never create it again
+        if read_only and not self._db_path.exists() and has_segment_files(directory):
+            raise self._damaged(
+                "its index (partition.db) is gone while its segment files hold data; a "
+                "gateway (a store opened for writing) rebuilds it from them on open"
+            )
         if not read_only:
             if not self._db_path.exists():
                 self._create_database()
@@ -397,24 +412,18 @@ class PartitionLog:
         """
         temp = self.directory / f"partition.db.{os.getpid()}-{threading.get_ident()}.new"
         try:
-            # A rollback journal while it is built: every page is in the file once the
-            # script returns, none left in a WAL that a close might fail to checkpoint.
-            conn = sqlite3.connect(str(temp), isolation_level=None)
-            try:
-                conn.execute("PRAGMA journal_mode=DELETE")
-                conn.executescript(_SCHEMA)
-                conn.execute("PRAGMA journal_mode=WAL")
-            finally:
-                conn.close()
-            if os.path.exists(f"{temp}-wal"):
-                raise StoreUnavailable(
-                    "log store unavailable: a new partition's database was not finished"
-                )
-            fd = os.open(temp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            if has_segment_files(self.directory):
+                # Segments with no index: the index was lost.  Rebuilt under the writer lock
+                # (its cut of a torn last batch must not race a writer), whole before it is
+                # linked into place: a rebuild that fails leaves no index that would read
+                # the partition as empty, or drop the segments it did not take.
+                with self._write_lock():
+                    if not self._db_path.exists():
+                        self._build_database(temp, rebuild=True)
+                        os.rename(temp, self._db_path)
+                        fsync_directory(self.directory)  # the database file's own entry
+                return
+            self._build_database(temp, rebuild=False)
             # Renamed, not linked: a power cut's rebuild (tests/durability) models renames,
             # and the writer lock keeps another process from making one meanwhile.
             with self._write_lock():
@@ -425,6 +434,78 @@ class PartitionLog:
             for suffix in ("", "-journal", "-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(f"{temp}{suffix}")
+
+    def _build_database(self, temp: Path, *, rebuild: bool) -> None:
+        """Make the database at ``temp`` with its schema and, with ``rebuild``, the index and
+        state area of every batch of the segment files; synced."""
+        # A rollback journal while it is built: every page is in the file once the
+        # script returns, none left in a WAL that a close might fail to checkpoint.
+        conn = sqlite3.connect(str(temp), isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=DELETE")
+            conn.executescript(_SCHEMA)
+            if rebuild:
+                conn.execute("BEGIN IMMEDIATE")
+                self._rebuild_index(conn)
+                conn.execute("COMMIT")
+            conn.execute("PRAGMA journal_mode=WAL")
+        finally:
+            conn.close()
+        if os.path.exists(f"{temp}-wal"):
+            raise StoreUnavailable(
+                "log store unavailable: a new partition's database was not finished"
+            )
+        fd = os.open(temp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _rebuild_index(self, conn: sqlite3.Connection) -> None:
+        """Index every batch of the segment files, applying their state updates in order.
+
+        Only a log that starts at offset 0 is rebuilt: the state area (the seqno table) is
+        the sum of every batch's updates, and those of segments that retention dropped are
+        nowhere else.  Every file must start where the one before ends and hold whole
+        batches only (the last may end in a torn batch, cut as recovery cuts it): anything
+        else is damage, refused, not cut.
+        """
+        bases = sorted(_segment_files(self.directory))
+        if bases[0] != 0:
+            raise self._damaged(
+                f"its index (partition.db) is gone and its segments start at offset "
+                f"{bases[0]}: the seqno state of the segments before it cannot be rebuilt; "
+                "restore the partition's directory from a copy"
+            )
+        end = 0
+        for i, base in enumerate(bases):
+            if base != end:
+                raise self._damaged(
+                    f"its index (partition.db) is gone and segment {segment_file_name(base)} "
+                    f"does not start where the log before it ends ({end}); restore the "
+                    "partition's directory from a copy"
+                )
+            ts = now_ms()
+            conn.execute(
+                "INSERT INTO segments (base_offset, size_bytes, max_ts, created_ms) "
+                "VALUES (?, 0, ?, ?)",
+                (base, ts, ts),
+            )
+            end = self._replay_segment(conn, base, 0, end, cut=i == len(bases) - 1)
+        log.warning(
+            "%s: rebuilt its lost index from %d segment file(s), up to offset %d",
+            self.directory,
+            len(bases),
+            end,
+        )
+
+    def _damaged(self, message: str) -> PartitionDamaged:
+        if self._place is None:
+            return PartitionDamaged(message)
+        topic, partition = self._place
+        return PartitionDamaged(
+            f"partition {topic}/{partition} is damaged: {message}", topic, partition
+        )
 
     # -- connections ----------------------------------------------------------------------
     @contextmanager
@@ -899,22 +980,30 @@ class PartitionLog:
             self._remove_segment_file(base)
 
     def _replay_segment(
-        self, conn: sqlite3.Connection, segment: int, indexed_size: int, end: int
+        self,
+        conn: sqlite3.Connection,
+        segment: int,
+        indexed_size: int,
+        end: int,
+        *,
+        cut: bool = True,
     ) -> int:
-        """Index the whole batches of ``segment`` past ``indexed_size``; the new end offset."""
+        """Index the whole batches of ``segment`` past ``indexed_size``; the new end offset.
+
+        What follows them is cut off, or, without ``cut``, refused as damage."""
         path = self.directory / segment_file_name(segment)
         try:
             fd = os.open(path, os.O_RDWR)
         except FileNotFoundError:
             if indexed_size == 0:
                 return end
-            raise StoreUnavailable(
+            raise self._damaged(
                 f"segment {path} is missing; its index holds {indexed_size} bytes of it"
             ) from None
         try:
             size = os.fstat(fd).st_size
             if size < indexed_size:
-                raise StoreUnavailable(
+                raise self._damaged(
                     f"segment {path} holds {size} bytes, fewer than the {indexed_size} its "
                     "index says were written and synced: acknowledged data is missing"
                 )
@@ -935,7 +1024,12 @@ class PartitionLog:
                     )
                     batches += 1
             except DamagedSegment as exc:
-                raise StoreUnavailable(f"segment {path}: {exc}") from exc
+                raise self._damaged(f"segment {path}: {exc}") from exc
+            if size > pos and not cut:
+                raise self._damaged(
+                    f"segment {path}: the batch at byte {pos} is not whole or fails its "
+                    "checksum, and the segment goes on after it"
+                )
             if batches:
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'end_offset'", (end,))
                 log.warning(
@@ -1436,6 +1530,14 @@ def _segment_files(directory: Path) -> list[int]:
         for name in os.listdir(directory)
         if name.endswith(".log") and name[:-4].isdigit()
     ]
+
+
+def has_segment_files(directory: Path) -> bool:
+    """Whether ``directory`` exists and holds a segment file."""
+    try:
+        return bool(_segment_files(directory))
+    except FileNotFoundError:
+        return False
 
 
 def _index_batch(

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
+import logging
 import os
 import shutil
 import sqlite3
@@ -33,7 +35,10 @@ from log_store.change_watch import ChangeWatcher
 from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import (
     BadRequest,
+    CatalogLost,
     CorruptData,
+    LogbrokerError,
+    PartitionDamaged,
     ReadOnlyStore,
     StoreFull,
     StoreUnavailable,
@@ -45,6 +50,7 @@ from log_store.errors import (
 from log_store.failures import as_store_unavailable, causes, is_no_space
 from log_store.interface import (
     AppendResult,
+    PartitionInfo,
     PartitionState,
     ReadResult,
     StoreCapabilities,
@@ -54,7 +60,13 @@ from log_store.interface import (
     retention_after,
 )
 from log_store.partition_handles import DEFAULT_MAX_OPEN_PARTITIONS, PartitionHandles
-from log_store.sqlite_partition import PartitionLog, connect, connect_read_only, now_ms
+from log_store.sqlite_partition import (
+    PartitionLog,
+    connect,
+    connect_read_only,
+    has_segment_files,
+    now_ms,
+)
 from log_store.topic_names import validate_topic_name
 from log_store.write_guard import DEFAULT_STALL_AFTER_S, WriteGuard
 
@@ -85,6 +97,7 @@ COMMIT;
 """Run once per data dir, in a write transaction: gateway workers open the catalog at once."""
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 MAX_PARTITIONS = 1024
 _SQL_VARIABLES = 900  # keys per IN (...) list, below SQLite's smallest variable limit
@@ -92,6 +105,11 @@ MIN_SEGMENT_BYTES = 4096
 _COUNT_BYTES = 8
 _READY_MIN_FREE_BYTES = 1024 * 1024
 """Below this much free space the store is not ready (``readiness``): a write would fail."""
+_CATALOG_CHECKPOINT_S = 5.0
+"""At most this often is the catalog checkpointed after new pins (see ``_checkpoint_catalog``)."""
+_DELETING_SUFFIX = ".deleting"
+"""A deleted topic's directory is renamed to end so before it is removed: a crash halfway
+through the removal leaves nothing that looks like a topic's data."""
 _UNMADE_POLL_S = 0.05
 """How often a reader waiting on a partition no write has made yet looks for it."""
 RESERVE_FILE = "space-reserve"
@@ -119,6 +137,41 @@ def _deleted_under_lease(topic: str) -> Callable[[], PartitionLog]:
         raise UnknownTopic(f"topic {topic!r} was deleted")
 
     return deleted
+
+
+def _catalog_topic_ids(catalog: sqlite3.Connection) -> set[str]:
+    """The topic ids a catalog names (none before its schema is made)."""
+    if not catalog.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'topics'"
+    ).fetchone():
+        return set()
+    return {str(row[0]) for row in catalog.execute("SELECT topic_id FROM topics")}
+
+
+def _holds_data(topic_dir: Path) -> bool:
+    """Whether a topic's directory holds data: a partition with segment files (every
+    commit writes one) that no deletion marked."""
+    try:
+        partitions = os.listdir(topic_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    for partition in partitions:
+        path = topic_dir / partition
+        if not has_segment_files(path):
+            continue
+        try:
+            conn = sqlite3.connect(
+                f"{(path / 'partition.db').absolute().as_uri()}?mode=rw", uri=True
+            )
+            try:
+                row = conn.execute("SELECT value FROM meta WHERE key = 'deleted'").fetchone()
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            return True  # no index (or an unreadable one) beside the segments: data
+        if not row or not row[0]:
+            return True
+    return False
 
 
 def _full_disk(what: str, needed_bytes: int, free_bytes: int, total_bytes: int) -> StoreFull:
@@ -188,6 +241,10 @@ class SqliteLogStore:
         self._handles = PartitionHandles(max_open_partitions, self._on_close)
         self._watcher = ChangeWatcher()
         self._watched: dict[tuple[str, int], bool] = {}
+        self._damaged: dict[tuple[str, int], str] = {}
+        """Partitions found damaged (see ``damaged_partitions``), under ``_damaged_lock``."""
+        self._damaged_lock = threading.Lock()
+        self._catalog_checkpointed = time.monotonic()
         self._short_of_space: int | None = None
         """The size of the largest write that did not fit (0: a write of unknown size, such as
         SQLite's own pages), until that much is free again."""
@@ -200,8 +257,12 @@ class SqliteLogStore:
                 return connect_read_only(self.data_dir / self.CATALOG)
             make_directories(self.data_dir)
             new_catalog = not (self.data_dir / self.CATALOG).exists()
+            if new_catalog:
+                self._refuse_unknown_topics(lambda: set())  # before a catalog is made
             catalog = connect(self.data_dir / self.CATALOG)
             try:
+                if not new_catalog:
+                    self._refuse_unknown_topics(lambda: _catalog_topic_ids(catalog))
                 catalog.executescript(_CATALOG_SCHEMA)
                 if catalog.execute("SELECT 1 FROM installation").fetchone() is None:
                     catalog.executescript(_MAKE_INSTALLATION_ID)
@@ -213,6 +274,61 @@ class SqliteLogStore:
             return catalog
         except (OSError, sqlite3.Error) as exc:
             raise as_store_unavailable(exc) or exc from exc
+
+    def _refuse_unknown_topics(self, known_ids: Callable[[], set[str]]) -> None:
+        """Raise :class:`CatalogLost` if ``topics/`` holds data of topics the catalog does
+        not know (``known_ids``: the topic ids it names, read after the directories are
+        listed, so a topic another process makes meanwhile is known by then)."""
+        root = self.data_dir / "topics"
+        try:
+            names = sorted(os.listdir(root))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        found: list[tuple[str, str]] = []
+        for name in names:
+            try:
+                ids = os.listdir(root / name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for topic_id in ids:
+                if topic_id.endswith(_DELETING_SUFFIX):
+                    # a deletion's leftover (a crash in the middle of its removal)
+                    shutil.rmtree(root / name / topic_id, ignore_errors=True)
+                    continue
+                found.append((name, topic_id))
+        if not found:
+            return
+        known = known_ids()
+        unknown = [
+            f"{name}/{topic_id}"
+            for name, topic_id in found
+            if topic_id not in known and _holds_data(root / name / topic_id)
+        ]
+        if not unknown:
+            return
+        shown = ", ".join(unknown[:3]) + (
+            f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        )
+        raise CatalogLost(
+            f"data_dir {self.data_dir}: topics/ holds the data of {len(unknown)} topic(s) that "
+            f"{self.CATALOG} does not know ({shown}): the catalog was lost or rolled back "
+            "(a missing catalog.db or catalog.db-wal), and a gateway on it would take every "
+            "acknowledged chunk again as new; restore catalog.db together with its "
+            "catalog.db-wal from a copy (or, for a directory left by a deleted topic, "
+            "remove that directory)"
+        )
+
+    def _checkpoint_catalog(self) -> None:
+        """Copy the catalog's WAL into ``catalog.db`` (PASSIVE: waiting for nobody), so that
+        the topics and pins do not live in the WAL alone: a copy or backup of ``*.db``, or a
+        lost WAL, then still has them.  After topic changes, new pins (at most every
+        ``_CATALOG_CHECKPOINT_S``) and at close; never per write."""
+        self._catalog_checkpointed = time.monotonic()
+        try:
+            with self._catalog_lock:
+                self._catalog.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as exc:
+            _log.warning("%s: checkpoint failed: %s", self.data_dir / self.CATALOG, exc)
 
     def _check_writable(self, what: str) -> None:
         if self.read_only:
@@ -293,8 +409,9 @@ class SqliteLogStore:
         info = self._topic(topic)
         if not isinstance(partition, int) or partition < 0:
             raise UnknownPartition(f"partition must be a non-negative integer, got {partition!r}")
+        opening = self._handles.get((info.topic_id, partition)) is None
         try:
-            if self._handles.get((info.topic_id, partition)) is None:
+            if opening:
                 # Opening a partition: never trust the cache for that, so that a topic deleted
                 # (or deleted and created again) by another process is seen.
                 info = self._load_topic(topic)
@@ -315,7 +432,7 @@ class SqliteLogStore:
                     lambda: self._reopen_partition(topic, info, partition),
                 )
             except StoreUnavailable as exc:
-                if create or not self._disk_full(exc):
+                if create or isinstance(exc, PartitionDamaged) or not self._disk_full(exc):
                     raise
                 # Opening it for writes recovers what a crash or a refused write left past
                 # its index, which needs space: a reader reads what the index holds, as a
@@ -323,6 +440,9 @@ class SqliteLogStore:
                 with self._view(topic, info, partition) as lent:
                     yield lent
                 return
+            if opening and self._damaged:
+                with self._damaged_lock:
+                    self._damaged.pop((topic, partition), None)  # restored: opened whole
             try:
                 yield info, handle.log
             finally:
@@ -333,6 +453,8 @@ class SqliteLogStore:
             # the OS ENOENT.  Said as what happened, the caller looks at the topic again.
             deleted = self._deleted_meanwhile(topic, info.topic_id)
             if deleted is None:
+                if isinstance(exc, PartitionDamaged) and exc.topic:
+                    self._note_damaged(exc)
                 raise
             raise deleted from exc
 
@@ -367,8 +489,11 @@ class SqliteLogStore:
         return self.data_dir / "topics" / info.name / info.topic_id / str(partition)
 
     def _made(self, info: TopicInfo, partition: int) -> bool:
-        """Whether the partition's database exists (it is made whole or not at all)."""
-        return (self._path(info, partition) / "partition.db").exists()
+        """Whether a write made the partition: its database exists (it is made whole or not
+        at all), or segment files whose database was lost (rebuilt by an open for writing,
+        refused by a read-only one: never read as empty)."""
+        path = self._path(info, partition)
+        return (path / "partition.db").exists() or has_segment_files(path)
 
     def _reopen_partition(self, topic: str, known: TopicInfo, partition: int) -> PartitionLog:
         """Open a partition of the topic ``known`` names, if that topic is still the one."""
@@ -403,6 +528,7 @@ class SqliteLogStore:
                 topic_id=topic_id,
                 on_no_space=self._note_no_space,
                 guard=self._guard,
+                place=(info.name, partition),
             )
         except (OSError, sqlite3.Error, StoreUnavailable) as exc:
             full = None if made else self._full_making(f"{info.name}/{partition}", exc)
@@ -522,6 +648,8 @@ class SqliteLogStore:
                 )
         if exists and not exist_ok:
             raise TopicExists(f"topic {name!r} exists")
+        if not exists:
+            self._checkpoint_catalog()
         return self._load_topic(name)
 
     def delete_topic(self, name: str) -> None:
@@ -543,12 +671,19 @@ class SqliteLogStore:
             marked = partitions
             # more than marked: partitions were added meanwhile, marked too before it goes
             partitions = self._remove_from_catalog(info.topic_id, marked)
+        self._checkpoint_catalog()
         self._topics.pop(name, None)
         for key, log in self._handles.pop_topic(info.topic_id):
             self._watcher.unwatch(log.notify_path)
             self._watched.pop(key, None)
             log.close(deleted=True)
-        shutil.rmtree(self.data_dir / "topics" / name / info.topic_id, ignore_errors=True)
+        where = self.data_dir / "topics" / name / info.topic_id
+        deleting = where.with_name(where.name + _DELETING_SUFFIX)
+        try:
+            os.rename(where, deleting)
+        except OSError:
+            deleting = where  # never made (nothing written), or renamed by another process
+        shutil.rmtree(deleting, ignore_errors=True)
 
     def _remove_from_catalog(self, topic_id: str, marked: int) -> int:
         """Remove the topic from the catalog if it has no more than ``marked`` partitions;
@@ -580,6 +715,7 @@ class SqliteLogStore:
                 )
             ]
         )
+        self._checkpoint_catalog()
         return self._load_topic(name)
 
     def alter_topic(
@@ -627,6 +763,7 @@ class SqliteLogStore:
         for (topic_id, _p), log in self._handles.items():
             if topic_id == info.topic_id:
                 log.segment_bytes = config.segment_bytes
+        self._checkpoint_catalog()
         return self._load_topic(name)
 
     def list_topics(self) -> list[TopicInfo]:
@@ -641,12 +778,40 @@ class SqliteLogStore:
         return topics
 
     def describe_topic(self, name: str) -> TopicInfo:
+        """The topic and each of its partitions; a damaged partition is described as such
+        (``PartitionInfo.damaged``), not raised: the others are served."""
         info = self._load_topic(validate_topic_name(name))
         parts = []
         for p in range(info.config.partitions):
-            with self._lease(name, p) as (_, log):
-                parts.append(log.info(p))
+            try:
+                with self._lease(name, p) as (_, log):
+                    parts.append(log.info(p))
+            except PartitionDamaged as exc:
+                parts.append(self._damaged_info(info, p, exc))
         return TopicInfo(info.name, info.topic_id, info.config, info.created_ms, parts)
+
+    def _damaged_info(
+        self, info: TopicInfo, partition: int, exc: PartitionDamaged
+    ) -> PartitionInfo:
+        """A damaged partition as its index describes it (read-only, nothing recovered), or
+        with no offsets (0) and sizes (None) where the index cannot say."""
+        try:
+            with self._view(info.name, info, partition) as (_, log):
+                return dataclasses.replace(log.info(partition), damaged=str(exc))
+        except (LogbrokerError, OSError, sqlite3.Error):
+            return PartitionInfo(partition, 0, 0, None, None, damaged=str(exc))
+
+    def damaged_partitions(self) -> dict[tuple[str, int], str]:
+        """The partitions this process found damaged (topic, partition: why), until one
+        opens whole again (restored from a copy)."""
+        with self._damaged_lock:
+            return dict(self._damaged)
+
+    def _note_damaged(self, exc: PartitionDamaged) -> None:
+        with self._damaged_lock:
+            if (exc.topic, exc.partition) not in self._damaged:
+                _log.error("%s", exc)
+            self._damaged[(exc.topic, exc.partition)] = str(exc)
 
     # -- topic-level state ----------------------------------------------------------------
     def put_topic_state_if_absent(self, topic: str, key: str, value: bytes) -> bytes:
@@ -662,14 +827,18 @@ class SqliteLogStore:
             alive = self._catalog.execute(
                 "SELECT 1 FROM topics WHERE topic_id = ?", (info.topic_id,)
             ).fetchone()
+            inserted = 0
             if alive:
-                if self._insert_topic_state(info.topic_id, items) == len(items):
+                inserted = self._insert_topic_state(info.topic_id, items)
+                if inserted == len(items):
                     won = dict(items)  # every key was new
                 else:
                     won = self._topic_state_many(info.topic_id, list(items))
         if not alive:
             self._topics.pop(topic, None)
             raise UnknownTopic(f"topic {topic!r} was deleted")
+        if inserted and time.monotonic() - self._catalog_checkpointed >= _CATALOG_CHECKPOINT_S:
+            self._checkpoint_catalog()  # new pins
         return won
 
     def get_topic_state_many(self, topic: str, keys: Sequence[str]) -> dict[str, bytes | None]:
@@ -815,6 +984,20 @@ class SqliteLogStore:
             return self._on_partition(topic, partition, lambda log: log.read(offset, max_bytes))
         except CorruptData as exc:
             raise exc.located(topic, partition) from exc
+        except PartitionDamaged as exc:
+            # Said to readers as damaged data, which every reader already stops at and
+            # reports (the other partitions read on): waiting does not mend it either.
+            start, end = self._damaged_bounds(topic, partition, offset)
+            raise CorruptData(str(exc), offset, start, end, topic, partition) from exc
+
+    def _damaged_bounds(self, topic: str, partition: int, offset: int) -> tuple[int, int]:
+        """A damaged partition's offsets as its index says them, or ``offset`` for both."""
+        try:
+            info = self._topic(topic)
+            with self._view(topic, info, partition) as (_, log):
+                return log.bounds()
+        except (LogbrokerError, OSError, sqlite3.Error):
+            return offset, offset
 
     def get_state(self, topic: str, partition: int, key: str) -> bytes | None:
         return self._on_partition(topic, partition, lambda log: log.get_state(key))
@@ -871,15 +1054,18 @@ class SqliteLogStore:
             if cfg.retention_ms is None and cfg.retention_bytes is None:
                 continue
             for p in range(cfg.partitions):
-                with self._lease(info.name, p) as (_, log):
-                    if not log.has_database:
-                        continue  # nothing written: nothing to drop
-                    before = log.bounds()[0]
-                    after = log.drop_segments(
-                        below_offset=None,
-                        before_ms=None if cfg.retention_ms is None else now - cfg.retention_ms,
-                        max_bytes=cfg.retention_bytes,
-                    )
+                try:
+                    with self._lease(info.name, p) as (_, log):
+                        if not log.has_database:
+                            continue  # nothing written: nothing to drop
+                        before = log.bounds()[0]
+                        after = log.drop_segments(
+                            below_offset=None,
+                            before_ms=None if cfg.retention_ms is None else now - cfg.retention_ms,
+                            max_bytes=cfg.retention_bytes,
+                        )
+                except PartitionDamaged:
+                    continue  # kept as it is for the operator (logged); the others go on
                 if after != before:
                     moved[(info.name, p)] = after
         return moved
@@ -1000,6 +1186,8 @@ class SqliteLogStore:
         if self._guard is not None:
             self._guard.close()
         self._watcher.close()
+        if not self.read_only:
+            self._checkpoint_catalog()
         with self._catalog_lock:
             self._catalog.close()
 

@@ -32,6 +32,8 @@ class PartitionAudit:
     mirrored: bool = False
     """A mirror's copy: its sources have no seqno table here (the source installation's
     gateway keeps it); the log's own invariants are checked all the same."""
+    damaged: bool = False
+    """Its files are damaged (the store cannot serve it): named once as a problem, not read."""
 
 
 @dataclass
@@ -55,6 +57,11 @@ def audit_store(
         for part in store.describe_topic(name).partitions:
             audit = PartitionAudit(name, part.partition, part.start_offset, part.end_offset)
             report.partitions.append(audit)
+            if part.damaged is not None:
+                # the topic's other partitions are audited all the same
+                audit.damaged = True
+                report.problems.append(f"{name}/{part.partition}: unreadable: {part.damaged}")
+                continue
             _audit_partition(store, audit, pinned, report.problems)
     del report.problems[max_problems:]
     return report

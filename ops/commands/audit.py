@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         f"{'handovers':>9}"
     )
     for p in report.partitions:
-        mirrored = "  (mirrored copy)" if p.mirrored else ""
+        mirrored = "  (damaged)" if p.damaged else "  (mirrored copy)" if p.mirrored else ""
         print(
             f"{p.topic:<32} {p.partition:>4} {p.start_offset:>10} {p.end_offset:>10} "
             f"{p.records:>10} {p.sources:>8} {p.handovers:>9}{mirrored}"
@@ -134,6 +134,8 @@ def _check_batches(store: LogStore, report: AuditReport, max_problems: int = 100
     for p in report.partitions:
         if len(report.problems) >= max_problems:
             return
+        if p.damaged:
+            continue  # named already
         try:
             found = store.check_batches(p.topic, p.partition)
         except LogbrokerError as exc:

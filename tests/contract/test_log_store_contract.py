@@ -30,6 +30,7 @@ from log_store import (
     UnknownTopic,
     open_store,
 )
+from log_store.errors import CorruptData
 from log_store.interface import UNLIMITED, PrefetchingState
 from tests.contract.backends import open_spec
 
@@ -835,7 +836,8 @@ def test_index_and_state_that_lag_the_segments_are_replayed_from_them(tmp_path: 
 
 
 def test_segment_shorter_than_its_index_is_refused_not_served(tmp_path: Path) -> None:
-    """Acknowledged bytes missing from a segment (a disk that lied) are never silently skipped."""
+    """Acknowledged bytes missing from a segment (a disk that lied) are never silently skipped:
+    writes are refused (503) and reads say it as damaged data, naming the partition."""
     data_dir = tmp_path / "data"
     with open_store(data_dir) as store:
         store.create_topic("dc1.t", TopicConfig(partitions=1))
@@ -843,11 +845,14 @@ def test_segment_shorter_than_its_index_is_refused_not_served(tmp_path: Path) ->
         store.append("dc1.t", 0, [b"y" * 100])
     (segment,) = store_dir_of(data_dir).glob("*.log")
     os.truncate(segment, segment.stat().st_size - 10)
-    with (
-        pytest.raises(StoreUnavailable, match="acknowledged data is missing"),
-        open_store(data_dir) as store,
-    ):
-        store.read("dc1.t", 0, 0)
+    with open_store(data_dir) as store:
+        with pytest.raises(CorruptData, match="acknowledged data is missing") as read:
+            store.read("dc1.t", 0, 0)
+        assert (read.value.topic, read.value.partition) == ("dc1.t", 0)
+        with pytest.raises(StoreUnavailable, match=r"dc1\.t/0 is damaged"):
+            store.append("dc1.t", 0, [b"z"])
+        (described,) = store.describe_topic("dc1.t").partitions
+        assert described.damaged is not None and described.end_offset == 2
 
 
 def test_transaction_knows_the_offset_its_records_will_get(store: LogStore) -> None:

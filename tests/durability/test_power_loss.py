@@ -102,6 +102,7 @@ def check_store_after_cut(data_dir: Path, marks: tuple[str, ...]) -> None:
             assert not acked and not epochs, "the topic is gone, acknowledged appends with it"
             return
         info = store.describe_topic(TOPIC).partitions[0]
+        assert info.damaged is None, f"refused to serve: {info.damaged}"
         assert info.start_offset >= acked_start, "an acknowledged deletion was undone"
         offset = info.start_offset
         present: dict[int, tuple[int, int, str]] = {}
