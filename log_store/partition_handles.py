@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import resource
 import sqlite3
 import threading
@@ -70,19 +71,35 @@ def partitions_that_fit(max_open: int, limit: int | None = None) -> int:
     return max(1, min(max_open, max(fitting, MIN_OPEN_PARTITIONS)))
 
 
+def _may_be_out_of_descriptors(exc: BaseException) -> bool:
+    """Whether opening may have failed for want of a descriptor: ``EMFILE``/``ENFILE``, or
+    SQLite's "unable to open database file" (SQLite does not say why; closing idle partitions
+    and trying once more costs little when it was something else)."""
+    if _out_of_descriptors(exc):
+        return True
+    return any(
+        isinstance(cause, sqlite3.OperationalError) and "unable to open" in str(cause).lower()
+        for cause in causes(exc)
+    )
+
+
 def _out_of_descriptors(exc: BaseException) -> bool:
-    """Whether opening failed for want of a descriptor: ``EMFILE``/``ENFILE``, or SQLite's
-    "unable to open database file" (SQLite does not say why; closing idle partitions and
-    trying once more costs little when it was something else)."""
+    """Whether ``exc`` says the process is out of descriptors, or it is close to its limit
+    now (what SQLite's "unable to open database file" meant then)."""
     for cause in causes(exc):
         if isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE):
             return True
-        text = str(cause).lower()
-        if isinstance(cause, sqlite3.OperationalError) and "unable to open" in text:
+        if "too many open files" in str(cause).lower():
             return True
-        if "too many open files" in text:
-            return True
-    return False
+    try:
+        held = len(os.listdir("/proc/self/fd"))
+    except OSError as exc_now:
+        return exc_now.errno in (errno.EMFILE, errno.ENFILE)
+    return held >= descriptor_limit() - _NEAR_LIMIT
+
+
+_NEAR_LIMIT = 16
+"""Descriptors from the limit at which a failed open is taken for want of one."""
 
 
 PartitionKey = tuple[str, int]
@@ -143,7 +160,7 @@ class PartitionHandles:
         try:
             return self._acquire(key, opener)
         except Exception as exc:
-            if not _out_of_descriptors(exc):
+            if not _may_be_out_of_descriptors(exc):
                 raise
             first = exc
         with self._lock:
@@ -157,8 +174,8 @@ class PartitionHandles:
             in_use = sum(1 for h in self._open.values() if h.users)
         if victims:
             _log.warning(
-                "out of file descriptors opening a partition (%s): closed %d idle partitions "
-                "and trying again",
+                "opening a partition failed (%s), perhaps for want of file descriptors: closed "
+                "%d idle partitions and trying again",
                 first,
                 len(victims),
             )
@@ -166,9 +183,9 @@ class PartitionHandles:
             try:
                 return self._acquire(key, opener)
             except Exception as exc:
-                if not _out_of_descriptors(exc):
-                    raise
                 first = exc
+        if not _out_of_descriptors(first):
+            raise first
         raise StoreUnavailable(
             f"log store unavailable: the process is out of file descriptors (ulimit -n "
             f"{descriptor_limit()}, {in_use} partitions in use): raise LimitNOFILE or lower "

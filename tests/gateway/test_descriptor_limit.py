@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import errno
 import resource
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from ingest_api.framing import BINARY_MEDIA_TYPE, encode_binary
 from ingest_api.request_head import connection_cap
+from log_store.errors import StoreUnavailable
 from log_store.partition_handles import PartitionHandles, partitions_that_fit
 from tests.conftest import GatewayProcess
 from tests.gateway.conftest import chunk_data, end_offsets, meta
@@ -69,6 +72,21 @@ def test_an_open_out_of_descriptors_closes_idle_partitions_and_tries_again() -> 
         handle = handles.acquire(("t", partition), opener)
         handles.release(handle)
     assert len(opened) <= 3 and handles.closed_for_descriptors > 0
+
+
+def test_an_open_that_fails_for_another_reason_is_not_said_as_out_of_descriptors() -> None:
+    def opener() -> Any:
+        raise sqlite3.OperationalError("unable to open database file")  # e.g. no permission
+
+    handles = PartitionHandles(100, lambda _key, _log: None, descriptors=1 << 20)
+    with pytest.raises(sqlite3.OperationalError, match="unable to open database file"):
+        handles.acquire(("t", 0), opener)
+
+    def out_of_descriptors() -> Any:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    with pytest.raises(StoreUnavailable, match="out of file descriptors"):
+        handles.acquire(("t", 0), out_of_descriptors)
 
 
 def test_a_gateway_started_with_a_low_soft_limit_takes_its_hard_limit(tmp_path: Path) -> None:
