@@ -674,8 +674,13 @@ class _Delivery:
                     await anyio.to_thread.run_sync(self._record_damaged, tp, None)
                 room = sub.batch_size - len(batch)
                 taken = result.messages[:room]
+                # The incarnation of the topic (checked again by _still_known before the
+                # POST): a topic deleted and made again repeats (topic, partition, offset).
+                topic_id = self.topic_ids.get(tp[0])
                 for m in taken:
-                    batch.append(message_json(tp[0], tp[1], m))
+                    pushed = message_json(tp[0], tp[1], m)
+                    pushed["topic_id"] = topic_id
+                    batch.append(pushed)
                     batch_bytes += len(m.value)
                 if len(taken) < len(result.messages):
                     scanned[tp] = taken[-1].offset + 1

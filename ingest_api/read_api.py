@@ -63,6 +63,9 @@ from log_store.topic_names import validate_topic_name
 _log = logging.getLogger("ingest_api")
 
 MAX_WAIT_MS = 60_000
+_GONE_LOOK_S = 0.5
+"""How often a long-poll naming a partition that is not there (a topic not made yet) looks
+for it again; appends to the partitions that are there wake it at once."""
 Position = tuple[str, int, int]
 # What identifies an answer: positions, max_bytes, filter, raw, txn window.
 _AnswerKey = tuple[tuple[Position, ...], int, MessageFilter, bool, int]
@@ -180,9 +183,20 @@ async def _or_none(
 
 def _has_news(batches: Sequence[PartitionBatch]) -> bool:
     """Whether an answer has something to say: messages, records it left out because they
-    are not envelopes (a long-poll that waited on past them would never name them), a
-    partition it cannot read past (damaged data), or one that is not there."""
-    return any(b.messages or b.not_envelopes or b.corrupt or b.gone for b in batches)
+    are not envelopes (a long-poll that waited on past them would never name them), or a
+    partition it cannot read past (damaged data).  A partition that is not there is not news:
+    a reader started before its topic waits for it (see :meth:`ReadApi._fetch`)."""
+    return any(b.messages or b.not_envelopes or b.corrupt for b in batches)
+
+
+def _answered(batches: list[PartitionBatch]) -> list[PartitionBatch]:
+    """``batches`` as the answer, or the refusal (404) when none of its partitions is there,
+    as a fetch always was, which a client from before partitions were answered alone knows to
+    look at the topics again for."""
+    gone = [b.gone for b in batches if b.gone is not None]
+    if len(gone) == len(batches):
+        raise gone[0]
+    return batches
 
 
 def _partition_json(p: PartitionInfo) -> dict[str, Any]:
@@ -373,11 +387,25 @@ class ReadApi:
                 self._read_ahead(batches, max_bytes, filt, raw, window_ms)
                 return batches
             if remaining <= 0:
-                return batches
+                return _answered(batches)
             # Filtered-out records were scanned: wait from where the scan ended.
             current = [(b.topic, b.partition, b.next_offset) for b in batches]
+            there = [pos for pos, b in zip(current, batches, strict=True) if b.gone is None]
+            if len(there) < len(current):
+                # A topic not made yet (or a partition not there): no append wakes its
+                # readers when it is made, so it is looked for again every _GONE_LOOK_S;
+                # the partitions that are there wake the wait as usual.  Answered "not
+                # there" only when the wait is over.
+                look_s = min(remaining, _GONE_LOOK_S)
+                if there:
+                    await self.watch.wait_any(there, look_s)
+                else:
+                    await asyncio.sleep(look_s)
+                continue
             if not await self.watch.wait_any(current, remaining):
-                return await self._run(self._read_all, current, max_bytes, filt, raw, window_ms)
+                return _answered(
+                    await self._run(self._read_all, current, max_bytes, filt, raw, window_ms)
+                )
 
     def _read_ahead(
         self,
@@ -440,11 +468,6 @@ class ReadApi:
                 # follows others too: they are answered, this one says it is gone.
                 batch = PartitionBatch(topic, partition, offset, offset, offset, gone=exc)
             batches.append(batch)
-        gone = [b.gone for b in batches if b.gone is not None]
-        if len(gone) == len(batches):
-            # Nothing to answer: refused as a fetch always was (404), which a client from
-            # before partitions were answered alone knows to look at the topics again for.
-            raise gone[0]
         return batches
 
 

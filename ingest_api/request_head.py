@@ -48,6 +48,11 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ingest_api.errors import RETRY_AFTER_S
+from log_store.partition_handles import (
+    DESCRIPTORS_PER_PARTITION,
+    RESERVED_DESCRIPTORS,
+    partitions_that_fit,
+)
 
 MAX_HEAD_BYTES = 64 * 1024
 """Request line and headers together; nginx's default allows 4 x 8 KiB."""
@@ -61,13 +66,6 @@ _ERRORS = {
     503: (b"Service Unavailable", "too_many_connections"),
 }
 
-_RESERVED_DESCRIPTORS = 256
-"""Descriptors kept for what is not a client connection besides the open partitions: the
-listening socket, the event loop's, logs, metrics files, Kafka's and the peers' sockets,
-push deliveries, the audit publisher."""
-_DESCRIPTORS_PER_PARTITION = 4
-"""An open embedded partition: its SQLite database, WAL and shared memory, a segment."""
-
 _open_connections: Counter[str] = Counter()
 """This process's open connections by peer address (only with a per-client limit)."""
 _open_total = 0
@@ -78,13 +76,15 @@ def connection_cap(
     max_open_connections: int, max_open_partitions: int, descriptor_limit: int | None = None
 ) -> int:
     """The client connections one process may hold: what its descriptor limit
-    (``RLIMIT_NOFILE``, soft) leaves after a reserve for everything else, at least half of
-    the limit, and at most ``max_open_connections`` when that is set (not 0)."""
+    (``RLIMIT_NOFILE``, soft) leaves after a reserve for everything else (256, and 8 for each
+    partition the embedded store keeps open: ``log_store.partition_handles``), at least half
+    of the limit, and at most ``max_open_connections`` when that is set (not 0)."""
     if descriptor_limit is None:
         descriptor_limit, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if descriptor_limit == resource.RLIM_INFINITY:
         descriptor_limit = 1 << 20
-    reserve = _RESERVED_DESCRIPTORS + _DESCRIPTORS_PER_PARTITION * max_open_partitions
+    partitions = partitions_that_fit(max_open_partitions, descriptor_limit)
+    reserve = RESERVED_DESCRIPTORS + DESCRIPTORS_PER_PARTITION * partitions
     cap = descriptor_limit - min(reserve, descriptor_limit // 2)
     if max_open_connections > 0:
         cap = min(cap, max_open_connections)

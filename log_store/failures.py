@@ -53,14 +53,30 @@ def is_no_space(exc: BaseException) -> bool:
     return False
 
 
+_NO_SPACE = "no space left on the data directory's file system"
+_FILE_SIZE_LIMIT = (
+    "a file of the store reached the largest size this process may write (the file-size "
+    "limit, ulimit -f / RLIMIT_FSIZE / LimitFSIZE, or the file system's largest file); free "
+    "space does not mend it: raise the limit"
+)
+
+
 def as_store_unavailable(exc: BaseException) -> StoreUnavailable | None:
-    """The ``StoreUnavailable`` that ``exc`` means, or None if it means something else."""
+    """The ``StoreUnavailable`` that ``exc`` means, or None if it means something else.
+
+    The reason says what happened in the operator's words where the OS or SQLite are terse:
+    a full disk as no space (SQLite says "database or disk is full"), ``EFBIG`` as the
+    file-size limit it is, not as a full disk."""
     if isinstance(exc, StoreUnavailable):
         return exc
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        return StoreUnavailable(f"log store unavailable: {_FILE_SIZE_LIMIT} ({exc.strerror})")
     if isinstance(exc, OSError) and exc.errno in _UNAVAILABLE_ERRNOS:
         return StoreUnavailable(f"log store unavailable: {exc.strerror or exc}")
     if isinstance(exc, sqlite3.OperationalError):
         text = str(exc).lower()
+        if "disk is full" in text:
+            return StoreUnavailable(f"log store unavailable: {_NO_SPACE} ({exc})")
         if any(marker in text for marker in _UNAVAILABLE_SQLITE):
             return StoreUnavailable(f"log store unavailable: {exc}")
     return None

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -343,6 +344,19 @@ def _warn_if_metrics_are_public(settings: GatewaySettings) -> None:
         )
 
 
+def _raise_open_files_limit() -> None:
+    """Take the hard limit of open descriptors as the soft one, before any worker starts (they
+    inherit it).  systemd and most shells leave services a soft 1024, and an open partition of
+    the embedded store takes up to 8 (``log_store.partition_handles``): the default 256 open
+    partitions alone would need twice that.  The push-client does the same
+    (``push_client.daemon``); what stays below the hard limit is taken into account by the
+    partition cache and the connection cap, which size themselves from the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def run(args: argparse.Namespace) -> int:
     # prometheus_client reads it once, on import: set below for this run's workers only
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
@@ -366,6 +380,7 @@ def run(args: argparse.Namespace) -> int:
     _warn_if_metrics_are_public(settings)
     _keep_data_private(settings)
     heap.keep_freed_memory()
+    _raise_open_files_limit()
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,

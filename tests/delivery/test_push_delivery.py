@@ -267,6 +267,11 @@ def test_push_delivers_a_topic_created_again_from_its_start(
     time.sleep(0.5)
     pushed = [(m["source_id"], m["seqno"]) for m in endpoint.messages()]
     assert pushed == [("old", n) for n in range(1, 11)] + [("new", n) for n in range(1, 16)]
+    # The documented dedup key tells the two topics apart: offsets 0..9 came twice.
+    messages = endpoint.messages()
+    assert len({(m["topic_id"], m["partition"], m["offset"]) for m in messages}) == 25
+    new_id = httpx.get(f"{gateway.url}/v1/topics/dc1.app").json()["topic_id"]
+    assert {m["topic_id"] for m in messages[10:]} == {new_id} != {messages[0]["topic_id"]}
 
 
 def _append_foreign(data_dir: Any, values: list[bytes]) -> list[int]:

@@ -71,11 +71,11 @@ def _write_one(http: httpx.Client, source: str) -> bool:
 
 
 def test_the_connection_cap_is_what_the_descriptor_limit_leaves_after_a_reserve() -> None:
-    assert connection_cap(0, 256, descriptor_limit=20000) == 20000 - 256 - 4 * 256
+    assert connection_cap(0, 256, descriptor_limit=20000) == 20000 - 256 - 8 * 256
     assert connection_cap(0, 256, descriptor_limit=1024) == 512  # at most half is reserved
     assert connection_cap(0, 4, descriptor_limit=160) == 80
     assert connection_cap(100, 256, descriptor_limit=20000) == 100
-    assert connection_cap(50000, 256, descriptor_limit=20000) == 20000 - 256 - 4 * 256
+    assert connection_cap(50000, 256, descriptor_limit=20000) == 20000 - 256 - 8 * 256
 
 
 def test_idle_connections_of_one_address_leave_the_gateway_serving_others(
