@@ -30,6 +30,7 @@ import errno
 import fcntl
 import logging
 import os
+import resource
 import sqlite3
 import struct
 import threading
@@ -294,6 +295,42 @@ class _InlineOutcome:
 class _PendingTxn:
     fn: TransactionFn
     future: _Outcome
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One group commit's batch, encoded: ``count`` records from offset ``base``."""
+
+    base: int
+    ts: int
+    pieces: list[bytes]
+    length: int
+    count: int
+    state: dict[str, bytes]
+
+
+class _OverFileSizeLimit(Exception):
+    """A segment write went past the process's file-size limit (EFBIG)."""
+
+
+def _over_file_size_limit(fd: int, at: int) -> bool:
+    """Whether a byte written at ``at`` (where a short write stopped) is refused as EFBIG
+    (the caller truncates the segment back to where the batch began)."""
+    try:
+        os.pwrite(fd, b"\0", at)
+    except OSError as exc:
+        return exc.errno == errno.EFBIG
+    return False
+
+
+def _file_size_limit(batch_len: int) -> StoreUnavailable:
+    """A batch that does not fit under the file-size limit even in a segment of its own."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    shown = "unlimited" if limit == resource.RLIM_INFINITY else f"{limit} bytes"
+    return StoreUnavailable(
+        f"log store unavailable: a batch of {batch_len} bytes is over this process's "
+        f"file-size limit ({shown}; ulimit -f, LimitFSIZE in the unit); nothing of it was kept"
+    )
 
 
 class PartitionLog:
@@ -837,6 +874,37 @@ class PartitionLog:
         pieces = encode_batch(base, ts, values, state)
         batch_len = sum(map(len, pieces))
         new_segment = segment is None or (pos > 0 and pos + batch_len > self.segment_bytes)
+        batch = _Batch(base, ts, pieces, batch_len, len(values), state)
+        try:
+            return self._write_batch_at(conn, segment, pos, batch, new_segment)
+        except _OverFileSizeLimit:
+            if new_segment:
+                raise _file_size_limit(batch_len) from None
+        # The segment reached the process's file-size limit (ulimit -f, LimitFSIZE): the batch
+        # goes into a new segment, as it would at segment_bytes.
+        log.warning(
+            "%s: segment %d stops at %d bytes, the file-size limit of this process; "
+            "rolling to a new segment (lower segment_bytes, or raise the limit)",
+            self.directory,
+            segment,
+            pos,
+        )
+        try:
+            return self._write_batch_at(conn, segment, pos, batch, True)
+        except _OverFileSizeLimit:
+            raise _file_size_limit(batch_len) from None
+
+    def _write_batch_at(
+        self,
+        conn: sqlite3.Connection,
+        segment: int | None,
+        pos: int,
+        batch: _Batch,
+        new_segment: bool,
+    ) -> tuple[int, int]:
+        """:meth:`_write_batch` into the active segment, or a new one (``new_segment``);
+        :class:`_OverFileSizeLimit` if the segment would outgrow the file-size limit."""
+        base, ts, pieces, batch_len = batch.base, batch.ts, batch.pieces, batch.length
         if new_segment:
             # Files no index row names were never acknowledged (see _recover_locked).
             self._remove_unindexed_segments(conn)
@@ -856,11 +924,17 @@ class PartitionLog:
             try:
                 written = os.pwritev(fd, pieces, pos)
             except OSError as exc:
+                if exc.errno == errno.EFBIG:
+                    raise _OverFileSizeLimit from None
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
                 written = -1
             if written != batch_len:
-                # The file system took what fit (or nothing): full, or a quota reached.
+                # The file system took what fit (or nothing): full, a quota reached, or the
+                # file-size limit, which a short write does not tell: the rest's write does.
+                if written >= 0 and _over_file_size_limit(fd, pos + written):
+                    os.ftruncate(fd, pos)
+                    raise _OverFileSizeLimit
                 raise self._no_space(fd, pos, batch_len)
             # The one durable sync of the group commit: after it the batch is the truth.
             os.fdatasync(fd)
@@ -868,16 +942,16 @@ class PartitionLog:
                 fsync_directory(self.directory)
                 crash_points.reach("after-segment-roll")
             crash_points.reach("after-segment-write")
-            _index_batch(conn, segment, pos, base, len(values), batch_len)
+            _index_batch(conn, segment, pos, base, batch.count, batch_len)
             conn.execute(
                 "UPDATE segments SET size_bytes = ?, max_ts = ? WHERE base_offset = ?",
                 (pos + batch_len, ts, segment),
             )
             conn.execute(
-                "UPDATE meta SET value = ? WHERE key = 'end_offset'", (base + len(values),)
+                "UPDATE meta SET value = ? WHERE key = 'end_offset'", (base + batch.count,)
             )
-            if state:
-                _put_state(conn, state)
+            if batch.state:
+                _put_state(conn, batch.state)
         except BaseException:
             # Not acknowledged: do not leave it for recovery to find.
             with contextlib.suppress(OSError):
