@@ -161,6 +161,38 @@ def test_an_installation_holding_what_went_elsewhere_is_an_error_a_metric_and_a_
     assert_exactly_once_across([first, second], writer)
 
 
+def test_with_one_installation_a_restored_state_ships_every_line_once(
+    tmp_path: Path, start_gateway: Any, start_push: Any
+) -> None:
+    """The same restore with one installation (a guard, not a fix: it passed before): the
+    session's last seqno moves the file past what the old state says, nothing is sent twice,
+    and the file rotated after the snapshot is followed by its inode."""
+    gateway = start_gateway(tmp_path / "data")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    path = logs / "app.log"
+    state = tmp_path / "state"
+    writer = LineWriter("o")
+    writer.append(path, 1_000)
+    push = start_push(gateway.url, state, str(logs / "app.log*")).wait_started(state)
+    _wait(lambda: read_delivered(gateway.data_dir, "app").count() == 1_000, "the first run")
+    assert push.stop() == 0, push.log()
+    snapshot = (state / "state.json").read_bytes()
+    writer.append(path, 1_000)
+    push = start_push(gateway.url, state, str(logs / "app.log*")).wait_started(state)
+    _wait(lambda: read_delivered(gateway.data_dir, "app").count() == 2_000, "the second run")
+    assert push.stop() == 0, push.log()
+    path.rename(logs / "app.log.1")  # rotated after the snapshot, with lines not shipped yet
+    writer.append(logs / "app.log.1", 200)
+    writer.append(path, 300)
+    (state / "state.json").write_bytes(snapshot)
+    push = start_push(gateway.url, state, str(logs / "app.log*")).wait_started(state)
+    _wait(lambda: read_delivered(gateway.data_dir, "app").count() >= 2_500, "every line")
+    time.sleep(0.5)
+    assert push.stop() == 0, push.log()
+    assert_exactly_once_across([read_delivered(gateway.data_dir, "app")], writer)
+
+
 def test_the_first_answer_of_an_installation_in_a_run_is_checked_against_where_data_went() -> None:
     """Units of the overlap check: an installation not asked yet in this run is asked plainly
     (no acked_elsewhere, which would hide what it holds), and an answer above the point from
