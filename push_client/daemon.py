@@ -354,6 +354,12 @@ class PushDaemon:
             # No positions (first start, or the state dir was lost): every installation may
             # hold some of every file.  Learn them all before sending anything.
             census_all(found, names, deadline)
+        elif multi:
+            # A state restored from a snapshot does not know where files went after it: the
+            # installations that are up are asked before the first sessions (one request per
+            # installation and batch of files; one that is down is not waited for).
+            for tailed in self._files:
+                tailed.handover.asked_at_start.update(names)
         self._shipper.open_pending_sessions(time.monotonic())
         self._audit = PushAuditPublishers(
             self._audit_counts,

@@ -21,6 +21,9 @@ for until ``position_wait_s`` has passed, then the client goes on from the highe
 learned: lines the missing installation holds beyond it may then be written twice, never lost.
 The installation a source last wrote to is asked so at every start, a clean stop's or not: a
 state restored from a snapshot (or a backup) is clean and older than that installation's log.
+The other installations that are up are asked too before the source's first session
+(``asked_at_start``), not waited for: the source may have moved to one of them after the
+snapshot.
 
 Such a double write is not silent.  The first answer of an installation in a run is a plain
 one (no ``acked_elsewhere``), checked against the point from which the source went to another
@@ -102,6 +105,10 @@ class SourceHandover:
     census: set[str] = field(default_factory=set)
     """Installations whose position of this source must be learned before sending."""
     census_deadline: float = 0.0
+    asked_at_start: set[str] = field(default_factory=set)
+    """Installations to ask how far they hold the source before its first session, if they
+    are up, not waited for when down: one of them may hold more than the state says (a state
+    restored from a snapshot, and the source moved there after it)."""
     resend_end: int | None = None
     """While settling a doubt: the end of the range being resent."""
     _handover_to: tuple[str, int] | None = None
@@ -182,8 +189,15 @@ class SourceHandover:
             self._left[before] = (seqno, installation)
 
     # -- answers ----------------------------------------------------------------------------------
+    def to_ask(self, target: str, is_up: Callable[[str], bool]) -> str | None:
+        """An installation of ``asked_at_start`` to ask before a session at ``target`` (whose
+        answer is its own); None if none is up."""
+        self.asked_at_start.discard(target)
+        return next((n for n in sorted(self.asked_at_start) if is_up(n)), None)
+
     def on_census(self, installation: str, last_seqno: int) -> Overlap | None:
         self.census.discard(installation)
+        self.asked_at_start.discard(installation)
         overlap = self._answer(installation, last_seqno)
         if last_seqno > self.frontier:
             self.frontier = last_seqno
@@ -202,6 +216,7 @@ class SourceHandover:
         # A session there says what a census would (it is never sent acked_elsewhere while
         # its position is not known, see session_fields).
         self.census.discard(installation)
+        self.asked_at_start.discard(installation)
         overlap = self._answer(installation, last_seqno)
         step = self._step(installation, last_seqno)
         return step if overlap is None else dataclasses.replace(step, overlap=overlap)

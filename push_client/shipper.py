@@ -232,6 +232,10 @@ class Shipper:
                 # is the census's (a clean restart with every installation up costs nothing)
             if not census:
                 target = plan.target(current, self.installations.is_up) if self.multi else current
+                if self.multi and plan.asked_at_start:
+                    asked = plan.to_ask(target, self.installations.is_up)
+                    if asked is not None:
+                        target, census = asked, True
             if tailed.alone:
                 alone.append((target, census, tailed))
             else:
@@ -347,7 +351,6 @@ class Shipper:
         if overlap is None:
             return
         self.metrics.overlap_bytes += overlap.size
-        self.state_dirty = True
         log.error(
             "source %s (%s): installation %s holds it beyond byte %d, from which it was sent "
             "to installation %s: bytes %d..%d (%d bytes) are in both %s and %s, written twice "

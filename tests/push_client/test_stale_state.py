@@ -161,6 +161,40 @@ def test_an_installation_holding_what_went_elsewhere_is_an_error_a_metric_and_a_
     assert_exactly_once_across([first, second], writer)
 
 
+def test_a_restored_state_whose_file_moved_to_the_other_installation_after_it_ships_once(
+    tmp_path: Path, start_gateway: Any, start_push: Any
+) -> None:
+    """After the snapshot the file failed over to dc2 (lines 1000..1999 there); the restored
+    state says dc1, 1000 lines, and both are up.  The client went on at dc1 from where dc1
+    held it (line 1000) and wrote lines 1000..1999 a second time, silently: now the other
+    installations are asked at the start before the first session (not waited for)."""
+    dc1 = start_gateway(tmp_path / "data-dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "data-dc2", "--dc", "dc2")
+    path = tmp_path / "app.log"
+    state = tmp_path / "state"
+    writer = LineWriter("m")
+    extra = ["--server", f"dc2={dc2.url}", *FAILOVER_FLAGS, "--position-wait", "1"]
+    writer.append(path, 1_000)
+    push = start_push(f"dc1={dc1.url}", state, path, extra=extra).wait_started(state)
+    _wait(lambda: _both(dc1, dc2)[0].count() == 1_000, "1000 lines in dc1")
+    assert push.stop() == 0, push.log()
+    snapshot = (state / "state.json").read_bytes()
+    dc1.kill()  # the next run fails over: lines 1000..1999 go to dc2
+    writer.append(path, 1_000)
+    push = start_push(f"dc1={dc1.url}", state, path, extra=extra).wait_started(state)
+    _wait(lambda: _both(dc1, dc2)[1].count() == 1_000, "1000 lines in dc2")
+    assert push.stop() == 0, push.log()
+    dc1.start()
+    (state / "state.json").write_bytes(snapshot)  # the host is restored from the snapshot
+    writer.append(path, 500)
+    push = start_push(f"dc1={dc1.url}", state, path, extra=extra).wait_started(state)
+    _wait(lambda: sum(d.count() for d in _both(dc1, dc2)) >= 2_500, "every line")
+    time.sleep(1)
+    assert push.stop() == 0, push.log()
+    assert_exactly_once_across(list(_both(dc1, dc2)), writer)
+    assert _both(dc1, dc2)[0].count() == 1_500  # lines 0..999 and 2000..2499
+
+
 def test_with_one_installation_a_restored_state_ships_every_line_once(
     tmp_path: Path, start_gateway: Any, start_push: Any
 ) -> None:
