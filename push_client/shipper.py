@@ -382,6 +382,7 @@ class Shipper:
         if not 400 <= refusal.status < 500 or refusal.status in (408, 429):
             return False
         tailed.handover.census.discard(name)
+        tailed.handover.asked_at_start.discard(name)
         said = (name, str(refusal))
         if said not in self._said_census_refusals:
             self._said_census_refusals.add(said)

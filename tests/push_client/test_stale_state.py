@@ -195,6 +195,28 @@ def test_a_restored_state_whose_file_moved_to_the_other_installation_after_it_sh
     assert _both(dc1, dc2)[0].count() == 1_500  # lines 0..999 and 2000..2499
 
 
+def test_a_restart_with_an_installation_that_refuses_to_answer_ships_to_the_other(
+    tmp_path: Path, start_gateway: Any, start_push: Any
+) -> None:
+    """dc2 does not take this client's token.  The question asked of every installation at a
+    start is not asked of it again and again: its refusal is its answer, as for a census."""
+    config = tmp_path / "dc2.toml"
+    config.write_text('[tokens.dc2-only]\nwrite = ["app"]\n')  # this client has no token
+    dc1 = start_gateway(tmp_path / "data-dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "data-dc2", "--dc", "dc2", "--config", str(config))
+    path = tmp_path / "app.log"
+    state = tmp_path / "state"
+    writer = LineWriter("d")
+    extra = ["--server", f"dc2={dc2.url}", *FAILOVER_FLAGS]
+    for shipped in (100, 200):
+        writer.append(path, 100)
+        push = start_push(f"dc1={dc1.url}", state, path, extra=extra).wait_started(state)
+        _wait(lambda n=shipped: _both(dc1, dc2)[0].count() == n, f"{shipped} lines in dc1", 20)
+        assert push.stop() == 0, push.log()
+        assert "installation dc2 refuses to say how far it holds it (HTTP 401" in push.log()
+    assert_exactly_once_across([read_delivered(dc1.data_dir, "app", "dc1")], writer)
+
+
 def test_with_one_installation_a_restored_state_ships_every_line_once(
     tmp_path: Path, start_gateway: Any, start_push: Any
 ) -> None:
