@@ -377,9 +377,12 @@ class Shipper:
         pass (408, 429: asked again after a backoff).
 
         Parking it held every file of a fresh client for good while one other data center
-        refused it, though the one written to took it.
+        refused it, though the one written to took it.  An installation only asked at the
+        start (``asked_at_start``, not waited for) is not asked again after any refusal: a
+        503 for a partition without an owner there would otherwise hold the file back.
         """
-        if not 400 <= refusal.status < 500 or refusal.status in (408, 429):
+        waited_for = name in tailed.handover.census
+        if waited_for and (not 400 <= refusal.status < 500 or refusal.status in (408, 429)):
             return False
         tailed.handover.census.discard(name)
         tailed.handover.asked_at_start.discard(name)
