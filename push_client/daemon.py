@@ -337,11 +337,16 @@ class PushDaemon:
         multi = self._installations.multi
 
         def census(tailed: TailedFile, name: str) -> None:
-            # The last run did not stop cleanly: the installation it wrote to last may hold
-            # more of this source than the state says.
+            # The installation the source last wrote to may hold more of it than the state
+            # says: the last run did not stop cleanly, or the state is older than the last
+            # run (restored from a snapshot or a backup, clean and with a valid checksum).
+            # Its answer is waited for before the source goes elsewhere; a session there
+            # answers it at no cost when it is up (see Shipper.open_pending_sessions).
             tailed.handover.census.add(name)
             tailed.handover.census_deadline = deadline
 
+        # A clean stop no longer spares the census: a clean state cannot tell it is stale.
+        self._state.clean = False
         self._files.resume_from_state(names, census)
         found = self._files.discover()
         self._warn_of_empty_entries()
@@ -349,7 +354,12 @@ class PushDaemon:
             # No positions (first start, or the state dir was lost): every installation may
             # hold some of every file.  Learn them all before sending anything.
             census_all(found, names, deadline)
-        self._state.clean = False
+        elif multi:
+            # A state restored from a snapshot does not know where files went after it: the
+            # installations that are up are asked before the first sessions (one request per
+            # installation and batch of files; one that is down is not waited for).
+            for tailed in self._files:
+                tailed.handover.asked_at_start.update(names)
         self._shipper.open_pending_sessions(time.monotonic())
         self._audit = PushAuditPublishers(
             self._audit_counts,
@@ -897,7 +907,13 @@ class PushDaemon:
         return (
             dataclasses.astuple(self._counters),
             transport,
-            (m.request_bytes_total, m.requests_sent, m.state_corruptions, m.state_save_failures),
+            (
+                m.request_bytes_total,
+                m.requests_sent,
+                m.state_corruptions,
+                m.state_save_failures,
+                m.overlap_bytes,
+            ),
             self._shipper.writes_in_flight,
             self._installations.version,
             self._installations.failovers,

@@ -19,10 +19,24 @@ Positions only another installation knows (the client's state was lost, or it cr
 writing elsewhere) are asked for first (a *census*); an installation that is down is waited
 for until ``position_wait_s`` has passed, then the client goes on from the highest position it
 learned: lines the missing installation holds beyond it may then be written twice, never lost.
+The installation a source last wrote to is asked so at every start, a clean stop's or not: a
+state restored from a snapshot (or a backup) is clean and older than that installation's log.
+The other installations that are up are asked too before the source's first session
+(``asked_at_start``), not waited for: the source may have moved to one of them after the
+snapshot.
+
+Such a double write is not silent.  The first answer of an installation in a run is a plain
+one (no ``acked_elsewhere``), checked against the point from which the source went to another
+installation (its *reference*): when the source left it, or, for one not asked yet in this
+run, where the source's data went first.  An answer above that point is an *overlap*: the
+bytes between are in both installations (:class:`Overlap`, logged, counted and shown by the
+caller).  When it holds more than every other installation was sent, the source goes on there
+from its answer, so nothing beyond is written twice.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -48,6 +62,25 @@ class Doubt:
 
 
 @dataclass(frozen=True)
+class Overlap:
+    """Bytes ``[start, end)`` of a source that are in ``installation`` and in ``elsewhere``:
+    ``installation`` answered a last seqno above ``start``, the point from which the source
+    was sent to ``elsewhere`` (its positions were older than ``installation``'s log)."""
+
+    start: int
+    end: int
+    installation: str
+    elsewhere: str
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def as_list(self) -> list[str | int]:
+        return [self.installation, self.elsewhere, self.start, self.end]
+
+
+@dataclass(frozen=True)
 class Step:
     """What a session's answer means for the source.
 
@@ -58,6 +91,8 @@ class Step:
     resume_at: int = 0
     until: int | None = None
     reopen: bool = False
+    overlap: Overlap | None = None
+    """Bytes the answering installation holds that went elsewhere too (see :class:`Overlap`)."""
 
 
 @dataclass
@@ -70,12 +105,24 @@ class SourceHandover:
     census: set[str] = field(default_factory=set)
     """Installations whose position of this source must be learned before sending."""
     census_deadline: float = 0.0
+    asked_at_start: set[str] = field(default_factory=set)
+    """Installations to ask how far they hold the source before its first session, if they
+    are up, not waited for when down: one of them may hold more than the state says (a state
+    restored from a snapshot, and the source moved there after it)."""
     resend_end: int | None = None
     """While settling a doubt: the end of the range being resent."""
     _handover_to: tuple[str, int] | None = None
     """A handover a step asked for: (installation, seqno)."""
     _failed: list[tuple[int, int, bool]] = field(default_factory=list)
     _failed_at: str = ""
+    overlaps: list[Overlap] = field(default_factory=list)
+    """Ranges found in two installations in this run (see the module docstring)."""
+    _answered: set[str] = field(default_factory=set)
+    """Installations that said how far they hold the source in this run."""
+    _first: tuple[int, str] | None = None
+    """Where the source's data went first in this run: (seqno, installation)."""
+    _left: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Per installation the source left in this run: (seqno, the installation it went to)."""
 
     # -- what to ask ----------------------------------------------------------------------------
     def census_pending(self, now: float) -> bool:
@@ -99,16 +146,63 @@ class SourceHandover:
             return fields
         if self._handover_to is not None and self._handover_to[0] == installation:
             fields["acked_elsewhere"] = self._handover_to[1]
-        elif self.frontier > 0 and not any(d.installation == installation for d in self.doubts):
+        elif (
+            self.frontier > 0
+            and not any(d.installation == installation for d in self.doubts)
+            and self._reference(installation) is None
+        ):
             fields["acked_elsewhere"] = self.frontier
         return fields
 
+    def _reference(self, installation: str) -> tuple[int, str] | None:
+        """The point from which ``installation`` must hold nothing of the source, and where
+        the source went from there; None if nothing of it went elsewhere meanwhile."""
+        left = self._left.get(installation)
+        if left is not None:
+            return left
+        if installation in self._answered or self._first is None:
+            return None
+        return self._first if self._first[1] != installation else None
+
+    def _answer(self, installation: str, last_seqno: int) -> Overlap | None:
+        """``installation`` holds the source up to ``last_seqno``: an overlap, if it holds
+        bytes the source sent elsewhere from its reference point on."""
+        reference = self._reference(installation)
+        self._answered.add(installation)
+        self._left.pop(installation, None)
+        if reference is None or last_seqno <= reference[0]:
+            return None
+        start, elsewhere = reference
+        end = min(last_seqno, max(self.frontier, start))
+        if end <= start:
+            return None
+        overlap = Overlap(start, end, installation, elsewhere)
+        self.overlaps.append(overlap)
+        return overlap
+
+    def _went_to(self, installation: str, seqno: int) -> None:
+        """The source's data goes to ``installation`` from ``seqno`` on."""
+        if self._first is None:
+            self._first = (seqno, installation)
+        before = self.installation
+        if before and before != installation:
+            self._left[before] = (seqno, installation)
+
     # -- answers ----------------------------------------------------------------------------------
-    def on_census(self, installation: str, last_seqno: int) -> None:
+    def to_ask(self, target: str, is_up: Callable[[str], bool]) -> str | None:
+        """An installation of ``asked_at_start`` to ask before a session at ``target`` (whose
+        answer is its own); None if none is up."""
+        self.asked_at_start.discard(target)
+        return next((n for n in sorted(self.asked_at_start) if is_up(n)), None)
+
+    def on_census(self, installation: str, last_seqno: int) -> Overlap | None:
         self.census.discard(installation)
+        self.asked_at_start.discard(installation)
+        overlap = self._answer(installation, last_seqno)
         if last_seqno > self.frontier:
             self.frontier = last_seqno
             self.installation = installation
+        return overlap
 
     def on_session(self, installation: str, last_seqno: int, multi: bool) -> Step:
         """The installation holds the source up to ``last_seqno``: where to go on from."""
@@ -119,6 +213,15 @@ class SourceHandover:
             self.installation = installation
             self.frontier = last_seqno
             return Step(resume_at=last_seqno)
+        # A session there says what a census would (it is never sent acked_elsewhere while
+        # its position is not known, see session_fields).
+        self.census.discard(installation)
+        self.asked_at_start.discard(installation)
+        overlap = self._answer(installation, last_seqno)
+        step = self._step(installation, last_seqno)
+        return step if overlap is None else dataclasses.replace(step, overlap=overlap)
+
+    def _step(self, installation: str, last_seqno: int) -> Step:
         mine = sorted(d for d in self.doubts if d.installation == installation)
         landed = [d for d in mine if d.end <= last_seqno]
         for doubt in landed:
@@ -143,6 +246,7 @@ class SourceHandover:
         if last_seqno < self.frontier:
             self._handover_to = (installation, self.frontier)
             return Step(reopen=True)
+        self._went_to(installation, self.frontier)
         self.installation = installation
         self.frontier = last_seqno
         return Step(resume_at=last_seqno)

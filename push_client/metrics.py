@@ -81,6 +81,8 @@ class PushMetrics:
         self.requests_sent = 0
         self.state_corruptions = 0
         self.state_save_failures = 0
+        self.overlap_bytes = 0
+        """Bytes found in two installations (see ``push_client.handover.Overlap``)."""
 
     def observe_request_bytes(self, size: int) -> None:
         with self._lock:
@@ -258,6 +260,13 @@ class PushMetrics:
             "counter",
             "Saves of the positions that failed (state dir full or broken); shipping goes on.",
             [(none, self.state_save_failures)],
+        )
+        metric(
+            "logbroker_push_overlap_bytes_total",
+            "counter",
+            "Bytes an installation was found to hold that were sent to another one too "
+            "(written twice: positions older than that installation's log).",
+            [(none, self.overlap_bytes)],
         )
         metric(
             "logbroker_push_unreadable_files",

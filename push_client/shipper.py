@@ -39,6 +39,8 @@ from push_client.backoff import Backoff
 from push_client.codec import compress
 from push_client.config import PushConfig
 from push_client.files import Counters, FileSet
+from push_client.handover import Overlap
+from push_client.identity import display_path
 from push_client.installations import Installation, InstallationSet
 from push_client.metrics import PushMetrics
 from push_client.owner_routes import OwnerPolicy, OwnerRoutes
@@ -219,15 +221,21 @@ class Shipper:
                         plan.frontier,
                     )
                     plan.census.clear()
-                else:
+                elif plan.census != {plan.target(current, self.installations.is_up)}:
                     name = next(
                         (n for n in sorted(plan.census) if self.installations.is_up(n)), None
                     )
                     if name is None:
                         continue  # wait for one of them to come back
                     target, census = name, True
+                # else: the session goes to the one installation asked anyway, and its answer
+                # is the census's (a clean restart with every installation up costs nothing)
             if not census:
                 target = plan.target(current, self.installations.is_up) if self.multi else current
+                if self.multi and plan.asked_at_start:
+                    asked = plan.to_ask(target, self.installations.is_up)
+                    if asked is not None:
+                        target, census = asked, True
             if tailed.alone:
                 alone.append((target, census, tailed))
             else:
@@ -280,7 +288,7 @@ class Shipper:
                 # its log up to last_seqno: counted for the audit now
                 self.audit.settle(name, tailed.source_id, last_seqno)
             if job.census:
-                tailed.handover.on_census(name, last_seqno)
+                self._say_overlap(tailed, tailed.handover.on_census(name, last_seqno))
                 continue
             tailed.topic = str(result.get("topic", ""))
             tailed.partition = int(result.get("partition", -1))
@@ -303,6 +311,7 @@ class Shipper:
                 continue
             before = tailed.handover.installation
             step = tailed.handover.on_session(name, last_seqno, self.multi)
+            self._say_overlap(tailed, step.overlap)
             if step.reopen:
                 continue
             self.counters.buffered -= tailed.drop_pending()
@@ -336,6 +345,31 @@ class Shipper:
             # a restart must know which installation may hold more than the state says.
             self._save_state()
 
+    def _say_overlap(self, tailed: TailedFile, overlap: Overlap | None) -> None:
+        """An installation holds bytes of ``tailed`` that were sent to another one too (the
+        client's positions were older than its log): say which, and count them."""
+        if overlap is None:
+            return
+        self.metrics.overlap_bytes += overlap.size
+        log.error(
+            "source %s (%s): installation %s holds it beyond byte %d, from which it was sent "
+            "to installation %s: bytes %d..%d (%d bytes) are in both %s and %s, written twice "
+            "(the client's positions were older than %s's log: a state dir restored from a "
+            "snapshot or a backup, or %s was down past position_wait_s)",
+            tailed.source_id,
+            display_path(tailed.path),
+            overlap.installation,
+            overlap.start,
+            overlap.elsewhere,
+            overlap.start,
+            overlap.end,
+            overlap.size,
+            overlap.installation,
+            overlap.elsewhere,
+            overlap.installation,
+            overlap.installation,
+        )
+
     def _census_refused(self, tailed: TailedFile, name: str, refusal: Refusal) -> bool:
         """An installation asked only how far it holds ``tailed`` refuses to say, lastingly
         (a token it does not take, say): go on without its position instead of parking the
@@ -343,11 +377,15 @@ class Shipper:
         pass (408, 429: asked again after a backoff).
 
         Parking it held every file of a fresh client for good while one other data center
-        refused it, though the one written to took it.
+        refused it, though the one written to took it.  An installation only asked at the
+        start (``asked_at_start``, not waited for) is not asked again after any refusal: a
+        503 for a partition without an owner there would otherwise hold the file back.
         """
-        if not 400 <= refusal.status < 500 or refusal.status in (408, 429):
+        waited_for = name in tailed.handover.census
+        if waited_for and (not 400 <= refusal.status < 500 or refusal.status in (408, 429)):
             return False
         tailed.handover.census.discard(name)
+        tailed.handover.asked_at_start.discard(name)
         said = (name, str(refusal))
         if said not in self._said_census_refusals:
             self._said_census_refusals.add(said)

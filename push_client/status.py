@@ -21,7 +21,7 @@ from push_client.identity import display_path
 
 if TYPE_CHECKING:
     from push_client.files import Unreadable
-    from push_client.handover import Doubt
+    from push_client.handover import Doubt, Overlap
     from push_client.installations import InstallationSet
     from push_client.parking import Refusal
     from push_client.partition_outage import PartitionOutage
@@ -72,6 +72,8 @@ class _Shown(NamedTuple):
     outage: tuple[str, int, str, float, float] | None
     """Its partition without a reachable owner: topic, partition, the gateway's reason, since
     when and the next try (wall clock)."""
+    overlaps: tuple[Overlap, ...]
+    """Ranges found in two installations (written twice) in this run."""
 
 
 def _shown(tailed: TailedFile) -> _Shown:
@@ -101,6 +103,7 @@ def _shown(tailed: TailedFile) -> _Shown:
         tailed.path_error,
         tailed.unterminated,
         None if outage is None else _outage(outage),
+        tuple(plan.overlaps) if plan.overlaps else (),
     )
 
 
@@ -138,6 +141,8 @@ def _row(shown: _Shown) -> dict[str, Any]:
     }
     if shown.unterminated:
         row["unterminated"] = shown.unterminated  # only then: most files end with a newline
+    if shown.overlaps:
+        row["overlaps"] = [o.as_list() for o in shown.overlaps]  # only then: rare
     if shown.outage is not None:
         topic, partition, reason, since, next_try_at = shown.outage
         row["partition_outage"] = {
@@ -464,6 +469,11 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             out.write(
                 f"IN DOUBT {r['path']}: bytes {start}..{end} sent to {name}, which went down "
                 "before answering; held until it is back\n"
+            )
+        for name, elsewhere, start, end in r.get("overlaps", []):
+            out.write(
+                f"OVERLAP {r['path']}: bytes {start}..{end} are in both {name} and {elsewhere} "
+                f"(written twice: the positions were older than {name}'s log)\n"
             )
         if r.get("path_error"):
             when = time.strftime("%H:%M:%S", time.localtime(r["path_error"]["since"]))
