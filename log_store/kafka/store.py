@@ -105,6 +105,7 @@ class KafkaLogStore:
             self._fetchers,
             retry=self._retry,
             on_takeover=self._note_takeover,
+            assigned=self._assigned_here,
         )
         self._owners: dict[tuple[str, int], PartitionOwner] = {}
         self._lock = threading.Lock()
@@ -495,6 +496,11 @@ class KafkaLogStore:
             # with jitter lets the one that waits less finish a transaction first.
             time.sleep(random.uniform(0.0, min(_MAX_BACKOFF_S, 0.05 * 2**txn.attempts)))
         self._dispatch(owner.topic, owner.partition, txn)
+
+    def _assigned_here(self, topic: str, partition: int) -> bool:
+        """Whether the gateways' group gives this process the partition now (a process that
+        writes on demand is given none: it may write any)."""
+        return not isinstance(self.placement, OnDemand) and self.placement.owns(topic, partition)
 
     def _note_takeover(self, topic: str, partition: int, seconds: float, entries: int) -> None:
         self.takeovers.append((topic, partition, seconds, entries))
