@@ -127,6 +127,12 @@ class CommitCounts:
     records: int = 0
     visibility_looks: int = 0
     """Requests for a partition's last stable offset made to see commits readable."""
+    committed_at: float = float("-inf")
+    """``time.monotonic()`` of the last commit."""
+    refused_at: float = float("-inf")
+    """``time.monotonic()`` of the last commit or takeover that failed for want of Kafka
+    (``StoreUnavailable``): with :attr:`committed_at`, what ``/readyz`` knows of the writes
+    (see ``readiness``)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, transactions: int, records: int) -> None:
@@ -134,6 +140,12 @@ class CommitCounts:
             self.commits += 1
             self.transactions += transactions
             self.records += records
+            self.committed_at = time.monotonic()
+
+    def refused(self, failure: BaseException) -> None:
+        """Note a commit or takeover that failed; only a failure for want of Kafka counts."""
+        if isinstance(failure, StoreUnavailable):
+            self.refused_at = time.monotonic()
 
     def looked(self) -> None:
         with self._lock:
@@ -748,11 +760,13 @@ class PartitionOwner:
         except LogbrokerError as exc:
             self._failed_at = time.monotonic()
             self._failure = exc
+            self.ctx.commits.refused(exc)
             log.warning("taking over %s/%d failed: %s", self.topic, self.partition, exc)
             return False
         except Exception as exc:
             self._failed_at = time.monotonic()
             self._failure = as_store_error(exc, f"taking over {self.topic}/{self.partition}")
+            self.ctx.commits.refused(self._failure)
             log.warning("taking over %s/%d failed: %s", self.topic, self.partition, exc)
             return False
         self._failed_at = None
@@ -1004,6 +1018,7 @@ class PartitionOwner:
                 self._failed_at = None
                 if not isinstance(failure, WriterFenced) and self._topic_gone():
                     failure = UnknownTopic(f"topic {self.topic!r} was deleted")
+                self.ctx.commits.refused(failure)
                 if (
                     values
                     and self._commit_sent

@@ -55,6 +55,7 @@ from log_store.kafka.failures import OwnerGone, PartitionGone, WriterFenced, as_
 from log_store.kafka.fetcher import FetcherPool, Watermarks
 from log_store.kafka.partition_owner import OwnerContext, PartitionOwner, Pending
 from log_store.kafka.placement import OnDemand, Placement
+from log_store.kafka.readiness import WriteReadiness
 from log_store.kafka.remote_transaction import NotOwner
 from log_store.kafka.settings import KafkaSettings
 from log_store.kafka.state_changelog import ReplayedState
@@ -115,6 +116,9 @@ class KafkaLogStore:
         self._replay_lock = threading.RLock()
         self._listings = StateListings()
         self.commits = self._ctx.commits
+        self._readiness = WriteReadiness(
+            lambda timeout_s: self._admin.reachable(timeout_s), self.commits
+        )
         """Kafka transactions committed here and the callers' transactions they carried."""
         self.takeovers: deque[tuple[str, int, float, int]] = deque(maxlen=1000)
         """Recent takeovers: (topic, partition, seconds, state entries)."""
@@ -808,15 +812,13 @@ class KafkaLogStore:
         return self._installation
 
     def readiness(self) -> str | None:
+        """None if this gateway can take writes now, else why not: see ``readiness`` (one
+        look of at most about 1.2 s)."""
         # a gateway whose group member failed for good writes nothing until a new one joined
         out_of_group = getattr(self.placement, "out_of_group", None)
         if out_of_group is not None:
             return f"this gateway is out of the gateway group: {out_of_group}"
-        try:
-            self._admin.reachable(1.0)
-        except LogbrokerError as exc:
-            return f"Kafka does not answer: {exc}"
-        return None
+        return self._readiness.reason()
 
     @property
     def stop_budget_s(self) -> float:
