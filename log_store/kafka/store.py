@@ -27,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, overload
+from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
@@ -417,56 +417,31 @@ class KafkaLogStore:
         if self._closed:
             self._fail(txn, StoreUnavailable("log store is closed"))
             return
-        if self.placement.owns(topic, partition):
-            for _ in range(3):
-                owner = self._owner(topic, partition, if_owned=True)
-                if owner is None:
-                    break  # given up since the look above: its next owner writes it
-                try:
-                    owner.submit(txn)
-                    return
-                except OwnerGone:
-                    self._drop_owner(owner)
-            else:
-                self._fail(
-                    txn, StoreUnavailable(f"{topic}/{partition} keeps changing hands; retry")
-                )
+        if not self.placement.owns(topic, partition):
+            if txn.local_only:
+                self._fail(txn, NotOwner(f"{topic}/{partition} is not owned here"))
                 return
-        if txn.local_only:
-            self._fail(txn, NotOwner(f"{topic}/{partition} is not owned here"))
+            remote = self.placement.remote()
+            if remote is None:
+                self._fail(txn, StoreUnavailable(f"no owner of {topic}/{partition} is known"))
+                return
+            remote.submit(topic, partition, txn.fn, txn.future)
             return
-        remote = self.placement.remote()
-        if remote is None:
-            self._fail(txn, StoreUnavailable(f"no owner of {topic}/{partition} is known"))
-            return
-        remote.submit(topic, partition, txn.fn, txn.future)
+        for _ in range(3):
+            owner = self._owner(topic, partition)
+            try:
+                owner.submit(txn)
+                return
+            except OwnerGone:
+                self._drop_owner(owner)
+        self._fail(txn, StoreUnavailable(f"{topic}/{partition} keeps changing hands; retry"))
 
     @staticmethod
     def _fail(txn: Pending, error: BaseException) -> None:
         if txn.start():
             txn.future.set_exception(error)
 
-    @overload
-    def _owner(
-        self, topic: str, partition: int, *, eager: bool = ..., if_owned: Literal[False] = ...
-    ) -> PartitionOwner: ...
-
-    @overload
-    def _owner(
-        self, topic: str, partition: int, *, eager: bool = ..., if_owned: bool
-    ) -> PartitionOwner | None: ...
-
-    def _owner(
-        self, topic: str, partition: int, *, eager: bool = False, if_owned: bool = False
-    ) -> PartitionOwner | None:
-        """The partition's owner here, made (and started) if there is none.
-
-        ``if_owned``: None rather than a new owner when the placement no longer gives this
-        process the partition.  A write that looked at the placement just before the group
-        took the partition away (and its owner here was released) used to make a new owner
-        after the release: it took the partition over from its next owner, which took it
-        back, each fencing the other (librdkafka's FATAL lines, seen on the old owner at
-        every move), and stayed, unannounced, until fenced."""
+    def _owner(self, topic: str, partition: int, *, eager: bool = False) -> PartitionOwner:
         key = (topic, partition)
         stale: PartitionOwner | None = None
         with self._lock:
@@ -474,13 +449,8 @@ class KafkaLogStore:
             if owner is not None and self._of_a_deleted_topic(owner):
                 stale, owner = owner, None
             if owner is None or owner.closed:
-                # asked under the lock: a release (which follows the group's taking the
-                # partition away) pops what is made here, and closes it
-                if if_owned and not self.placement.owns(topic, partition):
-                    owner = None
-                else:
-                    owner = PartitionOwner(self._ctx, topic, partition).start(eager=eager)
-                    self._owners[key] = owner
+                owner = PartitionOwner(self._ctx, topic, partition).start(eager=eager)
+                self._owners[key] = owner
         if stale is not None:
             stale.close(wait=False)
         return owner
@@ -558,21 +528,17 @@ class KafkaLogStore:
         """Values of ``keys`` and the next offset, as this process's owner of the partition
         has them; ``NotOwner`` if this process does not own it (or no longer)."""
         validate_topic_name(topic)
-        owner = None
-        if self.placement.owns(topic, partition):
-            owner = self._owner(topic, partition, eager=True, if_owned=True)
-        if owner is None:
+        if not self.placement.owns(topic, partition):
             raise NotOwner(f"{topic}/{partition} is not owned here")
+        owner = self._owner(topic, partition, eager=True)
         owner.wait_ready(self.settings.operation_timeout_s)
         try:
             return owner.read_state(keys)
         except OwnerGone:
             self._drop_owner(owner)
-        owner = None
-        if self.placement.owns(topic, partition):
-            owner = self._owner(topic, partition, eager=True, if_owned=True)
-        if owner is None:
+        if not self.placement.owns(topic, partition):
             raise NotOwner(f"{topic}/{partition} is not owned here")
+        owner = self._owner(topic, partition, eager=True)
         owner.wait_ready(self.settings.operation_timeout_s)
         try:
             return owner.read_state(keys)
