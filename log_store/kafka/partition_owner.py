@@ -86,7 +86,7 @@ from log_store.kafka.failures import (
 )
 from log_store.kafka.fetcher import FetcherPool, Watermarks
 from log_store.kafka.remote_transaction import start_future
-from log_store.kafka.settings import KafkaSettings
+from log_store.kafka.settings import DEBUG_LOG, KafkaSettings
 from log_store.kafka.state_changelog import (
     DELTA_RECORD_BYTES,
     SNAPSHOT_CHUNK_BYTES,
@@ -127,6 +127,12 @@ class CommitCounts:
     records: int = 0
     visibility_looks: int = 0
     """Requests for a partition's last stable offset made to see commits readable."""
+    committed_at: float = float("-inf")
+    """``time.monotonic()`` of the last commit."""
+    refused_at: float = float("-inf")
+    """``time.monotonic()`` of the last commit or takeover that failed for want of Kafka
+    (``StoreUnavailable``): with :attr:`committed_at`, what ``/readyz`` knows of the writes
+    (see ``readiness``)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, transactions: int, records: int) -> None:
@@ -134,6 +140,12 @@ class CommitCounts:
             self.commits += 1
             self.transactions += transactions
             self.records += records
+            self.committed_at = time.monotonic()
+
+    def refused(self, failure: BaseException) -> None:
+        """Note a commit or takeover that failed; only a failure for want of Kafka counts."""
+        if isinstance(failure, StoreUnavailable):
+            self.refused_at = time.monotonic()
 
     def looked(self) -> None:
         with self._lock:
@@ -152,6 +164,10 @@ class OwnerContext:
     """Where a transaction goes when its owner was fenced or stopped before running it."""
     on_takeover: Callable[[str, int, float, int], None] = lambda *_: None
     """Called with (topic, partition, seconds, table entries) after each takeover."""
+    assigned: Callable[[str, int], bool] = lambda *_: False
+    """Whether the gateways' group gives this process the partition now (never, in a process
+    that writes any partition on demand): a fenced owner of such a partition was not
+    expected to be (see :class:`_ProducerLog`)."""
     commits: CommitCounts = field(default_factory=CommitCounts)
     _snapshot_consumer: Consumer | None = None
     _snapshots_unanswered_since: float | None = None
@@ -468,6 +484,62 @@ Retry = Callable[["PartitionOwner", Pending, BaseException], None]
 """What an owner does with a transaction it could not run because it lost the partition."""
 
 
+_FENCING = tuple(
+    KafkaError(code).str()
+    for code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+)
+"""What librdkafka's lines about a fenced producer say: ``FATAL ... Fatal error: Local: This
+instance has been fenced by a newer instance``, ``TXNERR ... (_FENCED)`` and ``ADDPARTS ...
+Broker: Producer attempted an operation with an old epoch``."""
+
+
+class _ProducerLog:
+    """The librdkafka ``logger`` of an owner's producer: its lines go to the Python logger
+    ``log_store.kafka.librdkafka`` at their own level (librdkafka's FATAL and TXNERR at
+    CRITICAL, a failed connection at ERROR), named by the partition; lines reach it when the
+    owner polls its producer, which it does while it commits.
+
+    Except the lines of the producer being fenced, the design's way a writer learns it lost
+    its partition: one line, the first, at INFO for a partition being given up (see
+    :meth:`PartitionOwner.given_up`), which the old owner logs on a partition move if it was
+    committing then (it used to print librdkafka's level-0 ``FATAL``, with ``TXNERR`` and
+    ``ADDPARTS``, on stderr, paging whoever alerts on FATAL at every rebalance); at WARNING
+    for a partition the group still gives this gateway (another writer took it over: this
+    owner takes it back or forwards, and exactly-once holds); the others at DEBUG."""
+
+    def __init__(self, owner: PartitionOwner) -> None:
+        self._owner = owner
+        self._fenced = False
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        text = (msg % args) if args else msg
+        owner = self._owner
+        said = next((fenced for fenced in _FENCING if fenced in text), None)
+        if said is None:
+            DEBUG_LOG.logger.log(level, "%s/%d: %s", owner.topic, owner.partition, text)
+        elif self._fenced:
+            DEBUG_LOG.logger.debug("%s/%d: %s", owner.topic, owner.partition, text)
+        elif owner.given_up():
+            self._fenced = True
+            DEBUG_LOG.logger.info(
+                "%s/%d: its writer here was fenced by the partition's next owner, as expected "
+                "of a partition given up (%s)",
+                owner.topic,
+                owner.partition,
+                said,
+            )
+        else:
+            self._fenced = True
+            DEBUG_LOG.logger.warning(
+                "%s/%d: its writer here was fenced by another writer while the gateways' group "
+                "gives the partition to this gateway; taken over again by its next "
+                "transaction (%s)",
+                owner.topic,
+                owner.partition,
+                said,
+            )
+
+
 class PartitionOwner:
     """Owns one partition in this process until closed, fenced or its topic goes away."""
 
@@ -688,11 +760,13 @@ class PartitionOwner:
         except LogbrokerError as exc:
             self._failed_at = time.monotonic()
             self._failure = exc
+            self.ctx.commits.refused(exc)
             log.warning("taking over %s/%d failed: %s", self.topic, self.partition, exc)
             return False
         except Exception as exc:
             self._failed_at = time.monotonic()
             self._failure = as_store_error(exc, f"taking over {self.topic}/{self.partition}")
+            self.ctx.commits.refused(self._failure)
             log.warning("taking over %s/%d failed: %s", self.topic, self.partition, exc)
             return False
         self._failed_at = None
@@ -715,9 +789,10 @@ class PartitionOwner:
         state_topic, created = ctx.admin.ensure_state_topic(kafka)
         txn_id = naming.transactional_id(self._settings.namespace, self.topic, self.partition)
         self._fatal = None
-        producer = Producer(
-            {**self._settings.producer_config(txn_id), "error_cb": self._on_client_error}
-        )
+        config = {**self._settings.producer_config(txn_id), "error_cb": self._on_client_error}
+        if self._settings.librdkafka_log == "stderr":
+            config["logger"] = _ProducerLog(self)
+        producer = Producer(config)
         try:
             # Connected first: librdkafka otherwise waits half a second for a broker to ask
             # for the transaction coordinator.
@@ -795,6 +870,12 @@ class PartitionOwner:
         unanswered = ctx.unanswered(self.topic, self.partition)
         if unanswered is not None:
             ctx.settle(self.topic, self.partition, unanswered, final=True, gone=gone)
+
+    def given_up(self) -> bool:
+        """Whether this owner is letting its partition go: closing, or the partition is no
+        longer this gateway's (the group gave it to another, or the process writes on demand:
+        a fence means another process wrote the partition, and this one gives it up)."""
+        return self._closing or not self.ctx.assigned(self.topic, self.partition)
 
     def _on_client_error(self, error: KafkaError) -> None:
         """librdkafka's fatal errors (a fenced producer above all) arrive here, not raised."""
@@ -937,6 +1018,7 @@ class PartitionOwner:
                 self._failed_at = None
                 if not isinstance(failure, WriterFenced) and self._topic_gone():
                     failure = UnknownTopic(f"topic {self.topic!r} was deleted")
+                self.ctx.commits.refused(failure)
                 if (
                     values
                     and self._commit_sent

@@ -66,9 +66,11 @@ class KafkaSettings:
     """The gateways' group: a gateway silent this long loses its partitions to the others."""
     librdkafka_log: str = "stderr"
     """Where librdkafka's own warnings and errors go.  ``stderr``: there, as librdkafka
-    writes them (a gateway's operators see its failed connections); ``debug``: to the Python
-    logger ``log_store.kafka.librdkafka`` at DEBUG, for commands that say themselves in one
-    line what went wrong (``topics``, ``audit``)."""
+    writes them (a gateway's operators see its failed connections), except the partition
+    owners' producers', which go to the Python logger ``log_store.kafka.librdkafka`` at their
+    level (a fenced one's at INFO: see ``partition_owner._ProducerLog``); ``debug``: every
+    client's to that logger at DEBUG, for commands that say themselves in one line what went
+    wrong (``topics``, ``audit``)."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap or not isinstance(self.bootstrap, str):

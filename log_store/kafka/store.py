@@ -55,6 +55,7 @@ from log_store.kafka.failures import OwnerGone, PartitionGone, WriterFenced, as_
 from log_store.kafka.fetcher import FetcherPool, Watermarks
 from log_store.kafka.partition_owner import OwnerContext, PartitionOwner, Pending
 from log_store.kafka.placement import OnDemand, Placement
+from log_store.kafka.readiness import WriteReadiness
 from log_store.kafka.remote_transaction import NotOwner
 from log_store.kafka.settings import KafkaSettings
 from log_store.kafka.state_changelog import ReplayedState
@@ -105,6 +106,7 @@ class KafkaLogStore:
             self._fetchers,
             retry=self._retry,
             on_takeover=self._note_takeover,
+            assigned=self._assigned_here,
         )
         self._owners: dict[tuple[str, int], PartitionOwner] = {}
         self._lock = threading.Lock()
@@ -114,6 +116,9 @@ class KafkaLogStore:
         self._replay_lock = threading.RLock()
         self._listings = StateListings()
         self.commits = self._ctx.commits
+        self._readiness = WriteReadiness(
+            lambda timeout_s: self._admin.reachable(timeout_s), self.commits
+        )
         """Kafka transactions committed here and the callers' transactions they carried."""
         self.takeovers: deque[tuple[str, int, float, int]] = deque(maxlen=1000)
         """Recent takeovers: (topic, partition, seconds, state entries)."""
@@ -496,6 +501,11 @@ class KafkaLogStore:
             time.sleep(random.uniform(0.0, min(_MAX_BACKOFF_S, 0.05 * 2**txn.attempts)))
         self._dispatch(owner.topic, owner.partition, txn)
 
+    def _assigned_here(self, topic: str, partition: int) -> bool:
+        """Whether the gateways' group gives this process the partition now (a process that
+        writes on demand is given none: it may write any)."""
+        return not isinstance(self.placement, OnDemand) and self.placement.owns(topic, partition)
+
     def _note_takeover(self, topic: str, partition: int, seconds: float, entries: int) -> None:
         self.takeovers.append((topic, partition, seconds, entries))
         listener = self.takeover_listener
@@ -802,15 +812,13 @@ class KafkaLogStore:
         return self._installation
 
     def readiness(self) -> str | None:
+        """None if this gateway can take writes now, else why not: see ``readiness`` (one
+        look of at most about 1.2 s)."""
         # a gateway whose group member failed for good writes nothing until a new one joined
         out_of_group = getattr(self.placement, "out_of_group", None)
         if out_of_group is not None:
             return f"this gateway is out of the gateway group: {out_of_group}"
-        try:
-            self._admin.reachable(1.0)
-        except LogbrokerError as exc:
-            return f"Kafka does not answer: {exc}"
-        return None
+        return self._readiness.reason()
 
     @property
     def stop_budget_s(self) -> float:

@@ -347,15 +347,37 @@ class TopicAdmin:
     def describe(self, name: str, *, timeout_s: float | None = None) -> KafkaTopic:
         """The topic's identity and partition count; ``UnknownTopic`` if Kafka has none.
 
+        A broker that does not know a topic the cluster's metadata names (made a moment ago,
+        by another gateway) is asked again for up to :data:`_NEW_TOPIC_S`, within
         ``timeout_s``: what Kafka is given to answer (default: the operation timeout)."""
         kafka_name = naming.data_topic(self.ns, name)
         timeout = timeout_s or self._timeout
         self._refuse_another_installations(name, timeout)
-        futures = self.client.describe_topics(
-            TopicCollection([kafka_name]), request_timeout=timeout
-        )
+
+        def ask(_remaining_s: float) -> Any:
+            futures = self.client.describe_topics(
+                TopicCollection([kafka_name]), request_timeout=timeout
+            )
+            return self._wait(futures[kafka_name], f"describing {name}", timeout)
+
+        def retried_for(exc: Exception) -> float | None:
+            # A topic another gateway has just made: the metadata names it before every
+            # broker can describe it.  Asked again for the moment that takes, as after this
+            # gateway's own creation (see ``create``), not answered 503 at once: the
+            # gateways that lost the race to make a new log type's topic did that, and their
+            # push-clients failed over.
+            if not isinstance(exc, KafkaException) or not is_topic_gone(kafka_error(exc)):
+                return None
+            try:
+                named = named_in(self._list_all(_CONFIRM_LOOK_S), kafka_name)
+            except KafkaException:
+                return None
+            return min(_NEW_TOPIC_S, timeout) if named else None
+
         try:
-            description = self._wait(futures[kafka_name], f"describing {name}", timeout)
+            description: Any = ask_again(
+                ask, timeout_s=timeout, retried_for=retried_for, pause_s=0.05
+            )
         except KafkaException as exc:
             error = as_store_error(exc, f"describing {name}")
             if isinstance(error, UnknownTopic):
@@ -364,8 +386,8 @@ class TopicAdmin:
         return KafkaTopic(
             name,
             kafka_name,
-            naming.topic_id_text(description.topic_id),  # type: ignore[attr-defined]
-            len(description.partitions),  # type: ignore[attr-defined]
+            naming.topic_id_text(description.topic_id),
+            len(description.partitions),
         )
 
     def reachable(self, timeout_s: float) -> str | None:

@@ -28,6 +28,8 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from log_store.kafka import gateway_group
 from log_store.kafka.gateway_group import GatewayGroup
+from log_store.kafka.partition_owner import CommitCounts
+from log_store.kafka.readiness import WriteReadiness
 from log_store.kafka.settings import KafkaSettings
 from log_store.kafka.store import KafkaLogStore
 
@@ -144,7 +146,9 @@ def running(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
 
 def _readiness(group: GatewayGroup) -> str | None:
     """What ``/readyz`` says of a gateway with this group (Kafka itself answering)."""
-    store = SimpleNamespace(placement=group, _admin=SimpleNamespace(reachable=lambda s: None))
+    store = SimpleNamespace(
+        placement=group, _readiness=WriteReadiness(lambda _s: None, CommitCounts())
+    )
     return KafkaLogStore.readiness(store)  # type: ignore[arg-type]
 
 
