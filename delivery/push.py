@@ -68,6 +68,8 @@ SUBSCRIPTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _REGISTRY_KEY = "push/subscriptions"
 LEASE_MS = 5_000
 _SUPERVISE_S = 1.0
+_LOOP_RETRY_S = 1.0
+"""A delivery loop that failed (Kafka or a partition's owner away, say) tries again after this."""
 _DAMAGED_LOOK_S = 30.0
 """How often a partition stopped at a damaged batch is read again (an operator may have
 dropped the damaged segment meanwhile: docs/operations.md, "A batch fails its checksum")."""
@@ -541,10 +543,16 @@ class _Delivery:
                     return
                 except asyncio.CancelledError:
                     raise
+                except StoreUnavailable as exc:
+                    # expected while Kafka or a partition's owner is away (a broker or a
+                    # gateway killed): retried as documented, one line and no trace
+                    _log.warning("push %s: %s; retrying", self.sub.name, exc)
+                    await anyio.to_thread.run_sync(self._record_error, f"unavailable: {exc}")
+                    await asyncio.sleep(_LOOP_RETRY_S)
                 except Exception as exc:
                     _log.exception("push %s: delivery loop failed; retrying", self.sub.name)
                     await anyio.to_thread.run_sync(self._record_error, f"internal: {exc}")
-                    await asyncio.sleep(1.0)
+                    await asyncio.sleep(_LOOP_RETRY_S)
 
     async def _refresh_positions(self) -> None:
         """Positions for partitions not seen yet (new topics under a prefix, topics created

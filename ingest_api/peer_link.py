@@ -3,9 +3,11 @@
 A plain blocking HTTP client (the store calls it from its own threads), one connection pool
 for every peer, the peer token as bearer.  Answers are turned back into the errors the
 store acts on: ``NotOwner`` (look for the new owner), ``PeerUnreachable`` (wait for a new
-owner to be announced), ``UnknownTopic``, ``StoreUnavailable``; and the owner's refusal of
-one transaction of a batch into the error the owner raised (``RecordTooLarge``, ...: see
-``remote_transaction.owner_error_of``), which the client is answered with, not retried.
+owner to be announced; ``PeerRefused`` when the connection itself was refused: no gateway
+listens there, and the store soon takes the owner for dead), ``UnknownTopic``,
+``StoreUnavailable``; and the owner's refusal of one transaction of a batch into the error
+the owner raised (``RecordTooLarge``, ...: see ``remote_transaction.owner_error_of``), which
+the client is answered with, not retried.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from log_store.kafka.remote_transaction import (
     CommitAnswer,
     ForwardedTransaction,
     NotOwner,
+    PeerRefused,
     PeerUnreachable,
     decode_outcomes,
     decode_values,
@@ -37,6 +40,20 @@ BATCH_MEDIA_TYPE = "application/x-logbroker-transactions"
 _REFUSED_LOG_EVERY_S = 60.0
 """A peer that refuses this gateway's peer token is logged at most this often (per peer)."""
 BATCH_PATH = "/v1/internal/transactions"
+
+
+def _refused(exc: httpx.HTTPError) -> bool:
+    """Whether connecting was refused (or reset while connecting): nothing was sent."""
+    if not isinstance(exc, httpx.ConnectError):
+        return False
+    cause: BaseException | None = exc
+    for _ in range(8):  # httpx's error, httpcore's, then the socket's
+        if cause is None:
+            return False
+        if isinstance(cause, ConnectionRefusedError | ConnectionResetError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def partition_path(topic: str, partition: int) -> str:
@@ -75,7 +92,8 @@ class HttpPeerLink:
         try:
             response = self._client.post(url + path, **kwargs)
         except httpx.HTTPError as exc:
-            raise PeerUnreachable(f"{url}: {type(exc).__name__}: {exc}") from None
+            unreachable = PeerRefused if _refused(exc) else PeerUnreachable
+            raise unreachable(f"{url}: {type(exc).__name__}: {exc}") from None
         if response.status_code == 200:
             return orjson.loads(response.content)
         try:

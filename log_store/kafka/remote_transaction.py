@@ -54,6 +54,15 @@ log = logging.getLogger(__name__)
 _MAX_ROUNDS = 12
 _CACHE_ENTRIES = 200_000
 _OWNER_WAIT_S = 2.0
+_REFUSED_FOR_S = 1.0
+"""An owner whose address has refused every connection tried for this long (and at least
+``_REFUSED_TIMES`` times) is taken for dead: a forward to it gives up at once (see
+:class:`_RefusingOwners`)."""
+_REFUSED_TIMES = 3
+_REFUSED_RETRY_S = 0.2
+"""Between two tries of an owner that refused, the wait for another owner's announcement."""
+_REFUSAL_GAP_S = 5.0
+"""Refusals further apart than this are not one streak (nobody tried in between)."""
 _ANSWER_MARGIN_S = 2.0
 """A forwarded transaction is answered within the operation timeout and this much: the owner's
 answer to the forward, and the one-by-one path after a conflict or a moved owner, share that
@@ -101,6 +110,11 @@ class NotOwner(LogbrokerError):
 
 class PeerUnreachable(LogbrokerError):
     """The gateway announced as owner did not answer."""
+
+
+class PeerRefused(PeerUnreachable):
+    """The announced owner's address refused the connection (or reset it while connecting):
+    no process listens there, so nothing of this try reached any gateway."""
 
 
 # -- the wire ---------------------------------------------------------------------------------
@@ -585,6 +599,72 @@ class _Attempt:
     """When (monotonic) its caller is answered 503 at the latest (None: each wait its own)."""
 
 
+class _RefusingOwners:
+    """Owners' URLs that refuse connections now, and since when: an owner refusing every
+    connection for ``_REFUSED_FOR_S`` is taken for dead, and a forward to it gives up at once.
+
+    Why: a gateway SIGKILLed keeps its partitions in the gateways' group until its session
+    times out (10 s by default), and its announcement stands until the next owner's.  A
+    forward to it used to try the dead address again until the operation timeout (15 s), and
+    since a client request is answered only when every section is settled, each request
+    carrying a section of such a partition (a push-client's every request: it batches all
+    its files) waited for the group to move the partition: every file of every client
+    stalled, not only those of the dead owner's partitions.  A refused connection is not a
+    slow owner (that one takes the connection and answers late, or not at all, and is
+    waited for as before): nothing listens at the address, so the section is answered
+    ``PartitionUnavailable`` after about a second, the request's other sections are
+    written, and a push-client holds back the named files only.  An owner announced
+    meanwhile is tried first; any answer from the address ends the streak.
+
+    Exactly once: a refused try never reached any process, so it wrote nothing.  Earlier
+    tries of the same section may have reached the owner before it died (the first batch,
+    whose connection broke; the answer lost): the owner may have committed them, and a
+    live owner behind a cut network may still commit one that it is working on.  That is
+    the in-doubt case every 503 of a forward has had (``operation_timeout_s``), and it is
+    safe for the same reasons: the source's last seqno is state of the partition,
+    committed in the same Kafka transaction as the chunks (so the next owner, rebuilding
+    the table from the snapshot and the committed tail, has it exactly when it has the
+    chunks), and the owner commits a forwarded transaction only if every value it read,
+    the last seqno among them, is unchanged.  So whichever of the in-doubt try and the
+    client's resend commits first, the other finds the seqno moved: the in-doubt one is
+    dropped (*conflict*, answered to nobody), the resend runs again and answers the
+    chunks ``duplicate``.  A push-client resends a waiting file's chunks unchanged (not cut
+    again), so its next chunk's ``prev_seqno`` is at most the last seqno either way and
+    nothing is refused as out of order.
+    """
+
+    def __init__(self) -> None:
+        self._streaks: dict[str, tuple[float, float, int]] = {}
+        """url -> (first refusal, last refusal, refusals) of its current streak."""
+        self._lock = threading.Lock()
+
+    def refused(self, url: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            first, last, count = self._streaks.get(url, (now, now, 0))
+            if now - last > _REFUSAL_GAP_S:
+                first, count = now, 0
+            self._streaks[url] = (first, now, count + 1)
+
+    def answered(self, url: str) -> None:
+        """``url`` answered: whatever it refused before, it lives now."""
+        if url in self._streaks:
+            with self._lock:
+                self._streaks.pop(url, None)
+
+    def dead(self, url: str) -> float | None:
+        """How long ``url`` has refused every connection if that makes it dead, else None."""
+        now = time.monotonic()
+        with self._lock:
+            streak = self._streaks.get(url)
+        if streak is None:
+            return None
+        first, last, count = streak
+        if now - last > _REFUSAL_GAP_S or count < _REFUSED_TIMES or last - first < _REFUSED_FOR_S:
+            return None
+        return now - first
+
+
 class RemoteTransactions:
     """Runs transactions and state reads of partitions owned by other gateways."""
 
@@ -616,6 +696,7 @@ class RemoteTransactions:
         self._batch_bytes = batch_bytes
         self._outboxes: dict[str, _OwnerOutbox] = {}
         self._outboxes_lock = threading.Lock()
+        self._refusing = _RefusingOwners()
 
     def _outbox(self, url: str) -> _OwnerOutbox:
         with self._outboxes_lock:
@@ -679,16 +760,18 @@ class RemoteTransactions:
                 self._continue(attempt)
                 continue
             by_owner.setdefault(url, []).append((attempt, prepared))
-        waiting: list[tuple[_Attempt, _Outgoing]] = []
+        waiting: list[tuple[_Attempt, _Outgoing, str]] = []
         for url, group in by_owner.items():
             outgoing = self._outbox(url).put(
                 [ForwardedTransaction(a.topic, a.partition, p) for a, p in group]
             )
-            waiting.extend((a, out) for (a, _p), out in zip(group, outgoing, strict=True))
-        for attempt, out in waiting:
+            waiting.extend((a, out, url) for (a, _p), out in zip(group, outgoing, strict=True))
+        for attempt, out, url in waiting:
             try:
                 answer = out.answer.result(_left(attempt.deadline, self._timeout_s + 10.0))
-            except (NotOwner, PeerUnreachable, concurrent.futures.TimeoutError):
+            except (NotOwner, PeerUnreachable, concurrent.futures.TimeoutError) as exc:
+                if isinstance(exc, PeerRefused):
+                    self._refusing.refused(url)
                 out.answer.cancel()  # if still queued
                 self._continue(attempt)  # the one-by-one path follows the owner
                 continue
@@ -719,18 +802,33 @@ class RemoteTransactions:
         self, topic: str, partition: int, call: Any, deadline: float | None = None
     ) -> Any:
         """``call(url)`` at the partition's owner, following ownership as it moves, until
-        ``deadline`` (default: the operation timeout from now)."""
+        ``deadline`` (default: the operation timeout from now); ``PartitionUnavailable`` at
+        once if the owner refuses connections (dead, see :class:`_RefusingOwners`) and no
+        other owner is announced."""
         if deadline is None:
             deadline = time.monotonic() + self._timeout_s
         suspect: str | None = None
         last_error: Exception | None = None
         checked = False
+        refused = False
         while True:
             remaining = deadline - time.monotonic()
+            wait_s = _OWNER_WAIT_S
+            if refused:  # a dead owner's address: look again soon, a live one answers it
+                wait_s = 0.0 if suspect and self._refusing.dead(suspect) else _REFUSED_RETRY_S
             url = self._directory.owner(
-                topic, partition, not_url=suspect, wait_s=max(0.0, min(remaining, _OWNER_WAIT_S))
+                topic, partition, not_url=suspect, wait_s=max(0.0, min(remaining, wait_s))
             )
             if url is None and suspect is not None:
+                refusing = self._refusing.dead(suspect) if refused else None
+                if refusing is not None:
+                    raise PartitionUnavailable(
+                        f"the owner of {topic}/{partition} ({suspect}) has refused every "
+                        f"connection for {refusing:.1f} s: its gateway is down, and the "
+                        "gateways' group hands the partition on after its session timeout",
+                        topic,
+                        partition,
+                    )
                 url = suspect  # nobody else claimed it: it may be back
             if url is None:
                 if not checked and self._partition_check is not None:
@@ -750,8 +848,23 @@ class RemoteTransactions:
                     )
                 continue
             try:
-                return call(url)
+                result = call(url)
+            except PeerRefused as exc:
+                self._refusing.refused(url)
+                refused = True
+                last_error = exc
+                suspect = url
+                if time.monotonic() >= deadline:
+                    raise PartitionUnavailable(
+                        f"the owner of {topic}/{partition} cannot be reached: {exc}",
+                        topic,
+                        partition,
+                    ) from None
+                continue
             except (NotOwner, PeerUnreachable) as exc:
+                if isinstance(exc, NotOwner):
+                    self._refusing.answered(url)
+                refused = False
                 last_error = exc
                 suspect = url
                 if time.monotonic() >= deadline:
@@ -761,6 +874,12 @@ class RemoteTransactions:
                         partition,
                     ) from None
                 time.sleep(0.05)
+                continue
+            except LogbrokerError:
+                self._refusing.answered(url)
+                raise
+            self._refusing.answered(url)
+            return result
 
     def _commit_at(
         self,

@@ -486,22 +486,39 @@ class TopicAdmin:
         ]
 
     def _list_offsets(self, specs: dict[TopicPartition, OffsetSpec], name: str) -> dict[int, int]:
+        """The offsets ``specs`` ask for, per partition.
+
+        A partition's leader just elected answers ``OFFSET_NOT_AVAILABLE`` ("Leader high
+        watermark is not caught up") until its followers caught up: asked again within the
+        operation timeout, then ``StoreUnavailable``.  (librdkafka does not call it
+        retriable; taken for a failure at once, a push delivery and a reader failed for a
+        moment after every leader change.)"""
         if not specs:
             return {}
-        futures = self.client.list_offsets(
-            specs,
-            isolation_level=IsolationLevel.READ_COMMITTED,
-            request_timeout=self._timeout,
-        )
-        found: dict[int, int] = {}
         what = f"offsets of {name}"
-        for tp, future in futures.items():
-            try:
+
+        def ask(_remaining_s: float) -> dict[int, int]:
+            futures = self.client.list_offsets(
+                specs,
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=self._timeout,
+            )
+            found: dict[int, int] = {}
+            for tp, future in futures.items():
                 result: Any = self._wait(future, what)
                 found[tp.partition] = known_offset(int(result.offset), what)
-            except KafkaException as exc:
-                raise as_store_error(exc, what) from exc
-        return found
+            return found
+
+        def retried_for(exc: Exception) -> float | None:
+            error = kafka_error(exc)
+            if error is not None and error.code() == KafkaError.OFFSET_NOT_AVAILABLE:
+                return self._timeout
+            return None
+
+        try:
+            return ask_again(ask, timeout_s=self._timeout, retried_for=retried_for, pause_s=0.1)
+        except KafkaException as exc:
+            raise as_store_error(exc, what) from exc
 
     # -- changing -----------------------------------------------------------------------------
     def create(self, name: str, config: TopicConfig, *, exist_ok: bool) -> KafkaTopic:
