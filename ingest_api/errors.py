@@ -127,7 +127,12 @@ def partitions_unavailable(failed: Sequence[tuple[str, PartitionUnavailable]]) -
         headers={"Retry-After": str(RETRY_AFTER_S)},
         extra={
             "partitions": [
-                {"topic": topic, "partition": partition, "source_ids": ids}
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "source_ids": ids,
+                    "reason": reasons[topic, partition],
+                }
                 for (topic, partition), ids in sources.items()
             ]
         },

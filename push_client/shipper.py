@@ -658,7 +658,8 @@ class Shipper:
                 topic, partition = exc.sources.get(
                     tailed.source_id, (tailed.topic, tailed.partition)
                 )
-                self.outages.wait(tailed, name, topic, partition, exc.reason, job.probe)
+                reason = exc.reason_for(topic, partition)
+                self.outages.wait(tailed, name, topic, partition, reason, job.probe)
 
     def _abandon(self, job: _WriteJob) -> None:
         """Unanswered: the chunks go back among the pending ones and are sent again."""

@@ -84,11 +84,18 @@ class PartitionsUnavailable(LogbrokerError):
         reason: str,
         partitions: tuple[tuple[str, int], ...],
         sources: dict[str, tuple[str, int]],
+        reasons: dict[tuple[str, int], str] | None = None,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.partitions = partitions
         self.sources = sources
+        self.reasons = reasons or {}
+        """Each partition's own reason, where the gateway gave one (``reason`` joins them)."""
+
+    def reason_for(self, topic: str, partition: int) -> str:
+        """Why ``topic/partition`` waits: its own reason, not another partition's."""
+        return self.reasons.get((topic, partition), self.reason)
 
     def affects(self, source_id: str, topic: str, partition: int) -> bool:
         """Whether the answer names this source (or, if it names no source, its partition)."""
@@ -107,6 +114,7 @@ class PartitionsUnavailable(LogbrokerError):
             return None
         partitions: list[tuple[str, int]] = []
         sources: dict[str, tuple[str, int]] = {}
+        reasons: dict[tuple[str, int], str] = {}
         for item in named:
             if not isinstance(item, dict):
                 return None
@@ -114,11 +122,13 @@ class PartitionsUnavailable(LogbrokerError):
             if not isinstance(topic, str) or not isinstance(partition, int):
                 return None
             partitions.append((topic, partition))
+            if isinstance(item.get("reason"), str):
+                reasons[topic, partition] = item["reason"][:500]
             ids = item.get("source_ids", [])
             for source_id in ids if isinstance(ids, list) else ():
                 if isinstance(source_id, str):
                     sources[source_id] = (topic, partition)
-        return cls(str(body.get("reason", ""))[:500], tuple(partitions), sources)
+        return cls(str(body.get("reason", ""))[:500], tuple(partitions), sources, reasons)
 
 
 @dataclass(frozen=True)

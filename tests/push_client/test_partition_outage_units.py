@@ -73,6 +73,19 @@ def test_a_503_names_the_waiting_sources_or_is_retried_whole() -> None:
     assert answer.sources == {"a": ("dc1.app", 2), "b": ("dc1.app", 2)}
     assert answer.affects("a", "dc1.app", 0)  # named: whatever the client thought
     assert not answer.affects("c", "dc1.app", 2)
+    # each file is told its own partition's reason, not another's of the same answer
+    two = PartitionsUnavailable.from_body(
+        {
+            "error": "partition_unavailable",
+            "reason": "the owner of dc1.app/2 ...; the owner of dc1.app/3 ...",
+            "partitions": [
+                {"topic": "dc1.app", "partition": 2, "source_ids": ["a"], "reason": "of 2"},
+                {"topic": "dc1.app", "partition": 3, "source_ids": ["b"], "reason": "of 3"},
+            ],
+        }
+    )
+    assert two is not None and two.reason_for("dc1.app", 3) == "of 3"
+    assert answer.reason_for("dc1.app", 2) == answer.reason  # an older gateway's answer
     # a session's answer names the partition only
     partition_only = PartitionsUnavailable.from_body(
         {
