@@ -655,8 +655,12 @@ class SqliteLogStore:
     def _on_partition(self, topic: str, partition: int, op: Callable[[PartitionLog], T]) -> T:
         """Run ``op`` on the partition, looking again once if the topic we knew is gone."""
         try:
-            with self._lease(topic, partition) as (_, log):
-                return op(log)
+            with self._lease(topic, partition) as (info, log):
+                try:
+                    return op(log)
+                except UnknownTopic as marked:
+                    self._finish_deletion_met(topic, info.topic_id, partition, marked)
+                    raise
         except UnknownTopic as exc:
             if self._forget_topic(topic) is None and not isinstance(exc, TopicDeleted):
                 raise
@@ -816,7 +820,8 @@ class SqliteLogStore:
     def _finish_deletion(self, name: str, topic_id: str) -> None:
         """Delete the topic ``topic_id`` as ``delete_topic`` would, if it is still there."""
         _log.warning(
-            "%s: topic %r (id %s) was being deleted when a process stopped; finishing its deletion",
+            "%s: the deletion of topic %r (id %s) was cut short by a process that stopped (or "
+            "is under way in another one); finishing it",
             self.data_dir,
             name,
             topic_id,

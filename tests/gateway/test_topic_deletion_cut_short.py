@@ -118,8 +118,9 @@ def test_a_store_of_an_older_release_with_a_deletion_cut_short_is_finished_when_
     assert not (tmp_path / "topics" / "dc1.app" / topic_id).exists()
 
 
-def test_a_write_that_meets_a_marked_partition_of_a_topic_still_there_finishes_the_deletion(
-    tmp_path: Path,
+@pytest.mark.parametrize("meets", ["append", "read"])
+def test_a_write_or_read_that_meets_a_marked_partition_of_a_topic_still_there_finishes_it(
+    tmp_path: Path, meets: str
 ) -> None:
     store = open_store(tmp_path)
     try:
@@ -131,7 +132,10 @@ def test_a_write_that_meets_a_marked_partition_of_a_topic_still_there_finishes_t
     try:
         assert store.describe_topic("dc1.app")
         with pytest.raises(UnknownTopic):
-            store.append("dc1.app", 1, [b"y"])
+            if meets == "append":
+                store.append("dc1.app", 1, [b"y"])
+            else:
+                store.read("dc1.app", 1, 0)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if "dc1.app" not in {t.name for t in store.list_topics()}:
