@@ -173,8 +173,8 @@ def _check_data_dir(settings: GatewaySettings) -> None:
     """Refuse a data dir the embedded store cannot use (a file, under a file, not writable),
     naming it: the store's own failure does not; and one that is not this gateway's (another
     DC's, the other store kind's, another tool's: see :mod:`log_store.data_dir_kind`)."""
-    check_for_serve(settings.data_dir, settings.store, settings.dc)
     if settings.store != "sqlite":
+        check_for_serve(settings.data_dir, settings.store, settings.dc)
         return
     path = settings.data_dir
     probe = path
@@ -185,6 +185,7 @@ def _check_data_dir(settings: GatewaySettings) -> None:
         raise BadRequest(f"{where} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise BadRequest(f"{where} is not writable by this user")
+    check_for_serve(path, settings.store, settings.dc)
 
 
 def _bind_failure(exc: OSError, host: str, port: int) -> tuple[str, int]:
