@@ -843,8 +843,8 @@ class SqliteLogStore:
         partition is marked deleted while its topic is still in the catalog, the topic's
         deletion was cut short (or is under way in another process); finish it, on the side:
         the caller may be the partition's own committer thread, which a mark would wait for."""
-        if not isinstance(exc, UnknownTopic) or isinstance(exc, TopicDeleted):
-            return
+        if self.read_only or not isinstance(exc, UnknownTopic) or isinstance(exc, TopicDeleted):
+            return  # a read-only store (a loader's) leaves it to the gateway
         if not self._marked_deleted(topic, topic_id, partition):
             return  # the transaction's own refusal (a stale route, say), not a mark
         try:
