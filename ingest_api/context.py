@@ -160,6 +160,8 @@ def open_context(settings: GatewaySettings) -> GatewayContext:
             store = open_kafka_store(kafka)
     else:
         store = log_store.open_store(
-            settings.data_dir, max_open_partitions=settings.limits.max_open_partitions
+            settings.data_dir,
+            max_open_partitions=settings.limits.max_open_partitions,
+            dc=settings.dc,
         )
     return GatewayContext(store=store, settings=settings)

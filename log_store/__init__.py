@@ -46,6 +46,7 @@ def open_store(
     create: bool = True,
     read_only: bool = False,
     max_open_partitions: int = DEFAULT_MAX_OPEN_PARTITIONS,
+    dc: str | None = None,
 ) -> SqliteLogStore:
     """Open the embedded log store under ``data_dir``, creating it if needed.
 
@@ -54,7 +55,8 @@ def open_store(
     ``read_only=True`` (readers such as Spark executors) implies ``create=False`` and opens
     the store for reading only: nothing under ``data_dir`` is created or changed, and writes
     raise :class:`ReadOnlyStore`.  At most ``max_open_partitions`` idle partitions are kept
-    open (:mod:`log_store.partition_handles`).
+    open (:mod:`log_store.partition_handles`).  ``dc``: the DC of the gateway opening it,
+    recorded by the first and checked by every later one (:mod:`log_store.data_dir_kind`).
     """
     if not create or read_only:
         path = Path(data_dir)
@@ -64,7 +66,9 @@ def open_store(
             raise NoStore(f"{str(path)!r} is not a directory")
         if not SqliteLogStore.exists_at(path):
             raise NoStore(f"{str(path)!r} holds no logbroker store; give the gateway's --data-dir")
-    return SqliteLogStore(data_dir, read_only=read_only, max_open_partitions=max_open_partitions)
+    return SqliteLogStore(
+        data_dir, read_only=read_only, max_open_partitions=max_open_partitions, dc=dc
+    )
 
 
 __all__ = [

@@ -1,8 +1,9 @@
-"""A test hook: SIGKILL this process at a chosen point of an append.
+"""A test hook: SIGKILL this process at a chosen point of an append or a topic's deletion.
 
-``LOGBROKER_STORE_CRASH_AT=<point>`` makes the first append that reaches ``<point>`` kill its
-own process with SIGKILL, exactly as a crash would stop it there.  The contract suite uses it
-to prove that an append interrupted between its steps leaves no trace; it has no other use.
+``LOGBROKER_STORE_CRASH_AT=<point>`` makes the first append (or deletion) that reaches
+``<point>`` kill its own process with SIGKILL, exactly as a crash would stop it there.  The
+contract suite uses it to prove that an append interrupted between its steps leaves no trace,
+and that a deletion cut short is finished by the next open; it has no other use.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ CRASH_POINTS = {
     "torn-segment-write": "half of the batch is written to its segment file, not synced",
     "after-segment-write": "the batch is fsynced in its segment file and not yet indexed",
     "after-segment-roll": "a new segment file holds the batch; the roll is not indexed",
+    "topic-deletion-marked": "a deletion marked one partition deleted, not the others, and "
+    "the topic is still in the catalog",
 }
 
 _ARMED = os.environ.get(CRASH_AT_ENV) or None

@@ -145,6 +145,12 @@ class CatalogLost(BadRequest):
     acknowledged chunk again under new topics, so it is not opened for writing."""
 
 
+class ForeignDataDir(BadRequest):
+    """The data directory is not this gateway's to use: a store of another DC, of the other
+    store kind, of a newer format, or the files of another tool (see
+    :mod:`log_store.data_dir_kind`).  Nothing was changed in it."""
+
+
 class TopicDeletedInFlight(StoreUnavailable):
     """A write's topic was deleted while the write was in flight, and again while it was made
     again.  Nothing was acknowledged; the caller retries, and the retry makes the topic again.

@@ -31,7 +31,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from log_store import crash_points
 from log_store.change_watch import ChangeWatcher
+from log_store.data_dir_kind import EMBEDDED, FORMAT_VERSION, refuse_newer_format, refuse_other_dc
 from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import (
     BadRequest,
@@ -87,6 +89,8 @@ CREATE TABLE IF NOT EXISTS topic_state (
     PRIMARY KEY (topic_id, key)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS installation (id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS deletions (topic_id TEXT PRIMARY KEY, name TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS data_dir (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 _MAKE_INSTALLATION_ID = """
 BEGIN IMMEDIATE;
@@ -95,6 +99,9 @@ INSERT INTO installation (id) SELECT lower(hex(randomblob(16)))
 COMMIT;
 """
 """Run once per data dir, in a write transaction: gateway workers open the catalog at once."""
+
+_FORMAT_KEY, _KIND_KEY, _DC_KEY = "format", "kind", "dc"
+"""What the catalog's ``data_dir`` table records (see :mod:`log_store.data_dir_kind`)."""
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
@@ -219,9 +226,14 @@ class SqliteLogStore:
         read_only: bool = False,
         max_open_partitions: int = DEFAULT_MAX_OPEN_PARTITIONS,
         stall_after_s: float = DEFAULT_STALL_AFTER_S,
+        dc: str | None = None,
     ) -> None:
+        """Open (or make) the store.  ``dc``: the DC the opening gateway serves; recorded by
+        the first such open, and a store recorded for another DC is refused
+        (:class:`ForeignDataDir`), as is one of a newer format than this release's."""
         self.data_dir = Path(data_dir)
         self.read_only = read_only
+        self._identity: dict[str, str] = {}
         try:
             self._catalog = self._open_catalog()
         except StoreUnavailable:
@@ -248,19 +260,78 @@ class SqliteLogStore:
         self._short_of_space: int | None = None
         """The size of the largest write that did not fit (0: a write of unknown size, such as
         SQLite's own pages), until that much is free again."""
+        self._finishing: set[str] = set()
+        """Ids of topics whose cut-short deletion this process is finishing."""
+        if not read_only:
+            try:
+                self._finish_deletions()
+                self._record_identity(dc)
+            except BaseException:
+                self.close()
+                raise
+
+    def _read_identity(self, catalog: sqlite3.Connection) -> None:
+        """Read what the catalog records of the data dir; refuse a newer format."""
+        if catalog.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'data_dir'"
+        ).fetchone():
+            self._identity = {
+                str(k): str(v) for k, v in catalog.execute("SELECT key, value FROM data_dir")
+            }
+        found = self._identity.get(_FORMAT_KEY)
+        refuse_newer_format(self.data_dir, int(found) if found and found.isdigit() else None)
+
+    def _record_identity(self, dc: str | None) -> None:
+        """Record the format, kind and (given one) DC where nothing is recorded yet (a new
+        store, or one of an older release: adopted); refuse a store of another DC."""
+        steps: list[tuple[str, tuple[object, ...]]] = [
+            (
+                "INSERT OR IGNORE INTO data_dir VALUES (?, ?)",
+                (_FORMAT_KEY, str(FORMAT_VERSION)),
+            ),
+            ("INSERT OR IGNORE INTO data_dir VALUES (?, ?)", (_KIND_KEY, EMBEDDED)),
+        ]
+        if dc is not None:
+            steps.append(("INSERT OR IGNORE INTO data_dir VALUES (?, ?)", (_DC_KEY, dc)))
+        if self._identity.get(_FORMAT_KEY) is None:
+            _log.info("%s: recording the store's format (%d)", self.data_dir, FORMAT_VERSION)
+        if self._identity.get(_FORMAT_KEY) is None or (
+            dc is not None and self._identity.get(_DC_KEY) is None
+        ):
+            self._catalog_write(steps)
+            with self._catalog_lock:
+                self._identity = {
+                    str(k): str(v)
+                    for k, v in self._catalog.execute("SELECT key, value FROM data_dir")
+                }
+        recorded = self._identity.get(_DC_KEY)
+        if dc is not None and recorded is not None:
+            refuse_other_dc(self.data_dir, EMBEDDED, recorded, dc)
+
+    @property
+    def recorded_dc(self) -> str | None:
+        """The DC the first gateway on this store served (None: none recorded yet)."""
+        return self._identity.get(_DC_KEY)
 
     def _open_catalog(self) -> sqlite3.Connection:
         try:
             if self.read_only:
                 if not self.exists_at(self.data_dir):
                     raise ReadOnlyStore(f"{self.data_dir} holds no logbroker store to read")
-                return connect_read_only(self.data_dir / self.CATALOG)
+                ro = connect_read_only(self.data_dir / self.CATALOG)
+                try:
+                    self._read_identity(ro)
+                except BaseException:
+                    ro.close()
+                    raise
+                return ro
             make_directories(self.data_dir)
             new_catalog = not (self.data_dir / self.CATALOG).exists()
             if new_catalog:
                 self._refuse_unknown_topics(lambda: set())  # before a catalog is made
             catalog = connect(self.data_dir / self.CATALOG)
             try:
+                self._read_identity(catalog)
                 if not new_catalog:
                     self._refuse_unknown_topics(lambda: _catalog_topic_ids(catalog))
                 catalog.executescript(_CATALOG_SCHEMA)
@@ -584,8 +655,12 @@ class SqliteLogStore:
     def _on_partition(self, topic: str, partition: int, op: Callable[[PartitionLog], T]) -> T:
         """Run ``op`` on the partition, looking again once if the topic we knew is gone."""
         try:
-            with self._lease(topic, partition) as (_, log):
-                return op(log)
+            with self._lease(topic, partition) as (info, log):
+                try:
+                    return op(log)
+                except UnknownTopic as marked:
+                    self._finish_deletion_met(topic, info.topic_id, partition, marked)
+                    raise
         except UnknownTopic as exc:
             if self._forget_topic(topic) is None and not isinstance(exc, TopicDeleted):
                 raise
@@ -656,8 +731,22 @@ class SqliteLogStore:
         self._check_writable("delete_topic")
         self._freeing_space(lambda: self._delete_topic(name))
 
-    def _delete_topic(self, name: str) -> None:
+    def _delete_topic(self, name: str, topic_id: str | None = None) -> None:
+        """Delete the topic ``name`` (only if its id is ``topic_id``, when given)."""
         info = self._load_topic(validate_topic_name(name))
+        if topic_id is not None and info.topic_id != topic_id:
+            raise UnknownTopic(f"topic {name!r} was deleted")
+        # Recorded before the first mark: a crash between the marks and the catalog row's
+        # removal leaves a deletion that the next open finishes (``_finish_deletions``).
+        self._catalog_write(
+            [
+                (
+                    "INSERT OR IGNORE INTO deletions SELECT topic_id, name FROM topics "
+                    "WHERE topic_id = ?",
+                    (info.topic_id,),
+                )
+            ]
+        )
         # Fence every partition first, under its write lock, so that no process can ack an
         # append into files about to be removed: a writer that found the topic in the
         # catalog once trusts this mark from then on (PartitionLog._log_tail).
@@ -668,6 +757,7 @@ class SqliteLogStore:
                 # meanwhile finds the mark (or the topic gone) before it acks
                 with self._lease(name, p, create=True) as (_, log):
                     log.mark_deleted()
+                crash_points.reach("topic-deletion-marked")
             marked = partitions
             # more than marked: partitions were added meanwhile, marked too before it goes
             partitions = self._remove_from_catalog(info.topic_id, marked)
@@ -685,6 +775,98 @@ class SqliteLogStore:
             deleting = where  # never made (nothing written), or renamed by another process
         shutil.rmtree(deleting, ignore_errors=True)
 
+    def _finish_deletions(self) -> None:
+        """Finish each deletion a crash (or a killed process) cut short: its topic is still in
+        the catalog, some of its partitions refuse every read and write.  Those the catalog
+        recorded as begun (``deletions``), and, in a store an older release wrote (which kept
+        no such record), any topic with a partition marked deleted."""
+        with self._catalog_lock:
+            begun = self._catalog.execute(
+                "SELECT d.name, d.topic_id FROM deletions d JOIN topics t "
+                "ON t.topic_id = d.topic_id AND t.name = d.name"
+            ).fetchall()
+        cut_short = {(str(name), str(topic_id)) for name, topic_id in begun}
+        if self._identity.get(_FORMAT_KEY) is None:
+            cut_short |= self._topics_with_marks()
+        for name, topic_id in sorted(cut_short):
+            self._finish_deletion(name, topic_id)
+
+    def _topics_with_marks(self) -> set[tuple[str, str]]:
+        """The topics in the catalog with a partition marked deleted (each partition's index
+        is looked at: done once, when a store of an older release is adopted)."""
+        with self._catalog_lock:
+            rows = self._catalog.execute("SELECT name, topic_id, partitions FROM topics").fetchall()
+        return {
+            (str(name), str(topic_id))
+            for name, topic_id, partitions in rows
+            if any(self._marked_deleted(name, topic_id, p) for p in range(int(partitions)))
+        }
+
+    def _marked_deleted(self, name: str, topic_id: str, partition: int) -> bool:
+        """Whether a deletion marked the partition (its index says so)."""
+        db = self.data_dir / "topics" / name / topic_id / str(partition) / "partition.db"
+        if not db.exists():
+            return False
+        try:
+            conn = sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True)
+            try:
+                row = conn.execute("SELECT value FROM meta WHERE key = 'deleted'").fetchone()
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            return False  # an unreadable index is the partition's damage, said by its use
+        return bool(row and row[0])
+
+    def _finish_deletion(self, name: str, topic_id: str) -> None:
+        """Delete the topic ``topic_id`` as ``delete_topic`` would, if it is still there."""
+        _log.warning(
+            "%s: the deletion of topic %r (id %s) was cut short by a process that stopped (or "
+            "is under way in another one); finishing it",
+            self.data_dir,
+            name,
+            topic_id,
+        )
+        try:
+            self._freeing_space(lambda: self._delete_topic(name, topic_id))
+        except UnknownTopic:
+            pass  # finished by another process meanwhile
+        except LogbrokerError as exc:
+            _log.warning("%s: the deletion of topic %r failed: %s", self.data_dir, name, exc)
+        finally:
+            with self._damaged_lock:
+                self._finishing.discard(topic_id)
+
+    def _finish_deletion_met(
+        self, topic: str, topic_id: str, partition: int, exc: BaseException | None
+    ) -> None:
+        """A write to a partition of the topic ``topic_id`` failed with ``exc``: if the
+        partition is marked deleted while its topic is still in the catalog, the topic's
+        deletion was cut short (or is under way in another process); finish it, on the side:
+        the caller may be the partition's own committer thread, which a mark would wait for."""
+        if self.read_only or not isinstance(exc, UnknownTopic) or isinstance(exc, TopicDeleted):
+            return  # a read-only store (a loader's) leaves it to the gateway
+        if not self._marked_deleted(topic, topic_id, partition):
+            return  # the transaction's own refusal (a stale route, say), not a mark
+        try:
+            with self._catalog_lock:
+                row = self._catalog.execute(
+                    "SELECT 1 FROM topics WHERE name = ? AND topic_id = ?", (topic, topic_id)
+                ).fetchone()
+        except sqlite3.Error:
+            return
+        if row is None:
+            return  # gone (and maybe made again under a new id): nothing left to finish
+        with self._damaged_lock:
+            if topic_id in self._finishing:
+                return  # one finisher per topic, however many writes meet the marks
+            self._finishing.add(topic_id)
+        threading.Thread(
+            target=self._finish_deletion,
+            args=(topic, topic_id),
+            name="logbroker-finish-deletion",
+            daemon=True,
+        ).start()
+
     def _remove_from_catalog(self, topic_id: str, marked: int) -> int:
         """Remove the topic from the catalog if it has no more than ``marked`` partitions;
         its partition count now (``marked`` once removed)."""
@@ -696,6 +878,7 @@ class SqliteLogStore:
                 return int(row[0])
             self._catalog.execute("DELETE FROM topics WHERE topic_id = ?", (topic_id,))
             self._catalog.execute("DELETE FROM topic_state WHERE topic_id = ?", (topic_id,))
+            self._catalog.execute("DELETE FROM deletions WHERE topic_id = ?", (topic_id,))
         return marked
 
     def set_partitions(self, name: str, count: int) -> TopicInfo:
@@ -943,14 +1126,21 @@ class SqliteLogStore:
             self._handles.release(handle)
             raise
         future.add_done_callback(lambda _f: self._handles.release(handle))
-        future.add_done_callback(lambda f: self._forget_if_deleted(topic, f))
+        future.add_done_callback(
+            lambda f: self._forget_if_deleted(topic, info.topic_id, partition, f)
+        )
         return future
 
     def _forget_if_deleted(
-        self, topic: str, future: concurrent.futures.Future[AppendResult]
+        self,
+        topic: str,
+        topic_id: str,
+        partition: int,
+        future: concurrent.futures.Future[AppendResult],
     ) -> None:
         if not future.cancelled() and isinstance(future.exception(), UnknownTopic):
             self._forget_topic(topic)
+            self._finish_deletion_met(topic, topic_id, partition, future.exception())
 
     def transact(self, topic: str, partition: int, fn: TransactionFn) -> AppendResult:
         try:
@@ -970,8 +1160,12 @@ class SqliteLogStore:
         """Commit ``fn`` in this thread when the partition is not committing already (see
         ``PartitionLog.commit_here``); a waiting writer saves two thread hand-offs."""
         self._check_writable("append")
-        with self._lease(topic, partition, create=True) as (_info, log):
-            return log.commit_here(fn)
+        with self._lease(topic, partition, create=True) as (info, log):
+            try:
+                return log.commit_here(fn)
+            except UnknownTopic as exc:
+                self._finish_deletion_met(topic, info.topic_id, partition, exc)
+                raise
 
     def append(self, topic: str, partition: int, values: Sequence[bytes]) -> AppendResult:
         return self.transact(topic, partition, _append_all(list(values)))

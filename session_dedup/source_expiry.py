@@ -42,10 +42,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from log_store.errors import UnknownTopic
+from log_store.errors import PartitionDamaged, UnknownTopic
 from log_store.interface import LogStore, PartitionState, StateScan, TopicInfo
 from session_dedup.pinning import (
     decode_pin,
@@ -103,6 +103,9 @@ class ExpiryPass:
     """Sources whose values had no time yet and were given the pass's."""
     pins_deleted: int = 0
     """Pins deleted: of the sources forgotten, and of sources that had no state."""
+    damaged: list[tuple[str, int]] = field(default_factory=list)
+    """Partitions left out because they are damaged (:class:`PartitionDamaged`): their
+    sources and the topic's pins are kept as they are for the operator."""
 
 
 class _Forget:
@@ -167,13 +170,29 @@ class SourceExpiry:
             if info.name.startswith(_INTERNAL_PREFIX):
                 continue
             try:
+                damaged = len(result.damaged)
                 for partition in range(info.config.partitions):
                     if self._owns(info.name, partition):
-                        self._expire_partition(info, partition, now, result)
-                self._sweep_pins(info, result)
+                        self._expire_damaged_aside(info, partition, now, result)
+                if len(result.damaged) == damaged:
+                    self._sweep_pins(info, result)
             except UnknownTopic:
                 continue  # deleted meanwhile: nothing of it to keep
+            except PartitionDamaged as exc:
+                # a pin of a damaged partition was looked at: the topic's pins wait
+                log.warning("source expiry: pins of %s not swept: %s", info.name, exc)
         return result
+
+    def _expire_damaged_aside(
+        self, info: TopicInfo, partition: int, now: int, out: ExpiryPass
+    ) -> None:
+        """Expire the partition's idle sources; a damaged partition is left out (as
+        retention leaves it), and the pass goes on with the others."""
+        try:
+            self._expire_partition(info, partition, now, out)
+        except PartitionDamaged as exc:
+            out.damaged.append((info.name, partition))
+            log.warning("source expiry: %s/%d left out: %s", info.name, partition, exc)
 
     def _owns(self, topic: str, partition: int) -> bool:
         store = self.store

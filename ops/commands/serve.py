@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
+from log_store.data_dir_kind import check_for_serve, record_kafka_scratch
 from log_store.errors import BadRequest, LogbrokerError, StoreUnavailable
 from ops import heap, stop_signals
 from ops.advertised_url import DEFAULT_WAIT_S, AdvertisedUrlWrong, check_advertised_url
@@ -171,8 +172,10 @@ def _host_port(host: str, port: int) -> str:
 
 def _check_data_dir(settings: GatewaySettings) -> None:
     """Refuse a data dir the embedded store cannot use (a file, under a file, not writable),
-    naming it: the store's own failure does not."""
+    naming it: the store's own failure does not; and one that is not this gateway's (another
+    DC's, the other store kind's, another tool's: see :mod:`log_store.data_dir_kind`)."""
     if settings.store != "sqlite":
+        check_for_serve(settings.data_dir, settings.store, settings.dc)
         return
     path = settings.data_dir
     probe = path
@@ -183,6 +186,7 @@ def _check_data_dir(settings: GatewaySettings) -> None:
         raise BadRequest(f"{where} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise BadRequest(f"{where} is not writable by this user")
+    check_for_serve(path, settings.store, settings.dc)
 
 
 def _bind_failure(exc: OSError, host: str, port: int) -> tuple[str, int]:
@@ -438,6 +442,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"logbroker serve: cannot open the log store: {exc}", file=sys.stderr)
         return 1
+    if settings.store == "kafka":
+        try:
+            record_kafka_scratch(settings.data_dir, settings.dc, settings.kafka_namespace)
+        except OSError as exc:
+            print(f"logbroker serve: warning: data_dir {settings.data_dir}: {exc}", file=sys.stderr)
     sock.listen(2048)
     config = uvicorn.Config(
         "ingest_api.app:create_app" if settings.workers > 1 else build_app(ctx, close_store=True),

@@ -186,3 +186,28 @@ def test_a_pin_deleted_after_a_router_saw_it_is_put_back_by_the_first_write(
         check_deleted_pins_are_put_back_by_the_first_write(store)
     finally:
         store.close()
+
+
+def test_a_damaged_partition_is_left_out_and_the_pass_goes_on_with_the_topics_after_it(
+    tmp_path: Path,
+) -> None:
+    """A damaged partition (PartitionDamaged) used to end the pass: the idle sources of every
+    topic after it were never forgotten.  It is left out, as retention leaves it out."""
+    data_dir = tmp_path / "data"
+    with open_store(data_dir) as store:
+        writer = ExactlyOnceWriter(store, dc="dc1", partitions=1)
+        for log_type in ("aaa", "zzz"):  # the pass goes in name order: aaa first
+            store.create_topic(f"dc1.{log_type}", TopicConfig(partitions=1, segment_bytes=4096))
+            for seqno in range(1, 13):
+                batch = ChunkBatch([seqno], [0], [b"x" * 1000 + b"\n"])
+                writer.write(SourceMeta(log_type, "idle", "h", "/f"), batch)
+        written_ms = int(time.time() * 1000)
+    (damaged_dir,) = (data_dir / "topics" / "dc1.aaa").glob("*/0")
+    last = sorted(damaged_dir.glob("*.log"))[-1]
+    with open(last, "r+b") as segment:
+        segment.truncate(last.stat().st_size - 5)  # acknowledged bytes lost: damaged
+    with open_store(data_dir) as store:
+        done = SourceExpiry(store, idle_s=3600).run_once(now_ms=written_ms + 3600 * 1000)
+        assert done.damaged == [("dc1.aaa", 0)]
+        assert done.expired == 1
+        assert store.get_state("dc1.zzz", 0, seqno_key("idle")) is None
