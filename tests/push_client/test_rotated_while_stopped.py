@@ -1,0 +1,216 @@
+"""Rotations while the push-client is stopped: every line that is still in a file it can read
+ships once; what it cannot ship safely is named, never passed over in silence.
+
+A copytruncate while the client was stopped left the bytes after the acknowledged offset in
+the copy, and the client took its source for gone; several rename rotations left the files
+rotated in between (names the usual ``*.log`` does not match) unshipped without a word; a
+FIFO, a directory or a dangling symbolic link matched by a glob was skipped unseen.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, GatewayProcess, logbroker_cmd
+from tests.push_client.conftest import (
+    LineWriter,
+    PushProcess,
+    assert_exactly_once,
+    read_delivered,
+    wait_for_lines,
+)
+
+pytestmark = pytest.mark.slow
+
+_LOG_TYPES = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """One gateway for the module: each test ships its own log type (its own topic)."""
+    base = tmp_path_factory.mktemp("gateway")
+    started = GatewayProcess(base / "data", [], base / "gateway.log")
+    try:
+        yield started.start()
+    finally:
+        started.kill()
+
+
+@pytest.fixture
+def app() -> str:
+    return f"stopped{next(_LOG_TYPES)}"
+
+
+def _ship_then_stop(
+    gateway: GatewayProcess, start_push, state: Path, glob: Path, app: str, count: int
+) -> None:
+    """Run a client on ``glob`` until ``count`` lines are in the log, then stop it cleanly."""
+    push = start_push(gateway.url, state, glob, log_type=app).wait_started(state)
+    wait_for_lines(gateway.data_dir, app, count)
+    assert push.stop() == 0, push.log()
+
+
+def _restart(
+    gateway: GatewayProcess, start_push, state: Path, glob: Path, app: str, count: int
+) -> tuple[PushProcess, str]:
+    """Start the client again, wait for ``count`` lines (and a moment for more that should
+    not come), stop it; return it and its log."""
+    push = start_push(
+        gateway.url, state, glob, log_type=app, extra=["--rotated-grace", "1"]
+    ).wait_started(state)
+    wait_for_lines(gateway.data_dir, app, count, timeout_s=20)
+    time.sleep(1.0)
+    status = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(state)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    ).stdout
+    assert push.stop() == 0, push.log()
+    return push, push.log_path.read_text(errors="replace") + status
+
+
+@pytest.mark.parametrize("pattern", ["*.log", "app.log*"], ids=["copies-unmatched", "matched"])
+def test_copytruncate_while_stopped_finishes_the_source_from_its_copy(
+    tmp_path: Path, gateway, start_push, app: str, pattern: str
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    path, state, glob = logs / "app.log", tmp_path / "state", logs / pattern
+    writer = LineWriter("ct")
+    writer.append(path, 200)
+    _ship_then_stop(gateway, start_push, state, glob, app, 200)
+    writer.append(path, 300)  # written while the client is stopped ...
+    shutil.copyfile(path, logs / "app.log.1")  # ... then copytruncate
+    os.truncate(path, 0)
+    writer.append(path, 100)
+    _, said = _restart(gateway, start_push, state, glob, app, 600)
+    assert_exactly_once(read_delivered(gateway.data_dir, app), writer)
+    assert "was truncated while the client was stopped" in said
+    assert "app.log.1" in said
+    assert "is gone since the last run" not in said
+
+
+def test_copytruncate_while_stopped_with_a_compressed_or_ambiguous_copy_names_it(
+    tmp_path: Path, gateway, start_push, app: str
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    path, state, glob = logs / "app.log", tmp_path / "state", logs / "*.log"
+    shipped, lost = LineWriter("ok"), LineWriter("lost")
+    shipped.append(path, 200)
+    _ship_then_stop(gateway, start_push, state, glob, app, 200)
+    acked = path.stat().st_size
+    lost.append(path, 100)
+    with open(path, "rb") as src, gzip.open(logs / "app.log.1.gz", "wb") as gz:
+        shutil.copyfileobj(src, gz)
+    os.truncate(path, 0)
+    shipped.append(path, 100)
+    _, said = _restart(gateway, start_push, state, glob, app, 300)
+    assert_exactly_once(read_delivered(gateway.data_dir, app), shipped)
+    assert "app.log.1.gz (gzip)" in said
+    assert f"bytes {acked}" in said or f"byte {acked}" in said
+    assert f"UNREADABLE {logs / 'app.log.1.gz'}" in said  # --status names it
+    # two candidates that start alike but differ: the client does not guess
+    state2, logs2 = tmp_path / "state2", tmp_path / "logs2"
+    logs2.mkdir()
+    path2, glob2 = logs2 / "app.log", logs2 / "*.log"
+    more = LineWriter("ok2")
+    more.append(path2, 100)
+    app2 = app + "b"
+    _ship_then_stop(gateway, start_push, state2, glob2, app2, 100)
+    shutil.copyfile(path2, logs2 / "app.log.1")
+    shutil.copyfile(path2, logs2 / "app.log.bak")
+    LineWriter("one").append(logs2 / "app.log.1", 10)
+    LineWriter("two").append(logs2 / "app.log.bak", 10)
+    os.truncate(path2, 0)
+    more.append(path2, 50)
+    _, said = _restart(gateway, start_push, state2, glob2, app2, 150)
+    assert_exactly_once(read_delivered(gateway.data_dir, app2), more)
+    assert "cannot be told" in said
+    assert str(logs2 / "app.log.1") in said and str(logs2 / "app.log.bak") in said
+
+
+def _rotate(logs: Path, name: str = "app.log") -> None:
+    """logrotate's ``create``: shift name.N to name.N+1, rename name to name.1, new name."""
+    numbered = sorted(
+        (p for p in logs.iterdir() if p.name[len(name) + 1 :].isdigit()),
+        key=lambda p: -int(p.name[len(name) + 1 :]),
+    )
+    for rotated in numbered:
+        n = int(rotated.name[len(name) + 1 :])
+        os.rename(rotated, logs / f"{name}.{n + 1}")
+    os.rename(logs / name, logs / f"{name}.1")
+    (logs / name).touch()
+
+
+def test_several_rotations_while_stopped_ship_the_files_in_between_once(
+    tmp_path: Path, gateway, start_push, app: str
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    path, state, glob = logs / "app.log", tmp_path / "state", logs / "*.log"
+    writer = LineWriter("rot")
+    writer.append(path, 200)
+    _ship_then_stop(gateway, start_push, state, glob, app, 200)
+    time.sleep(1.1)  # file times after the last save, whatever the clock's granularity
+    writer.append(path, 100)
+    for _ in range(3):  # three rotations while the client is stopped (app.log -> .3)
+        _rotate(logs)
+        writer.append(path, 100)
+    # What must not ship twice: a copy of a file shipped before (the source, now .3),
+    # a copy of a file shipped now (.2): only one of them is shipped.
+    shutil.copyfile(logs / "app.log.3", logs / "app.log.7")
+    shutil.copyfile(logs / "app.log.2", logs / "app.log-20261127")
+    # What cannot ship: a rotated file compressed while the client was stopped.
+    with gzip.open(logs / "app.log.5.gz", "wb") as gz:
+        gz.write(LineWriter("gz").lines(20))
+    _, said = _restart(gateway, start_push, state, glob, app, 600)
+    delivered = read_delivered(gateway.data_dir, app)
+    assert_exactly_once(delivered, writer)
+    assert said.count("rotated from app.log while the client was stopped") >= 2
+    assert "app.log.5.gz rotated from app.log while the client was stopped and compressed" in said
+    assert f"UNREADABLE {logs / 'app.log.5.gz'}" in said
+
+
+def test_fifo_directory_and_dangling_link_matched_by_a_glob_are_named(
+    tmp_path: Path, gateway, start_push, app: str
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writer = LineWriter("reg")
+    writer.append(logs / "a.log", 100)
+    os.mkfifo(logs / "pipe.log")
+    (logs / "dir.log").mkdir()
+    (logs / "dangling.log").symlink_to("/nonexistent/app.log")
+    state = tmp_path / "state"
+    push = start_push(gateway.url, state, logs / "*.log", log_type=app).wait_started(state)
+    wait_for_lines(gateway.data_dir, app, 100)
+    time.sleep(1.5)  # a few rescans: each is named once
+    status = subprocess.run(
+        logbroker_cmd("push", "--status", "--state-dir", str(state)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    ).stdout
+    assert push.stop() == 0, push.log()
+    said = push.log()
+    for name, why in [
+        ("pipe.log", "a FIFO (named pipe), not a regular file"),
+        ("dir.log", "a directory, not a regular file"),
+        ("dangling.log", "a dangling symbolic link (to /nonexistent/app.log)"),
+    ]:
+        assert said.count(f"cannot read {logs / name}: {why}") == 1, said
+        assert f"UNREADABLE {logs / name} since " in status, status
+    assert_exactly_once(read_delivered(gateway.data_dir, app), writer)
