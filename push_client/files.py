@@ -34,6 +34,7 @@ from push_client.rotation import (
     LetGoPolicy,
     compressed_fingerprint,
     compression_of,
+    decompressed_size,
     holds_prefix,
     is_rotated_name,
 )
@@ -432,7 +433,7 @@ class FileSet:
         known = self._known_identities()
         known.update((r.dev, r.ino, r.fingerprint) for r in self.state.retired)
         plain: list[tuple[int, int, str, FileIdentity]] = []  # (size, fd, path, identity)
-        compressed: list[tuple[str, str]] = []
+        compressed: list[tuple[str, str, int | None]] = []  # (path, compressor, bytes held)
         try:
             with os.scandir(directory) as it:
                 paths = sorted(e.path for e in it if e.is_file(follow_symlinks=False))
@@ -454,7 +455,7 @@ class FileSet:
                 kind = compression_of(fd)
                 if kind:
                     if compressed_fingerprint(fd, kind) == pos.fingerprint:
-                        compressed.append((path, kind))
+                        compressed.append((path, kind, decompressed_size(fd, kind)))
                     continue
                 if st.st_size < least or read_fingerprint(fd, final=True) != pos.fingerprint:
                     continue
@@ -518,22 +519,34 @@ class FileSet:
                     f"may be the copy of {shown} (truncated while the client was stopped), "
                     f"but so may {names}: its bytes after {pos.acked} are not shipped",
                 )
-        elif compressed:
+        elif any(held is None or held > pos.acked for _, _, held in compressed):
+            held = max((h for _, _, h in compressed if h is not None), default=None)
+            if held is not None and held > pos.acked:
+                owed = f"bytes {pos.acked}..{held}"
             log.error(
                 "source %s (%s) was truncated while the client was stopped, and its copy %s "
                 "is compressed: %s of it are not shipped",
                 pos.source_id,
                 shown,
-                ", ".join(f"{display_path(p)} ({kind})" for p, kind in compressed),
+                ", ".join(f"{display_path(p)} ({kind})" for p, kind, _ in compressed),
                 owed,
             )
-            for path, kind in compressed:
+            for path, kind, _ in compressed:
                 self._not_shipped(
                     path,
                     pos.log_type,
                     f"a {kind}-compressed copy of {shown} (truncated while the client was "
-                    f"stopped): its bytes after {pos.acked} are not shipped",
+                    f"stopped): {owed} of it are not shipped",
                 )
+        elif compressed:
+            log.info(
+                "source %s (%s) was truncated while the client was stopped; its compressed "
+                "copy %s holds nothing after the %d bytes acked",
+                pos.source_id,
+                shown,
+                ", ".join(display_path(p) for p, _, _ in compressed),
+                pos.acked,
+            )
         else:
             (log.error if pos.size > pos.acked else log.warning)(
                 "source %s (%s) was truncated while the client was stopped (size now %d) and "
@@ -641,8 +654,8 @@ class FileSet:
         stopped = f"rotated from {original} while the client was stopped"
         candidates: list[tuple[int, int, str, FileIdentity, int]] = []
         for path in paths:
-            if any(_matches(e, path) for e in self.config.entries):
-                continue
+            if path in self.not_shipped or any(_matches(e, path) for e in self.config.entries):
+                continue  # named already; or the entries' to find
             try:
                 st = os.lstat(path)
             except OSError:
@@ -666,7 +679,7 @@ class FileSet:
                 twin = self._twin(fd, st.st_size, comparable)
             why = ""
             if kind:
-                why = f"{stopped} and compressed ({kind}): its lines are not shipped"
+                why = self._compressed_owes(path, fd, kind, stopped)
             elif fingerprint is None or identity.key in known:
                 pass  # empty, or a file the client knows: nothing to say
             elif identity.key in retired_keys:
@@ -742,6 +755,40 @@ class FileSet:
             if not any(t.fd == fd for t in found):
                 os.close(fd)
         return found
+
+    def _compressed_owes(self, path: str, fd: int, kind: str, stopped: str) -> str:
+        """Why the compressed file at ``path`` (open as ``fd``), rotated while the client was
+        stopped, is not shipped; "" when it holds only bytes shipped before (its first line is
+        that of one source of its directory, of which at least as many bytes were
+        acknowledged as it holds: logrotate's ``compress`` without ``delaycompress``)."""
+        why = f"{stopped} and compressed ({kind}): its lines are not shipped"
+        fingerprint = compressed_fingerprint(fd, kind)
+        directory = os.path.dirname(path)
+        records: list[SourcePosition | RetiredSource] = [
+            *self.state.sources.values(),
+            *self.on_hold.values(),
+            *self.state.retired,
+        ]
+        positions = [
+            (r.source_id, r.acked)
+            for r in records
+            if r.fingerprint == fingerprint and os.path.dirname(r.path) == directory
+        ]
+        if fingerprint is None or len({source_id for source_id, _ in positions}) != 1:
+            return why
+        source_id, acked = positions[0][0], max(acked for _, acked in positions)
+        held = decompressed_size(fd, kind)
+        if held is not None and held <= acked:
+            log.info(
+                "%s (%s and compressed) holds only the first %d bytes of source %s, shipped",
+                display_path(path),
+                stopped,
+                held,
+                source_id,
+            )
+            return ""
+        shown = "" if held is None else f" bytes {acked}..{held} of"
+        return f"{stopped} and compressed ({kind}):{shown} source {source_id} not shipped"
 
     def _twin(
         self, fd: int, size: int, comparable: list[TailedFile]

@@ -149,27 +149,47 @@ def compression_of(fd: int) -> str:
     return next((name for magic, name in _MAGIC if head.startswith(magic)), "")
 
 
+_OPENERS: dict[str, Callable[[BinaryIO], Any]] = {
+    "gzip": lambda raw: gzip.GzipFile(fileobj=raw),
+    "bzip2": bz2.BZ2File,
+    "xz": lzma.LZMAFile,
+    "zstd": lambda raw: zstandard.ZstdDecompressor().stream_reader(raw),
+}
+_DECOMPRESS_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error, zstandard.ZstdError)
+
+
+def _decompressed(fd: int, kind: str, limit: int | None) -> tuple[bytes, int] | None:
+    """(its first ``FINGERPRINT_BYTES`` bytes, how many bytes it holds, read up to ``limit``)
+    of the open compressed file once decompressed; None if it cannot be."""
+    head = b""
+    size = 0
+    try:
+        with os.fdopen(os.dup(fd), "rb") as raw, _OPENERS[kind](raw) as stream:
+            raw.seek(0)
+            while limit is None or size < limit:
+                block = stream.read(FINGERPRINT_BYTES if size < FINGERPRINT_BYTES else 1 << 20)
+                if not block:
+                    break
+                if len(head) < FINGERPRINT_BYTES:
+                    head += block[: FINGERPRINT_BYTES - len(head)]
+                size += len(block)
+    except _DECOMPRESS_ERRORS:
+        return None
+    return head, size
+
+
 def compressed_fingerprint(fd: int, kind: str) -> str | None:
     """The fingerprint of what the open compressed file starts with once decompressed (None
     when it cannot be decompressed): a compressed copy of a source is still named as one."""
-    opener: dict[str, Callable[[BinaryIO], Any]] = {
-        "gzip": lambda raw: gzip.GzipFile(fileobj=raw),
-        "bzip2": bz2.BZ2File,
-        "xz": lzma.LZMAFile,
-        "zstd": lambda raw: zstandard.ZstdDecompressor().stream_reader(raw),
-    }
-    try:
-        with os.fdopen(os.dup(fd), "rb") as raw, opener[kind](raw) as stream:
-            raw.seek(0)
-            head = b""
-            while len(head) < FINGERPRINT_BYTES:
-                more = stream.read(FINGERPRINT_BYTES - len(head))
-                if not more:
-                    break
-                head += more
-    except (OSError, EOFError, lzma.LZMAError, zlib.error, zstandard.ZstdError):
-        return None
-    return fingerprint_of(head, final=True)
+    found = _decompressed(fd, kind, FINGERPRINT_BYTES)
+    return None if found is None else fingerprint_of(found[0], final=True)
+
+
+def decompressed_size(fd: int, kind: str) -> int | None:
+    """How many bytes the open compressed file holds (read through once, in blocks); None
+    if it cannot be decompressed: which bytes of a source it holds, to name them."""
+    found = _decompressed(fd, kind, None)
+    return None if found is None else found[1]
 
 
 def holds_prefix(longer_fd: int, shorter_fd: int, length: int) -> bool:

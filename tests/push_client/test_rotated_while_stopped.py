@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -69,15 +70,16 @@ def _restart(
     ).wait_started(state)
     wait_for_lines(gateway.data_dir, app, count, timeout_s=20)
     time.sleep(1.0)
-    status = subprocess.run(
-        logbroker_cmd("push", "--status", "--state-dir", str(state)),
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=30,
-    ).stdout
+    status = _unreadable(state)
     assert push.stop() == 0, push.log()
     return push, push.log_path.read_text(errors="replace") + status
+
+
+def _unreadable(state: Path) -> str:
+    """What ``--status`` says of the files not shipped (``UNREADABLE path: error``), from
+    the status the running client publishes every second."""
+    doc = json.loads((state / "status.json").read_bytes())
+    return "".join(f"UNREADABLE {r['path']}: {r['error']}\n" for r in doc["unreadable"])
 
 
 @pytest.mark.parametrize("pattern", ["*.log", "app.log*"], ids=["copies-unmatched", "matched"])
@@ -101,7 +103,7 @@ def test_copytruncate_while_stopped_finishes_the_source_from_its_copy(
     assert "is gone since the last run" not in said
 
 
-def test_copytruncate_while_stopped_with_a_compressed_or_ambiguous_copy_names_it(
+def test_copytruncate_while_stopped_with_a_compressed_copy_names_it(
     tmp_path: Path, gateway, start_push, app: str
 ) -> None:
     logs = tmp_path / "logs"
@@ -120,25 +122,31 @@ def test_copytruncate_while_stopped_with_a_compressed_or_ambiguous_copy_names_it
     assert_exactly_once(read_delivered(gateway.data_dir, app), shipped)
     assert "app.log.1.gz (gzip)" in said
     assert f"bytes {acked}" in said or f"byte {acked}" in said
-    assert f"UNREADABLE {logs / 'app.log.1.gz'}" in said  # --status names it
-    # two candidates that start alike but differ: the client does not guess
-    state2, logs2 = tmp_path / "state2", tmp_path / "logs2"
-    logs2.mkdir()
-    path2, glob2 = logs2 / "app.log", logs2 / "*.log"
-    more = LineWriter("ok2")
-    more.append(path2, 100)
-    app2 = app + "b"
-    _ship_then_stop(gateway, start_push, state2, glob2, app2, 100)
-    shutil.copyfile(path2, logs2 / "app.log.1")
-    shutil.copyfile(path2, logs2 / "app.log.bak")
-    LineWriter("one").append(logs2 / "app.log.1", 10)
-    LineWriter("two").append(logs2 / "app.log.bak", 10)
-    os.truncate(path2, 0)
-    more.append(path2, 50)
-    _, said = _restart(gateway, start_push, state2, glob2, app2, 150)
-    assert_exactly_once(read_delivered(gateway.data_dir, app2), more)
-    assert "cannot be told" in said
-    assert str(logs2 / "app.log.1") in said and str(logs2 / "app.log.bak") in said
+    assert f"UNREADABLE {logs / 'app.log.1.gz'}: a gzip-compressed copy" in said  # --status
+    assert said.count(str(logs / "app.log.1.gz")) == 2  # once in the log, once in the status
+
+
+def test_copytruncate_while_stopped_with_two_candidate_copies_does_not_guess(
+    tmp_path: Path, gateway, start_push, app: str
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    path, state, glob = logs / "app.log", tmp_path / "state", logs / "*.log"
+    writer = LineWriter("ok")
+    writer.append(path, 100)
+    _ship_then_stop(gateway, start_push, state, glob, app, 100)
+    # two files that start as the source did but go on differently: which is its copy?
+    shutil.copyfile(path, logs / "app.log.1")
+    shutil.copyfile(path, logs / "app.log.bak")
+    LineWriter("one").append(logs / "app.log.1", 10)
+    LineWriter("two").append(logs / "app.log.bak", 10)
+    os.truncate(path, 0)
+    writer.append(path, 50)
+    _, said = _restart(gateway, start_push, state, glob, app, 150)
+    assert_exactly_once(read_delivered(gateway.data_dir, app), writer)
+    assert "which one is its copy cannot be told" in said
+    for name in ("app.log.1", "app.log.bak"):
+        assert f"UNREADABLE {logs / name}: may be the copy of {path}" in said
 
 
 def _rotate(logs: Path, name: str = "app.log") -> None:
@@ -180,7 +188,37 @@ def test_several_rotations_while_stopped_ship_the_files_in_between_once(
     assert_exactly_once(delivered, writer)
     assert said.count("rotated from app.log while the client was stopped") >= 2
     assert "app.log.5.gz rotated from app.log while the client was stopped and compressed" in said
-    assert f"UNREADABLE {logs / 'app.log.5.gz'}" in said
+    assert f"UNREADABLE {logs / 'app.log.5.gz'}: rotated from app.log" in said
+
+
+def test_a_file_rotated_and_compressed_while_stopped_names_the_bytes_not_shipped(
+    tmp_path: Path, gateway, start_push, app: str
+) -> None:
+    """logrotate's ``compress`` without ``delaycompress``: the source is gone, its rest is in
+    a compressed file.  The bytes it holds that were not shipped are named; a compressed
+    file holding only shipped bytes is no error."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    state, glob = tmp_path / "state", logs / "*.log"
+    busy, idle, lost = LineWriter("busy"), LineWriter("idle"), LineWriter("lost")
+    busy.append(logs / "busy.log", 100)
+    idle.append(logs / "idle.log", 100)
+    _ship_then_stop(gateway, start_push, state, glob, app, 200)
+    acked = (logs / "busy.log").stat().st_size
+    lost.append(logs / "busy.log", 50)  # written while the client is stopped
+    held = (logs / "busy.log").stat().st_size
+    for name in ("busy.log", "idle.log"):
+        with open(logs / name, "rb") as src, gzip.open(logs / f"{name}.1.gz", "wb") as gz:
+            shutil.copyfileobj(src, gz)
+        (logs / name).unlink()
+    busy.append(logs / "busy.log", 10)
+    _, said = _restart(gateway, start_push, state, glob, app, 210)
+    assert_exactly_once(read_delivered(gateway.data_dir, app), busy, idle)
+    error = "busy.log.1.gz rotated from busy.log while the client was stopped and compressed"
+    assert f"{error} (gzip): bytes {acked}..{held} of source" in said, said
+    assert f"UNREADABLE {logs / 'busy.log.1.gz'}: rotated from busy.log" in said
+    assert "idle.log.1.gz (rotated from idle.log while the client was stopped and " in said
+    assert "UNREADABLE " + str(logs / "idle.log.1.gz") not in said
 
 
 def test_fifo_directory_and_dangling_link_matched_by_a_glob_are_named(
@@ -205,6 +243,7 @@ def test_fifo_directory_and_dangling_link_matched_by_a_glob_are_named(
         timeout=30,
     ).stdout
     assert push.stop() == 0, push.log()
+    assert "1 files" in status, status  # the regular one, shipped
     said = push.log()
     for name, why in [
         ("pipe.log", "a FIFO (named pipe), not a regular file"),
