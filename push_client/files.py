@@ -161,6 +161,10 @@ class FileSet:
         Taking them for gone would ship them again from their start as new sources."""
         self._resume_with: tuple[list[str], Callable[[TailedFile, str], None]] = ([], _no_census)
         self._stopped_rotations: list[tuple[SourcePosition, Entry]] = []
+        self._stopped_since = 0.0
+        """When the state was last saved before this run (``PushState.saved_at`` as loaded):
+        later saves of this run must not hide files rotated while the client was stopped
+        from a source resumed late (held while it could not be read)."""
         """Sources of the state found rotated (renamed, truncated) or gone at a restart: their
         directories are looked through for files rotated while the client was stopped."""
         self.not_shipped: dict[str, Unreadable] = {}
@@ -243,6 +247,7 @@ class FileSet:
         stop cleanly).
         """
         self._resume_with = (installations, census)
+        self._stopped_since = self.state.saved_at
         self._inodes_by_entry.clear()
         for pos in list(self.state.sources.values()):
             self._resume(pos, self.unreadable)
@@ -391,26 +396,27 @@ class FileSet:
 
     # -- rotated while the client was stopped ---------------------------------------------------
     def _truncated_while_stopped(self, pos: SourcePosition) -> tuple[str, int] | None:
-        """(path, size now) of the file of ``pos`` if it is still there, by its inode, with
-        other bytes than the source shipped: shorter than what was acknowledged, or another
-        first line (a copytruncate, or a truncation, while the client was stopped)."""
-        for path in (pos.path, find_inode(os.path.dirname(pos.path), pos.dev, pos.ino)):
-            if path is None:
-                continue
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-            except OSError:
-                continue
-            try:
-                st = os.fstat(fd)
-                if (st.st_dev, st.st_ino) != (pos.dev, pos.ino):
-                    continue
-                if st.st_size < pos.acked or read_fingerprint(fd, final=True) != pos.fingerprint:
-                    return path, st.st_size
+        """(path, size now) of the file of ``pos`` if it is still at its path, by its inode,
+        with other bytes than the source shipped: shorter than what was acknowledged, or
+        another first line (a copytruncate, or a truncation, while the client was stopped).
+
+        Only at its path: copytruncate keeps it, and the inode under another name is
+        rather a freed inode given to another file (ext4 hands them out again at once:
+        ``rm app.log.1; gzip app.log`` may give ``app.log.gz`` the inode of ``app.log.1``).
+        """
+        try:
+            fd = os.open(pos.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (pos.dev, pos.ino) or not stat.S_ISREG(st.st_mode):
                 return None
-            finally:
-                os.close(fd)
-        return None
+            if st.st_size < pos.acked or read_fingerprint(fd, final=True) != pos.fingerprint:
+                return pos.path, st.st_size
+            return None
+        finally:
+            os.close(fd)
 
     def _copy_of(
         self, pos: SourcePosition, truncated_path: str, size_now: int
@@ -630,8 +636,8 @@ class FileSet:
         - it is a copy of a file shipped before (logrotate's ``copy``, a copytruncate's
           copy, a backup), a new inode with the same bytes: a file with the first line of
           a source tailed now is shipped only if it is not the start of that source's file
-          (nor that file its start); one with the first line of a source that cannot be
-          compared (let go, held) is not shipped but named as an error;
+          (nor that file its start); one whose first line is only that of sources that
+          cannot be compared (let go, held) is not shipped but named as an error;
         - two such files are copies of each other: the shorter one, the start of the
           longer, is not shipped;
         - an old rotated file (kept by ``rotate N``) or a copy restored from a backup with
@@ -640,7 +646,7 @@ class FileSet:
         A compressed one, or one that cannot be read, is not shipped: it is named as an
         error in the log and shown as unreadable (``--status``, metrics) for the run.
         """
-        since = self.state.saved_at - 1.0  # the coarse clock of file times
+        since = self._stopped_since - 1.0  # the coarse clock of file times
         try:
             with os.scandir(directory) as it:
                 paths = sorted(e.path for e in it if is_rotated_name(e.name, original))
@@ -748,7 +754,7 @@ class FileSet:
                 display_path(path),
                 stopped,
                 time.strftime("%H:%M:%S", time.localtime(os.fstat(fd).st_mtime)),
-                time.strftime("%H:%M:%S", time.localtime(self.state.saved_at)),
+                time.strftime("%H:%M:%S", time.localtime(self._stopped_since)),
                 tailed.source_id,
             )
         for _, _, _, _, fd in candidates:

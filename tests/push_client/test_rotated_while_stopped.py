@@ -207,10 +207,12 @@ def test_a_file_rotated_and_compressed_while_stopped_names_the_bytes_not_shipped
     acked = (logs / "busy.log").stat().st_size
     lost.append(logs / "busy.log", 50)  # written while the client is stopped
     held = (logs / "busy.log").stat().st_size
-    for name in ("busy.log", "idle.log"):
-        with open(logs / name, "rb") as src, gzip.open(logs / f"{name}.1.gz", "wb") as gz:
+    for name in ("busy.log", "idle.log"):  # as logrotate does it: rename, create, compress
+        os.rename(logs / name, logs / f"{name}.1")
+        (logs / name).touch()
+        with open(logs / f"{name}.1", "rb") as src, gzip.open(logs / f"{name}.1.gz", "wb") as gz:
             shutil.copyfileobj(src, gz)
-        (logs / name).unlink()
+        (logs / f"{name}.1").unlink()
     busy.append(logs / "busy.log", 10)
     _, said = _restart(gateway, start_push, state, glob, app, 210)
     assert_exactly_once(read_delivered(gateway.data_dir, app), busy, idle)
