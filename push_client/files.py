@@ -4,9 +4,11 @@ A file is one source from the moment its first line is complete until it is let 
 away and quiet (``push_client.rotation``), deleted, truncated or replaced (a new source then
 starts), or no longer configured.  Sources are found by the entries' globs, by inotify's
 rename events, and, after a restart, from the state file, by inode when rotated while the
-client was down.  Identity never depends on the path (``push_client.identity``), nor on how
-the entry that matches a file spells its path; positions are recorded by source id, and ids
-recorded by an earlier version are kept as they were.
+client was down; beside them, the files rotated while it was stopped that it never saw (a
+copytruncate's copy, files rotated in between: ``_copy_of``, ``_rotated_while_stopped``).
+Identity never depends on the path (``push_client.identity``), nor on how the entry that
+matches a file spells its path; positions are recorded by source id, and ids recorded by an
+earlier version are kept as they were.
 
 Only the daemon's loop thread touches this object.
 """
@@ -36,7 +38,7 @@ from push_client.rotation import (
     compression_of,
     decompressed_size,
     holds_prefix,
-    is_rotated_name,
+    rotated_from,
 )
 from push_client.state_file import PushState, RetiredSource, SourcePosition
 from push_client.tailer import PathError, Phase, TailedFile
@@ -162,6 +164,8 @@ class FileSet:
         self._resume_with: tuple[list[str], Callable[[TailedFile, str], None]] = ([], _no_census)
         self._stopped_rotations: list[tuple[SourcePosition, Entry]] = []
         self._stopped_since = 0.0
+        self._heads: dict[tuple[int, int, int, int], tuple[str, str | None]] = {}
+        """``_head_of`` of the files of the directories looked through in this pass."""
         """When the state was last saved before this run (``PushState.saved_at`` as loaded):
         later saves of this run must not hide files rotated while the client was stopped
         from a source resumed late (held while it could not be read)."""
@@ -252,6 +256,7 @@ class FileSet:
         for pos in list(self.state.sources.values()):
             self._resume(pos, self.unreadable)
         self._ship_rotated_while_stopped()
+        self._heads.clear()
         self.unreadable.update(self.not_shipped)
 
     def _resume(self, pos: SourcePosition, unreadable: dict[str, Unreadable]) -> TailedFile | None:
@@ -446,6 +451,9 @@ class FileSet:
         except OSError:
             paths = []
         for path in paths:
+            head = self._head_of(path)
+            if head is None or head[1] != pos.fingerprint:
+                continue  # the first line of each file is read once per pass, not per source
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
             except OSError:
@@ -566,6 +574,34 @@ class FileSet:
             )
         return None
 
+    def _head_of(self, path: str) -> tuple[str, str | None] | None:
+        """(compressor or "", fingerprint of its first line, decompressed) of the regular
+        file at ``path``, None if it is not one or cannot be read; kept for the pass (by
+        inode, size and time), so that a directory's files are read once for all the
+        sources truncated in it."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in self._heads:
+            return self._heads[key]
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        try:
+            kind = compression_of(fd)
+            fingerprint = (
+                compressed_fingerprint(fd, kind) if kind else read_fingerprint(fd, final=True)
+            )
+        finally:
+            os.close(fd)
+        self._heads[key] = kind, fingerprint
+        return kind, fingerprint
+
     def _retire_truncated(self, pos: SourcePosition) -> None:
         """Record that the file of ``pos`` was truncated while its source goes on from its
         copy: new contents with the same first line get the next generation (``_known_as``)."""
@@ -601,21 +637,33 @@ class FileSet:
         """Ship the files rotated from the name of a source while the client was stopped,
         which no entry matches (see :meth:`_rotated_while_stopped`)."""
         scans, self._stopped_rotations = self._stopped_rotations, []
-        found: list[TailedFile] = []
-        looked: set[tuple[str, str]] = set()
+        originals: dict[str, dict[str, tuple[Entry, str]]] = {}  # by directory, by name
         for pos, entry in scans:
-            place = os.path.split(pos.first_path)
-            if place not in looked:
-                looked.add(place)
-                found.extend(self._rotated_while_stopped(*place, entry, pos.log_type))
+            directory, original = os.path.split(pos.first_path)
+            originals.setdefault(directory, {}).setdefault(original, (entry, pos.log_type))
+        found: list[TailedFile] = []
+        for directory, names in originals.items():
+            try:
+                with os.scandir(directory) as it:
+                    listed = sorted(e.name for e in it)
+            except OSError:
+                continue
+            rotated: dict[str, list[str]] = {}
+            for name in listed:
+                rotated_of = rotated_from(name, names)
+                if rotated_of is not None:
+                    rotated.setdefault(rotated_of, []).append(os.path.join(directory, name))
+            for name, paths in rotated.items():
+                entry, log_type = names[name]
+                found.extend(self._rotated_while_stopped(directory, name, paths, entry, log_type))
         return found
 
     def _rotated_while_stopped(
-        self, directory: str, original: str, entry: Entry, log_type: str
+        self, directory: str, original: str, paths: list[str], entry: Entry, log_type: str
     ) -> list[TailedFile]:
-        """The files in ``directory`` rotated from ``original`` while the client was
-        stopped and never seen by it, tailed from their start (oldest first) as draining
-        files, let go once read.
+        """The files of ``paths`` (in ``directory``, named ``original`` with a rotation
+        suffix) rotated while the client was stopped and never seen by it, tailed from their
+        start (oldest first) as draining files, let go once read.
 
         Several rotations while the client is stopped leave files it never saw between the
         source it knew (found by its inode) and the file at the source's name now: with the
@@ -647,11 +695,6 @@ class FileSet:
         error in the log and shown as unreadable (``--status``, metrics) for the run.
         """
         since = self._stopped_since - 1.0  # the coarse clock of file times
-        try:
-            with os.scandir(directory) as it:
-                paths = sorted(e.path for e in it if is_rotated_name(e.name, original))
-        except OSError:
-            return []
         known = self._known_identities()
         comparable = [t for t in self.files.values() if t.fd >= 0 and t.phase is not Phase.DONE]
         retired_keys = {(r.dev, r.ino, r.fingerprint) for r in self.state.retired}
@@ -831,6 +874,7 @@ class FileSet:
             if resumed is not None:
                 found.append(resumed)
         found.extend(self._ship_rotated_while_stopped())
+        self._heads.clear()
         open_files, budget = self._descriptors()
         unreachable: list[Unreachable] = []
         shipped_before: dict[tuple[int, int], int] | None = None

@@ -26,7 +26,7 @@ import lzma
 import os
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -134,11 +134,20 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
 )
 
 
-def is_rotated_name(name: str, original: str) -> bool:
-    """Whether ``name`` is ``original`` with a rotation suffix (``app.log.2``,
-    ``app.log-20261127``, ``app.log.1.gz``)."""
-    suffix = name[len(original) :]
-    return name.startswith(original) and _ROTATED_SUFFIX.fullmatch(suffix) is not None
+def rotated_from(name: str, originals: Container[str]) -> str | None:
+    """The name among ``originals`` that ``name`` is with a rotation suffix (``app.log.2``,
+    ``app.log-20261127``, ``app.log.1.gz`` are ``app.log``'s), the longest; None if none.
+    Looked up by the places a suffix may start, so that a directory is listed once for all
+    the sources of it (thousands, at a restart after a clean-up) and not once each."""
+    for start in range(len(name) - 2, 0, -1):
+        if (
+            name[start] in "._-"
+            and name[start + 1].isdigit()
+            and name[:start] in originals
+            and _ROTATED_SUFFIX.fullmatch(name, start) is not None
+        ):
+            return name[:start]
+    return None
 
 
 def compression_of(fd: int) -> str:
