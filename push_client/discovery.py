@@ -76,13 +76,14 @@ def expand(
             try:
                 st = os.stat(path)
             except OSError as exc:
+                if unreachable is None:
+                    continue
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                     target = _dangling_target(path)
                     if target is None:
-                        continue
+                        continue  # gone since it was matched
                     exc = OSError(errno.ENOENT, f"a dangling symbolic link (to {target})")
-                if unreachable is not None:
-                    unreachable.append(Unreachable(entry, os.path.abspath(path), exc))
+                unreachable.append(Unreachable(entry, os.path.abspath(path), exc))
                 continue
             if not stat.S_ISREG(st.st_mode):
                 # an entry naming a directory is said at the start (directory_entries)

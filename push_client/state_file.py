@@ -95,9 +95,9 @@ class PushState:
     Earlier versions ignore the field."""
     saved_at: float = 0.0
     """When it was saved (wall clock; the file's modification time for a file of an earlier
-    version): the last moment the client is known to have run.  A rotated file modified after
-    it was written while the client was stopped (``FileSet``'s stopped rotations).  Earlier
-    versions ignore the field."""
+    version): the last moment the client is known to have run.  A rotated file modified
+    after that, at the next start, was written while the client was stopped (``FileSet``'s
+    rotations while stopped).  Earlier versions ignore the field."""
 
     def to_json(self) -> bytes:
         payload: dict[str, Any] = {
