@@ -290,6 +290,7 @@ class PushDaemon:
             ) from exc
         self._state.sources, self._state.retired = loaded.sources, loaded.retired
         self._state.clean = loaded.clean
+        self._state.saved_at = loaded.saved_at
         self._audit_counts.restore(loaded.audit)
         self.metrics.state_corruptions = self._state_file.corruptions
         if self.config.metrics_port is not None:

@@ -56,7 +56,10 @@ def expand(
     """Regular files matching each entry now; a file matched by two entries goes to the first.
 
     Paths that exist but cannot be looked at are appended to ``unreachable`` (when given)
-    instead of being passed over in silence.
+    instead of being passed over in silence; so are the matched names that are not regular
+    files (a FIFO, a socket, a directory a glob matches, a dangling symbolic link: a link
+    to a file system not mounted yet would otherwise ship nothing, unseen).  Nothing is
+    opened here: a FIFO never blocks the client.
     """
     seen: set[tuple[int, int]] = set()
     for entry in entries:
@@ -73,13 +76,47 @@ def expand(
             try:
                 st = os.stat(path)
             except OSError as exc:
-                if unreachable is not None and exc.errno not in (errno.ENOENT, errno.ENOTDIR):
-                    unreachable.append(Unreachable(entry, os.path.abspath(path), exc))
+                if unreachable is None:
+                    continue
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    target = _dangling_target(path)
+                    if target is None:
+                        continue  # gone since it was matched
+                    exc = OSError(errno.ENOENT, f"a dangling symbolic link (to {target})")
+                unreachable.append(Unreachable(entry, os.path.abspath(path), exc))
                 continue
-            if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in seen:
+            if not stat.S_ISREG(st.st_mode):
+                # an entry naming a directory is said at the start (directory_entries)
+                named_dir = stat.S_ISDIR(st.st_mode) and not glob.has_magic(entry.path)
+                if unreachable is not None and not named_dir:
+                    unreachable.append(Unreachable(entry, os.path.abspath(path), _not_regular(st)))
+                continue
+            if (st.st_dev, st.st_ino) in seen:
                 continue
             seen.add((st.st_dev, st.st_ino))
             yield Candidate(entry, os.path.abspath(path), st.st_dev, st.st_ino, st.st_size)
+
+
+def _dangling_target(path: str) -> str | None:
+    """Where the symbolic link ``path`` points, if it is one (its target is missing)."""
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _not_regular(st: os.stat_result) -> OSError:
+    """Why a matched name that is not a regular file is not shipped."""
+    if stat.S_ISDIR(st.st_mode):
+        return OSError(errno.EISDIR, "a directory, not a regular file")
+    kind = (
+        "a FIFO (named pipe)"
+        if stat.S_ISFIFO(st.st_mode)
+        else "a socket"
+        if stat.S_ISSOCK(st.st_mode)
+        else "a device"
+    )
+    return OSError(f"{kind}, not a regular file: it is not read")
 
 
 def directory_entries(entries: Iterable[Entry]) -> list[Entry]:

@@ -4,9 +4,11 @@ A file is one source from the moment its first line is complete until it is let 
 away and quiet (``push_client.rotation``), deleted, truncated or replaced (a new source then
 starts), or no longer configured.  Sources are found by the entries' globs, by inotify's
 rename events, and, after a restart, from the state file, by inode when rotated while the
-client was down.  Identity never depends on the path (``push_client.identity``), nor on how
-the entry that matches a file spells its path; positions are recorded by source id, and ids
-recorded by an earlier version are kept as they were.
+client was down; beside them, the files rotated while it was stopped that it never saw (a
+copytruncate's copy, files rotated in between: ``_copy_of``, ``_rotated_while_stopped``).
+Identity never depends on the path (``push_client.identity``), nor on how the entry that
+matches a file spells its path; positions are recorded by source id, and ids recorded by an
+earlier version are kept as they were.
 
 Only the daemon's loop thread touches this object.
 """
@@ -19,6 +21,7 @@ import fnmatch
 import logging
 import os
 import resource
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,7 +31,15 @@ from push_client.config import Entry, PushConfig
 from push_client.discovery import ChangeWatcher, Unreachable, expand, find_inode
 from push_client.handover import Doubt
 from push_client.identity import FileIdentity, display_path, make_source_id, read_fingerprint
-from push_client.rotation import AbandonedBytes, LetGoPolicy
+from push_client.rotation import (
+    AbandonedBytes,
+    LetGoPolicy,
+    compressed_fingerprint,
+    compression_of,
+    decompressed_size,
+    holds_prefix,
+    rotated_from,
+)
 from push_client.state_file import PushState, RetiredSource, SourcePosition
 from push_client.tailer import PathError, Phase, TailedFile
 
@@ -151,6 +162,20 @@ class FileSet:
         permission, no descriptor left): kept, and resumed where they were once it can be.
         Taking them for gone would ship them again from their start as new sources."""
         self._resume_with: tuple[list[str], Callable[[TailedFile, str], None]] = ([], _no_census)
+        self._stopped_rotations: list[tuple[SourcePosition, Entry]] = []
+        self._stopped_since = 0.0
+        self._heads: dict[tuple[int, int, int, int], tuple[str, str | None]] = {}
+        """``_head_of`` of the files of the directories looked through in this pass."""
+        """When the state was last saved before this run (``PushState.saved_at`` as loaded):
+        later saves of this run must not hide files rotated while the client was stopped
+        from a source resumed late (held while it could not be read)."""
+        """Sources of the state found rotated (renamed, truncated) or gone at a restart: their
+        directories are looked through for files rotated while the client was stopped."""
+        self.not_shipped: dict[str, Unreadable] = {}
+        """Files written while the client was stopped that hold lines it cannot ship safely (a
+        compressed rotated file, a copy it cannot tell from another): each is an error in the
+        log once, and shown as an unreadable file (``--status``, the lag report, the metrics)
+        for the rest of the run; never passed over in silence."""
         self._inodes_by_entry: dict[Entry, dict[tuple[int, int], str]] = {}
         self.unreadable: dict[str, Unreadable] = {}
         """Matched files that cannot be opened (no permission, say), and directories of the
@@ -226,9 +251,13 @@ class FileSet:
         stop cleanly).
         """
         self._resume_with = (installations, census)
+        self._stopped_since = self.state.saved_at
         self._inodes_by_entry.clear()
         for pos in list(self.state.sources.values()):
             self._resume(pos, self.unreadable)
+        self._ship_rotated_while_stopped()
+        self._heads.clear()
+        self.unreadable.update(self.not_shipped)
 
     def _resume(self, pos: SourcePosition, unreadable: dict[str, Unreadable]) -> TailedFile | None:
         """Reopen one source of the state file; None if it is gone, or held (``on_hold``,
@@ -238,6 +267,7 @@ class FileSet:
             pos.entry_path, (pos.path, pos.first_path), (pos.dev, pos.ino), pos.log_type
         )
         identity = FileIdentity(pos.dev, pos.ino, pos.fingerprint)
+        renamed = False
         try:
             found = self._open_identity(pos.path, identity) if entry is not None else None
             draining = pos.draining
@@ -246,6 +276,7 @@ class FileSet:
                 if moved is not None:
                     found = self._open_identity(moved, identity)
                     draining = True
+                    renamed = found is not None and moved != pos.path
                 else:  # its directory was moved (renamed) where the entry matches it now
                     moved = self._matched_inodes(entry).get((pos.dev, pos.ino))
                     found = None if moved is None else self._open_identity(moved, identity)
@@ -271,8 +302,24 @@ class FileSet:
             )
             return None
         self.on_hold.pop((pos.dev, pos.ino), None)
+        if found is not None and os.fstat(found[0]).st_size < pos.acked:
+            os.close(found[0])  # shorter than what was acknowledged: truncated, same first line
+            found = None
+        truncated = None
+        if found is None and entry is not None:
+            truncated = self._truncated_while_stopped(pos)
+            if truncated is not None:
+                copy = self._copy_of(pos, *truncated)
+                if copy is not None:
+                    fd, copy_path, identity = copy
+                    found, draining = (fd, copy_path), True
+                    self._retire_truncated(pos)
+        if entry is not None and (found is None or renamed or truncated is not None):
+            self._stopped_rotations.append((pos, entry))
         if found is None:
-            if entry is None and _still_there(pos):
+            if truncated is not None:
+                reason = "truncated"  # said by _copy_of
+            elif entry is None and _still_there(pos):
                 log.warning(
                     "source %s (%s) is unconfigured since the last run: %s; positions up to "
                     "%d were acked",
@@ -352,6 +399,468 @@ class FileSet:
         os.close(fd)
         return None
 
+    # -- rotated while the client was stopped ---------------------------------------------------
+    def _truncated_while_stopped(self, pos: SourcePosition) -> tuple[str, int] | None:
+        """(path, size now) of the file of ``pos`` if it is still at its path, by its inode,
+        with other bytes than the source shipped: shorter than what was acknowledged, or
+        another first line (a copytruncate, or a truncation, while the client was stopped).
+
+        Only at its path: copytruncate keeps it, and the inode under another name is
+        rather a freed inode given to another file (ext4 hands them out again at once:
+        ``rm app.log.1; gzip app.log`` may give ``app.log.gz`` the inode of ``app.log.1``).
+        """
+        try:
+            fd = os.open(pos.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (pos.dev, pos.ino) or not stat.S_ISREG(st.st_mode):
+                return None
+            if st.st_size < pos.acked or read_fingerprint(fd, final=True) != pos.fingerprint:
+                return pos.path, st.st_size
+            return None
+        finally:
+            os.close(fd)
+
+    def _copy_of(
+        self, pos: SourcePosition, truncated_path: str, size_now: int
+    ) -> tuple[int, str, FileIdentity] | None:
+        """The copy a copytruncate made of the file of ``pos`` while the client was stopped,
+        open, with its identity; None (said in the log, and named as not shipped) when there
+        is none, it is compressed, or which file it is cannot be told.
+
+        The copy is in the same directory, whatever its name (an entry's glob need not match
+        it: its bytes after the acknowledged offset belong to this source), has the source's
+        first line, and at least the bytes the source had when last seen (``pos.size``; a
+        copy made after the stop holds at least those).  Several such files are one copy
+        and its copies when each is the start of the longest (the longest is read); else,
+        or when they do not even agree on where the acknowledged data ends (a line's end),
+        the client does not guess.  Files whose identity is known (tailed, in the state or
+        let go before) are not copies made while it was stopped.
+        """
+        directory = os.path.dirname(pos.path)
+        least = max(pos.acked, pos.size)
+        known = self._known_identities()
+        known.update((r.dev, r.ino, r.fingerprint) for r in self.state.retired)
+        plain: list[tuple[int, int, str, FileIdentity]] = []  # (size, fd, path, identity)
+        compressed: list[tuple[str, str, int | None]] = []  # (path, compressor, bytes held)
+        try:
+            with os.scandir(directory) as it:
+                paths = sorted(e.path for e in it if e.is_file(follow_symlinks=False))
+        except OSError:
+            paths = []
+        for path in paths:
+            head = self._head_of(path)
+            if head is None or head[1] != pos.fingerprint:
+                continue  # the first line of each file is read once per pass, not per source
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            kept = False
+            try:
+                st = os.fstat(fd)
+                key = (st.st_dev, st.st_ino)
+                if not stat.S_ISREG(st.st_mode) or key in self.by_inode:
+                    continue
+                if key == (pos.dev, pos.ino):
+                    continue
+                kind = compression_of(fd)
+                if kind:
+                    if compressed_fingerprint(fd, kind) == pos.fingerprint:
+                        compressed.append((path, kind, decompressed_size(fd, kind)))
+                    continue
+                if st.st_size < least or read_fingerprint(fd, final=True) != pos.fingerprint:
+                    continue
+                identity = FileIdentity(st.st_dev, st.st_ino, pos.fingerprint)
+                if identity.key in known:
+                    continue
+                plain.append((st.st_size, fd, path, identity))
+                kept = True
+            finally:
+                if not kept:
+                    os.close(fd)
+        if len(plain) > 1 and pos.acked:
+            # Chunks end at a line's end (but for a line over max_line_bytes): of several,
+            # one without a line's end where the acked data ends is not this source's copy.
+            at_line_end = [c for c in plain if os.pread(c[1], 1, pos.acked - 1) == b"\n"]
+            if at_line_end:
+                for size, fd, path, identity in plain:
+                    if (size, fd, path, identity) not in at_line_end:
+                        os.close(fd)
+                plain = at_line_end
+        plain.sort(key=lambda c: (-c[0], c[2]))
+        shown = display_path(pos.path)
+        owed = (
+            f"bytes {pos.acked}..{pos.size} (and whatever followed them before the truncation)"
+            if pos.size > pos.acked
+            else f"what followed byte {pos.acked} before the truncation, if anything"
+        )
+        if plain and all(holds_prefix(plain[0][1], fd, size) for size, fd, _, _ in plain[1:]):
+            size, fd, path, identity = plain[0]
+            for _, other, _, _ in plain[1:]:
+                os.close(other)
+            log.warning(
+                "source %s (%s) was truncated while the client was stopped (size now %d; "
+                "%d bytes were acked); its copy %s (%d bytes, the same first line) is read "
+                "from there as the same source, then let go",
+                pos.source_id,
+                shown,
+                size_now,
+                pos.acked,
+                display_path(path),
+                size,
+            )
+            return fd, path, identity
+        for _, fd, _, _ in plain:
+            os.close(fd)
+        if plain:
+            names = ", ".join(display_path(c[2]) for c in sorted(plain, key=lambda c: c[2]))
+            log.error(
+                "source %s (%s) was truncated while the client was stopped, and %s all start "
+                "with its first line but differ: which one is its copy cannot be told, so %s "
+                "of it are not shipped",
+                pos.source_id,
+                shown,
+                names,
+                owed,
+            )
+            for _, _, path, _ in plain:
+                self._not_shipped(
+                    path,
+                    pos.log_type,
+                    f"may be the copy of {shown} (truncated while the client was stopped), "
+                    f"but so may {names}: its bytes after {pos.acked} are not shipped",
+                )
+        elif any(held is None or held > pos.acked for _, _, held in compressed):
+            held = max((h for _, _, h in compressed if h is not None), default=None)
+            if held is not None and held > pos.acked:
+                owed = f"bytes {pos.acked}..{held}"
+            log.error(
+                "source %s (%s) was truncated while the client was stopped, and its copy %s "
+                "is compressed: %s of it are not shipped",
+                pos.source_id,
+                shown,
+                ", ".join(f"{display_path(p)} ({kind})" for p, kind, _ in compressed),
+                owed,
+            )
+            for path, kind, _ in compressed:
+                self._not_shipped(
+                    path,
+                    pos.log_type,
+                    f"a {kind}-compressed copy of {shown} (truncated while the client was "
+                    f"stopped): {owed} of it are not shipped",
+                )
+        elif compressed:
+            log.info(
+                "source %s (%s) was truncated while the client was stopped; its compressed "
+                "copy %s holds nothing after the %d bytes acked",
+                pos.source_id,
+                shown,
+                ", ".join(display_path(p) for p, _, _ in compressed),
+                pos.acked,
+            )
+        else:
+            (log.error if pos.size > pos.acked else log.warning)(
+                "source %s (%s) was truncated while the client was stopped (size now %d) and "
+                "no copy of it is in %s: %s of it are not shipped; its new contents are "
+                "shipped as a new source",
+                pos.source_id,
+                shown,
+                size_now,
+                display_path(directory),
+                owed,
+            )
+        return None
+
+    def _head_of(self, path: str) -> tuple[str, str | None] | None:
+        """(compressor or "", fingerprint of its first line, decompressed) of the regular
+        file at ``path``, None if it is not one or cannot be read; kept for the pass (by
+        inode, size and time), so that a directory's files are read once for all the
+        sources truncated in it."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in self._heads:
+            return self._heads[key]
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        try:
+            kind = compression_of(fd)
+            fingerprint = (
+                compressed_fingerprint(fd, kind) if kind else read_fingerprint(fd, final=True)
+            )
+        finally:
+            os.close(fd)
+        self._heads[key] = kind, fingerprint
+        return kind, fingerprint
+
+    def _retire_truncated(self, pos: SourcePosition) -> None:
+        """Record that the file of ``pos`` was truncated while its source goes on from its
+        copy: new contents with the same first line get the next generation (``_known_as``)."""
+        self.state.retired.append(
+            RetiredSource(
+                source_id=pos.source_id,
+                dev=pos.dev,
+                ino=pos.ino,
+                fingerprint=pos.fingerprint,
+                generation=pos.generation,
+                reason="truncated",
+                retired_at=time.time(),
+                size=pos.size,
+                path=pos.path,
+                acked=pos.acked,
+                log_type=pos.log_type,
+            )
+        )
+
+    def _known_identities(self) -> set[tuple[int, int, str]]:
+        """The identities of the files tailed, of the state's sources and of those held."""
+        known = {t.identity.key for t in self.files.values()}
+        known.update((p.dev, p.ino, p.fingerprint) for p in self.state.sources.values())
+        known.update((p.dev, p.ino, p.fingerprint) for p in self.on_hold.values())
+        return known
+
+    def _not_shipped(self, path: str, log_type: str, why: str) -> None:
+        """Name ``path`` as a file whose lines are not shipped, for the rest of the run (its
+        size is not shown: that of a compressed file, or of a copy, is not what it owes)."""
+        self.not_shipped[path] = Unreadable(path, log_type, why, time.time())
+
+    def _ship_rotated_while_stopped(self) -> list[TailedFile]:
+        """Ship the files rotated from the name of a source while the client was stopped,
+        which no entry matches (see :meth:`_rotated_while_stopped`)."""
+        scans, self._stopped_rotations = self._stopped_rotations, []
+        originals: dict[str, dict[str, tuple[Entry, str]]] = {}  # by directory, by name
+        for pos, entry in scans:
+            directory, original = os.path.split(pos.first_path)
+            originals.setdefault(directory, {}).setdefault(original, (entry, pos.log_type))
+        found: list[TailedFile] = []
+        for directory, names in originals.items():
+            try:
+                with os.scandir(directory) as it:
+                    listed = sorted(e.name for e in it)
+            except OSError:
+                continue
+            rotated: dict[str, list[str]] = {}
+            for name in listed:
+                rotated_of = rotated_from(name, names)
+                if rotated_of is not None:
+                    rotated.setdefault(rotated_of, []).append(os.path.join(directory, name))
+            for name, paths in rotated.items():
+                entry, log_type = names[name]
+                found.extend(self._rotated_while_stopped(directory, name, paths, entry, log_type))
+        return found
+
+    def _rotated_while_stopped(
+        self, directory: str, original: str, paths: list[str], entry: Entry, log_type: str
+    ) -> list[TailedFile]:
+        """The files of ``paths`` (in ``directory``, named ``original`` with a rotation
+        suffix) rotated while the client was stopped and never seen by it, tailed from their
+        start (oldest first) as draining files, let go once read.
+
+        Several rotations while the client is stopped leave files it never saw between the
+        source it knew (found by its inode) and the file at the source's name now: with the
+        usual glob (``*.log``) no entry matches their names, and their lines were lost
+        without a word.  Such a file is ``original`` with a rotation suffix (``.2``,
+        ``-20261127``), matched by no entry (a file an entry matches is the entries' to
+        find, as it always was), a regular file, modified after the state was last saved
+        (the last moment the client is known to have run), of an identity (device, inode,
+        first line) the client does not know.
+
+        What could ship a line twice, and why it does not:
+
+        - the file was shipped before under its own identity (rotated away in the last
+          moments before a crash, after the last save): its source id is made from that
+          identity, so the gateway's last seqno resumes it where the log ends;
+        - it is a file the client knows (tailed, in the state, held): skipped by identity;
+          one let go after rotation goes on only if it grew since (``_known_as``);
+        - it is a copy of a file shipped before (logrotate's ``copy``, a copytruncate's
+          copy, a backup), a new inode with the same bytes: a file with the first line of
+          a source tailed now is shipped only if it is not the start of that source's file
+          (nor that file its start); one whose first line is only that of sources that
+          cannot be compared (let go, held) is not shipped but named as an error;
+        - two such files are copies of each other: the shorter one, the start of the
+          longer, is not shipped;
+        - an old rotated file (kept by ``rotate N``) or a copy restored from a backup with
+          its old time: modified before the state's last save, so not taken.
+
+        A compressed one, or one that cannot be read, is not shipped: it is named as an
+        error in the log and shown as unreadable (``--status``, metrics) for the run.
+        """
+        since = self._stopped_since - 1.0  # the coarse clock of file times
+        known = self._known_identities()
+        comparable = [t for t in self.files.values() if t.fd >= 0 and t.phase is not Phase.DONE]
+        retired_keys = {(r.dev, r.ino, r.fingerprint) for r in self.state.retired}
+        unsure = {r.fingerprint: r.source_id for r in self.state.retired}
+        unsure.update((p.fingerprint, p.source_id) for p in self.on_hold.values())
+        stopped = f"rotated from {original} while the client was stopped"
+        candidates: list[tuple[int, int, str, FileIdentity, int]] = []
+        for path in paths:
+            if path in self.not_shipped or any(_matches(e, path) for e in self.config.entries):
+                continue  # named already; or the entries' to find
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            key = (st.st_dev, st.st_ino)
+            if not stat.S_ISREG(st.st_mode) or st.st_mtime < since or key in self.by_inode:
+                continue
+            shown = display_path(path)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+            except OSError as exc:
+                why = f"{stopped}; it cannot be read ({exc.strerror}): not shipped"
+                log.error("%s %s", shown, why)
+                self._not_shipped(path, log_type, why)
+                continue
+            kind = compression_of(fd)
+            fingerprint = None if kind else read_fingerprint(fd, final=True)
+            identity = FileIdentity(st.st_dev, st.st_ino, fingerprint or "")
+            twin = None
+            if fingerprint is not None and identity.key not in retired_keys:
+                twin = self._twin(fd, st.st_size, comparable)
+            why = ""
+            if kind:
+                why = self._compressed_owes(path, fd, kind, stopped)
+            elif fingerprint is None or identity.key in known:
+                pass  # empty, or a file the client knows: nothing to say
+            elif identity.key in retired_keys:
+                # let go before: it goes on only if it grew since (``_known_as``)
+                candidates.append((st.st_mtime_ns, st.st_size, path, identity, fd))
+                continue
+            elif twin is not None and twin[1] == "copy":
+                log.info(
+                    "%s (%s) is a copy of %s, shipped as source %s: not shipped again",
+                    shown,
+                    stopped,
+                    display_path(twin[0].path),
+                    twin[0].source_id,
+                )
+            elif twin is not None and twin[1] == "holds":
+                why = (
+                    f"{stopped}; it holds the lines of {display_path(twin[0].path)} (source "
+                    f"{twin[0].source_id}) and more: not shipped, they would be twice"
+                )
+            elif twin is None and fingerprint in unsure:
+                why = (
+                    f"{stopped}; it starts with the first line of source {unsure[fingerprint]}, "
+                    f"shipped before, and may be a copy of it: not shipped"
+                )
+            else:
+                candidates.append((st.st_mtime_ns, st.st_size, path, identity, fd))
+                continue
+            os.close(fd)
+            if why:
+                log.error("%s %s", shown, why)
+                self._not_shipped(path, log_type, why)
+        found: list[TailedFile] = []
+        for _, size, path, identity, fd in sorted(candidates):
+            longer = next(
+                (
+                    c
+                    for c in candidates
+                    if c[3].fingerprint == identity.fingerprint
+                    and c[2] != path
+                    and c[1] >= size
+                    and holds_prefix(c[4], fd, size)
+                    and (c[1], c[2]) > (size, path)
+                ),
+                None,
+            )
+            known_as = None if longer is not None else self._known_as(identity, size, log_type)
+            if known_as is None:
+                if longer is not None:
+                    log.info(
+                        "%s (%s) is the start of %s: shipped with it",
+                        display_path(path),
+                        stopped,
+                        display_path(longer[2]),
+                    )
+                continue
+            tailed = self._found(
+                entry, fd, path, os.path.join(directory, original), identity, known_as
+            )
+            tailed.phase = Phase.DRAINING
+            tailed.rotated_at = time.monotonic()
+            self.counters.rotations += 1
+            found.append(tailed)
+            log.warning(
+                "%s was %s (modified %s, after the client's last save at %s) and no entry "
+                "matches its name: shipping it from its start as source %s, then letting it go",
+                display_path(path),
+                stopped,
+                time.strftime("%H:%M:%S", time.localtime(os.fstat(fd).st_mtime)),
+                time.strftime("%H:%M:%S", time.localtime(self._stopped_since)),
+                tailed.source_id,
+            )
+        for _, _, _, _, fd in candidates:
+            if not any(t.fd == fd for t in found):
+                os.close(fd)
+        return found
+
+    def _compressed_owes(self, path: str, fd: int, kind: str, stopped: str) -> str:
+        """Why the compressed file at ``path`` (open as ``fd``), rotated while the client was
+        stopped, is not shipped; "" when it holds only bytes shipped before (its first line is
+        that of one source of its directory, of which at least as many bytes were
+        acknowledged as it holds: logrotate's ``compress`` without ``delaycompress``)."""
+        why = f"{stopped} and compressed ({kind}): its lines are not shipped"
+        fingerprint = compressed_fingerprint(fd, kind)
+        directory = os.path.dirname(path)
+        records: list[SourcePosition | RetiredSource] = [
+            *self.state.sources.values(),
+            *self.on_hold.values(),
+            *self.state.retired,
+        ]
+        positions = [
+            (r.source_id, r.acked)
+            for r in records
+            if r.fingerprint == fingerprint and os.path.dirname(r.path) == directory
+        ]
+        if fingerprint is None or len({source_id for source_id, _ in positions}) != 1:
+            return why
+        source_id, acked = positions[0][0], max(acked for _, acked in positions)
+        held = decompressed_size(fd, kind)
+        if held is not None and held <= acked:
+            log.info(
+                "%s (%s and compressed) holds only the first %d bytes of source %s, shipped",
+                display_path(path),
+                stopped,
+                held,
+                source_id,
+            )
+            return ""
+        shown = "" if held is None else f" bytes {acked}..{held} of"
+        return f"{stopped} and compressed ({kind}):{shown} source {source_id} not shipped"
+
+    def _twin(
+        self, fd: int, size: int, comparable: list[TailedFile]
+    ) -> tuple[TailedFile, str] | None:
+        """A tailed file with the same first line as the open file ``fd`` (``size`` bytes),
+        and how they relate: ``copy`` (``fd`` is its start, or all of it), ``holds`` (it is
+        the start of ``fd``), ``differs``; None if no tailed file has that first line."""
+        fingerprint = read_fingerprint(fd, final=True)
+        twin: tuple[TailedFile, str] | None = None
+        for tailed in comparable:
+            if tailed.identity.fingerprint != fingerprint:
+                continue
+            try:
+                other = os.fstat(tailed.fd).st_size
+            except OSError:
+                continue
+            if size <= other and holds_prefix(tailed.fd, fd, size):
+                return tailed, "copy"
+            if size > other and holds_prefix(fd, tailed.fd, other):
+                return tailed, "holds"
+            twin = tailed, "differs"
+        return twin
+
     def discover(self) -> list[TailedFile]:
         """Pick up files matching the entries that are not tailed yet; return them."""
         found: list[TailedFile] = []
@@ -364,6 +873,8 @@ class FileSet:
             resumed = self._resume(pos, unreadable)
             if resumed is not None:
                 found.append(resumed)
+        found.extend(self._ship_rotated_while_stopped())
+        self._heads.clear()
         open_files, budget = self._descriptors()
         unreachable: list[Unreachable] = []
         shipped_before: dict[tuple[int, int], int] | None = None
@@ -424,6 +935,7 @@ class FileSet:
             unreadable.setdefault(
                 miss.path, self._unreadable(miss.path, miss.entry.log_type, miss.error, 0, None)
             )
+        unreadable.update(self.not_shipped)
         self.unreadable = unreadable
         return found
 

@@ -39,7 +39,13 @@ def read_fingerprint(fd: int, *, final: bool = False) -> str | None:
 
     ``final`` fingerprints whatever is there: for a file that will never grow again.
     """
-    head = os.pread(fd, FINGERPRINT_BYTES, 0)
+    return fingerprint_of(os.pread(fd, FINGERPRINT_BYTES, 0), final=final)
+
+
+def fingerprint_of(head: bytes, *, final: bool = False) -> str | None:
+    """The fingerprint of a file that starts with ``head`` (its first ``FINGERPRINT_BYTES``
+    bytes, or all of it if shorter): of a compressed file's decompressed start, say."""
+    head = head[:FINGERPRINT_BYTES]
     newline = head.find(b"\n")
     if newline >= 0:
         head = head[: newline + 1]

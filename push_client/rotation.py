@@ -10,16 +10,30 @@ soon: it is let go once read to its end and quiet for ``rotate_wait_s`` (2 s).
 Whatever is appended to a renamed file after it was let go is not shipped.  That loss is never
 silent: the file stays watched (by ``stat``, a while longer) and every byte it grows by is
 counted (``logbroker_push_abandoned_bytes_total``) and logged.
+
+Rotations while the client is stopped leave files it never saw beside the source it knew:
+the copy of a copytruncate, the files rotated in between by several rename rotations.  The
+helpers at the end tell those files apart (rotated names, compressed files, copies); what is
+done with them is ``FileSet``'s (``push_client.files``).
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import logging
+import lzma
 import os
-from collections.abc import Callable
+import re
+import zlib
+from collections.abc import Callable, Container
 from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import zstandard
 
 from push_client.discovery import find_inode
+from push_client.identity import FINGERPRINT_BYTES, fingerprint_of
 
 log = logging.getLogger("logbroker.push")
 
@@ -106,3 +120,96 @@ def _size_of(item: _Watched) -> int | None:
             item.path = path
             return st.st_size
     return None
+
+
+# -- rotated while the client was stopped -------------------------------------------------------
+_ROTATED_SUFFIX = re.compile(r"[._-][0-9][0-9._-]*(\.(gz|bz2|xz|zst|Z))?")
+"""What rotation appends to a log's name: ``.1``, ``-20261127``, ``.2026-11-27``,
+``-20261127-1764230000``, each possibly followed by the compressor's extension."""
+
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "gzip"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"\xfd7zXZ\x00", "xz"),
+)
+
+
+def rotated_from(name: str, originals: Container[str]) -> str | None:
+    """The name among ``originals`` that ``name`` is with a rotation suffix (``app.log.2``,
+    ``app.log-20261127``, ``app.log.1.gz`` are ``app.log``'s), the longest; None if none.
+    Looked up by the places a suffix may start, so that a directory is listed once for all
+    the sources of it (thousands, at a restart after a clean-up) and not once each."""
+    for start in range(len(name) - 2, 0, -1):
+        if (
+            name[start] in "._-"
+            and name[start + 1].isdigit()
+            and name[:start] in originals
+            and _ROTATED_SUFFIX.fullmatch(name, start) is not None
+        ):
+            return name[:start]
+    return None
+
+
+def compression_of(fd: int) -> str:
+    """The compressor whose magic number starts the open file ("" for a plain file)."""
+    head = os.pread(fd, 6, 0)
+    if head[:3] == b"BZh" and head[3:4].isdigit() and head[3:4] != b"0":
+        return "bzip2"
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), "")
+
+
+_OPENERS: dict[str, Callable[[BinaryIO], Any]] = {
+    "gzip": lambda raw: gzip.GzipFile(fileobj=raw),
+    "bzip2": bz2.BZ2File,
+    "xz": lzma.LZMAFile,
+    "zstd": lambda raw: zstandard.ZstdDecompressor().stream_reader(raw),
+}
+_DECOMPRESS_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error, zstandard.ZstdError)
+
+
+def _decompressed(fd: int, kind: str, limit: int | None) -> tuple[bytes, int] | None:
+    """(its first ``FINGERPRINT_BYTES`` bytes, how many bytes it holds, read up to ``limit``)
+    of the open compressed file once decompressed; None if it cannot be."""
+    head = b""
+    size = 0
+    try:
+        with os.fdopen(os.dup(fd), "rb") as raw, _OPENERS[kind](raw) as stream:
+            raw.seek(0)
+            while limit is None or size < limit:
+                block = stream.read(FINGERPRINT_BYTES if size < FINGERPRINT_BYTES else 1 << 20)
+                if not block:
+                    break
+                if len(head) < FINGERPRINT_BYTES:
+                    head += block[: FINGERPRINT_BYTES - len(head)]
+                size += len(block)
+    except _DECOMPRESS_ERRORS:
+        return None
+    return head, size
+
+
+def compressed_fingerprint(fd: int, kind: str) -> str | None:
+    """The fingerprint of what the open compressed file starts with once decompressed (None
+    when it cannot be decompressed): a compressed copy of a source is still named as one."""
+    found = _decompressed(fd, kind, FINGERPRINT_BYTES)
+    return None if found is None else fingerprint_of(found[0], final=True)
+
+
+def decompressed_size(fd: int, kind: str) -> int | None:
+    """How many bytes the open compressed file holds (read through once, in blocks); None
+    if it cannot be decompressed: which bytes of a source it holds, to name them."""
+    found = _decompressed(fd, kind, None)
+    return None if found is None else found[1]
+
+
+def holds_prefix(longer_fd: int, shorter_fd: int, length: int) -> bool:
+    """Whether the first ``length`` bytes of both open files are the same (one is a copy of
+    the other, or of its beginning)."""
+    block = 1 << 20
+    offset = 0
+    while offset < length:
+        want = min(block, length - offset)
+        a = os.pread(longer_fd, want, offset)
+        if len(a) != want or a != os.pread(shorter_fd, want, offset):
+            return False
+        offset += want
+    return True

@@ -93,11 +93,17 @@ class PushState:
     :class:`push_client.audit_publishing.PushAuditCounts` saves them (which also checks them
     when it reads them back: counts it cannot read cost the counts, not the positions).
     Earlier versions ignore the field."""
+    saved_at: float = 0.0
+    """When it was saved (wall clock; the file's modification time for a file of an earlier
+    version): the last moment the client is known to have run.  A rotated file modified
+    after that, at the next start, was written while the client was stopped (``FileSet``'s
+    rotations while stopped).  Earlier versions ignore the field."""
 
     def to_json(self) -> bytes:
         payload: dict[str, Any] = {
             "version": STATE_VERSION,
             "clean": self.clean,
+            "saved_at": self.saved_at,
             "sources": [asdict(s) for s in self.sources.values()],
             "retired": [asdict(r) for r in self.retired],
         }
@@ -131,11 +137,15 @@ class PushState:
             for i, raw in enumerate(_records(payload, "retired"))
         ]
         audit = payload.get("audit")
+        saved_at = payload.get("saved_at", 0.0)
+        if not _is_seconds(saved_at):
+            raise CorruptStateFile(f"saved_at must be {_TIME}, not {_shown(saved_at)}")
         return cls(
             {s.source_id: s for s in sources},
             retired,
             clean,
             audit if isinstance(audit, dict) else None,
+            float(saved_at),
         )
 
 
@@ -302,6 +312,8 @@ class StateFile:
         try:
             state = decode_state(raw)
             self.found = True
+            if not state.saved_at:  # written by an earlier version
+                state.saved_at = self.path.stat().st_mtime
             return state
         except CorruptStateFile as exc:
             self.corruptions += 1
@@ -317,4 +329,5 @@ class StateFile:
             return PushState()
 
     def save(self, state: PushState) -> None:
+        state.saved_at = time.time()
         write_atomically(self.path, encode_state(state))
