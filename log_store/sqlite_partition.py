@@ -178,6 +178,22 @@ def _enter_wal_mode(conn: sqlite3.Connection) -> None:
         delay_s = min(delay_s * 2, 0.2)
 
 
+def _immutable_if_unwritable(path: Path) -> str:
+    """``&immutable=1`` for a WAL database that no process has open, in a directory this
+    process cannot write (a read-only file system, a snapshot mounted for inspection).
+
+    Reading a WAL database needs its ``-shm`` index; with no process holding the database open
+    there is none, and ``mode=ro`` alone would have to create it ("unable to open database
+    file").  With neither ``-wal`` nor ``-shm`` the main file is the whole database; nothing
+    writes it from here, so it is read as immutable (no locks, no index).  A database some
+    process has open (its ``-shm`` exists) is read the ordinary way.
+    """
+    wal_files = (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"))
+    if any(f.exists() for f in wal_files) or os.access(path.parent, os.W_OK):
+        return ""
+    return "&immutable=1"
+
+
 def connect_read_only(path: Path) -> sqlite3.Connection:
     """A connection that can never write (``mode=ro``), for readers that must not.
 
@@ -189,7 +205,7 @@ def connect_read_only(path: Path) -> sqlite3.Connection:
         conn.executescript(_SCHEMA)
         return conn
     conn = sqlite3.connect(
-        f"{path.resolve().as_uri()}?mode=ro",
+        f"{path.resolve().as_uri()}?mode=ro{_immutable_if_unwritable(path)}",
         uri=True,
         timeout=_BUSY_TIMEOUT_MS / 1000,
         isolation_level=None,

@@ -104,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
         return _usage("the invariant audit reads one --data-dir")
     args.data_dir = args.data_dir[0] if args.data_dir else None
     try:
-        with contextlib.closing(open_store_from_args(args)) as store:
+        # read-only: the audit only reads, also a store on a read-only file system
+        with contextlib.closing(open_store_from_args(args, read_only=True)) as store:
             report = audit_store(store, args.topic)
             _check_batches(store, report)
     except LogbrokerError as exc:
