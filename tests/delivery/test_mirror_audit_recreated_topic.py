@@ -20,9 +20,7 @@ from tests.delivery.test_mirror import _seqnos, _topics
 def mirror_once(src: str, dst: str) -> None:
     """One mirror run that copies what there is and exits (publishing its counts)."""
     done = subprocess.run(
-        logbroker_cmd(
-            "mirror", "--from", src, "--to", dst, "--prefix", "dc1.", "--idle-exit", "1"
-        ),
+        logbroker_cmd("mirror", "--from", src, "--to", dst, "--prefix", "dc1.", "--idle-exit", "1"),
         cwd=REPO,
         capture_output=True,
         text=True,

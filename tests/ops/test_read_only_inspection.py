@@ -25,7 +25,9 @@ INSPECTIONS = (
 )
 
 
-def inspect(data_dir: Path, command: tuple[str, ...], tmp: Path) -> subprocess.CompletedProcess[str]:
+def inspect(
+    data_dir: Path, command: tuple[str, ...], tmp: Path
+) -> subprocess.CompletedProcess[str]:
     name, *rest = command
     extra = ["--db", str(tmp / "audit.db")] if "--windows" in rest else []
     return subprocess.run(
