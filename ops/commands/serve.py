@@ -425,7 +425,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     sock.listen(2048)
     config = uvicorn.Config(
-        "ingest_api.app:create_app" if settings.workers > 1 else build_app(ctx, close_store=True),
+        # one worker: the store is closed below, after the last Graphite send has read it
+        "ingest_api.app:create_app" if settings.workers > 1 else build_app(ctx),
         factory=settings.workers > 1,
         workers=settings.workers,
         **options,
@@ -474,13 +475,27 @@ def run(args: argparse.Namespace) -> int:
     finally:
         expiry.stop()
         if graphite is not None:
-            graphite.stop()
+            graphite.stop()  # its last send reads the store's gauges: before the store closes
         if watchdog is not None:
             watchdog.stop()
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+        if settings.workers == 1:
+            _close_store(ctx)
     _exit_past_blocked_threads(code)
     return code
+
+
+def _close_store(ctx: Any) -> None:
+    """Close the store of a one-worker gateway once its app and watchdogs have stopped,
+    within what is left of the stop's time (a Kafka store's last commits)."""
+    if ctx.stop_deadline is None:  # the app did not get to start its stop
+        ctx.begin_stop()
+    close_within = getattr(ctx.store, "close_within", None)
+    if close_within is not None:
+        close_within(ctx.stop_time_left(float("inf")))
+    else:
+        ctx.store.close()
 
 
 def _exit_past_blocked_threads(code: int) -> None:
