@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -358,6 +359,9 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         settings = load_settings(config_file=args.config, flags=_flags(args))
+        # absolute once, for the start line, the logs and the dashboard's disk card (a relative
+        # one named the store only to whoever knew the gateway's working directory)
+        settings = dataclasses.replace(settings, data_dir=Path(os.path.abspath(settings.data_dir)))
         _check_data_dir(settings)
     except LogbrokerError as exc:
         print(f"logbroker serve: {exc}", file=sys.stderr)
