@@ -43,7 +43,10 @@ GRACEFUL_STOP_S = 30
 _EXIT_WAIT_S = 0.5
 """How long a stopped gateway waits for threads still inside a call before it exits anyway."""
 _KAFKA_WAIT_S = 5.0
-"""How long each look for a Kafka broker at start-up waits for an answer."""
+"""How often a gateway started before its Kafka cluster says it is still waiting."""
+_KAFKA_ASK_S = 0.5
+"""How long each look for a Kafka broker at start-up waits for an answer (a stop is seen
+between two looks)."""
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 HANDLES_STOP_SIGNALS = True
 
@@ -222,18 +225,23 @@ def _wait_for_kafka(settings: GatewaySettings) -> bool:
     stopped = threading.Event()
     stop_signals.on_stop(stopped.set)
     admin = TopicAdmin(settings.kafka_settings())
+    waiting_since = time.monotonic()
     while not stopped.is_set():
-        started = time.monotonic()
+        asked = time.monotonic()
         try:
-            admin.reachable(_KAFKA_WAIT_S)
+            # short asks: a stop is seen between two of them (one ask of 5 s held SIGTERM
+            # that long); the client's connection attempts go on across them
+            admin.reachable(_KAFKA_ASK_S)
             return True
         except StoreUnavailable as exc:
-            print(
-                f"logbroker serve: waiting for Kafka at {settings.kafka_bootstrap}: {exc}",
-                file=sys.stderr,
-                flush=True,
-            )
-        stopped.wait(max(0.0, started + _KAFKA_WAIT_S - time.monotonic()))
+            if time.monotonic() - waiting_since >= _KAFKA_WAIT_S:
+                waiting_since = time.monotonic()
+                print(
+                    f"logbroker serve: waiting for Kafka at {settings.kafka_bootstrap}: {exc}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        stopped.wait(max(0.0, asked + _KAFKA_ASK_S - time.monotonic()))
     return False
 
 
