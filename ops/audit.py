@@ -32,6 +32,9 @@ class PartitionAudit:
     mirrored: bool = False
     """A mirror's copy: its sources have no seqno table here (the source installation's
     gateway keeps it); the log's own invariants are checked all the same."""
+    unread_from: int | None = None
+    """The offset a read failed at (a damaged batch): the records from there on are not
+    checked, nor is the dedup table, which would name every source written past it."""
 
 
 @dataclass
@@ -78,7 +81,7 @@ def _audit_partition(
     last: dict[str, int] = {}
     offset = _scan(store, audit, audit.start_offset, pinned, last, problems)
     audit.sources = len(last)
-    if not last:
+    if not last or audit.unread_from is not None:
         return
     for attempt in range(_CATCH_UP_ROUNDS + 1):
         raws = {
@@ -124,7 +127,11 @@ def _scan(
         try:
             result = store.read(audit.topic, audit.partition, offset, 4 << 20)
         except LogbrokerError as exc:
-            problems.append(f"{where}@{offset}: unreadable: {exc}")
+            audit.unread_from = offset
+            problems.append(
+                f"{where}@{offset}: unreadable: {exc} (the records from there on and the "
+                "dedup table are not checked)"
+            )
             return audit.end_offset
         if not result.records:
             if dense:
