@@ -178,20 +178,25 @@ def _enter_wal_mode(conn: sqlite3.Connection) -> None:
         delay_s = min(delay_s * 2, 0.2)
 
 
-def _immutable_if_unwritable(path: Path) -> str:
-    """``&immutable=1`` for a WAL database that no process has open, in a directory this
-    process cannot write (a read-only file system, a snapshot mounted for inspection).
+def _open_read_only(path: Path, immutable: bool) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        f"{path.resolve().as_uri()}?mode=ro{'&immutable=1' if immutable else ''}",
+        uri=True,
+        timeout=_BUSY_TIMEOUT_MS / 1000,
+        isolation_level=None,
+        check_same_thread=False,
+    )
+    conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+    return conn
 
-    Reading a WAL database needs its ``-shm`` index; with no process holding the database open
-    there is none, and ``mode=ro`` alone would have to create it ("unable to open database
-    file").  With neither ``-wal`` nor ``-shm`` the main file is the whole database; nothing
-    writes it from here, so it is read as immutable (no locks, no index).  A database some
-    process has open (its ``-shm`` exists) is read the ordinary way.
-    """
-    wal_files = (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"))
-    if any(f.exists() for f in wal_files) or os.access(path.parent, os.W_OK):
-        return ""
-    return "&immutable=1"
+
+def _holds_no_wal_content(path: Path) -> bool:
+    """Whether the main file of a WAL database is all of it: no ``-wal`` file, or an empty
+    one (left by a reader, or by a clean close that could not remove it)."""
+    try:
+        return path.with_name(path.name + "-wal").stat().st_size == 0
+    except FileNotFoundError:
+        return True
 
 
 def connect_read_only(path: Path) -> sqlite3.Connection:
@@ -199,19 +204,26 @@ def connect_read_only(path: Path) -> sqlite3.Connection:
 
     A database no process has created yet reads as an empty partition (an in-memory one with
     the schema), so that a read-only reader never creates a file.
+
+    Reading a WAL database needs its ``-shm`` index.  With no process holding the database
+    open there is none, and ``mode=ro`` has to create it: in a directory this process cannot
+    write (a read-only file system, a snapshot mounted for inspection) or on a full disk that
+    fails ("unable to open database file", "disk I/O error").  With no WAL content the main
+    file is the whole database, and it is then read as immutable (no locks, no index): what
+    a writer that opens it later commits is not seen through this connection.
     """
     if not path.exists():
         conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         conn.executescript(_SCHEMA)
         return conn
-    conn = sqlite3.connect(
-        f"{path.resolve().as_uri()}?mode=ro{_immutable_if_unwritable(path)}",
-        uri=True,
-        timeout=_BUSY_TIMEOUT_MS / 1000,
-        isolation_level=None,
-        check_same_thread=False,
-    )
-    conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+    conn = _open_read_only(path, immutable=False)
+    try:
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # opens the index
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if "locked" in str(exc) or not _holds_no_wal_content(path):
+            raise
+        conn = _open_read_only(path, immutable=True)
     return conn
 
 
