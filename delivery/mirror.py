@@ -85,7 +85,8 @@ class ReplicaPosition:
     """The most recent such ranges, [from, to) in source offsets."""
     audit: dict[int, list[int]] | None = None
     """Messages and lines copied so far per window of create time (the audit's mirror tier),
-    committed with the data they count."""
+    committed with the data they count: into this partition from every source topic so far
+    (see :data:`_TOTALS_KEY`)."""
 
 
 _MAX_GAPS_KEPT = 20
@@ -113,7 +114,12 @@ def replica_position(
     store: LogStore, topic: str, partition: int, source_id: str
 ) -> ReplicaPosition:
     raw = store.get_state(topic, partition, _STATE_PREFIX + source_id)
-    return _position(dict(json.loads(raw)) if raw else None)
+    position = _position(dict(json.loads(raw)) if raw else None)
+    totals = store.get_state(topic, partition, _TOTALS_KEY)
+    if totals:
+        audit = {int(w): [int(m), int(n)] for w, (m, n) in json.loads(totals)["audit"].items()}
+        position = replace(position, audit=audit)
+    return position
 
 
 def _legacy_key(source_id: str, source_offset: int) -> str:
@@ -165,6 +171,16 @@ class ReplicaRecords(list[tuple[int, bytes]]):
 
 _AUDIT_WINDOWS_KEPT = 1008
 """A week of 10-minute windows of audit totals per mirrored partition."""
+
+_TOTALS_KEY = "mirror-totals"
+"""The audit totals of everything copied into the partition, from every source topic id.
+
+A source topic made again (a topic deleted and created, an installation's store lost and
+started empty) is a new source id, whose own totals start at zero; the mirror's audit
+instance is named for the source's URL, and a total that started over would replace the
+copies of the old topic, which the partition still holds.  These totals add both.  A
+partition copied to before they were kept starts them from the totals of the source id of
+its next append."""
 
 
 def _add_audit(doc: dict[str, Any], audit: list[list[int]] | None) -> None:
@@ -241,9 +257,15 @@ def append_replica(
                 state.put(_legacy_key(source_id, offset), (dest_first + i).to_bytes(8, "big"))
         doc["next_source"] = following
         doc["next_dest"] = dest_first + len(records)
+        copied = _load(state, _TOTALS_KEY)
+        if copied is None and audit:
+            copied = {"audit": {w: list(c) for w, c in doc.get("audit", {}).items()}}
         _add_audit(doc, audit)
+        if copied is not None and audit:
+            _add_audit(copied, audit)
+            state.put(_TOTALS_KEY, json.dumps(copied).encode())
         totals.clear()
-        totals.update({int(w): list(c) for w, c in doc.get("audit", {}).items()})
+        totals.update({int(w): list(c) for w, c in (copied or doc).get("audit", {}).items()})
         state.put(key, json.dumps(doc).encode())
         return values
 

@@ -180,24 +180,52 @@ def _enter_wal_mode(conn: sqlite3.Connection) -> None:
         delay_s = min(delay_s * 2, 0.2)
 
 
-def connect_read_only(path: Path) -> sqlite3.Connection:
-    """A connection that can never write (``mode=ro``), for readers that must not.
-
-    A database no process has created yet reads as an empty partition (an in-memory one with
-    the schema), so that a read-only reader never creates a file.
-    """
-    if not path.exists():
-        conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-        conn.executescript(_SCHEMA)
-        return conn
+def _open_read_only(path: Path, immutable: bool) -> sqlite3.Connection:
     conn = sqlite3.connect(
-        f"{path.resolve().as_uri()}?mode=ro",
+        f"{path.resolve().as_uri()}?mode=ro{'&immutable=1' if immutable else ''}",
         uri=True,
         timeout=_BUSY_TIMEOUT_MS / 1000,
         isolation_level=None,
         check_same_thread=False,
     )
     conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+    return conn
+
+
+def _holds_no_wal_content(path: Path) -> bool:
+    """Whether the main file of a WAL database is all of it: no ``-wal`` file, or an empty
+    one (left by a reader, or by a clean close that could not remove it)."""
+    try:
+        return path.with_name(path.name + "-wal").stat().st_size == 0
+    except FileNotFoundError:
+        return True
+
+
+def connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that can never write (``mode=ro``), for readers that must not.
+
+    A database no process has created yet reads as an empty partition (an in-memory one with
+    the schema), so that a read-only reader never creates a file.
+
+    Reading a WAL database needs its ``-shm`` index.  With no process holding the database
+    open there is none, and ``mode=ro`` has to create it: in a directory this process cannot
+    write (a read-only file system, a snapshot mounted for inspection) or on a full disk that
+    fails ("unable to open database file", "disk I/O error").  With no WAL content the main
+    file is the whole database, and it is then read as immutable (no locks, no index): what
+    a writer that opens it later commits is not seen through this connection.
+    """
+    if not path.exists():
+        conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        conn.executescript(_SCHEMA)
+        return conn
+    conn = _open_read_only(path, immutable=False)
+    try:
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # opens the index
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if "locked" in str(exc) or not _holds_no_wal_content(path):
+            raise
+        conn = _open_read_only(path, immutable=True)
     return conn
 
 

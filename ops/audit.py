@@ -34,6 +34,9 @@ class PartitionAudit:
     gateway keeps it); the log's own invariants are checked all the same."""
     damaged: bool = False
     """Its files are damaged (the store cannot serve it): named once as a problem, not read."""
+    unread_from: int | None = None
+    """The offset a read failed at (a damaged batch): the records from there on are not
+    checked, nor is the dedup table, which would name every source written past it."""
 
 
 @dataclass
@@ -85,7 +88,7 @@ def _audit_partition(
     last: dict[str, int] = {}
     offset = _scan(store, audit, audit.start_offset, pinned, last, problems)
     audit.sources = len(last)
-    if not last:
+    if not last or audit.unread_from is not None:
         return
     for attempt in range(_CATCH_UP_ROUNDS + 1):
         raws = {
@@ -131,7 +134,11 @@ def _scan(
         try:
             result = store.read(audit.topic, audit.partition, offset, 4 << 20)
         except LogbrokerError as exc:
-            problems.append(f"{where}@{offset}: unreadable: {exc}")
+            audit.unread_from = offset
+            problems.append(
+                f"{where}@{offset}: unreadable: {exc} (the records from there on and the "
+                "dedup table are not checked)"
+            )
             return audit.end_offset
         if not result.records:
             if dense:

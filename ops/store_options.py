@@ -53,10 +53,15 @@ def store_kind(args: argparse.Namespace) -> str:
     return store or ("kafka" if getattr(args, "kafka_bootstrap", None) else "sqlite")
 
 
-def open_store_from_args(args: argparse.Namespace, *, create: bool = False) -> LogStore:
+def open_store_from_args(
+    args: argparse.Namespace, *, create: bool = False, read_only: bool = False
+) -> LogStore:
     """The store the arguments name; ``BadRequest`` if they name none.
 
     ``create`` lets the embedded store be made where there is none (``topics create``).
+    ``read_only`` (commands that only read: ``audit``, ``topics list``/``describe``) opens the
+    embedded store through ``mode=ro`` connections that create and change nothing, so a store
+    on a read-only file system (or a snapshot mounted for inspection) can still be looked at.
     """
     if getattr(args, "store", None) == "sqlite" and args.kafka_bootstrap:
         raise BadRequest("--kafka-bootstrap goes with --store kafka, not --store sqlite")
@@ -82,4 +87,4 @@ def open_store_from_args(args: argparse.Namespace, *, create: bool = False) -> L
         return open_kafka_store(settings)
     if not args.data_dir:
         raise BadRequest("give --data-dir DIR (or --store kafka --kafka-bootstrap HOST:PORT)")
-    return open_store(args.data_dir, create=create)
+    return open_store(args.data_dir, create=create, read_only=read_only)

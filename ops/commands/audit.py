@@ -13,13 +13,17 @@ database ``--db`` and prints them: exit 1 when a closed window is still incomple
 (the alert ``LogbrokerAuditIncomplete``).
 
 Bad usage, and a token the gateway refuses (401, 403), or a token file that cannot be used: a
-message and exit code 2.  A gateway that cannot be reached or fails (5xx): exit code 1.
+message and exit code 2.  So is finding nothing to audit where an embedded store would have
+refused (a Kafka namespace without a logbroker topic; ``--windows`` finding no window): a
+misspelt namespace or glob must not read as "OK" to a cron job or the alert.
+A gateway that cannot be reached or fails (5xx): exit code 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import sqlite3
 import sys
 import time
@@ -29,6 +33,7 @@ import httpx
 
 from audit.ledger import AuditLedger
 from audit.reconcile import WindowRow, reconcile, row_from_json
+from audit.windows import WINDOW_S
 from log_store import LogbrokerError, LogStore, open_store
 from log_store.interface import BatchCheck
 from ops.audit import AuditReport, audit_store
@@ -104,8 +109,15 @@ def run(args: argparse.Namespace) -> int:
         return _usage("the invariant audit reads one --data-dir")
     args.data_dir = args.data_dir[0] if args.data_dir else None
     try:
-        with contextlib.closing(open_store_from_args(args)) as store:
+        # read-only: the audit only reads, also a store on a read-only file system
+        with contextlib.closing(open_store_from_args(args, read_only=True)) as store:
             report = audit_store(store, args.topic)
+            if not report.partitions and store_kind(args) == "kafka":
+                # an embedded store says so at opening; a misspelt namespace is only empty
+                raise LogbrokerError(
+                    f"the Kafka namespace {args.kafka_namespace!r} at {args.kafka_bootstrap} "
+                    "holds no logbroker topic (give the gateways' --kafka-namespace)"
+                )
             _check_batches(store, report)
     except LogbrokerError as exc:
         print(f"logbroker audit: {exc}", file=sys.stderr)
@@ -163,7 +175,17 @@ def _run_windows(args: argparse.Namespace) -> int:
         )
     glob = args.topic[0] if args.topic else "*"
     try:
-        rows = _rows_from_server(args, glob) if args.server else _rows_from_store(args, glob)
+        if args.server:
+            rows = _rows_from_server(args, glob)
+            nothing = (
+                f"{args.server} has no audit window of a topic matching {glob!r}"
+                + (f" since {args.since}" if args.since else "")
+                + " (tiers publish their counts every 10 s)"
+            )
+        else:
+            ledger = _ledger_of_stores(args)
+            rows = reconcile(ledger, topic_glob=glob, since=args.since)
+            nothing = _nothing_found(ledger, args, glob)
     except _GatewayFailed as exc:
         print(f"logbroker audit: {exc}", file=sys.stderr)
         return 1
@@ -172,6 +194,10 @@ def _run_windows(args: argparse.Namespace) -> int:
     except httpx.HTTPError as exc:
         print(f"logbroker audit: {args.server}: {exc}", file=sys.stderr)
         return 1
+    if not rows:
+        # A cron job or the alert's metrics file watching a misspelt namespace, data dir or
+        # glob would otherwise stay green for ever: nothing found is not "all complete".
+        return _usage(nothing)
     now = time.time()
     try:
         save_rows(args.db, rows, now)
@@ -194,7 +220,7 @@ def _run_windows(args: argparse.Namespace) -> int:
     return 1 if late else 0
 
 
-def _rows_from_store(args: argparse.Namespace, glob: str) -> list[WindowRow]:
+def _ledger_of_stores(args: argparse.Namespace) -> AuditLedger:
     """Every store's audit topics in one ledger: a record read in two DCs (the source's, and
     its mirrored copy) is the same key, so it counts once."""
     ledger = AuditLedger()
@@ -205,7 +231,32 @@ def _rows_from_store(args: argparse.Namespace, glob: str) -> list[WindowRow]:
         # read-only: a running gateway's store is read, never recovered or changed
         with contextlib.closing(open_store(data_dir, read_only=True)) as sqlite_store:
             ledger.refresh(sqlite_store)
-    return reconcile(ledger, topic_glob=glob, since=args.since)
+    return ledger
+
+
+def _nothing_found(ledger: AuditLedger, args: argparse.Namespace, glob: str) -> str:
+    """What the stores hold instead of a window to reconcile, in one line."""
+    where = " and ".join(
+        ([f"Kafka namespace {args.kafka_namespace!r}"] if store_kind(args) == "kafka" else [])
+        + list(args.data_dir or [])
+    )
+    counted = sorted({topic for topic, _ in ledger.series})
+    if not counted:
+        return (
+            f"no audit records in {where}: no tier has published counts there yet (tiers "
+            "publish every 10 s what they counted)"
+        )
+    matching = [t for t in counted if fnmatch.fnmatchcase(t, glob)]
+    if not matching:
+        shown = ", ".join(counted[:10]) + (" ..." if len(counted) > 10 else "")
+        return f"no audited topic in {where} matches {glob!r} (audited: {shown})"
+    latest = max(w for t, w in ledger.series if t in matching)
+    if args.since and latest + WINDOW_S <= args.since:
+        return f"no window of {glob!r} in {where} since {args.since} (the last starts at {latest})"
+    return (
+        f"the windows of {glob!r} in {where} were counted only by tiers of other DCs: give the "
+        "store of the topics' own DC too"
+    )
 
 
 def _rows_from_server(args: argparse.Namespace, glob: str) -> list[WindowRow]:

@@ -13,7 +13,7 @@ from ops import stop_signals
 from ops.commands.arg_types import add_log_level, seconds
 from ops.graphite import add_graphite_options, graphite_from
 from ops.token_options import TokenFileError, read_token_file
-from push_client.config import CODECS, ConfigError, PushConfig, build_config
+from push_client.config import CODECS, ConfigError, PushConfig, build_config, load_file
 from push_client.daemon import CannotStart, PushDaemon
 from push_client.status import NoStatus, print_status, read_status
 
@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"logbroker push: {exc}", file=sys.stderr)
         return 2
+    if args.config is not None:
+        _say_relative_paths(args.config)
     if config.token_file is not None and config.token_file.exists():
         # The same check as every command's (one others may read is refused); a file that is
         # not there yet is waited for (a secret agent may write it later), see BearerToken.
@@ -189,6 +191,28 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _say_relative_paths(file: Path) -> None:
+    """Warn once, naming what they resolve to, when ``file`` holds relative paths and is not
+    in the working directory: they are taken from the working directory (as on the command
+    line), not from the file's (a unit file without ``WorkingDirectory=`` runs in /)."""
+    if Path(file).absolute().parent == Path.cwd():
+        return
+    settings, entries = load_file(file)
+    named = [(key, settings.get(key)) for key in ("state_dir", "token_file")]
+    named += [("path", entry.path) for entry in entries]
+    relative = [
+        f"{key} {value} is {os.path.abspath(os.path.expanduser(value))}"
+        for key, value in named
+        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value))
+    ]
+    if relative:
+        print(
+            f"logbroker push: warning: {file} gives relative paths, taken from the working "
+            f"directory {os.getcwd()}, not the file's: {'; '.join(relative)}",
+            file=sys.stderr,
+        )
 
 
 def _config(args: argparse.Namespace) -> PushConfig:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -44,7 +45,10 @@ GRACEFUL_STOP_S = 30
 _EXIT_WAIT_S = 0.5
 """How long a stopped gateway waits for threads still inside a call before it exits anyway."""
 _KAFKA_WAIT_S = 5.0
-"""How long each look for a Kafka broker at start-up waits for an answer."""
+"""How often a gateway started before its Kafka cluster says it is still waiting."""
+_KAFKA_ASK_S = 0.5
+"""How long each look for a Kafka broker at start-up waits for an answer (a stop is seen
+between two looks)."""
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 HANDLES_STOP_SIGNALS = True
 
@@ -226,18 +230,23 @@ def _wait_for_kafka(settings: GatewaySettings) -> bool:
     stopped = threading.Event()
     stop_signals.on_stop(stopped.set)
     admin = TopicAdmin(settings.kafka_settings())
+    waiting_since = time.monotonic()
     while not stopped.is_set():
-        started = time.monotonic()
+        asked = time.monotonic()
         try:
-            admin.reachable(_KAFKA_WAIT_S)
+            # short asks: a stop is seen between two of them (one ask of 5 s held SIGTERM
+            # that long); the client's connection attempts go on across them
+            admin.reachable(_KAFKA_ASK_S)
             return True
         except StoreUnavailable as exc:
-            print(
-                f"logbroker serve: waiting for Kafka at {settings.kafka_bootstrap}: {exc}",
-                file=sys.stderr,
-                flush=True,
-            )
-        stopped.wait(max(0.0, started + _KAFKA_WAIT_S - time.monotonic()))
+            if time.monotonic() - waiting_since >= _KAFKA_WAIT_S:
+                waiting_since = time.monotonic()
+                print(
+                    f"logbroker serve: waiting for Kafka at {settings.kafka_bootstrap}: {exc}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        stopped.wait(max(0.0, asked + _KAFKA_ASK_S - time.monotonic()))
     return False
 
 
@@ -376,6 +385,9 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         settings = load_settings(config_file=args.config, flags=_flags(args))
+        # absolute once, for the start line, the logs and the dashboard's disk card (a relative
+        # one named the store only to whoever knew the gateway's working directory)
+        settings = dataclasses.replace(settings, data_dir=Path(os.path.abspath(settings.data_dir)))
         _check_data_dir(settings)
     except LogbrokerError as exc:
         print(f"logbroker serve: {exc}", file=sys.stderr)
@@ -449,7 +461,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"logbroker serve: warning: data_dir {settings.data_dir}: {exc}", file=sys.stderr)
     sock.listen(2048)
     config = uvicorn.Config(
-        "ingest_api.app:create_app" if settings.workers > 1 else build_app(ctx, close_store=True),
+        # one worker: the store is closed below, after the last Graphite send has read it
+        "ingest_api.app:create_app" if settings.workers > 1 else build_app(ctx),
         factory=settings.workers > 1,
         workers=settings.workers,
         **options,
@@ -498,13 +511,27 @@ def run(args: argparse.Namespace) -> int:
     finally:
         expiry.stop()
         if graphite is not None:
-            graphite.stop()
+            graphite.stop()  # its last send reads the store's gauges: before the store closes
         if watchdog is not None:
             watchdog.stop()
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+        if settings.workers == 1:
+            _close_store(ctx)
     _exit_past_blocked_threads(code)
     return code
+
+
+def _close_store(ctx: Any) -> None:
+    """Close the store of a one-worker gateway once its app and watchdogs have stopped,
+    within what is left of the stop's time (a Kafka store's last commits)."""
+    if ctx.stop_deadline is None:  # the app did not get to start its stop
+        ctx.begin_stop()
+    close_within = getattr(ctx.store, "close_within", None)
+    if close_within is not None:
+        close_within(ctx.stop_time_left(float("inf")))
+    else:
+        ctx.store.close()
 
 
 def _exit_past_blocked_threads(code: int) -> None:

@@ -276,8 +276,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         # Only `create` may make a store where there is none; a typo is an error otherwise.
+        # `list` and `describe` only read: read-only, so a read-only file system is no obstacle.
         with contextlib.closing(
-            open_store_from_args(args, create=args.action == "create")
+            open_store_from_args(
+                args,
+                create=args.action == "create",
+                read_only=args.action in ("list", "describe"),
+            )
         ) as store:
             if args.action == "list":
                 for info in _listed(store, args.all):

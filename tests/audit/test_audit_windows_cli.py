@@ -121,3 +121,27 @@ def test_bad_usage_exits_2_with_a_message(tmp_path: Path) -> None:
         assert message in done.stderr
         assert "Traceback" not in done.stderr
     assert WINDOW_S == 600
+
+
+def test_finding_no_window_is_not_a_complete_audit(tmp_path: Path) -> None:
+    """A misspelt glob or data dir must not keep a cron job or the alert green for ever."""
+    data = tmp_path / "data"
+    with open_store(data) as store:
+        ExactlyOnceWriter(store, dc="dc1", partitions=1)  # a store, no audit records yet
+    db = str(tmp_path / "a.db")
+    empty = audit("--data-dir", str(data), "--db", db)
+    assert empty.returncode == 2, empty.stdout + empty.stderr
+    assert empty.stderr == (
+        f"logbroker audit: no audit records in {data}: no tier has published counts there yet "
+        "(tiers publish every 10 s what they counted)\n"
+    )
+    publish(data, "push-client", "host-a", 100)
+    typo = audit("--data-dir", str(data), "--db", db, "--topic", "dc9.*")
+    assert typo.returncode == 2, typo.stdout + typo.stderr
+    assert typo.stderr == (
+        f"logbroker audit: no audited topic in {data} matches 'dc9.*' (audited: {TOPIC})\n"
+    )
+    late = audit("--data-dir", str(data), "--db", db, "--since", str(OLD_WINDOW + 3600))
+    assert late.returncode == 2, late.stdout + late.stderr
+    assert f"since {OLD_WINDOW + 3600} (the last starts at {OLD_WINDOW})" in late.stderr
+    assert audit("--data-dir", str(data), "--db", db).returncode == 0

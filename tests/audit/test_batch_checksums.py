@@ -68,3 +68,26 @@ def test_audit_reports_a_damaged_header_and_the_batches_after_it(tmp_path: Path)
     assert result.returncode == 1
     assert "segment 0 byte 0: batch of offset" in result.stdout
     assert "where 0 was due" in result.stdout
+
+
+def test_a_damaged_record_batch_is_not_reported_as_a_dedup_table_ahead_of_the_log(
+    tmp_path: Path,
+) -> None:
+    with open_store(tmp_path) as store:
+        store.create_topic("dc1.cor", TopicConfig(partitions=1))
+        for seqno in (10, 20, 30):
+
+            def admit(state: PartitionState, seqno: int = seqno) -> Sequence[bytes]:
+                state.put(seqno_key("c"), encode_seqno(seqno))
+                return [chunk("c", seqno)]
+
+            store.transact("dc1.cor", 0, admit)
+            if seqno == 10:
+                (segment,) = (tmp_path / "topics" / "dc1.cor").glob("*/0/*.log")
+                second = segment.stat().st_size  # where the batch of seqno 20 starts
+    flip(segment, second + HEADER_SIZE + 30)
+    result = logbroker("audit", "--data-dir", str(tmp_path))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "dc1.cor/0@1: unreadable:" in result.stdout
+    assert "the records from there on and the dedup table are not checked" in result.stdout
+    assert "dedup table says" not in result.stdout, result.stdout

@@ -129,3 +129,17 @@ def test_topics_on_kafka_keeps_off_internal_topics_and_the_audit_topic(
             store.describe_topic("logbroker-owners")
     finally:
         store.close()
+
+
+@pytest.mark.kafka
+def test_audit_of_a_namespace_without_logbroker_topics_is_not_ok(
+    kafka_cluster: Any, kafka_namespace: str, tmp_path: Path
+) -> None:
+    kafka = ["--kafka-bootstrap", kafka_cluster.bootstrap, "--kafka-namespace", kafka_namespace]
+    for args in (kafka, ["--windows", *kafka, "--db", str(tmp_path / "a.db")]):
+        done = subprocess.run(
+            logbroker_cmd("audit", *args), cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2, (args, done.stdout + done.stderr)
+        assert "audit: OK" not in done.stdout and done.stderr.count("\n") == 1, done.stderr
+        assert f"namespace {kafka_namespace!r}" in done.stderr, done.stderr
