@@ -449,6 +449,8 @@ class PartitionLog:
                 "its index (partition.db) is gone while its segment files hold data; a "
                 "gateway (a store opened for writing) rebuilds it from them on open"
             )
+        if read_only and self._db_path.exists():
+            self._check_tail_read_only()
         if not read_only:
             if not self._db_path.exists():
                 self._create_database()
@@ -1032,6 +1034,32 @@ class PartitionLog:
         finally:
             conn.close()
         self.notify_changed()
+
+    def _check_tail_read_only(self) -> None:
+        """A read-only view refuses, as a writer's recovery would, a partition whose newest
+        indexed segment is shorter than its index says (or gone): acknowledged data is
+        missing.  Data past the index is left alone: a writer may be appending it."""
+        with self._conn() as conn:
+            row = conn.execute(
+                "SELECT base_offset, size_bytes FROM segments ORDER BY base_offset DESC LIMIT 1"
+            ).fetchone()
+        if row is None:
+            return
+        last, indexed_size = row
+        path = self.directory / segment_file_name(last)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            if indexed_size == 0:
+                return
+            raise self._damaged(
+                f"segment {path} is missing; its index holds {indexed_size} bytes of it"
+            ) from None
+        if size < indexed_size:
+            raise self._damaged(
+                f"segment {path} holds {size} bytes, fewer than the {indexed_size} its "
+                "index says were written and synced: acknowledged data is missing"
+            )
 
     def _index_matches_segments(self) -> bool:
         """True if every segment file is indexed and the newest is as long as its index says."""
