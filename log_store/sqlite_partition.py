@@ -375,6 +375,7 @@ class PartitionLog:
         on_no_space: Callable[[int], None] | None = None,
         guard: WriteGuard | None = None,
         place: tuple[str, int] | None = None,
+        check_tail: bool = False,
     ) -> None:
         """Open (creating if needed) the partition in ``directory``.
 
@@ -395,7 +396,10 @@ class PartitionLog:
 
         ``read_only``: create, change and touch nothing (no directory, schema or notify
         file); reads only, through ``mode=ro`` connections.  For readers such as Spark
-        executors that must leave the live store to its gateway.
+        executors that must leave the live store to its gateway.  With ``check_tail``, a
+        read-only partition whose newest segment is shorter than its index says is refused
+        (:class:`PartitionDamaged`), as a writer's recovery refuses it (a read-only store's
+        partitions: the audit's, the tools').
 
         ``place`` (topic, partition) is what a :class:`PartitionDamaged` names.
 
@@ -449,7 +453,7 @@ class PartitionLog:
                 "its index (partition.db) is gone while its segment files hold data; a "
                 "gateway (a store opened for writing) rebuilds it from them on open"
             )
-        if read_only and self._db_path.exists():
+        if read_only and check_tail and self._db_path.exists():
             self._check_tail_read_only()
         if not read_only:
             if not self._db_path.exists():

@@ -600,6 +600,8 @@ class SqliteLogStore:
                 on_no_space=self._note_no_space,
                 guard=self._guard,
                 place=(info.name, partition),
+                # a read-only store's own partitions; not a writable store's views of them
+                check_tail=self.read_only and not read_only,
             )
         except (OSError, sqlite3.Error, StoreUnavailable) as exc:
             full = None if made else self._full_making(f"{info.name}/{partition}", exc)
