@@ -1,4 +1,4 @@
-"""A gateway survives a group coordinator that is found late.
+"""A gateway survives a group coordinator that is found late, and an abort leaves its stacks.
 
 Seen on a fresh 3-node cluster: a gateway's process aborted at start, with only librdkafka's
 line ``rdkafka_queue.h:1086: rd_kafka_enq_once_del_source_return: Assertion 'eonce->refcnt
@@ -17,15 +17,18 @@ first looks find no coordinator; the proxy then opens.  The old probe aborted ea
 from __future__ import annotations
 
 import ast
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer
 
 from log_store.kafka import bootstrap
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
+from tests.kafka.conftest import gateway_config
 from tests.kafka.tcp_proxy import TcpProxy
 
 _PROBE = """
@@ -124,3 +127,38 @@ def test_no_gateway_module_asks_a_group_coordinator_through_the_admin_api() -> N
                 if isinstance(node, ast.Attribute) and node.attr in _TO_GROUP_COORDINATOR:
                     calls.append(f"{path.relative_to(REPO)}:{node.lineno} {node.attr}")
     assert calls == []
+
+
+_SERVE_ABORTING = """
+import os, sys
+from log_store.kafka import gateway_group
+def check_group_protocol(settings):
+    os.abort()  # as librdkafka's assertion does
+gateway_group.check_group_protocol = check_group_protocol
+from ops.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_gateway_aborted_in_a_library_call_writes_its_stacks(
+    tmp_path: Path, kafka_cluster: Any, kafka_namespace: str
+) -> None:
+    config = gateway_config(
+        tmp_path / "gw.toml",
+        bootstrap=kafka_cluster.bootstrap,
+        namespace=kafka_namespace,
+        ownership="group",
+    )
+    done = subprocess.run(
+        [
+            *(sys.executable, "-c", _SERVE_ABORTING, "serve", "--data-dir", str(tmp_path / "d")),
+            *("--port", str(free_port()), "--config", str(config)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == -signal.SIGABRT, done.stderr[-3000:]
+    assert "Fatal Python error: Aborted" in done.stderr
+    assert "gateway_group.py" in done.stderr and "in start" in done.stderr, done.stderr[-3000:]
