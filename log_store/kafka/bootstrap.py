@@ -12,9 +12,9 @@ for like an unreachable broker (by a gateway; a command asks for a few seconds, 
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import socket
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -203,8 +203,6 @@ GROUP_PROTOCOL_NEEDED = (
     "logbroker on Kafka needs Apache Kafka 4.0 or newer with the consumer group protocol of "
     "KIP-848 (group.coordinator.rebalance.protocols must include consumer)"
 )
-_PROBE_LOOK_S = 0.2
-"""How often the start-up probe asks whether the broker took its member."""
 
 
 def group_fatal_error(event: Any) -> str | None:
@@ -240,7 +238,7 @@ def probe_group(namespace: str) -> str:
 
 def check_group_protocol(settings: KafkaSettings, timeout_s: float | None = None) -> bool:
     """Whether the cluster takes a member of a KIP-848 consumer group: True once the broker
-    lists the probe's member in its group, False if it neither took nor refused it within
+    took the probe's member into its group, False if it neither took nor refused it within
     ``timeout_s`` (default ``operation_timeout_s``: a coordinator loading its partitions after
     a cluster's first start takes seconds).  BadRequest, with what logbroker needs, when the
     member's heartbeat fails for good (a broker before 4.0, or one with
@@ -260,38 +258,57 @@ def check_group_protocol(settings: KafkaSettings, timeout_s: float | None = None
             "enable.auto.commit": False,
         }
     )
-    admin = AdminClient(settings.admin_config())
     try:
         consumer.subscribe([group])
         wait = settings.operation_timeout_s if timeout_s is None else timeout_s
-        return await_group_answer(consumer, admin, group, time.monotonic() + wait)
+        return await_group_answer(consumer, group, time.monotonic() + wait)
     finally:
         consumer.close()
 
 
-def await_group_answer(consumer: Any, admin: Any, group: str, deadline: float) -> bool:
-    """Poll ``consumer`` (subscribed in ``group``) until the broker lists its member (True),
+def await_group_answer(consumer: Any, group: str, deadline: float) -> bool:
+    """Poll ``consumer`` (subscribed in ``group``) until the broker took its member (True),
     a fatal error (BadRequest naming it), or ``deadline`` (False)."""
-    looked = 0.0
     while time.monotonic() < deadline:
         fatal = group_fatal_error(consumer.poll(0.1))
         if fatal is not None:
             raise BadRequest(f"the gateways' group cannot be joined: {group_fatal_cause(fatal)}")
-        if time.monotonic() - looked >= _PROBE_LOOK_S:
-            looked = time.monotonic()
-            if lists_member(admin, group, consumer.memberid()):
-                return True
+        if member_joined(consumer):
+            return True
     return False
 
 
-def lists_member(admin: Any, group: str, member_id: str | None) -> bool:
-    """Whether the broker's description of ``group`` lists ``member_id`` (False also when
-    the broker cannot say now: its coordinator is loading, say)."""
-    if not member_id:
-        return False
+_GROUP_METADATA_MAGIC = b"CGMDv2:"
+_EPOCH = struct.Struct("=i")
+
+
+def member_joined(consumer: Any) -> bool:
+    """Whether the broker took ``consumer``, a member of a KIP-848 group, into its group:
+    its member epoch, which only the coordinator's answer to its heartbeat sets, is above 0
+    (librdkafka's own test of a joined member, ``RD_KAFKA_CGRP_HAS_JOINED_CONSUMER``).
+
+    The consumer knows this itself; the broker is not asked.  Asking it (the admin API's
+    DescribeConsumerGroups, as this used to) can abort the whole process: librdkafka (2.16,
+    and its master of July 2026, issue #4605) frees the request's state when its
+    ``request_timeout`` expires before the group coordinator is known, and the lookup that
+    ends later (the coordinator loading on a new cluster, a broker reachable again) uses the
+    freed state: ``rdkafka_queue.h:1086: rd_kafka_enq_once_del_source_return: Assertion
+    'eonce->refcnt > 0' failed``.  Every admin request sent to a group coordinator has that
+    flaw (DescribeConsumerGroups, ListConsumerGroupOffsets, AlterConsumerGroupOffsets,
+    DeleteConsumerGroupOffsets, DeleteGroups); no gateway makes one.
+
+    The epoch is read from ``consumer_group_metadata()``, librdkafka's serialized form
+    (``CGMDv2:``, then the epoch as a native int32); a form this does not know reads as
+    not joined (a test holds it to the installed librdkafka).
+    """
     try:
-        described = admin.describe_consumer_groups([group], request_timeout=1.0)[group]
-        members = described.result(timeout=1.5).members
-    except (KafkaException, concurrent.futures.TimeoutError):
+        metadata = consumer.consumer_group_metadata()
+    except KafkaException:
         return False
-    return any(member.member_id == member_id for member in members)
+    head = len(_GROUP_METADATA_MAGIC)
+    if not isinstance(metadata, bytes) or not metadata.startswith(_GROUP_METADATA_MAGIC):
+        return False
+    if len(metadata) < head + _EPOCH.size:
+        return False
+    (epoch,) = _EPOCH.unpack_from(metadata, head)
+    return bool(epoch > 0)

@@ -64,7 +64,7 @@ from log_store.kafka.bootstrap import (
     check_group_protocol,
     group_fatal_cause,
     group_fatal_error,
-    lists_member,
+    member_joined,
 )
 from log_store.kafka.owner_directory import OwnerDirectory
 from log_store.kafka.remote_transaction import PeerLink, RemoteTransactions
@@ -114,7 +114,6 @@ class GatewayGroup:
         self._out_cause: str | None = None
         self._failed_members = 0
         """Group members that failed for good in a row (the backoff before the next one)."""
-        self._admin: AdminClient | None = None
         self._lock = threading.Lock()
         self._store: KafkaLogStore | None = None
         self._thread: threading.Thread | None = None
@@ -361,12 +360,10 @@ class GatewayGroup:
             log.warning("gateways' group: closing the failed member: %s", exc)
 
     def _check_joined(self, consumer: Consumer) -> None:
-        """Back in the group once the broker lists the new member (a member given no
-        partition hears of no assignment)."""
-        if self._admin is None:
-            self._admin = AdminClient(self._settings.admin_config())
-        group = naming.gateway_group(self._settings.namespace)
-        if lists_member(self._admin, group, consumer.memberid()):
+        """Back in the group once the broker took the new member (a member given no
+        partition hears of no assignment): its member epoch says so, without asking the
+        broker (see :func:`~log_store.kafka.bootstrap.member_joined`)."""
+        if member_joined(consumer):
             self._joined()
 
     def _joined(self) -> None:

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import dataclasses
 import errno
+import faulthandler
 import logging
 import os
 import resource
@@ -379,6 +380,7 @@ def run(args: argparse.Namespace) -> int:
     from ingest_api.settings import load_settings
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    _trace_fatal_signals()
     if args.log_level != "debug":
         # httpx says every request at INFO with its whole URL, a push endpoint's user and
         # password included; the deliveries log their own outcomes, without them
@@ -532,6 +534,19 @@ def _close_store(ctx: Any) -> None:
         close_within(ctx.stop_time_left(float("inf")))
     else:
         ctx.store.close()
+
+
+def _trace_fatal_signals() -> None:
+    """A gateway killed by a fatal signal (SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL) writes
+    every Python thread's stack to stderr first, its workers too (``PYTHONFAULTHANDLER``).
+
+    The Kafka client library ends the process with an assertion (``abort()``) when it trips
+    over a bug of its own, from one of its own threads, and used to leave only its one line:
+    the stacks say which of the gateway's calls were under way (the start-up group probe,
+    a takeover's ``init_transactions``, ...).
+    """
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
 def _exit_past_blocked_threads(code: int) -> None:

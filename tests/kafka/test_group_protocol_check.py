@@ -81,7 +81,7 @@ class RefusedConsumer:
 
 def test_the_refused_heartbeat_is_told_as_what_logbroker_needs() -> None:
     with pytest.raises(BadRequest) as refused:
-        bootstrap.await_group_answer(RefusedConsumer(), None, "g", time.monotonic() + 5)
+        bootstrap.await_group_answer(RefusedConsumer(), "g", time.monotonic() + 5)
     assert NEEDED in str(refused.value)
     assert "API version not supported" in str(refused.value)  # the broker's own words too
 
@@ -130,11 +130,10 @@ def test_a_real_fatal_error_of_a_group_consumer_reaches_the_probe(
             "group.remote.assignor": "no-such-assignor",
         }
     )
-    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
     try:
         consumer.subscribe([group])
         with pytest.raises(BadRequest, match="assignor") as refused:
-            bootstrap.await_group_answer(consumer, admin, group, time.monotonic() + 20)
+            bootstrap.await_group_answer(consumer, group, time.monotonic() + 20)
         assert "KIP-848" not in str(refused.value)  # another cause is named as it is
     finally:
         consumer.close()
