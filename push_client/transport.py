@@ -16,6 +16,10 @@ Three answers end the retries early:
 - with installations to fail over to, a request whose gateways all keep failing for
   ``failover_after_s`` (or whose installation another request found down meanwhile) raises
   :class:`InstallationUnavailable`, telling whether the request may have been written there.
+
+A gateway that takes a request and does not answer it for ``stall_after_s`` is failing too
+(frozen, or waiting for its Kafka): the request goes on at the next gateway while the hung
+attempt is still awaited, see :meth:`GatewayClient.post` for why that writes nothing twice.
 """
 
 from __future__ import annotations
