@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from push_client.token import BearerToken
+from push_client.transport import GatewayClient, InstallationUnavailable, TransportStats
 from tests.push_client.conftest import (
     BackgroundWriter,
     LineWriter,
@@ -21,8 +25,6 @@ from tests.push_client.conftest import (
     read_delivered,
     wait_for_lines,
 )
-
-pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 STALL_S = 2.0
 HUNG_FLAGS = [
@@ -53,6 +55,111 @@ def _wait(predicate: Callable[[], bool], what: str, timeout_s: float) -> float:
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+class _SlowGateway:
+    """Answers every POST with ``{"who": NAME}`` after ``delay_s`` (None: never)."""
+
+    def __init__(self, name: str, delay_s: float | None) -> None:
+        self.release = threading.Event()
+        self.posts = 0
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                gateway.posts += 1
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if delay_s is None:
+                    gateway.release.wait(30)
+                    return
+                time.sleep(delay_s)
+                body = f'{{"who":"{name}"}}'.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def client_of() -> Iterator[Callable[..., GatewayClient]]:
+    made: list[GatewayClient] = []
+    stop = threading.Event()
+
+    def make(*servers: str, **options: float) -> GatewayClient:
+        client = GatewayClient(
+            servers, token=BearerToken(None, None), stop=stop, stats=TransportStats(), **options
+        )
+        made.append(client)
+        return client
+
+    yield make
+    stop.set()
+    for client in made:
+        client.close()
+
+
+def test_a_request_hung_at_one_gateway_is_answered_by_the_next_after_stall_after_s(
+    client_of: Callable[..., GatewayClient],
+) -> None:
+    hung, healthy = _SlowGateway("hung", None), _SlowGateway("healthy", 0.0)
+    try:
+        client = client_of(hung.url, healthy.url, stall_after_s=1.0)
+        started = time.monotonic()
+        answer = client.post("/v1/write", b"x", "application/octet-stream", flush=True)
+        took = time.monotonic() - started
+        assert answer == {"who": "healthy"}
+        assert 1.0 <= took < 2.5, took
+        assert client.current_server == healthy.url  # the next requests go there first
+        assert [row["error"] for row in client.failing()] == ["Stalled"]
+    finally:
+        hung.close()
+        healthy.close()
+
+
+def test_a_slow_but_answering_gateway_is_not_left_for_another_installation(
+    client_of: Callable[..., GatewayClient],
+) -> None:
+    """Its only gateway answers 0.8 s after stall_after_s: the answer is taken (the first copy
+    is still awaited), the installation is not given up (failover_after_s 2 s not reached)."""
+    slow = _SlowGateway("slow", 1.8)
+    try:
+        client = client_of(slow.url, stall_after_s=1.0, failover_after_s=2.0)
+        assert client.post("/v1/write", b"x", "application/octet-stream") == {"who": "slow"}
+        assert slow.posts == 1  # not sent again to the same gateway while it was awaited
+    finally:
+        slow.close()
+
+
+def test_an_installation_whose_only_gateway_hangs_is_given_up_after_stall_plus_failover(
+    client_of: Callable[..., GatewayClient],
+) -> None:
+    hung = _SlowGateway("hung", None)
+    try:
+        client = client_of(hung.url, stall_after_s=1.0, failover_after_s=1.0)
+        started = time.monotonic()
+        with pytest.raises(InstallationUnavailable) as raised:
+            client.post("/v1/write", b"x", "application/octet-stream")
+        took = time.monotonic() - started
+        assert 2.0 <= took < 3.0, took
+        assert raised.value.maybe_written  # its ranges are doubts at that installation
+        assert "Stalled: no answer for" in str(raised.value)
+    finally:
+        hung.close()
+
+
+@pytest.mark.slow
+@pytest.mark.fault
 def test_a_frozen_gateway_is_left_for_the_other_gateway_after_stall_after_s(
     tmp_path: Path, start_gateway, start_push
 ) -> None:
@@ -86,6 +193,8 @@ def test_a_frozen_gateway_is_left_for_the_other_gateway_after_stall_after_s(
     assert_exactly_once(read_delivered(data, "app"), writer)
 
 
+@pytest.mark.slow
+@pytest.mark.fault
 def test_a_frozen_installation_is_left_after_stall_after_s_plus_failover_after_s(
     tmp_path: Path, start_gateway, start_push
 ) -> None:
