@@ -30,7 +30,8 @@ and add one entry for the paths given on the command line (``--log-type``, ``--c
     direct_to_owner = ["http://gw*.example:8080"]   # send each source to its partition's owner
     owner_refresh_s = 30.0       # how often the owners' map is asked for again
     owner_timeout_s = 10.0       # an owner silent this long: the request goes to the gateways
-    request_timeout_s = 60.0     # a gateway silent this long: the request is tried again
+    request_timeout_s = 60.0     # a gateway silent this long: the request is given up there
+    stall_after_s = 10.0         # a request unanswered this long also goes to the next gateway
 
     [[entry]]
     path = "/var/log/nginx/*.log"
@@ -89,6 +90,7 @@ _PUSH_KEYS = {
     "owner_refresh_s",
     "owner_timeout_s",
     "request_timeout_s",
+    "stall_after_s",
 }
 _ENTRY_KEYS = {"path", "log_type", "codec", "multiline"}
 
@@ -164,9 +166,17 @@ class PushConfig:
     unreachable past a proxy, would otherwise hold its sources for the full request timeout)."""
     request_timeout_s: float = 60.0
     """How long a request to a gateway may wait for its answer (connecting: at most 2 s)
-    before it is tried again at the next gateway; with several installations, a gateway that
-    accepts and never answers (frozen) is left after this plus ``failover_after_s``.  A
-    gateway answers 503 by itself after its own ``limits.request_timeout_s`` (30 s)."""
+    before it gives up on it.  A gateway that accepts and never answers (frozen) is left
+    sooner, after ``stall_after_s``.  A gateway answers 503 by itself after its own
+    ``limits.request_timeout_s`` (30 s)."""
+    stall_after_s: float = 10.0
+    """A request unanswered this long counts as a failure of its gateway: it is sent again
+    to the next gateway of the installation (the first copy is still awaited; the gateways
+    answer the second ``duplicate``), and an installation whose gateways all fail or hang
+    for ``failover_after_s`` is left for the next.  A frozen gateway, or one waiting for its
+    Kafka, is thus left after this, not ``request_timeout_s``.  Above the time the largest
+    request takes on a loaded gateway (3.7 s at most, measured, see docs/push-client.md); at
+    least 1; ``request_timeout_s`` or more turns it off."""
 
     @property
     def installations(self) -> tuple[InstallationSpec, ...]:
@@ -252,6 +262,8 @@ class PushConfig:
             raise ConfigError("owner_timeout_s must be positive")
         if not 1 <= self.request_timeout_s < float("inf"):
             raise ConfigError("request_timeout_s must be a number of seconds, at least 1")
+        if not 1 <= self.stall_after_s < float("inf"):
+            raise ConfigError("stall_after_s must be a number of seconds, at least 1")
         return self
 
 

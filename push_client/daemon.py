@@ -84,6 +84,7 @@ _RESTART_ONLY = (
     "probe_max_interval_s",
     "request_timeout_s",
     "servers",
+    "stall_after_s",
     "state_dir",
 )
 """Settings the running parts took at start (connections, watchers, the metrics port): a
@@ -166,6 +167,7 @@ class PushDaemon:
                 failover_after_s=config.failover_after_s if multi else None,
                 is_down=member.is_down,
                 request_timeout_s=config.request_timeout_s,
+                stall_after_s=config.stall_after_s,
                 probe_interval_s=config.probe_interval_s,
                 probe_max_interval_s=config.probe_max_interval_s,
             )

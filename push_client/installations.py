@@ -2,13 +2,14 @@
 
 An *installation* is one log (one data dir, or one Kafka cluster) behind any number of
 gateways; each has its own exactly-once state.  ``--server URL,URL`` names one installation
-with several gateways (a request moves on to the next gateway at once).  Named groups,
+with several gateways (a request moves on to the next gateway at once, or once it has been
+unanswered for ``stall_after_s``).  Named groups,
 ``--server dc1=http://a:8080,http://b:8080 --server dc2=http://c:8080``, are installations in
 order of preference: the client writes to the first one that is up; one whose gateways all
-fail for ``failover_after_s`` is marked down and the next takes over; a prober asks every
-installation that is down for ``/readyz`` (at waits growing from ``probe_interval_s`` to
-``probe_max_interval_s``, see ``push_client.backoff``) and marks it up again, so new data
-goes back to the preferred installation once it returns.
+fail (or hang, unanswered for ``stall_after_s``) for ``failover_after_s`` is marked down and
+the next takes over; a prober asks every installation that is down for ``/readyz`` (at waits
+growing from ``probe_interval_s`` to ``probe_max_interval_s``, see ``push_client.backoff``)
+and marks it up again, so new data goes back to the preferred installation once it returns.
 
 Health is learned from requests, so an installation that is up and has had nothing to answer
 for ``probe_max_interval_s`` (an idle client) is probed too (``watch_idle``): one that does

@@ -16,11 +16,16 @@ Three answers end the retries early:
 - with installations to fail over to, a request whose gateways all keep failing for
   ``failover_after_s`` (or whose installation another request found down meanwhile) raises
   :class:`InstallationUnavailable`, telling whether the request may have been written there.
+
+A gateway that takes a request and does not answer it for ``stall_after_s`` is failing too
+(frozen, or waiting for its Kafka): the request goes on at the next gateway while the hung
+attempt is still awaited, see :meth:`GatewayClient.post` for why that writes nothing twice.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import socket
 import threading
 import time
@@ -182,6 +187,30 @@ class TransportStats:
             self.retries += 1
 
 
+_POLL_S = 0.25
+"""How often a request waiting for its attempts looks whether the client stops or another
+request found the installation down."""
+
+
+@dataclass(eq=False)
+class _Attempt:
+    """One HTTP request of :meth:`GatewayClient.post`, made in a thread of its own."""
+
+    index: int
+    server: str
+    started: float
+    """Monotonic time it was sent."""
+    stall_id: int
+    """Its id in :class:`StallWatch`."""
+    response: httpx.Response | None = None
+    error: BaseException | None = None
+    stalled: bool = False
+    """Unanswered for ``stall_after_s``: counted as a failure of its gateway, still awaited."""
+    outcome: str = ""
+    maybe_written: bool = False
+    wait_at_least: float = 0.0
+
+
 @dataclass
 class _Failure:
     """A gateway failing now: what it answered last and when it was last tried."""
@@ -223,8 +252,14 @@ class GatewayClient:
         request_timeout_s: float = 60.0,
         probe_interval_s: float | None = None,
         probe_max_interval_s: float = 60.0,
+        stall_after_s: float | None = None,
     ) -> None:
         self.servers = servers
+        self.stall_after_s = (
+            stall_after_s if stall_after_s and stall_after_s < request_timeout_s else None
+        )
+        """A request unanswered this long also goes to the next gateway (None: only once it
+        fails or times out), see :meth:`post`."""
         self._preferred = 0
         self._lock = threading.Lock()
         self._stop = stop
@@ -253,7 +288,11 @@ class GatewayClient:
             timeout=httpx.Timeout(
                 request_timeout_s, connect=min(CONNECT_TIMEOUT_S, request_timeout_s)
             ),
-            limits=httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size),
+            # An attempt left hanging at a gateway (see post) holds its connection until
+            # request_timeout_s: room for one per request at every gateway.
+            limits=httpx.Limits(
+                max_connections=pool_size * len(servers), max_keepalive_connections=pool_size
+            ),
         )
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
@@ -306,6 +345,33 @@ class GatewayClient:
         installation is given up.  With ``flush``, a request is still retried after stopping
         began, until ``stop_deadline`` (monotonic): a stopping client tries to get its
         in-flight chunks acknowledged.  Other requests stop at once.
+
+        **A request unanswered for ``stall_after_s`` is a failure of its gateway**, as a
+        timeout would be, only sooner: the same body goes to the next gateway of the
+        installation at once, and the gateway that holds it counts as failing (for
+        ``failover_after_s``, and in the status) until it answers.  The attempt that hangs
+        is not cancelled: whichever attempt answers first answers the request.  Why that
+        keeps every line once:
+
+        - *at the same installation* the resend is the retry every timed-out or 5xx request
+          always got (it may have been written before its answer was lost): each section
+          names ``prev_seqno`` and the source's session ``epoch``, so whichever of the two
+          copies reaches the log second is answered ``duplicate`` (its seqnos are not above
+          the source's last), ``out_of_order`` (the log moved on and did not end at its
+          ``prev_seqno``) or ``fenced`` (the source's session was opened again since):
+          never written twice.  The hung copy's late answer, if any, is dropped.
+        - *leaving the installation*: when every gateway of it has failed or hung for
+          ``failover_after_s``, :class:`InstallationUnavailable` says ``maybe_written``
+          (a hung attempt got past connecting, or may have), so the shipper keeps the
+          request's ranges as *doubts* at that installation (``push_client.handover``),
+          exactly as for a request whose gateway died after taking it: they are sent nowhere
+          else until that installation answers a session saying how far it holds the source
+          (a hung write still in its queue lands before that session, or is fenced by it).
+
+        A gateway that is slow but answers within ``stall_after_s`` is never left; one slower
+        than that costs a second copy of the request at the next gateway (answered
+        ``duplicate`` there if the first lands first), not a failover: see ``stall_after_s``
+        in docs/push-client.md for how it was chosen.
         """
         backoff = Backoff(cap_s=self.max_backoff_s)
         offset = 0
@@ -313,83 +379,205 @@ class GatewayClient:
         maybe_written = False
         failed_at: int | None = None
         """The preferred gateway when this request first failed (see :meth:`_prefer`)."""
-        while True:
-            if self._stop.is_set() and (not flush or time.monotonic() >= self.stop_deadline):
-                raise Stopped("stopping before the gateway answered")
-            if self.failover_after_s is not None and self._is_down():
-                raise InstallationUnavailable(
-                    "the installation is down", maybe_written=maybe_written
-                )
-            index, server = self._server(offset)
-            wait_at_least = 0.0
-            headers = {"Content-Type": content_type, **self._token.headers()}
-            attempt = self.stats.stall.started()
-            try:
-                response = self._http.post(server + path, content=body, headers=headers)
-            except httpx.HTTPError as exc:
-                outcome = f"{server}: {failure_text(exc, server)}"
-                self.stats.count("transport_error")
-                maybe_written = maybe_written or not isinstance(exc, _NOT_SENT)
-            except BaseException:
-                self.stats.stall.dropped(attempt)
-                raise
-            else:
-                status = response.status_code
-                if status == 200 or (400 <= status < 500 and status not in (408, 429)):
-                    self.stats.stall.ended(attempt, None)  # an answer: the gateway works
-                if response.status_code == 200:
-                    self.stats.count("ok")
-                    if self._failing:
-                        self._answered(server)
-                    self._prefer(index, failed_at)
-                    parsed: dict[str, Any] = orjson.loads(response.content)
-                    return parsed
-                outcome = f"{server}: HTTP {response.status_code}: {response.text[:300]}"
-                unavailable = _partitions_unavailable(response)
-                if unavailable is not None:
-                    # An answer: the gateway works, partitions of the request have no owner.
-                    self.stats.stall.ended(attempt, None)
-                    self.stats.count(PARTITION_UNAVAILABLE)
-                    if self._failing:
-                        self._answered(server)
-                    self._prefer(index, failed_at)
-                    raise unavailable
-                if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
-                    # An answer: the gateway works, the request is what it refuses.
-                    self.stats.count("rejected")
-                    self.stats.count_retry()
-                    if self._failing:
-                        self._answered(server)
-                    raise _refused(response)
-                self.stats.count(f"http_{response.status_code}")
-                maybe_written = maybe_written or response.status_code >= 500
-                retry_after = response.headers.get("Retry-After", "")
-                if retry_after.replace(".", "", 1).isdigit():
-                    wait_at_least = min(float(retry_after), 30.0)
-            self.stats.count_retry()
-            self.stats.stall.ended(attempt, outcome)
-            self._failed(server, outcome)
-            if failed_at is None:
-                failed_at = index
-            now = time.monotonic()
-            failing_since = failing_since if failing_since is not None else now
-            # Move on to the next gateway at once; back off once every gateway was tried.
-            offset += 1
-            if (
-                self.failover_after_s is not None
-                and offset >= len(self.servers)
-                and now - failing_since >= self.failover_after_s
-            ):
-                raise InstallationUnavailable(outcome, maybe_written=maybe_written)
-            if offset % len(self.servers) == 0 or wait_at_least:
-                delay = backoff.next_delay(wait_at_least)
+        outcome = ""
+        finished: queue.SimpleQueue[_Attempt] = queue.SimpleQueue()
+        attempts: list[_Attempt] = []
+        """Attempts of this request still unanswered (hung ones included)."""
+        launch_at = 0.0
+        """Monotonic time the next attempt may start (None: none is due until one ends)."""
+        want_attempt = True
+        count = len(self.servers)
+        try:
+            while True:
+                now = time.monotonic()
+                if self._stop.is_set() and (not flush or now >= self.stop_deadline):
+                    raise Stopped("stopping before the gateway answered")
                 if self.failover_after_s is not None:
-                    # Wake when the installation may be given up, not a backoff later: a
-                    # dead installation was left up to max_backoff_s after failover_after_s.
-                    until_failover = failing_since + self.failover_after_s - now
-                    if until_failover > 0:
-                        delay = min(delay, until_failover)
-                self._sleep(delay, flush)
+                    if self._is_down():
+                        raise InstallationUnavailable(
+                            "the installation is down",
+                            maybe_written=maybe_written or bool(attempts),
+                        )
+                    if (
+                        failing_since is not None
+                        and offset >= count
+                        and now - failing_since >= self.failover_after_s
+                        and all(a.stalled for a in attempts)
+                    ):
+                        raise InstallationUnavailable(outcome, maybe_written=maybe_written)
+                if want_attempt and now >= launch_at:
+                    busy = {a.index for a in attempts}
+                    for skip in range(count):
+                        index, server = self._server(offset + skip)
+                        if index not in busy:
+                            offset += skip
+                            attempts.append(
+                                self._launch(index, server, path, body, content_type, finished)
+                            )
+                            break
+                    want_attempt = False
+                wait = _POLL_S
+                if want_attempt:
+                    wait = min(wait, launch_at - now)
+                if self.stall_after_s is not None:
+                    for attempt in attempts:
+                        if not attempt.stalled:
+                            wait = min(wait, attempt.started + self.stall_after_s - now)
+                if failing_since is not None and self.failover_after_s is not None:
+                    wait = min(wait, failing_since + self.failover_after_s - now)
+                try:
+                    ended: _Attempt | None = finished.get(timeout=max(0.0, wait))
+                except queue.Empty:
+                    ended = None
+                now = time.monotonic()
+                failure: _Attempt | None = None
+                wait_at_least = 0.0
+                if ended is not None:
+                    attempts.remove(ended)
+                    answer = self._answer(ended, failed_at)
+                    if answer is not None:
+                        return answer
+                    outcome = ended.outcome
+                    maybe_written = maybe_written or ended.maybe_written
+                    wait_at_least = ended.wait_at_least
+                    want_attempt = True  # its gateway is free for the request again
+                    if ended.stalled:
+                        # Counted as a failure when it hung; now it says how it failed.
+                        self._failed(ended.server, outcome)
+                        continue
+                    failure = ended
+                elif self.stall_after_s is not None:
+                    failure = next(
+                        (
+                            a
+                            for a in attempts
+                            if not a.stalled and now - a.started >= self.stall_after_s
+                        ),
+                        None,
+                    )
+                    if failure is not None:
+                        failure.stalled = True
+                        hung_s = now - failure.started
+                        outcome = (
+                            f"{failure.server}: Stalled: no answer for {hung_s:.1f} s"
+                            f" (stall_after_s {self.stall_after_s:g})"
+                        )
+                        # It got past connecting or may have: it may be written (see above).
+                        maybe_written = True
+                        self.stats.count("stalled")
+                        self.stats.stall.ended(failure.stall_id, outcome)
+                        want_attempt = True
+                if failure is None:
+                    continue
+                self.stats.count_retry()
+                self._failed(failure.server, outcome)
+                if failed_at is None:
+                    failed_at = failure.index
+                failing_since = failing_since if failing_since is not None else now
+                # Move on to the next gateway at once; back off once every gateway was tried.
+                offset += 1
+                launch_at = now
+                if offset % count == 0 or wait_at_least:
+                    delay = backoff.next_delay(wait_at_least)
+                    if self.failover_after_s is not None:
+                        # Wake when the installation may be given up, not a backoff later: a
+                        # dead installation was left up to max_backoff_s after failover_after_s.
+                        until_failover = failing_since + self.failover_after_s - now
+                        if until_failover > 0:
+                            delay = min(delay, until_failover)
+                    launch_at = now + delay
+        finally:
+            for attempt in attempts:
+                # Left to its thread; what it finds is nobody's news now.
+                if not attempt.stalled:
+                    self.stats.stall.dropped(attempt.stall_id)
+
+    def _launch(
+        self,
+        index: int,
+        server: str,
+        path: str,
+        body: bytes,
+        content_type: str,
+        finished: queue.SimpleQueue[_Attempt],
+    ) -> _Attempt:
+        """Start one HTTP request of :meth:`post` in a thread of its own (so that the request
+        can go on elsewhere while it hangs); it is put on ``finished`` when it ends."""
+        headers = {"Content-Type": content_type, **self._token.headers()}
+        attempt = _Attempt(index, server, time.monotonic(), self.stats.stall.started())
+
+        def run() -> None:
+            try:
+                attempt.response = self._http.post(server + path, content=body, headers=headers)
+            except BaseException as exc:  # handed to the request's thread
+                attempt.error = exc
+            finished.put(attempt)
+
+        threading.Thread(target=run, name="push-send-attempt", daemon=True).start()
+        return attempt
+
+    def _answer(self, attempt: _Attempt, failed_at: int | None) -> dict[str, Any] | None:
+        """What an ended attempt means: its JSON (a 200); None for a failure (``outcome``,
+        ``maybe_written`` and ``wait_at_least`` set on it); raises for an answer that ends
+        the request (:class:`Refused`, :class:`PartitionsUnavailable`) or an error that is
+        not the gateway's."""
+        server, index = attempt.server, attempt.index
+        exc = attempt.error
+        if exc is not None:
+            if not isinstance(exc, httpx.HTTPError):
+                if not attempt.stalled:
+                    self.stats.stall.dropped(attempt.stall_id)
+                raise exc
+            attempt.outcome = f"{server}: {failure_text(exc, server)}"
+            self.stats.count("transport_error")
+            attempt.maybe_written = not isinstance(exc, _NOT_SENT)
+            if not attempt.stalled:
+                self.stats.stall.ended(attempt.stall_id, attempt.outcome)
+            return None
+        response = attempt.response
+        assert response is not None
+        status = response.status_code
+        if status == 200 or (400 <= status < 500 and status not in (408, 429)):
+            # An answer: the gateway works.
+            if attempt.stalled:
+                self.stats.stall.answered()
+            else:
+                self.stats.stall.ended(attempt.stall_id, None)
+        if status == 200:
+            self.stats.count("ok")
+            if self._failing:
+                self._answered(server)
+            self._prefer(index, failed_at)
+            parsed: dict[str, Any] = orjson.loads(response.content)
+            return parsed
+        attempt.outcome = f"{server}: HTTP {status}: {response.text[:300]}"
+        unavailable = _partitions_unavailable(response)
+        if unavailable is not None:
+            # An answer: the gateway works, partitions of the request have no owner.
+            if attempt.stalled:
+                self.stats.stall.answered()
+            else:
+                self.stats.stall.ended(attempt.stall_id, None)
+            self.stats.count(PARTITION_UNAVAILABLE)
+            if self._failing:
+                self._answered(server)
+            self._prefer(index, failed_at)
+            raise unavailable
+        if 400 <= status < 500 and status not in (408, 429):
+            # An answer: the gateway works, the request is what it refuses.
+            self.stats.count("rejected")
+            self.stats.count_retry()
+            if self._failing:
+                self._answered(server)
+            raise _refused(response)
+        self.stats.count(f"http_{status}")
+        attempt.maybe_written = status >= 500
+        retry_after = response.headers.get("Retry-After", "")
+        if retry_after.replace(".", "", 1).isdigit():
+            attempt.wait_at_least = min(float(retry_after), 30.0)
+        if not attempt.stalled:
+            self.stats.stall.ended(attempt.stall_id, attempt.outcome)
+        return None
 
     def _failed(self, server: str, outcome: str) -> None:
         """A request to ``server`` failed: said when it starts failing, or fails otherwise

@@ -103,6 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a request waits for a gateway's answer before it is tried again, at the "
         "next gateway (60)",
     )
+    parser.add_argument(
+        "--stall-after",
+        type=float,
+        help="seconds a request may go unanswered before it is also sent to the next gateway "
+        "and its gateway counts as failing (10)",
+    )
     parser.add_argument("--poll-interval", type=float, help="polling period in seconds (0.25)")
     parser.add_argument("--no-inotify", action="store_true", help="poll instead of inotify")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT")
@@ -247,6 +253,7 @@ def _config(args: argparse.Namespace) -> PushConfig:
             "owner_refresh_s": args.owner_refresh,
             "owner_timeout_s": args.owner_timeout,
             "request_timeout_s": args.request_timeout,
+            "stall_after_s": args.stall_after,
             "inotify": False if args.no_inotify else None,
             "metrics_port": args.metrics_port,
             "graphite": args.graphite,
