@@ -516,7 +516,8 @@ def test_waiting_reader_is_woken_by_an_append_of_another_process(
         ack = child.stdout.readline().split()
         waiter.join(2)
         assert woke, "the waiting reader was not woken"
-        assert woke[0] - float(ack[5]) < 0.05
+        # woken by the commit (inotify), not by a timeout: slack for a loaded host only
+        assert woke[0] - float(ack[5]) < 0.5
         assert child.poll() is None, "the writer exited; its close may have woken the reader"
     finally:
         child.kill()

@@ -24,7 +24,8 @@ from log_store.kafka import KafkaSettings, open_kafka_store
 from tests.conftest import REPO, GatewayProcess, free_port, logbroker_cmd
 from tests.gateway.conftest import Client
 
-QUICK_S = 10.0
+QUICK_S = 20.0
+"""Each gives up after 5 s; the rest is a Python start, which a loaded host can stretch."""
 """Far less than the 15 s the commands waited for an unreachable broker."""
 
 
