@@ -19,6 +19,7 @@ print(json.dumps({
     "took": took,
     "trim": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
     "mmap": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+    "arenas": os.environ.get("MALLOC_ARENA_MAX"),
 }))
 """
 
@@ -44,15 +45,23 @@ def test_glibc_takes_the_settings_and_workers_inherit_them() -> None:
         "took": True,
         "trim": str(heap.KEEP_FREE_BYTES),
         "mmap": str(heap.OWN_MAPPING_BYTES),
+        "arenas": str(heap.ARENAS),
     }
 
 
 def test_an_operators_own_setting_wins() -> None:
+    from ops import heap
+
     assert _probe(MALLOC_TRIM_THRESHOLD_="1048576") == {
         "took": False,
         "trim": "1048576",
         "mmap": None,
+        "arenas": str(heap.ARENAS),
     }
+
+
+def test_an_operators_own_arena_count_wins() -> None:
+    assert _probe(MALLOC_ARENA_MAX="8")["arenas"] == "8"
 
 
 _FREED_PROBE = """
