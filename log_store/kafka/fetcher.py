@@ -4,7 +4,9 @@ A reader sees committed records only (``isolation.level=read_committed``) and it
 is the *last stable offset* (LSO): nothing of an open or aborted transaction is ever returned,
 and transaction markers, which take offsets too, are skipped.  Consumers are pooled: a read
 that continues where an earlier read of the same partition stopped reuses that consumer and
-whatever it has prefetched, so a tailing reader costs no seek per read.
+whatever it has prefetched, so a tailing reader costs no seek per read.  A consumer no read
+used for :data:`IDLE_CLOSE_S` is closed: its threads and buffers are given back once a
+catching-up reader is done.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ STUCK_CONSUMER_S = 3.0
 shorter) while Kafka says the records it waits for are there goes on with a fresh consumer."""
 _REPLAY_S = 60.0
 """What a replay that keeps getting records may take in all (it reads a snapshot's tail)."""
+IDLE_CLOSE_S = 30.0
+"""A pooled consumer no read or wait used for this long is closed.  A tailing reader polls
+far more often (its long-polls end within seconds) and keeps its consumer."""
 
 
 class Watermarks:
@@ -238,6 +243,8 @@ class FetcherPool:
         self._count = 0
         self._cond = threading.Condition()
         self._closed = False
+        self._stopping = threading.Event()
+        self._reaper: threading.Thread | None = None
 
     # -- the pool -----------------------------------------------------------------------------
     def _acquire(self, tp: tuple[str, int], offset: int, *, block: bool = True) -> _Fetcher | None:
@@ -304,8 +311,32 @@ class FetcherPool:
             else:
                 self._idle.append(fetcher)
                 self._cond.notify()
+                if self._reaper is None:
+                    self._reaper = threading.Thread(
+                        target=self._close_idle_ones, name="logbroker-idle-consumers", daemon=True
+                    )
+                    self._reaper.start()
                 return
         fetcher.consumer.close()
+
+    def _close_idle_ones(self) -> None:
+        while not self._stopping.wait(IDLE_CLOSE_S / 4):
+            self.close_idle(IDLE_CLOSE_S)
+
+    def close_idle(self, idle_s: float) -> int:
+        """Close the pooled consumers no read or wait used for ``idle_s``; how many."""
+        now = time.monotonic()
+        with self._cond:
+            old = [f for f in self._idle if now - f.used >= idle_s]
+            for fetcher in old:
+                self._idle.remove(fetcher)
+            self._count -= len(old)
+            if old:
+                self._cond.notify_all()
+        for fetcher in old:
+            with contextlib.suppress(Exception):  # a broken consumer is let go all the same
+                fetcher.consumer.close()
+        return len(old)
 
     # -- consuming ----------------------------------------------------------------------------
     def _next(self, fetcher: _Fetcher, deadline: float) -> tuple[Message | None, bool]:
@@ -624,6 +655,7 @@ class FetcherPool:
     def close(self) -> None:
         with self._cond:
             self._closed = True
+            self._stopping.set()
             idle, self._idle = self._idle, []
             self._count -= len(idle)
             self._cond.notify_all()

@@ -40,6 +40,8 @@ from ops.retention import DEFAULT_INTERVAL_S, RetentionWatchdog
 from ops.source_expiry import SourceExpiryWatchdog
 
 if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
     from ingest_api.settings import GatewaySettings
 
 GRACEFUL_STOP_S = 30
@@ -371,6 +373,15 @@ def _raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def create_worker_app() -> Starlette:
+    """uvicorn factory of a worker process: the app (see ``ingest_api.app.create_app``), and
+    the worker's free C heap handed back now and then, as the supervisor's is."""
+    from ingest_api.app import create_app
+
+    heap.trim_now_and_then()
+    return create_app()
+
+
 def run(args: argparse.Namespace) -> int:
     # prometheus_client reads it once, on import: set below for this run's workers only
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
@@ -398,6 +409,7 @@ def run(args: argparse.Namespace) -> int:
     _warn_if_metrics_are_public(settings)
     _keep_data_private(settings)
     heap.keep_freed_memory()
+    heap.trim_now_and_then()  # workers start their own (see create_worker_app)
     _raise_open_files_limit()
     options: dict[str, Any] = {
         "host": settings.host,
@@ -464,7 +476,7 @@ def run(args: argparse.Namespace) -> int:
     sock.listen(2048)
     config = uvicorn.Config(
         # one worker: the store is closed below, after the last Graphite send has read it
-        "ingest_api.app:create_app" if settings.workers > 1 else build_app(ctx),
+        "ops.commands.serve:create_worker_app" if settings.workers > 1 else build_app(ctx),
         factory=settings.workers > 1,
         workers=settings.workers,
         **options,
