@@ -605,21 +605,7 @@ class FileSet:
     def _retire_truncated(self, pos: SourcePosition) -> None:
         """Record that the file of ``pos`` was truncated while its source goes on from its
         copy: new contents with the same first line get the next generation (``_known_as``)."""
-        self.state.retired.append(
-            RetiredSource(
-                source_id=pos.source_id,
-                dev=pos.dev,
-                ino=pos.ino,
-                fingerprint=pos.fingerprint,
-                generation=pos.generation,
-                reason="truncated",
-                retired_at=time.time(),
-                size=pos.size,
-                path=pos.path,
-                acked=pos.acked,
-                log_type=pos.log_type,
-            )
-        )
+        self.state.retired.append(_retired(pos, "truncated", pos.size, pos.path))
 
     def _known_identities(self) -> set[tuple[int, int, str]]:
         """The identities of the files tailed, of the state's sources and of those held."""
@@ -1287,21 +1273,7 @@ class FileSet:
 
     def _retire_position(self, pos: SourcePosition, reason: str, size: int, path: str) -> None:
         self.state.sources.pop(pos.source_id, None)
-        self.state.retired.append(
-            RetiredSource(
-                source_id=pos.source_id,
-                dev=pos.dev,
-                ino=pos.ino,
-                fingerprint=pos.fingerprint,
-                generation=pos.generation,
-                reason=reason,
-                retired_at=time.time(),
-                size=size,
-                path=path,
-                acked=pos.acked,
-                log_type=pos.log_type,
-            )
-        )
+        self.state.retired.append(_retired(pos, reason, size, path))
 
     def check_abandoned(self, now: float) -> None:
         """Count bytes written to rotated files after they were let go (never silently lost)."""
@@ -1398,6 +1370,23 @@ class FileSet:
         for tailed in self.files.values():
             if tailed.fd >= 0:
                 os.close(tailed.fd)
+
+
+def _retired(pos: SourcePosition, reason: str, size: int, path: str) -> RetiredSource:
+    """The state's record of a source let go (``reason``) at ``size`` bytes of ``path``."""
+    return RetiredSource(
+        source_id=pos.source_id,
+        dev=pos.dev,
+        ino=pos.ino,
+        fingerprint=pos.fingerprint,
+        generation=pos.generation,
+        reason=reason,
+        retired_at=time.time(),
+        size=size,
+        path=path,
+        acked=pos.acked,
+        log_type=pos.log_type,
+    )
 
 
 def _deleted(fd: int) -> bool:

@@ -849,22 +849,12 @@ class RemoteTransactions:
                 continue
             try:
                 result = call(url)
-            except PeerRefused as exc:
-                self._refusing.refused(url)
-                refused = True
-                last_error = exc
-                suspect = url
-                if time.monotonic() >= deadline:
-                    raise PartitionUnavailable(
-                        f"the owner of {topic}/{partition} cannot be reached: {exc}",
-                        topic,
-                        partition,
-                    ) from None
-                continue
-            except (NotOwner, PeerUnreachable) as exc:
-                if isinstance(exc, NotOwner):
+            except (PeerRefused, NotOwner, PeerUnreachable) as exc:
+                refused = isinstance(exc, PeerRefused)
+                if refused:
+                    self._refusing.refused(url)
+                elif isinstance(exc, NotOwner):
                     self._refusing.answered(url)
-                refused = False
                 last_error = exc
                 suspect = url
                 if time.monotonic() >= deadline:
@@ -873,7 +863,8 @@ class RemoteTransactions:
                         topic,
                         partition,
                     ) from None
-                time.sleep(0.05)
+                if not refused:  # a refusal waits its own pause, above
+                    time.sleep(0.05)
                 continue
             except LogbrokerError:
                 self._refusing.answered(url)
