@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from delivery.legacy_txn import LegacyStaging
+from log_store import open_store
 from tests.conftest import GatewayProcess
 from tests.delivery.test_legacy_api import Archive
 
@@ -90,6 +91,7 @@ def test_a_request_killed_at_any_step_is_completed_only_under_its_own_txn_id(
     restart a request under txn B is refused and writes nothing, the repeat under A is
     answered and the piece is in the log once."""
     data_dir = tmp_path / "data"
+    open_store(data_dir).close()  # the store is there first, as under a gateway
     # staged as /store does (the gateway's staging directory), so that the armed gateway's
     # first append is the piece's data record
     store_id = LegacyStaging(data_dir / "legacy-staging").put(

@@ -173,21 +173,28 @@ def test_every_metric_an_alert_names_is_exported_by_a_daemon_and_every_one_is_do
         exported = set().union(*(_exported(u) for u in (dc1.url, dc2.url, push_url, mirror_url)))
         # the end-to-end audit's verdict, left for node_exporter's textfile collector
         prom = tmp_path / "logbroker-audit.prom"
-        subprocess.run(
-            logbroker_cmd(
-                "audit",
-                "--windows",
-                "--data-dir",
-                str(dc1.data_dir),
-                "--db",
-                str(tmp_path / "audit.db"),
-                "--metrics-file",
-                str(prom),
-            ),
-            cwd=REPO,
-            capture_output=True,
-            timeout=60,
-        )
+
+        def audited() -> bool:
+            # the tiers publish their counts every 10 s: until the first are in, the audit
+            # finds no window and says so (exit 2), writing no file
+            subprocess.run(
+                logbroker_cmd(
+                    "audit",
+                    "--windows",
+                    "--data-dir",
+                    str(dc1.data_dir),
+                    "--db",
+                    str(tmp_path / "audit.db"),
+                    "--metrics-file",
+                    str(prom),
+                ),
+                cwd=REPO,
+                capture_output=True,
+                timeout=60,
+            )
+            return prom.exists()
+
+        _wait("the audit to find its first windows", audited)
         exported |= _names(prom.read_text())
         documented = (REPO / "docs" / "metrics.md").read_text()
         undocumented = {
