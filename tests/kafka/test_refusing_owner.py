@@ -72,7 +72,7 @@ class _Link:
         raise AssertionError("not used")
 
     def close(self) -> None:
-        pass
+        """The stand-in holds no connection to close."""
 
 
 def _remote(owner: str, timeout_s: float = 4.0) -> tuple[RemoteTransactions, _Directory, _Link]:
