@@ -17,7 +17,6 @@ import dataclasses
 import fcntl
 import logging
 import os
-import resource
 import select
 import signal
 import socket
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from log_store.errors import LogbrokerError
+from log_store.open_files import raise_open_files_limit
 from push_client.audit_publishing import PushAuditCounts, PushAuditPublishers
 from push_client.backoff import CLOSE_WAIT_S
 from push_client.config import PushConfig
@@ -93,16 +93,6 @@ reload keeps them, and says so."""
 
 def _shown(value: Any) -> str:
     return ", ".join(value) if isinstance(value, tuple) else str(value)
-
-
-def _raise_open_files_limit() -> None:
-    """Take the hard limit of open descriptors as the soft one: each tailed file holds one,
-    and a host with more logs than the usual soft limit (1024) would otherwise leave some
-    unread (they are named as such, see ``FileSet.discover``)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 class CannotStart(LogbrokerError):
@@ -280,7 +270,7 @@ class PushDaemon:
     def _prepare(self) -> None:
         """Take the state dir, load the positions and open the metrics port, or raise
         :class:`CannotStart` with the reason (a traceback told an operator nothing)."""
-        _raise_open_files_limit()
+        raise_open_files_limit()
         try:
             self._take_lock()
             loaded = self._state_file.load()

@@ -15,7 +15,6 @@ import errno
 import faulthandler
 import logging
 import os
-import resource
 import shutil
 import signal
 import socket
@@ -32,6 +31,7 @@ from uvicorn.supervisors import Multiprocess
 
 from log_store.data_dir_kind import check_for_serve, record_kafka_scratch
 from log_store.errors import BadRequest, LogbrokerError, StoreUnavailable
+from log_store.open_files import raise_open_files_limit
 from ops import heap, stop_signals
 from ops.advertised_url import DEFAULT_WAIT_S, AdvertisedUrlWrong, check_advertised_url
 from ops.commands.arg_types import add_log_level, seconds
@@ -360,19 +360,6 @@ def _warn_if_metrics_are_public(settings: GatewaySettings) -> None:
         )
 
 
-def _raise_open_files_limit() -> None:
-    """Take the hard limit of open descriptors as the soft one, before any worker starts (they
-    inherit it).  systemd and most shells leave services a soft 1024, and an open partition of
-    the embedded store takes up to 8 (``log_store.partition_handles``): the default 256 open
-    partitions alone would need twice that.  The push-client does the same
-    (``push_client.daemon``); what stays below the hard limit is taken into account by the
-    partition cache and the connection cap, which size themselves from the soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 def create_worker_app() -> Starlette:
     """uvicorn factory of a worker process: the app (see ``ingest_api.app.create_app``), and
     the worker's free C heap handed back now and then, as the supervisor's is."""
@@ -410,7 +397,7 @@ def run(args: argparse.Namespace) -> int:
     _keep_data_private(settings)
     heap.keep_freed_memory()
     heap.trim_now_and_then()  # workers start their own (see create_worker_app)
-    _raise_open_files_limit()
+    raise_open_files_limit()
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
