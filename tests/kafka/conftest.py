@@ -9,6 +9,8 @@ what the log holds.
 from __future__ import annotations
 
 import collections
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ from log_store import LogStore, UnknownTopic
 from log_store.kafka import KafkaSettings, open_kafka_store
 from session_dedup.chunk_codecs import decompress
 from session_dedup.envelope import Envelope, decode
-from tests.conftest import GatewayProcess
+from tests.conftest import REPO, GatewayProcess, free_port
 
 SESSION_TIMEOUT_MS = 3000
 
@@ -163,3 +165,26 @@ def metric(url: str, name: str, token: str | None = None) -> float | None:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return None
+
+
+def serve_patched(
+    script: str, tmp_path: Path, kafka_cluster: Any, kafka_namespace: str
+) -> subprocess.CompletedProcess[str]:
+    """``logbroker serve`` on the session's Kafka run by ``script`` (``python -c``), which
+    patches what the test needs and then calls the CLI's ``main``; the finished process."""
+    config = gateway_config(
+        tmp_path / "gw.toml",
+        bootstrap=kafka_cluster.bootstrap,
+        namespace=kafka_namespace,
+        ownership="group",
+    )
+    return subprocess.run(
+        [
+            *(sys.executable, "-c", script, "serve", "--data-dir", str(tmp_path / "d")),
+            *("--port", str(free_port()), "--config", str(config)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

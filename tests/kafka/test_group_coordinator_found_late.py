@@ -27,8 +27,8 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from log_store.kafka import bootstrap
-from tests.conftest import REPO, free_port
-from tests.kafka.conftest import gateway_config
+from tests.conftest import REPO
+from tests.kafka.conftest import serve_patched
 from tests.kafka.tcp_proxy import TcpProxy
 
 _PROBE = """
@@ -143,22 +143,7 @@ sys.exit(main(sys.argv[1:]))
 def test_a_gateway_aborted_in_a_library_call_writes_its_stacks(
     tmp_path: Path, kafka_cluster: Any, kafka_namespace: str
 ) -> None:
-    config = gateway_config(
-        tmp_path / "gw.toml",
-        bootstrap=kafka_cluster.bootstrap,
-        namespace=kafka_namespace,
-        ownership="group",
-    )
-    done = subprocess.run(
-        [
-            *(sys.executable, "-c", _SERVE_ABORTING, "serve", "--data-dir", str(tmp_path / "d")),
-            *("--port", str(free_port()), "--config", str(config)),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = serve_patched(_SERVE_ABORTING, tmp_path, kafka_cluster, kafka_namespace)
     assert done.returncode == -signal.SIGABRT, done.stderr[-3000:]
     assert "Fatal Python error: Aborted" in done.stderr
     assert "gateway_group.py" in done.stderr and "in start" in done.stderr, done.stderr[-3000:]

@@ -16,8 +16,6 @@ exits 2 with the sentence (a stand-in refusal inside a real gateway process).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,8 +29,7 @@ from log_store.errors import BadRequest
 from log_store.kafka import bootstrap
 from log_store.kafka.gateway_group import GatewayGroup
 from log_store.kafka.settings import KafkaSettings
-from tests.conftest import REPO, free_port
-from tests.kafka.conftest import gateway_config
+from tests.kafka.conftest import serve_patched
 
 NEEDED = (
     "needs Apache Kafka 4.0 or newer with the consumer group protocol of KIP-848 "
@@ -152,22 +149,7 @@ sys.exit(main(sys.argv[1:]))
 def test_serve_exits_2_on_a_broker_refusing_the_protocol(
     tmp_path: Path, kafka_cluster: Any, kafka_namespace: str
 ) -> None:
-    config = gateway_config(
-        tmp_path / "gw.toml",
-        bootstrap=kafka_cluster.bootstrap,
-        namespace=kafka_namespace,
-        ownership="group",
-    )
-    done = subprocess.run(
-        [
-            *(sys.executable, "-c", _SERVE_REFUSED, "serve", "--data-dir", str(tmp_path / "d")),
-            *("--port", str(free_port()), "--config", str(config)),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = serve_patched(_SERVE_REFUSED, tmp_path, kafka_cluster, kafka_namespace)
     assert done.returncode == 2, done.stderr[-3000:]
     assert NEEDED in done.stderr
     assert "logbroker gateway on" not in done.stderr  # it never served
