@@ -360,18 +360,23 @@ class TopicAdmin:
             )
             return self._wait(futures[kafka_name], f"describing {name}", timeout)
 
+        # what the cluster's metadata said of the topic after the last "unknown topic"
+        last_listing: list[bool | None] = [None]
+
         def retried_for(exc: Exception) -> float | None:
             # A topic another gateway has just made: the metadata names it before every
             # broker can describe it.  Asked again for the moment that takes, as after this
             # gateway's own creation (see ``create``), not answered 503 at once: the
             # gateways that lost the race to make a new log type's topic did that, and their
             # push-clients failed over.
+            last_listing[0] = None
             if not isinstance(exc, KafkaException) or not is_topic_gone(kafka_error(exc)):
                 return None
             try:
                 named = named_in(self._list_all(_CONFIRM_LOOK_S), kafka_name)
             except KafkaException:
                 return None
+            last_listing[0] = named
             return min(_NEW_TOPIC_S, timeout) if named else None
 
         try:
@@ -381,6 +386,13 @@ class TopicAdmin:
         except KafkaException as exc:
             error = as_store_error(exc, f"describing {name}")
             if isinstance(error, UnknownTopic):
+                suspicion = kafka_error(exc)
+                if last_listing[0] is False and suspicion is not None and suspicion.code() > 0:
+                    # A broker's "unknown topic" and the cluster's metadata not naming it
+                    # right after: the certainty ``confirmed_gone`` asks for, already had.
+                    # Not looked at again: a topic made between the two looks (another
+                    # gateway's first write of a new log type) was answered "unavailable".
+                    raise error from None
                 raise self._unknown_or_unavailable(name, exc, f"describing {name}") from None
             raise error from exc
         return KafkaTopic(
