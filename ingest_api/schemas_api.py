@@ -235,7 +235,12 @@ class SchemasApi:
 
 
 def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
-    registry = SchemaRegistry(ctx.store)
+    limits = ctx.settings.limits
+    registry = SchemaRegistry(
+        ctx.store,
+        max_versions=limits.max_schema_versions,
+        max_log_types=limits.max_structured_log_types,
+    )
     ctx.extensions[STRUCTURED_WRITES] = StructuredWrites(registry)
     api = SchemasApi(ctx, registry)
     base = "/v1/schemas/{log_type}"

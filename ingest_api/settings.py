@@ -39,6 +39,8 @@ A TOML file looks like this (every key optional)::
     max_sources_per_partition = 1000000
     max_subscriptions_per_token = 100
     max_groups_per_token = 1000     # consumer groups one token may create
+    max_schema_versions = 1000      # schema versions one structured log type may have
+    max_structured_log_types = 10000  # log types with a schema or a compatibility mode
     max_open_partitions = 256       # idle partitions one worker keeps open (embedded store)
     source_idle_expiry_s = 604800   # a source not written this long is forgotten (7 days)
     max_fetch_positions = 1000      # partitions one /v1/fetch may name
@@ -166,6 +168,11 @@ class Limits:
     max_sources_per_partition: int = 1_000_000
     max_subscriptions_per_token: int = 100
     max_groups_per_token: int = 1000
+    max_schema_versions: int = 1000
+    """Versions one log type's schema may have: each registration is checked against every
+    earlier version, and all of them are read back with the log type."""
+    max_structured_log_types: int = 10_000
+    """Log types the schema registry may hold (a schema registered or a compatibility mode set)."""
     max_open_partitions: int = DEFAULT_MAX_OPEN_PARTITIONS
     source_idle_expiry_s: float = DEFAULT_IDLE_S
     max_fetch_positions: int = 1000
@@ -338,6 +345,8 @@ class GatewaySettings:
             "max_sources_per_partition",
             "max_subscriptions_per_token",
             "max_groups_per_token",
+            "max_schema_versions",
+            "max_structured_log_types",
             "max_open_partitions",
             "max_fetch_positions",
             "auth_cache_entries",
@@ -544,6 +553,8 @@ _LIMIT_TYPES: dict[str, type] = {
     "max_sources_per_partition": int,
     "max_subscriptions_per_token": int,
     "max_groups_per_token": int,
+    "max_schema_versions": int,
+    "max_structured_log_types": int,
     "max_open_partitions": int,
     "source_idle_expiry_s": float,
     "max_fetch_positions": int,

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from log_store.errors import TopicExists, UnknownTopic
+from log_store.errors import LimitReached, TopicExists, UnknownTopic
 from log_store.interface import LogStore, PartitionState, TopicConfig
 from schema_registry.avro_schema import AvroSchema, format_schema_id, parse
 from schema_registry.compatibility import DEFAULT_MODE, Mode, compatibility_problems, parse_mode
@@ -41,6 +41,8 @@ _PARTITION = 0
 CACHE_SECONDS = 1.0
 _MAX_CACHED_LOG_TYPES = 10_000
 _LOG_TYPES_KEY = "log_types"
+MAX_VERSIONS = 1000
+MAX_LOG_TYPES = 10_000
 
 
 def _log_type_key(log_type: str) -> str:
@@ -105,8 +107,20 @@ class Registration:
 class SchemaRegistry:
     """Reads and changes the registry; thread-safe.  ``store`` may be read-only for reads."""
 
-    def __init__(self, store: LogStore, *, cache_seconds: float = CACHE_SECONDS) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        *,
+        cache_seconds: float = CACHE_SECONDS,
+        max_versions: int = MAX_VERSIONS,
+        max_log_types: int = MAX_LOG_TYPES,
+    ) -> None:
+        """``max_versions``: versions one log type may have; ``max_log_types``: log types
+        the registry may hold.  A change past either is refused with :class:`LimitReached`
+        and changes nothing."""
         self._store = store
+        self._max_versions = max_versions
+        self._max_log_types = max_log_types
         self._cache_seconds = cache_seconds
         self._lock = threading.Lock()
         self._parsed: dict[int, AvroSchema] = {}
@@ -213,6 +227,14 @@ class SchemaRegistry:
                 if raw is None:
                     names = state.get(_LOG_TYPES_KEY)
                     listed = set(orjson.loads(names)) if names else set()
+                    if log_type not in listed and len(listed) >= self._max_log_types:
+                        raise LimitReached(
+                            f"the schema registry holds {len(listed)} structured log types, "
+                            f"its limit (limits.max_structured_log_types in the gateway's "
+                            f"configuration); log type {log_type!r} was not added",
+                            "max_structured_log_types",
+                            self._max_log_types,
+                        )
                     listed.add(log_type)
                     state.put(_LOG_TYPES_KEY, orjson.dumps(sorted(listed)))
             box.append(result)
@@ -238,6 +260,14 @@ class SchemaRegistry:
             for v in current.versions:
                 if v.schema_id == schema.schema_id:
                     return None, Registration(v, created=False)
+            if len(current.versions) >= self._max_versions:
+                raise LimitReached(
+                    f"log type {log_type!r} has {len(current.versions)} schema versions, its "
+                    "limit (limits.max_schema_versions in the gateway's configuration); "
+                    "nothing was registered",
+                    "max_schema_versions",
+                    self._max_versions,
+                )
             existing = [(v.version, v.schema) for v in current.versions]
             problems = compatibility_problems(current.compatibility, schema, existing)
             if problems:

@@ -31,6 +31,8 @@ max_partitions_per_topic = 2
 max_sources_per_partition = 2
 max_subscriptions_per_token = 2
 max_groups_per_token = 2
+max_schema_versions = 2
+max_structured_log_types = 2
 max_fetch_positions = 2
 auth_cache_entries = 4
 max_staged_bytes = 1000
@@ -369,3 +371,54 @@ def test_many_more_partitions_than_open_files_allow(tmp_path: Path) -> None:
     finally:
         gateway.kill()
     assert "Too many open files" not in gateway.log()
+
+
+def _schema(*fields: str) -> dict[str, Any]:
+    return {
+        "schema": {
+            "type": "record",
+            "name": "Line",
+            "fields": [{"name": "a", "type": "string"}]
+            + [{"name": f, "type": "string", "default": ""} for f in fields],
+        }
+    }
+
+
+def test_too_many_schema_versions_of_one_log_type(limited: Any) -> None:
+    _, http = limited
+    assert http.post("/v1/schemas/versioned/versions", json=_schema()).status_code == 201
+    assert http.post("/v1/schemas/versioned/versions", json=_schema("b")).status_code == 201
+    _assert_limit(
+        http.post("/v1/schemas/versioned/versions", json=_schema("b", "c")),
+        "max_schema_versions",
+        2,
+    )
+    described = http.get("/v1/schemas/versioned").json()
+    assert [v["version"] for v in described["versions"]] == [1, 2]
+    # a schema the log type already has is still answered with its version
+    again = http.post("/v1/schemas/versioned/versions", json=_schema("b"))
+    assert (again.status_code, again.json()["version"]) == (200, 2)
+    assert _refusals(http, "max_schema_versions") == 1
+
+
+def test_too_many_structured_log_types(limited: Any) -> None:
+    _, http = limited
+    known = set(http.get("/v1/schemas").json()["log_types"])
+    for log_type in ("typed-1", "typed-2"):
+        if len(known) < 2:
+            assert http.post(f"/v1/schemas/{log_type}/versions", json=_schema()).status_code == 201
+            known.add(log_type)
+    refused = {"compatibility": "none"}
+    _assert_limit(
+        http.put("/v1/schemas/typed-3/compatibility", json=refused),
+        "max_structured_log_types",
+        2,
+    )
+    _assert_limit(
+        http.post("/v1/schemas/typed-3/versions", json=_schema()), "max_structured_log_types", 2
+    )
+    assert http.get("/v1/schemas/typed-3").status_code == 404
+    assert set(http.get("/v1/schemas").json()["log_types"]) == known
+    # the log types it holds take new versions
+    name = sorted(known)[0]
+    assert http.post(f"/v1/schemas/{name}/versions", json=_schema()).status_code in (200, 201)
