@@ -3,8 +3,9 @@
 A plain blocking HTTP client (the store calls it from its own threads), one connection pool
 for every peer, the peer token as bearer.  Answers are turned back into the errors the
 store acts on: ``NotOwner`` (look for the new owner), ``PeerUnreachable`` (wait for a new
-owner to be announced; ``PeerRefused`` when the connection itself was refused: no gateway
-listens there, and the store soon takes the owner for dead), ``UnknownTopic``,
+owner to be announced; ``PeerRefused`` when no connection was made (refused, no route, or
+no answer to the attempt: no gateway listens there, or its host is gone), and the store soon
+takes the owner for dead), ``UnknownTopic``,
 ``StoreUnavailable``; and the owner's refusal of one transaction of a batch into the error
 the owner raised (``RecordTooLarge``, ...: see ``remote_transaction.owner_error_of``), which
 the client is answered with, not retried.
@@ -12,6 +13,7 @@ the client is answered with, not retried.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -42,8 +44,17 @@ _REFUSED_LOG_EVERY_S = 60.0
 BATCH_PATH = "/v1/internal/transactions"
 
 
+_NO_ROUTE = (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)
+_CONNECT_TIMEOUT_S = 2.0
+
+
 def _refused(exc: httpx.HTTPError) -> bool:
-    """Whether connecting was refused (or reset while connecting): nothing was sent."""
+    """Whether no connection was made, so nothing was sent: connecting was refused (or reset
+    while connecting), there is no route to the host, or the host did not answer the
+    connection attempt within :data:`_CONNECT_TIMEOUT_S` (a host that is down, or drops
+    packets: a SYN unanswered for that long on a gateways' network is one)."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return True
     if not isinstance(exc, httpx.ConnectError):
         return False
     cause: BaseException | None = exc
@@ -51,6 +62,8 @@ def _refused(exc: httpx.HTTPError) -> bool:
         if cause is None:
             return False
         if isinstance(cause, ConnectionRefusedError | ConnectionResetError):
+            return True
+        if isinstance(cause, OSError) and cause.errno in _NO_ROUTE:
             return True
         cause = cause.__cause__ or cause.__context__
     return False
@@ -67,7 +80,7 @@ class HttpPeerLink:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(
             headers=headers,
-            timeout=httpx.Timeout(timeout_s + 5.0, connect=2.0),
+            timeout=httpx.Timeout(timeout_s + 5.0, connect=_CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
         )
         self._refusals_logged: dict[str, float] = {}

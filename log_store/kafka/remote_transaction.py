@@ -113,8 +113,9 @@ class PeerUnreachable(LogbrokerError):
 
 
 class PeerRefused(PeerUnreachable):
-    """The announced owner's address refused the connection (or reset it while connecting):
-    no process listens there, so nothing of this try reached any gateway."""
+    """No connection to the announced owner's address was made: refused (or reset while
+    connecting), no route to its host, or the attempt unanswered (a host that is down or
+    drops packets).  Nothing of this try reached any gateway."""
 
 
 # -- the wire ---------------------------------------------------------------------------------
@@ -614,7 +615,10 @@ class _RefusingOwners:
     waited for as before): nothing listens at the address, so the section is answered
     ``PartitionUnavailable`` after about a second, the request's other sections are
     written, and a push-client holds back the named files only.  An owner announced
-    meanwhile is tried first; any answer from the address ends the streak.
+    meanwhile is tried first; any answer from the address ends the streak.  A host that is
+    gone (no route to it, or a connection attempt unanswered for the peer link's connect
+    timeout, 2 s: a machine powered off or cut from the network drops the packets) counts
+    as refusing: no connection was made either (``PeerRefused``).
 
     Exactly once: a refused try never reached any process, so it wrote nothing.  Earlier
     tries of the same section may have reached the owner before it died (the first batch,
