@@ -738,6 +738,21 @@ class SqliteLogStore:
         info = self._load_topic(validate_topic_name(name))
         if topic_id is not None and info.topic_id != topic_id:
             raise UnknownTopic(f"topic {name!r} was deleted")
+        # Under way here: a reader or writer of this process meeting the marks below before
+        # the catalog row goes must not take it for a deletion cut short and start another
+        # (``_finish_deletion_met``), which ran beside this one and, once a write had made
+        # the topic again, fenced the new topic's partitions.
+        with self._damaged_lock:
+            mine = info.topic_id not in self._finishing
+            self._finishing.add(info.topic_id)
+        try:
+            self._delete_topic_marked(name, info)
+        finally:
+            if mine:
+                with self._damaged_lock:
+                    self._finishing.discard(info.topic_id)
+
+    def _delete_topic_marked(self, name: str, info: TopicInfo) -> None:
         # Recorded before the first mark: a crash between the marks and the catalog row's
         # removal leaves a deletion that the next open finishes (``_finish_deletions``).
         self._catalog_write(
@@ -757,7 +772,11 @@ class SqliteLogStore:
             for p in range(marked, partitions):
                 # made if no write made it yet: a writer of another process that makes it
                 # meanwhile finds the mark (or the topic gone) before it acks
-                with self._lease(name, p, create=True) as (_, log):
+                with self._lease(name, p, create=True) as (leased, log):
+                    if leased.topic_id != info.topic_id:
+                        # deleted meanwhile (by another process) and made again by a write:
+                        # the new topic is not this deletion's to fence
+                        raise UnknownTopic(f"topic {name!r} was deleted")
                     log.mark_deleted()
                 crash_points.reach("topic-deletion-marked")
             marked = partitions
