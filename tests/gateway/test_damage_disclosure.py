@@ -167,3 +167,55 @@ def test_public_readyz_counts_damaged_partitions_and_names_them_to_metrics_and_a
         (named,) = readyz(gateway, token)["damaged_partitions"]
         assert (named["topic"], named["partition"]) == (TOPIC, DAMAGED)
         assert "acknowledged data is missing" in named["reason"]
+
+
+def test_the_overview_shows_a_damaged_partition_as_a_row_only_to_tokens_that_read_it(
+    installation: Installation,
+) -> None:
+    """Before: every token's overview, the admin's included, was a 503 naming B's topic."""
+    gateway = installation.gateway
+
+    seen_by_a = overview(gateway, A_TOKEN)
+    assert TOPIC not in seen_by_a.text and "acknowledged data" not in seen_by_a.text
+    assert [t["name"] for t in seen_by_a.json()["topics"]] == ["dc1.app"]
+    assert seen_by_a.json()["groups"] == [] and seen_by_a.json()["subscriptions"] == []
+    assert seen_by_a.json()["topics"][0]["damaged_partitions"] == 0
+
+    for token in (B_TOKEN, ADMIN_TOKEN):
+        doc = overview(gateway, token).json()
+        (web,) = [t for t in doc["topics"] if t["name"] == TOPIC]
+        assert web["damaged_partitions"] == 1
+        parts = {p["partition"]: p for p in web["partitions"]}
+        assert sorted(parts) == list(range(PARTITIONS))
+        assert "acknowledged data is missing" in parts[DAMAGED]["damaged"]
+        assert all("damaged" not in p for n, p in parts.items() if n != DAMAGED)
+
+        (group,) = [g for g in doc["groups"] if g["group"] == GROUP]
+        lags = {p["partition"]: p for p in group["partitions"]}
+        assert sorted(lags) == list(range(PARTITIONS))
+        assert lags[DAMAGED]["lag"] is None
+        assert "acknowledged data is missing" in lags[DAMAGED]["damaged"]
+        assert all(p["lag"] == 0 for n, p in lags.items() if n != DAMAGED)
+        assert group["lag"] == 0
+
+        (hook,) = [s for s in doc["subscriptions"] if s["name"] == SUBSCRIPTION]
+        pushed = {p["partition"]: p for p in hook["partitions"]}
+        assert sorted(pushed) == list(range(PARTITIONS))
+        assert pushed[DAMAGED]["lag"] is None
+        assert "acknowledged data is missing" in pushed[DAMAGED]["damaged"]
+        assert all("damaged" not in p for n, p in pushed.items() if n != DAMAGED)
+
+
+def test_a_groups_description_marks_its_damaged_partition_and_describes_the_others(
+    installation: Installation,
+) -> None:
+    """Before: ``GET /v1/groups/g1`` was a 503 for the damaged partition alone."""
+    answer = httpx.get(
+        f"{installation.gateway.url}/v1/groups/{GROUP}", headers=auth(B_TOKEN), timeout=30
+    )
+    assert answer.status_code == 200, answer.text
+    parts = {p["partition"]: p for p in answer.json()["partitions"]}
+    assert sorted(parts) == list(range(PARTITIONS))
+    assert parts[DAMAGED]["end_offset"] is None and parts[DAMAGED]["lag"] is None
+    assert "acknowledged data is missing" in parts[DAMAGED]["damaged"]
+    assert all(p["lag"] == 0 and "damaged" not in p for n, p in parts.items() if n != DAMAGED)
