@@ -219,3 +219,23 @@ def test_a_groups_description_marks_its_damaged_partition_and_describes_the_othe
     assert parts[DAMAGED]["end_offset"] is None and parts[DAMAGED]["lag"] is None
     assert "acknowledged data is missing" in parts[DAMAGED]["damaged"]
     assert all(p["lag"] == 0 and "damaged" not in p for n, p in parts.items() if n != DAMAGED)
+
+
+def test_a_mirror_report_of_a_token_that_replicates_nothing_says_so(
+    installation: Installation,
+) -> None:
+    """Before: ``this token may not replicate into topic None``."""
+    report = {
+        "client": "mirror-a",
+        "partitions": [{"topic": "dc1.app", "partition": 0, "position": 3, "source_end_offset": 5}],
+    }
+    answer = httpx.post(
+        installation.gateway.url + "/v1/mirrors/status",
+        json=report,
+        headers=auth(A_TOKEN),
+        timeout=30,
+    )
+    assert answer.status_code == 403, answer.text
+    assert answer.json()["reason"] == (
+        "this token may replicate into no topic (it has no replicate globs)"
+    )
