@@ -39,6 +39,7 @@ from log_store.errors import (
     BadRequest,
     LimitReached,
     OffsetOutOfRange,
+    PartitionDamaged,
     StoreUnavailable,
     UnknownPartition,
     UnknownTopic,
@@ -435,28 +436,29 @@ class GroupCoordinator:
         return (doc is not None, None if doc is None else doc.get("owner"))
 
     def describe(self, group: str) -> Doc:
-        """Members, owners, committed offsets and lag of a group."""
+        """Members, owners, committed offsets and lag of a group.  A partition whose end
+        cannot be read because its files are damaged (embedded store) is described all the
+        same, with no end offset or lag and why (``damaged``): one must not hide the others."""
+        described = self.positions(group)
+        partitions = []
+        for p in described["partitions"]:
+            try:
+                end: int | None = self._store.end_offset(p["topic"], p["partition"])
+                damaged = None
+            except PartitionDamaged as exc:
+                end, damaged = None, str(exc)
+            except BadRequest:
+                continue
+            partitions.append(with_end(p, end, damaged))
+        described["partitions"] = partitions
+        return described
+
+    def positions(self, group: str) -> Doc:
+        """What :meth:`describe` says without reading the partitions' ends: members, owners
+        and committed offsets (for a caller that has the ends already, the dashboard)."""
         self._hearing()
         doc = self._existing(group)
         self._expire(doc, self._now())
-        partitions = []
-        for key in sorted(set(doc["offsets"]) | set(doc["owners"])):
-            topic, partition = _tp(key)
-            try:
-                end = self._store.end_offset(topic, partition)
-            except BadRequest:
-                continue
-            committed = doc["offsets"].get(key)
-            partitions.append(
-                {
-                    "topic": topic,
-                    "partition": partition,
-                    "committed": committed,
-                    "end_offset": end,
-                    "lag": None if committed is None else end - committed,
-                    "owner": doc["owners"].get(key),
-                }
-            )
         return {
             "group": group,
             "subscription": doc.get("subscription"),
@@ -465,7 +467,15 @@ class GroupCoordinator:
                 {"member_id": m, "last_seen_ms": v["seen"], "session_timeout_ms": v["timeout"]}
                 for m, v in sorted(doc["members"].items())
             ],
-            "partitions": partitions,
+            "partitions": [
+                {
+                    "topic": _tp(key)[0],
+                    "partition": _tp(key)[1],
+                    "committed": doc["offsets"].get(key),
+                    "owner": doc["owners"].get(key),
+                }
+                for key in sorted(set(doc["offsets"]) | set(doc["owners"]))
+            ],
         }
 
     # -- internals ----------------------------------------------------------------------------
@@ -767,3 +777,20 @@ def _describe_sub(raw: Any) -> str:
     if raw.get("prefix") is not None:
         return f"the prefix {raw['prefix']!r}"
     return "topics " + ", ".join(raw.get("topics") or [])
+
+
+def with_end(position: Doc, end: int | None, damaged: str | None) -> Doc:
+    """A partition of :meth:`GroupCoordinator.positions` with its end offset and lag, as
+    :meth:`GroupCoordinator.describe` shows it; a damaged one says why and has no lag."""
+    committed = position["committed"]
+    row = {
+        "topic": position["topic"],
+        "partition": position["partition"],
+        "committed": committed,
+        "end_offset": end,
+        "lag": None if committed is None or end is None or damaged else end - committed,
+        "owner": position["owner"],
+    }
+    if damaged is not None:
+        row["damaged"] = damaged
+    return row

@@ -22,6 +22,7 @@ subscription's ``last_error`` says why and nothing is sent.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 import ssl
 from collections.abc import Iterable, Sequence
@@ -38,6 +39,7 @@ from log_store.errors import BadRequest
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_log = logging.getLogger(__name__)
 
 
 class TargetRefused(BadRequest):
@@ -115,10 +117,17 @@ class PushTargetPolicy:
                     found.append(address)
         allowed = [str(a) for a in found if self.allows(a)]
         if not allowed:
-            shown = ", ".join(str(a) for a in found)
+            # The addresses go to the operator's log only: a client that learnt the gateway's
+            # DNS answers could map the internal network's names to addresses.
+            _log.warning(
+                "push endpoint host %r refused: it resolves to %s, none of them public or in "
+                "push_allow",
+                host,
+                ", ".join(str(a) for a in found),
+            )
             raise TargetRefused(
-                f"push endpoint host {host!r} ({shown}) is not a public address and not in "
-                "the gateway's push_allow networks"
+                f"push endpoint host {host!r} is not a public address and not in the "
+                "gateway's push_allow networks"
             )
         return allowed
 

@@ -398,10 +398,10 @@ async def _authorize(
             raise forbidden(f"this token may not write log type {log_type!r}")
     elif kind == "replicate":
         topic = _path_name(request, permission.topic_param)
-        if not grant.replicate_topics or (
-            topic is not None and not auth.may_replicate(grant, topic)
-        ):
+        if topic is not None and not auth.may_replicate(grant, topic):
             raise forbidden(f"this token may not replicate into topic {topic!r}")
+        if not grant.replicate_topics:  # a route of no one topic (a mirror's report)
+            raise forbidden("this token may replicate into no topic (it has no replicate globs)")
     if permission.owns is not None:
         name = request.path_params.get(permission.owns)
         if isinstance(name, str):

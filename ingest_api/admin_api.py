@@ -10,7 +10,11 @@ It is null while the store has not said it yet (Kafka away since the gateway sta
 again in the background, never waited for.  ``/readyz`` says
 whether it can take writes now: the embedded store's data dir is writable and not full, or
 Kafka answers; 503 with the reason otherwise.  The push-client's prober of a failed-over
-installation asks ``/readyz``, so a DC whose Kafka is still away is not taken back.
+installation asks ``/readyz``, so a DC whose Kafka is still away is not taken back.  A
+damaged partition of the embedded store leaves the gateway ready (the others take writes);
+``damaged_partitions`` then counts them, and names each with its reason only for a caller
+whose bearer token has ``metrics`` or ``admin``, or when no tokens are configured: the route
+is public, and topic names and the reasons are tenants' business.
 
 ``/metrics`` needs a token with ``metrics = true`` when tokens are configured (metric labels
 name every topic, which a tenant may not know of), unless ``metrics_require_token = false``
@@ -34,8 +38,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ingest_api.access import METRICS, PUBLIC, RouteDeclaration, route
+from ingest_api.auth import Authorizer
 from ingest_api.context import GatewayContext
-from ingest_api.errors import RETRY_AFTER_S, error_response
+from ingest_api.errors import RETRY_AFTER_S, ApiError, error_response
 from ingest_api.metrics import MetricsRegistry
 from ingest_api.openapi import build_openapi
 from log_store.errors import LogbrokerError
@@ -79,11 +84,14 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
             # Ready all the same: the other partitions take writes (a balancer must not take
             # the gateway out for one partition), but an operator reads which one cannot.
             damaged = ctx.store.damaged_partitions()
-            if damaged:
+            if damaged and _may_see_details(ctx.auth, request):
                 ready["damaged_partitions"] = [
                     {"topic": topic, "partition": partition, "reason": reason}
                     for (topic, partition), reason in sorted(damaged.items())
                 ]
+            elif damaged:
+                # the route is public: tenants' topic names and the reasons are not
+                ready["damaged_partitions"] = len(damaged)
         return Response(orjson.dumps(ready), media_type="application/json")
 
     render_limiter: list[anyio.CapacityLimiter] = []
@@ -114,6 +122,22 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
         route("GET", "/metrics", metrics, METRICS, unknown_query="ignore"),
         route("GET", "/openapi.json", openapi, PUBLIC),
     ]
+
+
+def _may_see_details(auth: Authorizer, request: Request) -> bool:
+    """Whether ``/readyz`` names the damaged partitions to this caller: without tokens
+    configured (the gateway listens on loopback only), or to a token with ``metrics`` or
+    ``admin``.  Anyone else, a missing or unknown token included, gets their count: the route
+    stays public and its status code is the same for every caller (a balancer sends none)."""
+    if not auth.enabled:
+        return True
+    if not request.headers.get("authorization"):
+        return False
+    try:
+        grant = auth.grant(request)
+    except ApiError:
+        return False  # unknown token: the public answer, never a 401 from a readiness probe
+    return grant is not None and (grant.metrics or grant.admin)
 
 
 class _InstallationId:
@@ -262,18 +286,25 @@ def _status_response(description: str, status: str) -> dict[str, Any]:
                 "start, as its ownership claims carry it",
             },
             "damaged_partitions": {
-                "type": "array",
                 "description": "(/readyz, embedded store) partitions this gateway found "
                 "damaged: each refuses writes (503) and reads until restored from a copy, "
-                "while the others are served",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "topic": {"type": "string"},
-                        "partition": {"type": "integer"},
-                        "reason": {"type": "string"},
+                "while the others are served.  Named with their reasons to a bearer token "
+                "with metrics or admin (or when no tokens are configured); only counted for "
+                "anyone else",
+                "oneOf": [
+                    {"type": "integer", "minimum": 1},
+                    {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "topic": {"type": "string"},
+                                "partition": {"type": "integer"},
+                                "reason": {"type": "string"},
+                            },
+                        },
                     },
-                },
+                ],
             },
             "installation": {
                 "type": ["string", "null"],

@@ -5,6 +5,11 @@ same: topics and partitions (offsets, sizes, retention), consumer groups and pus
 subscriptions (their positions against the partitions' ends), and what push-clients and
 mirrors last reported (:mod:`ingest_api.client_status`).
 
+A token sees only what it may read.  A damaged partition (embedded store) is a row that says
+so (``damaged``, as ``GET /v1/topics/{topic}`` says it), in its topic and in the groups and
+subscriptions reading it, never a failure of the whole answer: every token's dashboard would
+go dark, and its error name a topic that token may not know of.
+
 Rates are differences over a sliding window (:class:`RateWindow`): each answer samples the
 partitions' end offsets and sizes and the readers' positions, and compares the sample with
 one taken about ``window_s`` earlier by the same worker.  Samples are taken only when someone
@@ -22,14 +27,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from delivery.consumer_group import GroupCoordinator
+from delivery.consumer_group import GroupCoordinator, with_end
 from delivery.internal_state import is_internal
 from delivery.push import SubscriptionRegistry
 from ingest_api.access import Access
 from ingest_api.client_status import ClientReports
 from ingest_api.settings import GatewaySettings
 from log_store.errors import BadRequest
-from log_store.interface import LogStore, TopicInfo
+from log_store.interface import LogStore, PartitionInfo, TopicInfo
 
 DEFAULT_WINDOW_S = 30.0
 STALE_AFTER_S = 30.0
@@ -44,6 +49,8 @@ MAX_ROWS_SHOWN = 1000
 listed with their totals and counts only, so one token's reports cannot make every refresh
 of every dashboard large."""
 _MIN_SPAN_S = 0.2
+_Partitions = dict[tuple[str, int], PartitionInfo]
+"""Every partition of the listed topics as just described, by (topic, partition)."""
 
 
 @dataclass(frozen=True)
@@ -139,8 +146,11 @@ class Overview:
         """What ``access`` may see: readable topics, its groups and subscriptions, the client
         reports about readable topics (or made with its token)."""
         infos = self._topics()
-        all_groups = self._all_group_rows(infos)
-        all_subscriptions = self._all_subscription_rows()
+        partitions = {
+            (name, p.partition): p for name, info in infos.items() for p in info.partitions
+        }
+        all_groups = self._all_group_rows(partitions)
+        all_subscriptions = self._all_subscription_rows(partitions)
         read_positions = _positions_by_topic(all_groups)
         read_positions_push = _positions_by_topic(all_subscriptions)
         totals = {
@@ -195,14 +205,22 @@ class Overview:
             "free_bytes": usage.free,
         }
 
-    def _all_group_rows(self, infos: dict[str, TopicInfo]) -> list[dict[str, Any]]:
+    def _all_group_rows(self, partitions: _Partitions) -> list[dict[str, Any]]:
+        """Every group's positions, with the partitions' ends as just described: they are
+        not read again, and a damaged one is a row that says so, never a failure of the
+        answer (which every token would see, those that may not read the topic too)."""
         rows = []
         for name in self._groups.names()[:MAX_GROUPS_SHOWN]:
             try:
-                described = self._groups.describe(name)
+                described = self._groups.positions(name)
             except BadRequest:
                 continue
-            described["partitions"] = [p for p in described["partitions"] if p["topic"] in infos]
+            rows_of_group = []
+            for p in described["partitions"]:
+                info = partitions.get((p["topic"], p["partition"]))
+                if info is not None:  # else its topic is gone (or internal)
+                    rows_of_group.append(with_end(p, info.end_offset, info.damaged))
+            described["partitions"] = rows_of_group
             rows.append(described)
         return rows
 
@@ -224,14 +242,20 @@ class Overview:
             )
         return out
 
-    def _all_subscription_rows(self) -> list[dict[str, Any]]:
+    def _all_subscription_rows(self, partitions: _Partitions) -> list[dict[str, Any]]:
         rows = []
         for sub, owner in self._subscriptions.list_owned()[:MAX_GROUPS_SHOWN]:
             try:
                 status = self._subscriptions.status(sub.name)
             except BadRequest:
                 continue
-            rows.append({"name": sub.name, "owner": owner, "partitions": status["partitions"]})
+            rows_of_sub = []
+            for p in status["partitions"]:
+                info = partitions.get((p["topic"], p["partition"]))
+                if info is not None and info.damaged is not None:
+                    p = {**p, "lag": None, "damaged": info.damaged}
+                rows_of_sub.append(p)
+            rows.append({"name": sub.name, "owner": owner, "partitions": rows_of_sub})
         return rows
 
     def _subscription_rows(
@@ -322,21 +346,28 @@ def _total_size(info: TopicInfo) -> int | None:
     return None if None in sizes else sum(s for s in sizes if s is not None)
 
 
+def _partition_row(p: PartitionInfo) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "partition": p.partition,
+        "start_offset": p.start_offset,
+        "end_offset": p.end_offset,
+        "size_bytes": p.size_bytes,
+        "segments": p.segments,
+    }
+    if p.damaged is not None:
+        row["damaged"] = p.damaged  # as GET /v1/topics/{topic} says it
+    return row
+
+
 def _topic_row(info: TopicInfo, rates: TopicRates | None) -> dict[str, Any]:
-    """Sizes the store does not know (Kafka) are null."""
-    partitions = [
-        {
-            "partition": p.partition,
-            "start_offset": p.start_offset,
-            "end_offset": p.end_offset,
-            "size_bytes": p.size_bytes,
-            "segments": p.segments,
-        }
-        for p in info.partitions
-    ]
+    """Sizes the store does not know (Kafka) are null.  A damaged partition (embedded store)
+    is a row like the others, with its offsets as its index says them and why (``damaged``);
+    ``damaged_partitions`` counts them."""
+    partitions = [_partition_row(p) for p in info.partitions]
     return {
         "name": info.name,
         "partitions": partitions,
+        "damaged_partitions": sum(1 for p in info.partitions if p.damaged is not None),
         "end_offsets": sum(p.end_offset for p in info.partitions),
         "retained_offsets": sum(p.end_offset - p.start_offset for p in info.partitions),
         "size_bytes": _total_size(info),

@@ -54,6 +54,20 @@ function reportedCell(report) {
   return td;
 }
 
+// A damaged partition (its files lost data: an operator restores it) is shown, not hidden:
+// a red badge, and the store's reason in the badge's tooltip or next to it.
+function damagedBadge(text, reasons) {
+  const badge = document.createElement("span");
+  badge.className = "badge bad damaged";
+  badge.textContent = text;
+  if (reasons.length) badge.title = reasons.join("\n");
+  return badge;
+}
+
+function damagedCount(count) {
+  return count === 1 ? "1 damaged partition" : `${count} damaged partitions`;
+}
+
 function ago(ms) {
   const s = Math.max(0, (Date.now() - ms) / 1000);
   return s < 60 ? `${s.toFixed(0)} s ago` : `${(s / 60).toFixed(0)} min ago`;
@@ -120,8 +134,14 @@ function showTopics(doc) {
   for (const t of doc.topics) {
     const tr = document.createElement("tr");
     tr.dataset.topic = t.name;
+    const name = cell(t.name, "name");
+    if (t.damaged_partitions) {
+      tr.dataset.damaged = String(t.damaged_partitions);
+      name.append(" ", damagedBadge(damagedCount(t.damaged_partitions),
+        t.partitions.filter((p) => p.damaged).map((p) => `${t.name}/${p.partition}: ${p.damaged}`)));
+    }
     tr.append(
-      cell(t.name, "name"),
+      name,
       cell(t.partitions.length, "num"),
       cell(rate(t.write_rate), "num write-rate"),
       cell(t.write_bytes_rate === null ? "—" : bytes(t.write_bytes_rate) + "/s", "num"),
@@ -142,17 +162,25 @@ function showTopics(doc) {
 
 function showGroups(doc) {
   const rows = [];
-  const add = (name, kind, topics, members, lag) => {
+  const add = (name, kind, topics, members, lag, partitions) => {
     const tr = document.createElement("tr");
     tr.dataset.group = name;
     tr.dataset.kind = kind;
-    tr.append(cell(name, "name"), cell(kind), cell(topics.join(", ")), cell(members, "num"),
+    const topicsCell = cell(topics.join(", "));
+    const damaged = partitions.filter((p) => p.damaged);
+    if (damaged.length) {
+      // their lag is unknown (not counted): the reader cannot read past the damage
+      tr.dataset.damaged = String(damaged.length);
+      topicsCell.append(" ", damagedBadge(damagedCount(damaged.length),
+        damaged.map((p) => `${p.topic}/${p.partition}: ${p.damaged}`)));
+    }
+    tr.append(cell(name, "name"), cell(kind), topicsCell, cell(members, "num"),
       cell(lag, "num lag"));
     rows.push(tr);
     remember(seriesOf.lag, `${kind} ${name}`, doc.now_ms, lag);
   };
-  for (const g of doc.groups) add(g.group, "group", g.topics, g.members, g.lag);
-  for (const s of doc.subscriptions) add(s.name, "push", s.topics, null, s.lag);
+  for (const g of doc.groups) add(g.group, "group", g.topics, g.members, g.lag, g.partitions);
+  for (const s of doc.subscriptions) add(s.name, "push", s.topics, null, s.lag, s.partitions);
   keepOnly(seriesOf.lag, new Set([
     ...doc.groups.map((g) => `group ${g.group}`),
     ...doc.subscriptions.map((s) => `push ${s.name}`),
@@ -235,7 +263,16 @@ function showDisk(doc) {
   for (const t of doc.topics) {
     for (const p of t.partitions) {
       const tr = document.createElement("tr");
-      tr.append(cell(`${t.name}/${p.partition}`), cell(p.start_offset, "num"), cell(p.end_offset, "num"),
+      tr.dataset.partition = `${t.name}/${p.partition}`;
+      const name = cell(`${t.name}/${p.partition}`);
+      if (p.damaged) {
+        tr.dataset.damaged = "1";
+        const reason = document.createElement("div");
+        reason.className = "reason";
+        reason.textContent = p.damaged;
+        name.append(" ", damagedBadge("damaged", []), reason);
+      }
+      tr.append(name, cell(p.start_offset, "num"), cell(p.end_offset, "num"),
         cell(bytes(p.size_bytes), "num"), cell(p.segments ?? "—", "num"));
       rows.push(tr);
     }

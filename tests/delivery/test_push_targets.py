@@ -50,6 +50,31 @@ def test_subscriptions_to_internal_addresses_are_refused_and_nothing_is_sent(
     assert local.requests == 0
 
 
+def test_a_refused_host_name_is_answered_without_the_address_it_resolves_to(
+    gateway: Any,
+) -> None:
+    """Before: ``push endpoint host 'localhost' (127.0.0.1) is not a public address``: a
+    client could map internal names to addresses through the gateway's DNS answers."""
+    response = httpx.post(
+        f"{gateway.url}/v1/subscriptions", json=_subscription("named", "http://localhost:9/hook")
+    )
+    assert response.status_code == 400, response.text
+    reason = response.json()["reason"]
+    assert reason == (
+        "push endpoint host 'localhost' is not a public address and not in the gateway's "
+        "push_allow networks"
+    )
+    # the operator's log has the addresses
+    wait_until(
+        lambda: any(
+            "'localhost' refused: it resolves to" in line and "127.0.0.1" in line
+            for line in gateway.log().splitlines()
+        ),
+        10,
+        "the log line naming the addresses",
+    )
+
+
 def test_the_address_is_checked_again_on_every_connection(
     start_gateway: Any, writer_for: Any, push_endpoint: Any, tmp_path: Any
 ) -> None:
