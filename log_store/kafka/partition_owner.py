@@ -583,6 +583,7 @@ class PartitionOwner:
         self._failure: LogbrokerError | None = None
         self.takeover_seconds: float | None = None
         self.ready = threading.Event()
+        self._takeover_started = False
         self._fatal: KafkaError | None = None
         self._acks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._ack_thread: threading.Thread | None = None
@@ -597,6 +598,7 @@ class PartitionOwner:
     # -- life ---------------------------------------------------------------------------------
     def start(self, *, eager: bool = False) -> PartitionOwner:
         """Start the committer thread; ``eager`` takes the partition over at once."""
+        self._takeover_started = eager
         self._ack_thread = threading.Thread(
             target=self._acknowledge,
             name=f"logbroker-acks {self.topic}/{self.partition}",
@@ -611,6 +613,17 @@ class PartitionOwner:
         )
         self._thread.start()
         return self
+
+    @property
+    def taking_over(self) -> bool:
+        """Whether its first takeover is under way (started eagerly, or for a transaction):
+        not done, not failed, not closed.  Such an owner is about to be ready, not gone."""
+        return (
+            self._takeover_started
+            and not self.ready.is_set()
+            and self._failure is None
+            and not self.closed
+        )
 
     def wait_ready(self, timeout_s: float) -> None:
         """Return once this owner has taken the partition over, within ``timeout_s``
@@ -634,6 +647,7 @@ class PartitionOwner:
             if self._closing:
                 raise OwnerGone(f"{self.topic}/{self.partition} is no longer owned here")
             self._pending.append(txn)
+            self._takeover_started = True  # the committer takes it over for this
             self._cond.notify()
 
     def close(self, *, wait: bool = True, timeout_s: float | None = None) -> None:
@@ -775,6 +789,7 @@ class PartitionOwner:
 
     def _take_over(self) -> None:
         started = time.monotonic()
+        self._takeover_started = True
         self._drop_producer()
         ctx = self.ctx
         timeout = self._settings.operation_timeout_s

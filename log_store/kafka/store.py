@@ -623,6 +623,13 @@ class KafkaLogStore:
         kafka = self._check_partition(topic, partition)
         if self.placement.owns(topic, partition):
             owner = self._owner_of(kafka, partition)
+            if owner is not None and owner.taking_over:
+                # Its takeover is under way (the partition was just given: a new topic's
+                # first write reads partition 0's topic record here).  Dropped as gone, it
+                # would be taken over again by the next transaction, fencing this takeover,
+                # whose queued writes would then take it over a third time.
+                with contextlib.suppress(StoreUnavailable):
+                    owner.wait_ready(self.settings.operation_timeout_s)
             if owner is not None:
                 try:
                     return owner.read_state(keys)[0]

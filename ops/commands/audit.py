@@ -16,7 +16,10 @@ Bad usage, and a token the gateway refuses (401, 403), or a token file that cann
 message and exit code 2.  So is finding nothing to audit where an embedded store would have
 refused (a Kafka namespace without a logbroker topic; ``--windows`` finding no window): a
 misspelt namespace or glob must not read as "OK" to a cron job or the alert.
-A gateway that cannot be reached or fails (5xx): exit code 1.
+A gateway that fails (500): exit code 1.  ``--server URL[,URL...]``: a gateway that cannot be
+reached or answers 502, 503 or 504 is waited out (the next one asked, ``Retry-After``
+honoured) for ``--gateway-retry`` seconds (30), see ``ops/gateway_client.py``; exit code 4 if
+none answered by then.
 """
 
 from __future__ import annotations
@@ -47,6 +50,13 @@ from ops.audit_windows import (
     write_metrics_file,
 )
 from ops.commands.arg_types import seconds
+from ops.gateway_client import (
+    EXIT_UNAVAILABLE,
+    SERVERS_HELP,
+    GatewayClient,
+    GatewayStillUnavailable,
+    add_gateway_retry,
+)
 from ops.store_options import add_kafka_arguments, open_store_from_args, store_kind
 from ops.token_options import add_token_options, token_from
 
@@ -66,7 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--windows", action="store_true", help="reconcile the tiers' counts per window"
     )
-    parser.add_argument("--server", help="with --windows: ask this gateway instead of a store")
+    parser.add_argument(
+        "--server",
+        metavar="URL[,URL...]",
+        help="with --windows: ask this gateway instead of a store" + SERVERS_HELP,
+    )
+    add_gateway_retry(parser)
     parser.add_argument(
         "--db", type=Path, default=Path("logbroker-audit.db"), help="with --windows: results"
     )
@@ -186,6 +201,9 @@ def _run_windows(args: argparse.Namespace) -> int:
             ledger = _ledger_of_stores(args)
             rows = reconcile(ledger, topic_glob=glob, since=args.since)
             nothing = _nothing_found(ledger, args, glob)
+    except GatewayStillUnavailable as exc:
+        print(f"logbroker audit: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except _GatewayFailed as exc:
         print(f"logbroker audit: {exc}", file=sys.stderr)
         return 1
@@ -260,14 +278,12 @@ def _nothing_found(ledger: AuditLedger, args: argparse.Namespace, glob: str) -> 
 
 
 def _rows_from_server(args: argparse.Namespace, glob: str) -> list[WindowRow]:
-    token = token_from(args)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    response = httpx.get(
-        args.server.rstrip("/") + "/v1/audit/windows",
-        params={"topic": glob, "since": args.since},
-        headers=headers,
-        timeout=60,
-    )
+    with GatewayClient(
+        args.server, command="audit", token=token_from(args), retry_s=args.gateway_retry
+    ) as http:
+        response = http.request(
+            "GET", "/v1/audit/windows", params={"topic": glob, "since": args.since}
+        )
     if response.status_code >= 400:
         try:
             reason = f"{response.json()['error']}: {response.json()['reason']}"

@@ -2,15 +2,19 @@
 
 ::
 
-    logbroker schemas register --server URL LOG_TYPE SCHEMA_FILE   # prints version and id
-    logbroker schemas list     --server URL [LOG_TYPE]             # log types, or versions
-    logbroker schemas show     --server URL LOG_TYPE [VERSION]     # the schema (default latest)
-    logbroker schemas compat   --server URL LOG_TYPE [MODE]        # show or set the mode
+    logbroker schemas register --server URL[,URL...] LOG_TYPE SCHEMA_FILE   # version and id
+    logbroker schemas list     --server URL[,URL...] [LOG_TYPE]             # log types, versions
+    logbroker schemas show     --server URL[,URL...] LOG_TYPE [VERSION]     # default latest
+    logbroker schemas compat   --server URL[,URL...] LOG_TYPE [MODE]        # show or set the mode
 
-Exit 0 on success, 1 when the gateway refuses the request (an incompatible schema, an unknown
-log type) or cannot be reached, 2 for bad usage, a file that is not a schema or a token the
-gateway refuses (401, 403: a configuration error, as for ``read``, ``mirror``, ``topics`` and
-``audit``); the gateway's reason is printed on stderr.
+A gateway that cannot be reached or answers 502, 503 or 504 is waited out (the next of
+``--server`` asked, ``Retry-After`` honoured) for ``--gateway-retry`` seconds (30), see
+``ops/gateway_client.py``; registering is safe to repeat (a schema the log type has answers its
+version).  Exit 0 on success, 1 when the gateway refuses the request (an incompatible schema, an
+unknown log type) or fails otherwise, 2 for bad usage, a file that is not a schema or a token
+the gateway refuses (401, 403: a configuration error, as for ``read``, ``mirror``, ``topics``
+and ``audit``), 4 when no gateway answered within ``--gateway-retry``; the gateway's reason is
+printed on stderr.
 """
 
 from __future__ import annotations
@@ -26,6 +30,13 @@ import httpx
 
 from log_store.errors import LogbrokerError
 from log_store.topic_names import validate_log_type
+from ops.gateway_client import (
+    EXIT_UNAVAILABLE,
+    SERVERS_HELP,
+    GatewayClient,
+    GatewayStillUnavailable,
+    add_gateway_retry,
+)
 from ops.token_options import add_token_options, token_from
 from schema_registry import MODES, InvalidSchema, parse
 
@@ -41,7 +52,13 @@ class _Refused(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--server", required=True, help="gateway URL, e.g. http://gw:8080")
+    common.add_argument(
+        "--server",
+        required=True,
+        metavar="URL[,URL...]",
+        help="gateway URL, e.g. http://gw:8080" + SERVERS_HELP,
+    )
+    add_gateway_retry(common)
     add_token_options(common)
     common.add_argument("--json", action="store_true", help="print the gateway's JSON answer")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -64,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     compat.add_argument("mode", nargs="?", choices=MODES)
 
 
-def _call(http: httpx.Client, method: str, path: str, body: Any = None) -> Any:
+def _call(http: GatewayClient, method: str, path: str, body: Any = None) -> Any:
     response = http.request(method, path, json=body)
     if response.status_code >= 400:
         try:
@@ -88,7 +105,7 @@ def _print_versions(doc: dict[str, Any]) -> None:
         print(f"{v['version']:>7}  {v['id']:16}  {when:%Y-%m-%d %H:%M:%S}")
 
 
-def _run(args: argparse.Namespace, http: httpx.Client) -> None:
+def _run(args: argparse.Namespace, http: GatewayClient) -> None:
     log_type = args.log_type
     base = f"/v1/schemas/{quote(log_type, safe='')}" if log_type else "/v1/schemas"
     if args.action == "register":
@@ -101,6 +118,8 @@ def _run(args: argparse.Namespace, http: httpx.Client) -> None:
             print(json.dumps(doc))
         else:
             what = "registered" if doc["created"] else "already registered"
+            if not doc["created"] and http.asked_again_after_sending:
+                what += " (perhaps by this command: an earlier attempt's answer was lost)"
             print(f"{log_type}: {what} as version {doc['version']}, id {doc['id']}")
     elif args.action == "list":
         doc = _call(http, "GET", base)
@@ -126,12 +145,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.log_type is not None:
             validate_log_type(args.log_type)
-        headers = {}
-        token = token_from(args)
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        with httpx.Client(base_url=args.server.rstrip("/"), headers=headers, timeout=30) as http:
+        with GatewayClient(
+            args.server,
+            command="schemas",
+            token=token_from(args),
+            retry_s=args.gateway_retry,
+            timeout_s=30,
+        ) as http:
             _run(args, http)
+    except GatewayStillUnavailable as exc:
+        print(f"logbroker schemas: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except LogbrokerError as exc:
         print(f"logbroker schemas: {exc}", file=sys.stderr)
         return 2
@@ -139,6 +163,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"logbroker schemas: the gateway refused: {exc}", file=sys.stderr)
         return 2 if exc.status in _USAGE_STATUSES else 1
     except httpx.HTTPError as exc:
-        print(f"logbroker schemas: cannot reach {args.server}: {exc}", file=sys.stderr)
+        print(f"logbroker schemas: {args.server}: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -12,8 +12,12 @@ its ``max_topics``: over them they exit 2 and change nothing.  ``create --server
 ``--partitions`` gives the topic the gateway's ``partitions``.  ``--retention-hours unlimited``
 and ``--retention-bytes unlimited`` remove a retention limit.  Exit 2 for bad usage, a
 refusal (the store's, or the gateway's 4xx, a refused token included), a Kafka cluster that
-cannot be reached (said in one line within a few seconds), 1 for a gateway that cannot be
-reached or fails.
+cannot be reached (said in one line within a few seconds), 1 for a gateway that fails (500),
+4 for gateways that stayed unreachable or unavailable (502, 503, 504) for ``--gateway-retry``
+seconds (30): ``--server URL[,URL...]`` asks the next gateway at once and waits out an
+unavailable installation as ``ops/gateway_client.py`` says.  A ``create`` or ``delete`` whose
+first attempt may have reached the gateway (its answer lost) and whose repeat is refused 409
+(the topic exists) or 404 (no such topic) says that the lost attempt may have done it.
 
 logbroker's internal topics (``logbroker-internal.*``, and on Kafka every ``__...`` topic:
 the owners' and state topics, Kafka's own) are never created, altered or deleted here, as the
@@ -30,16 +34,24 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from audit.records import is_audit_topic
 from delivery.internal_state import is_internal
-from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
 from ingest_api.settings import load_limits
 from log_store import UNLIMITED, LogbrokerError, TopicConfig, TopicInfo, UnknownTopic
 from log_store.topic_names import validate_topic_name
 from log_store.topic_quota import TopicChange, TopicLimits, TopicQuota
+from ops.gateway_client import (
+    EXIT_UNAVAILABLE,
+    SERVERS_HELP,
+    GatewayClient,
+    GatewayStillUnavailable,
+    add_gateway_retry,
+    gateway_retry_of,
+)
 from ops.store_options import add_kafka_arguments, open_store_from_args, store_kind
 from ops.token_options import add_token_options, token_from
 
@@ -53,8 +65,10 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     where.add_argument(
         "--server",
         default=default,
-        help="gateway URL (list, describe; create, alter, delete: admin token)",
+        metavar="URL[,URL...]",
+        help="gateway URL (list, describe; create, alter, delete: admin token)" + SERVERS_HELP,
     )
+    add_gateway_retry(parser, suppress=suppress)
     parser.add_argument(
         "--config",
         type=Path,
@@ -346,24 +360,60 @@ def _run_on_gateway(args: argparse.Namespace) -> int:
     except LogbrokerError as exc:
         print(f"logbroker topics: {exc}", file=sys.stderr)
         return 2
-    if args.action in ("create", "alter", "delete"):
-        return _admin_on_gateway(args, token)
-    client = PullClient(args.server, token=token)
     try:
-        if args.action == "list":
-            for name in client.list_topics(include_audit=args.all):
-                _print_remote(client.describe(name), args.json)
-        else:
-            _print_remote(client.describe(args.topic), args.json)
-    except RequestRefused as exc:
-        print(f"logbroker topics: {exc.reason}", file=sys.stderr)
-        return 2
-    except GatewayUnavailable as exc:
+        with GatewayClient(
+            args.server,
+            command="topics",
+            token=token,
+            retry_s=gateway_retry_of(args),
+            timeout_s=60,
+        ) as http:
+            if args.action in ("create", "alter", "delete"):
+                return _admin_on_gateway(args, http)
+            if args.action == "list":
+                params = {"include_audit": "true"} if args.all else None
+                listed = _answer(http.request("GET", "/v1/topics", params=params))
+                for name in (t["name"] for t in listed["topics"]):
+                    _print_remote(_answer(http.request("GET", _topic_path(name))), args.json)
+            else:
+                _print_remote(_answer(http.request("GET", _topic_path(args.topic))), args.json)
+    except GatewayStillUnavailable as exc:
         print(f"logbroker topics: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except _Refused as exc:
+        print(f"logbroker topics: {exc}", file=sys.stderr)
+        return exc.exit_status
+    except (LogbrokerError, httpx.UnsupportedProtocol) as exc:
+        print(f"logbroker topics: {exc}", file=sys.stderr)
+        return 2
+    except httpx.HTTPError as exc:
+        print(f"logbroker topics: {args.server}: {exc}", file=sys.stderr)
         return 1
-    finally:
-        client.close()
     return 0
+
+
+class _Refused(Exception):
+    """A gateway's answer other than 2xx (that is not waited out): 4xx exit 2, 5xx exit 1."""
+
+    def __init__(self, response: httpx.Response, note: str = "") -> None:
+        try:
+            body = response.json()
+            reason = f"{body['reason']} ({response.status_code} {body['error']})"
+        except (ValueError, KeyError, TypeError):
+            reason = f"{response.status_code} {response.text[:300]}"
+        super().__init__(reason + note)
+        self.status = response.status_code
+        self.exit_status = 2 if response.status_code < 500 else 1
+
+
+def _answer(response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        raise _Refused(response)
+    return response.json()
+
+
+def _topic_path(topic: str) -> str:
+    return f"/v1/topics/{quote(topic, safe='')}"
 
 
 def _print_remote(doc: dict[str, Any], as_json: bool) -> None:
@@ -380,18 +430,13 @@ def _print_remote(doc: dict[str, Any], as_json: bool) -> None:
         )
 
 
-def _admin_on_gateway(args: argparse.Namespace, token: str | None) -> int:
+def _admin_on_gateway(args: argparse.Namespace, http: GatewayClient) -> int:
     """``POST /v1/topics``, ``PATCH`` or ``DELETE /v1/topics/{topic}``: the gateway applies
     its own limits."""
-    try:
-        topic = validate_topic_name(args.topic)  # never a path of another route
-    except LogbrokerError as exc:
-        print(f"logbroker topics: {exc}", file=sys.stderr)
-        return 2
-    server = args.server.rstrip("/")
+    topic = validate_topic_name(args.topic)  # never a path of another route
     body: dict[str, Any] | None = None
     if args.action == "delete":
-        method, url = "DELETE", f"{server}/v1/topics/{topic}"
+        method, path = "DELETE", _topic_path(topic)
     else:
         change = _change(args)
         body = {
@@ -400,24 +445,20 @@ def _admin_on_gateway(args: argparse.Namespace, token: str | None) -> int:
             if value is not None
         }
         if args.action == "create":
-            method, url, body = "POST", f"{server}/v1/topics", {"name": topic, **body}
+            method, path, body = "POST", "/v1/topics", {"name": topic, **body}
         else:
-            method, url = "PATCH", f"{server}/v1/topics/{topic}"
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        response = httpx.request(method, url, json=body, headers=headers, timeout=60)
-    except httpx.HTTPError as exc:
-        print(f"logbroker topics: cannot reach {args.server}: {exc}", file=sys.stderr)
-        return 1
+            method, path = "PATCH", _topic_path(topic)
+    response = http.request(method, path, json=body)
+    lost = {"create": 409, "delete": 404}.get(args.action)
+    if response.status_code == lost and http.asked_again_after_sending:
+        # repeating a create or a delete is refused if the first attempt did it: say so
+        done = "created" if args.action == "create" else "deleted"
+        raise _Refused(
+            response,
+            f"; an earlier attempt of this command, whose answer was lost, may have {done} it",
+        )
     if response.status_code >= 400:
-        try:
-            reason = (
-                f"{response.json()['reason']} ({response.status_code} {response.json()['error']})"
-            )
-        except (ValueError, KeyError, TypeError):
-            reason = f"{response.status_code} {response.text[:300]}"
-        print(f"logbroker topics: {reason}", file=sys.stderr)
-        return 2 if response.status_code < 500 else 1
+        raise _Refused(response)
     doc = response.json()
     if args.json:
         print(json.dumps(doc))

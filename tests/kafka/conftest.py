@@ -37,6 +37,7 @@ def gateway_config(
     kafka: dict[str, Any] | None = None,
     top: str = "",
     tables: str = "",
+    session_timeout_ms: int = SESSION_TIMEOUT_MS,
 ) -> Path:
     """``top``: more top-level settings; ``tables``: more TOML tables (``[tokens.x]``)."""
     extra = "".join(f"{k} = {v!r}\n" for k, v in (kafka or {}).items())
@@ -45,7 +46,7 @@ def gateway_config(
         f'kafka_bootstrap = "{bootstrap}"\n'
         f'kafka_namespace = "{namespace}"\n'
         f'kafka_ownership = "{ownership}"\n' + top + f"[kafka]\n"
-        f"session_timeout_ms = {SESSION_TIMEOUT_MS}\n"
+        f"session_timeout_ms = {session_timeout_ms}\n"
         f"operation_timeout_s = 10.0\n" + extra + tables
     )
     return path
@@ -56,7 +57,7 @@ def start_kafka_gateway(
     tmp_path: Path, kafka_cluster: Any, kafka_namespace: str
 ) -> Iterator[Callable[..., GatewayProcess]]:
     """Factory: ``start_kafka_gateway(*extra, ownership=, bootstrap=, kafka={...}, top=,
-    tables=)``."""
+    tables=, session_timeout_ms=)``."""
     started: list[GatewayProcess] = []
 
     def _start(
@@ -67,6 +68,7 @@ def start_kafka_gateway(
         namespace: str | None = None,
         top: str = "",
         tables: str = "",
+        session_timeout_ms: int = SESSION_TIMEOUT_MS,
     ) -> GatewayProcess:
         n = len(started)
         config = gateway_config(
@@ -77,6 +79,7 @@ def start_kafka_gateway(
             kafka=kafka,
             top=top,
             tables=tables,
+            session_timeout_ms=session_timeout_ms,
         )
         gateway = GatewayProcess(
             tmp_path / f"gw{n}-data",
