@@ -448,14 +448,24 @@ class PartitionLog:
         self._change_seq = 0
         self._wal_pages = 0  # written since the last checkpoint, roughly (committer only)
         self._made = read_only  # the database file exists: never create it again
-        if read_only and not self._db_path.exists() and has_segment_files(directory):
+        try:
+            self._open(check_tail)
+        except BaseException:
+            # Refused (damage found, a failing disk): nobody gets this object to close, and
+            # its pooled connection would hold partition.db and its WAL open for ever.
+            self.close()
+            raise
+
+    def _open(self, check_tail: bool) -> None:
+        """Check the partition's files and, for writing, bring its index up to them."""
+        if self.read_only and not self._db_path.exists() and has_segment_files(self.directory):
             raise self._damaged(
                 "its index (partition.db) is gone while its segment files hold data; a "
                 "gateway (a store opened for writing) rebuilds it from them on open"
             )
-        if read_only and check_tail and self._db_path.exists():
+        if self.read_only and check_tail and self._db_path.exists():
             self._check_tail_read_only()
-        if not read_only:
+        if not self.read_only:
             if not self._db_path.exists():
                 self._create_database()
             self._made = True
@@ -1057,11 +1067,11 @@ class PartitionLog:
             if indexed_size == 0:
                 return
             raise self._damaged(
-                f"segment {path} is missing; its index holds {indexed_size} bytes of it"
+                f"segment {path.name} is missing; its index holds {indexed_size} bytes of it"
             ) from None
         if size < indexed_size:
             raise self._damaged(
-                f"segment {path} holds {size} bytes, fewer than the {indexed_size} its "
+                f"segment {path.name} holds {size} bytes, fewer than the {indexed_size} its "
                 "index says were written and synced: acknowledged data is missing"
             )
 
@@ -1132,13 +1142,13 @@ class PartitionLog:
             if indexed_size == 0:
                 return end
             raise self._damaged(
-                f"segment {path} is missing; its index holds {indexed_size} bytes of it"
+                f"segment {path.name} is missing; its index holds {indexed_size} bytes of it"
             ) from None
         try:
             size = os.fstat(fd).st_size
             if size < indexed_size:
                 raise self._damaged(
-                    f"segment {path} holds {size} bytes, fewer than the {indexed_size} its "
+                    f"segment {path.name} holds {size} bytes, fewer than the {indexed_size} its "
                     "index says were written and synced: acknowledged data is missing"
                 )
             pos = indexed_size
@@ -1158,10 +1168,10 @@ class PartitionLog:
                     )
                     batches += 1
             except DamagedSegment as exc:
-                raise self._damaged(f"segment {path}: {exc}") from exc
+                raise self._damaged(f"segment {path.name}: {exc}") from exc
             if size > pos and not cut:
                 raise self._damaged(
-                    f"segment {path}: the batch at byte {pos} is not whole or fails its "
+                    f"segment {path.name}: the batch at byte {pos} is not whole or fails its "
                     "checksum, and the segment goes on after it"
                 )
             if batches:

@@ -61,6 +61,7 @@ from log_store.interface import (
     TransactionFn,
     retention_after,
 )
+from log_store.partition_damage import DamagedPartitions, files_stamp
 from log_store.partition_handles import DEFAULT_MAX_OPEN_PARTITIONS, PartitionHandles
 from log_store.sqlite_partition import (
     PartitionLog,
@@ -245,6 +246,7 @@ class SqliteLogStore:
         try:
             self._guard = None if read_only else WriteGuard(self.data_dir, stall_after_s)
         except OSError as exc:
+            self._catalog.close()  # nobody gets this store to close
             raise as_store_unavailable(exc) or exc from exc
         if not read_only:
             self._keep_reserve()
@@ -253,15 +255,16 @@ class SqliteLogStore:
         self._handles = PartitionHandles(max_open_partitions, self._on_close)
         self._watcher = ChangeWatcher()
         self._watched: dict[tuple[str, int], bool] = {}
-        self._damaged: dict[tuple[str, int], str] = {}
-        """Partitions found damaged (see ``damaged_partitions``), under ``_damaged_lock``."""
-        self._damaged_lock = threading.Lock()
+        self._damaged = DamagedPartitions()
+        """Partitions found damaged (see ``damaged_partitions``), refused from memory."""
+        self._finishing_lock = threading.Lock()
         self._catalog_checkpointed = time.monotonic()
         self._short_of_space: int | None = None
         """The size of the largest write that did not fit (0: a write of unknown size, such as
         SQLite's own pages), until that much is free again."""
         self._finishing: set[str] = set()
-        """Ids of topics whose cut-short deletion this process is finishing."""
+        """Ids of topics whose cut-short deletion this process is finishing, under
+        ``_finishing_lock``."""
         if not read_only:
             try:
                 self._finish_deletions()
@@ -491,6 +494,13 @@ class SqliteLogStore:
                         f"topic {topic!r} has partitions 0..{info.config.partitions - 1}, "
                         f"not {partition}"
                     )
+                # Refused from memory while its files are as they were refused in: opening
+                # it again would find the same damage, at some cost (partition_damage).
+                refused = self._damaged.known(
+                    topic, info.topic_id, partition, self._path(info, partition)
+                )
+                if refused is not None:
+                    raise refused
                 if (self.read_only or not create) and not self._made(info, partition):
                     # No process has written it yet: it reads as empty now, and is looked for
                     # again next time.
@@ -512,8 +522,7 @@ class SqliteLogStore:
                     yield lent
                 return
             if opening and self._damaged:
-                with self._damaged_lock:
-                    self._damaged.pop((topic, partition), None)  # restored: opened whole
+                self._damaged.restored(topic, partition)  # opened whole
             try:
                 yield info, handle.log
             finally:
@@ -524,8 +533,9 @@ class SqliteLogStore:
             # the OS ENOENT.  Said as what happened, the caller looks at the topic again.
             deleted = self._deleted_meanwhile(topic, info.topic_id)
             if deleted is None:
-                if isinstance(exc, PartitionDamaged) and exc.topic:
-                    self._note_damaged(exc)
+                if isinstance(exc, PartitionDamaged) and exc.topic and not opening:
+                    # found while in use (an opening's refusal is noted by the opening)
+                    self._damaged.note(exc, info.topic_id, self._path(info, partition), None)
                 raise
             raise deleted from exc
 
@@ -553,6 +563,7 @@ class SqliteLogStore:
                 return None
         except sqlite3.Error:
             return None  # the catalog fails too: the disk's doing, said as such
+        self._damaged.forget_topic(topic)  # gone from the catalog: so are its refusals
         self._forget_topic(topic)
         return _deleted_in_flight(topic)
 
@@ -571,8 +582,20 @@ class SqliteLogStore:
         info = self._load_topic(topic)
         if info.topic_id != known.topic_id:
             raise UnknownTopic(f"topic {topic!r} was deleted")
-        log = self._open_partition(info, partition)
-        if not self._topic_alive(info.topic_id):
+        path = self._path(info, partition)
+        stamp = files_stamp(path)  # before it is opened: a change meanwhile is looked at
+        try:
+            log = self._open_partition(info, partition)
+        except PartitionDamaged as exc:
+            if exc.topic:
+                self._damaged.note(exc, info.topic_id, path, stamp)
+            raise
+        try:
+            alive = self._topic_alive(info.topic_id)
+        except BaseException:
+            log.close()  # nobody else gets it to close
+            raise
+        if not alive:
             # Deleted while it was being opened, maybe after its files were removed: what the
             # opening made again (directory, database) belongs to no topic.
             log.close()
@@ -742,14 +765,14 @@ class SqliteLogStore:
         # the catalog row goes must not take it for a deletion cut short and start another
         # (``_finish_deletion_met``), which ran beside this one and, once a write had made
         # the topic again, fenced the new topic's partitions.
-        with self._damaged_lock:
+        with self._finishing_lock:
             mine = info.topic_id not in self._finishing
             self._finishing.add(info.topic_id)
         try:
             self._delete_topic_marked(name, info)
         finally:
             if mine:
-                with self._damaged_lock:
+                with self._finishing_lock:
                     self._finishing.discard(info.topic_id)
 
     def _delete_topic_marked(self, name: str, info: TopicInfo) -> None:
@@ -784,6 +807,7 @@ class SqliteLogStore:
             partitions = self._remove_from_catalog(info.topic_id, marked)
         self._checkpoint_catalog()
         self._topics.pop(name, None)
+        self._damaged.forget_topic(name)
         for key, log in self._handles.pop_topic(info.topic_id):
             self._watcher.unwatch(log.notify_path)
             self._watched.pop(key, None)
@@ -854,7 +878,7 @@ class SqliteLogStore:
         except LogbrokerError as exc:
             _log.warning("%s: the deletion of topic %r failed: %s", self.data_dir, name, exc)
         finally:
-            with self._damaged_lock:
+            with self._finishing_lock:
                 self._finishing.discard(topic_id)
 
     def _finish_deletion_met(
@@ -877,7 +901,7 @@ class SqliteLogStore:
             return
         if row is None:
             return  # gone (and maybe made again under a new id): nothing left to finish
-        with self._damaged_lock:
+        with self._finishing_lock:
             if topic_id in self._finishing:
                 return  # one finisher per topic, however many writes meet the marks
             self._finishing.add(topic_id)
@@ -999,23 +1023,28 @@ class SqliteLogStore:
     ) -> PartitionInfo:
         """A damaged partition as its index describes it (read-only, nothing recovered), or
         with no offsets (0) and sizes (None) where the index cannot say."""
-        try:
-            with self._view(info.name, info, partition) as (_, log):
-                return dataclasses.replace(log.info(partition), damaged=str(exc))
-        except (LogbrokerError, OSError, sqlite3.Error):
+        indexed = self._damaged_indexed(info, partition)
+        if indexed is None:
             return PartitionInfo(partition, 0, 0, None, None, damaged=str(exc))
+        return dataclasses.replace(indexed, damaged=str(exc))
+
+    def _damaged_indexed(self, info: TopicInfo, partition: int) -> PartitionInfo | None:
+        """What a damaged partition's index says of it (None: it cannot say), looked at once
+        per refusal."""
+
+        def look() -> PartitionInfo | None:
+            try:
+                with self._view(info.name, info, partition) as (_, log):
+                    return log.info(partition)
+            except (LogbrokerError, OSError, sqlite3.Error):
+                return None
+
+        return self._damaged.indexed(info.name, info.topic_id, partition, look)
 
     def damaged_partitions(self) -> dict[tuple[str, int], str]:
         """The partitions this process found damaged (topic, partition: why), until one
         opens whole again (restored from a copy)."""
-        with self._damaged_lock:
-            return dict(self._damaged)
-
-    def _note_damaged(self, exc: PartitionDamaged) -> None:
-        with self._damaged_lock:
-            if (exc.topic, exc.partition) not in self._damaged:
-                _log.error("%s", exc)
-            self._damaged[(exc.topic, exc.partition)] = str(exc)
+        return self._damaged.reasons()
 
     # -- topic-level state ----------------------------------------------------------------
     def put_topic_state_if_absent(self, topic: str, key: str, value: bytes) -> bytes:
@@ -1208,11 +1237,12 @@ class SqliteLogStore:
     def _damaged_bounds(self, topic: str, partition: int, offset: int) -> tuple[int, int]:
         """A damaged partition's offsets as its index says them, or ``offset`` for both."""
         try:
-            info = self._topic(topic)
-            with self._view(topic, info, partition) as (_, log):
-                return log.bounds()
-        except (LogbrokerError, OSError, sqlite3.Error):
+            indexed = self._damaged_indexed(self._topic(topic), partition)
+        except LogbrokerError:
+            indexed = None
+        if indexed is None:
             return offset, offset
+        return indexed.start_offset, indexed.end_offset
 
     def get_state(self, topic: str, partition: int, key: str) -> bytes | None:
         return self._on_partition(topic, partition, lambda log: log.get_state(key))

@@ -1,12 +1,17 @@
 """One damaged partition of the embedded store (it lost acknowledged data) is kept as it is and
-left out, while the store goes on with the topic's other partitions."""
+left out, while the store goes on with the topic's other partitions; an opening refused for its
+damage keeps none of its files open."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import pytest
+
 from log_store import TopicConfig, open_store
+from log_store.errors import PartitionDamaged
+from log_store.sqlite_partition import PartitionLog
 
 
 def test_retention_goes_on_with_the_other_partitions_of_a_damaged_ones_topic(
@@ -28,3 +33,27 @@ def test_retention_goes_on_with_the_other_partitions_of_a_damaged_ones_topic(
         assert sorted((topic_dir / "0").glob("*.log")) == damaged  # left for the operator
         (named,) = store.damaged_partitions()
         assert named == ("dc1.t", 0)
+
+
+def test_an_opening_refused_as_damaged_leaves_no_file_open(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    with open_store(data_dir) as store:
+        store.create_topic("dc1.t", TopicConfig(partitions=1))
+        store.append("dc1.t", 0, [b"x" * 100])
+    (topic_dir,) = (data_dir / "topics" / "dc1.t").iterdir()
+    (segment,) = (topic_dir / "0").glob("*.log")
+    os.truncate(segment, segment.stat().st_size - 5)
+    before = len(os.listdir("/proc/self/fd"))
+    for read_only in (False, True):  # a gateway's recovery; a loader's or the audit's check
+        for _ in range(20):
+            with pytest.raises(PartitionDamaged, match="acknowledged data is missing"):
+                PartitionLog(
+                    topic_dir / "0",
+                    4096,
+                    lambda: True,
+                    read_only=read_only,
+                    place=("dc1.t", 0),
+                    check_tail=True,
+                )
+    # each refusal used to keep partition.db (and its -wal when writable) open
+    assert len(os.listdir("/proc/self/fd")) - before <= 2
