@@ -236,3 +236,46 @@ def test_compressed_file_rotated_with_extension_while_stopped_is_named(
         "app.1.log.gz rotated from app.log while the client was stopped and compressed "
         f"(gzip): bytes {acked}..{held} of source"
     ) in said, said[-3000:]
+
+
+def test_a_file_in_an_olddir_shared_by_two_logs_of_one_name_is_named_not_guessed(
+    tmp_path: Path, gateway, start_push, app: str
+) -> None:
+    """``/a/app.log`` and ``/b/app.log`` rotated into one absolute olddir: a file rotated
+    there in between while the client was stopped may be either's, so it is not shipped
+    under one of them by a guess; it is named.  The two sources themselves are found there
+    by inode and finished."""
+    logs, archive, state = tmp_path / "logs", tmp_path / "archive", tmp_path / "state"
+    for directory in (logs / "a", logs / "b", archive):
+        directory.mkdir(parents=True)
+    wa, wb, unsure = LineWriter("a"), LineWriter("b"), LineWriter("unsure")
+    wa.append(logs / "a" / "app.log", 100)
+    wb.append(logs / "b" / "app.log", 100)
+    extra = ["--rotated-grace", "1", "--olddir", str(archive)]
+    push = start_push(gateway.url, state, logs / "*" / "app.log", log_type=app, extra=extra)
+    push.wait_started(state)
+    wait_for_lines(gateway.data_dir, app, 200)
+    assert push.stop() == 0, push.log()
+    time.sleep(1.1)  # file times after the last save
+    wa.append(logs / "a" / "app.log", 50)
+    wb.append(logs / "b" / "app.log", 50)
+    os.rename(logs / "a" / "app.log", archive / "app.log-20261101")
+    unsure.append(logs / "a" / "app.log", 30)  # rotated in between: a's, or b's?
+    os.rename(logs / "a" / "app.log", archive / "app.log-20261102")
+    wa.append(logs / "a" / "app.log", 20)
+    os.rename(logs / "b" / "app.log", archive / "app.log-20261103")
+    wb.append(logs / "b" / "app.log", 20)
+    push = start_push(gateway.url, state, logs / "*" / "app.log", log_type=app, extra=extra)
+    push.wait_started(state)
+    wait_for_lines(gateway.data_dir, app, 340, timeout_s=30)
+    time.sleep(1.5)  # a moment for lines that should not come, and the status
+    status = (state / "status.json").read_text()
+    assert push.stop() == 0, push.log()
+    assert_exactly_once(read_delivered(gateway.data_dir, app), wa, wb)
+    said = push.log_path.read_text(errors="replace")
+    shared = archive / "app.log-20261102"
+    assert (
+        f"{shared} rotated from {logs / 'a' / 'app.log'} or {logs / 'b' / 'app.log'} while the "
+        "client was stopped (an olddir they share): which one's cannot be told"
+    ) in said, said[-3000:]
+    assert str(shared) in status
