@@ -1,8 +1,9 @@
 """The push-client's configuration: one typed, frozen object built once (file, env, flags).
 
 A TOML file describes many entries; flags of ``logbroker push`` override the ``[push]`` table
-and add one entry for the paths given on the command line (``--log-type``, ``--codec`` and
-``--multiline`` describe that entry only: without paths they are refused, never ignored)::
+and add one entry for the paths given on the command line (``--log-type``, ``--codec``,
+``--multiline`` and ``--olddir`` describe that entry only: without paths they are refused,
+never ignored)::
 
     [push]
     servers = ["http://gw1:8080", "http://gw2:8080"]   # one installation, several gateways
@@ -38,6 +39,7 @@ and add one entry for the paths given on the command line (``--log-type``, ``--c
     log_type = "nginx-access"
     codec = "zstd"               # raw | gzip | zstd
     multiline = '^\\d{4}-\\d\\d-\\d\\d '   # optional: a line matching starts a record
+    olddir = "old"               # optional: logrotate's olddir, where rotated files go
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ _PUSH_KEYS = {
     "request_timeout_s",
     "stall_after_s",
 }
-_ENTRY_KEYS = {"path", "log_type", "codec", "multiline"}
+_ENTRY_KEYS = {"path", "log_type", "codec", "multiline", "olddir"}
 
 
 class ConfigError(BadRequest):
@@ -107,6 +109,11 @@ class Entry:
     log_type: str
     codec: str = "raw"
     multiline: str | None = None
+    olddir: tuple[str, ...] = ()
+    """Where rotation moves the files this entry matches, besides their own directory
+    (logrotate's ``olddir``): directories or globs of directories, each relative to the
+    file's directory unless absolute.  Looked through for the files rotated while the client
+    was stopped, and for a file renamed away there (``push_client.rotation.rotated_dirs``)."""
 
     def multiline_pattern(self) -> re.Pattern[bytes] | None:
         if self.multiline is None:
@@ -204,6 +211,11 @@ class PushConfig:
                 raise ConfigError(f"codec {entry.codec!r} is unknown; use {', '.join(CODECS)}")
             if not entry.path:
                 raise ConfigError("an entry has an empty path")
+            for olddir in entry.olddir:
+                if not olddir.strip() or "\0" in olddir:
+                    raise ConfigError(
+                        f"entry {entry.path}: olddir {olddir!r} is not a directory path"
+                    )
             if entry.multiline is not None:
                 try:
                     entry.multiline_pattern()
@@ -275,14 +287,20 @@ def _entry_from_table(table: Any, where: str) -> Entry:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
     if "path" not in table or "log_type" not in table:
         raise ConfigError(f"{where}: needs 'path' and 'log_type'")
+    olddir = table.get("olddir", [])
+    if isinstance(olddir, str):
+        olddir = [olddir]
+    if not isinstance(olddir, list) or not all(isinstance(d, str) for d in olddir):
+        raise ConfigError(f"{where}: olddir must be a string or a list of strings, not {olddir!r}")
     for key, value in table.items():
-        if not isinstance(value, str):
+        if key != "olddir" and not isinstance(value, str):
             raise ConfigError(f"{where}: {key} must be a string, not {value!r}")
     return Entry(
         path=table["path"],
         log_type=table["log_type"],
         codec=table.get("codec", "raw"),
         multiline=table.get("multiline"),
+        olddir=tuple(olddir),
     )
 
 
@@ -362,7 +380,7 @@ def _normalized_servers(values: list[str]) -> tuple[str, ...]:
 
 
 def _refuse_entry_flags_without_paths(file: Path | None, **flags: str | None) -> None:
-    """``--log-type``, ``--codec`` and ``--multiline`` describe the entry that the
+    """``--log-type``, ``--codec``, ``--multiline`` and ``--olddir`` describe the entry that the
     PATH_OR_GLOB arguments add: without paths they describe nothing.  With ``--config`` they
     were ignored in silence (a user who asked for ``--codec zstd`` shipped raw): refused,
     naming the flag and where the setting goes instead."""
@@ -388,6 +406,7 @@ def build_config(
     log_type: str | None = None,
     codec: str | None = None,
     multiline: str | None = None,
+    olddir: list[str] | None = None,
     paths: list[str] | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> PushConfig:
@@ -409,9 +428,15 @@ def build_config(
         if not log_type:
             raise ConfigError("--log-type is required with PATH_OR_GLOB arguments")
         for p in paths:
-            entries.append(Entry(p, log_type, codec or "raw", multiline))
+            entries.append(Entry(p, log_type, codec or "raw", multiline, tuple(olddir or ())))
     else:
-        _refuse_entry_flags_without_paths(file, log_type=log_type, codec=codec, multiline=multiline)
+        _refuse_entry_flags_without_paths(
+            file,
+            log_type=log_type,
+            codec=codec,
+            multiline=multiline,
+            olddir=",".join(olddir or ()) or None,
+        )
     if "state_dir" not in settings:
         raise ConfigError("no state directory: use --state-dir DIR or push.state_dir")
     raw_servers = settings.pop("servers", [])

@@ -38,6 +38,7 @@ from push_client.rotation import (
     compression_of,
     decompressed_size,
     holds_prefix,
+    rotated_dirs,
     rotated_from,
 )
 from push_client.state_file import PushState, RetiredSource, SourcePosition
@@ -272,7 +273,7 @@ class FileSet:
             found = self._open_identity(pos.path, identity) if entry is not None else None
             draining = pos.draining
             if found is None and entry is not None:
-                moved = find_inode(os.path.dirname(pos.path), pos.dev, pos.ino, strict=True)
+                moved = self._find_rotated(pos.path, pos.first_path, entry, pos.dev, pos.ino)
                 if moved is not None:
                     found = self._open_identity(moved, identity)
                     draining = True
@@ -309,7 +310,7 @@ class FileSet:
         if found is None and entry is not None:
             truncated = self._truncated_while_stopped(pos)
             if truncated is not None:
-                copy = self._copy_of(pos, *truncated)
+                copy = self._copy_of(pos, entry, *truncated)
                 if copy is not None:
                     fd, copy_path, identity = copy
                     found, draining = (fd, copy_path), True
@@ -399,6 +400,26 @@ class FileSet:
         os.close(fd)
         return None
 
+    def _find_rotated(
+        self, path: str, first_path: str, entry: Entry, dev: int, ino: int
+    ) -> str | None:
+        """Where the file (``dev``, ``ino``) last seen at ``path`` is now: in the directory of
+        ``path``, or renamed away by rotation to its entry's ``olddir`` (logrotate's), if any.
+
+        Its own directory is read strictly (one that exists but cannot be read raises
+        OSError: whether the file is there cannot be known); an olddir that cannot be read
+        is not looked in.
+        """
+        moved = find_inode(os.path.dirname(path), dev, ino, strict=True)
+        if moved is not None or not entry.olddir:
+            return moved
+        for directory in rotated_dirs(os.path.dirname(first_path), entry.olddir):
+            if directory != os.path.dirname(path):
+                moved = find_inode(directory, dev, ino)
+                if moved is not None:
+                    return moved
+        return None
+
     # -- rotated while the client was stopped ---------------------------------------------------
     def _truncated_while_stopped(self, pos: SourcePosition) -> tuple[str, int] | None:
         """(path, size now) of the file of ``pos`` if it is still at its path, by its inode,
@@ -424,14 +445,15 @@ class FileSet:
             os.close(fd)
 
     def _copy_of(
-        self, pos: SourcePosition, truncated_path: str, size_now: int
+        self, pos: SourcePosition, entry: Entry, truncated_path: str, size_now: int
     ) -> tuple[int, str, FileIdentity] | None:
         """The copy a copytruncate made of the file of ``pos`` while the client was stopped,
         open, with its identity; None (said in the log, and named as not shipped) when there
         is none, it is compressed, or which file it is cannot be told.
 
-        The copy is in the same directory, whatever its name (an entry's glob need not match
-        it: its bytes after the acknowledged offset belong to this source), has the source's
+        The copy is in the same directory or in an ``olddir`` of its entry, whatever its name
+        (an entry's glob need not match it: its bytes after the acknowledged offset belong to
+        this source), has the source's
         first line, and at least the bytes the source had when last seen (``pos.size``; a
         copy made after the stop holds at least those).  Several such files are one copy
         and its copies when each is the start of the longest (the longest is read); else,
@@ -439,17 +461,19 @@ class FileSet:
         the client does not guess.  Files whose identity is known (tailed, in the state or
         let go before) are not copies made while it was stopped.
         """
-        directory = os.path.dirname(pos.path)
+        directories = rotated_dirs(os.path.dirname(pos.path), entry.olddir)
         least = max(pos.acked, pos.size)
         known = self._known_identities()
         known.update((r.dev, r.ino, r.fingerprint) for r in self.state.retired)
         plain: list[tuple[int, int, str, FileIdentity]] = []  # (size, fd, path, identity)
         compressed: list[tuple[str, str, int | None]] = []  # (path, compressor, bytes held)
-        try:
-            with os.scandir(directory) as it:
-                paths = sorted(e.path for e in it if e.is_file(follow_symlinks=False))
-        except OSError:
-            paths = []
+        paths: list[str] = []
+        for directory in directories:
+            try:
+                with os.scandir(directory) as it:
+                    paths.extend(sorted(e.path for e in it if e.is_file(follow_symlinks=False)))
+            except OSError:
+                continue
         for path in paths:
             head = self._head_of(path)
             if head is None or head[1] != pos.fingerprint:
@@ -569,7 +593,7 @@ class FileSet:
                 pos.source_id,
                 shown,
                 size_now,
-                display_path(directory),
+                " or ".join(display_path(d) for d in directories),
                 owed,
             )
         return None
@@ -621,41 +645,95 @@ class FileSet:
 
     def _ship_rotated_while_stopped(self) -> list[TailedFile]:
         """Ship the files rotated from the name of a source while the client was stopped,
-        which no entry matches (see :meth:`_rotated_while_stopped`)."""
+        which no entry matches (see :meth:`_rotated_while_stopped`), in the source's directory
+        and in its entry's ``olddir``."""
         scans, self._stopped_rotations = self._stopped_rotations, []
-        originals: dict[str, dict[str, tuple[Entry, str]]] = {}  # by directory, by name
+        # (directory, name) of each original -> its entry and log type
+        originals: dict[tuple[str, str], tuple[Entry, str]] = {}
         for pos, entry in scans:
-            directory, original = os.path.split(pos.first_path)
-            originals.setdefault(directory, {}).setdefault(original, (entry, pos.log_type))
-        found: list[TailedFile] = []
-        for directory, names in originals.items():
+            originals.setdefault(os.path.split(pos.first_path), (entry, pos.log_type))
+        # each directory to look through -> the originals whose rotated files may be there,
+        # by name (an absolute olddir may be shared by the logs of several directories)
+        looked: dict[str, dict[str, list[str]]] = {}
+        for (directory, original), (entry, _) in originals.items():
+            for where in rotated_dirs(directory, entry.olddir):
+                owners = looked.setdefault(where, {}).setdefault(original, [])
+                if directory not in owners:
+                    owners.append(directory)
+        rotated: dict[tuple[str, str], list[str]] = {}
+        for where, names in looked.items():
             try:
-                with os.scandir(directory) as it:
+                with os.scandir(where) as it:
                     listed = sorted(e.name for e in it)
             except OSError:
                 continue
-            rotated: dict[str, list[str]] = {}
             for name in listed:
                 rotated_of = rotated_from(name, names)
-                if rotated_of is not None:
-                    rotated.setdefault(rotated_of, []).append(os.path.join(directory, name))
-            for name, paths in rotated.items():
-                entry, log_type = names[name]
-                found.extend(self._rotated_while_stopped(directory, name, paths, entry, log_type))
+                if rotated_of is None:
+                    continue
+                path = os.path.join(where, name)
+                owners = names[rotated_of]
+                if len(owners) == 1:
+                    rotated.setdefault((owners[0], rotated_of), []).append(path)
+                elif self._unseen_rotation(path) is not None:
+                    self._cannot_tell_whose(path, rotated_of, owners, originals)
+        found: list[TailedFile] = []
+        for (directory, name), paths in rotated.items():
+            entry, log_type = originals[(directory, name)]
+            found.extend(self._rotated_while_stopped(directory, name, paths, entry, log_type))
         return found
+
+    def _cannot_tell_whose(
+        self,
+        path: str,
+        original: str,
+        owners: list[str],
+        originals: dict[tuple[str, str], tuple[Entry, str]],
+    ) -> None:
+        """``path``, in an olddir shared by the logs named ``original`` of the directories
+        ``owners``, rotated while the client was stopped: which one's cannot be told, so it
+        is not shipped (said, and named)."""
+        logs = " or ".join(display_path(os.path.join(d, original)) for d in owners)
+        why = (
+            f"rotated from {logs} while the client was stopped (an olddir they share): which "
+            f"one's cannot be told, so its lines are not shipped"
+        )
+        log.error("%s %s", display_path(path), why)
+        self._not_shipped(path, originals[(owners[0], original)][1], why)
+
+    def _unseen_rotation(self, path: str) -> os.stat_result | None:
+        """``path``'s ``lstat`` if it may be a file rotated while the client was stopped: a
+        regular file no entry matches (a file an entry matches is the entries' to find, as it
+        always was), not named already, not tailed, modified after the state's last save
+        (the coarse clock of file times allowed for); else None."""
+        if path in self.not_shipped or any(_matches(e, path) for e in self.config.entries):
+            return None
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_mtime < self._stopped_since - 1.0
+            or (st.st_dev, st.st_ino) in self.by_inode
+        ):
+            return None
+        return st
 
     def _rotated_while_stopped(
         self, directory: str, original: str, paths: list[str], entry: Entry, log_type: str
     ) -> list[TailedFile]:
-        """The files of ``paths`` (in ``directory``, named ``original`` with a rotation
-        suffix) rotated while the client was stopped and never seen by it, tailed from their
-        start (oldest first) as draining files, let go once read.
+        """The files of ``paths`` (named ``original`` of ``directory`` with a rotation suffix,
+        in ``directory`` or an olddir of ``entry``) rotated while the client was stopped and
+        never seen by it, tailed from their start (oldest first) as draining files, let go
+        once read.
 
         Several rotations while the client is stopped leave files it never saw between the
         source it knew (found by its inode) and the file at the source's name now: with the
         usual glob (``*.log``) no entry matches their names, and their lines were lost
-        without a word.  Such a file is ``original`` with a rotation suffix (``.2``,
-        ``-20261127``), matched by no entry (a file an entry matches is the entries' to
+        without a word.  Such a file is ``original`` with a rotation suffix (``.2``, ``.0``,
+        ``-20261127``, or before its extension: ``app.2.log``), in its directory or in an
+        ``olddir`` of its entry, matched by no entry (a file an entry matches is the entries' to
         find, as it always was), a regular file, modified after the state was last saved
         (the last moment the client is known to have run), of an identity (device, inode,
         first line) the client does not know.
@@ -680,23 +758,17 @@ class FileSet:
         A compressed one, or one that cannot be read, is not shipped: it is named as an
         error in the log and shown as unreadable (``--status``, metrics) for the run.
         """
-        since = self._stopped_since - 1.0  # the coarse clock of file times
         known = self._known_identities()
         comparable = [t for t in self.files.values() if t.fd >= 0 and t.phase is not Phase.DONE]
         retired_keys = {(r.dev, r.ino, r.fingerprint) for r in self.state.retired}
         unsure = {r.fingerprint: r.source_id for r in self.state.retired}
         unsure.update((p.fingerprint, p.source_id) for p in self.on_hold.values())
         stopped = f"rotated from {original} while the client was stopped"
+        directories = set(rotated_dirs(directory, entry.olddir))
         candidates: list[tuple[int, int, str, FileIdentity, int]] = []
         for path in paths:
-            if path in self.not_shipped or any(_matches(e, path) for e in self.config.entries):
-                continue  # named already; or the entries' to find
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            key = (st.st_dev, st.st_ino)
-            if not stat.S_ISREG(st.st_mode) or st.st_mtime < since or key in self.by_inode:
+            st = self._unseen_rotation(path)
+            if st is None:
                 continue
             shown = display_path(path)
             try:
@@ -714,7 +786,7 @@ class FileSet:
                 twin = self._twin(fd, st.st_size, comparable)
             why = ""
             if kind:
-                why = self._compressed_owes(path, fd, kind, stopped)
+                why = self._compressed_owes(path, fd, kind, stopped, directories)
             elif fingerprint is None or identity.key in known:
                 pass  # empty, or a file the client knows: nothing to say
             elif identity.key in retired_keys:
@@ -791,14 +863,16 @@ class FileSet:
                 os.close(fd)
         return found
 
-    def _compressed_owes(self, path: str, fd: int, kind: str, stopped: str) -> str:
+    def _compressed_owes(
+        self, path: str, fd: int, kind: str, stopped: str, directories: set[str]
+    ) -> str:
         """Why the compressed file at ``path`` (open as ``fd``), rotated while the client was
         stopped, is not shipped; "" when it holds only bytes shipped before (its first line is
-        that of one source of its directory, of which at least as many bytes were
-        acknowledged as it holds: logrotate's ``compress`` without ``delaycompress``)."""
+        that of one source last seen in ``directories``, the log's and its olddirs, of which
+        at least as many bytes were acknowledged as it holds: logrotate's ``compress``
+        without ``delaycompress``)."""
         why = f"{stopped} and compressed ({kind}): its lines are not shipped"
         fingerprint = compressed_fingerprint(fd, kind)
-        directory = os.path.dirname(path)
         records: list[SourcePosition | RetiredSource] = [
             *self.state.sources.values(),
             *self.on_hold.values(),
@@ -807,7 +881,7 @@ class FileSet:
         positions = [
             (r.source_id, r.acked)
             for r in records
-            if r.fingerprint == fingerprint and os.path.dirname(r.path) == directory
+            if r.fingerprint == fingerprint and os.path.dirname(r.path) in directories
         ]
         if fingerprint is None or len({source_id for source_id, _ in positions}) != 1:
             return why
@@ -1118,9 +1192,16 @@ class FileSet:
                 self.counters.rotations += 1
                 # The rotated file keeps its place in by_inode: if a glob matches its new
                 # name, it is still this source and not a new file.
-                moved = find_inode(
-                    os.path.dirname(tailed.path), tailed.identity.dev, tailed.identity.ino
-                )
+                try:
+                    moved = self._find_rotated(
+                        tailed.path,
+                        tailed.first_path,
+                        tailed.entry,
+                        tailed.identity.dev,
+                        tailed.identity.ino,
+                    )
+                except OSError:
+                    moved = None
                 if moved is None and _deleted(tailed.fd):
                     # not "rotated away": an operator looking for the file would look for it
                     log.info(

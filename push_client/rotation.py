@@ -20,6 +20,7 @@ done with them is ``FileSet``'s (``push_client.files``).
 from __future__ import annotations
 
 import bz2
+import glob
 import gzip
 import logging
 import lzma
@@ -124,8 +125,11 @@ def _size_of(item: _Watched) -> int | None:
 
 # -- rotated while the client was stopped -------------------------------------------------------
 _ROTATED_SUFFIX = re.compile(r"[._-][0-9][0-9._-]*(\.(gz|bz2|xz|zst|Z))?")
-"""What rotation appends to a log's name: ``.1``, ``-20261127``, ``.2026-11-27``,
-``-20261127-1764230000``, each possibly followed by the compressor's extension."""
+"""What rotation appends to a log's name: ``.1``, ``.0`` (logrotate's ``start 0``),
+``-20261127``, ``.2026-11-27``, ``-20261127-1764230000``, each possibly followed by the
+compressor's extension."""
+_NUMBERING = re.compile(r"[._-][0-9][0-9._-]*")
+_COMPRESSED_EXTENSION = re.compile(r"\.(gz|bz2|xz|zst|Z)")
 
 _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"\x1f\x8b", "gzip"),
@@ -135,10 +139,15 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
 
 
 def rotated_from(name: str, originals: Container[str]) -> str | None:
-    """The name among ``originals`` that ``name`` is with a rotation suffix (``app.log.2``,
-    ``app.log-20261127``, ``app.log.1.gz`` are ``app.log``'s), the longest; None if none.
-    Looked up by the places a suffix may start, so that a directory is listed once for all
-    the sources of it (thousands, at a restart after a clean-up) and not once each."""
+    """The name among ``originals`` that ``name`` is with a rotation suffix, the longest;
+    None if none.
+
+    The suffix follows the name (``app.log.2``, ``app.log.0``, ``app.log-20261127``,
+    ``app.log.1.gz`` are ``app.log``'s), or, with logrotate's ``extension``, comes before the
+    name's last extension (``app.1.log``, ``app-20261127.log``, ``app.1.log.gz``).  Looked up
+    by the places a suffix may start, so that a directory is listed once for all the sources
+    of it (thousands, at a restart after a clean-up) and not once each.
+    """
     for start in range(len(name) - 2, 0, -1):
         if (
             name[start] in "._-"
@@ -147,7 +156,39 @@ def rotated_from(name: str, originals: Container[str]) -> str | None:
             and _ROTATED_SUFFIX.fullmatch(name, start) is not None
         ):
             return name[:start]
+    compressed = _COMPRESSED_EXTENSION.search(name)
+    plain = name[: compressed.start()] if compressed and compressed.end() == len(name) else name
+    stem, dot, extension = plain.rpartition(".")
+    if not dot or not extension or extension.isdigit():
+        return None
+    for start in range(len(stem) - 2, 0, -1):
+        original = f"{stem[:start]}.{extension}"
+        if (
+            stem[start] in "._-"
+            and stem[start + 1].isdigit()
+            and original in originals
+            and _NUMBERING.fullmatch(stem, start) is not None
+        ):
+            return original
     return None
+
+
+def rotated_dirs(directory: str, olddirs: tuple[str, ...]) -> list[str]:
+    """Where the rotated files of a log of ``directory`` may be: ``directory`` itself, then
+    each of an entry's ``olddirs`` (logrotate's ``olddir``: relative to ``directory`` unless
+    absolute; a glob names every directory it matches), those that exist."""
+    found = [directory]
+    for olddir in olddirs:
+        named = os.path.expanduser(olddir)
+        if glob.has_magic(named):
+            matched = sorted(glob.glob(os.path.join(glob.escape(directory), named)))
+        else:
+            matched = [os.path.join(directory, named)]
+        for path in matched:
+            path = os.path.normpath(path)
+            if path not in found and os.path.isdir(path):
+                found.append(path)
+    return found
 
 
 def compression_of(fd: int) -> str:

@@ -36,6 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", help="where positions, status and metrics are kept")
     parser.add_argument("--codec", choices=CODECS, help="compression of each chunk (raw)")
     parser.add_argument("--multiline", metavar="REGEX", help="a line matching starts a record")
+    parser.add_argument(
+        "--olddir",
+        action="append",
+        metavar="DIR",
+        help="where rotation moves the PATH_OR_GLOB files (logrotate's olddir; relative to "
+        "each file's directory unless absolute; repeat for several)",
+    )
     parser.add_argument("--config", type=Path, help="TOML file with [push] and [[entry]] tables")
     parser.add_argument("--host-name", help="host name sent as 'server' (default: this host)")
     parser.add_argument("--token", help="bearer token (or LOGBROKER_TOKEN)")
@@ -230,6 +237,7 @@ def _config(args: argparse.Namespace) -> PushConfig:
         log_type=args.log_type,
         codec=args.codec,
         multiline=args.multiline,
+        olddir=args.olddir,
         paths=args.paths,
         overrides={
             "host": args.host_name,

@@ -21,6 +21,7 @@ from push_client.config import ConfigError, Entry, PushConfig, build_config
 from push_client.handover import Doubt, SourceHandover, Step
 from push_client.identity import FileIdentity, make_source_id, read_fingerprint
 from push_client.installations import InstallationSpec, parse_servers
+from push_client.rotation import rotated_dirs, rotated_from
 from push_client.shipper import encoded_for
 from push_client.state_file import (
     CorruptStateFile,
@@ -285,6 +286,55 @@ def test_config_file_is_validated_with_clear_messages(tmp_path: Path) -> None:
         build_config(file=config)
 
 
+def test_an_entry_names_its_olddir_as_one_directory_or_several(tmp_path: Path) -> None:
+    config = tmp_path / "push.toml"
+    config.write_text(
+        _GOOD_PUSH + '[[entry]]\npath = "/a/*.log"\nlog_type = "web"\nolddir = "old"\n'
+        '[[entry]]\npath = "/b/*.log"\nlog_type = "db"\nolddir = ["old", "/archive/*"]\n'
+    )
+    built = build_config(file=config)
+    assert built.entries[0].olddir == ("old",)
+    assert built.entries[1].olddir == ("old", "/archive/*")
+
+
+@pytest.mark.parametrize(
+    ("name", "original"),
+    [
+        ("app.log.1", "app.log"),
+        ("app.log.0", "app.log"),  # logrotate's start 0
+        ("app.log-20261127", "app.log"),
+        ("app.log.1.gz", "app.log"),
+        ("app.1.log", "app.log"),  # logrotate's extension .log
+        ("app.0.log", "app.log"),
+        ("app-2026112703.log", "app.log"),  # extension with dateext
+        ("app.1.log.gz", "app.log"),  # extension with compress
+        ("messages.3", "messages"),
+        ("app.log", None),
+        ("app-worker.log", None),
+        ("app.log.bak", None),
+        ("app.1", None),
+        ("app.1.gz", None),
+        ("other.1.log", None),
+    ],
+)
+def test_rotated_names_of_logrotates_layouts_are_told(name: str, original: str | None) -> None:
+    assert rotated_from(name, {"app.log", "messages"}) == original
+
+
+def test_rotated_dirs_are_the_logs_own_then_its_olddirs_that_exist(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    (logs / "old").mkdir(parents=True)
+    (tmp_path / "archive" / "2026").mkdir(parents=True)
+    (tmp_path / "archive" / "2025").mkdir(parents=True)
+    olddirs = ("old", "missing", str(tmp_path / "archive" / "*"))
+    assert rotated_dirs(str(logs), olddirs) == [
+        str(logs),
+        str(logs / "old"),
+        str(tmp_path / "archive" / "2025"),
+        str(tmp_path / "archive" / "2026"),
+    ]
+
+
 def test_progress_bar_shows_while_a_backlog_is_caught_up_and_then_clears() -> None:
     import io
 
@@ -470,6 +520,9 @@ _GOOD_ENTRY = '[[entry]]\npath = "/a/*.log"\nlog_type = "web"\n'
         (_GOOD_PUSH + '[[entry]]\npath = 5\nlog_type = "web"\n', "path"),
         (_GOOD_PUSH + '[[entry]]\npath = "/a"\nlog_type = 5\n', "log_type"),
         (_GOOD_PUSH + '[[entry]]\npath = "/a"\nlog_type = "w"\nmultiline = [1]\n', "multiline"),
+        (_GOOD_PUSH + '[[entry]]\npath = "/a"\nlog_type = "w"\nolddir = 5\n', "olddir must be"),
+        (_GOOD_PUSH + '[[entry]]\npath = "/a"\nlog_type = "w"\nolddir = [""]\n', "olddir ''"),
+        (_GOOD_PUSH + '[[entry]]\npath = "/a"\nlog_type = "w"\nolddir = [{}]\n', "olddir must"),
     ],
 )
 def test_every_bad_setting_is_a_config_error_naming_it(
@@ -566,6 +619,7 @@ def test_lag_seconds_of_a_file_written_without_pause_stay_as_small_as_the_lag(
         ({"log_type": "other"}, "--log-type applies only to PATH_OR_GLOB arguments"),
         ({"multiline": "^x"}, "--multiline applies only"),
         ({"log_type": "other", "codec": "gzip"}, "--log-type and --codec applies only"),
+        ({"olddir": ["old"]}, "--olddir applies only to PATH_OR_GLOB arguments"),
     ],
 )
 def test_entry_flags_with_a_config_file_and_no_paths_are_refused_not_ignored(
@@ -586,6 +640,7 @@ def test_entry_flags_with_a_config_file_and_no_paths_are_refused_not_ignored(
     assert built.entries[0] == Entry("/a/*.log", "web")
     assert built.entries[1].path == "/b.log" and built.entries[1].log_type == "other"
     assert built.entries[1].codec == flags.get("codec", "raw")
+    assert built.entries[1].olddir == tuple(flags.get("olddir", ()))
 
 
 def test_push_with_a_config_file_and_codec_but_no_paths_exits_2_naming_the_flag(
