@@ -5,6 +5,8 @@ Used by ``logbroker read``, the mirror and the tests; reads use the binary frami
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,19 +40,37 @@ def _group(name: str) -> str:
     return _part(validate_group(name))
 
 
+_log = logging.getLogger("delivery")
+
 GONE_ERRORS = ("unknown_topic", "unknown_partition")
 """The errors that mean a topic (or a partition) is not there: deleted, maybe made again."""
+
+WAITING_LIMITS = ("max_waiting_positions", "max_waiting_positions_per_token")
+"""The limits of a gateway worker's long-polls (429 ``limit_reached``): a fetch refused for
+one of them is asked again without waiting (see :meth:`PullClient.fetch_sections`)."""
+_WAITING_RETRY_S = 1.0
+"""How long a fetch refused for its wait waits before it asks again without waiting, if the
+gateway does not say (``Retry-After``)."""
 
 
 class RequestRefused(BadRequest):
     """The gateway answered 4xx: the request is wrong and retrying it will not help."""
 
-    def __init__(self, status: int, error: str, reason: str, body: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        status: int,
+        error: str,
+        reason: str,
+        body: dict[str, Any],
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(f"{reason} ({status} {error})")
         self.status = status
         self.error = error
         self.reason = reason
         self.body = body
+        self.retry_after_s = retry_after_s
+        """The answer's ``Retry-After`` in seconds, if it had one."""
 
 
 class GatewayUnavailable(LogbrokerError):
@@ -129,6 +149,15 @@ def gone_of(meta: dict[str, Any]) -> str | None:
     return str(error.get("reason", error["error"]))
 
 
+def _retry_after(response: httpx.Response) -> float | None:
+    """A ``Retry-After`` given in seconds (0-60), if the response has one."""
+    try:
+        seconds = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds <= 60 else None
+
+
 def gateway_urls(text: str) -> list[str]:
     """The gateways of ``URL[,URL...]`` (one installation), in order."""
     return [url.strip().rstrip("/") for url in text.split(",") if url.strip()]
@@ -157,6 +186,7 @@ class PullClient:
         ]
         self._current = 0
         self._timeout_s = timeout_s
+        self._said_waiting_limit = False
 
     @property
     def _http(self) -> httpx.Client:
@@ -215,6 +245,7 @@ class PullClient:
                 str(body.get("error", "http_error")),
                 str(body.get("reason", response.text[:200])),
                 body,
+                _retry_after(response),
             )
         return response
 
@@ -246,7 +277,31 @@ class PullClient:
         message_filter: MessageFilter | None = None,
         raw: bool = False,
     ) -> list[BinarySection]:
-        """The binary answer of ``/v1/fetch`` as sections of (offset, stored value)."""
+        """The binary answer of ``/v1/fetch`` as sections of (offset, stored value).
+
+        A gateway whose long-polls are at their bound (429 for ``max_waiting_positions`` or
+        its per-token share) has read nothing for this fetch: it is asked again without
+        waiting after ``Retry-After`` (at most ``wait_ms``), so the reader polls about once a
+        second meanwhile instead of failing (or asking again at once, for ever)."""
+        try:
+            return self._fetch_sections(positions, max_bytes, wait_ms, message_filter, raw)
+        except RequestRefused as exc:
+            if exc.status != 429 or exc.body.get("limit") not in WAITING_LIMITS or not wait_ms:
+                raise
+            if not self._said_waiting_limit:
+                self._said_waiting_limit = True
+                _log.warning("%s; reading without waiting meanwhile", exc.reason)
+            time.sleep(min(wait_ms / 1000, exc.retry_after_s or _WAITING_RETRY_S))
+            return self._fetch_sections(positions, max_bytes, 0, message_filter, raw)
+
+    def _fetch_sections(
+        self,
+        positions: Sequence[tuple[str, int, int]],
+        max_bytes: int,
+        wait_ms: int,
+        message_filter: MessageFilter | None,
+        raw: bool,
+    ) -> list[BinarySection]:
         body: dict[str, Any] = {
             "partitions": [{"topic": t, "partition": p, "offset": o} for t, p, o in positions],
             "max_bytes": max_bytes,
