@@ -77,6 +77,12 @@ class GatewayUnavailable(LogbrokerError):
     """The gateway could not be reached or answered 5xx: try again later."""
 
 
+class MixedInstallations(BadRequest):
+    """The URLs of one :class:`PullClient` reach gateways of different installations (their
+    ``/healthz`` name different ``installation`` ids): positions of one log are not positions
+    in another, so nothing is read from the second."""
+
+
 @dataclass(frozen=True, slots=True)
 class ReadMessage:
     topic: str
@@ -170,7 +176,12 @@ class PullClient:
     :class:`GatewayUnavailable` and the next request goes to the next one.  On Kafka every
     gateway serves every group member, so a member whose gateway died heartbeats and commits
     through another before its session ends, instead of being dropped and its uncommitted
-    messages read again by another member."""
+    messages read again by another member.
+
+    With several URLs, each gateway is asked which installation it belongs to (``/healthz``)
+    before its first request and again after it failed (a URL may reach another gateway
+    then); one that names another installation than the others raises
+    :class:`MixedInstallations` and is sent nothing else."""
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -186,6 +197,12 @@ class PullClient:
         ]
         self._current = 0
         self._timeout_s = timeout_s
+        self._installation: tuple[str, str] | None = None
+        """(URL, installation id) of the first gateway that named its installation: every
+        other must name the same."""
+        self._asked = [False] * len(self._clients)
+        """Whether each URL was asked which installation it belongs to since it last failed."""
+        self._said_unnamed = False
         self._said_waiting_limit = False
 
     @property
@@ -205,10 +222,54 @@ class PullClient:
         """``message`` as the failure of the gateway asked; the next request asks the next."""
         if len(self._clients) > 1:
             message = f"{self.url}: {message}"
+            self._asked[self._current] = False  # asked again when it is used again
             self._current = (self._current + 1) % len(self._clients)
         return GatewayUnavailable(message)
 
+    def _check_installation(self) -> None:
+        """Before the first request to a gateway (of several), and the first after it failed:
+        :class:`MixedInstallations` if it belongs to another installation than the gateways
+        asked before (an offset of one installation's log is not a position in another's:
+        a reader going on there would skip or repeat data)."""
+        if len(self._clients) < 2 or self._asked[self._current]:
+            return
+        try:
+            response = self._http.get("/healthz")
+        except httpx.HTTPError as exc:
+            raise self._unavailable(f"GET /healthz: {type(exc).__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise self._unavailable(f"GET /healthz: gateway answered {response.status_code}")
+        try:
+            said = response.json()
+        except ValueError:
+            said = None
+        if not isinstance(said, dict) or "installation" not in said:
+            # a gateway too old to name it: the URLs are taken as the user gave them
+            if not self._said_unnamed:
+                self._said_unnamed = True
+                _log.warning(
+                    "%s does not name its installation (an older gateway): the --server URLs "
+                    "are taken to be one installation's unchecked",
+                    self.url,
+                )
+            self._asked[self._current] = True
+            return
+        named = said["installation"]
+        if not isinstance(named, str):
+            raise self._unavailable("cannot name its installation yet (its store does not answer)")
+        if self._installation is None:
+            self._installation = (self.url, named)
+        elif self._installation[1] != named:
+            first_url, first = self._installation
+            raise MixedInstallations(
+                f"{self.url} belongs to installation {named}, {first_url} to {first}: the URLs "
+                "of --server must be gateways of one installation (positions in one log are "
+                "not positions in another)"
+            )
+        self._asked[self._current] = True
+
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        self._check_installation()
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -302,6 +363,7 @@ class PullClient:
         message_filter: MessageFilter | None,
         raw: bool,
     ) -> list[BinarySection]:
+        self._check_installation()
         body: dict[str, Any] = {
             "partitions": [{"topic": t, "partition": p, "offset": o} for t, p, o in positions],
             "max_bytes": max_bytes,

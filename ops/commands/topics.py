@@ -35,7 +35,12 @@ import httpx
 
 from audit.records import is_audit_topic
 from delivery.internal_state import is_internal
-from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused
+from delivery.pull_client import (
+    GatewayUnavailable,
+    MixedInstallations,
+    PullClient,
+    RequestRefused,
+)
 from ingest_api.settings import load_limits
 from log_store import UNLIMITED, LogbrokerError, TopicConfig, TopicInfo, UnknownTopic
 from log_store.topic_names import validate_topic_name
@@ -357,6 +362,9 @@ def _run_on_gateway(args: argparse.Namespace) -> int:
             _print_remote(client.describe(args.topic), args.json)
     except RequestRefused as exc:
         print(f"logbroker topics: {exc.reason}", file=sys.stderr)
+        return 2
+    except MixedInstallations as exc:
+        print(f"logbroker topics: {exc}", file=sys.stderr)
         return 2
     except GatewayUnavailable as exc:
         print(f"logbroker topics: {exc}", file=sys.stderr)
