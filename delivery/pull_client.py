@@ -5,6 +5,8 @@ Used by ``logbroker read``, the mirror and the tests; reads use the binary frami
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,23 +40,47 @@ def _group(name: str) -> str:
     return _part(validate_group(name))
 
 
+_log = logging.getLogger("delivery")
+
 GONE_ERRORS = ("unknown_topic", "unknown_partition")
 """The errors that mean a topic (or a partition) is not there: deleted, maybe made again."""
+
+WAITING_LIMITS = ("max_waiting_positions", "max_waiting_positions_per_token")
+"""The limits of a gateway worker's long-polls (429 ``limit_reached``): a fetch refused for
+one of them is asked again without waiting (see :meth:`PullClient.fetch_sections`)."""
+_WAITING_RETRY_S = 1.0
+"""How long a fetch refused for its wait waits before it asks again without waiting, if the
+gateway does not say (``Retry-After``)."""
 
 
 class RequestRefused(BadRequest):
     """The gateway answered 4xx: the request is wrong and retrying it will not help."""
 
-    def __init__(self, status: int, error: str, reason: str, body: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        status: int,
+        error: str,
+        reason: str,
+        body: dict[str, Any],
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(f"{reason} ({status} {error})")
         self.status = status
         self.error = error
         self.reason = reason
         self.body = body
+        self.retry_after_s = retry_after_s
+        """The answer's ``Retry-After`` in seconds, if it had one."""
 
 
 class GatewayUnavailable(LogbrokerError):
     """The gateway could not be reached or answered 5xx: try again later."""
+
+
+class MixedInstallations(BadRequest):
+    """The URLs of one :class:`PullClient` reach gateways of different installations (their
+    ``/healthz`` name different ``installation`` ids): positions of one log are not positions
+    in another, so nothing is read from the second."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +155,15 @@ def gone_of(meta: dict[str, Any]) -> str | None:
     return str(error.get("reason", error["error"]))
 
 
+def _retry_after(response: httpx.Response) -> float | None:
+    """A ``Retry-After`` given in seconds (0-60), if the response has one."""
+    try:
+        seconds = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds <= 60 else None
+
+
 def gateway_urls(text: str) -> list[str]:
     """The gateways of ``URL[,URL...]`` (one installation), in order."""
     return [url.strip().rstrip("/") for url in text.split(",") if url.strip()]
@@ -141,7 +176,12 @@ class PullClient:
     :class:`GatewayUnavailable` and the next request goes to the next one.  On Kafka every
     gateway serves every group member, so a member whose gateway died heartbeats and commits
     through another before its session ends, instead of being dropped and its uncommitted
-    messages read again by another member."""
+    messages read again by another member.
+
+    With several URLs, each gateway is asked which installation it belongs to (``/healthz``)
+    before its first request and again after it failed (a URL may reach another gateway
+    then); one that names another installation than the others raises
+    :class:`MixedInstallations` and is sent nothing else."""
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -157,6 +197,13 @@ class PullClient:
         ]
         self._current = 0
         self._timeout_s = timeout_s
+        self._installation: tuple[str, str] | None = None
+        """(URL, installation id) of the first gateway that named its installation: every
+        other must name the same."""
+        self._asked = [False] * len(self._clients)
+        """Whether each URL was asked which installation it belongs to since it last failed."""
+        self._said_unnamed = False
+        self._said_waiting_limit = False
 
     @property
     def _http(self) -> httpx.Client:
@@ -175,10 +222,54 @@ class PullClient:
         """``message`` as the failure of the gateway asked; the next request asks the next."""
         if len(self._clients) > 1:
             message = f"{self.url}: {message}"
+            self._asked[self._current] = False  # asked again when it is used again
             self._current = (self._current + 1) % len(self._clients)
         return GatewayUnavailable(message)
 
+    def _check_installation(self) -> None:
+        """Before the first request to a gateway (of several), and the first after it failed:
+        :class:`MixedInstallations` if it belongs to another installation than the gateways
+        asked before (an offset of one installation's log is not a position in another's:
+        a reader going on there would skip or repeat data)."""
+        if len(self._clients) < 2 or self._asked[self._current]:
+            return
+        try:
+            response = self._http.get("/healthz")
+        except httpx.HTTPError as exc:
+            raise self._unavailable(f"GET /healthz: {type(exc).__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise self._unavailable(f"GET /healthz: gateway answered {response.status_code}")
+        try:
+            said = response.json()
+        except ValueError:
+            said = None
+        if not isinstance(said, dict) or "installation" not in said:
+            # a gateway too old to name it: the URLs are taken as the user gave them
+            if not self._said_unnamed:
+                self._said_unnamed = True
+                _log.warning(
+                    "%s does not name its installation (an older gateway): the --server URLs "
+                    "are taken to be one installation's unchecked",
+                    self.url,
+                )
+            self._asked[self._current] = True
+            return
+        named = said["installation"]
+        if not isinstance(named, str):
+            raise self._unavailable("cannot name its installation yet (its store does not answer)")
+        if self._installation is None:
+            self._installation = (self.url, named)
+        elif self._installation[1] != named:
+            first_url, first = self._installation
+            raise MixedInstallations(
+                f"{self.url} belongs to installation {named}, {first_url} to {first}: the URLs "
+                "of --server must be gateways of one installation (positions in one log are "
+                "not positions in another)"
+            )
+        self._asked[self._current] = True
+
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        self._check_installation()
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -215,6 +306,7 @@ class PullClient:
                 str(body.get("error", "http_error")),
                 str(body.get("reason", response.text[:200])),
                 body,
+                _retry_after(response),
             )
         return response
 
@@ -246,7 +338,32 @@ class PullClient:
         message_filter: MessageFilter | None = None,
         raw: bool = False,
     ) -> list[BinarySection]:
-        """The binary answer of ``/v1/fetch`` as sections of (offset, stored value)."""
+        """The binary answer of ``/v1/fetch`` as sections of (offset, stored value).
+
+        A gateway whose long-polls are at their bound (429 for ``max_waiting_positions`` or
+        its per-token share) has read nothing for this fetch: it is asked again without
+        waiting after ``Retry-After`` (at most ``wait_ms``), so the reader polls about once a
+        second meanwhile instead of failing (or asking again at once, for ever)."""
+        try:
+            return self._fetch_sections(positions, max_bytes, wait_ms, message_filter, raw)
+        except RequestRefused as exc:
+            if exc.status != 429 or exc.body.get("limit") not in WAITING_LIMITS or not wait_ms:
+                raise
+            if not self._said_waiting_limit:
+                self._said_waiting_limit = True
+                _log.warning("%s; reading without waiting meanwhile", exc.reason)
+            time.sleep(min(wait_ms / 1000, exc.retry_after_s or _WAITING_RETRY_S))
+            return self._fetch_sections(positions, max_bytes, 0, message_filter, raw)
+
+    def _fetch_sections(
+        self,
+        positions: Sequence[tuple[str, int, int]],
+        max_bytes: int,
+        wait_ms: int,
+        message_filter: MessageFilter | None,
+        raw: bool,
+    ) -> list[BinarySection]:
+        self._check_installation()
         body: dict[str, Any] = {
             "partitions": [{"topic": t, "partition": p, "offset": o} for t, p, o in positions],
             "max_bytes": max_bytes,

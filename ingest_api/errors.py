@@ -179,11 +179,14 @@ async def _on_bad_request(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, BadRequest)
     status, code = _bad_request_status(exc)
     extra: dict[str, Any] = {}
+    headers: dict[str, str] | None = None
     if isinstance(exc, OffsetOutOfRange):
         extra = {"start_offset": exc.start_offset, "end_offset": exc.end_offset}
     if isinstance(exc, LimitReached):
         extra = {"limit": exc.limit, "max": exc.maximum}
-    return error_response(status, code, str(exc), extra=extra)
+        if exc.retry_after_s is not None:
+            headers = {"Retry-After": str(exc.retry_after_s)}
+    return error_response(status, code, str(exc), headers=headers, extra=extra)
 
 
 async def _on_store_unavailable(request: Request, exc: Exception) -> Response:

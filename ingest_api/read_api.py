@@ -10,6 +10,7 @@ requests.  The wire format is in docs/protocol.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -37,7 +38,7 @@ from delivery.partition_reader import (
     PartitionBatch,
     scan_budget_of,
 )
-from ingest_api.access import RouteDeclaration, access_of, read, route
+from ingest_api.access import Access, RouteDeclaration, access_of, read, route
 from ingest_api.context import GatewayContext
 from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
@@ -56,6 +57,7 @@ from ingest_api.params import (
     wants_binary,
 )
 from ingest_api.settings import Limits
+from ingest_api.waiting_reads import AbsentPartitions, WaitingPositions
 from log_store.errors import CorruptData, LimitReached, UnknownPartition, UnknownTopic
 from log_store.interface import PartitionInfo
 from log_store.topic_names import validate_topic_name
@@ -65,7 +67,11 @@ _log = logging.getLogger("ingest_api")
 MAX_WAIT_MS = 60_000
 _GONE_LOOK_S = 0.5
 """How often a long-poll naming a partition that is not there (a topic not made yet) looks
-for it again; appends to the partitions that are there wake it at once."""
+for it again (:class:`AbsentPartitions`: one look per topic for all long-polls); appends to
+the partitions that are there wake it at once."""
+_DAMAGE_LOG_S = 3600.0
+"""A damaged partition's reads are logged once per this long (per worker), whatever offsets
+its readers ask for."""
 Position = tuple[str, int, int]
 # What identifies an answer: positions, max_bytes, filter, raw, txn window.
 _AnswerKey = tuple[tuple[Position, ...], int, MessageFilter, bool, int]
@@ -246,7 +252,12 @@ class ReadApi:
         parts = delivery_parts(ctx)
         self.reader = parts.reader
         self.watch = parts.watch
-        self.max_positions = ctx.settings.limits.max_fetch_positions
+        limits = ctx.settings.limits
+        self.max_positions = limits.max_fetch_positions
+        self.waiting = WaitingPositions(
+            limits.max_waiting_positions, limits.waiting_positions_per_token
+        )
+        self._absent = AbsentPartitions(self.store, _GONE_LOOK_S)
         self._read_bytes = ctx.metrics.counter(
             "logbroker_pull_bytes_total", "bytes of message values sent to pull readers"
         )
@@ -254,7 +265,7 @@ class ReadApi:
             "logbroker_pull_messages_total", "messages sent to pull readers"
         )
         self._ahead = ReadAhead()
-        self._damage_logged: set[tuple[str, int, int]] = set()
+        self._damage_logged: dict[tuple[str, int], float] = {}
         self._read_ahead_answers = ctx.metrics.counter(
             "logbroker_pull_read_ahead_answers_total",
             "pull answers read while the reader handled its previous answer",
@@ -312,7 +323,7 @@ class ReadApi:
         filt = query_filter(params)
         _refuse_raw_filter(raw, filt)
         batches = await self._fetch(
-            [(topic, partition, offset)], max_bytes, wait_ms, filt, raw, window
+            access_of(request), [(topic, partition, offset)], max_bytes, wait_ms, filt, raw, window
         )
         if batches[0].corrupt is not None:
             raise batches[0].corrupt
@@ -335,6 +346,7 @@ class ReadApi:
                 self.max_positions,
             )
         positions: list[Position] = []
+        named: set[tuple[str, int]] = set()
         for item in parts:
             if not isinstance(item, dict):
                 raise ApiError(400, "bad_request", "each partition is {topic, partition, offset}")
@@ -342,6 +354,17 @@ class ReadApi:
             topic = readable_topic(request, str_field(item, "topic"))
             partition = json_int(item, "partition", -1, 0, 1_000_000)
             offset = json_int(item, "offset", -1, 0, 2**63 - 1)
+            if (topic, partition) in named:
+                # Which of its offsets would the answer continue from?  And each copy would
+                # be read (and waited on) again: a fetch of one partition 1,000 times.
+                raise ApiError(
+                    400,
+                    "bad_request",
+                    f"partition {topic}/{partition} is named twice: a fetch names each "
+                    "partition once, with one offset",
+                    extra={"topic": topic, "partition": partition},
+                )
+            named.add((topic, partition))
             positions.append((topic, partition, offset))
         max_bytes = body.get("max_bytes", DEFAULT_MAX_BYTES)
         if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
@@ -355,7 +378,9 @@ class ReadApi:
         filt = json_filter(body.get("filter"))
         _refuse_raw_filter(raw, filt)
         binary = wants_binary(request, body.get("format"))
-        batches = await self._fetch(positions, max_bytes, wait_ms, filt, raw, window)
+        batches = await self._fetch(
+            access_of(request), positions, max_bytes, wait_ms, filt, raw, window
+        )
         self._count(batches)
         if binary:
             return BinaryAnswer(batches)
@@ -363,6 +388,7 @@ class ReadApi:
 
     async def _fetch(
         self,
+        access: Access,
         positions: Sequence[Position],
         max_bytes: int,
         wait_ms: int,
@@ -376,36 +402,87 @@ class ReadApi:
             self._read_ahead_answers.inc()
             self._read_ahead(ahead, max_bytes, filt, raw, window_ms)
             return ahead
-        deadline = time.monotonic() + wait_ms / 1000
-        current = list(positions)
-        while True:
-            batches: list[PartitionBatch] = await self._run(
-                self._read_all, current, max_bytes, filt, raw, window_ms
-            )
-            remaining = deadline - time.monotonic()
-            if _has_news(batches):
-                self._read_ahead(batches, max_bytes, filt, raw, window_ms)
-                return batches
-            if remaining <= 0:
+        if wait_ms == 0:
+            return await self._poll(positions, max_bytes, filt, raw, window_ms, deadline=0.0)
+        # A long-poll: its positions count among the worker's waiting ones from the start
+        # (429 if they do not fit, before anything is read: refusing costs nothing).
+        with self.waiting.hold(access.owner, len(positions)):
+            deadline = time.monotonic() + wait_ms / 1000
+            return await self._poll(positions, max_bytes, filt, raw, window_ms, deadline)
+
+    async def _poll(
+        self,
+        positions: Sequence[Position],
+        max_bytes: int,
+        filt: MessageFilter,
+        raw: bool,
+        window_ms: int,
+        deadline: float,
+    ) -> list[PartitionBatch]:
+        """Read ``positions``; until ``deadline`` (a ``time.monotonic()``), wait for news."""
+        batches = await self._read(positions, max_bytes, filt, raw, window_ms)
+        while not _has_news(batches):
+            if time.monotonic() >= deadline:
                 return _answered(batches)
             # Filtered-out records were scanned: wait from where the scan ended.
             current = [(b.topic, b.partition, b.next_offset) for b in batches]
-            there = [pos for pos, b in zip(current, batches, strict=True) if b.gone is None]
-            if len(there) < len(current):
-                # A topic not made yet (or a partition not there): no append wakes its
-                # readers when it is made, so it is looked for again every _GONE_LOOK_S;
-                # the partitions that are there wake the wait as usual.  Answered "not
-                # there" only when the wait is over.
-                look_s = min(remaining, _GONE_LOOK_S)
-                if there:
-                    await self.watch.wait_any(there, look_s)
+            if not await self._wait(current, batches, deadline):
+                return _answered(await self._read(current, max_bytes, filt, raw, window_ms))
+            batches = await self._read(current, max_bytes, filt, raw, window_ms)
+        self._read_ahead(batches, max_bytes, filt, raw, window_ms)
+        return batches
+
+    async def _read(
+        self,
+        positions: Sequence[Position],
+        max_bytes: int,
+        filt: MessageFilter,
+        raw: bool,
+        window_ms: int,
+    ) -> list[PartitionBatch]:
+        batches: list[PartitionBatch] = await self._run(
+            self._read_all, positions, max_bytes, filt, raw, window_ms
+        )
+        return batches
+
+    async def _wait(
+        self, positions: Sequence[Position], batches: Sequence[PartitionBatch], deadline: float
+    ) -> bool:
+        """Wait until ``deadline`` for something new at ``positions`` (as last read:
+        ``batches``): True once a partition that is there has an append, or one that was not
+        there (a topic not made yet) is there now; False when the time is up."""
+        there = [pos for pos, b in zip(positions, batches, strict=True) if b.gone is None]
+        absent = [(b.topic, b.partition) for b in batches if b.gone is not None]
+        if not absent:
+            return await self.watch.wait_any(there, deadline - time.monotonic())
+        # No append wakes the readers of a topic when it is made: it is looked for every
+        # _GONE_LOOK_S (one look per topic for all long-polls), while the partitions that are
+        # there wake the wait as usual.
+        appended: asyncio.Future[bool] | None = None
+        if there:
+            appended = asyncio.ensure_future(
+                self.watch.wait_any(there, deadline - time.monotonic())
+            )
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if appended is None:
+                    await asyncio.sleep(min(left, _GONE_LOOK_S))
                 else:
-                    await asyncio.sleep(look_s)
-                continue
-            if not await self.watch.wait_any(current, remaining):
-                return _answered(
-                    await self._run(self._read_all, current, max_bytes, filt, raw, window_ms)
-                )
+                    done, _ = await asyncio.wait({appended}, timeout=min(left, _GONE_LOOK_S))
+                    if done:
+                        if appended.result():
+                            return True
+                        appended = None  # its time is up
+                if len(await self._absent.still_absent(absent)) < len(absent):
+                    return True
+        finally:
+            if appended is not None and not appended.done():
+                appended.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await appended
 
     def _read_ahead(
         self,
@@ -421,7 +498,7 @@ class ReadApi:
         following = [(b.topic, b.partition, b.next_offset) for b in answer]
         self._ahead.start(
             (tuple(following), max_bytes, filt, raw, window_ms),
-            lambda: self._run(self._read_all, following, max_bytes, filt, raw, window_ms),
+            lambda: self._read(following, max_bytes, filt, raw, window_ms),
         )
 
     def _read_all(
@@ -457,18 +534,40 @@ class ReadApi:
             except CorruptData as exc:
                 # One damaged partition must not keep the others from their readers: it is
                 # answered with the error, the others with their messages.
-                if (topic, partition, exc.offset) not in self._damage_logged:
-                    self._damage_logged.add((topic, partition, exc.offset))
-                    _log.error("%s", exc)
+                self._log_damage(topic, partition, exc)
+                # (kept without its traceback: a long-poll holds its answer while it waits,
+                # and the traceback would keep every frame of the failed read alive)
                 batch = PartitionBatch(
-                    topic, partition, exc.start_offset, exc.end_offset, offset, corrupt=exc
+                    topic,
+                    partition,
+                    exc.start_offset,
+                    exc.end_offset,
+                    offset,
+                    corrupt=exc.with_traceback(None),
                 )
             except (UnknownTopic, UnknownPartition) as exc:
                 # A topic deleted, or made again with fewer partitions, under a reader that
                 # follows others too: they are answered, this one says it is gone.
-                batch = PartitionBatch(topic, partition, offset, offset, offset, gone=exc)
+                batch = PartitionBatch(
+                    topic, partition, offset, offset, offset, gone=exc.with_traceback(None)
+                )
             batches.append(batch)
         return batches
+
+    def _log_damage(self, topic: str, partition: int, exc: CorruptData) -> None:
+        """Log a damaged partition's read once per :data:`_DAMAGE_LOG_S`: its readers choose
+        the offsets they ask for, so logging each offset once would log (and remember) as
+        many as they ask for."""
+        now = time.monotonic()
+        logged = self._damage_logged.get((topic, partition))
+        if logged is not None and now - logged < _DAMAGE_LOG_S:
+            return
+        # Only damaged partitions are remembered, and those too old to matter are forgotten.
+        self._damage_logged = {
+            tp: at for tp, at in self._damage_logged.items() if now - at < _DAMAGE_LOG_S
+        }
+        self._damage_logged[(topic, partition)] = now
+        _log.error("%s (logged once an hour per partition)", exc)
 
 
 def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
@@ -546,7 +645,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                     *filters,
                 ],
                 ok_media=read_media,
-                errors=("400", "404", "416", "500"),
+                errors=("400", "404", "416", "429", "500"),
             )
         },
         "/v1/fetch": {

@@ -44,6 +44,8 @@ A TOML file looks like this (every key optional)::
     max_open_partitions = 256       # idle partitions one worker keeps open (embedded store)
     source_idle_expiry_s = 604800   # a source not written this long is forgotten (7 days)
     max_fetch_positions = 1000      # partitions one /v1/fetch may name
+    max_waiting_positions = 100000  # positions one worker's long-polls wait on at once (429)
+    max_waiting_positions_per_token = 0  # of them, one token's (0: a quarter of it)
     auth_cache_entries = 100000     # remembered (token, log type or topic) decisions
     max_staged_bytes = 1073741824   # legacy /store data not yet committed
     max_staged_bytes_per_token = 0  # of it, one token's (0: a quarter of max_staged_bytes)
@@ -176,6 +178,14 @@ class Limits:
     max_open_partitions: int = DEFAULT_MAX_OPEN_PARTITIONS
     source_idle_expiry_s: float = DEFAULT_IDLE_S
     max_fetch_positions: int = 1000
+    max_waiting_positions: int = 100_000
+    """Positions (a partition of a fetch or a read) that one worker's long-polls wait on at
+    once, all tokens together: a waiting position holds an append watch, a re-read on every
+    wake and, for a topic not made yet, a look every half second.  One more is 429 (see
+    :class:`ingest_api.waiting_reads.WaitingPositions`)."""
+    max_waiting_positions_per_token: int = 0
+    """Of ``max_waiting_positions``, what one token owner's long-polls may hold (0: a
+    quarter of it); see :attr:`waiting_positions_per_token`."""
     auth_cache_entries: int = 100_000
     max_staged_bytes: int = 1024**3
     max_staged_bytes_per_token: int = 0
@@ -197,6 +207,13 @@ class Limits:
         ``max_staged_bytes`` (one token's uploads never requested leave the others three
         quarters; filling it takes at least four tokens)."""
         return self.max_staged_bytes_per_token or max(1, self.max_staged_bytes // 4)
+
+    @property
+    def waiting_positions_per_token(self) -> int:
+        """One token's share of the positions a worker's long-polls wait on: as configured,
+        else a quarter of ``max_waiting_positions`` (one token's long-polls leave the others
+        three quarters)."""
+        return self.max_waiting_positions_per_token or max(1, self.max_waiting_positions // 4)
 
     @property
     def topics_per_token(self) -> int:
@@ -332,6 +349,11 @@ class GatewaySettings:
             "limits.max_staged_bytes_per_token must be >= 0 (0: a quarter of max_staged_bytes)",
         )
         _check(
+            lim.max_waiting_positions_per_token >= 0,
+            "limits.max_waiting_positions_per_token must be >= 0 (0: a quarter of "
+            "max_waiting_positions)",
+        )
+        _check(
             lim.max_connections_per_client >= 0,
             "limits.max_connections_per_client must be >= 0 (0: no limit)",
         )
@@ -349,6 +371,7 @@ class GatewaySettings:
             "max_structured_log_types",
             "max_open_partitions",
             "max_fetch_positions",
+            "max_waiting_positions",
             "auth_cache_entries",
             "max_staged_bytes",
         ):
@@ -558,6 +581,8 @@ _LIMIT_TYPES: dict[str, type] = {
     "max_open_partitions": int,
     "source_idle_expiry_s": float,
     "max_fetch_positions": int,
+    "max_waiting_positions": int,
+    "max_waiting_positions_per_token": int,
     "auth_cache_entries": int,
     "max_staged_bytes": int,
     "max_staged_bytes_per_token": int,

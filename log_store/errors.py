@@ -60,12 +60,17 @@ class LimitReached(BadRequest):
     sources, subscriptions, ...) is reached; nothing was changed.
 
     ``limit`` names the limit as configured (``max_topics``, ...); ``maximum`` is its value.
+    ``retry_after_s``: set for a limit on what is held only for a while (long-polls waiting),
+    which the same request may pass later; sent as ``Retry-After``.
     """
 
-    def __init__(self, message: str, limit: str, maximum: int) -> None:
+    def __init__(
+        self, message: str, limit: str, maximum: int, *, retry_after_s: int | None = None
+    ) -> None:
         super().__init__(message)
         self.limit = limit
         self.maximum = maximum
+        self.retry_after_s = retry_after_s
 
 
 class StoreUnavailable(LogbrokerError):

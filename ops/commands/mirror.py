@@ -32,7 +32,7 @@ from delivery.mirror import (
 )
 from delivery.mirror_metrics import MirrorCollector
 from delivery.partition_reader import MAX_MAX_BYTES
-from delivery.pull_client import GatewayUnavailable, RequestRefused
+from delivery.pull_client import GatewayUnavailable, MixedInstallations, RequestRefused
 from log_store.errors import BadRequest
 from ops import stop_signals
 from ops.commands.arg_types import add_log_level, seconds
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         hint = " (give the mirror's token with --token-file FILE)" if missing else ""
         print(f"logbroker mirror: the {side} {url} refused: {exc.reason}{hint}", file=sys.stderr)
         return 2
-    except WrongDestination as exc:
+    except (WrongDestination, MixedInstallations) as exc:
         print(f"logbroker mirror: {exc}", file=sys.stderr)
         return 2
     except (GatewayUnavailable, MirrorStuck) as exc:

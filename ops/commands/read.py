@@ -29,6 +29,7 @@ from delivery.internal_state import is_internal
 from delivery.partition_reader import MAX_MAX_BYTES
 from delivery.pull_client import (
     GatewayUnavailable,
+    MixedInstallations,
     PullClient,
     ReadMessage,
     RequestRefused,
@@ -474,6 +475,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     except RequestRefused as exc:
         print(f"logbroker read: {exc.reason}", file=sys.stderr)
+        return 2
+    except MixedInstallations as exc:
+        print(f"logbroker read: {exc}", file=sys.stderr)
         return 2
     except GatewayUnavailable as exc:
         print(f"logbroker read: {exc}", file=sys.stderr)

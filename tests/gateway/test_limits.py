@@ -155,7 +155,8 @@ def test_too_many_consumer_groups_of_one_token(limited: Any) -> None:
 def test_a_fetch_of_too_many_partitions(limited: Any) -> None:
     _, http = limited
     assert _write(http, [(meta("f", "fetched"), [1])]).status_code == 200
-    positions = [{"topic": "dc1.fetched", "partition": 0, "offset": 0}] * 3
+    # (the topic has one partition: the others are answered as not there)
+    positions = [{"topic": "dc1.fetched", "partition": p, "offset": 0} for p in range(3)]
     _assert_limit(http.post("/v1/fetch", json={"partitions": positions}), "max_fetch_positions", 2)
     assert http.post("/v1/fetch", json={"partitions": positions[:2]}).status_code == 200
     assert _refusals(http, "max_fetch_positions") == 1
