@@ -58,8 +58,10 @@ from session_dedup.exactly_once import (
     WriteOutcome,
 )
 from session_dedup.source import (
-    CONTROL_CHARACTERS,
+    FILE_REFUSED_CHARACTERS,
+    ID_REFUSED_CHARACTERS,
     LOG_TYPE_PATTERN,
+    MAX_CREATE_TIME_MS,
     MAX_META_FIELD_CHARS,
     MAX_SEQNO,
     MAX_SOURCE_ID_CHARS,
@@ -596,10 +598,18 @@ def openapi_schemas(ctx: GatewayContext) -> dict[str, Any]:
             "type": "string",
             "minLength": 1,
             "maxLength": MAX_SOURCE_ID_CHARS,
-            "pattern": f"^[^{CONTROL_CHARACTERS}]+$",
+            "pattern": f"^[^{ID_REFUSED_CHARACTERS}]+$",
         },
-        "server": {"type": "string", "maxLength": MAX_META_FIELD_CHARS, "pattern": "^[^\\x00]*$"},
-        "file": {"type": "string", "maxLength": MAX_META_FIELD_CHARS, "pattern": "^[^\\x00]*$"},
+        "server": {
+            "type": "string",
+            "maxLength": MAX_META_FIELD_CHARS,
+            "pattern": f"^[^{ID_REFUSED_CHARACTERS}]*$",
+        },
+        "file": {
+            "type": "string",
+            "maxLength": MAX_META_FIELD_CHARS,
+            "pattern": f"^[^{FILE_REFUSED_CHARACTERS}]*$",
+        },
         "codec": {"type": "string", "enum": list(CODECS)},
     }
     condition_props: dict[str, Any] = {
@@ -698,7 +708,12 @@ def openapi_schemas(ctx: GatewayContext) -> dict[str, Any]:
                     "description": "base64 data",
                     "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
                 },
-                "create_time": {"type": "integer", "description": "ms since the epoch"},
+                "create_time": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": MAX_CREATE_TIME_MS,
+                    "description": "ms since the epoch, up to 9999-12-31 UTC",
+                },
             },
         },
         "Ack": {
