@@ -368,7 +368,12 @@ def check_replica_records(
 ) -> None:
     """Every record must be an envelope a gateway writes into ``topic``: valid source meta,
     the topic's log type, a seqno in range, data within the chunk limit, a valid transaction
-    id.  A mirror only copies such records, so anything else is refused (nothing written)."""
+    id.  A mirror only copies such records, so anything else is refused (nothing written).
+
+    The text of the meta is held to the rules of every gateway version, and the create time
+    is not checked: a record a gateway stored before it refused such text or such a time
+    (a time outside ``0 .. MAX_CREATE_TIME_MS``, which the loader clamps) is copied as it is,
+    or the mirror of its topic would stop there for good."""
     log_type = topic.split(".", 1)[-1]
     for offset, value in records:
         where = f"record at source offset {offset}"
@@ -380,6 +385,7 @@ def check_replica_records(
                 server=env.server,
                 file=env.file,
                 codec=env.codec,
+                copied=True,
             )
             if env.txn_id is not None:
                 validate_txn_id(env.txn_id)

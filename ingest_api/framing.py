@@ -33,7 +33,13 @@ from ingest_api.errors import ApiError
 from ingest_api.settings import Limits
 from log_store.errors import BadRequest
 from session_dedup.exactly_once import ChunkBatch
-from session_dedup.source import MAX_SEQNO, SourceMeta, source_meta, usual_source_meta
+from session_dedup.source import (
+    MAX_CREATE_TIME_MS,
+    MAX_SEQNO,
+    SourceMeta,
+    source_meta,
+    usual_source_meta,
+)
 
 BINARY_MEDIA_TYPE = "application/x-logbroker-chunks"
 NDJSON_MEDIA_TYPE = "application/x-ndjson"
@@ -46,8 +52,6 @@ _META_KEYS = frozenset({"log_type", "source_id", "server", "file", "codec"})
 _CONDITION_KEYS = frozenset({"epoch", "prev_seqno"})
 _SECTION_KEYS = _META_KEYS | _CONDITION_KEYS
 _NDJSON_KEYS = _SECTION_KEYS | {"seqno", "data", "data_b64", "create_time"}
-_MIN_CREATE_TIME = -(2**63)
-_MAX_CREATE_TIME = 2**63 - 1
 
 
 @dataclass(slots=True)
@@ -166,6 +170,22 @@ def _check_seqnos(seqnos: list[int], where: str) -> None:
         raise ApiError(400, "bad_seqno", f"{where}: seqno {bad} is outside 1 .. 2**63-1")
 
 
+def _check_create_times(create_times: list[int], where: str) -> None:
+    if create_times and (min(create_times) < 0 or max(create_times) > MAX_CREATE_TIME_MS):
+        bad = next(t for t in create_times if not 0 <= t <= MAX_CREATE_TIME_MS)
+        raise _bad_create_time(bad, where)
+
+
+def _bad_create_time(value: object, where: str) -> ApiError:
+    """A create time every reader of the log can hold (Spark's TIMESTAMP among them)."""
+    return ApiError(
+        400,
+        "bad_meta",
+        f"{where}: create_time {str(value)[:40]} is not an integer of milliseconds in "
+        f"0 .. {MAX_CREATE_TIME_MS} (1970-01-01 .. 9999-12-31 UTC)",
+    )
+
+
 def parse_binary(body: bytes, limits: Limits) -> list[Section]:
     """The sections of a binary body, at least one; raises :class:`ApiError` (400/413) on any
     defect."""
@@ -236,6 +256,11 @@ def parse_binary(body: bytes, limits: Limits) -> list[Section]:
         if error is None and seqnos and (min(seqnos) < 1 or max(seqnos) > MAX_SEQNO):
             try:
                 _check_seqnos(seqnos, _where(sections))
+            except ApiError as exc:
+                error = exc
+        if error is None and create_times:
+            try:
+                _check_create_times(create_times, _where(sections))
             except ApiError as exc:
                 error = exc
         if error is not None:
@@ -344,9 +369,9 @@ def _ndjson_chunk(
     if (
         not isinstance(create_time, int)
         or isinstance(create_time, bool)
-        or not _MIN_CREATE_TIME <= create_time <= _MAX_CREATE_TIME
+        or not 0 <= create_time <= MAX_CREATE_TIME_MS
     ):
-        raise _bad(f"{where}: create_time must be an integer of milliseconds")
+        raise _bad_create_time(create_time, where)
     data = _ndjson_data(obj, where)
     if len(data) > limits.max_chunk_bytes:
         raise _chunk_too_large(len(data), limits)

@@ -71,8 +71,9 @@ from ingest_api.errors import ApiError
 from ingest_api.legacy_peers import STAGING_PATH, StagingPeers
 from ingest_api.openapi import operation, path_param
 from ingest_api.owners_api import owner_directory
-from log_store.errors import UnknownTopic
+from log_store.errors import BadRequest, UnknownTopic
 from log_store.topic_names import LOG_TYPE_RULE, is_valid_log_type
+from session_dedup.source import check_shown_text
 
 _FIELD_MAX = 4096
 _SWEEP_S = 600.0
@@ -108,8 +109,12 @@ def _log_type(request: Request) -> str:
 
 def _text_param(request: Request, name: str, default: str) -> str:
     value = request.query_params.get(name, default)
-    if len(value) > _FIELD_MAX or any(ord(c) < 32 for c in value):
-        raise ApiError(400, "bad_request", f"{name}: at most {_FIELD_MAX} printable characters")
+    if len(value) > _FIELD_MAX:
+        raise ApiError(400, "bad_request", f"{name}: at most {_FIELD_MAX} characters")
+    try:
+        check_shown_text(name, value)  # the same characters as a write's meta
+    except BadRequest as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
     return value
 
 

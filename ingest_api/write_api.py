@@ -58,8 +58,10 @@ from session_dedup.exactly_once import (
     WriteOutcome,
 )
 from session_dedup.source import (
-    CONTROL_CHARACTERS,
+    FILE_REFUSED_CHARACTERS,
+    ID_REFUSED_CHARACTERS,
     LOG_TYPE_PATTERN,
+    MAX_CREATE_TIME_MS,
     MAX_META_FIELD_CHARS,
     MAX_SEQNO,
     MAX_SOURCE_ID_CHARS,
@@ -215,7 +217,10 @@ class WriteApi:
             metas, [asked[i][1] for i in kept], self.ctx.topic_creator(grant)
         )
         limited = [s.refused for s in sessions if s.refused is not None]
-        if not batch and limited:
+        # a topic not created (partition -1) refuses its sessions alone, unless it is all
+        # the request asked, as a request of only new log types is refused as a whole
+        only_new = len(sessions) == len(asked) and all(s.partition < 0 for s in sessions)
+        if limited and (not batch or only_new):
             raise limited[0]  # 429 (counted by the route's guard)
         for limit in limited:
             self.ctx.limit_refusals.inc(1, (limit.limit,))
@@ -298,18 +303,27 @@ class WriteApi:
         # counted also when the request fails: its retry answers what was written `duplicate`
         self._audit(admitted, results)
         failed = [
-            (s, r) for s, r in zip(admitted, results, strict=True) if isinstance(r, BaseException)
+            (s, r)
+            for s, r in zip(admitted, results, strict=True)
+            if isinstance(r, BaseException) and not isinstance(r, LimitReached)
         ]
         if failed:
             raise _failure(failed)
-        outcomes = iter(cast(list[WriteOutcome], results))
+        limited = [r for r in results if isinstance(r, LimitReached)]
+        if limited and len(limited) == len(sections):
+            raise limited[0]  # 429 for a request of only new log types (counted by the guard)
+        outcomes = iter(cast(list[WriteOutcome | LimitReached], results))
         answer = _Answer()
         for s in sections:
             if s.error is not None:
                 answer.results.append(_refusal_json(s.meta.source_id, s.error))
                 continue
             outcome = next(outcomes)
-            if outcome.refused is not None:
+            if isinstance(outcome, LimitReached):  # a new log type's topic was not created
+                self.ctx.limit_refusals.inc(1, (outcome.limit,))
+                self.sections_refused.inc(1, ("limit_reached",))
+                answer.results.append(_limit_refusal_json(s.meta.source_id, outcome))
+            elif outcome.refused is not None:
                 self.ctx.limit_refusals.inc(1, (outcome.refused.limit,))
                 self.sections_refused.inc(1, ("limit_reached",))
                 answer.results.append(_limit_refusal_json(s.meta.source_id, outcome.refused))
@@ -596,10 +610,18 @@ def openapi_schemas(ctx: GatewayContext) -> dict[str, Any]:
             "type": "string",
             "minLength": 1,
             "maxLength": MAX_SOURCE_ID_CHARS,
-            "pattern": f"^[^{CONTROL_CHARACTERS}]+$",
+            "pattern": f"^[^{ID_REFUSED_CHARACTERS}]+$",
         },
-        "server": {"type": "string", "maxLength": MAX_META_FIELD_CHARS, "pattern": "^[^\\x00]*$"},
-        "file": {"type": "string", "maxLength": MAX_META_FIELD_CHARS, "pattern": "^[^\\x00]*$"},
+        "server": {
+            "type": "string",
+            "maxLength": MAX_META_FIELD_CHARS,
+            "pattern": f"^[^{ID_REFUSED_CHARACTERS}]*$",
+        },
+        "file": {
+            "type": "string",
+            "maxLength": MAX_META_FIELD_CHARS,
+            "pattern": f"^[^{FILE_REFUSED_CHARACTERS}]*$",
+        },
         "codec": {"type": "string", "enum": list(CODECS)},
     }
     condition_props: dict[str, Any] = {
@@ -698,7 +720,12 @@ def openapi_schemas(ctx: GatewayContext) -> dict[str, Any]:
                     "description": "base64 data",
                     "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
                 },
-                "create_time": {"type": "integer", "description": "ms since the epoch"},
+                "create_time": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": MAX_CREATE_TIME_MS,
+                    "description": "ms since the epoch, up to 9999-12-31 UTC",
+                },
             },
         },
         "Ack": {

@@ -221,8 +221,13 @@ class PushConfig:
                     entry.multiline_pattern()
                 except re.error as exc:
                     raise ConfigError(f"multiline regex {entry.multiline!r}: {exc}") from exc
-        if not self.host or any(ord(c) < 32 for c in self.host):
-            raise ConfigError(f"host name {self.host!r} is empty or has control characters")
+        if not self.host or not self.host.isprintable():
+            # it is every chunk's server and part of every source id, where the gateway
+            # refuses control, separator and format characters (400 bad_meta for every file)
+            raise ConfigError(
+                f"host name {self.host!r} is empty or has characters that are not printable "
+                "(control, separator or format characters)"
+            )
         for setting in fields(self):
             # nan passes every bound below (each comparison with it is false), inf waits for
             # ever; TOML and the command line both spell them

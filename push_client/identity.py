@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 
 FINGERPRINT_BYTES = 256
@@ -54,12 +55,24 @@ def fingerprint_of(head: bytes, *, final: bool = False) -> str | None:
     return hashlib.blake2b(head, digest_size=8).hexdigest()
 
 
+NOT_SHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+"""What the gateway refuses in a chunk's ``file`` (docs/protocol.md): the control characters
+(C0, DEL, C1), the line and paragraph separators and the bidirectional controls."""
+
+
 def display_path(path: str) -> str:
-    """``path`` as printable UTF-8 text (undecodable bytes and control characters escaped)."""
+    """``path`` as UTF-8 text the gateway takes as a ``file``: undecodable bytes, control,
+    separator and bidirectional-control characters escaped (``\\x0a``, ``\\u202e``), so that
+    no file name, however odd, gets its file refused."""
     if path.isascii() and path.isprintable():
         return path  # the usual case, at C speed: the status names every file every second
     text = os.fsencode(path).decode("utf-8", "backslashreplace")
-    return "".join(c if ord(c) >= 32 and c != "\x7f" else f"\\x{ord(c):02x}" for c in text)
+    return NOT_SHOWN.sub(_escaped, text)
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def make_source_id(host: str, identity: FileIdentity, generation: int = 0) -> str:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from log_store.errors import (
     LimitReached,
@@ -234,12 +234,15 @@ class SourceRouter:
         self._pins_deletable = isinstance(store, StateScan)
         self._lock = threading.Lock()
 
-    def _topic_infos(self, topics: Sequence[str], creator: str | None) -> list[TopicInfo]:
+    def _topic_infos(
+        self, topics: Sequence[str], creator: str | None
+    ) -> list[TopicInfo | LimitReached]:
         """The topics' catalog entries, the missing topics created (counted as ``creator``'s):
         all of them or, over ``max_topics`` or the creator's share, none
-        (:meth:`~log_store.topic_quota.TopicQuota.create_all`)."""
+        (:meth:`~log_store.topic_quota.TopicQuota.create_all`), each missing topic's entry
+        then the :class:`LimitReached` that refused it."""
         now = time.monotonic()
-        infos: dict[str, TopicInfo] = {}
+        infos: dict[str, TopicInfo | LimitReached] = {}
         looked_up: dict[str, TopicInfo] = {}
         missing: list[str] = []
         for topic in topics:
@@ -253,8 +256,12 @@ class SourceRouter:
             except UnknownTopic:
                 missing.append(topic)
         if missing:
-            created = self._quota.create_all(missing, self._partitions, creator)
-            looked_up.update(zip(missing, created, strict=True))
+            try:
+                created = self._quota.create_all(missing, self._partitions, creator)
+            except LimitReached as refused:
+                infos.update((topic, refused) for topic in missing)
+            else:
+                looked_up.update(zip(missing, created, strict=True))
         infos.update(looked_up)
         with self._lock:
             for topic, info in looked_up.items():
@@ -309,9 +316,21 @@ class SourceRouter:
         """Routes of many ``(topic, source_id)``; new pins of a topic are made in one step.
 
         A topic created on first use is counted as ``creator``'s (see
-        :class:`~log_store.topic_quota.TopicQuota`).  :class:`PinsUnavailable` if a partition
-        holding pins (or the topic's own record) has no reachable owner, naming the sources
-        that wait for it."""
+        :class:`~log_store.topic_quota.TopicQuota`); :class:`LimitReached` if a topic could
+        not be created.  :class:`PinsUnavailable` if a partition holding pins (or the topic's
+        own record) has no reachable owner, naming the sources that wait for it."""
+        routes = self.route_each(sources, creator)
+        for route in routes:
+            if isinstance(route, LimitReached):
+                raise route
+        return cast(list[SourceRoute], routes)
+
+    def route_each(
+        self, sources: Sequence[tuple[str, str]], creator: str | None = None
+    ) -> list[SourceRoute | LimitReached]:
+        """Like :meth:`route_many`, but a source of a topic that could not be created (over
+        ``max_topics`` or the creator's share) gets the :class:`LimitReached` in its place:
+        the sources of topics that exist are routed all the same."""
         try:
             return self._route_many_checked(sources, creator)
         except PartitionUnavailable as exc:
@@ -319,7 +338,7 @@ class SourceRouter:
 
     def _route_many_checked(
         self, sources: Sequence[tuple[str, str]], creator: str | None
-    ) -> list[SourceRoute]:
+    ) -> list[SourceRoute | LimitReached]:
         try:
             return self._route_many_once(sources, creator)
         except UnknownTopic:
@@ -347,13 +366,17 @@ class SourceRouter:
 
     def _route_many_once(
         self, sources: Sequence[tuple[str, str]], creator: str | None
-    ) -> list[SourceRoute]:
+    ) -> list[SourceRoute | LimitReached]:
         by_topic: dict[str, list[str]] = {}
         for topic, source_id in sources:
             by_topic.setdefault(topic, []).append(source_id)
         found: dict[str, dict[str, SourceRoute]] = {}
+        refused: dict[str, LimitReached] = {}
         infos = self._topic_infos(list(by_topic), creator)
         for (topic, source_ids), info in zip(by_topic.items(), infos, strict=True):
+            if isinstance(info, LimitReached):
+                refused[topic] = info
+                continue
             topic_id = info.topic_id
             # read before any pin is seen: a deletion after it moves the count
             deletions = self._pin_deletions(topic, topic_id)
@@ -392,10 +415,13 @@ class SourceRouter:
                     before = len(cache)
                     cache.update(pins)
                     self._cached_pins += len(cache) - before
-        if len(found) == 1:
+        if len(found) == 1 and not refused:
             (pins,) = found.values()
             return [pins[source_id] for _, source_id in sources]
-        return [found[topic][source_id] for topic, source_id in sources]
+        return [
+            refused[topic] if topic in refused else found[topic][source_id]
+            for topic, source_id in sources
+        ]
 
     def confirm_pins(self, routes: Sequence[tuple[SourceRoute, str]]) -> None:
         """Make sure each source that just got its first state in a partition is pinned there.
@@ -882,16 +908,19 @@ class ExactlyOnceWriter:
 
     async def _routes_async(
         self, metas: Sequence[SourceMeta], creator: str | None = None
-    ) -> list[SourceRoute]:
+    ) -> list[SourceRoute | LimitReached]:
         """Routes of many sources; the cache misses are resolved together in one thread (a
-        topic created on first use counted as ``creator``'s)."""
+        topic created on first use counted as ``creator``'s; a source of a topic that could
+        not be created gets the :class:`LimitReached` that refused it)."""
         cached_route = self.router.cached_route
         topic_for = self.topic_for
-        routes = [cached_route(topic_for(m.log_type), m.source_id) for m in metas]
+        routes: list[SourceRoute | LimitReached | None] = [
+            cached_route(topic_for(m.log_type), m.source_id) for m in metas
+        ]
         missing = [i for i, r in enumerate(routes) if r is None]
         if missing:
             wanted = [(topic_for(metas[i].log_type), metas[i].source_id) for i in missing]
-            found = await asyncio.to_thread(self.router.route_many, wanted, creator)
+            found = await asyncio.to_thread(self.router.route_each, wanted, creator)
             for i, route in zip(missing, found, strict=True):
                 routes[i] = route
         return [r for r in routes if r is not None]
@@ -936,7 +965,9 @@ class ExactlyOnceWriter:
     ) -> list[WriteOutcome | BaseException]:
         """Like :meth:`write_many_async`, but a failed section's error takes its place in the
         list, so a caller knows what the others wrote.  A topic created on first use is
-        counted as ``creator``'s (``None``: against ``max_topics`` only)."""
+        counted as ``creator``'s (``None``: against ``max_topics`` only); a section of a new
+        topic refused by those limits gets the :class:`LimitReached`, and nothing of it is
+        written, while the sections of topics that exist are."""
         done: dict[int, WriteOutcome | BaseException] = {}
         todo = list(range(len(sections)))
         for attempt in range(2):
@@ -950,8 +981,17 @@ class ExactlyOnceWriter:
             except BaseException:
                 routing.cancel()
                 raise
-            routes = await routing
-            submitted = self._submit_chunks(routes, [sections[i] for i in todo], todo, writers)
+            routed = await routing
+            kept = [k for k, r in enumerate(routed) if not isinstance(r, LimitReached)]
+            for k, route in enumerate(routed):
+                if isinstance(route, LimitReached):
+                    done[todo[k]] = route
+            submitted = self._submit_chunks(
+                [cast(SourceRoute, routed[k]) for k in kept],
+                [sections[todo[k]] for k in kept],
+                [todo[k] for k in kept],
+                [writers[k] for k in kept],
+            )
             results = await asyncio.gather(
                 *(asyncio.wrap_future(f) for f, _ in submitted), return_exceptions=True
             )
@@ -1085,11 +1125,15 @@ class ExactlyOnceWriter:
         creator: str | None = None,
     ) -> list[Session]:
         """Like :meth:`open_sessions`, for an event loop; a topic created on first use is
-        counted as ``creator``'s."""
+        counted as ``creator``'s.  The session of a source of a new topic that ``max_topics``
+        or the creator's share refused is refused (``Session.refused``), the others opened."""
+        asked = requests or [SessionRequest()] * len(metas)
         for attempt in range(2):
-            routes = await self._routes_async(metas, creator)
+            routed = await self._routes_async(metas, creator)
+            kept = [i for i, r in enumerate(routed) if not isinstance(r, LimitReached)]
+            routes = [cast(SourceRoute, routed[i]) for i in kept]
             submitted = self._submit_sessions(
-                metas, routes, requests or [SessionRequest()] * len(metas)
+                [metas[i] for i in kept], routes, [asked[i] for i in kept]
             )
             results = await asyncio.gather(
                 *(asyncio.wrap_future(f) for _, _, f in submitted), return_exceptions=True
@@ -1105,7 +1149,13 @@ class ExactlyOnceWriter:
             created = self._created(routes, submitted)
             if created:
                 await asyncio.to_thread(self.router.confirm_pins, created)
-            return self._sessions(routes, submitted)
+            opened = iter(self._sessions(routes, submitted))
+            return [
+                Session(self.topic_for(metas[i].log_type), -1, 0, 0, route)
+                if isinstance(route, LimitReached)
+                else next(opened)
+                for i, route in enumerate(routed)
+            ]
         raise AssertionError("unreachable")
 
 

@@ -15,11 +15,72 @@ from log_store.topic_names import validate_log_type as validate_log_type
 from session_dedup.envelope import CODECS
 
 MAX_SEQNO = 2**63 - 1
+MAX_CREATE_TIME_MS = 253_402_214_400_000
+"""The latest ``create_time`` a chunk may carry: 9999-12-31T00:00:00Z, in ms since 1970.
+
+Every consumer of the log can hold ``0 .. MAX_CREATE_TIME_MS``: Spark's and Delta's TIMESTAMP
+(years 1-9999, shown in any time zone), Arrow's microseconds, Python's ``datetime``."""
 MAX_SOURCE_ID_CHARS = 512
 MAX_META_FIELD_CHARS = 4096
-# C0 and C1 control characters and DEL: a source id is shown in logs and tables.
-CONTROL_CHARACTERS = "\\x00-\\x1f\\x7f-\\x9f"
+
+# Characters that act on whoever shows the text rather than being shown: the C0 and C1
+# controls and DEL (Unicode category Cc: ESC, CR, LF, BEL...), the line and paragraph
+# separators, and the format characters (Cf: the bidirectional overrides such as U+202E,
+# zero-width characters, the byte order mark, tags).  Listed here rather than asked of
+# ``unicodedata`` (Unicode 14's Cf), so that the rule does not move with the Python version.
+_CONTROLS = ((0x00, 0x1F), (0x7F, 0x9F))
+_SEPARATORS = ((0x2028, 0x2029),)
+_BIDI_CONTROLS = ((0x202A, 0x202E), (0x2066, 0x2069))
+"""The bidirectional embeddings, overrides and isolates: they reorder how text reads."""
+_FORMAT = (
+    (0xAD, 0xAD),
+    (0x600, 0x605),
+    (0x61C, 0x61C),
+    (0x6DD, 0x6DD),
+    (0x70F, 0x70F),
+    (0x890, 0x891),
+    (0x8E2, 0x8E2),
+    (0x180E, 0x180E),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x2064),
+    (0x2066, 0x206F),
+    (0xFEFF, 0xFEFF),
+    (0xFFF9, 0xFFFB),
+    (0x110BD, 0x110BD),
+    (0x110CD, 0x110CD),
+    (0x13430, 0x13438),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0001, 0xE0001),
+    (0xE0020, 0xE007F),
+)
+
+
+def _char_class(*groups: tuple[tuple[int, int], ...]) -> str:
+    """The body of a regular expression's character class of the ranges (astral characters
+    as themselves, which Python's ``re`` and JSON Schema's Unicode patterns both read)."""
+
+    def char(code: int) -> str:
+        if code < 0x100:
+            return f"\\x{code:02x}"
+        return f"\\u{code:04x}" if code < 0x10000 else chr(code)
+
+    ranges = sorted(r for group in groups for r in group)
+    return "".join(char(a) if a == b else f"{char(a)}-{char(b)}" for a, b in ranges)
+
+
+CONTROL_CHARACTERS = _char_class(_CONTROLS)
+"""Cc: refused in ``source_id`` by every version of the gateway (see ``copied``)."""
+ID_REFUSED_CHARACTERS = _char_class(_CONTROLS, _SEPARATORS, _FORMAT)
+"""Refused in ``source_id`` and ``server``: control, separator and format characters."""
+FILE_REFUSED_CHARACTERS = _char_class(_CONTROLS, _SEPARATORS, _BIDI_CONTROLS)
+"""Refused in ``file``: control and separator characters and the bidirectional controls.
+The other format characters are in real file names (U+200C, the zero-width non-joiner, in
+Persian words; U+200D in emoji sequences), and a file's name is what it is."""
 _CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
+_ID_REFUSED = re.compile(f"[{ID_REFUSED_CHARACTERS}]")
+_FILE_REFUSED = re.compile(f"[{FILE_REFUSED_CHARACTERS}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +151,9 @@ def usual_source_meta(obj: dict[str, object]) -> SourceMeta | None:
         and source_id.isascii()
         and source_id.isprintable()
         and server.isascii()
+        and server.isprintable()
         and file.isascii()
-        and "\x00" not in server
-        and "\x00" not in file
+        and file.isprintable()
         and obj.keys() <= _META_FIELDS
     ):
         return _checked_meta(log_type, source_id, server, file, codec)
@@ -130,6 +191,31 @@ def _known_log_type(value: object) -> str:
     return log_type
 
 
+def check_shown_text(name: str, value: str) -> None:
+    """Raise ``BadRequest`` if ``value``, the ``source_id``, ``server`` or ``file`` of a
+    source, holds a character that field refuses (see ``ID_REFUSED_CHARACTERS``)."""
+    if name == "file":
+        _refuse_shown(name, value, _FILE_REFUSED, _FILE_CHARACTERS)
+    else:
+        _refuse_shown(name, value, _ID_REFUSED, _ID_CHARACTERS)
+
+
+def _refuse_shown(name: str, value: str, refused: re.Pattern[str], what: str) -> None:
+    found = refused.search(value)
+    if found is not None:
+        raise BadRequest(
+            f"{name} must not contain {what}: U+{ord(found.group()):04X} at character "
+            f"{found.start()}"
+        )
+
+
+_ID_CHARACTERS = "control, line-separator or format characters (Unicode Cc, Zl, Zp, Cf)"
+_FILE_CHARACTERS = (
+    "control, line-separator or bidirectional-control characters (Unicode Cc, Zl, Zp, "
+    "U+202A-U+202E, U+2066-U+2069)"
+)
+
+
 def source_meta(
     *,
     log_type: object,
@@ -137,16 +223,27 @@ def source_meta(
     server: object = None,
     file: object = None,
     codec: object = None,
+    copied: bool = False,
 ) -> SourceMeta:
-    """Validate the parts of a source's meta; raises ``BadRequest`` naming the bad field."""
+    """Validate the parts of a source's meta; raises ``BadRequest`` naming the bad field.
+
+    ``copied``: the meta of a record copied from another installation's log, which a gateway
+    of any version may have written: held only to the text rules every version applied (no
+    control character in ``source_id``, no NUL in ``server`` or ``file``), so that a record
+    stored before a rule came in is still copied rather than stopping its mirror for good.
+    """
     sid = _text("source_id", source_id, max_chars=MAX_SOURCE_ID_CHARS, required=True)
-    if _CONTROL.search(sid):
-        raise BadRequest("source_id must not contain control characters")
     srv = _text("server", server, max_chars=MAX_META_FIELD_CHARS, required=False)
     fil = _text("file", file, max_chars=MAX_META_FIELD_CHARS, required=False)
-    for name, value in (("server", srv), ("file", fil)):
-        if "\x00" in value:
-            raise BadRequest(f"{name} must not contain NUL characters")
+    if copied:
+        if _CONTROL.search(sid):
+            raise BadRequest("source_id must not contain control characters")
+        for name, value in (("server", srv), ("file", fil)):
+            if "\x00" in value:
+                raise BadRequest(f"{name} must not contain NUL characters")
+    else:
+        for name, value in (("source_id", sid), ("server", srv), ("file", fil)):
+            check_shown_text(name, value)
     cod = "raw" if codec is None else codec
     if cod not in CODECS:
         raise BadRequest(f"unknown codec {str(cod)[:40]!r}; use one of {', '.join(CODECS)}")

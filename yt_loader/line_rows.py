@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from session_dedup.chunk_codecs import CorruptChunk, decompress
 from session_dedup.envelope import Envelope
+from session_dedup.source import MAX_CREATE_TIME_MS
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -36,6 +37,9 @@ SPARK_SCHEMA_DDL = (
     "write_time TIMESTAMP, line STRING"
 )
 
+CLAMPED_EXAMPLES = 3
+"""Messages with a clamped time named in a load's report, per range."""
+
 _PER_MESSAGE = ("offset", "source_id", "seqno", "server", "file", "log_type")
 
 
@@ -57,6 +61,11 @@ class LineBatchBuilder:
         self.partition = partition
         self.with_schema_ids = with_schema_ids
         """Add a ``_schema_id`` column (uint64): each line's chunk's schema id, or null."""
+        self.clamped = 0
+        """Messages added whose ``create_time`` or ``write_time`` was outside
+        ``0 .. MAX_CREATE_TIME_MS``, loaded clamped into that range (see :meth:`_clamped`)."""
+        self.clamped_examples: list[tuple[int, str, int]] = []
+        """(offset, field, value as stored) of the first :data:`CLAMPED_EXAMPLES` of them."""
         self._reset()
 
     def _reset(self) -> None:
@@ -99,13 +108,33 @@ class LineBatchBuilder:
         cols["server"].append(envelope.server)
         cols["file"].append(envelope.file)
         cols["log_type"].append(envelope.log_type)
-        self._create_us.append(envelope.create_time * 1000)
-        self._write_us.append(envelope.write_time * 1000)
+        create_time = envelope.create_time
+        write_time = envelope.write_time
+        if not (0 <= create_time <= MAX_CREATE_TIME_MS and 0 <= write_time <= MAX_CREATE_TIME_MS):
+            self.clamped += 1
+            create_time = self._clamped(offset, "create_time", create_time)
+            write_time = self._clamped(offset, "write_time", write_time)
+        self._create_us.append(create_time * 1000)
+        self._write_us.append(write_time * 1000)
         self._schema_ids.append(envelope.schema_id)
         self._repeat.extend([index] * len(lines))
         self._lines.extend(lines)
         self.data_bytes += len(raw)
         return len(lines)
+
+    def _clamped(self, offset: int, field: str, value: int) -> int:
+        """``value`` within ``0 .. MAX_CREATE_TIME_MS`` (noted if it was not).
+
+        A gateway refuses such times now; one stored before it did (or written into Kafka
+        by another producer) overflowed the timestamp column and failed the whole load of
+        its topic.  Left out, its lines would be lost; with a null time they would drop out
+        of the audit's windows and the table's hour partitions.  Clamped, they load, at
+        1970-01-01 or 9999-12-31, and the load reports them."""
+        if 0 <= value <= MAX_CREATE_TIME_MS:
+            return value
+        if len(self.clamped_examples) < CLAMPED_EXAMPLES:
+            self.clamped_examples.append((offset, field, value))
+        return min(max(value, 0), MAX_CREATE_TIME_MS)
 
     def build(self) -> pa.RecordBatch:
         """The rows gathered so far, and a fresh start for the next batch."""

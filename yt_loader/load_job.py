@@ -82,6 +82,8 @@ class TopicProgress:
     done_offsets: int = 0
     lines: int = 0
     data_bytes: int = 0
+    clamped_times: int = 0
+    """Messages loaded with a create or write time clamped into 1970 .. 9999-12-31."""
 
     def offsets_done(self, extra: int = 0) -> str:
         done = self.done_offsets + extra
@@ -101,6 +103,10 @@ class LoadReport:
     data_bytes: int = 0
     gaps: list[LoadGap] = field(default_factory=list)
     topics: dict[str, TopicProgress] = field(default_factory=dict)
+    clamped_times: int = 0
+    """Messages whose create or write time was outside 1970-01-01 .. 9999-12-31 UTC (stored
+    before the gateway refused such times, or by another producer on Kafka), loaded with it
+    clamped into that range rather than failing the load."""
     elapsed_s: float = 0.0
     stopped: bool = False
     held_back: dict[str, str] = field(default_factory=dict)
@@ -275,6 +281,23 @@ def _corrupt_gaps(written: list[WrittenRange]) -> list[LoadGap]:
             reason = f"the message {why}; left out by --skip-corrupt"
             gaps.append(LoadGap(w.rng.topic, w.rng.partition, offset, offset + 1, reason))
     return gaps
+
+
+def _clamped_warnings(batch: int, written: list[WrittenRange]) -> list[str]:
+    """One line per range that loaded messages with a time clamped, naming the first few."""
+    said = []
+    for w in sorted(written, key=lambda w: (w.rng.topic, w.rng.partition, w.rng.start)):
+        if not w.clamped:
+            continue
+        examples = ", ".join(
+            f"offset {offset} {name} {value}" for offset, name, value in w.clamped_examples
+        )
+        said.append(
+            f"batch {batch}: {w.rng.topic} partition {w.rng.partition}: {w.clamped} messages "
+            "with a create_time or write_time outside 1970-01-01 .. 9999-12-31 UTC were loaded "
+            f"with it clamped into that range ({examples})"
+        )
+    return said
 
 
 def _task_failure(batch: int, exc: Exception) -> LogbrokerError:
@@ -573,14 +596,18 @@ def run_load(
             )
             report.batches.append(batch)
             progress(f"batch {batch}: {_batch_size(written, plan)}")
+            for said in _clamped_warnings(batch, written):
+                progress(said)
             for w in written:
                 report.ranges += 1
                 report.lines += w.lines
                 report.data_bytes += w.data_bytes
+                report.clamped_times += w.clamped
                 topic_progress = report.topics[w.rng.topic]
                 topic_progress.done_offsets += w.rng.end - w.rng.start
                 topic_progress.lines += w.lines
                 topic_progress.data_bytes += w.data_bytes
+                topic_progress.clamped_times += w.clamped
             for topic in sorted({w.rng.topic for w in written}):
                 progress(f"batch {batch}: {report.topics[topic].describe()} so far")
         report.elapsed_s = time.monotonic() - started

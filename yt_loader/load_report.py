@@ -28,6 +28,7 @@ def report_document(report: LoadReport) -> dict[str, Any]:
         "recovered_files": report.recovery.published_files,
         "discarded_batches": report.recovery.discarded_batches,
         "gaps": [vars(g) | {"message": g.message()} for g in report.gaps],
+        "clamped_times": report.clamped_times,
         "topics": {t: vars(p) for t, p in sorted(report.topics.items())},
         "held_back": dict(sorted(report.held_back.items())),
     }

@@ -33,6 +33,11 @@ class RangeReadStats:
     corrupt: list[tuple[int, str]] = field(default_factory=list)
     """(offset, why) of each message left out because its data does not decompress or it is
     not an envelope at all (only with ``skip_corrupt``); ``why`` reads after "the message"."""
+    clamped: int = 0
+    """Messages whose create or write time was outside 1970 .. 9999-12-31, loaded with it
+    clamped into that range (see :meth:`~yt_loader.line_rows.LineBatchBuilder.add`)."""
+    clamped_examples: list[tuple[int, str, int]] = field(default_factory=list)
+    """(offset, field, stored value) of the first few of them."""
 
 
 def read_range(
@@ -122,6 +127,8 @@ def read_range(
             if builder.line_count >= batch_lines:
                 yield builder.build()
         offset = batch.next_offset
+    stats.clamped = builder.clamped
+    stats.clamped_examples = builder.clamped_examples
     if builder.line_count:
         yield builder.build()
 

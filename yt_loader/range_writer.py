@@ -76,6 +76,10 @@ class WrittenRange:
     data_bytes: int
     corrupt: list[tuple[int, str]] = field(default_factory=list)
     """(offset, why) of the messages left out because they do not decompress."""
+    clamped: int = 0
+    """Messages loaded with a create or write time clamped into 1970 .. 9999-12-31."""
+    clamped_examples: list[tuple[int, str, int]] = field(default_factory=list)
+    """(offset, field, stored value) of the first few of them."""
 
 
 def _attempt_id(run: str) -> str:
@@ -193,4 +197,6 @@ def write_range(
         lines=stats.lines,
         data_bytes=stats.data_bytes,
         corrupt=stats.corrupt,
+        clamped=stats.clamped,
+        clamped_examples=stats.clamped_examples,
     )

@@ -170,25 +170,36 @@ def test_a_replica_source_that_is_too_long_or_has_control_characters_is_refused_
 def test_a_message_created_before_1970_is_mirrored_and_does_not_stop_the_mirror(
     start_gateway: Any, writer_for: Any, tmp_path: Any
 ) -> None:
-    """The write protocol takes any signed ``create_time``; the mirror's audit counted such a
+    """The write protocol took any signed ``create_time``; the mirror's audit counted such a
     message in a window before 1970, which the destination refused (400): the mirror exited
-    and every later run stopped at the same message."""
+    and every later run stopped at the same message.  Gateways refuse such times now, and
+    control characters in ``server`` and ``file``; records stored before are still copied as
+    they are (a destination refusing them would stop the mirror for good)."""
+    from log_store import open_store
+    from session_dedup.envelope import Envelope, encode
+
+    with open_store(tmp_path / "dc1") as store:  # as a gateway of an earlier release wrote them
+        store.create_topic("dc1.app", exist_ok=True)
+        store.append(
+            "dc1.app",
+            0,
+            [
+                encode(Envelope("old", "h\r\n\x1b[31m", "/f\n", "app", "raw", n, t, 1, b"%d\n" % n))
+                for n, t in ((1, -1), (2, -86_400_000), (3, 1_700_000_000_000))
+            ],
+        )
     dc1 = start_gateway(tmp_path / "dc1", "--dc", "dc1")
     dc2 = start_gateway(tmp_path / "dc2", "--dc", "dc2")
-    lines = [
-        {"log_type": "app", "source_id": "old", "seqno": n, "data": f"{n}\n", "create_time": t}
-        for n, t in ((1, -1), (2, -86_400_000), (3, 1_700_000_000_000))
-    ]
-    written = httpx.post(
-        f"{dc1.url}/v1/write",
-        content="\n".join(json.dumps(line) for line in lines).encode(),
-        headers={"content-type": "application/x-ndjson"},
-    )
-    assert written.status_code == 200, written.text
     mirror = _mirror(dc1.url, dc2.url, "--idle-exit", "2")
     assert mirror.wait(60) == 0, mirror.stderr.read() if mirror.stderr else ""
     assert _raw_partitions(dc2.url, "dc1.app") == _raw_partitions(dc1.url, "dc1.app")
     assert sorted(seqno for _, seqno, _ in _raw_flat(dc2.url)) == [1, 2, 3]
+    copied = httpx.get(
+        f"{dc2.url}/v1/topics/dc1.app/partitions/0/messages", params={"offset": 0, "raw": 1}
+    ).json()["messages"]
+    assert [(m["server"], m["file"], m["create_time"]) for m in copied] == [
+        ("h\r\n\x1b[31m", "/f\n", t) for t in (-1, -86_400_000, 1_700_000_000_000)
+    ]
 
 
 def _raw_flat(url: str) -> list[tuple[str, int, str]]:

@@ -117,13 +117,14 @@ def test_a_token_being_rotated_shares_its_name_with_the_new_one_granting_the_sam
 
 def test_binary_framing_round_trips_and_keeps_data_as_views() -> None:
     meta = {"log_type": "app", "source_id": "s", "server": "h", "file": "/f", "codec": "zstd"}
-    body = encode_binary([(meta, [(1, 5, b"a\n"), (2**63 - 1, -1, b"")]), (meta, [])])
+    latest = 253_402_214_400_000  # 9999-12-31: the latest create time a chunk may carry
+    body = encode_binary([(meta, [(1, 5, b"a\n"), (2**63 - 1, latest, b"")]), (meta, [])])
     sections = parse_binary(body, Limits())
     assert len(sections) == 2
     first = sections[0]
     assert (first.meta.codec, first.meta.server) == ("zstd", "h")
     assert first.batch.seqnos == [1, 2**63 - 1]
-    assert first.batch.create_times == [5, -1]
+    assert first.batch.create_times == [5, latest]
     assert [bytes(d) for d in first.batch.datas] == [b"a\n", b""]
     assert isinstance(first.batch.datas[0], memoryview)
     assert len(sections[1].batch) == 0

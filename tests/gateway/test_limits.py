@@ -278,15 +278,20 @@ def test_topics_stop_at_the_limit(tmp_path: Path) -> None:
             base_url=gateway.url, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"}
         )
         assert _write(http, [(meta("s", "one"), [1]), (meta("s", "two"), [1])]).status_code == 200
-        refused = _write(http, [(meta("s", "three"), [1]), (meta("s", "one"), [2])])
-        _assert_limit(refused, "max_topics", 3)
+        _assert_limit(_write(http, [(meta("s", "three"), [1])]), "max_topics", 3)
+        # beside a section of a topic that exists, the new log type's is refused alone
+        mixed = _write(http, [(meta("s", "three"), [1]), (meta("s", "one"), [2])])
+        assert mixed.status_code == 200, mixed.text
+        refused, written = mixed.json()["results"]
+        assert (refused["status"], refused["limit"], refused["max"]) == (429, "max_topics", 3)
+        assert written["acks"][0]["status"] == "written"
         legacy = http.post("/store", params={"log_type": "four"}, content=b"x\n")
         staged = legacy.json()["store_id"]
         _assert_limit(http.post("/commit_request", params={"store_id": staged}), "max_topics", 3)
         topics = {name for name, _ in end_offsets(gateway.data_dir)}
         assert {t for t in topics if t.startswith("dc1.")} == {"dc1.one", "dc1.two"}
-        assert end_offsets(gateway.data_dir)[("dc1.one", 0)] == 1
-        assert _refusals(http, "max_topics") == 2
+        assert end_offsets(gateway.data_dir)[("dc1.one", 0)] == 2
+        assert _refusals(http, "max_topics") == 3
         # an operator's creation is held to the same limit
         admin = {"Authorization": f"Bearer {ADMIN}"}
         created = http.post("/v1/topics", json={"name": "dc1.five"}, headers=admin)
@@ -298,7 +303,7 @@ def test_topics_stop_at_the_limit(tmp_path: Path) -> None:
         )  # fmt: skip
         assert cli.returncode == 2 and "max_topics" in cli.stderr, cli.stderr
         assert {name for name, _ in end_offsets(gateway.data_dir)} == topics
-        assert _refusals(http, "max_topics") == 4
+        assert _refusals(http, "max_topics") == 5
         http.close()
     finally:
         gateway.kill()

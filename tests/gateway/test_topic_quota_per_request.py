@@ -1,6 +1,7 @@
-"""A request whose new topics would pass ``max_topics`` creates none of them: it is refused 429
-as a whole before the first is created, so a refused request leaves nothing behind to count
-against the limit (its retry, and other clients, are not refused for topics nobody kept)."""
+"""A request whose new topics would pass ``max_topics`` creates none of them: they are refused
+429 before the first is created, so a refused request leaves nothing behind to count against
+the limit (its retry, and other clients, are not refused for topics nobody kept).  The
+request's sections of topics that exist are written all the same."""
 
 from __future__ import annotations
 
@@ -64,13 +65,23 @@ def test_a_request_over_max_topics_creates_none_of_its_topics(gateway: GatewayPr
     room = MAX_TOPICS - len(before)
     assert room >= 2, before
     too_many = [f"t{i}" for i in range(room + 1)]
-    # writes, with a section of an existing topic among them: nothing of it is written
-    _assert_max_topics(_write(gateway, [*too_many, "kept"], seqno=2))
+    _assert_max_topics(_write(gateway, too_many))
     # sessions (a batch of new sources) the same
     sessions = {"sessions": [meta("s", t) for t in too_many]}
     _assert_max_topics(httpx.post(gateway.url + "/v1/sessions", json=sessions, timeout=30))
     assert _topics(gateway) == before
     assert end_offsets(gateway.data_dir) == offsets
+    # beside a section of a topic that exists, the new ones are refused alone (429 each,
+    # none created) and the existing topic's section is written
+    mixed = _write(gateway, [*too_many, "kept"], seqno=2)
+    assert mixed.status_code == 200, mixed.text
+    *refused, kept = mixed.json()["results"]
+    for result in refused:
+        assert (result["status"], result["limit"], result["max"]) == (429, "max_topics", MAX_TOPICS)
+        assert "none was created" in result["reason"]
+    assert kept["acks"] == [{"seqno": 2, "status": "written", "offset": 1}]
+    assert _topics(gateway) == before
+    assert end_offsets(gateway.data_dir) == {**offsets, ("dc1.kept", 0): 2}
     # the room is still there: a request of as many new topics as fit is written whole
     fitting = _write(gateway, too_many[:room])
     assert fitting.status_code == 200, fitting.text

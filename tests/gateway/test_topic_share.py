@@ -101,12 +101,30 @@ def test_a_token_at_its_share_is_refused_new_topics_and_the_others_are_not(
         offsets = end_offsets(gateway.data_dir)
 
         # at its share: a write, a session, a legacy commit of a new log type are refused ...
-        _assert_share(_write(a, ["ta-more", "ta0"], seqno=2), "'dc1.ta-more' was not created")
+        _assert_share(_write(a, ["ta-more"], seqno=2), "'dc1.ta-more' was not created")
         _assert_share(a.post("/v1/sessions", json=meta("s", "ta-more")))
         staged = a.post("/store", params={"log_type": "ta-legacy"}, content=b"x\n")
         assert staged.status_code == 200, staged.text
         _assert_share(a.post("/commit_request", params={"store_id": staged.json()["store_id"]}))
         assert end_offsets(gateway.data_dir) == offsets
+        # ... on their own: beside them, the sections and sessions of its topics go on (a
+        # push-client batches the files of all its log types into one request)
+        mixed = _write(a, ["ta-more", "ta0"], seqno=2)
+        assert mixed.status_code == 200, mixed.text
+        refused, written = mixed.json()["results"]
+        assert (refused["status"], refused["error"], refused["limit"]) == (
+            429,
+            "limit_reached",
+            "max_topics_per_token",
+        )
+        assert "'dc1.ta-more' was not created" in refused["reason"]
+        assert written["acks"][0]["status"] == "written"
+        assert end_offsets(gateway.data_dir) == {**offsets, ("dc1.ta0", 0): 2}
+        batch = a.post("/v1/sessions", json={"sessions": [meta("n", "ta-more"), meta("s", "ta1")]})
+        assert batch.status_code == 200, batch.text
+        refused, opened = batch.json()["sessions"]
+        assert (refused["status"], refused["limit"]) == (429, "max_topics_per_token")
+        assert (opened["topic"], opened["last_seqno"]) == ("dc1.ta1", 1)
         # ... its topics take writes as before ...
         assert _write(a, mine, seqno=2).status_code == 200
         # ... and the other tenant, and an admin, still create topics
@@ -117,7 +135,7 @@ def test_a_token_at_its_share_is_refused_new_topics_and_the_others_are_not(
         assert _metric(gateway, "logbroker_topics_created", owner="tenant-a") == SHARE
         assert _metric(gateway, "logbroker_topics_created", owner="tenant-b") == 1
         refusals = "logbroker_limit_refusals_total"
-        assert _metric(gateway, refusals, limit="max_topics_per_token") == 4
+        assert _metric(gateway, refusals, limit="max_topics_per_token") == 6
 
         # the creators are recorded with the topics: a restarted gateway counts the same
         gateway.kill()

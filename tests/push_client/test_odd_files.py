@@ -369,3 +369,89 @@ def test_a_directory_a_glob_may_not_enter_is_named_like_an_unreadable_file(
     again = _push_without_root_rights(*args, "--idle-exit", "1", str(logs / "*" / "app.log"))
     assert again.returncode == 0, again.stderr
     assert_exactly_once(read_delivered(gateway.data_dir, "app"), shown, hidden)
+
+
+def test_every_file_name_is_sent_as_a_file_the_gateway_takes() -> None:
+    """The client escapes in a file's name exactly what the gateway refuses in ``file``:
+    no name on disk can get its file refused for its characters."""
+    from log_store.errors import BadRequest
+    from push_client.identity import display_path
+    from session_dedup.source import source_meta
+
+    for code in range(0x110000):
+        if 0xD800 <= code <= 0xDFFF:
+            continue
+        name = f"/var/log/a{chr(code)}b.log"
+        shown = display_path(name)
+        try:
+            source_meta(log_type="app", source_id="s", file=shown)
+        except BadRequest as exc:
+            raise AssertionError(f"U+{code:04X}: {shown!r} refused: {exc}") from None
+        if shown != name:  # escaped only what the gateway would refuse
+            with pytest.raises(BadRequest):
+                source_meta(log_type="app", source_id="s", file=name)
+
+
+def test_files_named_with_control_and_bidi_characters_ship_under_escaped_names(
+    tmp_path: Path, gateway
+) -> None:
+    """A newline, a C1 control or a right-to-left override in a file's name: the gateway
+    refuses such a ``file`` (400 bad_meta), so the client sends the name escaped and the
+    file ships with the others.  A name too long once escaped is refused: that file alone is
+    named as not shipped, the run exits 1 and does not retry it for ever."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    names = {
+        "newline": "a\nb.log",
+        "nel": "a\x85b.log",
+        "rlo": "gol.\u202eexe.log",
+        "zwnj": "\u0645\u06cc\u200c\u062e.log",
+        "plain": "plain.log",
+    }
+    writers = {tag: LineWriter(tag) for tag in names}
+    for tag, name in names.items():
+        writers[tag].append(logs / name, 200)
+    deep = logs
+    for _ in range(5):  # 1,250 newlines: 5,000 characters escaped, over the 4,096 of `file`
+        deep = deep / ("\n" * 250)
+    deep.mkdir(parents=True)
+    too_long = LineWriter("too-long")
+    too_long.append(deep / "x.log", 50)
+    state = tmp_path / "state"
+    args = ["--server", gateway.url, "--log-type", "app", "--state-dir", str(state)]
+    args += [*FAST_FLAGS, "--idle-exit", "2", str(logs / "*.log"), str(deep / "x.log")]
+    run = subprocess.run(
+        logbroker_cmd("push", *args), capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "was not shipped: parked, the gateway refused it: HTTP 400 bad_meta" in run.stderr
+    assert "file is 50" in run.stderr  # the reason names the field and its length
+    assert run.stderr.count("was not shipped") == 1, run.stderr[-3000:]
+
+    delivered = read_delivered(gateway.data_dir, "app")
+    assert_exactly_once(delivered, *writers.values())
+    store_files = {env.file for env in _envelopes(gateway.data_dir)}
+    assert store_files == {
+        f"{logs}/a\\x0ab.log",
+        f"{logs}/a\\x85b.log",
+        f"{logs}/gol.\\u202eexe.log",
+        f"{logs}/\u0645\u06cc\u200c\u062e.log",
+        f"{logs}/plain.log",
+    }
+
+
+def _envelopes(data_dir: Path) -> list[Any]:
+    from log_store import open_store
+    from session_dedup.envelope import decode
+
+    found = []
+    with open_store(data_dir) as store:
+        for part in store.describe_topic("dc1.app").partitions:
+            offset = part.start_offset
+            while True:
+                result = store.read("dc1.app", part.partition, offset, 8 << 20)
+                if not result.records:
+                    break
+                found.extend(decode(r.value) for r in result.records)
+                offset = result.next_offset
+    return found
