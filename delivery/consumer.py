@@ -463,7 +463,8 @@ class Consumer:
                     self._positions[(topic, partition)] = p["start_offset"]
                     self.behind = p["start_offset"] < p["end_offset"] or self.behind
                 elif offset > p["end_offset"]:
-                    _log.warning(
+                    # The look below says it once per topic ("... was created again").
+                    _log.debug(
                         "%s/%d: position %d is past the end %d: the topic was created again",
                         topic,
                         partition,
@@ -474,10 +475,20 @@ class Consumer:
         if past_end:
             # The look notes the new topic's id too: read from its start once, not again when
             # the next look finds the id changed.
+            ids_before = dict(self._topic_ids)
             if self._group is not None:
                 self._heartbeat()
             else:
                 self._discover()
+            for topic in sorted({t for t, _ in past_end}):
+                if self._topic_ids.get(topic) == ids_before.get(topic):
+                    # The look did not say so (it saw no new id): said here, once per topic.
+                    _log.warning(
+                        "%s: positions past the end of partition(s) %s: the topic was created "
+                        "again; reading them from their start",
+                        topic,
+                        ", ".join(str(p) for t, p in sorted(past_end) if t == topic),
+                    )
         for tp, (offset, start) in past_end.items():
             if self._positions.get(tp) == offset:
                 self._positions[tp] = start
