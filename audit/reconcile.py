@@ -3,8 +3,10 @@
 The *source* of a window is the first tier of :data:`audit.records.TIERS` that counted it in
 the topic's own DC (the push-client, or the gateway for data written by other clients).  Each
 tier is compared with the source's latest count: lines it lacks are *lost* (so far), lines
-beyond it *duplicated*.  A tier that ever counted a topic is expected in every later window of
-that topic, so a tier that stopped publishing shows as lost, not as absent.  Reach times are
+beyond it *duplicated*.  A tier after the source that ever counted a topic is expected in every
+later window of that topic, so a tier that stopped publishing shows as lost, not as absent; a
+push-client that counted nothing in a window the gateway counted is not expected there (the
+gateway is the source: other clients wrote those lines).  Reach times are
 seconds from the window's start to the first record that put the tier at 99.9% (100%) of the
 source's latest count.
 """
@@ -145,6 +147,10 @@ def reconcile(
         )
         if source is None:
             continue  # only tiers of other DCs counted it: its source's DC is not readable here
+        # A source tier before the window's source counted none of its lines: a push-client
+        # that fed the topic earlier (stopped since, or its topic deleted and made again) did
+        # not lose the lines other clients wrote later.  It is not expected in this window.
+        labels = [label for label in labels if label in tiers or _order(label) > _order(source)]
         source_series = tiers[source]
         source_lines = source_series.lines
         row = WindowRow(

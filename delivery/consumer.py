@@ -76,6 +76,8 @@ class Consumer:
         # The identity of each topic the positions belong to; a topic created again gets a
         # new one and its positions restart at the new topic's start.
         self._topic_ids: dict[str, str] = {}
+        self._said_created_again: set[str] = set()
+        """Topics said to be created again before a look saw their new id (said once)."""
         self._member_id: str | None = None
         self._heartbeat_s = session_timeout_ms / 3000
         self._last_heartbeat = 0.0
@@ -153,7 +155,7 @@ class Consumer:
             if topic_id is None or known == topic_id:
                 continue
             if known is not None:
-                _log.warning("%s was created again; reading it from its start", a["topic"])
+                self._created_again(a["topic"])
                 for tp in [tp for tp in self._positions if tp[0] == a["topic"]]:
                     del self._positions[tp]  # the group's offset for the new topic follows
                     self._committed.pop(tp, None)
@@ -221,7 +223,7 @@ class Consumer:
             known = self._topic_ids.get(topic)
             recreated = known is not None and known != info["topic_id"]
             if recreated:
-                _log.warning("%s was created again; reading it from its start", topic)
+                self._created_again(topic)
             self._topic_ids[topic] = info["topic_id"]
             now_there = {p["partition"] for p in info["partitions"]}
             for tp in [tp for tp in self._positions if tp[0] == topic]:
@@ -463,7 +465,8 @@ class Consumer:
                     self._positions[(topic, partition)] = p["start_offset"]
                     self.behind = p["start_offset"] < p["end_offset"] or self.behind
                 elif offset > p["end_offset"]:
-                    _log.warning(
+                    # The look below says it once per topic ("... was created again").
+                    _log.debug(
                         "%s/%d: position %d is past the end %d: the topic was created again",
                         topic,
                         partition,
@@ -474,13 +477,26 @@ class Consumer:
         if past_end:
             # The look notes the new topic's id too: read from its start once, not again when
             # the next look finds the id changed.
+            ids_before = dict(self._topic_ids)
             if self._group is not None:
                 self._heartbeat()
             else:
                 self._discover()
+            for topic in sorted({t for t, _ in past_end}):
+                if self._topic_ids.get(topic) == ids_before.get(topic):
+                    # The look did not say so (it saw no new id yet): said here, and not
+                    # again when a later look sees the new id.
+                    self._created_again(topic)
+                    self._said_created_again.add(topic)
         for tp, (offset, start) in past_end.items():
             if self._positions.get(tp) == offset:
                 self._positions[tp] = start
+
+    def _created_again(self, topic: str) -> None:
+        if topic in self._said_created_again:
+            self._said_created_again.discard(topic)
+            return
+        _log.warning("%s was created again; reading it from its start", topic)
 
     def commit(self) -> None:
         """Record the positions after everything :meth:`poll` returned (group readers)."""

@@ -105,7 +105,9 @@ def unavailable_response(reason: str) -> Response:
     )
 
 
-def partitions_unavailable(failed: Sequence[tuple[str, PartitionUnavailable]]) -> ApiError:
+def partitions_unavailable(
+    failed: Sequence[tuple[str, PartitionUnavailable]], *, pins: bool = False
+) -> ApiError:
     """The 503 of a write whose only failures are partitions without a reachable owner.
 
     ``failed`` holds (source id, error) of each section that failed so.  The body names them
@@ -113,6 +115,10 @@ def partitions_unavailable(failed: Sequence[tuple[str, PartitionUnavailable]]) -
     those sources alone and send the others again at once (the sections of other partitions
     were written: their resend is answered ``duplicate``).  Still a 503: a client that does
     not read the body retries the request as a whole, as it did before.
+
+    ``pins``: the partitions named hold the pins of the sources named (sources this gateway
+    routes for the first time), not necessarily their data: each entry says so
+    (``"pins": true``), so that a client does not take it for the partition its data goes to.
     """
     sources: dict[tuple[str, int], list[str]] = {}
     reasons: dict[tuple[str, int], str] = {}
@@ -132,6 +138,7 @@ def partitions_unavailable(failed: Sequence[tuple[str, PartitionUnavailable]]) -
                     "partition": partition,
                     "source_ids": ids,
                     "reason": reasons[topic, partition],
+                    **({"pins": True} if pins else {}),
                 }
                 for (topic, partition), ids in sources.items()
             ]

@@ -299,7 +299,7 @@ class WriteApi:
             # owner: named, so that a client holds back those alone and sends the others
             if not exc.source_ids:
                 raise
-            raise partitions_unavailable([(s, exc) for s in exc.source_ids]) from None
+            raise partitions_unavailable([(s, exc) for s in exc.source_ids], pins=True) from None
         # counted also when the request fails: its retry answers what was written `duplicate`
         self._audit(admitted, results)
         failed = [

@@ -183,3 +183,16 @@ def format_table(rows: Sequence[WindowRow]) -> str:
                 f"{_seconds(t.reached_999_s):>7} {_seconds(t.reached_100_s):>7}"
             )
     return "\n".join(out)
+
+
+def other_clients_notes(rows: Sequence[WindowRow]) -> list[str]:
+    """One line per window of a push-client's topic that no push-client counted: the gateway
+    is its source, and its lines were written by other clients (``curl``, the legacy API),
+    not lost by the push-clients that fed the topic in other windows."""
+    fed = {r.topic for r in rows if r.source_tier == "push-client"}
+    return [
+        f"{r.topic} window {r.window_start}: no push-client counted it; its "
+        f"{r.source_lines} line(s) were written by other clients (the gateway is its source)"
+        for r in rows
+        if r.topic in fed and r.source_tier == "gateway"
+    ]

@@ -358,7 +358,8 @@ class PushMetrics:
         metric(
             "logbroker_push_file_partition_waiting",
             "gauge",
-            "A file waiting for its partition, and the partition.",
+            "A file waiting for a partition (its own, or the one holding its pin), and the "
+            "partition.",
             [
                 (
                     _file_labels(t, topic=t.outage.topic, partition=str(t.outage.partition)),

@@ -22,6 +22,13 @@ partitions is away for a while (the group hands it on within its session timeout
 
 The wait shows in ``--status`` (phase ``waiting``), in the metrics and in the log (when a file
 starts waiting, and when its partition takes writes again), naming the file and the partition.
+
+The partition a file waits for is not always the one its data goes to: a source that a gateway
+routes for the first time (another gateway wrote it so far) needs its pin, kept in the state
+of the partition its pin key hashes to; when that one has no reachable owner the gateway names
+it with ``"pins": true``, and the file is said to wait for the partition that holds its pin, with
+the partition its data goes to beside it (:func:`waits_for`), so that the log agrees with
+``--status``.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ class PartitionOutage:
     answers: int = 0
     """Answers that named it so far."""
     files: set[TailedFile] = field(default_factory=set, repr=False)
+    pin_files: set[TailedFile] = field(default_factory=set, repr=False)
+    """The files of ``files`` that wait because the partition holds their pin."""
 
     @property
     def where(self) -> str:
@@ -73,6 +82,24 @@ class PartitionOutage:
         delay = self.backoff.next_delay()
         now, wall = time.monotonic(), time.time()
         self.retry_at, self.retry_wall = now + delay, wall + delay
+
+
+def data_partition(where: str, topic: str, partition: int) -> str:
+    """Where the data of a file waiting for the partition holding its pin (``where``) goes:
+    ``topic``/``partition`` are its data's (-1 when not known yet)."""
+    if partition < 0:
+        return "its data partition is not known yet"
+    if f"{topic}/{partition}" == where:
+        return "its data goes there too"
+    return f"its data goes to {topic}/{partition}"
+
+
+def waits_for(where: str, pin: bool, topic: str, partition: int) -> str:
+    """The partition a file waits for, said so that the one holding its pin is not taken for
+    its data's partition."""
+    if not pin:
+        return f"partition {where}"
+    return f"partition {where}, which holds its pin ({data_partition(where, topic, partition)}),"
 
 
 class PartitionOutages:
@@ -95,12 +122,15 @@ class PartitionOutages:
         partition: int,
         reason: str,
         probe: PartitionOutage | None,
+        *,
+        pin: bool = False,
     ) -> None:
         """The gateway said ``tailed``'s partition has no reachable owner: hold it back.
 
         ``probe`` is the outage the failed request probed (None: a request sent before the
         wait began, or one that was no probe): only a failed probe moves the next try on.
-        The caller gave the file's chunks back.
+        ``pin``: the partition named holds the file's pin (the gateway routes its source for
+        the first time), not necessarily its data.  The caller gave the file's chunks back.
         """
         key = (installation, topic, partition)
         outage = self._outages.get(key)
@@ -124,14 +154,20 @@ class PartitionOutages:
             self.forget(tailed)
             tailed.outage = outage
             outage.files.add(tailed)
-            log.warning(
-                "%s: partition %s has no reachable owner now (%s); this file waits, tried "
-                "again every %.0f s at most (files on other partitions ship on)",
-                tailed.path,
-                outage.where,
-                reason,
-                self.cap_s,
-            )
+        elif (tailed in outage.pin_files) == pin:
+            return  # said already
+        if pin:
+            outage.pin_files.add(tailed)
+        else:
+            outage.pin_files.discard(tailed)
+        log.warning(
+            "%s: %s has no reachable owner now (%s); this file waits, tried again every "
+            "%.0f s at most (the files not waiting for it ship on)",
+            tailed.path,
+            waits_for(outage.where, pin, tailed.topic, tailed.partition),
+            reason,
+            self.cap_s,
+        )
 
     def due(self, tailed: TailedFile, now: float, probes: int) -> bool:
         """Whether ``tailed`` may be sent now (``probes``: probes in flight now)."""
@@ -152,6 +188,7 @@ class PartitionOutages:
         self._outages.pop((outage.installation, outage.topic, outage.partition), None)
         for waiting in outage.files:
             waiting.outage = None
+        outage.pin_files.clear()
         log.info(
             "partition %s takes writes again: %d files ship on after %.1f s (%s)",
             outage.where,
@@ -169,5 +206,6 @@ class PartitionOutages:
             return
         tailed.outage = None
         outage.files.discard(tailed)
+        outage.pin_files.discard(tailed)
         if not outage.files:
             self._outages.pop((outage.installation, outage.topic, outage.partition), None)

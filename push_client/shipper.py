@@ -659,7 +659,8 @@ class Shipper:
                     tailed.source_id, (tailed.topic, tailed.partition)
                 )
                 reason = exc.reason_for(topic, partition)
-                self.outages.wait(tailed, name, topic, partition, reason, job.probe)
+                pin = (topic, partition) in exc.pins
+                self.outages.wait(tailed, name, topic, partition, reason, job.probe, pin=pin)
 
     def _abandon(self, job: _WriteJob) -> None:
         """Unanswered: the chunks go back among the pending ones and are sent again."""

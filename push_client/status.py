@@ -18,6 +18,7 @@ import orjson
 
 from log_store.errors import LogbrokerError
 from push_client.identity import display_path
+from push_client.partition_outage import waits_for
 
 if TYPE_CHECKING:
     from push_client.files import Unreadable
@@ -69,9 +70,10 @@ class _Shown(NamedTuple):
     """The installations whose position of the file is waited for."""
     path_error: PathError | None
     unterminated: int
-    outage: tuple[str, int, str, float, float] | None
+    outage: tuple[str, int, str, float, float, bool] | None
     """Its partition without a reachable owner: topic, partition, the gateway's reason, since
-    when and the next try (wall clock)."""
+    when and the next try (wall clock), and whether that partition holds its pin (not its
+    data)."""
     overlaps: tuple[Overlap, ...]
     """Ranges found in two installations (written twice) in this run."""
 
@@ -102,13 +104,13 @@ def _shown(tailed: TailedFile) -> _Shown:
         tuple(sorted(plan.census)) if plan.census else (),
         tailed.path_error,
         tailed.unterminated,
-        None if outage is None else _outage(outage),
+        None if outage is None else _outage(outage, tailed in outage.pin_files),
         tuple(plan.overlaps) if plan.overlaps else (),
     )
 
 
-def _outage(outage: PartitionOutage) -> tuple[str, int, str, float, float]:
-    return (outage.topic, outage.partition, outage.reason, outage.since, outage.retry_wall)
+def _outage(outage: PartitionOutage, pin: bool) -> tuple[str, int, str, float, float, bool]:
+    return (outage.topic, outage.partition, outage.reason, outage.since, outage.retry_wall, pin)
 
 
 def _row(shown: _Shown) -> dict[str, Any]:
@@ -144,14 +146,17 @@ def _row(shown: _Shown) -> dict[str, Any]:
     if shown.overlaps:
         row["overlaps"] = [o.as_list() for o in shown.overlaps]  # only then: rare
     if shown.outage is not None:
-        topic, partition, reason, since, next_try_at = shown.outage
-        row["partition_outage"] = {
+        topic, partition, reason, since, next_try_at, pin = shown.outage
+        waiting: dict[str, Any] = {
             "topic": topic,
             "partition": partition,
             "reason": reason,
             "since": since,
             "next_try_at": next_try_at,
         }
+        if pin:
+            waiting["holds_pin"] = True  # only then: not the partition of the file's data
+        row["partition_outage"] = waiting
     return row
 
 
@@ -486,8 +491,14 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
         if outage:
             when = time.strftime("%H:%M:%S", time.localtime(outage["since"]))
             wait = max(0.0, outage["next_try_at"] - now)
+            where = waits_for(
+                f"{outage['topic']}/{outage['partition']}",
+                bool(outage.get("holds_pin")),
+                r.get("topic", ""),
+                r.get("partition", -1),
+            ).removeprefix("partition ")
             out.write(
-                f"PARTITION UNAVAILABLE {r['path']}: {outage['topic']}/{outage['partition']} "
+                f"PARTITION UNAVAILABLE {r['path']}: {where} "
                 f"has no reachable owner since {when} ({outage['reason'][:200]}); this file "
                 f"waits, next try in {wait:.0f} s; the other files ship on\n"
             )

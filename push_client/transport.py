@@ -90,6 +90,7 @@ class PartitionsUnavailable(LogbrokerError):
         partitions: tuple[tuple[str, int], ...],
         sources: dict[str, tuple[str, int]],
         reasons: dict[tuple[str, int], str] | None = None,
+        pins: frozenset[tuple[str, int]] = frozenset(),
     ) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -97,6 +98,9 @@ class PartitionsUnavailable(LogbrokerError):
         self.sources = sources
         self.reasons = reasons or {}
         """Each partition's own reason, where the gateway gave one (``reason`` joins them)."""
+        self.pins = pins
+        """The partitions named as holding the pins of the sources named (sources the gateway
+        routes for the first time), not their data: ``"pins": true`` in the body."""
 
     def reason_for(self, topic: str, partition: int) -> str:
         """Why ``topic/partition`` waits: its own reason, not another partition's."""
@@ -120,6 +124,7 @@ class PartitionsUnavailable(LogbrokerError):
         partitions: list[tuple[str, int]] = []
         sources: dict[str, tuple[str, int]] = {}
         reasons: dict[tuple[str, int], str] = {}
+        pins: set[tuple[str, int]] = set()
         for item in named:
             if not isinstance(item, dict):
                 return None
@@ -129,11 +134,15 @@ class PartitionsUnavailable(LogbrokerError):
             partitions.append((topic, partition))
             if isinstance(item.get("reason"), str):
                 reasons[topic, partition] = item["reason"][:500]
+            if item.get("pins") is True:
+                pins.add((topic, partition))
             ids = item.get("source_ids", [])
             for source_id in ids if isinstance(ids, list) else ():
                 if isinstance(source_id, str):
                     sources[source_id] = (topic, partition)
-        return cls(str(body.get("reason", ""))[:500], tuple(partitions), sources, reasons)
+        return cls(
+            str(body.get("reason", ""))[:500], tuple(partitions), sources, reasons, frozenset(pins)
+        )
 
 
 @dataclass(frozen=True)

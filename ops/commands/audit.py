@@ -45,6 +45,7 @@ from ops.audit_windows import (
     check_db,
     format_table,
     metrics_text,
+    other_clients_notes,
     overdue,
     save_rows,
     write_metrics_file,
@@ -223,6 +224,8 @@ def _run_windows(args: argparse.Namespace) -> int:
         print(f"logbroker audit: cannot save the results in {args.db}: {exc}", file=sys.stderr)
         return 1
     print(format_table(rows))
+    for note in other_clients_notes(rows):
+        print(note)
     late = overdue(rows, args.grace, now)
     if args.metrics_file is not None:
         write_metrics_file(args.metrics_file, metrics_text(rows, late, now))

@@ -29,6 +29,16 @@ def publish(data_dir: Path, tier: str, instance: str, lines: int, dc: str = "dc1
         AuditPublisher(tier, instance, counts, StoreAuditSink(writer)).publish()
 
 
+def publish_windows(data_dir: Path, tier: str, instance: str, lines: dict[int, int]) -> None:
+    """A tier instance's counts of TOPIC in several windows (window start -> lines)."""
+    counts = WindowCounts()
+    for window, n in lines.items():
+        counts.add(TOPIC, window * 1000 + 5, max(1, n // 10), n)
+    with open_store(data_dir) as store:
+        writer = ExactlyOnceWriter(store, dc="dc1", partitions=2)
+        AuditPublisher(tier, instance, counts, StoreAuditSink(writer)).publish()
+
+
 def audit(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         logbroker_cmd("audit", "--windows", *args),
@@ -145,3 +155,60 @@ def test_finding_no_window_is_not_a_complete_audit(tmp_path: Path) -> None:
     assert late.returncode == 2, late.stdout + late.stderr
     assert f"since {OLD_WINDOW + 3600} (the last starts at {OLD_WINDOW})" in late.stderr
     assert audit("--data-dir", str(data), "--db", db).returncode == 0
+
+
+def test_lines_other_clients_write_after_the_push_clients_stopped_are_not_their_loss(
+    tmp_path: Path,
+) -> None:
+    """A push-client fed the topic in one window and stopped; other clients (curl, the legacy
+    API) wrote into it in a later window.  The push-client lost none of those lines: the
+    gateway is that window's source, and the window is complete."""
+    data = tmp_path / "data"
+    db = tmp_path / "audit.db"
+    later = OLD_WINDOW + WINDOW_S
+    publish_windows(data, "push-client", "host-a", {OLD_WINDOW: 30_000})
+    publish_windows(data, "gateway", "gw-1", {OLD_WINDOW: 30_000, later: 10})
+    publish_windows(data, "loader", "table-1", {OLD_WINDOW: 30_000, later: 10})
+    done = audit("--data-dir", str(data), "--db", str(db), "--grace", "0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "INCOMPLETE" not in done.stdout
+    assert "2 of 2 window(s) complete" in done.stdout
+    assert (
+        f"{TOPIC} window {later}: no push-client counted it; its 10 line(s) were written by "
+        "other clients (the gateway is its source)"
+    ) in done.stdout
+    with sqlite3.connect(db) as conn:
+        tiers = conn.execute(
+            "SELECT tier, lines, lost_lines FROM tiers WHERE window_start = ? ORDER BY tier",
+            (later,),
+        ).fetchall()
+        window = conn.execute(
+            "SELECT source_tier, source_lines, complete FROM windows WHERE window_start = ?",
+            (later,),
+        ).fetchone()
+    assert tiers == [("gateway", 10, 0), ("loader", 10, 0)]
+    assert window == ("gateway", 10, 1)
+
+
+def test_a_push_client_topic_still_shows_loss_and_duplication_in_every_window(
+    tmp_path: Path,
+) -> None:
+    """Beside the window other clients wrote alone: the gateway lacking lines the push-client
+    counted is lost, the gateway counting more is duplicated, a gateway that stopped
+    publishing while the push-client counted is lost, and a tier after the gateway that
+    stopped is lost in a window only other clients wrote."""
+    data = tmp_path / "data"
+    w = [OLD_WINDOW + i * WINDOW_S for i in range(5)]
+    publish_windows(data, "push-client", "host-a", {w[0]: 1000, w[1]: 1000, w[2]: 100, w[3]: 50})
+    publish_windows(data, "gateway", "gw-1", {w[0]: 1000, w[1]: 990, w[2]: 130, w[4]: 20})
+    publish_windows(data, "loader", "table-1", {w[0]: 1000, w[1]: 990, w[2]: 130})
+    done = audit("--data-dir", str(data), "--db", str(tmp_path / "a.db"), "--grace", "0")
+    assert done.returncode == 1, done.stdout + done.stderr
+    incomplete = sorted(line for line in done.stdout.splitlines() if "INCOMPLETE" in line)
+    assert incomplete == [
+        f"INCOMPLETE: {TOPIC} window {w[1]}: gateway lost 10 dup 0, loader lost 10 dup 0",
+        f"INCOMPLETE: {TOPIC} window {w[2]}: gateway lost 0 dup 30, loader lost 0 dup 30",
+        f"INCOMPLETE: {TOPIC} window {w[3]}: gateway lost 50 dup 0, loader lost 50 dup 0",
+        f"INCOMPLETE: {TOPIC} window {w[4]}: loader lost 20 dup 0",
+    ]
+    assert "1 of 5 window(s) complete" in done.stdout

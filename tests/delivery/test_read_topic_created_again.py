@@ -100,6 +100,7 @@ def test_readers_follow_a_topic_made_again_with_fewer_partitions(
         err = reader.stderr()
         assert _printed(reader) == expected, (name, err[-3000:])
         assert "dc1.ops was created again; reading it from its start" in err, (name, err)
+        assert err.count("created again") == 1, (name, err)  # once, not once per partition
         assert err.count("looking at the topics again") <= 1, (name, err[-3000:])
 
 
@@ -113,3 +114,4 @@ def test_a_reader_of_a_prefix_follows_a_topic_made_again_with_more_partitions(
     reader, expected = outcome["prefix"]
     assert _printed(reader) == expected, reader.stderr()[-3000:]
     assert "dc1.ops was created again; reading it from its start" in reader.stderr()
+    assert reader.stderr().count("created again") == 1, reader.stderr()

@@ -82,7 +82,9 @@ def test_new_sources_waiting_for_their_pins_partition_are_named_and_the_others_h
     assert refused.headers["retry-after"]
     answer = refused.json()
     assert answer["error"] == "partition_unavailable"
-    assert _named(answer) == [{"topic": TOPIC, "partition": CUT, "source_ids": ["new-a", "new-b"]}]
+    assert _named(answer) == [
+        {"topic": TOPIC, "partition": CUT, "source_ids": ["new-a", "new-b"], "pins": True}
+    ]
     assert f"{TOPIC}/{CUT}" in answer["reason"]
     # the push-client holds back the files of the sources named, not the routed one (it
     # knows no partition of a new file: an answer naming no source held back every file)
@@ -90,6 +92,7 @@ def test_new_sources_waiting_for_their_pins_partition_are_named_and_the_others_h
     assert held is not None
     assert held.affects("new-a", "", -1) and held.affects("new-b", "", -1)
     assert not held.affects("routed", TOPIC, 0)
+    assert held.pins == {(TOPIC, CUT)}  # the partition of their pins, not of their data
     monkeypatch.undo()
     retried = _write(client, ["routed", "new-a", "new-b"], 2)
     assert retried.status_code == 200, retried.text
@@ -108,7 +111,9 @@ def test_only_the_sources_whose_pins_the_partition_holds_are_named(
     refused = _write(client, ["new-a", "routed", "new-b"], 2)
     assert refused.status_code == 503, refused.text
     answer = refused.json()
-    assert _named(answer) == [{"topic": TOPIC, "partition": CUT, "source_ids": ["new-b"]}]
+    assert _named(answer) == [
+        {"topic": TOPIC, "partition": CUT, "source_ids": ["new-b"], "pins": True}
+    ]
 
 
 def _named(answer: dict[str, Any]) -> list[dict[str, Any]]:

@@ -73,6 +73,9 @@ class _OutageProxy(LoopbackServer):
         self.refused = 0
         self.partitions: dict[str, tuple[str, int]] = {}
         """Per source id, its topic and partition (from the session answers)."""
+        self.pin_partition: int | None = None
+        """Set: the partition named is this one, as holding the waiting sources' pins (a
+        gateway routing them for the first time), not the partition their data goes to."""
         super().__init__(_ProxyHandler)
 
 
@@ -118,11 +121,15 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 self._send(written.status_code, written.content, written.headers)
                 return
         topic, partition = proxy.partitions.get(held[0], ("dc1.app", 0))
+        named: dict[str, Any] = {"topic": topic, "partition": partition, "source_ids": held}
+        if proxy.pin_partition is not None:
+            partition = named["partition"] = proxy.pin_partition
+            named["pins"] = True  # as ingest_api.errors.partitions_unavailable(pins=True)
         proxy.refused += 1
         answer = {
             "error": "partition_unavailable",
             "reason": f"no gateway owns {topic}/{partition} right now (none)",
-            "partitions": [{"topic": topic, "partition": partition, "source_ids": held}],
+            "partitions": [named],
         }
         self._send(503, json.dumps(answer).encode(), {"Retry-After": "1"})
 
@@ -240,6 +247,75 @@ log_type = "app"
             assert until(lambda: lines_of("slow") == 300, 30), push.log()
             assert until(lambda: "PARTITION UNAVAILABLE" not in _status(state), 10)
             assert "takes writes again" in push.log()
+            assert_exactly_once(read_delivered(gateway.data_dir, "app"), *writers.values())
+        finally:
+            push.stop()
+
+
+def test_a_file_waiting_for_the_partition_holding_its_pin_is_said_to_wait_for_that_one(
+    tmp_path: Path, start_gateway
+) -> None:
+    """A gateway that routes a source for the first time needs its pin, kept in another
+    partition than its data's; when that one has no owner it is named with ``"pins": true``.
+    The log and ``--status`` say that the file waits for the partition holding its pin and
+    where its data goes: once the log named the pin's partition as the file's and ``--status``
+    the data's, each contradicting the other."""
+    gateway = start_gateway(tmp_path / "data", "--partitions", "4")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writers = {name: LineWriter(name) for name in ("alpha", "slow")}
+    for name, writer in writers.items():
+        writer.append(logs / f"{name}.log", 100)
+    state = tmp_path / "state"
+    config = tmp_path / "push.toml"
+    with _proxy(gateway.url) as proxy:
+        config.write_text(
+            f"""
+[push]
+servers = ["{proxy.url}"]
+state_dir = "{state}"
+max_backoff_s = 1.0
+
+[[entry]]
+path = "{logs}/*.log"
+log_type = "app"
+"""
+        )
+        push = PushProcess(["--config", str(config), *FAST_FLAGS], tmp_path / "push.log")
+        push.start()
+        try:
+            push.wait_started(state)
+            assert until(lambda: read_delivered(gateway.data_dir, "app").count() == 200, 60), (
+                push.log()
+            )
+
+            def slow_row() -> dict[str, Any]:
+                rows = json.loads((state / "status.json").read_text())["files"]
+                (row,) = [r for r in rows if r["path"].endswith("slow.log")]
+                return row
+
+            assert until(lambda: slow_row()["partition"] >= 0, 10)
+            data = slow_row()["partition"]
+            assert proxy.partitions[slow_row()["source_id"]] == ("dc1.app", data)
+            pin = (data + 1) % 4
+            proxy.pin_partition = pin
+            proxy.waiting_file = "slow.log"
+            for writer_name, writer in writers.items():
+                writer.append(logs / f"{writer_name}.log", 50)
+            assert until(lambda: proxy.refused >= 2, 15), push.log()
+            said = f"dc1.app/{pin}, which holds its pin (its data goes to dc1.app/{data}),"
+            assert f"{logs}/slow.log: partition {said} has no reachable owner now" in push.log()
+            assert until(lambda: "holds its pin" in _status(state), 10)
+            out = _status(state)
+            assert f"PARTITION UNAVAILABLE {logs}/slow.log: {said} has no reachable" in out, out
+            outage = slow_row()["partition_outage"]
+            assert (outage["partition"], outage["holds_pin"]) == (pin, True), outage
+            assert slow_row()["partition"] == data
+            proxy.waiting_file = ""
+            assert until(lambda: read_delivered(gateway.data_dir, "app").count() == 300, 60), (
+                push.log()
+            )
+            assert until(lambda: "takes writes again" in push.log(), 15), push.log()
             assert_exactly_once(read_delivered(gateway.data_dir, "app"), *writers.values())
         finally:
             push.stop()

@@ -3,12 +3,16 @@ reads it, and which chunks may share a section after chunks were given back."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
 
+import pytest
+
 from push_client.config import Entry
 from push_client.identity import FileIdentity, read_fingerprint
+from push_client.partition_outage import PartitionOutage, PartitionOutages, waits_for
 from push_client.tailer import TailedFile
 from push_client.transport import PartitionsUnavailable
 
@@ -100,3 +104,61 @@ def test_a_503_names_the_waiting_sources_or_is_retried_whole() -> None:
     assert PartitionsUnavailable.from_body({"error": "store_unavailable", "reason": "r"}) is None
     assert PartitionsUnavailable.from_body({"error": "partition_unavailable"}) is None
     assert PartitionsUnavailable.from_body([1, 2]) is None
+
+
+def test_a_file_waiting_for_the_partition_of_its_pin_is_told_where_its_data_goes() -> None:
+    """The gateway names the partition holding a new source's pin with ``"pins": true``; the
+    client says that partition holds the file's pin, not that it is the file's partition."""
+    answer = PartitionsUnavailable.from_body(
+        {
+            "error": "partition_unavailable",
+            "reason": "the owner of dc1.kr/1 ...",
+            "partitions": [
+                {"topic": "dc1.kr", "partition": 1, "source_ids": ["a"], "pins": True},
+                {"topic": "dc1.kr", "partition": 2, "source_ids": ["b"]},
+            ],
+        }
+    )
+    assert answer is not None and answer.pins == {("dc1.kr", 1)}
+    assert waits_for("dc1.kr/2", False, "dc1.kr", 2) == "partition dc1.kr/2"
+    assert waits_for("dc1.kr/1", True, "dc1.kr", 3) == (
+        "partition dc1.kr/1, which holds its pin (its data goes to dc1.kr/3),"
+    )
+    assert waits_for("dc1.kr/1", True, "dc1.kr", 1) == (
+        "partition dc1.kr/1, which holds its pin (its data goes there too),"
+    )
+    assert waits_for("dc1.kr/1", True, "", -1) == (
+        "partition dc1.kr/1, which holds its pin (its data partition is not known yet),"
+    )
+
+
+class _File:
+    """What :class:`PartitionOutages` reads of a tailed file."""
+
+    def __init__(self, path: str, partition: int) -> None:
+        self.path, self.topic, self.partition = path, "dc1.kr", partition
+        self.outage: PartitionOutage | None = None
+
+
+def test_the_log_says_once_which_partition_a_file_waits_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    outages = PartitionOutages(cap_s=5, max_probes=1)
+    pinned, own = _File("/l/f0.log", 3), _File("/l/f1.log", 1)
+    with caplog.at_level(logging.WARNING, logger="logbroker.push"):
+        for _ in range(2):  # said once, not at every answer naming it
+            outages.wait(pinned, "i", "dc1.kr", 1, "gone", None, pin=True)  # type: ignore[arg-type]
+            outages.wait(own, "i", "dc1.kr", 1, "gone", None)  # type: ignore[arg-type]
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "/l/f0.log: partition dc1.kr/1, which holds its pin (its data goes to dc1.kr/3), has no "
+        "reachable owner now (gone); this file waits, tried again every 5 s at most (the files "
+        "not waiting for it ship on)",
+        "/l/f1.log: partition dc1.kr/1 has no reachable owner now (gone); this file waits, "
+        "tried again every 5 s at most (the files not waiting for it ship on)",
+    ]
+    outage = pinned.outage
+    assert outage is not None and outage is own.outage and outage.pin_files == {pinned}
+    outages.back(pinned)  # type: ignore[arg-type]
+    assert pinned.outage is None and own.outage is None and not outage.pin_files
+    assert len(outages) == 0
