@@ -45,6 +45,7 @@ import resource
 from collections import Counter
 from typing import Any
 
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ingest_api.errors import RETRY_AFTER_S
@@ -214,7 +215,8 @@ class BoundedHeadProtocol(HttpToolsProtocol):
                     )
                     return
                 self._head_bytes += end - start
-            self._tail = (self._tail + data[start:end])[-2:]
+            # the last two bytes only: joining the tail to all that was fed copied every body
+            self._tail = (self._tail + data[max(start, end - 2) : end])[-2:]
             super().data_received(data[start:end] if start or end < len(data) else data)
             start = end
             if self.parser.should_upgrade():  # the rest is another protocol's, as uvicorn has it
@@ -262,8 +264,24 @@ class BoundedHeadProtocol(HttpToolsProtocol):
             self._body_timer = self.loop.call_later(self._head_timeout_s, self._body_too_slow)
 
     def on_body(self, body: bytes) -> None:
-        if not self._refused:
-            super().on_body(body)
+        """uvicorn's, except that a piece arriving while nothing of the body waits to be taken
+        (the usual piece) is kept as it came: uvicorn's ``receive()`` hands it on as it is
+        (its ``bytes()`` of a bytes object is that object) instead of copying it into the
+        cycle's bytearray and out again, two copies of every body byte."""
+        if self._refused:
+            return
+        cycle = self.cycle
+        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+            return
+        if not cycle.body:
+            cycle.body = body  # type: ignore[assignment]  # receive() takes bytes() of it
+        else:
+            if type(cycle.body) is bytes:  # more arrived before the route took the first
+                cycle.body = bytearray(cycle.body)
+            cycle.body += body
+        if len(cycle.body) > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.message_event.set()
 
     def on_message_complete(self) -> None:
         if self._refused:
