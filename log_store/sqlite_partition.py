@@ -458,7 +458,10 @@ class PartitionLog:
 
     def _open(self, check_tail: bool) -> None:
         """Check the partition's files and, for writing, bring its index up to them."""
-        if self.read_only and not self._db_path.exists() and has_segment_files(self.directory):
+        # Segments first, then the index: a writer makes partition.db before any segment,
+        # so looked at in the other order a reader opening a partition as its first write
+        # made it (no index yet, then index and segment) took it for an index lost.
+        if self.read_only and has_segment_files(self.directory) and not self._db_path.exists():
             raise self._damaged(
                 "its index (partition.db) is gone while its segment files hold data; a "
                 "gateway (a store opened for writing) rebuilds it from them on open"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from log_store import TopicConfig, open_store
+from log_store import TopicConfig, open_store, sqlite_partition
 from log_store.errors import PartitionDamaged
 from log_store.sqlite_partition import PartitionLog
 
@@ -57,3 +57,34 @@ def test_an_opening_refused_as_damaged_leaves_no_file_open(tmp_path: Path) -> No
                 )
     # each refusal used to keep partition.db (and its -wal when writable) open
     assert len(os.listdir("/proc/self/fd")) - before <= 2
+
+
+def test_a_reader_opening_a_partition_as_its_first_write_makes_it_does_not_call_it_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen under load: a test reading a gateway's store read-only met a partition whose
+    # first write made it between the reader's two looks, and was refused "its index
+    # (partition.db) is gone while its segment files hold data".
+    directory = tmp_path / "dc1.t" / "0"
+    directory.mkdir(parents=True)
+    real = sqlite_partition.has_segment_files
+    made: list[PartitionLog] = []
+    making = [False]
+
+    def the_writer_makes_it_meanwhile(where: Path) -> bool:
+        if not making[0]:
+            making[0] = True
+            writer = PartitionLog(directory, 4096, lambda: True, place=("dc1.t", 0))
+            writer.commit_here(lambda _state: [b"first"])
+            made.append(writer)
+        return real(where)
+
+    monkeypatch.setattr(sqlite_partition, "has_segment_files", the_writer_makes_it_meanwhile)
+    reader = PartitionLog(
+        directory, 4096, lambda: True, read_only=True, place=("dc1.t", 0), check_tail=True
+    )
+    try:
+        assert [r.value for r in reader.read(0, 65536).records] == [b"first"]
+    finally:
+        reader.close()
+        made[0].close()
