@@ -214,6 +214,36 @@ def _run(args: argparse.Namespace, work: Path) -> None:
     print(f"tenant B's fetches: {answers}")
     print(f"gateway RSS: {rss_before:.0f} MB before, {rss_peak:.0f} MB peak, ", end="")
     print(f"{rss_after:.0f} MB 2 s after")
+    write_json(args, quiet, loaded, rss_before, rss_peak)
+
+
+def write_json(
+    args: argparse.Namespace,
+    quiet: list[float],
+    loaded: list[float],
+    rss_before: float,
+    rss_peak: float,
+) -> None:
+    """The table's figures for ``logbroker bench all`` (see benchmarks/benchmark_results.py)."""
+    from benchmark_results import Figure, write
+
+    if not loaded:
+        raise SystemExit("long_poll_bench: tenant A made no request during the long-polls")
+    during = statistics.median(loaded)
+    figure = Figure.of_runs(
+        f"another tenant's p50 during {args.fetches} long-polls of {args.positions} "
+        f"{args.mode} positions",
+        [during],
+        "ms",
+    )
+    if quiet:
+        figure.compared(
+            "the same requests before the long-polls", [during / statistics.median(quiet)]
+        )
+    peak = Figure.of_runs("the gateway's peak RSS during them", [rss_peak], "MB")
+    if rss_before:
+        peak.compared("its RSS before them", [rss_peak / rss_before])
+    write(args.json, "long_poll", args, [figure, peak])
 
 
 def main() -> None:
@@ -225,6 +255,7 @@ def main() -> None:
     parser.add_argument("--limits", default="", help="lines added to the gateway's [limits]")
     parser.add_argument("--quiet-s", type=float, default=5.0, help="probe alone this long first")
     parser.add_argument("--repo", type=Path, default=REPO, help="checkout the gateway runs from")
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="long-poll-bench-"))
     try:

@@ -93,6 +93,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("--requests", "20000", "--gateway-requests", "300"),
     ),
     Benchmark(
+        "long_poll",
+        "another tenant's requests while one read token long-polls many-position fetches",
+        "the same requests before the long-polls",
+        ("--fetches", "5", "--positions", "200", "--wait-ms", "3000", "--quiet-s", "2"),
+        takes_runs=False,
+    ),
+    Benchmark(
         "pull",
         "pull reads by 1, 4, 16 readers, binary and JSON framing",
         "the ingest rate of the same gateway",
