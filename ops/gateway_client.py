@@ -24,7 +24,6 @@ settings set twice are set once; creating a topic that an earlier attempt create
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from typing import Any
@@ -33,6 +32,7 @@ import httpx
 
 from log_store.errors import LogbrokerError
 from ops.commands.arg_types import seconds
+from yt_loader.log_source import retry_after_s
 
 DEFAULT_GATEWAY_RETRY_S = 30.0
 EXIT_UNAVAILABLE = 4
@@ -40,7 +40,6 @@ EXIT_UNAVAILABLE = 4
 RETRIED_STATUSES = frozenset({502, 503, 504})
 _FIRST_PAUSE_S = 0.5
 _MAX_PAUSE_S = 5.0
-_MAX_RETRY_AFTER_S = 30.0
 
 
 class GatewayStillUnavailable(LogbrokerError):
@@ -170,15 +169,6 @@ class GatewayClient:
                 )
             time.sleep(min(left, max(pause, wait_at_least)))
             pause = min(pause * 2, _MAX_PAUSE_S)
-
-
-def retry_after_s(response: httpx.Response) -> float:
-    """The seconds ``Retry-After`` asks for (a number; at most 30), else 0."""
-    try:
-        value = float(response.headers.get("Retry-After", ""))
-    except ValueError:
-        return 0.0
-    return min(value, _MAX_RETRY_AFTER_S) if math.isfinite(value) and value > 0 else 0.0
 
 
 def _status_and_reason(response: httpx.Response) -> str:

@@ -246,7 +246,7 @@ class HttpLogSource:
                     failures[server] = (
                         f"{server} answered {response.status_code} to {path}: {_reason(response)}"
                     )
-                    wait_at_least = max(wait_at_least, _retry_after(response))
+                    wait_at_least = max(wait_at_least, retry_after_s(response))
                 if len(failures) == 1 and pause == _FIRST_PAUSE_S:
                     # said once per request, at its first failure; the tasks' requests say it
                     # in the executors' logs
@@ -354,7 +354,7 @@ def server_urls(text: str) -> tuple[str, ...]:
     return tuple(u.strip().rstrip("/") for u in text.split(",") if u.strip())
 
 
-def _retry_after(response: httpx.Response) -> float:
+def retry_after_s(response: httpx.Response) -> float:
     """The seconds ``Retry-After`` asks for (a number; at most 30), else 0."""
     try:
         value = float(response.headers.get("Retry-After", ""))
