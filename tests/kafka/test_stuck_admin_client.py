@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import NewTopic
 
 from log_store.errors import StoreUnavailable
 from log_store.kafka import topic_admin
@@ -140,3 +141,62 @@ def test_a_snapshot_consumer_that_stays_unanswered_is_replaced(
         assert ctx._snapshot_consumer is not stuck
     finally:
         ctx.close()
+
+
+class _StuckWatermarksConsumer:
+    """Answers as the watermarks consumer did for two minutes after a broker restart."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.closed = False
+
+    def get_watermark_offsets(self, *_args: Any, **_kwargs: Any) -> Any:
+        self.calls += 1
+        raise KafkaException(
+            KafkaError(
+                KafkaError._ALL_BROKERS_DOWN,
+                "Failed to get watermark offsets: Local: All broker connections are down",
+            )
+        )
+
+    def list_topics(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise KafkaException(
+            KafkaError(
+                KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure"
+            )
+        )
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_watermarks_consumer_that_stays_unanswered_is_replaced(
+    kafka_cluster: Any, kafka_namespace: str, quick_renewal: None
+) -> None:
+    from log_store.kafka.fetcher import Watermarks
+
+    settings = KafkaSettings(
+        kafka_cluster.bootstrap, namespace=kafka_namespace, operation_timeout_s=1.0
+    )
+    admin = TopicAdmin(settings)
+    admin.client.create_topics([NewTopic(f"{kafka_namespace}marks", 1, 1)])[
+        f"{kafka_namespace}marks"
+    ].result(30)
+    watermarks = Watermarks(settings)
+    stuck = _StuckWatermarksConsumer()
+    watermarks._consumer = stuck  # type: ignore[assignment]
+    started = time.monotonic()
+    try:
+        while True:
+            try:
+                assert watermarks.get(f"{kafka_namespace}marks", 0) == (0, 0)
+                break
+            except StoreUnavailable:
+                assert time.monotonic() - started < 20.0, (
+                    f"every takeover would still fail: {stuck.calls} asks of the stuck consumer"
+                )
+                time.sleep(0.2)
+        assert watermarks._consumer is not stuck
+        assert watermarks.renewals == 1
+    finally:
+        watermarks.close()
