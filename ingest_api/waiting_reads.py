@@ -145,7 +145,7 @@ class AbsentPartitions:
             except UnknownTopic:
                 missing.add(topic)
             except UnknownPartition:
-                pass
+                pass  # the topic is there: a partition it lacks is the read's answer
             except Exception:
                 there.add((topic, partition))  # something else: the long-poll's read says what
             else:

@@ -41,10 +41,10 @@ class _Transport(asyncio.Transport):
         self.closed = True
 
     def pause_reading(self) -> None:
-        pass
+        """Flow control of a socket this stand-in transport does not have."""
 
     def resume_reading(self) -> None:
-        pass
+        """Flow control of a socket this stand-in transport does not have."""
 
 
 async def _received(pieces: list[bytes], *, route_between: bool) -> tuple[int, list[bytes]]:
