@@ -35,6 +35,7 @@ generators and the broker share the CPUs, which caps the two-gateway figure.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import statistics
@@ -53,6 +54,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import cpu_cap  # noqa: E402
 import e2e_bench  # noqa: E402
 import gateway_bench  # noqa: E402
 
@@ -100,8 +102,11 @@ class KafkaGateway:
         name: str,
         repo: Path = REPO,
         partitions: int = 4,
+        cpus: float | None = None,
     ) -> None:
         self.port = gateway_bench.free_port()
+        # with a cap, the gateway (its threads, any workers it forks) has ``cpus`` cores alone
+        self.cap = cpu_cap.CpuCap(name, cpus) if cpus else None
         self.url = f"http://127.0.0.1:{self.port}"
         config = work / f"{name}.toml"
         config.write_text(
@@ -113,6 +118,7 @@ class KafkaGateway:
              "--port", str(self.port), "--config", str(config)],
             cwd=repo, stdout=open(work / f"{name}.log", "ab"),  # noqa: SIM115
             stderr=subprocess.STDOUT,
+            preexec_fn=functools.partial(cpu_cap.join, self.cap.procs) if self.cap else None,
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -145,6 +151,8 @@ class KafkaGateway:
 
     def stop(self) -> None:
         gateway_bench.stop_gateway(self.proc)
+        if self.cap is not None:
+            self.cap.remove()
 
 
 def warm_up(gateways: list[KafkaGateway], sources: int = 64, partitions: int = 4) -> None:
@@ -537,7 +545,8 @@ def ingest_cases(
     CPU seconds per MB: ``one_gateways``, ``one_broker``, ``two_gateways``, ``owner_...``."""
     measured: dict[str, dict[str, float]] = {"one": {}, "two": {}, "owner": {}}
     parts = args.partitions
-    one = [KafkaGateway(work, bootstrap, f"one{tag}.", f"one{tag}", repo, parts)]
+    cpus = args.cpus_each
+    one = [KafkaGateway(work, bootstrap, f"one{tag}.", f"one{tag}", repo, parts, cpus)]
     try:
         warm_up(one, partitions=parts)
         single = gateway_ingest(
@@ -554,7 +563,8 @@ def ingest_cases(
         for g in one:
             g.stop()
     two = [
-        KafkaGateway(work, bootstrap, f"two{tag}.", f"two{tag}-{i}", repo, parts) for i in (0, 1)
+        KafkaGateway(work, bootstrap, f"two{tag}.", f"two{tag}-{i}", repo, parts, cpus)
+        for i in (0, 1)
     ]
     try:
         warm_up(two, partitions=parts)
@@ -754,20 +764,49 @@ def takeover(bootstrap: str, namespace: str, sources: int, samples: int) -> list
     return seconds
 
 
+def _capped_call(
+    procs: str, measure: Callable[..., float], arguments: tuple[Any, ...]
+) -> tuple[float, float]:
+    """In a process of its own: join the cgroup ``procs``, run ``measure(*arguments)``;
+    (its result, the CPU seconds it took)."""
+    cpu_cap.join(procs)
+    own = time.process_time()
+    result = measure(*arguments)
+    return result, time.process_time() - own
+
+
 def in_process(
     case: str,
-    measure: Callable[[], float],
+    measure: Callable[..., float],
+    arguments: tuple[Any, ...],
     seconds: float,
     broker_pid: int | None,
     cpu: dict[str, list[float]],
+    cpus: float | None = None,
 ) -> float:
-    """Run a case whose producers run in this process; return its MB/s and add its CPU per
-    MB sent (this process as the load, and the broker) to ``cpu`` under ``case``."""
-    own = time.process_time()
+    """Run a case whose producers are the load, ``measure(*arguments)``: in this process, or
+    with ``cpus`` in a process of its own capped at that many cores, as each gateway is.
+    Return its MB/s and add its CPU per MB sent (that process as the load, and the broker)
+    to ``cpu`` under ``case``."""
     broker = cpu_seconds(broker_pid) if broker_pid else 0.0
-    mb_s = measure()
+    if cpus:
+        import concurrent.futures
+        import multiprocessing
+
+        cap = cpu_cap.CpuCap(case, cpus)
+        try:
+            with concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn")
+            ) as pool:
+                mb_s, used = pool.submit(_capped_call, cap.procs, measure, arguments).result()
+        finally:
+            cap.remove()
+    else:
+        own = time.process_time()
+        mb_s = measure(*arguments)
+        used = time.process_time() - own
     sent_mb = mb_s * seconds
-    cpu.setdefault(f"{case}_load", []).append((time.process_time() - own) / sent_mb)
+    cpu.setdefault(f"{case}_load", []).append(used / sent_mb)
     cpu.setdefault(f"{case}_broker", []).append(
         ((cpu_seconds(broker_pid) if broker_pid else 0.0) - broker) / sent_mb
     )
@@ -816,7 +855,20 @@ def main() -> int:
         help="another checkout of logbroker (e.g. `git archive` of an older commit): its "
         "gateways are measured too, in the same runs, against the same raw producer",
     )
+    parser.add_argument(
+        "--cpus-each",
+        type=float,
+        metavar="CORES",
+        help="cap each gateway, the raw producer and the raw transactional producers at this "
+        "many cores (a cgroup each, as if each had a machine of its own; needs root and the "
+        "cgroup cpu controller); the broker and the load processes use the rest",
+    )
     args = parser.parse_args()
+    if args.cpus_each is not None:
+        try:
+            cpu_cap.CpuCap("probe", args.cpus_each).remove()
+        except (ValueError, cpu_cap.CapUnavailable) as exc:
+            parser.error(f"--cpus-each: {exc}")
     rows: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="kafka-bench-") as tmp:
@@ -830,7 +882,8 @@ def main() -> int:
             for run in range(args.runs):
                 raw = in_process(
                     "raw",
-                    lambda run=run: raw_producer(
+                    raw_producer,
+                    (
                         bootstrap,
                         f"raw{run}",
                         args.seconds,
@@ -841,6 +894,7 @@ def main() -> int:
                     args.seconds,
                     broker_pid,
                     cpu,
+                    args.cpus_each,
                 )
                 # the case measured right after the raw producer meets a broker still busy
                 # with what the producer wrote: with --compare-with, the order alternates
@@ -871,7 +925,8 @@ def main() -> int:
                 commit_mb = made[-1] if made else 2.5
                 txn = in_process(
                     "txn",
-                    lambda run=run, commit_mb=commit_mb: raw_transactions(
+                    raw_transactions,
+                    (
                         bootstrap,
                         f"txn{run}",
                         args.seconds,
@@ -883,6 +938,7 @@ def main() -> int:
                     args.seconds,
                     broker_pid,
                     cpu,
+                    args.cpus_each,
                 )
                 cpu.setdefault("txn_commit_mb", []).append(commit_mb)
                 if args.ingest_only:
@@ -924,7 +980,12 @@ def main() -> int:
         return statistics.median(rows[name])
 
     kb = args.chunk_bytes // 1024
-    print(f"| case (median of {args.runs}; one broker, same run) | result | goal |")
+    capped = (
+        f"; each gateway and raw producer capped at {args.cpus_each:g} cores"
+        if args.cpus_each
+        else ""
+    )
+    print(f"| case (median of {args.runs}; one broker, same run{capped}) | result | goal |")
     print("|---|---:|---|")
     print(f"| raw producer, acks=all, idempotent, {kb} KiB values | {med('raw'):.1f} MB/s | - |")
     commit_mb = statistics.median(cpu["txn_commit_mb"])
