@@ -24,6 +24,7 @@ from delivery.framing import (
     decode_binary_stream,
     not_envelopes_of,
 )
+from delivery.installations import HEALTH_PATH, OneInstallation
 from delivery.partition_reader import NotEnvelope
 from log_store.errors import BadRequest, CorruptData, LogbrokerError
 from session_dedup.chunk_codecs import CorruptChunk, decompress
@@ -75,12 +76,6 @@ class RequestRefused(BadRequest):
 
 class GatewayUnavailable(LogbrokerError):
     """The gateway could not be reached or answered 5xx: try again later."""
-
-
-class MixedInstallations(BadRequest):
-    """The URLs of one :class:`PullClient` reach gateways of different installations (their
-    ``/healthz`` name different ``installation`` ids): positions of one log are not positions
-    in another, so nothing is read from the second."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +173,10 @@ class PullClient:
     through another before its session ends, instead of being dropped and its uncommitted
     messages read again by another member.
 
-    With several URLs, each gateway is asked which installation it belongs to (``/healthz``)
-    before its first request and again after it failed (a URL may reach another gateway
-    then); one that names another installation than the others raises
+    Each gateway is asked which installation it belongs to (``/healthz``) before its first
+    request and again after it failed (a URL may reach another gateway then, of another
+    installation if a load balancer or a name moved); one that names another installation
+    than the gateways asked before, or than the same URL named before, raises
     :class:`MixedInstallations` and is sent nothing else."""
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0):
@@ -197,12 +193,12 @@ class PullClient:
         ]
         self._current = 0
         self._timeout_s = timeout_s
-        self._installation: tuple[str, str] | None = None
-        """(URL, installation id) of the first gateway that named its installation: every
-        other must name the same."""
+        self._installation = OneInstallation(
+            "positions in one log are not positions in another: a reader going on there "
+            "would skip or repeat data"
+        )
         self._asked = [False] * len(self._clients)
         """Whether each URL was asked which installation it belongs to since it last failed."""
-        self._said_unnamed = False
         self._said_waiting_limit = False
 
     @property
@@ -220,21 +216,20 @@ class PullClient:
 
     def _unavailable(self, message: str) -> GatewayUnavailable:
         """``message`` as the failure of the gateway asked; the next request asks the next."""
+        self._asked[self._current] = False  # asked again when it is used again
         if len(self._clients) > 1:
             message = f"{self.url}: {message}"
-            self._asked[self._current] = False  # asked again when it is used again
             self._current = (self._current + 1) % len(self._clients)
         return GatewayUnavailable(message)
 
     def _check_installation(self) -> None:
-        """Before the first request to a gateway (of several), and the first after it failed:
+        """Before the first request to a gateway, and the first after it failed:
         :class:`MixedInstallations` if it belongs to another installation than the gateways
-        asked before (an offset of one installation's log is not a position in another's:
-        a reader going on there would skip or repeat data)."""
-        if len(self._clients) < 2 or self._asked[self._current]:
+        asked before (see :class:`~delivery.installations.OneInstallation`)."""
+        if self._asked[self._current]:
             return
         try:
-            response = self._http.get("/healthz")
+            response = self._http.get(HEALTH_PATH)
         except httpx.HTTPError as exc:
             raise self._unavailable(f"GET /healthz: {type(exc).__name__}: {exc}") from None
         if response.status_code >= 500:
@@ -243,29 +238,9 @@ class PullClient:
             said = response.json()
         except ValueError:
             said = None
-        if not isinstance(said, dict) or "installation" not in said:
-            # a gateway too old to name it: the URLs are taken as the user gave them
-            if not self._said_unnamed:
-                self._said_unnamed = True
-                _log.warning(
-                    "%s does not name its installation (an older gateway): the --server URLs "
-                    "are taken to be one installation's unchecked",
-                    self.url,
-                )
-            self._asked[self._current] = True
-            return
-        named = said["installation"]
-        if not isinstance(named, str):
-            raise self._unavailable("cannot name its installation yet (its store does not answer)")
-        if self._installation is None:
-            self._installation = (self.url, named)
-        elif self._installation[1] != named:
-            first_url, first = self._installation
-            raise MixedInstallations(
-                f"{self.url} belongs to installation {named}, {first_url} to {first}: the URLs "
-                "of --server must be gateways of one installation (positions in one log are "
-                "not positions in another)"
-            )
+        failure = self._installation.check(self.url, said, several=len(self._clients) > 1)
+        if failure is not None:
+            raise self._unavailable(failure)
         self._asked[self._current] = True
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

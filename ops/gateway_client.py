@@ -10,7 +10,14 @@ them failed, again after a pause (0.5 s growing to 5 s, or what ``Retry-After`` 
 most 30 s), until ``--gateway-retry`` seconds (default 30) have passed: then
 :class:`GatewayStillUnavailable`, which the commands turn into exit status
 :data:`EXIT_UNAVAILABLE`.  Any other answer (a 4xx above all: the request is wrong, and asking
-again gets the same answer) is returned at once.
+again gets the same answer) is returned at once.  The loop is
+:class:`delivery.gateway_retry.GatewayRetry`, the one the loader's reads through gateways use.
+
+The URLs of ``--server`` must be gateways of one installation: with several, each is asked
+which installation it belongs to (``/healthz``) before its first request and again after it
+failed, and one of another installation than the others is refused
+(:class:`~delivery.installations.MixedInstallations`, exit status 2) before anything is asked
+of it, since a request the first could not answer would be carried out in another log.
 
 A request asked again may have been carried out by an attempt whose answer was lost (a
 connection reset after it was sent, a 503 of a gateway that forwarded it to an owner that
@@ -25,21 +32,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 import httpx
 
+from delivery.gateway_retry import GatewayRetry, StillUnavailable
+from delivery.pull_client import gateway_urls
 from log_store.errors import LogbrokerError
 from ops.commands.arg_types import seconds
-from yt_loader.log_source import retry_after_s
 
 DEFAULT_GATEWAY_RETRY_S = 30.0
 EXIT_UNAVAILABLE = 4
 """The exit status of a command whose gateways stayed unavailable for ``--gateway-retry``."""
 RETRIED_STATUSES = frozenset({502, 503, 504})
-_FIRST_PAUSE_S = 0.5
-_MAX_PAUSE_S = 5.0
+"""Not 429: a command's 429 is a limit (``max_topics``, ``max_partitions_per_topic``) that
+waiting does not lift."""
 
 
 class GatewayStillUnavailable(LogbrokerError):
@@ -88,18 +95,22 @@ class GatewayClient:
         retry_s: float = DEFAULT_GATEWAY_RETRY_S,
         timeout_s: float = 60.0,
     ) -> None:
-        self._servers = [u.strip().rstrip("/") for u in servers.split(",") if u.strip()]
-        if not self._servers:
+        urls = gateway_urls(servers)
+        if not urls:
             raise LogbrokerError(f"--server {servers!r} names no gateway URL")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._clients = [
-            httpx.Client(base_url=url, headers=headers, timeout=timeout_s) for url in self._servers
-        ]
         self._command = command
-        self._retry_s = retry_s
-        self._current = 0
-        """The gateway asked first: the last one that answered."""
         self._said_waiting = False
+        self._gateways = GatewayRetry(
+            urls,
+            token=token,
+            timeout_s=timeout_s,
+            retry_s=retry_s,
+            retried_statuses=RETRIED_STATUSES,
+            describe_answer=lambda _path, response: _status_and_reason(response),
+            on_waiting=self._say_waiting,
+            installation_why="a request one of them cannot answer would be carried out in "
+            "another installation's log",
+        )
         self.asked_again_after_sending = False
         """Whether the last request was asked again after an attempt that may have reached a
         gateway (and may have been carried out there, its answer lost)."""
@@ -111,8 +122,19 @@ class GatewayClient:
         self.close()
 
     def close(self) -> None:
-        for client in self._clients:
-            client.close()
+        self._gateways.close()
+
+    def _say_waiting(self, failure: str) -> None:
+        """Said once per command, at the first failure that makes it wait."""
+        if self._said_waiting:
+            return
+        self._said_waiting = True
+        print(
+            f"logbroker {self._command}: {failure}; waiting for a gateway to answer, for up "
+            f"to {self._gateways.retry_s:g} s (--gateway-retry)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def request(
         self,
@@ -123,52 +145,19 @@ class GatewayClient:
         params: dict[str, Any] | None = None,
     ) -> httpx.Response:
         """The first answer to ``method path`` that is not 502, 503, 504 or a connection that
-        failed; :class:`GatewayStillUnavailable` once the bound passed without one."""
-        deadline = time.monotonic() + self._retry_s
-        pause = _FIRST_PAUSE_S
-        failures: dict[str, str] = {}
-        """Each gateway's last failure, named when the request gives up."""
-        maybe_sent = False
+        failed; :class:`GatewayStillUnavailable` once the bound passed without one, and
+        :class:`~delivery.installations.MixedInstallations` (a ``LogbrokerError``) for a
+        gateway of another installation than the others of ``--server``."""
         self.asked_again_after_sending = False
-        while True:
-            wait_at_least = 0.0
-            for _ in self._servers:
-                server = self._servers[self._current]
-                self.asked_again_after_sending = maybe_sent
-                try:
-                    response = self._clients[self._current].request(
-                        method, path, json=json, params=params
-                    )
-                except httpx.UnsupportedProtocol:
-                    raise  # a URL without http:// or https://: no wait makes it right
-                except httpx.ConnectError as exc:  # refused, no route: nothing was sent
-                    failures[server] = f"{server} unreachable: {str(exc) or type(exc).__name__}"
-                except httpx.TransportError as exc:  # reset, cut off, timed out: maybe sent
-                    maybe_sent = True
-                    failures[server] = f"{server} failed: {str(exc) or type(exc).__name__}"
-                else:
-                    if response.status_code not in RETRIED_STATUSES:
-                        return response
-                    maybe_sent = True
-                    failures[server] = f"{server} answered {_status_and_reason(response)}"
-                    wait_at_least = max(wait_at_least, retry_after_s(response))
-                if not self._said_waiting and self._retry_s > 0:
-                    self._said_waiting = True
-                    print(
-                        f"logbroker {self._command}: {failures[server]}; waiting for a gateway "
-                        f"to answer, for up to {self._retry_s:g} s (--gateway-retry)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                self._current = (self._current + 1) % len(self._servers)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise GatewayStillUnavailable(
-                    f"no gateway answered {method} {path} within {self._retry_s:g} s "
-                    f"(--gateway-retry): {'; '.join(failures[s] for s in self._servers)}"
-                )
-            time.sleep(min(left, max(pause, wait_at_least)))
-            pause = min(pause * 2, _MAX_PAUSE_S)
+        try:
+            answer = self._gateways.request(method, path, json=json, params=params)
+        except StillUnavailable as exc:
+            raise GatewayStillUnavailable(
+                f"no gateway answered {method} {path} within {self._gateways.retry_s:g} s "
+                f"(--gateway-retry): {exc}"
+            ) from None
+        self.asked_again_after_sending = answer.asked_again_after_sending
+        return answer.response
 
 
 def _status_and_reason(response: httpx.Response) -> str:

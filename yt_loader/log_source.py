@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from urllib.parse import quote
 import httpx
 
 from delivery.framing import decode_binary, not_envelopes_of
+from delivery.gateway_retry import GatewayRetry, StillUnavailable
 from delivery.internal_state import is_internal
 from delivery.legacy_txn import CommitResolver
 from delivery.partition_reader import MAX_MAX_BYTES, PartitionReader
@@ -42,9 +42,6 @@ answers a passing failure: long enough for a gateway's restart or a Kafka takeov
 RETRIED_STATUSES = frozenset({429, 502, 503, 504})
 """Answers that say "not now": a gateway starting, stopping or without its store, a load
 balancer without a gateway behind it, a limit.  Any other answer is the request's own."""
-_FIRST_PAUSE_S = 0.5
-_MAX_PAUSE_S = 5.0
-_MAX_RETRY_AFTER_S = 30.0
 KAFKA_OPTION_PREFIX = "kafka."
 STORE_CATALOG = "catalog.db"
 
@@ -193,12 +190,15 @@ class HttpLogSource:
     comes back as a :class:`ForeignRecord`, as from a store read; a gateway that does not name
     them is refused, since a load through it could not tell.
 
-    ``servers``: gateways of one installation (one log), tried in turn.  A request that finds
+    ``servers``: gateways of one installation (one log), tried in turn by the loop the
+    gateway commands use (:class:`delivery.gateway_retry.GatewayRetry`).  A request that finds
     a gateway unreachable, or answered one of :data:`RETRIED_STATUSES`, goes to the next at
     once; once every one failed it is asked again after a pause (growing from 0.5 s to 5 s, or
-    what ``Retry-After`` says), for ``retry_s`` in all, then :class:`SourceUnavailable`.
-    Every request is a read (GET), so asking again never changes anything; the loader's
-    commit goes to its table, never through a gateway.
+    what ``Retry-After`` says), for ``retry_s`` in all, then :class:`SourceUnavailable`.  With
+    several, a gateway that names another installation than the others on ``/healthz`` is
+    refused (:class:`~delivery.installations.MixedInstallations`, a ``BadRequest``) before
+    anything is read from it.  Every request is a read (GET), so asking again never changes
+    anything; the loader's commit goes to its table, never through a gateway.
     """
 
     def __init__(
@@ -208,60 +208,44 @@ class HttpLogSource:
         timeout_s: float = 60.0,
         retry_s: float = DEFAULT_GATEWAY_RETRY_S,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._servers = server_urls(servers) if isinstance(servers, str) else tuple(servers)
-        if not self._servers:
+        urls = server_urls(servers) if isinstance(servers, str) else tuple(servers)
+        if not urls:
             raise BadSourceOptions("no gateway URL given")
-        self._clients = [
-            httpx.Client(base_url=server, headers=headers, timeout=timeout_s)
-            for server in self._servers
-        ]
         self._retry_s = retry_s
-        self._current = 0
-        """The gateway asked first: the last one that answered."""
+        self._gateways = GatewayRetry(
+            urls,
+            token=token,
+            timeout_s=timeout_s,
+            retry_s=retry_s,
+            retried_statuses=RETRIED_STATUSES,
+            describe_answer=lambda path, response: (
+                f"{response.status_code} to {path}: {_reason(response)}"
+            ),
+            # said once per request, at its first failure; the tasks' requests say it in the
+            # executors' logs
+            on_waiting=lambda failure: log.warning(
+                "gateway %s; trying again for up to %g s", failure, retry_s
+            ),
+            installation_why="offsets in one log are not offsets in another: a load would "
+            "read another log's records at them",
+        )
 
     @property
     def _server(self) -> str:
-        return self._servers[self._current]
+        return self._gateways.current
 
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
         """The first answer to ``GET path`` that is not a passing failure (see the class)."""
-        deadline = time.monotonic() + self._retry_s
-        pause = _FIRST_PAUSE_S
-        failures: dict[str, str] = {}
-        """Each gateway's last failure, named when the request gives up."""
-        while True:
-            wait_at_least = 0.0
-            for _ in self._servers:
-                server = self._server
-                try:
-                    response = self._clients[self._current].get(path, params=params)
-                except httpx.TransportError as exc:  # refused, reset, timed out, cut off
-                    failures[server] = f"{server} unreachable: {str(exc) or type(exc).__name__}"
-                except httpx.HTTPError as exc:
-                    raise SourceUnavailable(f"gateway {server}: {exc}") from exc
-                else:
-                    if response.status_code not in RETRIED_STATUSES:
-                        return response
-                    failures[server] = (
-                        f"{server} answered {response.status_code} to {path}: {_reason(response)}"
-                    )
-                    wait_at_least = max(wait_at_least, retry_after_s(response))
-                if len(failures) == 1 and pause == _FIRST_PAUSE_S:
-                    # said once per request, at its first failure; the tasks' requests say it
-                    # in the executors' logs
-                    log.warning(
-                        "gateway %s; trying again for up to %g s", failures[server], self._retry_s
-                    )
-                self._current = (self._current + 1) % len(self._servers)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise SourceUnavailable(
-                    f"gateway {'; gateway '.join(failures[s] for s in self._servers)} "
-                    f"(still, after {self._retry_s:g} s of trying again)"
-                )
-            time.sleep(min(left, max(pause, wait_at_least)))
-            pause = min(pause * 2, _MAX_PAUSE_S)
+        try:
+            answer = self._gateways.request("GET", path, params=dict(params or {}) or None)
+        except StillUnavailable as exc:
+            raise SourceUnavailable(
+                f"gateway {'; gateway '.join(exc.failures)} "
+                f"(still, after {self._retry_s:g} s of trying again)"
+            ) from None
+        except httpx.HTTPError as exc:  # no transport failure (or a URL without http://)
+            raise SourceUnavailable(f"gateway {self._server}: {exc}") from exc
+        return answer.response
 
     def _check(self, response: httpx.Response) -> httpx.Response:
         if response.status_code == 404:
@@ -345,22 +329,12 @@ class HttpLogSource:
         )
 
     def close(self) -> None:
-        for client in self._clients:
-            client.close()
+        self._gateways.close()
 
 
 def server_urls(text: str) -> tuple[str, ...]:
     """The gateway URLs of ``URL[,URL...]`` (as ``push --server`` takes them)."""
     return tuple(u.strip().rstrip("/") for u in text.split(",") if u.strip())
-
-
-def retry_after_s(response: httpx.Response) -> float:
-    """The seconds ``Retry-After`` asks for (a number; at most 30), else 0."""
-    try:
-        value = float(response.headers.get("Retry-After", ""))
-    except ValueError:
-        return 0.0
-    return min(value, _MAX_RETRY_AFTER_S) if math.isfinite(value) and value > 0 else 0.0
 
 
 def _reason(response: httpx.Response) -> str:

@@ -23,6 +23,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from delivery.installations import MixedInstallations
 from delivery.mirror import (
     DestinationRefused,
     Mirror,
@@ -32,7 +33,7 @@ from delivery.mirror import (
 )
 from delivery.mirror_metrics import MirrorCollector
 from delivery.partition_reader import MAX_MAX_BYTES
-from delivery.pull_client import GatewayUnavailable, MixedInstallations, RequestRefused
+from delivery.pull_client import GatewayUnavailable, RequestRefused
 from log_store.errors import BadRequest
 from ops import stop_signals
 from ops.commands.arg_types import add_log_level, seconds

@@ -25,11 +25,11 @@ from delivery.consumer_group import (
     validate_group,
 )
 from delivery.filters import BadFilter, MessageFilter, parse_filter
+from delivery.installations import MixedInstallations
 from delivery.internal_state import is_internal
 from delivery.partition_reader import MAX_MAX_BYTES
 from delivery.pull_client import (
     GatewayUnavailable,
-    MixedInstallations,
     PullClient,
     ReadMessage,
     RequestRefused,

@@ -167,14 +167,19 @@ def test_a_replica_source_that_is_too_long_or_has_control_characters_is_refused_
     assert httpx.get(f"{gateway.url}/v1/topics").json()["topics"] == []
 
 
+_PAST_9999 = 253_402_214_400_001
+"""A create time one millisecond after the last a gateway takes (9999-12-31 UTC)."""
+
+
 def test_a_message_created_before_1970_is_mirrored_and_does_not_stop_the_mirror(
     start_gateway: Any, writer_for: Any, tmp_path: Any
 ) -> None:
     """The write protocol took any signed ``create_time``; the mirror's audit counted such a
     message in a window before 1970, which the destination refused (400): the mirror exited
-    and every later run stopped at the same message.  Gateways refuse such times now, and
-    control characters in ``server`` and ``file``; records stored before are still copied as
-    they are (a destination refusing them would stop the mirror for good)."""
+    and every later run stopped at the same message.  Gateways refuse such times now (and
+    times after 9999), and control characters in ``server`` and ``file``; records stored
+    before are still copied as they are, neither refused (the mirror would stop for good) nor
+    clamped (the copy would differ from the source's record)."""
     from log_store import open_store
     from session_dedup.envelope import Envelope, encode
 
@@ -185,7 +190,7 @@ def test_a_message_created_before_1970_is_mirrored_and_does_not_stop_the_mirror(
             0,
             [
                 encode(Envelope("old", "h\r\n\x1b[31m", "/f\n", "app", "raw", n, t, 1, b"%d\n" % n))
-                for n, t in ((1, -1), (2, -86_400_000), (3, 1_700_000_000_000))
+                for n, t in ((1, -1), (2, -86_400_000), (3, 1_700_000_000_000), (4, _PAST_9999))
             ],
         )
     dc1 = start_gateway(tmp_path / "dc1", "--dc", "dc1")
@@ -193,12 +198,12 @@ def test_a_message_created_before_1970_is_mirrored_and_does_not_stop_the_mirror(
     mirror = _mirror(dc1.url, dc2.url, "--idle-exit", "2")
     assert mirror.wait(60) == 0, mirror.stderr.read() if mirror.stderr else ""
     assert _raw_partitions(dc2.url, "dc1.app") == _raw_partitions(dc1.url, "dc1.app")
-    assert sorted(seqno for _, seqno, _ in _raw_flat(dc2.url)) == [1, 2, 3]
+    assert sorted(seqno for _, seqno, _ in _raw_flat(dc2.url)) == [1, 2, 3, 4]
     copied = httpx.get(
         f"{dc2.url}/v1/topics/dc1.app/partitions/0/messages", params={"offset": 0, "raw": 1}
     ).json()["messages"]
     assert [(m["server"], m["file"], m["create_time"]) for m in copied] == [
-        ("h\r\n\x1b[31m", "/f\n", t) for t in (-1, -86_400_000, 1_700_000_000_000)
+        ("h\r\n\x1b[31m", "/f\n", t) for t in (-1, -86_400_000, 1_700_000_000_000, _PAST_9999)
     ]
 
 

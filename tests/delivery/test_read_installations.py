@@ -74,3 +74,31 @@ def test_a_reader_goes_on_through_a_second_gateway_of_its_installation(
     wait_until(lambda: len(_sources(reader)) == 4, 30, "the message written through the second")
     assert _sources(reader) == [("src", n) for n in (1, 2, 3, 4)]
     assert reader.proc.poll() is None, reader.stderr()
+
+
+def test_a_reader_refuses_its_one_url_once_it_reaches_another_installation(
+    start_gateway: Callable[..., GatewayProcess],
+    start_reader: Callable[..., ReaderProcess],
+    tmp_path: Path,
+) -> None:
+    """One URL can reach another installation after an outage (a load balancer or a name
+    moved to another DC): the reader's positions are offsets of the first log, so it stops
+    (exit 2, one line) instead of going on at them in the other's."""
+    gw = start_gateway(tmp_path / "dc1-a")
+    other = start_gateway(tmp_path / "dc1-b")
+    _write(gw.url, "first", 3)
+    _write(other.url, "other", 12)
+    other.kill()
+    reader = start_reader(
+        "--server", gw.url, "--topic", "dc1.app", "--from-beginning", "--format", "jsonl",
+        "--idle-exit", "30",
+    )  # fmt: skip
+    wait_until(lambda: len(_sources(reader)) == 3, 30, "the first installation's messages")
+    gw.kill()
+    gw.data_dir = other.data_dir  # the same URL, now a gateway of the other installation
+    gw.start()
+
+    assert reader.wait(60) == 2, reader.stderr()
+    last = reader.stderr().strip().splitlines()[-1]
+    assert f"{gw.url} belongs to installation" in last and "now" in last, last
+    assert _sources(reader) == [("first", n) for n in (1, 2, 3)]

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from audit.windows import window_start
+from delivery.installations import MixedInstallations
 from log_store.errors import BadRequest
 from ops.commands.load import _publish_to_one
 from tests.conftest import GatewayProcess, free_port
@@ -116,7 +117,8 @@ def test_gateways_that_stay_unavailable_fail_the_read_after_the_retry_time_namin
     gateway: GatewayProcess,
 ) -> None:
     down = f"http://127.0.0.1:{free_port()}"
-    with _proxy(gateway.url, lambda _p: 503) as busy:
+    # a gateway without its store: it names its installation (/healthz), and answers 503
+    with _proxy(gateway.url, lambda p: None if p == "/healthz" else 503) as busy:
         source = HttpLogSource(f"{down},{busy.url}", retry_s=1.0)
         started = time.monotonic()
         try:
@@ -163,3 +165,35 @@ def test_the_audit_counts_go_to_the_first_gateway_of_the_list_that_takes_them(
 
     assert _publish_to_one(counts, tmp_path / "table", f"{down},{gateway.url}", None) == 1
     assert f"audit: {down}: " in capsys.readouterr().err  # said, then the next one asked
+
+
+def test_a_gateway_of_another_installation_is_refused_before_anything_is_read_from_it(
+    gateway: GatewayProcess, start_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """The offsets a load planned through the first gateway are not offsets of another
+    installation's log: the second, asked once the first is down, is refused (before, the
+    read went on there and loaded the other log's records at them)."""
+    append_lines(gateway.data_dir, "dc1.app", "a", partitions=1, chunks=2)
+    other = start_gateway(tmp_path / "other")  # another data dir: another installation
+    append_lines(other.data_dir, "dc1.app", "b", partitions=1, chunks=3)
+    source = HttpLogSource(f"{gateway.url},{other.url}", retry_s=5)
+    try:
+        assert [p.end_offset for p in source.topic_bounds("dc1.app").partitions] == [2]
+        gateway.kill()
+        with pytest.raises(MixedInstallations) as caught:
+            source.read("dc1.app", 0, 0, 1 << 20)
+    finally:
+        source.close()
+    assert f"{other.url} belongs to installation" in str(caught.value)
+    assert f"{gateway.url} to " in str(caught.value)
+
+
+def test_a_url_no_wait_makes_right_fails_at_once() -> None:
+    source = HttpLogSource("ftp://127.0.0.1:1", retry_s=30)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SourceUnavailable, match=r"ftp://127\.0\.0\.1:1"):
+            source.topic_names()
+    finally:
+        source.close()
+    assert time.monotonic() - started < 5  # before, it was asked again for the 30 s

@@ -1,0 +1,72 @@
+"""Which installation a gateway belongs to: the gateways of one ``--server`` must share one.
+
+A gateway names its installation (the id of the log it serves) in ``/healthz``'s
+``installation``.  The URLs of one ``--server URL[,URL...]`` are gateways of one installation:
+a request one of them cannot answer goes to the next, and an offset, a position or a change
+asked of one is meant for that one log.  A URL of another installation in the list, or a URL
+that reaches another installation after an outage (a load balancer or a name moved to another
+DC), would carry them into a log they do not belong to; :class:`OneInstallation` refuses it
+with :class:`MixedInstallations` before anything else is asked of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from log_store.errors import BadRequest
+
+_log = logging.getLogger("delivery")
+
+HEALTH_PATH = "/healthz"
+
+
+class MixedInstallations(BadRequest):
+    """A URL of ``--server`` reaches a gateway of another installation than the gateways asked
+    before (its ``/healthz`` names another ``installation`` id): nothing else is asked of it."""
+
+
+class OneInstallation:
+    """The installation the gateways of one ``--server`` belong to, learnt from the first that
+    names it; ``why`` ends the refusal of another (what would go wrong there)."""
+
+    def __init__(self, why: str) -> None:
+        self._why = why
+        self._first: tuple[str, str] | None = None
+        """(URL, installation id) of the first gateway that named its installation."""
+        self._said_unnamed = False
+
+    def check(self, url: str, healthz: Any, *, several: bool) -> str | None:
+        """Check ``healthz`` (the JSON of ``url``'s ``/healthz``, None if it was none): None if
+        ``url`` belongs to this installation (or is too old to say); the failure to say if it
+        cannot name it yet (its store does not answer: ask again later); raises
+        :class:`MixedInstallations` if it names another.  ``several``: ``url`` is one of
+        several (an older gateway is then said to be taken unchecked, once)."""
+        if not isinstance(healthz, dict) or "installation" not in healthz:
+            # a gateway too old to name it: the URLs are taken as the user gave them
+            if several and not self._said_unnamed:
+                self._said_unnamed = True
+                _log.warning(
+                    "%s does not name its installation (an older gateway): the --server URLs "
+                    "are taken to be one installation's unchecked",
+                    url,
+                )
+            return None
+        named = healthz["installation"]
+        if not isinstance(named, str):
+            return "cannot name its installation yet (its store does not answer)"
+        if self._first is None:
+            self._first = (url, named)
+            return None
+        first_url, first = self._first
+        if named == first:
+            return None
+        if first_url == url:
+            raise MixedInstallations(
+                f"{url} belongs to installation {named} now, and belonged to {first} before: "
+                f"--server reaches another installation than it did ({self._why})"
+            )
+        raise MixedInstallations(
+            f"{url} belongs to installation {named}, {first_url} to {first}: the URLs "
+            f"of --server must be gateways of one installation ({self._why})"
+        )
