@@ -113,6 +113,16 @@ def _give_back(size: int) -> None:
 async def read_body(request: Request, limits: Limits, *, max_bytes: int | None = None) -> bytes:
     """The whole body, or :class:`ApiError` 413 (too large), 408 (too slow), 400 (cut off),
     415 (content-coded), 503 (the process holds all the bodies it may)."""
+    pieces = await read_body_pieces(request, limits, max_bytes=max_bytes)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+async def read_body_pieces(
+    request: Request, limits: Limits, *, max_bytes: int | None = None
+) -> list[bytes]:
+    """:func:`read_body`, but the body as the pieces it arrived in (none if it is empty), for
+    a reader that takes them one after the other: joining them copied every byte once more
+    (``framing.parse_binary`` keeps each chunk a view into its piece)."""
     limit = limits.max_body_bytes if max_bytes is None else max_bytes
     _check_coding(request)
     announced = request.headers.get("content-length")
@@ -127,6 +137,8 @@ async def read_body(request: Request, limits: Limits, *, max_bytes: int | None =
     try:
         async with asyncio.timeout(limits.request_timeout_s):
             async for piece in request.stream():
+                if not piece:  # the stream ends with an empty one
+                    continue
                 if size + len(piece) > limit:
                     raise _too_large(limit)
                 await _take(len(piece), size, budget)
@@ -143,4 +155,4 @@ async def read_body(request: Request, limits: Limits, *, max_bytes: int | None =
     finally:
         if size:
             _give_back(size)
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    return pieces

@@ -8,8 +8,10 @@ Binary, ``application/x-logbroker-chunks`` (integers big-endian)::
                u32 chunk_count, chunk{chunk_count}
     chunk   := u64 seqno, i64 create_time_ms, u32 data_len, data
 
-A chunk's data stays a ``memoryview`` into the body until its envelope is encoded, so decoding
-costs one struct unpack and three list appends per chunk.
+A chunk's data stays a ``memoryview`` into the body (into the piece of it that the socket
+delivered, for a write: the pieces are not joined) until its envelope is encoded, so decoding
+costs one struct unpack and three list appends per chunk; only a chunk that straddles two
+pieces is copied, joined.
 
 Two kinds of defect: a body that cannot be cut into sections (bad framing, a meta that is not
 JSON, too many chunks, no section at all) rejects the whole request before anything is
@@ -186,34 +188,84 @@ def _bad_create_time(value: object, where: str) -> ApiError:
     )
 
 
-def parse_binary(body: bytes, limits: Limits) -> list[Section]:
+class _Pieces:
+    """A body as the pieces it arrived in, read from front to back: what lies within one piece
+    is taken as a view into it, what straddles two is joined (a copy of that part alone).
+
+    Joining the pieces first copied every byte of every body once more."""
+
+    __slots__ = ("_at", "_end", "_next", "_piece", "_pieces", "_view", "left")
+
+    def __init__(self, pieces: Sequence[bytes]) -> None:
+        self._pieces = pieces
+        self._next = 0
+        self._piece = b""
+        self._view = memoryview(self._piece)
+        self._at = self._end = 0
+        self.left = sum(map(len, pieces))
+        """Bytes not taken yet."""
+
+    def _advance(self) -> None:
+        self._piece = self._pieces[self._next]
+        self._view = memoryview(self._piece)
+        self._next += 1
+        self._at = 0
+        self._end = len(self._piece)
+
+    def take(self, n: int) -> bytes | memoryview:
+        """The next ``n`` bytes (at most :attr:`left`)."""
+        at = self._at
+        if at + n <= self._end:
+            self._at = at + n
+            self.left -= n
+            return self._view[at : at + n]
+        self.left -= n
+        parts = [self._view[at:]]
+        n -= self._end - at
+        while n > 0:
+            self._advance()
+            part = min(n, self._end)
+            parts.append(self._view[:part])
+            self._at = part
+            n -= part
+        return b"".join(parts)
+
+    def unpack(self, fields: struct.Struct) -> tuple[Any, ...]:
+        """The next ``fields.size`` bytes (at most :attr:`left`), unpacked."""
+        at = self._at
+        if at + fields.size <= self._end:
+            self._at = at + fields.size
+            self.left -= fields.size
+            return fields.unpack_from(self._piece, at)
+        return fields.unpack(self.take(fields.size))
+
+
+def parse_binary(body: bytes | list[bytes], limits: Limits) -> list[Section]:
     """The sections of a binary body, at least one; raises :class:`ApiError` (400/413) on any
-    defect."""
-    if not body:
+    defect.  ``body`` may be the pieces it arrived in (``body.read_body_pieces``): each chunk
+    is then a view into its piece, unless it straddles two."""
+    pieces = body if isinstance(body, list) else [body]
+    reader = _Pieces(pieces)
+    if not reader.left:
         raise _nothing("it is empty")
-    if body[:4] != MAGIC:
+    if reader.left < len(MAGIC) or reader.take(len(MAGIC)) != MAGIC:
         raise _bad(f"a binary body starts with {MAGIC!r}")
-    view = memoryview(body)
-    size = len(body)
-    pos = 4
     sections: list[Section] = []
     total_chunks = 0
     max_chunks = limits.max_chunks_per_request
-    unpack_meta_len = _META_LEN.unpack_from
-    unpack_count = _COUNT.unpack_from
-    unpack_chunk = _CHUNK.unpack_from
+    take = reader.take
+    unpack = reader.unpack
     max_chunk = limits.max_chunk_bytes
     loads = orjson.loads
     usual_meta = usual_source_meta
-    while pos < size:
-        if pos + 2 > size:
+    while reader.left:
+        if reader.left < 2:
             raise _bad(f"{_where(sections)}: truncated before its meta length")
-        (meta_len,) = unpack_meta_len(body, pos)
-        pos += 2
-        if pos + meta_len + 4 > size:
+        (meta_len,) = unpack(_META_LEN)
+        if meta_len + 4 > reader.left:
             raise _bad(f"{_where(sections)}: truncated inside its meta or chunk count")
         try:
-            meta_obj = loads(view[pos : pos + meta_len])
+            meta_obj = loads(take(meta_len))
         except orjson.JSONDecodeError as exc:
             raise _bad(f"{_where(sections)}: meta is not UTF-8 JSON ({exc})") from None
         error: ApiError | None = None
@@ -224,15 +276,13 @@ def parse_binary(body: bytes, limits: Limits) -> list[Section]:
                 meta, epoch, prev_seqno = _section_meta(meta_obj, _where(sections))
             except ApiError as exc:
                 error = exc
-        pos += meta_len
-        (count,) = unpack_count(body, pos)
-        pos += 4
+        (count,) = unpack(_COUNT)
         # an empty section still costs a route and a transaction: it counts as one chunk
         total_chunks += count or 1
         if total_chunks > max_chunks:
             raise _too_many(limits)
         # 20 header bytes per chunk at least: a count the body cannot hold is a lie
-        if pos + 20 * count > size:
+        if 20 * count > reader.left:
             raise _bad(
                 f"{_where(sections)}: {count} chunks announced, the body is too short for them"
             )
@@ -240,19 +290,16 @@ def parse_binary(body: bytes, limits: Limits) -> list[Section]:
         create_times: list[int] = []
         datas: list[bytes | memoryview] = []
         for i in range(count):
-            if pos + 20 > size:
+            if reader.left < 20:
                 raise _bad(f"{_where(sections)}: truncated inside chunk {i}")
-            seqno, create_time, data_len = unpack_chunk(body, pos)
-            pos += 20
-            end = pos + data_len
-            if end > size:
+            seqno, create_time, data_len = unpack(_CHUNK)
+            if data_len > reader.left:
                 raise _bad(f"{_where(sections)}: chunk {i} runs past the end of the body")
             if data_len > max_chunk and error is None:
                 error = _chunk_too_large(data_len, limits)
             seqnos.append(seqno)
             create_times.append(create_time)
-            datas.append(view[pos:end])
-            pos = end
+            datas.append(take(data_len))
         if error is None and seqnos and (min(seqnos) < 1 or max(seqnos) > MAX_SEQNO):
             try:
                 _check_seqnos(seqnos, _where(sections))

@@ -18,6 +18,9 @@ it is.
 Only a head's own bytes count against its limit: what a read brings is fed to the parser one
 message at a time (a body of known length by its length, anything else up to its next empty
 line, where a head or a chunked body ends), so requests pipelined in one read are all answered.
+A body of known length on a kept-alive connection is not fed to the parser at all: its pieces
+go to the route as the socket delivered them (httptools copied each), and the request ends at
+its last byte, the next one starting on a fresh parser.
 A refusal of a request pipelined behind others is sent once they are answered, and nothing
 more of the connection is read.  A ``Transfer-Encoding`` other than ``chunked`` is refused 501
 (httptools only undoes the chunking: ``gzip, chunked`` would be taken as identity).  An answer
@@ -39,12 +42,14 @@ open, the store and the audit publisher keep theirs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import resource
 from collections import Counter
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -104,6 +109,14 @@ def bounded_head_protocol(
     )
 
 
+def _parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:
+    """A request parser as uvicorn makes one for each connection."""
+    parser = httptools.HttpRequestParser(protocol)
+    with contextlib.suppress(AttributeError):  # httptools < 0.6.3
+        parser.set_dangerous_leniencies(lenient_data_after_close=True)
+    return parser
+
+
 class BoundedHeadProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, refusing a head that is too large or too slow, and
     closing a connection whose body is too slow."""
@@ -143,6 +156,8 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         """Bytes of a body of known length still due (None: none, or a chunked one)."""
         self._write_timer: asyncio.TimerHandle | None = None
         """Runs while the client does not take what it is sent (the transport is paused)."""
+        self._body_bypass = False
+        """The body being received is handed to the route past the parser."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         global _open_total
@@ -217,10 +232,23 @@ class BoundedHeadProtocol(HttpToolsProtocol):
                 self._head_bytes += end - start
             # the last two bytes only: joining the tail to all that was fed copied every body
             self._tail = (self._tail + data[max(start, end - 2) : end])[-2:]
-            super().data_received(data[start:end] if start or end < len(data) else data)
+            piece = data[start:end] if start or end < len(data) else data
             start = end
+            if self._body_bypass:
+                self._body_received(piece)
+                continue
+            super().data_received(piece)
             if self.parser.should_upgrade():  # the rest is another protocol's, as uvicorn has it
                 return
+
+    def _body_received(self, piece: bytes) -> None:
+        """A piece of a body taken past the parser (see :meth:`on_headers_complete`); the
+        request's end once its last byte is in, and a fresh parser for the next request."""
+        self.on_body(piece)
+        if self._body_left == 0 and not self._refused:
+            self._body_bypass = False
+            self.on_message_complete()
+            self.parser = _parser(self)
 
     def _empty_line_end(self, data: bytes, start: int) -> int:
         """Where in ``data`` the first empty line from ``start`` on ends (where a head or a
@@ -262,6 +290,12 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if not (self.parser.should_upgrade() and self._should_upgrade()):
             self._body_timer = self.loop.call_later(self._head_timeout_s, self._body_too_slow)
+            # A body of known length on a kept-alive connection goes to the route past the
+            # parser: httptools would copy every piece of it into a bytes object of its own
+            # (the parser only counts a body's bytes, and the message ends at its last one).
+            # On a connection that closes after this request the parser stays in, to refuse
+            # what follows the body as it does.
+            self._body_bypass = bool(self._body_left) and self.cycle.keep_alive
 
     def on_body(self, body: bytes) -> None:
         """uvicorn's, except that a piece arriving while nothing of the body waits to be taken

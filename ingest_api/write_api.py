@@ -29,7 +29,7 @@ from ingest_api.audit_api import (
     audit_write_refusal,
     gateway_counts,
 )
-from ingest_api.body import read_body
+from ingest_api.body import read_body, read_body_pieces
 from ingest_api.codec_check import check_codecs
 from ingest_api.context import GatewayContext
 from ingest_api.errors import ApiError, partitions_unavailable
@@ -248,11 +248,11 @@ class WriteApi:
                 "unsupported_media_type",
                 f"write takes {BINARY_MEDIA_TYPE} or {NDJSON_MEDIA_TYPE}, not {media!r}",
             )
-        body = await read_body(request, self.limits)
+        pieces = await read_body_pieces(request, self.limits)
         if media == BINARY_MEDIA_TYPE:
-            sections = parse_binary(body, self.limits)
+            sections = parse_binary(pieces, self.limits)
         else:
-            sections = parse_ndjson(body, self.limits, int(time.time() * 1000))
+            sections = parse_ndjson(b"".join(pieces), self.limits, int(time.time() * 1000))
         forbidden: dict[str, ApiError | None] = {}  # decided once per log type
         for section in sections:
             if section.error is None:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import random
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ingest_api.app import load_route_modules
+from ingest_api.errors import ApiError
 from ingest_api.framing import encode_binary, parse_binary
 from ingest_api.metrics import MetricsRegistry
 from ingest_api.rate_limit import SourceRateLimiter
@@ -128,6 +132,63 @@ def test_binary_framing_round_trips_and_keeps_data_as_views() -> None:
     assert [bytes(d) for d in first.batch.datas] == [b"a\n", b""]
     assert isinstance(first.batch.datas[0], memoryview)
     assert len(sections[1].batch) == 0
+
+
+def _parsed(body: bytes | list[bytes], limits: Limits) -> list[Any]:
+    """What ``parse_binary`` makes of ``body``, comparable: each section's meta, seqnos,
+    create times, data and error; or the request's refusal."""
+    try:
+        sections = parse_binary(body, limits)
+    except ApiError as exc:
+        return [("refused", exc.status, exc.error, exc.reason)]
+    return [
+        (
+            s.meta,
+            s.batch.seqnos,
+            s.batch.create_times,
+            [bytes(d) for d in s.batch.datas],
+            (s.error.status, s.error.error, s.error.reason) if s.error else None,
+        )
+        for s in sections
+    ]
+
+
+def test_binary_framing_reads_a_body_in_the_pieces_it_arrived_in() -> None:
+    """Cut anywhere, a body parses as it does whole (the gateway no longer joins the pieces
+    of a write's body); a chunk within one piece is a view into that piece."""
+    rng = random.Random(5)
+    meta = {"log_type": "app", "source_id": "s", "server": "h", "file": "/f"}
+    good = encode_binary(
+        [
+            (meta, [(1, 5, b"a" * 700), (2, 5, b""), (3, 6, b"b\n" * 300)]),
+            ({**meta, "source_id": "t", "epoch": 3}, [(9, 7, bytes(range(256)) * 3)]),
+            ({**meta, "source_id": "u"}, []),
+        ]
+    )
+    bodies = [
+        good,
+        good[:-1],  # a chunk running past the end
+        good[:9],  # cut inside a meta
+        good + b"\x00",  # truncated before a meta length
+        good[:4] + b"\x00\x02{}" + good[4:],  # a bad meta, refused on its own
+        b"LBW2" + good[4:],
+        b"LB",
+        b"LBW1",
+    ]
+    limits = Limits(max_chunk_bytes=650)  # the first section refused: a chunk of 700 bytes
+    for body in bodies:
+        whole = _parsed(body, limits)
+        for _ in range(60):
+            cuts = sorted(rng.sample(range(len(body) + 1), rng.randint(0, min(8, len(body)))))
+            pieces = [body[a:b] for a, b in itertools.pairwise([0, *cuts, len(body)])]
+            assert _parsed(pieces, limits) == whole, (body[:20], cuts)
+    pieces = [good[:1000], good[1000:]]
+    for section in parse_binary(pieces, Limits()):
+        for data in section.batch.datas:
+            if isinstance(data, memoryview):
+                assert any(data.obj is piece for piece in pieces)
+    straddling = [d for s in parse_binary(pieces, Limits()) for d in s.batch.datas]
+    assert sum(isinstance(d, memoryview) for d in straddling) == len(straddling) - 1
 
 
 def test_binary_framing_refuses_a_section_with_a_chunk_over_the_limit_with_413() -> None:
