@@ -26,6 +26,7 @@ from delivery.consumer_group import (
     validate_group,
 )
 from delivery.filters import BadFilter, MessageFilter, parse_filter
+from delivery.gateway_retry import gateway_urls
 from delivery.installations import MixedInstallations
 from delivery.internal_state import is_internal
 from delivery.partition_reader import MAX_MAX_BYTES
@@ -34,7 +35,6 @@ from delivery.pull_client import (
     PullClient,
     ReadMessage,
     RequestRefused,
-    gateway_urls,
 )
 from log_store.errors import BadRequest, InvalidTopicName
 from log_store.topic_names import validate_log_type, validate_topic_name
@@ -330,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
         # topic to appear, maybe for ever
         print(f"logbroker read: --max-bytes must be in 1..{MAX_MAX_BYTES}", file=sys.stderr)
         return 2
-    for url in gateway_urls(args.server) or [args.server]:
+    for url in gateway_urls(args.server) or (args.server,):
         server = urllib.parse.urlsplit(url)
         if server.scheme not in ("http", "https") or not server.hostname:
             print(
