@@ -35,6 +35,14 @@ MAX_PAUSE_S = 5.0
 MAX_RETRY_AFTER_S = 30.0
 
 
+def gateway_urls(text: str) -> tuple[str, ...]:
+    """The gateways of ``URL[,URL...]`` (one installation), in order: each stripped of blanks
+    and of a trailing ``/``, empty items left out (so a text of only commas names none).  The
+    one splitter of every ``--server`` and of the loader's ``server``; each caller refuses
+    what it cannot use (none, or one that is no http(s) URL) with its own message."""
+    return tuple(url.strip().rstrip("/") for url in text.split(",") if url.strip())
+
+
 def retry_after_s(response: httpx.Response) -> float:
     """The seconds ``Retry-After`` asks for (a number; at most 30), else 0."""
     try:

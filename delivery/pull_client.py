@@ -24,6 +24,7 @@ from delivery.framing import (
     decode_binary_stream,
     not_envelopes_of,
 )
+from delivery.gateway_retry import gateway_urls
 from delivery.installations import HEALTH_PATH, OneInstallation
 from delivery.partition_reader import NotEnvelope
 from log_store.errors import BadRequest, CorruptData, LogbrokerError
@@ -151,17 +152,17 @@ def gone_of(meta: dict[str, Any]) -> str | None:
 
 
 def _retry_after(response: httpx.Response) -> float | None:
-    """A ``Retry-After`` given in seconds (0-60), if the response has one."""
+    """A ``Retry-After`` given in seconds (0-60), if the response has one.
+
+    Not :func:`delivery.gateway_retry.retry_after_s`: that one caps at 30 s and says 0 for
+    none, while :attr:`RequestRefused.retry_after_s` tells none (None) from 0, keeps 30-60 s
+    as given (a long-poll's 429 waits that long, up to its ``wait_ms``) and ignores more than
+    60 s (the 429 wait is then the usual second, not 30 s)."""
     try:
         seconds = float(response.headers.get("retry-after", ""))
     except ValueError:
         return None
     return seconds if 0 <= seconds <= 60 else None
-
-
-def gateway_urls(text: str) -> list[str]:
-    """The gateways of ``URL[,URL...]`` (one installation), in order."""
-    return [url.strip().rstrip("/") for url in text.split(",") if url.strip()]
 
 
 class PullClient:
@@ -189,7 +190,7 @@ class PullClient:
                 # plain HTTP needs no CA certificates: loading them is a tenth of a reader's start
                 verify=not url.startswith("http://"),
             )
-            for url in gateway_urls(base_url) or [base_url]
+            for url in gateway_urls(base_url) or (base_url,)
         ]
         self._current = 0
         self._timeout_s = timeout_s

@@ -36,8 +36,7 @@ from typing import Any
 
 import httpx
 
-from delivery.gateway_retry import GatewayRetry, StillUnavailable
-from delivery.pull_client import gateway_urls
+from delivery.gateway_retry import GatewayRetry, StillUnavailable, gateway_urls
 from log_store.errors import LogbrokerError
 from ops.commands.arg_types import seconds
 

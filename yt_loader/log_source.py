@@ -19,7 +19,7 @@ from urllib.parse import quote
 import httpx
 
 from delivery.framing import decode_binary, not_envelopes_of
-from delivery.gateway_retry import GatewayRetry, StillUnavailable
+from delivery.gateway_retry import GatewayRetry, StillUnavailable, gateway_urls
 from delivery.internal_state import is_internal
 from delivery.legacy_txn import CommitResolver
 from delivery.partition_reader import MAX_MAX_BYTES, PartitionReader
@@ -208,7 +208,7 @@ class HttpLogSource:
         timeout_s: float = 60.0,
         retry_s: float = DEFAULT_GATEWAY_RETRY_S,
     ) -> None:
-        urls = server_urls(servers) if isinstance(servers, str) else tuple(servers)
+        urls = gateway_urls(servers) if isinstance(servers, str) else tuple(servers)
         if not urls:
             raise BadSourceOptions("no gateway URL given")
         self._retry_s = retry_s
@@ -332,11 +332,6 @@ class HttpLogSource:
         self._gateways.close()
 
 
-def server_urls(text: str) -> tuple[str, ...]:
-    """The gateway URLs of ``URL[,URL...]`` (as ``push --server`` takes them)."""
-    return tuple(u.strip().rstrip("/") for u in text.split(",") if u.strip())
-
-
 def _reason(response: httpx.Response) -> str:
     try:
         body = response.json()
@@ -376,7 +371,7 @@ class SourceSpec:
             # work directory): a relative path must mean what it means where it was given.
             object.__setattr__(self, "data_dir", str(Path(self.data_dir).absolute()))
         if self.server is not None:
-            urls = server_urls(self.server)
+            urls = gateway_urls(self.server)
             if not urls:
                 raise BadSourceOptions("server must name a gateway: URL[,URL...]")
             for url in urls:
@@ -458,7 +453,7 @@ class SourceSpec:
             return f"Kafka {self.kafka_bootstrap}{namespace}"
         if self.data_dir is not None:
             return f"store {self.data_dir}"
-        urls = server_urls(self.server or "")
+        urls = gateway_urls(self.server or "")
         return f"gateway{'s' if len(urls) > 1 else ''} {', '.join(urls)}"
 
 
