@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import fcntl
 import os
 import resource
 import shutil
@@ -40,7 +41,11 @@ def free_port() -> int:
     another test's killed gateway was still being retried at it: a gateway that then lost the
     bind exited, but its test had already seen ``/healthz`` answered by the other test's
     gateway, and the two tests wrote into each other's logs.  A run in one process (``-n 0``)
-    takes one of ten slices by its pid, so that two such runs side by side rarely meet."""
+    takes one of ten slices by its pid, so that two such runs side by side rarely meet.
+
+    Two sessions on one machine (two checkouts tested at once) hand out the same slices: a
+    port is also held by a lock file (``_held_by_this_process``) for as long as this process
+    lives, so that the other session passes it by."""
     global _next_port
     if "PYTEST_XDIST_WORKER" in os.environ:
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -54,6 +59,8 @@ def free_port() -> int:
         if _next_port is None or _next_port not in mine:
             _next_port = mine.start
         port, _next_port = _next_port, _next_port + 1
+        if not _held_by_this_process(port):
+            continue  # another test session's
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -61,6 +68,27 @@ def free_port() -> int:
                 continue  # something of this machine's: the next one
             return port
     raise RuntimeError(f"no free port in {mine.start}..{mine.stop - 1}")
+
+
+_PORT_LOCKS = Path(tempfile.gettempdir()) / "logbroker-test-ports"
+_held_ports: dict[int, int] = {}
+"""Lock files' descriptors of the ports this process was given, kept open until it ends."""
+
+
+def _held_by_this_process(port: int) -> bool:
+    """Whether this process holds ``port``'s lock file (taking it if no other process does):
+    the lock goes with the process, also when it is killed."""
+    if port in _held_ports:
+        return True
+    _PORT_LOCKS.mkdir(exist_ok=True)
+    fd = os.open(_PORT_LOCKS / str(port), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _held_ports[port] = fd
+    return True
 
 
 def openapi_operation(schema: Any, operation: str) -> Any:
