@@ -513,7 +513,12 @@ class Consumer:
         except RequestRefused as exc:
             if exc.error not in ("not_owner", "unknown_member", "topic_recreated", *_GONE):
                 raise
-            _log.warning("commit refused (%s); the group rebalanced", exc.reason)
+            if exc.error == "topic_recreated":
+                # the heartbeat below brings the new topic's positions, and says once that
+                # the topic was created again
+                _log.info("commit refused (%s)", exc.reason)
+            else:
+                _log.warning("commit refused (%s); the group rebalanced", exc.reason)
             if self._member_id is not None:
                 self._heartbeat(commit_first=False)
             return

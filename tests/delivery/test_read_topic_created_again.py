@@ -11,13 +11,17 @@ topic at all any more.
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
 
+from delivery.consumer import Consumer
+from delivery.pull_client import RequestRefused
 from tests.delivery.conftest import ReaderProcess, Writer, wait_until
 
 _SOURCES = 4  # sources of each log type
@@ -115,3 +119,32 @@ def test_a_reader_of_a_prefix_follows_a_topic_made_again_with_more_partitions(
     assert _printed(reader) == expected, reader.stderr()[-3000:]
     assert "dc1.ops was created again; reading it from its start" in reader.stderr()
     assert reader.stderr().count("created again") == 1, reader.stderr()
+
+
+class _RefusingClient:
+    """A stand-in gateway whose commits are refused as the topic was made anew meanwhile."""
+
+    def commit(self, *args: Any, **kwargs: Any) -> None:
+        raise RequestRefused(
+            409,
+            "topic_recreated",
+            "dc1.ops's topic id is new, not old: either the topic was deleted and created "
+            "again since these offsets were read (heartbeat to get the new topic's positions), "
+            "or the id is wrong",
+            {},
+        )
+
+
+def test_a_commit_refused_for_a_topic_made_again_is_not_said_as_a_rebalance(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A group reader's commit that raced the topic's deletion and making again is refused;
+    the reader then learns the new topic from the group and says once that it was created
+    again.  The refusal itself must not be said as a second "created again" (the gateway's
+    reason has those words) nor as a rebalance, which it was not."""
+    consumer = Consumer(_RefusingClient(), topics=["dc1.ops"], group="g1")  # type: ignore[arg-type]
+    consumer._positions[("dc1.ops", 0)] = 5
+    with caplog.at_level(logging.WARNING, logger="delivery.consumer"):
+        consumer.commit()
+    assert caplog.records == [], [r.getMessage() for r in caplog.records]
+    consumer.close()
