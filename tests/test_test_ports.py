@@ -18,9 +18,7 @@ def test_a_port_given_to_this_session_is_passed_by_another_session() -> None:
         [
             sys.executable,
             "-c",
-            "import tests.conftest as c\n"
-            f"c._next_port = {port}\n"
-            "print(c.free_port())",
+            f"import tests.conftest as c\nc._next_port = {port}\nprint(c.free_port())",
         ],
         cwd=REPO,
         env={**os.environ, "PYTEST_XDIST_WORKER": "gw0", "PYTEST_XDIST_WORKER_COUNT": "1"},

@@ -162,7 +162,9 @@ def test_two_gateways_each_expire_the_sources_of_the_partitions_they_own(
     # 8 partitions and the group's 4 internal ones: each gateway is given 6, so each owns at
     # least 2 partitions of the topic
     kafka_store.create_topic("dc1.exp", TopicConfig(partitions=8))
-    gateways = [start_kafka_gateway(tables=LIMITS.format(expiry=5, limit=100)) for _ in range(2)]
+    # idle 10 s: a round of writes to the live sources, through both gateways, took more than
+    # 5 s at a load average of 40, and a live source expired with the idle ones
+    gateways = [start_kafka_gateway(tables=LIMITS.format(expiry=10, limit=100)) for _ in range(2)]
     https = [httpx.Client(base_url=g.url, timeout=60) for g in gateways]
     directory = OwnerDirectory(
         KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace), self_url=""
@@ -188,14 +190,14 @@ def test_two_gateways_each_expire_the_sources_of_the_partitions_they_own(
             return sum(metric(g.url, "logbroker_sources_expired_total") or 0 for g in gateways)
 
         live = 1
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while expired() < len(idle):
             assert time.monotonic() < deadline, [g.log() for g in gateways]
             results = _write(https[live % 2], [(s, [live + 1], live) for s in live_sources])
             assert all(r["acks"][0]["status"] == "written" for r in results), results
             live += 1
         assert expired() == len(idle)
-        # at once, in one request per gateway: the live sources expire too once idle 5 s,
+        # at once, in one request per gateway: the live sources expire too once idle 10 s,
         # which the checks below took on a loaded machine (the idle ones are asked last: a
         # session pins its source again)
         for http in https:
