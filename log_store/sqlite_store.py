@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from log_store import crash_points
-from log_store.change_watch import ChangeWatcher
+from log_store.change_watch import ChangeWatcher, Following
 from log_store.data_dir_kind import EMBEDDED, FORMAT_VERSION, refuse_newer_format, refuse_other_dc
 from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import (
@@ -254,7 +254,10 @@ class SqliteLogStore:
         self._topics: dict[str, TopicInfo] = {}
         self._handles = PartitionHandles(max_open_partitions, self._on_close)
         self._watcher = ChangeWatcher()
-        self._watched: dict[tuple[str, int], bool] = {}
+        self._watched: dict[tuple[str, int], Following] = {}
+        self._appends_lock = threading.Lock()
+        self._append_followers: dict[tuple[str, int], list[Callable[[], None]]] = {}
+        self._append_follows: dict[tuple[str, int], Following] = {}
         self._damaged = DamagedPartitions()
         """Partitions found damaged (see ``damaged_partitions``), refused from memory."""
         self._finishing_lock = threading.Lock()
@@ -614,7 +617,7 @@ class SqliteLogStore:
             if self._guard is not None:
                 # before the partition's directories are made again in a replaced data dir
                 self._guard.check()
-            return PartitionLog(
+            log = PartitionLog(
                 path,
                 info.config.segment_bytes,
                 lambda: self._topic_alive(topic_id),
@@ -633,6 +636,9 @@ class SqliteLogStore:
             if isinstance(exc, StoreUnavailable):
                 raise
             raise as_store_unavailable(exc) or exc from exc
+        key = (topic_id, partition)
+        log.on_changed = lambda: self._appended(key)
+        return log
 
     def _full_making(self, what: str, exc: BaseException) -> StoreFull | None:
         """The :class:`StoreFull` that making ``what``'s files on a full disk failed with, or
@@ -662,8 +668,12 @@ class SqliteLogStore:
 
     def _on_close(self, key: tuple[str, int], log: PartitionLog) -> None:
         """A partition is closed to stay within the limit: stop watching its notify file."""
-        if self._watched.pop(key, None):
-            self._watcher.unwatch(log.notify_path)
+        self._unwatch(key)
+
+    def _unwatch(self, key: tuple[str, int]) -> None:
+        following = self._watched.pop(key, None)
+        if following is not None:
+            following.cancel()
 
     @property
     def open_partitions(self) -> int:
@@ -704,8 +714,7 @@ class SqliteLogStore:
         if info is None:
             return None
         for key, log in self._handles.pop_topic(info.topic_id):
-            self._watcher.unwatch(log.notify_path)
-            self._watched.pop(key, None)
+            self._unwatch(key)
             # Closed on the side: this may run in the partition's own committer thread.
             threading.Thread(target=log.close, name="logbroker-close-stale", daemon=True).start()
         return info
@@ -809,8 +818,7 @@ class SqliteLogStore:
         self._topics.pop(name, None)
         self._damaged.forget_topic(name)
         for key, log in self._handles.pop_topic(info.topic_id):
-            self._watcher.unwatch(log.notify_path)
-            self._watched.pop(key, None)
+            self._unwatch(key)
             log.close(deleted=True)
         where = self.data_dir / "topics" / name / info.topic_id
         deleting = where.with_name(where.name + _DELETING_SUFFIX)
@@ -1271,11 +1279,13 @@ class SqliteLogStore:
             if not log.has_database:
                 return None  # a read-only store: no write made it yet
             key = (self._topic(topic).topic_id, partition)
-            can_watch = self._watched.get(key)
-            if can_watch is None:
-                can_watch = self._watcher.watch(log.notify_path, log.notify_changed)
-                self._watched[key] = can_watch
-            return log.wait_for_data(offset, max(0.0, deadline - time.monotonic()), can_watch)
+            following = self._watched.get(key)
+            if following is None:
+                following = self._watcher.follow(log.notify_path, log.notify_changed)
+                self._watched[key] = following
+            return log.wait_for_data(
+                offset, max(0.0, deadline - time.monotonic()), following.watched
+            )
 
         while True:
             waited = self._on_partition(topic, partition, wait)
@@ -1285,6 +1295,45 @@ class SqliteLogStore:
             if remaining <= 0:
                 return False
             time.sleep(min(_UNMADE_POLL_S, remaining))
+
+    def follow_appends(
+        self, topic: str, partition: int, on_append: Callable[[], None]
+    ) -> Callable[[], None]:
+        key = (self._topic(topic).topic_id, partition)
+        notify_path = self._path(self._topic(topic), partition) / "notify"
+        with self._appends_lock:
+            followers = self._append_followers.setdefault(key, [])
+            followers.append(on_append)
+            if key not in self._append_follows:
+                # appends of other processes (and this one's: a wake-up too many is cheap)
+                self._append_follows[key] = self._watcher.follow(
+                    notify_path, lambda: self._appended(key)
+                )
+
+        def cancel() -> None:
+            with self._appends_lock:
+                followers = self._append_followers.get(key)
+                if followers is None or on_append not in followers:
+                    return
+                followers.remove(on_append)
+                if followers:
+                    return
+                del self._append_followers[key]
+                following = self._append_follows.pop(key)
+            following.cancel()
+
+        return cancel
+
+    def _appended(self, key: tuple[str, int]) -> None:
+        """Call the followers of partition ``key`` (a topic id's): it changed."""
+        with self._appends_lock:
+            followers = tuple(self._append_followers.get(key, ()))
+        for on_append in followers:
+            try:
+                on_append()
+            except Exception:
+                # called by the committer thread: a follower's failure is not the append's
+                _log.exception("a follower of %s/%d failed", *key)
 
     # -- retention ------------------------------------------------------------------------
     def apply_retention(self, now_ms_: int | None = None) -> dict[tuple[str, int], int]:

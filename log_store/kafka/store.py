@@ -51,6 +51,7 @@ from log_store.interface import (
     retention_after,
 )
 from log_store.kafka import naming
+from log_store.kafka.append_tail import AppendTail
 from log_store.kafka.failures import OwnerGone, PartitionGone, WriterFenced, as_store_error
 from log_store.kafka.fetcher import FetcherPool, Watermarks
 from log_store.kafka.partition_owner import OwnerContext, PartitionOwner, Pending
@@ -99,6 +100,7 @@ class KafkaLogStore:
         self._admin = TopicAdmin(settings)
         self._watermarks = Watermarks(settings)
         self._fetchers = FetcherPool(settings, self._watermarks)
+        self._tail = AppendTail(settings)
         self._ctx = OwnerContext(
             settings,
             self._admin,
@@ -607,6 +609,13 @@ class KafkaLogStore:
         kafka = self._check_partition(topic, partition)
         return self._fetchers.wait(kafka.kafka_name, partition, offset, timeout_s)
 
+    def follow_appends(
+        self, topic: str, partition: int, on_append: Callable[[], None]
+    ) -> Callable[[], None]:
+        kafka = self._check_partition(topic, partition)
+        _low, end = self._watermarks.get(kafka.kafka_name, partition, "follow")
+        return self._tail.follow(kafka.kafka_name, partition, end, on_append)
+
     def get_state(self, topic: str, partition: int, key: str) -> bytes | None:
         return self._state_values(topic, partition, [key])[key]
 
@@ -852,6 +861,7 @@ class KafkaLogStore:
         remote = self.placement.remote()
         if remote is not None:
             remote.close()
+        self._tail.close()
         self._fetchers.close()
         self._watermarks.close()
         self._ctx.close()
