@@ -25,7 +25,10 @@ from inotify_simple import INotify, flags
 log = logging.getLogger(__name__)
 
 _FILE_MASK = flags.MODIFY | flags.CLOSE_WRITE | flags.CREATE | flags.MOVED_TO | flags.DELETE_SELF
-_DIR_MASK = flags.CREATE | flags.MOVED_TO | flags.DELETE_SELF | flags.ONLYDIR
+_DIR_MASK = flags.CREATE | flags.MOVED_TO | flags.DELETE_SELF | flags.MOVE_SELF | flags.ONLYDIR
+"""A directory's: an entry made or moved in, the directory removed or moved away (a file's
+removal is seen only once no process holds it open: the topic directory's move is what a
+deletion is seen by at once)."""
 _UNWATCHED_S = 0.5
 """How often a follower the kernel refused a watch for (``max_user_watches`` reached, a file
 system without inotify) is called, and its watch tried again: its readers look then."""
@@ -33,12 +36,21 @@ system without inotify) is called, and its watch tried again: its readers look t
 
 class Following:
     """One caller's interest in one path: ``on_change`` is called (in the watcher's thread)
-    after every change of the file, after it is made, and after it is removed."""
+    after every change of the file (of a directory: an entry made in it), after it is made,
+    and after it is removed or moved away."""
 
-    def __init__(self, owner: ChangeWatcher, target: Path, on_change: Callable[[], None]):
+    def __init__(
+        self,
+        owner: ChangeWatcher,
+        target: Path,
+        on_change: Callable[[], None],
+        only_gone: bool,
+    ):
         self._owner = owner
         self.target = target
         self.on_change = on_change
+        self.only_gone = only_gone
+        """Called only when the target is removed or moved away."""
         self.at: Path | None = None
         """The path watched for it now: ``target`` or a directory above; None: unwatched."""
         self.cancelled = False
@@ -66,10 +78,12 @@ class ChangeWatcher:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def follow(self, path: Path, on_change: Callable[[], None]) -> Following:
-        """Call ``on_change`` whenever the file ``path`` is made, written or removed, until
-        the answer is cancelled."""
-        following = Following(self, path, on_change)
+    def follow(
+        self, path: Path, on_change: Callable[[], None], *, only_gone: bool = False
+    ) -> Following:
+        """Call ``on_change`` whenever the file ``path`` is made, written or removed (with
+        ``only_gone``: removed or moved away), until the answer is cancelled."""
+        following = Following(self, path, on_change, only_gone)
         with self._lock:
             if self._closed:
                 self._unwatched.add(following)
@@ -107,9 +121,8 @@ class ChangeWatcher:
                     self._inotify = INotify()
                 wd = self._wds.get(probe)
                 if wd is None:
-                    wd = self._inotify.add_watch(
-                        str(probe), _FILE_MASK if probe == target else _DIR_MASK
-                    )
+                    mask = _FILE_MASK if probe == target and not probe.is_dir() else _DIR_MASK
+                    wd = self._inotify.add_watch(str(probe), mask)
                     self._wds[probe] = wd
                     self._paths[wd] = probe
             except OSError as exc:
@@ -185,7 +198,7 @@ class ChangeWatcher:
         if path is None:
             return  # removed meanwhile
         followers = list(self._followers.get(wd, ()))
-        if mask & (flags.IGNORED | flags.DELETE_SELF):
+        if mask & (flags.IGNORED | flags.DELETE_SELF | flags.MOVE_SELF):
             # the path is gone (its topic deleted): down from a directory that is there
             self._forget(path, wd, remove=not mask & flags.IGNORED)
             for following in followers:
@@ -195,9 +208,13 @@ class ChangeWatcher:
             return
         for following in followers:
             if following.target == path:
+                reached = True
+            else:
+                # an ancestor: reached if the next directory down (or the file) was made,
+                # and then a write may have come already
+                reached = name == following.target.parts[len(path.parts)] and self._place(following)
+            if reached and not following.only_gone:
                 called[following] = None
-            elif name == following.target.parts[len(path.parts)] and self._place(following):
-                called[following] = None  # the file was made: a write may have come already
 
     def close(self) -> None:
         with self._lock:

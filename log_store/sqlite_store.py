@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from log_store import crash_points
+from log_store.append_followers import AppendFollowers
 from log_store.change_watch import ChangeWatcher, Following
 from log_store.data_dir_kind import EMBEDDED, FORMAT_VERSION, refuse_newer_format, refuse_other_dc
 from log_store.durable_dirs import fsync_directory, make_directories
@@ -255,9 +257,9 @@ class SqliteLogStore:
         self._handles = PartitionHandles(max_open_partitions, self._on_close)
         self._watcher = ChangeWatcher()
         self._watched: dict[tuple[str, int], Following] = {}
-        self._appends_lock = threading.Lock()
-        self._append_followers: dict[tuple[str, int], list[Callable[[], None]]] = {}
-        self._append_follows: dict[tuple[str, int], Following] = {}
+        self._append_followers = AppendFollowers(
+            self._watcher, self.data_dir / "topics", self._topic_id_now
+        )
         self._damaged = DamagedPartitions()
         """Partitions found damaged (see ``damaged_partitions``), refused from memory."""
         self._finishing_lock = threading.Lock()
@@ -636,8 +638,7 @@ class SqliteLogStore:
             if isinstance(exc, StoreUnavailable):
                 raise
             raise as_store_unavailable(exc) or exc from exc
-        key = (topic_id, partition)
-        log.on_changed = lambda: self._appended(key)
+        log.on_changed = functools.partial(self._append_followers.appended, info.name, partition)
         return log
 
     def _full_making(self, what: str, exc: BaseException) -> StoreFull | None:
@@ -1299,41 +1300,15 @@ class SqliteLogStore:
     def follow_appends(
         self, topic: str, partition: int, on_append: Callable[[], None]
     ) -> Callable[[], None]:
-        key = (self._topic(topic).topic_id, partition)
-        notify_path = self._path(self._topic(topic), partition) / "notify"
-        with self._appends_lock:
-            followers = self._append_followers.setdefault(key, [])
-            followers.append(on_append)
-            if key not in self._append_follows:
-                # appends of other processes (and this one's: a wake-up too many is cheap)
-                self._append_follows[key] = self._watcher.follow(
-                    notify_path, lambda: self._appended(key)
-                )
+        info = self._topic(topic)
+        return self._append_followers.follow(topic, partition, info.topic_id, on_append)
 
-        def cancel() -> None:
-            with self._appends_lock:
-                followers = self._append_followers.get(key)
-                if followers is None or on_append not in followers:
-                    return
-                followers.remove(on_append)
-                if followers:
-                    return
-                del self._append_followers[key]
-                following = self._append_follows.pop(key)
-            following.cancel()
-
-        return cancel
-
-    def _appended(self, key: tuple[str, int]) -> None:
-        """Call the followers of partition ``key`` (a topic id's): it changed."""
-        with self._appends_lock:
-            followers = tuple(self._append_followers.get(key, ()))
-        for on_append in followers:
-            try:
-                on_append()
-            except Exception:
-                # called by the committer thread: a follower's failure is not the append's
-                _log.exception("a follower of %s/%d failed", *key)
+    def _topic_id_now(self, name: str) -> str | None:
+        """The id of the topic ``name`` as the catalog has it now (None: no such topic)."""
+        try:
+            return self._load_topic(name).topic_id
+        except UnknownTopic:
+            return None
 
     # -- retention ------------------------------------------------------------------------
     def apply_retention(self, now_ms_: int | None = None) -> dict[tuple[str, int], int]:
@@ -1479,6 +1454,7 @@ class SqliteLogStore:
             log.close()
         if self._guard is not None:
             self._guard.close()
+        self._append_followers.close()
         self._watcher.close()
         if not self.read_only:
             self._checkpoint_catalog()
