@@ -43,8 +43,10 @@ def _call(followers: list[Callable[[], None]]) -> None:
 class AppendTail:
     """One consumer, started on the first follow, assigned the followed partitions."""
 
-    def __init__(self, settings: KafkaSettings) -> None:
+    def __init__(self, settings: KafkaSettings, end_of: Callable[[str, int], int]) -> None:
+        """``end_of(kafka_topic, partition)``: the partition's end (LSO) now, quickly."""
         self._settings = settings
+        self._end_of = end_of
         self._lock = threading.Lock()
         self._followers: dict[KafkaPartition, list[Callable[[], None]]] = {}
         self._consumer: Consumer | None = None
@@ -121,6 +123,7 @@ class AppendTail:
                 time.sleep(_CONSUME_S)
                 continue
             changed: dict[KafkaPartition, None] = {}
+            failed: dict[KafkaPartition, None] = {}
             for message in messages:
                 error = message.error()
                 if error is not None and error.code() == KafkaError._PARTITION_EOF:
@@ -134,9 +137,28 @@ class AppendTail:
                 # a record, or an error of the partition (deleted, its records expired
                 # under the tail): either way its readers read it again
                 changed[topic, partition] = None
+                if error is not None:
+                    failed[topic, partition] = None
+            for tp in failed:
+                self._assign_again(consumer, tp)
             with self._lock:
                 followers = [f for tp in changed for f in self._followers.get(tp, ())]
             _call(followers)
+
+    def _assign_again(self, consumer: Consumer, tp: KafkaPartition) -> None:
+        """Fetch ``tp`` again from its end: after an error (a topic deleted and made again
+        under the tail, whose offsets start over; records expired below it) librdkafka
+        fetches it no more.  Its followers are called after this, so that their readers'
+        next look sees what came before it."""
+        with self._lock:
+            if tp not in self._followers:
+                return
+        try:
+            end = self._end_of(*tp)
+            consumer.incremental_unassign([TopicPartition(*tp)])
+            consumer.incremental_assign([TopicPartition(tp[0], tp[1], end)])
+        except Exception as exc:  # not there (yet): the next error tries again
+            log.debug("assigning %s/%d again: %s", *tp, exc)
 
     def _wake_all(self) -> None:
         with self._lock:

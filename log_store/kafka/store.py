@@ -87,6 +87,11 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+_TAIL_END_S = 0.5
+"""How long the append tail asks for the end of a partition it fetches no more (it serves
+every long-poll of the gateway meanwhile)."""
+
+
 class KafkaLogStore:
     """The partitioned log on Kafka.  See ``log_store.interface.LogStore`` and docs/kafka.md."""
 
@@ -100,7 +105,12 @@ class KafkaLogStore:
         self._admin = TopicAdmin(settings)
         self._watermarks = Watermarks(settings)
         self._fetchers = FetcherPool(settings, self._watermarks)
-        self._tail = AppendTail(settings)
+        self._tail = AppendTail(
+            settings,
+            lambda kafka_topic, partition: self._watermarks.get(
+                kafka_topic, partition, "follow", timeout_s=_TAIL_END_S
+            )[1],
+        )
         self._ctx = OwnerContext(
             settings,
             self._admin,

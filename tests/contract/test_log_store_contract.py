@@ -586,6 +586,32 @@ def test_followers_are_called_by_appends_of_another_process_until_they_let_go(
             child.wait()
 
 
+def test_a_follower_of_a_topic_made_again_is_called_by_the_new_topic_s_appends(
+    store: LogStore,
+) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    calls: list[float] = []
+    unfollow = store.follow_appends("dc1.t", 0, lambda: calls.append(time.time()))
+    store.append("dc1.t", 0, [b"old"])
+    store.append("dc1.t", 0, [b"old"])
+    deadline = time.monotonic() + 5
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls
+    store.delete_topic("dc1.t")
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    time.sleep(2)  # what the deletion called is over (on Kafka, the tail saw the new topic)
+    called = len(calls)
+    store.append("dc1.t", 0, [b"new"])
+    appended = time.time()
+    deadline = time.monotonic() + 5
+    while len(calls) == called and time.monotonic() < deadline:
+        time.sleep(0.01)
+    unfollow()
+    assert len(calls) > called, "the new topic's append called no follower"
+    assert calls[called] - appended < 1.0
+
+
 def test_following_many_partitions_takes_no_thread_each_and_one_append_calls_them(
     store: LogStore,
 ) -> None:
