@@ -4,12 +4,14 @@ Starts a real gateway (tokens on, one worker) over a fresh data dir.  Tenant B, 
 ``dc1.web*``, sends N concurrent ``POST /v1/fetch`` of ``--positions`` positions each with
 ``wait_ms``: topics that do not exist (``--mode missing``: random ``dc1.web<hex>`` names) or
 distinct partitions of existing empty topics (``--mode existing``: 64-partition topics made by
-an admin).  Meanwhile tenant A describes its own topic (``GET /v1/topics/dc1.app``) in a loop.
-Printed: A's latency before and during the long-polls, the gateway's resident memory (its
+an admin, no partition made by a write yet), or the same with one record in every partition
+(``--mode written``: written before the gateway starts; the fetches wait after it).
+Meanwhile tenant A describes its own topic (``GET /v1/topics/dc1.app``) in a loop.  Printed:
+A's latency before and during the long-polls, the gateway's resident memory and threads (its
 process group), and how B's fetches were answered.
 
     python benchmarks/long_poll_bench.py [--fetches 50] [--positions 1000] [--wait-ms 15000]
-        [--mode missing|existing] [--limits 'max_waiting_positions = 0'] [--repo PATH]
+        [--mode missing|existing|written] [--limits 'max_waiting_positions = 0'] [--repo PATH]
 
 ``--repo`` runs the gateway from another checkout (an older commit, to compare); ``--limits``
 adds lines to the gateway's ``[limits]``.
@@ -77,6 +79,34 @@ def _rss_mb(group: int) -> float:
     return total_kb / 1024
 
 
+def _threads(group: int) -> int:
+    """Threads of every process in the process group ``group``."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[2]) == group:
+                count += len(os.listdir(f"/proc/{entry}/task"))
+        except (OSError, ValueError, IndexError):
+            continue
+    return count
+
+
+def _write_topics(data_dir: Path, positions: int) -> None:
+    """The topics of ``--mode written``, one record in each partition, made before the
+    gateway opens the data dir."""
+    sys.path.insert(0, str(REPO))
+    from log_store import TopicConfig, open_store
+
+    with open_store(data_dir) as store:
+        for i in range((positions + 63) // 64):
+            store.create_topic(f"dc1.web{i:02d}", TopicConfig(partitions=64))
+            for partition in range(64):
+                store.append(f"dc1.web{i:02d}", partition, [b"written before the long-polls"])
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -119,8 +149,10 @@ def _positions(mode: str, count: int) -> list[dict[str, object]]:
             {"topic": f"dc1.web{secrets.token_hex(6)}", "partition": 0, "offset": 0}
             for _ in range(count)
         ]
+    offset = 1 if mode == "written" else 0
     return [
-        {"topic": f"dc1.web{i // 64:02d}", "partition": i % 64, "offset": 0} for i in range(count)
+        {"topic": f"dc1.web{i // 64:02d}", "partition": i % 64, "offset": offset}
+        for i in range(count)
     ]
 
 
@@ -133,6 +165,8 @@ def _run(args: argparse.Namespace, work: Path) -> None:
     cmd = [sys.executable, "-m", "ops", "serve", "--data-dir", str(work / "data")]
     cmd += ["--port", str(port), "--config", str(config)]
     env = dict(os.environ, PYTHONPATH=str(args.repo))
+    if args.mode == "written":
+        _write_topics(work / "data", args.positions)
     log = open(work / "gateway.log", "wb")  # noqa: SIM115 - the child's for its lifetime
     proc = subprocess.Popen(
         cmd, cwd=args.repo, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -161,6 +195,7 @@ def _run(args: argparse.Namespace, work: Path) -> None:
         time.sleep(args.quiet_s)
         quiet = list(probe.latencies_ms)
         rss_before = _rss_mb(proc.pid)
+        threads_before = _threads(proc.pid)
 
         took: dict[int, list[float]] = {}
         lock = threading.Lock()
@@ -181,8 +216,10 @@ def _run(args: argparse.Namespace, work: Path) -> None:
         for thread in fetches:
             thread.start()
         rss_peak = rss_before
+        threads_peak = threads_before
         while any(thread.is_alive() for thread in fetches):
             rss_peak = max(rss_peak, _rss_mb(proc.pid))
+            threads_peak = max(threads_peak, _threads(proc.pid))
             time.sleep(0.5)
         loaded = probe.latencies_ms[first:]
         probe.stop()
@@ -214,6 +251,7 @@ def _run(args: argparse.Namespace, work: Path) -> None:
     print(f"tenant B's fetches: {answers}")
     print(f"gateway RSS: {rss_before:.0f} MB before, {rss_peak:.0f} MB peak, ", end="")
     print(f"{rss_after:.0f} MB 2 s after")
+    print(f"gateway threads: {threads_before} before, {threads_peak} peak")
     write_json(args, quiet, loaded, rss_before, rss_peak)
 
 
@@ -251,7 +289,7 @@ def main() -> None:
     parser.add_argument("--fetches", type=int, default=50)
     parser.add_argument("--positions", type=int, default=1000)
     parser.add_argument("--wait-ms", type=int, default=15_000)
-    parser.add_argument("--mode", choices=("missing", "existing"), default="missing")
+    parser.add_argument("--mode", choices=("missing", "existing", "written"), default="missing")
     parser.add_argument("--limits", default="", help="lines added to the gateway's [limits]")
     parser.add_argument("--quiet-s", type=float, default=5.0, help="probe alone this long first")
     parser.add_argument("--repo", type=Path, default=REPO, help="checkout the gateway runs from")

@@ -1,156 +1,199 @@
 """Long-poll waits woken by appends, shared by every reader of a partition in this process.
 
-``LogStore.wait_for_data`` blocks a thread.  Giving every waiting request its own thread per
-partition would spend hundreds of threads on 16 readers of a 16-partition topic; instead one
-thread per watched partition waits on the store and wakes every asyncio waiter whose offset
-the partition's end has passed.  The thread goes away when nobody has waited for a while.
+A waiting long-poll holds no thread.  Each partition someone waits on has one entry here,
+with the asyncio waiters on it, and is followed through the store
+(``LogStore.follow_appends``): the append itself (the thread that committed it, or the
+store's one thread that watches other processes' appends) wakes every waiter of the
+partition, with one call into each event loop that has some.  A read of N partitions awaits
+one future across all N, so N idle partitions cost N set entries and a store follower each,
+not N threads.  A partition nobody waits on is let go after :data:`IDLE_UNFOLLOW_S` (a
+tailing reader's next long-poll comes back well within it and finds it still followed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import anyio.to_thread
 
 from log_store.interface import LogStore
 
-_SLICE_S = 1.0
-_IDLE_EXIT_S = 10.0
+IDLE_UNFOLLOW_S = 10.0
+"""A partition nobody has waited on for this long is no longer followed (looked at by the
+long-polls that begin, at most once per half of it)."""
 
 Position = tuple[str, int, int]
 """(topic, partition, offset): wake when the partition's end offset is above ``offset``."""
 
+TopicPartition = tuple[str, int]
+
 
 @dataclass(eq=False)
 class _Waiter:
-    offset: int
+    """One ``wait_any`` call: its future, set by the first append to any of its partitions."""
+
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[bool]
 
-    def wake(self) -> None:
-        def _set() -> None:
-            if not self.future.done():
-                self.future.set_result(True)
 
-        with contextlib.suppress(RuntimeError):  # the loop closed: its waiter is gone too
-            self.loop.call_soon_threadsafe(_set)
+@dataclass(eq=False)
+class _Partition:
+    waiters: set[_Waiter] = field(default_factory=set)
+    unfollow: Callable[[], None] | None = None
+    """Ends the store's following of the partition; None: not followed (yet)."""
+    idle_since: float = 0.0
 
 
-class _PartitionWatch:
-    def __init__(self, store: LogStore, topic: str, partition: int, owner: AppendWatch) -> None:
-        self._store = store
-        self.topic = topic
-        self.partition = partition
-        self._owner = owner
-        self.waiters: set[_Waiter] = set()
-        self.thread: threading.Thread | None = None
-
-    def run(self) -> None:
-        idle_since: float | None = None
-        lock = self._owner.lock
-        while not self._owner.closed:
-            with lock:
-                if not self.waiters:
-                    now = time.monotonic()
-                    idle_since = idle_since or now
-                    if now - idle_since > _IDLE_EXIT_S:
-                        self.thread = None
-                        return
-                    low = None
-                else:
-                    idle_since = None
-                    low = min(w.offset for w in self.waiters)
-            if low is None:
-                time.sleep(0.05)
-                continue
-            try:
-                self._store.wait_for_data(self.topic, self.partition, low, _SLICE_S)
-                end = self._store.end_offset(self.topic, self.partition)
-            except Exception:
-                # The topic went away or the store closed: wake everyone, they will re-read and
-                # get the real error from the read itself.
-                end = None
-            with lock:
-                ready = [w for w in self.waiters if end is None or w.offset < end]
-                for w in ready:
-                    self.waiters.discard(w)
-            for w in ready:
-                w.wake()
-            if end is None:
-                time.sleep(0.05)
+def _wake(futures: list[asyncio.Future[bool]]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(True)
 
 
 class AppendWatch:
-    """Waits for appends to any of several partitions without polling."""
+    """Waits for appends to any of several partitions without polling or a thread each."""
 
     def __init__(self, store: LogStore) -> None:
         self._store = store
-        self.lock = threading.Lock()
+        self._lock = threading.Lock()
+        """Guards the partitions and their waiters (taken by the event loop and by the
+        threads appends wake from; held for dict and set operations only)."""
+        self._following = threading.Lock()
+        """Held while the store is asked to follow or let go (one thread at a time): a
+        second waiter of a partition being followed waits for that before its own look."""
+        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._swept = time.monotonic()
         self.closed = False
-        self._watches: dict[tuple[str, int], _PartitionWatch] = {}
+
+    @property
+    def followed(self) -> int:
+        """How many partitions the store follows for this watch now."""
+        with self._lock:
+            return sum(1 for p in self._partitions.values() if p.unfollow is not None)
+
+    @property
+    def waiting(self) -> int:
+        """How many (wait, partition) pairs wait now."""
+        with self._lock:
+            return sum(len(p.waiters) for p in self._partitions.values())
 
     async def wait_any(self, positions: Sequence[Position], timeout_s: float) -> bool:
         """True as soon as one partition's end passes its offset; False after the timeout."""
         if not positions or timeout_s <= 0:
             return False
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = loop.create_future()
-        registered: list[tuple[_PartitionWatch, _Waiter]] = []
-        with self.lock:
-            for topic, partition, offset in positions:
-                watch = self._watch(topic, partition)
-                waiter = _Waiter(offset, loop, future)
-                watch.waiters.add(waiter)
-                registered.append((watch, waiter))
+        waiter = _Waiter(loop, loop.create_future())
+        keys = list(dict.fromkeys((topic, partition) for topic, partition, _ in positions))
+        with self._lock:
+            for key in keys:
+                self._partitions.setdefault(key, _Partition()).waiters.add(waiter)
         try:
-            # An append between the caller's read and the registration above would not wake
-            # the watch threads if they wait on a lower offset; look once now.
-            ends = await anyio.to_thread.run_sync(self._ends, positions)
+            # Followed now if they were not; then an append between the caller's read and
+            # the registration above, which woke nobody, is looked for once.
+            ends = await anyio.to_thread.run_sync(self._follow_and_look, keys, positions)
             if any(
                 end is None or end > off for end, (_, _, off) in zip(ends, positions, strict=True)
             ):
                 return True
             try:
-                return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+                return await asyncio.wait_for(asyncio.shield(waiter.future), timeout_s)
             except TimeoutError:
                 return False
         finally:
-            with self.lock:
-                for watch, waiter in registered:
-                    watch.waiters.discard(waiter)
+            now = time.monotonic()
+            with self._lock:
+                for key in keys:
+                    entry = self._partitions.get(key)
+                    if entry is not None and waiter in entry.waiters:
+                        entry.waiters.discard(waiter)
+                        if not entry.waiters:
+                            entry.idle_since = now
 
-    def _ends(self, positions: Sequence[Position]) -> list[int | None]:
+    def _follow_and_look(
+        self, keys: Sequence[TopicPartition], positions: Sequence[Position]
+    ) -> list[int | None]:
+        """Have the store follow those of ``keys`` it does not yet, then the partitions'
+        ends (None: the look failed, which the caller's read will say).  In a thread."""
+        broken: set[TopicPartition] = set()
+        with self._following:
+            for key in keys:
+                with self._lock:
+                    entry = self._partitions.get(key)
+                    if entry is None or entry.unfollow is not None or self.closed:
+                        continue
+                try:
+                    unfollow = self._store.follow_appends(
+                        key[0], key[1], functools.partial(self._appended, key)
+                    )
+                except Exception:
+                    broken.add(key)  # the topic went away meanwhile, or the store failed
+                    continue
+                with self._lock:
+                    entry.unfollow = unfollow
+            self._sweep()
         ends: list[int | None] = []
         for topic, partition, _ in positions:
+            if (topic, partition) in broken:
+                ends.append(None)
+                continue
             try:
                 ends.append(self._store.end_offset(topic, partition))
             except Exception:
                 ends.append(None)
         return ends
 
-    def _watch(self, topic: str, partition: int) -> _PartitionWatch:
-        key = (topic, partition)
-        watch = self._watches.get(key)
-        if watch is None:
-            watch = _PartitionWatch(self._store, topic, partition, self)
-            self._watches[key] = watch
-        if watch.thread is None:
-            watch.thread = threading.Thread(
-                target=watch.run, name=f"append-watch {topic}/{partition}", daemon=True
-            )
-            watch.thread.start()
-        return watch
+    def _sweep(self) -> None:
+        """Let go of the partitions nobody waited on for :data:`IDLE_UNFOLLOW_S` (with
+        ``_following`` held, at most once per half of it)."""
+        now = time.monotonic()
+        if now - self._swept < IDLE_UNFOLLOW_S / 2:
+            return
+        self._swept = now
+        with self._lock:
+            idle = [
+                key
+                for key, entry in self._partitions.items()
+                if not entry.waiters and now - entry.idle_since > IDLE_UNFOLLOW_S
+            ]
+            gone = [self._partitions.pop(key) for key in idle]
+        for entry in gone:
+            if entry.unfollow is not None:
+                entry.unfollow()
+
+    def _appended(self, key: TopicPartition) -> None:
+        """The store saw the partition change: wake its waiters.  In any thread."""
+        with self._lock:
+            entry = self._partitions.get(key)
+            if entry is None or not entry.waiters:
+                return
+            woken, entry.waiters = entry.waiters, set()
+            entry.idle_since = time.monotonic()
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[bool]]] = {}
+        for waiter in woken:
+            by_loop.setdefault(waiter.loop, []).append(waiter.future)
+        for loop, futures in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop closed: its waiters are gone
+                loop.call_soon_threadsafe(_wake, futures)
 
     def close(self) -> None:
-        """Stop the watch threads (within one wait slice)."""
-        with self.lock:
-            self.closed = True
-            for watch in self._watches.values():
-                for w in watch.waiters:
-                    w.wake()
-                watch.waiters.clear()
+        """Wake every waiter and let go of every partition."""
+        with self._following:
+            with self._lock:
+                self.closed = True
+                entries = list(self._partitions.values())
+                self._partitions.clear()
+            for entry in entries:
+                if entry.unfollow is not None:
+                    entry.unfollow()
+                by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[bool]]] = {}
+                for waiter in entry.waiters:
+                    by_loop.setdefault(waiter.loop, []).append(waiter.future)
+                for loop, futures in by_loop.items():
+                    with contextlib.suppress(RuntimeError):
+                        loop.call_soon_threadsafe(_wake, futures)

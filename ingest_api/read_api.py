@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import anyio.to_thread
@@ -38,7 +38,7 @@ from delivery.partition_reader import (
     PartitionBatch,
     scan_budget_of,
 )
-from ingest_api.access import Access, RouteDeclaration, access_of, read, route
+from ingest_api.access import RouteDeclaration, access_of, read, route
 from ingest_api.context import GatewayContext
 from ingest_api.delivery_parts import delivery_parts
 from ingest_api.errors import ApiError
@@ -187,6 +187,33 @@ async def _or_none(
         return None
 
 
+async def _unless_disconnected(
+    receive: Receive, poll: Coroutine[Any, Any, list[PartitionBatch]]
+) -> list[PartitionBatch]:
+    """``poll``'s answer, unless the client disconnects first: then the poll is cancelled,
+    which lets go of its waits at once (not when its ``wait_ms`` is up)."""
+    answer = asyncio.ensure_future(poll)
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if answer.done():
+            return answer.result()
+        raise ApiError(400, "client_disconnected", "the client went away during its long-poll")
+    finally:
+        for task in (answer, gone):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return when the client disconnects (the request's body was read already: the
+    server has nothing else to say until then)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 def _has_news(batches: Sequence[PartitionBatch]) -> bool:
     """Whether an answer has something to say: messages, records it left out because they
     are not envelopes (a long-poll that waited on past them would never name them), or a
@@ -323,7 +350,7 @@ class ReadApi:
         filt = query_filter(params)
         _refuse_raw_filter(raw, filt)
         batches = await self._fetch(
-            access_of(request), [(topic, partition, offset)], max_bytes, wait_ms, filt, raw, window
+            request, [(topic, partition, offset)], max_bytes, wait_ms, filt, raw, window
         )
         if batches[0].corrupt is not None:
             raise batches[0].corrupt
@@ -378,9 +405,7 @@ class ReadApi:
         filt = json_filter(body.get("filter"))
         _refuse_raw_filter(raw, filt)
         binary = wants_binary(request, body.get("format"))
-        batches = await self._fetch(
-            access_of(request), positions, max_bytes, wait_ms, filt, raw, window
-        )
+        batches = await self._fetch(request, positions, max_bytes, wait_ms, filt, raw, window)
         self._count(batches)
         if binary:
             return BinaryAnswer(batches)
@@ -388,7 +413,7 @@ class ReadApi:
 
     async def _fetch(
         self,
-        access: Access,
+        request: Request,
         positions: Sequence[Position],
         max_bytes: int,
         wait_ms: int,
@@ -406,9 +431,11 @@ class ReadApi:
             return await self._poll(positions, max_bytes, filt, raw, window_ms, deadline=0.0)
         # A long-poll: its positions count among the worker's waiting ones from the start
         # (429 if they do not fit, before anything is read: refusing costs nothing).
-        with self.waiting.hold(access.owner, len(positions)):
+        with self.waiting.hold(access_of(request).owner, len(positions)):
             deadline = time.monotonic() + wait_ms / 1000
-            return await self._poll(positions, max_bytes, filt, raw, window_ms, deadline)
+            return await _unless_disconnected(
+                request.receive, self._poll(positions, max_bytes, filt, raw, window_ms, deadline)
+            )
 
     async def _poll(
         self,

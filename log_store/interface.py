@@ -343,6 +343,21 @@ class LogStore(Protocol):
         """
         ...
 
+    def follow_appends(
+        self, topic: str, partition: int, on_append: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Call ``on_append`` soon after each append to the partition, by this process or
+        another, until the function returned is called; raises ``UnknownTopic`` /
+        ``UnknownPartition`` as a read would.
+
+        ``on_append`` is called in whatever thread saw the append (the one that committed it,
+        or one the store keeps for all its followers): it must be quick and must not raise.
+        It may be called after other changes too (retention, the partition made), and once
+        for several appends.  Following holds no thread of its own and no open partition:
+        long-polls of many partitions wait on it (see ``delivery.append_watch``).
+        """
+        ...
+
     # -- retention ----------------------------------------------------------------------------
     def apply_retention(self, now_ms: int | None = None) -> dict[tuple[str, int], int]:
         """Drop whole segments past each topic's retention; return the new start offsets."""

@@ -446,6 +446,8 @@ class PartitionLog:
         self._closed = False
         self._change = threading.Condition()
         self._change_seq = 0
+        self.on_changed: Callable[[], None] | None = None
+        """Also called after each change this process makes (its store's append followers)."""
         self._wal_pages = 0  # written since the last checkpoint, roughly (committer only)
         self._made = read_only  # the database file exists: never create it again
         try:
@@ -1528,6 +1530,8 @@ class PartitionLog:
         with self._change:
             self._change_seq += 1
             self._change.notify_all()
+        if self.on_changed is not None:
+            self.on_changed()
 
     def wait_for_data(self, offset: int, timeout_s: float, can_watch: bool) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -32,7 +33,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from log_store import crash_points
-from log_store.change_watch import ChangeWatcher
+from log_store.append_followers import AppendFollowers
+from log_store.change_watch import ChangeWatcher, Following
 from log_store.data_dir_kind import EMBEDDED, FORMAT_VERSION, refuse_newer_format, refuse_other_dc
 from log_store.durable_dirs import fsync_directory, make_directories
 from log_store.errors import (
@@ -254,7 +256,10 @@ class SqliteLogStore:
         self._topics: dict[str, TopicInfo] = {}
         self._handles = PartitionHandles(max_open_partitions, self._on_close)
         self._watcher = ChangeWatcher()
-        self._watched: dict[tuple[str, int], bool] = {}
+        self._watched: dict[tuple[str, int], Following] = {}
+        self._append_followers = AppendFollowers(
+            self._watcher, self.data_dir / "topics", self._topic_id_now
+        )
         self._damaged = DamagedPartitions()
         """Partitions found damaged (see ``damaged_partitions``), refused from memory."""
         self._finishing_lock = threading.Lock()
@@ -614,7 +619,7 @@ class SqliteLogStore:
             if self._guard is not None:
                 # before the partition's directories are made again in a replaced data dir
                 self._guard.check()
-            return PartitionLog(
+            log = PartitionLog(
                 path,
                 info.config.segment_bytes,
                 lambda: self._topic_alive(topic_id),
@@ -633,6 +638,8 @@ class SqliteLogStore:
             if isinstance(exc, StoreUnavailable):
                 raise
             raise as_store_unavailable(exc) or exc from exc
+        log.on_changed = functools.partial(self._append_followers.appended, info.name, partition)
+        return log
 
     def _full_making(self, what: str, exc: BaseException) -> StoreFull | None:
         """The :class:`StoreFull` that making ``what``'s files on a full disk failed with, or
@@ -662,8 +669,12 @@ class SqliteLogStore:
 
     def _on_close(self, key: tuple[str, int], log: PartitionLog) -> None:
         """A partition is closed to stay within the limit: stop watching its notify file."""
-        if self._watched.pop(key, None):
-            self._watcher.unwatch(log.notify_path)
+        self._unwatch(key)
+
+    def _unwatch(self, key: tuple[str, int]) -> None:
+        following = self._watched.pop(key, None)
+        if following is not None:
+            following.cancel()
 
     @property
     def open_partitions(self) -> int:
@@ -704,8 +715,7 @@ class SqliteLogStore:
         if info is None:
             return None
         for key, log in self._handles.pop_topic(info.topic_id):
-            self._watcher.unwatch(log.notify_path)
-            self._watched.pop(key, None)
+            self._unwatch(key)
             # Closed on the side: this may run in the partition's own committer thread.
             threading.Thread(target=log.close, name="logbroker-close-stale", daemon=True).start()
         return info
@@ -809,8 +819,7 @@ class SqliteLogStore:
         self._topics.pop(name, None)
         self._damaged.forget_topic(name)
         for key, log in self._handles.pop_topic(info.topic_id):
-            self._watcher.unwatch(log.notify_path)
-            self._watched.pop(key, None)
+            self._unwatch(key)
             log.close(deleted=True)
         where = self.data_dir / "topics" / name / info.topic_id
         deleting = where.with_name(where.name + _DELETING_SUFFIX)
@@ -1271,11 +1280,13 @@ class SqliteLogStore:
             if not log.has_database:
                 return None  # a read-only store: no write made it yet
             key = (self._topic(topic).topic_id, partition)
-            can_watch = self._watched.get(key)
-            if can_watch is None:
-                can_watch = self._watcher.watch(log.notify_path, log.notify_changed)
-                self._watched[key] = can_watch
-            return log.wait_for_data(offset, max(0.0, deadline - time.monotonic()), can_watch)
+            following = self._watched.get(key)
+            if following is None:
+                following = self._watcher.follow(log.notify_path, log.notify_changed)
+                self._watched[key] = following
+            return log.wait_for_data(
+                offset, max(0.0, deadline - time.monotonic()), following.watched
+            )
 
         while True:
             waited = self._on_partition(topic, partition, wait)
@@ -1285,6 +1296,19 @@ class SqliteLogStore:
             if remaining <= 0:
                 return False
             time.sleep(min(_UNMADE_POLL_S, remaining))
+
+    def follow_appends(
+        self, topic: str, partition: int, on_append: Callable[[], None]
+    ) -> Callable[[], None]:
+        info = self._topic(topic)
+        return self._append_followers.follow(topic, partition, info.topic_id, on_append)
+
+    def _topic_id_now(self, name: str) -> str | None:
+        """The id of the topic ``name`` as the catalog has it now (None: no such topic)."""
+        try:
+            return self._load_topic(name).topic_id
+        except UnknownTopic:
+            return None
 
     # -- retention ------------------------------------------------------------------------
     def apply_retention(self, now_ms_: int | None = None) -> dict[tuple[str, int], int]:
@@ -1430,6 +1454,7 @@ class SqliteLogStore:
             log.close()
         if self._guard is not None:
             self._guard.close()
+        self._append_followers.close()
         self._watcher.close()
         if not self.read_only:
             self._checkpoint_catalog()

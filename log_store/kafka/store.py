@@ -51,6 +51,7 @@ from log_store.interface import (
     retention_after,
 )
 from log_store.kafka import naming
+from log_store.kafka.append_tail import AppendTail
 from log_store.kafka.failures import OwnerGone, PartitionGone, WriterFenced, as_store_error
 from log_store.kafka.fetcher import FetcherPool, Watermarks
 from log_store.kafka.partition_owner import OwnerContext, PartitionOwner, Pending
@@ -86,6 +87,11 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+_TAIL_END_S = 0.5
+"""How long the append tail asks for the end of a partition it fetches no more (it serves
+every long-poll of the gateway meanwhile)."""
+
+
 class KafkaLogStore:
     """The partitioned log on Kafka.  See ``log_store.interface.LogStore`` and docs/kafka.md."""
 
@@ -99,6 +105,12 @@ class KafkaLogStore:
         self._admin = TopicAdmin(settings)
         self._watermarks = Watermarks(settings)
         self._fetchers = FetcherPool(settings, self._watermarks)
+        self._tail = AppendTail(
+            settings,
+            lambda kafka_topic, partition: self._watermarks.get(
+                kafka_topic, partition, "follow", timeout_s=_TAIL_END_S
+            )[1],
+        )
         self._ctx = OwnerContext(
             settings,
             self._admin,
@@ -607,6 +619,13 @@ class KafkaLogStore:
         kafka = self._check_partition(topic, partition)
         return self._fetchers.wait(kafka.kafka_name, partition, offset, timeout_s)
 
+    def follow_appends(
+        self, topic: str, partition: int, on_append: Callable[[], None]
+    ) -> Callable[[], None]:
+        kafka = self._check_partition(topic, partition)
+        _low, end = self._watermarks.get(kafka.kafka_name, partition, "follow")
+        return self._tail.follow(kafka.kafka_name, partition, end, on_append)
+
     def get_state(self, topic: str, partition: int, key: str) -> bytes | None:
         return self._state_values(topic, partition, [key])[key]
 
@@ -852,6 +871,7 @@ class KafkaLogStore:
         remote = self.placement.remote()
         if remote is not None:
             remote.close()
+        self._tail.close()
         self._fetchers.close()
         self._watermarks.close()
         self._ctx.close()

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -523,6 +524,112 @@ def test_waiting_reader_is_woken_by_an_append_of_another_process(
         child.kill()
         child.wait()
         waiter.join(15)
+
+
+def _append_in_child(store_spec: str, partition: int, linger_s: float) -> tuple[Any, float]:
+    """Another process that appends one batch to ``dc1.t`` and stays (store open) for
+    ``linger_s``: (the process, when its append was acked)."""
+    args = [store_spec, "dc1.t", str(partition), "w", "1", "1", "10", str(linger_s)]
+    child = subprocess.Popen(
+        [sys.executable, str(APPENDER), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    assert child.stdout is not None
+    ack = child.stdout.readline().split()
+    assert ack, "the appender acked nothing"
+    return child, float(ack[5])
+
+
+def test_followers_are_called_by_appends_of_another_process_until_they_let_go(
+    open_backend: Callable[[], LogStore], store_spec: str
+) -> None:
+    store = open_backend()
+    # partition 0 is made by no write yet (the embedded store has no file of it to watch)
+    store.create_topic("dc1.t", TopicConfig(partitions=2))
+    calls: dict[int, list[float]] = {0: [], 1: []}
+    unfollow = {
+        p: store.follow_appends("dc1.t", p, lambda p=p: calls[p].append(time.time()))
+        for p in (0, 1)
+    }
+    children = []
+    try:
+        child, acked = _append_in_child(store_spec, 0, 10)
+        children.append(child)
+        deadline = time.monotonic() + 5
+        while not any(at >= acked - 0.5 for at in calls[0]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        woken = [at for at in calls[0] if at >= acked - 0.5]
+        assert woken, "the follower was not called"
+        # called by the append (inotify, the tail consumer), not by a look now and then:
+        # slack for a loaded host only
+        assert woken[0] - acked < 0.5
+        assert not calls[1], "an append to partition 0 called partition 1's follower"
+        unfollow[0]()
+        time.sleep(0.5)
+        called = len(calls[0])
+        child, _acked = _append_in_child(store_spec, 0, 10)
+        children.append(child)
+        time.sleep(1.0)
+        assert len(calls[0]) == called, "called after it let go"
+        child, acked = _append_in_child(store_spec, 1, 10)
+        children.append(child)
+        deadline = time.monotonic() + 5
+        while not calls[1] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls[1] and calls[1][0] - acked < 0.5
+    finally:
+        unfollow[1]()
+        for child in children:
+            child.kill()
+            child.wait()
+
+
+def test_a_follower_of_a_topic_made_again_is_called_by_the_new_topic_s_appends(
+    store: LogStore,
+) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    calls: list[float] = []
+    unfollow = store.follow_appends("dc1.t", 0, lambda: calls.append(time.time()))
+    store.append("dc1.t", 0, [b"old"])
+    store.append("dc1.t", 0, [b"old"])
+    deadline = time.monotonic() + 5
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls
+    store.delete_topic("dc1.t")
+    store.create_topic("dc1.t", TopicConfig(partitions=1))
+    time.sleep(2)  # what the deletion called is over (on Kafka, the tail saw the new topic)
+    called = len(calls)
+    store.append("dc1.t", 0, [b"new"])
+    appended = time.time()
+    deadline = time.monotonic() + 5
+    while len(calls) == called and time.monotonic() < deadline:
+        time.sleep(0.01)
+    unfollow()
+    assert len(calls) > called, "the new topic's append called no follower"
+    assert calls[called] - appended < 1.0
+
+
+def test_following_many_partitions_takes_no_thread_each_and_one_append_calls_them(
+    store: LogStore,
+) -> None:
+    store.create_topic("dc1.t", TopicConfig(partitions=64))
+    store.append("dc1.t", 5, [b"made"])  # one partition made, the others not
+    threads = len(os.listdir("/proc/self/task"))
+    called: dict[int, threading.Event] = {p: threading.Event() for p in range(64)}
+    unfollows = [
+        store.follow_appends("dc1.t", p, called[p].set) for p in range(64) for _ in range(3)
+    ]
+    # the store's one watcher thread (the tail consumer's, and librdkafka's few, on Kafka)
+    assert len(os.listdir("/proc/self/task")) - threads <= 8
+    for p in (5, 6):
+        store.append("dc1.t", p, [b"x"])
+    assert called[5].wait(5) and called[6].wait(5)
+    assert not called[7].is_set()
+    for unfollow in unfollows:
+        unfollow()
 
 
 def test_cancelled_append_is_not_committed_and_the_partition_keeps_working(
