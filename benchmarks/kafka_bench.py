@@ -3,6 +3,8 @@
     python benchmarks/kafka_bench.py [--runs 3] [--seconds 8] [--chunk-bytes 65536]
         [--data lines|constant]
     python benchmarks/kafka_bench.py --ingest-only --runs 5     # the ingest ratios only
+    python benchmarks/kafka_bench.py --ingest-only --cpus-each 0.5  # each gateway and the raw
+        # producer capped at half a core, a cgroup each: as if each had a machine of its own
 
 One local Kafka broker (``ops/local_kafka.py``), the same for every case of every run; each
 run uses namespaces of its own.  Cases (medians of ``--runs``; ratios against the peer
@@ -29,7 +31,8 @@ measured in the same run; every case sends the same chunks, 200 B access-log lin
   the table from the snapshot and the changelog's tail, seconds.
 
 Prints a table; never fails on speed.  On a 2-core machine the client, the gateways, the load
-generators and the broker share the CPUs, which caps the two-gateway figure.
+generators and the broker share the CPUs, which caps the two-gateway figure unless
+``--cpus-each`` gives each gateway (and the raw producer it is compared with) CPU of its own.
 """
 
 from __future__ import annotations
