@@ -54,19 +54,6 @@ class CpuCap:
             ) from exc
         self.procs = str(self.path / "cgroup.procs")
 
-    def throttled_s(self) -> float:
-        """Seconds the cgroup's processes were held back by the cap so far."""
-        try:
-            for line in (self.path / "cpu.stat").read_text().splitlines():
-                name, _, value = line.partition(" ")
-                if name == "throttled_time":  # v1, nanoseconds
-                    return int(value) / 1e9
-                if name == "throttled_usec":  # v2
-                    return int(value) / 1e6
-        except OSError:
-            pass
-        return 0.0
-
     def remove(self) -> None:
         """Remove the cgroup (its processes must have ended)."""
         with contextlib.suppress(OSError):

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -61,17 +62,25 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rss_mb(group: int) -> float:
-    """Resident memory of every process in the process group ``group``, in MB."""
-    total_kb = 0
+def _group_processes(group: int) -> Iterator[str]:
+    """The /proc entries of every process in the process group ``group``."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[2]) != group:
-                continue
-            for line in Path(f"/proc/{entry}/status").read_text().splitlines():
+            if int(stat.rsplit(")", 1)[1].split()[2]) == group:
+                yield f"/proc/{entry}"
+        except (OSError, ValueError, IndexError):
+            continue
+
+
+def _rss_mb(group: int) -> float:
+    """Resident memory of every process in the process group ``group``, in MB."""
+    total_kb = 0
+    for proc in _group_processes(group):
+        try:
+            for line in Path(f"{proc}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total_kb += int(line.split()[1])
         except (OSError, ValueError, IndexError):
@@ -82,14 +91,10 @@ def _rss_mb(group: int) -> float:
 def _threads(group: int) -> int:
     """Threads of every process in the process group ``group``."""
     count = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for proc in _group_processes(group):
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[2]) == group:
-                count += len(os.listdir(f"/proc/{entry}/task"))
-        except (OSError, ValueError, IndexError):
+            count += len(os.listdir(f"{proc}/task"))
+        except OSError:
             continue
     return count
 

@@ -210,8 +210,10 @@ async def _unless_disconnected(
 async def _disconnected(receive: Receive) -> None:
     """Return when the client disconnects (the request's body was read already: the
     server has nothing else to say until then)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 def _has_news(batches: Sequence[PartitionBatch]) -> bool:
