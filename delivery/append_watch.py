@@ -17,7 +17,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import anyio.to_thread
@@ -54,6 +54,16 @@ def _wake(futures: list[asyncio.Future[bool]]) -> None:
     for future in futures:
         if not future.done():
             future.set_result(True)
+
+
+def _wake_in_their_loops(waiters: Iterable[_Waiter]) -> None:
+    """Wake ``waiters`` from any thread: one call into each event loop that has some."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[bool]]] = {}
+    for waiter in waiters:
+        by_loop.setdefault(waiter.loop, []).append(waiter.future)
+    for loop, futures in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop closed: its waiters are gone
+            loop.call_soon_threadsafe(_wake, futures)
 
 
 class AppendWatch:
@@ -174,12 +184,7 @@ class AppendWatch:
                 return
             woken, entry.waiters = entry.waiters, set()
             entry.idle_since = time.monotonic()
-        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[bool]]] = {}
-        for waiter in woken:
-            by_loop.setdefault(waiter.loop, []).append(waiter.future)
-        for loop, futures in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # the loop closed: its waiters are gone
-                loop.call_soon_threadsafe(_wake, futures)
+        _wake_in_their_loops(woken)
 
     def close(self) -> None:
         """Wake every waiter and let go of every partition."""
@@ -191,9 +196,4 @@ class AppendWatch:
             for entry in entries:
                 if entry.unfollow is not None:
                     entry.unfollow()
-                by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[bool]]] = {}
-                for waiter in entry.waiters:
-                    by_loop.setdefault(waiter.loop, []).append(waiter.future)
-                for loop, futures in by_loop.items():
-                    with contextlib.suppress(RuntimeError):
-                        loop.call_soon_threadsafe(_wake, futures)
+                _wake_in_their_loops(entry.waiters)
