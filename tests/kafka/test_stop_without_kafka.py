@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import threading
 import time
 import tomllib
 from collections.abc import Callable
@@ -103,9 +104,16 @@ def test_a_gateway_waiting_for_kafka_at_its_start_stops_at_once_on_sigterm(
             if f"waiting for Kafka at 127.0.0.1:{port}" in line:
                 break
             assert time.monotonic() < deadline, "it never said it waits"
+        # the rest of what it says is read on, so that a full pipe never holds its stop up
+        said: list[str] = []
+        threading.Thread(target=lambda: said.extend(proc.stderr or ()), daemon=True).start()
         stopped_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        try:
+            status = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"no stop within 30 s; it said: {''.join(said)[-3000:]}") from None
+        assert status == 0, "".join(said)[-3000:]
         assert time.monotonic() - stopped_at < 5 + STOP_GRACE_S
     finally:
         proc.kill()
