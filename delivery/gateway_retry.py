@@ -14,7 +14,8 @@ request's own and is returned at once.
 With several URLs, each gateway is asked which installation it belongs to (``/healthz``)
 before its first request and again after it failed, and one of another installation than
 the others is refused (:class:`~delivery.installations.MixedInstallations`): a request the
-first cannot answer must not be carried out in another log.
+first cannot answer must not be carried out in another log.  A command asks them all at its
+start too (:meth:`GatewayRetry.ask_every_gateway`), so that a wrong URL is refused at once.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from delivery.installations import HEALTH_PATH, OneInstallation
+from delivery.installations import HEALTH_PATH, OneInstallation, ask_every_gateway
 from log_store.errors import LogbrokerError
 
 FIRST_PAUSE_S = 0.5
@@ -87,7 +88,8 @@ class GatewayRetry:
     ``describe_answer(path, response)`` words a retried answer (what follows "URL answered ");
     ``on_waiting(failure)`` is told a request's first failure, when it is going to wait
     (``retry_s`` above 0); ``installation_why`` ends the refusal of a gateway of another
-    installation (what would go wrong there)."""
+    installation (what would go wrong there); ``installation``: (URL, installation id) the
+    gateways are known to belong to (learnt before, elsewhere)."""
 
     def __init__(
         self,
@@ -100,6 +102,7 @@ class GatewayRetry:
         describe_answer: Callable[[str, httpx.Response], str],
         on_waiting: Callable[[str], None],
         installation_why: str,
+        installation: tuple[str, str] | None = None,
     ) -> None:
         if not servers:
             raise ValueError("no gateway URL")
@@ -112,7 +115,7 @@ class GatewayRetry:
         self._retried = retried_statuses
         self._describe = describe_answer
         self._on_waiting = on_waiting
-        self._installation = OneInstallation(installation_why)
+        self._installation = OneInstallation(installation_why, installation)
         self._asked = [len(self.servers) < 2] * len(self.servers)
         """Whether each gateway was asked which installation it belongs to since it last
         failed (one URL has no other to be checked against)."""
@@ -123,6 +126,22 @@ class GatewayRetry:
     def current(self) -> str:
         """The gateway that gave the last answer (asked first next time)."""
         return self.servers[self._current]
+
+    @property
+    def installation(self) -> tuple[str, str] | None:
+        """(URL, installation id) of the first gateway that named the installation, if any."""
+        return self._installation.known
+
+    def ask_every_gateway(self) -> None:
+        """With several gateways, ask each its installation now, at once (see
+        :func:`delivery.installations.ask_every_gateway`): raises
+        :class:`~delivery.installations.MixedInstallations` if two name different ones."""
+        if len(self.servers) < 2:
+            return
+        checked = ask_every_gateway(
+            self._installation, list(zip(self.servers, self._clients, strict=True))
+        )
+        self._asked = [asked or now for asked, now in zip(self._asked, checked, strict=True)]
 
     def close(self) -> None:
         for client in self._clients:

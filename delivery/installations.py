@@ -7,18 +7,30 @@ asked of one is meant for that one log.  A URL of another installation in the li
 that reaches another installation after an outage (a load balancer or a name moved to another
 DC), would carry them into a log they do not belong to; :class:`OneInstallation` refuses it
 with :class:`MixedInstallations` before anything else is asked of it.
+
+A command given several URLs asks every one at its start, at once (:func:`ask_every_gateway`:
+one ``/healthz`` each, concurrently, within :data:`START_TIMEOUT_S`), so that a mistyped URL
+of another installation is refused then, not only once the gateways before it in the list
+failed.  A gateway that does not answer then is checked when a request first reaches it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import httpx
 
 from log_store.errors import BadRequest
 
 _log = logging.getLogger("delivery")
 
 HEALTH_PATH = "/healthz"
+START_TIMEOUT_S = 2.0
+"""How long :func:`ask_every_gateway` waits for each gateway: one slower than that is taken
+as down at the start and checked when first reached."""
 
 
 class MixedInstallations(BadRequest):
@@ -28,13 +40,19 @@ class MixedInstallations(BadRequest):
 
 class OneInstallation:
     """The installation the gateways of one ``--server`` belong to, learnt from the first that
-    names it; ``why`` ends the refusal of another (what would go wrong there)."""
+    names it; ``why`` ends the refusal of another (what would go wrong there).  ``known``:
+    (URL, installation id) learnt before (by the driver of a load whose tasks ask anew)."""
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, known: tuple[str, str] | None = None) -> None:
         self._why = why
-        self._first: tuple[str, str] | None = None
+        self._first = known
         """(URL, installation id) of the first gateway that named its installation."""
         self._said_unnamed = False
+
+    @property
+    def known(self) -> tuple[str, str] | None:
+        """(URL, installation id) of the first gateway that named its installation, if any."""
+        return self._first
 
     def check(self, url: str, healthz: Any, *, several: bool) -> str | None:
         """Check ``healthz`` (the JSON of ``url``'s ``/healthz``, None if it was none): None if
@@ -70,3 +88,34 @@ class OneInstallation:
             f"{url} belongs to installation {named}, {first_url} to {first}: the URLs "
             f"of --server must be gateways of one installation ({self._why})"
         )
+
+
+def ask_every_gateway(
+    installation: OneInstallation,
+    gateways: Sequence[tuple[str, httpx.Client]],
+    timeout_s: float = START_TIMEOUT_S,
+) -> list[bool]:
+    """Ask each of ``gateways`` (its URL and client) its installation at once, concurrently,
+    each within ``timeout_s``, and check the answers in the list's order (see the module
+    docstring): raises :class:`MixedInstallations` for the first that names another than
+    one before it.  Returns, for each, whether it was checked; one that did not answer, or
+    cannot name its installation yet, is to be checked when a request first reaches it."""
+
+    def ask(client: httpx.Client) -> tuple[bool, Any]:
+        try:
+            response = client.get(HEALTH_PATH, timeout=timeout_s)
+        except httpx.HTTPError:
+            return False, None  # down (or no http URL): its first request says why
+        if response.status_code >= 500:
+            return False, None
+        try:
+            return True, response.json()
+        except ValueError:
+            return True, None
+
+    with ThreadPoolExecutor(max_workers=len(gateways)) as pool:
+        answers = list(pool.map(ask, [client for _, client in gateways]))
+    checked = []
+    for (url, _), (answered, healthz) in zip(gateways, answers, strict=True):
+        checked.append(answered and installation.check(url, healthz, several=True) is None)
+    return checked

@@ -25,7 +25,7 @@ from delivery.framing import (
     not_envelopes_of,
 )
 from delivery.gateway_retry import gateway_urls
-from delivery.installations import HEALTH_PATH, OneInstallation
+from delivery.installations import HEALTH_PATH, OneInstallation, ask_every_gateway
 from delivery.partition_reader import NotEnvelope
 from log_store.errors import BadRequest, CorruptData, LogbrokerError
 from session_dedup.chunk_codecs import CorruptChunk, decompress
@@ -178,7 +178,8 @@ class PullClient:
     request and again after it failed (a URL may reach another gateway then, of another
     installation if a load balancer or a name moved); one that names another installation
     than the gateways asked before, or than the same URL named before, raises
-    :class:`MixedInstallations` and is sent nothing else."""
+    :class:`MixedInstallations` and is sent nothing else.  :meth:`ask_every_gateway` asks
+    them all at once, for a command to refuse a wrong URL at its start."""
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -214,6 +215,16 @@ class PullClient:
     def close(self) -> None:
         for client in self._clients:
             client.close()
+
+    def ask_every_gateway(self) -> None:
+        """With several gateways, ask each its installation now, at once (see
+        :func:`delivery.installations.ask_every_gateway`): raises :class:`MixedInstallations`
+        if two name different ones."""
+        if len(self._clients) < 2:
+            return
+        gateways = [(str(c.base_url).rstrip("/"), c) for c in self._clients]
+        checked = ask_every_gateway(self._installation, gateways)
+        self._asked = [asked or now for asked, now in zip(self._asked, checked, strict=True)]
 
     def _unavailable(self, message: str) -> GatewayUnavailable:
         """``message`` as the failure of the gateway asked; the next request asks the next."""

@@ -13,9 +13,10 @@ most 30 s), until ``--gateway-retry`` seconds (default 30) have passed: then
 again gets the same answer) is returned at once.  The loop is
 :class:`delivery.gateway_retry.GatewayRetry`, the one the loader's reads through gateways use.
 
-The URLs of ``--server`` must be gateways of one installation: with several, each is asked
-which installation it belongs to (``/healthz``) before its first request and again after it
-failed, and one of another installation than the others is refused
+The URLs of ``--server`` must be gateways of one installation: with several, every one is
+asked which installation it belongs to (``/healthz``) at the command's start, at once, and
+again before its first request after it failed (or if it did not answer at the start); one
+of another installation than the others is refused
 (:class:`~delivery.installations.MixedInstallations`, exit status 2) before anything is asked
 of it, since a request the first could not answer would be carried out in another log.
 
@@ -83,7 +84,8 @@ def gateway_retry_of(args: argparse.Namespace) -> float:
 class GatewayClient:
     """Requests to the gateways of ``servers`` (``URL[,URL...]``), each waited out as the
     module says.  ``command`` names the command in the one line said on stderr when a request
-    starts waiting."""
+    starts waiting.  With several, every one is asked its installation here, at once:
+    :class:`~delivery.installations.MixedInstallations` if two name different ones."""
 
     def __init__(
         self,
@@ -113,6 +115,11 @@ class GatewayClient:
         self.asked_again_after_sending = False
         """Whether the last request was asked again after an attempt that may have reached a
         gateway (and may have been carried out there, its answer lost)."""
+        try:
+            self._gateways.ask_every_gateway()
+        except BaseException:
+            self._gateways.close()
+            raise
 
     def __enter__(self) -> GatewayClient:
         return self

@@ -7,6 +7,7 @@ ships to executors; each task opens its own :class:`LogSource` from it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -195,9 +196,10 @@ class HttpLogSource:
     a gateway unreachable, or answered one of :data:`RETRIED_STATUSES`, goes to the next at
     once; once every one failed it is asked again after a pause (growing from 0.5 s to 5 s, or
     what ``Retry-After`` says), for ``retry_s`` in all, then :class:`SourceUnavailable`.  With
-    several, a gateway that names another installation than the others on ``/healthz`` is
-    refused (:class:`~delivery.installations.MixedInstallations`, a ``BadRequest``) before
-    anything is read from it.  Every request is a read (GET), so asking again never changes
+    several, a gateway that names another installation than the others on ``/healthz`` (or
+    than ``installation``, the (URL, installation id) the driver learnt) is refused
+    (:class:`~delivery.installations.MixedInstallations`, a ``BadRequest``) before anything
+    is read from it.  Every request is a read (GET), so asking again never changes
     anything; the loader's commit goes to its table, never through a gateway.
     """
 
@@ -207,6 +209,7 @@ class HttpLogSource:
         token: str | None = None,
         timeout_s: float = 60.0,
         retry_s: float = DEFAULT_GATEWAY_RETRY_S,
+        installation: tuple[str, str] | None = None,
     ) -> None:
         urls = gateway_urls(servers) if isinstance(servers, str) else tuple(servers)
         if not urls:
@@ -228,7 +231,18 @@ class HttpLogSource:
             ),
             installation_why="offsets in one log are not offsets in another: a load would "
             "read another log's records at them",
+            installation=installation,
         )
+
+    @property
+    def installation(self) -> tuple[str, str] | None:
+        """(URL, installation id) of the first gateway that named the installation, if any."""
+        return self._gateways.installation
+
+    def ask_every_gateway(self) -> None:
+        """Ask every gateway its installation now, at once (see
+        :meth:`delivery.gateway_retry.GatewayRetry.ask_every_gateway`)."""
+        self._gateways.ask_every_gateway()
 
     @property
     def _server(self) -> str:
@@ -358,6 +372,9 @@ class SourceSpec:
     """The gateways' ``kafka_namespace``."""
     kafka_properties: tuple[tuple[str, str], ...] = ()
     """librdkafka properties (TLS, SASL) for the Kafka clients of every task."""
+    installation: tuple[str, str] | None = None
+    """(URL, installation id): the installation ``server``'s gateways were found to belong to
+    (:meth:`pinned`), which every task's gateway is checked against before it is read from."""
 
     def __post_init__(self) -> None:
         given = [x for x in (self.data_dir, self.server, self.kafka_bootstrap) if x is not None]
@@ -445,7 +462,30 @@ class SourceSpec:
     def gateways(self) -> HttpLogSource:
         """The ``server`` source, with its own type (it answers more than a log source)."""
         assert self.server is not None
-        return HttpLogSource(self.server, self.token, retry_s=self.gateway_retry_s)
+        return HttpLogSource(
+            self.server, self.token, retry_s=self.gateway_retry_s, installation=self.installation
+        )
+
+    def pinned(self, learnt_by: LogSource | None = None) -> SourceSpec:
+        """This spec with :attr:`installation` set: what ``learnt_by`` (a source opened from
+        it that reached its gateways) learnt, or else, with several gateways, what they
+        answer now, asked at once (:meth:`HttpLogSource.ask_every_gateway`; raises
+        :class:`~delivery.installations.MixedInstallations` if two name different ones).
+        Itself if it has one, reads no gateways, or no gateway named its installation."""
+        if self.installation is not None or self.server is None:
+            return self
+        if isinstance(learnt_by, HttpLogSource):
+            learnt = learnt_by.installation
+        elif len(gateway_urls(self.server)) < 2:
+            return self  # one URL has no other to be checked against
+        else:
+            source = self.gateways()
+            try:
+                source.ask_every_gateway()
+                learnt = source.installation
+            finally:
+                source.close()
+        return self if learnt is None else dataclasses.replace(self, installation=learnt)
 
     def describe(self) -> str:
         if self.kafka_bootstrap is not None:

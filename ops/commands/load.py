@@ -375,6 +375,8 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
                 _check_kafka_reachable(spec)
             except StoreUnavailable as exc:
                 return outcome.fail(2, str(exc))  # as topics and audit say it (docs/kafka.md)
+        # a gateway of another installation in --server is refused at once, before Spark
+        spec = spec.pinned()
         source = spec.open()  # a wrong directory or an unreachable gateway fails before Spark
         try:
             names = source.topic_names()

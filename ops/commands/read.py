@@ -382,6 +382,7 @@ def run(args: argparse.Namespace) -> int:
     client = PullClient(args.server, token=token)
     consumer: Consumer | None = None
     try:
+        client.ask_every_gateway()  # a URL of another installation is refused at once
         names = _wait_for_gateway(client, stop, idle_until)
         if names is None:
             if stop["requested"]:

@@ -1,6 +1,7 @@
 """``logbroker read --server A,B`` goes on through B when A fails only if B is a gateway of
-A's installation: a list naming two installations is refused (exit 2, one line) before
-anything is read from the second, whose offsets belong to another log.
+A's installation: a list naming two installations is refused (exit 2, one line) at the start,
+or, if the second did not answer then, before anything is read from it, whose offsets belong
+to another log.
 
 Before, the reader went on at A's offsets in B's log: it skipped B's first messages and
 printed the rest as if they came after A's."""
@@ -36,17 +37,40 @@ def _sources(reader: ReaderProcess) -> list[tuple[str, int]]:
     return [(r["source_id"], r["seqno"]) for r in reader.records()]
 
 
-def test_a_reader_refuses_a_second_gateway_of_another_installation(
+def test_a_reader_refuses_a_second_gateway_of_another_installation_at_its_start(
     start_gateway: Callable[..., GatewayProcess],
     start_reader: Callable[..., ReaderProcess],
     tmp_path: Path,
 ) -> None:
+    """Every URL is asked its installation at the start: a wrong second one is refused at
+    once, with the first healthy (before, the reader read on through the first, and the
+    wrong one was found only once the first failed)."""
+    first = start_gateway(tmp_path / "dc1-a")
+    other = start_gateway(tmp_path / "dc1-b")  # another data dir: another installation
+    _write(first.url, "first", 3)
+    reader = _read(start_reader, first.url, other.url)
+
+    assert reader.wait(20) == 2, reader.stderr()
+    last = reader.stderr().strip().splitlines()[-1]
+    assert last.startswith(f"logbroker read: {other.url} belongs to installation "), last
+    assert f"{first.url} to " in last, last
+    assert _sources(reader) == []
+
+
+def test_a_reader_refuses_a_second_gateway_of_another_installation_down_at_its_start(
+    start_gateway: Callable[..., GatewayProcess],
+    start_reader: Callable[..., ReaderProcess],
+    tmp_path: Path,
+) -> None:
+    """A URL that did not answer at the start is checked when the reader first reaches it."""
     first = start_gateway(tmp_path / "dc1-a")
     other = start_gateway(tmp_path / "dc1-b")  # another data dir: another installation
     _write(first.url, "first", 3)
     _write(other.url, "other", 12)
+    other.kill()
     reader = _read(start_reader, first.url, other.url)
     wait_until(lambda: len(_sources(reader)) == 3, 30, "the first gateway's messages")
+    other.start()
     first.kill()
 
     assert reader.wait(60) == 2, reader.stderr()

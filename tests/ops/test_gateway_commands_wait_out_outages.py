@@ -224,22 +224,46 @@ def test_audit_windows_through_gateways_that_stay_unavailable_exits_4(
     assert len(gw.seen) >= 2
 
 
-def test_topics_through_gateways_of_two_installations_is_refused_before_the_second_acts(
+def test_topics_through_gateways_of_two_installations_is_refused_at_its_start(
     gateway: GatewayProcess,
     front: Callable[..., _Front],
     start_gateway: Callable[..., GatewayProcess],
     tmp_path: Path,
 ) -> None:
-    """``--server A,B`` names gateways of one installation: a create that A answers 503 is
-    not carried out by B if B serves another log (before, B created the topic there)."""
-    gw = front(["forward", "503"])  # A's /healthz answered, the create answered 503
+    """``--server A,B`` names gateways of one installation: a B of another is refused at the
+    command's start, with A healthy (before, nothing was noticed until A failed)."""
+    gw = front([])
     other = start_gateway(tmp_path / "other")  # another data dir: another installation
     done = _run("topics", "create", "dc1.mixed", "--server", f"{gw.url},{other.url}")
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"logbroker topics: {other.url} belongs to installation "), last
     assert f"{gw.url} to " in last and "one installation" in last, last
+    assert gw.seen == ["GET /healthz"]  # asked nothing else
+    for url in (gateway.url, other.url):
+        listed = httpx.get(f"{url}/v1/topics", timeout=30).json()["topics"]
+        assert "dc1.mixed" not in [t["name"] for t in listed]
+
+
+def test_topics_through_another_installation_down_at_the_start_is_refused_before_it_acts(
+    gateway: GatewayProcess,
+    front: Callable[..., _Front],
+    start_gateway: Callable[..., GatewayProcess],
+    tmp_path: Path,
+) -> None:
+    """A B that did not answer at the start is checked when first reached: a create that A
+    answers 503 is not carried out by B if B serves another log."""
+    gw = front(["forward", "503"])  # A's /healthz answered, the create answered 503
+    other = start_gateway(tmp_path / "other")  # another data dir: another installation
+    with running(_Front(other.url, ["503"])) as late:  # B's /healthz at the start: 503
+        done = _run("topics", "create", "dc1.mixed", "--server", f"{gw.url},{late.url}")
+        late.upstream.close()
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"logbroker topics: {late.url} belongs to installation "), last
+    assert f"{gw.url} to " in last and "one installation" in last, last
     assert gw.seen == ["GET /healthz", "POST /v1/topics"]
+    assert late.seen == ["GET /healthz", "GET /healthz"]
     for url in (gateway.url, other.url):
         listed = httpx.get(f"{url}/v1/topics", timeout=30).json()["topics"]
         assert "dc1.mixed" not in [t["name"] for t in listed]

@@ -1,19 +1,20 @@
 """``logbroker load`` says in one line what it cannot do, before Spark starts where it can: a
 Kafka cluster no broker of which answers, a table path inside a Delta table, topic globs that
-match no topic of the log."""
+match no topic of the log, gateways of two installations."""
 
 from __future__ import annotations
 
 import argparse
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from log_store import open_store
 from ops.commands import load
-from tests.conftest import free_port
+from tests.conftest import GatewayProcess, free_port
 from tests.yt_loader.conftest import ChildProcess, append_lines
 from yt_loader import spark_session
 from yt_loader.errors import WarehouseCorrupt
@@ -148,3 +149,22 @@ def test_topics_matching_no_topic_of_an_existing_table_exit_2_and_commit_nothing
     ), err
     assert err.rstrip().endswith("; nothing loaded"), err
     assert [r.batch for r in Warehouse(warehouse).commits()] == [1]
+
+
+def test_a_gateway_of_another_installation_in_server_is_refused_before_spark_starts(
+    tmp_path: Path, start_gateway: Callable[..., GatewayProcess]
+) -> None:
+    """``--server A,B`` with B of another installation: exit 2 naming both, at once (before,
+    the load went on through A and B was found only if A failed in a task, exit 1)."""
+    first = start_gateway(tmp_path / "dc1")
+    other = start_gateway(tmp_path / "dc2")  # another data dir: another installation
+    append_lines(first.data_dir, "dc1.app", "a", partitions=1, chunks=1)
+    code, output, took = _load_cli(
+        tmp_path, "--server", f"{first.url},{other.url}", "--warehouse", str(tmp_path / "wh")
+    )
+    assert code == 2, output
+    [line] = output.splitlines()
+    assert line.startswith(f"logbroker load: {other.url} belongs to installation "), line
+    assert f"{first.url} to " in line and "one installation" in line, line
+    assert not (tmp_path / "wh").exists()
+    assert took < 20, f"{took:.1f} s"

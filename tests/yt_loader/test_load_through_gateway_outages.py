@@ -197,3 +197,33 @@ def test_a_url_no_wait_makes_right_fails_at_once() -> None:
     finally:
         source.close()
     assert time.monotonic() - started < 5  # before, it was asked again for the 30 s
+
+
+def test_a_source_opened_from_a_pinned_spec_refuses_another_installation_as_its_first_gateway(
+    gateway: GatewayProcess, start_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """The driver pins the installation it planned in; a task's source, opened anew, finds A
+    down and B of another installation up: B is refused, though it is the first gateway the
+    task reaches (before, the task took B's log as its own and read it at A's offsets)."""
+    append_lines(gateway.data_dir, "dc1.app", "a", partitions=1, chunks=2)
+    other = start_gateway(tmp_path / "other")  # another data dir: another installation
+    append_lines(other.data_dir, "dc1.app", "b", partitions=1, chunks=3)
+    healthz_asked = [0]
+
+    def down_at_the_start(path: str) -> int | None:
+        healthz_asked[0] += path == "/healthz"
+        return 503 if healthz_asked[0] == 1 else None
+
+    with _proxy(other.url, down_at_the_start) as late:
+        spec = SourceSpec(server=f"{gateway.url},{late.url}", gateway_retry_s=5).pinned()
+        assert spec.installation is not None and spec.installation[0] == gateway.url
+        gateway.kill()
+        source = spec.open()  # as a task opens it
+        try:
+            with pytest.raises(MixedInstallations) as caught:
+                source.read("dc1.app", 0, 0, 1 << 20)
+        finally:
+            source.close()
+    assert str(caught.value).startswith(f"{late.url} belongs to installation ")
+    assert f"{gateway.url} to " in str(caught.value)
+    assert not any("/messages" in p for p in late.paths)
