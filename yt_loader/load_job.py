@@ -18,6 +18,7 @@ while a batch's tasks read it is reported the same way by that run (see :func:`_
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import threading
@@ -30,6 +31,7 @@ from pathlib import Path
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import SparkSession
 
+from delivery.installations import MixedInstallations
 from log_store.errors import LogbrokerError, OffsetOutOfRange, TopicDeleted, UnknownTopic
 from session_dedup.chunk_codecs import CorruptChunk
 from yt_loader.crash_points import reach
@@ -314,6 +316,8 @@ def _batch_failure(batch: int, name: str, message: str) -> LogbrokerError:
     """The error that ends batch ``batch``, from the ``name`` and ``message`` of its task's."""
     if name == "DataLost":
         return DataLost(f"{message} (batch {batch} was not committed; run the load again)")
+    if name == "MixedInstallations":
+        return MixedInstallations(message)  # as the driver says it: the command line's mistake
     return LoadFailed(f"batch {batch} failed: {name}: {message}")
 
 
@@ -324,9 +328,11 @@ _HANDLED_IN_THE_DRIVER = (
     DataLost,
     WarehouseCorrupt,
     CorruptChunk,
+    MixedInstallations,
 )
 """What a task meets that no attempt of it again would mend, and that the driver handles
-(a topic deleted, offsets dropped by retention, a message that does not decompress)."""
+(a topic deleted, offsets dropped by retention, a message that does not decompress, a
+gateway of another installation than the one the driver planned in)."""
 
 
 @dataclass(frozen=True)
@@ -539,9 +545,12 @@ def run_load(
     run = uuid.uuid4().hex[:8]
     with target.opened(progress) as state:
         report = LoadReport(target.recovery)
-        source = config.spec.open()
+        spec = config.spec.pinned()  # several gateways: each asked its installation at once
+        source = spec.open()
         try:
             bounds, gone = _bounds(source, state, config.topics)
+            # the tasks check every gateway they ask against the installation planned in
+            config = dataclasses.replace(config, spec=spec.pinned(learnt_by=source))
         finally:
             source.close()
         plan = _plan(bounds, state, config, gone)

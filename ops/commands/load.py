@@ -8,9 +8,10 @@ separates the report from the progress.
 SIGTERM lets the batch in hand commit and then stops (the next run continues).  Exit
 codes: 0 loaded (or nothing new), 2 bad usage (among it ``--topics`` matching no topic of the
 log, a Kafka cluster no broker of which answers within 5 s, a table path inside a Delta
-table), 3 loaded but some offsets were lost to retention before they could be loaded, left
-out by ``--skip-corrupt``, or of a topic deleted before they were loaded (named on stderr), 1
-any other failure (a message that does not decompress or a record that is no envelope,
+table, gateways of two installations in ``--server``, met by the driver or a task), 3 loaded
+but some offsets were lost to retention before they could be loaded, left out by
+``--skip-corrupt``, or of a topic deleted before they were loaded (named on stderr), 1 any
+other failure (a message that does not decompress or a record that is no envelope,
 without ``--skip-corrupt``; a topic held back because its log type's schema cannot become a
 column, the other topics loaded).
 """

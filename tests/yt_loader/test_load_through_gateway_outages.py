@@ -199,6 +199,39 @@ def test_a_url_no_wait_makes_right_fails_at_once() -> None:
     assert time.monotonic() - started < 5  # before, it was asked again for the 30 s
 
 
+def test_a_task_that_meets_another_installation_fails_the_load_as_the_driver_would(
+    spark: object,
+    tmp_path: Path,
+    gateway: GatewayProcess,
+    start_gateway: Callable[..., GatewayProcess],
+) -> None:
+    """B did not answer at the start; a task whose reads A refuses goes to B, which belongs
+    to another installation: the load ends with the driver's refusal (a ``BadRequest``,
+    exit 2), not with a batch failure (exit 1), and commits nothing."""
+    append_lines(gateway.data_dir, "dc1.app", "a", partitions=1, chunks=2)
+    other = start_gateway(tmp_path / "other")  # another data dir: another installation
+    healthz_asked = [0]
+
+    def down_at_the_start(path: str) -> int | None:
+        if path == "/healthz":
+            healthz_asked[0] += 1
+            return 503 if healthz_asked[0] == 1 else None
+        return None
+
+    with (
+        _proxy(gateway.url, lambda p: 503 if "/messages" in p else None) as first,
+        _proxy(other.url, down_at_the_start) as late,
+    ):
+        spec = SourceSpec(server=f"{first.url},{late.url}", gateway_retry_s=5)
+        config = LoadConfig(spec, tmp_path / "table")
+        with pytest.raises(MixedInstallations) as caught:
+            run_load(spark, config, lambda _line: None)  # type: ignore[arg-type]
+    message = str(caught.value)
+    assert message.startswith(f"{late.url} belongs to installation "), message
+    assert f"{first.url} to " in message and "one installation" in message, message
+    assert not any("/messages" in p for p in late.paths)  # nothing read from the other log
+
+
 def test_a_source_opened_from_a_pinned_spec_refuses_another_installation_as_its_first_gateway(
     gateway: GatewayProcess, start_gateway: Callable[..., GatewayProcess], tmp_path: Path
 ) -> None:
