@@ -119,3 +119,18 @@ def ask_every_gateway(
     for (url, _), (answered, healthz) in zip(gateways, answers, strict=True):
         checked.append(answered and installation.check(url, healthz, several=True) is None)
     return checked
+
+
+def check_one_installation(urls: Sequence[str], *, why: str, token: str | None = None) -> None:
+    """Ask each of ``urls`` its installation now, at once (:func:`ask_every_gateway`), for a
+    list whose own requests do not check it: :class:`MixedInstallations` if two name
+    different ones (one that does not answer now is not checked)."""
+    if len(urls) < 2:
+        return
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    clients = [httpx.Client(base_url=url, headers=headers) for url in urls]
+    try:
+        ask_every_gateway(OneInstallation(why), list(zip(urls, clients, strict=True)))
+    finally:
+        for client in clients:
+            client.close()

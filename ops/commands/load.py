@@ -143,8 +143,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--audit-server",
+        metavar="URL[,URL...]",
         help="with --data-dir or --kafka-bootstrap: the gateway to publish the table's audit "
-        "counts to (with --server they go to that gateway)",
+        "counts to, or several of one installation, the next asked when one fails (with "
+        "--server they go to that gateway)",
     )
     audit = parser.add_mutually_exclusive_group()
     audit.add_argument(
@@ -318,6 +320,9 @@ def _check_report_file(path: Path) -> None:
 
 
 def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
+    from delivery.gateway_retry import gateway_urls
+    from delivery.installations import check_one_installation
+
     try:
         from yt_loader.crash_points import armed_point
         from yt_loader.load_job import LoadConfig, run_load
@@ -378,6 +383,11 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
                 return outcome.fail(2, str(exc))  # as topics and audit say it (docs/kafka.md)
         # a gateway of another installation in --server is refused at once, before Spark
         spec = spec.pinned()
+        if args.audit_server is not None:
+            check_one_installation(
+                gateway_urls(args.audit_server),
+                why="counts published to one of them would go to another installation's audit",
+            )
         source = spec.open()  # a wrong directory or an unreachable gateway fails before Spark
         try:
             names = source.topic_names()

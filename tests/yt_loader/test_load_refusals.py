@@ -168,3 +168,24 @@ def test_a_gateway_of_another_installation_in_server_is_refused_before_spark_sta
     assert f"{first.url} to " in line and "one installation" in line, line
     assert not (tmp_path / "wh").exists()
     assert took < 20, f"{took:.1f} s"
+
+
+def test_audit_servers_of_two_installations_are_refused_before_spark_starts(
+    tmp_path: Path, start_gateway: Callable[..., GatewayProcess]
+) -> None:
+    """``--audit-server A,B`` with B of another installation: exit 2 naming both, at once
+    (before, the load ran, and the counts went to B's audit whenever A failed)."""
+    first = start_gateway(tmp_path / "dc1")
+    other = start_gateway(tmp_path / "dc2")  # another data dir: another installation
+    data_dir = tmp_path / "data"
+    append_lines(data_dir, "dc1.app", "a", partitions=1, chunks=1)
+    code, output, took = _load_cli(
+        tmp_path, "--data-dir", str(data_dir), "--warehouse", str(tmp_path / "wh"),
+        "--audit-server", f"{first.url},{other.url}",
+    )  # fmt: skip
+    assert code == 2, output
+    [line] = output.splitlines()
+    assert line.startswith(f"logbroker load: {other.url} belongs to installation "), line
+    assert f"{first.url} to " in line and "another installation's audit" in line, line
+    assert not (tmp_path / "wh").exists()
+    assert took < 20, f"{took:.1f} s"
