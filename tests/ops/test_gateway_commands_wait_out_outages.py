@@ -245,6 +245,28 @@ def test_topics_through_gateways_of_two_installations_is_refused_at_its_start(
         assert "dc1.mixed" not in [t["name"] for t in listed]
 
 
+@pytest.mark.parametrize("command", ["schemas", "audit"])
+def test_schemas_and_audit_windows_through_gateways_of_two_installations_are_refused_at_once(
+    gateway: GatewayProcess,
+    front: Callable[..., _Front],
+    start_gateway: Callable[..., GatewayProcess],
+    tmp_path: Path,
+    command: str,
+) -> None:
+    """The start's check is the gateway client's: every command through it has it."""
+    gw = front([])
+    other = start_gateway(tmp_path / "other")  # another data dir: another installation
+    servers = f"{gw.url},{other.url}"
+    if command == "schemas":
+        done = _run("schemas", "list", "--server", servers)
+    else:
+        done = _run("audit", "--windows", "--server", servers, "--db", str(tmp_path / "a.db"))
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"logbroker {command}: {other.url} belongs to installation "), last
+    assert gw.seen == ["GET /healthz"]
+
+
 def test_topics_through_another_installation_down_at_the_start_is_refused_before_it_acts(
     gateway: GatewayProcess,
     front: Callable[..., _Front],
