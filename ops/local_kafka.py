@@ -568,6 +568,13 @@ def main(argv: list[str] | None = None) -> int:
             if _running(args.dir):
                 print(f"a cluster runs in {args.dir}; stop it first", file=sys.stderr)
                 return 2
+            if (args.dir / _STATE_FILE).exists():
+                print(
+                    f"the cluster stopped in {args.dir} is wiped: a new one starts on other "
+                    f"ports, which gateways of the old one never find (`restart --dir "
+                    f"{args.dir}` starts a stopped cluster again on its ports and storage)",
+                    file=sys.stderr,
+                )
             cluster = LocalKafka(args.dir, args.nodes).start()
             print(cluster.bootstrap)
         elif args.action == "restart":

@@ -121,3 +121,20 @@ def test_a_stopped_cluster_is_started_again_by_restart_on_its_ports(
     # restart starts the node on its recorded storage (gone here, so the node exits)
     assert local_kafka_main(["restart", "--dir", str(tmp_path)]) == 1
     assert "node 1 exited" in capsys.readouterr().err
+
+
+def test_start_over_a_stopped_cluster_says_that_it_begins_afresh_elsewhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``start`` after ``stop`` wipes the cluster and picks other ports: said, with the
+    command that would have kept them, since gateways left running never find the new one."""
+    _cluster_that_cannot_start(tmp_path)
+
+    def started(self: LocalKafka, timeout_s: float = 180.0) -> LocalKafka:
+        raise KafkaUnavailable("not started in this test")
+
+    monkeypatch.setattr(LocalKafka, "start", started)
+    assert local_kafka_main(["start", "--dir", str(tmp_path)]) == 1
+    said = capsys.readouterr().err
+    assert f"the cluster stopped in {tmp_path} is wiped" in said, said
+    assert f"restart --dir {tmp_path}" in said, said
