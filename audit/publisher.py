@@ -56,6 +56,7 @@ class AuditPublisher:
         more_tiers: Callable[[], dict[str, WindowCounts]] | None = None,
         stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
         forget_after_s: float | None = None,
+        kept_for_next: str = "",
     ) -> None:
         self.tier = tier
         self.forget_after_s = forget_after_s
@@ -66,6 +67,9 @@ class AuditPublisher:
         self.sink = sink
         self.interval_s = interval_s
         self.stop_timeout_s = stop_timeout_s
+        self.kept_for_next = kept_for_next
+        """Where counts a stop could not publish are kept for the next process to publish
+        (the push-client's state dir), if anywhere: then they are late, not missing."""
         self._before_publish = before_publish
         self._more_tiers = more_tiers
         """Other tiers counted in the same process, published in the same source."""
@@ -144,6 +148,12 @@ class AuditPublisher:
     def _not_published(self) -> str:
         """The start of the one line that says the last publish did not happen: what the
         stop loses is what was counted since the last publication that got through."""
+        if self.kept_for_next:
+            return (
+                f"audit: the last {self.tier} counts are not published yet (not retried: "
+                f"stopping); they are kept in {self.kept_for_next}, and the next start with it "
+                "publishes them"
+            )
         return (
             f"audit: the last {self.tier} counts are not published (not retried: stopping); "
             f"what this instance counted since its last publication is missing from the audit"

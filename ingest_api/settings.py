@@ -75,6 +75,7 @@ import os
 import re
 import ssl
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,6 +289,8 @@ class GatewaySettings:
             _DC_PATTERN.fullmatch(self.dc) is not None,
             f"dc {self.dc!r} must be 1-32 of [a-z0-9_-], starting with a letter or digit",
         )
+        if self.advertised_url:
+            _check_advertised_url(self.advertised_url)
         if self.store == "kafka":
             _check(
                 self.kafka_ownership in OWNERSHIPS,
@@ -465,6 +468,29 @@ class GatewaySettings:
     def from_json(cls, text: str) -> GatewaySettings:
         raw = json.loads(text)
         return _from_mapping(raw)
+
+
+def _check_advertised_url(url: str) -> None:
+    """An advertised URL is ``http(s)://HOST[:PORT]``: the other gateways and the clients
+    sending to owners put ``/v1/...`` after it.  Anything else was found out only by the
+    start's reach check, after its 10 s, as an HTTP client's complaint."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(
+            f"advertised_url {url!r} is not a URL ({exc}): give http://THIS-HOST:PORT"
+        ) from None
+    _check(
+        parts.scheme in ("http", "https") and bool(parts.hostname),
+        f"advertised_url {url!r} must be an http:// or https:// URL naming this gateway's "
+        f"host, e.g. http://THIS-HOST:PORT",
+    )
+    _check(
+        not parts.query and not parts.fragment and (port is None or port > 0),
+        f"advertised_url {url!r} must be http(s)://HOST[:PORT], without a query, fragment "
+        "or port 0",
+    )
 
 
 def _check(ok: bool, reason: str) -> None:

@@ -13,7 +13,7 @@ so a test can cut and restore one client's connection to Kafka while others keep
 
     python -m ops.local_kafka start --dir /tmp/kafka [--nodes 3]   # prints the bootstrap
     python -m ops.local_kafka restart --dir /tmp/kafka   # same ports and storage: an outage
-    python -m ops.local_kafka stop --dir /tmp/kafka
+    python -m ops.local_kafka stop --dir /tmp/kafka      # restart starts it again on them
 """
 
 from __future__ import annotations
@@ -493,14 +493,34 @@ def restart_by_state(
         raise
 
 
-def stop_by_state(base_dir: Path) -> bool:
-    """Stop a cluster started by another process (``start`` of the command line)."""
+def _running(base_dir: Path) -> bool:
+    """Whether ``start`` or ``restart`` of the command line left a cluster running in
+    ``base_dir`` (a ``stop`` keeps its state, with no process, for ``restart``)."""
     path = base_dir / _STATE_FILE
     if not path.exists():
         return False
+    for pgid in json.loads(path.read_text()).get("pgids", []):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            pass
+        return True
+    return False
+
+
+def stop_by_state(base_dir: Path) -> bool:
+    """Stop a cluster started by another process (``start`` of the command line).
+
+    Its ports and storage stay recorded: ``restart`` starts it again on them, so that
+    gateways left running reconnect (``start`` begins afresh, on other ports)."""
+    path = base_dir / _STATE_FILE
+    if not _running(base_dir):
+        return False
     state = json.loads(path.read_text())
     _stop_pgids(state["pgids"])
-    path.unlink()
+    path.write_text(json.dumps({**state, "pgids": []}))
     return True
 
 
@@ -545,14 +565,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "fetch":
             print(kafka_libs())
         elif args.action == "start":
-            if (args.dir / _STATE_FILE).exists():
+            if _running(args.dir):
                 print(f"a cluster runs in {args.dir}; stop it first", file=sys.stderr)
                 return 2
+            if (args.dir / _STATE_FILE).exists():
+                print(
+                    f"the cluster stopped in {args.dir} is wiped: a new one starts on other "
+                    f"ports, which gateways of the old one never find (`restart --dir "
+                    f"{args.dir}` starts a stopped cluster again on its ports and storage)",
+                    file=sys.stderr,
+                )
             cluster = LocalKafka(args.dir, args.nodes).start()
             print(cluster.bootstrap)
         elif args.action == "restart":
             if not (args.dir / _STATE_FILE).exists():
-                print(f"no cluster runs in {args.dir}", file=sys.stderr)
+                print(f"no cluster was started in {args.dir}", file=sys.stderr)
                 return 1
             print(restart_by_state(args.dir, down_for_s=args.down_for).bootstrap)
         else:

@@ -530,6 +530,8 @@ class PushAuditPublishers:
                 sink,
                 interval_s=interval_from_env() if interval_s is None else interval_s,
                 forget_after_s=FORGET_AFTER_S,
+                # saved with the positions: a stop's last publish that fails is not a loss
+                kept_for_next=f"the state dir {counts.path.parent}",
             )
 
     def start(self) -> PushAuditPublishers:

@@ -5,7 +5,7 @@
 #   scripts/kafka.sh start --dir /tmp/kafka [--nodes 3]    # prints the bootstrap servers;
 #                                                           # fresh storage and ports every start
 #   scripts/kafka.sh restart --dir /tmp/kafka [--down-for 30]  # same ports and storage
-#   scripts/kafka.sh stop --dir /tmp/kafka
+#   scripts/kafka.sh stop --dir /tmp/kafka      # restart starts it again on its ports
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # only what running Kafka takes: no test or Spark packages for trying it out

@@ -392,7 +392,9 @@ class TopicAdmin:
                     # right after: the certainty ``confirmed_gone`` asks for, already had.
                     # Not looked at again: a topic made between the two looks (another
                     # gateway's first write of a new log type) was answered "unavailable".
-                    raise error from None
+                    # Said as the embedded store says it: "the topic is gone" with Kafka's
+                    # code read as a deletion, of a name that never was a topic.
+                    raise UnknownTopic(f"unknown topic {name!r}") from None
                 raise self._unknown_or_unavailable(name, exc, f"describing {name}") from None
             raise error from exc
         return KafkaTopic(

@@ -279,15 +279,16 @@ def _any_topic(client: PullClient, prefix: str | None) -> bool:
 
 
 def _wait_for_gateway(
-    client: PullClient, stop: dict[str, bool], until: float | None
+    client: PullClient, stop: dict[str, bool], until: float | None, failures: list[str]
 ) -> list[str] | None:
     """Wait until the gateway answers; its topics then, or None if stopped or out of time
-    first."""
+    first (the last failure appended to ``failures``)."""
     said = False
     while not stop["requested"]:
         try:
             return client.list_topics()
         except GatewayUnavailable as exc:
+            failures[:] = [str(exc)]
             if not said:
                 print(f"logbroker read: {exc}; retrying", file=sys.stderr, flush=True)
                 said = True
@@ -383,12 +384,15 @@ def run(args: argparse.Namespace) -> int:
     consumer: Consumer | None = None
     try:
         client.ask_every_gateway()  # a URL of another installation is refused at once
-        names = _wait_for_gateway(client, stop, idle_until)
+        failures: list[str] = []
+        names = _wait_for_gateway(client, stop, idle_until, failures)
         if names is None:
             if stop["requested"]:
                 return 0
+            # the last failure: a gateway that answers 503 (its Kafka away) did answer
             print(
-                f"logbroker read: {args.server} did not answer within {args.idle_exit:g} s",
+                f"logbroker read: {args.server} listed no topics within {args.idle_exit:g} s "
+                f"(--idle-exit); last: {failures[-1] if failures else 'no answer'}",
                 file=sys.stderr,
             )
             return 1

@@ -633,7 +633,44 @@ def test_idle_exit_against_a_gateway_that_never_answers_exits_1(
     nobody = GatewayProcess(tmp_path / "data", [], tmp_path / "never-started.log")
     reader = start_reader("--server", nobody.url, "--topic", "dc1.app", "--idle-exit", "1")
     assert reader.wait(30) == 1
-    assert f"{nobody.url} did not answer within 1 s" in reader.stderr()
+    said = reader.stderr()
+    assert f"{nobody.url} listed no topics within 1 s (--idle-exit); last: " in said, said
+    assert "Connect" in said.splitlines()[-1], said
+
+
+def test_idle_exit_against_a_gateway_answering_503_names_its_reason(
+    tmp_path: Any, start_reader: Any
+) -> None:
+    """A gateway whose Kafka is away answers 503 with the reason: the reader's last line says
+    it, not that the gateway "did not answer"."""
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.scripted_http import LoopbackServer, running
+
+    reason = "Kafka unavailable (listing topics): Local: Broker transport failure"
+
+    class Refusing(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, answer = (
+                (200, {"status": "ok", "dc": "dc1", "instance": "i1", "installation": "a1"})
+                if self.path == "/healthz"
+                else (503, {"error": "store_unavailable", "reason": reason})
+            )
+            body = json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            """Quiet."""
+
+    with running(LoopbackServer(Refusing)) as gateway:
+        reader = start_reader("--server", gateway.url, "--topic", "dc1.app", "--idle-exit", "1")
+        assert reader.wait(30) == 1
+    last = reader.stderr().strip().splitlines()[-1]
+    assert "did not answer" not in last and "503" in last and reason in last, last
 
 
 def test_idle_exit_after_the_gateway_went_away_exits_1(

@@ -67,6 +67,11 @@ def test_settings_come_from_file_then_env_then_flags(tmp_path: Path) -> None:
             "[tokens.t]\nadmin = true",
             "needs advertised_url",
         ),
+        # refused at once, not after the start's 10 s reach check, as an HTTP client's error
+        ("advertised_url = 'notaurl'", "advertised_url 'notaurl' must be an http"),
+        ("advertised_url = 'gw1:8080'", "advertised_url 'gw1:8080' must be an http"),
+        ("advertised_url = 'http://gw1:80800'", "advertised_url 'http://gw1:80800' is not a URL"),
+        ("advertised_url = 'http://gw1:8080?x=1'", "without a query"),
         ("colour = 'blue'", "colour"),
         ("[limits]\nmax_body_bytes = -1", "max_body_bytes"),
         ("[tokens.t]\nwrite = 'app'", "write"),

@@ -6,6 +6,7 @@ listener) when, while the node was down, a connection of some other process took
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -95,3 +96,45 @@ def test_restart_keeps_the_cluster_away_as_long_as_asked(
         with pytest.raises(SystemExit) as refused:
             local_kafka_main([*wrong, "--dir", str(tmp_path)])
         assert refused.value.code == 2
+
+
+@pytest.mark.kafka
+def test_a_stopped_cluster_is_started_again_by_restart_on_its_ports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``stop`` keeps the cluster's ports and storage recorded, so that ``restart`` brings it
+    back where running gateways look for it; it used to forget them, and ``restart`` after a
+    ``stop`` said "no cluster runs" (the only way back, ``start``, is an empty cluster on
+    other ports)."""
+    state = _cluster_that_cannot_start(tmp_path)
+    node = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the node's JVM
+    (tmp_path / "cluster.json").write_text(json.dumps({**state, "pgids": [node.pid]}))
+    try:
+        assert local_kafka_main(["stop", "--dir", str(tmp_path)]) == 0
+        assert node.wait(30) is not None
+    finally:
+        node.kill()
+    kept = json.loads((tmp_path / "cluster.json").read_text())
+    assert kept["nodes"] == state["nodes"] and kept["pgids"] == []
+    assert local_kafka_main(["stop", "--dir", str(tmp_path)]) == 1
+    assert f"no cluster runs in {tmp_path}" in capsys.readouterr().err
+    # restart starts the node on its recorded storage (gone here, so the node exits)
+    assert local_kafka_main(["restart", "--dir", str(tmp_path)]) == 1
+    assert "node 1 exited" in capsys.readouterr().err
+
+
+def test_start_over_a_stopped_cluster_says_that_it_begins_afresh_elsewhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``start`` after ``stop`` wipes the cluster and picks other ports: said, with the
+    command that would have kept them, since gateways left running never find the new one."""
+    _cluster_that_cannot_start(tmp_path)
+
+    def started(self: LocalKafka, timeout_s: float = 180.0) -> LocalKafka:
+        raise KafkaUnavailable("not started in this test")
+
+    monkeypatch.setattr(LocalKafka, "start", started)
+    assert local_kafka_main(["start", "--dir", str(tmp_path)]) == 1
+    said = capsys.readouterr().err
+    assert f"the cluster stopped in {tmp_path} is wiped" in said, said
+    assert f"restart --dir {tmp_path}" in said, said

@@ -74,7 +74,9 @@ def test_a_topic_the_metadata_names_is_described_once_the_broker_knows_it() -> N
 def test_a_topic_the_metadata_does_not_name_is_unknown_at_once() -> None:
     client = _Propagating(unknown_for=None, named=False)
     started = time.monotonic()
-    with pytest.raises(UnknownTopic):
+    # named as the embedded store names it; it said "describing dc1.app: the topic is gone
+    # (KafkaError{...UNKNOWN_TOPIC_OR_PART...})" of a name never made (`topics describe`)
+    with pytest.raises(UnknownTopic, match=r"^unknown topic 'dc1.app'$"):
         _admin(client).describe(TOPIC)
     assert client.describes == 1
     assert time.monotonic() - started < 1.0

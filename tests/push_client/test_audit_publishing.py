@@ -141,6 +141,15 @@ def test_a_last_publish_that_no_gateway_takes_is_said_in_one_line(
     said = [line for line in log.splitlines() if "push-client counts are not published" in line]
     assert len(said) == 1, log
     assert first.url in said[0] and second.url in said[0], said  # both were tried
+    # saved with the positions, they are late, not lost: it said "missing from the audit"
+    state = tmp_path / "state"
+    assert f"kept in the state dir {state}, and the next start with it publishes" in said[0]
+    assert "missing" not in said[0], said
+    third = start_gateway(data)
+    again = start_push(third.url, state, path)
+    time.sleep(1)  # its sessions open: the log holds every line already
+    assert again.stop() == 0  # whose last publish (the interval is 600 s) carries them
+    assert tier_lines(data).get("push-client") == 300, again.log()
     assert "retried later" not in log and "Traceback" not in log, log
 
 
