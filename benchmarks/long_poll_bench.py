@@ -88,6 +88,18 @@ def _rss_mb(group: int) -> float:
     return total_kb / 1024
 
 
+def _cpu_s(group: int) -> float:
+    """CPU time (user and system) every process in the process group ``group`` used so far."""
+    ticks = 0
+    for proc in _group_processes(group):
+        try:
+            fields = Path(f"{proc}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _threads(group: int) -> int:
     """Threads of every process in the process group ``group``."""
     count = 0
@@ -217,6 +229,7 @@ def _run(args: argparse.Namespace, work: Path) -> None:
                 took.setdefault(status, []).append(time.perf_counter() - started)
 
         first = len(probe.latencies_ms)
+        cpu_before = _cpu_s(proc.pid)
         fetches = [threading.Thread(target=fetch) for _ in range(args.fetches)]
         for thread in fetches:
             thread.start()
@@ -226,6 +239,7 @@ def _run(args: argparse.Namespace, work: Path) -> None:
             rss_peak = max(rss_peak, _rss_mb(proc.pid))
             threads_peak = max(threads_peak, _threads(proc.pid))
             time.sleep(0.5)
+        cpu_s = _cpu_s(proc.pid) - cpu_before
         loaded = probe.latencies_ms[first:]
         probe.stop()
         time.sleep(2)
@@ -257,6 +271,7 @@ def _run(args: argparse.Namespace, work: Path) -> None:
     print(f"gateway RSS: {rss_before:.0f} MB before, {rss_peak:.0f} MB peak, ", end="")
     print(f"{rss_after:.0f} MB 2 s after")
     print(f"gateway threads: {threads_before} before, {threads_peak} peak")
+    print(f"gateway CPU while the long-polls ran: {cpu_s:.1f} s")
     write_json(args, quiet, loaded, rss_before, rss_peak)
 
 

@@ -49,6 +49,10 @@ class AppendTail:
         self._end_of = end_of
         self._lock = threading.Lock()
         self._followers: dict[KafkaPartition, list[Callable[[], None]]] = {}
+        self._starts: dict[KafkaPartition, int] = {}
+        """Followed partitions the consumer is not assigned yet -> the offset to start at."""
+        self._assigned: set[KafkaPartition] = set()
+        """What the consumer is assigned (by the tail's thread only)."""
         self._consumer: Consumer | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -63,18 +67,22 @@ class AppendTail:
         self, kafka_topic: str, partition: int, start: int, on_append: Callable[[], None]
     ) -> Callable[[], None]:
         """Call ``on_append`` for every record at or after ``start`` (an offset at or below
-        the partition's end now), until the function returned is called."""
+        the partition's end now), until the function returned is called.
+
+        Returns at once: the consumer is assigned the partition by the tail's thread, with
+        every other partition followed or let go meanwhile, between two of its ``consume``
+        calls (librdkafka's assign waits for a ``consume`` in progress, half a second: a
+        long-poll of 100 new partitions took 50 s to follow them one by one).  A record
+        appended before that is still received, from ``start``."""
         tp = (kafka_topic, partition)
         with self._lock:
             if self._closed:
                 return lambda: None
-            consumer = self._started()
+            self._started()
             followers = self._followers.get(tp)
             if followers is None:
-                # librdkafka's calls are thread-safe: assigned here, fetched by the tail's
-                # thread at once (a consume in progress included)
-                consumer.incremental_assign([TopicPartition(kafka_topic, partition, start)])
                 self._followers[tp] = followers = []
+                self._starts[tp] = start
             followers.append(on_append)
 
         def unfollow() -> None:
@@ -83,13 +91,9 @@ class AppendTail:
                 if followers is None or on_append not in followers:
                     return
                 followers.remove(on_append)
-                if followers or self._consumer is None:
-                    return
-                del self._followers[tp]
-                try:
-                    self._consumer.incremental_unassign([TopicPartition(kafka_topic, partition)])
-                except Exception as exc:  # a broken consumer: nothing is fetched for it
-                    log.debug("unassigning %s/%d: %s", kafka_topic, partition, exc)
+                if not followers:
+                    del self._followers[tp]
+                    self._starts.pop(tp, None)
 
         return unfollow
 
@@ -111,8 +115,36 @@ class AppendTail:
             self._thread.start()
         return self._consumer
 
+    def _reassign(self, consumer: Consumer) -> None:
+        """Assign the consumer the partitions followed since the last call and let go of
+        those nobody follows now, each in one call (in the tail's thread)."""
+        with self._lock:
+            starts, self._starts = self._starts, {}
+            gone = [tp for tp in self._assigned if tp not in self._followers]
+        new = [
+            TopicPartition(*tp, start)
+            for tp, start in starts.items()
+            if tp not in self._assigned and tp in self._followers
+        ]
+        if gone:
+            try:
+                consumer.incremental_unassign([TopicPartition(*tp) for tp in gone])
+            except Exception as exc:  # a broken consumer: nothing is fetched for them
+                log.debug("unassigning %d partitions: %s", len(gone), exc)
+            self._assigned.difference_update(gone)
+        if new:
+            try:
+                consumer.incremental_assign(new)
+            except Exception as exc:
+                # not assigned, so no append wakes their followers: their readers look
+                # when their waits end
+                log.warning("the append tail could not follow %d partitions: %s", len(new), exc)
+                return
+            self._assigned.update((tp.topic, tp.partition) for tp in new)
+
     def _run(self, consumer: Consumer) -> None:
         while not self._closed:
+            self._reassign(consumer)
             try:
                 messages = consumer.consume(num_messages=1000, timeout=_CONSUME_S)
             except Exception as exc:
@@ -151,7 +183,7 @@ class AppendTail:
         fetches it no more.  Its followers are called after this, so that their readers'
         next look sees what came before it."""
         with self._lock:
-            if tp not in self._followers:
+            if tp not in self._followers or tp not in self._assigned:
                 return
         try:
             end = self._end_of(*tp)
@@ -170,6 +202,7 @@ class AppendTail:
             self._closed = True
             consumer, self._consumer = self._consumer, None
             self._followers.clear()
+            self._starts.clear()
         if self._thread is not None:
             self._thread.join(_CONSUME_S * 4)
         if consumer is not None:

@@ -44,7 +44,7 @@ def gw(start_gateway: Any, tmp_path: Path) -> Any:
     return start_gateway(tmp_path / "data", "--config", str(config))
 
 
-def _threads(group: int) -> int:
+def threads_of_group(group: int) -> int:
     """Threads of every process of the process group ``group`` (the gateway and its workers)."""
     count = 0
     for entry in os.listdir("/proc"):
@@ -59,32 +59,36 @@ def _threads(group: int) -> int:
     return count
 
 
-def _make_topics(url: str) -> list[dict[str, object]]:
-    """The positions of the fetches: every partition of 8 topics no write has made, and of
-    ``dc1.app``, which the writer's chunks go to."""
+def make_topics(
+    url: str, topics: int = TOPICS, partitions: int = PARTITIONS
+) -> list[dict[str, object]]:
+    """The positions of the fetches: every partition of ``topics`` topics no write has made,
+    and of ``dc1.app``, which the writer's chunks go to."""
     admin = {"Authorization": f"Bearer {ADMIN}"}
     httpx.post(url + "/v1/topics", json={"name": "dc1.app"}, headers=admin).raise_for_status()
     positions: list[dict[str, object]] = [
         {"topic": "dc1.app", "partition": p, "offset": 0} for p in range(4)
     ]
-    for i in range(TOPICS):
-        body = {"name": f"dc1.web{i}", "partitions": PARTITIONS}
-        httpx.post(url + "/v1/topics", json=body, headers=admin).raise_for_status()
-        positions += [{"topic": f"dc1.web{i}", "partition": p, "offset": 0} for p in range(64)]
+    for i in range(topics):
+        body = {"name": f"dc1.web{i}", "partitions": partitions}
+        httpx.post(url + "/v1/topics", json=body, headers=admin, timeout=60).raise_for_status()
+        positions += [
+            {"topic": f"dc1.web{i}", "partition": p, "offset": 0} for p in range(partitions)
+        ]
     return positions
 
 
 def test_many_long_polls_of_existing_partitions_take_no_thread_each_and_wake_at_once(
     gw: Any,
 ) -> None:
-    positions = _make_topics(gw.url)
+    positions = make_topics(gw.url)
     headers = {"Authorization": f"Bearer {READER}"}
     started = time.monotonic()
     httpx.post(gw.url + "/v1/fetch", json={"partitions": positions}, headers=headers, timeout=60)
     read_s = time.monotonic() - started
     """What one read of the 516 partitions takes (the fetches read them, one after another,
     before they wait, and again once woken)."""
-    before = _threads(gw.proc.pid)
+    before = threads_of_group(gw.proc.pid)
     answered: list[tuple[float, int, int]] = []
     lock = threading.Lock()
 
@@ -101,7 +105,7 @@ def test_many_long_polls_of_existing_partitions_take_no_thread_each_and_wake_at_
         thread.start()
     time.sleep(2 + 2 * FETCHES * read_s)  # all are waiting: each read 516 partitions
     assert not answered, "a fetch was answered before anything was written"
-    during = _threads(gw.proc.pid)
+    during = threads_of_group(gw.proc.pid)
     # one per waited partition was 516 more; the pool's threads for the reads may grow a bit
     assert during - before < 50, (before, during)
 
@@ -131,7 +135,7 @@ def test_a_long_poll_whose_client_went_away_lets_go_of_its_positions_at_once(
     config.write_text(CONFIG.replace("40000", "500"))
     config.chmod(0o600)
     gw = start_gateway(tmp_path / "data", "--config", str(config))
-    positions = _make_topics(gw.url)[:300]
+    positions = make_topics(gw.url)[:300]
     body = json.dumps({"partitions": positions, "wait_ms": 60_000}).encode()
     gone = socket.create_connection(("127.0.0.1", gw.port))
     gone.sendall(

@@ -1,0 +1,101 @@
+"""What following busy partitions costs a Kafka gateway: CPU of the append tail per MB written.
+
+A long-poll on Kafka is woken by the store's tail consumer (``log_store/kafka/append_tail.py``),
+which is assigned every partition some long-poll waits on and fetches (and drops) whatever is
+written there.  This starts a local broker, opens the store in this process, follows the
+4 partitions of a topic (as the long-polls of any number of readers would: one consumer
+whatever their number) or not, and has another process write ``--mb`` MB in records of
+``--record-bytes``.  Printed per run: this process's CPU per MB written, following and not
+(the difference is the tail's fetching; what readers' answers cost comes on top).
+
+    python benchmarks/append_tail_bench.py [--mb 200] [--record-bytes 1000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from log_store import TopicConfig  # noqa: E402
+from log_store.kafka import KafkaSettings, open_kafka_store  # noqa: E402
+from ops.local_kafka import LocalKafka  # noqa: E402
+
+PARTITIONS = 4
+_WRITER = """
+import sys
+from log_store.kafka import KafkaSettings, open_kafka_store
+bootstrap, namespace, total, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+store = open_kafka_store(KafkaSettings(bootstrap, namespace=namespace, operation_timeout_s=20))
+per_append = max(1, 256 * 1024 // size)
+record = b"x" * size
+for n in range(max(1, total // (per_append * size))):
+    store.append("dc1.app", n % 4, [record] * per_append)
+store.close()
+"""
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def one_run(bootstrap: str, follow: bool, mb: int, record_bytes: int) -> float:
+    """This process's CPU in ms per MB another process writes, its store following or not."""
+    namespace = f"b{uuid.uuid4().hex[:8]}."
+    store = open_kafka_store(KafkaSettings(bootstrap, namespace=namespace, operation_timeout_s=20))
+    try:
+        store.create_topic("dc1.app", TopicConfig(partitions=PARTITIONS))
+        unfollows = [
+            store.follow_appends("dc1.app", p, lambda: None) for p in range(PARTITIONS) if follow
+        ]
+        time.sleep(2)  # assigned, and its first fetches made
+        before = _cpu_s()
+        writer = [sys.executable, "-c", _WRITER, bootstrap, namespace]
+        subprocess.run([*writer, str(mb * 10**6), str(record_bytes)], check=True, cwd=REPO)
+        time.sleep(2)  # the tail has caught up
+        spent = _cpu_s() - before
+        for unfollow in unfollows:
+            unfollow()
+    finally:
+        store.close()
+    return spent * 1000 / mb
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mb", type=int, default=200)
+    parser.add_argument("--record-bytes", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    rows: dict[str, list[float]] = {"following": [], "not following": []}
+    with tempfile.TemporaryDirectory(prefix="append-tail-bench-") as tmp:
+        cluster = LocalKafka(Path(tmp) / "kafka", nodes_count=1)
+        cluster.start()
+        try:
+            for _ in range(args.runs):
+                for name, follow in (("following", True), ("not following", False)):
+                    rows[name].append(
+                        one_run(cluster.bootstrap, follow, args.mb, args.record_bytes)
+                    )
+        finally:
+            cluster.stop()
+    print(f"\n{args.mb} MB written in records of {args.record_bytes} B, {args.runs} runs")
+    print("| this process | CPU ms per MB written, per run | median |")
+    print("|---|---|---|")
+    for name, values in rows.items():
+        runs = " / ".join(f"{v:.1f}" for v in values)
+        print(f"| {name} | {runs} | {statistics.median(values):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
