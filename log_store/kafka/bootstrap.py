@@ -121,7 +121,7 @@ _NO_SUCH_NAME = frozenset(
 )
 
 
-class _LastFailure:
+class LastFailure:
     """A librdkafka ``logger`` that keeps the last error line (why a broker was not reached)
     and passes every line on to :data:`~log_store.kafka.settings.DEBUG_LOG`."""
 
@@ -134,7 +134,7 @@ class _LastFailure:
             self.last = (msg % args) if args else msg
 
 
-def _reason(line: str) -> str:
+def failure_reason(line: str) -> str:
     """``Connect to ipv4#127.0.0.1:9 failed: Connection refused`` out of a librdkafka line
     ``FAIL [name] [thrd:...]: 127.0.0.1:9/bootstrap: Connect to ... (after 0ms in state
     CONNECT)``."""
@@ -174,7 +174,7 @@ def check_reachable(settings: KafkaSettings, timeout_s: float = REACH_TIMEOUT_S)
     refuses, ``StoreUnavailable`` ("cannot reach Kafka at HOST:PORT: why") when no broker
     answered within ``timeout_s``.  librdkafka's own lines go to the Python logger only."""
     check_bootstrap_names(settings.bootstrap)
-    heard = _LastFailure()
+    heard = LastFailure()
     config: dict[str, Any] = {**settings.admin_config(), "logger": heard}
     try:
         client = AdminClient(config)
@@ -192,7 +192,7 @@ def check_reachable(settings: KafkaSettings, timeout_s: float = REACH_TIMEOUT_S)
         why = error.str() if error is not None else str(exc)
     client.poll(0)  # hands the lines logged meanwhile to ``heard``
     if heard.last is not None:
-        why = _reason(heard.last)
+        why = failure_reason(heard.last)
     raise StoreUnavailable(
         f"cannot reach Kafka at {settings.bootstrap}: {why} (no broker answered within "
         f"{timeout_s:g} s)"

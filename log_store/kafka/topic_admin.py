@@ -186,8 +186,11 @@ class TopicAdmin:
     metadata: Local: Broker transport failure") for minutes, while the gateway's other
     clients, and every client made after the outage, talked to the same broker."""
 
-    def __init__(self, settings: KafkaSettings) -> None:
+    def __init__(self, settings: KafkaSettings, logger: Any = None) -> None:
+        """``logger``: librdkafka's ``logger`` for every client made (its lines reach it when
+        :meth:`serve_log` is called); without one they go where ``settings`` says."""
         self.settings = settings
+        self._logger = logger
         self.ns = settings.namespace
         self.client = self._new_client()
         self._timeout = settings.operation_timeout_s
@@ -201,7 +204,10 @@ class TopicAdmin:
 
     def _new_client(self) -> AdminClient:
         try:
-            return AdminClient(self.settings.admin_config())
+            config = self.settings.admin_config()
+            if self._logger is not None:
+                config["logger"] = self._logger
+            return AdminClient(config)
         except KafkaException as exc:
             refused = refused_property(exc)
             if refused is None:
@@ -264,6 +270,10 @@ class TopicAdmin:
         if retired is not None:
             time.sleep(self._timeout + 5)
             del retired  # librdkafka's destroy runs here, not in a caller's thread
+
+    def serve_log(self) -> None:
+        """Hand the lines the client logged since to the ``logger`` it was made with."""
+        self.client.poll(0)
 
     def _list_all(self, timeout_s: float) -> Any:
         """The whole cluster's metadata (``list_topics``)."""

@@ -226,13 +226,18 @@ def _wait_for_kafka(settings: GatewaySettings) -> bool:
     """True once a broker of the cluster answers; False if a stop was asked for first.
 
     A gateway started before its cluster (a host booting, the cluster restarting) waits for
-    it, saying so every few seconds, instead of giving up.  Its port does not listen yet.
+    it, saying so every few seconds with the last reason librdkafka gave, instead of giving
+    up.  Its port does not listen yet.  librdkafka's own lines go to the Python logger
+    meanwhile: its clients printed each failed connection, 4-8 lines a second, which buried
+    the gateway's own line.
     """
+    from log_store.kafka.bootstrap import LastFailure, failure_reason
     from log_store.kafka.topic_admin import TopicAdmin
 
     stopped = threading.Event()
     stop_signals.on_stop(stopped.set)
-    admin = TopicAdmin(settings.kafka_settings())
+    heard = LastFailure()
+    admin = TopicAdmin(settings.kafka_settings(), logger=heard)
     waiting_since = time.monotonic()
     while not stopped.is_set():
         asked = time.monotonic()
@@ -242,10 +247,12 @@ def _wait_for_kafka(settings: GatewaySettings) -> bool:
             admin.reachable(_KAFKA_ASK_S)
             return True
         except StoreUnavailable as exc:
+            admin.serve_log()  # hands the lines logged meanwhile to ``heard``
             if time.monotonic() - waiting_since >= _KAFKA_WAIT_S:
                 waiting_since = time.monotonic()
+                why = failure_reason(heard.last) if heard.last is not None else str(exc)
                 print(
-                    f"logbroker serve: waiting for Kafka at {settings.kafka_bootstrap}: {exc}",
+                    f"logbroker serve: waiting for Kafka at {settings.kafka_bootstrap}: {why}",
                     file=sys.stderr,
                     flush=True,
                 )
