@@ -40,6 +40,7 @@ _lock = threading.Lock()
 _arrived: queue.SimpleQueue[int] = queue.SimpleQueue()
 """The signals whose callbacks are still to run, for :func:`_run_callbacks`."""
 _runner: threading.Thread | None = None
+_installed = False
 
 log = logging.getLogger(__name__)
 
@@ -69,22 +70,21 @@ def _run_callbacks(arrived: queue.SimpleQueue[int]) -> None:
 
 def _start_runner() -> None:
     global _runner
-    if _runner is not None and _runner.is_alive():
-        return
-    _runner = threading.Thread(
-        target=_run_callbacks, args=(_arrived,), name="stop-signals", daemon=True
-    )
+    with _lock:
+        if _runner is not None:
+            return
+        _runner = threading.Thread(
+            target=_run_callbacks, args=(_arrived,), name="stop-signals", daemon=True
+        )
     _runner.start()
 
 
 def _after_fork_in_child() -> None:
     """A forked child has no runner (only the forking thread goes on), and the queue's state
-    is the parent's: a new queue, and a runner if the parent had one."""
-    global _arrived, _runner
-    had_runner = _runner is not None
-    _arrived, _runner = queue.SimpleQueue(), None
-    if had_runner:
-        _start_runner()
+    is the parent's: a new queue, and a runner once the child names a callback (not here: a
+    child about to exec another program should not start a thread first)."""
+    global _arrived, _runner, _lock
+    _arrived, _runner, _lock = queue.SimpleQueue(), None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -92,8 +92,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def install() -> None:
     """Record stop signals and SIGHUP from now on (main thread only; a no-op elsewhere)."""
+    global _installed
     if threading.current_thread() is not threading.main_thread():
         return
+    _installed = True
     _start_runner()
     # SIGHUP first: a launcher that sees the SIGTERM handler in place (its only sign that the
     # command has started) may send a reload at once.
@@ -116,6 +118,8 @@ def on_reload(callback: Callable[[], None]) -> None:
     """
     with _lock:
         _reload_callbacks.append(callback)
+    if _installed:
+        _start_runner()
     if _reloads:
         callback()
 
@@ -129,6 +133,8 @@ def on_stop(callback: Callable[[], None]) -> None:
     """
     with _lock:
         _callbacks.append(callback)
+    if _installed:
+        _start_runner()
     if _received:
         callback()
 
