@@ -17,6 +17,7 @@ import dataclasses
 import fcntl
 import logging
 import os
+import queue
 import select
 import signal
 import socket
@@ -93,6 +94,15 @@ reload keeps them, and says so."""
 
 def _shown(value: Any) -> str:
     return ", ".join(value) if isinstance(value, tuple) else str(value)
+
+
+def _run_asked(asked: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+    """Run what the signal handlers asked for (a stop, a reload), in order, until None."""
+    while (call := asked.get()) is not None:
+        try:
+            call()
+        except Exception:  # the next signal's stop must still be run
+            log.exception("acting on a signal")
 
 
 class CannotStart(LogbrokerError):
@@ -217,7 +227,8 @@ class PushDaemon:
 
     # -- public ---------------------------------------------------------------------------------
     def stop(self) -> None:
-        """Ask the loop to flush what is in flight, save state and return.  Signal-safe."""
+        """Ask the loop to flush what is in flight, save state and return.  Safe from any
+        thread; not from a signal handler (it sets an event: see :meth:`run`)."""
         if not self._stop.is_set():
             # Set before the event, so that no sender sees "stopping" without its deadline.
             deadline = time.monotonic() + self.config.shutdown_timeout_s
@@ -227,7 +238,7 @@ class PushDaemon:
         self._wake()
 
     def request_reload(self) -> None:
-        """Reload the configuration at the next turn of the loop.  Signal-safe."""
+        """Reload the configuration at the next turn of the loop.  Safe from any thread."""
         self._reload_requested = True
         self._wake()
 
@@ -247,11 +258,19 @@ class PushDaemon:
         self._prepare()
         in_main = threading.current_thread() is threading.main_thread()
         previous: dict[signal.Signals, Any] = {}
+        # The handlers hand the stop or reload to a thread of their own: a handler runs in the
+        # main thread between two of its instructions, and the stop's Event.set waited forever
+        # for the event's lock when the signal came while the main thread held it (a second
+        # SIGTERM or Ctrl-C while the client was stopping hung it).
+        asked: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         if in_main:
+            threading.Thread(
+                target=_run_asked, args=(asked,), name="push-signals", daemon=True
+            ).start()
             for signum in (signal.SIGTERM, signal.SIGINT):
-                previous[signum] = signal.signal(signum, lambda _s, _f: self.stop())
+                previous[signum] = signal.signal(signum, lambda _s, _f: asked.put(self.stop))
             previous[signal.SIGHUP] = signal.signal(
-                signal.SIGHUP, lambda _s, _f: self.request_reload()
+                signal.SIGHUP, lambda _s, _f: asked.put(self.request_reload)
             )
         # Ready once a SIGHUP is a reload: a Type=notify unit holds `systemctl reload` back
         # until then.  Before the start's census, which may wait minutes for positions.
@@ -264,6 +283,7 @@ class PushDaemon:
             self._shutdown()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            asked.put(None)
         return self._exit_code
 
     # -- start and stop -------------------------------------------------------------------------

@@ -106,13 +106,19 @@ def test_a_gateway_waiting_for_kafka_at_its_start_stops_at_once_on_sigterm(
             assert time.monotonic() < deadline, "it never said it waits"
         # the rest of what it says is read on, so that a full pipe never holds its stop up
         said: list[str] = []
-        threading.Thread(target=lambda: said.extend(proc.stderr or ()), daemon=True).start()
+        reader = threading.Thread(target=lambda: said.extend(proc.stderr or ()), daemon=True)
+        reader.start()
         stopped_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         try:
             status = proc.wait(30)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"no stop within 30 s; it said: {''.join(said)[-3000:]}") from None
+            # where it is held: the gateway writes every thread's stack on SIGABRT
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(30)
+            reader.join(10)
+            stacks = "".join(line for line in said if not line.startswith("%"))
+            raise AssertionError(f"no stop within 30 s; its threads: {stacks[-6000:]}") from None
         assert status == 0, "".join(said)[-3000:]
         assert time.monotonic() - stopped_at < 5 + STOP_GRACE_S
     finally:
