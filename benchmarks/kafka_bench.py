@@ -1009,18 +1009,19 @@ def main() -> int:
         f"| two gateways, clients sending each source to its owner | {med('owner'):.1f} MB/s "
         f"({med('ratio_owner'):.2f}x one, {med('owner_vs_two'):.2f}x forwarding) | >= 1.6x |"
     )
-    print(
-        f"| file -> push -> gateway -> Kafka -> reader, {LINE_BYTES} B lines | "
-        f"{med('e2e'):,.0f} lines/s ({med('e2e') * LINE_BYTES / 1e6:.1f} MB/s) | - |"
-    )
-    print(
-        f"| line -> reader at 5,000 lines/s | p50 {med('p50'):.1f} ms, p99 {med('p99'):.1f} ms "
-        f"| p99 <= 50 ms |"
-    )
-    print(
-        f"| takeover, {args.takeover_sources:,} sources in the partition | "
-        f"{med('takeover'):.3f} s | < 1 s |"
-    )
+    if not args.ingest_only:  # the cases --ingest-only does not run
+        print(
+            f"| file -> push -> gateway -> Kafka -> reader, {LINE_BYTES} B lines | "
+            f"{med('e2e'):,.0f} lines/s ({med('e2e') * LINE_BYTES / 1e6:.1f} MB/s) | - |"
+        )
+        print(
+            f"| line -> reader at 5,000 lines/s | p50 {med('p50'):.1f} ms, p99 {med('p99'):.1f} ms "
+            f"| p99 <= 50 ms |"
+        )
+        print(
+            f"| takeover, {args.takeover_sources:,} sources in the partition | "
+            f"{med('takeover'):.3f} s | < 1 s |"
+        )
     if args.compare_with is not None:
         print(
             f"| one gateway of {args.compare_with} | {med('base_one'):.1f} MB/s "
