@@ -204,6 +204,11 @@ def _shown(value: object) -> str:
     return "-" if value is None else str(value)
 
 
+def _limit(value: int | None) -> str:
+    """A retention limit as the options take it: ``unlimited`` for none (JSON keeps null)."""
+    return "unlimited" if value is None else str(value)
+
+
 def _print_topic(info: TopicInfo, as_json: bool) -> None:
     """Sizes the store does not know (Kafka) are shown as ``-``; segments only where the
     store has them (the embedded store), so a topic on Kafka reads as through a gateway."""
@@ -212,7 +217,8 @@ def _print_topic(info: TopicInfo, as_json: bool) -> None:
         return
     print(
         f"{info.name}  id={info.topic_id}  partitions={info.config.partitions}  "
-        f"retention_ms={info.config.retention_ms}  retention_bytes={info.config.retention_bytes}"
+        f"retention_ms={_limit(info.config.retention_ms)}  "
+        f"retention_bytes={_limit(info.config.retention_bytes)}"
     )
     if not info.partitions:
         return
@@ -467,6 +473,7 @@ def _admin_on_gateway(args: argparse.Namespace, http: GatewayClient) -> int:
     else:
         print(
             f"{doc['name']}  id={doc['topic_id']}  partitions={doc['partitions']}  "
-            f"retention_ms={doc['retention_ms']}  retention_bytes={doc['retention_bytes']}"
+            f"retention_ms={_limit(doc['retention_ms'])}  "
+            f"retention_bytes={_limit(doc['retention_bytes'])}"
         )
     return 0

@@ -51,7 +51,7 @@ def test_a_topics_retention_is_set_and_taken_back_to_unlimited(shared_gateway: A
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert cli.returncode == 0, cli.stderr
-    assert "retention_ms=None  retention_bytes=None" in cli.stdout
+    assert "retention_ms=unlimited  retention_bytes=unlimited" in cli.stdout  # as typed
     assert _retention(shared_gateway.data_dir, "dc1.kept") == (None, None)
     # what a careless or hostile caller may send: refused, and nothing changes
     for body, status in (
