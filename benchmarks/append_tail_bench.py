@@ -8,7 +8,7 @@ whatever their number) or not, and has another process write ``--mb`` MB in reco
 ``--record-bytes``.  Printed per run: this process's CPU per MB written, following and not
 (the difference is the tail's fetching; what readers' answers cost comes on top).
 
-    python benchmarks/append_tail_bench.py [--mb 200] [--record-bytes 1000] [--runs 3]
+    python benchmarks/append_tail_bench.py [--mb 200] [--record-bytes 1000] [--runs 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=200)
     parser.add_argument("--record-bytes", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     rows: dict[str, list[float]] = {"following": [], "not following": []}
     with tempfile.TemporaryDirectory(prefix="append-tail-bench-") as tmp:
@@ -95,6 +96,20 @@ def main() -> None:
     for name, values in rows.items():
         runs = " / ".join(f"{v:.1f}" for v in values)
         print(f"| {name} | {runs} | {statistics.median(values):.1f} |")
+    write_json(args, rows)
+
+
+def write_json(args: argparse.Namespace, rows: dict[str, list[float]]) -> None:
+    """The table's figures for ``logbroker bench all`` (see benchmarks/benchmark_results.py):
+    the CPU per MB following, and not (no ratio: not following costs about nothing)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from benchmark_results import Figure, write
+
+    figures = [
+        Figure.of_runs(f"this process's CPU per MB written, {name}", values, "ms")
+        for name, values in rows.items()
+    ]
+    write(args.json, "append_tail", args, figures)
 
 
 if __name__ == "__main__":

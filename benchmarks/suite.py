@@ -123,6 +123,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         needs="Java; Apache Kafka's jars (fetched through Maven once)",
     ),
     Benchmark(
+        "append_tail",
+        "what following busy partitions costs a Kafka gateway: the append tail's CPU per MB",
+        "the same process not following them",
+        ("--mb", "20"),
+        needs="Java; Apache Kafka's jars (fetched through Maven once)",
+    ),
+    Benchmark(
         "kafka_expiry",
         "one idle-source expiry pass over a partition on Kafka; a new source's first write",
         "the same pass on the embedded store; the first write without the pin deletion count",
