@@ -505,7 +505,7 @@ def _running(base_dir: Path) -> bool:
         except ProcessLookupError:
             continue
         except PermissionError:
-            pass
+            return True  # there, though another user's
         return True
     return False
 

@@ -11,6 +11,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TypeVar
 
 
+def send_json(handler: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
+    """Answer ``handler``'s request with ``status`` and the JSON ``body``."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class LoopbackServer(ThreadingHTTPServer):
     """A threaded HTTP server of a test on a free loopback port (``url``)."""
 
@@ -41,11 +50,7 @@ class _Handler(BaseHTTPRequestHandler):
         status, delay = self.server.answer(self.path)
         time.sleep(delay)
         body = b"{}" if status == 200 else b'{"error": "x", "reason": "scripted refusal"}'
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, status, body)
 
     def log_message(self, *args: object) -> None:
         """Nothing on stderr for each request: the tests read what the client logs."""

@@ -645,7 +645,7 @@ def test_idle_exit_against_a_gateway_answering_503_names_its_reason(
     it, not that the gateway "did not answer"."""
     from http.server import BaseHTTPRequestHandler
 
-    from tests.scripted_http import LoopbackServer, running
+    from tests.scripted_http import LoopbackServer, running, send_json
 
     reason = "Kafka unavailable (listing topics): Local: Broker transport failure"
 
@@ -656,12 +656,7 @@ def test_idle_exit_against_a_gateway_answering_503_names_its_reason(
                 if self.path == "/healthz"
                 else (503, {"error": "store_unavailable", "reason": reason})
             )
-            body = json.dumps(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_json(self, status, json.dumps(answer).encode())
 
         def log_message(self, *args: object) -> None:
             """Quiet."""

@@ -11,24 +11,14 @@ import pytest
 
 from tests.conftest import GatewayProcess
 from tests.gateway.test_long_poll_cost import (
-    ADMIN,
-    READER,
+    CONFIG,
     long_polls_wait_flat_and_wake_at_once,
     make_topics,
 )
 
 pytestmark = pytest.mark.kafka
 
-TABLES = f"""
-[limits]
-max_waiting_positions = 40000
-max_waiting_positions_per_token = 40000
-[tokens.{READER}]
-write = ["app"]
-read = ["dc1.*"]
-[tokens.{ADMIN}]
-admin = true
-"""
+TABLES = CONFIG.replace("partitions = 4\n", "", 1)  # the same limits and tokens
 TOPICS = 4
 PARTITIONS = 32
 

@@ -162,12 +162,7 @@ def test_a_gateway_of_another_installation_in_server_is_refused_before_spark_sta
     code, output, took = _load_cli(
         tmp_path, "--server", f"{first.url},{other.url}", "--warehouse", str(tmp_path / "wh")
     )
-    assert code == 2, output
-    [line] = output.splitlines()
-    assert line.startswith(f"logbroker load: {other.url} belongs to installation "), line
-    assert f"{first.url} to " in line and "one installation" in line, line
-    assert not (tmp_path / "wh").exists()
-    assert took < 20, f"{took:.1f} s"
+    _refused_at_once(code, output, took, first, other, "one installation", tmp_path / "wh")
 
 
 def test_audit_servers_of_two_installations_are_refused_before_spark_starts(
@@ -183,9 +178,25 @@ def test_audit_servers_of_two_installations_are_refused_before_spark_starts(
         tmp_path, "--data-dir", str(data_dir), "--warehouse", str(tmp_path / "wh"),
         "--audit-server", f"{first.url},{other.url}",
     )  # fmt: skip
+    _refused_at_once(
+        code, output, took, first, other, "another installation's audit", tmp_path / "wh"
+    )
+
+
+def _refused_at_once(
+    code: int,
+    output: str,
+    took: float,
+    first: GatewayProcess,
+    other: GatewayProcess,
+    why: str,
+    warehouse: Path,
+) -> None:
+    """The load refused ``other`` (of another installation than ``first``) in one line with
+    exit 2, saying ``why``, within seconds, with nothing written to ``warehouse``."""
     assert code == 2, output
     [line] = output.splitlines()
     assert line.startswith(f"logbroker load: {other.url} belongs to installation "), line
-    assert f"{first.url} to " in line and "another installation's audit" in line, line
-    assert not (tmp_path / "wh").exists()
+    assert f"{first.url} to " in line and why in line, line
+    assert not warehouse.exists()
     assert took < 20, f"{took:.1f} s"
