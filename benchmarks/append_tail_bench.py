@@ -35,8 +35,9 @@ _WRITER = """
 import sys
 from log_store.kafka import KafkaSettings, open_kafka_store
 bootstrap, namespace, total, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+append_bytes = int(sys.argv[5])
 store = open_kafka_store(KafkaSettings(bootstrap, namespace=namespace, operation_timeout_s=20))
-per_append = max(1, 256 * 1024 // size)
+per_append = max(1, append_bytes // size)
 record = b"x" * size
 for n in range(max(1, total // (per_append * size))):
     store.append("dc1.app", n % 4, [record] * per_append)
@@ -49,7 +50,9 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def one_run(bootstrap: str, follow: bool, mb: int, record_bytes: int) -> float:
+def one_run(
+    bootstrap: str, follow: bool, mb: int, record_bytes: int, append_bytes: int = 256 * 1024
+) -> float:
     """This process's CPU in ms per MB another process writes, its store following or not."""
     namespace = f"b{uuid.uuid4().hex[:8]}."
     store = open_kafka_store(KafkaSettings(bootstrap, namespace=namespace, operation_timeout_s=20))
@@ -61,7 +64,9 @@ def one_run(bootstrap: str, follow: bool, mb: int, record_bytes: int) -> float:
         time.sleep(2)  # assigned, and its first fetches made
         before = _cpu_s()
         writer = [sys.executable, "-c", _WRITER, bootstrap, namespace]
-        subprocess.run([*writer, str(mb * 10**6), str(record_bytes)], check=True, cwd=REPO)
+        subprocess.run(
+            [*writer, str(mb * 10**6), str(record_bytes), str(append_bytes)], check=True, cwd=REPO
+        )
         time.sleep(2)  # the tail has caught up
         spent = _cpu_s() - before
         for unfollow in unfollows:
@@ -75,6 +80,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=int, default=200)
     parser.add_argument("--record-bytes", type=int, default=1000)
+    parser.add_argument(
+        "--append-bytes",
+        type=int,
+        default=256 * 1024,
+        help="bytes of records per append (a Kafka transaction): a gateway under load "
+        "commits about 2.5 MB at a time",
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
@@ -86,11 +98,16 @@ def main() -> None:
             for _ in range(args.runs):
                 for name, follow in (("following", True), ("not following", False)):
                     rows[name].append(
-                        one_run(cluster.bootstrap, follow, args.mb, args.record_bytes)
+                        one_run(
+                            cluster.bootstrap, follow, args.mb, args.record_bytes, args.append_bytes
+                        )
                     )
         finally:
             cluster.stop()
-    print(f"\n{args.mb} MB written in records of {args.record_bytes} B, {args.runs} runs")
+    print(
+        f"\n{args.mb} MB written in records of {args.record_bytes} B, "
+        f"{args.append_bytes} B per append, {args.runs} runs"
+    )
     print("| this process | CPU ms per MB written, per run | median |")
     print("|---|---|---|")
     for name, values in rows.items():

@@ -100,6 +100,16 @@ def decode_entries(buf: bytes, pos: int, into: dict[str, bytes]) -> int:
     return count
 
 
+def data_end_of(value: bytes) -> int | None:
+    """The data partition's end offset a delta or snapshot record carries (None: neither)."""
+    magic = value[:4]
+    if magic == DELTA_MAGIC and len(value) >= _DELTA_HEAD.size:
+        return int(_DELTA_HEAD.unpack_from(value, 0)[1])
+    if magic == SNAPSHOT_MAGIC and len(value) >= _SNAPSHOT_HEAD.size:
+        return int(_SNAPSHOT_HEAD.unpack_from(value, 0)[1])
+    return None
+
+
 def apply_changes(table: dict[str, bytes], changes: Mapping[str, bytes]) -> None:
     """Apply a transaction's state changes to a table as a replay of its delta would."""
     for key, value in changes.items():

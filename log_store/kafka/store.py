@@ -51,7 +51,7 @@ from log_store.interface import (
     retention_after,
 )
 from log_store.kafka import naming
-from log_store.kafka.append_tail import AppendTail
+from log_store.kafka.append_tail import STATE_LOOKBACK, AppendTail, StateStart
 from log_store.kafka.failures import OwnerGone, PartitionGone, WriterFenced, as_store_error
 from log_store.kafka.fetcher import FetcherPool, Watermarks
 from log_store.kafka.partition_owner import OwnerContext, PartitionOwner, Pending
@@ -110,6 +110,7 @@ class KafkaLogStore:
             lambda kafka_topic, partition: self._watermarks.get(
                 kafka_topic, partition, "follow", timeout_s=_TAIL_END_S
             )[1],
+            self._changelog_now,
         )
         self._ctx = OwnerContext(
             settings,
@@ -624,7 +625,32 @@ class KafkaLogStore:
     ) -> Callable[[], None]:
         kafka = self._check_partition(topic, partition)
         _low, end = self._watermarks.get(kafka.kafka_name, partition, "follow")
-        return self._tail.follow(kafka.kafka_name, partition, end, on_append)
+        changelog = naming.state_topic(self.settings.namespace, kafka.topic_id)
+        return self._tail.follow(kafka.kafka_name, partition, end, on_append, changelog)
+
+    def _changelog_start(self, kafka: KafkaTopic, partition: int) -> StateStart | None:
+        """Where the append tail reads a partition's changelog from when it looks it up
+        again; None: the topic has no changelog (made by a version without one, until its
+        first writer makes it)."""
+        state_topic = naming.state_topic(self.settings.namespace, kafka.topic_id)
+        try:
+            low, end = self._watermarks.get(state_topic, partition, "follow", timeout_s=_TAIL_END_S)
+        except LogbrokerError:
+            return None
+        return state_topic, max(low, end - STATE_LOOKBACK)
+
+    def _changelog_now(self, kafka_topic: str, partition: int) -> StateStart:
+        """``_changelog_start`` of a topic looked up afresh by its Kafka name (the data
+        partition itself when it has no changelog); raises if the topic is not there."""
+        name = naming.logbroker_topic(self.settings.namespace, kafka_topic)
+        if name is None:
+            raise UnknownTopic(f"{kafka_topic} is not a topic of this installation")
+        kafka = self._topic(name, fresh=True)
+        state = self._changelog_start(kafka, partition)
+        if state is not None:
+            return state
+        _low, end = self._watermarks.get(kafka_topic, partition, "follow", timeout_s=_TAIL_END_S)
+        return kafka_topic, end
 
     def get_state(self, topic: str, partition: int, key: str) -> bytes | None:
         return self._state_values(topic, partition, [key])[key]
