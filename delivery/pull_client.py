@@ -125,6 +125,13 @@ class FetchedPartition:
     """The gateway's reason, set when the partition is not there: its topic was deleted, or
     made again with fewer partitions (no messages then; the other partitions are answered).
     A gateway from before it answered partitions alone refuses the whole fetch instead."""
+    topic_id: str | None = None
+    """The identity of the topic the answer is of (None: a gateway from before answers named
+    it, or the partition is not there)."""
+    recreated: str | None = None
+    """The gateway's reason, set when the fetch named the partition's offset with a
+    ``topic_id`` the topic no longer has: it was deleted and made again (no messages then;
+    ``topic_id`` is the new topic's and ``next_offset`` where it starts)."""
 
 
 def corrupt_of(meta: dict[str, Any]) -> CorruptData | None:
@@ -147,6 +154,15 @@ def gone_of(meta: dict[str, Any]) -> str | None:
     again with fewer partitions), if that is what it reports."""
     error = meta.get("error")
     if not isinstance(error, dict) or error.get("error") not in GONE_ERRORS:
+        return None
+    return str(error.get("reason", error["error"]))
+
+
+def recreated_of(meta: dict[str, Any]) -> str | None:
+    """Why a fetch answer's section is of a topic made again (the fetch named the old topic's
+    id), if that is what it reports."""
+    error = meta.get("error")
+    if not isinstance(error, dict) or error.get("error") != "topic_recreated":
         return None
     return str(error.get("reason", error["error"]))
 
@@ -324,15 +340,23 @@ class PullClient:
         wait_ms: int = 0,
         message_filter: MessageFilter | None = None,
         raw: bool = False,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> list[BinarySection]:
         """The binary answer of ``/v1/fetch`` as sections of (offset, stored value).
+
+        ``topic_ids`` (topic -> the id an earlier answer or ``describe`` named) makes each
+        position of those topics name the identity its offset belongs to: a topic deleted and
+        made again since is answered as such (``topic_recreated``), not read from an offset
+        of the old topic.
 
         A gateway whose long-polls are at their bound (429 for ``max_waiting_positions`` or
         its per-token share) has read nothing for this fetch: it is asked again without
         waiting after ``Retry-After`` (at most ``wait_ms``), so the reader polls about once a
         second meanwhile instead of failing (or asking again at once, for ever)."""
         try:
-            return self._fetch_sections(positions, max_bytes, wait_ms, message_filter, raw)
+            return self._fetch_sections(
+                positions, max_bytes, wait_ms, message_filter, raw, topic_ids
+            )
         except RequestRefused as exc:
             if exc.status != 429 or exc.body.get("limit") not in WAITING_LIMITS or not wait_ms:
                 raise
@@ -340,7 +364,7 @@ class PullClient:
                 self._said_waiting_limit = True
                 _log.warning("%s; reading without waiting meanwhile", exc.reason)
             time.sleep(min(wait_ms / 1000, exc.retry_after_s or _WAITING_RETRY_S))
-            return self._fetch_sections(positions, max_bytes, 0, message_filter, raw)
+            return self._fetch_sections(positions, max_bytes, 0, message_filter, raw, topic_ids)
 
     def _fetch_sections(
         self,
@@ -349,10 +373,18 @@ class PullClient:
         wait_ms: int,
         message_filter: MessageFilter | None,
         raw: bool,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> list[BinarySection]:
         self._check_installation()
+        ids = topic_ids or {}
+        named = []
+        for t, p, o in positions:
+            position: dict[str, Any] = {"topic": t, "partition": p, "offset": o}
+            if t in ids:
+                position["topic_id"] = ids[t]
+            named.append(position)
         body: dict[str, Any] = {
-            "partitions": [{"topic": t, "partition": p, "offset": o} for t, p, o in positions],
+            "partitions": named,
             "max_bytes": max_bytes,
             "wait_ms": wait_ms,
             "format": "binary",
@@ -389,14 +421,20 @@ class PullClient:
         wait_ms: int = 0,
         message_filter: MessageFilter | None = None,
         raw: bool = False,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> list[FetchedPartition]:
-        """Messages of several partitions, each from its offset; waits up to ``wait_ms``."""
+        """Messages of several partitions, each from its offset; waits up to ``wait_ms``.
+
+        With ``topic_ids`` (see :meth:`fetch_sections`), a partition of a topic made again
+        comes back with ``recreated`` set and the new ``topic_id``: start it from its
+        ``next_offset`` (the new topic's start), never from the old offset."""
         sections = self.fetch_sections(
             positions,
             max_bytes=max_bytes,
             wait_ms=wait_ms,
             message_filter=message_filter,
             raw=raw,
+            topic_ids=topic_ids,
         )
         out: list[FetchedPartition] = []
         for section in sections:
@@ -421,6 +459,8 @@ class PullClient:
                     sorted(skipped, key=lambda n: n.offset),
                     corrupt_of(meta),
                     gone_of(meta),
+                    meta.get("topic_id"),
+                    recreated_of(meta),
                 )
             )
         return out

@@ -1,0 +1,34 @@
+"""Readers of a topic deleted and made again on the embedded store: each read names the
+topic's identity, so a reader at an offset of the old topic starts the new one from its start
+instead of reading it from that offset (see tests/delivery/incarnations.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.delivery import incarnations
+
+
+@pytest.mark.parametrize("group", [None, "g1"])
+def test_a_reader_goes_on_in_the_new_topic_from_its_start(
+    start_gateway: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    group: str | None,
+) -> None:
+    gateway = start_gateway(None, "--partitions", "1")
+    incarnations.a_reader_goes_on_in_the_new_topic_from_its_start(
+        gateway.url, monkeypatch, caplog, group
+    )
+
+
+def test_a_group_starts_a_topic_made_again_from_its_start(start_gateway: Any) -> None:
+    gateway = start_gateway(None, "--partitions", "1")
+    incarnations.a_group_starts_a_topic_made_again_from_its_start(gateway.url)
+
+
+def test_a_pull_client_is_told_of_the_new_topic(start_gateway: Any) -> None:
+    gateway = start_gateway(None, "--partitions", "1")
+    incarnations.a_pull_client_is_told_of_the_new_topic(gateway.url)
