@@ -167,6 +167,16 @@ def recreated_of(meta: dict[str, Any]) -> str | None:
     return str(error.get("reason", error["error"]))
 
 
+def _refused_topic_ids(exc: RequestRefused) -> bool:
+    """Whether a fetch was refused for naming ``topic_id`` in its positions, a field gateways
+    from before reads named topic identities do not know."""
+    return (
+        exc.status == 400
+        and exc.error == "bad_request"
+        and exc.reason.startswith("unknown fields of a partition: topic_id")
+    )
+
+
 def _retry_after(response: httpx.Response) -> float | None:
     """A ``Retry-After`` given in seconds (0-60), if the response has one.
 
@@ -217,6 +227,9 @@ class PullClient:
         )
         self._asked = [False] * len(self._clients)
         """Whether each URL was asked which installation it belongs to since it last failed."""
+        self._without_ids = [False] * len(self._clients)
+        """Whether each URL refused a position's ``topic_id`` (a gateway from before reads
+        named topic identities) since it last failed: its fetches name none."""
         self._said_waiting_limit = False
 
     @property
@@ -245,6 +258,7 @@ class PullClient:
     def _unavailable(self, message: str) -> GatewayUnavailable:
         """``message`` as the failure of the gateway asked; the next request asks the next."""
         self._asked[self._current] = False  # asked again when it is used again
+        self._without_ids[self._current] = False  # maybe another gateway, maybe upgraded
         if len(self._clients) > 1:
             message = f"{self.url}: {message}"
             self._current = (self._current + 1) % len(self._clients)
@@ -353,10 +367,29 @@ class PullClient:
         its per-token share) has read nothing for this fetch: it is asked again without
         waiting after ``Retry-After`` (at most ``wait_ms``), so the reader polls about once a
         second meanwhile instead of failing (or asking again at once, for ever)."""
+        if topic_ids and self._without_ids[self._current]:
+            topic_ids = None
         try:
-            return self._fetch_sections(
-                positions, max_bytes, wait_ms, message_filter, raw, topic_ids
-            )
+            try:
+                return self._fetch_sections(
+                    positions, max_bytes, wait_ms, message_filter, raw, topic_ids
+                )
+            except RequestRefused as exc:
+                if not topic_ids or not _refused_topic_ids(exc):
+                    raise
+                # A gateway from before reads named topic identities: read as before (its
+                # answers name none, and a reader learns of a topic made again from its look
+                # at the topics).
+                _log.warning(
+                    "%s takes no topic identity in reads (an older gateway): a topic deleted "
+                    "and made again is noticed only by the next look at the topics",
+                    self.url,
+                )
+                self._without_ids[self._current] = True
+                topic_ids = None
+                return self._fetch_sections(
+                    positions, max_bytes, wait_ms, message_filter, raw, None
+                )
         except RequestRefused as exc:
             if exc.status != 429 or exc.body.get("limit") not in WAITING_LIMITS or not wait_ms:
                 raise
