@@ -90,7 +90,9 @@ class Consumer:
         )
         self._prefetched: (
             tuple[
-                tuple[tuple[str, int, int], ...], concurrent.futures.Future[list[FetchedPartition]]
+                tuple[tuple[str, int, int], ...],
+                dict[str, str],
+                concurrent.futures.Future[list[FetchedPartition]],
             ]
             | None
         ) = None
@@ -276,10 +278,11 @@ class Consumer:
             self._drop_prefetch()
             time.sleep(min(wait_ms, 200) / 1000)
             return []
+        ids = dict(self._topic_ids)
         try:
-            fetched = self._take_prefetched(positions)
+            fetched = self._take_prefetched(positions, ids)
             if fetched is None:
-                fetched = self._fetch(positions, wait_ms)
+                fetched = self._fetch(positions, wait_ms, ids)
         except RequestRefused as exc:
             if exc.error == "offset_out_of_range" and "start_offset" in exc.body:
                 self._skip_lost(positions)
@@ -299,9 +302,15 @@ class Consumer:
             raise
         changed = self._set_aside_gone(fetched)
         messages: list[ReadMessage] = []
+        recreated: dict[str, dict[int, FetchedPartition]] = {}
         for part in fetched:
             tp = (part.topic, part.partition)
             if tp not in self._positions:
+                continue
+            if part.recreated is not None:
+                # Read at an offset of the topic before it was deleted and made again: the
+                # gateway read nothing there; the new topic is read from its start.
+                recreated.setdefault(part.topic, {})[part.partition] = part
                 continue
             if part.topic in changed:
                 # A topic with a partition gone may be one made again: what its other
@@ -326,11 +335,48 @@ class Consumer:
             if part.next_offset != self._positions[tp] and part.next_offset < part.end_offset:
                 self.behind = True
             self._positions[tp] = part.next_offset
+            if part.topic_id is not None and part.topic not in self._topic_ids:
+                self._topic_ids[part.topic] = part.topic_id  # a look's id, where none was
+        if recreated:
+            self._start_again(recreated, ids)
+            self.behind = True
         if messages and self._prefetcher is not None:
             # Catching up: the next fetch runs while the caller handles this one.
             following = self._fetch_positions()
-            self._prefetched = (following, self._prefetcher.submit(self._fetch, following, 0))
+            following_ids = dict(self._topic_ids)
+            self._prefetched = (
+                following,
+                following_ids,
+                self._prefetcher.submit(self._fetch, following, 0, following_ids),
+            )
         return messages
+
+    def _start_again(
+        self, recreated: dict[str, dict[int, FetchedPartition]], sent: dict[str, str]
+    ) -> None:
+        """Topics whose reads named the identity they had before they were deleted and made
+        again: look at them (a group member at its assignment, which holds the group's
+        offsets of the new topic: its start), which says once that each was created again and
+        reads it from its start.  A look that does not see the new topic yet (another
+        gateway's, a moment behind) leaves it to the reads' answer: every partition of the
+        topic starts over where the answer says the new topic starts (0 for one it did not
+        name), so the new topic's first offsets are never skipped."""
+        if self._group is not None:
+            self._heartbeat()
+        else:
+            self._discover()
+        for topic, parts in sorted(recreated.items()):
+            if self._topic_ids.get(topic) != sent.get(topic):
+                continue  # the look saw the new topic and started it over
+            new_id = next(p.topic_id for p in parts.values())
+            if new_id is None:
+                continue
+            self._created_again(topic)
+            self._topic_ids[topic] = new_id
+            for tp in [tp for tp in self._positions if tp[0] == topic]:
+                part = parts.get(tp[1])
+                self._positions[tp] = part.next_offset if part is not None else 0
+                self._aside.pop(tp, None)
 
     def _fetch_positions(self) -> tuple[tuple[str, int, int], ...]:
         """Where to read next: every partition this reader has, but those it stopped at
@@ -412,28 +458,34 @@ class Consumer:
         self.corrupt[tp] = (self._positions[tp], error)
 
     def _fetch(
-        self, positions: Sequence[tuple[str, int, int]], wait_ms: int
+        self, positions: Sequence[tuple[str, int, int]], wait_ms: int, ids: dict[str, str]
     ) -> list[FetchedPartition]:
+        """Read ``positions``, each naming the identity of its topic (``ids``) its offset
+        belongs to: a topic made again is answered as such, not read from the old offset."""
         return self._client.fetch(
-            positions, max_bytes=self._max_bytes, wait_ms=wait_ms, message_filter=self._filter
+            positions,
+            max_bytes=self._max_bytes,
+            wait_ms=wait_ms,
+            message_filter=self._filter,
+            topic_ids=ids,
         )
 
     def _take_prefetched(
-        self, positions: tuple[tuple[str, int, int], ...]
+        self, positions: tuple[tuple[str, int, int], ...], ids: dict[str, str]
     ) -> list[FetchedPartition] | None:
-        """The prefetched answer if it was asked for exactly these positions."""
+        """The prefetched answer if it was asked for exactly these positions and ids."""
         if self._prefetched is None:
             return None
-        asked, future = self._prefetched
+        asked, asked_ids, future = self._prefetched
         self._prefetched = None
-        if asked != positions:
-            future.cancel()  # the assignment or a position moved meanwhile
+        if asked != positions or asked_ids != ids:
+            future.cancel()  # the assignment, a position or a topic's identity moved meanwhile
             return None
         return future.result()
 
     def _drop_prefetch(self) -> None:
         if self._prefetched is not None:
-            self._prefetched[1].cancel()
+            self._prefetched[2].cancel()
             self._prefetched = None
 
     def _skip_lost(self, positions: Sequence[tuple[str, int, int]]) -> None:

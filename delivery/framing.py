@@ -6,7 +6,9 @@ Binary ``application/x-logbroker-records`` (integers big-endian), one section pe
     section := u16 meta_len, meta (UTF-8 JSON: {"topic", "partition", "start_offset",
                                                  "end_offset", "next_offset",
                                                  "not_envelopes": [{"offset", "reason"}],
-                                                 "error" (only if the partition is damaged)}),
+                                                 "topic_id",
+                                                 "error" (only if the partition is damaged,
+                                                 not there, or of a topic made again)}),
                u32 count, record{count}
     record  := u64 offset, u32 value_len, value (value_len bytes: the stored envelope,
                                                  see session_dedup/envelope.py)
@@ -19,7 +21,11 @@ fails its checksum: ``{"error": "corrupt_data", "reason", "offset"}``, no record
 ``next_offset`` where the read was; every read from there fails the same way.  In a fetch
 of several partitions, one that is not there (its topic deleted, or made again with fewer
 partitions) is answered with ``{"error": "unknown_topic" | "unknown_partition", "reason"}``,
-no records and every offset where the read was.  A released
+no records and every offset where the read was.  ``topic_id`` is the identity of the topic
+read (a gateway from before it was added sends none); a position that named another (the
+topic was deleted and made again since its offset was read) is answered with
+``{"error": "topic_recreated", "reason", "topic_id"}``, no records, ``topic_id`` the new one
+and ``next_offset`` where the new topic starts.  A released
 legacy transaction appears at its commit marker's offset with its
 data record's envelope (``kind = legacy_data``).
 """
@@ -58,8 +64,15 @@ def batch_meta(batch: PartitionBatch) -> dict[str, Any]:
         "end_offset": batch.end_offset,
         "next_offset": batch.next_offset,
         "not_envelopes": [{"offset": n.offset, "reason": n.reason} for n in batch.not_envelopes],
+        "topic_id": batch.topic_id,
     }
-    if batch.corrupt is not None:
+    if batch.recreated is not None:
+        meta["error"] = {
+            "error": "topic_recreated",
+            "reason": batch.recreated,
+            "topic_id": batch.topic_id,
+        }
+    elif batch.corrupt is not None:
         meta["error"] = {
             "error": "corrupt_data",
             "reason": str(batch.corrupt),

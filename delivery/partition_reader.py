@@ -89,6 +89,34 @@ class PartitionBatch:
     """Set (with no messages, every offset where the read was) when the partition is not there
     (its topic was deleted, or made again with fewer partitions) in a fetch that reads others:
     they are answered, this one names why it is not."""
+    topic_id: str | None = None
+    """The identity of the topic read (None: the store did not say, or the partition is not
+    there)."""
+    recreated: str | None = None
+    """Set (with no messages, ``topic_id`` the topic's identity now, ``next_offset`` its
+    start) when the read named another identity of the topic than it has: the topic was
+    deleted and made again since the reader's offset was read, and offsets of the old topic
+    are no positions in the new one."""
+
+
+def recreated_batch(
+    topic: str, partition: int, asked: str, now: str, start_offset: int, end_offset: int
+) -> PartitionBatch:
+    """The answer to a read at an offset of the topic ``asked`` when the topic is ``now``."""
+    reason = (
+        f"topic {topic!r} was deleted and created again: its id is {now}, not {asked}; "
+        f"offsets of the old topic are no positions in the new one, which starts at "
+        f"offset {start_offset}"
+    )
+    return PartitionBatch(
+        topic,
+        partition,
+        start_offset,
+        end_offset,
+        start_offset,
+        topic_id=now,
+        recreated=reason,
+    )
 
 
 def scan_budget_of(max_bytes: int) -> int:
@@ -127,8 +155,14 @@ class PartitionReader:
         txn_window_ms: int | None = None,
         scan_bytes: int | None = None,
         resolve_until: float | None = None,
+        topic_id: str | None = None,
     ) -> PartitionBatch:
         """Messages from ``offset`` on, about ``max_bytes`` of values (at least one message).
+
+        ``topic_id``: the identity of the topic ``offset`` belongs to (as an earlier answer
+        named it); a read that finds another answers :func:`recreated_batch` (no message).
+        On a store whose reads name the identity only as its last look at the topic saw it
+        (Kafka), the caller confirms it after the read (see ``ingest_api/read_api.py``).
 
         ``raw`` returns every record as stored (legacy records included, no filter): what a
         mirror copies.  Otherwise a record that is not an envelope is left out and named in
@@ -146,7 +180,15 @@ class PartitionReader:
         window = self.txn_window_ms if txn_window_ms is None else txn_window_ms
         filt = message_filter or MessageFilter()
         result = self._store.read(topic, partition, offset, max_bytes)
+        if topic_id is not None and result.topic_id is not None and result.topic_id != topic_id:
+            return recreated_batch(
+                topic, partition, topic_id, result.topic_id, result.start_offset, result.end_offset
+            )
         if offset > result.end_offset:
+            if topic_id is not None and not self._store.capabilities.exact_read_identity:
+                now = self._store.current_topic_id(topic)
+                if now != topic_id:
+                    return recreated_batch(topic, partition, topic_id, now, 0, result.end_offset)
             raise OffsetOutOfRange(
                 f"offset {offset} is past the end of {topic}/{partition}: valid offsets are "
                 f"{result.start_offset}..{result.end_offset} (the end is the next to be written)",
@@ -154,7 +196,12 @@ class PartitionReader:
                 result.end_offset,
             )
         batch = PartitionBatch(
-            topic, partition, result.start_offset, result.end_offset, result.next_offset
+            topic,
+            partition,
+            result.start_offset,
+            result.end_offset,
+            result.next_offset,
+            topic_id=result.topic_id,
         )
         scan_budget = scan_bytes if scan_bytes is not None else scan_budget_of(max_bytes)
         scanned = 0
@@ -232,6 +279,8 @@ class PartitionReader:
                 result = self._store.read(topic, partition, result.next_offset, left)
             except CorruptData:
                 return batch  # what came before the damage; the next read names it
+            if result.topic_id != batch.topic_id:
+                return batch  # the topic was made again meanwhile: the next read says so
 
     def _deliverable(
         self,

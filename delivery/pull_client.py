@@ -125,6 +125,13 @@ class FetchedPartition:
     """The gateway's reason, set when the partition is not there: its topic was deleted, or
     made again with fewer partitions (no messages then; the other partitions are answered).
     A gateway from before it answered partitions alone refuses the whole fetch instead."""
+    topic_id: str | None = None
+    """The identity of the topic the answer is of (None: a gateway from before answers named
+    it, or the partition is not there)."""
+    recreated: str | None = None
+    """The gateway's reason, set when the fetch named the partition's offset with a
+    ``topic_id`` the topic no longer has: it was deleted and made again (no messages then;
+    ``topic_id`` is the new topic's and ``next_offset`` where it starts)."""
 
 
 def corrupt_of(meta: dict[str, Any]) -> CorruptData | None:
@@ -149,6 +156,25 @@ def gone_of(meta: dict[str, Any]) -> str | None:
     if not isinstance(error, dict) or error.get("error") not in GONE_ERRORS:
         return None
     return str(error.get("reason", error["error"]))
+
+
+def recreated_of(meta: dict[str, Any]) -> str | None:
+    """Why a fetch answer's section is of a topic made again (the fetch named the old topic's
+    id), if that is what it reports."""
+    error = meta.get("error")
+    if not isinstance(error, dict) or error.get("error") != "topic_recreated":
+        return None
+    return str(error.get("reason", error["error"]))
+
+
+def _refused_topic_ids(exc: RequestRefused) -> bool:
+    """Whether a fetch was refused for naming ``topic_id`` in its positions, a field gateways
+    from before reads named topic identities do not know."""
+    return (
+        exc.status == 400
+        and exc.error == "bad_request"
+        and exc.reason.startswith("unknown fields of a partition: topic_id")
+    )
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -201,6 +227,9 @@ class PullClient:
         )
         self._asked = [False] * len(self._clients)
         """Whether each URL was asked which installation it belongs to since it last failed."""
+        self._without_ids = [False] * len(self._clients)
+        """Whether each URL refused a position's ``topic_id`` (a gateway from before reads
+        named topic identities) since it last failed: its fetches name none."""
         self._said_waiting_limit = False
 
     @property
@@ -229,6 +258,7 @@ class PullClient:
     def _unavailable(self, message: str) -> GatewayUnavailable:
         """``message`` as the failure of the gateway asked; the next request asks the next."""
         self._asked[self._current] = False  # asked again when it is used again
+        self._without_ids[self._current] = False  # maybe another gateway, maybe upgraded
         if len(self._clients) > 1:
             message = f"{self.url}: {message}"
             self._current = (self._current + 1) % len(self._clients)
@@ -324,15 +354,42 @@ class PullClient:
         wait_ms: int = 0,
         message_filter: MessageFilter | None = None,
         raw: bool = False,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> list[BinarySection]:
         """The binary answer of ``/v1/fetch`` as sections of (offset, stored value).
+
+        ``topic_ids`` (topic -> the id an earlier answer or ``describe`` named) makes each
+        position of those topics name the identity its offset belongs to: a topic deleted and
+        made again since is answered as such (``topic_recreated``), not read from an offset
+        of the old topic.
 
         A gateway whose long-polls are at their bound (429 for ``max_waiting_positions`` or
         its per-token share) has read nothing for this fetch: it is asked again without
         waiting after ``Retry-After`` (at most ``wait_ms``), so the reader polls about once a
         second meanwhile instead of failing (or asking again at once, for ever)."""
+        if topic_ids and self._without_ids[self._current]:
+            topic_ids = None
         try:
-            return self._fetch_sections(positions, max_bytes, wait_ms, message_filter, raw)
+            try:
+                return self._fetch_sections(
+                    positions, max_bytes, wait_ms, message_filter, raw, topic_ids
+                )
+            except RequestRefused as exc:
+                if not topic_ids or not _refused_topic_ids(exc):
+                    raise
+                # A gateway from before reads named topic identities: read as before (its
+                # answers name none, and a reader learns of a topic made again from its look
+                # at the topics).
+                _log.warning(
+                    "%s takes no topic identity in reads (an older gateway): a topic deleted "
+                    "and made again is noticed only by the next look at the topics",
+                    self.url,
+                )
+                self._without_ids[self._current] = True
+                topic_ids = None
+                return self._fetch_sections(
+                    positions, max_bytes, wait_ms, message_filter, raw, None
+                )
         except RequestRefused as exc:
             if exc.status != 429 or exc.body.get("limit") not in WAITING_LIMITS or not wait_ms:
                 raise
@@ -340,7 +397,7 @@ class PullClient:
                 self._said_waiting_limit = True
                 _log.warning("%s; reading without waiting meanwhile", exc.reason)
             time.sleep(min(wait_ms / 1000, exc.retry_after_s or _WAITING_RETRY_S))
-            return self._fetch_sections(positions, max_bytes, 0, message_filter, raw)
+            return self._fetch_sections(positions, max_bytes, 0, message_filter, raw, topic_ids)
 
     def _fetch_sections(
         self,
@@ -349,10 +406,18 @@ class PullClient:
         wait_ms: int,
         message_filter: MessageFilter | None,
         raw: bool,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> list[BinarySection]:
         self._check_installation()
+        ids = topic_ids or {}
+        named = []
+        for t, p, o in positions:
+            position: dict[str, Any] = {"topic": t, "partition": p, "offset": o}
+            if t in ids:
+                position["topic_id"] = ids[t]
+            named.append(position)
         body: dict[str, Any] = {
-            "partitions": [{"topic": t, "partition": p, "offset": o} for t, p, o in positions],
+            "partitions": named,
             "max_bytes": max_bytes,
             "wait_ms": wait_ms,
             "format": "binary",
@@ -389,14 +454,20 @@ class PullClient:
         wait_ms: int = 0,
         message_filter: MessageFilter | None = None,
         raw: bool = False,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> list[FetchedPartition]:
-        """Messages of several partitions, each from its offset; waits up to ``wait_ms``."""
+        """Messages of several partitions, each from its offset; waits up to ``wait_ms``.
+
+        With ``topic_ids`` (see :meth:`fetch_sections`), a partition of a topic made again
+        comes back with ``recreated`` set and the new ``topic_id``: start it from its
+        ``next_offset`` (the new topic's start), never from the old offset."""
         sections = self.fetch_sections(
             positions,
             max_bytes=max_bytes,
             wait_ms=wait_ms,
             message_filter=message_filter,
             raw=raw,
+            topic_ids=topic_ids,
         )
         out: list[FetchedPartition] = []
         for section in sections:
@@ -421,6 +492,8 @@ class PullClient:
                     sorted(skipped, key=lambda n: n.offset),
                     corrupt_of(meta),
                     gone_of(meta),
+                    meta.get("topic_id"),
+                    recreated_of(meta),
                 )
             )
         return out

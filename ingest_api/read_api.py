@@ -36,6 +36,7 @@ from delivery.partition_reader import (
     DEFAULT_MAX_BYTES,
     RESOLVE_BUDGET_S,
     PartitionBatch,
+    recreated_batch,
     scan_budget_of,
 )
 from ingest_api.access import RouteDeclaration, access_of, read, route
@@ -73,8 +74,12 @@ _DAMAGE_LOG_S = 3600.0
 """A damaged partition's reads are logged once per this long (per worker), whatever offsets
 its readers ask for."""
 Position = tuple[str, int, int]
-# What identifies an answer: positions, max_bytes, filter, raw, txn window.
-_AnswerKey = tuple[tuple[Position, ...], int, MessageFilter, bool, int]
+TopicIds = dict[tuple[str, int], str]
+"""The topic identity a read's offset belongs to, per (topic, partition) that names one."""
+# What identifies an answer: positions, max_bytes, filter, raw, txn window, topic ids.
+_AnswerKey = tuple[
+    tuple[Position, ...], int, MessageFilter, bool, int, tuple[tuple[tuple[str, int], str], ...]
+]
 
 
 _SEND_BLOCK = 256 * 1024
@@ -82,7 +87,16 @@ _SEND_BLOCK = 256 * 1024
 # Every option a read names: anything else is a typo (``servr=``) that would otherwise widen
 # a filtered read to everything, so it is refused.
 _READ_QUERY = frozenset(
-    ("offset", "max_bytes", "wait_ms", "format", "txn_window_ms", "raw", *FILTER_FIELDS)
+    (
+        "offset",
+        "max_bytes",
+        "wait_ms",
+        "format",
+        "txn_window_ms",
+        "raw",
+        "topic_id",
+        *FILTER_FIELDS,
+    )
 )
 # The filters that take alternatives (``server=a&server=b``); any other read option is given
 # once (which of two offsets would be meant?).
@@ -90,7 +104,7 @@ _ALTERNATIVES = ("source_id", "server", "file", "log_type")
 _FETCH_FIELDS = frozenset(
     ("partitions", "max_bytes", "wait_ms", "format", "filter", "raw", "txn_window_ms")
 )
-_POSITION_FIELDS = frozenset(("topic", "partition", "offset"))
+_POSITION_FIELDS = frozenset(("topic", "partition", "offset", "topic_id"))
 _LIST_QUERY = frozenset(("prefix", "include_audit"))
 _FLAGS = {"0": False, "false": False, "1": True, "true": True}
 
@@ -216,12 +230,33 @@ async def _disconnected(receive: Receive) -> None:
             return
 
 
+def _topic_id_value(value: object) -> str:
+    """A position's ``topic_id``: the identity an earlier answer named (1-64 of
+    ``[0-9A-Za-z_-]``, as both stores' ids are)."""
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= 64
+        or not all(c.isascii() and (c.isalnum() or c in "-_") for c in value)
+    ):
+        raise ApiError(
+            400,
+            "bad_request",
+            "topic_id must be a topic's id as a read or GET /v1/topics/{topic} named it "
+            f"(1-64 letters, digits, '-' or '_'), got {value!r}"[:300],
+        )
+    return value
+
+
+def _ids_key(ids: TopicIds) -> tuple[tuple[tuple[str, int], str], ...]:
+    return tuple(sorted(ids.items()))
+
+
 def _has_news(batches: Sequence[PartitionBatch]) -> bool:
     """Whether an answer has something to say: messages, records it left out because they
     are not envelopes (a long-poll that waited on past them would never name them), or a
     partition it cannot read past (damaged data).  A partition that is not there is not news:
     a reader started before its topic waits for it (see :meth:`ReadApi._fetch`)."""
-    return any(b.messages or b.not_envelopes or b.corrupt for b in batches)
+    return any(b.messages or b.not_envelopes or b.corrupt or b.recreated for b in batches)
 
 
 def _answered(batches: list[PartitionBatch]) -> list[PartitionBatch]:
@@ -351,11 +386,27 @@ class ReadApi:
         binary = wants_binary(request, params.get("format"))
         filt = query_filter(params)
         _refuse_raw_filter(raw, filt)
+        ids: TopicIds = {}
+        if "topic_id" in params:
+            ids[(topic, partition)] = _topic_id_value(params["topic_id"])
         batches = await self._fetch(
-            request, [(topic, partition, offset)], max_bytes, wait_ms, filt, raw, window
+            request, [(topic, partition, offset)], max_bytes, wait_ms, filt, raw, window, ids
         )
         if batches[0].corrupt is not None:
             raise batches[0].corrupt
+        if batches[0].recreated is not None:
+            raise ApiError(
+                409,
+                "topic_recreated",
+                batches[0].recreated,
+                extra={
+                    "topic": topic,
+                    "partition": partition,
+                    "topic_id": batches[0].topic_id,
+                    "start_offset": batches[0].start_offset,
+                    "end_offset": batches[0].end_offset,
+                },
+            )
         self._count(batches)
         if binary:
             return BinaryAnswer(batches)
@@ -375,6 +426,7 @@ class ReadApi:
                 self.max_positions,
             )
         positions: list[Position] = []
+        ids: TopicIds = {}
         named: set[tuple[str, int]] = set()
         for item in parts:
             if not isinstance(item, dict):
@@ -395,6 +447,8 @@ class ReadApi:
                 )
             named.add((topic, partition))
             positions.append((topic, partition, offset))
+            if "topic_id" in item:
+                ids[(topic, partition)] = _topic_id_value(item["topic_id"])
         max_bytes = body.get("max_bytes", DEFAULT_MAX_BYTES)
         if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
             raise ApiError(400, "bad_request", "max_bytes must be an integer")
@@ -407,7 +461,7 @@ class ReadApi:
         filt = json_filter(body.get("filter"))
         _refuse_raw_filter(raw, filt)
         binary = wants_binary(request, body.get("format"))
-        batches = await self._fetch(request, positions, max_bytes, wait_ms, filt, raw, window)
+        batches = await self._fetch(request, positions, max_bytes, wait_ms, filt, raw, window, ids)
         self._count(batches)
         if binary:
             return BinaryAnswer(batches)
@@ -422,21 +476,23 @@ class ReadApi:
         filt: MessageFilter,
         raw: bool,
         window_ms: int,
+        ids: TopicIds,
     ) -> list[PartitionBatch]:
-        key: _AnswerKey = (tuple(positions), max_bytes, filt, raw, window_ms)
+        key: _AnswerKey = (tuple(positions), max_bytes, filt, raw, window_ms, _ids_key(ids))
         ahead = await self._ahead.take(key)
         if ahead is not None and _has_news(ahead):
             self._read_ahead_answers.inc()
-            self._read_ahead(ahead, max_bytes, filt, raw, window_ms)
+            self._read_ahead(ahead, max_bytes, filt, raw, window_ms, ids)
             return ahead
         if wait_ms == 0:
-            return await self._poll(positions, max_bytes, filt, raw, window_ms, deadline=0.0)
+            return await self._poll(positions, max_bytes, filt, raw, window_ms, ids, deadline=0.0)
         # A long-poll: its positions count among the worker's waiting ones from the start
         # (429 if they do not fit, before anything is read: refusing costs nothing).
         with self.waiting.hold(access_of(request).owner, len(positions)):
             deadline = time.monotonic() + wait_ms / 1000
             return await _unless_disconnected(
-                request.receive, self._poll(positions, max_bytes, filt, raw, window_ms, deadline)
+                request.receive,
+                self._poll(positions, max_bytes, filt, raw, window_ms, ids, deadline),
             )
 
     async def _poll(
@@ -446,19 +502,20 @@ class ReadApi:
         filt: MessageFilter,
         raw: bool,
         window_ms: int,
+        ids: TopicIds,
         deadline: float,
     ) -> list[PartitionBatch]:
         """Read ``positions``; until ``deadline`` (a ``time.monotonic()``), wait for news."""
-        batches = await self._read(positions, max_bytes, filt, raw, window_ms)
+        batches = await self._read(positions, max_bytes, filt, raw, window_ms, ids)
         while not _has_news(batches):
             if time.monotonic() >= deadline:
                 return _answered(batches)
             # Filtered-out records were scanned: wait from where the scan ended.
             current = [(b.topic, b.partition, b.next_offset) for b in batches]
             if not await self._wait(current, batches, deadline):
-                return _answered(await self._read(current, max_bytes, filt, raw, window_ms))
-            batches = await self._read(current, max_bytes, filt, raw, window_ms)
-        self._read_ahead(batches, max_bytes, filt, raw, window_ms)
+                return _answered(await self._read(current, max_bytes, filt, raw, window_ms, ids))
+            batches = await self._read(current, max_bytes, filt, raw, window_ms, ids)
+        self._read_ahead(batches, max_bytes, filt, raw, window_ms, ids)
         return batches
 
     async def _read(
@@ -468,9 +525,10 @@ class ReadApi:
         filt: MessageFilter,
         raw: bool,
         window_ms: int,
+        ids: TopicIds,
     ) -> list[PartitionBatch]:
         batches: list[PartitionBatch] = await self._run(
-            self._read_all, positions, max_bytes, filt, raw, window_ms
+            self._read_all, positions, max_bytes, filt, raw, window_ms, ids
         )
         return batches
 
@@ -520,14 +578,17 @@ class ReadApi:
         filt: MessageFilter,
         raw: bool,
         window_ms: int,
+        ids: TopicIds,
     ) -> None:
         """Start reading the answer that follows ``answer`` if it stopped short of the end."""
         if all(b.next_offset >= b.end_offset for b in answer):
             return  # at the end: the reader waits for appends, a read now finds nothing
+        if any(b.recreated for b in answer):
+            return  # the reader's next fetch names other identities
         following = [(b.topic, b.partition, b.next_offset) for b in answer]
         self._ahead.start(
-            (tuple(following), max_bytes, filt, raw, window_ms),
-            lambda: self._read(following, max_bytes, filt, raw, window_ms),
+            (tuple(following), max_bytes, filt, raw, window_ms, _ids_key(ids)),
+            lambda: self._read(following, max_bytes, filt, raw, window_ms, ids),
         )
 
     def _read_all(
@@ -537,6 +598,7 @@ class ReadApi:
         filt: MessageFilter,
         raw: bool,
         window_ms: int,
+        ids: TopicIds,
     ) -> list[PartitionBatch]:
         # An even share per partition, so a backlog in the first partition listed does not
         # starve the others; each still returns at least one message if it has one.  The
@@ -559,6 +621,7 @@ class ReadApi:
                     txn_window_ms=window_ms,
                     scan_bytes=scan,
                     resolve_until=resolve_until,
+                    topic_id=ids.get((topic, partition)),
                 )
             except CorruptData as exc:
                 # One damaged partition must not keep the others from their readers: it is
@@ -581,7 +644,44 @@ class ReadApi:
                     topic, partition, offset, offset, offset, gone=exc.with_traceback(None)
                 )
             batches.append(batch)
+        if ids and not self.store.capabilities.exact_read_identity:
+            return self._confirmed(positions, batches, ids)
         return batches
+
+    def _confirmed(
+        self, positions: Sequence[Position], batches: list[PartitionBatch], ids: TopicIds
+    ) -> list[PartitionBatch]:
+        """``batches`` with the topic identity of each that moved on confirmed by a look at
+        the topic after the reads (one per topic): on Kafka a read names the identity the
+        gateway's last look saw (at most a few seconds old), and records read by name from a
+        topic made again meanwhile must not pass as the old topic's from the reader's
+        offset.  A batch of a topic made again is answered as such (its reader starts the new
+        topic from offset 0), one of a topic gone as gone."""
+        now: dict[str, str | UnknownTopic] = {}
+        out = []
+        for (topic, partition, offset), batch in zip(positions, batches, strict=True):
+            asked = ids.get((topic, partition))
+            if (
+                asked is None
+                or batch.next_offset == offset
+                or batch.recreated is not None
+                or batch.gone is not None
+                or batch.corrupt is not None
+            ):
+                out.append(batch)
+                continue
+            if topic not in now:
+                try:
+                    now[topic] = self.store.current_topic_id(topic)
+                except UnknownTopic as exc:
+                    now[topic] = exc.with_traceback(None)
+            current = now[topic]
+            if isinstance(current, UnknownTopic):
+                batch = PartitionBatch(topic, partition, offset, offset, offset, gone=current)
+            elif current != asked:
+                batch = recreated_batch(topic, partition, asked, current, 0, batch.end_offset)
+            out.append(batch)
+        return out
 
     def _log_damage(self, topic: str, partition: int, exc: CorruptData) -> None:
         """Log a damaged partition's read once per :data:`_DAMAGE_LOG_S`: its readers choose
@@ -665,6 +765,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                     query_param("wait_ms"),
                     query_param("txn_window_ms"),
                     query_param("format", "string"),
+                    query_param("topic_id", "string"),
                     {
                         "name": "raw",
                         "in": "query",
@@ -674,7 +775,7 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                     *filters,
                 ],
                 ok_media=read_media,
-                errors=("400", "404", "416", "429", "500"),
+                errors=("400", "404", "409", "416", "429", "500"),
             )
         },
         "/v1/fetch": {
@@ -690,12 +791,13 @@ def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:
                             "type": "array",
                             "items": {
                                 "type": "object",
-                                "required": sorted(_POSITION_FIELDS),
+                                "required": sorted(_POSITION_FIELDS - {"topic_id"}),
                                 "additionalProperties": False,
                                 "properties": {
                                     "topic": {"type": "string"},
                                     "partition": {"type": "integer"},
                                     "offset": {"type": "integer"},
+                                    "topic_id": {"type": "string"},
                                 },
                             },
                         },

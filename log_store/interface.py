@@ -46,6 +46,10 @@ class StoreCapabilities:
     segment_files: bool = True
     """Partitions are segment files under ``data_dir``; ``describe_topic`` reports their sizes
     and segment counts.  False: sizes and segment counts are reported as 0."""
+    exact_read_identity: bool = True
+    """``ReadResult.topic_id`` is the identity of the topic the records were read from.
+    False on Kafka: it is what the store's look at the topic (at most a few seconds old)
+    said, and a reader that must know asks :meth:`LogStore.current_topic_id` after the read."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,9 @@ class ReadResult:
     """Where the next read starts when it is past the last record: the read saw every offset
     below it.  Kafka sets it when a read reached ``end_offset``: the offsets after the last
     record there are transaction markers, which no read ever returns."""
+    topic_id: str | None = None
+    """The identity of the topic read (see :attr:`StoreCapabilities.exact_read_identity`);
+    a topic deleted and made again under its name has another, and its offsets start over."""
 
     @property
     def next_offset(self) -> int:
@@ -280,6 +287,10 @@ class LogStore(Protocol):
     def list_topics(self) -> list[TopicInfo]: ...
 
     def describe_topic(self, name: str) -> TopicInfo: ...
+
+    def current_topic_id(self, name: str) -> str:
+        """The identity of the topic ``name`` now, asked afresh (``UnknownTopic`` if none)."""
+        ...
 
     # -- topic-level state --------------------------------------------------------------------
     def put_topic_state_if_absent(self, topic: str, key: str, value: bytes) -> bytes:

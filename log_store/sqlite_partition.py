@@ -427,7 +427,7 @@ class PartitionLog:
         self.directory = directory
         self._place = place
         self.segment_bytes = segment_bytes
-        self._topic_id_value = (topic_id or directory.parent.name).encode()
+        self.topic_id_value = (topic_id or directory.parent.name).encode()
         self._topic_alive = topic_alive
         self._on_no_space = on_no_space
         self._guard = guard
@@ -872,7 +872,7 @@ class PartitionLog:
                 self._recover_locked(conn, scan_directory=True)
                 end, segment, pos = self._log_tail(conn)
             shared: dict[str, bytes] = {}
-            read: dict[str, bytes | None] = {TOPIC_ID_KEY: self._topic_id_value}
+            read: dict[str, bytes | None] = {TOPIC_ID_KEY: self.topic_id_value}
             values: list[bytes] = []
             for txn in group:
                 state = _TxnState(conn, shared, read, end + len(values))

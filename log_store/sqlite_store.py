@@ -1014,6 +1014,9 @@ class SqliteLogStore:
                 continue  # deleted since the listing
         return topics
 
+    def current_topic_id(self, name: str) -> str:
+        return self._load_topic(validate_topic_name(name)).topic_id
+
     def describe_topic(self, name: str) -> TopicInfo:
         """The topic and each of its partitions; a damaged partition is described as such
         (``PartitionInfo.damaged``), not raised: the others are served."""
@@ -1234,7 +1237,14 @@ class SqliteLogStore:
         self, topic: str, partition: int, offset: int, max_bytes: int = 1024 * 1024
     ) -> ReadResult:
         try:
-            return self._on_partition(topic, partition, lambda log: log.read(offset, max_bytes))
+            # the partition's files belong to one topic identity: the one the records are of
+            return self._on_partition(
+                topic,
+                partition,
+                lambda log: dataclasses.replace(
+                    log.read(offset, max_bytes), topic_id=log.topic_id_value.decode()
+                ),
+            )
         except CorruptData as exc:
             raise exc.located(topic, partition) from exc
         except PartitionDamaged as exc:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -96,7 +97,7 @@ class KafkaLogStore:
     """The partitioned log on Kafka.  See ``log_store.interface.LogStore`` and docs/kafka.md."""
 
     capabilities = StoreCapabilities(
-        dense_offsets=False, store_retention=False, segment_files=False
+        dense_offsets=False, store_retention=False, segment_files=False, exact_read_identity=False
     )
 
     def __init__(self, settings: KafkaSettings, *, placement: Placement | None = None) -> None:
@@ -282,6 +283,13 @@ class KafkaLogStore:
 
     def describe_topic(self, name: str) -> TopicInfo:
         return self._info(self._topic(name, fresh=True), with_partitions=True)
+
+    def current_topic_id(self, name: str) -> str:
+        try:
+            return self._topic(name, fresh=True).topic_id
+        except UnknownTopic:
+            self._forget_topic(name)
+            raise
 
     # -- the topic record and topic-level state ---------------------------------------------------
     def _topic_record(self, topic: KafkaTopic, *, create: bool) -> dict[str, Any] | None:
@@ -605,12 +613,14 @@ class KafkaLogStore:
             low, end = self._watermarks.get(kafka.kafka_name, partition)
             raise OffsetOutOfRange(f"offset {offset} is negative", low, end)
         try:
-            return self._fetchers.read(
+            result = self._fetchers.read(
                 kafka.kafka_name, partition, offset, max(1, max_bytes), what=f"{topic}/{partition}"
             )
         except UnknownTopic:
             self._forget_topic(topic)
             raise
+        # Read by name: the id is the look's (see StoreCapabilities.exact_read_identity).
+        return dataclasses.replace(result, topic_id=kafka.topic_id)
 
     def end_offset(self, topic: str, partition: int) -> int:
         kafka = self._check_partition(topic, partition)

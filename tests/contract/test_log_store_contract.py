@@ -455,6 +455,29 @@ def test_topic_deleted_by_another_process_is_not_written_by_this_one(
     assert read_all(second, "dc1.t", 1) == [b"new1"]
 
 
+def test_reads_name_the_identity_of_the_topic_they_read(
+    open_backend: Callable[[], LogStore],
+) -> None:
+    """A read says which topic of the name it read (a reader keeps it with its offsets):
+    exactly on a store whose partitions belong to one identity, and as of the store's last
+    look on one that reads by name (Kafka), where ``current_topic_id`` asks afresh."""
+    first, second = open_backend(), open_backend()
+    old = first.create_topic("dc1.t", TopicConfig(partitions=1))
+    first.append("dc1.t", 0, [b"old"])
+    assert first.read("dc1.t", 0, 0).topic_id == old.topic_id
+    assert first.current_topic_id("dc1.t") == old.topic_id
+    second.delete_topic("dc1.t")
+    new = second.create_topic("dc1.t", TopicConfig(partitions=1))
+    second.append("dc1.t", 0, [b"new"])
+    assert first.current_topic_id("dc1.t") == new.topic_id  # asked afresh
+    read = first.read("dc1.t", 0, 0)
+    assert read.topic_id == new.topic_id, (read.topic_id, old.topic_id, new.topic_id)
+    assert [r.value for r in read.records] == [b"new"]
+    second.delete_topic("dc1.t")
+    with pytest.raises(UnknownTopic):
+        first.current_topic_id("dc1.t")
+
+
 @pytest.mark.requires("segment_files")
 def test_retention_in_another_process_frees_the_segments_a_reader_had_open(
     open_backend: Callable[[], LogStore],

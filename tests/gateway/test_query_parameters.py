@@ -54,6 +54,7 @@ SAMPLES = {
     "format": "json",
     "txn_window_ms": "1000",
     "raw": "0",
+    "topic_id": "0" * 32,
     "source_id": "a-src",
     "server": "host1",
     "file": "/f",
