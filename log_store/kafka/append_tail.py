@@ -38,8 +38,10 @@ from log_store.kafka.state_changelog import data_end_of
 
 log = logging.getLogger(__name__)
 
-_CONSUME_S = 0.5
-"""How long one ``consume`` waits; also how soon the thread sees that the store closed."""
+_CONSUME_S = 0.1
+"""How long one ``poll`` waits for a record: how soon a partition followed meanwhile is
+assigned (a commit before that still wakes it, see :data:`STATE_LOOKBACK`), and the thread
+sees that the store closed."""
 _VISIBLE_LOOK_S = 0.003
 """How long a ``consume`` waits while a delta's records are not readable yet."""
 _VISIBLE_WAIT_S = 5.0
