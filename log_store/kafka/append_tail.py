@@ -47,6 +47,9 @@ _VISIBLE_LOOK_S = 0.003
 _VISIBLE_WAIT_S = 5.0
 """A delta's followers are woken after this even if its records never became readable (a
 transaction Kafka aborted after the delta's marker: nothing to read, and nothing lost)."""
+_ASKED_ONE_BY_ONE = 4
+"""Up to this many partitions' ends are asked one by one (the store's watermark consumer:
+less CPU per look than an admin request), more in one request per leader."""
 _RESOLVE_EVERY_S = 0.5
 """How often a partition whose changelog went away (its topic deleted) is looked up again."""
 _CHECK_EVERY_S = 1.0
@@ -106,13 +109,17 @@ class AppendTail:
         settings: KafkaSettings,
         end_of: Callable[[str, int], int],
         state_of: Callable[[str, int], StateStart],
+        ends_of: Callable[[list[KafkaPartition]], dict[KafkaPartition, int]],
     ) -> None:
         """``end_of(kafka_topic, partition)``: the partition's end (LSO) now, quickly.
+        ``ends_of(partitions)``: the ends of many, asked together (those not answered are
+        left out).
         ``state_of(kafka_topic, partition)``: where to follow the partition's changelog from
         now, asked afresh after fetching it failed (the topic deleted, maybe made again
         with another changelog); the data topic itself if it has none."""
         self._settings = settings
         self._end_of = end_of
+        self._ends_of = ends_of
         self._state_of = state_of
         self._lock = threading.Lock()
         self._followers: dict[KafkaPartition, list[Callable[[], None]]] = {}
@@ -307,16 +314,25 @@ class AppendTail:
             _call(followers)
 
     def _readable(self, changed: dict[KafkaPartition, None]) -> None:
-        """Add to ``changed`` the partitions whose last delta's records are readable now."""
+        """Add to ``changed`` the partitions whose last delta's records are readable now
+        (their ends asked in one request per leader, however many)."""
+        pending = [tp for tp, followed in self._followed.items() if followed.pending is not None]
+        if not pending:
+            return
+        ends: dict[KafkaPartition, int] = {}
+        try:
+            if len(pending) > _ASKED_ONE_BY_ONE:
+                ends = self._ends_of(pending)
+            else:
+                for tp in pending:
+                    ends[tp] = self._end_of(*tp)
+        except Exception as exc:  # Kafka away: their readers look when their waits end
+            log.debug("the ends of %d partitions: %s", len(pending), exc)
         now = time.monotonic()
-        for tp, followed in self._followed.items():
-            if followed.pending is None:
-                continue
-            try:
-                readable = self._end_of(*tp) >= followed.pending
-            except Exception as exc:  # Kafka away: its readers look when their waits end
-                log.debug("the end of %s/%d: %s", *tp, exc)
-                readable = False
+        for tp in pending:
+            followed = self._followed[tp]
+            assert followed.pending is not None
+            readable = ends.get(tp, -1) >= followed.pending
             if readable or now - followed.pending_since > _VISIBLE_WAIT_S:
                 followed.pending = None
                 changed[tp] = None

@@ -30,7 +30,8 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import IsolationLevel, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import OffsetSpec
 
 from log_store.errors import (
     BadRequest,
@@ -112,6 +113,7 @@ class KafkaLogStore:
                 kafka_topic, partition, "follow", timeout_s=_TAIL_END_S
             )[1],
             self._changelog_now,
+            self._ends_now,
         )
         self._ctx = OwnerContext(
             settings,
@@ -648,6 +650,20 @@ class KafkaLogStore:
         except LogbrokerError:
             return None
         return state_topic, max(low, end - STATE_LOOKBACK)
+
+    def _ends_now(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The last stable offsets of ``partitions`` (Kafka names), asked in one
+        ``ListOffsets`` per leader; those Kafka did not answer are left out."""
+        futures = self._admin.client.list_offsets(
+            {TopicPartition(topic, p): OffsetSpec.latest() for topic, p in partitions},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=_TAIL_END_S,
+        )
+        ends: dict[tuple[str, int], int] = {}
+        for tp, future in futures.items():
+            with contextlib.suppress(Exception):  # not answered: asked again in a moment
+                ends[tp.topic, tp.partition] = int(future.result().offset)
+        return ends
 
     def _changelog_now(self, kafka_topic: str, partition: int) -> StateStart:
         """``_changelog_start`` of a topic looked up afresh by its Kafka name (the data

@@ -49,26 +49,26 @@ def test_a_delta_wakes_its_followers_once_its_records_are_readable(
     store.create_topic("dc1.t", TopicConfig(partitions=1))
     store.append("dc1.t", 0, [b"made"])
     tail = store._tail
-    real_end_of = tail._end_of
+    real_ends_of = tail._ends_of
     behind = {"looks": 0}
 
-    def end_lagging(kafka_topic: str, partition: int) -> int:
+    def ends_lagging(partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         # the records' marker not there yet for the first three looks
-        end = real_end_of(kafka_topic, partition)
+        ends = real_ends_of(partitions)
         behind["looks"] += 1
-        return end - 2 if behind["looks"] <= 3 else end
+        return {tp: end - 2 for tp, end in ends.items()} if behind["looks"] <= 3 else ends
 
     called: list[int] = []
     unfollow = store.follow_appends("dc1.t", 0, lambda: called.append(behind["looks"]))
     try:
         time.sleep(1.0)
-        tail._end_of = end_lagging
+        tail._ends_of = ends_lagging
         store.append("dc1.t", 0, [b"x"])
         deadline = time.monotonic() + 5
         while not called and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         unfollow()
-        tail._end_of = real_end_of
+        tail._ends_of = real_ends_of
     assert called, "the follower was not called"
     assert called[0] >= 4, f"called after {called[0]} looks, before the records were readable"
