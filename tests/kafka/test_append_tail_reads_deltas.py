@@ -49,26 +49,40 @@ def test_a_delta_wakes_its_followers_once_its_records_are_readable(
     store.create_topic("dc1.t", TopicConfig(partitions=1))
     store.append("dc1.t", 0, [b"made"])
     tail = store._tail
-    real_ends_of = tail._ends_of
+    real_end_of = tail._end_of
     behind = {"looks": 0}
 
-    def ends_lagging(partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    def end_lagging(kafka_topic: str, partition: int) -> int:
         # the records' marker not there yet for the first three looks
-        ends = real_ends_of(partitions)
+        end = real_end_of(kafka_topic, partition)
         behind["looks"] += 1
-        return {tp: end - 2 for tp, end in ends.items()} if behind["looks"] <= 3 else ends
+        return end - 2 if behind["looks"] <= 3 else end
 
     called: list[int] = []
     unfollow = store.follow_appends("dc1.t", 0, lambda: called.append(behind["looks"]))
     try:
         time.sleep(1.0)
-        tail._ends_of = ends_lagging
+        tail._end_of = end_lagging
         store.append("dc1.t", 0, [b"x"])
         deadline = time.monotonic() + 5
         while not called and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         unfollow()
-        tail._ends_of = real_ends_of
+        tail._end_of = real_end_of
     assert called, "the follower was not called"
     assert called[0] >= 4, f"called after {called[0]} looks, before the records were readable"
+
+
+def test_the_ends_of_many_partitions_are_asked_in_one_request(kafka_store: LogStore) -> None:
+    """More than a few partitions with deltas at once: their last stable offsets in one
+    request per leader, the same as asked one by one."""
+    store: Any = kafka_store
+    store.create_topic("dc1.t", TopicConfig(partitions=6))
+    for p in range(6):
+        store.append("dc1.t", p, [b"x"] * (p + 1))
+    kafka_name = store._check_partition("dc1.t", 0).kafka_name
+    partitions = [(kafka_name, p) for p in range(6)]
+    assert store._ends_now(partitions) == {
+        (kafka_name, p): store.end_offset("dc1.t", p) for p in range(6)
+    }
