@@ -44,7 +44,7 @@ from push_client.identity import display_path
 from push_client.installations import Installation, InstallationSet
 from push_client.metrics import PushMetrics
 from push_client.owner_routes import OwnerPolicy, OwnerRoutes
-from push_client.parking import ParkingLot, Refusal
+from push_client.parking import ParkingLot, Refusal, same_refusal
 from push_client.partition_outage import PartitionOutage, PartitionOutages
 from push_client.tailer import Chunk, Phase, TailedFile
 from push_client.transport import (
@@ -750,8 +750,9 @@ class Shipper:
             delay = tailed.session_backoff.next_delay()
             tailed.session_retry_at = time.monotonic() + delay
             said = str(refusal)
-            if said != tailed.session_refusal:
-                tailed.session_refusal = said
+            first = not same_refusal(said, tailed.session_refusal)
+            tailed.session_refusal = said  # --status shows the latest
+            if first:
                 log.warning(
                     "%s: the gateway cannot take it now (%s); asking again every %.0f s at most",
                     tailed.path,
