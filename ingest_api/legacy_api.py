@@ -388,7 +388,10 @@ class LegacyApi:
         try:
             partitions = len(store.describe_topic(topic).partitions)
         except UnknownTopic:
-            raise UnknownTransaction(f"no /commit_request wrote transaction {txn_id!r}") from None
+            # named as when the topic exists (find_txn_partition): which topic was looked in
+            raise UnknownTransaction(
+                f"no /commit_request wrote transaction {txn_id!r} to {topic}"
+            ) from None
         partition = find_txn_partition(store, topic, partitions, txn_id)
         self._require_txn_owner(topic, txn_id, access)
         data_offset, _ = write_commit(store, topic, partition, txn_id, server)

@@ -134,6 +134,8 @@ def test_bad_legacy_requests_are_refused_and_write_nothing(gateway: Any) -> None
     unknown = http.post("/commit", params={"txn_id": "nope", "log_type": "app"})
     assert unknown.status_code == 404
     assert unknown.json()["error"] == "unknown_transaction"
+    # the topic looked in is named, also when it does not exist (a log type mistyped)
+    assert unknown.json()["reason"] == "no /commit_request wrote transaction 'nope' to dc1.app"
     sid = http.post("/store", params={"log_type": "app"}, content=b"x\n").json()["store_id"]
     bad_txn = http.post("/commit_request", params={"store_id": sid, "txn_id": "a b"})
     assert bad_txn.status_code == 400
