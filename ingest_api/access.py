@@ -147,15 +147,35 @@ class QueryParameters:
 
     def check(self, request: Request) -> None:
         """400 for a parameter the route does not take, or one it takes once given twice."""
-        if self.ignore_unknown or not request.scope.get("query_string"):
+        if not request.scope.get("query_string"):
             return
         params = request.query_params
+        if self.ignore_unknown:
+            self._check_repeated_values(params.multi_items())
+            return
         refuse_unknown(params.keys(), self.names, "query parameters")
         seen: set[str] = set()
         for name, _ in params.multi_items():
             if name in seen and name not in self.repeatable:
                 raise ApiError(400, "bad_request", f"query parameter {name} is given twice")
             seen.add(name)
+
+    def _check_repeated_values(self, items: list[tuple[str, str]]) -> None:
+        """The legacy API's rule: the same value given twice is one (an old client's retry may
+        append its parameters again); two values of a parameter it takes once are 400, not
+        the last taken (which of them is meant?)."""
+        first: dict[str, str] = {}
+        for name, value in items:
+            if name not in self.names or name in self.repeatable:
+                continue
+            given = first.setdefault(name, value)
+            if given != value:
+                raise ApiError(
+                    400,
+                    "bad_request",
+                    f"query parameter {name} is given twice, with different values "
+                    f"({given[:100]!r}, {value[:100]!r}): nothing was done",
+                )
 
 
 @dataclass(frozen=True)

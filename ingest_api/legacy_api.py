@@ -155,13 +155,19 @@ class LegacyApi:
                 "the request has no body (neither Content-Length nor chunked encoding), so "
                 "nothing was stored",
             )
-        data = await read_body(request, self.ctx.settings.limits)
-        if len(data) > self.ctx.settings.limits.max_chunk_bytes:
+        limits = self.ctx.settings.limits
+        # A piece is written as one record, so a body over max_chunk_bytes can never be: it is
+        # refused on its Content-Length (before "100 Continue") or once it passes the limit,
+        # not received whole first, holding room other bodies wait for.
+        limit = min(limits.max_chunk_bytes, limits.max_body_bytes)
+        try:
+            data = await read_body(request, limits, max_bytes=limit)
+        except ApiError as exc:
+            if exc.status != 413 or limit != limits.max_chunk_bytes:
+                raise
             raise ApiError(
-                413,
-                "chunk_too_large",
-                f"data is over the limit of {self.ctx.settings.limits.max_chunk_bytes} bytes",
-            )
+                413, "chunk_too_large", f"data is over the limit of {limit} bytes"
+            ) from None
         store_id = await anyio.to_thread.run_sync(
             functools.partial(
                 self.staging.put,
@@ -382,7 +388,10 @@ class LegacyApi:
         try:
             partitions = len(store.describe_topic(topic).partitions)
         except UnknownTopic:
-            raise UnknownTransaction(f"no /commit_request wrote transaction {txn_id!r}") from None
+            # named as when the topic exists (find_txn_partition): which topic was looked in
+            raise UnknownTransaction(
+                f"no /commit_request wrote transaction {txn_id!r} to {topic}"
+            ) from None
         partition = find_txn_partition(store, topic, partitions, txn_id)
         self._require_txn_owner(topic, txn_id, access)
         data_offset, _ = write_commit(store, topic, partition, txn_id, server)

@@ -364,16 +364,11 @@ class FileSet:
             tailed.phase = Phase.DRAINING
             tailed.rotated_at = time.monotonic()
             self.counters.rotations += 1
-        if not self.multi:
-            return tailed
-        plan = tailed.handover
-        plan.frontier = pos.acked
-        plan.installation = pos.installation
-        for raw in pos.doubts:
-            doubt = Doubt.from_list(raw)
-            if doubt.installation in installations:
-                plan.add_doubt(doubt)
-            else:
+        doubts = [Doubt.from_list(raw) for raw in pos.doubts]
+        # Said with one installation left too (it was not: the usual end of an installation
+        # removed for good is the other one left alone in the servers).
+        for doubt in doubts:
+            if doubt.installation not in installations:
                 log.error(
                     "source %s: bytes %d..%d were in flight to installation %s, which is "
                     "no longer configured: they may be lost",
@@ -382,6 +377,14 @@ class FileSet:
                     doubt.end,
                     doubt.installation,
                 )
+        if not self.multi:
+            return tailed
+        plan = tailed.handover
+        plan.frontier = pos.acked
+        plan.installation = pos.installation
+        for doubt in doubts:
+            if doubt.installation in installations:
+                plan.add_doubt(doubt)
         if pos.installation in installations and not self.state.clean:
             census(tailed, pos.installation)
         return tailed

@@ -16,6 +16,7 @@ of its files is then sent *alone* until the culprit is found and parked.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,6 +27,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("logbroker.push")
 
 LOG_EVERY_S = 60.0
+_DURATION = re.compile(r"\b\d+(?:\.\d+)? s\b")
+
+
+def same_refusal(said: str, before: str) -> bool:
+    """Whether two refusals, as said, differ at most in the durations they state: a gateway
+    saying its partition's owner "has refused every connection for 8.3 s", then "for 9.2 s",
+    says one thing, which the log says once."""
+    return _DURATION.sub("N s", said) == _DURATION.sub("N s", before)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from push_client.identity import display_path
 from push_client.installations import Installation, InstallationSet
 from push_client.metrics import PushMetrics
 from push_client.owner_routes import OwnerPolicy, OwnerRoutes
-from push_client.parking import ParkingLot, Refusal
+from push_client.parking import LOG_EVERY_S, ParkingLot, Refusal, same_refusal
 from push_client.partition_outage import PartitionOutage, PartitionOutages
 from push_client.tailer import Chunk, Phase, TailedFile
 from push_client.transport import (
@@ -750,8 +750,9 @@ class Shipper:
             delay = tailed.session_backoff.next_delay()
             tailed.session_retry_at = time.monotonic() + delay
             said = str(refusal)
-            if said != tailed.session_refusal:
-                tailed.session_refusal = said
+            first = not same_refusal(said, tailed.session_refusal)
+            tailed.session_refusal = said  # --status shows the latest
+            if first:
                 log.warning(
                     "%s: the gateway cannot take it now (%s); asking again every %.0f s at most",
                     tailed.path,
@@ -886,12 +887,33 @@ class Shipper:
         Open the session again (fencing in turn) and resume from the gateway's last seqno:
         whoever writes has read the log's end after its fence, so no bytes are written twice.
         """
-        log.error(
-            "writes of %s were fenced: the gateway holds another session of this source (a "
-            "second client shipping this file, or its topic deleted and made again); "
-            "reopening the session and resuming from the gateway's position",
-            tailed.source_id,
-        )
+        # Two clients shipping one file fence each other many times a second, each time
+        # resuming where the other left off (every line once): said once, then once a minute
+        # with the count, not each time (it was dozens of ERROR lines a second).
+        now = time.monotonic()
+        said_at = tailed.fenced_said_at
+        if said_at is None:
+            log.error(
+                "writes of %s (%s) were fenced: the gateway holds another session of this "
+                "source (a second client shipping this file, or its topic deleted and made "
+                "again); reopening the session and resuming from the gateway's position (said "
+                "again once a minute at most while it goes on)",
+                tailed.source_id,
+                tailed.path,
+            )
+            tailed.fenced_said_at = now
+        elif now - said_at >= LOG_EVERY_S:
+            log.error(
+                "writes of %s (%s) were fenced %d more times in %.0f s: another client ships "
+                "this file too (each resumes where the other left off; stop one of them)",
+                tailed.source_id,
+                tailed.path,
+                tailed.fenced_unsaid + 1,
+                now - said_at,
+            )
+            tailed.fenced_said_at, tailed.fenced_unsaid = now, 0
+        else:
+            tailed.fenced_unsaid += 1
         self.counters.buffered -= sum(len(c.data) for c in chunks) + tailed.drop_pending()
         tailed.session_ready = False
         self.counters.fenced += 1

@@ -448,8 +448,17 @@ def print_status(doc: dict[str, Any], out: TextIO) -> None:
             f"UNREADABLE {r['path']} since {when}: {r['error']}{_code(r)} (not shipped{behind})\n"
         )
     files = doc["files"]
-    total = sum(r["lag_bytes"] for r in files)
-    out.write(f"{len(files)} files, total lag {total} bytes\n")
+    # What an unreadable file owes is lag too: left out, a host with one showed "total lag 0".
+    unreadable = doc.get("unreadable", [])
+    owed = sum(r.get("lag_bytes") or 0 for r in unreadable)
+    total = sum(r["lag_bytes"] for r in files) + owed
+    line = f"{len(files)} files, total lag {total} bytes"
+    if unreadable:
+        unknown = sum(1 for r in unreadable if r.get("lag_bytes") is None)
+        sizes = f", {unknown} of them of unknown size" if unknown else ""
+        noun = "file" if len(unreadable) == 1 else "files"
+        line += f" ({owed} of them in {len(unreadable)} unreadable {noun}{sizes})"
+    out.write(line + "\n")
     if not files:
         return
     width = max(len(r["path"]) for r in files)

@@ -178,6 +178,10 @@ class TailedFile:
         """The last refusal that may pass (a 429, say), as said in the log; "" when none."""
         self.session_installation = ""
         """The installation the file's session is open at (where its writes go)."""
+        self.fenced_said_at: float | None = None
+        """Monotonic time the log last said its writes were fenced (None: never)."""
+        self.fenced_unsaid = 0
+        """Fences since then, said with the next line."""
         self.path_error: PathError | None = None
         """Set while its path cannot be looked at (see ``FileSet.refresh_all``)."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 from typing import Any
@@ -133,11 +134,42 @@ def test_bad_legacy_requests_are_refused_and_write_nothing(gateway: Any) -> None
     unknown = http.post("/commit", params={"txn_id": "nope", "log_type": "app"})
     assert unknown.status_code == 404
     assert unknown.json()["error"] == "unknown_transaction"
+    # the topic looked in is named, also when it does not exist (a log type mistyped)
+    assert unknown.json()["reason"] == "no /commit_request wrote transaction 'nope' to dc1.app"
     sid = http.post("/store", params={"log_type": "app"}, content=b"x\n").json()["store_id"]
     bad_txn = http.post("/commit_request", params={"store_id": sid, "txn_id": "a b"})
     assert bad_txn.status_code == 400
     assert http.get("/v1/topics").json()["topics"] == []
     http.close()
+
+
+def test_a_store_over_the_chunk_limit_is_refused_before_its_body_is_sent(gateway: Any) -> None:
+    # A piece is one record: 8 MiB (max_chunk_bytes) at most, though a body may be 64 MiB.
+    # Announced larger, it is refused at once, not asked for ("100 Continue") and received
+    # whole first, holding room other bodies wait for.
+    over = 8 * 1024 * 1024 + 1
+    head = (
+        "POST /store?log_type=app HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Length: {over}\r\nExpect: 100-continue\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        sock.sendall(head.encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            answer += piece
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        while not answer.endswith(b"}"):
+            answer += sock.recv(65536)
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"] == "chunk_too_large"
+    # sent all the same (a client that does not wait for "100 Continue"): the same answer
+    refused = httpx.post(
+        f"{gateway.url}/store", params={"log_type": "app"}, content=b"x" * over, timeout=30
+    )
+    assert (refused.status_code, refused.json()["error"]) == (413, "chunk_too_large")
+    assert not [p for p in (gateway.data_dir / "legacy-staging").iterdir() if p.is_file()]
 
 
 @pytest.mark.fault

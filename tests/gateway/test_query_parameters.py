@@ -271,6 +271,38 @@ def test_the_legacy_api_ignores_parameters_it_does_not_know(gateway: Gateway) ->
     assert committed.status_code == 200, committed.text
 
 
+def test_the_legacy_api_refuses_a_parameter_given_twice_with_two_values(gateway: Gateway) -> None:
+    """Which of two log types (transaction ids) is meant? The last was taken, in silence: a
+    /store naming log types zzz and app staged under app. The same value twice (an old
+    client's retry appending its parameters again) is one."""
+    gw = gateway
+    before = gw.user_state()
+    handled = collections.Counter(gw.calls)
+    for path, params in [
+        ("/store", [("log_type", "zzz"), ("log_type", "app")]),
+        ("/commit_request", [("store_id", "0" * 32), ("store_id", "1" * 32)]),
+        ("/commit", [("txn_id", "a"), ("txn_id", "b"), ("log_type", "app")]),
+    ]:
+        refused = gw.request(A_TOKEN, "POST", path, params=params, content=b"x\n")
+        assert refused.status_code == 400, (path, refused.text)
+        name = params[0][0]
+        assert refused.json()["reason"].startswith(
+            f"query parameter {name} is given twice, with different values"
+        ), refused.text
+    assert gw.calls == handled, "a handler ran"
+    assert gw.user_state() == before
+    same = [("log_type", "app"), ("log_type", "app"), ("_", "1"), ("_", "2")]
+    staged = gw.request(A_TOKEN, "POST", "/store", params=same, content=b"x\n")
+    assert staged.status_code == 200, staged.text
+    store_id = staged.json()["store_id"]
+    twice = [("store_id", store_id), ("store_id", store_id), ("txn_id", "t1"), ("txn_id", "t1")]
+    asked = gw.request(A_TOKEN, "POST", "/commit_request", params=twice)
+    assert asked.status_code == 200, asked.text
+    twice = [("txn_id", "t1"), ("log_type", "app"), ("txn_id", "t1")]
+    committed = gw.request(A_TOKEN, "POST", "/commit", params=twice)
+    assert committed.json()["committed"] is True, committed.text
+
+
 def test_probes_metrics_and_the_dashboards_page_ignore_a_cache_buster(gateway: Gateway) -> None:
     gw = gateway
     for path in ("/healthz", "/readyz", "/metrics", "/ui", "/ui/static/dashboard.js"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, logbroker_cmd
-from tests.metrics_text import samples
+from tests.metrics_text import sample, samples
 from tests.push_client.conftest import (
     BackgroundWriter,
     LineWriter,
@@ -299,9 +299,27 @@ def test_two_clients_shipping_one_file_fence_each_other_and_write_each_line_once
         while "the gateway holds another session" not in first.log() + second.log():
             assert time.monotonic() < deadline, "neither client was fenced within 120 s"
             time.sleep(0.2)
+        # they go on fencing each other, each resuming where the other left off
+        deadline = time.monotonic() + 60
+        while _fenced(tmp_path / "state-1") + _fenced(tmp_path / "state-2") < 10:
+            assert time.monotonic() < deadline, "the clients stopped fencing each other"
+            time.sleep(0.2)
     wait_for_lines(gateway.data_dir, "app", len(writer.ids), timeout_s=60)
     time.sleep(1.0)
     assert first.stop() == 0
     assert second.stop() == 0
     assert_exactly_once(read_delivered(gateway.data_dir, "app"), writer)
     assert "the gateway holds another session" in first.log() + second.log()
+    # said once per client within a minute, not at each of the fences (dozens a second)
+    for push in (first, second):
+        text = push.log_path.read_text()
+        assert text.count("were fenced") <= 1, text[-3000:]
+
+
+def _fenced(state: Path) -> float:
+    """The client's ``logbroker_push_fenced_total`` as its state dir's metrics file says."""
+    try:
+        text = (state / "metrics.prom").read_text()
+    except FileNotFoundError:
+        return 0
+    return sample(text, "logbroker_push_fenced_total") or 0

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -226,3 +228,35 @@ def test_a_dead_installation_is_left_failover_after_s_after_it_failed_not_a_back
     _wait(lambda: sum(d.count() for d in _both(dc1, dc2)) >= len(writer.ids), "every line")
     assert again.stop() == 0, again.log()
     assert_exactly_once_across(list(_both(dc1, dc2)), writer)
+
+
+def test_bytes_in_doubt_at_an_installation_removed_for_good_are_said_to_be_lost(
+    tmp_path: Path, start_gateway, start_push
+) -> None:
+    """docs/push-client.md: bytes in flight to an installation that never comes back stay in
+    doubt, and "after a restart with that installation removed from servers, the client logs
+    them as possibly lost". With the one installation left alone in the servers (the usual
+    way to remove one of two) they were forgotten without a word."""
+    dc1 = start_gateway(tmp_path / "data-dc1", "--dc", "dc1")
+    dc2 = start_gateway(tmp_path / "data-dc2", "--dc", "dc2")
+    path = tmp_path / "app.log"
+    writer = LineWriter("d")
+    writer.append(path, 100)
+    state = tmp_path / "state"
+    extra = ["--server", f"dc2={dc2.url}", "--request-timeout", "2", *FAILOVER_FLAGS]
+    push = start_push(f"dc1={dc1.url}", state, path, extra=extra).wait_started(state)
+    _wait(lambda: _both(dc1, dc2)[0].count() == 100, "the file in dc1")
+    assert dc1.proc is not None
+    os.killpg(dc1.proc.pid, signal.SIGSTOP)  # frozen: what is sent to it is never answered
+    writer.append(path, 100)  # sent to dc1, never answered: in doubt; the file goes to dc2
+    _wait(lambda: "handed over from dc1 to dc2" in push.log(), "the failover to dc2", 30)
+    dc1.kill()  # and gone for good
+    assert push.stop() == 0, push.log()
+    status = json.loads((state / "status.json").read_text())
+    (row,) = status["files"]
+    assert row.get("doubts"), status  # the 100 lines sent to dc1 before it froze
+    again = start_push(f"dc2={dc2.url}", state, path).wait_started(state)
+    _wait(lambda: "may be lost" in again.log(), "the bytes in doubt to be said lost", 15)
+    assert "which is no longer configured: they may be lost" in again.log()
+    assert "in flight to installation dc1" in again.log()
+    assert again.stop() == 0, again.log()

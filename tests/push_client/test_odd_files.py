@@ -268,6 +268,9 @@ def test_an_unreadable_file_is_in_the_lag_report_status_and_metrics_with_its_byt
         status = _push_status(state)
         assert f"UNREADABLE {logs / 'secret.log'} since " in status, status
         assert f": Permission denied [EACCES] (not shipped; {secret_size} bytes behind)" in status
+        # the total counts what it owes (it said "total lag 0 bytes" beside that line)
+        owed = f"total lag {secret_size} bytes ({secret_size} of them in 1 unreadable file)"
+        assert owed in status, status
         doc = json.loads((state / "status.json").read_bytes())
         (miss,) = doc["unreadable"]
         assert (miss["error"], miss["errno"]) == ("Permission denied", "EACCES"), miss

@@ -15,6 +15,7 @@ import json
 import socket
 import struct
 import subprocess
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -73,6 +74,10 @@ class _OutageProxy(LoopbackServer):
         self.refused = 0
         self.partitions: dict[str, tuple[str, int]] = {}
         """Per source id, its topic and partition (from the session answers)."""
+        self.sessions_waiting_file = ""
+        """Set: a session batch asking for that file is answered 503, as a Kafka gateway
+        answers while the file's partition has no owner (how long, in its reason)."""
+        self.sessions_refused: list[float] = []
         self.pin_partition: int | None = None
         """Set: the partition named is this one, as holding the waiting sources' pins (a
         gateway routing them for the first time), not the partition their data goes to."""
@@ -96,6 +101,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             held = [m["source_id"] for m, _ in sections if m["file"].endswith(waiting)]
             if held:
                 self._held(held, [raw for m, raw in sections if m["source_id"] not in held])
+                return
+        if self.path == "/v1/sessions" and proxy.sessions_waiting_file:
+            files = [str(session.get("file", "")) for session in json.loads(body)["sessions"]]
+            if any(file.endswith(proxy.sessions_waiting_file) for file in files):
+                self._sessions_held()
                 return
         answer = proxy.http.post(proxy.gateway + self.path, content=body, headers=self._headers())
         if self.path == "/v1/sessions" and answer.status_code == 200:
@@ -130,6 +140,23 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             "error": "partition_unavailable",
             "reason": f"no gateway owns {topic}/{partition} right now (none)",
             "partitions": [named],
+        }
+        self._send(503, json.dumps(answer).encode(), {"Retry-After": "1"})
+
+    def _sessions_held(self) -> None:
+        """A Kafka gateway's answer to sessions of a partition whose owner was killed: the
+        reason says for how long its address has refused connections, longer each time."""
+        proxy = self.server
+        proxy.sessions_refused.append(time.monotonic())
+        down_s = proxy.sessions_refused[-1] - proxy.sessions_refused[0] + 1.1
+        answer = {
+            "error": "partition_unavailable",
+            "reason": (
+                "the owner of dc1.app/1 (http://127.0.0.1:9) has refused every connection "
+                f"for {down_s:.1f} s: its gateway is down, and the gateways' group hands the "
+                "partition on after its session timeout"
+            ),
+            "partitions": [{"topic": "dc1.app", "partition": 1}],
         }
         self._send(503, json.dumps(answer).encode(), {"Retry-After": "1"})
 
@@ -316,6 +343,55 @@ log_type = "app"
                 push.log()
             )
             assert until(lambda: "takes writes again" in push.log(), 15), push.log()
+            assert_exactly_once(read_delivered(gateway.data_dir, "app"), *writers.values())
+        finally:
+            push.stop()
+
+
+def test_a_file_whose_session_waits_for_an_owner_is_said_to_wait_once(
+    tmp_path: Path, start_gateway
+) -> None:
+    """A file whose session a Kafka gateway answers 503 ``partition_unavailable`` (its
+    partition's owner was killed) is asked again after a backoff, and said to wait once: the
+    reason states how long the owner has refused connections, and each retry's longer time
+    made it a new warning, one per file each second for the whole session timeout."""
+    gateway = start_gateway(tmp_path / "data")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writers = {name: LineWriter(name) for name in ("alpha", "slow")}
+    for name, writer in writers.items():
+        writer.append(logs / f"{name}.log", 100)
+    state = tmp_path / "state"
+    config = tmp_path / "push.toml"
+    with _proxy(gateway.url) as proxy:
+        proxy.sessions_waiting_file = "slow.log"
+        config.write_text(
+            f"""
+[push]
+servers = ["{proxy.url}"]
+state_dir = "{state}"
+max_backoff_s = 1.0
+
+[[entry]]
+path = "{logs}/*.log"
+log_type = "app"
+"""
+        )
+        push = PushProcess(["--config", str(config), *FAST_FLAGS], tmp_path / "push.log")
+        push.start()
+        try:
+            push.wait_started(state)
+            assert until(lambda: len(proxy.sessions_refused) >= 5, 30), push.log()
+            assert read_delivered(gateway.data_dir, "app").count() == 100  # alpha ships
+            waits = push.log().count(f"{logs}/slow.log: the gateway cannot take it now")
+            assert waits == 1, push.log()
+            out = _status(state)
+            assert f"RETRYING {logs}/slow.log: the gateway cannot take it now" in out, out
+            proxy.sessions_waiting_file = ""  # the partition has an owner again
+            assert until(lambda: read_delivered(gateway.data_dir, "app").count() == 200, 30), (
+                push.log()
+            )
+            assert f"{logs}/slow.log: the gateway takes it again" in push.log()
             assert_exactly_once(read_delivered(gateway.data_dir, "app"), *writers.values())
         finally:
             push.stop()
