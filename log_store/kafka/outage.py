@@ -47,6 +47,11 @@ LOOK_S = 1.0
 tries to connect to every 0.5-1 s meanwhile, so the first answer after Kafka's return ends
 it."""
 AWAY_PAUSE_S = 0.1
+FAILING_S = 5.0
+"""How long librdkafka must have reported failures, while Kafka answers, before the log says
+so (a cut is found to be one within about 2 s: not said as a broker away first)."""
+_QUIET_S = 3.0
+"""No failure reported for this long: the failures ended."""
 SAY_EVERY_S = 30.0
 """How often the log says again that Kafka is away (or that librdkafka reports failures
 while Kafka answers), while it lasts."""
@@ -132,6 +137,9 @@ class KafkaOutage:
         self._said_at = float("-inf")
         self._failures_said = self._lines.failures
         self._back_at = float("-inf")
+        self._failing_since: float | None = None
+        self._failures_seen = self._lines.failures
+        self._grew_at = float("-inf")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -201,12 +209,21 @@ class KafkaOutage:
             else:
                 self.answered()
         now = self._clock()
+        count = self._lines.failures
+        if count != self._failures_seen:
+            self._failures_seen, self._grew_at = count, now
+            if self._failing_since is None:
+                self._failing_since = now
+        elif now - self._grew_at > _QUIET_S:
+            self._failing_since = None  # no new failure for a while: it ended
         if now - self._said_at < SAY_EVERY_S:
             return
         if self._away_since is not None:
             self._say(first=False)
-        elif self._lines.failures > self._failures_said and now - self._back_at > SAY_EVERY_S:
-            self._failures_said = self._lines.failures
+            return
+        since = self._failing_since
+        if since is not None and now - since >= FAILING_S and now - self._back_at > SAY_EVERY_S:
+            self._failures_said = count
             self._said_at = now
             log.warning(
                 "librdkafka reports failures while Kafka answers this gateway (a broker "
