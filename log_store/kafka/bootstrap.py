@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient
 from log_store.errors import BadRequest, StoreUnavailable
 from log_store.kafka import naming
 from log_store.kafka.failures import kafka_error
+from log_store.kafka.outage import failure_reason
 from log_store.kafka.settings import DEBUG_LOG, KafkaSettings, refused_property
 
 _DEFAULT_PORT = 9092
@@ -132,17 +133,6 @@ class LastFailure:
         DEBUG_LOG.log(level, msg, *args)
         if level >= logging.ERROR:
             self.last = (msg % args) if args else msg
-
-
-def failure_reason(line: str) -> str:
-    """``Connect to ipv4#127.0.0.1:9 failed: Connection refused`` out of a librdkafka line
-    ``FAIL [name] [thrd:...]: 127.0.0.1:9/bootstrap: Connect to ... (after 0ms in state
-    CONNECT)``."""
-    text = line.rsplit("]: ", 1)[-1]
-    broker, sep, rest = text.partition(": ")
-    if sep and "/" in broker:
-        text = rest
-    return text.split(" (after ", 1)[0].strip()
 
 
 def cluster_answer(client: Any, timeout_s: float) -> Any:

@@ -238,10 +238,19 @@ class Watermarks:
             spans.append(_NEW_TOPIC_S)
         return max(spans, default=None)
 
+    def serve_log(self) -> None:
+        """Hand the lines the consumer logged to its ``logger`` (nothing polls it otherwise:
+        it is never assigned a partition)."""
+        with self._lock:
+            if not self._closed:
+                self._consumer.poll(0)
+
     def close(self) -> None:
-        if not self._closed:
+        with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            self._consumer.close()
+        self._consumer.close()
 
 
 @dataclass(eq=False)

@@ -80,6 +80,8 @@ _TOPICS_S = 2.0
 _LIST_TOPICS_S = 1.0
 """How long one look at the topics may wait: a stop waits for the look in progress (with
 Kafka unreachable, all of it), and a look that fails is made again ``_TOPICS_S`` later."""
+LISTING_SAID_S = 30.0
+"""While the group member cannot list the topics (every 2 s), how often the log says it."""
 _LEAVE_GRACE_S = 5.0
 STALLED_TIMEOUTS = 3
 """Operation timeouts a gateway may fail to take over every partition it was given before
@@ -119,6 +121,7 @@ class GatewayGroup:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._poke = threading.Event()
+        self._listing_failed_said = float("-inf")
 
     # -- Placement ------------------------------------------------------------------------------
     def owns(self, topic: str, partition: int) -> bool:
@@ -246,8 +249,16 @@ class GatewayGroup:
         try:
             metadata = consumer.list_topics(timeout=_LIST_TOPICS_S)
         except Exception as exc:
-            log.warning("gateways' group: listing topics: %s", exc)
+            # asked every 2 s: said once per LISTING_SAID_S while it fails (Kafka away: the
+            # store says that itself), the other times at DEBUG
+            now = time.monotonic()
+            if now - self._listing_failed_said >= LISTING_SAID_S:
+                self._listing_failed_said = now
+                log.warning("gateways' group: listing topics: %s", exc)
+            else:
+                log.debug("gateways' group: listing topics: %s", exc)
             return None
+        self._listing_failed_said = float("-inf")
         ready = []
         namespace = self._settings.namespace
         beside = naming.namespaces_beside(namespace, metadata.topics)

@@ -163,7 +163,12 @@ class OwnerDirectory:
 
     def _read(self, consumer: Consumer) -> None:
         while not self._stopping:
+            producer = self._producer
             try:
+                if producer is not None:
+                    # its lines and delivery reports, also while nothing is announced (Kafka
+                    # away: its failed connections, handed to the settings' ``lines``)
+                    producer.poll(0)
                 message = consumer.poll(0.2)
             except Exception as exc:  # a broker hiccup
                 log.warning("reading ownership announcements: %s", exc)

@@ -347,6 +347,13 @@ class OwnerContext:
         closing.daemon = True
         closing.start()
 
+    def serve_log(self) -> None:
+        """Hand the lines the snapshot consumer logged to its ``logger`` (nothing polls it
+        otherwise: it is never assigned a partition)."""
+        with self._lock:
+            if self._snapshot_consumer is not None:
+                self._snapshot_consumer.poll(0)
+
     def close(self) -> None:
         self._closed.set()
         with self._lock:
@@ -494,10 +501,11 @@ Broker: Producer attempted an operation with an old epoch``."""
 
 
 class _ProducerLog:
-    """The librdkafka ``logger`` of an owner's producer: its lines go to the Python logger
-    ``log_store.kafka.librdkafka`` at their own level (librdkafka's FATAL and TXNERR at
-    CRITICAL, a failed connection at ERROR), named by the partition; lines reach it when the
-    owner polls its producer, which it does while it commits.
+    """The librdkafka ``logger`` of an owner's producer: its lines, named by the partition,
+    go to the Python logger ``log_store.kafka.librdkafka``, librdkafka's FATAL and TXNERR at
+    CRITICAL, the others (a failed connection) at DEBUG through
+    ``KafkaSettings.lines``, as every client's of a gateway; lines reach
+    it when the owner polls its producer, which it does while it commits.
 
     Except the lines of the producer being fenced, the design's way a writer learns it lost
     its partition: one line, the first, at INFO for a partition being given up (see
@@ -515,8 +523,11 @@ class _ProducerLog:
         text = (msg % args) if args else msg
         owner = self._owner
         said = next((fenced for fenced in _FENCING if fenced in text), None)
-        if said is None:
+        if said is None and level >= logging.CRITICAL:
             DEBUG_LOG.logger.log(level, "%s/%d: %s", owner.topic, owner.partition, text)
+        elif said is None:
+            # a broker not reached, and the like: the gateway says it once for all clients
+            owner._settings.lines.log(level, "%s/%d: %s", owner.topic, owner.partition, text)
         elif self._fenced:
             DEBUG_LOG.logger.debug("%s/%d: %s", owner.topic, owner.partition, text)
         elif owner.given_up():
@@ -805,7 +816,7 @@ class PartitionOwner:
         txn_id = naming.transactional_id(self._settings.namespace, self.topic, self.partition)
         self._fatal = None
         config = {**self._settings.producer_config(txn_id), "error_cb": self._on_client_error}
-        if self._settings.librdkafka_log == "stderr":
+        if self._settings.librdkafka_log == "gateway":
             config["logger"] = _ProducerLog(self)
         producer = Producer(config)
         try:
@@ -893,9 +904,12 @@ class PartitionOwner:
         return self._closing or not self.ctx.assigned(self.topic, self.partition)
 
     def _on_client_error(self, error: KafkaError) -> None:
-        """librdkafka's fatal errors (a fenced producer above all) arrive here, not raised."""
+        """librdkafka's fatal errors (a fenced producer above all) arrive here, not raised;
+        the others (a broker not reached) go where every client's go (``CLIENT_LINES``)."""
         if error.fatal():
             self._fatal = error
+        elif self._settings.librdkafka_log == "gateway":
+            self._settings.lines.error(error)
 
     def _failure_of(self, exc: BaseException, what: str) -> LogbrokerError:
         """The error a failed Kafka call means, knowing what the producer reported."""

@@ -11,9 +11,16 @@ installation, the loss of one broker was a full outage.
 So a look that is not answered asks once more (librdkafka picks a broker again), and a look
 that fails twice makes the gateway not ready only if Kafka has said nothing to it for
 :data:`GRACE_S` (no look answered, no commit of a partition owner here), or a write failed
-for want of Kafka since Kafka last said something.  Leader elections after a broker's death
-take 5-10 s on the test cluster, during which writes wait and then go on; a gateway whose
-writes fail, or which hears nothing from Kafka for longer, is not ready, as before.
+for want of Kafka since Kafka last said something, or Kafka is known to be away: a client of
+the store lost every broker since Kafka last answered (librdkafka's ``_ALL_BROKERS_DOWN``:
+connections refused or broken, the whole cluster stopped or the way to it cut; no broker of
+three dying does that, the clients still have the others).  A look that makes the gateway not
+ready makes Kafka away for the whole store too (see :mod:`log_store.kafka.outage`: its
+routes then answer 503 at once, until a look is answered); the store's watch usually finds a
+lost cluster first, so ``/readyz`` turns 503 within about 2 s of a cut, and 200 again within
+about 2 s of Kafka's return.  Leader elections after a broker's death take 5-10 s on the test
+cluster, during which writes wait and then go on; a gateway whose writes fail, or which hears
+nothing from Kafka for longer, is not ready, as before.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from log_store.errors import LogbrokerError
+from log_store.kafka.outage import KafkaOutage
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +68,14 @@ class WriteReadiness:
         self,
         ask: Callable[[float], object],
         writes: WriteOutcomes,
+        outage: KafkaOutage | None = None,
         *,
         grace_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ask = ask
         self._writes = writes
+        self._outage = outage
         self._grace_s = GRACE_S if grace_s is None else grace_s
         self._clock = clock
         self._answered_at = float("-inf")
@@ -81,6 +91,8 @@ class WriteReadiness:
             except LogbrokerError as exc:
                 return self._unanswered(exc)
         self._answered_at = self._clock()
+        if self._outage is not None:
+            self._outage.answered()
         if self._doubting:
             self._doubting = False
             log.info("Kafka answers this gateway's readiness look again")
@@ -89,7 +101,10 @@ class WriteReadiness:
     def _unanswered(self, failure: LogbrokerError) -> str | None:
         now = self._clock()
         heard_at = max(self._answered_at, self._writes.committed_at)
-        if now - heard_at < self._grace_s and self._writes.refused_at < heard_at:
+        known = self._outage is not None and (
+            self._outage.away() is not None or self._outage.all_down_since_answer()
+        )
+        if now - heard_at < self._grace_s and self._writes.refused_at < heard_at and not known:
             if not self._doubting:
                 self._doubting = True
                 log.info(
@@ -99,4 +114,9 @@ class WriteReadiness:
                     now - heard_at,
                 )
             return None
+        if self._outage is not None:
+            self._outage.unanswered(failure)
+            away = self._outage.away()
+            if away is not None:
+                return f"Kafka does not answer: {away}"
         return f"Kafka does not answer: {failure}"

@@ -18,9 +18,10 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from log_store.errors import BadRequest
+from log_store.kafka.outage import ClientLines
 
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
-LIBRDKAFKA_LOGS = ("stderr", "debug")
+LIBRDKAFKA_LOGS = ("gateway", "debug")
 READER_FETCH_BYTES = 4 * 1024 * 1024
 """What one pull-read consumer asks for per fetch (of its one partition)."""
 READER_QUEUE_BYTES = 2 * 1024 * 1024
@@ -68,13 +69,20 @@ class KafkaSettings:
     entries (or the table's size, if larger); takeover reads the snapshot plus that tail."""
     session_timeout_ms: int = 10_000
     """The gateways' group: a gateway silent this long loses its partitions to the others."""
-    librdkafka_log: str = "stderr"
-    """Where librdkafka's own warnings and errors go.  ``stderr``: there, as librdkafka
-    writes them (a gateway's operators see its failed connections), except the partition
-    owners' producers', which go to the Python logger ``log_store.kafka.librdkafka`` at their
-    level (a fenced one's at INFO: see ``partition_owner._ProducerLog``); ``debug``: every
-    client's to that logger at DEBUG, for commands that say themselves in one line what went
-    wrong (``topics``, ``audit``)."""
+    librdkafka_log: str = "gateway"
+    """Where librdkafka's own warnings and errors go.  ``gateway``: to the Python logger
+    ``log_store.kafka.librdkafka`` at DEBUG (fatal ones at their level), through
+    :attr:`lines`, which keeps the last failure and whether a
+    client lost every broker: the gateway says itself, now and then, that Kafka is away and
+    why (see :mod:`log_store.kafka.outage`; the partition owners' producers' lines pass
+    through ``partition_owner._ProducerLog`` first, a fenced one's at INFO).  ``debug``: every
+    client's to that logger at DEBUG and nothing else, for commands that say themselves in
+    one line what went wrong (``topics``, ``audit``)."""
+
+    lines: ClientLines = field(default_factory=ClientLines, compare=False, repr=False)
+    """What the clients made from these settings said (the ``logger`` and ``error_cb`` of each,
+    with ``librdkafka_log = "gateway"``): the store's watch of Kafka reads it (see
+    :mod:`log_store.kafka.outage`).  Settings copied with ``dataclasses.replace`` share it."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap or not isinstance(self.bootstrap, str):
@@ -107,12 +115,16 @@ class KafkaSettings:
 
     # -- client configurations --------------------------------------------------------------
     def client_base(self) -> dict[str, Any]:
-        quiet = {"logger": DEBUG_LOG} if self.librdkafka_log == "debug" else {}
+        lines: dict[str, Any] = (
+            {"logger": DEBUG_LOG}
+            if self.librdkafka_log == "debug"
+            else {"logger": self.lines, "error_cb": self.lines.error}
+        )
         return {
             "bootstrap.servers": self.bootstrap,
             "client.id": f"{self.namespace}logbroker",
-            "log_level": 4,  # librdkafka's warnings and errors, on stderr (or to ``logger``)
-            **quiet,
+            "log_level": 4,  # librdkafka's warnings and errors, to ``logger``
+            **lines,
             "socket.keepalive.enable": True,
             # While the cluster is away, a consumer (it has a group id) asks for its group's
             # coordinator over and over, and with a 50 ms backoff librdkafka tried to

@@ -56,6 +56,7 @@ from log_store.kafka import naming
 from log_store.kafka.append_tail import STATE_LOOKBACK, AppendTail, StateStart
 from log_store.kafka.failures import OwnerGone, PartitionGone, WriterFenced, as_store_error
 from log_store.kafka.fetcher import FetcherPool, Watermarks
+from log_store.kafka.outage import KafkaOutage
 from log_store.kafka.partition_owner import OwnerContext, PartitionOwner, Pending
 from log_store.kafka.placement import OnDemand, Placement
 from log_store.kafka.readiness import WriteReadiness
@@ -132,15 +133,29 @@ class KafkaLogStore:
         self._replay_lock = threading.RLock()
         self._listings = StateListings()
         self.commits = self._ctx.commits
-        self._readiness = WriteReadiness(
-            lambda timeout_s: self._admin.reachable(timeout_s), self.commits
-        )
         """Kafka transactions committed here and the callers' transactions they carried."""
+        self._outage = KafkaOutage(
+            lambda timeout_s: self._admin.reachable(timeout_s),
+            (self._admin.serve_log, self._watermarks.serve_log, self._ctx.serve_log),
+            lines=settings.lines,
+        ).start()
+        self._readiness = WriteReadiness(
+            lambda timeout_s: self._admin.reachable(timeout_s), self.commits, self._outage
+        )
         self.takeovers: deque[tuple[str, int, float, int]] = deque(maxlen=1000)
         """Recent takeovers: (topic, partition, seconds, state entries)."""
         self.takeover_listener: Callable[[str, int, float, int], None] | None = None
         self._closed = False
         self._installation: str | None = None
+
+    # -- Kafka away -----------------------------------------------------------------------------
+    def _unless_away(self, what: str) -> None:
+        """StoreUnavailable at once while Kafka is known to be away (see ``outage``): a read or
+        a topic request would wait ``operation_timeout_s`` for the same answer.  Writes are
+        not refused so: they go to their partition's owner as ever."""
+        reason = self._outage.away()
+        if reason is not None:
+            raise StoreUnavailable(f"Kafka unavailable ({what}): {reason}")
 
     # -- topics ---------------------------------------------------------------------------------
     def _topic(self, name: str, *, fresh: bool = False) -> KafkaTopic:
@@ -209,12 +224,15 @@ class KafkaLogStore:
         validate_topic_name(name)
         config = config or TopicConfig()
         check_config(config)
+        self._unless_away(f"creating {name}")
         topic = self._admin.create(name, config, exist_ok=exist_ok)
         self._topics[name] = (topic, time.monotonic())
         self.placement.topics_changed()
         return self._info(topic, with_partitions=False)
 
     def delete_topic(self, name: str) -> None:
+        validate_topic_name(name)
+        self._unless_away(f"deleting {name}")
         topic = self._topic(name, fresh=True)
         with self._lock:
             owners = [o for (t, _p), o in self._owners.items() if t == name]
@@ -245,6 +263,8 @@ class KafkaLogStore:
         self._fetchers.forget(naming.data_topic(self.settings.namespace, name))
 
     def set_partitions(self, name: str, count: int) -> TopicInfo:
+        validate_topic_name(name)
+        self._unless_away(f"growing {name}")
         topic = self._topic(name, fresh=True)
         self._admin.grow(topic, count)
         self.placement.topics_changed()
@@ -262,6 +282,8 @@ class KafkaLogStore:
         retention_bytes: int | None = None,
         segment_bytes: int | None = None,
     ) -> TopicInfo:
+        validate_topic_name(name)
+        self._unless_away(f"altering {name}")
         topic = self._topic(name, fresh=True)
         current = self._admin.config(name)
         config = TopicConfig(
@@ -275,6 +297,7 @@ class KafkaLogStore:
         return self._info(topic, with_partitions=False)
 
     def list_topics(self) -> list[TopicInfo]:
+        self._unless_away("listing topics")
         infos = []
         for topic in self._admin.fetch_topics(self._admin.names()):
             try:
@@ -284,6 +307,8 @@ class KafkaLogStore:
         return infos
 
     def describe_topic(self, name: str) -> TopicInfo:
+        validate_topic_name(name)
+        self._unless_away(f"describing {name}")
         return self._info(self._topic(name, fresh=True), with_partitions=True)
 
     def current_topic_id(self, name: str) -> str:
@@ -610,6 +635,8 @@ class KafkaLogStore:
     def read(
         self, topic: str, partition: int, offset: int, max_bytes: int = 1024 * 1024
     ) -> ReadResult:
+        validate_topic_name(topic)
+        self._unless_away(f"reading {topic}/{partition}")
         kafka = self._check_partition(topic, partition)
         if offset < 0:
             low, end = self._watermarks.get(kafka.kafka_name, partition)
@@ -625,16 +652,22 @@ class KafkaLogStore:
         return dataclasses.replace(result, topic_id=kafka.topic_id)
 
     def end_offset(self, topic: str, partition: int) -> int:
+        validate_topic_name(topic)
+        self._unless_away(f"the end of {topic}/{partition}")
         kafka = self._check_partition(topic, partition)
         return self._watermarks.get(kafka.kafka_name, partition)[1]
 
     def wait_for_data(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
+        validate_topic_name(topic)
+        self._unless_away(f"waiting on {topic}/{partition}")
         kafka = self._check_partition(topic, partition)
         return self._fetchers.wait(kafka.kafka_name, partition, offset, timeout_s)
 
     def follow_appends(
         self, topic: str, partition: int, on_append: Callable[[], None]
     ) -> Callable[[], None]:
+        validate_topic_name(topic)
+        self._unless_away(f"following {topic}/{partition}")
         kafka = self._check_partition(topic, partition)
         _low, end = self._watermarks.get(kafka.kafka_name, partition, "follow")
         changelog = naming.state_topic(self.settings.namespace, kafka.topic_id)
@@ -914,6 +947,7 @@ class KafkaLogStore:
         if self._closed:
             return
         self._closed = True
+        self._outage.close()
         with self._lock:
             owners, self._owners = list(self._owners.values()), {}
         deadline = None if wait_s is None else time.monotonic() + wait_s

@@ -231,7 +231,8 @@ def _wait_for_kafka(settings: GatewaySettings) -> bool:
     meanwhile: its clients printed each failed connection, 4-8 lines a second, which buried
     the gateway's own line.
     """
-    from log_store.kafka.bootstrap import LastFailure, failure_reason
+    from log_store.kafka.bootstrap import LastFailure
+    from log_store.kafka.outage import failure_reason
     from log_store.kafka.topic_admin import TopicAdmin
 
     stopped = threading.Event()

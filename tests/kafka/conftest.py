@@ -41,13 +41,14 @@ def gateway_config(
 ) -> Path:
     """``top``: more top-level settings; ``tables``: more TOML tables (``[tokens.x]``)."""
     extra = "".join(f"{k} = {v!r}\n" for k, v in (kafka or {}).items())
+    timeout = "" if "operation_timeout_s" in (kafka or {}) else "operation_timeout_s = 10.0\n"
     path.write_text(
         f'store = "kafka"\n'
         f'kafka_bootstrap = "{bootstrap}"\n'
         f'kafka_namespace = "{namespace}"\n'
         f'kafka_ownership = "{ownership}"\n' + top + f"[kafka]\n"
         f"session_timeout_ms = {session_timeout_ms}\n"
-        f"operation_timeout_s = 10.0\n" + extra + tables
+        f"{timeout}" + extra + tables
     )
     return path
 

@@ -29,6 +29,7 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from log_store.kafka import gateway_group
 from log_store.kafka.gateway_group import GatewayGroup
+from log_store.kafka.outage import KafkaOutage
 from log_store.kafka.partition_owner import CommitCounts
 from log_store.kafka.readiness import WriteReadiness
 from log_store.kafka.settings import KafkaSettings
@@ -152,8 +153,11 @@ def running(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
 
 def _readiness(group: GatewayGroup) -> str | None:
     """What ``/readyz`` says of a gateway with this group (Kafka itself answering)."""
+    outage = KafkaOutage(lambda _s: None)  # Kafka answers; its watch is not started
     store = SimpleNamespace(
-        placement=group, _readiness=WriteReadiness(lambda _s: None, CommitCounts())
+        placement=group,
+        _outage=outage,
+        _readiness=WriteReadiness(lambda _s: None, CommitCounts(), outage),
     )
     return KafkaLogStore.readiness(store)  # type: ignore[arg-type]
 
