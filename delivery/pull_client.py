@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -189,6 +189,21 @@ def _retry_after(response: httpx.Response) -> float | None:
     except ValueError:
         return None
     return seconds if 0 <= seconds <= 60 else None
+
+
+def _positions(
+    positions: Iterable[tuple[str, int, int]], topic_ids: Mapping[str, str] | None
+) -> list[dict[str, Any]]:
+    """(topic, partition, offset) as the API's position objects, each naming its topic's id
+    where ``topic_ids`` (topic -> id) has one."""
+    ids = topic_ids or {}
+    named = []
+    for topic, partition, offset in positions:
+        position: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset}
+        if topic in ids:
+            position["topic_id"] = ids[topic]
+        named.append(position)
+    return named
 
 
 class PullClient:
@@ -409,13 +424,7 @@ class PullClient:
         topic_ids: Mapping[str, str] | None = None,
     ) -> list[BinarySection]:
         self._check_installation()
-        ids = topic_ids or {}
-        named = []
-        for t, p, o in positions:
-            position: dict[str, Any] = {"topic": t, "partition": p, "offset": o}
-            if t in ids:
-                position["topic_id"] = ids[t]
-            named.append(position)
+        named = _positions(positions, topic_ids)
         body: dict[str, Any] = {
             "partitions": named,
             "max_bytes": max_bytes,
@@ -536,14 +545,7 @@ class PullClient:
     ) -> None:
         """``topic_ids`` (topic -> id, as assignments name it) lets the gateway refuse offsets
         of an older topic of the same name."""
-        ids = topic_ids or {}
-        items = []
-        for t, p, o in offsets:
-            item: dict[str, Any] = {"topic": t, "partition": p, "offset": o}
-            if t in ids:
-                item["topic_id"] = ids[t]
-            items.append(item)
-        body = {"member_id": member_id, "offsets": items}
+        body = {"member_id": member_id, "offsets": _positions(offsets, topic_ids)}
         self._json("POST", f"/v1/groups/{_group(group)}/offsets", body)
 
     def leave(self, group: str, member_id: str) -> None:

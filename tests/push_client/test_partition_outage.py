@@ -187,6 +187,33 @@ def _proxy(gateway: str) -> Iterator[_OutageProxy]:
             server.http.close()
 
 
+@contextlib.contextmanager
+def _pushing(
+    tmp_path: Path, server: str, logs: Path, state: Path, extra: str = ""
+) -> Iterator[PushProcess]:
+    """A push-client of ``logs/*.log`` through ``server``, started (stopped at the end)."""
+    config = tmp_path / "push.toml"
+    config.write_text(
+        f"""
+[push]
+servers = ["{server}"]
+state_dir = "{state}"
+max_backoff_s = 1.0
+{extra}
+[[entry]]
+path = "{logs}/*.log"
+log_type = "app"
+"""
+    )
+    push = PushProcess(["--config", str(config), *FAST_FLAGS], tmp_path / "push.log")
+    push.start()
+    try:
+        push.wait_started(state)
+        yield push
+    finally:
+        push.stop()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -215,68 +242,45 @@ def test_files_on_healthy_partitions_ship_while_one_partition_has_no_owner(
         writer.append(logs / f"{name}.log", 100)
     state = tmp_path / "state"
     metrics_port = _free_port()
-    config = tmp_path / "push.toml"
-    with _proxy(gateway.url) as proxy:
-        config.write_text(
-            f"""
-[push]
-servers = ["{proxy.url}"]
-state_dir = "{state}"
-max_backoff_s = 1.0
-metrics_port = {metrics_port}
+    metrics = f"metrics_port = {metrics_port}\n"
+    with _proxy(gateway.url) as proxy, _pushing(tmp_path, proxy.url, logs, state, metrics) as push:
 
-[[entry]]
-path = "{logs}/*.log"
-log_type = "app"
-"""
-        )
-        push = PushProcess(["--config", str(config), *FAST_FLAGS], tmp_path / "push.log")
-        push.start()
-        try:
-            push.wait_started(state)
+        def lines_of(name: str) -> int:
+            delivered = read_delivered(gateway.data_dir, "app")
+            return sum(1 for i in delivered.ids() if i.startswith(f"{name}:"))
 
-            def lines_of(name: str) -> int:
-                delivered = read_delivered(gateway.data_dir, "app")
-                return sum(1 for i in delivered.ids() if i.startswith(f"{name}:"))
-
-            assert until(lambda: read_delivered(gateway.data_dir, "app").count() == 300, 30)
-            proxy.waiting_file = "slow.log"
-            # Several rounds: a client that retried the whole request got one or two rounds
-            # of the others through (the gateway wrote their sections), then stalled with
-            # every request of theirs in flight behind the waiting file.
-            for round_ in range(1, 5):
-                for writer_name, writer in writers.items():
-                    writer.append(logs / f"{writer_name}.log", 50)
-                expected = 100 + 50 * round_
-                assert until(
-                    lambda e=expected: lines_of("alpha") == e and lines_of("beta") == e, 15
-                ), (
-                    f"round {round_}: alpha {lines_of('alpha')}, beta {lines_of('beta')} of "
-                    f"{expected}: {push.log()}"
-                )
-            assert lines_of("slow") == 100  # held back all along
-            assert until(lambda: proxy.refused >= 3, 15)  # tried again, by itself
-            out = _status(state)
-            assert f"PARTITION UNAVAILABLE {logs}/slow.log: dc1.app/" in out, out
-            assert "has no reachable owner" in out
-            assert "waiting" in out
-            metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-            assert sample(metrics, "logbroker_push_partition_waiting_files") == 1
-            refusals = sample(
-                metrics, "logbroker_push_requests_total", outcome="partition_unavailable"
+        assert until(lambda: read_delivered(gateway.data_dir, "app").count() == 300, 30)
+        proxy.waiting_file = "slow.log"
+        # Several rounds: a client that retried the whole request got one or two rounds
+        # of the others through (the gateway wrote their sections), then stalled with
+        # every request of theirs in flight behind the waiting file.
+        for round_ in range(1, 5):
+            for writer_name, writer in writers.items():
+                writer.append(logs / f"{writer_name}.log", 50)
+            expected = 100 + 50 * round_
+            assert until(lambda e=expected: lines_of("alpha") == e and lines_of("beta") == e, 15), (
+                f"round {round_}: alpha {lines_of('alpha')}, beta {lines_of('beta')} of "
+                f"{expected}: {push.log()}"
             )
-            assert refusals is not None and refusals >= 2
-            log_text = push.log()
-            assert f"{logs}/slow.log: partition dc1.app/" in log_text
-            assert "has no reachable owner now" in log_text
+        assert lines_of("slow") == 100  # held back all along
+        assert until(lambda: proxy.refused >= 3, 15)  # tried again, by itself
+        out = _status(state)
+        assert f"PARTITION UNAVAILABLE {logs}/slow.log: dc1.app/" in out, out
+        assert "has no reachable owner" in out
+        assert "waiting" in out
+        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        assert sample(metrics, "logbroker_push_partition_waiting_files") == 1
+        refusals = sample(metrics, "logbroker_push_requests_total", outcome="partition_unavailable")
+        assert refusals is not None and refusals >= 2
+        log_text = push.log()
+        assert f"{logs}/slow.log: partition dc1.app/" in log_text
+        assert "has no reachable owner now" in log_text
 
-            proxy.waiting_file = ""  # the partition has an owner again
-            assert until(lambda: lines_of("slow") == 300, 30), push.log()
-            assert until(lambda: "PARTITION UNAVAILABLE" not in _status(state), 10)
-            assert "takes writes again" in push.log()
-            assert_exactly_once(read_delivered(gateway.data_dir, "app"), *writers.values())
-        finally:
-            push.stop()
+        proxy.waiting_file = ""  # the partition has an owner again
+        assert until(lambda: lines_of("slow") == 300, 30), push.log()
+        assert until(lambda: "PARTITION UNAVAILABLE" not in _status(state), 10)
+        assert "takes writes again" in push.log()
+        assert_exactly_once(read_delivered(gateway.data_dir, "app"), *writers.values())
 
 
 def test_a_file_waiting_for_the_partition_holding_its_pin_is_said_to_wait_for_that_one(
@@ -294,58 +298,35 @@ def test_a_file_waiting_for_the_partition_holding_its_pin_is_said_to_wait_for_th
     for name, writer in writers.items():
         writer.append(logs / f"{name}.log", 100)
     state = tmp_path / "state"
-    config = tmp_path / "push.toml"
-    with _proxy(gateway.url) as proxy:
-        config.write_text(
-            f"""
-[push]
-servers = ["{proxy.url}"]
-state_dir = "{state}"
-max_backoff_s = 1.0
+    with _proxy(gateway.url) as proxy, _pushing(tmp_path, proxy.url, logs, state) as push:
+        assert until(lambda: read_delivered(gateway.data_dir, "app").count() == 200, 60), push.log()
 
-[[entry]]
-path = "{logs}/*.log"
-log_type = "app"
-"""
-        )
-        push = PushProcess(["--config", str(config), *FAST_FLAGS], tmp_path / "push.log")
-        push.start()
-        try:
-            push.wait_started(state)
-            assert until(lambda: read_delivered(gateway.data_dir, "app").count() == 200, 60), (
-                push.log()
-            )
+        def slow_row() -> dict[str, Any]:
+            rows = json.loads((state / "status.json").read_text())["files"]
+            (row,) = [r for r in rows if r["path"].endswith("slow.log")]
+            return row
 
-            def slow_row() -> dict[str, Any]:
-                rows = json.loads((state / "status.json").read_text())["files"]
-                (row,) = [r for r in rows if r["path"].endswith("slow.log")]
-                return row
-
-            assert until(lambda: slow_row()["partition"] >= 0, 10)
-            data = slow_row()["partition"]
-            assert proxy.partitions[slow_row()["source_id"]] == ("dc1.app", data)
-            pin = (data + 1) % 4
-            proxy.pin_partition = pin
-            proxy.waiting_file = "slow.log"
-            for writer_name, writer in writers.items():
-                writer.append(logs / f"{writer_name}.log", 50)
-            assert until(lambda: proxy.refused >= 2, 15), push.log()
-            said = f"dc1.app/{pin}, which holds its pin (its data goes to dc1.app/{data}),"
-            assert f"{logs}/slow.log: partition {said} has no reachable owner now" in push.log()
-            assert until(lambda: "holds its pin" in _status(state), 10)
-            out = _status(state)
-            assert f"PARTITION UNAVAILABLE {logs}/slow.log: {said} has no reachable" in out, out
-            outage = slow_row()["partition_outage"]
-            assert (outage["partition"], outage["holds_pin"]) == (pin, True), outage
-            assert slow_row()["partition"] == data
-            proxy.waiting_file = ""
-            assert until(lambda: read_delivered(gateway.data_dir, "app").count() == 300, 60), (
-                push.log()
-            )
-            assert until(lambda: "takes writes again" in push.log(), 15), push.log()
-            assert_exactly_once(read_delivered(gateway.data_dir, "app"), *writers.values())
-        finally:
-            push.stop()
+        assert until(lambda: slow_row()["partition"] >= 0, 10)
+        data = slow_row()["partition"]
+        assert proxy.partitions[slow_row()["source_id"]] == ("dc1.app", data)
+        pin = (data + 1) % 4
+        proxy.pin_partition = pin
+        proxy.waiting_file = "slow.log"
+        for writer_name, writer in writers.items():
+            writer.append(logs / f"{writer_name}.log", 50)
+        assert until(lambda: proxy.refused >= 2, 15), push.log()
+        said = f"dc1.app/{pin}, which holds its pin (its data goes to dc1.app/{data}),"
+        assert f"{logs}/slow.log: partition {said} has no reachable owner now" in push.log()
+        assert until(lambda: "holds its pin" in _status(state), 10)
+        out = _status(state)
+        assert f"PARTITION UNAVAILABLE {logs}/slow.log: {said} has no reachable" in out, out
+        outage = slow_row()["partition_outage"]
+        assert (outage["partition"], outage["holds_pin"]) == (pin, True), outage
+        assert slow_row()["partition"] == data
+        proxy.waiting_file = ""
+        assert until(lambda: read_delivered(gateway.data_dir, "app").count() == 300, 60), push.log()
+        assert until(lambda: "takes writes again" in push.log(), 15), push.log()
+        assert_exactly_once(read_delivered(gateway.data_dir, "app"), *writers.values())
 
 
 def test_a_file_whose_session_waits_for_an_owner_is_said_to_wait_once(
@@ -362,25 +343,9 @@ def test_a_file_whose_session_waits_for_an_owner_is_said_to_wait_once(
     for name, writer in writers.items():
         writer.append(logs / f"{name}.log", 100)
     state = tmp_path / "state"
-    config = tmp_path / "push.toml"
     with _proxy(gateway.url) as proxy:
         proxy.sessions_waiting_file = "slow.log"
-        config.write_text(
-            f"""
-[push]
-servers = ["{proxy.url}"]
-state_dir = "{state}"
-max_backoff_s = 1.0
-
-[[entry]]
-path = "{logs}/*.log"
-log_type = "app"
-"""
-        )
-        push = PushProcess(["--config", str(config), *FAST_FLAGS], tmp_path / "push.log")
-        push.start()
-        try:
-            push.wait_started(state)
+        with _pushing(tmp_path, proxy.url, logs, state) as push:
             assert until(lambda: len(proxy.sessions_refused) >= 5, 30), push.log()
             assert read_delivered(gateway.data_dir, "app").count() == 100  # alpha ships
             waits = push.log().count(f"{logs}/slow.log: the gateway cannot take it now")
@@ -393,5 +358,3 @@ log_type = "app"
             )
             assert f"{logs}/slow.log: the gateway takes it again" in push.log()
             assert_exactly_once(read_delivered(gateway.data_dir, "app"), *writers.values())
-        finally:
-            push.stop()
