@@ -200,11 +200,7 @@ class GatewayRetry:
                 raise _Failed(
                     failed.text, maybe_sent=False, wait_at_least_s=failed.wait_at_least_s
                 ) from None
-            try:
-                said = healthz.json()
-            except ValueError:
-                said = None
-            failure = self._installation.check(self.current, said, several=True)
+            failure = self._installation.check(self.current, healthz, several=True)
             if failure is not None:
                 raise _Failed(f"{self.current} {failure}", maybe_sent=False)
             self._asked[self._current] = True

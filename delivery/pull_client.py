@@ -246,11 +246,7 @@ class PullClient:
             raise self._unavailable(f"GET /healthz: {type(exc).__name__}: {exc}") from None
         if response.status_code >= 500:
             raise self._unavailable(f"GET /healthz: gateway answered {response.status_code}")
-        try:
-            said = response.json()
-        except ValueError:
-            said = None
-        failure = self._installation.check(self.url, said, several=len(self._clients) > 1)
+        failure = self._installation.check(self.url, response, several=len(self._clients) > 1)
         if failure is not None:
             raise self._unavailable(failure)
         self._asked[self._current] = True
