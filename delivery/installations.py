@@ -172,16 +172,41 @@ def ask_every_gateway(
     return checked
 
 
-def check_one_installation(urls: Sequence[str], *, why: str, token: str | None = None) -> None:
+def check_one_installation(
+    urls: Sequence[str], *, why: str, token: str | None = None
+) -> tuple[str, str] | None:
     """Ask each of ``urls`` its installation now, at once (:func:`ask_every_gateway`), for a
     list whose own requests do not check it: :class:`MixedInstallations` if two name
-    different ones (one that does not answer now is not checked)."""
+    different ones (one that does not answer now is not checked: check it with
+    :func:`ask_one_gateway` when it is first reached).  Returns (URL, installation id) of
+    the first that named it, if any."""
     if len(urls) < 2:
-        return
+        return None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     clients = [httpx.Client(base_url=url, headers=headers) for url in urls]
+    installation = OneInstallation(why)
     try:
-        ask_every_gateway(OneInstallation(why), list(zip(urls, clients, strict=True)))
+        ask_every_gateway(installation, list(zip(urls, clients, strict=True)))
     finally:
         for client in clients:
             client.close()
+    return installation.known
+
+
+def ask_one_gateway(
+    installation: OneInstallation,
+    url: str,
+    *,
+    token: str | None = None,
+    timeout_s: float = START_TIMEOUT_S,
+) -> str | None:
+    """Ask ``url`` its installation now and check it (:meth:`OneInstallation.check`, as one
+    of several), for a list whose own requests do not check it: None if it belongs to
+    ``installation`` (or is a gateway too old to say); the failure to say if it did not
+    answer or cannot say now; raises :class:`MixedInstallations` or :class:`NotAGateway`."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.get(url + HEALTH_PATH, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return f"did not answer {HEALTH_PATH}: {type(exc).__name__}: {exc}"
+    return installation.check(url, response, several=True)
