@@ -18,9 +18,9 @@ one older than ``installation`` answers so without it, and its URLs are taken as
 gave them.  Any other answer (a 404 or 403 of a proxy with no gateway behind it, a page that
 is no gateway's JSON) comes from no gateway: with several URLs, :class:`NotAGateway`, naming
 the URL and what it answered, before anything else is asked of it (a lone URL has no other
-to be mixed with; its own requests say what answers there).  A 5xx, 408 or 429 is an answer of a
-moment (a gateway starting or stopping, a balancer without one behind it): the URL is
-asked again later, as one that did not answer.
+to be mixed with; its own requests say what answers there).  A 5xx, 408 or 429 is an
+answer of a moment (a gateway starting or stopping, a balancer without one behind it): the
+URL is asked again later, as one that did not answer.
 """
 
 from __future__ import annotations
