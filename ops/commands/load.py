@@ -487,7 +487,7 @@ def _publish_audit(
     args: argparse.Namespace,
     spark: object,
     outcome: _Outcome,
-    installation: tuple[str, str] | None,
+    installation: tuple[str, str] | None = None,
 ) -> int:
     """Recount the table and publish it as the audit's loader tier (see ops/audit_loader.py);
     ``installation``: (URL, installation id) the gateways were found to belong to at the
