@@ -39,18 +39,26 @@ MAX_RETRY_AFTER_S = 30.0
 def gateway_urls(text: str) -> tuple[str, ...]:
     """The gateways of ``URL[,URL...]`` (one installation), in order: each stripped of blanks
     and of a trailing ``/``, empty items left out (so a text of only commas names none).  The
-    one splitter of every ``--server`` and of the loader's ``server``; each caller refuses
-    what it cannot use (none, or one that is no http(s) URL) with its own message."""
+    one splitter of every ``--server`` (the push-client's groups' too) and of the loader's
+    ``server``; each caller refuses what it cannot use (none, or one that is no http(s) URL)
+    with its own message."""
     return tuple(url.strip().rstrip("/") for url in text.split(",") if url.strip())
+
+
+def retry_after_given(response: httpx.Response) -> float | None:
+    """The seconds ``Retry-After`` gives (a finite number, 0 or more), None without one.  The
+    one reading of the header; each caller bounds what it waits (:func:`retry_after_s`)."""
+    try:
+        value = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def retry_after_s(response: httpx.Response) -> float:
     """The seconds ``Retry-After`` asks for (a number; at most 30), else 0."""
-    try:
-        value = float(response.headers.get("Retry-After", ""))
-    except ValueError:
-        return 0.0
-    return min(value, MAX_RETRY_AFTER_S) if math.isfinite(value) and value > 0 else 0.0
+    given = retry_after_given(response)
+    return 0.0 if given is None else min(given, MAX_RETRY_AFTER_S)
 
 
 class StillUnavailable(LogbrokerError):
@@ -200,11 +208,7 @@ class GatewayRetry:
                 raise _Failed(
                     failed.text, maybe_sent=False, wait_at_least_s=failed.wait_at_least_s
                 ) from None
-            try:
-                said = healthz.json()
-            except ValueError:
-                said = None
-            failure = self._installation.check(self.current, said, several=True)
+            failure = self._installation.check(self.current, healthz, several=True)
             if failure is not None:
                 raise _Failed(f"{self.current} {failure}", maybe_sent=False)
             self._asked[self._current] = True

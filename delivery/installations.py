@@ -12,6 +12,15 @@ A command given several URLs asks every one at its start, at once (:func:`ask_ev
 one ``/healthz`` each, concurrently, within :data:`START_TIMEOUT_S`), so that a mistyped URL
 of another installation is refused then, not only once the gateways before it in the list
 failed.  A gateway that does not answer then is checked when a request first reaches it.
+
+Every gateway answers ``/healthz`` with 200 and a JSON object whose ``status`` is ``"ok"``;
+one older than ``installation`` answers so without it, and its URLs are taken as the user
+gave them.  Any other answer (a 404 or 403 of a proxy with no gateway behind it, a page that
+is no gateway's JSON) comes from no gateway: with several URLs, :class:`NotAGateway`, naming
+the URL and what it answered, before anything else is asked of it (a lone URL has no other
+to be mixed with; its own requests say what answers there).  A 5xx, 408 or 429 is an
+answer of a moment (a gateway starting or stopping, a balancer without one behind it): the
+URL is asked again later, as one that did not answer.
 """
 
 from __future__ import annotations
@@ -38,6 +47,42 @@ class MixedInstallations(BadRequest):
     before (its ``/healthz`` names another ``installation`` id): nothing else is asked of it."""
 
 
+class NotAGateway(BadRequest):
+    """A URL of ``--server`` answers ``/healthz`` as no logbroker gateway does (see the
+    module docstring): nothing else is asked of it."""
+
+
+_ASK_LATER = frozenset({408, 429})
+"""Statuses of ``/healthz`` below 500 that a moment explains (a timeout, a rate limit of a
+proxy): the URL is asked again later, as for a 5xx."""
+
+
+def gateway_said(url: str, response: httpx.Response) -> dict[str, Any] | None:
+    """What the gateway at ``url`` says of itself in ``response``, its ``/healthz`` answer:
+    None if it cannot say now (a 5xx, 408 or 429: ask again later); raises
+    :class:`NotAGateway` for an answer no gateway gives (see the module docstring)."""
+    status = response.status_code
+    if status >= 500 or status in _ASK_LATER:
+        return None
+    if not 200 <= status < 300:
+        raise NotAGateway(
+            f"{url} answered {status} to GET {HEALTH_PATH}, as no logbroker gateway does: "
+            "not a gateway's URL (a wrong one, or a proxy with no gateway behind it)"
+        )
+    try:
+        said = response.json()
+    except ValueError:
+        said = None
+    if not isinstance(said, dict) or said.get("status") != "ok":
+        shown = response.text[:80].strip() or "an empty body"
+        raise NotAGateway(
+            f"{url} answered {status} to GET {HEALTH_PATH} with {shown!r}, not a logbroker "
+            "gateway's JSON: not a gateway's URL (a wrong one, or a proxy or a page in front "
+            "of none)"
+        )
+    return said
+
+
 class OneInstallation:
     """The installation the gateways of one ``--server`` belong to, learnt from the first that
     names it; ``why`` ends the refusal of another (what would go wrong there).  ``known``:
@@ -54,13 +99,23 @@ class OneInstallation:
         """(URL, installation id) of the first gateway that named its installation, if any."""
         return self._first
 
-    def check(self, url: str, healthz: Any, *, several: bool) -> str | None:
-        """Check ``healthz`` (the JSON of ``url``'s ``/healthz``, None if it was none): None if
-        ``url`` belongs to this installation (or is too old to say); the failure to say if it
-        cannot name it yet (its store does not answer: ask again later); raises
-        :class:`MixedInstallations` if it names another.  ``several``: ``url`` is one of
-        several (an older gateway is then said to be taken unchecked, once)."""
-        if not isinstance(healthz, dict) or "installation" not in healthz:
+    def check(self, url: str, response: httpx.Response, *, several: bool) -> str | None:
+        """Check ``response``, ``url``'s answer to ``/healthz``: None if ``url`` belongs to
+        this installation (or is a gateway too old to say); the failure to say if it cannot
+        name it now (its store does not answer, or a 5xx: ask again later); raises
+        :class:`MixedInstallations` if it names another, :class:`NotAGateway` if no gateway
+        answered, when ``url`` is one of several (alone, it has no other to be mixed with: its
+        own requests say what answers there).  ``several``: an older gateway is then said to
+        be taken unchecked, once."""
+        try:
+            healthz = gateway_said(url, response)
+        except NotAGateway:
+            if several:
+                raise
+            return None
+        if healthz is None:
+            return f"answered {response.status_code} to {HEALTH_PATH}"
+        if "installation" not in healthz:
             # a gateway too old to name it: the URLs are taken as the user gave them
             if several and not self._said_unnamed:
                 self._said_unnamed = True
@@ -101,36 +156,57 @@ def ask_every_gateway(
     one before it.  Returns, for each, whether it was checked; one that did not answer, or
     cannot name its installation yet, is to be checked when a request first reaches it."""
 
-    def ask(client: httpx.Client) -> tuple[bool, Any]:
+    def ask(client: httpx.Client) -> httpx.Response | None:
         try:
-            response = client.get(HEALTH_PATH, timeout=timeout_s)
+            return client.get(HEALTH_PATH, timeout=timeout_s)
         except httpx.HTTPError:
-            return False, None  # down (or no http URL): its first request says why
-        if response.status_code >= 500:
-            return False, None
-        try:
-            return True, response.json()
-        except ValueError:
-            return True, None
+            return None  # down (or no http URL): its first request says why
 
     with ThreadPoolExecutor(max_workers=len(gateways)) as pool:
         answers = list(pool.map(ask, [client for _, client in gateways]))
     checked = []
-    for (url, _), (answered, healthz) in zip(gateways, answers, strict=True):
-        checked.append(answered and installation.check(url, healthz, several=True) is None)
+    for (url, _), response in zip(gateways, answers, strict=True):
+        checked.append(
+            response is not None and installation.check(url, response, several=True) is None
+        )
     return checked
 
 
-def check_one_installation(urls: Sequence[str], *, why: str, token: str | None = None) -> None:
+def check_one_installation(
+    urls: Sequence[str], *, why: str, token: str | None = None
+) -> tuple[str, str] | None:
     """Ask each of ``urls`` its installation now, at once (:func:`ask_every_gateway`), for a
     list whose own requests do not check it: :class:`MixedInstallations` if two name
-    different ones (one that does not answer now is not checked)."""
+    different ones (one that does not answer now is not checked: check it with
+    :func:`ask_one_gateway` when it is first reached).  Returns (URL, installation id) of
+    the first that named it, if any."""
     if len(urls) < 2:
-        return
+        return None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     clients = [httpx.Client(base_url=url, headers=headers) for url in urls]
+    installation = OneInstallation(why)
     try:
-        ask_every_gateway(OneInstallation(why), list(zip(urls, clients, strict=True)))
+        ask_every_gateway(installation, list(zip(urls, clients, strict=True)))
     finally:
         for client in clients:
             client.close()
+    return installation.known
+
+
+def ask_one_gateway(
+    installation: OneInstallation,
+    url: str,
+    *,
+    token: str | None = None,
+    timeout_s: float = START_TIMEOUT_S,
+) -> str | None:
+    """Ask ``url`` its installation now and check it (:meth:`OneInstallation.check`, as one
+    of several), for a list whose own requests do not check it: None if it belongs to
+    ``installation`` (or is a gateway too old to say); the failure to say if it did not
+    answer or cannot say now; raises :class:`MixedInstallations` or :class:`NotAGateway`."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.get(url + HEALTH_PATH, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return f"did not answer {HEALTH_PATH}: {type(exc).__name__}: {exc}"
+    return installation.check(url, response, several=True)

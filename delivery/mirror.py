@@ -51,6 +51,7 @@ from audit.sinks import start_http_publisher
 from audit.windows import WindowCounts, count_lines, window_start
 from delivery.envelope_view import NotAnEnvelope, view
 from delivery.framing import MAGIC, decode_binary
+from delivery.installations import gateway_said
 from delivery.legacy_txn import validate_txn_id
 from delivery.partition_reader import check_max_bytes
 from delivery.pull_client import GatewayUnavailable, PullClient, RequestRefused, corrupt_of
@@ -449,8 +450,9 @@ _HEALTHZ_TIMEOUT_S = 10.0
 
 
 def _healthz(side: str, url: str) -> dict[str, Any]:
-    """What the gateway at ``url`` says of itself (``GET /healthz``); {} for an answer that
-    is not a gateway's JSON.  GatewayUnavailable if it does not answer."""
+    """What the gateway at ``url`` says of itself (``GET /healthz``).  GatewayUnavailable if
+    it does not answer (or answers a 5xx, 408, 429); :class:`NotAGateway` for an answer no
+    gateway gives (a 404 of a proxy with nothing behind it)."""
     try:
         response = httpx.get(
             url.rstrip("/") + "/healthz",
@@ -459,13 +461,10 @@ def _healthz(side: str, url: str) -> dict[str, Any]:
         )
     except httpx.HTTPError as exc:
         raise GatewayUnavailable(f"{side} {url}: {type(exc).__name__}: {exc}") from None
-    if response.status_code >= 500:
+    said = gateway_said(f"the {side} {url}", response)
+    if said is None:
         raise GatewayUnavailable(f"{side} {url} answered {response.status_code}")
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if response.status_code == 200 and isinstance(body, dict) else {}
+    return said
 
 
 class DestinationRefused(RequestRefused):

@@ -24,7 +24,7 @@ from delivery.framing import (
     decode_binary_stream,
     not_envelopes_of,
 )
-from delivery.gateway_retry import gateway_urls
+from delivery.gateway_retry import gateway_urls, retry_after_given
 from delivery.installations import HEALTH_PATH, OneInstallation, ask_every_gateway
 from delivery.partition_reader import NotEnvelope
 from log_store.errors import BadRequest, CorruptData, LogbrokerError
@@ -184,11 +184,8 @@ def _retry_after(response: httpx.Response) -> float | None:
     none, while :attr:`RequestRefused.retry_after_s` tells none (None) from 0, keeps 30-60 s
     as given (a long-poll's 429 waits that long, up to its ``wait_ms``) and ignores more than
     60 s (the 429 wait is then the usual second, not 30 s)."""
-    try:
-        seconds = float(response.headers.get("retry-after", ""))
-    except ValueError:
-        return None
-    return seconds if 0 <= seconds <= 60 else None
+    seconds = retry_after_given(response)
+    return seconds if seconds is not None and seconds <= 60 else None
 
 
 def _positions(
@@ -291,11 +288,7 @@ class PullClient:
             raise self._unavailable(f"GET /healthz: {type(exc).__name__}: {exc}") from None
         if response.status_code >= 500:
             raise self._unavailable(f"GET /healthz: gateway answered {response.status_code}")
-        try:
-            said = response.json()
-        except ValueError:
-            said = None
-        failure = self._installation.check(self.url, said, several=len(self._clients) > 1)
+        failure = self._installation.check(self.url, response, several=len(self._clients) > 1)
         if failure is not None:
             raise self._unavailable(failure)
         self._asked[self._current] = True

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import httpx
 
+# the one splitter of every --server URL[,URL...], the commands' and the loader's too
+from delivery.gateway_retry import gateway_urls
 from push_client.backoff import CLOSE_WAIT_S, ProbeSchedule
 
 log = logging.getLogger("logbroker.push")
@@ -62,14 +64,14 @@ def parse_servers(values: Sequence[str]) -> tuple[InstallationSpec, ...]:
     for value in values:
         match = _NAMED.fullmatch(value.strip())
         if match is not None and "://" not in match.group(1):
-            urls = _urls(match.group(2))
+            urls = gateway_urls(match.group(2))
             if not urls:
                 raise ValueError(f"installation {match.group(1)!r} has no gateway URL")
             if any(spec.name == match.group(1) for spec in named):
                 raise ValueError(f"installation {match.group(1)!r} is given twice")
             named.append(InstallationSpec(match.group(1), urls))
         else:
-            unnamed.extend(_urls(value))
+            unnamed.extend(gateway_urls(value))
     if named and unnamed:
         raise ValueError(
             "give every --server as NAME=URL[,URL...] or none: installations cannot be mixed "
@@ -78,10 +80,6 @@ def parse_servers(values: Sequence[str]) -> tuple[InstallationSpec, ...]:
     if named:
         return tuple(named)
     return (InstallationSpec(DEFAULT_NAME, tuple(unnamed)),) if unnamed else ()
-
-
-def _urls(text: str) -> tuple[str, ...]:
-    return tuple(u.strip().rstrip("/") for u in text.split(",") if u.strip())
 
 
 class Installation:

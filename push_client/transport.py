@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 import orjson
 
+from delivery.gateway_retry import MAX_RETRY_AFTER_S, retry_after_given
 from log_store.errors import LogbrokerError
 from push_client.backoff import CLOSE_WAIT_S, Backoff, ProbeSchedule
 from push_client.owner_routes import FORWARDED_HEADER, OWNERS_PATH
@@ -581,9 +582,9 @@ class GatewayClient:
             raise _refused(response)
         self.stats.count(f"http_{status}")
         attempt.maybe_written = status >= 500
-        retry_after = response.headers.get("Retry-After", "")
-        if retry_after.replace(".", "", 1).isdigit():
-            attempt.wait_at_least = min(float(retry_after), 30.0)
+        retry_after = retry_after_given(response)
+        if retry_after is not None:
+            attempt.wait_at_least = min(retry_after, MAX_RETRY_AFTER_S)
         if not attempt.stalled:
             self.stats.stall.ended(attempt.stall_id, attempt.outcome)
         return None

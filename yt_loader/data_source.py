@@ -17,7 +17,11 @@ split); executors read them in parallel.  Options:
     (either backend), or the Kafka servers of a Kafka-backed log, which every task then
     reads directly with read_committed consumers (``kafka_namespace``: the gateways'
     namespace; ``kafka.<property>``: librdkafka properties such as TLS or SASL settings);
-    ``token`` is sent as a bearer token to the gateway.
+    ``token`` is sent as a bearer token to the gateway.  ``server`` may name several
+    gateways of one installation, ``URL,URL``: the driver asks every one its installation
+    before it plans (:class:`~delivery.installations.MixedInstallations` if two name
+    different ones), and each task refuses a gateway of another installation than the one
+    the driver planned in, as ``logbroker load`` does.
 ``topics``
     comma-separated globs, default ``*``.
 ``max_range_bytes``
@@ -37,6 +41,7 @@ split); executors read them in parallel.  Options:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -173,23 +178,35 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 class RangePartition(InputPartition):
-    """One Spark partition: one offset range (picklable, shipped to an executor), and the
-    identity (``topic_id``) of the topic the range was planned in.
+    """One Spark partition: one offset range (picklable, shipped to an executor), the
+    identity (``topic_id``) of the topic the range was planned in, and the (URL,
+    installation id) of the gateways it was planned through (``installation``), which the
+    task's gateways are checked against before anything is read from them.  (PySpark ships a
+    reader's ``read`` to the executors before it plans: what planning learns goes in here.)
 
     ``None`` reads nothing: a batch read with nothing to read still needs one partition.
     """
 
-    def __init__(self, rng: OffsetRange | None, topic_id: str | None = None) -> None:
+    def __init__(
+        self,
+        rng: OffsetRange | None,
+        topic_id: str | None = None,
+        installation: tuple[str, str] | None = None,
+    ) -> None:
         super().__init__(rng)
         self.rng = rng
         self.topic_id = topic_id
+        self.installation = installation
 
 
 def _read_partition(options: ReaderOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, RangePartition) or partition.rng is None:
         return
     rng = partition.rng
-    source = options.spec.open()
+    spec = options.spec
+    if partition.installation is not None and spec.installation is None:
+        spec = dataclasses.replace(spec, installation=partition.installation)
+    source = spec.open()
     stats = RangeReadStats()
     try:
         yield from read_range(
@@ -223,13 +240,15 @@ class LogbrokerBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> list[InputPartition]:
-        source = self.options.spec.open()
+        spec = self.options.spec.pinned()  # several gateways: each asked its installation
+        source = spec.open()
         try:
             bounds = current_bounds(source, self.options.topics)
+            installation = spec.pinned(learnt_by=source).installation
         finally:
             source.close()
         ranges: list[InputPartition] = [
-            RangePartition(rng, topic.topic_id)
+            RangePartition(rng, topic.topic_id, installation)
             for topic in bounds
             for p in topic.partitions
             for rng in split_range(
@@ -254,11 +273,18 @@ class LogbrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def __init__(self, options: ReaderOptions) -> None:
         self.options = options
         self._target: StreamOffsets | None = None
+        self._spec: SourceSpec | None = None
+        """The options' spec with the installation its gateways were found to belong to at
+        the query's start (every plan and every task is checked against it)."""
 
     def _bounds(self) -> list[TopicBounds]:
-        source = self.options.spec.open()
+        if self._spec is None:  # several gateways: each asked its installation at the start
+            self._spec = self.options.spec.pinned()
+        source = self._spec.open()
         try:
-            return current_bounds(source, self.options.topics)
+            bounds = current_bounds(source, self.options.topics)
+            self._spec = self._spec.pinned(learnt_by=source)
+            return bounds
         finally:
             source.close()
 
@@ -319,8 +345,9 @@ class LogbrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         per_offset = {
             (t.name, p.partition): p.bytes_per_offset for t in self._bounds() for p in t.partitions
         }
+        installation = None if self._spec is None else self._spec.installation
         return [
-            RangePartition(rng, end[topic].get(TOPIC_ID_KEY))
+            RangePartition(rng, end[topic].get(TOPIC_ID_KEY), installation)
             for (topic, p), (s, e) in sorted(wanted.items())
             for rng in split_range(
                 topic, p, s, e, per_offset.get((topic, p), 0.0), self.options.max_range_bytes

@@ -31,7 +31,7 @@ from pathlib import Path
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import SparkSession
 
-from delivery.installations import MixedInstallations
+from delivery.installations import MixedInstallations, NotAGateway
 from log_store.errors import LogbrokerError, OffsetOutOfRange, TopicDeleted, UnknownTopic
 from session_dedup.chunk_codecs import CorruptChunk
 from yt_loader.crash_points import reach
@@ -318,6 +318,8 @@ def _batch_failure(batch: int, name: str, message: str) -> LogbrokerError:
         return DataLost(f"{message} (batch {batch} was not committed; run the load again)")
     if name == "MixedInstallations":
         return MixedInstallations(message)  # as the driver says it: the command line's mistake
+    if name == "NotAGateway":
+        return NotAGateway(message)
     return LoadFailed(f"batch {batch} failed: {name}: {message}")
 
 
@@ -329,10 +331,12 @@ _HANDLED_IN_THE_DRIVER = (
     WarehouseCorrupt,
     CorruptChunk,
     MixedInstallations,
+    NotAGateway,
 )
 """What a task meets that no attempt of it again would mend, and that the driver handles
 (a topic deleted, offsets dropped by retention, a message that does not decompress, a
-gateway of another installation than the one the driver planned in)."""
+gateway of another installation than the one the driver planned in, a URL of ``server``
+where no gateway answers)."""
 
 
 @dataclass(frozen=True)

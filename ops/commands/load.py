@@ -8,7 +8,8 @@ separates the report from the progress.
 SIGTERM lets the batch in hand commit and then stops (the next run continues).  Exit
 codes: 0 loaded (or nothing new), 2 bad usage (among it ``--topics`` matching no topic of the
 log, a Kafka cluster no broker of which answers within 5 s, a table path inside a Delta
-table, gateways of two installations in ``--server``, met by the driver or a task), 3 loaded
+table, gateways of two installations in ``--server``, met by the driver or a task, or in
+``--audit-server``, met at the start or, with ``--audit-only``, by the publication), 3 loaded
 but some offsets were lost to retention before they could be loaded, left out by
 ``--skip-corrupt``, or of a topic deleted before they were loaded (named on stderr), 1 any
 other failure (a message that does not decompress or a record that is no envelope,
@@ -171,6 +172,9 @@ def _kafka_properties(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
             raise BadRequest(f"--kafka-property {item!r} is not KEY=VALUE")
         properties.append((key, value))
     return tuple(properties)
+
+
+_AUDIT_WHY = "counts published to one of them would go to another installation's audit"
 
 
 def _check_audit_flags(args: argparse.Namespace) -> None:
@@ -383,10 +387,10 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
                 return outcome.fail(2, str(exc))  # as topics and audit say it (docs/kafka.md)
         # a gateway of another installation in --server is refused at once, before Spark
         spec = spec.pinned()
+        audit_installation = spec.installation
         if args.audit_server is not None:
-            check_one_installation(
-                gateway_urls(args.audit_server),
-                why="counts published to one of them would go to another installation's audit",
+            audit_installation = check_one_installation(
+                gateway_urls(args.audit_server), why=_AUDIT_WHY, token=token_from(args)
             )
         source = spec.open()  # a wrong directory or an unreachable gateway fails before Spark
         try:
@@ -427,7 +431,7 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
 
     stop_signals.on_stop(_on_stop)
     if args.audit_only and args.table_format == "parquet":
-        return _publish_audit(args, None, outcome)
+        return _publish_audit(args, None, outcome, audit_installation)
     try:
         spark = build_session(
             args.master, with_delta=args.table_format == "delta", log_level=log_level
@@ -436,11 +440,11 @@ def _load(args: argparse.Namespace, outcome: _Outcome) -> int:
         return outcome.fail(2, str(exc))
     try:
         if args.audit_only:
-            return _publish_audit(args, spark, outcome)
+            return _publish_audit(args, spark, outcome, audit_installation)
         report = run_load(spark, config, _progress, stop)
         outcome.report = report
         if not args.no_audit:
-            _publish_audit(args, spark, outcome)
+            _publish_audit(args, spark, outcome, audit_installation)
         if not (report.topics or report.held_back or report.gaps):
             return outcome.fail(2, f"{no_topic}; nothing loaded")
     except DataLost as exc:
@@ -479,8 +483,15 @@ def exit_code(report: LoadReport) -> int:
     return EXIT_DATA_LOST if report.gaps else 0
 
 
-def _publish_audit(args: argparse.Namespace, spark: object, outcome: _Outcome) -> int:
-    """Recount the table and publish it as the audit's loader tier (see ops/audit_loader.py)."""
+def _publish_audit(
+    args: argparse.Namespace,
+    spark: object,
+    outcome: _Outcome,
+    installation: tuple[str, str] | None = None,
+) -> int:
+    """Recount the table and publish it as the audit's loader tier (see ops/audit_loader.py);
+    ``installation``: (URL, installation id) the gateways were found to belong to at the
+    run's start, if one named it."""
     from yt_loader.table_counts import delta_table_counts, parquet_table_counts
 
     warehouse = Path(args.warehouse)
@@ -495,28 +506,54 @@ def _publish_audit(args: argparse.Namespace, spark: object, outcome: _Outcome) -
     else:
         counts = delta_table_counts(spark, warehouse)
     try:
-        written = _publish_to_one(counts, warehouse, server, token_from(args))
+        written = _publish_to_one(counts, warehouse, server, token_from(args), installation)
     except LogbrokerError as exc:
         outcome.audit = f"publishing the audit counts failed: {exc}"
         print(f"logbroker load: {outcome.audit}", file=sys.stderr)
         if args.audit_only:
             outcome.error = outcome.audit  # the run's only work failed
-        return 1
+        # a gateway of another installation, or no gateway: the command line's mistake
+        return 2 if isinstance(exc, BadRequest) else 1
     outcome.audit = f"{len(counts)} window(s) counted, {written} total(s) published"
     _progress(f"audit: {outcome.audit}")
     return 0
 
 
-def _publish_to_one(counts: Counts, warehouse: Path, servers: str, token: str | None) -> int:
+def _publish_to_one(
+    counts: Counts,
+    warehouse: Path,
+    servers: str,
+    token: str | None,
+    installation: tuple[str, str] | None = None,
+) -> int:
     """Publish to the first of ``servers`` (``URL[,URL...]``) that takes the counts.  Asking
     the next after a failure cannot count twice: every audit record is a cumulative total
-    (see ``audit.publisher``)."""
+    (see ``audit.publisher``).
+
+    With several, each is asked its installation before the counts go to it, and checked
+    against ``installation`` ((URL, installation id) found at the run's start) or the first
+    that names one: a gateway that did not answer at the start and belongs to another
+    installation now is refused (:class:`~delivery.installations.MixedInstallations`), as
+    a gateway command refuses it when first reached."""
+    from delivery.gateway_retry import gateway_urls
+    from delivery.installations import OneInstallation, ask_one_gateway
     from ops.audit_loader import publish_table_counts
 
-    urls = [u.strip() for u in servers.split(",") if u.strip()]
-    for url in urls[:-1]:
+    urls = gateway_urls(servers)
+    one = OneInstallation(_AUDIT_WHY, installation)
+    failure = ""
+    for i, url in enumerate(urls):
         try:
-            return publish_table_counts(counts, warehouse, server=url, token=token)
+            unchecked = None if len(urls) < 2 else ask_one_gateway(one, url, token=token)
+            if unchecked is None:
+                return publish_table_counts(counts, warehouse, server=url, token=token)
+            failure = f"{url}: {unchecked}"
+        except BadRequest:
+            raise  # another installation, or no gateway: the next is not asked either
         except LogbrokerError as exc:
-            _progress(f"audit: {url}: {exc}; trying the next gateway")
-    return publish_table_counts(counts, warehouse, server=urls[-1], token=token)
+            if len(urls) < 2:
+                raise
+            failure = f"{url}: {exc}"
+        if i < len(urls) - 1:
+            _progress(f"audit: {failure}; trying the next gateway")
+    raise LogbrokerError(failure)

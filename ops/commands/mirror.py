@@ -23,7 +23,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from delivery.installations import MixedInstallations
+from delivery.installations import MixedInstallations, NotAGateway
 from delivery.mirror import (
     DestinationRefused,
     Mirror,
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         hint = " (give the mirror's token with --token-file FILE)" if missing else ""
         print(f"logbroker mirror: the {side} {url} refused: {exc.reason}{hint}", file=sys.stderr)
         return 2
-    except (WrongDestination, MixedInstallations) as exc:
+    except (WrongDestination, MixedInstallations, NotAGateway) as exc:
         print(f"logbroker mirror: {exc}", file=sys.stderr)
         return 2
     except (GatewayUnavailable, MirrorStuck) as exc:

@@ -27,7 +27,7 @@ from delivery.consumer_group import (
 )
 from delivery.filters import BadFilter, MessageFilter, parse_filter
 from delivery.gateway_retry import gateway_urls
-from delivery.installations import MixedInstallations
+from delivery.installations import MixedInstallations, NotAGateway
 from delivery.internal_state import is_internal
 from delivery.partition_reader import MAX_MAX_BYTES
 from delivery.pull_client import (
@@ -500,7 +500,7 @@ def run(args: argparse.Namespace) -> int:
     except RequestRefused as exc:
         print(f"logbroker read: {exc.reason}", file=sys.stderr)
         return 2
-    except MixedInstallations as exc:
+    except (MixedInstallations, NotAGateway) as exc:
         print(f"logbroker read: {exc}", file=sys.stderr)
         return 2
     except GatewayUnavailable as exc:
