@@ -853,14 +853,22 @@ class PartitionOwner:
                 f"after its snapshot at {snapshot}"
             )
         replayed = ReplayedState(position=low if snapshot is None else snapshot)
-        ctx.fetchers.replay(
-            state_topic,
-            self.partition,
-            replayed.position,
-            end,
-            replayed.apply,
-            what=f"the state of {self.topic}/{self.partition}",
-        )
+        try:
+            ctx.fetchers.replay(
+                state_topic,
+                self.partition,
+                replayed.position,
+                end,
+                replayed.apply,
+                what=f"the state of {self.topic}/{self.partition}",
+            )
+        except OffsetOutOfRange as exc:
+            # a reader's answer (416), never a writer's: the changelog moved under the
+            # takeover (its topic deleted and made again); the write is retried (503)
+            raise StoreUnavailable(
+                f"the state of {self.topic}/{self.partition} moved while it was taken over "
+                f"({exc}); retry"
+            ) from exc
         _data_low, data_end = ctx.watermarks.get(
             kafka.kafka_name, self.partition, "the data", gone=gone
         )

@@ -9,6 +9,7 @@ injected here at the changelog's replay (the fault), against a real broker.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,3 +53,34 @@ def test_state_read_out_of_range_is_read_again_or_unavailable_never_416(
         assert reader.describe_topic("dc1.hw").topic_id
     finally:
         reader.close()
+
+
+def test_a_takeover_whose_changelog_moves_under_it_is_a_retry_not_416(
+    kafka_cluster: Any, kafka_store: LogStore, kafka_namespace: str
+) -> None:
+    """A takeover replays the partition's changelog too: "out of range" there (the changelog
+    deleted and made again under it) is a retry (503) for the write that needed it, not the
+    reader's 416 it was (seen once in ``test_topic_deleted_across_gateways.py``)."""
+    kafka_store.create_topic("dc1.hw", TopicConfig(partitions=1))
+    kafka_store.append("dc1.hw", 0, [b"first"])  # a changelog to replay
+    kafka_store.close()  # its writer gone: the next writer takes the partition over
+    writer = open_kafka_store(KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace))
+    try:
+        fetchers: Any = writer._fetchers
+        fetchers.replay = _out_of_range_first(1, fetchers.replay)
+        with pytest.raises(StoreUnavailable, match="retry"):
+            writer.append("dc1.hw", 0, [b"second"])
+        deadline = time.monotonic() + 30
+        while True:  # as a client retries a 503
+            try:
+                writer.append("dc1.hw", 0, [b"second"])
+                break
+            except StoreUnavailable:
+                assert time.monotonic() < deadline, "the partition was never taken over"
+                time.sleep(0.5)
+        assert [r.value for r in writer.read("dc1.hw", 0, 0, 1 << 20).records] == [
+            b"first",
+            b"second",
+        ]
+    finally:
+        writer.close()
