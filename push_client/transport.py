@@ -17,6 +17,11 @@ Three answers end the retries early:
   ``failover_after_s`` (or whose installation another request found down meanwhile) raises
   :class:`InstallationUnavailable`, telling whether the request may have been written there.
 
+A gateway first reached is asked its installation before its first request
+(``push_client.gateway_check``): one of another installation than the client's group for it
+is sent nothing, its attempts failing at once with :class:`OtherInstallation` (as a gateway
+that is down; the request goes on at the group's other gateways).
+
 A gateway that takes a request and does not answer it for ``stall_after_s`` is failing too
 (frozen, or waiting for its Kafka): the request goes on at the next gateway while the hung
 attempt is still awaited, see :meth:`GatewayClient.post` for why that writes nothing twice.
