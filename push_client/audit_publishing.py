@@ -446,9 +446,11 @@ def _is_journal_line(doc: Any) -> bool:
 
 
 def gateways_in_order(client: GatewayClient) -> list[str]:
-    """The installation's gateways, the one its data goes to now first."""
+    """The installation's gateways, the one its data goes to now first (none found to
+    belong to another installation, while another is left)."""
     current = client.current_server
-    return [current, *(url for url in client.servers if url != current)]
+    usable = client.usable_servers or list(client.servers)
+    return [current, *(url for url in usable if url != current)]
 
 
 class FailoverAuditSink:

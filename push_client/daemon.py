@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from delivery.installations import MixedInstallations
 from log_store.errors import LogbrokerError
 from log_store.open_files import raise_open_files_limit
 from push_client.audit_publishing import PushAuditCounts, PushAuditPublishers
@@ -36,6 +37,7 @@ from push_client.backoff import CLOSE_WAIT_S
 from push_client.config import PushConfig
 from push_client.discovery import ChangeWatcher, directory_entries, expand, watch_root
 from push_client.files import Counters, FileSet
+from push_client.gateway_check import GatewayCheck
 from push_client.identity import display_path
 from push_client.installations import InstallationSet
 from push_client.lag_report import LagReporter
@@ -149,11 +151,13 @@ class PushDaemon:
         self._wake_lock = threading.RLock()
         self._token = BearerToken(config.token, config.token_file, read_token)
         self._stats = TransportStats()
+        self._check = GatewayCheck(config.installations, self._token)
         self._installations = InstallationSet(
             config.installations,
             probe_interval_s=config.probe_interval_s,
             probe_max_interval_s=config.probe_max_interval_s,
             wake=self._wake,
+            check=self._check,
         )
         multi = self._installations.multi
         self._clients = {
@@ -170,6 +174,8 @@ class PushDaemon:
                 stall_after_s=config.stall_after_s,
                 probe_interval_s=config.probe_interval_s,
                 probe_max_interval_s=config.probe_max_interval_s,
+                group=member.name,
+                check=self._check,
             )
             for member in self._installations.members
         }
@@ -253,7 +259,8 @@ class PushDaemon:
         """Run until stopped (or idle, with ``idle_exit_s``); return the exit code.
 
         Raises :class:`CannotStart` (before anything is read or sent) when the state dir or
-        the metrics port cannot be used.
+        the metrics port cannot be used, or the ``--server`` groups' gateways do not belong
+        to one installation per group (see ``push_client.gateway_check``).
         """
         self._prepare()
         in_main = threading.current_thread() is threading.main_thread()
@@ -291,6 +298,10 @@ class PushDaemon:
         """Take the state dir, load the positions and open the metrics port, or raise
         :class:`CannotStart` with the reason (a traceback told an operator nothing)."""
         raise_open_files_limit()
+        try:
+            self._check.ask_all()
+        except MixedInstallations as exc:
+            raise CannotStart(str(exc)) from exc
         try:
             self._take_lock()
             loaded = self._state_file.load()
@@ -650,19 +661,24 @@ class PushDaemon:
         return max(self.idle_exit_s or 0.0, floor)
 
     def _give_up(self, now: float, failure: str) -> None:
-        """End a one-shot run whose gateways do not answer, with status 1: what was
-        acknowledged is saved (by the shutdown), what was not is sent by the next run."""
+        """End a one-shot run whose gateways do not answer, with status 1 (2 if a gateway
+        was refused for belonging to another installation, see ``push_client.gateway_check``):
+        what was acknowledged is saved (by the shutdown), what was not is sent by the next run."""
+        refusals = self._check.refusals
+        code = 2 if refusals else 1
         log.error(
             "no gateway answered for %.1f s (%s), every request failed; last error: %s. "
-            "Giving up: the positions of what was acknowledged are saved in %s, and a rerun "
+            "%sGiving up: the positions of what was acknowledged are saved in %s, and a rerun "
             "with the same state dir resumes there (nothing lost, nothing shipped twice); "
-            "exiting with status 1",
+            "exiting with status %d",
             now - (self._stats.stall.failing_since or now),
             ", ".join(self.config.servers),
             failure,
+            "".join(f"Refused: {r}. " for r in refusals),
             display_path(str(self.state_dir)),
+            code,
         )
-        self._exit_code, self._gave_up = 1, True
+        self._exit_code, self._gave_up = code, True
         # No flush: the requests in flight fail like the others; the next run sends them.
         for client in self._clients.values():
             client.stop_deadline = now

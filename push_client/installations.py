@@ -30,12 +30,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 
 # the one splitter of every --server URL[,URL...], the commands' and the loader's too
 from delivery.gateway_retry import gateway_urls
 from push_client.backoff import CLOSE_WAIT_S, ProbeSchedule
+
+if TYPE_CHECKING:
+    from push_client.gateway_check import GatewayCheck
 
 log = logging.getLogger("logbroker.push")
 
@@ -130,6 +134,7 @@ class InstallationSet:
         wake: Callable[[], None],
         probe_max_interval_s: float = 60.0,
         probe_timeout_s: float = 2.0,
+        check: GatewayCheck | None = None,
     ) -> None:
         if not specs:
             raise ValueError("no installation")
@@ -139,6 +144,9 @@ class InstallationSet:
         self._probes = ProbeSchedule(probe_interval_s, probe_max_interval_s)
         """When each installation that is down is probed next, by name."""
         self._wake = wake
+        self._check = check
+        """Which installation each gateway belongs to: one of another installation than its
+        group's does not make its group up (see ``push_client.gateway_check``)."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._prober: threading.Thread | None = None
@@ -237,7 +245,7 @@ class InstallationSet:
                     member = self.get(name)
                     if member is None or self._stop.is_set():
                         continue
-                    healthy = _healthy(http, member.spec.servers)
+                    healthy = self._healthy(http, member)
                     if self._stop.is_set():
                         # Closed while the probe waited: what it found is nobody's news now.
                         return
@@ -268,7 +276,7 @@ class InstallationSet:
             if now < due:
                 wait = min(wait, due - now)
                 continue
-            healthy = _healthy(http, member.spec.servers)
+            healthy = self._healthy(http, member)
             if self._stop.is_set():
                 return 0.0
             member.idle_probe_at = time.monotonic() + self.probe_interval_s
@@ -299,6 +307,19 @@ class InstallationSet:
                 )
         return wait
 
+    def _healthy(self, http: httpx.Client, member: Installation) -> bool:
+        """Whether a gateway of ``member`` can take writes (``/readyz``; ``/healthz`` for a
+        gateway too old to have it) and belongs to it (a probe may be the first to reach it)."""
+        check = self._check
+        for url in member.spec.servers:
+            if check is not None and check.refusal(member.name, url) is not None:
+                continue
+            if not _ready(http, url):
+                continue
+            if check is None or check.check(member.name, url, http) is None:
+                return True
+        return False
+
     def _down(self) -> list[str]:
         return [m.name for m in self.members if not m.up]
 
@@ -315,16 +336,13 @@ class InstallationSet:
             prober.join(wait_s)
 
 
-def _healthy(http: httpx.Client, servers: Sequence[str]) -> bool:
-    """Whether a gateway of the installation can take writes (``/readyz``: its store is
-    there, e.g. its Kafka answers); ``/healthz`` for a gateway too old to have ``/readyz``."""
-    for url in servers:
-        try:
-            status = http.get(url + "/readyz").status_code
-            if status == 404:
-                status = http.get(url + "/healthz").status_code
-            if status == 200:
-                return True
-        except httpx.HTTPError:
-            continue
-    return False
+def _ready(http: httpx.Client, url: str) -> bool:
+    """Whether the gateway at ``url`` can take writes (``/readyz``: its store is there, e.g.
+    its Kafka answers); ``/healthz`` for a gateway too old to have ``/readyz``."""
+    try:
+        status = http.get(url + "/readyz").status_code
+        if status == 404:
+            status = http.get(url + "/healthz").status_code
+    except httpx.HTTPError:
+        return False
+    return status == 200

@@ -17,6 +17,11 @@ Three answers end the retries early:
   ``failover_after_s`` (or whose installation another request found down meanwhile) raises
   :class:`InstallationUnavailable`, telling whether the request may have been written there.
 
+A gateway first reached is asked its installation before its first request
+(``push_client.gateway_check``): one of another installation than the client's group for it
+is sent nothing, its attempts failing at once with :class:`OtherInstallation` (as a gateway
+that is down; the request goes on at the group's other gateways).
+
 A gateway that takes a request and does not answer it for ``stall_after_s`` is failing too
 (frozen, or waiting for its Kafka): the request goes on at the next gateway while the hung
 attempt is still awaited, see :meth:`GatewayClient.post` for why that writes nothing twice.
@@ -39,6 +44,7 @@ import orjson
 from delivery.gateway_retry import MAX_RETRY_AFTER_S, retry_after_given
 from log_store.errors import LogbrokerError
 from push_client.backoff import CLOSE_WAIT_S, Backoff, ProbeSchedule
+from push_client.gateway_check import GatewayCheck, OtherInstallation
 from push_client.owner_routes import FORWARDED_HEADER, OWNERS_PATH
 from push_client.stall import StallWatch
 from push_client.token import BearerToken
@@ -163,7 +169,13 @@ CONNECT_TIMEOUT_S = 2.0
 """How long connecting to a gateway may take (or a request's whole timeout, if shorter)."""
 
 # Errors raised before the request left this host: the gateway cannot have seen it.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+_NOT_SENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+    OtherInstallation,
+)
 
 
 @dataclass
@@ -263,8 +275,14 @@ class GatewayClient:
         probe_interval_s: float | None = None,
         probe_max_interval_s: float = 60.0,
         stall_after_s: float | None = None,
+        group: str = "",
+        check: GatewayCheck | None = None,
     ) -> None:
         self.servers = servers
+        self._group = group
+        self._check = check
+        """Which installation each gateway belongs to: one of another installation than
+        ``group`` is written nothing (see ``push_client.gateway_check``)."""
         self.stall_after_s = (
             stall_after_s if stall_after_s and stall_after_s < request_timeout_s else None
         )
@@ -318,8 +336,23 @@ class GatewayClient:
 
     @property
     def current_server(self) -> str:
-        """The gateway requests go to first now (the last one that answered)."""
+        """The gateway requests go to first now (the last one that answered), passing over
+        one of another installation while another is left."""
+        usable = self.usable_servers
+        for offset in range(len(self.servers)):
+            server = self._server(offset)[1]
+            if server in usable:
+                return server
         return self._server(0)[1]
+
+    @property
+    def usable_servers(self) -> list[str]:
+        """The gateways not found to belong to another installation than this one's."""
+        return [s for s in self.servers if self._refusal(s) is None]
+
+    def _refusal(self, server: str) -> str | None:
+        """Why nothing is written to ``server`` (another installation), if so."""
+        return None if self._check is None else self._check.refusal(self._group, server)
 
     def _server(self, attempt_offset: int) -> tuple[int, str]:
         with self._lock:
@@ -518,6 +551,11 @@ class GatewayClient:
 
         def run() -> None:
             try:
+                if self._check is not None:
+                    # A gateway first reached is asked its installation before anything else.
+                    refusal = self._check.check(self._group, server, self._http)
+                    if refusal is not None:
+                        raise OtherInstallation(refusal)
                 attempt.response = self._http.post(server + path, content=body, headers=headers)
             except BaseException as exc:  # handed to the request's thread
                 attempt.error = exc
@@ -701,7 +739,13 @@ class GatewayClient:
                 for server in probes.due(self._unused_failing()):
                     if self._closed.is_set() or self._stop.is_set():
                         return
-                    failure = _probe(http, server)
+                    refusal = self._refusal(server)
+                    failure = None if refusal is not None else _probe(http, server)
+                    if failure is None and refusal is None and self._check is not None:
+                        # It answers: a probe may be the first to reach it, so it asks.
+                        refusal = self._check.check(self._group, server, http)
+                    if refusal is not None:
+                        failure = f"OtherInstallation: {refusal}"
                     if self._closed.is_set():
                         # Closed while the probe waited: what it found is nobody's news now.
                         return
@@ -772,6 +816,8 @@ class GatewayClient:
     def get_owners(self, log_type: str) -> dict[str, Any] | None:
         """``GET /v1/owners?log_type=`` from the preferred gateway, once; None if it failed."""
         server = self.current_server
+        if self._refusal(server) is not None:
+            return None  # another installation's owners are not this one's
         try:
             response = self._http.get(
                 server + OWNERS_PATH,

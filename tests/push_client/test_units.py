@@ -473,7 +473,7 @@ def test_a_failed_over_installation_is_taken_back_once_ready_not_merely_alive() 
     ``/healthz`` says 200); a gateway without ``/readyz`` (older) is asked ``/healthz``."""
     import httpx
 
-    from push_client.installations import _healthy
+    from push_client.installations import _ready
 
     def gateway(ready: int | None) -> httpx.Client:
         def answer(request: httpx.Request) -> httpx.Response:
@@ -485,9 +485,9 @@ def test_a_failed_over_installation_is_taken_back_once_ready_not_merely_alive() 
 
         return httpx.Client(transport=httpx.MockTransport(answer))
 
-    assert not _healthy(gateway(503), ["http://gw1:8080"])
-    assert _healthy(gateway(200), ["http://gw1:8080"])
-    assert _healthy(gateway(None), ["http://gw1:8080"])
+    assert not _ready(gateway(503), "http://gw1:8080")
+    assert _ready(gateway(200), "http://gw1:8080")
+    assert _ready(gateway(None), "http://gw1:8080")
 
 
 _GOOD_PUSH = '[push]\nservers = ["http://gw:1"]\nstate_dir = "/s"\n'
