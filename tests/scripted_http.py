@@ -4,6 +4,7 @@ after the delay) a function of its path gives, with a JSON error body unless 200
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,17 @@ def send_json(handler: BaseHTTPRequestHandler, status: int, body: bytes) -> None
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     handler.wfile.write(body)
+
+
+def read_head(sock: socket.socket) -> bytes:
+    """What a raw client socket received up to the end of an answer's head (or the close)."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        piece = sock.recv(65536)
+        if not piece:
+            break
+        answer += piece
+    return answer
 
 
 class LoopbackServer(ThreadingHTTPServer):

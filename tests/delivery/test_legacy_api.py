@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import REPO, logbroker_cmd
 from tests.delivery.conftest import PUSH_TO_LOOPBACK, wait_until
+from tests.scripted_http import read_head
 
 
 class Archive:
@@ -154,12 +155,7 @@ def test_a_store_over_the_chunk_limit_is_refused_before_its_body_is_sent(gateway
     )
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
         sock.sendall(head.encode())
-        answer = b""
-        while b"\r\n\r\n" not in answer:
-            piece = sock.recv(65536)
-            if not piece:
-                break
-            answer += piece
+        answer = read_head(sock)
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
         while not answer.endswith(b"}"):
             answer += sock.recv(65536)

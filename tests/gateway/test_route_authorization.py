@@ -25,6 +25,7 @@ from ingest_api.settings import load_settings
 from log_store import open_store
 from tests.conftest import GatewayProcess
 from tests.gateway.conftest import end_offsets, meta
+from tests.scripted_http import read_head
 
 A_TOKEN = "tenant-a-secret"
 B_TOKEN = "tenant-b-secret"
@@ -292,25 +293,15 @@ def test_a_request_without_a_token_is_refused_before_its_body_is_read(tenants: A
     # answer must be the 401 itself, never a "100 Continue".
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
         sock.sendall((head + "Expect: 100-continue\r\n\r\n").encode())
-        answer = _read_head(sock)
+        answer = read_head(sock)
     assert answer.startswith(b"HTTP/1.1 401"), answer[:100]
     # Without it, 16 GiB are announced and 1 MiB sent: the 401 comes without the rest.
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
         sock.sendall((head + "\r\n").encode() + b"\0" * (1 << 20))
         started = time.monotonic()
-        answer = _read_head(sock)
+        answer = read_head(sock)
         assert time.monotonic() - started < 5
     assert answer.startswith(b"HTTP/1.1 401"), answer[:100]
-
-
-def _read_head(sock: socket.socket) -> bytes:
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        piece = sock.recv(65536)
-        if not piece:
-            break
-        answer += piece
-    return answer
 
 
 def test_the_app_refuses_to_start_with_a_route_that_declares_no_permission(

@@ -214,6 +214,16 @@ log_type = "app"
         push.stop()
 
 
+def _logs(tmp_path: Path, *names: str) -> tuple[Path, dict[str, LineWriter]]:
+    """A directory of ``<name>.log`` files of 100 lines each, and their writers."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writers = {name: LineWriter(name) for name in names}
+    for name, writer in writers.items():
+        writer.append(logs / f"{name}.log", 100)
+    return logs, writers
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -235,11 +245,7 @@ def test_files_on_healthy_partitions_ship_while_one_partition_has_no_owner(
     tmp_path: Path, start_gateway
 ) -> None:
     gateway = start_gateway(tmp_path / "data")
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    writers = {name: LineWriter(name) for name in ("alpha", "beta", "slow")}
-    for name, writer in writers.items():
-        writer.append(logs / f"{name}.log", 100)
+    logs, writers = _logs(tmp_path, "alpha", "beta", "slow")
     state = tmp_path / "state"
     metrics_port = _free_port()
     metrics = f"metrics_port = {metrics_port}\n"
@@ -292,11 +298,7 @@ def test_a_file_waiting_for_the_partition_holding_its_pin_is_said_to_wait_for_th
     where its data goes: once the log named the pin's partition as the file's and ``--status``
     the data's, each contradicting the other."""
     gateway = start_gateway(tmp_path / "data", "--partitions", "4")
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    writers = {name: LineWriter(name) for name in ("alpha", "slow")}
-    for name, writer in writers.items():
-        writer.append(logs / f"{name}.log", 100)
+    logs, writers = _logs(tmp_path, "alpha", "slow")
     state = tmp_path / "state"
     with _proxy(gateway.url) as proxy, _pushing(tmp_path, proxy.url, logs, state) as push:
         assert until(lambda: read_delivered(gateway.data_dir, "app").count() == 200, 60), push.log()
@@ -337,11 +339,7 @@ def test_a_file_whose_session_waits_for_an_owner_is_said_to_wait_once(
     reason states how long the owner has refused connections, and each retry's longer time
     made it a new warning, one per file each second for the whole session timeout."""
     gateway = start_gateway(tmp_path / "data")
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    writers = {name: LineWriter(name) for name in ("alpha", "slow")}
-    for name, writer in writers.items():
-        writer.append(logs / f"{name}.log", 100)
+    logs, writers = _logs(tmp_path, "alpha", "slow")
     state = tmp_path / "state"
     with _proxy(gateway.url) as proxy:
         proxy.sessions_waiting_file = "slow.log"
