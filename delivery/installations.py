@@ -26,7 +26,7 @@ URL is asked again later, as one that did not answer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -145,6 +145,28 @@ class OneInstallation:
         )
 
 
+def ask_healthz(
+    gateways: Sequence[tuple[httpx.Client, str]],
+    timeout_s: float = START_TIMEOUT_S,
+    headers: Mapping[str, str] | None = None,
+) -> list[httpx.Response | None]:
+    """``GET /healthz`` of each (client, URL: "" for a client with the gateway's base URL),
+    concurrently, each within ``timeout_s``; None for one that did not answer (down, or no
+    http URL: its first request says why)."""
+
+    def ask(gateway: tuple[httpx.Client, str]) -> httpx.Response | None:
+        client, url = gateway
+        try:
+            return client.get(url + HEALTH_PATH, headers=headers, timeout=timeout_s)
+        except httpx.HTTPError:
+            return None
+
+    if len(gateways) == 1:
+        return [ask(gateways[0])]
+    with ThreadPoolExecutor(max_workers=min(len(gateways), 16)) as pool:
+        return list(pool.map(ask, gateways))
+
+
 def ask_every_gateway(
     installation: OneInstallation,
     gateways: Sequence[tuple[str, httpx.Client]],
@@ -156,14 +178,7 @@ def ask_every_gateway(
     one before it.  Returns, for each, whether it was checked; one that did not answer, or
     cannot name its installation yet, is to be checked when a request first reaches it."""
 
-    def ask(client: httpx.Client) -> httpx.Response | None:
-        try:
-            return client.get(HEALTH_PATH, timeout=timeout_s)
-        except httpx.HTTPError:
-            return None  # down (or no http URL): its first request says why
-
-    with ThreadPoolExecutor(max_workers=len(gateways)) as pool:
-        answers = list(pool.map(ask, [client for _, client in gateways]))
+    answers = ask_healthz([(client, "") for _, client in gateways], timeout_s)
     checked = []
     for (url, _), response in zip(gateways, answers, strict=True):
         checked.append(

@@ -24,15 +24,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
 from delivery.installations import (
-    HEALTH_PATH,
     START_TIMEOUT_S,
     MixedInstallations,
     NotAGateway,
+    ask_healthz,
     gateway_said,
 )
 from push_client.installations import InstallationSpec
@@ -77,11 +76,8 @@ class GatewayCheck:
         pairs = [(spec.name, url) for spec in self._specs for url in spec.servers]
         if not pairs:
             return
-        with (
-            httpx.Client(headers=self._token.headers(), timeout=timeout_s) as http,
-            ThreadPoolExecutor(max_workers=min(len(pairs), 16)) as pool,
-        ):
-            answers = list(pool.map(lambda pair: _ask(http, pair[1]), pairs))
+        with httpx.Client(headers=self._token.headers(), timeout=timeout_s) as http:
+            answers = ask_healthz([(http, url) for _, url in pairs], timeout_s)
         for (group, url), response in zip(pairs, answers, strict=True):
             if response is not None:
                 refusal = self._judge(group, url, response)
@@ -98,7 +94,7 @@ class GatewayCheck:
                 return self._refused[key]
             if key in self._checked:
                 return None
-        response = _ask(http, url, self._token.headers())
+        (response,) = ask_healthz([(http, url)], headers=self._token.headers())
         if response is None:
             return None
         return self._judge(group, url, response, say=True)
@@ -155,12 +151,3 @@ class GatewayCheck:
 def _unnamed(specs: Sequence[InstallationSpec]) -> str | None:
     """The group's name when ``--server`` named none (one installation)."""
     return specs[0].name if len(specs) == 1 else None
-
-
-def _ask(
-    http: httpx.Client, url: str, headers: dict[str, str] | None = None
-) -> httpx.Response | None:
-    try:
-        return http.get(url + HEALTH_PATH, headers=headers, timeout=START_TIMEOUT_S)
-    except httpx.HTTPError:
-        return None  # down: asked again when it is first reached

@@ -12,7 +12,6 @@ for like an unreachable broker (by a gateway; a command asks for a few seconds, 
 
 from __future__ import annotations
 
-import logging
 import socket
 import struct
 import time
@@ -25,8 +24,8 @@ from confluent_kafka.admin import AdminClient
 from log_store.errors import BadRequest, StoreUnavailable
 from log_store.kafka import naming
 from log_store.kafka.failures import kafka_error
-from log_store.kafka.outage import failure_reason
-from log_store.kafka.settings import DEBUG_LOG, KafkaSettings, refused_property
+from log_store.kafka.outage import ClientLines
+from log_store.kafka.settings import KafkaSettings, refused_property
 
 _DEFAULT_PORT = 9092
 REACH_TIMEOUT_S = 5.0
@@ -122,19 +121,6 @@ _NO_SUCH_NAME = frozenset(
 )
 
 
-class LastFailure:
-    """A librdkafka ``logger`` that keeps the last error line (why a broker was not reached)
-    and passes every line on to :data:`~log_store.kafka.settings.DEBUG_LOG`."""
-
-    def __init__(self) -> None:
-        self.last: str | None = None
-
-    def log(self, level: int, msg: str, *args: object) -> None:
-        DEBUG_LOG.log(level, msg, *args)
-        if level >= logging.ERROR:
-            self.last = (msg % args) if args else msg
-
-
 def cluster_answer(client: Any, timeout_s: float) -> Any:
     """The whole cluster's metadata (``list_topics()``) as a broker answered it within
     ``timeout_s``, naming at least one broker; else ``KafkaException``.
@@ -164,7 +150,7 @@ def check_reachable(settings: KafkaSettings, timeout_s: float = REACH_TIMEOUT_S)
     refuses, ``StoreUnavailable`` ("cannot reach Kafka at HOST:PORT: why") when no broker
     answered within ``timeout_s``.  librdkafka's own lines go to the Python logger only."""
     check_bootstrap_names(settings.bootstrap)
-    heard = LastFailure()
+    heard = ClientLines()
     config: dict[str, Any] = {**settings.admin_config(), "logger": heard}
     try:
         client = AdminClient(config)
@@ -181,8 +167,8 @@ def check_reachable(settings: KafkaSettings, timeout_s: float = REACH_TIMEOUT_S)
         error = kafka_error(exc)
         why = error.str() if error is not None else str(exc)
     client.poll(0)  # hands the lines logged meanwhile to ``heard``
-    if heard.last is not None:
-        why = failure_reason(heard.last)
+    if heard.last_failure is not None:
+        why = heard.last_failure
     raise StoreUnavailable(
         f"cannot reach Kafka at {settings.bootstrap}: {why} (no broker answered within "
         f"{timeout_s:g} s)"

@@ -231,13 +231,12 @@ def _wait_for_kafka(settings: GatewaySettings) -> bool:
     meanwhile: its clients printed each failed connection, 4-8 lines a second, which buried
     the gateway's own line.
     """
-    from log_store.kafka.bootstrap import LastFailure
-    from log_store.kafka.outage import failure_reason
+    from log_store.kafka.outage import ClientLines
     from log_store.kafka.topic_admin import TopicAdmin
 
     stopped = threading.Event()
     stop_signals.on_stop(stopped.set)
-    heard = LastFailure()
+    heard = ClientLines()
     admin = TopicAdmin(settings.kafka_settings(), logger=heard)
     waiting_since = time.monotonic()
     while not stopped.is_set():
@@ -251,7 +250,7 @@ def _wait_for_kafka(settings: GatewaySettings) -> bool:
             admin.serve_log()  # hands the lines logged meanwhile to ``heard``
             if time.monotonic() - waiting_since >= _KAFKA_WAIT_S:
                 waiting_since = time.monotonic()
-                why = failure_reason(heard.last) if heard.last is not None else str(exc)
+                why = heard.last_failure or str(exc)
                 print(
                     f"logbroker serve: waiting for Kafka at {settings.kafka_bootstrap}: {why}",
                     file=sys.stderr,
