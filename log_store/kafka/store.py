@@ -119,6 +119,7 @@ class KafkaLogStore:
             )[1],
             self._changelog_now,
             self._ends_now,
+            self._ends_here,
         )
         self._ctx = OwnerContext(
             settings,
@@ -151,6 +152,8 @@ class KafkaLogStore:
         self.takeover_listener: Callable[[str, int, float, int], None] | None = None
         self._closed = False
         self._installation: str | None = None
+        self._changelog_topics: dict[str, str] = {}
+        """The topic (name) of each changelog the append tail followed (see ``_ends_here``)."""
         self._looked = threading.local()
         """This thread's ``reads_of``: (topic, partition) -> (Kafka name, start, LSO)."""
 
@@ -747,6 +750,7 @@ class KafkaLogStore:
         looked = self._looked_up(topic, partition, kafka.kafka_name)
         _low, end = looked or self._watermarks.get(kafka.kafka_name, partition, "follow")
         changelog = naming.state_topic(self.settings.namespace, kafka.topic_id)
+        self._changelog_topics[changelog] = topic
         return self._tail.follow(kafka.kafka_name, partition, end, on_append, changelog)
 
     def _changelog_start(self, kafka: KafkaTopic, partition: int) -> StateStart | None:
@@ -773,6 +777,17 @@ class KafkaLogStore:
             with contextlib.suppress(Exception):  # not answered: asked again in a moment
                 ends[tp.topic, tp.partition] = int(future.result().offset)
         return ends
+
+    def _ends_here(self, changelog: str, partition: int) -> tuple[int, int] | None:
+        """(committed end, readable end) of the data partition whose changelog partition is
+        ``changelog``/``partition``, as this process's writer of it knows them; None: no
+        writer of it here (see ``AppendTail``)."""
+        name = self._changelog_topics.get(changelog)
+        if name is None:
+            return None
+        with self._lock:
+            owner = self._owners.get((name, partition))
+        return None if owner is None else owner.ends_known(changelog)
 
     def _changelog_now(self, kafka_topic: str, partition: int) -> StateStart:
         """``_changelog_start`` of a topic looked up afresh by its Kafka name (the data
@@ -989,6 +1004,11 @@ class KafkaLogStore:
 
     def unavailable_spans(self) -> list[tuple[float, float]]:
         return self._watermarks.unavailable_spans()
+
+    @property
+    def tail_end_looks(self) -> int:
+        """Partitions' ends the append tail asked Kafka for, to see commits readable."""
+        return self._tail.end_looks
 
     @property
     def partition_looks(self) -> int:
