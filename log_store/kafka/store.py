@@ -662,12 +662,18 @@ class KafkaLogStore:
         if self._outage.away() is not None:
             return {}  # every read says so at once
         names: dict[TopicPartition, tuple[str, int]] = {}
+        topics: dict[str, KafkaTopic | None] = {}
         for topic, partition in dict.fromkeys(partitions):
-            try:
-                kafka = self._check_partition(topic, partition)
-            except LogbrokerError:
-                continue  # its read says why
-            names[TopicPartition(kafka.kafka_name, partition)] = (topic, partition)
+            if topic not in topics:
+                try:
+                    topics[topic] = self._topic(topic)
+                except LogbrokerError:
+                    topics[topic] = None  # asked once here; its reads say why
+            kafka = topics[topic]
+            if kafka is None or not isinstance(partition, int):
+                continue
+            if 0 <= partition < kafka.partitions:  # else its read looks again
+                names[TopicPartition(kafka.kafka_name, partition)] = (topic, partition)
         if not names:
             return {}
         try:

@@ -109,3 +109,28 @@ def test_a_gateway_fetch_of_132_partitions_no_write_made_looks_at_them_together(
     # 3 x 132 before (a look per partition); the idle gateway looks at some of its own
     # (about 15 a second here, for its internal topics)
     assert (metric(gw.url, "logbroker_kafka_partition_looks", ADMIN) or 0) - looks < 132
+
+
+def test_the_joint_look_asks_about_a_topic_not_there_once_not_per_partition(
+    kafka_store: LogStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-poll may name many partitions of a topic not made yet; the look before the
+    reads asks about the topic once (each read still asks as ever: it says the topic is
+    not there)."""
+    store = kafka_store
+    assert isinstance(store, KafkaLogStore)
+    store.create_topic("dc1.web", TopicConfig(partitions=2))
+    admin = store._admin
+    asked: list[str] = []
+    describe = admin.describe
+
+    def counted(name: str, *args: object, **kwargs: object) -> object:
+        asked.append(name)
+        return describe(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(admin, "describe", counted)
+    partitions = [("dc1.later", p) for p in range(20)] + [("dc1.web", 0), ("dc1.web", 1)]
+    with store.reads_of(partitions):
+        pass
+    assert asked.count("dc1.later") == 1  # 20 before this look asked per topic
+    assert asked.count("dc1.web") <= 1
