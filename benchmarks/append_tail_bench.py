@@ -6,9 +6,14 @@ written there.  This starts a local broker, opens the store in this process, fol
 4 partitions of a topic (as the long-polls of any number of readers would: one consumer
 whatever their number) or not, and has another process write ``--mb`` MB in records of
 ``--record-bytes``.  Printed per run: this process's CPU per MB written, following and not
-(the difference is the tail's fetching; what readers' answers cost comes on top).
+(the difference is the tail's fetching; what readers' answers cost comes on top), and the
+partition ends the tail asked Kafka for per commit.  ``--writer here`` writes from this
+process instead (its store the partitions' writer, as a gateway that owns the partitions its
+readers wait on): the CPU then includes the writes, and the tail asks for no end of a commit
+its own writer made.
 
-    python benchmarks/append_tail_bench.py [--mb 200] [--record-bytes 1000] [--runs 3] [--json PATH]
+    python benchmarks/append_tail_bench.py [--mb 200] [--record-bytes 1000] [--runs 3]
+        [--writer elsewhere|here] [--json PATH]
 """
 
 from __future__ import annotations
@@ -51,9 +56,15 @@ def _cpu_s() -> float:
 
 
 def one_run(
-    bootstrap: str, follow: bool, mb: int, record_bytes: int, append_bytes: int = 256 * 1024
-) -> float:
-    """This process's CPU in ms per MB another process writes, its store following or not."""
+    bootstrap: str,
+    follow: bool,
+    mb: int,
+    record_bytes: int,
+    append_bytes: int = 256 * 1024,
+    writer_here: bool = False,
+) -> tuple[float, float]:
+    """This process's CPU in ms per MB another process (or, ``writer_here``, this one)
+    writes, its store following or not; and the ends its tail asked Kafka for per commit."""
     namespace = f"b{uuid.uuid4().hex[:8]}."
     store = open_kafka_store(KafkaSettings(bootstrap, namespace=namespace, operation_timeout_s=20))
     try:
@@ -61,19 +72,33 @@ def one_run(
         unfollows = [
             store.follow_appends("dc1.app", p, lambda: None) for p in range(PARTITIONS) if follow
         ]
+        per_append = max(1, append_bytes // record_bytes)
+        commits = max(1, mb * 10**6 // (per_append * record_bytes))
+        if writer_here:
+            for p in range(PARTITIONS):
+                store.append("dc1.app", p, [b"x"])  # taken over before the count begins
         time.sleep(2)  # assigned, and its first fetches made
+        looks = store.tail_end_looks
         before = _cpu_s()
-        writer = [sys.executable, "-c", _WRITER, bootstrap, namespace]
-        subprocess.run(
-            [*writer, str(mb * 10**6), str(record_bytes), str(append_bytes)], check=True, cwd=REPO
-        )
+        if writer_here:
+            record = b"x" * record_bytes
+            for n in range(commits):
+                store.append("dc1.app", n % PARTITIONS, [record] * per_append)
+        else:
+            writer = [sys.executable, "-c", _WRITER, bootstrap, namespace]
+            subprocess.run(
+                [*writer, str(mb * 10**6), str(record_bytes), str(append_bytes)],
+                check=True,
+                cwd=REPO,
+            )
         time.sleep(2)  # the tail has caught up
         spent = _cpu_s() - before
+        looks = store.tail_end_looks - looks
         for unfollow in unfollows:
             unfollow()
     finally:
         store.close()
-    return spent * 1000 / mb
+    return spent * 1000 / mb, looks / commits
 
 
 def main() -> None:
@@ -88,31 +113,48 @@ def main() -> None:
         "commits about 2.5 MB at a time",
     )
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--writer",
+        choices=("elsewhere", "here"),
+        default="elsewhere",
+        help="who writes: another process (default), or this one, the partitions' writer",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     rows: dict[str, list[float]] = {"following": [], "not following": []}
+    looks: list[float] = []
     with tempfile.TemporaryDirectory(prefix="append-tail-bench-") as tmp:
         cluster = LocalKafka(Path(tmp) / "kafka", nodes_count=1)
         cluster.start()
         try:
             for _ in range(args.runs):
                 for name, follow in (("following", True), ("not following", False)):
-                    rows[name].append(
-                        one_run(
-                            cluster.bootstrap, follow, args.mb, args.record_bytes, args.append_bytes
-                        )
+                    cpu, asked = one_run(
+                        cluster.bootstrap,
+                        follow,
+                        args.mb,
+                        args.record_bytes,
+                        args.append_bytes,
+                        writer_here=args.writer == "here",
                     )
+                    rows[name].append(cpu)
+                    if follow:
+                        looks.append(asked)
         finally:
             cluster.stop()
     print(
         f"\n{args.mb} MB written in records of {args.record_bytes} B, "
-        f"{args.append_bytes} B per append, {args.runs} runs"
+        f"{args.append_bytes} B per append, {args.runs} runs, written {args.writer}"
     )
     print("| this process | CPU ms per MB written, per run | median |")
     print("|---|---|---|")
     for name, values in rows.items():
         runs = " / ".join(f"{v:.1f}" for v in values)
         print(f"| {name} | {runs} | {statistics.median(values):.1f} |")
+    print(
+        "partition ends the tail asked Kafka for, per commit: "
+        + " / ".join(f"{v:.2f}" for v in looks)
+    )
     write_json(args, rows)
 
 

@@ -130,6 +130,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         needs="Java; Apache Kafka's jars (fetched through Maven once)",
     ),
     Benchmark(
+        "kafka_fetch",
+        "a Kafka gateway's /v1/fetch of 132 partitions no write made",
+        "a fetch of one partition",
+        ("--fetches", "10", "--runs", "1"),
+        needs="Java; Apache Kafka's jars (fetched through Maven once)",
+    ),
+    Benchmark(
         "kafka_expiry",
         "one idle-source expiry pass over a partition on Kafka; a new source's first write",
         "the same pass on the embedded store; the first write without the pin deletion count",

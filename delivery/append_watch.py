@@ -132,30 +132,40 @@ class AppendWatch:
         ends (None: the look failed, which the caller's read will say).  In a thread."""
         broken: set[TopicPartition] = set()
         with self._following:
-            for key in keys:
-                with self._lock:
-                    entry = self._partitions.get(key)
-                    if entry is None or entry.unfollow is not None or self.closed:
+            with self._lock:
+                new = [
+                    key
+                    for key in keys
+                    if (entry := self._partitions.get(key)) is not None and entry.unfollow is None
+                ]
+            # each looks at its partition's end: looked up together (see LogStore.reads_of)
+            with self._store.reads_of(new):
+                for key in new:
+                    with self._lock:
+                        entry = self._partitions.get(key)
+                        if entry is None or entry.unfollow is not None or self.closed:
+                            continue
+                    try:
+                        unfollow = self._store.follow_appends(
+                            key[0], key[1], functools.partial(self._appended, key)
+                        )
+                    except Exception:
+                        broken.add(key)  # the topic went away meanwhile, or the store failed
                         continue
-                try:
-                    unfollow = self._store.follow_appends(
-                        key[0], key[1], functools.partial(self._appended, key)
-                    )
-                except Exception:
-                    broken.add(key)  # the topic went away meanwhile, or the store failed
-                    continue
-                with self._lock:
-                    entry.unfollow = unfollow
+                    with self._lock:
+                        entry.unfollow = unfollow
             self._sweep()
         ends: list[int | None] = []
-        for topic, partition, _ in positions:
-            if (topic, partition) in broken:
-                ends.append(None)
-                continue
-            try:
-                ends.append(self._store.end_offset(topic, partition))
-            except Exception:
-                ends.append(None)
+        # asked after every partition is followed: an append since is in these ends
+        with self._store.reads_of([(topic, partition) for topic, partition, _ in positions]):
+            for topic, partition, _ in positions:
+                if (topic, partition) in broken:
+                    ends.append(None)
+                    continue
+                try:
+                    ends.append(self._store.end_offset(topic, partition))
+                except Exception:
+                    ends.append(None)
         return ends
 
     def _sweep(self) -> None:

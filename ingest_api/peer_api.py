@@ -223,6 +223,12 @@ def _metrics(ctx: GatewayContext, store: KafkaLogStore, api: PeerApi) -> None:
         "requests for a partition's last stable offset made to see those commits readable",
         read=lambda: float(store.commits.visibility_looks),
     )
+    m.gauge(
+        "logbroker_kafka_partition_looks",
+        "looks at one partition's start and last stable offset (two requests each); a fetch "
+        "of many partitions looks at theirs together, one request per leader",
+        read=lambda: float(store.partition_looks),
+    )
     group = _group(ctx)
     if group is not None:
         m.gauge(

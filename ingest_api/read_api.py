@@ -609,41 +609,44 @@ class ReadApi:
         # legacy commit markers whose data must be looked up: one time budget for the fetch
         resolve_until = time.monotonic() + RESOLVE_BUDGET_S
         batches = []
-        for topic, partition, offset in positions:
-            try:
-                batch = self.reader.read(
-                    topic,
-                    partition,
-                    offset,
-                    share,
-                    filt,
-                    raw=raw,
-                    txn_window_ms=window_ms,
-                    scan_bytes=scan,
-                    resolve_until=resolve_until,
-                    topic_id=ids.get((topic, partition)),
-                )
-            except CorruptData as exc:
-                # One damaged partition must not keep the others from their readers: it is
-                # answered with the error, the others with their messages.
-                self._log_damage(topic, partition, exc)
-                # (kept without its traceback: a long-poll holds its answer while it waits,
-                # and the traceback would keep every frame of the failed read alive)
-                batch = PartitionBatch(
-                    topic,
-                    partition,
-                    exc.start_offset,
-                    exc.end_offset,
-                    offset,
-                    corrupt=exc.with_traceback(None),
-                )
-            except (UnknownTopic, UnknownPartition) as exc:
-                # A topic deleted, or made again with fewer partitions, under a reader that
-                # follows others too: they are answered, this one says it is gone.
-                batch = PartitionBatch(
-                    topic, partition, offset, offset, offset, gone=exc.with_traceback(None)
-                )
-            batches.append(batch)
+        # the partitions' bounds looked up together (on Kafka one request per leader, not a
+        # look per partition: 132 partitions took 1 s under load)
+        with self.store.reads_of([(topic, partition) for topic, partition, _ in positions]):
+            for topic, partition, offset in positions:
+                try:
+                    batch = self.reader.read(
+                        topic,
+                        partition,
+                        offset,
+                        share,
+                        filt,
+                        raw=raw,
+                        txn_window_ms=window_ms,
+                        scan_bytes=scan,
+                        resolve_until=resolve_until,
+                        topic_id=ids.get((topic, partition)),
+                    )
+                except CorruptData as exc:
+                    # One damaged partition must not keep the others from their readers: it is
+                    # answered with the error, the others with their messages.
+                    self._log_damage(topic, partition, exc)
+                    # (kept without its traceback: a long-poll holds its answer while it waits,
+                    # and the traceback would keep every frame of the failed read alive)
+                    batch = PartitionBatch(
+                        topic,
+                        partition,
+                        exc.start_offset,
+                        exc.end_offset,
+                        offset,
+                        corrupt=exc.with_traceback(None),
+                    )
+                except (UnknownTopic, UnknownPartition) as exc:
+                    # A topic deleted, or made again with fewer partitions, under a reader that
+                    # follows others too: they are answered, this one says it is gone.
+                    batch = PartitionBatch(
+                        topic, partition, offset, offset, offset, gone=exc.with_traceback(None)
+                    )
+                batches.append(batch)
         if ids and not self.store.capabilities.exact_read_identity:
             return self._confirmed(positions, batches, ids)
         return batches

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -341,6 +342,15 @@ class LogStore(Protocol):
         Reading at or past the end returns no records and the end offset.  Reading below the
         log start offset raises ``OffsetOutOfRange`` with the valid range.
         """
+        ...
+
+    def reads_of(self, partitions: Sequence[tuple[str, int]]) -> AbstractContextManager[None]:
+        """A context in which this thread reads (``read``), follows (``follow_appends``) or
+        asks the end of (``end_offset``) each of ``partitions`` about once, as a fetch of many
+        does: the store may look their bounds up together when the context begins, and each
+        partition's first such call in it answers from that look (a later one asks afresh).
+        What the calls answer is what they would have answered at the context's start.  A
+        store whose look at a partition costs no request does nothing."""
         ...
 
     def get_state(self, topic: str, partition: int, key: str) -> bytes | None: ...

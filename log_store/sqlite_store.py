@@ -1279,6 +1279,10 @@ class SqliteLogStore:
     def end_offset(self, topic: str, partition: int) -> int:
         return self._on_partition(topic, partition, lambda log: log.bounds()[1])
 
+    def reads_of(self, partitions: Sequence[tuple[str, int]]) -> contextlib.nullcontext[None]:
+        """Nothing to look up together: a partition's bounds are read from its own files."""
+        return contextlib.nullcontext()
+
     def wait_for_data(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
 

@@ -16,7 +16,10 @@ one, so a delta can be readable a moment before the records it names (on a clust
 partitions' leaders may be different brokers).  A follower woken then would look, find
 nothing new, and wait again for a delta that already came.  So a delta's followers are woken
 once the data partition's last stable offset has reached the delta's data end (asked of the
-leader; at once in the usual case, else again every few milliseconds).
+leader; at once in the usual case, else again every few milliseconds).  A partition whose
+writer is in this process, and made that commit, is not asked about: the writer answers its
+callers only once it saw the commit readable (``PartitionOwner._await_visible``), and the
+tail wakes the followers when it did, without a request of its own.
 
 A partition whose changelog is not there (a topic made by a version without one, until its
 first writer makes it) is followed by its own records, as before.
@@ -110,14 +113,21 @@ class AppendTail:
         end_of: Callable[[str, int], int],
         state_of: Callable[[str, int], StateStart],
         ends_of: Callable[[list[KafkaPartition]], dict[KafkaPartition, int]],
+        local_ends: Callable[[str, int], tuple[int, int] | None] = lambda *_: None,
     ) -> None:
         """``end_of(kafka_topic, partition)``: the partition's end (LSO) now, quickly.
         ``ends_of(partitions)``: the ends of many, asked together (those not answered are
         left out).
         ``state_of(kafka_topic, partition)``: where to follow the partition's changelog from
         now, asked afresh after fetching it failed (the topic deleted, maybe made again
-        with another changelog); the data topic itself if it has none."""
+        with another changelog); the data topic itself if it has none.
+        ``local_ends(changelog, partition)``: (committed end, readable end) of the data
+        partition as the writer in this process of the topic of that changelog knows them;
+        None if it has none."""
         self._settings = settings
+        self._local_ends = local_ends
+        self.end_looks = 0
+        """Partitions' ends asked of Kafka to see a delta's records readable."""
         self._end_of = end_of
         self._ends_of = ends_of
         self._state_of = state_of
@@ -320,14 +330,26 @@ class AppendTail:
         if not pending:
             return
         ends: dict[KafkaPartition, int] = {}
-        try:
-            if len(pending) > _ASKED_ONE_BY_ONE:
-                ends = self._ends_of(pending)
+        asked = []
+        for tp in pending:
+            followed = self._followed[tp]
+            assert followed.pending is not None
+            local = None if followed.assigned == tp else self._local_ends(*followed.assigned)
+            if local is not None and local[0] >= followed.pending:
+                # this process's writer made that commit: it says when readers see it (it
+                # asks Kafka for that itself, before it answers the commit's callers)
+                ends[tp] = local[1]
             else:
-                for tp in pending:
+                asked.append(tp)
+        self.end_looks += len(asked)
+        try:
+            if len(asked) > _ASKED_ONE_BY_ONE:
+                ends.update(self._ends_of(asked))
+            else:
+                for tp in asked:
                     ends[tp] = self._end_of(*tp)
         except Exception as exc:  # Kafka away: their readers look when their waits end
-            log.debug("the ends of %d partitions: %s", len(pending), exc)
+            log.debug("the ends of %d partitions: %s", len(asked), exc)
         now = time.monotonic()
         for tp in pending:
             followed = self._followed[tp]

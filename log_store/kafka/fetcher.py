@@ -73,6 +73,8 @@ class Watermarks:
         self._unanswered_since: float | None = None
         self.renewals = 0
         """How many times the consumer was replaced (see :meth:`_unanswered`)."""
+        self.looks = 0
+        """Calls of :meth:`get`: looks at one partition's watermarks (two requests each)."""
 
     def unavailable_spans(self) -> list[tuple[float, float]]:
         """Recent spans (wall-clock seconds) during which the partitions' leaders did not
@@ -114,6 +116,7 @@ class Watermarks:
         with ``UnknownTopic``.  A partition the topic made again lacks is such an answer, and
         it is asked again for the whole timeout, as a partition just added may be.
         """
+        self.looks += 1
         timeout = self._settings.operation_timeout_s if timeout_s is None else timeout_s
         looked_at = time.monotonic()
         told_gone = False
@@ -427,9 +430,19 @@ class FetcherPool:
         return None, False
 
     def read(
-        self, kafka_topic: str, partition: int, offset: int, max_bytes: int, *, what: str
+        self,
+        kafka_topic: str,
+        partition: int,
+        offset: int,
+        max_bytes: int,
+        *,
+        what: str,
+        bounds: tuple[int, int] | None = None,
     ) -> ReadResult:
         """Committed records from ``offset``: at most about ``max_bytes`` (at least one).
+
+        ``bounds``: the partition's (start, LSO) as looked up a moment ago together with
+        other partitions' (see ``KafkaLogStore.reads_of``), instead of a look of its own.
 
         ``UnknownTopic`` if the topic is deleted meanwhile (asked as in :meth:`replay`).
         ``OffsetOutOfRange`` only for an offset outside the partition's watermarks: a
@@ -440,7 +453,9 @@ class FetcherPool:
         (``StoreUnavailable``), never that the offset is out of range.
         """
         try:
-            return self._read_once(kafka_topic, partition, offset, max_bytes, what, fresh=False)
+            return self._read_once(
+                kafka_topic, partition, offset, max_bytes, what, fresh=False, bounds=bounds
+            )
         except _StaleConsumer as exc:
             log.warning("reading %s: %s; reading it again with a new consumer", what, exc)
         self.forget(kafka_topic)  # idle consumers of the topic may have the same stale view
@@ -458,9 +473,10 @@ class FetcherPool:
         what: str,
         *,
         fresh: bool,
+        bounds: tuple[int, int] | None = None,
     ) -> ReadResult:
         """One try of :meth:`read`; ``fresh``: with a new consumer, not a pooled one."""
-        low, end = self.watermarks.get(kafka_topic, partition, what)
+        low, end = bounds or self.watermarks.get(kafka_topic, partition, what)
         if offset < low:
             raise OffsetOutOfRange(f"offset {offset} is below the log start offset {low}", low, end)
         if offset >= end:

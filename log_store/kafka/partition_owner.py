@@ -603,6 +603,13 @@ class PartitionOwner:
         self._visible_commits = 0
         """Of those, how many the acknowledger has seen readable (their markers written)."""
         self._visibility = threading.Condition()
+        self.committed_end = 0
+        """The data partition's end after this writer's last commit, from when its commit
+        request is sent (set back if the commit fails), or as the takeover found it: a
+        changelog delta naming an end up to this is this writer's (or older, readable)."""
+        self.readable_end = 0
+        """The data partition's end as far as read_committed readers see it: after the last
+        commit the acknowledger saw readable (or as the takeover found it)."""
         self._commit_sent = False
         """The running transaction's commit request was handed to librdkafka."""
 
@@ -882,6 +889,9 @@ class PartitionOwner:
             self._state_end = end
             self._next_offset = data_end
             self._takeovers += 1
+        # the last stable offset, so readable (commits still acknowledged meanwhile are below)
+        self.committed_end = max(self.committed_end, data_end)
+        self.readable_end = max(self.readable_end, data_end)
         self._producer = producer
         self._kafka = kafka
         self._state_topic = state_topic
@@ -951,6 +961,13 @@ class PartitionOwner:
     def _topic_id_value(self) -> bytes | None:
         """What :data:`TOPIC_ID_KEY` reads as: the id of the topic this owner took over."""
         return None if self.topic_id is None else self.topic_id.encode()
+
+    def ends_known(self, changelog: str) -> tuple[int, int] | None:
+        """(:attr:`committed_end`, :attr:`readable_end`) if this owner writes the topic whose
+        changelog is ``changelog`` (that identity of it) and is not closed; else None."""
+        if self.closed or self._state_topic != changelog:
+            return None
+        return self.committed_end, self.readable_end
 
     def read_state(self, keys: Sequence[str]) -> tuple[dict[str, bytes | None], int]:
         """Current values of ``keys`` and the next data offset, if this owner is still current.
@@ -1084,6 +1101,7 @@ class PartitionOwner:
                 apply_changes(self._table, changes)
                 self._state_end = delta_offset + 2
                 self._next_offset = base + len(values) + (1 if values else 0)
+            self.committed_end = max(self.committed_end, self._next_offset)
             self._writing_changelog(False, committed=True)
             self._tail_records += 1
             self._tail_entries += len(changes)
@@ -1095,10 +1113,11 @@ class PartitionOwner:
             # answered by the acknowledger once readers can see the commit; meanwhile this
             # thread goes on with the next transaction
             self._commits += 1
-            self._acks.put((outcomes, visible, self._commits))
+            # the data end readers see once the acknowledger sees ``visible`` (0: no records)
+            self._acks.put((outcomes, visible, self._commits, self._next_offset if values else 0))
             self.ctx.commits.add(sum(1 for _t, _r, error in outcomes if error is None), len(values))
         else:
-            self._acks.put((outcomes, None, 0))
+            self._acks.put((outcomes, None, 0, 0))
         self._maybe_snapshot()
 
     def _topic_gone(self, timeout_s: float | None = None, topic_id: str | None = None) -> bool:
@@ -1178,6 +1197,7 @@ class PartitionOwner:
 
         data_end = base + len(values) + (1 if values else 0)
         self._commit_sent = False
+        committed_end = self.committed_end
         try:
             producer.begin_transaction()
             last = len(values) - 1
@@ -1199,8 +1219,12 @@ class PartitionOwner:
                 self._check_placement(base, len(values), offsets)
             # commit_transaction fails if a record was refused
             self._commit_sent = True
+            # its delta can be readable before commit_transaction returns (the append tail
+            # asks, see ``ends_known``)
+            self.committed_end = max(committed_end, data_end)
             producer.commit_transaction(max(0.1, deadline - time.monotonic()))
         except BaseException as exc:
+            self.committed_end = committed_end  # a delta it made readable is asked of Kafka
             error = kafka_error(exc)
             if error is not None and error.code() == KafkaError._STATE and not self._commit_sent:
                 cause = self._refused_transaction_error(producer)
@@ -1318,11 +1342,12 @@ class PartitionOwner:
             item = self._acks.get()
             if item is None:
                 return
-            outcomes, visible, commit = item
+            outcomes, visible, commit, data_end = item
             gone: UnknownTopic | None = None
             if visible is not None:
                 try:
-                    self._await_visible(*visible)
+                    if self._await_visible(*visible):
+                        self.readable_end = max(self.readable_end, data_end)
                 except UnknownTopic as exc:
                     gone = exc
                 except Exception as exc:  # a store closing under us: the commit stands
@@ -1342,10 +1367,10 @@ class PartitionOwner:
                     assert result is not None
                     txn.future.set_result(result)
 
-    def _await_visible(self, topic: str, wanted: int) -> None:
-        """Return once readers see a commit ending before ``wanted`` in ``topic`` (or after
-        the operation timeout: the commit stands); raise ``UnknownTopic`` if the topic was
-        deleted before they did.
+    def _await_visible(self, topic: str, wanted: int) -> bool:
+        """Return True once readers see a commit ending before ``wanted`` in ``topic`` (False
+        after the operation timeout, or Kafka not answering: the commit stands); raise
+        ``UnknownTopic`` if the topic was deleted before they did.
 
         Ends are asked by name, and a topic deleted and made again has the old one's name:
         a commit the new topic's end stays below is looked up by identity now and then, so a
@@ -1368,9 +1393,9 @@ class PartitionOwner:
                         f"topic {self.topic!r} was deleted before its commit was readable"
                     ) from None
                 log.warning("cannot see the commit of %s/%d: %s", self.topic, self.partition, exc)
-                return
+                return False
             if end >= wanted:
-                return
+                return True
             now = time.monotonic()
             if now >= identity_look or now > deadline:
                 identity_look = now + _IDENTITY_LOOK_S
@@ -1379,7 +1404,7 @@ class PartitionOwner:
                         f"topic {self.topic!r} was deleted before its commit was readable"
                     )
             if now > deadline:
-                return
+                return False
             time.sleep(pause)
             # the markers usually take 1-5 ms; the next transaction of the partition waits
             # for them (see _await_markers), so the look is repeated often, not backed off

@@ -27,7 +27,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaException, Producer, TopicPartition
@@ -90,6 +90,10 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+_BOUNDS_S = 2.0
+"""What a look at the bounds of a fetch's partitions together (``reads_of``) waits for Kafka;
+those it did not answer are asked one by one by their reads, as ever."""
+
 _TAIL_END_S = 0.5
 """How long the append tail asks for the end of a partition it fetches no more (it serves
 every long-poll of the gateway meanwhile)."""
@@ -115,6 +119,7 @@ class KafkaLogStore:
             )[1],
             self._changelog_now,
             self._ends_now,
+            self._ends_here,
         )
         self._ctx = OwnerContext(
             settings,
@@ -147,6 +152,10 @@ class KafkaLogStore:
         self.takeover_listener: Callable[[str, int, float, int], None] | None = None
         self._closed = False
         self._installation: str | None = None
+        self._changelog_topics: dict[str, str] = {}
+        """The topic (name) of each changelog the append tail followed (see ``_ends_here``)."""
+        self._looked = threading.local()
+        """This thread's ``reads_of``: (topic, partition) -> (Kafka name, start, LSO)."""
 
     # -- Kafka away -----------------------------------------------------------------------------
     def _unless_away(self, what: str) -> None:
@@ -632,18 +641,92 @@ class KafkaLogStore:
         return self.transact(topic, partition, lambda _state: kept)
 
     # -- reads ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def reads_of(self, partitions: Sequence[tuple[str, int]]) -> Iterator[None]:
+        """The bounds of ``partitions`` asked together: one ``ListOffsets`` per leader for
+        their starts and one for their last stable offsets, both at once, instead of a
+        watermark look (two requests, one after the other) per partition.  Each partition's
+        first ``read``, ``end_offset`` or ``follow_appends`` in this thread, within the
+        context, answers from that look; one Kafka did not answer asks on its own, as ever."""
+        looked = self._bounds_now(partitions) if len(partitions) > 1 else {}
+        outer = getattr(self._looked, "bounds", None)
+        self._looked.bounds = looked
+        try:
+            yield
+        finally:
+            self._looked.bounds = outer
+
+    def _bounds_now(
+        self, partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[str, int, int]]:
+        if self._outage.away() is not None:
+            return {}  # every read says so at once
+        names: dict[TopicPartition, tuple[str, int]] = {}
+        topics: dict[str, KafkaTopic | None] = {}
+        for topic, partition in dict.fromkeys(partitions):
+            if topic not in topics:
+                try:
+                    topics[topic] = self._topic(topic)
+                except LogbrokerError:
+                    topics[topic] = None  # asked once here; its reads say why
+            kafka = topics[topic]
+            if kafka is None or not isinstance(partition, int):
+                continue
+            if 0 <= partition < kafka.partitions:  # else its read looks again
+                names[TopicPartition(kafka.kafka_name, partition)] = (topic, partition)
+        if not names:
+            return {}
+        try:
+            asked = {
+                spec: self._admin.client.list_offsets(
+                    {tp: spec_of() for tp in names},
+                    isolation_level=IsolationLevel.READ_COMMITTED,
+                    request_timeout=_BOUNDS_S,
+                )
+                for spec, spec_of in (("start", OffsetSpec.earliest), ("end", OffsetSpec.latest))
+            }
+        except Exception as exc:  # each read looks on its own, and says what Kafka answers
+            log.debug("the bounds of %d partitions: %s", len(names), exc)
+            return {}
+        found: dict[tuple[str, int], tuple[str, int, int]] = {}
+        for tp, start_future in asked["start"].items():
+            try:
+                low = int(start_future.result().offset)
+                end = int(asked["end"][tp].result().offset)
+            except Exception:  # not answered (a leader moving, a topic just made): its own look
+                continue
+            if low >= 0 and end >= low:
+                found[names[tp]] = (tp.topic, low, end)
+        return found
+
+    def _looked_up(self, topic: str, partition: int, kafka_name: str) -> tuple[int, int] | None:
+        """The bounds ``reads_of`` looked up for the partition, once; None: ask Kafka."""
+        looked = getattr(self._looked, "bounds", None)
+        if not looked:
+            return None
+        bounds = looked.pop((topic, partition), None)
+        if bounds is None or bounds[0] != kafka_name:
+            return None
+        return bounds[1], bounds[2]
+
     def read(
         self, topic: str, partition: int, offset: int, max_bytes: int = 1024 * 1024
     ) -> ReadResult:
         validate_topic_name(topic)
         self._unless_away(f"reading {topic}/{partition}")
         kafka = self._check_partition(topic, partition)
+        looked = self._looked_up(topic, partition, kafka.kafka_name)
         if offset < 0:
-            low, end = self._watermarks.get(kafka.kafka_name, partition)
+            low, end = looked or self._watermarks.get(kafka.kafka_name, partition)
             raise OffsetOutOfRange(f"offset {offset} is negative", low, end)
         try:
             result = self._fetchers.read(
-                kafka.kafka_name, partition, offset, max(1, max_bytes), what=f"{topic}/{partition}"
+                kafka.kafka_name,
+                partition,
+                offset,
+                max(1, max_bytes),
+                what=f"{topic}/{partition}",
+                bounds=looked,
             )
         except UnknownTopic:
             self._forget_topic(topic)
@@ -655,7 +738,8 @@ class KafkaLogStore:
         validate_topic_name(topic)
         self._unless_away(f"the end of {topic}/{partition}")
         kafka = self._check_partition(topic, partition)
-        return self._watermarks.get(kafka.kafka_name, partition)[1]
+        looked = self._looked_up(topic, partition, kafka.kafka_name)
+        return (looked or self._watermarks.get(kafka.kafka_name, partition))[1]
 
     def wait_for_data(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
         validate_topic_name(topic)
@@ -669,8 +753,10 @@ class KafkaLogStore:
         validate_topic_name(topic)
         self._unless_away(f"following {topic}/{partition}")
         kafka = self._check_partition(topic, partition)
-        _low, end = self._watermarks.get(kafka.kafka_name, partition, "follow")
+        looked = self._looked_up(topic, partition, kafka.kafka_name)
+        _low, end = looked or self._watermarks.get(kafka.kafka_name, partition, "follow")
         changelog = naming.state_topic(self.settings.namespace, kafka.topic_id)
+        self._changelog_topics[changelog] = topic
         return self._tail.follow(kafka.kafka_name, partition, end, on_append, changelog)
 
     def _changelog_start(self, kafka: KafkaTopic, partition: int) -> StateStart | None:
@@ -697,6 +783,17 @@ class KafkaLogStore:
             with contextlib.suppress(Exception):  # not answered: asked again in a moment
                 ends[tp.topic, tp.partition] = int(future.result().offset)
         return ends
+
+    def _ends_here(self, changelog: str, partition: int) -> tuple[int, int] | None:
+        """(committed end, readable end) of the data partition whose changelog partition is
+        ``changelog``/``partition``, as this process's writer of it knows them; None: no
+        writer of it here (see ``AppendTail``)."""
+        name = self._changelog_topics.get(changelog)
+        if name is None:
+            return None
+        with self._lock:
+            owner = self._owners.get((name, partition))
+        return None if owner is None else owner.ends_known(changelog)
 
     def _changelog_now(self, kafka_topic: str, partition: int) -> StateStart:
         """``_changelog_start`` of a topic looked up afresh by its Kafka name (the data
@@ -913,6 +1010,17 @@ class KafkaLogStore:
 
     def unavailable_spans(self) -> list[tuple[float, float]]:
         return self._watermarks.unavailable_spans()
+
+    @property
+    def tail_end_looks(self) -> int:
+        """Partitions' ends the append tail asked Kafka for, to see commits readable."""
+        return self._tail.end_looks
+
+    @property
+    def partition_looks(self) -> int:
+        """Looks at one partition's bounds (start and LSO) so far, by reads, waits, follows
+        and the owners' checks that their commits are readable."""
+        return self._watermarks.looks
 
     def installation_id(self) -> str:
         if self._installation is None:

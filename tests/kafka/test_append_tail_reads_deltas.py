@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from log_store import LogStore, TopicConfig
+from log_store.kafka import KafkaSettings, open_kafka_store
 
 pytestmark = pytest.mark.kafka
 
@@ -40,14 +41,19 @@ def test_following_a_busy_partition_reads_its_deltas_not_its_records(
 
 
 def test_a_delta_wakes_its_followers_once_its_records_are_readable(
-    kafka_store: LogStore,
+    kafka_store: LogStore, kafka_cluster: Any, kafka_namespace: str
 ) -> None:
     """A transaction's markers reach its partitions one by one: its delta may be readable
     before its records.  A follower woken then finds nothing and waits again, for a delta
-    that already came; so the tail wakes it only once the records are readable."""
+    that already came; so the tail wakes it only once the records are readable.  The
+    partition is written by another process's store (a commit of this process's own writer
+    is not asked about: see test_append_tail_local_owner.py)."""
     store: Any = kafka_store
+    writer = open_kafka_store(
+        KafkaSettings(kafka_cluster.bootstrap, namespace=kafka_namespace, operation_timeout_s=20)
+    )
     store.create_topic("dc1.t", TopicConfig(partitions=1))
-    store.append("dc1.t", 0, [b"made"])
+    writer.append("dc1.t", 0, [b"made"])
     tail = store._tail
     real_end_of = tail._end_of
     behind = {"looks": 0}
@@ -63,13 +69,14 @@ def test_a_delta_wakes_its_followers_once_its_records_are_readable(
     try:
         time.sleep(1.0)
         tail._end_of = end_lagging
-        store.append("dc1.t", 0, [b"x"])
+        writer.append("dc1.t", 0, [b"x"])
         deadline = time.monotonic() + 5
         while not called and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         unfollow()
         tail._end_of = real_end_of
+        writer.close()
     assert called, "the follower was not called"
     assert called[0] >= 4, f"called after {called[0]} looks, before the records were readable"
 
