@@ -122,6 +122,19 @@ class AuditPublisher:
                     self._published.pop((self.tier, key), None)
             return len(changed)
 
+    def all_published(self) -> bool:
+        """Whether the log holds this tier's totals as they are now (False while a publish
+        holds the lock: a stop whose last publish hangs has not published them)."""
+        if not self._lock.acquire(timeout=0.5):
+            return False
+        try:
+            return all(
+                self._published.get((self.tier, key)) == value
+                for key, value in self.counts.snapshot().items()
+            )
+        finally:
+            self._lock.release()
+
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._publish_logged()
