@@ -56,7 +56,7 @@ class CountJournal:
         self._size = os.fstat(self._fd).st_size
         self._compacted = 0
         self.failed = ""
-        """Why a write failed (said once; the counts go on in memory)."""
+        """Why a write failed: the journal was given up (see :meth:`_trouble`)."""
 
     @staticmethod
     def _open_locked(path: Path) -> int:
@@ -75,15 +75,19 @@ class CountJournal:
             orjson.dumps([key[0], key[1], messages, lines]) + b"\n"
             for key, messages, lines in changes
         )
+        if self._fd < 0:
+            return
         try:
-            os.write(self._fd, line)
+            written = os.write(self._fd, line)
+            if written != len(line):
+                raise OSError(f"{written} of {len(line)} bytes written (is the disk full?)")
         except OSError as exc:
             self._trouble(exc)
             return
         self._size += len(line)
 
     def wants_compaction(self) -> bool:
-        return self._size > max(COMPACT_BYTES, 4 * self._compacted)
+        return self._fd >= 0 and self._size > max(COMPACT_BYTES, 4 * self._compacted)
 
     def compact(self, totals: dict[Key, tuple[int, int]]) -> None:
         """Replace the journal by ``totals`` (called with the counts' lock held: no change
@@ -98,27 +102,36 @@ class CountJournal:
                 tmp.unlink()
             fd = self._open_locked(tmp)
             try:
-                os.write(fd, body)
+                if os.write(fd, body) != len(body):
+                    raise OSError("the totals were not written whole (is the disk full?)")
                 os.replace(tmp, self.path)
             except OSError:
                 os.close(fd)
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
                 raise
         except OSError as exc:
-            self._trouble(exc)
+            # the journal as it is still holds every change: kept, and tried again once it
+            # has grown four times more
+            self._compacted = self._size
+            _log.warning("audit: cannot compact the journal %s: %s", self.path, exc)
             return
         os.close(self._fd)
         self._fd = fd
         self._size = self._compacted = len(body)
 
     def _trouble(self, exc: OSError) -> None:
-        if not self.failed:
-            self.failed = str(exc)
-            _log.warning(
-                "audit: cannot write the journal %s: %s; what this gateway counts is kept in "
-                "memory only until it is published",
-                self.path,
-                exc,
-            )
+        """A journal that lacks a change would give back totals below what the instance may
+        have published already: it is given up (removed), and the counts go on in memory
+        only, as without a journal."""
+        self.failed = str(exc)
+        _log.warning(
+            "audit: cannot write the journal %s: %s; it is given up, and a kill of this "
+            "gateway loses what it counted since its last publication",
+            self.path,
+            exc,
+        )
+        self.close(remove=True)
 
     def close(self, *, remove: bool) -> None:
         """Release the journal; ``remove`` once every count in it is published."""

@@ -131,3 +131,22 @@ def test_a_gateway_killed_between_publications_loses_no_count(
     monkeypatch.setenv("LOGBROKER_AUDIT_INTERVAL_S", "3600")
     data = tmp_path / "data"
     write_then_kill_then_restart(start_gateway(data), lambda: start_gateway(data), 40)
+
+
+def test_a_journal_that_missed_a_change_is_given_up_not_published_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counts, journal = _journaled(tmp_path, "gw")
+    counts.add(TOPIC, 0, 1, 1)
+
+    def disk_full(fd: int, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(audit.journal.os, "write", disk_full)
+        counts.add(TOPIC, 0, 1, 1)
+    counts.add(TOPIC, 0, 1, 1)
+    assert journal.failed and not journal.path.exists()
+    assert counts.snapshot() == {(TOPIC, 0): (3, 3)}  # counted in memory all the same
+    journal.close(remove=False)
+    assert _recovered(tmp_path) == {}  # nothing that would publish 1 or 2 over the 3
