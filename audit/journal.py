@@ -3,22 +3,23 @@
 A gateway counts in memory and publishes every few seconds (:mod:`audit.publisher`); a process
 killed in between took what it counted since its last publication with it, and the audit showed
 those lines as lost although the log holds them.  So every change of the counts is appended to
-a journal file of the instance (``<dir>/<instance>.journal``) as it is made, before the counts
-it changed can be published: one ``os.write`` of one short line per (topic, window) a request
-wrote, unbuffered, so it is in the kernel's page cache when the process dies however it dies
-(it is not synced: a crash of the machine loses the journal's tail, as it loses the push-
-client's).
+a journal file of the instance and tier (``<dir>/<instance>.journal`` for the gateway tier,
+``<dir>/<instance>.push_<subscription>.journal`` for a push subscription's) as it is made,
+before the counts it changed can be published: one ``os.write`` of short lines per request
+(or push batch), unbuffered, so it is in the kernel's page cache when the process dies however
+it dies (it is not synced: a crash of the machine loses the journal's tail, as it loses the
+push-client's).
 
-The journal holds sums, never totals that replace each other: a first line naming the instance,
-then ``[topic, window, messages, lines]`` lines that add up to the instance's totals.  When it
-has grown past :data:`COMPACT_BYTES` and four times its last compaction, it is replaced
-(atomically) by one line per key holding that key's total.
+The journal holds sums, never totals that replace each other: a first line naming the instance
+and the tier, then ``[topic, window, messages, lines]`` lines that add up to the instance's
+totals.  When it has grown past :data:`COMPACT_BYTES` and four times its last compaction, it is
+replaced (atomically) by one line per key holding that key's total.
 
 The live process holds an exclusive ``flock`` on its journal; a killed one's lock is released
 by the kernel.  A gateway starting on the directory (:func:`recover_journals`) takes the lock of
 every journal nobody holds, adds its lines up, publishes the totals under the dead instance's
 name, so its records replace the ones it published last, and removes the file.  A gateway
-stopped by SIGTERM whose last publication got through removes its journal itself.
+stopped by SIGTERM whose last publication got through removes its journals itself.
 """
 
 from __future__ import annotations
@@ -46,13 +47,15 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 class CountJournal:
     """The journal of one live instance (its lock held until :meth:`close`)."""
 
-    def __init__(self, directory: Path, instance: str) -> None:
+    def __init__(self, directory: Path, instance: str, tier: str = "gateway") -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.instance = instance
-        self.path = directory / f"{_UNSAFE.sub('_', instance)[:200]}{SUFFIX}"
+        self.tier = tier
+        name = instance if tier == "gateway" else f"{instance}.{tier}"
+        self.path = directory / f"{_UNSAFE.sub('_', name)[:200]}{SUFFIX}"
         self._fd = self._open_locked(self.path)
-        os.write(self._fd, _header(instance))
+        os.write(self._fd, _header(tier, instance))
         self._size = os.fstat(self._fd).st_size
         self._compacted = 0
         self.failed = ""
@@ -93,7 +96,7 @@ class CountJournal:
         """Replace the journal by ``totals`` (called with the counts' lock held: no change
         can fall between the totals taken and the file that holds them)."""
         tmp = self.path.with_name(self.path.name + ".tmp")
-        body = _header(self.instance) + b"".join(
+        body = _header(self.tier, self.instance) + b"".join(
             orjson.dumps([topic, window, m, lines]) + b"\n"
             for (topic, window), (m, lines) in totals.items()
         )
@@ -155,9 +158,9 @@ def journal_counts(counts: WindowCounts, journal: CountJournal) -> None:
     counts.watch(journal.add, compact)
 
 
-def read_journal(path: Path) -> tuple[str, dict[Key, tuple[int, int]]] | None:
-    """(instance, totals) of a journal; None if it names no instance.  A line cut short by
-    the kill, or not a count, is skipped."""
+def read_journal(path: Path) -> tuple[str, str, dict[Key, tuple[int, int]]] | None:
+    """(tier, instance, totals) of a journal; None if it names no instance.  A line cut
+    short by the kill, or not a count, is skipped."""
     try:
         raw = path.read_bytes()
     except OSError:
@@ -166,9 +169,10 @@ def read_journal(path: Path) -> tuple[str, dict[Key, tuple[int, int]]] | None:
     try:
         head = orjson.loads(lines[0])
         instance = head["instance"]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
+        tier = head.get("tier", "gateway")
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         return None
-    if not isinstance(instance, str) or not instance:
+    if not (isinstance(instance, str) and instance and isinstance(tier, str) and tier):
         return None
     totals: dict[Key, list[int]] = {}
     for line in lines[1:]:
@@ -183,15 +187,15 @@ def read_journal(path: Path) -> tuple[str, dict[Key, tuple[int, int]]] | None:
         tally = totals.setdefault((topic, window), [0, 0])
         tally[0] += messages
         tally[1] += count
-    return instance, {key: (m, n) for key, (m, n) in totals.items()}
+    return tier, instance, {key: (m, n) for key, (m, n) in totals.items()}
 
 
 def recover_journals(
-    directory: Path, publish: Callable[[str, dict[Key, tuple[int, int]]], None]
+    directory: Path, publish: Callable[[str, str, dict[Key, tuple[int, int]]], None]
 ) -> int:
     """Publish the totals of every journal in ``directory`` that no live process holds
-    (``publish(instance, totals)``; raises if they were not written) and remove it; returns
-    how many were.  A journal whose publication fails stays for the next start."""
+    (``publish(tier, instance, totals)``; raises if they were not written) and remove it;
+    returns how many were.  A journal whose publication fails stays for the next start."""
     if not directory.is_dir():
         return 0
     recovered = 0
@@ -219,13 +223,14 @@ def recover_journals(
             if found is None:
                 _log.warning("audit: %s is not a journal of counts; left as it is", path)
                 continue
-            instance, totals = found
+            tier, instance, totals = found
             try:
-                publish(instance, totals)
+                publish(tier, instance, totals)
             except Exception as exc:
                 _log.warning(
-                    "audit: the counts of the stopped instance %s (journal %s) are not "
+                    "audit: the %s counts of the stopped instance %s (journal %s) are not "
                     "published yet (tried again at the next start): %s",
+                    tier,
                     instance,
                     path,
                     exc,
@@ -234,12 +239,14 @@ def recover_journals(
             path.unlink()
             recovered += 1
             _log.info(
-                "audit: published the counts a stopped gateway (%s) had not published", instance
+                "audit: published the %s counts a stopped gateway (%s) had not published",
+                tier,
+                instance,
             )
         finally:
             os.close(fd)
     return recovered
 
 
-def _header(instance: str) -> bytes:
-    return orjson.dumps({"instance": instance}) + b"\n"
+def _header(tier: str, instance: str) -> bytes:
+    return orjson.dumps({"instance": instance, "tier": tier}) + b"\n"

@@ -123,14 +123,17 @@ class AuditPublisher:
             return len(changed)
 
     def all_published(self) -> bool:
-        """Whether the log holds this tier's totals as they are now (False while a publish
-        holds the lock: a stop whose last publish hangs has not published them)."""
+        """Whether the log holds the totals of every tier published here as they are now
+        (False while a publish holds the lock: a stop whose last publish hangs has not
+        published them)."""
         if not self._lock.acquire(timeout=0.5):
             return False
         try:
+            tiers = {self.tier: self.counts, **(self._more_tiers() if self._more_tiers else {})}
             return all(
-                self._published.get((self.tier, key)) == value
-                for key, value in self.counts.snapshot().items()
+                self._published.get((tier, key)) == value
+                for tier, counts in tiers.items()
+                for key, value in counts.snapshot().items()
             )
         finally:
             self._lock.release()

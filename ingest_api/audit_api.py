@@ -14,6 +14,7 @@ import functools
 import logging
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
@@ -248,19 +249,25 @@ async def on_startup(ctx: GatewayContext) -> None:
     instance = incarnation_id()
     counts = gateway_counts(ctx)
     directory = settings.data_dir / JOURNAL_DIR
-    journal: CountJournal | None = None
-    try:
-        journal = await anyio.to_thread.run_sync(CountJournal, directory, instance)
-    except OSError as exc:
-        _log.warning(
-            "audit: cannot journal the gateway's counts in %s: %s; a kill of this gateway "
-            "loses what it counted since its last publication",
-            directory,
-            exc,
-        )
-    else:
-        journal_counts(counts, journal)
-        ctx.extensions[_JOURNAL] = journal
+    journals: list[CountJournal] = []
+    ctx.extensions[_JOURNAL] = journals
+    push = delivery_parts(ctx).push
+
+    def push_counts(name: str) -> WindowCounts:
+        """A push subscription's counts, journaled beside the gateway's (made in the event
+        loop on its first delivery: one file made, no data written)."""
+        made = WindowCounts()
+        kept = _journal(directory, instance, f"push:{name}", made)
+        if kept is not None:
+            journals.append(kept)
+        return made
+
+    # set before the first await: push delivery started already, and counts its first batch
+    # with the counts this makes
+    push.new_counts = push_counts
+    journal = await anyio.to_thread.run_sync(_journal, directory, instance, "gateway", counts)
+    if journal is not None:
+        journals.append(journal)
     # what gateways killed on this data dir counted and did not publish: published now, in
     # the background (on Kafka a write may wait for its partition's owner)
     threading.Thread(
@@ -269,7 +276,6 @@ async def on_startup(ctx: GatewayContext) -> None:
         name="audit-gateway-recovery",
         daemon=True,
     ).start()
-    push = delivery_parts(ctx).push
     ctx.extensions[_PUBLISHER] = AuditPublisher(
         "gateway",
         instance,
@@ -278,30 +284,50 @@ async def on_startup(ctx: GatewayContext) -> None:
         interval_s=interval_from_env(),
         forget_after_s=GATEWAY_MAX_AGE_S + _FORGET_MARGIN_S,
         more_tiers=lambda: {f"push:{name}": c for name, c in list(push.audit.items())},
-        kept_for_next=str(journal.path) if journal is not None else "",
+        kept_for_next=str(directory) if journal is not None else "",
     ).start()
 
 
+def _journal(
+    directory: Path, instance: str, tier: str, counts: WindowCounts
+) -> CountJournal | None:
+    """A journal of ``counts`` (None, said in a warning, if the directory takes none)."""
+    try:
+        journal = CountJournal(directory, instance, tier)
+    except OSError as exc:
+        _log.warning(
+            "audit: cannot journal the %s counts in %s: %s; a kill of this gateway loses "
+            "what it counted since its last publication",
+            tier,
+            directory,
+            exc,
+        )
+        return None
+    journal_counts(counts, journal)
+    return journal
+
+
 def _publish_recovered(
-    sink: StoreAuditSink, instance: str, totals: dict[Key, tuple[int, int]]
+    sink: StoreAuditSink, tier: str, instance: str, totals: dict[Key, tuple[int, int]]
 ) -> None:
-    """Publish a killed instance's journaled totals under its name (raises if not written)."""
+    """Publish a killed instance's journaled totals of ``tier`` under its name (raises if
+    they were not written)."""
     counts = WindowCounts()
     for (topic, window), (messages, lines) in totals.items():
         counts.set(topic, window, messages, lines)
-    AuditPublisher("gateway", instance, counts, sink).publish()
+    AuditPublisher(tier, instance, counts, sink).publish()
 
 
 async def on_shutdown(ctx: GatewayContext) -> None:
     publisher = ctx.extensions.pop(_PUBLISHER, None)
-    journal = ctx.extensions.pop(_JOURNAL, None)
+    journals = ctx.extensions.pop(_JOURNAL, None)
     published = False
     if isinstance(publisher, AuditPublisher):
         timeout_s = ctx.stop_time_left(publisher.stop_timeout_s)
         await anyio.to_thread.run_sync(publisher.stop, timeout_s)
         published = await anyio.to_thread.run_sync(publisher.all_published)
-    if isinstance(journal, CountJournal):
-        # kept when the last publish did not get through: the next start publishes it
+    for journal in journals if isinstance(journals, list) else []:
+        # kept when the last publish did not get through: the next start publishes them
         journal.close(remove=published)
 
 

@@ -28,8 +28,11 @@ def _journaled(directory: Path, instance: str) -> tuple[WindowCounts, CountJourn
 
 
 def _recovered(directory: Path) -> dict[str, dict[Key, tuple[int, int]]]:
+    """Each recovered journal's totals, by ``<tier> <instance>``."""
     found: dict[str, dict[Key, tuple[int, int]]] = {}
-    recover_journals(directory, lambda instance, totals: found.update({instance: totals}))
+    recover_journals(
+        directory, lambda tier, instance, totals: found.update({f"{tier} {instance}": totals})
+    )
     return found
 
 
@@ -42,7 +45,7 @@ def test_a_journal_nobody_holds_gives_back_every_count_and_is_removed(tmp_path: 
     assert _recovered(tmp_path) == {}
     journal.close(remove=False)  # as a SIGKILL leaves it: the kernel drops the lock
     assert _recovered(tmp_path) == {
-        "gw1-100-1": {(TOPIC, 0): (3, 15), ("dc1.web", WINDOW_S): (1, 1)}
+        "gateway gw1-100-1": {(TOPIC, 0): (3, 15), ("dc1.web", WINDOW_S): (1, 1)}
     }
     assert list(tmp_path.iterdir()) == []
 
@@ -57,7 +60,7 @@ def test_the_journal_holds_what_a_snapshot_counted_late_and_a_line_cut_short_is_
     journal.close(remove=False)
     with journal.path.open("ab") as f:
         f.write(b'["dc1.app", 0, 5')  # the kill cut the last write short
-    assert read_journal(journal.path) == ("gw", {(TOPIC, 0): (2, 7)})
+    assert read_journal(journal.path) == ("gateway", "gw", {(TOPIC, 0): (2, 7)})
 
 
 def test_a_compacted_journal_holds_the_totals(
@@ -73,6 +76,7 @@ def test_a_compacted_journal_holds_the_totals(
     counts.add(TOPIC, 0, 1, 1)
     journal.close(remove=False)
     assert read_journal(journal.path) == (
+        "gateway",
         "gw",
         {
             (TOPIC, 0): (35, 69),
@@ -87,12 +91,12 @@ def test_a_journal_whose_publication_fails_stays_for_the_next_start(tmp_path: Pa
     counts.add(TOPIC, 0, 1, 1)
     journal.close(remove=False)
 
-    def fail(instance: str, totals: dict[Key, tuple[int, int]]) -> None:
+    def fail(tier: str, instance: str, totals: dict[Key, tuple[int, int]]) -> None:
         raise OSError("the log is away")
 
     assert recover_journals(tmp_path, fail) == 0
     assert journal.path.exists()
-    assert _recovered(tmp_path) == {"gw": {(TOPIC, 0): (1, 1)}}
+    assert _recovered(tmp_path) == {"gateway gw": {(TOPIC, 0): (1, 1)}}
 
 
 def _gateway_lines(url: str) -> int:
