@@ -122,6 +122,22 @@ class AuditPublisher:
                     self._published.pop((self.tier, key), None)
             return len(changed)
 
+    def all_published(self) -> bool:
+        """Whether the log holds the totals of every tier published here as they are now
+        (False while a publish holds the lock: a stop whose last publish hangs has not
+        published them)."""
+        if not self._lock.acquire(timeout=0.5):
+            return False
+        try:
+            tiers = {self.tier: self.counts, **(self._more_tiers() if self._more_tiers else {})}
+            return all(
+                self._published.get((tier, key)) == value
+                for tier, counts in tiers.items()
+                for key, value in counts.snapshot().items()
+            )
+        finally:
+            self._lock.release()
+
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._publish_logged()

@@ -51,8 +51,18 @@ class WindowCounts:
     """
 
     def __init__(
-        self, *, max_age_s: float | None = None, clock: Callable[[], float] = time.time
+        self,
+        *,
+        max_age_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+        on_change: Callable[[list[tuple[Key, int, int]]], None] | None = None,
+        after_snapshot: Callable[[dict[Key, tuple[int, int]]], None] | None = None,
     ) -> None:
+        self._on_change = on_change
+        """Told the changes ``[(key, messages, lines), ...]`` of each add, with the lock held,
+        before a snapshot can hold them (the gateway's journal, :mod:`audit.journal`)."""
+        self._after_snapshot = after_snapshot
+        """Given each snapshot's totals, with the lock still held."""
         self._lock = threading.Lock()
         self._counts: dict[Key, list[int]] = {}
         self._deferred: list[tuple[Key, str, bytes | memoryview]] = []
@@ -67,15 +77,35 @@ class WindowCounts:
             create_time_ms = min(max(create_time_ms, oldest_ms), now_ms + MAX_AHEAD_S * 1000)
         return (topic, window_start(create_time_ms))
 
-    def add(self, topic: str, create_time_ms: int, messages: int, lines: int) -> None:
-        key = self._key(topic, create_time_ms)
+    def watch(
+        self,
+        on_change: Callable[[list[tuple[Key, int, int]]], None],
+        after_snapshot: Callable[[dict[Key, tuple[int, int]]], None],
+    ) -> None:
+        """Set ``on_change`` and ``after_snapshot`` (see the constructor)."""
         with self._lock:
-            counts = self._counts.get(key)
-            if counts is None:
-                self._counts[key] = [messages, lines]
-            else:
-                counts[0] += messages
-                counts[1] += lines
+            self._on_change = on_change
+            self._after_snapshot = after_snapshot
+
+    def add(self, topic: str, create_time_ms: int, messages: int, lines: int) -> None:
+        self.add_many([(topic, create_time_ms, messages, lines)])
+
+    def add_many(self, items: list[tuple[str, int, int, int]]) -> None:
+        """:meth:`add` of each ``(topic, create time, messages, lines)``, in one step."""
+        changes = [
+            (self._key(topic, create_time_ms), messages, lines)
+            for topic, create_time_ms, messages, lines in items
+        ]
+        with self._lock:
+            for key, messages, lines in changes:
+                counts = self._counts.get(key)
+                if counts is None:
+                    self._counts[key] = [messages, lines]
+                else:
+                    counts[0] += messages
+                    counts[1] += lines
+            if self._on_change is not None:
+                self._on_change(changes)
 
     def add_chunk(
         self, topic: str, create_time_ms: int, codec: str, data: bytes | memoryview
@@ -104,7 +134,12 @@ class WindowCounts:
                 counts = self._counts.setdefault(key, [0, 0])
                 counts[0] += 1
                 counts[1] += lines
-            return {key: (c[0], c[1]) for key, c in self._counts.items()}
+            if counted and self._on_change is not None:
+                self._on_change([(key, 1, lines) for key, lines in counted])
+            totals = {key: (c[0], c[1]) for key, c in self._counts.items()}
+            if self._after_snapshot is not None:
+                self._after_snapshot(totals)
+            return totals
 
     def forget_before(self, window: int) -> list[Key]:
         """Drop the keys of windows starting before ``window``; the keys dropped."""

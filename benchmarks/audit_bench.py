@@ -7,11 +7,15 @@ several runs and the ratio; never fails on speed.
 
     python benchmarks/audit_bench.py [--chunks 1000] [--chunk-bytes 4096] [--runs 7] [--json F]
     python benchmarks/audit_bench.py --forwarded [--chunk-bytes 65536] [--runs 7]
+    python benchmarks/audit_bench.py --journal DIR [--chunks 1]
 
 ``--forwarded`` times instead what a partition's owner spends counting a forwarded write of
 zstd chunks (access-log-like lines of about 200 B): with the line counts the sending gateway
 made when it checked the chunks (``record_lines``), against decompressing each chunk (what an
 owner does for a sender that sends none).
+
+``--journal DIR`` times the hook a second time with the gateway's journal in DIR attached to
+its counts (:mod:`audit.journal`: one append per section), in the same interleaved runs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from audit.journal import CountJournal, journal_counts
 from audit.windows import WindowCounts
 from ingest_api.audit_api import CommittedCounter, count_written
 from session_dedup.chunk_codecs import count_lines
@@ -94,6 +99,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     parser.add_argument("--forwarded", action="store_true", help="see the module's docstring")
+    parser.add_argument("--journal", type=Path, help="also time the hook journaling in DIR")
     args = parser.parse_args()
     if args.forwarded:
         return forwarded(args)
@@ -112,22 +118,38 @@ def main() -> None:
     def hook() -> None:
         count_written(counts, "dc1.app", "raw", batch, written)
 
+    journaled = WindowCounts()
+    journal = None
+    if args.journal is not None:
+        journal = CountJournal(args.journal, f"bench-{time.time_ns()}")
+        journal_counts(journaled, journal)
+
+    def journaled_hook() -> None:
+        count_written(journaled, "dc1.app", "raw", batch, written)
+
     def envelopes() -> None:
         encode = writer.encoder(now_ms)
         for seqno, create_time, chunk in zip(batch.seqnos, batch.create_times, datas, strict=True):
             encode(seqno, create_time, chunk)
 
     repeat = max(1, 200_000 // args.chunks)
-    hook_runs, peer_runs = [], []
+    hook_runs, peer_runs, journal_runs = [], [], []
     for _ in range(args.runs):  # interleaved: a slow moment of the machine hits both
         hook_runs.append(_run_s(hook, repeat))
+        if journal is not None:
+            journal_runs.append(_run_s(journaled_hook, repeat))
         peer_runs.append(_run_s(envelopes, repeat))
+    if journal is not None:
+        journal.close(remove=True)
     hook_s, peer_s = statistics.median(hook_runs), statistics.median(peer_runs)
     per_chunk = 1e9 / args.chunks
     print(f"{'what':<34} {'per section':>12} {'per chunk':>10}")
     print(
         f"{'audit hook (count_written)':<34} {hook_s * 1e6:>9.1f} us {hook_s * per_chunk:>7.0f} ns"
     )
+    if journal_runs:
+        with_s = statistics.median(journal_runs)
+        print(f"{'same, journaled':<34} {with_s * 1e6:>9.1f} us {with_s * per_chunk:>7.0f} ns")
     print(f"{'envelope encoding (peer)':<34} {peer_s * 1e6:>9.1f} us {peer_s * per_chunk:>7.0f} ns")
     print(
         f"hook / envelope encoding: {hook_s / peer_s:.2f}  ({args.chunks} chunks of "

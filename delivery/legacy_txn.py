@@ -126,12 +126,15 @@ share for an hour, not a day."""
 _RECOUNT_S = 1.0
 _MAX_META_BYTES = 1024 * 1024
 _LOCK_PREFIX = ".lock-"
+_TMP_SUFFIX = ".tmp"
 _LOCK_STRIPES = 16
 
 CRASH_AT_ENV = "LOGBROKER_LEGACY_CRASH_AT"
 CRASH_POINTS = {
     "after-claim": "the piece is bound to its txn_id; nothing is in the log",
     "after-data-write": "the data record is durable; the staged piece is not marked written",
+    "before-staged-rename": "a staged piece's new file is written and synced, not yet renamed "
+    "into place (a /store: no store id was answered)",
 }
 
 
@@ -322,12 +325,16 @@ class LegacyStaging:
     def _write(self, store_id: str, meta: dict[str, Any], data: bytes) -> None:
         raw_meta = json.dumps(meta).encode()
         # A name of its own: a writer never renames another's half-written file.
-        tmp = self._dir / f"{store_id}.{secrets.token_hex(4)}.tmp"
+        tmp = self._dir / f"{store_id}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
         with open(tmp, "wb") as out:
+            # held until the rename: a file of this name that is not empty and not locked
+            # was left by a process killed while writing it (see drop_abandoned)
+            fcntl.flock(out.fileno(), fcntl.LOCK_EX)
             out.write(len(raw_meta).to_bytes(4, "big") + raw_meta + data)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, self._dir / store_id)
+            reach("before-staged-rename")
+            os.replace(tmp, self._dir / store_id)
         # The rename is durable only once the directory is: /store answers after this.
         fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -388,6 +395,20 @@ class LegacyStaging:
                 self._write(store_id, staged.meta(), b"")
             return staged
 
+    def discard(self, store_id: str) -> None:
+        """Drop a piece whose store id never reached its client (it went away before the
+        answer), unless it was bound or written meanwhile."""
+        validate_store_id(store_id)
+        with self._locked(store_id):
+            try:
+                staged = self.get(store_id)
+            except UnknownStagedData:
+                return
+            if staged.txn_id is None and not staged.written:
+                (self._dir / store_id).unlink()
+        with self._lock:
+            self._counted_at = float("-inf")
+
     def get(self, store_id: str) -> StagedData:
         return decode_staged(store_id, self.raw(store_id))
 
@@ -402,11 +423,49 @@ class LegacyStaging:
                 f"nothing is staged under store_id {store_id} (never stored, or expired)"
             ) from None
 
+    def drop_abandoned(self) -> int:
+        """Remove the files a process killed while writing a piece left (``/store`` cut by a
+        SIGKILL: no store id was answered, nobody can request it); return how many.
+
+        Such a file counted against its owner's share until :meth:`sweep` found it older
+        than the maximum age.  A writer holds its file's ``flock`` from before its first
+        byte until it has renamed it, so a file that has bytes and no lock is abandoned.
+        (An empty one may be a writer's between its open and its lock: it is left to the
+        sweep by age, and counts nothing meanwhile.)"""
+        dropped = 0
+        for path in self._dir.iterdir():
+            if not path.name.endswith(_TMP_SUFFIX):
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # renamed by its writer meanwhile
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # being written
+                st = os.fstat(fd)
+                try:
+                    same = os.stat(path).st_ino == st.st_ino
+                except FileNotFoundError:
+                    continue
+                if same and st.st_size > 0:
+                    path.unlink()
+                    dropped += 1
+            finally:
+                os.close(fd)
+        if dropped:
+            with self._lock:
+                self._counted_at = float("-inf")
+        return dropped
+
     def sweep(self, now: float | None = None) -> int:
         """Drop pieces and written markers older than the maximum age (since they were stored,
-        or last bound or marked written); return how many."""
+        or last bound or marked written), and the files of writes cut short by a kill; return
+        how many."""
         cutoff = (now if now is not None else time.time()) - self.max_age_s
-        dropped = 0
+        dropped = self.drop_abandoned()
         for path in self._dir.iterdir():
             if path.name.startswith(_LOCK_PREFIX):
                 continue  # removing a lock file while it is held would break the lock

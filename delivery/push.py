@@ -35,6 +35,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -479,16 +480,22 @@ def _place_new_partitions(doc: Doc, parts: list[_Partition], reset: str, name: s
 
 
 def count_pushed(counts: WindowCounts, batch: list[dict[str, Any]]) -> None:
-    """Count a delivered batch's data messages and their lines for the audit."""
+    """Count a delivered batch's data messages and their lines for the audit (the raw ones
+    in one step: one journal append a batch, see :mod:`audit.journal`)."""
+    raw: dict[tuple[str, int], list[int]] = {}
     for m in batch:
         if m.get("kind", "chunk") not in ("chunk", "legacy_data") or is_audit_topic(m["topic"]):
             continue
         text = m.get("data")
         if text is not None:
-            counts.add(m["topic"], m["create_time"], 1, text.count("\n"))
+            tally = raw.setdefault((m["topic"], m["create_time"]), [0, 0])
+            tally[0] += 1
+            tally[1] += text.count("\n")
         elif "data_b64" in m:
             data = base64.b64decode(m["data_b64"])
             counts.add_chunk(m["topic"], m["create_time"], m.get("codec", "raw"), data)
+    if raw:
+        counts.add_many([(topic, t, n, lines) for (topic, t), (n, lines) in raw.items()])
 
 
 class _Delivery:
@@ -535,9 +542,7 @@ class _Delivery:
                     await anyio.to_thread.run_sync(self._commit, next_positions, len(batch))
                     self.positions.update(next_positions)
                     if self.sub.message_filter.matches_all:
-                        count_pushed(
-                            self.owner.audit.setdefault(self.sub.name, WindowCounts()), batch
-                        )
+                        count_pushed(self.owner.audit_counts(self.sub.name), batch)
                 except LeaseLost:
                     _log.info("push %s: another process took it over", self.sub.name)
                     return
@@ -886,6 +891,16 @@ class PushDelivery:
         self.audit: dict[str, WindowCounts] = {}
         """Per subscription without a filter: messages and lines delivered and committed
         (the audit's tier ``push:<subscription>``)."""
+        self.new_counts: Callable[[str], WindowCounts] = lambda name: WindowCounts()
+        """Makes a subscription's counts (the gateway's journal them, see
+        ``ingest_api.audit_api``)."""
+
+    def audit_counts(self, name: str) -> WindowCounts:
+        """The counts of subscription ``name`` in this process (made on first use)."""
+        counts = self.audit.get(name)
+        if counts is None:
+            counts = self.audit[name] = self.new_counts(name)
+        return counts
 
     async def start(self) -> None:
         self._supervisor = asyncio.create_task(self._supervise(), name="push-supervisor")

@@ -2,25 +2,32 @@
 
 The gateway counts what it wrote (tier ``gateway``) per topic and window of the chunks' create
 time, and publishes its totals to ``<dc>.logbroker-audit`` every few seconds and when it stops
-(see :mod:`audit.publisher`).  ``GET /v1/audit/windows?topic=<glob>&since=<unix s>`` answers the
-reconciled windows (see :mod:`audit.reconcile`) of the topics the token may read.
+(see :mod:`audit.publisher`).  Every change of the counts is journaled in the data dir first
+(:mod:`audit.journal`), and a gateway starting there publishes what killed ones had not.
+``GET /v1/audit/windows?topic=<glob>&since=<unix s>`` answers the reconciled windows (see
+:mod:`audit.reconcile`) of the topics the token may read.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response
 
+from audit.journal import CountJournal, journal_counts, recover_journals
 from audit.ledger import AuditLedger
 from audit.publisher import AuditPublisher, interval_from_env
 from audit.reconcile import reconcile
 from audit.records import decode_records, is_audit_topic
 from audit.sinks import StoreAuditSink, incarnation_id
-from audit.windows import WindowCounts
+from audit.windows import Key, WindowCounts
 from delivery.envelope_view import view
 from ingest_api.access import RouteDeclaration, access_of, read, route
 from ingest_api.auth import Authorizer
@@ -34,8 +41,12 @@ from ingest_api.settings import TokenGrant
 from session_dedup.chunk_codecs import newlines
 from session_dedup.exactly_once import WRITTEN, ChunkBatch, ExactlyOnceWriter
 
+_log = logging.getLogger("logbroker.audit")
 _COUNTS = "audit.gateway_counts"
 _PUBLISHER = "audit.gateway_publisher"
+_JOURNAL = "audit.gateway_journal"
+JOURNAL_DIR = "audit-gateway"
+"""Where in the data dir the gateway's workers journal their counts (see :mod:`audit.journal`)."""
 MAX_GLOB_CHARS = 200
 
 
@@ -101,8 +112,12 @@ class CommittedCounter:
             tally = known.setdefault(envelope.create_time, [0, 0])
             tally[0] += 1
             tally[1] += found
-        for create_time, (messages, found) in known.items():
-            counts.add(topic, create_time, messages, found)
+        counts.add_many(
+            [
+                (topic, create_time, messages, found)
+                for create_time, (messages, found) in known.items()
+            ]
+        )
 
 
 class WrittenTally:
@@ -144,9 +159,11 @@ class WrittenTally:
 
     def flush(self) -> None:
         """Add what was counted to the window counts."""
-        for (topic, create_time), (messages, lines) in self._raw.items():
-            self._counts.add(topic, create_time, messages, lines)
-        self._raw.clear()
+        if self._raw:
+            self._counts.add_many(
+                [(topic, t, messages, lines) for (topic, t), (messages, lines) in self._raw.items()]
+            )
+            self._raw.clear()
 
 
 _CLIENT_TIERS = ("push-client", "mirror", "loader")
@@ -228,24 +245,90 @@ def routes(ctx: GatewayContext) -> list[RouteDeclaration]:
 async def on_startup(ctx: GatewayContext) -> None:
     settings = ctx.settings
     writer = ExactlyOnceWriter(ctx.store, dc=settings.dc, partitions=settings.partitions)
+    sink = StoreAuditSink(writer)
     instance = incarnation_id()
+    counts = gateway_counts(ctx)
+    directory = settings.data_dir / JOURNAL_DIR
+    journals: list[CountJournal] = []
+    ctx.extensions[_JOURNAL] = journals
     push = delivery_parts(ctx).push
+
+    def push_counts(name: str) -> WindowCounts:
+        """A push subscription's counts, journaled beside the gateway's (made in the event
+        loop on its first delivery: one file made, no data written)."""
+        made = WindowCounts()
+        kept = _journal(directory, instance, f"push:{name}", made)
+        if kept is not None:
+            journals.append(kept)
+        return made
+
+    # set before the first await: push delivery started already, and counts its first batch
+    # with the counts this makes
+    push.new_counts = push_counts
+    journal = await anyio.to_thread.run_sync(_journal, directory, instance, "gateway", counts)
+    if journal is not None:
+        journals.append(journal)
+    # what gateways killed on this data dir counted and did not publish: published now, in
+    # the background (on Kafka a write may wait for its partition's owner)
+    threading.Thread(
+        target=recover_journals,
+        args=(directory, functools.partial(_publish_recovered, sink)),
+        name="audit-gateway-recovery",
+        daemon=True,
+    ).start()
     ctx.extensions[_PUBLISHER] = AuditPublisher(
         "gateway",
         instance,
-        gateway_counts(ctx),
-        StoreAuditSink(writer),
+        counts,
+        sink,
         interval_s=interval_from_env(),
         forget_after_s=GATEWAY_MAX_AGE_S + _FORGET_MARGIN_S,
         more_tiers=lambda: {f"push:{name}": c for name, c in list(push.audit.items())},
+        kept_for_next=str(directory) if journal is not None else "",
     ).start()
+
+
+def _journal(
+    directory: Path, instance: str, tier: str, counts: WindowCounts
+) -> CountJournal | None:
+    """A journal of ``counts`` (None, said in a warning, if the directory takes none)."""
+    try:
+        journal = CountJournal(directory, instance, tier)
+    except OSError as exc:
+        _log.warning(
+            "audit: cannot journal the %s counts in %s: %s; a kill of this gateway loses "
+            "what it counted since its last publication",
+            tier,
+            directory,
+            exc,
+        )
+        return None
+    journal_counts(counts, journal)
+    return journal
+
+
+def _publish_recovered(
+    sink: StoreAuditSink, tier: str, instance: str, totals: dict[Key, tuple[int, int]]
+) -> None:
+    """Publish a killed instance's journaled totals of ``tier`` under its name (raises if
+    they were not written)."""
+    counts = WindowCounts()
+    for (topic, window), (messages, lines) in totals.items():
+        counts.set(topic, window, messages, lines)
+    AuditPublisher(tier, instance, counts, sink).publish()
 
 
 async def on_shutdown(ctx: GatewayContext) -> None:
     publisher = ctx.extensions.pop(_PUBLISHER, None)
+    journals = ctx.extensions.pop(_JOURNAL, None)
+    published = False
     if isinstance(publisher, AuditPublisher):
         timeout_s = ctx.stop_time_left(publisher.stop_timeout_s)
         await anyio.to_thread.run_sync(publisher.stop, timeout_s)
+        published = await anyio.to_thread.run_sync(publisher.all_published)
+    for journal in journals if isinstance(journals, list) else []:
+        # kept when the last publish did not get through: the next start publishes them
+        journal.close(remove=published)
 
 
 def openapi_paths(ctx: GatewayContext) -> dict[str, Any]:

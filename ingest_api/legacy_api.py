@@ -28,7 +28,9 @@ Staged data is held per token owner: one token's pieces may hold at most
 ``max_staged_bytes_per_token`` of the gateway's ``max_staged_bytes`` (the limit is on the
 gateway that stages them: with several gateways on Kafka each keeps its own), and a piece
 never requested is dropped after ``staged_max_age_s``.  ``logbroker_legacy_staged_bytes{owner}``
-shows who holds what.
+shows who holds what.  A piece whose store id was never answered holds nothing: the client
+that went away before the answer has it dropped at once, and a file a killed gateway was
+writing is removed by the next start (:meth:`LegacyStaging.drop_abandoned`).
 """
 
 from __future__ import annotations
@@ -178,6 +180,13 @@ class LegacyApi:
                 owner=access_of(request).owner,
             )
         )
+        if await request.is_disconnected():
+            # nobody will ever know this store_id: the piece would only hold the token's
+            # share until staged_max_age_s
+            await anyio.to_thread.run_sync(self.staging.discard, store_id)
+            raise ApiError(
+                400, "client_disconnected", "the client went away before the store_id was sent"
+            )
         return _json({"store_id": store_id})
 
     async def commit_request(self, request: Request) -> Response:
@@ -429,7 +438,11 @@ class LegacyApi:
                     swept_at = time.monotonic()
                     dropped = await anyio.to_thread.run_sync(self.staging.sweep)
                     if dropped:
-                        _log.info("dropped %d staged legacy pieces never committed", dropped)
+                        _log.info(
+                            "dropped %d staged legacy pieces never committed (expired, or "
+                            "cut short by a kill)",
+                            dropped,
+                        )
                 await anyio.to_thread.run_sync(self.staging.staged_bytes)  # for the gauge
             except OSError:
                 _log.exception("cannot sweep the legacy staging directory")

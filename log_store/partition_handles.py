@@ -48,7 +48,8 @@ a read holds one more for the segment it reads."""
 RESERVED_DESCRIPTORS = 256
 """Descriptors kept for what is neither a partition nor a client connection: the listening
 socket, the event loop's, logs, the catalog, metrics files, Kafka's and the peers' sockets,
-push deliveries, the audit publisher."""
+push deliveries, the audit publisher and journals (one per worker, and one per push
+subscription delivered in it, see ``audit.journal``)."""
 
 MIN_OPEN_PARTITIONS = 4
 """The bound never goes below this, however low the descriptor limit."""
