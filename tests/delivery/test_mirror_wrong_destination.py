@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -39,6 +40,20 @@ def _end_offsets(url: str) -> dict[str, list[int]]:
         info = httpx.get(f"{url}/v1/topics/{t['name']}").json()
         out[t["name"]] = [p["end_offset"] for p in info["partitions"]]
     return out
+
+
+def _settled(url: str) -> dict[str, list[int]]:
+    """``_end_offsets`` once they stayed the same for three of the gateways' audit
+    publication intervals (0.5 s here): a publication of the counts of writes made before
+    the test must not be taken for a write of the mirror's."""
+    last = _end_offsets(url)
+    for _ in range(40):
+        time.sleep(1.5)
+        now = _end_offsets(url)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"the topics of {url} kept growing: {last}")
 
 
 def _replica_append(url: str, topic: str, source: str) -> httpx.Response:
@@ -94,7 +109,7 @@ def test_a_mirror_between_two_urls_of_one_gateway_exits_2_and_copies_nothing(
     # dc2's installation holds dc1.* copies, and a mirror of them is pointed at itself
     dc2 = dcs["dc2"]
     assert _replica_append(dc2.url, "dc1.selfcopy", "a-dc1-topic-id").status_code == 200
-    before = _end_offsets(dc2.url)
+    before = _settled(dc2.url)
     done = _mirror(dc2.url, f"http://localhost:{dc2.port}")
     assert done.returncode == 2, done.stderr
     assert "--from and --to are the same installation" in done.stderr
@@ -107,7 +122,7 @@ def test_a_mirror_into_the_installation_of_the_prefixes_dc_exits_2_and_writes_no
     dcs: dict[str, GatewayProcess],
 ) -> None:
     dc1, also_dc1 = dcs["dc1"], dcs["also-dc1"]
-    before = _end_offsets(also_dc1.url)
+    before = _settled(also_dc1.url)
     done = _mirror(dc1.url, also_dc1.url)
     assert done.returncode == 2, done.stderr
     assert f"the destination {also_dc1.url} is the installation of DC dc1" in done.stderr
