@@ -17,10 +17,11 @@ Three answers end the retries early:
   ``failover_after_s`` (or whose installation another request found down meanwhile) raises
   :class:`InstallationUnavailable`, telling whether the request may have been written there.
 
-A gateway first reached is asked its installation before its first request
-(``push_client.gateway_check``): one of another installation than the client's group for it
-is sent nothing, its attempts failing at once with :class:`OtherInstallation` (as a gateway
-that is down; the request goes on at the group's other gateways).
+A gateway first reached is asked its installation before its first request, and again
+before the first after it failed (``push_client.gateway_check``: it may come back as another
+installation's): one of another installation than the client's group for it is sent nothing,
+its attempts failing at once with :class:`OtherInstallation` (as a gateway that is down; the
+request goes on at the group's other gateways).
 
 A gateway that takes a request and does not answer it for ``stall_after_s`` is failing too
 (frozen, or waiting for its Kafka): the request goes on at the next gateway while the hung
@@ -44,7 +45,7 @@ import orjson
 from delivery.gateway_retry import MAX_RETRY_AFTER_S, retry_after_given
 from log_store.errors import LogbrokerError
 from push_client.backoff import CLOSE_WAIT_S, Backoff, ProbeSchedule
-from push_client.gateway_check import GatewayCheck, OtherInstallation
+from push_client.gateway_check import GatewayCheck, InstallationUnknown, OtherInstallation
 from push_client.owner_routes import FORWARDED_HEADER, OWNERS_PATH
 from push_client.stall import StallWatch
 from push_client.token import BearerToken
@@ -175,6 +176,7 @@ _NOT_SENT = (
     httpx.PoolTimeout,
     httpx.UnsupportedProtocol,
     OtherInstallation,
+    InstallationUnknown,
 )
 
 
@@ -226,6 +228,8 @@ class _Attempt:
     """Its id in :class:`StallWatch`."""
     response: httpx.Response | None = None
     error: BaseException | None = None
+    sent: bool = False
+    """The request left for the gateway (its installation was known or confirmed first)."""
     stalled: bool = False
     """Unanswered for ``stall_after_s``: counted as a failure of its gateway, still awaited."""
     outcome: str = ""
@@ -349,6 +353,14 @@ class GatewayClient:
     def usable_servers(self) -> list[str]:
         """The gateways not found to belong to another installation than this one's."""
         return [s for s in self.servers if self._refusal(s) is None]
+
+    @property
+    def confirmed_servers(self) -> list[str]:
+        """The gateways known to belong to this installation now: each said so since it
+        last failed (see ``push_client.gateway_check``)."""
+        if self._check is None:
+            return list(self.servers)
+        return [s for s in self.servers if self._check.confirmed(self._group, s)]
 
     def _refusal(self, server: str) -> str | None:
         """Why nothing is written to ``server`` (another installation), if so."""
@@ -552,11 +564,13 @@ class GatewayClient:
         def run() -> None:
             try:
                 if self._check is not None:
-                    # A gateway first reached is asked its installation before anything else.
-                    refusal = self._check.check(self._group, server, self._http)
-                    if refusal is not None:
-                        raise OtherInstallation(refusal)
-                attempt.response = self._http.post(server + path, content=body, headers=headers)
+                    # A gateway first reached, or failing since it was last asked, says its
+                    # installation before anything is sent to it: a 5xx of /healthz is this
+                    # attempt's answer (it cannot take the request now).
+                    attempt.response = self._check.confirm(self._group, server, self._http)
+                if attempt.response is None:
+                    attempt.sent = True
+                    attempt.response = self._http.post(server + path, content=body, headers=headers)
             except BaseException as exc:  # handed to the request's thread
                 attempt.error = exc
             finished.put(attempt)
@@ -578,7 +592,7 @@ class GatewayClient:
                 raise exc
             attempt.outcome = f"{server}: {failure_text(exc, server)}"
             self.stats.count("transport_error")
-            attempt.maybe_written = not isinstance(exc, _NOT_SENT)
+            attempt.maybe_written = attempt.sent and not isinstance(exc, _NOT_SENT)
             if not attempt.stalled:
                 self.stats.stall.ended(attempt.stall_id, attempt.outcome)
             return None
@@ -619,7 +633,7 @@ class GatewayClient:
                 self._answered(server)
             raise _refused(response)
         self.stats.count(f"http_{status}")
-        attempt.maybe_written = status >= 500
+        attempt.maybe_written = attempt.sent and status >= 500
         retry_after = retry_after_given(response)
         if retry_after is not None:
             attempt.wait_at_least = min(retry_after, MAX_RETRY_AFTER_S)
@@ -632,6 +646,9 @@ class GatewayClient:
         (another HTTP status, another error), not at every retry of every request in flight
         (with the gateway down for an hour, a line a second said nothing new)."""
         kind = outcome.removeprefix(f"{server}: ").split(":", 1)[0]
+        if self._check is not None and kind != OtherInstallation.__name__:
+            # It may come back as another installation's (a name moved meanwhile).
+            self._check.suspect(self._group, server)
         wall = time.time()
         with self._lock:
             # Under the lock (the schedule's is taken inside it): the schedule holds the
@@ -739,11 +756,14 @@ class GatewayClient:
                 for server in probes.due(self._unused_failing()):
                     if self._closed.is_set() or self._stop.is_set():
                         return
-                    refusal = self._refusal(server)
-                    failure = None if refusal is not None else _probe(http, server)
-                    if failure is None and refusal is None and self._check is not None:
-                        # It answers: a probe may be the first to reach it, so it asks.
+                    failure = _probe(http, server)
+                    refusal = None
+                    if failure is None and self._check is not None:
+                        # It answers: a probe may be the first to reach it, or to reach it
+                        # back, so it asks (one refused is asked again: it may be back).
                         refusal = self._check.check(self._group, server, http)
+                    elif self._check is not None:
+                        self._check.suspect(self._group, server)
                     if refusal is not None:
                         failure = f"OtherInstallation: {refusal}"
                     if self._closed.is_set():
@@ -766,10 +786,12 @@ class GatewayClient:
 
     def _unused_failing(self) -> list[str]:
         """The failing gateways requests do not try: all but the one they go to first, or
-        all if the installation was given up (its requests stopped)."""
+        all if the installation was given up (its requests stopped); and those of another
+        installation (requests send them nothing: only a probe sees one come back)."""
         current = None if self._is_down() else self.current_server
         with self._lock:
-            return [s for s in self._failing if s != current]
+            failing = list(self._failing)
+        return [s for s in failing if s != current or self._refusal(s) is not None]
 
     def _sleep(self, delay_s: float, flush: bool) -> None:
         if not self._stop.is_set():
@@ -819,6 +841,11 @@ class GatewayClient:
         if self._refusal(server) is not None:
             return None  # another installation's owners are not this one's
         try:
+            if (
+                self._check is not None
+                and self._check.confirm(self._group, server, self._http) is not None
+            ):
+                return None  # it cannot say its installation now: nor its owners
             response = self._http.get(
                 server + OWNERS_PATH,
                 params={"log_type": log_type},
