@@ -9,7 +9,10 @@ installation's topics written into another's would show there as another DC's ti
 
 Within an installation the counts follow the data: they go first to the gateway the data goes
 to now (:attr:`GatewayClient.current_server`, the last one that answered), then to the others
-in the configured order, so a gateway that died does not keep the tier out of the audit.  An
+in the configured order, so a gateway that died does not keep the tier out of the audit; only
+to gateways that said they belong to the installation since they last failed (the requests of
+the data ask them, see :mod:`push_client.gateway_check`), so that counts never go to a
+gateway that came back as another installation's.  An
 installation whose gateways all fail keeps its counts until the next publication (every
 interval, see :mod:`audit.publisher`); at exit the last publication gets one try at each of its
 gateways, and what it could not publish is said in one line.
@@ -446,11 +449,13 @@ def _is_journal_line(doc: Any) -> bool:
 
 
 def gateways_in_order(client: GatewayClient) -> list[str]:
-    """The installation's gateways, the one its data goes to now first (none found to
-    belong to another installation, while another is left)."""
+    """The installation's gateways known to belong to it now (each said so since it last
+    failed: one that comes back as another installation's is not written to), the one its
+    data goes to now first."""
+    confirmed = client.confirmed_servers
     current = client.current_server
-    usable = client.usable_servers or list(client.servers)
-    return [current, *(url for url in usable if url != current)]
+    first = [current] if current in confirmed else []
+    return [*first, *(url for url in confirmed if url != current)]
 
 
 class FailoverAuditSink:

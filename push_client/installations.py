@@ -309,12 +309,14 @@ class InstallationSet:
 
     def _healthy(self, http: httpx.Client, member: Installation) -> bool:
         """Whether a gateway of ``member`` can take writes (``/readyz``; ``/healthz`` for a
-        gateway too old to have it) and belongs to it (a probe may be the first to reach it)."""
+        gateway too old to have it) and belongs to it: a probe may be the first to reach it,
+        or to reach it back after it failed (as another installation's, or, refused before,
+        as its own again)."""
         check = self._check
         for url in member.spec.servers:
-            if check is not None and check.refusal(member.name, url) is not None:
-                continue
             if not _ready(http, url):
+                if check is not None:
+                    check.suspect(member.name, url)
                 continue
             if check is None or check.check(member.name, url, http) is None:
                 return True

@@ -17,14 +17,17 @@ Three answers end the retries early:
   ``failover_after_s`` (or whose installation another request found down meanwhile) raises
   :class:`InstallationUnavailable`, telling whether the request may have been written there.
 
-A gateway first reached is asked its installation before its first request
-(``push_client.gateway_check``): one of another installation than the client's group for it
-is sent nothing, its attempts failing at once with :class:`OtherInstallation` (as a gateway
-that is down; the request goes on at the group's other gateways).
+A gateway first reached is asked its installation before its first request, and again
+before the first after it failed (``push_client.gateway_check``: it may come back as another
+installation's): one of another installation than the client's group for it is sent nothing,
+its attempts failing at once with :class:`OtherInstallation` (as a gateway that is down; the
+request goes on at the group's other gateways).
 
 A gateway that takes a request and does not answer it for ``stall_after_s`` is failing too
 (frozen, or waiting for its Kafka): the request goes on at the next gateway while the hung
 attempt is still awaited, see :meth:`GatewayClient.post` for why that writes nothing twice.
+With several gateways left, the next is the first of them to answer a probe asked of all at
+once, so that a request passes any number of hung gateways in about one ``stall_after_s``.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import orjson
 from delivery.gateway_retry import MAX_RETRY_AFTER_S, retry_after_given
 from log_store.errors import LogbrokerError
 from push_client.backoff import CLOSE_WAIT_S, Backoff, ProbeSchedule
-from push_client.gateway_check import GatewayCheck, OtherInstallation
+from push_client.gateway_check import GatewayCheck, InstallationUnknown, OtherInstallation
 from push_client.owner_routes import FORWARDED_HEADER, OWNERS_PATH
 from push_client.stall import StallWatch
 from push_client.token import BearerToken
@@ -175,6 +178,7 @@ _NOT_SENT = (
     httpx.PoolTimeout,
     httpx.UnsupportedProtocol,
     OtherInstallation,
+    InstallationUnknown,
 )
 
 
@@ -226,8 +230,13 @@ class _Attempt:
     """Its id in :class:`StallWatch`."""
     response: httpx.Response | None = None
     error: BaseException | None = None
+    sent: bool = False
+    """The request left for the gateway (its installation was known or confirmed first)."""
     stalled: bool = False
     """Unanswered for ``stall_after_s``: counted as a failure of its gateway, still awaited."""
+    probe: bool = False
+    """Not the request: a ``GET /readyz`` of its gateway, asked of every gateway left once one
+    hung (see :meth:`GatewayClient.post`); it never carries the request."""
     outcome: str = ""
     maybe_written: bool = False
     wait_at_least: float = 0.0
@@ -350,6 +359,14 @@ class GatewayClient:
         """The gateways not found to belong to another installation than this one's."""
         return [s for s in self.servers if self._refusal(s) is None]
 
+    @property
+    def confirmed_servers(self) -> list[str]:
+        """The gateways known to belong to this installation now: each said so since it
+        last failed (see ``push_client.gateway_check``)."""
+        if self._check is None:
+            return list(self.servers)
+        return [s for s in self.servers if self._check.confirmed(self._group, s)]
+
     def _refusal(self, server: str) -> str | None:
         """Why nothing is written to ``server`` (another installation), if so."""
         return None if self._check is None else self._check.refusal(self._group, server)
@@ -415,6 +432,18 @@ class GatewayClient:
         than that costs a second copy of the request at the next gateway (answered
         ``duplicate`` there if the first lands first), not a failover: see ``stall_after_s``
         in docs/push-client.md for how it was chosen.
+
+        **When an attempt hangs** (or times out), the gateways left (holding no attempt of
+        this request) are each asked ``GET /readyz`` at once (its installation first, if it
+        is to be asked, see ``push_client.gateway_check``), each within
+        :data:`PROBE_TIMEOUT_S` (2 s, or ``stall_after_s`` if less), and the request goes to
+        the first that answers (not a 5xx, 408 or 429): several hung gateways cost one
+        ``stall_after_s`` and a probe's timeout at most, not one ``stall_after_s`` each.  A
+        probe carries no part of the request, so it changes nothing of the above: the copies
+        of the request are the ones described there, at gateways of this installation, and
+        ``maybe_written`` is what the copies sent say.  A gateway whose probe fails or does
+        not answer in time is failing, as if its attempt had; when every probe failed the
+        request goes on as before (the next gateway, after a backoff).
         """
         backoff = Backoff(cap_s=self.max_backoff_s)
         offset = 0
@@ -439,13 +468,13 @@ class GatewayClient:
                     if self._is_down():
                         raise InstallationUnavailable(
                             "the installation is down",
-                            maybe_written=maybe_written or bool(attempts),
+                            maybe_written=maybe_written or any(not a.probe for a in attempts),
                         )
                     if (
                         failing_since is not None
                         and offset >= count
                         and now - failing_since >= self.failover_after_s
-                        and all(a.stalled for a in attempts)
+                        and all(a.stalled or a.probe for a in attempts)
                     ):
                         raise InstallationUnavailable(outcome, maybe_written=maybe_written)
                 if want_attempt and now >= launch_at:
@@ -464,7 +493,7 @@ class GatewayClient:
                     wait = min(wait, launch_at - now)
                 if self.stall_after_s is not None:
                     for attempt in attempts:
-                        if not attempt.stalled:
+                        if not attempt.stalled and not attempt.probe:
                             wait = min(wait, attempt.started + self.stall_after_s - now)
                 if failing_since is not None and self.failover_after_s is not None:
                     wait = min(wait, failing_since + self.failover_after_s - now)
@@ -475,6 +504,26 @@ class GatewayClient:
                 now = time.monotonic()
                 failure: _Attempt | None = None
                 wait_at_least = 0.0
+                if ended is not None and ended.probe:
+                    attempts.remove(ended)
+                    probe_failure = self._probe_failure(ended)
+                    if probe_failure is None:
+                        if not any(not a.probe and not a.stalled for a in attempts):
+                            # The first gateway left that answers: the request goes there.
+                            attempts.append(
+                                self._launch(
+                                    ended.index, ended.server, path, body, content_type, finished
+                                )
+                            )
+                        continue
+                    outcome = probe_failure
+                    self._failed(ended.server, outcome)
+                    offset += 1
+                    if not any(a.probe or not a.stalled for a in attempts):
+                        # No gateway left answered: on as before, after a backoff.
+                        want_attempt = True
+                        launch_at = now + self._backoff_delay(backoff, 0.0, failing_since, now)
+                    continue
                 if ended is not None:
                     attempts.remove(ended)
                     answer = self._answer(ended, failed_at)
@@ -487,6 +536,8 @@ class GatewayClient:
                     if ended.stalled:
                         # Counted as a failure when it hung; now it says how it failed.
                         self._failed(ended.server, outcome)
+                        # While the gateways left are probed, the first to answer is next.
+                        want_attempt = not any(a.probe for a in attempts)
                         continue
                     failure = ended
                 elif self.stall_after_s is not None:
@@ -494,7 +545,9 @@ class GatewayClient:
                         (
                             a
                             for a in attempts
-                            if not a.stalled and now - a.started >= self.stall_after_s
+                            if not a.stalled
+                            and not a.probe
+                            and now - a.started >= self.stall_after_s
                         ),
                         None,
                     )
@@ -521,19 +574,85 @@ class GatewayClient:
                 offset += 1
                 launch_at = now
                 if offset % count == 0 or wait_at_least:
-                    delay = backoff.next_delay(wait_at_least)
-                    if self.failover_after_s is not None:
-                        # Wake when the installation may be given up, not a backoff later: a
-                        # dead installation was left up to max_backoff_s after failover_after_s.
-                        until_failover = failing_since + self.failover_after_s - now
-                        if until_failover > 0:
-                            delay = min(delay, until_failover)
-                    launch_at = now + delay
+                    launch_at = now + self._backoff_delay(
+                        backoff, wait_at_least, failing_since, now
+                    )
+                elif failure.stalled or isinstance(failure.error, httpx.TimeoutException):
+                    # It hung (or timed out asked its installation): so may the next ones.
+                    left = self._left(offset, attempts)
+                    if left:
+                        # Which of the gateways left answers: asked of all at once (see above).
+                        attempts.extend(self._launch_probe(i, url, finished) for i, url in left)
+                        want_attempt = False
         finally:
             for attempt in attempts:
                 # Left to its thread; what it finds is nobody's news now.
-                if not attempt.stalled:
+                if not attempt.stalled and not attempt.probe:
                     self.stats.stall.dropped(attempt.stall_id)
+
+    def _backoff_delay(
+        self, backoff: Backoff, wait_at_least: float, failing_since: float | None, now: float
+    ) -> float:
+        """The wait before a request's next attempt once every gateway was tried."""
+        delay = backoff.next_delay(wait_at_least)
+        if self.failover_after_s is not None and failing_since is not None:
+            # Wake when the installation may be given up, not a backoff later: a dead
+            # installation was left up to max_backoff_s after failover_after_s.
+            until_failover = failing_since + self.failover_after_s - now
+            if until_failover > 0:
+                delay = min(delay, until_failover)
+        return delay
+
+    def _left(self, offset: int, attempts: list[_Attempt]) -> list[tuple[int, str]]:
+        """The gateways holding no attempt of the request, in the order it tries them."""
+        busy = {a.index for a in attempts}
+        left = [self._server(offset + skip) for skip in range(len(self.servers))]
+        return [(index, url) for index, url in left if index not in busy]
+
+    def _launch_probe(
+        self, index: int, server: str, finished: queue.SimpleQueue[_Attempt]
+    ) -> _Attempt:
+        """Ask ``server`` whether it takes writes (``GET /readyz``, its installation first if
+        it is to be asked), each within :data:`PROBE_TIMEOUT_S` (``stall_after_s`` if less),
+        in a thread of its own; put on ``finished`` when it ends."""
+        timeout_s = min(self.stall_after_s or PROBE_TIMEOUT_S, PROBE_TIMEOUT_S)
+        timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
+        attempt = _Attempt(index, server, time.monotonic(), -1, probe=True)
+
+        def run() -> None:
+            try:
+                if self._check is not None:
+                    attempt.response = self._check.confirm(
+                        self._group, server, self._http, timeout_s=timeout_s
+                    )
+                if attempt.response is None:
+                    attempt.response = self._http.get(server + "/readyz", timeout=timeout)
+                    if attempt.response.status_code == 404:  # a gateway too old to have it
+                        attempt.response = self._http.get(server + "/healthz", timeout=timeout)
+            except BaseException as exc:  # handed to the request's thread
+                attempt.error = exc
+            finished.put(attempt)
+
+        threading.Thread(target=run, name="push-send-probe", daemon=True).start()
+        return attempt
+
+    def _probe_failure(self, attempt: _Attempt) -> str | None:
+        """How an ended probe of :meth:`post` failed, as logged (None: it answered 200)."""
+        server, exc = attempt.server, attempt.error
+        if exc is not None:
+            if not isinstance(exc, httpx.HTTPError):
+                raise exc
+            if isinstance(exc, httpx.ReadTimeout):
+                return (
+                    f"{server}: Stalled: no answer to GET /readyz for"
+                    f" {time.monotonic() - attempt.started:.1f} s"
+                )
+            return f"{server}: {failure_text(exc, server)}"
+        assert attempt.response is not None
+        status = attempt.response.status_code
+        if status < 500 and status not in (408, 429):
+            return None  # it answers (a 4xx: the request will say what it refuses)
+        return f"{server}: HTTP {status} to GET /readyz"
 
     def _launch(
         self,
@@ -552,11 +671,13 @@ class GatewayClient:
         def run() -> None:
             try:
                 if self._check is not None:
-                    # A gateway first reached is asked its installation before anything else.
-                    refusal = self._check.check(self._group, server, self._http)
-                    if refusal is not None:
-                        raise OtherInstallation(refusal)
-                attempt.response = self._http.post(server + path, content=body, headers=headers)
+                    # A gateway first reached, or failing since it was last asked, says its
+                    # installation before anything is sent to it: a 5xx of /healthz is this
+                    # attempt's answer (it cannot take the request now).
+                    attempt.response = self._check.confirm(self._group, server, self._http)
+                if attempt.response is None:
+                    attempt.sent = True
+                    attempt.response = self._http.post(server + path, content=body, headers=headers)
             except BaseException as exc:  # handed to the request's thread
                 attempt.error = exc
             finished.put(attempt)
@@ -578,7 +699,7 @@ class GatewayClient:
                 raise exc
             attempt.outcome = f"{server}: {failure_text(exc, server)}"
             self.stats.count("transport_error")
-            attempt.maybe_written = not isinstance(exc, _NOT_SENT)
+            attempt.maybe_written = attempt.sent and not isinstance(exc, _NOT_SENT)
             if not attempt.stalled:
                 self.stats.stall.ended(attempt.stall_id, attempt.outcome)
             return None
@@ -619,7 +740,7 @@ class GatewayClient:
                 self._answered(server)
             raise _refused(response)
         self.stats.count(f"http_{status}")
-        attempt.maybe_written = status >= 500
+        attempt.maybe_written = attempt.sent and status >= 500
         retry_after = retry_after_given(response)
         if retry_after is not None:
             attempt.wait_at_least = min(retry_after, MAX_RETRY_AFTER_S)
@@ -632,6 +753,9 @@ class GatewayClient:
         (another HTTP status, another error), not at every retry of every request in flight
         (with the gateway down for an hour, a line a second said nothing new)."""
         kind = outcome.removeprefix(f"{server}: ").split(":", 1)[0]
+        if self._check is not None and kind != OtherInstallation.__name__:
+            # It may come back as another installation's (a name moved meanwhile).
+            self._check.suspect(self._group, server)
         wall = time.time()
         with self._lock:
             # Under the lock (the schedule's is taken inside it): the schedule holds the
@@ -739,11 +863,14 @@ class GatewayClient:
                 for server in probes.due(self._unused_failing()):
                     if self._closed.is_set() or self._stop.is_set():
                         return
-                    refusal = self._refusal(server)
-                    failure = None if refusal is not None else _probe(http, server)
-                    if failure is None and refusal is None and self._check is not None:
-                        # It answers: a probe may be the first to reach it, so it asks.
+                    failure = _probe(http, server)
+                    refusal = None
+                    if failure is None and self._check is not None:
+                        # It answers: a probe may be the first to reach it, or to reach it
+                        # back, so it asks (one refused is asked again: it may be back).
                         refusal = self._check.check(self._group, server, http)
+                    elif self._check is not None:
+                        self._check.suspect(self._group, server)
                     if refusal is not None:
                         failure = f"OtherInstallation: {refusal}"
                     if self._closed.is_set():
@@ -766,10 +893,12 @@ class GatewayClient:
 
     def _unused_failing(self) -> list[str]:
         """The failing gateways requests do not try: all but the one they go to first, or
-        all if the installation was given up (its requests stopped)."""
+        all if the installation was given up (its requests stopped); and those of another
+        installation (requests send them nothing: only a probe sees one come back)."""
         current = None if self._is_down() else self.current_server
         with self._lock:
-            return [s for s in self._failing if s != current]
+            failing = list(self._failing)
+        return [s for s in failing if s != current or self._refusal(s) is not None]
 
     def _sleep(self, delay_s: float, flush: bool) -> None:
         if not self._stop.is_set():
@@ -819,6 +948,11 @@ class GatewayClient:
         if self._refusal(server) is not None:
             return None  # another installation's owners are not this one's
         try:
+            if (
+                self._check is not None
+                and self._check.confirm(self._group, server, self._http) is not None
+            ):
+                return None  # it cannot say its installation now: nor its owners
             response = self._http.get(
                 server + OWNERS_PATH,
                 params={"log_type": log_type},

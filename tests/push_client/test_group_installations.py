@@ -8,6 +8,7 @@ and two groups of one log failed over into that log, writing handovers into it."
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from tests.push_client.conftest import (
     LineWriter,
     PushProcess,
     assert_exactly_once,
+    assert_exactly_once_across,
     read_delivered,
     until,
 )
@@ -159,3 +161,110 @@ def test_a_one_shot_run_that_could_reach_only_another_installation_exits_2(
     assert "Refused: " in push.log() and "exiting with status 2" in push.log(), push.log()
     assert f"{other.url} belongs to installation " in push.log(), push.log()
     assert read_delivered(other.data_dir, "app").count() == 0
+
+
+def _failing_kinds(state: Path, group: str) -> list[str]:
+    """The kinds of the failing gateways of ``group`` in the client's ``status.json``."""
+    try:
+        status = json.loads((state / "status.json").read_bytes())
+    except (OSError, ValueError):
+        return []
+    return [
+        gateway["error"]
+        for installation in status.get("installations", [])
+        if installation["name"] == group
+        for gateway in installation["failing_gateways"]
+    ]
+
+
+def _repoint(gateway: GatewayProcess, data_dir: Path) -> None:
+    """The gateway's URL reaches another log from now on (a name or a balancer moved)."""
+    gateway.kill()
+    gateway.data_dir = data_dir
+    gateway.start()
+
+
+def test_a_gateway_that_comes_back_as_another_installation_is_written_nothing(
+    tmp_path: Path, start_gateway: Callable[..., GatewayProcess], start_push
+) -> None:
+    """The one URL of the client fails, then answers again from another log (its name moved
+    while it was down): the client asked its installation only once, at its start, and
+    wrote the next lines into the other log, whose seqnos it took for its own.  Now it asks
+    again before sending anything, refuses it, and ships on once the URL reaches its own
+    log again: every line once, in the client's own log."""
+    own, other = tmp_path / "data-own", tmp_path / "data-other"
+    gateway = start_gateway(own)
+    path = tmp_path / "app.log"
+    writer = LineWriter("m")
+    writer.append(path, 20)
+    state = tmp_path / "state"
+    push = start_push(gateway.url, state, path, extra=FLAGS)
+    push.wait_started(state)
+    assert until(lambda: read_delivered(own, "app").count() == 20, 30), push.log()
+    gateway.kill()
+    writer.append(path, 20)
+    assert until(lambda: "request failed, retrying" in push.log(), 30), push.log()
+    _repoint(gateway, other)
+    assert until(lambda: "nothing is written there" in push.log(), 30), push.log()
+    refusal = next(line for line in push.log().splitlines() if "nothing is written there" in line)
+    assert " ERROR " in refusal, refusal
+    assert f"{gateway.url} belongs to installation " in refusal, refusal
+    assert " now, and belonged to " in refusal, refusal
+    assert until(lambda: "OtherInstallation" in _failing_kinds(state, "default"), 20), push.log()
+    time.sleep(2)  # retries meanwhile go nowhere
+    assert push.proc is not None and push.proc.poll() is None, push.log()
+    assert read_delivered(other, "app").count() == 0
+
+    _repoint(gateway, own)  # the name moves back
+    assert until(lambda: read_delivered(own, "app").count() == 40, 40), push.log()
+    assert "written to again" in push.log(), push.log()
+    assert_exactly_once(read_delivered(own, "app"), writer)
+    assert read_delivered(other, "app").count() == 0
+    assert push.stop() == 0, push.log()
+
+
+def test_a_dc_whose_gateway_comes_back_as_another_installation_stays_down(
+    tmp_path: Path, start_gateway: Callable[..., GatewayProcess], start_push
+) -> None:
+    """dc1 fails over to dc2; dc1's URL then answers from a third log (its balancer now
+    points elsewhere): the prober found it up and the client wrote dc1's next lines, and a
+    handover, into that log.  Now the prober asks its installation again: dc1 stays down,
+    its lines go to dc2, nothing to the third log; once dc1's URL reaches dc1's log again,
+    lines go back there, each in exactly one installation."""
+    data1, data2, stray = tmp_path / "data-dc1", tmp_path / "data-dc2", tmp_path / "data-x"
+    dc1, dc2 = start_gateway(data1), start_gateway(data2)
+    path = tmp_path / "app.log"
+    writer = LineWriter("m")
+    writer.append(path, 20)
+    state = tmp_path / "state"
+    extra = ["--server", f"dc2={dc2.url}", *FLAGS]
+    push = start_push(f"dc1={dc1.url}", state, path, extra=extra)
+    push.wait_started(state)
+    assert until(lambda: read_delivered(data1, "app").count() == 20, 30), push.log()
+    dc1.kill()
+    writer.append(path, 20)
+    assert until(lambda: read_delivered(data2, "app").count() == 20, 30), push.log()
+    _repoint(dc1, stray)
+    assert until(lambda: "nothing is written there" in push.log(), 30), push.log()
+    refusal = next(line for line in push.log().splitlines() if "nothing is written there" in line)
+    assert " ERROR " in refusal and f"{dc1.url} belongs to installation " in refusal, refusal
+    writer.append(path, 20)
+    assert until(lambda: read_delivered(data2, "app").count() == 40, 30), push.log()
+    time.sleep(2)  # probes meanwhile find dc1's URL of another installation
+    assert read_delivered(stray, "app").count() == 0
+    assert not read_delivered(stray, "app").handovers
+    status = json.loads((state / "status.json").read_bytes())
+    assert [i["up"] for i in status["installations"]] == [False, True], status["installations"]
+
+    _repoint(dc1, data1)
+    assert until(lambda: "installation dc1 is up again" in push.log(), 30), push.log()
+    writer.append(path, 20)
+
+    def delivered() -> int:
+        return read_delivered(data1, "app").count() + read_delivered(data2, "app").count()
+
+    assert until(lambda: delivered() == 80, 30), push.log()
+    assert push.stop() == 0, push.log()
+    assert_exactly_once_across([read_delivered(data1, "app"), read_delivered(data2, "app")], writer)
+    assert read_delivered(data1, "app").count() > 20  # new data went back to dc1
+    assert read_delivered(stray, "app").count() == 0

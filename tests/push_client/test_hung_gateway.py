@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ import pytest
 
 from push_client.token import BearerToken
 from push_client.transport import GatewayClient, InstallationUnavailable, TransportStats
+from push_client.wire import SourceMeta, WireChunk, encode_write_body
 from tests.push_client.conftest import (
     BackgroundWriter,
     LineWriter,
@@ -64,6 +66,12 @@ class _SlowGateway:
         gateway = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                """/readyz and /healthz: it is up (it answers its POSTs late, or never)."""
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def do_POST(self) -> None:
                 gateway.posts += 1
                 self.rfile.read(int(self.headers.get("Content-Length", "0")))
@@ -89,6 +97,47 @@ class _SlowGateway:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+class _HungGateway:
+    """Accepts every connection and never answers a byte: a gateway that hangs."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            self._held.append(conn)
+
+    def close(self) -> None:
+        self._listener.close()
+        for conn in self._held:
+            conn.close()
+
+
+@pytest.fixture
+def hung_gateways() -> Iterator[Callable[[int], list[str]]]:
+    made: list[_HungGateway] = []
+
+    def make(count: int) -> list[str]:
+        made.extend(_HungGateway() for _ in range(count))
+        return [hung.url for hung in made[-count:]]
+
+    yield make
+    for hung in made:
+        hung.close()
+
+
+def _one_line_write(line: bytes) -> bytes:
+    meta = SourceMeta("app", "hung-test", "h", "/var/log/app.log", "raw")
+    return encode_write_body([(meta.encoded(), [WireChunk(len(line), 0, line)])])
 
 
 @pytest.fixture
@@ -238,3 +287,70 @@ def test_a_frozen_installation_is_left_after_stall_after_s_plus_failover_after_s
         [read_delivered(dc1.data_dir, "app", "dc1"), read_delivered(dc2.data_dir, "app", "dc2")],
         writer,
     )
+
+
+def test_a_request_passes_several_hung_gateways_in_about_one_stall(
+    tmp_path: Path,
+    start_gateway,  # type: ignore[no-untyped-def]
+    hung_gateways: Callable[[int], list[str]],
+    client_of: Callable[..., GatewayClient],
+) -> None:
+    """Five gateways of the installation hang (they take the connection and never answer),
+    the sixth works: the request waited stall_after_s at each hung one in turn (5 s here).
+    Now the gateways left are probed at once after the first hangs, and the request goes to
+    the one that answers: about one stall_after_s.  The line lands once."""
+    gateway = start_gateway(tmp_path / "data")
+    client = client_of(*hung_gateways(5), gateway.url, stall_after_s=1.0)
+    started = time.monotonic()
+    answer = client.write(_one_line_write(b"one line\n"))
+    took = time.monotonic() - started
+    assert [a["status"] for a in answer["results"][0]["acks"]] == ["written"], answer
+    assert took < 3.0, f"the request took {took:.1f} s past 5 hung gateways (stall 1 s)"
+    assert client.current_server == gateway.url
+    # the first hung one is failing; the request did not wait for the others' probes
+    assert [row["error"] for row in client.failing()] == ["Stalled"], client.failing()
+    assert read_delivered(tmp_path / "data", "app").ids() == ["one"]
+
+
+def test_an_installation_whose_gateways_all_hang_is_given_up_after_about_one_stall(
+    hung_gateways: Callable[[int], list[str]], client_of: Callable[..., GatewayClient]
+) -> None:
+    """Six hung gateways: given up stall_after_s + failover_after_s after the request was
+    sent (it was 6 stalls), what the first one holds in doubt there (maybe_written)."""
+    client = client_of(*hung_gateways(6), stall_after_s=1.0, failover_after_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(InstallationUnavailable) as raised:
+        client.write(_one_line_write(b"one line\n"))
+    took = time.monotonic() - started
+    assert 2.0 <= took < 4.0, took
+    assert raised.value.maybe_written
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_client_passes_three_hung_gateways_in_about_one_stall(
+    tmp_path: Path,
+    start_gateway,  # type: ignore[no-untyped-def]
+    start_push,  # type: ignore[no-untyped-def]
+    hung_gateways: Callable[[int], list[str]],
+) -> None:
+    """``--server hung1,hung2,hung3,gw``: the client's first request waited stall_after_s at
+    each hung gateway in turn before it reached gw (3 x 2 s).  Now once: every line lands,
+    once, about one stall after the client started."""
+    data = tmp_path / "data"
+    gateway = start_gateway(data)
+    path = tmp_path / "app.log"
+    writer = LineWriter("h")
+    writer.append(path, 100)
+    state = tmp_path / "state"
+    servers = ",".join([*hung_gateways(3), gateway.url])
+    push = start_push(servers, state, path, extra=HUNG_FLAGS)
+    push.wait_started(state)
+    took = _wait(lambda: read_delivered(data, "app").count() >= 100, "the lines", 30)
+    assert took < STALL_S + 2.5, f"lines landed {took:.1f} s after the start\n{push.log()}"
+    assert push.log().count("Stalled: no answer for") == 1, push.log()
+    assert f"now sending to {gateway.url}" in push.log()
+    writer.append(path, 100)
+    wait_for_lines(data, "app", 200)
+    assert push.stop() == 0, push.log()
+    assert_exactly_once(read_delivered(data, "app"), writer)
