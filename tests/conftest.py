@@ -294,7 +294,31 @@ def spark_drivers_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
 # broker, the Spark session, a module's gateway or Spark cluster) are made once per worker, by
 # the first test there that needs one: at most three of each, for a balance no grouping of
 # tests onto one worker could give (the Spark tests alone would keep one worker busy for most
-# of the run).
+# of the run).  The exception is a module whose module-scoped fixture costs more than the
+# spread of its tests is worth: its tests all run on one worker, so the fixture is made once.
+
+ONE_WORKER_MODULES = ("tests/yt_loader/test_cluster.py",)
+"""Modules run whole on one worker (``--dist loadgroup``): the Spark standalone cluster of
+test_cluster.py, three JVMs, would otherwise start on each worker its tests land on."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with each module of :data:`ONE_WORKER_MODULES` as one group.
+
+    The groups are named here, by module, not with ``xdist_group`` marks: xdist puts a mark's
+    group into the test's node id, which pytest 9.2 no longer lets it change.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModulesOnOneWorker(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER_MODULES else super()._split_scope(nodeid)
+
+    return ModulesOnOneWorker(config, log)
 
 
 # -- no process outlives the run ----------------------------------------------------------------

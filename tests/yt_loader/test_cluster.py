@@ -1,5 +1,6 @@
 """``logbroker load`` submitted to a real Spark standalone cluster: a master and two workers,
-separate JVMs on loopback, started from the installed PySpark (one cluster for the module).
+separate JVMs on loopback, started from the installed PySpark (one cluster for the module, whose
+tests run on one xdist worker: tests/conftest.py ONE_WORKER_MODULES).
 
 The steps are the ones docs/loader.md ("On a Spark cluster") gives a user.
 """
