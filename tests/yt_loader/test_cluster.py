@@ -8,6 +8,7 @@ The steps are the ones docs/loader.md ("On a Spark cluster") gives a user.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -32,14 +33,23 @@ WORKER_CORES = 2
 """Task slots per worker: a straggler holds one while a retry or a speculative copy runs."""
 
 
+C1_ONLY = "-XX:TieredStopAtLevel=1"
+"""The cluster's JVMs, as the tests' drivers (tests/conftest.py: SPARK_SUBMIT_OPTS), compile
+with C1 only: they live for a test or a module, too short for C2's compiling to pay."""
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     work = tmp_path_factory.mktemp("spark-cluster")
-    started = StandaloneCluster(work, workers=2, cores=WORKER_CORES, memory="1g").start()
-    try:
-        yield started
-    finally:
-        started.stop()
+    with pytest.MonkeyPatch.context() as env:
+        # the master's and the workers' own JVMs, started again by ensure_workers too
+        daemon_opts = os.environ.get("SPARK_DAEMON_JAVA_OPTS", "")
+        env.setenv("SPARK_DAEMON_JAVA_OPTS", f"{daemon_opts} {C1_ONLY}".strip())
+        started = StandaloneCluster(work, workers=2, cores=WORKER_CORES, memory="1g").start()
+        try:
+            yield started
+        finally:
+            started.stop()
 
 
 def _submit(
@@ -71,7 +81,7 @@ def _submit(
         "--executor-memory",
         "512m",
         "--conf",
-        f"spark.executor.extraJavaOptions={cluster.executor_java_options()}",
+        f"spark.executor.extraJavaOptions={cluster.executor_java_options()} {C1_ONLY}",
     ]
     for key, value in (conf or {}).items():
         args += ["--conf", f"{key}={value}"]
