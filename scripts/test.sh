@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, format check, types, and every test group (contract, gateway,
 # push-client, delivery, Spark, faults).  Installs what it needs first.  Extra arguments go to
-# pytest, e.g. `scripts/test.sh -m "not spark"` while developing.  Tests run on three
+# pytest, e.g. `scripts/test.sh -m "not spark"` while developing.  Tests run on five
 # pytest-xdist workers (LOGBROKER_TEST_WORKERS=N for another number, 0 for none), each test on
-# whichever is free (most tests wait more than they compute: three fill two cores); each
+# whichever is free (most tests wait more than they compute: five fill two cores); each
 # worker starts the Kafka broker and the Spark session once, when it first needs them
 # (tests/conftest.py).  The tests of a module that sets up something dear once (the standalone
 # Spark cluster of tests/yt_loader/test_cluster.py) run on one worker together, so it is set
@@ -16,4 +16,4 @@ source scripts/bootstrap.sh
 # project; where PYTHONDONTWRITEBYTECODE is set, as on many CI images, each would compile it
 # again (0.1 s of CPU each).  Compiled once here, they all read the same bytecode.
 python -m compileall -q -j 0 -x '/\.[a-z]' . > /dev/null
-exec python -m pytest -p no:cacheprovider -n "${LOGBROKER_TEST_WORKERS:-3}" --dist loadgroup "$@"
+exec python -m pytest -p no:cacheprovider -n "${LOGBROKER_TEST_WORKERS:-5}" --dist loadgroup "$@"

@@ -286,16 +286,18 @@ def spark_drivers_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         os.environ["SPARK_SUBMIT_OPTS"] = opts
 
 
-# -- three workers ------------------------------------------------------------------------------
-# The README's test command runs the suite on three pytest-xdist workers, each test on whichever
+# -- five workers -------------------------------------------------------------------------------
+# The README's test command runs the suite on five pytest-xdist workers, each test on whichever
 # worker is free.  Most tests spend their time waiting (for a gateway to start, a timeout to
-# pass, Kafka to commit), so a third worker on two cores fills the waits of the other two: the
-# suite took 15 minutes instead of 19 to 21.  Session- and module-scoped fixtures (the Kafka
-# broker, the Spark session, a module's gateway or Spark cluster) are made once per worker, by
-# the first test there that needs one: at most three of each, for a balance no grouping of
-# tests onto one worker could give (the Spark tests alone would keep one worker busy for most
-# of the run).  The exception is a module whose module-scoped fixture costs more than the
-# spread of its tests is worth: its tests all run on one worker, so the fixture is made once.
+# pass, Kafka to commit), so more workers than cores fill the waits: a third worker on two
+# cores took the suite from 19-21 minutes to 15 (an earlier round), and with three the suite
+# later left a fifth of two cores idle in CI (37 CPU-minutes in 24).  Session- and
+# module-scoped fixtures (the Kafka broker, the Spark session, a module's gateway or Spark
+# cluster) are made once per worker, by the first test there that needs one: at most five of
+# each, for a balance no grouping of tests onto one worker could give (the Spark tests alone
+# would keep one worker busy for most of the run).  The exception is a module whose
+# module-scoped fixture costs more than the spread of its tests is worth: its tests all run on
+# one worker, so the fixture is made once.
 
 ONE_WORKER_MODULES = ("tests/yt_loader/test_cluster.py",)
 """Modules run whole on one worker (``--dist loadgroup``): the Spark standalone cluster of
