@@ -19,7 +19,6 @@ import argparse
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from long_poll_bench import serve_until_healthy  # noqa: E402  (beside this script)
 
 from ops.local_kafka import LocalKafka  # noqa: E402
 
@@ -93,21 +94,8 @@ def one_run(args: argparse.Namespace, bootstrap: str, work: Path) -> dict[str, f
     cmd = [sys.executable, "-m", "ops", "serve", "--data-dir", str(work / "data")]
     cmd += ["--port", str(port), "--config", str(config)]
     env = dict(os.environ, PYTHONPATH=str(args.repo))
-    log = open(work / "gateway.log", "wb")  # noqa: SIM115 - the child's for its lifetime
-    proc = subprocess.Popen(
-        cmd, cwd=args.repo, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    proc = serve_until_healthy(cmd, args.repo, env, work / "gateway.log", url, timeout_s=90)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit(f"the gateway did not start: see {work / 'gateway.log'}")
-            time.sleep(0.2)
         admin = {"Authorization": f"Bearer {ADMIN}"}
         with httpx.Client(base_url=url, timeout=120) as http:
             http.post("/v1/topics", json={"name": "dc1.app"}, headers=admin).raise_for_status()
@@ -138,7 +126,6 @@ def one_run(args: argparse.Namespace, bootstrap: str, work: Path) -> dict[str, f
     finally:
         proc.kill()
         proc.wait()
-        log.close()
 
 
 def main() -> None:

@@ -173,6 +173,29 @@ def _positions(mode: str, count: int) -> list[dict[str, object]]:
     ]
 
 
+def serve_until_healthy(
+    cmd: list[str], repo: Path, env: dict[str, str], log_path: Path, url: str, timeout_s: float
+) -> subprocess.Popen[bytes]:
+    """Start the gateway ``cmd`` (its output to ``log_path``) and return once ``url`` answers
+    ``/healthz`` 200; exit naming the log if it does not within ``timeout_s``."""
+    with open(log_path, "wb") as log:  # the child keeps its own copy
+        proc = subprocess.Popen(
+            cmd, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            proc.wait()
+            raise SystemExit(f"the gateway did not start: see {log_path}")
+        time.sleep(0.1)
+
+
 def _run(args: argparse.Namespace, work: Path) -> None:
     config = work / "gateway.toml"
     config.write_text(CONFIG.format(limits=args.limits))
@@ -184,21 +207,8 @@ def _run(args: argparse.Namespace, work: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(args.repo))
     if args.mode == "written":
         _write_topics(work / "data", args.positions)
-    log = open(work / "gateway.log", "wb")  # noqa: SIM115 - the child's for its lifetime
-    proc = subprocess.Popen(
-        cmd, cwd=args.repo, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    proc = serve_until_healthy(cmd, args.repo, env, work / "gateway.log", url, timeout_s=60)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit(f"the gateway did not start: see {work / 'gateway.log'}")
-            time.sleep(0.1)
         admin = {"Authorization": f"Bearer {ADMIN}"}
         made = httpx.post(url + "/v1/topics", json={"name": "dc1.app"}, headers=admin)
         made.raise_for_status()
@@ -247,7 +257,6 @@ def _run(args: argparse.Namespace, work: Path) -> None:
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()
-        log.close()
 
     def row(name: str, values: list[float]) -> str:
         if not values:
