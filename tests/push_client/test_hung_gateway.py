@@ -232,7 +232,8 @@ def test_a_frozen_gateway_is_left_for_the_other_gateway_after_stall_after_s(
         took = _wait(lambda: read_delivered(data, "app").count() >= 600, "the other gateway", 30)
         assert took < STALL_S + 5, f"lines went on {took:.1f} s after the freeze\n{push.log()}"
         assert "Stalled: no answer for" in push.log()
-        assert f"now sending to {second.url}" in push.log()
+        # said once the client has the answer, a moment after the lines are in the log
+        _wait(lambda: f"now sending to {second.url}" in push.log(), "the move said", 10)
     finally:
         _thaw(first)
     time.sleep(1.0)  # the thawed gateway handles the request it held (a duplicate)
