@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from long_poll_bench import serve_until_healthy  # noqa: E402  (beside this script)
+from long_poll_bench import free_port, serve_until_healthy  # noqa: E402  (beside this script)
 
 from ops.local_kafka import LocalKafka  # noqa: E402
 
@@ -50,12 +49,6 @@ read = ["dc1.*"]
 [tokens.{admin}]
 admin = true
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _looks(http: httpx.Client) -> float | None:
@@ -89,7 +82,7 @@ def one_run(args: argparse.Namespace, bootstrap: str, work: Path) -> dict[str, f
         )
     )
     config.chmod(0o600)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "ops", "serve", "--data-dir", str(work / "data")]
     cmd += ["--port", str(port), "--config", str(config)]

@@ -56,7 +56,7 @@ admin = true
 """
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -200,7 +200,7 @@ def _run(args: argparse.Namespace, work: Path) -> None:
     config = work / "gateway.toml"
     config.write_text(CONFIG.format(limits=args.limits))
     config.chmod(0o600)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "ops", "serve", "--data-dir", str(work / "data")]
     cmd += ["--port", str(port), "--config", str(config)]
